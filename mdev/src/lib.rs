@@ -1,0 +1,1 @@
+//! Mediated virtual GPU and physical GPU backends.

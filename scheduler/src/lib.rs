@@ -1,0 +1,1 @@
+//! Sans-IO scheduler core (see docs/scheduling.md).

@@ -1,0 +1,12 @@
+//! Prints the VM's name and arguments, then exits 0 (or `exit=N`).
+#![no_std]
+#![no_main]
+
+use rt::{println, BootInfo};
+
+fn main(boot: &'static BootInfo) -> u32 {
+    println!("hello from {} (vm {}), args: [{}]", boot.name(), boot.vm_id, boot.args());
+    boot.arg_u64("exit").unwrap_or(0) as u32
+}
+
+rt::entry!(main);

@@ -1,0 +1,50 @@
+//! Port I/O: serial console, exit port and checkpoint port (docs/boot.md).
+
+/// COM1 base port (16550 UART).
+pub const SERIAL_PORT: u16 = 0x3f8;
+/// A 32-bit write here ends the VM with that exit status.
+pub const EXIT_PORT: u16 = 0xf4;
+/// A 32-bit write here records a host-side timestamped checkpoint.
+pub const CHECKPOINT_PORT: u16 = 0xf8;
+/// Checkpoint written by the runtime on entry, before anything else.
+pub const CHECKPOINT_ENTRY: u32 = 1;
+
+/// Writes one byte to an I/O port.
+#[inline]
+pub fn outb(port: u16, value: u8) {
+    // SAFETY: port I/O has no memory effects; the VMM traps it.
+    unsafe { core::arch::asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+}
+
+/// Writes four bytes to an I/O port.
+#[inline]
+pub fn outl(port: u16, value: u32) {
+    // SAFETY: as `outb`.
+    unsafe { core::arch::asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
+}
+
+/// Records a timestamped checkpoint on the host.
+pub fn checkpoint(code: u32) {
+    outl(CHECKPOINT_PORT, code);
+}
+
+/// Ends the VM with `status` (0 = success). Never returns.
+pub fn exit(status: u32) -> ! {
+    outl(EXIT_PORT, status);
+    loop {
+        // SAFETY: only reached if the VMM ignored the exit write.
+        unsafe { core::arch::asm!("cli; hlt", options(nomem, nostack)) }
+    }
+}
+
+/// The serial console as a `core::fmt::Write` sink.
+pub struct Console;
+
+impl core::fmt::Write for Console {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for b in s.bytes() {
+            outb(SERIAL_PORT, b);
+        }
+        Ok(())
+    }
+}

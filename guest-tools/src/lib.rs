@@ -1,0 +1,106 @@
+//! `rt`: the bare-metal runtime every hqdmux guest program links.
+//!
+//! The VMM enters the image in 64-bit long mode at `_start` with paging on
+//! (identity map of the low 4 GiB), `rsi` = guest physical address of the
+//! boot-info block and `rdi` = vCPU index (see docs/boot.md). The runtime sets
+//! the stack, zeroes `.bss`, and calls the program's `guest_main` on vCPU 0;
+//! other vCPUs halt. Output goes to the 16550 serial port at 0x3f8, and the
+//! program's return value is written to the exit port, which ends the VM.
+//!
+//! Integer-only: the nested KVM here emulates guest instructions and has no
+//! scalar SSE, so no `f32`/`f64` anywhere in guest code.
+#![no_std]
+
+pub mod boot;
+pub mod io;
+mod mem;
+
+pub use boot::BootInfo;
+
+use core::fmt::Write;
+
+core::arch::global_asm!(
+    r#"
+    .section .text._start, "ax"
+    .global _start
+_start:
+    test rdi, rdi
+    jnz 2f
+    lea rsp, [rip + __stack_top]
+    mov r12, rsi
+    lea rdi, [rip + __bss_start]
+    lea rcx, [rip + __bss_end]
+    sub rcx, rdi
+    xor eax, eax
+    cld
+    rep stosb
+    mov rdi, r12
+    call {entry}
+2:
+    cli
+    hlt
+    jmp 2b
+"#,
+    entry = sym rt_entry,
+);
+
+extern "Rust" {
+    /// Defined by [`entry!`] in the program.
+    fn guest_main(boot: &'static BootInfo) -> u32;
+}
+
+/// First Rust code: checks the boot block, runs the program, exits with its status.
+extern "C" fn rt_entry(boot: *const BootInfo) -> ! {
+    io::checkpoint(io::CHECKPOINT_ENTRY);
+    // SAFETY: the VMM places a valid boot-info block at this address; its
+    // magic is checked before any other field is trusted.
+    let boot = unsafe { &*boot };
+    if !boot.is_valid() {
+        let _ = writeln!(io::Console, "rt: bad boot-info block");
+        io::exit(0xFD);
+    }
+    // SAFETY: guest_main is provided by the program through `entry!`.
+    let status = unsafe { guest_main(boot) };
+    io::exit(status)
+}
+
+/// Declares the program's main function: `fn(&'static BootInfo) -> u32`.
+#[macro_export]
+macro_rules! entry {
+    ($main:path) => {
+        #[no_mangle]
+        fn guest_main(boot: &'static $crate::BootInfo) -> u32 {
+            let f: fn(&'static $crate::BootInfo) -> u32 = $main;
+            f(boot)
+        }
+    };
+}
+
+/// Prints to the serial console.
+#[macro_export]
+macro_rules! print {
+    ($($arg:tt)*) => {{
+        use core::fmt::Write as _;
+        let _ = write!($crate::io::Console, $($arg)*);
+    }};
+}
+
+/// Prints a line to the serial console.
+#[macro_export]
+macro_rules! println {
+    () => { $crate::print!("\n") };
+    ($($arg:tt)*) => {{
+        use core::fmt::Write as _;
+        let _ = writeln!($crate::io::Console, $($arg)*);
+    }};
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    let _ = writeln!(io::Console, "guest panic: {info}");
+    io::exit(0xFE)
+}
+
+/// Referenced by precompiled `core` in unoptimised builds; never called (panic=abort).
+#[no_mangle]
+pub extern "C" fn rust_eh_personality() {}

@@ -1,0 +1,358 @@
+//! Guest boot: memory layout, page tables, GDT, boot-info block, ELF load and
+//! the initial vCPU state (64-bit long mode). The protocol is in docs/boot.md.
+
+use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
+use linux_loader::loader::{elf::Elf, KernelLoader};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+/// GDT: null, 64-bit code (selector 0x08), data (selector 0x10).
+pub const GDT_ADDR: u64 = 0x500;
+/// PML4; PDPT at +0x1000; four page directories after it (identity map 0..4 GiB, 2 MiB pages).
+pub const PML4_ADDR: u64 = 0x1000;
+/// Boot-info block (one page).
+pub const BOOT_INFO_ADDR: u64 = 0x8000;
+/// Where images are loaded (their ELF physical addresses must be at or above).
+pub const IMAGE_BASE: u64 = 0x10_0000;
+/// Top of the identity map.
+pub const IDENTITY_MAP_END: u64 = 4 << 30;
+
+/// Boot-info magic, `"HQDB"` little-endian.
+pub const BOOT_MAGIC: u32 = 0x4244_5148;
+/// Boot-info layout version.
+pub const BOOT_VERSION: u32 = 1;
+/// Device entries in the boot-info block.
+pub const MAX_DEVICES: usize = 16;
+
+/// Byte offsets in the boot-info block.
+pub mod boot_info {
+    /// u32 magic.
+    pub const MAGIC: u64 = 0;
+    /// u32 version.
+    pub const VERSION: u64 = 4;
+    /// u32 VM index in the fleet.
+    pub const VM_ID: u64 = 8;
+    /// u32 vCPU count.
+    pub const VCPUS: u64 = 12;
+    /// u64 RAM bytes.
+    pub const MEM_BYTES: u64 = 16;
+    /// u64 first free page after the image.
+    pub const IMAGE_END: u64 = 24;
+    /// u32 name length.
+    pub const NAME_LEN: u64 = 32;
+    /// u32 args length.
+    pub const ARGS_LEN: u64 = 36;
+    /// u32 device count.
+    pub const DEV_COUNT: u64 = 40;
+    /// 64-byte name.
+    pub const NAME: u64 = 48;
+    /// 1024-byte argument string.
+    pub const ARGS: u64 = 112;
+    /// 16 device entries of 32 bytes: kind u32, vector u32, base u64, size u64, reserved u64.
+    pub const DEVICES: u64 = 1136;
+    /// Total size.
+    pub const SIZE: u64 = 1648;
+}
+
+/// Device kinds in the boot-info device table.
+pub mod device_kind {
+    /// 16550 UART at an I/O port.
+    pub const SERIAL: u32 = 1;
+    /// Exit port: a 32-bit write ends the VM with that status.
+    pub const EXIT: u32 = 2;
+    /// Checkpoint port: a 32-bit write records a host timestamp.
+    pub const CHECKPOINT: u32 = 3;
+}
+
+/// A device as described to the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceEntry {
+    /// A [`device_kind`] value.
+    pub kind: u32,
+    /// Interrupt vector, 0 for none.
+    pub vector: u32,
+    /// I/O port or MMIO address.
+    pub base: u64,
+    /// Window size in bytes.
+    pub size: u64,
+}
+
+/// What the guest is told at entry.
+#[derive(Debug, Clone)]
+pub struct BootParams<'a> {
+    /// Fleet index.
+    pub vm_id: u32,
+    /// vCPU count.
+    pub vcpus: u32,
+    /// VM name.
+    pub name: &'a str,
+    /// Argument string.
+    pub args: &'a str,
+    /// Devices.
+    pub devices: &'a [DeviceEntry],
+}
+
+/// Boot failures.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// The ELF loader refused the image.
+    #[error("cannot load ELF image: {0}")]
+    Elf(#[from] linux_loader::loader::Error),
+    /// The image's entry is below 1 MiB or outside RAM.
+    #[error("image entry {entry:#x} is outside [{IMAGE_BASE:#x}, {mem:#x})")]
+    Entry {
+        /// ELF entry.
+        entry: u64,
+        /// RAM size.
+        mem: u64,
+    },
+    /// Writing boot structures into guest memory failed.
+    #[error("cannot write boot structures: {0}")]
+    Memory(#[from] vm_memory::GuestMemoryError),
+    /// Too many devices, or a name/args too long.
+    #[error("boot info: {0}")]
+    Info(&'static str),
+}
+
+/// Loads `elf` at its physical addresses (>= 1 MiB); returns (entry, image_end).
+pub fn load_image(
+    mem: &GuestMemoryMmap,
+    elf: &[u8],
+    mem_bytes: u64,
+) -> Result<(u64, u64), BootError> {
+    let res = Elf::load(
+        mem,
+        None,
+        &mut std::io::Cursor::new(elf),
+        Some(GuestAddress(IMAGE_BASE)),
+    )?;
+    let entry = res.kernel_load.0;
+    let mem_end = elf_mem_end(elf).max(res.kernel_end);
+    if !(IMAGE_BASE..mem_bytes).contains(&entry) || mem_end > mem_bytes {
+        return Err(BootError::Entry {
+            entry,
+            mem: mem_bytes,
+        });
+    }
+    let end = (mem_end + 0xfff) & !0xfff;
+    Ok((entry, end))
+}
+
+/// Highest `p_paddr + p_memsz` of the ELF's loadable segments (includes .bss).
+fn elf_mem_end(elf: &[u8]) -> u64 {
+    let rd = |off: usize, n: usize| -> u64 {
+        elf.get(off..off + n)
+            .map(|b| b.iter().rev().fold(0u64, |a, &x| (a << 8) | u64::from(x)))
+            .unwrap_or(0)
+    };
+    let (phoff, phentsize, phnum) = (rd(32, 8) as usize, rd(54, 2) as usize, rd(56, 2) as usize);
+    (0..phnum)
+        .map(|i| phoff + i * phentsize)
+        .filter(|&ph| rd(ph, 4) == 1) // PT_LOAD
+        .map(|ph| rd(ph + 24, 8).saturating_add(rd(ph + 40, 8)))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Writes GDT, identity-mapping page tables and the boot-info block.
+pub fn write_boot_structures(
+    mem: &GuestMemoryMmap,
+    params: &BootParams<'_>,
+    mem_bytes: u64,
+    image_end: u64,
+) -> Result<(), BootError> {
+    for (i, entry) in gdt().iter().enumerate() {
+        mem.write_obj(*entry, GuestAddress(GDT_ADDR + 8 * i as u64))?;
+    }
+    // PML4[0] -> PDPT; PDPT[0..4] -> PD0..PD3; each PD maps 1 GiB in 2 MiB pages.
+    let pdpt = PML4_ADDR + 0x1000;
+    mem.write_obj(pdpt | 0x3, GuestAddress(PML4_ADDR))?;
+    for g in 0..4u64 {
+        let pd = pdpt + 0x1000 * (1 + g);
+        mem.write_obj(pd | 0x3, GuestAddress(pdpt + 8 * g))?;
+        for i in 0..512u64 {
+            let phys = (g << 30) | (i << 21);
+            // present | writable | 2 MiB page; uncached above RAM (MMIO hole).
+            let cache = if phys >= mem_bytes { 0x18 } else { 0 };
+            mem.write_obj(phys | 0x83 | cache, GuestAddress(pd + 8 * i))?;
+        }
+    }
+    write_boot_info(mem, params, mem_bytes, image_end)
+}
+
+fn write_boot_info(
+    mem: &GuestMemoryMmap,
+    p: &BootParams<'_>,
+    mem_bytes: u64,
+    image_end: u64,
+) -> Result<(), BootError> {
+    use boot_info::*;
+    if p.name.len() > 64 || p.args.len() > 1024 {
+        return Err(BootError::Info("name or args too long"));
+    }
+    if p.devices.len() > MAX_DEVICES {
+        return Err(BootError::Info("too many devices"));
+    }
+    let at = |off: u64| GuestAddress(BOOT_INFO_ADDR + off);
+    mem.write_slice(&[0u8; SIZE as usize], at(0))?;
+    mem.write_obj(BOOT_MAGIC, at(MAGIC))?;
+    mem.write_obj(BOOT_VERSION, at(VERSION))?;
+    mem.write_obj(p.vm_id, at(VM_ID))?;
+    mem.write_obj(p.vcpus, at(VCPUS))?;
+    mem.write_obj(mem_bytes, at(MEM_BYTES))?;
+    mem.write_obj(image_end, at(IMAGE_END))?;
+    mem.write_obj(p.name.len() as u32, at(NAME_LEN))?;
+    mem.write_obj(p.args.len() as u32, at(ARGS_LEN))?;
+    mem.write_obj(p.devices.len() as u32, at(DEV_COUNT))?;
+    mem.write_slice(p.name.as_bytes(), at(NAME))?;
+    mem.write_slice(p.args.as_bytes(), at(ARGS))?;
+    for (i, d) in p.devices.iter().enumerate() {
+        let base = DEVICES + 32 * i as u64;
+        mem.write_obj(d.kind, at(base))?;
+        mem.write_obj(d.vector, at(base + 4))?;
+        mem.write_obj(d.base, at(base + 8))?;
+        mem.write_obj(d.size, at(base + 16))?;
+    }
+    Ok(())
+}
+
+/// Flat 64-bit GDT: null, code (L=1), data.
+fn gdt() -> [u64; 3] {
+    [0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff]
+}
+
+fn segment(selector: u16, code: bool) -> kvm_segment {
+    kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_: if code { 0xb } else { 0x3 },
+        present: 1,
+        dpl: 0,
+        db: u8::from(!code),
+        s: 1,
+        l: u8::from(code),
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+/// Sets long mode, paging, segments and SSE enables (OSFXSR) on `sregs`.
+pub fn setup_sregs(sregs: &mut kvm_sregs) {
+    const CR0_PE: u64 = 1;
+    const CR0_MP: u64 = 1 << 1;
+    const CR0_ET: u64 = 1 << 4;
+    const CR0_NE: u64 = 1 << 5;
+    const CR0_WP: u64 = 1 << 16;
+    const CR0_PG: u64 = 1 << 31;
+    const CR4_PAE: u64 = 1 << 5;
+    const CR4_OSFXSR: u64 = 1 << 9;
+    const CR4_OSXMMEXCPT: u64 = 1 << 10;
+    const EFER_LME: u64 = 1 << 8;
+    const EFER_LMA: u64 = 1 << 10;
+
+    sregs.cs = segment(0x08, true);
+    let data = segment(0x10, false);
+    sregs.ds = data;
+    sregs.es = data;
+    sregs.fs = data;
+    sregs.gs = data;
+    sregs.ss = data;
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = 3 * 8 - 1;
+    sregs.cr3 = PML4_ADDR;
+    sregs.cr4 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT;
+    sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
+    sregs.efer = EFER_LME | EFER_LMA;
+}
+
+/// General registers at entry: `rip` = entry, `rsi` = boot info, `rdi` = vCPU index.
+pub fn entry_regs(entry: u64, vcpu_index: u64) -> kvm_regs {
+    kvm_regs {
+        rip: entry,
+        rsi: BOOT_INFO_ADDR,
+        rdi: vcpu_index,
+        rsp: BOOT_INFO_ADDR, // the runtime sets its own stack at once
+        rflags: 0x2,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(mib: u64) -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), (mib << 20) as usize)]).unwrap()
+    }
+
+    #[test]
+    fn page_tables_identity_map_with_2mib_pages() {
+        let m = mem(4);
+        let p = BootParams {
+            vm_id: 3,
+            vcpus: 1,
+            name: "vm",
+            args: "a=1",
+            devices: &[],
+        };
+        write_boot_structures(&m, &p, 4 << 20, IMAGE_BASE + 0x1000).unwrap();
+        let pml4: u64 = m.read_obj(GuestAddress(PML4_ADDR)).unwrap();
+        assert_eq!(pml4 & !0xfff, PML4_ADDR + 0x1000);
+        // PD for GiB 3, entry 5 maps 3 GiB + 10 MiB, uncached (beyond RAM).
+        let pde: u64 = m
+            .read_obj(GuestAddress(PML4_ADDR + 0x1000 * 5 + 8 * 5))
+            .unwrap();
+        assert_eq!(pde & !0xfff, (3 << 30) | (5 << 21));
+        assert_eq!(pde & 0x83, 0x83);
+        assert_eq!(pde & 0x18, 0x18);
+        let low: u64 = m.read_obj(GuestAddress(PML4_ADDR + 0x2000 + 8)).unwrap();
+        assert_eq!(low, (1 << 21) | 0x83);
+    }
+
+    #[test]
+    fn boot_info_layout() {
+        let m = mem(4);
+        let devs = [DeviceEntry {
+            kind: device_kind::SERIAL,
+            vector: 0,
+            base: 0x3f8,
+            size: 8,
+        }];
+        let p = BootParams {
+            vm_id: 7,
+            vcpus: 2,
+            name: "beta",
+            args: "k=v",
+            devices: &devs,
+        };
+        write_boot_structures(&m, &p, 4 << 20, 0x20_0000).unwrap();
+        let rd32 = |o| m.read_obj::<u32>(GuestAddress(BOOT_INFO_ADDR + o)).unwrap();
+        let rd64 = |o| m.read_obj::<u64>(GuestAddress(BOOT_INFO_ADDR + o)).unwrap();
+        assert_eq!(rd32(boot_info::MAGIC), BOOT_MAGIC);
+        assert_eq!(rd32(boot_info::VM_ID), 7);
+        assert_eq!(rd32(boot_info::VCPUS), 2);
+        assert_eq!(rd64(boot_info::MEM_BYTES), 4 << 20);
+        assert_eq!(rd64(boot_info::IMAGE_END), 0x20_0000);
+        assert_eq!(rd32(boot_info::NAME_LEN), 4);
+        assert_eq!(rd32(boot_info::DEV_COUNT), 1);
+        assert_eq!(rd64(boot_info::DEVICES + 8), 0x3f8);
+        let mut name = [0u8; 4];
+        m.read_slice(&mut name, GuestAddress(BOOT_INFO_ADDR + boot_info::NAME))
+            .unwrap();
+        assert_eq!(&name, b"beta");
+        let long = "x".repeat(1025);
+        let p = BootParams { args: &long, ..p };
+        assert!(write_boot_structures(&m, &p, 4 << 20, 0).is_err());
+    }
+
+    #[test]
+    fn builtin_image_loads_at_1mib() {
+        let m = mem(4);
+        let (entry, end) = load_image(&m, images::builtin("hello").unwrap(), 4 << 20).unwrap();
+        assert_eq!(entry, IMAGE_BASE);
+        assert!(end > IMAGE_BASE && end % 0x1000 == 0);
+        assert!(load_image(&m, b"not an elf", 4 << 20).is_err());
+    }
+}

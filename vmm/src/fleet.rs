@@ -1,0 +1,257 @@
+//! A fleet run: build every VM of a config, start them, wait on one event
+//! loop (event-manager) for each VM's end or the run timeout, report.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::Kvm;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::config::{FleetConfig, ImageSource};
+use crate::vm::{Vm, VmError, VmReport, VmSpec};
+
+/// Run options not in the config.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    /// Print console lines on stdout as they arrive.
+    pub echo: bool,
+}
+
+/// Failures before any VM runs (nothing is left running).
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// `/dev/kvm` could not be opened.
+    #[error("cannot open /dev/kvm: {0}")]
+    Kvm(kvm_ioctls::Error),
+    /// An image file could not be read.
+    #[error("vm '{vm}': cannot read image {path}: {source}")]
+    Image {
+        /// VM name.
+        vm: String,
+        /// Image path.
+        path: String,
+        /// I/O error.
+        source: std::io::Error,
+    },
+    /// A VM could not be built.
+    #[error("vm '{vm}': {source}")]
+    Build {
+        /// VM name.
+        vm: String,
+        /// Why.
+        source: VmError,
+    },
+    /// The event loop failed.
+    #[error("event loop: {0}")]
+    EventLoop(String),
+}
+
+/// The result of a fleet run.
+#[derive(Debug)]
+pub struct FleetReport {
+    /// When the launch began (before any VM was built).
+    pub launched: Instant,
+    /// One report per VM, in config order.
+    pub vms: Vec<VmReport>,
+    /// True if the run timeout stopped some VM.
+    pub timed_out: bool,
+}
+
+impl FleetReport {
+    /// True when every VM exited with status 0.
+    pub fn all_succeeded(&self) -> bool {
+        self.vms.iter().all(|v| v.outcome.is_success())
+    }
+
+    /// A per-VM summary table.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{:<16} {:>10} {:>10} {:>10}  outcome\n",
+            "vm", "entry_ms", "line_ms", "run_ms"
+        );
+        let ms = |t: Option<Instant>| {
+            t.map(|t| format!("{:.2}", (t - self.launched).as_secs_f64() * 1e3))
+                .unwrap_or_else(|| "-".into())
+        };
+        for v in &self.vms {
+            s += &format!(
+                "{:<16} {:>10} {:>10} {:>10.2}  {}\n",
+                v.name,
+                ms(v.entered),
+                ms(v.first_line),
+                v.run_time.as_secs_f64() * 1e3,
+                v.outcome
+            );
+        }
+        s
+    }
+}
+
+/// Builds, runs and reports every VM in `cfg`.
+pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, FleetError> {
+    let launched = Instant::now();
+    let kvm = Kvm::new().map_err(FleetError::Kvm)?;
+    // Build everything first: a VM that cannot be built aborts the launch
+    // before any guest runs.
+    let mut built = Vec::with_capacity(cfg.vm.len());
+    for (id, vc) in cfg.vm.iter().enumerate() {
+        let elf: Arc<[u8]> = match vc.image_source(&cfg.base_dir) {
+            ImageSource::Builtin(name) => images::builtin(&name).unwrap_or_default().into(),
+            ImageSource::File(path) => std::fs::read(&path)
+                .map_err(|source| FleetError::Image {
+                    vm: vc.name.clone(),
+                    path: path.display().to_string(),
+                    source,
+                })?
+                .into(),
+        };
+        let spec = VmSpec {
+            id: id as u32,
+            name: vc.name.clone(),
+            elf,
+            mem_bytes: vc.memory_mib << 20,
+            vcpus: vc.vcpus,
+            args: vc.args.clone(),
+            echo: opts.echo,
+        };
+        let vm = Vm::create(&kvm, spec).map_err(|source| FleetError::Build {
+            vm: vc.name.clone(),
+            source,
+        })?;
+        built.push(vm);
+    }
+
+    let mut running = Vec::with_capacity(built.len());
+    let mut done_fds = Vec::with_capacity(built.len());
+    for vm in built {
+        let name = vm.spec_name().to_owned();
+        let done = EventFd::new(EFD_NONBLOCK).map_err(|e| FleetError::EventLoop(e.to_string()))?;
+        let done_clone = done
+            .try_clone()
+            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+        match vm.start(done_clone) {
+            Ok(r) => running.push(Some(r)),
+            Err(source) => {
+                // Stop what already runs, then fail.
+                for r in running.into_iter().flatten() {
+                    let _ = r.stop("launch aborted");
+                }
+                return Err(FleetError::Build { vm: name, source });
+            }
+        }
+        done_fds.push(done);
+    }
+
+    let monitor = FleetMonitor::new(done_fds, cfg.run.timeout_ms.map(Duration::from_millis))?;
+    let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
+    let mut manager: EventManager<FleetMonitor> =
+        EventManager::new().map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+    let id = manager.add_subscriber(monitor);
+    loop {
+        manager
+            .run_with_timeout(100)
+            .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+        let m = manager
+            .subscriber_mut(id)
+            .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+        for i in m.take_finished() {
+            if let Some(vm) = running[i].take() {
+                reports[i] = Some(vm.stop("VM ended"));
+            }
+        }
+        if m.timed_out {
+            break;
+        }
+        if running.iter().all(Option::is_none) {
+            break;
+        }
+    }
+    let timed_out = manager
+        .subscriber_mut(id)
+        .map(|m| m.timed_out)
+        .unwrap_or(false);
+    drop(manager);
+    for (i, vm) in running.into_iter().enumerate() {
+        if let Some(vm) = vm {
+            reports[i] = Some(vm.stop("run timeout"));
+        }
+    }
+    Ok(FleetReport {
+        launched,
+        vms: reports
+            .into_iter()
+            .map(|r| r.expect("every VM reported"))
+            .collect(),
+        timed_out,
+    })
+}
+
+/// Event-loop subscriber: one eventfd per VM (signalled when it ends) and
+/// the run timeout's timerfd.
+struct FleetMonitor {
+    done: Vec<EventFd>,
+    timer: Option<TimerFd>,
+    finished: Vec<usize>,
+    timed_out: bool,
+}
+
+const TIMER_TOKEN: u32 = u32::MAX;
+
+impl FleetMonitor {
+    fn new(done: Vec<EventFd>, timeout: Option<Duration>) -> Result<Self, FleetError> {
+        let timer = match timeout {
+            Some(t) => {
+                let mut fd = TimerFd::new().map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                fd.reset(t, None)
+                    .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                Some(fd)
+            }
+            None => None,
+        };
+        Ok(Self {
+            done,
+            timer,
+            finished: Vec::new(),
+            timed_out: false,
+        })
+    }
+
+    fn take_finished(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.finished)
+    }
+}
+
+impl MutEventSubscriber for FleetMonitor {
+    fn init(&mut self, ops: &mut EventOps) {
+        for (i, fd) in self.done.iter().enumerate() {
+            if let Err(e) = ops.add(Events::with_data(fd, i as u32, EventSet::IN)) {
+                log::error!("event loop: cannot watch VM {i}: {e:?}");
+            }
+        }
+        if let Some(t) = &self.timer {
+            if let Err(e) = ops.add(Events::with_data(t, TIMER_TOKEN, EventSet::IN)) {
+                log::error!("event loop: cannot watch the run timer: {e:?}");
+            }
+        }
+    }
+
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        let token = events.data();
+        if token == TIMER_TOKEN {
+            self.timed_out = true;
+            if let Some(t) = self.timer.as_mut() {
+                let _ = t.wait();
+                let _ = ops.remove(Events::with_data(&*t, TIMER_TOKEN, EventSet::IN));
+            }
+            return;
+        }
+        if let Some(fd) = self.done.get(token as usize) {
+            let _ = fd.read();
+            let _ = ops.remove(Events::with_data(fd, token, EventSet::IN));
+            self.finished.push(token as usize);
+        }
+    }
+}

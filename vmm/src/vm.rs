@@ -1,0 +1,505 @@
+//! One KVM virtual machine: memfd-backed RAM, loaded image, buses, vCPU threads.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::kvm_userspace_memory_region;
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use crate::boot::{self, BootParams, DeviceEntry};
+use crate::bus::{Bus, BusAction};
+use crate::console::Console;
+use crate::devices::{self, CheckpointDevice, ExitDevice, SerialDevice};
+
+/// Everything needed to build one VM.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// Fleet index, told to the guest.
+    pub id: u32,
+    /// Unique name.
+    pub name: String,
+    /// Static x86_64 ELF image.
+    pub elf: Arc<[u8]>,
+    /// Guest RAM bytes.
+    pub mem_bytes: u64,
+    /// vCPU count.
+    pub vcpus: u8,
+    /// Argument string.
+    pub args: String,
+    /// Print console lines on stdout.
+    pub echo: bool,
+}
+
+/// How a VM ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmOutcome {
+    /// The guest wrote this status to the exit port.
+    Exited(u32),
+    /// A vCPU triple-faulted (KVM_EXIT_SHUTDOWN).
+    TripleFault {
+        /// Which vCPU.
+        vcpu: u8,
+    },
+    /// KVM could not emulate or run the guest.
+    InternalError {
+        /// Which vCPU.
+        vcpu: u8,
+        /// KVM's reason.
+        detail: String,
+    },
+    /// vCPU 0 halted with no way to wake it.
+    Halted,
+    /// Stopped by the host (run timeout or shutdown).
+    Stopped(String),
+    /// KVM_RUN itself failed.
+    HostError(String),
+}
+
+impl VmOutcome {
+    /// True for a clean exit with status 0.
+    pub fn is_success(&self) -> bool {
+        *self == VmOutcome::Exited(0)
+    }
+}
+
+impl std::fmt::Display for VmOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmOutcome::Exited(s) => write!(f, "exited with status {s}"),
+            VmOutcome::TripleFault { vcpu } => write!(f, "triple fault on vCPU {vcpu}"),
+            VmOutcome::InternalError { vcpu, detail } => {
+                write!(f, "KVM internal error on vCPU {vcpu}: {detail}")
+            }
+            VmOutcome::Halted => write!(f, "halted with interrupts off"),
+            VmOutcome::Stopped(why) => write!(f, "stopped: {why}"),
+            VmOutcome::HostError(e) => write!(f, "host error: {e}"),
+        }
+    }
+}
+
+/// Failures building a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// A KVM ioctl failed.
+    #[error("KVM {what}: {source}")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// The error.
+        source: kvm_ioctls::Error,
+    },
+    /// Guest RAM could not be created.
+    #[error("guest memory: {0}")]
+    Memory(String),
+    /// The image or boot structures could not be placed.
+    #[error(transparent)]
+    Boot(#[from] boot::BootError),
+    /// A vCPU thread could not be started.
+    #[error("vCPU thread: {0}")]
+    Thread(std::io::Error),
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { what, source }
+}
+
+/// A built VM, not yet running.
+pub struct Vm {
+    spec: VmSpec,
+    // Kept alive while vCPUs run; dropped only after they are joined.
+    _vm_fd: VmFd,
+    mem: Arc<GuestMemoryMmap>,
+    vcpus: Vec<VcpuFd>,
+    pio: Bus,
+    mmio: Bus,
+    console: Arc<Console>,
+    marks: Arc<Mutex<Vec<(u32, Instant)>>>,
+    entry: u64,
+}
+
+/// Creates memfd-backed guest RAM of `bytes` at guest address 0.
+pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, VmError> {
+    let cname = std::ffi::CString::new(format!("hqdmux-{name}")).unwrap_or_default();
+    // SAFETY: memfd_create with a valid C string; the fd is owned by `File` below.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(VmError::Memory(format!(
+            "memfd_create: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: fd is a fresh, owned descriptor.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(bytes)
+        .map_err(|e| VmError::Memory(format!("ftruncate: {e}")))?;
+    GuestMemoryMmap::from_ranges_with_files([(
+        GuestAddress(0),
+        bytes as usize,
+        Some(FileOffset::new(file, 0)),
+    )])
+    .map_err(|e| VmError::Memory(e.to_string()))
+}
+
+impl Vm {
+    /// Builds the VM: RAM, image, boot structures, devices and vCPUs.
+    pub fn create(kvm: &Kvm, spec: VmSpec) -> Result<Self, VmError> {
+        let vm_fd = kvm.create_vm().map_err(kvm_err("create_vm"))?;
+        let mem = create_guest_memory(&spec.name, spec.mem_bytes)?;
+        let host = mem
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| VmError::Memory(e.to_string()))?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            guest_phys_addr: 0,
+            memory_size: spec.mem_bytes,
+            userspace_addr: host as u64,
+            flags: 0,
+        };
+        // SAFETY: the region maps `mem`, which outlives the VM fd's use (kept in `Vm`
+        // and in every vCPU thread until they are joined).
+        unsafe { vm_fd.set_user_memory_region(region) }
+            .map_err(kvm_err("set_user_memory_region"))?;
+
+        let (entry, image_end) = boot::load_image(&mem, &spec.elf, spec.mem_bytes)?;
+        let devices = [
+            DeviceEntry {
+                kind: boot::device_kind::SERIAL,
+                vector: 0,
+                base: devices::SERIAL_PORT,
+                size: 8,
+            },
+            DeviceEntry {
+                kind: boot::device_kind::EXIT,
+                vector: 0,
+                base: devices::EXIT_PORT,
+                size: 4,
+            },
+            DeviceEntry {
+                kind: boot::device_kind::CHECKPOINT,
+                vector: 0,
+                base: devices::CHECKPOINT_PORT,
+                size: 4,
+            },
+        ];
+        let params = BootParams {
+            vm_id: spec.id,
+            vcpus: u32::from(spec.vcpus),
+            name: &spec.name,
+            args: &spec.args,
+            devices: &devices,
+        };
+        boot::write_boot_structures(&mem, &params, spec.mem_bytes, image_end)?;
+
+        let console = Console::new(&spec.name, spec.echo);
+        let marks = Arc::new(Mutex::new(Vec::new()));
+        let mut pio = Bus::new();
+        let bus_err = |e| VmError::Memory(format!("bus: {e}"));
+        pio.insert(
+            devices::SERIAL_PORT,
+            8,
+            Arc::new(Mutex::new(SerialDevice::new(console.clone()))),
+        )
+        .map_err(bus_err)?;
+        pio.insert(devices::EXIT_PORT, 4, Arc::new(Mutex::new(ExitDevice)))
+            .map_err(bus_err)?;
+        pio.insert(
+            devices::CHECKPOINT_PORT,
+            4,
+            Arc::new(Mutex::new(CheckpointDevice::new(marks.clone()))),
+        )
+        .map_err(bus_err)?;
+
+        let cpuid = kvm
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("get_supported_cpuid"))?;
+        let mut vcpus = Vec::new();
+        for i in 0..spec.vcpus {
+            let vcpu = vm_fd
+                .create_vcpu(u64::from(i))
+                .map_err(kvm_err("create_vcpu"))?;
+            vcpu.set_cpuid2(&cpuid).map_err(kvm_err("set_cpuid2"))?;
+            let mut sregs = vcpu.get_sregs().map_err(kvm_err("get_sregs"))?;
+            boot::setup_sregs(&mut sregs);
+            vcpu.set_sregs(&sregs).map_err(kvm_err("set_sregs"))?;
+            vcpu.set_regs(&boot::entry_regs(entry, u64::from(i)))
+                .map_err(kvm_err("set_regs"))?;
+            vcpus.push(vcpu);
+        }
+        Ok(Self {
+            spec,
+            _vm_fd: vm_fd,
+            mem: Arc::new(mem),
+            vcpus,
+            pio,
+            mmio: Bus::new(),
+            console,
+            marks,
+            entry,
+        })
+    }
+
+    /// The VM's name.
+    pub fn spec_name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The MMIO bus, to add devices before starting.
+    pub fn mmio_bus_mut(&mut self) -> &mut Bus {
+        &mut self.mmio
+    }
+
+    /// Guest RAM.
+    pub fn memory(&self) -> &Arc<GuestMemoryMmap> {
+        &self.mem
+    }
+
+    /// ELF entry point.
+    pub fn entry(&self) -> u64 {
+        self.entry
+    }
+
+    /// Starts one thread per vCPU; `done` is signalled when the VM ends.
+    pub fn start(self, done: EventFd) -> Result<RunningVm, VmError> {
+        install_kick_handler();
+        let shared = Arc::new(VmShared {
+            stop: AtomicBool::new(false),
+            outcome: Mutex::new(None),
+            done,
+            exits: std::sync::atomic::AtomicU64::new(0),
+        });
+        let started = Instant::now();
+        let mut threads = Vec::new();
+        for (i, vcpu) in self.vcpus.into_iter().enumerate() {
+            let ctx = VcpuContext {
+                index: i as u8,
+                vcpu,
+                pio: self.pio.clone(),
+                mmio: self.mmio.clone(),
+                shared: shared.clone(),
+                _mem: self.mem.clone(),
+            };
+            let t = std::thread::Builder::new()
+                .name(format!("{}-vcpu{i}", self.spec.name))
+                .spawn(move || ctx.run())
+                .map_err(VmError::Thread)?;
+            threads.push(t);
+        }
+        Ok(RunningVm {
+            name: self.spec.name,
+            shared,
+            threads,
+            console: self.console,
+            marks: self.marks,
+            started,
+            _vm_fd: self._vm_fd,
+            mem: self.mem,
+        })
+    }
+}
+
+struct VmShared {
+    stop: AtomicBool,
+    outcome: Mutex<Option<(VmOutcome, Instant)>>,
+    done: EventFd,
+    exits: std::sync::atomic::AtomicU64,
+}
+
+impl VmShared {
+    /// Records the first outcome and tells everyone to stop.
+    fn finish(&self, outcome: VmOutcome) {
+        let mut slot = self.outcome.lock().unwrap();
+        if slot.is_none() {
+            *slot = Some((outcome, Instant::now()));
+            self.stop.store(true, Ordering::SeqCst);
+            let _ = self.done.write(1);
+        }
+    }
+}
+
+struct VcpuContext {
+    index: u8,
+    vcpu: VcpuFd,
+    pio: Bus,
+    mmio: Bus,
+    shared: Arc<VmShared>,
+    _mem: Arc<GuestMemoryMmap>,
+}
+
+impl VcpuContext {
+    fn run(mut self) {
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            let exit = self.vcpu.run();
+            self.shared.exits.fetch_add(1, Ordering::Relaxed);
+            let outcome = match exit {
+                Ok(VcpuExit::IoOut(port, data)) => match self.pio.write(u64::from(port), data) {
+                    Some(BusAction::Exit(status)) => Some(VmOutcome::Exited(status)),
+                    Some(BusAction::Continue) => None,
+                    None => {
+                        log::debug!("vCPU {}: write to unclaimed port {port:#x}", self.index);
+                        None
+                    }
+                },
+                Ok(VcpuExit::IoIn(port, data)) => {
+                    self.pio.read(u64::from(port), data);
+                    None
+                }
+                Ok(VcpuExit::MmioWrite(addr, data)) => match self.mmio.write(addr, data) {
+                    Some(BusAction::Exit(status)) => Some(VmOutcome::Exited(status)),
+                    Some(BusAction::Continue) => None,
+                    None => {
+                        log::debug!("vCPU {}: write to unclaimed MMIO {addr:#x}", self.index);
+                        None
+                    }
+                },
+                Ok(VcpuExit::MmioRead(addr, data)) => {
+                    self.mmio.read(addr, data);
+                    None
+                }
+                Ok(VcpuExit::Hlt) => {
+                    if self.index == 0 {
+                        Some(VmOutcome::Halted)
+                    } else {
+                        return; // an application processor parked itself
+                    }
+                }
+                Ok(VcpuExit::Shutdown) => Some(VmOutcome::TripleFault { vcpu: self.index }),
+                Ok(VcpuExit::InternalError) => {
+                    // SAFETY: after KVM_EXIT_INTERNAL_ERROR the `internal` member is the valid one.
+                    let suberror =
+                        unsafe { self.vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
+                    Some(VmOutcome::InternalError {
+                        vcpu: self.index,
+                        detail: format!("suberror {suberror}"),
+                    })
+                }
+                Ok(VcpuExit::FailEntry(reason, _)) => Some(VmOutcome::InternalError {
+                    vcpu: self.index,
+                    detail: format!("entry failed, hardware reason {reason:#x}"),
+                }),
+                Ok(other) => Some(VmOutcome::InternalError {
+                    vcpu: self.index,
+                    detail: format!("unexpected exit {other:?}"),
+                }),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => None,
+                Err(e) => Some(VmOutcome::HostError(format!("KVM_RUN: {e}"))),
+            };
+            if let Some(outcome) = outcome {
+                self.shared.finish(outcome);
+                return;
+            }
+        }
+    }
+}
+
+static KICK_HANDLER: Once = Once::new();
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+fn install_kick_handler() {
+    KICK_HANDLER.call_once(|| {
+        if let Err(e) = register_signal_handler(SIGRTMIN(), kick_handler) {
+            log::error!("cannot install the vCPU kick signal handler: {e}");
+        }
+    });
+}
+
+/// A running VM.
+pub struct RunningVm {
+    name: String,
+    shared: Arc<VmShared>,
+    threads: Vec<JoinHandle<()>>,
+    console: Arc<Console>,
+    marks: Arc<Mutex<Vec<(u32, Instant)>>>,
+    started: Instant,
+    _vm_fd: VmFd,
+    mem: Arc<GuestMemoryMmap>,
+}
+
+/// The end of one VM's run.
+#[derive(Debug, Clone)]
+pub struct VmReport {
+    /// VM name.
+    pub name: String,
+    /// How it ended.
+    pub outcome: VmOutcome,
+    /// vCPU threads started.
+    pub started: Instant,
+    /// Guest runtime entered (checkpoint 1), if seen.
+    pub entered: Option<Instant>,
+    /// First complete console line, if any.
+    pub first_line: Option<Instant>,
+    /// Time from start to end.
+    pub run_time: Duration,
+    /// Console lines.
+    pub console: Vec<String>,
+    /// VM exits handled by vCPU threads.
+    pub exits: u64,
+}
+
+impl RunningVm {
+    /// VM name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True once an outcome is recorded.
+    pub fn has_ended(&self) -> bool {
+        self.shared.outcome.lock().unwrap().is_some()
+    }
+
+    /// Guest RAM.
+    pub fn memory(&self) -> &Arc<GuestMemoryMmap> {
+        &self.mem
+    }
+
+    /// Stops the VM (if still running) with outcome `Stopped(why)`, joins its
+    /// vCPU threads and returns its report. Guest memory is dropped only after.
+    pub fn stop(mut self, why: &str) -> VmReport {
+        self.shared.finish(VmOutcome::Stopped(why.to_owned()));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for t in std::mem::take(&mut self.threads) {
+            while !t.is_finished() && Instant::now() < deadline {
+                let _ = t.kill(SIGRTMIN());
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                log::error!("{}: vCPU thread did not stop; leaking it", self.name);
+                std::mem::forget(self.mem.clone());
+            }
+        }
+        self.console.flush();
+        let (outcome, ended) = self
+            .shared
+            .outcome
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("outcome set by finish");
+        let entered = self
+            .marks
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(c, _)| *c == 1)
+            .map(|(_, t)| *t);
+        VmReport {
+            name: self.name.clone(),
+            outcome,
+            started: self.started,
+            entered,
+            first_line: self.console.first_line_at(),
+            run_time: ended - self.started,
+            console: self.console.lines(),
+            exits: self.shared.exits.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -13,14 +13,18 @@ pub const CHECKPOINT_ENTRY: u32 = 1;
 #[inline]
 pub fn outb(port: u16, value: u8) {
     // SAFETY: port I/O has no memory effects; the VMM traps it.
-    unsafe { core::arch::asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        core::arch::asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags))
+    }
 }
 
 /// Writes four bytes to an I/O port.
 #[inline]
 pub fn outl(port: u16, value: u32) {
     // SAFETY: as `outb`.
-    unsafe { core::arch::asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags)) }
+    unsafe {
+        core::arch::asm!("out dx, eax", in("dx") port, in("eax") value, options(nomem, nostack, preserves_flags))
+    }
 }
 
 /// Records a timestamped checkpoint on the host.

@@ -94,6 +94,10 @@ impl FleetReport {
 pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, FleetError> {
     let launched = Instant::now();
     let kvm = Kvm::new().map_err(FleetError::Kvm)?;
+    let cpuid = crate::vm::supported_cpuid(&kvm).map_err(|source| FleetError::Build {
+        vm: "(all)".into(),
+        source,
+    })?;
     // Build everything first: a VM that cannot be built aborts the launch
     // before any guest runs.
     let mut built = Vec::with_capacity(cfg.vm.len());
@@ -117,7 +121,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             args: vc.args.clone(),
             echo: opts.echo,
         };
-        let vm = Vm::create(&kvm, spec).map_err(|source| FleetError::Build {
+        let vm = Vm::create(&kvm, &cpuid, spec).map_err(|source| FleetError::Build {
             vm: vc.name.clone(),
             source,
         })?;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::kvm_userspace_memory_region;
+use kvm_bindings::{kvm_userspace_memory_region, CpuId};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -124,6 +124,12 @@ pub struct Vm {
     entry: u64,
 }
 
+/// The CPUID table given to every vCPU: what KVM supports on this host.
+pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId, VmError> {
+    kvm.get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("get_supported_cpuid"))
+}
+
 /// Creates memfd-backed guest RAM of `bytes` at guest address 0.
 pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, VmError> {
     let cname = std::ffi::CString::new(format!("hqdmux-{name}")).unwrap_or_default();
@@ -149,7 +155,8 @@ pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, Vm
 
 impl Vm {
     /// Builds the VM: RAM, image, boot structures, devices and vCPUs.
-    pub fn create(kvm: &Kvm, spec: VmSpec) -> Result<Self, VmError> {
+    pub fn create(kvm: &Kvm, cpuid: &CpuId, spec: VmSpec) -> Result<Self, VmError> {
+        let t0 = Instant::now();
         let vm_fd = kvm.create_vm().map_err(kvm_err("create_vm"))?;
         let mem = create_guest_memory(&spec.name, spec.mem_bytes)?;
         let host = mem
@@ -216,15 +223,12 @@ impl Vm {
         )
         .map_err(bus_err)?;
 
-        let cpuid = kvm
-            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
-            .map_err(kvm_err("get_supported_cpuid"))?;
         let mut vcpus = Vec::new();
         for i in 0..spec.vcpus {
             let vcpu = vm_fd
                 .create_vcpu(u64::from(i))
                 .map_err(kvm_err("create_vcpu"))?;
-            vcpu.set_cpuid2(&cpuid).map_err(kvm_err("set_cpuid2"))?;
+            vcpu.set_cpuid2(cpuid).map_err(kvm_err("set_cpuid2"))?;
             let mut sregs = vcpu.get_sregs().map_err(kvm_err("get_sregs"))?;
             boot::setup_sregs(&mut sregs);
             vcpu.set_sregs(&sregs).map_err(kvm_err("set_sregs"))?;
@@ -232,6 +236,7 @@ impl Vm {
                 .map_err(kvm_err("set_regs"))?;
             vcpus.push(vcpu);
         }
+        log::debug!("{}: built in {:?}", spec.name, t0.elapsed());
         Ok(Self {
             spec,
             _vm_fd: vm_fd,

@@ -12,7 +12,7 @@ fn main(boot: &'static BootInfo) -> u32 {
     match mode {
         "triple" => {
             let idt = [0u16; 5]; // limit 0, base 0: every vector faults
-            // SAFETY: deliberately faults; the VMM reports a triple fault.
+                                 // SAFETY: deliberately faults; the VMM reports a triple fault.
             unsafe {
                 core::arch::asm!("lidt [{0}]", "ud2", in(reg) idt.as_ptr(), options(noreturn));
             }

@@ -5,7 +5,12 @@
 use rt::{println, BootInfo};
 
 fn main(boot: &'static BootInfo) -> u32 {
-    println!("hello from {} (vm {}), args: [{}]", boot.name(), boot.vm_id, boot.args());
+    println!(
+        "hello from {} (vm {}), args: [{}]",
+        boot.name(),
+        boot.vm_id,
+        boot.args()
+    );
     boot.arg_u64("exit").unwrap_or(0) as u32
 }
 

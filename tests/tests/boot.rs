@@ -1,0 +1,144 @@
+//! End-to-end: real bare-metal guests under KVM.
+
+use hqdmux_tests::{config, kvm_or_skip, run, scratch_dir, vm};
+use vmm::vm::VmOutcome;
+
+#[test]
+fn one_vm_prints_name_and_args_and_exits_zero() {
+    if !kvm_or_skip("one_vm_prints_name_and_args_and_exits_zero") {
+        return;
+    }
+    let dir = scratch_dir("one");
+    let cfg = config(&dir, &vm("solo", "builtin:hello", "alpha=1 beta=two"));
+    let report = run(&cfg);
+    assert!(report.all_succeeded(), "{}", report.summary());
+    let v = &report.vms[0];
+    assert_eq!(
+        v.console,
+        vec!["hello from solo (vm 0), args: [alpha=1 beta=two]"]
+    );
+    let entered = v.entered.expect("runtime entry checkpoint seen");
+    let line = v.first_line.expect("a console line");
+    assert!(entered >= v.started && line >= entered);
+}
+
+#[test]
+fn fleet_of_eight_all_run_with_their_own_identity() {
+    if !kvm_or_skip("fleet_of_eight_all_run_with_their_own_identity") {
+        return;
+    }
+    let dir = scratch_dir("eight");
+    let toml: String = (0..8)
+        .map(|i| vm(&format!("vm{i}"), "builtin:hello", &format!("n={i}")))
+        .collect();
+    let report = run(&config(&dir, &toml));
+    assert!(report.all_succeeded(), "{}", report.summary());
+    assert_eq!(report.vms.len(), 8);
+    for (i, v) in report.vms.iter().enumerate() {
+        assert_eq!(v.name, format!("vm{i}"));
+        assert_eq!(
+            v.console,
+            vec![format!("hello from vm{i} (vm {i}), args: [n={i}]")]
+        );
+    }
+}
+
+#[test]
+fn nonzero_exit_status_is_reported_per_vm() {
+    if !kvm_or_skip("nonzero_exit_status_is_reported_per_vm") {
+        return;
+    }
+    let dir = scratch_dir("nonzero");
+    let toml =
+        vm("bad", "builtin:fault", "mode=exit code=42") + &vm("good", "builtin:hello", "exit=0");
+    let report = run(&config(&dir, &toml));
+    assert!(!report.all_succeeded());
+    assert_eq!(report.vms[0].outcome, VmOutcome::Exited(42));
+    assert_eq!(report.vms[1].outcome, VmOutcome::Exited(0));
+    assert!(report.summary().contains("exited with status 42"));
+}
+
+#[test]
+fn triple_fault_names_that_vm_and_the_others_finish() {
+    if !kvm_or_skip("triple_fault_names_that_vm_and_the_others_finish") {
+        return;
+    }
+    let dir = scratch_dir("triple");
+    let toml = vm("a", "builtin:hello", "")
+        + &vm("crasher", "builtin:fault", "mode=triple")
+        + &vm("c", "builtin:hello", "");
+    let report = run(&config(&dir, &toml));
+    assert_eq!(report.vms[1].outcome, VmOutcome::TripleFault { vcpu: 0 });
+    assert!(report.vms[0].outcome.is_success() && report.vms[2].outcome.is_success());
+    let summary = report.summary();
+    let line = summary.lines().find(|l| l.starts_with("crasher")).unwrap();
+    assert!(line.contains("triple fault on vCPU 0"), "{summary}");
+}
+
+#[test]
+fn guest_panic_prints_message_and_exits_254() {
+    if !kvm_or_skip("guest_panic_prints_message_and_exits_254") {
+        return;
+    }
+    let dir = scratch_dir("panic");
+    let report = run(&config(&dir, &vm("p", "builtin:fault", "mode=panic")));
+    assert_eq!(report.vms[0].outcome, VmOutcome::Exited(254));
+    assert!(report.vms[0]
+        .console
+        .iter()
+        .any(|l| l.contains("guest panic")));
+}
+
+#[test]
+fn run_timeout_stops_a_hung_vm_and_keeps_finished_results() {
+    if !kvm_or_skip("run_timeout_stops_a_hung_vm_and_keeps_finished_results") {
+        return;
+    }
+    let dir = scratch_dir("timeout");
+    let toml = format!(
+        "[run]\ntimeout_ms = 300\n{}{}",
+        vm("hung", "builtin:fault", "mode=hang"),
+        vm("fine", "builtin:hello", "")
+    );
+    let report = run(&config(&dir, &toml));
+    assert!(report.timed_out);
+    assert_eq!(
+        report.vms[0].outcome,
+        VmOutcome::Stopped("run timeout".into())
+    );
+    assert_eq!(report.vms[1].outcome, VmOutcome::Exited(0));
+}
+
+#[test]
+fn image_from_an_elf_file_and_multiple_vcpus() {
+    if !kvm_or_skip("image_from_an_elf_file_and_multiple_vcpus") {
+        return;
+    }
+    let dir = scratch_dir("file");
+    std::fs::write(dir.join("hello.elf"), images::builtin("hello").unwrap()).unwrap();
+    let toml =
+        vm("f", "hello.elf", "from=file").replace("memory_mib = 8", "memory_mib = 8\nvcpus = 4");
+    let report = run(&config(&dir, &toml));
+    assert!(report.all_succeeded(), "{}", report.summary());
+    assert_eq!(
+        report.vms[0].console,
+        vec!["hello from f (vm 0), args: [from=file]"]
+    );
+}
+
+#[test]
+fn a_file_that_is_not_elf_aborts_the_launch_before_any_guest_runs() {
+    if !kvm_or_skip("a_file_that_is_not_elf_aborts_the_launch_before_any_guest_runs") {
+        return;
+    }
+    let dir = scratch_dir("notelf");
+    std::fs::write(dir.join("junk.elf"), b"this is not an ELF file").unwrap();
+    let toml = vm("good", "builtin:hello", "") + &vm("junk", "junk.elf", "");
+    let cfg = config(&dir, &toml);
+    let err = vmm::fleet::run_fleet(&cfg, vmm::fleet::RunOptions { echo: false }).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("vm 'junk': cannot load ELF image"),
+        "{err}"
+    );
+}

@@ -1,0 +1,151 @@
+//! The `hqdmux` binary as an operator runs it.
+
+use std::process::Command;
+
+fn hqdmux() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hqdmux"))
+}
+
+fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn bad_configs_are_rejected_with_file_vm_field_and_reason_and_nothing_runs() {
+    let dir = std::env::temp_dir().join(format!("hqdmux-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n";
+    let cases = [
+        (
+            "prio.toml",
+            good.replace("name = \"a\"", "name = \"a\"\npriority = 99"),
+            "vm 'a' (vm[0]): field `priority`: 99 is out of range 0..=15",
+        ),
+        (
+            "dup.toml",
+            format!("{good}{good}"),
+            "vm 'a' (vm[1]): field `name`: duplicate name",
+        ),
+        (
+            "img.toml",
+            good.replace("builtin:hello", "builtin:nosuch"),
+            "field `image`: no built-in image 'nosuch'",
+        ),
+        (
+            "mem.toml",
+            format!("{good}memory_mib = 2\n"),
+            "field `memory_mib`: 2 MiB is too small",
+        ),
+        (
+            "unknown.toml",
+            format!("{good}gpus = 2\n"),
+            "unknown field `gpus`",
+        ),
+        ("syntax.toml", "[[vm]\n".to_string(), "fleet"),
+    ];
+    for (file, text, want) in cases {
+        let path = dir.join(file);
+        std::fs::write(&path, text).unwrap();
+        for sub in ["run", "check"] {
+            let out = hqdmux()
+                .args([sub, path.to_str().unwrap()])
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{sub} {file}: {stderr}");
+            assert!(
+                stderr.contains(path.to_str().unwrap()),
+                "{file}: names the file: {stderr}"
+            );
+            if file != "syntax.toml" {
+                assert!(stderr.contains(want), "{file}: wanted {want:?} in {stderr}");
+            }
+            assert!(
+                out.stdout.is_empty(),
+                "{file}: nothing launched, nothing printed"
+            );
+        }
+    }
+    let out = hqdmux()
+        .args(["run", dir.join("missing.toml").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml: cannot read"));
+}
+
+#[test]
+fn help_lists_subcommands() {
+    let out = hqdmux().arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for sub in ["run", "check", "images"] {
+        assert!(text.contains(sub), "{text}");
+    }
+    let out = hqdmux().args(["run", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--timeout-ms"));
+    let out = hqdmux().arg("images").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("builtin:hello"));
+}
+
+#[test]
+fn the_readme_main_job_boots_every_example_vm() {
+    if !vmm::kvm_available() {
+        assert_ne!(
+            std::env::var("HQDMUX_REQUIRE_KVM").as_deref(),
+            Ok("1"),
+            "HQDMUX_REQUIRE_KVM=1 but no /dev/kvm"
+        );
+        eprintln!("!!! SKIPPED the_readme_main_job_boots_every_example_vm: no /dev/kvm !!!");
+        return;
+    }
+    let out = hqdmux()
+        .args(["run", "examples/hello.toml"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["inference", "training", "batch-a", "batch-b"] {
+        assert!(
+            stdout.contains(&format!("[{name}] hello from {name}")),
+            "{stdout}"
+        );
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("exited"))
+            .unwrap();
+        assert!(row.ends_with("exited with status 0"), "{row}");
+    }
+}
+
+#[test]
+fn a_failing_vm_makes_the_run_exit_nonzero() {
+    if !vmm::kvm_available() {
+        assert_ne!(
+            std::env::var("HQDMUX_REQUIRE_KVM").as_deref(),
+            Ok("1"),
+            "HQDMUX_REQUIRE_KVM=1 but no /dev/kvm"
+        );
+        eprintln!("!!! SKIPPED a_failing_vm_makes_the_run_exit_nonzero: no /dev/kvm !!!");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hqdmux-cli-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("f.toml");
+    std::fs::write(
+        &path,
+        "[[vm]]\nname = \"x\"\nimage = \"builtin:fault\"\nargs = \"mode=exit code=5\"\n",
+    )
+    .unwrap();
+    let out = hqdmux()
+        .args(["run", "--quiet", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 1 VMs failed"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("exited with status 5"));
+}

@@ -1,0 +1,507 @@
+//! gfx9 memory queue descriptor, `struct v9_mqd` (linux
+//! `drivers/gpu/drm/amd/include/v9_structs.h`): 512 dwords = 2048 bytes.
+//!
+//! Dwords 128..=183 are the register image that `hqd_load`
+//! (`kgd_gfx_v9_hqd_load`, `amdgpu_amdkfd_gfx_v9.c`) writes, in order, to the
+//! registers `CP_MQD_BASE_ADDR` (0x1FA9) .. `CP_HQD_PQ_WPTR_HI` (0x1FE0).
+//!
+//! Pointer conventions (as on gfx9 AQL queues, `wptr_shift = 4` in KFD): the
+//! register image counts ring positions in **dwords** (a packet is 16 dwords);
+//! `cp_hqd_pq_rptr` is the low 32 bits of the read position, `cp_hqd_pq_wptr_lo/hi`
+//! the 64-bit write position. The user-visible indices (doorbell value,
+//! `amd_queue_t` read/write_dispatch_id) count **packets**. [`V9Mqd::read_index`]
+//! rebuilds the 64-bit packet read index from the 32-bit rptr and the 64-bit wptr
+//! (valid because wptr - rptr never exceeds the ring size).
+
+/// Number of dwords.
+pub const MQD_DWORDS: usize = 512;
+/// Size in bytes.
+pub const MQD_BYTES: usize = 2048;
+/// Value of dword 0 (`header`) written by KFD's `init_mqd`.
+pub const MQD_HEADER_VALUE: u32 = 0xC031_0800;
+
+/// dword 0: header.
+pub const HEADER: usize = 0;
+/// dwords 23, 24, 26, 27: `compute_static_thread_mgmt_se0..3` (CU masks).
+pub const COMPUTE_STATIC_THREAD_MGMT_SE: [usize; 4] = [23, 24, 26, 27];
+/// First dword of the register image.
+pub const REG_IMAGE_FIRST: usize = 128;
+/// Last dword of the register image.
+pub const REG_IMAGE_LAST: usize = 183;
+/// `cp_mqd_base_addr_lo`.
+pub const CP_MQD_BASE_ADDR_LO: usize = 128;
+/// `cp_mqd_base_addr_hi`.
+pub const CP_MQD_BASE_ADDR_HI: usize = 129;
+/// `cp_hqd_active` (register 0x1FAB).
+pub const CP_HQD_ACTIVE: usize = 130;
+/// `cp_hqd_vmid`.
+pub const CP_HQD_VMID: usize = 131;
+/// `cp_hqd_persistent_state`.
+pub const CP_HQD_PERSISTENT_STATE: usize = 132;
+/// `cp_hqd_pipe_priority` (0 LOW, 1 MEDIUM, 2 HIGH).
+pub const CP_HQD_PIPE_PRIORITY: usize = 133;
+/// `cp_hqd_queue_priority` (0..15).
+pub const CP_HQD_QUEUE_PRIORITY: usize = 134;
+/// `cp_hqd_quantum`.
+pub const CP_HQD_QUANTUM: usize = 135;
+/// `cp_hqd_pq_base_lo` (ring address >> 8).
+pub const CP_HQD_PQ_BASE_LO: usize = 136;
+/// `cp_hqd_pq_base_hi`.
+pub const CP_HQD_PQ_BASE_HI: usize = 137;
+/// `cp_hqd_pq_rptr` (read position in dwords, low 32 bits).
+pub const CP_HQD_PQ_RPTR: usize = 138;
+/// `cp_hqd_pq_rptr_report_addr_lo` (address of `amd_queue_t.read_dispatch_id`).
+pub const CP_HQD_PQ_RPTR_REPORT_ADDR_LO: usize = 139;
+/// `cp_hqd_pq_rptr_report_addr_hi`.
+pub const CP_HQD_PQ_RPTR_REPORT_ADDR_HI: usize = 140;
+/// `cp_hqd_pq_wptr_poll_addr_lo` (address of `amd_queue_t.write_dispatch_id`).
+pub const CP_HQD_PQ_WPTR_POLL_ADDR_LO: usize = 141;
+/// `cp_hqd_pq_wptr_poll_addr_hi`.
+pub const CP_HQD_PQ_WPTR_POLL_ADDR_HI: usize = 142;
+/// `cp_hqd_pq_doorbell_control` (offset bits 27:2, enable bit 30).
+pub const CP_HQD_PQ_DOORBELL_CONTROL: usize = 143;
+/// `cp_hqd_pq_control` (bits 5:0 QUEUE_SIZE: ring dwords = 2 << QUEUE_SIZE).
+pub const CP_HQD_PQ_CONTROL: usize = 145;
+/// `cp_hqd_dequeue_request` (1 DRAIN_PIPE, 2 RESET_WAVES, 3 SAVE_WAVES).
+pub const CP_HQD_DEQUEUE_REQUEST: usize = 152;
+/// `cp_hqd_eop_base_addr_lo`.
+pub const CP_HQD_EOP_BASE_ADDR_LO: usize = 165;
+/// `cp_hqd_eop_base_addr_hi`.
+pub const CP_HQD_EOP_BASE_ADDR_HI: usize = 166;
+/// `cp_hqd_eop_control`.
+pub const CP_HQD_EOP_CONTROL: usize = 167;
+/// `cp_hqd_ctx_save_base_addr_lo` (CWSR area).
+pub const CP_HQD_CTX_SAVE_BASE_ADDR_LO: usize = 171;
+/// `cp_hqd_ctx_save_base_addr_hi`.
+pub const CP_HQD_CTX_SAVE_BASE_ADDR_HI: usize = 172;
+/// `cp_hqd_cntl_stack_offset` (control stack grows down from size to offset).
+pub const CP_HQD_CNTL_STACK_OFFSET: usize = 174;
+/// `cp_hqd_cntl_stack_size`.
+pub const CP_HQD_CNTL_STACK_SIZE: usize = 175;
+/// `cp_hqd_wg_state_offset`.
+pub const CP_HQD_WG_STATE_OFFSET: usize = 176;
+/// `cp_hqd_ctx_save_size` (per XCC).
+pub const CP_HQD_CTX_SAVE_SIZE: usize = 177;
+/// `cp_hqd_aql_control` (1 = AQL).
+pub const CP_HQD_AQL_CONTROL: usize = 181;
+/// `cp_hqd_pq_wptr_lo` (write position in dwords).
+pub const CP_HQD_PQ_WPTR_LO: usize = 182;
+/// `cp_hqd_pq_wptr_hi`.
+pub const CP_HQD_PQ_WPTR_HI: usize = 183;
+
+/// Register number of `CP_MQD_BASE_ADDR` (dword 128).
+pub const REG_CP_MQD_BASE_ADDR: u32 = 0x1FA9;
+/// Register number of `CP_HQD_ACTIVE` (dword 130).
+pub const REG_CP_HQD_ACTIVE: u32 = 0x1FAB;
+/// Register number of `CP_HQD_DEQUEUE_REQUEST` (dword 152).
+pub const REG_CP_HQD_DEQUEUE_REQUEST: u32 = 0x1FC1;
+/// Register number of `CP_HQD_PQ_WPTR_HI` (dword 183).
+pub const REG_CP_HQD_PQ_WPTR_HI: u32 = 0x1FE0;
+
+/// Register number loaded from MQD dword `dw` (128..=183).
+pub const fn reg_of_dword(dw: usize) -> Option<u32> {
+    if dw >= REG_IMAGE_FIRST && dw <= REG_IMAGE_LAST {
+        Some(REG_CP_MQD_BASE_ADDR + (dw - REG_IMAGE_FIRST) as u32)
+    } else {
+        None
+    }
+}
+/// MQD dword holding register `reg` (0x1FA9..=0x1FE0).
+pub const fn dword_of_reg(reg: u32) -> Option<usize> {
+    if reg >= REG_CP_MQD_BASE_ADDR && reg <= REG_CP_HQD_PQ_WPTR_HI {
+        Some(REG_IMAGE_FIRST + (reg - REG_CP_MQD_BASE_ADDR) as usize)
+    } else {
+        None
+    }
+}
+
+/// `CP_HQD_PQ_CONTROL.QUEUE_SIZE` mask.
+pub const PQ_CONTROL_QUEUE_SIZE_MASK: u32 = 0x3f;
+/// Dwords per AQL packet.
+pub const DWORDS_PER_PACKET: u64 = 16;
+
+/// gfx9.4.x CWSR size model (linux `kfd_queue.c`, `kfd_queue_ctx_save_restore_size`).
+pub mod cwsr {
+    /// `SIZEOF_HSA_USER_CONTEXT_SAVE_AREA_HEADER`.
+    pub const HEADER_BYTES: u32 = 40;
+    /// Control-stack bytes per wave on gfx9.
+    pub const BYTES_PER_WAVE: u32 = 8;
+    /// Per-CU VGPR save bytes.
+    pub const VGPR_BYTES: u32 = 0x80000;
+    /// Per-CU SGPR save bytes.
+    pub const SGPR_BYTES: u32 = 0x4000;
+    /// Per-CU LDS save bytes.
+    pub const LDS_BYTES: u32 = 0x10000;
+    /// Per-CU hardware-register save bytes.
+    pub const HWREG_BYTES: u32 = 0x1000;
+    /// Per-CU wave-state bytes (sum of the above).
+    pub const CU_STATE_BYTES: u32 = VGPR_BYTES + SGPR_BYTES + LDS_BYTES + HWREG_BYTES;
+    /// Page size used for alignment.
+    pub const PAGE: u32 = 4096;
+
+    /// Waves per XCC: min(cu x 40, SEs x 512).
+    pub const fn waves(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
+        let a = cus_per_xcc.saturating_mul(40);
+        let b = ses_per_xcc.saturating_mul(512);
+        if a < b {
+            a
+        } else {
+            b
+        }
+    }
+    /// Control stack bytes per XCC: align(40 + waves x 8 + 8, page).
+    pub const fn ctl_stack_bytes(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
+        let raw = HEADER_BYTES + waves(cus_per_xcc, ses_per_xcc).saturating_mul(BYTES_PER_WAVE) + 8;
+        (raw + PAGE - 1) / PAGE * PAGE
+    }
+    /// Workgroup data bytes per XCC: cu x (VGPR + SGPR + LDS + HWREG).
+    pub const fn wg_data_bytes(cus_per_xcc: u32) -> u32 {
+        cus_per_xcc.saturating_mul(CU_STATE_BYTES)
+    }
+    /// Total context save area bytes per XCC.
+    pub const fn ctx_save_bytes(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
+        ctl_stack_bytes(cus_per_xcc, ses_per_xcc).saturating_add(wg_data_bytes(cus_per_xcc))
+    }
+}
+
+/// `struct v9_mqd` as 512 dwords.
+#[derive(Clone, PartialEq, Eq)]
+#[repr(C)]
+pub struct V9Mqd {
+    /// Raw dwords.
+    pub dw: [u32; MQD_DWORDS],
+}
+
+impl core::fmt::Debug for V9Mqd {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("V9Mqd")
+            .field("header", &self.dw[HEADER])
+            .field("ring_base", &self.ring_base())
+            .field("ring_bytes", &self.ring_bytes())
+            .field("rptr_dw", &self.dw[CP_HQD_PQ_RPTR])
+            .field("wptr_dw", &self.wptr_dw())
+            .field("ctx_save_base", &self.ctx_save_base())
+            .finish()
+    }
+}
+
+impl Default for V9Mqd {
+    fn default() -> Self {
+        let mut dw = [0u32; MQD_DWORDS];
+        dw[HEADER] = MQD_HEADER_VALUE;
+        V9Mqd { dw }
+    }
+}
+
+#[inline]
+const fn lohi(lo: u32, hi: u32) -> u64 {
+    (lo as u64) | ((hi as u64) << 32)
+}
+
+impl V9Mqd {
+    /// 64-bit value from a lo/hi dword pair.
+    pub fn get64(&self, lo: usize, hi: usize) -> u64 {
+        lohi(self.dw[lo], self.dw[hi])
+    }
+    /// Store a 64-bit value into a lo/hi dword pair.
+    pub fn set64(&mut self, lo: usize, hi: usize, v: u64) {
+        self.dw[lo] = v as u32;
+        self.dw[hi] = (v >> 32) as u32;
+    }
+    /// Ring (PQ) base address in bytes (`pq_base` << 8).
+    pub fn ring_base(&self) -> u64 {
+        self.get64(CP_HQD_PQ_BASE_LO, CP_HQD_PQ_BASE_HI) << 8
+    }
+    /// `CP_HQD_PQ_CONTROL.QUEUE_SIZE`.
+    pub fn queue_size_field(&self) -> u32 {
+        self.dw[CP_HQD_PQ_CONTROL] & PQ_CONTROL_QUEUE_SIZE_MASK
+    }
+    /// Ring size in dwords (2 << QUEUE_SIZE).
+    pub fn ring_dwords(&self) -> u64 {
+        2u64 << self.queue_size_field()
+    }
+    /// Ring size in bytes.
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring_dwords() * 4
+    }
+    /// Ring size in 64-byte AQL packets.
+    pub fn ring_packets(&self) -> u64 {
+        self.ring_dwords() / DWORDS_PER_PACKET
+    }
+    /// Where the CP polls the write index (`amd_queue_t.write_dispatch_id`), 0 = none.
+    pub fn wptr_poll_addr(&self) -> u64 {
+        self.get64(CP_HQD_PQ_WPTR_POLL_ADDR_LO, CP_HQD_PQ_WPTR_POLL_ADDR_HI)
+    }
+    /// Where the CP reports the read index (`amd_queue_t.read_dispatch_id`), 0 = none.
+    pub fn rptr_report_addr(&self) -> u64 {
+        self.get64(CP_HQD_PQ_RPTR_REPORT_ADDR_LO, CP_HQD_PQ_RPTR_REPORT_ADDR_HI)
+    }
+    /// EOP buffer address (`eop_base` << 8).
+    pub fn eop_base(&self) -> u64 {
+        self.get64(CP_HQD_EOP_BASE_ADDR_LO, CP_HQD_EOP_BASE_ADDR_HI) << 8
+    }
+    /// CWSR context save area base (XCC 0; XCC i at base + i x ctx_save_size).
+    pub fn ctx_save_base(&self) -> u64 {
+        self.get64(CP_HQD_CTX_SAVE_BASE_ADDR_LO, CP_HQD_CTX_SAVE_BASE_ADDR_HI)
+    }
+    /// CWSR context save area size per XCC.
+    pub fn ctx_save_size(&self) -> u32 {
+        self.dw[CP_HQD_CTX_SAVE_SIZE]
+    }
+    /// Control stack offset (== size when the stack is empty).
+    pub fn cntl_stack_offset(&self) -> u32 {
+        self.dw[CP_HQD_CNTL_STACK_OFFSET]
+    }
+    /// Control stack size.
+    pub fn cntl_stack_size(&self) -> u32 {
+        self.dw[CP_HQD_CNTL_STACK_SIZE]
+    }
+    /// Workgroup state offset.
+    pub fn wg_state_offset(&self) -> u32 {
+        self.dw[CP_HQD_WG_STATE_OFFSET]
+    }
+    /// AQL queue?
+    pub fn is_aql(&self) -> bool {
+        self.dw[CP_HQD_AQL_CONTROL] & 1 == 1
+    }
+    /// Queue priority (0..15).
+    pub fn queue_priority(&self) -> u32 {
+        self.dw[CP_HQD_QUEUE_PRIORITY]
+    }
+    /// VMID.
+    pub fn vmid(&self) -> u32 {
+        self.dw[CP_HQD_VMID]
+    }
+    /// `cp_hqd_active`.
+    pub fn active(&self) -> bool {
+        self.dw[CP_HQD_ACTIVE] & 1 == 1
+    }
+    /// 64-bit write position in dwords.
+    pub fn wptr_dw(&self) -> u64 {
+        self.get64(CP_HQD_PQ_WPTR_LO, CP_HQD_PQ_WPTR_HI)
+    }
+    /// Write index in packets.
+    pub fn write_index(&self) -> u64 {
+        self.wptr_dw() / DWORDS_PER_PACKET
+    }
+    /// Set the write index (packets).
+    pub fn set_write_index(&mut self, packets: u64) {
+        self.set64(
+            CP_HQD_PQ_WPTR_LO,
+            CP_HQD_PQ_WPTR_HI,
+            packets.wrapping_mul(DWORDS_PER_PACKET),
+        );
+    }
+    /// Read index in packets, rebuilt from the 32-bit rptr and the 64-bit wptr.
+    /// Returns `None` if the result would be inconsistent (rptr not packet
+    /// aligned, or the distance to wptr exceeds the ring).
+    pub fn read_index(&self) -> Option<u64> {
+        let r = self.dw[CP_HQD_PQ_RPTR] as u64;
+        if r % DWORDS_PER_PACKET != 0 {
+            return None;
+        }
+        let w = self.wptr_dw();
+        let mut full = (w & !0xFFFF_FFFF) | r;
+        if full > w {
+            full = full.checked_sub(1u64 << 32)?;
+        }
+        if w - full > self.ring_dwords() {
+            return None;
+        }
+        Some(full / DWORDS_PER_PACKET)
+    }
+    /// Set the read index (packets): stores the low 32 bits of the dword position.
+    pub fn set_read_index(&mut self, packets: u64) {
+        self.dw[CP_HQD_PQ_RPTR] = packets.wrapping_mul(DWORDS_PER_PACKET) as u32;
+    }
+    /// Byte address of ring slot for packet index `idx`.
+    pub fn packet_addr(&self, idx: u64) -> u64 {
+        self.ring_base()
+            .wrapping_add((idx % self.ring_packets().max(1)) * 64)
+    }
+    /// Is there saved CWSR control-stack content (offset below size)?
+    pub fn has_saved_state(&self) -> bool {
+        self.cntl_stack_offset() < self.cntl_stack_size()
+    }
+    /// Little-endian 2048-byte image.
+    pub fn to_bytes(&self) -> [u8; MQD_BYTES] {
+        let mut b = [0u8; MQD_BYTES];
+        for (i, d) in self.dw.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&d.to_le_bytes());
+        }
+        b
+    }
+    /// From a little-endian 2048-byte image.
+    pub fn from_bytes(b: &[u8; MQD_BYTES]) -> V9Mqd {
+        let mut dw = [0u32; MQD_DWORDS];
+        for (i, d) in dw.iter_mut().enumerate() {
+            *d = crate::le::u32_at(b, i * 4);
+        }
+        V9Mqd { dw }
+    }
+}
+
+/// Builder for an AQL user queue MQD, following KFD `init_mqd` / `update_mqd`
+/// (`kfd_mqd_manager_v9.c`) for the fields the simulator uses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AqlMqdBuilder {
+    /// Address of the MQD itself (`cp_mqd_base_addr`).
+    pub mqd_addr: u64,
+    /// Ring address (256-byte aligned).
+    pub ring_base: u64,
+    /// Ring size in packets (power of two, >= 4).
+    pub ring_packets: u32,
+    /// `amd_queue_t` address: wptr poll = +0x38, rptr report = +0x80 (0 = none).
+    pub amd_queue: u64,
+    /// EOP buffer address (256-byte aligned, informative).
+    pub eop_base: u64,
+    /// CWSR area base (XCC 0).
+    pub ctx_save_base: u64,
+    /// CWSR area size per XCC.
+    pub ctx_save_size: u32,
+    /// Control stack size (per XCC).
+    pub cntl_stack_size: u32,
+    /// Queue priority 0..15.
+    pub priority: u32,
+    /// VMID.
+    pub vmid: u32,
+    /// Doorbell offset (dwords).
+    pub doorbell_offset: u32,
+}
+
+impl AqlMqdBuilder {
+    /// Fill CWSR size fields from the gfx9.4.x formula for a CU/SE count.
+    pub fn cwsr_for(mut self, ctx_save_base: u64, cus_per_xcc: u32, ses_per_xcc: u32) -> Self {
+        self.ctx_save_base = ctx_save_base;
+        self.cntl_stack_size = cwsr::ctl_stack_bytes(cus_per_xcc, ses_per_xcc);
+        self.ctx_save_size = cwsr::ctx_save_bytes(cus_per_xcc, ses_per_xcc);
+        self
+    }
+    /// Build the MQD. `QUEUE_SIZE` = log2(ring dwords) - 1; a non power-of-two
+    /// `ring_packets` is rounded down.
+    pub fn build(&self) -> V9Mqd {
+        let mut m = V9Mqd::default();
+        for se in COMPUTE_STATIC_THREAD_MGMT_SE {
+            m.dw[se] = 0xFFFF_FFFF;
+        }
+        m.set64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI, self.mqd_addr);
+        m.dw[CP_HQD_VMID] = self.vmid;
+        m.dw[CP_HQD_PERSISTENT_STATE] = 0x0BE0_5501; // PRELOAD_REQ | PRELOAD_SIZE (KFD default)
+        let prio = self.priority.min(15);
+        m.dw[CP_HQD_QUEUE_PRIORITY] = prio;
+        m.dw[CP_HQD_PIPE_PRIORITY] = match prio {
+            0..=6 => 0,
+            7..=10 => 1,
+            _ => 2,
+        };
+        m.dw[CP_HQD_QUANTUM] = 1 | (10 << 4) | (1 << 8); // QUANTUM_EN | DURATION 10 | SCALE 1
+        m.set64(CP_HQD_PQ_BASE_LO, CP_HQD_PQ_BASE_HI, self.ring_base >> 8);
+        let pk = self.ring_packets.max(1);
+        let log2p = 31 - pk.leading_zeros();
+        // dwords = 16 * packets = 2 << QUEUE_SIZE  =>  QUEUE_SIZE = log2(packets) + 3
+        m.dw[CP_HQD_PQ_CONTROL] = (log2p + 3) & PQ_CONTROL_QUEUE_SIZE_MASK;
+        if self.amd_queue != 0 {
+            let wp = self.amd_queue + crate::queue::AMD_QUEUE_WRITE_DISPATCH_ID as u64;
+            let rp = self.amd_queue + crate::queue::AMD_QUEUE_READ_DISPATCH_ID as u64;
+            m.set64(CP_HQD_PQ_WPTR_POLL_ADDR_LO, CP_HQD_PQ_WPTR_POLL_ADDR_HI, wp);
+            m.set64(
+                CP_HQD_PQ_RPTR_REPORT_ADDR_LO,
+                CP_HQD_PQ_RPTR_REPORT_ADDR_HI,
+                rp,
+            );
+        }
+        m.dw[CP_HQD_PQ_DOORBELL_CONTROL] = ((self.doorbell_offset & 0x03FF_FFFF) << 2) | (1 << 30);
+        m.set64(
+            CP_HQD_EOP_BASE_ADDR_LO,
+            CP_HQD_EOP_BASE_ADDR_HI,
+            self.eop_base >> 8,
+        );
+        m.dw[CP_HQD_EOP_CONTROL] = 9; // EOP size field as KFD for 4 KiB
+        m.set64(
+            CP_HQD_CTX_SAVE_BASE_ADDR_LO,
+            CP_HQD_CTX_SAVE_BASE_ADDR_HI,
+            self.ctx_save_base,
+        );
+        m.dw[CP_HQD_CTX_SAVE_SIZE] = self.ctx_save_size;
+        m.dw[CP_HQD_CNTL_STACK_SIZE] = self.cntl_stack_size;
+        m.dw[CP_HQD_CNTL_STACK_OFFSET] = self.cntl_stack_size; // empty stack (KFD init_mqd)
+        m.dw[CP_HQD_WG_STATE_OFFSET] = self.cntl_stack_size;
+        m.dw[CP_HQD_AQL_CONTROL] = 1;
+        m.dw[CP_HQD_ACTIVE] = 0;
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_numbers() {
+        assert_eq!(reg_of_dword(128), Some(0x1FA9));
+        assert_eq!(reg_of_dword(130), Some(REG_CP_HQD_ACTIVE));
+        assert_eq!(reg_of_dword(152), Some(REG_CP_HQD_DEQUEUE_REQUEST));
+        assert_eq!(reg_of_dword(183), Some(0x1FE0));
+        assert_eq!(reg_of_dword(184), None);
+        assert_eq!(dword_of_reg(0x1FE0), Some(183));
+        assert_eq!(dword_of_reg(0x1FA8), None);
+    }
+
+    #[test]
+    fn builder_and_accessors() {
+        let m = AqlMqdBuilder {
+            mqd_addr: 0x10000,
+            ring_base: 0x20_0000,
+            ring_packets: 256,
+            amd_queue: 0x30000,
+            priority: 12,
+            ..Default::default()
+        }
+        .cwsr_for(0x100_0000, 38, 4)
+        .build();
+        assert_eq!(m.dw[0], 0xC031_0800);
+        assert_eq!(m.ring_base(), 0x20_0000);
+        assert_eq!(m.ring_packets(), 256);
+        assert_eq!(m.ring_bytes(), 256 * 64);
+        assert_eq!(m.wptr_poll_addr(), 0x30038);
+        assert_eq!(m.rptr_report_addr(), 0x30080);
+        assert_eq!(m.dw[CP_HQD_PIPE_PRIORITY], 2);
+        assert!(m.is_aql());
+        assert!(!m.has_saved_state());
+        assert_eq!(m.cntl_stack_size(), 12288);
+        assert_eq!(m.ctx_save_size(), 12288 + 38 * 0x95000);
+        let b = m.to_bytes();
+        assert_eq!(V9Mqd::from_bytes(&b), m);
+    }
+
+    #[test]
+    fn read_index_reconstruction() {
+        let mut m = AqlMqdBuilder {
+            ring_packets: 64,
+            ..Default::default()
+        }
+        .build();
+        for (r, w) in [
+            (0u64, 0u64),
+            (5, 60),
+            (0x0FFF_FFF0, 0x1000_0010),
+            (1 << 30, (1 << 30) + 64),
+        ] {
+            m.set_write_index(w);
+            m.set_read_index(r);
+            assert_eq!(m.read_index(), Some(r), "r={r} w={w}");
+        }
+        m.set_write_index(200);
+        m.set_read_index(100);
+        assert_eq!(m.read_index(), None); // further apart than the ring
+        m.dw[CP_HQD_PQ_RPTR] = 3;
+        assert_eq!(m.read_index(), None);
+    }
+
+    #[test]
+    fn cwsr_formula() {
+        assert_eq!(cwsr::waves(38, 4), 1520);
+        assert_eq!(cwsr::ctl_stack_bytes(38, 4), 12288);
+        assert_eq!(cwsr::wg_data_bytes(1), 0x95000);
+    }
+}

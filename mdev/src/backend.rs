@@ -1,0 +1,311 @@
+//! The physical GPU backend trait: what the mediator / scheduler glue drives.
+//!
+//! Nothing here is simulator specific: a real `/dev/kfd` backend maps `map` to
+//! CREATE_QUEUE/restore, `unmap` to a dequeue (DBG_TRAP suspend / destroy with the
+//! given mode), `doorbell` to a doorbell store, and reports completions from
+//! signals/EOP interrupts through `advance`.
+
+use crate::mem::DmaMemory;
+use crate::topology::GpuTopology;
+use abi::mqd::V9Mqd;
+use std::sync::Arc;
+
+/// Nanoseconds since an arbitrary epoch (the backend's clock).
+pub type Nanos = u64;
+
+/// Index into [`GpuTopology::user_slots`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId(pub u32);
+
+/// How to dequeue an HQD (`CP_HQD_DEQUEUE_REQUEST` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum DequeueMode {
+    /// Stop fetching, let in-flight workgroups finish, then go inactive.
+    DrainPipe = 1,
+    /// Kill in-flight workgroups; the interrupted packets restart from scratch later.
+    ResetWaves = 2,
+    /// CWSR: save in-flight waves to the context save area; resume exactly later.
+    SaveWaves = 3,
+}
+
+impl DequeueMode {
+    /// From the register value.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(DequeueMode::DrainPipe),
+            2 => Some(DequeueMode::ResetWaves),
+            3 => Some(DequeueMode::SaveWaves),
+            _ => None,
+        }
+    }
+}
+
+/// Load a queue into a slot.
+#[derive(Clone)]
+pub struct MapRequest {
+    /// Target slot.
+    pub slot: SlotId,
+    /// Caller's queue id, echoed in events.
+    pub tag: u64,
+    /// Host-owned, validated shadow copy of the guest MQD (as returned by the
+    /// last [`GpuEvent::Unmapped`] when resuming).
+    pub mqd: V9Mqd,
+    /// That VM's memory (all queue addresses are guest-physical in it).
+    pub mem: Arc<dyn DmaMemory>,
+}
+
+impl std::fmt::Debug for MapRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MapRequest").field("slot", &self.slot).field("tag", &self.tag).field("mqd", &self.mqd).finish()
+    }
+}
+
+/// Why a queue stopped with an error (or an MQD was refused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QueueErrorReason {
+    /// MQD header is not 0xC0310800.
+    #[error("MQD header {0:#x} is not a v9 MQD")]
+    BadMqdHeader(u32),
+    /// Not an AQL queue (`cp_hqd_aql_control` != 1).
+    #[error("queue is not AQL")]
+    NotAql,
+    /// Ring smaller than the minimum (packets) or QUEUE_SIZE out of range.
+    #[error("ring size {packets} packets is out of range")]
+    RingSize {
+        /// Ring size in packets (0 if not representable).
+        packets: u64,
+    },
+    /// Ring not inside VM memory.
+    #[error("ring at {addr:#x} is outside VM memory")]
+    RingOutOfRange {
+        /// Ring base.
+        addr: u64,
+    },
+    /// wptr poll / rptr report address outside VM memory.
+    #[error("queue pointer address {addr:#x} is outside VM memory")]
+    PointerAddrOutOfRange {
+        /// Address.
+        addr: u64,
+    },
+    /// Saved rptr/wptr in the MQD are inconsistent.
+    #[error("MQD read/write pointers are inconsistent")]
+    BadPointers,
+    /// Write index more than a ring ahead of the read index.
+    #[error("write index {wptr} is beyond read index {rptr} + ring size {size}")]
+    WptrBeyondRing {
+        /// New write index.
+        wptr: u64,
+        /// Read index.
+        rptr: u64,
+        /// Ring size (packets).
+        size: u64,
+    },
+    /// Write index moved backwards.
+    #[error("write index moved backwards from {old} to {new}")]
+    WptrBackwards {
+        /// Previous write index.
+        old: u64,
+        /// New write index.
+        new: u64,
+    },
+    /// Packet type not supported (vendor, agent dispatch, reserved).
+    #[error("unsupported AQL packet type {0}")]
+    UnsupportedPacket(u8),
+    /// Malformed dispatch (zero workgroup size, too many workgroups).
+    #[error("malformed kernel dispatch packet")]
+    BadDispatch,
+    /// Kernel descriptor outside memory.
+    #[error("kernel object {addr:#x} is outside VM memory")]
+    DescriptorOutOfRange {
+        /// Address.
+        addr: u64,
+    },
+    /// Kernel descriptor has a bad magic / version / kind.
+    #[error("bad kernel descriptor at {addr:#x}")]
+    BadDescriptor {
+        /// Address.
+        addr: u64,
+    },
+    /// Kernarg segment outside memory.
+    #[error("kernarg {addr:#x} is outside VM memory")]
+    KernargOutOfRange {
+        /// Address.
+        addr: u64,
+    },
+    /// A kernel's data buffer outside memory.
+    #[error("kernel buffer {addr:#x} (+{len}) is outside VM memory")]
+    DataOutOfRange {
+        /// Address.
+        addr: u64,
+        /// Length.
+        len: u64,
+    },
+    /// Completion/dependency signal outside memory.
+    #[error("signal {addr:#x} is outside VM memory")]
+    SignalOutOfRange {
+        /// Address.
+        addr: u64,
+    },
+    /// CWSR area smaller than the gfx9.4.x formula.
+    #[error("CWSR area too small: need {need} bytes per XCC, have {have}")]
+    CwsrTooSmall {
+        /// Required bytes.
+        need: u64,
+        /// Declared bytes.
+        have: u64,
+    },
+    /// CWSR area outside memory.
+    #[error("CWSR area at {addr:#x} is outside VM memory")]
+    CwsrOutOfRange {
+        /// Base.
+        addr: u64,
+    },
+    /// Saved state read back on restore is malformed.
+    #[error("malformed saved CWSR state: {0}")]
+    BadSavedState(&'static str),
+}
+
+/// Errors of [`PhysGpu`] calls (the call is refused; no state changed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    /// No such slot.
+    #[error("slot {0:?} does not exist")]
+    NoSuchSlot(SlotId),
+    /// Slot already holds a queue (or is still unmapping).
+    #[error("slot {0:?} is busy")]
+    SlotBusy(SlotId),
+    /// Slot holds no queue.
+    #[error("slot {0:?} is not mapped")]
+    NotMapped(SlotId),
+    /// Slot is already being unmapped.
+    #[error("slot {0:?} is already unmapping")]
+    AlreadyUnmapping(SlotId),
+    /// The MQD was refused.
+    #[error("bad MQD: {0}")]
+    BadMqd(QueueErrorReason),
+}
+
+/// Run state of a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    /// Loaded and executing (or idle, waiting for a doorbell).
+    Active,
+    /// Restoring saved waves (modelled latency).
+    Restoring,
+    /// Dequeue requested, not finished.
+    Unmapping(DequeueMode),
+    /// Stopped by an error; only `unmap` is accepted.
+    Error(QueueErrorReason),
+}
+
+/// Snapshot of a mapped slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotStatus {
+    /// Caller's tag.
+    pub tag: u64,
+    /// State.
+    pub state: SlotState,
+    /// Read index (packets).
+    pub rptr: u64,
+    /// Write index (packets).
+    pub wptr: u64,
+    /// Workgroups executing on CUs now.
+    pub inflight_wgs: u32,
+}
+
+/// Something the GPU did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuEvent {
+    /// A packet completed (its completion signal, if any, was decremented).
+    PacketCompleted {
+        /// Slot.
+        slot: SlotId,
+        /// Tag.
+        tag: u64,
+        /// Packet index (= dispatch id).
+        dispatch_id: u64,
+        /// Time.
+        at: Nanos,
+    },
+    /// Mapped queue ran dry: rptr == wptr and nothing in flight.
+    QueueIdle {
+        /// Slot.
+        slot: SlotId,
+        /// Tag.
+        tag: u64,
+        /// Time.
+        at: Nanos,
+    },
+    /// The dequeue finished; the slot is free.
+    Unmapped {
+        /// Slot.
+        slot: SlotId,
+        /// Tag.
+        tag: u64,
+        /// Mode requested.
+        mode: DequeueMode,
+        /// Updated MQD (rptr, wptr, control stack offset); map it again to resume.
+        mqd: Box<V9Mqd>,
+        /// Saved waves, partly dispatched packets or unread packets remain.
+        has_work: bool,
+        /// Time from the request to completion (modelled save latency for SaveWaves).
+        save_ns: Nanos,
+        /// Time.
+        at: Nanos,
+    },
+    /// The queue stopped on bad input; other queues continue. Unmap it to free the slot.
+    QueueError {
+        /// Slot.
+        slot: SlotId,
+        /// Tag.
+        tag: u64,
+        /// Reason.
+        reason: QueueErrorReason,
+        /// Time.
+        at: Nanos,
+    },
+}
+
+impl GpuEvent {
+    /// Event time.
+    pub fn at(&self) -> Nanos {
+        match self {
+            GpuEvent::PacketCompleted { at, .. }
+            | GpuEvent::QueueIdle { at, .. }
+            | GpuEvent::Unmapped { at, .. }
+            | GpuEvent::QueueError { at, .. } => *at,
+        }
+    }
+    /// Slot of the event.
+    pub fn slot(&self) -> SlotId {
+        match self {
+            GpuEvent::PacketCompleted { slot, .. }
+            | GpuEvent::QueueIdle { slot, .. }
+            | GpuEvent::Unmapped { slot, .. }
+            | GpuEvent::QueueError { slot, .. } => *slot,
+        }
+    }
+}
+
+/// A physical GPU: HQD slots that run queues from VM memory.
+///
+/// Time only moves through the `now` arguments (monotonic, never decreasing).
+/// Calls at `now` first bring the model up to `now`; events become visible at the
+/// next [`PhysGpu::advance`].
+pub trait PhysGpu: Send {
+    /// Topology (slot list, CU counts).
+    fn topology(&self) -> &GpuTopology;
+    /// Load a queue (`hqd_load`), restoring saved waves if the MQD has any.
+    fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError>;
+    /// Request a dequeue; completion is reported by [`GpuEvent::Unmapped`].
+    fn unmap(&mut self, now: Nanos, slot: SlotId, mode: DequeueMode) -> Result<(), GpuError>;
+    /// Doorbell: new write index (packets). Ignored for unmapped slots.
+    fn doorbell(&mut self, now: Nanos, slot: SlotId, wptr: u64);
+    /// Status of a mapped slot.
+    fn query(&self, slot: SlotId) -> Option<SlotStatus>;
+    /// Run the model up to `now` and append events in time order.
+    fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>);
+    /// When the model next has something to do (`None`: nothing until a call).
+    fn next_deadline(&self) -> Option<Nanos>;
+}

@@ -1,0 +1,155 @@
+//! Bounds-checked DMA access to one VM's memory.
+
+use std::sync::Mutex;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+/// A guest memory access failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    /// `[gpa, gpa + len)` is not inside the memory.
+    #[error("access of {len} bytes at {gpa:#x} is outside guest memory")]
+    OutOfRange {
+        /// Start address.
+        gpa: u64,
+        /// Length.
+        len: u64,
+    },
+}
+
+/// Memory a device can DMA into: one VM's guest-physical address space.
+/// Every access is bounds checked; out of range returns [`MemError`], never panics.
+pub trait DmaMemory: Send + Sync {
+    /// Read `buf.len()` bytes at `gpa`.
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError>;
+    /// Write `buf` at `gpa`.
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError>;
+    /// Size of the address space (highest valid address + 1).
+    fn size(&self) -> u64;
+
+    /// Is `[gpa, gpa + len)` inside the memory?
+    fn contains(&self, gpa: u64, len: u64) -> bool {
+        gpa.checked_add(len).is_some_and(|end| end <= self.size())
+    }
+    /// Read a little-endian u32.
+    fn read_u32(&self, gpa: u64) -> Result<u32, MemError> {
+        let mut b = [0u8; 4];
+        self.read(gpa, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+    /// Read a little-endian u64.
+    fn read_u64(&self, gpa: u64) -> Result<u64, MemError> {
+        let mut b = [0u8; 8];
+        self.read(gpa, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+    /// Write a little-endian u32.
+    fn write_u32(&self, gpa: u64, v: u32) -> Result<(), MemError> {
+        self.write(gpa, &v.to_le_bytes())
+    }
+    /// Write a little-endian u64.
+    fn write_u64(&self, gpa: u64, v: u64) -> Result<(), MemError> {
+        self.write(gpa, &v.to_le_bytes())
+    }
+}
+
+fn check(size: u64, gpa: u64, len: usize) -> Result<(), MemError> {
+    let len = len as u64;
+    match gpa.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(MemError::OutOfRange { gpa, len }),
+    }
+}
+
+impl DmaMemory for GuestMemoryMmap<()> {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        check(DmaMemory::size(self), gpa, buf.len())?;
+        self.read_slice(buf, GuestAddress(gpa))
+            .map_err(|_| MemError::OutOfRange { gpa, len: buf.len() as u64 })
+    }
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        check(DmaMemory::size(self), gpa, buf.len())?;
+        self.write_slice(buf, GuestAddress(gpa))
+            .map_err(|_| MemError::OutOfRange { gpa, len: buf.len() as u64 })
+    }
+    fn size(&self) -> u64 {
+        if self.num_regions() == 0 {
+            0
+        } else {
+            self.last_addr().0 + 1
+        }
+    }
+}
+
+/// Host-vector memory for tests and the virtual-time harness.
+///
+/// The vector is allocated zeroed (`calloc`), so untouched pages cost no RAM:
+/// a VM model may declare gigabytes for CWSR areas it never fills.
+pub struct VecMemory {
+    data: Mutex<Vec<u8>>,
+    size: u64,
+}
+
+impl VecMemory {
+    /// Zeroed memory of `size` bytes.
+    pub fn new(size: usize) -> Self {
+        VecMemory { data: Mutex::new(vec![0u8; size]), size: size as u64 }
+    }
+    /// Run `f` over the whole buffer (for test set-up and checks).
+    pub fn with<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut g)
+    }
+}
+
+impl DmaMemory for VecMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        check(self.size, gpa, buf.len())?;
+        let g = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        let s = gpa as usize;
+        buf.copy_from_slice(&g[s..s + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        check(self.size, gpa, buf.len())?;
+        let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        let s = gpa as usize;
+        g[s..s + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exercise(m: &dyn DmaMemory) {
+        let sz = m.size();
+        m.write_u64(0, 0x1122_3344_5566_7788).unwrap();
+        assert_eq!(m.read_u64(0).unwrap(), 0x1122_3344_5566_7788);
+        assert_eq!(m.read_u32(4).unwrap(), 0x1122_3344);
+        m.write_u32(sz - 4, 7).unwrap();
+        assert_eq!(m.read_u32(sz - 4).unwrap(), 7);
+        assert!(m.read_u32(sz - 3).is_err());
+        assert!(m.write_u64(sz, 1).is_err());
+        assert!(m.read_u64(u64::MAX - 2).is_err());
+        assert!(m.write(u64::MAX, &[1]).is_err());
+        assert!(m.contains(0, sz));
+        assert!(!m.contains(1, sz));
+        assert!(!m.contains(u64::MAX, 2));
+    }
+
+    #[test]
+    fn vec_memory() {
+        exercise(&VecMemory::new(1 << 16));
+    }
+
+    #[test]
+    fn guest_memory_mmap() {
+        let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 16)]).unwrap();
+        assert_eq!(DmaMemory::size(&gm), 1 << 16);
+        exercise(&gm);
+    }
+}

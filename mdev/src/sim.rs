@@ -1,0 +1,1047 @@
+//! Simulated MI300-class GPU: one discrete-event model, two clocks.
+//!
+//! [`SimGpu`] is a state machine driven by [`PhysGpu::advance`]: it processes its
+//! internal timers (workgroup completions, save/restore completions, barrier
+//! polls) in time order up to `now`. Virtual time = the caller jumps `now` to
+//! [`PhysGpu::next_deadline`]; real time = [`RealTimeDriver`] calls `advance`
+//! with the monotonic clock and sleeps until the next deadline or a kick.
+//!
+//! See `docs/gpu-model.md` for the model, its constants and their sources.
+
+mod cwsr;
+mod realtime;
+
+pub use cwsr::{SAVE_MAGIC, SAVE_VERSION};
+pub use realtime::RealTimeDriver;
+
+use crate::backend::*;
+use crate::mem::DmaMemory;
+use crate::topology::{GpuTopology, TopologyError};
+use abi::aql::{self, Barrier, Body, Packet};
+use abi::kernel::{element_range, Kernarg, KernelDescriptor};
+use abi::mqd::{self, V9Mqd};
+use abi::queue::AMD_SIGNAL_VALUE;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+
+/// Smallest accepted ring, in packets.
+pub const MIN_RING_PACKETS: u64 = 4;
+/// Largest accepted ring, in packets (QUEUE_SIZE <= 23).
+pub const MAX_RING_PACKETS: u64 = 1 << 20;
+/// Largest accepted workgroup count of one dispatch.
+pub const MAX_WORKGROUPS: u64 = 1 << 32;
+
+/// Counters of a [`SimGpu`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Workgroups that ran to completion (each applied its effect once).
+    pub wgs_completed: u64,
+    /// Packets completed.
+    pub packets_completed: u64,
+    /// Maps.
+    pub maps: u64,
+    /// Maps that restored saved state.
+    pub restores: u64,
+    /// SaveWaves dequeues.
+    pub saves: u64,
+    /// Workgroups saved mid-flight by SaveWaves.
+    pub saved_wgs: u64,
+    /// DrainPipe dequeues.
+    pub drains: u64,
+    /// ResetWaves dequeues.
+    pub resets: u64,
+    /// Workgroups killed by ResetWaves.
+    pub killed_wgs: u64,
+    /// Already-applied workgroup effects that ResetWaves will apply again (the
+    /// interrupted packets restart from workgroup 0 at the next map).
+    pub duplicate_effects: u64,
+    /// Queue errors.
+    pub queue_errors: u64,
+    /// Sum of modelled save latencies (ns).
+    pub save_ns_total: u64,
+    /// Sum of modelled restore latencies (ns).
+    pub restore_ns_total: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    WgDone { idx: u32, gen: u32 },
+    RestoreDone { slot: u32, gen: u64 },
+    UnmapDone { slot: u32, gen: u64 },
+    Poll { slot: u32, gen: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Dispatch {
+    desc: KernelDescriptor,
+    args: Kernarg,
+    total: u64,
+    items_per_wg: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Work {
+    Dispatch(Dispatch),
+    And(Barrier),
+    Or(Barrier),
+    /// Completed before a save; body no longer needed.
+    Done,
+}
+
+#[derive(Clone, Debug)]
+struct Active {
+    id: u64,
+    work: Work,
+    signal: u64,
+    next_wg: u64,
+    done_wgs: u64,
+    inflight: u32,
+    complete: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct SavedWg {
+    id: u64,
+    wg: u64,
+    remaining: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HState {
+    Active,
+    Restoring,
+    Unmapping { mode: DequeueMode, since: Nanos },
+    Error(QueueErrorReason),
+}
+
+struct Hqd {
+    tag: u64,
+    gen: u64,
+    mqd: V9Mqd,
+    mem: Arc<dyn DmaMemory>,
+    state: HState,
+    ring_packets: u64,
+    rptr: u64,
+    wptr: u64,
+    active: VecDeque<Active>,
+    resume: VecDeque<SavedWg>,
+    inflight: u32,
+    held_cus: u32,
+    poll_armed: bool,
+    idle_reported: bool,
+}
+
+impl Hqd {
+    fn fetch(&self) -> u64 {
+        self.rptr + self.active.len() as u64
+    }
+    fn has_dispatchable(&self) -> bool {
+        !self.resume.is_empty()
+            || self
+                .active
+                .iter()
+                .any(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
+    }
+    fn has_work(&self) -> bool {
+        !self.active.is_empty() || !self.resume.is_empty() || self.inflight > 0 || self.rptr != self.wptr
+    }
+}
+
+struct Wg {
+    slot: u32,
+    qgen: u64,
+    id: u64,
+    wg: u64,
+    end: Nanos,
+    gen: u32,
+    live: bool,
+}
+
+struct Part {
+    free_cus: u32,
+    slots: Vec<u32>,
+    rr: usize,
+}
+
+/// The simulated GPU. See the module docs.
+pub struct SimGpu {
+    topo: GpuTopology,
+    slot_part: Vec<u32>,
+    slots: Vec<Option<Hqd>>,
+    parts: Vec<Part>,
+    wgs: Vec<Wg>,
+    free_wgs: Vec<u32>,
+    heap: BinaryHeap<Reverse<(Nanos, u64, Timer)>>,
+    seq: u64,
+    next_gen: u64,
+    now: Nanos,
+    pending: Vec<GpuEvent>,
+    stats: SimStats,
+    rng: SmallRng,
+    scratch: Vec<u8>,
+    scratch2: Vec<u8>,
+}
+
+type QResult<T> = Result<T, QueueErrorReason>;
+
+impl SimGpu {
+    /// A simulated GPU for `topo`; `seed` drives the optional workgroup jitter.
+    pub fn new(topo: GpuTopology, seed: u64) -> Result<Self, TopologyError> {
+        topo.validate()?;
+        let slots = topo.user_slots();
+        let mut parts: Vec<Part> = (0..topo.partitions())
+            .map(|_| Part { free_cus: topo.cus_per_partition(), slots: Vec::new(), rr: 0 })
+            .collect();
+        for (i, s) in slots.iter().enumerate() {
+            parts[s.partition as usize].slots.push(i as u32);
+        }
+        Ok(SimGpu {
+            slot_part: slots.iter().map(|s| s.partition).collect(),
+            slots: slots.iter().map(|_| None).collect(),
+            parts,
+            topo,
+            wgs: Vec::new(),
+            free_wgs: Vec::new(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            next_gen: 1,
+            now: 0,
+            pending: Vec::new(),
+            stats: SimStats::default(),
+            rng: SmallRng::seed_from_u64(seed),
+            scratch: Vec::new(),
+            scratch2: Vec::new(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &SimStats {
+        &self.stats
+    }
+
+    /// Current model time.
+    pub fn now(&self) -> Nanos {
+        self.now
+    }
+
+    /// Free CUs of a partition (for tests and reports).
+    pub fn free_cus(&self, partition: u32) -> u32 {
+        self.parts.get(partition as usize).map_or(0, |p| p.free_cus)
+    }
+
+    fn arm(&mut self, at: Nanos, t: Timer) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, t)));
+    }
+
+    fn run_until(&mut self, t: Nanos) {
+        while let Some(Reverse((at, _, _))) = self.heap.peek() {
+            if *at > t {
+                break;
+            }
+            let Reverse((at, _, timer)) = self.heap.pop().expect("peeked");
+            self.now = self.now.max(at);
+            self.fire(timer);
+        }
+        self.now = self.now.max(t);
+    }
+
+    fn fire(&mut self, timer: Timer) {
+        match timer {
+            Timer::WgDone { idx, gen } => self.wg_done(idx, gen),
+            Timer::RestoreDone { slot, gen } => {
+                if let Some(q) = self.slots[slot as usize].as_mut() {
+                    if q.gen == gen && q.state == HState::Restoring {
+                        q.state = HState::Active;
+                        self.pump(slot);
+                        let p = self.slot_part[slot as usize];
+                        self.dispatch(p);
+                    }
+                }
+            }
+            Timer::UnmapDone { slot, gen } => {
+                if self.slots[slot as usize].as_ref().is_some_and(|q| q.gen == gen) {
+                    self.finish_unmap(slot);
+                }
+            }
+            Timer::Poll { slot, gen } => {
+                if let Some(q) = self.slots[slot as usize].as_mut() {
+                    if q.gen == gen {
+                        q.poll_armed = false;
+                        if q.state == HState::Active {
+                            self.pump(slot);
+                            let p = self.slot_part[slot as usize];
+                            self.dispatch(p);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- errors
+
+    fn fail(&mut self, slot: u32, reason: QueueErrorReason) {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let Some(q) = self.slots[slot as usize].as_mut() else { return };
+        if matches!(q.state, HState::Error(_)) {
+            return;
+        }
+        log::warn!("queue tag {} slot {} error: {}", q.tag, slot, reason);
+        // Kill its in-flight workgroups; free their CUs.
+        let mut freed = 0;
+        if q.inflight > 0 {
+            for w in self.wgs.iter_mut() {
+                if w.live && w.slot == slot && w.qgen == q.gen {
+                    w.live = false;
+                    freed += 1;
+                }
+            }
+        }
+        self.parts[p].free_cus += freed;
+        q.inflight = 0;
+        q.active.clear();
+        q.resume.clear();
+        q.state = HState::Error(reason);
+        let tag = q.tag;
+        self.stats.queue_errors += 1;
+        self.pending.push(GpuEvent::QueueError { slot: SlotId(slot), tag, reason, at: now });
+        if freed > 0 {
+            self.dispatch(p as u32);
+        }
+    }
+
+    // ---------------------------------------------------------------- CP
+
+    /// Fetch and launch packets of an active queue; resolve barrier packets.
+    fn pump(&mut self, slot: u32) {
+        if let Err(e) = self.pump_inner(slot) {
+            self.fail(slot, e);
+        }
+    }
+
+    fn pump_inner(&mut self, slot: u32) -> QResult<()> {
+        let max_active = self.topo.sim.max_active_packets as usize;
+        let poll_ns = self.topo.sim.barrier_poll_ns;
+        let now = self.now;
+        let mut need_poll = false;
+        {
+            let q = self.slots[slot as usize].as_mut().expect("pump on empty slot");
+            if q.state != HState::Active {
+                return Ok(());
+            }
+            loop {
+                // Resolve barrier packets at the tail of the window.
+                let mut i = 0;
+                while i < q.active.len() {
+                    let a = &q.active[i];
+                    if !a.complete {
+                        if let Work::And(b) | Work::Or(b) = a.work {
+                            let is_and = matches!(a.work, Work::And(_));
+                            if barrier_satisfied(&*q.mem, &b, is_and)? {
+                                complete_packet(q, i, now, &mut self.pending, &mut self.stats, SlotId(slot))?;
+                            } else {
+                                need_poll = true;
+                            }
+                        }
+                    }
+                    i += 1;
+                }
+                retire(q, SlotId(slot))?;
+                if q.active.len() >= max_active || q.fetch() == q.wptr {
+                    break;
+                }
+                // A pending barrier packet blocks further launches.
+                if q.active.iter().any(|a| !a.complete && matches!(a.work, Work::And(_) | Work::Or(_))) {
+                    break;
+                }
+                let idx = q.fetch();
+                let addr = q.mqd.packet_addr(idx);
+                let mut raw = [0u8; aql::PACKET_SIZE];
+                q.mem.read(addr, &mut raw).map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
+                let pkt = Packet::decode(&raw);
+                if pkt.body == Body::Invalid {
+                    // Not published yet: the packet processor waits on the header.
+                    need_poll = true;
+                    break;
+                }
+                if pkt.header.barrier && q.active.iter().any(|a| !a.complete) {
+                    break; // re-pumped when earlier packets complete
+                }
+                let act = decode_work(&*q.mem, idx, &pkt)?;
+                q.active.push_back(act);
+            }
+        }
+        if need_poll {
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            if !q.poll_armed {
+                q.poll_armed = true;
+                let gen = q.gen;
+                self.arm(now + poll_ns, Timer::Poll { slot, gen });
+            }
+        }
+        self.check_idle(slot);
+        Ok(())
+    }
+
+    fn check_idle(&mut self, slot: u32) {
+        let now = self.now;
+        if let Some(q) = self.slots[slot as usize].as_mut() {
+            if q.state == HState::Active && !q.has_work() && !q.idle_reported {
+                q.idle_reported = true;
+                self.pending.push(GpuEvent::QueueIdle { slot: SlotId(slot), tag: q.tag, at: now });
+            }
+        }
+    }
+
+    /// Hand free CUs of partition `p` to active queues, round robin, priority blind.
+    fn dispatch(&mut self, p: u32) {
+        let pi = p as usize;
+        let n = self.parts[pi].slots.len();
+        while self.parts[pi].free_cus > 0 {
+            let mut chosen = None;
+            for k in 0..n {
+                let pos = (self.parts[pi].rr + k) % n;
+                let s = self.parts[pi].slots[pos];
+                if let Some(q) = self.slots[s as usize].as_ref() {
+                    if q.state == HState::Active && q.has_dispatchable() {
+                        chosen = Some((pos, s));
+                        break;
+                    }
+                }
+            }
+            let Some((pos, s)) = chosen else { break };
+            self.parts[pi].rr = (pos + 1) % n;
+            self.start_one(s);
+        }
+    }
+
+    fn start_one(&mut self, slot: u32) {
+        let jitter = self.topo.sim.jitter_permille as u64;
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let q = self.slots[slot as usize].as_mut().expect("slot");
+        let (id, wg, dur) = if let Some(sw) = q.resume.pop_front() {
+            let Some(a) = q.active.iter_mut().find(|a| a.id == sw.id) else {
+                return; // validated on restore; unreachable
+            };
+            a.inflight += 1;
+            (sw.id, sw.wg, sw.remaining)
+        } else {
+            let Some(a) = q
+                .active
+                .iter_mut()
+                .find(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
+            else {
+                return;
+            };
+            let Work::Dispatch(d) = a.work else { return };
+            let wg = a.next_wg;
+            a.next_wg += 1;
+            a.inflight += 1;
+            let mut cost = d.desc.wg_cost_ns;
+            if let Kernarg::Spin { ns } = d.args {
+                if ns != 0 {
+                    cost = ns;
+                }
+            }
+            if jitter > 0 && cost > 0 {
+                cost += self.rng.gen_range(0..=cost.saturating_mul(jitter) / 1000);
+            }
+            (a.id, wg, cost)
+        };
+        q.inflight += 1;
+        let qgen = q.gen;
+        self.parts[p].free_cus -= 1;
+        let end = now.saturating_add(dur);
+        let idx = if let Some(i) = self.free_wgs.pop() {
+            let w = &mut self.wgs[i as usize];
+            w.gen = w.gen.wrapping_add(1);
+            w.slot = slot;
+            w.qgen = qgen;
+            w.id = id;
+            w.wg = wg;
+            w.end = end;
+            w.live = true;
+            i
+        } else {
+            self.wgs.push(Wg { slot, qgen, id, wg, end, gen: 0, live: true });
+            (self.wgs.len() - 1) as u32
+        };
+        let gen = self.wgs[idx as usize].gen;
+        self.arm(end, Timer::WgDone { idx, gen });
+    }
+
+    fn wg_done(&mut self, idx: u32, gen: u32) {
+        let w = &self.wgs[idx as usize];
+        if w.gen != gen {
+            return;
+        }
+        let live = w.live;
+        let (slot, id, wg) = (w.slot, w.id, w.wg);
+        self.free_wgs.push(idx);
+        self.wgs[idx as usize].live = false;
+        if !live {
+            return; // killed or saved; its CU was accounted for elsewhere
+        }
+        let p = self.slot_part[slot as usize];
+        self.parts[p as usize].free_cus += 1;
+        let res = self.complete_wg(slot, id, wg);
+        if let Err(e) = res {
+            self.fail(slot, e);
+        }
+        // Drain finished?
+        let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
+            matches!(q.state, HState::Unmapping { mode: DequeueMode::DrainPipe, .. }) && q.inflight == 0
+        });
+        if drain_done {
+            self.finish_unmap(slot);
+        } else if self.slots[slot as usize].as_ref().is_some_and(|q| q.state == HState::Active) {
+            self.pump(slot);
+        }
+        self.dispatch(p);
+    }
+
+    fn complete_wg(&mut self, slot: u32, id: u64, wg: u64) -> QResult<()> {
+        let now = self.now;
+        let q = self.slots[slot as usize].as_mut().expect("wg of empty slot");
+        let Some(i) = q.active.iter().position(|a| a.id == id) else {
+            return Err(QueueErrorReason::BadSavedState("workgroup of unknown packet"));
+        };
+        q.inflight -= 1;
+        let a = &mut q.active[i];
+        a.inflight -= 1;
+        a.done_wgs += 1;
+        let Work::Dispatch(d) = a.work else {
+            return Err(QueueErrorReason::BadSavedState("workgroup of non-dispatch packet"));
+        };
+        apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
+        self.stats.wgs_completed += 1;
+        if a.done_wgs == d.total && a.next_wg == d.total {
+            complete_packet(q, i, now, &mut self.pending, &mut self.stats, SlotId(slot))?;
+            retire(q, SlotId(slot))?;
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- unmap
+
+    fn finish_unmap(&mut self, slot: u32) {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let Some(mut q) = self.slots[slot as usize].take() else { return };
+        self.parts[p].free_cus += q.held_cus;
+        let (mode, since) = match q.state {
+            HState::Unmapping { mode, since } => (mode, since),
+            _ => (DequeueMode::DrainPipe, now),
+        };
+        if mode == DequeueMode::DrainPipe && !matches!(q.state, HState::Error(_)) {
+            // Partially dispatched packets are kept as control records.
+            let res = cwsr::write_save(&mut q, &self.topo);
+            if let Err(e) = res {
+                log::warn!("slot {slot}: writing drain records failed: {e}");
+            }
+        }
+        q.mqd.dw[mqd::CP_HQD_ACTIVE] = 0;
+        q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = 0;
+        q.mqd.set_read_index(q.rptr);
+        q.mqd.set_write_index(q.wptr);
+        let has_work = !matches!(q.state, HState::Error(_)) && q.has_work();
+        self.pending.push(GpuEvent::Unmapped {
+            slot: SlotId(slot),
+            tag: q.tag,
+            mode,
+            mqd: Box::new(q.mqd.clone()),
+            has_work,
+            save_ns: now - since,
+            at: now,
+        });
+        self.dispatch(p as u32);
+    }
+}
+
+// -------------------------------------------------------------------- helpers
+
+fn sig_check(mem: &dyn DmaMemory, addr: u64) -> QResult<()> {
+    if addr != 0 && !mem.contains(addr, abi::queue::AMD_SIGNAL_SIZE as u64) {
+        return Err(QueueErrorReason::SignalOutOfRange { addr });
+    }
+    Ok(())
+}
+
+fn barrier_satisfied(mem: &dyn DmaMemory, b: &Barrier, is_and: bool) -> QResult<bool> {
+    let mut any = false;
+    let mut all = true;
+    let mut deps = 0;
+    for &s in b.dep_signal.iter().filter(|s| **s != 0) {
+        deps += 1;
+        let v = mem
+            .read_u64(s + AMD_SIGNAL_VALUE as u64)
+            .map_err(|_| QueueErrorReason::SignalOutOfRange { addr: s })? as i64;
+        if v == 0 {
+            any = true;
+        } else {
+            all = false;
+        }
+    }
+    Ok(if is_and { all } else { deps == 0 || any })
+}
+
+fn data_check(mem: &dyn DmaMemory, addr: u64, len: u64) -> QResult<()> {
+    if len > 0 && !mem.contains(addr, len) {
+        return Err(QueueErrorReason::DataOutOfRange { addr, len });
+    }
+    Ok(())
+}
+
+/// Validate a fetched packet and turn it into launched work.
+fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
+    let (work, signal) = match pkt.body {
+        Body::KernelDispatch(d) => {
+            let total = d.workgroup_count().ok_or(QueueErrorReason::BadDispatch)?;
+            if total > MAX_WORKGROUPS {
+                return Err(QueueErrorReason::BadDispatch);
+            }
+            let items_per_wg =
+                d.workgroup_size[0] as u64 * d.workgroup_size[1] as u64 * d.workgroup_size[2] as u64;
+            let ko = d.kernel_object;
+            let mut kd = [0u8; abi::kernel::KD_SIZE];
+            mem.read(ko, &mut kd).map_err(|_| QueueErrorReason::DescriptorOutOfRange { addr: ko })?;
+            let desc = KernelDescriptor::decode(&kd).map_err(|_| QueueErrorReason::BadDescriptor { addr: ko })?;
+            let ka = d.kernarg_address;
+            let mut kb = [0u8; abi::kernel::KERNARG_MAX];
+            let klen = desc.kind.kernarg_size();
+            mem.read(ka, &mut kb[..klen]).map_err(|_| QueueErrorReason::KernargOutOfRange { addr: ka })?;
+            let args = Kernarg::decode(desc.kind, &kb[..klen]).ok_or(QueueErrorReason::KernargOutOfRange { addr: ka })?;
+            match args {
+                Kernarg::Fill { dst, n, .. } => data_check(mem, dst, 4 * n as u64)?,
+                Kernarg::VecAdd { a, b, c, n } => {
+                    for x in [a, b, c] {
+                        data_check(mem, x, 4 * n as u64)?;
+                    }
+                }
+                Kernarg::Saxpy { x, y, n, .. } => {
+                    data_check(mem, x, 4 * n as u64)?;
+                    data_check(mem, y, 4 * n as u64)?;
+                }
+                Kernarg::Checksum { src, out, n } => {
+                    data_check(mem, src, 4 * n as u64)?;
+                    data_check(mem, out, 8)?;
+                }
+                Kernarg::Mark { counters, n } => data_check(mem, counters, 4 * n as u64)?,
+                Kernarg::Spin { .. } => {}
+            }
+            sig_check(mem, d.completion_signal)?;
+            (Work::Dispatch(Dispatch { desc, args, total, items_per_wg }), d.completion_signal)
+        }
+        Body::BarrierAnd(b) | Body::BarrierOr(b) => {
+            for s in b.dep_signal {
+                sig_check(mem, s)?;
+            }
+            sig_check(mem, b.completion_signal)?;
+            let w = if matches!(pkt.body, Body::BarrierAnd(_)) { Work::And(b) } else { Work::Or(b) };
+            (w, b.completion_signal)
+        }
+        Body::Invalid => return Err(QueueErrorReason::UnsupportedPacket(aql::TYPE_INVALID)),
+        Body::Unsupported(t) => return Err(QueueErrorReason::UnsupportedPacket(t)),
+    };
+    Ok(Active { id, work, signal, next_wg: 0, done_wgs: 0, inflight: 0, complete: false })
+}
+
+/// Mark packet `i` complete: decrement its signal, invalidate its header, emit.
+fn complete_packet(
+    q: &mut Hqd,
+    i: usize,
+    now: Nanos,
+    pending: &mut Vec<GpuEvent>,
+    stats: &mut SimStats,
+    slot: SlotId,
+) -> QResult<()> {
+    let a = &mut q.active[i];
+    if a.complete {
+        return Ok(());
+    }
+    a.complete = true;
+    a.work = Work::Done;
+    let id = a.id;
+    if a.signal != 0 {
+        let va = a.signal + AMD_SIGNAL_VALUE as u64;
+        let v = q.mem.read_u64(va).map_err(|_| QueueErrorReason::SignalOutOfRange { addr: a.signal })?;
+        q.mem
+            .write_u64(va, (v as i64).wrapping_sub(1) as u64)
+            .map_err(|_| QueueErrorReason::SignalOutOfRange { addr: a.signal })?;
+    }
+    let addr = q.mqd.packet_addr(id);
+    q.mem
+        .write(addr, &aql::INVALID_HEADER.to_le_bytes())
+        .map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
+    stats.packets_completed += 1;
+    pending.push(GpuEvent::PacketCompleted { slot, tag: q.tag, dispatch_id: id, at: now });
+    Ok(())
+}
+
+/// Pop completed packets from the front; advance and report the read index.
+fn retire(q: &mut Hqd, _slot: SlotId) -> QResult<()> {
+    let mut moved = false;
+    while q.active.front().is_some_and(|a| a.complete) {
+        q.active.pop_front();
+        q.rptr += 1;
+        moved = true;
+    }
+    if moved {
+        q.mqd.set_read_index(q.rptr);
+        let ra = q.mqd.rptr_report_addr();
+        if ra != 0 {
+            q.mem.write_u64(ra, q.rptr).map_err(|_| QueueErrorReason::PointerAddrOutOfRange { addr: ra })?;
+        }
+    }
+    Ok(())
+}
+
+fn read_u32s(mem: &dyn DmaMemory, addr: u64, n: u64, buf: &mut Vec<u8>) -> QResult<()> {
+    buf.resize((n * 4) as usize, 0);
+    mem.read(addr, buf).map_err(|_| QueueErrorReason::DataOutOfRange { addr, len: n * 4 })
+}
+
+fn u32s(b: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+/// Apply one workgroup's memory effect.
+fn apply_effect(mem: &dyn DmaMemory, d: &Dispatch, wg: u64, s1: &mut Vec<u8>, s2: &mut Vec<u8>) -> QResult<()> {
+    let range = |n: u32| element_range(wg, d.items_per_wg, n);
+    let werr = |addr: u64, len: u64| QueueErrorReason::DataOutOfRange { addr, len };
+    match d.args {
+        Kernarg::Fill { dst, n, value } => {
+            let (s, e) = range(n);
+            s1.clear();
+            for _ in s..e {
+                s1.extend_from_slice(&value.to_le_bytes());
+            }
+            mem.write(dst + 4 * s, s1).map_err(|_| werr(dst, 4 * n as u64))?;
+        }
+        Kernarg::VecAdd { a, b, c, n } => {
+            let (s, e) = range(n);
+            read_u32s(mem, a + 4 * s, e - s, s1)?;
+            read_u32s(mem, b + 4 * s, e - s, s2)?;
+            let out: Vec<u8> = u32s(s1).zip(u32s(s2)).flat_map(|(x, y)| x.wrapping_add(y).to_le_bytes()).collect();
+            mem.write(c + 4 * s, &out).map_err(|_| werr(c, 4 * n as u64))?;
+        }
+        Kernarg::Saxpy { x, y, n, a } => {
+            let (s, e) = range(n);
+            read_u32s(mem, x + 4 * s, e - s, s1)?;
+            read_u32s(mem, y + 4 * s, e - s, s2)?;
+            let out: Vec<u8> = u32s(s1)
+                .zip(u32s(s2))
+                .flat_map(|(xv, yv)| a.wrapping_mul(xv).wrapping_add(yv).to_le_bytes())
+                .collect();
+            mem.write(y + 4 * s, &out).map_err(|_| werr(y, 4 * n as u64))?;
+        }
+        Kernarg::Checksum { src, out, n } => {
+            let (s, e) = range(n);
+            read_u32s(mem, src + 4 * s, e - s, s1)?;
+            let sum = u32s(s1).fold(0u64, |acc, v| acc.wrapping_add(v as u64));
+            let cur = mem.read_u64(out).map_err(|_| werr(out, 8))?;
+            mem.write_u64(out, cur.wrapping_add(sum)).map_err(|_| werr(out, 8))?;
+        }
+        Kernarg::Mark { counters, n } => {
+            if wg < n as u64 {
+                let addr = counters + 4 * wg;
+                let v = mem.read_u32(addr).map_err(|_| werr(addr, 4))?;
+                mem.write_u32(addr, v.wrapping_add(1)).map_err(|_| werr(addr, 4))?;
+            }
+        }
+        Kernarg::Spin { .. } => {}
+    }
+    Ok(())
+}
+
+/// Static MQD checks done at map (refused with [`GpuError::BadMqd`]).
+fn validate_mqd(topo: &GpuTopology, m: &V9Mqd, mem: &dyn DmaMemory) -> QResult<()> {
+    if m.dw[mqd::HEADER] != mqd::MQD_HEADER_VALUE {
+        return Err(QueueErrorReason::BadMqdHeader(m.dw[mqd::HEADER]));
+    }
+    if !m.is_aql() {
+        return Err(QueueErrorReason::NotAql);
+    }
+    let qs = m.queue_size_field();
+    if qs > 23 {
+        return Err(QueueErrorReason::RingSize { packets: 0 });
+    }
+    let packets = m.ring_packets();
+    if !(MIN_RING_PACKETS..=MAX_RING_PACKETS).contains(&packets) || !packets.is_power_of_two() {
+        return Err(QueueErrorReason::RingSize { packets });
+    }
+    let base = m.ring_base();
+    if !mem.contains(base, m.ring_bytes()) {
+        return Err(QueueErrorReason::RingOutOfRange { addr: base });
+    }
+    for addr in [m.wptr_poll_addr(), m.rptr_report_addr()] {
+        if addr != 0 && !mem.contains(addr, 8) {
+            return Err(QueueErrorReason::PointerAddrOutOfRange { addr });
+        }
+    }
+    let need_ctx = topo.ctx_save_bytes_per_xcc() as u64;
+    let need_ctl = topo.ctl_stack_bytes_per_xcc() as u64;
+    let have = m.ctx_save_size() as u64;
+    if have < need_ctx {
+        return Err(QueueErrorReason::CwsrTooSmall { need: need_ctx, have });
+    }
+    let ctl = m.cntl_stack_size() as u64;
+    if ctl < need_ctl || ctl > have || m.cntl_stack_offset() > m.cntl_stack_size() {
+        return Err(QueueErrorReason::CwsrTooSmall { need: need_ctl, have: ctl });
+    }
+    let cb = m.ctx_save_base();
+    if !mem.contains(cb, have * topo.xccs_per_partition() as u64) {
+        return Err(QueueErrorReason::CwsrOutOfRange { addr: cb });
+    }
+    if m.read_index().is_none() {
+        return Err(QueueErrorReason::BadPointers);
+    }
+    Ok(())
+}
+
+impl PhysGpu for SimGpu {
+    fn topology(&self) -> &GpuTopology {
+        &self.topo
+    }
+
+    fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError> {
+        self.run_until(now);
+        let s = req.slot.0;
+        let slot = self.slots.get(s as usize).ok_or(GpuError::NoSuchSlot(req.slot))?;
+        if slot.is_some() {
+            return Err(GpuError::SlotBusy(req.slot));
+        }
+        validate_mqd(&self.topo, &req.mqd, &*req.mem).map_err(GpuError::BadMqd)?;
+        let rptr = req.mqd.read_index().ok_or(GpuError::BadMqd(QueueErrorReason::BadPointers))?;
+        let gen = self.next_gen;
+        self.next_gen += 1;
+        self.stats.maps += 1;
+        let mut q = Hqd {
+            tag: req.tag,
+            gen,
+            ring_packets: req.mqd.ring_packets(),
+            wptr: req.mqd.write_index(),
+            rptr,
+            mqd: req.mqd,
+            mem: req.mem,
+            state: HState::Active,
+            active: VecDeque::new(),
+            resume: VecDeque::new(),
+            inflight: 0,
+            held_cus: 0,
+            poll_armed: false,
+            idle_reported: false,
+        };
+        q.mqd.dw[mqd::CP_HQD_ACTIVE] = 1;
+        q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = 0;
+        // Error checks that depend on guest memory contents: queue error, slot taken.
+        let mut err = None;
+        let pa = q.mqd.wptr_poll_addr();
+        if pa != 0 {
+            match q.mem.read_u64(pa) {
+                Ok(w) if w >= q.wptr => q.wptr = w,
+                Ok(w) => err = Some(QueueErrorReason::WptrBackwards { old: q.wptr, new: w }),
+                Err(_) => err = Some(QueueErrorReason::PointerAddrOutOfRange { addr: pa }),
+            }
+        }
+        if err.is_none() && q.wptr > q.rptr + q.ring_packets {
+            err = Some(QueueErrorReason::WptrBeyondRing { wptr: q.wptr, rptr: q.rptr, size: q.ring_packets });
+        }
+        let mut restore_ns = None;
+        if err.is_none() && q.mqd.has_saved_state() {
+            match cwsr::read_save(&mut q, &self.topo) {
+                Ok(ns) => restore_ns = Some(ns),
+                Err(e) => err = Some(e),
+            }
+        }
+        if restore_ns.is_some() {
+            q.state = HState::Restoring;
+        }
+        self.slots[s as usize] = Some(q);
+        if let Some(e) = err {
+            self.fail(s, e);
+            return Ok(());
+        }
+        if let Some(ns) = restore_ns {
+            self.stats.restores += 1;
+            self.stats.restore_ns_total += ns;
+            self.arm(now + ns, Timer::RestoreDone { slot: s, gen });
+        } else {
+            self.pump(s);
+            let p = self.slot_part[s as usize];
+            self.dispatch(p);
+        }
+        Ok(())
+    }
+
+    fn unmap(&mut self, now: Nanos, slot: SlotId, mode: DequeueMode) -> Result<(), GpuError> {
+        self.run_until(now);
+        let s = slot.0;
+        let q = self.slots.get_mut(s as usize).ok_or(GpuError::NoSuchSlot(slot))?;
+        let q = q.as_mut().ok_or(GpuError::NotMapped(slot))?;
+        match q.state {
+            HState::Unmapping { .. } => return Err(GpuError::AlreadyUnmapping(slot)),
+            HState::Error(_) => {
+                q.state = HState::Unmapping { mode, since: now };
+                q.active.clear();
+                q.resume.clear();
+                // Keep has_work false for errored queues.
+                q.rptr = q.wptr;
+                self.finish_unmap(s);
+                return Ok(());
+            }
+            HState::Active | HState::Restoring => {}
+        }
+        q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = mode as u32;
+        q.state = HState::Unmapping { mode, since: now };
+        let gen = q.gen;
+        let p = self.slot_part[s as usize] as usize;
+        match mode {
+            DequeueMode::DrainPipe => {
+                self.stats.drains += 1;
+                if q.inflight == 0 {
+                    self.finish_unmap(s);
+                }
+            }
+            DequeueMode::SaveWaves => {
+                self.stats.saves += 1;
+                let mut saved = Vec::new();
+                for w in self.wgs.iter_mut() {
+                    if w.live && w.slot == s && w.qgen == gen {
+                        w.live = false;
+                        saved.push(SavedWg { id: w.id, wg: w.wg, remaining: w.end.saturating_sub(now) });
+                    }
+                }
+                saved.sort_unstable();
+                let n = saved.len() as u32;
+                for sw in &saved {
+                    if let Some(a) = q.active.iter_mut().find(|a| a.id == sw.id) {
+                        a.inflight -= 1;
+                    }
+                }
+                // Saved waves go back in front of the restore list.
+                for sw in saved.into_iter().rev() {
+                    q.resume.push_front(sw);
+                }
+                q.inflight = 0;
+                q.held_cus = n;
+                self.stats.saved_wgs += n as u64;
+                let bytes = cwsr::write_save(q, &self.topo);
+                let bytes = match bytes {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Cannot happen after map validation; free CUs and fail.
+                        self.parts[p].free_cus += n;
+                        q.held_cus = 0;
+                        q.state = HState::Active;
+                        self.fail(s, e);
+                        return Ok(());
+                    }
+                };
+                let xccs = self.topo.xccs_per_partition() as u64;
+                let busiest = (n as u64).div_ceil(xccs);
+                let c = &self.topo.cwsr;
+                let live = bytes + busiest * c.wg_state_bytes;
+                let save_ns = c.trap_ns + live.saturating_mul(1000) / c.save_bytes_per_us;
+                self.stats.save_ns_total += save_ns;
+                self.arm(now + save_ns, Timer::UnmapDone { slot: s, gen });
+            }
+            DequeueMode::ResetWaves => {
+                self.stats.resets += 1;
+                let mut killed = 0u32;
+                for w in self.wgs.iter_mut() {
+                    if w.live && w.slot == s && w.qgen == gen {
+                        w.live = false;
+                        killed += 1;
+                    }
+                }
+                self.stats.killed_wgs += killed as u64;
+                // Everything already applied by the interrupted packets runs again.
+                let dup: u64 = q
+                    .active
+                    .iter()
+                    .map(|a| match a.work {
+                        Work::Dispatch(_) => a.done_wgs,
+                        Work::Done => a.done_wgs.max(1),
+                        _ => 0,
+                    })
+                    .sum();
+                self.stats.duplicate_effects += dup;
+                q.active.clear();
+                q.resume.clear();
+                q.inflight = 0;
+                q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = q.mqd.cntl_stack_size();
+                self.parts[p].free_cus += killed;
+                let t = self.topo.cwsr.trap_ns;
+                self.arm(now + t, Timer::UnmapDone { slot: s, gen });
+                self.dispatch(p as u32);
+            }
+        }
+        Ok(())
+    }
+
+    fn doorbell(&mut self, now: Nanos, slot: SlotId, wptr: u64) {
+        self.run_until(now);
+        let s = slot.0;
+        let Some(Some(q)) = self.slots.get_mut(s as usize) else {
+            log::debug!("doorbell on unmapped slot {}", s);
+            return;
+        };
+        if matches!(q.state, HState::Error(_)) {
+            return;
+        }
+        if wptr < q.wptr {
+            let old = q.wptr;
+            self.fail(s, QueueErrorReason::WptrBackwards { old, new: wptr });
+            return;
+        }
+        if wptr > q.rptr + q.ring_packets {
+            let (rptr, size) = (q.rptr, q.ring_packets);
+            self.fail(s, QueueErrorReason::WptrBeyondRing { wptr, rptr, size });
+            return;
+        }
+        if wptr > q.wptr {
+            q.idle_reported = false;
+        }
+        q.wptr = wptr;
+        q.mqd.set_write_index(wptr);
+        if q.state == HState::Active {
+            self.pump(s);
+            let p = self.slot_part[s as usize];
+            self.dispatch(p);
+        }
+    }
+
+    fn query(&self, slot: SlotId) -> Option<SlotStatus> {
+        let q = self.slots.get(slot.0 as usize)?.as_ref()?;
+        let state = match q.state {
+            HState::Active => SlotState::Active,
+            HState::Restoring => SlotState::Restoring,
+            HState::Unmapping { mode, .. } => SlotState::Unmapping(mode),
+            HState::Error(e) => SlotState::Error(e),
+        };
+        Some(SlotStatus { tag: q.tag, state, rptr: q.rptr, wptr: q.wptr, inflight_wgs: q.inflight })
+    }
+
+    fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>) {
+        out.append(&mut self.pending);
+        self.run_until(now);
+        out.append(&mut self.pending);
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        if !self.pending.is_empty() {
+            return Some(self.now);
+        }
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,185 @@
+//! CWSR control records.
+//!
+//! The real CP writes a control stack (40-byte header + 8 bytes per wave, filled
+//! downward from `cntl_stack_size` to `cntl_stack_offset`) and wave state (VGPRs,
+//! SGPRs, LDS, HWREGs; ~22 MiB per XCC on MI300X). The simulator writes only a
+//! small hqdmux-defined control record into the same control-stack region of
+//! XCC 0's area and *models* the byte count of the wave state:
+//!
+//! ```text
+//! header  (32 B): magic "HQCS" u32, version u16, flags u16, n_packets u32,
+//!                 n_wgs u32, rptr u64, checksum u64
+//! packet  (32 B): dispatch_id u64, next_wg u64, done_wgs u64, flags u32 (1 = complete), 0 u32
+//! wg      (24 B): dispatch_id u64, wg u64, remaining_ns u64
+//! ```
+//!
+//! The records occupy `[base + cntl_stack_offset, base + cntl_stack_size)`; the
+//! MQD's `cntl_stack_offset` is lowered accordingly (KFD initialises it to the
+//! size: empty stack). Restore validates everything it reads back: the area is in
+//! guest memory and may have been altered.
+
+use super::{decode_work, Active, Hqd, QResult, SavedWg, Work};
+use crate::backend::QueueErrorReason;
+use crate::topology::GpuTopology;
+use abi::aql::{Packet, PACKET_SIZE};
+use abi::le::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
+use abi::mqd;
+use std::collections::VecDeque;
+
+/// Control record magic ("HQCS").
+pub const SAVE_MAGIC: u32 = u32::from_le_bytes(*b"HQCS");
+/// Control record version.
+pub const SAVE_VERSION: u16 = 1;
+const HDR: usize = 32;
+const PKT: usize = 32;
+const WG: usize = 24;
+/// Upper bound on a saved remaining time (2^48 ns ~ 3 days).
+const MAX_REMAINING: u64 = 1 << 48;
+
+fn checksum(b: &[u8]) -> u64 {
+    // FNV-1a, 64 bit.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &x in b {
+        h ^= x as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Write the queue's dispatch progress; returns the record bytes (0 if none).
+pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
+    let size = q.mqd.cntl_stack_size();
+    if q.active.is_empty() && q.resume.is_empty() {
+        q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
+        return Ok(0);
+    }
+    let total = HDR + PKT * q.active.len() + WG * q.resume.len();
+    if total as u64 > size as u64 {
+        return Err(QueueErrorReason::CwsrTooSmall { need: total as u64, have: size as u64 });
+    }
+    let mut b = vec![0u8; total];
+    put_u32(&mut b, 0, SAVE_MAGIC);
+    put_u16(&mut b, 4, SAVE_VERSION);
+    put_u32(&mut b, 8, q.active.len() as u32);
+    put_u32(&mut b, 12, q.resume.len() as u32);
+    put_u64(&mut b, 16, q.rptr);
+    let mut o = HDR;
+    for a in &q.active {
+        put_u64(&mut b, o, a.id);
+        put_u64(&mut b, o + 8, a.next_wg);
+        put_u64(&mut b, o + 16, a.done_wgs);
+        put_u32(&mut b, o + 24, a.complete as u32);
+        o += PKT;
+    }
+    for w in &q.resume {
+        put_u64(&mut b, o, w.id);
+        put_u64(&mut b, o + 8, w.wg);
+        put_u64(&mut b, o + 16, w.remaining);
+        o += WG;
+    }
+    let c = checksum(&b[HDR..]);
+    put_u64(&mut b, 24, c);
+    let off = size - total as u32;
+    let addr = q.mqd.ctx_save_base() + off as u64;
+    q.mem.write(addr, &b).map_err(|_| QueueErrorReason::CwsrOutOfRange { addr })?;
+    q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = off;
+    Ok(total as u64)
+}
+
+/// Read and validate saved records into `q`; returns the modelled restore time.
+pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<u64> {
+    let bad = QueueErrorReason::BadSavedState;
+    let size = q.mqd.cntl_stack_size();
+    let off = q.mqd.cntl_stack_offset();
+    let total = (size - off) as usize; // off <= size checked at map
+    if total < HDR {
+        return Err(bad("control stack shorter than its header"));
+    }
+    let base = q.mqd.ctx_save_base();
+    let mut b = vec![0u8; total];
+    q.mem
+        .read(base + off as u64, &mut b)
+        .map_err(|_| QueueErrorReason::CwsrOutOfRange { addr: base })?;
+    if u32_at(&b, 0) != SAVE_MAGIC {
+        return Err(bad("bad magic"));
+    }
+    if u16_at(&b, 4) != SAVE_VERSION {
+        return Err(bad("bad version"));
+    }
+    let np = u32_at(&b, 8) as usize;
+    let nw = u32_at(&b, 12) as usize;
+    if np > topo.sim.max_active_packets as usize || nw > topo.cus_per_partition() as usize {
+        return Err(bad("record counts out of range"));
+    }
+    if HDR + PKT * np + WG * nw != total {
+        return Err(bad("record counts do not match the stack size"));
+    }
+    if u64_at(&b, 24) != checksum(&b[HDR..]) {
+        return Err(bad("checksum mismatch"));
+    }
+    if u64_at(&b, 16) != q.rptr {
+        return Err(bad("saved rptr differs from the MQD"));
+    }
+    if q.rptr + np as u64 > q.wptr {
+        return Err(bad("saved packets beyond the write index"));
+    }
+    let mut active = VecDeque::with_capacity(np);
+    let mut o = HDR;
+    for i in 0..np {
+        let id = u64_at(&b, o);
+        let next_wg = u64_at(&b, o + 8);
+        let done_wgs = u64_at(&b, o + 16);
+        let flags = u32_at(&b, o + 24);
+        o += PKT;
+        if id != q.rptr + i as u64 || flags > 1 || done_wgs > next_wg {
+            return Err(bad("malformed packet record"));
+        }
+        let a = if flags == 1 {
+            Active { id, work: Work::Done, signal: 0, next_wg, done_wgs, inflight: 0, complete: true }
+        } else {
+            let mut raw = [0u8; PACKET_SIZE];
+            let addr = q.mqd.packet_addr(id);
+            q.mem.read(addr, &mut raw).map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
+            let mut a = decode_work(&*q.mem, id, &Packet::decode(&raw))?;
+            match a.work {
+                Work::Dispatch(d) if next_wg <= d.total => {}
+                Work::And(_) | Work::Or(_) if next_wg == 0 && done_wgs == 0 => {}
+                _ => return Err(bad("packet record does not match the ring")),
+            }
+            a.next_wg = next_wg;
+            a.done_wgs = done_wgs;
+            a
+        };
+        active.push_back(a);
+    }
+    let mut resume = Vec::with_capacity(nw);
+    let mut per_packet = vec![0u64; np];
+    for _ in 0..nw {
+        let w = SavedWg { id: u64_at(&b, o), wg: u64_at(&b, o + 8), remaining: u64_at(&b, o + 16) };
+        o += WG;
+        let k = w.id.wrapping_sub(q.rptr) as usize;
+        let Some(a) = active.get(k) else { return Err(bad("workgroup of unknown packet")) };
+        if a.complete || w.wg >= a.next_wg || w.remaining > MAX_REMAINING {
+            return Err(bad("malformed workgroup record"));
+        }
+        per_packet[k] += 1;
+        resume.push(w);
+    }
+    resume.sort_unstable();
+    if resume.windows(2).any(|p| p[0].id == p[1].id && p[0].wg == p[1].wg) {
+        return Err(bad("duplicate workgroup record"));
+    }
+    for (a, n) in active.iter().zip(&per_packet) {
+        if !a.complete && a.done_wgs + n != a.next_wg {
+            return Err(bad("workgroup accounting does not add up"));
+        }
+    }
+    q.active = active;
+    q.resume = resume.into();
+    q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
+    let xccs = topo.xccs_per_partition() as u64;
+    let busiest = (nw as u64).div_ceil(xccs);
+    let c = &topo.cwsr;
+    let bytes = total as u64 + busiest * c.wg_state_bytes;
+    Ok(c.restore_ns + bytes.saturating_mul(1000) / c.restore_bytes_per_us)
+}

@@ -1,0 +1,344 @@
+//! GPU topology: the `[gpu]` section of the fleet TOML.
+//!
+//! Defaults describe an MI300X (gfx9.4.2/9.4.3 family): 8 XCCs, 38 CUs per XCC
+//! (304 CUs), SPX (one partition over all XCCs), MEC1 with 4 pipes x 8 queues per
+//! XCC. **Reservation choice:** amdgpu's default `num_kcq = 8` kernel compute
+//! queues are spread over the 4 MEC1 pipes, i.e. queues 0 and 1 of every pipe
+//! (`reserved_queues_per_pipe = 2`); HIQ/KIQ live on other pipes/MECs. That leaves
+//! 24 user HQDs per XCC (KFD reports 24..30 depending on `num_kcq`; set
+//! `reserved_queues_per_pipe = 0` for 32, or 1 for 28).
+
+use serde::Deserialize;
+
+/// Which physical GPU backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The simulated GPU ([`crate::sim::SimGpu`]).
+    #[default]
+    Sim,
+}
+
+/// Compute partition mode: how the XCCs are grouped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+pub enum PartitionMode {
+    /// Single partition.
+    #[default]
+    #[serde(rename = "SPX")]
+    Spx,
+    /// Two partitions.
+    #[serde(rename = "DPX")]
+    Dpx,
+    /// Four partitions.
+    #[serde(rename = "QPX")]
+    Qpx,
+    /// Eight partitions (one per XCC on MI300X).
+    #[serde(rename = "CPX")]
+    Cpx,
+}
+
+impl PartitionMode {
+    /// Number of partitions.
+    pub fn partitions(self) -> u32 {
+        match self {
+            PartitionMode::Spx => 1,
+            PartitionMode::Dpx => 2,
+            PartitionMode::Qpx => 4,
+            PartitionMode::Cpx => 8,
+        }
+    }
+}
+
+/// Modelled CWSR (compute wave save/restore) cost. No public measurement exists:
+/// these are **model constants**, not measurements (see docs/gpu-model.md).
+///
+/// save_ns = `trap_ns` + live bytes / `save_bytes_per_us` x 1000, where live bytes
+/// = control stack bytes + in-flight workgroups of the busiest XCC x
+/// `wg_state_bytes` (XCCs save in parallel). Restore alike.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CwsrModel {
+    /// Fixed cost to trap all waves and start the save (ns).
+    pub trap_ns: u64,
+    /// Save bandwidth per XCC (bytes per microsecond; 200_000 = 200 GB/s).
+    pub save_bytes_per_us: u64,
+    /// Fixed cost to start a restore (ns).
+    pub restore_ns: u64,
+    /// Restore bandwidth per XCC (bytes per microsecond).
+    pub restore_bytes_per_us: u64,
+    /// Live state of one in-flight workgroup (bytes); default one CU's
+    /// VGPR+SGPR+LDS+HWREG = 0x95000 (kfd_queue.c).
+    pub wg_state_bytes: u64,
+}
+
+impl Default for CwsrModel {
+    fn default() -> Self {
+        CwsrModel {
+            trap_ns: 5_000,
+            save_bytes_per_us: 200_000,
+            restore_ns: 5_000,
+            restore_bytes_per_us: 200_000,
+            wg_state_bytes: abi::mqd::cwsr::CU_STATE_BYTES as u64,
+        }
+    }
+}
+
+/// Simulator-only knobs (ignored by real backends).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimParams {
+    /// How often a command processor re-checks a blocked barrier packet (ns).
+    pub barrier_poll_ns: u64,
+    /// Packets a CP may have launched but not retired per queue (prefetch window).
+    pub max_active_packets: u32,
+    /// Random extra workgroup time, 0..=cost x permille / 1000 (seeded; 0 = none).
+    pub jitter_permille: u32,
+}
+
+impl Default for SimParams {
+    fn default() -> Self {
+        SimParams { barrier_poll_ns: 2_000, max_active_packets: 8, jitter_permille: 0 }
+    }
+}
+
+/// Physical GPU topology and model constants.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuTopology {
+    /// Backend (`"sim"`).
+    pub backend: Backend,
+    /// XCCs (compute dies). MI300X: 8.
+    pub xccs: u32,
+    /// Partition mode (`"SPX"`, `"DPX"`, `"QPX"`, `"CPX"`).
+    pub partition_mode: PartitionMode,
+    /// MEC1 pipes per XCC: 4.
+    pub pipes_per_xcc: u32,
+    /// Queues per pipe: 8.
+    pub queues_per_pipe: u32,
+    /// Queues at the start of each pipe reserved for kernel queues (KCQ/HIQ): 2.
+    pub reserved_queues_per_pipe: u32,
+    /// CUs per XCC: 38 (MI300X: 304 total).
+    pub cus_per_xcc: u32,
+    /// Shader engines per XCC (CWSR wave-count formula): 4.
+    pub ses_per_xcc: u32,
+    /// CWSR cost model.
+    pub cwsr: CwsrModel,
+    /// Simulator knobs.
+    pub sim: SimParams,
+}
+
+impl Default for GpuTopology {
+    fn default() -> Self {
+        GpuTopology {
+            backend: Backend::Sim,
+            xccs: 8,
+            partition_mode: PartitionMode::Spx,
+            pipes_per_xcc: 4,
+            queues_per_pipe: 8,
+            reserved_queues_per_pipe: 2,
+            cus_per_xcc: 38,
+            ses_per_xcc: 4,
+            cwsr: CwsrModel::default(),
+            sim: SimParams::default(),
+        }
+    }
+}
+
+/// A topology field is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    /// Field must be non-zero.
+    #[error("gpu.{0} must be greater than 0")]
+    Zero(&'static str),
+    /// Field too large.
+    #[error("gpu.{field} = {value} exceeds the maximum {max}")]
+    TooLarge {
+        /// Field name.
+        field: &'static str,
+        /// Value given.
+        value: u64,
+        /// Maximum.
+        max: u64,
+    },
+    /// XCCs do not split evenly into the partition mode.
+    #[error("gpu.partition_mode {mode:?} needs xccs divisible by {parts}, got {xccs}")]
+    PartitionMismatch {
+        /// Mode.
+        mode: PartitionMode,
+        /// Partitions of the mode.
+        parts: u32,
+        /// XCCs.
+        xccs: u32,
+    },
+    /// Reservations leave no user queue.
+    #[error("gpu.reserved_queues_per_pipe = {reserved} leaves no user queue of {per_pipe}")]
+    NoUserSlots {
+        /// Reserved.
+        reserved: u32,
+        /// Queues per pipe.
+        per_pipe: u32,
+    },
+}
+
+/// One user HQD slot. In a multi-XCC partition it stands for the same
+/// (pipe, queue) on every XCC of the partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HqdSlot {
+    /// Partition index.
+    pub partition: u32,
+    /// MEC1 pipe.
+    pub pipe: u32,
+    /// Queue within the pipe.
+    pub queue: u32,
+}
+
+impl GpuTopology {
+    /// Check every field; errors name the field.
+    pub fn validate(&self) -> Result<(), TopologyError> {
+        let nz = [
+            ("xccs", self.xccs),
+            ("pipes_per_xcc", self.pipes_per_xcc),
+            ("queues_per_pipe", self.queues_per_pipe),
+            ("cus_per_xcc", self.cus_per_xcc),
+            ("ses_per_xcc", self.ses_per_xcc),
+        ];
+        for (f, v) in nz {
+            if v == 0 {
+                return Err(TopologyError::Zero(f));
+            }
+        }
+        let max = [
+            ("xccs", self.xccs as u64, 64),
+            ("pipes_per_xcc", self.pipes_per_xcc as u64, 8),
+            ("queues_per_pipe", self.queues_per_pipe as u64, 16),
+            ("cus_per_xcc", self.cus_per_xcc as u64, 1024),
+            ("ses_per_xcc", self.ses_per_xcc as u64, 64),
+            ("sim.max_active_packets", self.sim.max_active_packets as u64, 1024),
+            ("sim.jitter_permille", self.sim.jitter_permille as u64, 1000),
+        ];
+        for (field, value, max) in max {
+            if value > max {
+                return Err(TopologyError::TooLarge { field, value, max });
+            }
+        }
+        if self.cwsr.save_bytes_per_us == 0 {
+            return Err(TopologyError::Zero("cwsr.save_bytes_per_us"));
+        }
+        if self.cwsr.restore_bytes_per_us == 0 {
+            return Err(TopologyError::Zero("cwsr.restore_bytes_per_us"));
+        }
+        if self.sim.barrier_poll_ns == 0 {
+            return Err(TopologyError::Zero("sim.barrier_poll_ns"));
+        }
+        if self.sim.max_active_packets == 0 {
+            return Err(TopologyError::Zero("sim.max_active_packets"));
+        }
+        let parts = self.partition_mode.partitions();
+        if self.xccs % parts != 0 {
+            return Err(TopologyError::PartitionMismatch { mode: self.partition_mode, parts, xccs: self.xccs });
+        }
+        if self.reserved_queues_per_pipe >= self.queues_per_pipe {
+            return Err(TopologyError::NoUserSlots {
+                reserved: self.reserved_queues_per_pipe,
+                per_pipe: self.queues_per_pipe,
+            });
+        }
+        Ok(())
+    }
+    /// Number of partitions.
+    pub fn partitions(&self) -> u32 {
+        self.partition_mode.partitions()
+    }
+    /// XCCs per partition.
+    pub fn xccs_per_partition(&self) -> u32 {
+        self.xccs / self.partitions()
+    }
+    /// CUs shared by the queues of one partition.
+    pub fn cus_per_partition(&self) -> u32 {
+        self.cus_per_xcc * self.xccs_per_partition()
+    }
+    /// User HQD slots per XCC.
+    pub fn user_queues_per_xcc(&self) -> u32 {
+        self.pipes_per_xcc * (self.queues_per_pipe - self.reserved_queues_per_pipe)
+    }
+    /// All user slots, partition-major then pipe then queue. `SlotId(i)` is index i.
+    pub fn user_slots(&self) -> Vec<HqdSlot> {
+        let mut v = Vec::new();
+        for partition in 0..self.partitions() {
+            for pipe in 0..self.pipes_per_xcc {
+                for queue in self.reserved_queues_per_pipe..self.queues_per_pipe {
+                    v.push(HqdSlot { partition, pipe, queue });
+                }
+            }
+        }
+        v
+    }
+    /// Required CWSR area per XCC (gfx9.4.x formula, bytes).
+    pub fn ctx_save_bytes_per_xcc(&self) -> u32 {
+        abi::mqd::cwsr::ctx_save_bytes(self.cus_per_xcc, self.ses_per_xcc)
+    }
+    /// Required control stack per XCC (bytes).
+    pub fn ctl_stack_bytes_per_xcc(&self) -> u32 {
+        abi::mqd::cwsr::ctl_stack_bytes(self.cus_per_xcc, self.ses_per_xcc)
+    }
+    /// A small topology for tests: 2 XCCs x 2 CUs, SPX, 1 pipe x 4 queues, none reserved.
+    pub fn tiny() -> Self {
+        GpuTopology {
+            xccs: 2,
+            pipes_per_xcc: 1,
+            queues_per_pipe: 4,
+            reserved_queues_per_pipe: 0,
+            cus_per_xcc: 2,
+            ses_per_xcc: 1,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mi300x_defaults() {
+        let t = GpuTopology::default();
+        t.validate().unwrap();
+        assert_eq!(t.cus_per_xcc * t.xccs, 304);
+        assert_eq!(t.user_queues_per_xcc(), 24);
+        assert_eq!(t.user_slots().len(), 24);
+        let cpx = GpuTopology { partition_mode: PartitionMode::Cpx, ..Default::default() };
+        assert_eq!(cpx.user_slots().len(), 192);
+        assert_eq!(cpx.cus_per_partition(), 38);
+        assert_eq!(t.user_slots()[0], HqdSlot { partition: 0, pipe: 0, queue: 2 });
+        // ~22 MiB per queue per XCC
+        assert!(t.ctx_save_bytes_per_xcc() > 22 << 20);
+    }
+
+    #[test]
+    fn toml_section() {
+        let t: GpuTopology = toml::from_str(
+            "backend = \"sim\"\nxccs = 4\npartition_mode = \"DPX\"\ncus_per_xcc = 8\n[cwsr]\ntrap_ns = 1000\n",
+        )
+        .unwrap();
+        assert_eq!(t.xccs, 4);
+        assert_eq!(t.partition_mode, PartitionMode::Dpx);
+        assert_eq!(t.cwsr.trap_ns, 1000);
+        assert_eq!(t.cwsr.save_bytes_per_us, 200_000);
+        t.validate().unwrap();
+        assert!(toml::from_str::<GpuTopology>("xcc = 4").is_err());
+        assert!(toml::from_str::<GpuTopology>("backend = \"kfd\"").is_err());
+    }
+
+    #[test]
+    fn validation_names_fields() {
+        let t = GpuTopology { xccs: 6, partition_mode: PartitionMode::Qpx, ..Default::default() };
+        assert!(matches!(t.validate(), Err(TopologyError::PartitionMismatch { .. })));
+        let t = GpuTopology { cus_per_xcc: 0, ..Default::default() };
+        assert_eq!(t.validate(), Err(TopologyError::Zero("cus_per_xcc")));
+        assert!(t.validate().unwrap_err().to_string().contains("gpu.cus_per_xcc"));
+        let t = GpuTopology { reserved_queues_per_pipe: 8, ..Default::default() };
+        assert!(matches!(t.validate(), Err(TopologyError::NoUserSlots { .. })));
+        let t = GpuTopology { pipes_per_xcc: 9, ..Default::default() };
+        assert!(matches!(t.validate(), Err(TopologyError::TooLarge { field: "pipes_per_xcc", .. })));
+    }
+}

@@ -152,7 +152,7 @@ pub mod cwsr {
     /// Control stack bytes per XCC: align(40 + waves x 8 + 8, page).
     pub const fn ctl_stack_bytes(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
         let raw = HEADER_BYTES + waves(cus_per_xcc, ses_per_xcc).saturating_mul(BYTES_PER_WAVE) + 8;
-        (raw + PAGE - 1) / PAGE * PAGE
+        raw.div_ceil(PAGE) * PAGE
     }
     /// Workgroup data bytes per XCC: cu x (VGPR + SGPR + LDS + HWREG).
     pub const fn wg_data_bytes(cus_per_xcc: u32) -> u32 {
@@ -297,7 +297,7 @@ impl V9Mqd {
     /// aligned, or the distance to wptr exceeds the ring).
     pub fn read_index(&self) -> Option<u64> {
         let r = self.dw[CP_HQD_PQ_RPTR] as u64;
-        if r % DWORDS_PER_PACKET != 0 {
+        if !r.is_multiple_of(DWORDS_PER_PACKET) {
             return None;
         }
         let w = self.wptr_dw();

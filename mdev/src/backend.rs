@@ -57,7 +57,11 @@ pub struct MapRequest {
 
 impl std::fmt::Debug for MapRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MapRequest").field("slot", &self.slot).field("tag", &self.tag).field("mqd", &self.mqd).finish()
+        f.debug_struct("MapRequest")
+            .field("slot", &self.slot)
+            .field("tag", &self.tag)
+            .field("mqd", &self.mqd)
+            .finish()
     }
 }
 

@@ -64,12 +64,18 @@ impl DmaMemory for GuestMemoryMmap<()> {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         check(DmaMemory::size(self), gpa, buf.len())?;
         self.read_slice(buf, GuestAddress(gpa))
-            .map_err(|_| MemError::OutOfRange { gpa, len: buf.len() as u64 })
+            .map_err(|_| MemError::OutOfRange {
+                gpa,
+                len: buf.len() as u64,
+            })
     }
     fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
         check(DmaMemory::size(self), gpa, buf.len())?;
         self.write_slice(buf, GuestAddress(gpa))
-            .map_err(|_| MemError::OutOfRange { gpa, len: buf.len() as u64 })
+            .map_err(|_| MemError::OutOfRange {
+                gpa,
+                len: buf.len() as u64,
+            })
     }
     fn size(&self) -> u64 {
         if self.num_regions() == 0 {
@@ -92,7 +98,10 @@ pub struct VecMemory {
 impl VecMemory {
     /// Zeroed memory of `size` bytes.
     pub fn new(size: usize) -> Self {
-        VecMemory { data: Mutex::new(vec![0u8; size]), size: size as u64 }
+        VecMemory {
+            data: Mutex::new(vec![0u8; size]),
+            size: size as u64,
+        }
     }
     /// Run `f` over the whole buffer (for test set-up and checks).
     pub fn with<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {

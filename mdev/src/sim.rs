@@ -10,6 +10,7 @@
 
 mod cwsr;
 mod realtime;
+pub mod testkit;
 
 pub use cwsr::{SAVE_MAGIC, SAVE_VERSION};
 pub use realtime::RealTimeDriver;
@@ -146,7 +147,10 @@ impl Hqd {
                 .any(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
     }
     fn has_work(&self) -> bool {
-        !self.active.is_empty() || !self.resume.is_empty() || self.inflight > 0 || self.rptr != self.wptr
+        !self.active.is_empty()
+            || !self.resume.is_empty()
+            || self.inflight > 0
+            || self.rptr != self.wptr
     }
 }
 
@@ -193,7 +197,11 @@ impl SimGpu {
         topo.validate()?;
         let slots = topo.user_slots();
         let mut parts: Vec<Part> = (0..topo.partitions())
-            .map(|_| Part { free_cus: topo.cus_per_partition(), slots: Vec::new(), rr: 0 })
+            .map(|_| Part {
+                free_cus: topo.cus_per_partition(),
+                slots: Vec::new(),
+                rr: 0,
+            })
             .collect();
         for (i, s) in slots.iter().enumerate() {
             parts[s.partition as usize].slots.push(i as u32);
@@ -263,7 +271,10 @@ impl SimGpu {
                 }
             }
             Timer::UnmapDone { slot, gen } => {
-                if self.slots[slot as usize].as_ref().is_some_and(|q| q.gen == gen) {
+                if self.slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|q| q.gen == gen)
+                {
                     self.finish_unmap(slot);
                 }
             }
@@ -287,7 +298,9 @@ impl SimGpu {
     fn fail(&mut self, slot: u32, reason: QueueErrorReason) {
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
-        let Some(q) = self.slots[slot as usize].as_mut() else { return };
+        let Some(q) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
         if matches!(q.state, HState::Error(_)) {
             return;
         }
@@ -309,7 +322,12 @@ impl SimGpu {
         q.state = HState::Error(reason);
         let tag = q.tag;
         self.stats.queue_errors += 1;
-        self.pending.push(GpuEvent::QueueError { slot: SlotId(slot), tag, reason, at: now });
+        self.pending.push(GpuEvent::QueueError {
+            slot: SlotId(slot),
+            tag,
+            reason,
+            at: now,
+        });
         if freed > 0 {
             self.dispatch(p as u32);
         }
@@ -330,7 +348,9 @@ impl SimGpu {
         let now = self.now;
         let mut need_poll = false;
         {
-            let q = self.slots[slot as usize].as_mut().expect("pump on empty slot");
+            let q = self.slots[slot as usize]
+                .as_mut()
+                .expect("pump on empty slot");
             if q.state != HState::Active {
                 return Ok(());
             }
@@ -343,7 +363,14 @@ impl SimGpu {
                         if let Work::And(b) | Work::Or(b) = a.work {
                             let is_and = matches!(a.work, Work::And(_));
                             if barrier_satisfied(&*q.mem, &b, is_and)? {
-                                complete_packet(q, i, now, &mut self.pending, &mut self.stats, SlotId(slot))?;
+                                complete_packet(
+                                    q,
+                                    i,
+                                    now,
+                                    &mut self.pending,
+                                    &mut self.stats,
+                                    SlotId(slot),
+                                )?;
                             } else {
                                 need_poll = true;
                             }
@@ -356,13 +383,18 @@ impl SimGpu {
                     break;
                 }
                 // A pending barrier packet blocks further launches.
-                if q.active.iter().any(|a| !a.complete && matches!(a.work, Work::And(_) | Work::Or(_))) {
+                if q.active
+                    .iter()
+                    .any(|a| !a.complete && matches!(a.work, Work::And(_) | Work::Or(_)))
+                {
                     break;
                 }
                 let idx = q.fetch();
                 let addr = q.mqd.packet_addr(idx);
                 let mut raw = [0u8; aql::PACKET_SIZE];
-                q.mem.read(addr, &mut raw).map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
+                q.mem
+                    .read(addr, &mut raw)
+                    .map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
                 let pkt = Packet::decode(&raw);
                 if pkt.body == Body::Invalid {
                     // Not published yet: the packet processor waits on the header.
@@ -393,7 +425,11 @@ impl SimGpu {
         if let Some(q) = self.slots[slot as usize].as_mut() {
             if q.state == HState::Active && !q.has_work() && !q.idle_reported {
                 q.idle_reported = true;
-                self.pending.push(GpuEvent::QueueIdle { slot: SlotId(slot), tag: q.tag, at: now });
+                self.pending.push(GpuEvent::QueueIdle {
+                    slot: SlotId(slot),
+                    tag: q.tag,
+                    at: now,
+                });
             }
         }
     }
@@ -469,7 +505,15 @@ impl SimGpu {
             w.live = true;
             i
         } else {
-            self.wgs.push(Wg { slot, qgen, id, wg, end, gen: 0, live: true });
+            self.wgs.push(Wg {
+                slot,
+                qgen,
+                id,
+                wg,
+                end,
+                gen: 0,
+                live: true,
+            });
             (self.wgs.len() - 1) as u32
         };
         let gen = self.wgs[idx as usize].gen;
@@ -496,11 +540,20 @@ impl SimGpu {
         }
         // Drain finished?
         let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
-            matches!(q.state, HState::Unmapping { mode: DequeueMode::DrainPipe, .. }) && q.inflight == 0
+            matches!(
+                q.state,
+                HState::Unmapping {
+                    mode: DequeueMode::DrainPipe,
+                    ..
+                }
+            ) && q.inflight == 0
         });
         if drain_done {
             self.finish_unmap(slot);
-        } else if self.slots[slot as usize].as_ref().is_some_and(|q| q.state == HState::Active) {
+        } else if self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.state == HState::Active)
+        {
             self.pump(slot);
         }
         self.dispatch(p);
@@ -508,16 +561,22 @@ impl SimGpu {
 
     fn complete_wg(&mut self, slot: u32, id: u64, wg: u64) -> QResult<()> {
         let now = self.now;
-        let q = self.slots[slot as usize].as_mut().expect("wg of empty slot");
+        let q = self.slots[slot as usize]
+            .as_mut()
+            .expect("wg of empty slot");
         let Some(i) = q.active.iter().position(|a| a.id == id) else {
-            return Err(QueueErrorReason::BadSavedState("workgroup of unknown packet"));
+            return Err(QueueErrorReason::BadSavedState(
+                "workgroup of unknown packet",
+            ));
         };
         q.inflight -= 1;
         let a = &mut q.active[i];
         a.inflight -= 1;
         a.done_wgs += 1;
         let Work::Dispatch(d) = a.work else {
-            return Err(QueueErrorReason::BadSavedState("workgroup of non-dispatch packet"));
+            return Err(QueueErrorReason::BadSavedState(
+                "workgroup of non-dispatch packet",
+            ));
         };
         apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
         self.stats.wgs_completed += 1;
@@ -533,7 +592,9 @@ impl SimGpu {
     fn finish_unmap(&mut self, slot: u32) {
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
-        let Some(mut q) = self.slots[slot as usize].take() else { return };
+        let Some(mut q) = self.slots[slot as usize].take() else {
+            return;
+        };
         self.parts[p].free_cus += q.held_cus;
         let (mode, since) = match q.state {
             HState::Unmapping { mode, since } => (mode, since),
@@ -606,17 +667,22 @@ fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
             if total > MAX_WORKGROUPS {
                 return Err(QueueErrorReason::BadDispatch);
             }
-            let items_per_wg =
-                d.workgroup_size[0] as u64 * d.workgroup_size[1] as u64 * d.workgroup_size[2] as u64;
+            let items_per_wg = d.workgroup_size[0] as u64
+                * d.workgroup_size[1] as u64
+                * d.workgroup_size[2] as u64;
             let ko = d.kernel_object;
             let mut kd = [0u8; abi::kernel::KD_SIZE];
-            mem.read(ko, &mut kd).map_err(|_| QueueErrorReason::DescriptorOutOfRange { addr: ko })?;
-            let desc = KernelDescriptor::decode(&kd).map_err(|_| QueueErrorReason::BadDescriptor { addr: ko })?;
+            mem.read(ko, &mut kd)
+                .map_err(|_| QueueErrorReason::DescriptorOutOfRange { addr: ko })?;
+            let desc = KernelDescriptor::decode(&kd)
+                .map_err(|_| QueueErrorReason::BadDescriptor { addr: ko })?;
             let ka = d.kernarg_address;
             let mut kb = [0u8; abi::kernel::KERNARG_MAX];
             let klen = desc.kind.kernarg_size();
-            mem.read(ka, &mut kb[..klen]).map_err(|_| QueueErrorReason::KernargOutOfRange { addr: ka })?;
-            let args = Kernarg::decode(desc.kind, &kb[..klen]).ok_or(QueueErrorReason::KernargOutOfRange { addr: ka })?;
+            mem.read(ka, &mut kb[..klen])
+                .map_err(|_| QueueErrorReason::KernargOutOfRange { addr: ka })?;
+            let args = Kernarg::decode(desc.kind, &kb[..klen])
+                .ok_or(QueueErrorReason::KernargOutOfRange { addr: ka })?;
             match args {
                 Kernarg::Fill { dst, n, .. } => data_check(mem, dst, 4 * n as u64)?,
                 Kernarg::VecAdd { a, b, c, n } => {
@@ -636,20 +702,40 @@ fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
                 Kernarg::Spin { .. } => {}
             }
             sig_check(mem, d.completion_signal)?;
-            (Work::Dispatch(Dispatch { desc, args, total, items_per_wg }), d.completion_signal)
+            (
+                Work::Dispatch(Dispatch {
+                    desc,
+                    args,
+                    total,
+                    items_per_wg,
+                }),
+                d.completion_signal,
+            )
         }
         Body::BarrierAnd(b) | Body::BarrierOr(b) => {
             for s in b.dep_signal {
                 sig_check(mem, s)?;
             }
             sig_check(mem, b.completion_signal)?;
-            let w = if matches!(pkt.body, Body::BarrierAnd(_)) { Work::And(b) } else { Work::Or(b) };
+            let w = if matches!(pkt.body, Body::BarrierAnd(_)) {
+                Work::And(b)
+            } else {
+                Work::Or(b)
+            };
             (w, b.completion_signal)
         }
         Body::Invalid => return Err(QueueErrorReason::UnsupportedPacket(aql::TYPE_INVALID)),
         Body::Unsupported(t) => return Err(QueueErrorReason::UnsupportedPacket(t)),
     };
-    Ok(Active { id, work, signal, next_wg: 0, done_wgs: 0, inflight: 0, complete: false })
+    Ok(Active {
+        id,
+        work,
+        signal,
+        next_wg: 0,
+        done_wgs: 0,
+        inflight: 0,
+        complete: false,
+    })
 }
 
 /// Mark packet `i` complete: decrement its signal, invalidate its header, emit.
@@ -670,7 +756,10 @@ fn complete_packet(
     let id = a.id;
     if a.signal != 0 {
         let va = a.signal + AMD_SIGNAL_VALUE as u64;
-        let v = q.mem.read_u64(va).map_err(|_| QueueErrorReason::SignalOutOfRange { addr: a.signal })?;
+        let v = q
+            .mem
+            .read_u64(va)
+            .map_err(|_| QueueErrorReason::SignalOutOfRange { addr: a.signal })?;
         q.mem
             .write_u64(va, (v as i64).wrapping_sub(1) as u64)
             .map_err(|_| QueueErrorReason::SignalOutOfRange { addr: a.signal })?;
@@ -680,7 +769,12 @@ fn complete_packet(
         .write(addr, &aql::INVALID_HEADER.to_le_bytes())
         .map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
     stats.packets_completed += 1;
-    pending.push(GpuEvent::PacketCompleted { slot, tag: q.tag, dispatch_id: id, at: now });
+    pending.push(GpuEvent::PacketCompleted {
+        slot,
+        tag: q.tag,
+        dispatch_id: id,
+        at: now,
+    });
     Ok(())
 }
 
@@ -696,7 +790,9 @@ fn retire(q: &mut Hqd, _slot: SlotId) -> QResult<()> {
         q.mqd.set_read_index(q.rptr);
         let ra = q.mqd.rptr_report_addr();
         if ra != 0 {
-            q.mem.write_u64(ra, q.rptr).map_err(|_| QueueErrorReason::PointerAddrOutOfRange { addr: ra })?;
+            q.mem
+                .write_u64(ra, q.rptr)
+                .map_err(|_| QueueErrorReason::PointerAddrOutOfRange { addr: ra })?;
         }
     }
     Ok(())
@@ -704,15 +800,23 @@ fn retire(q: &mut Hqd, _slot: SlotId) -> QResult<()> {
 
 fn read_u32s(mem: &dyn DmaMemory, addr: u64, n: u64, buf: &mut Vec<u8>) -> QResult<()> {
     buf.resize((n * 4) as usize, 0);
-    mem.read(addr, buf).map_err(|_| QueueErrorReason::DataOutOfRange { addr, len: n * 4 })
+    mem.read(addr, buf)
+        .map_err(|_| QueueErrorReason::DataOutOfRange { addr, len: n * 4 })
 }
 
 fn u32s(b: &[u8]) -> impl Iterator<Item = u32> + '_ {
-    b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 /// Apply one workgroup's memory effect.
-fn apply_effect(mem: &dyn DmaMemory, d: &Dispatch, wg: u64, s1: &mut Vec<u8>, s2: &mut Vec<u8>) -> QResult<()> {
+fn apply_effect(
+    mem: &dyn DmaMemory,
+    d: &Dispatch,
+    wg: u64,
+    s1: &mut Vec<u8>,
+    s2: &mut Vec<u8>,
+) -> QResult<()> {
     let range = |n: u32| element_range(wg, d.items_per_wg, n);
     let werr = |addr: u64, len: u64| QueueErrorReason::DataOutOfRange { addr, len };
     match d.args {
@@ -722,14 +826,19 @@ fn apply_effect(mem: &dyn DmaMemory, d: &Dispatch, wg: u64, s1: &mut Vec<u8>, s2
             for _ in s..e {
                 s1.extend_from_slice(&value.to_le_bytes());
             }
-            mem.write(dst + 4 * s, s1).map_err(|_| werr(dst, 4 * n as u64))?;
+            mem.write(dst + 4 * s, s1)
+                .map_err(|_| werr(dst, 4 * n as u64))?;
         }
         Kernarg::VecAdd { a, b, c, n } => {
             let (s, e) = range(n);
             read_u32s(mem, a + 4 * s, e - s, s1)?;
             read_u32s(mem, b + 4 * s, e - s, s2)?;
-            let out: Vec<u8> = u32s(s1).zip(u32s(s2)).flat_map(|(x, y)| x.wrapping_add(y).to_le_bytes()).collect();
-            mem.write(c + 4 * s, &out).map_err(|_| werr(c, 4 * n as u64))?;
+            let out: Vec<u8> = u32s(s1)
+                .zip(u32s(s2))
+                .flat_map(|(x, y)| x.wrapping_add(y).to_le_bytes())
+                .collect();
+            mem.write(c + 4 * s, &out)
+                .map_err(|_| werr(c, 4 * n as u64))?;
         }
         Kernarg::Saxpy { x, y, n, a } => {
             let (s, e) = range(n);
@@ -739,20 +848,23 @@ fn apply_effect(mem: &dyn DmaMemory, d: &Dispatch, wg: u64, s1: &mut Vec<u8>, s2
                 .zip(u32s(s2))
                 .flat_map(|(xv, yv)| a.wrapping_mul(xv).wrapping_add(yv).to_le_bytes())
                 .collect();
-            mem.write(y + 4 * s, &out).map_err(|_| werr(y, 4 * n as u64))?;
+            mem.write(y + 4 * s, &out)
+                .map_err(|_| werr(y, 4 * n as u64))?;
         }
         Kernarg::Checksum { src, out, n } => {
             let (s, e) = range(n);
             read_u32s(mem, src + 4 * s, e - s, s1)?;
             let sum = u32s(s1).fold(0u64, |acc, v| acc.wrapping_add(v as u64));
             let cur = mem.read_u64(out).map_err(|_| werr(out, 8))?;
-            mem.write_u64(out, cur.wrapping_add(sum)).map_err(|_| werr(out, 8))?;
+            mem.write_u64(out, cur.wrapping_add(sum))
+                .map_err(|_| werr(out, 8))?;
         }
         Kernarg::Mark { counters, n } => {
             if wg < n as u64 {
                 let addr = counters + 4 * wg;
                 let v = mem.read_u32(addr).map_err(|_| werr(addr, 4))?;
-                mem.write_u32(addr, v.wrapping_add(1)).map_err(|_| werr(addr, 4))?;
+                mem.write_u32(addr, v.wrapping_add(1))
+                    .map_err(|_| werr(addr, 4))?;
             }
         }
         Kernarg::Spin { .. } => {}
@@ -789,11 +901,17 @@ fn validate_mqd(topo: &GpuTopology, m: &V9Mqd, mem: &dyn DmaMemory) -> QResult<(
     let need_ctl = topo.ctl_stack_bytes_per_xcc() as u64;
     let have = m.ctx_save_size() as u64;
     if have < need_ctx {
-        return Err(QueueErrorReason::CwsrTooSmall { need: need_ctx, have });
+        return Err(QueueErrorReason::CwsrTooSmall {
+            need: need_ctx,
+            have,
+        });
     }
     let ctl = m.cntl_stack_size() as u64;
     if ctl < need_ctl || ctl > have || m.cntl_stack_offset() > m.cntl_stack_size() {
-        return Err(QueueErrorReason::CwsrTooSmall { need: need_ctl, have: ctl });
+        return Err(QueueErrorReason::CwsrTooSmall {
+            need: need_ctl,
+            have: ctl,
+        });
     }
     let cb = m.ctx_save_base();
     if !mem.contains(cb, have * topo.xccs_per_partition() as u64) {
@@ -813,12 +931,18 @@ impl PhysGpu for SimGpu {
     fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError> {
         self.run_until(now);
         let s = req.slot.0;
-        let slot = self.slots.get(s as usize).ok_or(GpuError::NoSuchSlot(req.slot))?;
+        let slot = self
+            .slots
+            .get(s as usize)
+            .ok_or(GpuError::NoSuchSlot(req.slot))?;
         if slot.is_some() {
             return Err(GpuError::SlotBusy(req.slot));
         }
         validate_mqd(&self.topo, &req.mqd, &*req.mem).map_err(GpuError::BadMqd)?;
-        let rptr = req.mqd.read_index().ok_or(GpuError::BadMqd(QueueErrorReason::BadPointers))?;
+        let rptr = req
+            .mqd
+            .read_index()
+            .ok_or(GpuError::BadMqd(QueueErrorReason::BadPointers))?;
         let gen = self.next_gen;
         self.next_gen += 1;
         self.stats.maps += 1;
@@ -846,12 +970,21 @@ impl PhysGpu for SimGpu {
         if pa != 0 {
             match q.mem.read_u64(pa) {
                 Ok(w) if w >= q.wptr => q.wptr = w,
-                Ok(w) => err = Some(QueueErrorReason::WptrBackwards { old: q.wptr, new: w }),
+                Ok(w) => {
+                    err = Some(QueueErrorReason::WptrBackwards {
+                        old: q.wptr,
+                        new: w,
+                    })
+                }
                 Err(_) => err = Some(QueueErrorReason::PointerAddrOutOfRange { addr: pa }),
             }
         }
         if err.is_none() && q.wptr > q.rptr + q.ring_packets {
-            err = Some(QueueErrorReason::WptrBeyondRing { wptr: q.wptr, rptr: q.rptr, size: q.ring_packets });
+            err = Some(QueueErrorReason::WptrBeyondRing {
+                wptr: q.wptr,
+                rptr: q.rptr,
+                size: q.ring_packets,
+            });
         }
         let mut restore_ns = None;
         if err.is_none() && q.mqd.has_saved_state() {
@@ -883,7 +1016,10 @@ impl PhysGpu for SimGpu {
     fn unmap(&mut self, now: Nanos, slot: SlotId, mode: DequeueMode) -> Result<(), GpuError> {
         self.run_until(now);
         let s = slot.0;
-        let q = self.slots.get_mut(s as usize).ok_or(GpuError::NoSuchSlot(slot))?;
+        let q = self
+            .slots
+            .get_mut(s as usize)
+            .ok_or(GpuError::NoSuchSlot(slot))?;
         let q = q.as_mut().ok_or(GpuError::NotMapped(slot))?;
         match q.state {
             HState::Unmapping { .. } => return Err(GpuError::AlreadyUnmapping(slot)),
@@ -915,7 +1051,11 @@ impl PhysGpu for SimGpu {
                 for w in self.wgs.iter_mut() {
                     if w.live && w.slot == s && w.qgen == gen {
                         w.live = false;
-                        saved.push(SavedWg { id: w.id, wg: w.wg, remaining: w.end.saturating_sub(now) });
+                        saved.push(SavedWg {
+                            id: w.id,
+                            wg: w.wg,
+                            remaining: w.end.saturating_sub(now),
+                        });
                     }
                 }
                 saved.sort_unstable();
@@ -1026,7 +1166,13 @@ impl PhysGpu for SimGpu {
             HState::Unmapping { mode, .. } => SlotState::Unmapping(mode),
             HState::Error(e) => SlotState::Error(e),
         };
-        Some(SlotStatus { tag: q.tag, state, rptr: q.rptr, wptr: q.wptr, inflight_wgs: q.inflight })
+        Some(SlotStatus {
+            tag: q.tag,
+            state,
+            rptr: q.rptr,
+            wptr: q.wptr,
+            inflight_wgs: q.inflight,
+        })
     }
 
     fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>) {

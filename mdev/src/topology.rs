@@ -97,7 +97,11 @@ pub struct SimParams {
 
 impl Default for SimParams {
     fn default() -> Self {
-        SimParams { barrier_poll_ns: 2_000, max_active_packets: 8, jitter_permille: 0 }
+        SimParams {
+            barrier_poll_ns: 2_000,
+            max_active_packets: 8,
+            jitter_permille: 0,
+        }
     }
 }
 
@@ -213,7 +217,11 @@ impl GpuTopology {
             ("queues_per_pipe", self.queues_per_pipe as u64, 16),
             ("cus_per_xcc", self.cus_per_xcc as u64, 1024),
             ("ses_per_xcc", self.ses_per_xcc as u64, 64),
-            ("sim.max_active_packets", self.sim.max_active_packets as u64, 1024),
+            (
+                "sim.max_active_packets",
+                self.sim.max_active_packets as u64,
+                1024,
+            ),
             ("sim.jitter_permille", self.sim.jitter_permille as u64, 1000),
         ];
         for (field, value, max) in max {
@@ -234,8 +242,12 @@ impl GpuTopology {
             return Err(TopologyError::Zero("sim.max_active_packets"));
         }
         let parts = self.partition_mode.partitions();
-        if self.xccs % parts != 0 {
-            return Err(TopologyError::PartitionMismatch { mode: self.partition_mode, parts, xccs: self.xccs });
+        if !self.xccs.is_multiple_of(parts) {
+            return Err(TopologyError::PartitionMismatch {
+                mode: self.partition_mode,
+                parts,
+                xccs: self.xccs,
+            });
         }
         if self.reserved_queues_per_pipe >= self.queues_per_pipe {
             return Err(TopologyError::NoUserSlots {
@@ -267,7 +279,11 @@ impl GpuTopology {
         for partition in 0..self.partitions() {
             for pipe in 0..self.pipes_per_xcc {
                 for queue in self.reserved_queues_per_pipe..self.queues_per_pipe {
-                    v.push(HqdSlot { partition, pipe, queue });
+                    v.push(HqdSlot {
+                        partition,
+                        pipe,
+                        queue,
+                    });
                 }
             }
         }
@@ -306,10 +322,20 @@ mod tests {
         assert_eq!(t.cus_per_xcc * t.xccs, 304);
         assert_eq!(t.user_queues_per_xcc(), 24);
         assert_eq!(t.user_slots().len(), 24);
-        let cpx = GpuTopology { partition_mode: PartitionMode::Cpx, ..Default::default() };
+        let cpx = GpuTopology {
+            partition_mode: PartitionMode::Cpx,
+            ..Default::default()
+        };
         assert_eq!(cpx.user_slots().len(), 192);
         assert_eq!(cpx.cus_per_partition(), 38);
-        assert_eq!(t.user_slots()[0], HqdSlot { partition: 0, pipe: 0, queue: 2 });
+        assert_eq!(
+            t.user_slots()[0],
+            HqdSlot {
+                partition: 0,
+                pipe: 0,
+                queue: 2
+            }
+        );
         // ~22 MiB per queue per XCC
         assert!(t.ctx_save_bytes_per_xcc() > 22 << 20);
     }
@@ -331,14 +357,43 @@ mod tests {
 
     #[test]
     fn validation_names_fields() {
-        let t = GpuTopology { xccs: 6, partition_mode: PartitionMode::Qpx, ..Default::default() };
-        assert!(matches!(t.validate(), Err(TopologyError::PartitionMismatch { .. })));
-        let t = GpuTopology { cus_per_xcc: 0, ..Default::default() };
+        let t = GpuTopology {
+            xccs: 6,
+            partition_mode: PartitionMode::Qpx,
+            ..Default::default()
+        };
+        assert!(matches!(
+            t.validate(),
+            Err(TopologyError::PartitionMismatch { .. })
+        ));
+        let t = GpuTopology {
+            cus_per_xcc: 0,
+            ..Default::default()
+        };
         assert_eq!(t.validate(), Err(TopologyError::Zero("cus_per_xcc")));
-        assert!(t.validate().unwrap_err().to_string().contains("gpu.cus_per_xcc"));
-        let t = GpuTopology { reserved_queues_per_pipe: 8, ..Default::default() };
-        assert!(matches!(t.validate(), Err(TopologyError::NoUserSlots { .. })));
-        let t = GpuTopology { pipes_per_xcc: 9, ..Default::default() };
-        assert!(matches!(t.validate(), Err(TopologyError::TooLarge { field: "pipes_per_xcc", .. })));
+        assert!(t
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("gpu.cus_per_xcc"));
+        let t = GpuTopology {
+            reserved_queues_per_pipe: 8,
+            ..Default::default()
+        };
+        assert!(matches!(
+            t.validate(),
+            Err(TopologyError::NoUserSlots { .. })
+        ));
+        let t = GpuTopology {
+            pipes_per_xcc: 9,
+            ..Default::default()
+        };
+        assert!(matches!(
+            t.validate(),
+            Err(TopologyError::TooLarge {
+                field: "pipes_per_xcc",
+                ..
+            })
+        ));
     }
 }

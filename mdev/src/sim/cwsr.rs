@@ -55,7 +55,10 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
     }
     let total = HDR + PKT * q.active.len() + WG * q.resume.len();
     if total as u64 > size as u64 {
-        return Err(QueueErrorReason::CwsrTooSmall { need: total as u64, have: size as u64 });
+        return Err(QueueErrorReason::CwsrTooSmall {
+            need: total as u64,
+            have: size as u64,
+        });
     }
     let mut b = vec![0u8; total];
     put_u32(&mut b, 0, SAVE_MAGIC);
@@ -81,7 +84,9 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
     put_u64(&mut b, 24, c);
     let off = size - total as u32;
     let addr = q.mqd.ctx_save_base() + off as u64;
-    q.mem.write(addr, &b).map_err(|_| QueueErrorReason::CwsrOutOfRange { addr })?;
+    q.mem
+        .write(addr, &b)
+        .map_err(|_| QueueErrorReason::CwsrOutOfRange { addr })?;
     q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = off;
     Ok(total as u64)
 }
@@ -135,11 +140,21 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<u64> {
             return Err(bad("malformed packet record"));
         }
         let a = if flags == 1 {
-            Active { id, work: Work::Done, signal: 0, next_wg, done_wgs, inflight: 0, complete: true }
+            Active {
+                id,
+                work: Work::Done,
+                signal: 0,
+                next_wg,
+                done_wgs,
+                inflight: 0,
+                complete: true,
+            }
         } else {
             let mut raw = [0u8; PACKET_SIZE];
             let addr = q.mqd.packet_addr(id);
-            q.mem.read(addr, &mut raw).map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
+            q.mem
+                .read(addr, &mut raw)
+                .map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
             let mut a = decode_work(&*q.mem, id, &Packet::decode(&raw))?;
             match a.work {
                 Work::Dispatch(d) if next_wg <= d.total => {}
@@ -155,10 +170,16 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<u64> {
     let mut resume = Vec::with_capacity(nw);
     let mut per_packet = vec![0u64; np];
     for _ in 0..nw {
-        let w = SavedWg { id: u64_at(&b, o), wg: u64_at(&b, o + 8), remaining: u64_at(&b, o + 16) };
+        let w = SavedWg {
+            id: u64_at(&b, o),
+            wg: u64_at(&b, o + 8),
+            remaining: u64_at(&b, o + 16),
+        };
         o += WG;
         let k = w.id.wrapping_sub(q.rptr) as usize;
-        let Some(a) = active.get(k) else { return Err(bad("workgroup of unknown packet")) };
+        let Some(a) = active.get(k) else {
+            return Err(bad("workgroup of unknown packet"));
+        };
         if a.complete || w.wg >= a.next_wg || w.remaining > MAX_REMAINING {
             return Err(bad("malformed workgroup record"));
         }
@@ -166,7 +187,10 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<u64> {
         resume.push(w);
     }
     resume.sort_unstable();
-    if resume.windows(2).any(|p| p[0].id == p[1].id && p[0].wg == p[1].wg) {
+    if resume
+        .windows(2)
+        .any(|p| p[0].id == p[1].id && p[0].wg == p[1].wg)
+    {
         return Err(bad("duplicate workgroup record"));
     }
     for (a, n) in active.iter().zip(&per_packet) {

@@ -29,7 +29,11 @@ impl<G: PhysGpu + 'static> RealTimeDriver<G> {
     /// Start the driver thread. Model time 0 = this call.
     pub fn start(gpu: G, mut sink: impl FnMut(GpuEvent) + Send + 'static) -> Self {
         let shared = Arc::new(Shared {
-            st: Mutex::new(State { gpu, stop: false, kicked: false }),
+            st: Mutex::new(State {
+                gpu,
+                stop: false,
+                kicked: false,
+            }),
             cv: Condvar::new(),
             epoch: Instant::now(),
         });
@@ -58,7 +62,11 @@ impl<G: PhysGpu + 'static> RealTimeDriver<G> {
                     match dl {
                         Some(t) if t <= now => continue,
                         Some(t) => {
-                            drop(sh.cv.wait_timeout_while(st, Duration::from_nanos(t - now), |s| !s.kicked && !s.stop));
+                            drop(sh.cv.wait_timeout_while(
+                                st,
+                                Duration::from_nanos(t - now),
+                                |s| !s.kicked && !s.stop,
+                            ));
                         }
                         None => {
                             drop(sh.cv.wait_while(st, |s| !s.kicked && !s.stop));
@@ -67,7 +75,10 @@ impl<G: PhysGpu + 'static> RealTimeDriver<G> {
                 }
             })
             .expect("spawn gpu-sim thread");
-        RealTimeDriver { shared, thread: Some(thread) }
+        RealTimeDriver {
+            shared,
+            thread: Some(thread),
+        }
     }
 
     /// Model time now.

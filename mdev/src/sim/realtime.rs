@@ -81,6 +81,11 @@ impl<G: PhysGpu + 'static> RealTimeDriver<G> {
         }
     }
 
+    /// The instant that is model time 0.
+    pub fn epoch(&self) -> Instant {
+        self.shared.epoch
+    }
+
     /// Model time now.
     pub fn now(&self) -> Nanos {
         self.shared.epoch.elapsed().as_nanos() as Nanos

@@ -10,6 +10,8 @@
 //! 2. Real time: `RealTimeDriver` on the same model, 8 queues of back-to-back
 //!    100 us packets; prints lateness of completion delivery vs modelled time.
 
+#![allow(clippy::needless_range_loop)]
+
 use abi::kernel::KernelKind;
 use mdev::backend::{DequeueMode, GpuEvent, PhysGpu, SlotId};
 use mdev::sim::testkit::{map_req, GuestQueue, TestVm};
@@ -40,8 +42,20 @@ fn virtual_time(vms: usize, qpv: usize) {
         for i in 0..qpv {
             let mut q = vm.queue(&topo, 256, (i % 16) as u32);
             for k in 0..kernels {
-                let kind = if k % 2 == 0 { KernelKind::Mark } else { KernelKind::Spin };
-                vm.kernel(&mut q, kind, groups, 64, 20_000 + 1000 * (k as u64 % 5), k, false);
+                let kind = if k % 2 == 0 {
+                    KernelKind::Mark
+                } else {
+                    KernelKind::Spin
+                };
+                vm.kernel(
+                    &mut q,
+                    kind,
+                    groups,
+                    64,
+                    20_000 + 1000 * (k as u64 % 5),
+                    k,
+                    false,
+                );
             }
             qs.push((v, q));
         }
@@ -64,7 +78,8 @@ fn virtual_time(vms: usize, qpv: usize) {
             if slot_q[s].is_none() {
                 if let Some(q) = waiting.pop_front() {
                     let (v, gq) = &qs[q];
-                    gpu.map(now, map_req(&vmv[*v], gq, s as u32, q as u64)).unwrap();
+                    gpu.map(now, map_req(&vmv[*v], gq, s as u32, q as u64))
+                        .unwrap();
                     slot_q[s] = Some(q);
                 }
             }
@@ -82,7 +97,8 @@ fn virtual_time(vms: usize, qpv: usize) {
                 for s in 0..nslots {
                     if slot_q[s].is_some() && !unmapping[s] {
                         unmapping[s] = true;
-                        gpu.unmap(now, SlotId(s as u32), DequeueMode::SaveWaves).unwrap();
+                        gpu.unmap(now, SlotId(s as u32), DequeueMode::SaveWaves)
+                            .unwrap();
                     }
                 }
             }
@@ -91,7 +107,13 @@ fn virtual_time(vms: usize, qpv: usize) {
         for e in ev.drain(..) {
             events += 1;
             match e {
-                GpuEvent::Unmapped { slot, tag, mqd, has_work, .. } => {
+                GpuEvent::Unmapped {
+                    slot,
+                    tag,
+                    mqd,
+                    has_work,
+                    ..
+                } => {
                     let q = tag as usize;
                     qs[q].1.mqd = *mqd;
                     slot_q[slot.0 as usize] = None;
@@ -122,7 +144,10 @@ fn virtual_time(vms: usize, qpv: usize) {
     assert!(done.iter().all(|d| *d));
     assert_eq!(st.wgs_completed, nq as u64 * kernels as u64 * groups as u64);
     let wps = st.wgs_completed as f64 / host.as_secs_f64();
-    println!("virtual time: {vms} VMs x {qpv} queues on MI300X SPX ({} slots, 304 CUs), 1 ms slices", nslots);
+    println!(
+        "virtual time: {vms} VMs x {qpv} queues on MI300X SPX ({} slots, 304 CUs), 1 ms slices",
+        nslots
+    );
     println!(
         "  simulated {:.2} ms in {:.3} s host: {} workgroups, {:.2} M wg/s host, {} events, {} saves ({} wgs saved), {} restores",
         now as f64 / 1e6,
@@ -154,7 +179,15 @@ fn real_time() {
         let mut q = vm.queue(&topo, 1024, 5);
         for k in 0..packets {
             // Barrier bit: packets of a queue run back to back; costs staggered per queue.
-            vm.kernel(&mut q, KernelKind::Spin, 4, 64, cost + 7_000 * i as u64, k, true);
+            vm.kernel(
+                &mut q,
+                KernelKind::Spin,
+                4,
+                64,
+                cost + 7_000 * i as u64,
+                k,
+                true,
+            );
         }
         qs.push(q);
     }
@@ -184,8 +217,12 @@ fn real_time() {
     }
     // Steady state: completions modelled after the first 10 ms.
     let t_first = at_of.iter().copied().min().unwrap_or(0);
-    let mut steady: Vec<u64> =
-        late.iter().zip(&at_of).filter(|(_, a)| **a >= t_first + 10_000_000).map(|(l, _)| *l).collect();
+    let mut steady: Vec<u64> = late
+        .iter()
+        .zip(&at_of)
+        .filter(|(_, a)| **a >= t_first + 10_000_000)
+        .map(|(l, _)| *l)
+        .collect();
     let floor = condvar_floor();
     let p50 = pct(&mut late, 50);
     let p99 = pct(&mut late, 99);
@@ -223,7 +260,10 @@ fn condvar_floor() -> (u64, u64) {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let vms = args.first().copied().unwrap_or(64);
     let qpv = args.get(1).copied().unwrap_or(16);
     virtual_time(vms, qpv);

@@ -133,6 +133,8 @@ struct Hqd {
     held_cus: u32,
     poll_armed: bool,
     idle_reported: bool,
+    /// Dequeue requested: mode and request time.
+    unmap_req: Option<(DequeueMode, Nanos)>,
 }
 
 impl Hqd {
@@ -304,6 +306,7 @@ impl SimGpu {
         if matches!(q.state, HState::Error(_)) {
             return;
         }
+        let was_unmapping = matches!(q.state, HState::Unmapping { .. });
         log::warn!("queue tag {} slot {} error: {}", q.tag, slot, reason);
         // Kill its in-flight workgroups; free their CUs.
         let mut freed = 0;
@@ -328,7 +331,10 @@ impl SimGpu {
             reason,
             at: now,
         });
-        if freed > 0 {
+        if was_unmapping {
+            // The dequeue completes at once; the queue's state is lost.
+            self.finish_unmap(slot);
+        } else if freed > 0 {
             self.dispatch(p as u32);
         }
     }
@@ -596,10 +602,7 @@ impl SimGpu {
             return;
         };
         self.parts[p].free_cus += q.held_cus;
-        let (mode, since) = match q.state {
-            HState::Unmapping { mode, since } => (mode, since),
-            _ => (DequeueMode::DrainPipe, now),
-        };
+        let (mode, since) = q.unmap_req.unwrap_or((DequeueMode::DrainPipe, now));
         if mode == DequeueMode::DrainPipe && !matches!(q.state, HState::Error(_)) {
             // Partially dispatched packets are kept as control records.
             let res = cwsr::write_save(&mut q, &self.topo);
@@ -961,6 +964,7 @@ impl PhysGpu for SimGpu {
             held_cus: 0,
             poll_armed: false,
             idle_reported: false,
+            unmap_req: None,
         };
         q.mqd.dw[mqd::CP_HQD_ACTIVE] = 1;
         q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = 0;
@@ -1024,7 +1028,7 @@ impl PhysGpu for SimGpu {
         match q.state {
             HState::Unmapping { .. } => return Err(GpuError::AlreadyUnmapping(slot)),
             HState::Error(_) => {
-                q.state = HState::Unmapping { mode, since: now };
+                q.unmap_req = Some((mode, now));
                 q.active.clear();
                 q.resume.clear();
                 // Keep has_work false for errored queues.
@@ -1036,6 +1040,7 @@ impl PhysGpu for SimGpu {
         }
         q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = mode as u32;
         q.state = HState::Unmapping { mode, since: now };
+        q.unmap_req = Some((mode, now));
         let gen = q.gen;
         let p = self.slot_part[s as usize] as usize;
         match mode {

@@ -197,7 +197,7 @@ fn run_ops(topo: GpuTopology, seed: u64, ops: &[Op]) -> World {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Any interleaving of map / SaveWaves / remap on other slots: every mark
     /// counter is exactly 1 and every functional result is correct.
@@ -733,4 +733,77 @@ fn exactly_once_many_save_cycles() {
         "{st:?}"
     );
     assert_eq!(st.duplicate_effects, 0);
+}
+
+#[derive(Clone, Debug)]
+enum Op2 {
+    Map(usize, u32),
+    Unmap(usize, u8),
+    Wait(u64),
+}
+
+fn op2() -> impl Strategy<Value = Op2> {
+    prop_oneof![
+        (0..5usize, 0..4u32).prop_map(|(q, s)| Op2::Map(q, s)),
+        (0..5usize, 1..4u8).prop_map(|(q, m)| Op2::Unmap(q, m)),
+        (0..3000u64).prop_map(Op2::Wait),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random DrainPipe / ResetWaves / SaveWaves interleavings over Mark kernels:
+    /// every counter is >= 1, and the extra increments are exactly the
+    /// duplicates counted for ResetWaves (none without a reset).
+    #[test]
+    fn drain_reset_save_semantics(seed in any::<u64>(), ops in proptest::collection::vec(op2(), 1..60)) {
+        let mut w = World::new(GpuTopology::tiny(), seed, 5);
+        for q in 0..5 {
+            for k in 0..3u32 {
+                w.submit(q, KernelKind::Mark, 2 + k + q as u32, 400 + 250 * k as u64, k + 1);
+            }
+        }
+        let mut resets = 0;
+        for o in &ops {
+            match *o {
+                Op2::Map(q, s) => {
+                    w.map(q, s);
+                }
+                Op2::Unmap(q, m) => {
+                    if let (Some(s), false) = (w.slot_of[q], w.unmapping[q]) {
+                        w.unmapping[q] = true;
+                        let mode = DequeueMode::from_u32(m as u32).unwrap();
+                        resets += (mode == DequeueMode::ResetWaves) as u32;
+                        w.gpu.unmap(w.now, SlotId(s), mode).unwrap();
+                    }
+                }
+                Op2::Wait(dt) => {
+                    let t = w.now + dt;
+                    w.advance(t);
+                }
+            }
+        }
+        w.finish();
+        prop_assert!(w.errors.is_empty(), "{:?}", w.errors);
+        let mut extra = 0u64;
+        for q in &w.qs {
+            for c in &q.checks {
+                let Check::U32s { addr, expect } = c else { unreachable!() };
+                for i in 0..expect.len() as u64 {
+                    let v = w.vm.mem.read_u32(addr + 4 * i).unwrap();
+                    prop_assert!(v >= 1, "lost effect");
+                    extra += v as u64 - 1;
+                }
+            }
+        }
+        let st = w.gpu.stats();
+        prop_assert_eq!(extra, st.duplicate_effects);
+        if resets == 0 {
+            prop_assert_eq!(extra, 0);
+            for q in &w.qs {
+                prop_assert!(w.vm.verify(q).is_ok());
+            }
+        }
+    }
 }

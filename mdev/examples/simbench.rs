@@ -3,7 +3,7 @@
 //! `cargo run --release -p hqdmux-mdev --example simbench [vms] [queues_per_vm]`
 //!
 //! 1. Virtual time: MI300X topology (SPX, 304 CUs, 24 user slots), `vms` x
-//!    `queues_per_vm` queues (default 64 x 16) of Mark kernels, a 1 ms
+//!    `queues_per_vm` queues (default 64 x 16) of 32 Mark/Spin kernels, a 1 ms
 //!    round-robin time slice that preempts every mapped queue with SaveWaves and
 //!    maps the next ones. Prints simulated workgroups per host second and checks
 //!    every mark counter is exactly 1.
@@ -35,7 +35,7 @@ fn virtual_time(vms: usize, qpv: usize) {
     let per_q = topo.ctx_save_bytes_per_xcc() as usize * topo.xccs_per_partition() as usize;
     let mut vmv: Vec<TestVm> = Vec::new();
     let mut qs: Vec<(usize, GuestQueue)> = Vec::new();
-    let kernels = 8u32;
+    let kernels = 32u32;
     let groups = 64u32;
     for v in 0..vms {
         let mut vm = TestVm::new(qpv * (per_q + (1 << 20)) + (8 << 20));

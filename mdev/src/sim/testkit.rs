@@ -55,7 +55,7 @@ pub struct GuestQueue {
 /// A VM's memory with a bump allocator.
 pub struct TestVm {
     /// Memory.
-    pub mem: Arc<VecMemory>,
+    pub mem: Arc<dyn DmaMemory>,
     next: u64,
 }
 
@@ -66,6 +66,10 @@ impl TestVm {
             mem: Arc::new(VecMemory::new(size)),
             next: 0x1000,
         }
+    }
+    /// Use existing memory (e.g. a `GuestMemoryMmap`); allocation starts at `start`.
+    pub fn with_memory(mem: Arc<dyn DmaMemory>, start: u64) -> Self {
+        TestVm { mem, next: start }
     }
     /// Allocate `size` bytes aligned to `align` (power of two).
     pub fn alloc(&mut self, size: u64, align: u64) -> u64 {

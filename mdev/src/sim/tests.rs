@@ -807,3 +807,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn runs_on_guest_memory_mmap() {
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+    let topo = GpuTopology::tiny();
+    let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 16 << 20)]).unwrap();
+    let mut vm = TestVm::with_memory(Arc::new(gm), 1 << 20);
+    let mut q = vm.queue(&topo, 64, 5);
+    vm.kernel(&mut q, KernelKind::VecAdd, 8, 16, 1000, 3, false);
+    vm.kernel(&mut q, KernelKind::Mark, 8, 1, 1000, 0, true);
+    let mut gpu = SimGpu::new(topo, 0).unwrap();
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    gpu.unmap(500, SlotId(0), DequeueMode::SaveWaves).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 500, u64::MAX, &mut ev);
+    q.mqd = unmapped(&ev).unwrap().0;
+    gpu.map(50_000, map_req(&vm, &q, 2, 0)).unwrap();
+    run_virtual(&mut gpu, 50_000, u64::MAX, &mut ev);
+    vm.verify(&q).unwrap();
+    assert_eq!(vm.read_index(&q), 2);
+}

@@ -22,11 +22,11 @@
 //!
 //! | kind | layout | effect of workgroup i |
 //! |---|---|---|
-//! | Fill | dst u64 @0, n u32 @8, value u32 @12 | dst[k] = value |
-//! | VecAdd | a u64 @0, b u64 @8, c u64 @16, n u32 @24 | c[k] = a[k] + b[k] |
-//! | Saxpy | x u64 @0, y u64 @8, n u32 @16, a u32 @20 | y[k] = a*x[k] + y[k] (in place: not idempotent) |
-//! | Checksum | src u64 @0, out u64 @8, n u32 @16 | *out (u64) += sum src[k] (atomic add: not idempotent) |
-//! | Mark | counters u64 @0, n u32 @8 | if i < n: counters[i] (u32) += 1 — the exactly-once probe |
+//! | Fill | dst u64 @0, n u32 @8, value u32 @12 | `dst[k] = value` |
+//! | VecAdd | a u64 @0, b u64 @8, c u64 @16, n u32 @24 | `c[k] = a[k] + b[k]` |
+//! | Saxpy | x u64 @0, y u64 @8, n u32 @16, a u32 @20 | `y[k] = a*x[k] + y[k]` (in place: not idempotent) |
+//! | Checksum | src u64 @0, out u64 @8, n u32 @16 | `*out += sum(src[k])`, u64 (atomic add: not idempotent) |
+//! | Mark | counters u64 @0, n u32 @8 | `if i < n { counters[i] += 1 }`, u32 — the exactly-once probe |
 //! | Spin | ns u64 @0 | none; the workgroup takes `ns` (0: the descriptor cost) |
 
 use crate::le::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
@@ -52,7 +52,7 @@ pub enum KernelKind {
     Saxpy = 3,
     /// Sum reduction into a u64.
     Checksum = 4,
-    /// Increment counter[workgroup].
+    /// Increment `counter[workgroup]`.
     Mark = 5,
     /// Only take time.
     Spin = 6,
@@ -148,7 +148,7 @@ impl KernelDescriptor {
 /// Kernel arguments of the built-in kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernarg {
-    /// dst[k] = value.
+    /// `dst[k] = value`.
     Fill {
         /// u32 array.
         dst: u64,
@@ -188,7 +188,7 @@ pub enum Kernarg {
         /// Elements.
         n: u32,
     },
-    /// counters[i] += 1.
+    /// `counters[i] += 1`.
     Mark {
         /// u32 counters, one per workgroup.
         counters: u64,

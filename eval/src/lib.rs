@@ -1,1 +1,5 @@
-//! Evaluation harness.
+//! Virtual-time evaluation harness: scenarios (data) x scheduling policies,
+//! run over the simulated GPU, reported as JSON or a table.
+
+pub mod report;
+pub mod scenario;

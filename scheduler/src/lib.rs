@@ -1,1 +1,318 @@
-//! Sans-IO scheduler core (see docs/scheduling.md).
+//! Sans-IO scheduler core: which virtual MQD (a guest's queue) holds which
+//! physical HQD slot, and when one is preempted. See `docs/scheduling.md`.
+//!
+//! The [`Scheduler`] is a pure state machine. The caller feeds it
+//! [`Event`]s (doorbells, idle queues, finished dequeues, queue errors, timer
+//! ticks), each stamped with the caller's clock, and drains [`Action`]s with
+//! [`Scheduler::poll_action`]: map a queue to a slot, unmap a slot with a
+//! dequeue mode, arm the (single) timer. There are no threads, clocks or
+//! devices inside; the same engine runs under the real-time VMM and the
+//! virtual-time evaluation harness.
+//!
+//! Control operations (add/remove VMs and queues, priority, weight and policy
+//! changes) only change state; they take effect at the next event, which a
+//! caller that wants them applied at once provides as an [`Event::Tick`].
+
+mod engine;
+#[cfg(test)]
+mod tests;
+
+pub use engine::Scheduler;
+
+use serde::Deserialize;
+
+/// Nanoseconds on the caller's clock.
+pub type Nanos = u64;
+
+/// A VM (tenant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VmId(pub u32);
+
+/// A virtual queue (vMQD), unique across VMs; chosen by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueId(pub u64);
+
+/// A physical HQD slot: index into the slot list given to [`Scheduler::new`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId(pub u32);
+
+/// Where a physical slot is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotDesc {
+    /// Partition (queues of one partition share its CUs).
+    pub partition: u32,
+    /// MEC pipe.
+    pub pipe: u32,
+    /// Queue within the pipe.
+    pub queue: u32,
+}
+
+/// Scheduling policy. `Hqdmux` is the product; the others are baselines
+/// (docs/scheduling.md, design.md §5) run by the same engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Priority levels, CWSR preemption at once, weighted time slices among
+    /// equals, aging.
+    Hqdmux,
+    /// HWS-like: no priorities, busy queues co-run, round robin with CWSR when
+    /// there are more busy queues than slots.
+    Fifo,
+    /// The seed design: queues are mapped when slots are free; priority
+    /// inversions are found and fixed (CWSR) by a poll every `poll_ns`.
+    Poll5ms,
+    /// vGPU-like: exclusive fixed equal slices, round robin over busy VMs,
+    /// priorities and weights ignored.
+    Timeslice,
+    /// REEF-like: as `Hqdmux`, but preemption kills in-flight waves
+    /// (RESET_WAVES) and the interrupted kernels are re-run.
+    Reset,
+}
+
+impl Policy {
+    /// Every policy, in report order.
+    pub const ALL: [Policy; 5] = [
+        Policy::Hqdmux,
+        Policy::Fifo,
+        Policy::Poll5ms,
+        Policy::Timeslice,
+        Policy::Reset,
+    ];
+
+    /// Name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Hqdmux => "hqdmux",
+            Policy::Fifo => "fifo",
+            Policy::Poll5ms => "poll5ms",
+            Policy::Timeslice => "timeslice",
+            Policy::Reset => "reset",
+        }
+    }
+
+    /// Parses a policy name.
+    pub fn from_name(s: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// Does the policy order queues by priority?
+    pub fn uses_priority(self) -> bool {
+        matches!(self, Policy::Hqdmux | Policy::Poll5ms | Policy::Reset)
+    }
+}
+
+/// How a slot is unloaded (maps to the HQD dequeue request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnmapMode {
+    /// DRAIN_PIPE: let in-flight work finish (used for idle queues).
+    Drain,
+    /// SAVE_WAVES: CWSR, resume exactly later.
+    Save,
+    /// RESET_WAVES: kill in-flight waves; interrupted kernels re-run.
+    Reset,
+}
+
+/// Per-VM scheduling parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmParams {
+    /// 0..=15, higher wins.
+    pub priority: u8,
+    /// Share among VMs of equal priority (>= 1).
+    pub weight: u32,
+    /// Partition the VM is pinned to; `None`: the least loaded at `add_vm`.
+    pub partition: Option<u32>,
+}
+
+impl Default for VmParams {
+    fn default() -> Self {
+        VmParams {
+            priority: 0,
+            weight: 1,
+            partition: None,
+        }
+    }
+}
+
+/// Engine tunables. Every time is in ns.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedConfig {
+    /// Policy.
+    pub policy: Policy,
+    /// `true` (default): while queues of a higher level are busy in a
+    /// partition, lower-level queues do not co-run on its CUs (they are
+    /// preempted). `false`: lower levels fill slots the higher level leaves.
+    pub exclusive: bool,
+    /// Time slice among VMs of equal level, indexed by VM priority.
+    pub quantum_ns: [u64; 16],
+    /// Quantum of the `timeslice` baseline and of `fifo`'s round robin.
+    pub baseline_quantum_ns: u64,
+    /// A VM holding a partition is not preempted (by anyone) before it held it
+    /// this long: bounds thrashing.
+    pub min_run_ns: u64,
+    /// A ready queue waiting this long is boosted above every priority for one
+    /// slice (starvation bound).
+    pub aging_ns: u64,
+    /// A mapped queue idle this long gives its slot back (DRAIN).
+    pub idle_unmap_ns: u64,
+    /// Poll period of the `poll5ms` baseline.
+    pub poll_ns: u64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            policy: Policy::Hqdmux,
+            exclusive: true,
+            quantum_ns: [10_000_000; 16],
+            baseline_quantum_ns: 10_000_000,
+            min_run_ns: 500_000,
+            aging_ns: 500_000_000,
+            idle_unmap_ns: 2_000_000,
+            poll_ns: 5_000_000,
+        }
+    }
+}
+
+/// Something that happened, at the caller's time `now` (never decreasing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The guest rang the queue's doorbell (its write pointer moved).
+    Doorbell {
+        /// Queue.
+        queue: QueueId,
+        /// Time.
+        now: Nanos,
+    },
+    /// A mapped queue ran dry (read == write, nothing in flight).
+    QueueIdle {
+        /// Queue.
+        queue: QueueId,
+        /// Time.
+        now: Nanos,
+    },
+    /// A dequeue requested by [`Action::Unmap`] finished; the slot is free.
+    Unmapped {
+        /// Queue.
+        queue: QueueId,
+        /// The queue still has work (saved waves or unread packets).
+        has_work: bool,
+        /// Modelled/measured dequeue time (accounted to the queue's VM).
+        save_ns: Nanos,
+        /// Time.
+        now: Nanos,
+    },
+    /// The queue stopped on bad input; it keeps its slot until unmapped.
+    QueueError {
+        /// Queue.
+        queue: QueueId,
+        /// Time.
+        now: Nanos,
+    },
+    /// The timer fired (or the caller wants control changes applied now).
+    Tick {
+        /// Time.
+        now: Nanos,
+    },
+}
+
+impl Event {
+    /// Event time.
+    pub fn now(&self) -> Nanos {
+        match *self {
+            Event::Doorbell { now, .. }
+            | Event::QueueIdle { now, .. }
+            | Event::Unmapped { now, .. }
+            | Event::QueueError { now, .. }
+            | Event::Tick { now } => now,
+        }
+    }
+}
+
+/// What the caller must do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Load the queue's MQD into the slot.
+    Map {
+        /// Queue.
+        queue: QueueId,
+        /// Free slot.
+        slot: SlotId,
+    },
+    /// Dequeue the slot; report [`Event::Unmapped`] when done.
+    Unmap {
+        /// Queue.
+        queue: QueueId,
+        /// Its slot.
+        slot: SlotId,
+        /// Dequeue mode.
+        mode: UnmapMode,
+    },
+    /// Deliver [`Event::Tick`] at (or after) `at`; replaces any earlier timer.
+    ArmTimer {
+        /// Deadline.
+        at: Nanos,
+    },
+}
+
+/// Life cycle of a virtual queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QueueState {
+    /// Unmapped, nothing to do.
+    Idle,
+    /// Unmapped with work (no saved waves), waiting for a slot.
+    Ready,
+    /// Unmapped with CWSR state (saved waves) and work, waiting for a slot.
+    Saved,
+    /// Mapped and busy.
+    Running,
+    /// Mapped, ring empty (kept for `idle_unmap_ns`).
+    MappedIdle,
+    /// Dequeue requested, not finished; still holds its slot.
+    Preempting,
+    /// Stopped on bad input; ignores doorbells until removed.
+    Error,
+}
+
+/// Per-VM accounting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmStats {
+    /// GPU time charged: time with at least one queue running or being
+    /// dequeued (includes its own CWSR save and restore).
+    pub gpu_ns: Nanos,
+    /// Dequeues of its queues that interrupted work (SAVE or RESET).
+    pub preemptions: u64,
+    /// Dequeue time of its queues.
+    pub save_ns: Nanos,
+    /// Maps of its queues.
+    pub maps: u64,
+}
+
+/// Bad control operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchedError {
+    /// VM id already used.
+    #[error("vm {0:?} already exists")]
+    DuplicateVm(VmId),
+    /// No such VM.
+    #[error("no vm {0:?}")]
+    NoVm(VmId),
+    /// Queue id already used.
+    #[error("queue {0:?} already exists")]
+    DuplicateQueue(QueueId),
+    /// No such queue.
+    #[error("no queue {0:?}")]
+    NoQueue(QueueId),
+    /// Priority out of 0..=15.
+    #[error("priority {0} is out of range 0..=15")]
+    Priority(u8),
+    /// Weight 0.
+    #[error("weight must be at least 1")]
+    Weight,
+    /// Partition out of range.
+    #[error("partition {0} does not exist ({1} partitions)")]
+    Partition(u32, u32),
+    /// The slot list is empty.
+    #[error("no HQD slots")]
+    NoSlots,
+}

@@ -1,0 +1,1119 @@
+//! The scheduling engine (policy in docs/scheduling.md).
+
+use crate::*;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+/// Key of a boosted (aged) queue: above every priority level.
+const BOOST: u16 = 0x1000;
+/// Fixed-point scale of virtual time (ns x SCALE / weight).
+const SCALE: u128 = 1 << 16;
+
+/// Why a queue is being dequeued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reason {
+    /// Preempted with work left.
+    Preempt(UnmapMode),
+    /// Idle queue gives its slot back.
+    Evict,
+    /// Queue error: the slot is reclaimed, the queue stays in error.
+    Error,
+    /// Queue removed by the operator.
+    Remove,
+}
+
+#[derive(Clone, Debug)]
+struct Queue {
+    vm: VmId,
+    prio: u8,
+    state: QueueState,
+    /// Entered the current state (ready since / mapped since / idle since).
+    since: Nanos,
+    slot: Option<SlotId>,
+    /// Key under which the queue is indexed (valid while indexed).
+    key: u16,
+    boosted: bool,
+    doorbell_while_unmapping: bool,
+    reason: Option<Reason>,
+    errored: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Vm {
+    params: VmParams,
+    partition: u32,
+    queues: BTreeSet<QueueId>,
+    stats: VmStats,
+    /// Queues Running or Preempting.
+    active: u32,
+    active_since: Nanos,
+    /// Queues Ready, Saved, Running or Preempting.
+    busy: u32,
+    /// Weighted GPU time (ns x SCALE / weight).
+    vtime: u128,
+    removed: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Owner {
+    vm: VmId,
+    level: u16,
+    since: Nanos,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Partition {
+    /// Free slots per pipe (pipe order of the slot list).
+    free: Vec<BTreeSet<SlotId>>,
+    nfree: usize,
+    next_pipe: usize,
+    /// Ready/Saved queues, highest key first, then oldest.
+    ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
+    /// Ready/Saved queues that are not boosted, oldest first (aging).
+    waiting: BTreeSet<(Nanos, QueueId)>,
+    /// Running queues, lowest key first, then longest mapped.
+    running: BTreeSet<(u16, Nanos, QueueId)>,
+    /// MappedIdle queues, oldest first.
+    idle_mapped: BTreeSet<(Nanos, QueueId)>,
+    /// Busy (Ready/Saved/Running) queue counts per key per VM.
+    busy: BTreeMap<u16, BTreeMap<VmId, u32>>,
+    /// Queues being dequeued (their slots free soon).
+    freeing: usize,
+    /// VM holding the partition's exclusive slice.
+    owner: Option<Owner>,
+    vms: usize,
+}
+
+impl Partition {
+    fn top(&self) -> Option<u16> {
+        self.busy.keys().next_back().copied()
+    }
+    fn alloc(&mut self) -> Option<SlotId> {
+        let n = self.free.len();
+        for i in 0..n {
+            let pipe = (self.next_pipe + i) % n;
+            if let Some(s) = self.free[pipe].pop_first() {
+                self.next_pipe = (pipe + 1) % n;
+                self.nfree -= 1;
+                return Some(s);
+            }
+        }
+        None
+    }
+}
+
+/// Engine counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Events handled.
+    pub events: u64,
+    /// Map actions.
+    pub maps: u64,
+    /// Unmaps that interrupted work.
+    pub preemptions: u64,
+    /// Idle queues that gave their slot back.
+    pub evictions: u64,
+    /// Queues boosted by aging.
+    pub boosts: u64,
+    /// Events for unknown queues or in impossible states (ignored).
+    pub stray_events: u64,
+}
+
+/// The scheduler. See the crate docs.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedConfig,
+    slots: Vec<SlotDesc>,
+    slot_pipe: Vec<usize>,
+    slot_owner: Vec<Option<QueueId>>,
+    parts: Vec<Partition>,
+    queues: HashMap<QueueId, Queue>,
+    vms: BTreeMap<VmId, Vm>,
+    actions: VecDeque<Action>,
+    armed: Option<Nanos>,
+    next_poll: Nanos,
+    now: Nanos,
+    stats: EngineStats,
+}
+
+impl Scheduler {
+    /// A scheduler over `slots` (`SlotId(i)` is `slots[i]`). Partitions are
+    /// numbered 0..=max partition of the slots.
+    pub fn new(cfg: SchedConfig, slots: Vec<SlotDesc>) -> Result<Self, SchedError> {
+        if slots.is_empty() {
+            return Err(SchedError::NoSlots);
+        }
+        let nparts = slots.iter().map(|s| s.partition).max().unwrap_or(0) as usize + 1;
+        let mut parts = vec![Partition::default(); nparts];
+        let mut pipes: Vec<Vec<u32>> = vec![Vec::new(); nparts];
+        for s in &slots {
+            let p = &mut pipes[s.partition as usize];
+            if !p.contains(&s.pipe) {
+                p.push(s.pipe);
+            }
+        }
+        let mut slot_pipe = Vec::with_capacity(slots.len());
+        for (p, pp) in parts.iter_mut().zip(&pipes) {
+            p.free = vec![BTreeSet::new(); pp.len()];
+        }
+        for (i, s) in slots.iter().enumerate() {
+            let pi = pipes[s.partition as usize]
+                .iter()
+                .position(|&x| x == s.pipe)
+                .unwrap_or(0);
+            slot_pipe.push(pi);
+            let part = &mut parts[s.partition as usize];
+            part.free[pi].insert(SlotId(i as u32));
+            part.nfree += 1;
+        }
+        Ok(Scheduler {
+            cfg,
+            slot_owner: vec![None; slots.len()],
+            slots,
+            slot_pipe,
+            parts,
+            queues: HashMap::new(),
+            vms: BTreeMap::new(),
+            actions: VecDeque::new(),
+            armed: None,
+            next_poll: 0,
+            now: 0,
+            stats: EngineStats::default(),
+        })
+    }
+
+    /// Current configuration.
+    pub fn config(&self) -> &SchedConfig {
+        &self.cfg
+    }
+
+    /// Number of partitions.
+    pub fn partitions(&self) -> u32 {
+        self.parts.len() as u32
+    }
+
+    /// The slot list.
+    pub fn slots(&self) -> &[SlotDesc] {
+        &self.slots
+    }
+
+    /// Engine counters.
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    // ---- control -------------------------------------------------------
+
+    /// Adds a VM; returns its partition.
+    pub fn add_vm(&mut self, vm: VmId, params: VmParams) -> Result<u32, SchedError> {
+        if self.vms.contains_key(&vm) {
+            return Err(SchedError::DuplicateVm(vm));
+        }
+        check_params(&params, self.partitions())?;
+        let partition = params.partition.unwrap_or_else(|| {
+            (0..self.parts.len())
+                .min_by_key(|&i| (self.parts[i].vms, i))
+                .unwrap_or(0) as u32
+        });
+        self.parts[partition as usize].vms += 1;
+        self.vms.insert(
+            vm,
+            Vm {
+                params,
+                partition,
+                queues: BTreeSet::new(),
+                stats: VmStats::default(),
+                active: 0,
+                active_since: 0,
+                busy: 0,
+                vtime: 0,
+                removed: false,
+            },
+        );
+        Ok(partition)
+    }
+
+    /// Removes a VM and all its queues (mapped ones are reset-unmapped; the
+    /// VM is gone once they are).
+    pub fn remove_vm(&mut self, vm: VmId) -> Result<(), SchedError> {
+        let v = self.vms.get_mut(&vm).ok_or(SchedError::NoVm(vm))?;
+        v.removed = true;
+        let qs: Vec<QueueId> = v.queues.iter().copied().collect();
+        for q in qs {
+            self.remove_queue(q)?;
+        }
+        self.drop_vm_if_done(vm);
+        Ok(())
+    }
+
+    /// Adds an idle queue of `vm` with queue priority `prio` (0..=15, KFD's
+    /// queue priority; ranks queues within the VM's level).
+    pub fn add_queue(&mut self, vm: VmId, queue: QueueId, prio: u8) -> Result<(), SchedError> {
+        if prio > 15 {
+            return Err(SchedError::Priority(prio));
+        }
+        if self.queues.contains_key(&queue) {
+            return Err(SchedError::DuplicateQueue(queue));
+        }
+        let v = self
+            .vms
+            .get_mut(&vm)
+            .filter(|v| !v.removed)
+            .ok_or(SchedError::NoVm(vm))?;
+        v.queues.insert(queue);
+        self.queues.insert(
+            queue,
+            Queue {
+                vm,
+                prio,
+                state: QueueState::Idle,
+                since: self.now,
+                slot: None,
+                key: 0,
+                boosted: false,
+                doorbell_while_unmapping: false,
+                reason: None,
+                errored: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes a queue. A mapped queue is first dequeued (RESET_WAVES: its
+    /// work is abandoned); it disappears at its `Unmapped` event.
+    pub fn remove_queue(&mut self, queue: QueueId) -> Result<(), SchedError> {
+        let q = self.queues.get(&queue).ok_or(SchedError::NoQueue(queue))?;
+        match q.state {
+            QueueState::Running | QueueState::MappedIdle => {
+                self.unmap(queue, UnmapMode::Reset, Reason::Remove);
+            }
+            QueueState::Preempting => {
+                self.queues.get_mut(&queue).unwrap().reason = Some(Reason::Remove);
+            }
+            _ => self.forget_queue(queue),
+        }
+        Ok(())
+    }
+
+    /// Changes a VM's priority (applies at the next event).
+    pub fn set_vm_priority(&mut self, vm: VmId, priority: u8) -> Result<(), SchedError> {
+        if priority > 15 {
+            return Err(SchedError::Priority(priority));
+        }
+        self.rekey_vm(vm, |v| v.params.priority = priority)
+    }
+
+    /// Changes a VM's weight (applies at the next event).
+    pub fn set_vm_weight(&mut self, vm: VmId, weight: u32) -> Result<(), SchedError> {
+        if weight == 0 {
+            return Err(SchedError::Weight);
+        }
+        let now = self.now;
+        let v = self.vms.get_mut(&vm).ok_or(SchedError::NoVm(vm))?;
+        if v.active > 0 {
+            charge(v, now, self.cfg.policy);
+        }
+        v.params.weight = weight;
+        Ok(())
+    }
+
+    /// Changes the policy (applies at the next event; mapped queues stay
+    /// mapped until the new policy decides otherwise).
+    pub fn set_policy(&mut self, policy: Policy) {
+        let ids: Vec<QueueId> = self.sorted_queue_ids();
+        for &q in &ids {
+            self.unindex(q);
+        }
+        self.cfg.policy = policy;
+        for p in &mut self.parts {
+            p.owner = None;
+        }
+        for &q in &ids {
+            self.index(q);
+        }
+    }
+
+    /// Replaces the tunables other than the policy (applies at the next event).
+    pub fn set_config(&mut self, cfg: SchedConfig) {
+        let policy = cfg.policy;
+        self.cfg = SchedConfig {
+            policy: self.cfg.policy,
+            ..cfg
+        };
+        if policy != self.cfg.policy {
+            self.set_policy(policy);
+        }
+    }
+
+    // ---- queries -------------------------------------------------------
+
+    /// State and slot of a queue.
+    pub fn queue_state(&self, queue: QueueId) -> Option<(QueueState, Option<SlotId>)> {
+        self.queues.get(&queue).map(|q| {
+            let st = if q.errored {
+                QueueState::Error
+            } else {
+                q.state
+            };
+            (st, q.slot)
+        })
+    }
+
+    /// Accounting of a VM (GPU time up to the last event).
+    pub fn vm_stats(&self, vm: VmId) -> Option<VmStats> {
+        self.vms.get(&vm).map(|v| {
+            let mut s = v.stats;
+            if v.active > 0 {
+                s.gpu_ns += self.now.saturating_sub(v.active_since);
+            }
+            s
+        })
+    }
+
+    /// Partition a VM is pinned to.
+    pub fn vm_partition(&self, vm: VmId) -> Option<u32> {
+        self.vms.get(&vm).map(|v| v.partition)
+    }
+
+    /// Queue holding a slot.
+    pub fn slot_owner(&self, slot: SlotId) -> Option<QueueId> {
+        self.slot_owner.get(slot.0 as usize).copied().flatten()
+    }
+
+    /// Effective level of a queue under the current policy (higher runs first).
+    pub fn queue_level(&self, queue: QueueId) -> Option<u16> {
+        self.queues.get(&queue).map(|q| self.key_of(q))
+    }
+
+    /// Next action for the caller.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    // ---- events --------------------------------------------------------
+
+    /// Handles one event and queues the resulting actions.
+    pub fn handle(&mut self, ev: Event) {
+        let now = ev.now().max(self.now);
+        self.now = now;
+        self.stats.events += 1;
+        let mut part = None;
+        match ev {
+            Event::Doorbell { queue, .. } => {
+                if let Some(q) = self.queues.get_mut(&queue) {
+                    part = Some(queue);
+                    match q.state {
+                        QueueState::Idle if !q.errored => self.set_state(queue, QueueState::Ready),
+                        QueueState::MappedIdle => self.set_state(queue, QueueState::Running),
+                        QueueState::Preempting => q.doorbell_while_unmapping = true,
+                        _ => {}
+                    }
+                } else {
+                    self.stats.stray_events += 1;
+                }
+            }
+            Event::QueueIdle { queue, .. } => match self.queues.get_mut(&queue) {
+                Some(q) if q.state == QueueState::Running => {
+                    q.boosted = false;
+                    part = Some(queue);
+                    self.set_state(queue, QueueState::MappedIdle);
+                }
+                Some(_) => {}
+                None => self.stats.stray_events += 1,
+            },
+            Event::Unmapped {
+                queue,
+                has_work,
+                save_ns,
+                ..
+            } => match self.queues.get(&queue) {
+                Some(q) if q.state == QueueState::Preempting => {
+                    part = Some(queue);
+                    self.finish_unmap(queue, has_work, save_ns);
+                }
+                _ => self.stats.stray_events += 1,
+            },
+            Event::QueueError { queue, .. } => match self.queues.get_mut(&queue) {
+                Some(q) => {
+                    part = Some(queue);
+                    q.errored = true;
+                    match q.state {
+                        QueueState::Running | QueueState::MappedIdle => {
+                            self.unmap(queue, UnmapMode::Reset, Reason::Error)
+                        }
+                        QueueState::Preempting => {
+                            if q.reason != Some(Reason::Remove) {
+                                q.reason = Some(Reason::Error);
+                            }
+                        }
+                        _ => self.set_state(queue, QueueState::Error),
+                    }
+                }
+                None => self.stats.stray_events += 1,
+            },
+            Event::Tick { .. } => {}
+        }
+        let poll = self.cfg.policy == Policy::Poll5ms && now >= self.next_poll;
+        if poll {
+            self.next_poll = now + self.cfg.poll_ns.max(1);
+        }
+        match part.and_then(|q| self.partition_of(q)) {
+            Some(p) if !matches!(ev, Event::Tick { .. }) && !poll => self.decide(p, poll),
+            _ => {
+                for p in 0..self.parts.len() {
+                    self.decide(p, poll);
+                }
+            }
+        }
+        self.arm_timer();
+    }
+
+    // ---- decisions -----------------------------------------------------
+
+    fn decide(&mut self, p: usize, poll: bool) {
+        let now = self.now;
+        // Idle queues give their slots back after the hysteresis.
+        while let Some(&(since, q)) = self.parts[p].idle_mapped.first() {
+            if since + self.cfg.idle_unmap_ns > now {
+                break;
+            }
+            self.evict(q);
+        }
+        if self.cfg.policy.uses_priority() {
+            // Aging: a queue waiting too long is boosted for one short slice.
+            while let Some(&(since, q)) = self.parts[p].waiting.first() {
+                if since + self.cfg.aging_ns > now {
+                    break;
+                }
+                self.stats.boosts += 1;
+                self.rekey(q, |q| q.boosted = true);
+            }
+            // A boosted queue that had its slice drops back to its level.
+            let boosted: Vec<QueueId> = self.parts[p]
+                .running
+                .iter()
+                .rev()
+                .take_while(|(k, since, _)| *k == BOOST && since + self.cfg.min_run_ns <= now)
+                .map(|e| e.2)
+                .collect();
+            for q in boosted {
+                self.rekey(q, |q| q.boosted = false);
+            }
+        }
+        match self.cfg.policy {
+            Policy::Hqdmux | Policy::Reset if self.cfg.exclusive => self.decide_exclusive(p),
+            Policy::Timeslice => self.decide_exclusive(p),
+            Policy::Hqdmux | Policy::Reset => self.decide_shared(p, true, false),
+            Policy::Poll5ms => self.decide_shared(p, poll, true),
+            Policy::Fifo => self.decide_shared(p, false, false),
+        }
+    }
+
+    fn quantum(&self, level: u16) -> Nanos {
+        let q = match self.cfg.policy {
+            Policy::Timeslice | Policy::Fifo => self.cfg.baseline_quantum_ns,
+            _ if level >= BOOST => self.cfg.min_run_ns,
+            _ => self.cfg.quantum_ns[(level >> 4).min(15) as usize],
+        };
+        q.max(self.cfg.min_run_ns).max(1)
+    }
+
+    fn preempt_mode(&self) -> UnmapMode {
+        if self.cfg.policy == Policy::Reset {
+            UnmapMode::Reset
+        } else {
+            UnmapMode::Save
+        }
+    }
+
+    /// Exclusive slices: one VM at the top busy level holds the partition.
+    fn decide_exclusive(&mut self, p: usize) {
+        let now = self.now;
+        let Some(top) = self.parts[p].top() else {
+            self.parts[p].owner = None;
+            return;
+        };
+        let cands = &self.parts[p].busy[&top];
+        let owner = self.parts[p].owner;
+        let owner_active = owner.is_some_and(|o| self.vms.get(&o.vm).is_some_and(|v| v.active > 0));
+        let keep = match owner {
+            Some(o) if cands.contains_key(&o.vm) => {
+                // Same level (or its own level changed): slice until quantum
+                // expiry when others wait.
+                cands.len() == 1 || now < o.since + self.quantum(top)
+            }
+            Some(o) if o.level < top && owner_active && self.vm_busy_at(p, o.vm, o.level) => {
+                // Priority preemption, after the minimum run.
+                now < o.since + self.cfg.min_run_ns
+            }
+            _ => false,
+        };
+        let owner = if keep {
+            let mut o = owner.unwrap();
+            if cands.contains_key(&o.vm) {
+                o.level = top;
+            }
+            o
+        } else {
+            // Least weighted GPU time wins (stride scheduling); the current
+            // holder loses ties so equals alternate.
+            let pol = self.cfg.policy;
+            let prev = owner.map(|o| o.vm);
+            let vm = *cands
+                .keys()
+                .min_by_key(|v| (vtime_now(&self.vms[v], now, pol), Some(**v) == prev, **v))
+                .unwrap();
+            Owner {
+                vm,
+                level: top,
+                since: now,
+            }
+        };
+        self.parts[p].owner = Some(owner);
+        // Preempt every running queue that is not the owner's at its level.
+        let evict: Vec<QueueId> = self.parts[p]
+            .running
+            .iter()
+            .filter(|(k, _, q)| *k != owner.level || self.queues[q].vm != owner.vm)
+            .map(|e| e.2)
+            .collect();
+        let mode = self.preempt_mode();
+        for q in evict {
+            self.unmap(q, mode, Reason::Preempt(mode));
+        }
+        // Map the owner's waiting queues at its level.
+        let want: Vec<QueueId> = self.vms[&owner.vm]
+            .queues
+            .iter()
+            .copied()
+            .filter(|q| {
+                let q = &self.queues[q];
+                matches!(q.state, QueueState::Ready | QueueState::Saved) && q.key == owner.level
+            })
+            .collect();
+        let mut left = want.len();
+        for q in want {
+            if !self.place(p, q, left) {
+                break;
+            }
+            left -= 1;
+        }
+    }
+
+    /// Shared (co-running) mode: ready queues fill slots in key order. With
+    /// `preempt`, lower-level running queues make room for higher ones (and,
+    /// in exclusive mode, do not co-run with them). `only_top`: map only
+    /// queues of the top busy level.
+    fn decide_shared(&mut self, p: usize, preempt: bool, only_top: bool) {
+        let now = self.now;
+        let mode = self.preempt_mode();
+        let top = self.parts[p].top().unwrap_or(0);
+        if preempt && self.cfg.exclusive {
+            let low: Vec<QueueId> = self.parts[p]
+                .running
+                .iter()
+                .take_while(|(k, _, _)| *k < top)
+                .filter(|(_, since, _)| since + self.cfg.min_run_ns <= now)
+                .map(|e| e.2)
+                .collect();
+            for q in low {
+                self.unmap(q, mode, Reason::Preempt(mode));
+            }
+        }
+        let ready: Vec<(u16, QueueId)> = self.parts[p]
+            .ready
+            .iter()
+            .map(|(k, _, q)| (k.0, *q))
+            .take_while(|(k, _)| !only_top || *k >= top)
+            .collect();
+        let mut left = ready.len();
+        for (key, q) in ready {
+            if self.place(p, q, left) {
+                left -= 1;
+                continue;
+            }
+            if self.parts[p].freeing >= left {
+                break;
+            }
+            // No slot: take one from lower work (or, for fifo, round robin).
+            let fifo = self.cfg.policy == Policy::Fifo;
+            match self.parts[p].running.first().copied() {
+                Some((k, since, v)) if preempt && k < key && since + self.cfg.min_run_ns <= now => {
+                    self.unmap(v, mode, Reason::Preempt(mode));
+                }
+                Some((_, since, v)) if fifo && since + self.quantum(0) <= now => {
+                    self.unmap(v, mode, Reason::Preempt(mode));
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Maps `q` into a free slot of `p`; else asks an idle queue to give its
+    /// slot back (when fewer slots are on their way than `wanted`).
+    fn place(&mut self, p: usize, q: QueueId, wanted: usize) -> bool {
+        if let Some(slot) = self.parts[p].alloc() {
+            self.map(q, slot);
+            return true;
+        }
+        if self.parts[p].freeing < wanted {
+            if let Some(&(_, idle)) = self.parts[p].idle_mapped.first() {
+                self.evict(idle);
+            }
+        }
+        false
+    }
+
+    fn vm_busy_at(&self, p: usize, vm: VmId, level: u16) -> bool {
+        self.parts[p]
+            .busy
+            .get(&level)
+            .is_some_and(|m| m.contains_key(&vm))
+    }
+
+    fn arm_timer(&mut self) {
+        let now = self.now;
+        let mut at: Option<Nanos> = None;
+        let mut consider = |t: Nanos| at = Some(at.map_or(t, |a: Nanos| a.min(t)));
+        let prio = self.cfg.policy.uses_priority();
+        let mut any_busy = false;
+        for p in &self.parts {
+            if let Some(&(since, _)) = p.idle_mapped.first() {
+                consider(since + self.cfg.idle_unmap_ns);
+            }
+            if prio {
+                if let Some(&(since, _)) = p.waiting.first() {
+                    consider(since + self.cfg.aging_ns);
+                }
+                if let Some(&(k, since, _)) = p.running.last() {
+                    if k == BOOST {
+                        consider(since + self.cfg.min_run_ns);
+                    }
+                }
+            }
+            let Some(top) = p.top() else { continue };
+            any_busy = true;
+            match self.cfg.policy {
+                Policy::Hqdmux | Policy::Reset | Policy::Timeslice
+                    if self.cfg.exclusive || self.cfg.policy == Policy::Timeslice =>
+                {
+                    if let Some(o) = p.owner {
+                        if o.level < top {
+                            consider(o.since + self.cfg.min_run_ns);
+                        } else if p.busy[&top].len() > 1 {
+                            consider(o.since + self.quantum(top));
+                        }
+                    }
+                }
+                Policy::Hqdmux | Policy::Reset => {
+                    if let Some(&(_, since, _)) = p.running.first() {
+                        if !p.ready.is_empty() {
+                            consider(since + self.cfg.min_run_ns);
+                        }
+                    }
+                }
+                Policy::Fifo => {
+                    if let (Some(&(_, since, _)), false) = (p.running.first(), p.ready.is_empty()) {
+                        consider(since + self.quantum(0));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if self.cfg.policy == Policy::Poll5ms && any_busy {
+            consider(self.next_poll);
+        }
+        if let Some(t) = at {
+            let t = t.max(now + 1);
+            if self.armed != Some(t) || self.armed.is_some_and(|a| a <= now) {
+                self.armed = Some(t);
+                self.actions.push_back(Action::ArmTimer { at: t });
+            }
+        }
+    }
+
+    // ---- state changes -------------------------------------------------
+
+    fn map(&mut self, q: QueueId, slot: SlotId) {
+        self.slot_owner[slot.0 as usize] = Some(q);
+        let qq = self.queues.get_mut(&q).unwrap();
+        qq.slot = Some(slot);
+        let vm = qq.vm;
+        self.set_state(q, QueueState::Running);
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.stats.maps += 1;
+        }
+        self.stats.maps += 1;
+        self.actions.push_back(Action::Map { queue: q, slot });
+    }
+
+    fn evict(&mut self, q: QueueId) {
+        self.stats.evictions += 1;
+        self.unmap(q, UnmapMode::Drain, Reason::Evict);
+    }
+
+    fn unmap(&mut self, q: QueueId, mode: UnmapMode, reason: Reason) {
+        let qq = self.queues.get_mut(&q).unwrap();
+        let slot = qq.slot.expect("unmap of an unmapped queue");
+        let interrupts = qq.state == QueueState::Running && matches!(reason, Reason::Preempt(_));
+        qq.reason = Some(reason);
+        qq.doorbell_while_unmapping = false;
+        let vm = qq.vm;
+        self.set_state(q, QueueState::Preempting);
+        if interrupts {
+            self.stats.preemptions += 1;
+            if let Some(v) = self.vms.get_mut(&vm) {
+                v.stats.preemptions += 1;
+            }
+        }
+        self.actions.push_back(Action::Unmap {
+            queue: q,
+            slot,
+            mode,
+        });
+    }
+
+    fn finish_unmap(&mut self, q: QueueId, has_work: bool, save_ns: Nanos) {
+        let qq = self.queues.get_mut(&q).unwrap();
+        let slot = qq.slot.take().unwrap();
+        let reason = qq.reason.take();
+        let work = has_work || qq.doorbell_while_unmapping;
+        let vm = qq.vm;
+        let errored = qq.errored;
+        self.slot_owner[slot.0 as usize] = None;
+        let p = self.slots[slot.0 as usize].partition as usize;
+        self.parts[p].free[self.slot_pipe[slot.0 as usize]].insert(slot);
+        self.parts[p].nfree += 1;
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.stats.save_ns += save_ns;
+        }
+        let next = match reason {
+            Some(Reason::Remove) => {
+                self.set_state(q, QueueState::Idle);
+                self.forget_queue(q);
+                return;
+            }
+            _ if errored => QueueState::Error,
+            Some(Reason::Error) => QueueState::Error,
+            _ if !work => QueueState::Idle,
+            Some(Reason::Preempt(UnmapMode::Save)) if has_work => QueueState::Saved,
+            _ => QueueState::Ready,
+        };
+        self.set_state(q, next);
+    }
+
+    fn forget_queue(&mut self, q: QueueId) {
+        self.unindex(q);
+        let Some(qq) = self.queues.remove(&q) else {
+            return;
+        };
+        let vm = qq.vm;
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.queues.remove(&q);
+            if matches!(qq.state, QueueState::Running | QueueState::Preempting) {
+                v.active -= 1;
+                if v.active == 0 {
+                    charge(v, self.now, self.cfg.policy);
+                }
+            }
+            if matches!(
+                qq.state,
+                QueueState::Ready
+                    | QueueState::Saved
+                    | QueueState::Running
+                    | QueueState::Preempting
+            ) {
+                v.busy -= 1;
+            }
+        }
+        self.drop_vm_if_done(vm);
+    }
+
+    fn drop_vm_if_done(&mut self, vm: VmId) {
+        if self
+            .vms
+            .get(&vm)
+            .is_some_and(|v| v.removed && v.queues.is_empty())
+        {
+            let v = self.vms.remove(&vm).unwrap();
+            self.parts[v.partition as usize].vms -= 1;
+            for p in &mut self.parts {
+                if p.owner.is_some_and(|o| o.vm == vm) {
+                    p.owner = None;
+                }
+            }
+        }
+    }
+
+    fn set_state(&mut self, q: QueueId, st: QueueState) {
+        self.unindex(q);
+        let now = self.now;
+        let pol = self.cfg.policy;
+        let qq = self.queues.get_mut(&q).unwrap();
+        let old = qq.state;
+        qq.state = st;
+        qq.since = now;
+        let vm = qq.vm;
+        let active = |s| matches!(s, QueueState::Running | QueueState::Preempting);
+        // Demand for the fairness clamp (a queue being dequeued still wants
+        // the GPU back).
+        let busy = |s| {
+            matches!(
+                s,
+                QueueState::Ready
+                    | QueueState::Saved
+                    | QueueState::Running
+                    | QueueState::Preempting
+            )
+        };
+        let part = self.vms[&vm].partition;
+        let mut floor = None;
+        if !busy(old) && busy(st) && self.vms[&vm].busy == 0 {
+            // A VM that was idle does not bank credit: start at the least
+            // virtual time of the busy VMs of its partition.
+            floor = self
+                .vms
+                .values()
+                .filter(|o| o.partition == part && o.busy > 0)
+                .map(|o| vtime_now(o, now, pol))
+                .min();
+        }
+        let v = self.vms.get_mut(&vm).unwrap();
+        if active(old) != active(st) {
+            if active(st) {
+                if v.active == 0 {
+                    v.active_since = now;
+                }
+                v.active += 1;
+            } else {
+                v.active -= 1;
+                if v.active == 0 {
+                    charge(v, now, pol);
+                }
+            }
+        }
+        if busy(old) != busy(st) {
+            if busy(st) {
+                v.busy += 1;
+            } else {
+                v.busy -= 1;
+            }
+        }
+        if let Some(f) = floor {
+            v.vtime = v.vtime.max(f);
+        }
+        self.index(q);
+    }
+
+    fn rekey(&mut self, q: QueueId, f: impl FnOnce(&mut Queue)) {
+        self.unindex(q);
+        f(self.queues.get_mut(&q).unwrap());
+        self.index(q);
+    }
+
+    fn rekey_vm(&mut self, vm: VmId, f: impl FnOnce(&mut Vm)) -> Result<(), SchedError> {
+        let qs: Vec<QueueId> = self
+            .vms
+            .get(&vm)
+            .ok_or(SchedError::NoVm(vm))?
+            .queues
+            .iter()
+            .copied()
+            .collect();
+        for &q in &qs {
+            self.unindex(q);
+        }
+        f(self.vms.get_mut(&vm).unwrap());
+        for &q in &qs {
+            self.index(q);
+        }
+        Ok(())
+    }
+
+    fn key_of(&self, q: &Queue) -> u16 {
+        if !self.cfg.policy.uses_priority() {
+            return 0;
+        }
+        if q.boosted {
+            return BOOST;
+        }
+        let vp = self.vms.get(&q.vm).map_or(0, |v| v.params.priority) as u16;
+        (vp << 4) | q.prio as u16
+    }
+
+    fn partition_of(&self, q: QueueId) -> Option<usize> {
+        let vm = self.queues.get(&q)?.vm;
+        self.vms.get(&vm).map(|v| v.partition as usize)
+    }
+
+    fn index(&mut self, q: QueueId) {
+        let key = self.key_of(&self.queues[&q]);
+        let qq = self.queues.get_mut(&q).unwrap();
+        qq.key = key;
+        let (st, since, vm, boosted) = (qq.state, qq.since, qq.vm, qq.boosted);
+        let p = &mut self.parts[self.vms[&vm].partition as usize];
+        match st {
+            QueueState::Ready | QueueState::Saved => {
+                p.ready.insert((Reverse(key), since, q));
+                if !boosted {
+                    p.waiting.insert((since, q));
+                }
+            }
+            QueueState::Running => {
+                p.running.insert((key, since, q));
+            }
+            QueueState::MappedIdle => {
+                p.idle_mapped.insert((since, q));
+            }
+            QueueState::Preempting => p.freeing += 1,
+            QueueState::Idle | QueueState::Error => {}
+        }
+        if matches!(
+            st,
+            QueueState::Ready | QueueState::Saved | QueueState::Running
+        ) {
+            *p.busy.entry(key).or_default().entry(vm).or_default() += 1;
+        }
+    }
+
+    fn unindex(&mut self, q: QueueId) {
+        let Some(qq) = self.queues.get(&q) else {
+            return;
+        };
+        let (key, st, since, vm) = (qq.key, qq.state, qq.since, qq.vm);
+        let Some(v) = self.vms.get(&vm) else { return };
+        let p = &mut self.parts[v.partition as usize];
+        match st {
+            QueueState::Ready | QueueState::Saved => {
+                p.ready.remove(&(Reverse(key), since, q));
+                p.waiting.remove(&(since, q));
+            }
+            QueueState::Running => {
+                p.running.remove(&(key, since, q));
+            }
+            QueueState::MappedIdle => {
+                p.idle_mapped.remove(&(since, q));
+            }
+            QueueState::Preempting => p.freeing -= 1,
+            QueueState::Idle | QueueState::Error => {}
+        }
+        if matches!(
+            st,
+            QueueState::Ready | QueueState::Saved | QueueState::Running
+        ) {
+            if let Some(m) = p.busy.get_mut(&key) {
+                if let Some(c) = m.get_mut(&vm) {
+                    *c -= 1;
+                    if *c == 0 {
+                        m.remove(&vm);
+                    }
+                }
+                if m.is_empty() {
+                    p.busy.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn sorted_queue_ids(&self) -> Vec<QueueId> {
+        let mut v: Vec<QueueId> = self.queues.keys().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Checks the internal indexes against the queue states (tests).
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut held = HashMap::new();
+        for (i, o) in self.slot_owner.iter().enumerate() {
+            if let Some(q) = o {
+                if held.insert(*q, i).is_some() {
+                    return Err(format!("{q:?} holds two slots"));
+                }
+                let qq = self
+                    .queues
+                    .get(q)
+                    .ok_or(format!("slot {i} held by unknown {q:?}"))?;
+                if qq.slot != Some(SlotId(i as u32)) {
+                    return Err(format!("slot {i} owner {q:?} thinks it has {:?}", qq.slot));
+                }
+            }
+        }
+        for (id, q) in &self.queues {
+            let mapped = matches!(
+                q.state,
+                QueueState::Running | QueueState::MappedIdle | QueueState::Preempting
+            );
+            if mapped != q.slot.is_some() {
+                return Err(format!("{id:?} in {:?} with slot {:?}", q.state, q.slot));
+            }
+            if mapped && held.get(id).is_none() {
+                return Err(format!("{id:?} has a slot the table does not give it"));
+            }
+            if q.key != self.key_of(q)
+                && q.state != QueueState::Idle
+                && q.state != QueueState::Error
+            {
+                return Err(format!("{id:?} indexed under a stale key"));
+            }
+        }
+        for (pi, p) in self.parts.iter().enumerate() {
+            let free: usize = p.free.iter().map(|s| s.len()).sum();
+            let used = self
+                .slot_owner
+                .iter()
+                .enumerate()
+                .filter(|(i, o)| o.is_some() && self.slots[*i].partition as usize == pi)
+                .count();
+            let total = self
+                .slots
+                .iter()
+                .filter(|s| s.partition as usize == pi)
+                .count();
+            if free != p.nfree || free + used != total {
+                return Err(format!(
+                    "partition {pi}: {free} free + {used} used != {total}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_params(p: &VmParams, parts: u32) -> Result<(), SchedError> {
+    if p.priority > 15 {
+        return Err(SchedError::Priority(p.priority));
+    }
+    if p.weight == 0 {
+        return Err(SchedError::Weight);
+    }
+    match p.partition {
+        Some(x) if x >= parts => Err(SchedError::Partition(x, parts)),
+        _ => Ok(()),
+    }
+}
+
+fn weight(v: &Vm, pol: Policy) -> u128 {
+    if pol == Policy::Timeslice {
+        1
+    } else {
+        v.params.weight.max(1) as u128
+    }
+}
+
+/// Adds the running period since `active_since` to the VM's GPU time and
+/// virtual time, and starts a new period.
+fn charge(v: &mut Vm, now: Nanos, pol: Policy) {
+    let d = now.saturating_sub(v.active_since);
+    v.stats.gpu_ns += d;
+    v.vtime += d as u128 * SCALE / weight(v, pol);
+    v.active_since = now;
+}
+
+fn vtime_now(v: &Vm, now: Nanos, pol: Policy) -> u128 {
+    let mut t = v.vtime;
+    if v.active > 0 {
+        t += now.saturating_sub(v.active_since) as u128 * SCALE / weight(v, pol);
+    }
+    t
+}

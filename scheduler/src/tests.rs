@@ -1,0 +1,712 @@
+//! Unit and property tests of the engine against a small fake GPU: mapped
+//! busy queues consume their work at full speed, dequeues take a fixed time.
+
+use crate::*;
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+
+const UNMAP_NS: Nanos = 50_000;
+
+/// Fake GPU + event loop around a scheduler, checking safety on every action.
+struct World {
+    s: Scheduler,
+    now: Nanos,
+    timer: Option<Nanos>,
+    work: BTreeMap<QueueId, Nanos>,
+    mapped: BTreeMap<QueueId, SlotId>,
+    slot_q: HashMap<SlotId, QueueId>,
+    unmapping: BTreeMap<QueueId, Nanos>,
+    stopped: BTreeMap<QueueId, bool>,
+    /// Time each queue last became waiting (Ready/Saved); removed when it runs.
+    waiting_since: BTreeMap<QueueId, Nanos>,
+    max_wait: BTreeMap<QueueId, Nanos>,
+    /// First time a priority inversion between (low, high) was seen.
+    inversion_since: BTreeMap<(QueueId, QueueId), Nanos>,
+    max_inversion: Nanos,
+    next_q: u64,
+    vm_of: HashMap<QueueId, VmId>,
+    /// GPU events due at the current time (idle at map).
+    pending: Vec<Event>,
+}
+
+fn slots(parts: u32, pipes: u32, queues: u32) -> Vec<SlotDesc> {
+    let mut v = Vec::new();
+    for partition in 0..parts {
+        for pipe in 0..pipes {
+            for queue in 0..queues {
+                v.push(SlotDesc {
+                    partition,
+                    pipe,
+                    queue,
+                });
+            }
+        }
+    }
+    v
+}
+
+impl World {
+    fn new(cfg: SchedConfig, slots: Vec<SlotDesc>) -> Self {
+        World {
+            s: Scheduler::new(cfg, slots).unwrap(),
+            now: 0,
+            timer: None,
+            work: BTreeMap::new(),
+            mapped: BTreeMap::new(),
+            slot_q: HashMap::new(),
+            unmapping: BTreeMap::new(),
+            stopped: BTreeMap::new(),
+            waiting_since: BTreeMap::new(),
+            max_wait: BTreeMap::new(),
+            inversion_since: BTreeMap::new(),
+            max_inversion: 0,
+            next_q: 0,
+            vm_of: HashMap::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    fn vm(&mut self, id: u32, priority: u8, weight: u32, queues: u32) -> Vec<QueueId> {
+        self.s
+            .add_vm(
+                VmId(id),
+                VmParams {
+                    priority,
+                    weight,
+                    partition: None,
+                },
+            )
+            .unwrap();
+        (0..queues)
+            .map(|_| {
+                let q = QueueId(self.next_q);
+                self.next_q += 1;
+                self.s.add_queue(VmId(id), q, 0).unwrap();
+                self.work.insert(q, 0);
+                self.vm_of.insert(q, VmId(id));
+                q
+            })
+            .collect()
+    }
+
+    fn running(&self, q: &QueueId) -> bool {
+        self.mapped.contains_key(q)
+            && !self.unmapping.contains_key(q)
+            && !self.stopped.get(q).copied().unwrap_or(false)
+            && self.work[q] > 0
+    }
+
+    fn event(&mut self, ev: Event) {
+        self.s.handle(ev);
+        while let Some(a) = self.s.poll_action() {
+            match a {
+                Action::Map { queue, slot } => {
+                    assert!(!self.mapped.contains_key(&queue), "{queue:?} mapped twice");
+                    assert!(
+                        self.slot_q.insert(slot, queue).is_none(),
+                        "{slot:?} given to two queues"
+                    );
+                    self.mapped.insert(queue, slot);
+                    self.waiting_since.remove(&queue);
+                    if self.work[&queue] == 0 {
+                        self.pending.push(Event::QueueIdle {
+                            queue,
+                            now: self.now,
+                        });
+                    }
+                }
+                Action::Unmap { queue, slot, .. } => {
+                    assert_eq!(
+                        self.mapped.get(&queue),
+                        Some(&slot),
+                        "unmap of a slot the queue does not hold"
+                    );
+                    assert!(self.unmapping.insert(queue, self.now + UNMAP_NS).is_none());
+                }
+                Action::ArmTimer { at } => {
+                    assert!(at > self.now, "timer in the past");
+                    self.timer = Some(at);
+                }
+            }
+        }
+        self.s.check_invariants().unwrap();
+        self.observe();
+    }
+
+    fn observe(&mut self) {
+        let now = self.now;
+        // Waiting times (Ready or Saved).
+        for (&q, _) in self.work.iter() {
+            match self.s.queue_state(q).map(|s| s.0) {
+                Some(QueueState::Ready | QueueState::Saved) => {
+                    self.waiting_since.entry(q).or_insert(now);
+                }
+                _ => {
+                    self.waiting_since.remove(&q);
+                }
+            }
+        }
+        for (&q, &since) in &self.waiting_since {
+            let w = self.max_wait.entry(q).or_default();
+            *w = (*w).max(now - since);
+        }
+        // Priority inversions under a priority policy: a waiting queue above
+        // a running queue of its partition.
+        if !self.s.config().policy.uses_priority() || self.work.len() > 64 {
+            return;
+        }
+        let mut seen = Vec::new();
+        let qs: Vec<QueueId> = self.work.keys().copied().collect();
+        for &hi in &qs {
+            let Some((QueueState::Ready | QueueState::Saved, _)) = self.s.queue_state(hi) else {
+                continue;
+            };
+            for &lo in &qs {
+                let Some((QueueState::Running, Some(slot))) = self.s.queue_state(lo) else {
+                    continue;
+                };
+                let same_part = self.s.slots()[slot.0 as usize].partition
+                    == self.s.vm_partition(self.vm_of[&hi]).unwrap();
+                if same_part && self.s.queue_level(lo) < self.s.queue_level(hi) {
+                    seen.push((lo, hi));
+                }
+            }
+        }
+        self.inversion_since.retain(|k, _| seen.contains(k));
+        for k in seen {
+            let since = *self.inversion_since.entry(k).or_insert(now);
+            self.max_inversion = self.max_inversion.max(now - since);
+        }
+    }
+
+    /// Guest submits `ns` of work to `q` and rings its doorbell.
+    fn submit(&mut self, q: QueueId, ns: Nanos) {
+        *self.work.get_mut(&q).unwrap() += ns;
+        self.event(Event::Doorbell {
+            queue: q,
+            now: self.now,
+        });
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        while !self.pending.is_empty() {
+            let evs = std::mem::take(&mut self.pending);
+            for e in evs {
+                self.event(e);
+            }
+        }
+    }
+
+    /// Runs the fake GPU and the timer up to `until`.
+    fn run_until(&mut self, until: Nanos) {
+        loop {
+            let mut next = until;
+            if let Some(t) = self.timer {
+                next = next.min(t);
+            }
+            for &t in self.unmapping.values() {
+                next = next.min(t);
+            }
+            for q in self.work.keys() {
+                if self.running(q) {
+                    next = next.min(self.now + self.work[q]);
+                }
+            }
+            let dt = next - self.now;
+            let busy: Vec<QueueId> = self
+                .work
+                .keys()
+                .copied()
+                .filter(|q| self.running(q))
+                .collect();
+            for q in &busy {
+                *self.work.get_mut(q).unwrap() -= dt;
+            }
+            self.now = next;
+            for q in busy {
+                if self.work[&q] == 0 {
+                    self.event(Event::QueueIdle {
+                        queue: q,
+                        now: next,
+                    });
+                }
+            }
+            let done: Vec<QueueId> = self
+                .unmapping
+                .iter()
+                .filter(|(_, t)| **t <= next)
+                .map(|(q, _)| *q)
+                .collect();
+            for q in done {
+                self.unmapping.remove(&q);
+                let slot = self.mapped.remove(&q).unwrap();
+                self.slot_q.remove(&slot);
+                self.stopped.remove(&q);
+                let has_work = self.work.get(&q).is_some_and(|w| *w > 0);
+                self.event(Event::Unmapped {
+                    queue: q,
+                    has_work,
+                    save_ns: UNMAP_NS,
+                    now: next,
+                });
+            }
+            if self.timer.is_some_and(|t| t <= next) {
+                self.timer = None;
+                self.event(Event::Tick { now: next });
+            }
+            self.flush();
+            if next >= until {
+                break;
+            }
+        }
+    }
+
+    fn gpu_ns(&self, vm: u32) -> Nanos {
+        self.s.vm_stats(VmId(vm)).unwrap().gpu_ns
+    }
+
+    fn state(&self, q: QueueId) -> QueueState {
+        self.s.queue_state(q).unwrap().0
+    }
+}
+
+fn cfg(policy: Policy) -> SchedConfig {
+    SchedConfig {
+        policy,
+        ..Default::default()
+    }
+}
+
+const MS: Nanos = 1_000_000;
+
+#[test]
+fn higher_priority_preempts_at_once_with_cwsr() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 2));
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let hi = w.vm(1, 12, 1, 1)[0];
+    w.submit(lo, 100 * MS);
+    w.run_until(5 * MS);
+    assert_eq!(w.state(lo), QueueState::Running);
+    w.submit(hi, 3 * MS);
+    // hi is mapped at once, lo is being saved.
+    assert_eq!(w.state(hi), QueueState::Running);
+    assert_eq!(w.state(lo), QueueState::Preempting);
+    w.run_until(5 * MS + UNMAP_NS);
+    assert_eq!(w.state(lo), QueueState::Saved);
+    w.run_until(8 * MS + 1);
+    assert_eq!(w.state(hi), QueueState::MappedIdle);
+    assert_eq!(
+        w.state(lo),
+        QueueState::Running,
+        "lo resumes when hi is idle"
+    );
+    assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 1);
+}
+
+#[test]
+fn min_run_delays_priority_preemption() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 4));
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let hi = w.vm(1, 12, 1, 1)[0];
+    w.submit(lo, 100 * MS);
+    w.run_until(100_000);
+    w.submit(hi, MS);
+    assert_eq!(w.state(lo), QueueState::Running, "inside min_run");
+    assert_eq!(w.state(hi), QueueState::Ready);
+    w.run_until(500_000);
+    assert_eq!(w.state(lo), QueueState::Preempting, "at min_run");
+}
+
+#[test]
+fn idle_queues_give_slots_back_after_hysteresis() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 2));
+    let q = w.vm(0, 5, 1, 1)[0];
+    w.submit(q, MS);
+    w.run_until(MS + 1);
+    assert_eq!(w.state(q), QueueState::MappedIdle);
+    // A doorbell inside the hysteresis needs no map.
+    w.submit(q, MS);
+    assert_eq!(w.state(q), QueueState::Running);
+    w.run_until(2 * MS + 1 + 2 * MS + UNMAP_NS);
+    assert_eq!(w.state(q), QueueState::Idle);
+    assert_eq!(w.s.stats().evictions, 1);
+    assert_eq!(w.s.stats().maps, 1);
+}
+
+#[test]
+fn thousands_of_queues_share_few_slots() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 4, 6));
+    let mut qs = Vec::new();
+    for vm in 0..64 {
+        qs.extend(w.vm(vm, (vm % 4) as u8, 1, 16));
+    }
+    for (i, q) in qs.iter().enumerate() {
+        w.submit(*q, 100_000 + (i as u64 % 7) * 10_000);
+    }
+    w.run_until(20_000 * MS);
+    for q in &qs {
+        assert!(
+            matches!(w.state(*q), QueueState::Idle),
+            "{q:?} {:?}",
+            w.state(*q)
+        );
+        assert_eq!(w.work[q], 0);
+    }
+    assert!(w.s.stats().maps >= 1024);
+}
+
+#[test]
+fn slots_are_allocated_round_robin_over_pipes() {
+    let mut w = World::new(
+        SchedConfig {
+            exclusive: false,
+            ..cfg(Policy::Hqdmux)
+        },
+        slots(1, 4, 2),
+    );
+    let qs = w.vm(0, 5, 1, 4);
+    for q in &qs {
+        w.submit(*q, 10 * MS);
+    }
+    let pipes: Vec<u32> = qs
+        .iter()
+        .map(|q| w.s.slots()[w.s.queue_state(*q).unwrap().1.unwrap().0 as usize].pipe)
+        .collect();
+    assert_eq!(pipes, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn weighted_shares_one_to_three() {
+    for policy in [Policy::Hqdmux, Policy::Reset] {
+        let mut w = World::new(cfg(policy), slots(1, 2, 2));
+        let a = w.vm(0, 6, 1, 2);
+        let b = w.vm(1, 6, 3, 2);
+        for q in a.iter().chain(&b) {
+            w.submit(*q, 1_000_000 * MS);
+        }
+        w.run_until(20_000 * MS);
+        let (ga, gb) = (w.gpu_ns(0) as f64, w.gpu_ns(1) as f64);
+        let ratio = gb / ga;
+        assert!(
+            (ratio - 3.0).abs() / 3.0 < 0.05,
+            "{policy:?}: ratio {ratio}"
+        );
+        assert!(ga + gb >= 0.98 * 20_000.0 * MS as f64);
+    }
+}
+
+#[test]
+fn timeslice_ignores_priority_and_weight() {
+    let mut w = World::new(cfg(Policy::Timeslice), slots(1, 2, 2));
+    let a = w.vm(0, 1, 1, 1)[0];
+    let b = w.vm(1, 14, 5, 1)[0];
+    w.submit(a, 1_000_000 * MS);
+    w.submit(b, 1_000_000 * MS);
+    w.run_until(2_000 * MS);
+    let r = w.gpu_ns(1) as f64 / w.gpu_ns(0) as f64;
+    assert!((r - 1.0).abs() < 0.05, "{r}");
+}
+
+#[test]
+fn fifo_coruns_and_ignores_priority() {
+    let mut w = World::new(cfg(Policy::Fifo), slots(1, 2, 2));
+    let lo = w.vm(0, 1, 1, 1)[0];
+    let hi = w.vm(1, 14, 1, 1)[0];
+    w.submit(lo, 100 * MS);
+    w.run_until(5 * MS);
+    w.submit(hi, 100 * MS);
+    assert_eq!(w.state(lo), QueueState::Running);
+    assert_eq!(w.state(hi), QueueState::Running);
+    assert_eq!(w.s.stats().preemptions, 0);
+}
+
+#[test]
+fn poll5ms_fixes_inversion_only_at_the_poll() {
+    let mut w = World::new(cfg(Policy::Poll5ms), slots(1, 2, 2));
+    let lo = w.vm(0, 1, 1, 1)[0];
+    let hi = w.vm(1, 14, 1, 1)[0];
+    w.submit(lo, 100 * MS);
+    w.run_until(MS);
+    w.submit(hi, 100 * MS);
+    assert_eq!(w.state(lo), QueueState::Running, "co-runs until the poll");
+    assert_eq!(w.state(hi), QueueState::Running);
+    w.run_until(5 * MS);
+    assert_eq!(w.state(lo), QueueState::Preempting);
+}
+
+#[test]
+fn reset_policy_unmaps_with_reset_waves() {
+    let mut s = Scheduler::new(cfg(Policy::Reset), slots(1, 1, 2)).unwrap();
+    s.add_vm(
+        VmId(0),
+        VmParams {
+            priority: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.add_vm(
+        VmId(1),
+        VmParams {
+            priority: 9,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.add_queue(VmId(0), QueueId(0), 0).unwrap();
+    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
+    s.handle(Event::Doorbell {
+        queue: QueueId(0),
+        now: 0,
+    });
+    s.handle(Event::Doorbell {
+        queue: QueueId(1),
+        now: MS,
+    });
+    let acts: Vec<Action> = std::iter::from_fn(|| s.poll_action()).collect();
+    assert!(
+        acts.contains(&Action::Unmap {
+            queue: QueueId(0),
+            slot: SlotId(0),
+            mode: UnmapMode::Reset
+        }),
+        "{acts:?}"
+    );
+}
+
+#[test]
+fn queue_error_reclaims_the_slot_and_others_continue() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 2));
+    let a = w.vm(0, 5, 1, 2);
+    w.submit(a[0], 10 * MS);
+    w.submit(a[1], 10 * MS);
+    w.stopped.insert(a[0], true);
+    w.event(Event::QueueError {
+        queue: a[0],
+        now: w.now,
+    });
+    assert_eq!(w.state(a[0]), QueueState::Error);
+    w.run_until(MS);
+    assert_eq!(w.state(a[0]), QueueState::Error);
+    assert_eq!(w.s.queue_state(a[0]).unwrap().1, None, "slot reclaimed");
+    w.submit(a[0], MS);
+    assert_eq!(w.state(a[0]), QueueState::Error, "doorbells ignored");
+    w.run_until(20 * MS);
+    assert_eq!(w.work[&a[1]], 0);
+}
+
+#[test]
+fn bad_control_operations_are_typed_errors() {
+    let mut s = Scheduler::new(cfg(Policy::Hqdmux), slots(2, 1, 1)).unwrap();
+    assert!(Scheduler::new(cfg(Policy::Hqdmux), vec![]).is_err());
+    s.add_vm(VmId(0), VmParams::default()).unwrap();
+    assert_eq!(
+        s.add_vm(VmId(0), VmParams::default()),
+        Err(SchedError::DuplicateVm(VmId(0)))
+    );
+    let bad = VmParams {
+        priority: 16,
+        ..Default::default()
+    };
+    assert_eq!(s.add_vm(VmId(1), bad), Err(SchedError::Priority(16)));
+    let bad = VmParams {
+        partition: Some(2),
+        ..Default::default()
+    };
+    assert_eq!(s.add_vm(VmId(1), bad), Err(SchedError::Partition(2, 2)));
+    assert_eq!(
+        s.add_queue(VmId(9), QueueId(0), 0),
+        Err(SchedError::NoVm(VmId(9)))
+    );
+    s.add_queue(VmId(0), QueueId(0), 0).unwrap();
+    assert_eq!(
+        s.add_queue(VmId(0), QueueId(0), 0),
+        Err(SchedError::DuplicateQueue(QueueId(0)))
+    );
+    assert_eq!(s.set_vm_weight(VmId(0), 0), Err(SchedError::Weight));
+    assert_eq!(
+        s.remove_queue(QueueId(7)),
+        Err(SchedError::NoQueue(QueueId(7)))
+    );
+    // Unpinned VMs spread over partitions.
+    s.add_vm(VmId(1), VmParams::default()).unwrap();
+    assert_ne!(s.vm_partition(VmId(0)), s.vm_partition(VmId(1)));
+}
+
+#[test]
+fn removing_a_mapped_vm_resets_its_queues_then_forgets_it() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 2));
+    let a = w.vm(0, 5, 1, 2);
+    w.submit(a[0], 10 * MS);
+    w.s.remove_vm(VmId(0)).unwrap();
+    w.event(Event::Tick { now: w.now });
+    w.run_until(MS);
+    assert!(w.s.queue_state(a[0]).is_none());
+    assert!(w.s.queue_state(a[1]).is_none());
+    assert!(w.s.vm_stats(VmId(0)).is_none());
+    assert!(w.s.slot_owner(SlotId(0)).is_none());
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit { q: usize, us: u64 },
+    Run { us: u64 },
+    Priority { vm: u32, p: u8 },
+    Weight { vm: u32, w: u32 },
+    Error { q: usize },
+    Policy(Policy),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0usize..24, 1u64..20_000).prop_map(|(q, us)| Op::Submit { q, us }),
+        6 => (1u64..30_000).prop_map(|us| Op::Run { us }),
+        1 => (0u32..6, 0u8..16).prop_map(|(vm, p)| Op::Priority { vm, p }),
+        1 => (0u32..6, 1u32..5).prop_map(|(vm, w)| Op::Weight { vm, w }),
+        1 => (0usize..24).prop_map(|q| Op::Error { q }),
+        1 => prop::sample::select(Policy::ALL.to_vec()).prop_map(Op::Policy),
+    ]
+}
+
+fn build(policy: Policy, min_run: Nanos, parts: u32, prios: &[u8]) -> (World, Vec<QueueId>) {
+    let c = SchedConfig {
+        min_run_ns: min_run,
+        aging_ns: 100 * MS,
+        quantum_ns: [4 * MS; 16],
+        baseline_quantum_ns: 4 * MS,
+        ..cfg(policy)
+    };
+    let mut w = World::new(c, slots(parts, 2, 2));
+    let mut qs = Vec::new();
+    for (vm, p) in prios.iter().enumerate() {
+        qs.extend(w.vm(vm as u32, *p, 1 + vm as u32 % 3, 4));
+    }
+    (w, qs)
+}
+
+fn apply(w: &mut World, qs: &[QueueId], o: &Op, allow_policy: bool) {
+    match *o {
+        Op::Submit { q, us } => w.submit(qs[q % qs.len()], us * 1000),
+        Op::Run { us } => {
+            let t = w.now + us * 1000;
+            w.run_until(t)
+        }
+        Op::Priority { vm, p } => {
+            w.s.set_vm_priority(VmId(vm), p).unwrap();
+            w.event(Event::Tick { now: w.now });
+            w.flush();
+        }
+        Op::Weight { vm, w: wt } => {
+            w.s.set_vm_weight(VmId(vm), wt).unwrap();
+        }
+        Op::Error { q } => {
+            let q = qs[q % qs.len()];
+            if w.mapped.contains_key(&q) && !w.unmapping.contains_key(&q) {
+                w.stopped.insert(q, true);
+                w.event(Event::QueueError {
+                    queue: q,
+                    now: w.now,
+                });
+                w.flush();
+            }
+        }
+        Op::Policy(p) if allow_policy => {
+            w.s.set_policy(p);
+            w.event(Event::Tick { now: w.now });
+            w.flush();
+        }
+        Op::Policy(_) => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Safety under every policy and live change: no slot held twice, no queue
+    /// in two slots, maps only into free slots, unmaps only of held slots
+    /// (asserted in `World::event`), indexes consistent, and all submitted
+    /// work finishes once the guests stop submitting (every ready queue runs).
+    #[test]
+    fn safety_and_progress(ops in prop::collection::vec(op(), 1..120),
+                           policy in prop::sample::select(Policy::ALL.to_vec()),
+                           parts in 1u32..3) {
+        let (mut w, qs) = build(policy, 500_000, parts, &[1, 4, 4, 9, 12, 12]);
+        for o in &ops {
+            apply(&mut w, &qs, o, true);
+        }
+        let end = w.now + 60_000 * MS;
+        w.run_until(end);
+        for q in &qs {
+            let st = w.state(*q);
+            prop_assert!(st == QueueState::Error || w.work[q] == 0, "{:?} left {:?} with work {}", q, st, w.work[q]);
+            prop_assert!(matches!(st, QueueState::Idle | QueueState::Error), "{:?} ends {:?}", q, st);
+        }
+    }
+
+    /// hqdmux with no minimum run: after every decision, no running queue
+    /// sits below a waiting queue of its partition (inversions never persist
+    /// past one decision), including right after live priority changes.
+    #[test]
+    fn no_inversion_past_one_decision(ops in prop::collection::vec(op(), 1..150), parts in 1u32..3) {
+        let (mut w, qs) = build(Policy::Hqdmux, 0, parts, &[1, 4, 4, 9, 12, 12]);
+        for o in &ops {
+            apply(&mut w, &qs, o, false);
+            prop_assert_eq!(w.max_inversion, 0);
+        }
+    }
+
+    /// With a minimum run time, an inversion lasts at most that long.
+    #[test]
+    fn inversion_bounded_by_min_run(ops in prop::collection::vec(op(), 1..150)) {
+        let min_run = 500_000;
+        let (mut w, qs) = build(Policy::Hqdmux, min_run, 1, &[1, 4, 4, 9, 12, 12]);
+        for o in &ops {
+            apply(&mut w, &qs, o, false);
+        }
+        prop_assert!(w.max_inversion <= min_run, "{}", w.max_inversion);
+    }
+
+    /// Aging: under a permanent high-priority flood, a low-priority ready
+    /// queue waits no longer than the aging bound plus a few slices.
+    #[test]
+    fn aging_bounds_waiting(ops in prop::collection::vec(op(), 1..80)) {
+        let (mut w, qs) = build(Policy::Hqdmux, 500_000, 1, &[1, 4, 4, 9, 12, 12]);
+        // VMs 4 and 5 (priority 12) always busy.
+        for q in &qs[16..24] {
+            w.submit(*q, 10_000_000 * MS);
+        }
+        for o in &ops {
+            if !matches!(o, Op::Error { .. } | Op::Priority { .. }) {
+                apply(&mut w, &qs, o, false);
+            }
+        }
+        let end = w.now + 3_000 * MS;
+        w.run_until(end);
+        let bound = 100 * MS + 24 * (500_000 + UNMAP_NS) + 4 * MS;
+        for q in &qs[..16] {
+            let waited = w.max_wait.get(q).copied().unwrap_or(0);
+            prop_assert!(waited <= bound, "{:?} waited {} > {}", q, waited, bound);
+        }
+    }
+
+    /// Weighted shares among equals: GPU time follows the weights within 5%.
+    #[test]
+    fn weighted_shares(wa in 1u32..5, wb in 1u32..5, wc in 1u32..5) {
+        let mut w = World::new(SchedConfig { quantum_ns: [2 * MS; 16], ..cfg(Policy::Hqdmux) }, slots(1, 2, 2));
+        let weights = [wa, wb, wc];
+        for (i, wt) in weights.iter().enumerate() {
+            for q in w.vm(i as u32, 7, *wt, 2) {
+                w.submit(q, 10_000_000 * MS);
+            }
+        }
+        w.run_until(6_000 * MS);
+        let total: f64 = (0..3).map(|i| w.gpu_ns(i) as f64).sum();
+        let wsum: f64 = weights.iter().map(|x| *x as f64).sum();
+        for (i, wt) in weights.iter().enumerate() {
+            let share = w.gpu_ns(i as u32) as f64 / total;
+            let want = *wt as f64 / wsum;
+            prop_assert!((share - want).abs() / want < 0.05, "vm {} share {} want {}", i, share, want);
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! Virtual-time evaluation harness: scenarios (data) x scheduling policies,
 //! run over the simulated GPU, reported as JSON or a table.
 
+pub mod driver;
 pub mod report;
 pub mod scenario;

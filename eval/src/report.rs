@@ -127,12 +127,27 @@ mod tests {
 
     #[test]
     fn json_has_the_contract_field_names() {
-        let r = PolicyReport { scenario: "s".into(), policy: "p".into(), ..Default::default() };
+        let r = PolicyReport {
+            scenario: "s".into(),
+            policy: "p".into(),
+            ..Default::default()
+        };
         let v = serde_json::to_value(&r).unwrap();
         for f in [
-            "scenario", "policy", "hi_p50_us", "hi_p99_us", "hi_p999_us", "hi_isolated_p99_us",
-            "hi_sla_miss_rate", "lo_throughput_retained", "jain_index", "preemptions",
-            "save_restore_us_total", "hqd_utilisation", "lost_effects", "duplicate_effects",
+            "scenario",
+            "policy",
+            "hi_p50_us",
+            "hi_p99_us",
+            "hi_p999_us",
+            "hi_isolated_p99_us",
+            "hi_sla_miss_rate",
+            "lo_throughput_retained",
+            "jain_index",
+            "preemptions",
+            "save_restore_us_total",
+            "hqd_utilisation",
+            "lost_effects",
+            "duplicate_effects",
         ] {
             assert!(v.get(f).is_some(), "missing {f}");
         }

@@ -23,6 +23,10 @@ pub struct Scenario {
     /// GPU size overrides for this scenario.
     #[serde(default)]
     pub gpu: GpuOverride,
+    /// Scheduler tunables (`[scheduler]`, see docs/scheduling.md); the
+    /// policy is chosen on the command line.
+    #[serde(default)]
+    pub scheduler: Option<scheduler::SchedConfig>,
     /// The tenants.
     #[serde(rename = "tenant")]
     pub tenants: Vec<Tenant>,
@@ -68,7 +72,8 @@ pub struct Tenant {
     /// VM weight among equals.
     #[serde(default = "one")]
     pub weight: u32,
-    /// Queues per VM; jobs are spread round-robin over them.
+    /// Queues per VM; each queue is an independent stream of jobs following
+    /// `arrival`.
     #[serde(default = "one")]
     pub queues: u32,
     /// Metric class.
@@ -86,7 +91,9 @@ fn one() -> u32 {
     1
 }
 
-/// Job arrival pattern of one queue.
+/// Job arrival pattern of one queue. Uniform streams of the same tenant
+/// entry are spread evenly over the period (stream i starts at
+/// `offset_us + i * period_us / streams`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Arrival {
@@ -181,6 +188,9 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("storm", include_str!("../scenarios/storm.toml")),
 ];
 
+/// Most kernels in one job (each queue's ring holds this many packets).
+pub const MAX_JOB_KERNELS: u64 = 512;
+
 /// Most workgroups in one kernel (bounds the exactly-once counters).
 pub const MAX_WORKGROUPS: u32 = 4096;
 
@@ -197,7 +207,8 @@ impl Scenario {
     /// A scenario file.
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError::Read(file.clone(), e))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ScenarioError::Read(file.clone(), e))?;
         Self::parse(&text, &file)
     }
 
@@ -211,7 +222,10 @@ impl Scenario {
 
     fn validate(&self, file: &str) -> Result<(), ScenarioError> {
         if self.duration_ms == 0 || self.tenants.is_empty() {
-            return Err(ScenarioError::Parse(file.into(), "duration_ms must be > 0 and at least one [[tenant]]".into()));
+            return Err(ScenarioError::Parse(
+                file.into(),
+                "duration_ms must be > 0 and at least one [[tenant]]".into(),
+            ));
         }
         for t in &self.tenants {
             let bad = |field, reason: String| ScenarioError::Invalid {
@@ -221,17 +235,33 @@ impl Scenario {
                 reason,
             };
             if t.priority > 15 {
-                return Err(bad("priority", format!("{} is out of range 0..=15", t.priority)));
+                return Err(bad(
+                    "priority",
+                    format!("{} is out of range 0..=15", t.priority),
+                ));
             }
             if t.weight == 0 || t.count == 0 || t.queues == 0 || t.queues > 64 {
-                return Err(bad("weight/count/queues", "weight and count >= 1, queues 1..=64".into()));
+                return Err(bad(
+                    "weight/count/queues",
+                    "weight and count >= 1, queues 1..=64".into(),
+                ));
             }
             if t.kernels.is_empty() {
                 return Err(bad("kernel", "a job needs at least one kernel".into()));
             }
+            let packets: u64 = t.kernels.iter().map(|k| k.repeat as u64).sum();
+            if packets > MAX_JOB_KERNELS {
+                return Err(bad(
+                    "kernel.repeat",
+                    format!("a job of {packets} kernels exceeds {MAX_JOB_KERNELS} (the ring size)"),
+                ));
+            }
             for k in &t.kernels {
                 if k.workgroups == 0 || k.workgroups > MAX_WORKGROUPS {
-                    return Err(bad("kernel.workgroups", format!("{} is out of range 1..={MAX_WORKGROUPS}", k.workgroups)));
+                    return Err(bad(
+                        "kernel.workgroups",
+                        format!("{} is out of range 1..={MAX_WORKGROUPS}", k.workgroups),
+                    ));
                 }
                 if k.wg_cost_us == 0 || k.repeat == 0 {
                     return Err(bad("kernel", "wg_cost_us and repeat must be >= 1".into()));
@@ -282,7 +312,10 @@ mod tests {
             assert_eq!(&s.name, name);
             assert!(s.vm_count() >= 2, "{name}");
         }
-        assert!(Scenario::builtin("nope").unwrap_err().to_string().contains("built in: seed"));
+        assert!(Scenario::builtin("nope")
+            .unwrap_err()
+            .to_string()
+            .contains("built in: seed"));
     }
 
     #[test]
@@ -300,11 +333,17 @@ mod tests {
             wg_cost_us = 10
         "#;
         assert!(Scenario::parse(base, "f.toml").is_ok());
-        let e = Scenario::parse(&base.replace("priority = 3", "priority = 30"), "f.toml").unwrap_err();
-        assert_eq!(e.to_string(), "f.toml: tenant 't': field `priority`: 30 is out of range 0..=15");
-        let e = Scenario::parse(&base.replace("workgroups = 4", "workgroups = 0"), "f.toml").unwrap_err();
+        let e =
+            Scenario::parse(&base.replace("priority = 3", "priority = 30"), "f.toml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "f.toml: tenant 't': field `priority`: 30 is out of range 0..=15"
+        );
+        let e = Scenario::parse(&base.replace("workgroups = 4", "workgroups = 0"), "f.toml")
+            .unwrap_err();
         assert!(e.to_string().contains("kernel.workgroups"), "{e}");
-        let e = Scenario::parse(&base.replace("class = \"lo\"", "class = \"hi\""), "f.toml").unwrap_err();
+        let e = Scenario::parse(&base.replace("class = \"lo\"", "class = \"hi\""), "f.toml")
+            .unwrap_err();
         assert!(e.to_string().contains("sla_ms"), "{e}");
         let e = Scenario::parse(&base.replace("closed", "bursty"), "f.toml").unwrap_err();
         assert!(e.to_string().starts_with("f.toml: "), "{e}");

@@ -1,0 +1,728 @@
+//! The virtual-time run: tenants write real AQL packets (hqdmux `mark`
+//! kernels, one counter per workgroup) into their VMs' memory and ring
+//! doorbells; the scheduler decides which queue holds which HQD slot; the
+//! simulated GPU executes, saves and restores. Every completed kernel's
+//! counters are checked: 0 = a lost effect, >1 = a duplicated one.
+
+use crate::report::{jain, percentile, PolicyReport};
+use crate::scenario::{Arrival, Class, Scenario};
+use abi::aql::{KernelDispatch, Packet};
+use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
+use mdev::backend::{DequeueMode, GpuEvent, MapRequest, PhysGpu};
+use mdev::mem::{DmaMemory, SparseMemory};
+use mdev::sim::testkit::{GuestQueue, TestVm};
+use mdev::sim::SimGpu;
+use mdev::topology::{GpuTopology, PartitionMode};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use scheduler::{
+    Action, Event, Nanos, Policy, QueueId, SchedConfig, Scheduler, SlotDesc, SlotId, UnmapMode,
+    VmId, VmParams,
+};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Ring size of every modelled queue (packets).
+const RING_PACKETS: u32 = 512;
+/// Declared memory of one modelled VM (sparse).
+const VM_BYTES: u64 = 1 << 44;
+/// Work-items per workgroup (informational for the model).
+const WG_ITEMS: u16 = 64;
+
+/// The run could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// GPU override invalid.
+    #[error("scenario '{0}': [gpu]: {1}")]
+    Gpu(String, String),
+    /// Scheduler refused the set-up.
+    #[error("scenario '{0}': scheduler: {1}")]
+    Sched(String, scheduler::SchedError),
+}
+
+/// Raw results of one simulation.
+#[derive(Debug, Default, Clone)]
+pub struct RunOutput {
+    /// Latencies of completed hi jobs (ns).
+    pub hi_latency_ns: Vec<u64>,
+    /// Hi jobs that missed their SLA (completed late, or unfinished and already late).
+    pub hi_sla_misses: u64,
+    /// Hi jobs counted (completed, plus unfinished ones already past their SLA).
+    pub hi_jobs_counted: u64,
+    /// Per VM: (tenant index, priority, weight, class, CU-ns of completed kernels).
+    pub vms: Vec<(usize, u8, u32, Class, u128)>,
+    /// Mark counters left at 0 in completed kernels.
+    pub lost_effects: u64,
+    /// Extra increments seen in completed kernels.
+    pub duplicate_effects: u64,
+    /// Queue errors.
+    pub queue_errors: u64,
+    /// Preemptions issued by the scheduler.
+    pub preemptions: u64,
+    /// Modelled save + restore ns.
+    pub save_restore_ns: u64,
+    /// Slot-occupancy integral / (slots x duration).
+    pub hqd_utilisation: f64,
+    /// Workgroups the GPU completed.
+    pub workgroups: u64,
+    /// Host ns per scheduler event (handle + action collection).
+    pub decision_ns: Vec<u64>,
+    /// Total CUs.
+    pub cus: u64,
+    /// Simulated duration (ns).
+    pub duration_ns: u64,
+    /// The simulator's own counters.
+    pub gpu: mdev::sim::SimStats,
+}
+
+struct Stream {
+    vm: usize,
+    tenant: usize,
+    queue: QueueId,
+    gq: GuestQueue,
+    slot: Option<SlotId>,
+    rng: SmallRng,
+    trace_idx: usize,
+    backlog: VecDeque<u64>,
+}
+
+struct VmModel {
+    tvm: TestVm,
+    tenant: usize,
+    /// Kernel descriptor per kernel spec of the tenant.
+    kds: Vec<u64>,
+    cu_ns: u128,
+}
+
+struct Job {
+    stream: usize,
+    arrival: Nanos,
+    kernels_left: u32,
+}
+
+struct Kern {
+    job: u64,
+    block: u64,
+    n: u32,
+    cost_ns: u64,
+}
+
+struct Sim<'a> {
+    sc: &'a Scenario,
+    now: Nanos,
+    gpu: SimGpu,
+    sched: Scheduler,
+    vms: Vec<VmModel>,
+    streams: Vec<Stream>,
+    arrivals: BinaryHeap<Reverse<(Nanos, usize)>>,
+    timer: Option<Nanos>,
+    jobs: BTreeMap<u64, Job>,
+    next_job: u64,
+    kernels: HashMap<(usize, u64), Kern>,
+    free_blocks: HashMap<(usize, u32), Vec<u64>>,
+    occupied: u64,
+    occ_area: u128,
+    occ_t: Nanos,
+    synthetic: VecDeque<Event>,
+    out: RunOutput,
+}
+
+/// Topology of a scenario: MI300X defaults with its overrides.
+pub fn topology(sc: &Scenario) -> Result<GpuTopology, EvalError> {
+    let mut t = GpuTopology::default();
+    if let Some(x) = sc.gpu.xccs {
+        t.xccs = x;
+    }
+    if let Some(c) = sc.gpu.cus_per_xcc {
+        t.cus_per_xcc = c;
+    }
+    if let Some(m) = &sc.gpu.partition_mode {
+        t.partition_mode = match m.as_str() {
+            "SPX" => PartitionMode::Spx,
+            "DPX" => PartitionMode::Dpx,
+            "QPX" => PartitionMode::Qpx,
+            "CPX" => PartitionMode::Cpx,
+            _ => {
+                return Err(EvalError::Gpu(
+                    sc.name.clone(),
+                    format!("partition_mode '{m}' is not SPX, DPX, QPX or CPX"),
+                ))
+            }
+        };
+    }
+    t.validate()
+        .map_err(|e| EvalError::Gpu(sc.name.clone(), e.to_string()))?;
+    Ok(t)
+}
+
+/// Simulates `sc` under `policy` with arrival seed `seed`.
+pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, EvalError> {
+    let topo = topology(sc)?;
+    let slots: Vec<SlotDesc> = topo
+        .user_slots()
+        .iter()
+        .map(|s| SlotDesc {
+            partition: s.partition,
+            pipe: s.pipe,
+            queue: s.queue,
+        })
+        .collect();
+    let cfg = SchedConfig {
+        policy,
+        ..sc.scheduler.clone().unwrap_or_default()
+    };
+    let err = |e| EvalError::Sched(sc.name.clone(), e);
+    let mut sched = Scheduler::new(cfg, slots).map_err(err)?;
+    let gpu = SimGpu::new(topo.clone(), seed)
+        .map_err(|e| EvalError::Gpu(sc.name.clone(), e.to_string()))?;
+    let mut vms = Vec::new();
+    let mut streams = Vec::new();
+    for (ti, t) in sc.tenants.iter().enumerate() {
+        let nstreams = t.count * t.queues;
+        for _ in 0..t.count {
+            let vm_idx = vms.len();
+            sched
+                .add_vm(
+                    VmId(vm_idx as u32),
+                    VmParams {
+                        priority: t.priority,
+                        weight: t.weight,
+                        partition: None,
+                    },
+                )
+                .map_err(err)?;
+            let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(VM_BYTES));
+            let mut tvm = TestVm::with_memory(mem.clone(), 0x1000);
+            let kds = t
+                .kernels
+                .iter()
+                .map(|k| {
+                    let kd = tvm.alloc(64, 64);
+                    mem.write(
+                        kd,
+                        &KernelDescriptor::new(KernelKind::Mark, k.wg_cost_us * 1000).encode(),
+                    )
+                    .expect("descriptor inside VM memory");
+                    kd
+                })
+                .collect();
+            for _ in 0..t.queues {
+                let gq = tvm.queue(&topo, RING_PACKETS, 0);
+                let queue = QueueId(streams.len() as u64);
+                sched
+                    .add_queue(VmId(vm_idx as u32), queue, 0)
+                    .map_err(err)?;
+                let sidx = streams.len() as u64;
+                streams.push(Stream {
+                    vm: vm_idx,
+                    tenant: ti,
+                    queue,
+                    gq,
+                    slot: None,
+                    rng: SmallRng::seed_from_u64(
+                        seed ^ (sidx + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    ),
+                    trace_idx: 0,
+                    backlog: VecDeque::new(),
+                });
+            }
+            vms.push(VmModel {
+                tvm,
+                tenant: ti,
+                kds,
+                cu_ns: 0,
+            });
+        }
+        let _ = nstreams;
+    }
+    let mut sim = Sim {
+        sc,
+        now: 0,
+        gpu,
+        sched,
+        vms,
+        streams,
+        arrivals: BinaryHeap::new(),
+        timer: None,
+        jobs: BTreeMap::new(),
+        next_job: 0,
+        kernels: HashMap::new(),
+        free_blocks: HashMap::new(),
+        occupied: 0,
+        occ_area: 0,
+        occ_t: 0,
+        synthetic: VecDeque::new(),
+        out: RunOutput::default(),
+    };
+    sim.first_arrivals();
+    sim.run();
+    Ok(sim.finish(&topo))
+}
+
+impl Sim<'_> {
+    fn first_arrivals(&mut self) {
+        // Index of each stream among the streams of its tenant entry.
+        let mut per_tenant: HashMap<usize, u64> = HashMap::new();
+        for i in 0..self.streams.len() {
+            let t = &self.sc.tenants[self.streams[i].tenant];
+            let k = per_tenant.entry(self.streams[i].tenant).or_default();
+            let idx = *k;
+            *k += 1;
+            let n = (t.count * t.queues) as u64;
+            match &t.arrival {
+                Arrival::Uniform {
+                    period_us,
+                    offset_us,
+                } => self.arrive_at((offset_us + idx * period_us / n) * 1000, i),
+                Arrival::Poisson { .. } => {
+                    let t0 = self.next_gap(i);
+                    self.arrive_at(t0, i)
+                }
+                Arrival::Closed { outstanding, .. } => {
+                    for _ in 0..*outstanding {
+                        self.arrive_at(idx * 1000, i);
+                    }
+                }
+                Arrival::Flood { depth } => {
+                    for _ in 0..*depth {
+                        self.arrive_at(idx * 1000, i);
+                    }
+                }
+                Arrival::Trace { times_us } => {
+                    if let Some(t0) = times_us.first() {
+                        self.streams[i].trace_idx = 1;
+                        self.arrive_at(t0 * 1000, i);
+                    }
+                }
+            }
+        }
+    }
+
+    fn arrive_at(&mut self, at: Nanos, stream: usize) {
+        self.arrivals.push(Reverse((at, stream)));
+    }
+
+    /// Next open-loop gap of a Poisson stream (ns).
+    fn next_gap(&mut self, i: usize) -> Nanos {
+        let t = &self.sc.tenants[self.streams[i].tenant];
+        let Arrival::Poisson { mean_us } = t.arrival else {
+            return 0;
+        };
+        let u: f64 = self.streams[i].rng.gen::<f64>();
+        (-(1.0 - u).ln() * mean_us as f64 * 1000.0) as Nanos
+    }
+
+    fn run(&mut self) {
+        let end = self.sc.duration_ms * 1_000_000;
+        let mut evs = Vec::new();
+        loop {
+            let mut t = u64::MAX;
+            if let Some(d) = self.gpu.next_deadline() {
+                t = t.min(d);
+            }
+            if let Some(Reverse((a, _))) = self.arrivals.peek() {
+                t = t.min(*a);
+            }
+            if let Some(tm) = self.timer {
+                t = t.min(tm);
+            }
+            if t > end {
+                break;
+            }
+            self.now = self.now.max(t);
+            evs.clear();
+            self.gpu.advance(self.now, &mut evs);
+            for ev in evs.drain(..) {
+                self.gpu_event(ev);
+            }
+            while let Some(&Reverse((a, s))) = self.arrivals.peek() {
+                if a > self.now {
+                    break;
+                }
+                self.arrivals.pop();
+                self.arrival(s);
+            }
+            if self.timer.is_some_and(|tm| tm <= self.now) {
+                self.timer = None;
+                self.sched_event(Event::Tick { now: self.now });
+            }
+        }
+        self.now = end;
+        self.account_occupancy();
+    }
+
+    fn account_occupancy(&mut self) {
+        self.occ_area += self.occupied as u128 * (self.now - self.occ_t) as u128;
+        self.occ_t = self.now;
+    }
+
+    /// A job arrives on stream `s`: open-loop streams schedule the next one.
+    fn arrival(&mut self, s: usize) {
+        let t = &self.sc.tenants[self.streams[s].tenant];
+        match &t.arrival {
+            Arrival::Uniform { period_us, .. } => self.arrive_at(self.now + period_us * 1000, s),
+            Arrival::Poisson { .. } => {
+                let g = self.next_gap(s);
+                self.arrive_at(self.now + g.max(1), s)
+            }
+            Arrival::Trace { times_us } => {
+                let i = self.streams[s].trace_idx;
+                if let Some(&at) = times_us.get(i) {
+                    self.streams[s].trace_idx += 1;
+                    self.arrive_at((at * 1000).max(self.now), s);
+                }
+            }
+            Arrival::Closed { .. } | Arrival::Flood { .. } => {}
+        }
+        let kernels: u32 = t.kernels.iter().map(|k| k.repeat).sum();
+        let id = self.next_job;
+        self.next_job += 1;
+        self.jobs.insert(
+            id,
+            Job {
+                stream: s,
+                arrival: self.now,
+                kernels_left: kernels,
+            },
+        );
+        self.streams[s].backlog.push_back(id);
+        self.submit_backlog(s);
+    }
+
+    /// Writes backlogged jobs into the ring while they fit, then rings the doorbell.
+    fn submit_backlog(&mut self, s: usize) {
+        let mut rang = false;
+        while let Some(&job) = self.streams[s].backlog.front() {
+            let st = &self.streams[s];
+            let t = &self.sc.tenants[st.tenant];
+            let need: u64 = t.kernels.iter().map(|k| k.repeat as u64).sum();
+            let vm = st.vm;
+            let read = self.vms[vm].tvm.read_index(&st.gq);
+            let used = st.gq.wptr.saturating_sub(read);
+            if used + need > st.gq.ring_packets {
+                break;
+            }
+            self.streams[s].backlog.pop_front();
+            for (ki, k) in t.kernels.iter().enumerate() {
+                for _ in 0..k.repeat {
+                    self.push_kernel(s, job, ki, k.workgroups, k.wg_cost_us * 1000);
+                }
+            }
+            rang = true;
+        }
+        if rang {
+            let st = &self.streams[s];
+            if let Some(slot) = st.slot {
+                self.gpu
+                    .doorbell(self.now, mdev::backend::SlotId(slot.0), st.gq.wptr);
+            }
+            let q = st.queue;
+            self.sched_event(Event::Doorbell {
+                queue: q,
+                now: self.now,
+            });
+        }
+    }
+
+    fn push_kernel(&mut self, s: usize, job: u64, spec: usize, n: u32, cost_ns: u64) {
+        let vm = self.streams[s].vm;
+        let block = match self.free_blocks.get_mut(&(vm, n)).and_then(|v| v.pop()) {
+            Some(b) => b,
+            None => self.vms[vm].tvm.alloc(64 + 4 * n as u64, 64),
+        };
+        let v = &mut self.vms[vm];
+        let (ka, len) = Kernarg::Mark {
+            counters: block + 64,
+            n,
+        }
+        .encode();
+        v.tvm
+            .mem
+            .write(block, &ka[..len])
+            .expect("kernarg inside VM memory");
+        let d = KernelDispatch::one_d(v.kds[spec], block, WG_ITEMS, n, 0);
+        // Kernels of a job depend on each other: barrier bit set (in order).
+        let wptr = v
+            .tvm
+            .push(&mut self.streams[s].gq, &Packet::dispatch(d, true));
+        self.kernels.insert(
+            (s, wptr - 1),
+            Kern {
+                job,
+                block,
+                n,
+                cost_ns,
+            },
+        );
+    }
+
+    fn gpu_event(&mut self, ev: GpuEvent) {
+        match ev {
+            GpuEvent::PacketCompleted {
+                tag, dispatch_id, ..
+            } => self.completed(tag as usize, dispatch_id),
+            GpuEvent::QueueIdle { tag, .. } => self.sched_event(Event::QueueIdle {
+                queue: QueueId(tag),
+                now: self.now,
+            }),
+            GpuEvent::Unmapped {
+                tag,
+                mqd,
+                has_work,
+                save_ns,
+                ..
+            } => {
+                let s = tag as usize;
+                self.streams[s].gq.mqd = *mqd;
+                self.slot_freed(s);
+                self.sched_event(Event::Unmapped {
+                    queue: QueueId(tag),
+                    has_work,
+                    save_ns,
+                    now: self.now,
+                });
+            }
+            GpuEvent::QueueError { tag, reason, .. } => {
+                log::warn!("scenario {}: queue {tag}: {reason}", self.sc.name);
+                self.out.queue_errors += 1;
+                self.sched_event(Event::QueueError {
+                    queue: QueueId(tag),
+                    now: self.now,
+                });
+            }
+        }
+    }
+
+    fn slot_freed(&mut self, s: usize) {
+        if self.streams[s].slot.take().is_some() {
+            self.account_occupancy();
+            self.occupied -= 1;
+        }
+    }
+
+    fn completed(&mut self, s: usize, dispatch_id: u64) {
+        let Some(k) = self.kernels.remove(&(s, dispatch_id)) else {
+            return;
+        };
+        let vm = self.streams[s].vm;
+        let mem = self.vms[vm].tvm.mem.clone();
+        let mut b = vec![0u8; 4 * k.n as usize];
+        mem.read(k.block + 64, &mut b)
+            .expect("counters inside VM memory");
+        for c in b.chunks_exact(4) {
+            match u32::from_le_bytes([c[0], c[1], c[2], c[3]]) {
+                0 => self.out.lost_effects += 1,
+                1 => {}
+                x => self.out.duplicate_effects += x as u64 - 1,
+            }
+        }
+        b.fill(0);
+        mem.write(k.block + 64, &b)
+            .expect("counters inside VM memory");
+        self.free_blocks.entry((vm, k.n)).or_default().push(k.block);
+        self.vms[vm].cu_ns += k.n as u128 * k.cost_ns as u128;
+        let job = self.jobs.get_mut(&k.job).expect("job of a kernel");
+        job.kernels_left -= 1;
+        if job.kernels_left == 0 {
+            let job = self.jobs.remove(&k.job).unwrap();
+            let t = &self.sc.tenants[self.streams[job.stream].tenant];
+            if t.class == Class::Hi {
+                let lat = self.now - job.arrival;
+                self.out.hi_latency_ns.push(lat);
+                self.out.hi_jobs_counted += 1;
+                if lat > t.sla_ms.unwrap_or(u64::MAX / 2_000_000) * 1_000_000 {
+                    self.out.hi_sla_misses += 1;
+                }
+            }
+            match t.arrival {
+                Arrival::Closed { think_us, .. } => self.arrive_at(self.now + think_us * 1000, s),
+                Arrival::Flood { .. } => self.arrive_at(self.now, s),
+                _ => {}
+            }
+        }
+        self.submit_backlog(s);
+    }
+
+    fn sched_event(&mut self, ev: Event) {
+        self.synthetic.push_back(ev);
+        while let Some(ev) = self.synthetic.pop_front() {
+            let t0 = Instant::now();
+            self.sched.handle(ev);
+            let mut acts = Vec::new();
+            while let Some(a) = self.sched.poll_action() {
+                acts.push(a);
+            }
+            self.out.decision_ns.push(t0.elapsed().as_nanos() as u64);
+            for a in acts {
+                self.action(a);
+            }
+        }
+    }
+
+    fn action(&mut self, a: Action) {
+        let now = self.now;
+        match a {
+            Action::Map { queue, slot } => {
+                let s = queue.0 as usize;
+                let req = MapRequest {
+                    slot: mdev::backend::SlotId(slot.0),
+                    tag: queue.0,
+                    mqd: self.streams[s].gq.mqd.clone(),
+                    mem: self.vms[self.streams[s].vm].tvm.dyn_mem(),
+                };
+                match self.gpu.map(now, req) {
+                    Ok(()) => {
+                        self.account_occupancy();
+                        self.occupied += 1;
+                        self.streams[s].slot = Some(slot);
+                    }
+                    Err(e) => {
+                        log::warn!("scenario {}: map of queue {s} refused: {e}", self.sc.name);
+                        self.out.queue_errors += 1;
+                        self.synthetic.push_back(Event::QueueError { queue, now });
+                    }
+                }
+            }
+            Action::Unmap { queue, slot, mode } => {
+                let mode = match mode {
+                    UnmapMode::Drain => DequeueMode::DrainPipe,
+                    UnmapMode::Save => DequeueMode::SaveWaves,
+                    UnmapMode::Reset => DequeueMode::ResetWaves,
+                };
+                let s = queue.0 as usize;
+                if self.streams[s].slot.is_none()
+                    || self
+                        .gpu
+                        .unmap(now, mdev::backend::SlotId(slot.0), mode)
+                        .is_err()
+                {
+                    // Never reached the GPU (refused map): done at once.
+                    self.slot_freed(s);
+                    self.synthetic.push_back(Event::Unmapped {
+                        queue,
+                        has_work: false,
+                        save_ns: 0,
+                        now,
+                    });
+                }
+            }
+            Action::ArmTimer { at } => self.timer = Some(at),
+        }
+    }
+
+    fn finish(mut self, topo: &GpuTopology) -> RunOutput {
+        let end = self.now;
+        // Unfinished hi jobs already past their SLA are misses.
+        for job in self.jobs.values() {
+            let t = &self.sc.tenants[self.streams[job.stream].tenant];
+            if t.class == Class::Hi {
+                let sla = t.sla_ms.unwrap_or(0) * 1_000_000;
+                if end - job.arrival > sla {
+                    self.out.hi_sla_misses += 1;
+                    self.out.hi_jobs_counted += 1;
+                }
+            }
+        }
+        for (i, v) in self.vms.iter().enumerate() {
+            let t = &self.sc.tenants[v.tenant];
+            let _ = i;
+            self.out
+                .vms
+                .push((v.tenant, t.priority, t.weight, t.class, v.cu_ns));
+        }
+        let st = self.gpu.stats();
+        self.out.gpu = st.clone();
+        self.out.preemptions = self.sched.stats().preemptions;
+        self.out.save_restore_ns = st.save_ns_total + st.restore_ns_total;
+        self.out.workgroups = st.wgs_completed;
+        self.out.cus = (topo.cus_per_xcc * topo.xccs) as u64;
+        self.out.duration_ns = end;
+        let nslots = topo.user_slots().len() as u128;
+        self.out.hqd_utilisation = if end == 0 {
+            0.0
+        } else {
+            self.occ_area as f64 / (nslots * end as u128) as f64
+        };
+        self.out
+    }
+}
+
+/// Runs `sc` under `policy` (and its hi tenants alone, for the isolated
+/// baseline) and computes the report row.
+pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport, EvalError> {
+    let t0 = Instant::now();
+    let run = simulate(sc, policy, seed)?;
+    let has_hi = sc.tenants.iter().any(|t| t.class == Class::Hi);
+    let has_lo = sc.tenants.iter().any(|t| t.class == Class::Lo);
+    let mut hi = run.hi_latency_ns.clone();
+    hi.sort_unstable();
+    let iso_p99 = if has_hi && has_lo {
+        let mut iso = simulate(&sc.only(Class::Hi), policy, seed)?.hi_latency_ns;
+        iso.sort_unstable();
+        percentile(&iso, 0.99)
+    } else {
+        percentile(&hi, 0.99)
+    };
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let capacity = run.cus as f64 * run.duration_ns as f64;
+    let hi_cu: f64 = run
+        .vms
+        .iter()
+        .filter(|v| v.3 == Class::Hi)
+        .map(|v| v.4 as f64)
+        .sum();
+    let lo_cu: f64 = run
+        .vms
+        .iter()
+        .filter(|v| v.3 == Class::Lo)
+        .map(|v| v.4 as f64)
+        .sum();
+    let lo_ret = if has_lo && capacity > hi_cu {
+        lo_cu / (capacity - hi_cu)
+    } else {
+        0.0
+    };
+    // Jain over the priority level with the most VMs (ties: the lower level).
+    let mut by_prio: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
+    for v in &run.vms {
+        by_prio
+            .entry(v.1)
+            .or_default()
+            .push(v.4 as f64 / v.2 as f64);
+    }
+    let level = by_prio
+        .iter()
+        .max_by_key(|(p, xs)| (xs.len(), Reverse(**p)))
+        .map(|(_, xs)| xs.clone())
+        .unwrap_or_default();
+    let mut dec = run.decision_ns.clone();
+    dec.sort_unstable();
+    Ok(PolicyReport {
+        scenario: sc.name.clone(),
+        policy: policy.name().into(),
+        seed,
+        hi_p50_us: us(percentile(&hi, 0.5)),
+        hi_p99_us: us(percentile(&hi, 0.99)),
+        hi_p999_us: us(percentile(&hi, 0.999)),
+        hi_isolated_p99_us: us(iso_p99),
+        hi_sla_miss_rate: if run.hi_jobs_counted == 0 {
+            0.0
+        } else {
+            run.hi_sla_misses as f64 / run.hi_jobs_counted as f64
+        },
+        hi_jobs: hi.len() as u64,
+        lo_throughput_retained: lo_ret,
+        jain_index: jain(&level),
+        preemptions: run.preemptions,
+        save_restore_us_total: us(run.save_restore_ns),
+        hqd_utilisation: run.hqd_utilisation,
+        lost_effects: run.lost_effects,
+        duplicate_effects: run.duplicate_effects,
+        queue_errors: run.queue_errors,
+        workgroups: run.workgroups,
+        decision_p99_ns: percentile(&dec, 0.99) as f64,
+        host_ms: t0.elapsed().as_secs_f64() * 1000.0,
+    })
+}

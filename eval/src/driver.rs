@@ -55,7 +55,8 @@ pub struct RunOutput {
     pub vms: Vec<(usize, u8, u32, Class, u128)>,
     /// Mark counters left at 0 in completed kernels.
     pub lost_effects: u64,
-    /// Extra increments seen in completed kernels.
+    /// Extra increments seen in completed kernels and, at the end, in
+    /// kernels still in flight.
     pub duplicate_effects: u64,
     /// Queue errors.
     pub queue_errors: u64,
@@ -614,6 +615,18 @@ impl Sim<'_> {
 
     fn finish(mut self, topo: &GpuTopology) -> RunOutput {
         let end = self.now;
+        // Kernels still in flight: an effect applied twice already counts
+        // (a 0 is not lost yet).
+        for (&(s, _), k) in &self.kernels {
+            let mem = &self.vms[self.streams[s].vm].tvm.mem;
+            let mut b = vec![0u8; 4 * k.n as usize];
+            mem.read(k.block + 64, &mut b)
+                .expect("counters inside VM memory");
+            for c in b.chunks_exact(4) {
+                let x = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                self.out.duplicate_effects += x.saturating_sub(1) as u64;
+            }
+        }
         // Unfinished hi jobs already past their SLA are misses.
         for job in self.jobs.values() {
             let t = &self.sc.tenants[self.streams[job.stream].tenant];

@@ -7,6 +7,7 @@ pub mod config;
 pub mod console;
 pub mod devices;
 pub mod fleet;
+pub mod simcmd;
 pub mod vm;
 
 /// True when `/dev/kvm` can be opened read-write.

@@ -37,6 +37,9 @@ enum Command {
     },
     /// List the guest images built into this binary.
     Images,
+    /// Evaluate scheduling policies on a scenario in virtual time over the
+    /// simulated GPU (no KVM needed): a policy x metric table, or JSON.
+    Sim(vmm::simcmd::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Sim(args) => vmm::simcmd::run(&args),
         Command::Images => {
             for name in images::names() {
                 println!("builtin:{name}");

@@ -620,13 +620,16 @@ impl Scheduler {
                 self.unmap(q, mode, Reason::Preempt(mode));
             }
         }
+        // At most this many can be placed or make a victim now.
+        let reach = self.parts[p].nfree + self.parts[p].running.len() + 1;
         let ready: Vec<(u16, QueueId)> = self.parts[p]
             .ready
             .iter()
             .map(|(k, _, q)| (k.0, *q))
             .take_while(|(k, _)| !only_top || *k >= top)
+            .take(reach)
             .collect();
-        let mut left = ready.len();
+        let mut left = self.parts[p].ready.len();
         for (key, q) in ready {
             if self.place(p, q, left) {
                 left -= 1;

@@ -1,0 +1,133 @@
+//! Decision cost of the scheduler per event at 16, 256, 1024 and 4096 vMQDs
+//! on MI300X SPX (24 user HQD slots), under a random mix of doorbells, idle
+//! queues, finished dequeues and timer ticks.
+//!
+//! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS]`
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use scheduler::*;
+use std::time::Instant;
+
+fn slots() -> Vec<SlotDesc> {
+    let mut v = Vec::new();
+    for pipe in 0..4 {
+        for queue in 2..8 {
+            v.push(SlotDesc {
+                partition: 0,
+                pipe,
+                queue,
+            });
+        }
+    }
+    v
+}
+
+fn bench(policy: Policy, nq: u64, events: usize) -> (u64, u64, u64, f64) {
+    let mut s = Scheduler::new(
+        SchedConfig {
+            policy,
+            ..Default::default()
+        },
+        slots(),
+    )
+    .unwrap();
+    let per_vm = 16.min(nq);
+    for vm in 0..nq.div_ceil(per_vm) {
+        s.add_vm(
+            VmId(vm as u32),
+            VmParams {
+                priority: (vm % 16) as u8,
+                weight: 1 + (vm % 3) as u32,
+                partition: None,
+            },
+        )
+        .unwrap();
+        for q in 0..per_vm {
+            let id = vm * per_vm + q;
+            if id < nq {
+                s.add_queue(VmId(vm as u32), QueueId(id), (q % 4) as u8)
+                    .unwrap();
+            }
+        }
+    }
+    let mut rng = SmallRng::seed_from_u64(nq);
+    let mut mapped: Vec<QueueId> = Vec::new();
+    let mut unmapping: Vec<QueueId> = Vec::new();
+    let mut timer: Option<Nanos> = None;
+    let mut now: Nanos = 0;
+    let mut cost = Vec::with_capacity(events);
+    let mut acts = Vec::new();
+    for _ in 0..events {
+        now += rng.gen_range(1_000..20_000);
+        let r: u32 = rng.gen_range(0..100);
+        let ev = if timer.is_some_and(|t| t <= now) {
+            timer = None;
+            Event::Tick { now }
+        } else if !unmapping.is_empty() && r < 30 {
+            let q = unmapping.swap_remove(rng.gen_range(0..unmapping.len()));
+            mapped.retain(|m| *m != q);
+            Event::Unmapped {
+                queue: q,
+                has_work: rng.gen_bool(0.5),
+                save_ns: 100_000,
+                now,
+            }
+        } else if !mapped.is_empty() && r < 55 {
+            let q = mapped[rng.gen_range(0..mapped.len())];
+            Event::QueueIdle { queue: q, now }
+        } else {
+            Event::Doorbell {
+                queue: QueueId(rng.gen_range(0..nq)),
+                now,
+            }
+        };
+        let t0 = Instant::now();
+        s.handle(ev);
+        while let Some(a) = s.poll_action() {
+            acts.push(a);
+        }
+        cost.push(t0.elapsed().as_nanos() as u64);
+        for a in acts.drain(..) {
+            match a {
+                Action::Map { queue, .. } => mapped.push(queue),
+                Action::Unmap { queue, .. } => {
+                    if !unmapping.contains(&queue) {
+                        unmapping.push(queue)
+                    }
+                }
+                Action::ArmTimer { at } => timer = Some(at),
+            }
+        }
+    }
+    cost.sort_unstable();
+    let pct = |q: f64| cost[((q * cost.len() as f64) as usize).min(cost.len() - 1)];
+    let mean = cost.iter().sum::<u64>() as f64 / cost.len() as f64;
+    (pct(0.5), pct(0.99), pct(0.999), mean)
+}
+
+fn main() {
+    let events: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(200_000);
+    println!("scheduler decision cost per event (ns), {events} events, 24 HQD slots");
+    println!(
+        "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8}",
+        "policy", "vMQDs", "p50", "p99", "p99.9", "mean"
+    );
+    for policy in [Policy::Hqdmux, Policy::Fifo, Policy::Timeslice] {
+        for nq in [16, 256, 1024, 4096] {
+            let (p50, p99, p999, mean) = bench(policy, nq, events);
+            println!(
+                "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8.0}",
+                policy.name(),
+                nq,
+                p50,
+                p99,
+                p999,
+                mean
+            );
+        }
+    }
+}

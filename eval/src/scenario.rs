@@ -30,6 +30,18 @@ pub struct Scenario {
     /// The tenants.
     #[serde(rename = "tenant")]
     pub tenants: Vec<Tenant>,
+    /// Optional sweep: the scenario runs once per value of one tenant's `count`.
+    pub sweep: Option<Sweep>,
+}
+
+/// Runs a scenario several times with one tenant entry's VM count varied.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    /// Name of the tenant entry whose `count` varies.
+    pub tenant: String,
+    /// The counts to run.
+    pub counts: Vec<u32>,
 }
 
 fn default_seed() -> u64 {
@@ -280,7 +292,43 @@ impl Scenario {
                 return Err(bad("sla_ms", "hi tenants need an SLA".into()));
             }
         }
+        if let Some(sw) = &self.sweep {
+            let bad = |reason: String| ScenarioError::Invalid {
+                file: file.into(),
+                tenant: sw.tenant.clone(),
+                field: "sweep",
+                reason,
+            };
+            if !self.tenants.iter().any(|t| t.name == sw.tenant) {
+                return Err(bad("no tenant of that name".into()));
+            }
+            if sw.counts.is_empty() || sw.counts.contains(&0) {
+                return Err(bad("counts must be a non-empty list of values >= 1".into()));
+            }
+        }
         Ok(())
+    }
+
+    /// The runs this scenario stands for: itself, or one per sweep point
+    /// (named `NAME/TENANT=COUNT`).
+    pub fn expand(&self) -> Vec<Scenario> {
+        let Some(sw) = &self.sweep else {
+            return vec![self.clone()];
+        };
+        sw.counts
+            .iter()
+            .map(|&n| {
+                let mut s = self.clone();
+                s.sweep = None;
+                s.name = format!("{}/{}={n}", self.name, sw.tenant);
+                for t in &mut s.tenants {
+                    if t.name == sw.tenant {
+                        t.count = n;
+                    }
+                }
+                s
+            })
+            .collect()
     }
 
     /// Total VMs.

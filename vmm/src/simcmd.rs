@@ -39,13 +39,14 @@ pub fn scenarios(args: &SimArgs) -> Result<Vec<Scenario>, String> {
             .map_err(|e| e.to_string());
     }
     if args.scenario == "all" {
-        return BUILTIN
-            .iter()
-            .map(|(n, _)| Scenario::builtin(n).map_err(|e| e.to_string()))
-            .collect();
+        let mut all = Vec::new();
+        for (n, _) in BUILTIN {
+            all.extend(Scenario::builtin(n).map_err(|e| e.to_string())?.expand());
+        }
+        return Ok(all);
     }
     Scenario::builtin(&args.scenario)
-        .map(|s| vec![s])
+        .map(|s| s.expand())
         .map_err(|e| e.to_string())
 }
 

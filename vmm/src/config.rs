@@ -4,8 +4,10 @@
 //! [run]
 //! timeout_ms = 10000
 //!
-//! [gpu]
-//! backend = "sim"
+//! [gpu]                    # mdev::topology::GpuTopology; every field optional,
+//! backend = "sim"          # defaults describe an MI300X
+//! xccs = 8
+//! partition_mode = "SPX"   # SPX, DPX, QPX or CPX
 //!
 //! [[vm]]
 //! name = "alpha"
@@ -14,15 +16,18 @@
 //! vcpus = 1
 //! priority = 8
 //! weight = 1
+//! partition = 0            # optional: pin to a GPU partition
 //! args = "exit=0"
 //! ```
 //!
-//! Every error names the file, the VM (name and index), the field and the reason.
+//! Every error names the file, the section or VM (name and index), the field
+//! and the reason.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use mdev::topology::{GpuTopology, PartitionMode, TopologyError};
 use serde::Deserialize;
 
 /// Smallest guest RAM: 1 MiB of boot structures plus room for the image.
@@ -43,9 +48,9 @@ pub struct FleetConfig {
     /// Run limits.
     #[serde(default)]
     pub run: RunConfig,
-    /// The physical GPU the VMs share.
+    /// The physical GPU the VMs share (`[gpu]`; omitted = an MI300X in SPX).
     #[serde(default)]
-    pub gpu: GpuConfig,
+    pub gpu: GpuTopology,
     /// The VMs, in launch order.
     #[serde(default)]
     pub vm: Vec<VmConfig>,
@@ -60,24 +65,6 @@ pub struct FleetConfig {
 pub struct RunConfig {
     /// Stop every VM still running after this many milliseconds (none = wait forever).
     pub timeout_ms: Option<u64>,
-}
-
-/// Which physical GPU backend to use.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GpuBackendKind {
-    /// The simulated MI300-class GPU (the only backend so far).
-    #[default]
-    Sim,
-}
-
-/// The `[gpu]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GpuConfig {
-    /// Backend kind.
-    #[serde(default)]
-    pub backend: GpuBackendKind,
 }
 
 /// One `[[vm]]` entry.
@@ -100,6 +87,11 @@ pub struct VmConfig {
     /// Share of GPU time among VMs of equal priority (1..=1000).
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// GPU partition the VM's queues are pinned to (0-based, below the number
+    /// of partitions of `[gpu] partition_mode`); none = the scheduler picks
+    /// the least loaded one.
+    #[serde(default)]
+    pub partition: Option<u32>,
     /// Argument string passed to the guest.
     #[serde(default)]
     pub args: String,
@@ -158,7 +150,7 @@ pub enum ConfigError {
     Invalid {
         /// The config file.
         file: PathBuf,
-        /// "vm 'name' (vm[i]): " or empty for top-level fields.
+        /// "vm 'name' (vm[i]): ", "gpu: " or empty for top-level fields.
         place: Place,
         /// The field name.
         field: &'static str,
@@ -172,6 +164,8 @@ pub enum ConfigError {
 pub enum Place {
     /// A top-level section.
     Top,
+    /// The `[gpu]` section (fields of its sub-tables as `cwsr.trap_ns`).
+    Gpu,
     /// `[[vm]]` number `index` named `name`.
     Vm {
         /// Position in the file, 0-based.
@@ -185,6 +179,7 @@ impl fmt::Display for Place {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Place::Top => Ok(()),
+            Place::Gpu => write!(f, "gpu: "),
             Place::Vm { index, name } => write!(f, "vm '{name}' (vm[{index}]): "),
         }
     }
@@ -227,6 +222,16 @@ impl FleetConfig {
         if self.run.timeout_ms == Some(0) {
             return Err(top("run.timeout_ms", "must be at least 1".into()));
         }
+        if let Err(e) = self.gpu.validate() {
+            let (field, reason) = topology_error(&e);
+            return Err(ConfigError::Invalid {
+                file: file.to_owned(),
+                place: Place::Gpu,
+                field,
+                reason,
+            });
+        }
+        let partitions = self.gpu.partitions();
         let mut names = HashSet::new();
         for (index, vm) in self.vm.iter().enumerate() {
             let bad = |field, reason: String| ConfigError::Invalid {
@@ -293,6 +298,19 @@ impl FleetConfig {
                     ),
                 ));
             }
+            if let Some(p) = vm.partition {
+                if p >= partitions {
+                    return Err(bad(
+                        "partition",
+                        format!(
+                            "{p} is out of range 0..={} ([gpu] partition_mode {} has {partitions} partition{})",
+                            partitions - 1,
+                            mode_name(self.gpu.partition_mode),
+                            if partitions == 1 { "" } else { "s" },
+                        ),
+                    ));
+                }
+            }
             if vm.args.len() > MAX_ARGS_LEN {
                 return Err(bad(
                     "args",
@@ -323,6 +341,81 @@ impl FleetConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The field a topology error is about and why, without the `gpu.` prefix
+/// (the place says `gpu: `).
+fn topology_error(e: &TopologyError) -> (&'static str, String) {
+    match e {
+        TopologyError::Zero(field) => (field, "must be greater than 0".into()),
+        TopologyError::TooLarge { field, value, max } => {
+            (field, format!("{value} exceeds the maximum {max}"))
+        }
+        TopologyError::PartitionMismatch { mode, parts, xccs } => (
+            "xccs",
+            format!(
+                "{xccs} XCCs do not split evenly into the {parts} partitions of \
+                 partition_mode {} (xccs must be a multiple of {parts})",
+                mode_name(*mode)
+            ),
+        ),
+        TopologyError::NoUserSlots { reserved, per_pipe } => (
+            "reserved_queues_per_pipe",
+            format!("{reserved} of {per_pipe} queues per pipe leaves no user queue"),
+        ),
+    }
+}
+
+/// The TOML spelling of a partition mode.
+pub fn mode_name(mode: PartitionMode) -> &'static str {
+    match mode {
+        PartitionMode::Spx => "SPX",
+        PartitionMode::Dpx => "DPX",
+        PartitionMode::Qpx => "QPX",
+        PartitionMode::Cpx => "CPX",
+    }
+}
+
+impl FleetConfig {
+    /// What `hqdmux check` prints about the GPU: backend, XCCs, CUs,
+    /// partitioning, user HQD slots, and which VMs are pinned where.
+    pub fn gpu_summary(&self) -> String {
+        let g = &self.gpu;
+        let backend = match g.backend {
+            mdev::topology::Backend::Sim => "sim (simulated MI300-class)",
+        };
+        let parts = g.partitions();
+        let user_per_pipe = g.queues_per_pipe - g.reserved_queues_per_pipe;
+        let mut s = format!(
+            "gpu: backend {backend}\n\
+             gpu: {} XCCs x {} CUs = {} CUs\n\
+             gpu: partition mode {}: {parts} partition{} of {} XCC{} ({} CUs each)\n\
+             gpu: user HQD slots: {} ({parts} partition{} x {} pipes x {user_per_pipe} queues; \
+             {} of {} queues per pipe reserved for kernel queues)\n",
+            g.xccs,
+            g.cus_per_xcc,
+            g.xccs * g.cus_per_xcc,
+            mode_name(g.partition_mode),
+            if parts == 1 { "" } else { "s" },
+            g.xccs_per_partition(),
+            if g.xccs_per_partition() == 1 { "" } else { "s" },
+            g.cus_per_partition(),
+            g.user_slots().len(),
+            if parts == 1 { "" } else { "s" },
+            g.pipes_per_xcc,
+            g.reserved_queues_per_pipe,
+            g.queues_per_pipe,
+        );
+        let pinned: Vec<String> = self
+            .vm
+            .iter()
+            .filter_map(|v| v.partition.map(|p| format!("{}->{p}", v.name)))
+            .collect();
+        if !pinned.is_empty() {
+            s += &format!("gpu: pinned VMs (vm->partition): {}\n", pinned.join(", "));
+        }
+        s
     }
 }
 
@@ -360,7 +453,7 @@ mod tests {
             (vm.memory_mib, vm.vcpus, vm.priority, vm.weight),
             (16, 1, 12, 3)
         );
-        assert_eq!(cfg.gpu.backend, GpuBackendKind::Sim);
+        assert_eq!(cfg.gpu.backend, mdev::topology::Backend::Sim);
         assert_eq!(
             vm.image_source(&cfg.base_dir),
             ImageSource::Builtin("hello".into())
@@ -409,5 +502,106 @@ mod tests {
         assert!(e.contains("line"), "{e}");
         let e = err(&format!("[gpu]\nbackend = \"cuda\"\n{GOOD}"));
         assert!(e.contains("unknown variant `cuda`"), "{e}");
+    }
+
+    #[test]
+    fn gpu_omitted_is_an_mi300x_in_spx() {
+        let cfg = parse(GOOD).unwrap();
+        assert_eq!(cfg.gpu, GpuTopology::default());
+        assert_eq!((cfg.gpu.xccs, cfg.gpu.cus_per_xcc), (8, 38));
+        assert_eq!(cfg.gpu.partition_mode, PartitionMode::Spx);
+        assert_eq!(cfg.vm[0].partition, None);
+        let s = cfg.gpu_summary();
+        assert!(s.contains("8 XCCs x 38 CUs = 304 CUs"), "{s}");
+        assert!(
+            s.contains("partition mode SPX: 1 partition of 8 XCCs"),
+            "{s}"
+        );
+        assert!(s.contains("user HQD slots: 24 "), "{s}");
+    }
+
+    #[test]
+    fn gpu_fields_override_the_defaults() {
+        let cfg = parse(&format!(
+            "[gpu]\nbackend = \"sim\"\npartition_mode = \"CPX\"\nreserved_queues_per_pipe = 0\n\
+             [gpu.cwsr]\ntrap_ns = 1000\n{GOOD}partition = 7\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.gpu.partition_mode, PartitionMode::Cpx);
+        assert_eq!(cfg.gpu.xccs, 8);
+        assert_eq!(cfg.gpu.partitions(), 8);
+        assert_eq!(cfg.gpu.cwsr.trap_ns, 1000);
+        assert_eq!(cfg.gpu.cwsr.save_bytes_per_us, 200_000);
+        assert_eq!(cfg.vm[0].partition, Some(7));
+        let s = cfg.gpu_summary();
+        assert!(
+            s.contains("CPX: 8 partitions of 1 XCC (38 CUs each)"),
+            "{s}"
+        );
+        assert!(s.contains("user HQD slots: 256 "), "{s}");
+        assert!(s.contains("a->7"), "{s}");
+    }
+
+    #[test]
+    fn unknown_gpu_field_is_rejected_naming_it() {
+        let e = err(&format!("[gpu]\nxcc = 4\n{GOOD}"));
+        assert!(e.starts_with("/cfg/fleet.toml: "), "{e}");
+        assert!(e.contains("unknown field `xcc`"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let e = err(&format!("[gpu.cwsr]\ntrap = 4\n{GOOD}"));
+        assert!(e.contains("unknown field `trap`"), "{e}");
+        let e = err(&format!("[gpu]\nbackend = \"cuda\"\n{GOOD}"));
+        assert!(e.contains("unknown variant `cuda`"), "{e}");
+        let e = err(&format!("[gpu]\npartition_mode = \"spx\"\n{GOOD}"));
+        assert!(e.contains("unknown variant `spx`"), "{e}");
+    }
+
+    #[test]
+    fn invalid_gpu_topology_names_file_section_field_and_reason() {
+        let e = err(&format!(
+            "[gpu]\nxccs = 3\npartition_mode = \"DPX\"\n{GOOD}"
+        ));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: gpu: field `xccs`: 3 XCCs do not split evenly into the 2 \
+             partitions of partition_mode DPX (xccs must be a multiple of 2)"
+        );
+        let e = err(&format!("[gpu]\ncus_per_xcc = 0\n{GOOD}"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: gpu: field `cus_per_xcc`: must be greater than 0"
+        );
+        let e = err(&format!("[gpu.sim]\njitter_permille = 2000\n{GOOD}"));
+        assert!(
+            e.contains("gpu: field `sim.jitter_permille`: 2000 exceeds the maximum 1000"),
+            "{e}"
+        );
+        let e = err(&format!("[gpu]\nreserved_queues_per_pipe = 8\n{GOOD}"));
+        assert!(
+            e.contains("gpu: field `reserved_queues_per_pipe`: 8 of 8"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn vm_partition_must_exist_in_the_topology() {
+        let e = err(&format!("{GOOD}partition = 1\n"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `partition`: 1 is out of range 0..=0 \
+             ([gpu] partition_mode SPX has 1 partition)"
+        );
+        let e = err(&format!(
+            "[gpu]\npartition_mode = \"QPX\"\n{GOOD}partition = 4\n"
+        ));
+        assert!(
+            e.contains("field `partition`: 4 is out of range 0..=3 ([gpu] partition_mode QPX has 4 partitions)"),
+            "{e}"
+        );
+        let cfg = parse(&format!(
+            "[gpu]\npartition_mode = \"QPX\"\n{GOOD}partition = 3\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.vm[0].partition, Some(3));
     }
 }

@@ -85,6 +85,7 @@ fn main() -> ExitCode {
         Command::Check { config } => match FleetConfig::load(&config) {
             Ok(cfg) => {
                 println!("{}: ok, {} VMs", config.display(), cfg.vm.len());
+                print!("{}", cfg.gpu_summary());
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -41,6 +41,21 @@ fn bad_configs_are_rejected_with_file_vm_field_and_reason_and_nothing_runs() {
             format!("{good}gpus = 2\n"),
             "unknown field `gpus`",
         ),
+        (
+            "gpufield.toml",
+            format!("[gpu]\nxcc = 4\n{good}"),
+            "unknown field `xcc`",
+        ),
+        (
+            "gputopo.toml",
+            format!("[gpu]\nxccs = 3\npartition_mode = \"DPX\"\n{good}"),
+            "gpu: field `xccs`: 3 XCCs do not split evenly",
+        ),
+        (
+            "partition.toml",
+            format!("{good}partition = 2\n"),
+            "vm 'a' (vm[0]): field `partition`: 2 is out of range 0..=0",
+        ),
         ("syntax.toml", "[[vm]\n".to_string(), "fleet"),
     ];
     for (file, text, want) in cases {
@@ -72,6 +87,45 @@ fn bad_configs_are_rejected_with_file_vm_field_and_reason_and_nothing_runs() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml: cannot read"));
+}
+
+#[test]
+fn check_prints_the_gpu_topology() {
+    let out = hqdmux()
+        .args(["check", "examples/hello.toml"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for want in [
+        "examples/hello.toml: ok, 4 VMs",
+        "gpu: 8 XCCs x 38 CUs = 304 CUs",
+        "gpu: partition mode SPX",
+        "gpu: user HQD slots: 24 ",
+    ] {
+        assert!(stdout.contains(want), "wanted {want:?} in {stdout}");
+    }
+    let dir = std::env::temp_dir().join(format!("hqdmux-cli-gpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cpx.toml");
+    std::fs::write(
+        &path,
+        "[gpu]\npartition_mode = \"CPX\"\n[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\npartition = 5\n",
+    )
+    .unwrap();
+    let out = hqdmux()
+        .args(["check", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("partition mode CPX: 8 partitions of 1 XCC (38 CUs each)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("user HQD slots: 192 "), "{stdout}");
+    assert!(stdout.contains("a->5"), "{stdout}");
 }
 
 #[test]

@@ -127,6 +127,8 @@ struct Sim<'a> {
     occ_area: u128,
     occ_t: Nanos,
     synthetic: VecDeque<Event>,
+    /// Pending live changes, earliest last.
+    changes: Vec<crate::scenario::Change>,
     out: RunOutput,
 }
 
@@ -255,6 +257,11 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
         occ_area: 0,
         occ_t: 0,
         synthetic: VecDeque::new(),
+        changes: {
+            let mut c = sc.changes.clone();
+            c.sort_by_key(|c| std::cmp::Reverse(c.at_ms));
+            c
+        },
         out: RunOutput::default(),
     };
     sim.first_arrivals();
@@ -329,6 +336,9 @@ impl Sim<'_> {
             if let Some(tm) = self.timer {
                 t = t.min(tm);
             }
+            if let Some(c) = self.changes.last() {
+                t = t.min(c.at_ms * 1_000_000);
+            }
             if t > end {
                 break;
             }
@@ -345,13 +355,41 @@ impl Sim<'_> {
                 self.arrivals.pop();
                 self.arrival(s);
             }
-            if self.timer.is_some_and(|tm| tm <= self.now) {
+            let mut tick = self.timer.is_some_and(|tm| tm <= self.now);
+            while self
+                .changes
+                .last()
+                .is_some_and(|c| c.at_ms * 1_000_000 <= self.now)
+            {
+                let c = self.changes.pop().unwrap();
+                self.apply_change(&c);
+                tick = true;
+            }
+            if tick {
                 self.timer = None;
                 self.sched_event(Event::Tick { now: self.now });
             }
         }
         self.now = end;
         self.account_occupancy();
+    }
+
+    /// Operator steering: new priority/weight for every VM of a tenant entry
+    /// (takes effect at the tick that follows).
+    fn apply_change(&mut self, c: &crate::scenario::Change) {
+        for (i, v) in self.vms.iter().enumerate() {
+            if self.sc.tenants[v.tenant].name != c.tenant {
+                continue;
+            }
+            let vm = VmId(i as u32);
+            if let Some(p) = c.priority {
+                self.sched.set_vm_priority(vm, p).expect("validated change");
+            }
+            if let Some(w) = c.weight {
+                self.sched.set_vm_weight(vm, w).expect("validated change");
+            }
+            log::debug!("t={} ns: vm {i} ({}) changed", self.now, c.tenant);
+        }
     }
 
     fn account_occupancy(&mut self) {

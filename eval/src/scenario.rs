@@ -32,6 +32,23 @@ pub struct Scenario {
     pub tenants: Vec<Tenant>,
     /// Optional sweep: the scenario runs once per value of one tenant's `count`.
     pub sweep: Option<Sweep>,
+    /// Live operator changes during the run (as `hqdmux` CLI steering would do).
+    #[serde(default, rename = "change")]
+    pub changes: Vec<Change>,
+}
+
+/// A live change of every VM of one tenant entry, at a time.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Change {
+    /// When (ms of virtual time).
+    pub at_ms: u64,
+    /// Tenant entry name.
+    pub tenant: String,
+    /// New VM priority.
+    pub priority: Option<u8>,
+    /// New VM weight.
+    pub weight: Option<u32>,
 }
 
 /// Runs a scenario several times with one tenant entry's VM count varied.
@@ -290,6 +307,20 @@ impl Scenario {
             }
             if t.class == Class::Hi && t.sla_ms.is_none() {
                 return Err(bad("sla_ms", "hi tenants need an SLA".into()));
+            }
+        }
+        for c in &self.changes {
+            let bad = |reason: String| ScenarioError::Invalid {
+                file: file.into(),
+                tenant: c.tenant.clone(),
+                field: "change",
+                reason,
+            };
+            if !self.tenants.iter().any(|t| t.name == c.tenant) {
+                return Err(bad("no tenant of that name".into()));
+            }
+            if c.priority.is_some_and(|p| p > 15) || c.weight == Some(0) {
+                return Err(bad("priority must be 0..=15 and weight >= 1".into()));
             }
         }
         if let Some(sw) = &self.sweep {

@@ -49,8 +49,10 @@ struct Vm {
     active_since: Nanos,
     /// Queues Ready, Saved, Running or Preempting.
     busy: u32,
-    /// Weighted GPU time (ns x SCALE / weight).
+    /// Weighted GPU time (ns x SCALE / weight), charged up to `active_since`.
     vtime: u128,
+    /// Key of the VM in its partition's `vt` index, while busy.
+    vt_key: Option<u128>,
     removed: bool,
 }
 
@@ -79,6 +81,8 @@ struct Partition {
     busy: BTreeMap<u16, BTreeMap<VmId, u32>>,
     /// Queues being dequeued (their slots free soon).
     freeing: usize,
+    /// Busy VMs by charged virtual time (fairness floor).
+    vt: BTreeSet<(u128, VmId)>,
     /// VM holding the partition's exclusive slice.
     owner: Option<Owner>,
     vms: usize,
@@ -227,6 +231,7 @@ impl Scheduler {
                 active_since: 0,
                 busy: 0,
                 vtime: 0,
+                vt_key: None,
                 removed: false,
             },
         );
@@ -314,6 +319,7 @@ impl Scheduler {
             charge(v, now, self.cfg.policy);
         }
         v.params.weight = weight;
+        self.sync_vt(vm);
         Ok(())
     }
 
@@ -833,6 +839,7 @@ impl Scheduler {
     }
 
     fn drop_vm_if_done(&mut self, vm: VmId) {
+        self.sync_vt(vm);
         if self
             .vms
             .get(&vm)
@@ -840,6 +847,9 @@ impl Scheduler {
         {
             let v = self.vms.remove(&vm).unwrap();
             self.parts[v.partition as usize].vms -= 1;
+            if let Some(k) = v.vt_key {
+                self.parts[v.partition as usize].vt.remove(&(k, vm));
+            }
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;
@@ -873,13 +883,8 @@ impl Scheduler {
         let mut floor = None;
         if !busy(old) && busy(st) && self.vms[&vm].busy == 0 {
             // A VM that was idle does not bank credit: start at the least
-            // virtual time of the busy VMs of its partition.
-            floor = self
-                .vms
-                .values()
-                .filter(|o| o.partition == part && o.busy > 0)
-                .map(|o| vtime_now(o, now, pol))
-                .min();
+            // charged virtual time of the busy VMs of its partition.
+            floor = self.parts[part as usize].vt.first().map(|e| e.0);
         }
         let v = self.vms.get_mut(&vm).unwrap();
         if active(old) != active(st) {
@@ -905,7 +910,27 @@ impl Scheduler {
         if let Some(f) = floor {
             v.vtime = v.vtime.max(f);
         }
+        self.sync_vt(vm);
         self.index(q);
+    }
+
+    /// Keeps the partition's virtual-time index in step with the VM.
+    fn sync_vt(&mut self, vm: VmId) {
+        let Some(v) = self.vms.get_mut(&vm) else {
+            return;
+        };
+        let want = (v.busy > 0).then_some(v.vtime);
+        if v.vt_key == want {
+            return;
+        }
+        let p = &mut self.parts[v.partition as usize];
+        if let Some(k) = v.vt_key {
+            p.vt.remove(&(k, vm));
+        }
+        if let Some(k) = want {
+            p.vt.insert((k, vm));
+        }
+        v.vt_key = want;
     }
 
     fn rekey(&mut self, q: QueueId, f: impl FnOnce(&mut Queue)) {

@@ -1075,7 +1075,7 @@ impl Scheduler {
             if mapped != q.slot.is_some() {
                 return Err(format!("{id:?} in {:?} with slot {:?}", q.state, q.slot));
             }
-            if mapped && held.get(id).is_none() {
+            if mapped && !held.contains_key(id) {
                 return Err(format!("{id:?} has a slot the table does not give it"));
             }
             if q.key != self.key_of(q)

@@ -507,12 +507,20 @@ impl Scheduler {
             }
         }
         match self.cfg.policy {
-            Policy::Hqdmux | Policy::Reset if self.cfg.exclusive => self.decide_exclusive(p),
+            Policy::Hqdmux | Policy::Reset if self.slices() => self.decide_exclusive(p),
+            Policy::Hqdmux | Policy::Reset if self.cfg.exclusive => {
+                self.decide_shared(p, true, true)
+            }
             Policy::Timeslice => self.decide_exclusive(p),
             Policy::Hqdmux | Policy::Reset => self.decide_shared(p, true, false),
             Policy::Poll5ms => self.decide_shared(p, poll, true),
             Policy::Fifo => self.decide_shared(p, false, false),
         }
+    }
+
+    /// Exclusive per-VM slices at the top level (the default)?
+    fn slices(&self) -> bool {
+        self.cfg.exclusive && !self.cfg.corun_equals
     }
 
     fn quantum(&self, level: u16) -> Nanos {
@@ -704,7 +712,7 @@ impl Scheduler {
             any_busy = true;
             match self.cfg.policy {
                 Policy::Hqdmux | Policy::Reset | Policy::Timeslice
-                    if self.cfg.exclusive || self.cfg.policy == Policy::Timeslice =>
+                    if self.slices() || self.cfg.policy == Policy::Timeslice =>
                 {
                     if let Some(o) = p.owner {
                         if o.level < top {
@@ -715,9 +723,14 @@ impl Scheduler {
                     }
                 }
                 Policy::Hqdmux | Policy::Reset => {
-                    if let Some(&(_, since, _)) = p.running.first() {
-                        if !p.ready.is_empty() {
-                            consider(since + self.cfg.min_run_ns);
+                    // A lower running queue protected by its minimum run
+                    // while a higher one waits (or, exclusive, is busy).
+                    if let Some(&(k, since, _)) = p.running.first() {
+                        let waiting_above = p.ready.first().is_some_and(|r| r.0 .0 > k);
+                        let below_top = self.cfg.exclusive && k < top;
+                        let until = since + self.cfg.min_run_ns;
+                        if (waiting_above || below_top) && until > now {
+                            consider(until);
                         }
                     }
                 }

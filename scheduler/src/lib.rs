@@ -143,6 +143,12 @@ pub struct SchedConfig {
     /// partition, lower-level queues do not co-run on its CUs (they are
     /// preempted). `false`: lower levels fill slots the higher level leaves.
     pub exclusive: bool,
+    /// `false` (default): one VM at a time holds a partition's top level
+    /// (weighted slices). `true`: every busy queue of the top level co-runs
+    /// (work-conserving when VMs cannot fill the GPU alone; shares among
+    /// equals then follow the hardware's priority-blind arbitration, not
+    /// weights). Lower levels stay excluded while `exclusive`.
+    pub corun_equals: bool,
     /// Time slice among VMs of equal level, indexed by VM priority.
     pub quantum_ns: [u64; 16],
     /// Quantum of the `timeslice` baseline and of `fifo`'s round robin.
@@ -164,6 +170,7 @@ impl Default for SchedConfig {
         SchedConfig {
             policy: Policy::Hqdmux,
             exclusive: true,
+            corun_equals: false,
             quantum_ns: [10_000_000; 16],
             baseline_quantum_ns: 10_000_000,
             min_run_ns: 500_000,

@@ -570,7 +570,20 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn build(policy: Policy, min_run: Nanos, parts: u32, prios: &[u8]) -> (World, Vec<QueueId>) {
+    build_variant(policy, min_run, parts, prios, 0)
+}
+
+/// Variant 0: default (exclusive slices); 1: co-run equals; 2: non-exclusive.
+fn build_variant(
+    policy: Policy,
+    min_run: Nanos,
+    parts: u32,
+    prios: &[u8],
+    variant: u8,
+) -> (World, Vec<QueueId>) {
     let c = SchedConfig {
+        corun_equals: variant == 1,
+        exclusive: variant != 2,
         min_run_ns: min_run,
         aging_ns: 100 * MS,
         quantum_ns: [4 * MS; 16],
@@ -630,8 +643,9 @@ proptest! {
     #[test]
     fn safety_and_progress(ops in prop::collection::vec(op(), 1..120),
                            policy in prop::sample::select(Policy::ALL.to_vec()),
-                           parts in 1u32..3) {
-        let (mut w, qs) = build(policy, 500_000, parts, &[1, 4, 4, 9, 12, 12]);
+                           parts in 1u32..3,
+                           variant in 0u8..3) {
+        let (mut w, qs) = build_variant(policy, 500_000, parts, &[1, 4, 4, 9, 12, 12], variant);
         for o in &ops {
             apply(&mut w, &qs, o, true);
         }
@@ -648,8 +662,10 @@ proptest! {
     /// sits below a waiting queue of its partition (inversions never persist
     /// past one decision), including right after live priority changes.
     #[test]
-    fn no_inversion_past_one_decision(ops in prop::collection::vec(op(), 1..150), parts in 1u32..3) {
-        let (mut w, qs) = build(Policy::Hqdmux, 0, parts, &[1, 4, 4, 9, 12, 12]);
+    fn no_inversion_past_one_decision(ops in prop::collection::vec(op(), 1..150),
+                                      parts in 1u32..3,
+                                      corun in any::<bool>()) {
+        let (mut w, qs) = build_variant(Policy::Hqdmux, 0, parts, &[1, 4, 4, 9, 12, 12], corun as u8);
         for o in &ops {
             apply(&mut w, &qs, o, false);
             prop_assert_eq!(w.max_inversion, 0);
@@ -709,4 +725,26 @@ proptest! {
             prop_assert!((share - want).abs() / want < 0.05, "vm {} share {} want {}", i, share, want);
         }
     }
+}
+
+#[test]
+fn corun_equals_maps_all_top_level_vms_and_still_excludes_lower() {
+    let c = SchedConfig {
+        corun_equals: true,
+        min_run_ns: 0,
+        ..cfg(Policy::Hqdmux)
+    };
+    let mut w = World::new(c, slots(1, 2, 4));
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let a = w.vm(1, 9, 1, 1)[0];
+    let b = w.vm(2, 9, 1, 1)[0];
+    w.submit(lo, 100 * MS);
+    w.run_until(MS);
+    w.submit(a, 100 * MS);
+    w.submit(b, 100 * MS);
+    assert_eq!(w.state(a), QueueState::Running);
+    assert_eq!(w.state(b), QueueState::Running, "equals co-run");
+    assert_eq!(w.state(lo), QueueState::Preempting, "lower level excluded");
+    w.run_until(50 * MS);
+    assert_eq!(w.s.stats().preemptions, 1, "no slices between equals");
 }

@@ -35,7 +35,7 @@ pub struct SimArgs {
 pub fn scenarios(args: &SimArgs) -> Result<Vec<Scenario>, String> {
     if let Some(f) = &args.scenario_file {
         return Scenario::load(f)
-            .map(|s| vec![s])
+            .map(|s| s.expand())
             .map_err(|e| e.to_string());
     }
     if args.scenario == "all" {

@@ -133,3 +133,32 @@ fn bad_scenarios_and_policies_exit_2_naming_file_field_and_reason() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy 'lottery'"));
 }
+
+#[test]
+fn a_sweep_in_a_scenario_file_runs_each_point() {
+    let d = scratch("sweep");
+    let f = d.join("sweep.toml");
+    let text = SCENARIO.replace(
+        "duration_ms = 300\n",
+        "duration_ms = 100\nsweep = { tenant = \"batch\", counts = [1, 3] }\n",
+    );
+    std::fs::write(&f, text).unwrap();
+    let out = hqdmux()
+        .args(["sim", "--policy", "hqdmux", "--json", "--scenario-file"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mine/batch=1", "mine/batch=3"]);
+}

@@ -897,7 +897,17 @@ impl Scheduler {
         if !busy(old) && busy(st) && self.vms[&vm].busy == 0 {
             // A VM that was idle does not bank credit: start at the least
             // charged virtual time of the busy VMs of its partition.
-            floor = self.parts[part as usize].vt.first().map(|e| e.0);
+            // Keys of running VMs lag (charged when they stop): walk the
+            // index in key order until no later entry can be lower.
+            let mut best: Option<u128> = None;
+            for &(key, o) in &self.parts[part as usize].vt {
+                if best.is_some_and(|b| key >= b) {
+                    break;
+                }
+                let t = vtime_now(&self.vms[&o], now, pol);
+                best = Some(best.map_or(t, |b| b.min(t)));
+            }
+            floor = best;
         }
         let v = self.vms.get_mut(&vm).unwrap();
         if active(old) != active(st) {

@@ -748,3 +748,26 @@ fn corun_equals_maps_all_top_level_vms_and_still_excludes_lower() {
     w.run_until(50 * MS);
     assert_eq!(w.s.stats().preemptions, 1, "no slices between equals");
 }
+
+#[test]
+fn a_vm_that_was_idle_does_not_bank_credit() {
+    for policy in [Policy::Hqdmux, Policy::Timeslice] {
+        let mut w = World::new(cfg(policy), slots(1, 2, 2));
+        let a = w.vm(0, 6, 1, 1)[0];
+        let b = w.vm(1, 6, 1, 1)[0];
+        w.submit(a, 1_000_000 * MS);
+        w.run_until(1_000 * MS);
+        // Stats run up to the last event: tick so A's running time counts.
+        w.event(Event::Tick { now: w.now });
+        let a0 = w.gpu_ns(0);
+        w.submit(b, 1_000_000 * MS);
+        w.run_until(1_200 * MS);
+        w.event(Event::Tick { now: w.now });
+        let (da, db) = ((w.gpu_ns(0) - a0) as f64, w.gpu_ns(1) as f64);
+        let share = db / (da + db);
+        assert!(
+            (0.4..0.6).contains(&share),
+            "{policy:?}: newcomer share {share}"
+        );
+    }
+}

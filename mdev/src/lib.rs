@@ -12,10 +12,14 @@
 //!   (command processors, AQL, CUs, CWSR), and [`sim::RealTimeDriver`] that runs
 //!   it against the monotonic clock.
 //!
+//! * [`mediator`]: [`mediator::Mediator`], the guest-visible virtual GPU of
+//!   every VM (`docs/vgpu-abi.md`) joined to the scheduler and the GPU.
+//!
 //! See `docs/gpu-model.md` for what the model covers.
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod mediator;
 pub mod mem;
 pub mod sim;
 pub mod topology;

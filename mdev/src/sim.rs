@@ -875,6 +875,17 @@ fn apply_effect(
     Ok(())
 }
 
+/// Static checks of an MQD against a topology and the VM's memory (header,
+/// AQL, ring size and range, pointer addresses, CWSR area), as done at map.
+/// The mediator runs them when a guest loads an MQD, for early errors.
+pub fn check_mqd(
+    topo: &GpuTopology,
+    m: &V9Mqd,
+    mem: &dyn DmaMemory,
+) -> Result<(), QueueErrorReason> {
+    validate_mqd(topo, m, mem)
+}
+
 /// Static MQD checks done at map (refused with [`GpuError::BadMqd`]).
 fn validate_mqd(topo: &GpuTopology, m: &V9Mqd, mem: &dyn DmaMemory) -> QResult<()> {
     if m.dw[mqd::HEADER] != mqd::MQD_HEADER_VALUE {

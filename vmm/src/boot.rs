@@ -61,6 +61,10 @@ pub mod device_kind {
     pub const EXIT: u32 = 2;
     /// Checkpoint port: a 32-bit write records a host timestamp.
     pub const CHECKPOINT: u32 = 3;
+    /// vGPU register window (MMIO, docs/vgpu-abi.md).
+    pub const VGPU_REGS: u32 = 4;
+    /// vGPU doorbell window (MMIO).
+    pub const VGPU_DOORBELLS: u32 = 5;
 }
 
 /// A device as described to the guest.

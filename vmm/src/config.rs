@@ -51,6 +51,9 @@ pub struct FleetConfig {
     /// The physical GPU the VMs share (`[gpu]`; omitted = an MI300X in SPX).
     #[serde(default)]
     pub gpu: GpuTopology,
+    /// Scheduler policy and tunables (`[scheduler]`, docs/scheduling.md).
+    #[serde(default)]
+    pub scheduler: scheduler::SchedConfig,
     /// The VMs, in launch order.
     #[serde(default)]
     pub vm: Vec<VmConfig>,
@@ -95,6 +98,9 @@ pub struct VmConfig {
     /// Argument string passed to the guest.
     #[serde(default)]
     pub args: String,
+    /// Give the VM a mediated virtual GPU (docs/vgpu-abi.md).
+    #[serde(default)]
+    pub gpu: bool,
 }
 
 fn default_memory_mib() -> u64 {
@@ -298,6 +304,22 @@ impl FleetConfig {
                     ),
                 ));
             }
+            if vm.gpu {
+                // One queue's CWSR area must fit beside the image.
+                let cwsr = u64::from(self.gpu.ctx_save_bytes_per_xcc())
+                    * u64::from(self.gpu.xccs_per_partition());
+                let need = cwsr.div_ceil(1 << 20) + MIN_MEMORY_MIB;
+                if vm.memory_mib < need {
+                    return Err(bad(
+                        "memory_mib",
+                        format!(
+                            "{} MiB is too small for `gpu = true`: one queue's CWSR area is {} MiB on this [gpu]; need at least {need} MiB",
+                            vm.memory_mib,
+                            cwsr.div_ceil(1 << 20)
+                        ),
+                    ));
+                }
+            }
             if let Some(p) = vm.partition {
                 if p >= partitions {
                     return Err(bad(
@@ -463,6 +485,31 @@ mod tests {
 
     fn err(text: &str) -> String {
         parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn gpu_vms_need_room_for_a_cwsr_area_and_scheduler_section_parses() {
+        let gpu = GOOD.replace("args = \"x=1\"", "args = \"x=1\"\n        gpu = true");
+        let e = err(&gpu);
+        assert!(
+            e.starts_with("/cfg/fleet.toml: vm 'a' (vm[0]): field `memory_mib`: 16 MiB is too small for `gpu = true`"),
+            "{e}"
+        );
+        let ok = parse(&format!("{gpu}\n        memory_mib = 256\n")).unwrap();
+        assert!(ok.vm[0].gpu);
+        // A smaller GPU needs less.
+        let small = format!("[gpu]\nxccs = 1\ncus_per_xcc = 4\n{gpu}");
+        assert!(parse(&small).is_ok(), "{}", err(&small));
+        let c = parse(&format!(
+            "[scheduler]\npolicy = \"fifo\"\nmin_run_ns = 0\n{GOOD}"
+        ))
+        .unwrap();
+        assert_eq!(c.scheduler.policy, scheduler::Policy::Fifo);
+        let e = err(&format!("[scheduler]\nquantum = 5\n{GOOD}"));
+        assert!(
+            e.contains("/cfg/fleet.toml") && e.contains("unknown field `quantum`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A fleet run: build every VM of a config, start them, wait on one event
 //! loop (event-manager) for each VM's end or the run timeout, report.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
@@ -10,7 +10,13 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::config::{FleetConfig, ImageSource};
+use mdev::mediator::{self, Mediator, VgpuHandle};
+use mdev::mem::DmaMemory;
+use scheduler::VmParams;
+
+use crate::boot::{device_kind, DeviceEntry};
+use crate::config::{FleetConfig, ImageSource, VmConfig};
+use crate::devices::vgpu::{VgpuDoorbells, VgpuRegs, VGPU_DOORBELLS_BASE, VGPU_REGS_BASE};
 use crate::vm::{Vm, VmError, VmReport, VmSpec};
 
 /// Run options not in the config.
@@ -47,6 +53,9 @@ pub enum FleetError {
     /// The event loop failed.
     #[error("event loop: {0}")]
     EventLoop(String),
+    /// The mediated GPU could not be set up.
+    #[error("gpu: {0}")]
+    Gpu(String),
 }
 
 /// The result of a fleet run.
@@ -58,6 +67,8 @@ pub struct FleetReport {
     pub vms: Vec<VmReport>,
     /// True if the run timeout stopped some VM.
     pub timed_out: bool,
+    /// Mediated-GPU counters, when some VM had `gpu = true`.
+    pub gpu: Option<mediator::MediatorStats>,
 }
 
 impl FleetReport {
@@ -66,23 +77,36 @@ impl FleetReport {
         self.vms.iter().all(|v| v.outcome.is_success())
     }
 
-    /// A per-VM summary table.
+    /// A per-VM summary table. `gpu_ms` is the host-measured time from the
+    /// guest's "GPU work submitted" checkpoint (2) to its "completed" one (3):
+    /// median and max over its submissions.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{:<16} {:>10} {:>10} {:>10}  outcome\n",
-            "vm", "entry_ms", "line_ms", "run_ms"
+            "{:<16} {:>10} {:>10} {:>10} {:>16}  outcome\n",
+            "vm", "entry_ms", "line_ms", "run_ms", "gpu_ms p50/max"
         );
         let ms = |t: Option<Instant>| {
             t.map(|t| format!("{:.2}", (t - self.launched).as_secs_f64() * 1e3))
                 .unwrap_or_else(|| "-".into())
         };
         for v in &self.vms {
+            let mut spans = v.spans(2, 3);
+            spans.sort();
+            let gpu = match (spans.get(spans.len() / 2), spans.last()) {
+                (Some(p50), Some(max)) => format!(
+                    "{:.2}/{:.2}",
+                    p50.as_secs_f64() * 1e3,
+                    max.as_secs_f64() * 1e3
+                ),
+                _ => "-".into(),
+            };
             s += &format!(
-                "{:<16} {:>10} {:>10} {:>10.2}  {}\n",
+                "{:<16} {:>10} {:>10} {:>10.2} {:>16}  {}\n",
                 v.name,
                 ms(v.entered),
                 ms(v.first_line),
                 v.run_time.as_secs_f64() * 1e3,
+                gpu,
                 v.outcome
             );
         }
@@ -98,6 +122,16 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         vm: "(all)".into(),
         source,
     })?;
+    // One mediator (scheduler + simulated GPU) for the VMs that have a vGPU.
+    let mediator = if cfg.vm.iter().any(|v| v.gpu) {
+        Some(
+            Mediator::start(cfg.gpu.clone(), cfg.scheduler.clone(), 1)
+                .map_err(|e| FleetError::Gpu(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
     // Build everything first: a VM that cannot be built aborts the launch
     // before any guest runs.
     let mut built = Vec::with_capacity(cfg.vm.len());
@@ -120,11 +154,15 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             vcpus: vc.vcpus,
             args: vc.args.clone(),
             echo: opts.echo,
+            extra_devices: if vc.gpu { vgpu_entries() } else { Vec::new() },
         };
-        let vm = Vm::create(&kvm, &cpuid, spec).map_err(|source| FleetError::Build {
+        let mut vm = Vm::create(&kvm, &cpuid, spec).map_err(|source| FleetError::Build {
             vm: vc.name.clone(),
             source,
         })?;
+        if let (true, Some(m)) = (vc.gpu, &mediator) {
+            vgpus[id] = Some(attach_vgpu(m, &mut vm, vc)?);
+        }
         built.push(vm);
     }
 
@@ -163,6 +201,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
+                detach_vgpu(&mediator, vgpus[i].take());
                 reports[i] = Some(vm.stop("VM ended"));
             }
         }
@@ -180,8 +219,21 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     drop(manager);
     for (i, vm) in running.into_iter().enumerate() {
         if let Some(vm) = vm {
+            // Release vCPUs blocked in a vGPU wait before stopping them.
+            detach_vgpu(&mediator, vgpus[i].take());
             reports[i] = Some(vm.stop("run timeout"));
         }
+    }
+    let gpu = mediator.as_ref().map(|m| m.stats());
+    if let Some(m) = &mediator {
+        let s = m.stats();
+        log::info!(
+            "gpu: {} packets completed, {} maps, {} preemptions",
+            s.completions,
+            s.maps,
+            s.preemptions
+        );
+        m.shutdown();
     }
     Ok(FleetReport {
         launched,
@@ -190,7 +242,61 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .map(|r| r.expect("every VM reported"))
             .collect(),
         timed_out,
+        gpu,
     })
+}
+
+/// Boot-info entries of the vGPU windows.
+fn vgpu_entries() -> Vec<DeviceEntry> {
+    vec![
+        DeviceEntry {
+            kind: device_kind::VGPU_REGS,
+            vector: 0,
+            base: VGPU_REGS_BASE,
+            size: mediator::REGS_BYTES,
+        },
+        DeviceEntry {
+            kind: device_kind::VGPU_DOORBELLS,
+            vector: 0,
+            base: VGPU_DOORBELLS_BASE,
+            size: mediator::DOORBELL_BYTES,
+        },
+    ]
+}
+
+/// Registers a built VM with the mediator and puts its vGPU windows on its
+/// MMIO bus.
+fn attach_vgpu(m: &Arc<Mediator>, vm: &mut Vm, vc: &VmConfig) -> Result<VgpuHandle, FleetError> {
+    let mem: Arc<dyn DmaMemory> = Arc::new(vm.guest_memory().as_ref().clone());
+    let params = VmParams {
+        priority: vc.priority,
+        weight: vc.weight,
+        partition: vc.partition,
+    };
+    let h = m
+        .add_vm(&vc.name, mem, params)
+        .map_err(|e| FleetError::Gpu(format!("vm '{}': {e}", vc.name)))?;
+    let bus = vm.mmio_bus_mut();
+    let err = |e: crate::bus::BusError| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
+    bus.insert(
+        VGPU_REGS_BASE,
+        mediator::REGS_BYTES,
+        Arc::new(Mutex::new(VgpuRegs::new(m.clone(), h))),
+    )
+    .map_err(err)?;
+    bus.insert(
+        VGPU_DOORBELLS_BASE,
+        mediator::DOORBELL_BYTES,
+        Arc::new(Mutex::new(VgpuDoorbells::new(m.clone(), h))),
+    )
+    .map_err(err)?;
+    Ok(h)
+}
+
+fn detach_vgpu(m: &Option<Arc<Mediator>>, h: Option<VgpuHandle>) {
+    if let (Some(m), Some(h)) = (m, h) {
+        m.remove_vm(h);
+    }
 }
 
 /// Event-loop subscriber: one eventfd per VM (signalled when it ends) and

@@ -35,6 +35,9 @@ pub struct VmSpec {
     pub args: String,
     /// Print console lines on stdout.
     pub echo: bool,
+    /// More boot-info device entries (e.g. the vGPU windows), after the
+    /// built-in ones. Their bus devices are inserted after `create`.
+    pub extra_devices: Vec<DeviceEntry>,
 }
 
 /// How a VM ended.
@@ -175,7 +178,7 @@ impl Vm {
             .map_err(kvm_err("set_user_memory_region"))?;
 
         let (entry, image_end) = boot::load_image(&mem, &spec.elf, spec.mem_bytes)?;
-        let devices = [
+        let mut devices = vec![
             DeviceEntry {
                 kind: boot::device_kind::SERIAL,
                 vector: 0,
@@ -195,6 +198,7 @@ impl Vm {
                 size: 4,
             },
         ];
+        devices.extend(spec.extra_devices.iter().copied());
         let params = BootParams {
             vm_id: spec.id,
             vcpus: u32::from(spec.vcpus),
@@ -253,6 +257,11 @@ impl Vm {
     /// The VM's name.
     pub fn spec_name(&self) -> &str {
         &self.spec.name
+    }
+
+    /// Guest RAM (shared with device models).
+    pub fn guest_memory(&self) -> Arc<GuestMemoryMmap> {
+        self.mem.clone()
     }
 
     /// The MMIO bus, to add devices before starting.
@@ -446,6 +455,27 @@ pub struct VmReport {
     pub console: Vec<String>,
     /// VM exits handled by vCPU threads.
     pub exits: u64,
+    /// Every checkpoint the guest wrote (value, host time), in order.
+    pub checkpoints: Vec<(u32, Instant)>,
+}
+
+impl VmReport {
+    /// Host-measured spans from each checkpoint `from` to the next `to`
+    /// (e.g. 2 = GPU work submitted, 3 = completed).
+    pub fn spans(&self, from: u32, to: u32) -> Vec<Duration> {
+        let mut out = Vec::new();
+        let mut start = None;
+        for &(c, t) in &self.checkpoints {
+            if c == from {
+                start = Some(t);
+            } else if c == to {
+                if let Some(s) = start.take() {
+                    out.push(t - s);
+                }
+            }
+        }
+        out
+    }
 }
 
 impl RunningVm {
@@ -489,13 +519,8 @@ impl RunningVm {
             .unwrap()
             .clone()
             .expect("outcome set by finish");
-        let entered = self
-            .marks
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|(c, _)| *c == 1)
-            .map(|(_, t)| *t);
+        let checkpoints = self.marks.lock().unwrap().clone();
+        let entered = checkpoints.iter().find(|(c, _)| *c == 1).map(|(_, t)| *t);
         VmReport {
             name: self.name.clone(),
             outcome,
@@ -505,6 +530,7 @@ impl RunningVm {
             run_time: ended - self.started,
             console: self.console.lines(),
             exits: self.shared.exits.load(Ordering::Relaxed),
+            checkpoints,
         }
     }
 }

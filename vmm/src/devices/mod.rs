@@ -1,4 +1,7 @@
-//! Emulated platform devices: serial console, exit and checkpoint ports.
+//! Emulated platform devices: serial console, exit and checkpoint ports,
+//! and the vGPU windows ([`vgpu`]).
+
+pub mod vgpu;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

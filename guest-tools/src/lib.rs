@@ -12,8 +12,10 @@
 #![no_std]
 
 pub mod boot;
+pub mod gpu;
 pub mod io;
 mod mem;
+pub mod num;
 
 pub use boot::BootInfo;
 
@@ -97,7 +99,18 @@ macro_rules! println {
 
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo) -> ! {
-    let _ = writeln!(io::Console, "guest panic: {info}");
+    // Not `{info}`: core formats the line number with SSE code the emulator
+    // cannot run (see `num`).
+    let _ = write!(io::Console, "guest panic: {}", info.message());
+    if let Some(l) = info.location() {
+        let _ = write!(
+            io::Console,
+            " at {}:{}",
+            l.file(),
+            num::Dec(l.line() as u64)
+        );
+    }
+    let _ = writeln!(io::Console);
     io::exit(0xFE)
 }
 

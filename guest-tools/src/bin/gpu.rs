@@ -1,0 +1,406 @@
+//! Exercises the virtual GPU (docs/vgpu-abi.md) through the `rt::gpu` driver:
+//! creates `queues` AQL queues, submits `kernels` mark kernels of `wgs`
+//! workgroups to each (barrier bit set, so each queue runs them in order),
+//! rings every doorbell once, waits (paravirtually) for each queue's last
+//! completion signal and checks that every workgroup counter of every kernel
+//! is exactly 1.
+//!
+//! Args (`key=value`): `queues=Q` (1, at most `NUM_VHQD`), `kernels=N` (4),
+//! `wgs=W` (304), `cost_us=C` (100, per workgroup), `loops=L` (1: repeat the
+//! submit/wait/verify cycle on the same queues), `priority=P` (7, 0..15),
+//! `verbose=1` (print the device geometry first), and for hostile-input tests
+//! `bad=ring` (queue 0's ring is at 0xF000_0000_0000), `bad=kernarg` (queue 0
+//! also gets a dispatch whose kernarg is there), `bad=wptr` (queue 0's
+//! `write_dispatch_id` is set beyond read index + ring size before ringing).
+//! In `bad=` modes the other queues run normally and are verified too.
+//!
+//! Checkpoints: 2 after all packets of a cycle are written, just before the
+//! doorbells are rung; 3 after the last wait of the cycle (before verifying).
+//!
+//! Output, one line: `gpu: Q queues x N kernels x W wgs[ x L loops]: ok` or
+//! `...: FAILED: M counters wrong`; on a queue error one line per failed
+//! queue `gpu: queue I error CODE` (then `gpu: other K queues: ok|FAILED: ...`
+//! if other queues ran). Exit status: 0 ok, 1 wrong counters (or a `bad=`
+//! mode that caused no queue error), 2 queue error or failed wait, 3 no vGPU,
+//! 4 bad arguments or not enough guest RAM.
+#![no_std]
+#![no_main]
+
+use abi::kernel::{KernelDescriptor, KernelKind};
+use rt::gpu::{Alloc, Error, Queue, Vgpu, WaitResult, MARK_WG_SIZE, MAX_VHQD};
+use rt::num::{Dec, Int};
+use rt::{io, print, println, BootInfo};
+
+const EXIT_OK: u32 = 0;
+const EXIT_WRONG: u32 = 1;
+const EXIT_QUEUE_ERROR: u32 = 2;
+const EXIT_NO_DEVICE: u32 = 3;
+const EXIT_SETUP: u32 = 4;
+
+/// Outside every VM's RAM (and outside the guest's identity map: never touched).
+const BAD_ADDR: u64 = 0xF000_0000_0000;
+
+const CHECKPOINT_SUBMITTED: u32 = 2;
+const CHECKPOINT_DONE: u32 = 3;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bad {
+    None,
+    Ring,
+    Kernarg,
+    Wptr,
+}
+
+struct Args {
+    queues: u32,
+    kernels: u32,
+    wgs: u32,
+    cost_ns: u64,
+    loops: u32,
+    priority: u32,
+    verbose: bool,
+    bad: Bad,
+}
+
+/// `key=value` as an integer in `[min, max]`, `default` if absent.
+fn num(
+    boot: &BootInfo,
+    key: &'static str,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, &'static str> {
+    match boot.arg(key) {
+        None => Ok(default),
+        Some(_) => match boot.arg_u64(key) {
+            Some(v) if v >= min && v <= max => Ok(v),
+            _ => Err(key),
+        },
+    }
+}
+
+impl Args {
+    fn parse(boot: &BootInfo) -> Result<Args, &'static str> {
+        let bad = match boot.arg("bad") {
+            None => Bad::None,
+            Some("ring") => Bad::Ring,
+            Some("kernarg") => Bad::Kernarg,
+            Some("wptr") => Bad::Wptr,
+            Some(_) => return Err("bad"),
+        };
+        Ok(Args {
+            queues: num(boot, "queues", 1, 1, MAX_VHQD as u64)? as u32,
+            kernels: num(boot, "kernels", 4, 1, 1 << 16)? as u32,
+            wgs: num(boot, "wgs", 304, 1, 1 << 20)? as u32,
+            cost_ns: num(boot, "cost_us", 100, 0, 1 << 30)? * 1000,
+            loops: num(boot, "loops", 1, 1, 1 << 20)? as u32,
+            priority: num(boot, "priority", 7, 0, 15)? as u32,
+            verbose: num(boot, "verbose", 0, 0, 1)? == 1,
+            bad,
+        })
+    }
+}
+
+/// Outcome counters of the run.
+/// Lives in fresh RAM ([`Alloc::zeroed`]).
+struct Tally {
+    /// Queues that reported a `CP_HQD_ERROR` (at load or later).
+    queue_errors: u32,
+    /// Waits that timed out or failed otherwise.
+    wait_failures: u32,
+    /// Counters != 1.
+    wrong: u64,
+}
+
+/// Reads `CP_HQD_ERROR` of every live queue; prints, unloads and forgets
+/// those in error (which also lets waits on the other queues proceed).
+/// Returns how many were found.
+fn reap_errors(queues: &mut [Option<Queue>], tally: &mut Tally) -> u32 {
+    let mut found = 0;
+    for slot in queues.iter_mut() {
+        if let Some(q) = slot {
+            let code = q.error();
+            if code != 0 {
+                println!(
+                    "gpu: queue {} error {}",
+                    Dec(q.index() as u64),
+                    Dec(code as u64)
+                );
+                q.destroy();
+                *slot = None;
+                found += 1;
+            }
+        }
+    }
+    tally.queue_errors += found;
+    found
+}
+
+fn destroy_all(queues: &mut [Option<Queue>]) {
+    for q in queues.iter_mut().flatten() {
+        q.destroy();
+    }
+}
+
+fn main(boot: &'static BootInfo) -> u32 {
+    let args = match Args::parse(boot) {
+        Ok(a) => a,
+        Err(key) => {
+            println!("gpu: bad argument {key}= in [{}]", boot.args());
+            return EXIT_SETUP;
+        }
+    };
+    let mut gpu = match Vgpu::probe_detailed(boot) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("gpu: no vGPU ({e})");
+            return EXIT_NO_DEVICE;
+        }
+    };
+    if args.queues > gpu.num_vhqd {
+        println!(
+            "gpu: queues={} but the vGPU has {} virtual HQDs",
+            Dec(args.queues as u64),
+            Dec(gpu.num_vhqd as u64)
+        );
+        return EXIT_SETUP;
+    }
+    let nq = args.queues as usize;
+    let n = args.kernels as usize;
+    let w = args.wgs;
+    // Room for a whole cycle (+1 for the bad=kernarg packet).
+    let ring_packets = (args.kernels + 1).next_power_of_two().max(64);
+
+    let mut alloc = Alloc::new(boot);
+    let need = gpu.queue_bytes(ring_packets) * args.queues as u64;
+    if args.verbose {
+        println!(
+            "gpu: vGPU v1: {} vhqds, {} xccs x {} cus x {} ses, cwsr {} KiB/queue, need {} MiB of {} MiB free",
+            Dec(gpu.num_vhqd as u64),
+            Dec(gpu.xccs as u64),
+            Dec(gpu.cus_per_xcc as u64),
+            Dec(gpu.ses_per_xcc as u64),
+            Dec(gpu.cwsr_bytes() >> 10),
+            Dec(need >> 20),
+            Dec(alloc.remaining() >> 20)
+        );
+    }
+    if need > alloc.remaining() {
+        println!(
+            "gpu: {} queues need {} MiB of guest RAM (CWSR {} MiB each), {} MiB free",
+            Dec(args.queues as u64),
+            Dec(need >> 20),
+            Dec(gpu.cwsr_bytes() >> 20),
+            Dec(alloc.remaining() >> 20)
+        );
+        return EXIT_SETUP;
+    }
+
+    let kd = match Vgpu::write_kernel_descriptor(
+        &mut alloc,
+        &KernelDescriptor::new(KernelKind::Mark, args.cost_ns),
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            println!("gpu: {e}");
+            return EXIT_SETUP;
+        }
+    };
+
+    // SAFETY: zero is a valid Tally (integers); in RAM, not zeroed on the stack.
+    let tally: &mut Tally = match unsafe { alloc.zeroed::<Tally>(1) } {
+        Ok(t) => &mut t[0],
+        Err(e) => {
+            println!("gpu: {}", Error::OutOfMemory(e));
+            return EXIT_SETUP;
+        }
+    };
+    let mut queues: [Option<Queue>; MAX_VHQD] = [const { None }; MAX_VHQD];
+    for i in 0..args.queues {
+        let ring = (args.bad == Bad::Ring && i == 0).then_some(BAD_ADDR);
+        match gpu.create_queue_with(&mut alloc, i, ring_packets, args.priority, ring) {
+            Ok(q) => queues[i as usize] = Some(q),
+            Err(Error::Queue { vhqd, code }) => {
+                println!("gpu: queue {} error {}", Dec(vhqd as u64), Dec(code as u64));
+                tally.queue_errors += 1;
+            }
+            Err(e) => {
+                println!("gpu: creating queue {}: {e}", Dec(i as u64));
+                destroy_all(&mut queues);
+                return EXIT_SETUP;
+            }
+        }
+    }
+
+    let mut verified_queues = 0;
+    for _ in 0..args.loops {
+        match cycle(&gpu, &mut alloc, &mut queues[..nq], kd, n, w, &args, tally) {
+            Ok(v) => verified_queues = v,
+            Err(e) => {
+                println!("gpu: submitting: {e}");
+                destroy_all(&mut queues);
+                return EXIT_SETUP;
+            }
+        }
+        if tally.queue_errors != 0 || tally.wait_failures != 0 || tally.wrong != 0 {
+            break;
+        }
+    }
+    // A late error (after the last signal) still counts.
+    reap_errors(&mut queues[..nq], tally);
+    destroy_all(&mut queues);
+
+    let failed = tally.queue_errors != 0 || tally.wait_failures != 0;
+    if !failed {
+        print!(
+            "gpu: {} queues x {} kernels x {} wgs",
+            Dec(args.queues as u64),
+            Dec(n as u64),
+            Dec(w as u64)
+        );
+        if args.loops > 1 {
+            print!(" x {} loops", Dec(args.loops as u64));
+        }
+        if tally.wrong != 0 {
+            println!(": FAILED: {} counters wrong", Dec(tally.wrong));
+            EXIT_WRONG
+        } else if args.bad != Bad::None {
+            println!(": FAILED: bad= input caused no queue error");
+            EXIT_WRONG
+        } else {
+            println!(": ok");
+            EXIT_OK
+        }
+    } else {
+        if verified_queues > 0 {
+            print!("gpu: other {} queues", Dec(verified_queues as u64));
+            if tally.wrong != 0 {
+                println!(": FAILED: {} counters wrong", Dec(tally.wrong));
+            } else {
+                println!(": ok");
+            }
+        }
+        if tally.wrong != 0 {
+            EXIT_WRONG
+        } else {
+            EXIT_QUEUE_ERROR
+        }
+    }
+}
+
+/// One submit / ring / wait / verify cycle over the live queues. Returns how
+/// many queues were verified.
+#[allow(clippy::too_many_arguments)]
+fn cycle(
+    gpu: &Vgpu,
+    alloc: &mut Alloc,
+    queues: &mut [Option<Queue>],
+    kd: u64,
+    n: usize,
+    w: u32,
+    args: &Args,
+    tally: &mut Tally,
+) -> Result<u32, Error> {
+    let nq = queues.len();
+    // Tables in fresh RAM, not on the stack: zeroing stack arrays takes SSE
+    // instructions the emulator lacks. Counter addresses [queue][kernel] and
+    // the last completion signal of each queue.
+    // SAFETY: zero is a valid u64.
+    let tab: &mut [u64] = unsafe { alloc.zeroed(nq * n)? };
+    // SAFETY: as above.
+    let last: &mut [u64] = unsafe { alloc.zeroed(nq)? };
+
+    for (i, slot) in queues.iter_mut().enumerate() {
+        let Some(q) = slot else { continue };
+        if args.bad == Bad::Ring && i == 0 {
+            // The ring is not ours: publish a write index without packets.
+            last[i] = Vgpu::new_signal(alloc, 1)?;
+            let wi = q.write_index() + 1;
+            q.set_write_index(wi);
+            continue;
+        }
+        for (k, t) in tab[i * n..(i + 1) * n].iter_mut().enumerate() {
+            let (signal, counters) = q.submit_mark(alloc, kd, w, true)?;
+            *t = counters;
+            if k + 1 == n {
+                last[i] = signal;
+            }
+        }
+        if i == 0 && args.bad == Bad::Kernarg {
+            let signal = Vgpu::new_signal(alloc, 1)?;
+            q.submit_one_d(kd, BAD_ADDR, MARK_WG_SIZE, w, signal, true)?;
+            last[i] = signal;
+        }
+        if i == 0 && args.bad == Bad::Wptr {
+            let beyond = q.read_index() + q.ring_packets() as u64 + 1;
+            q.set_write_index(beyond);
+        }
+    }
+
+    io::checkpoint(CHECKPOINT_SUBMITTED);
+    for q in queues.iter().flatten() {
+        q.ring();
+    }
+
+    let mut unverified: u64 = 0; // bit i: queue i not verified
+    for i in 0..nq {
+        // Each retry follows the unloading of at least one failed queue.
+        let mut done = false;
+        for _ in 0..=nq {
+            if queues[i].is_none() {
+                done = true; // failed and reaped: not verified
+                break;
+            }
+            match gpu.wait(last[i]) {
+                WaitResult::Done => {
+                    done = true;
+                    break;
+                }
+                WaitResult::QueueError => {
+                    if reap_errors(queues, tally) == 0 {
+                        println!(
+                            "gpu: queue {} wait: queue error reported, none found",
+                            Dec(i as u64)
+                        );
+                        break;
+                    }
+                }
+                r => {
+                    // SAFETY: `last[i]` is a signal this cycle allocated.
+                    let v = unsafe { Vgpu::signal_value(last[i]) };
+                    if let Some(q) = &queues[i] {
+                        println!(
+                            "gpu: queue {} wait: {r} (signal {}, rptr {}, state {})",
+                            Dec(i as u64),
+                            Int(v),
+                            Dec(q.rptr_reg() as u64),
+                            Dec(q.state() as u64)
+                        );
+                    }
+                    reap_errors(queues, tally);
+                    break;
+                }
+            }
+        }
+        if !done {
+            tally.wait_failures += 1;
+            unverified |= 1 << i;
+        }
+    }
+    io::checkpoint(CHECKPOINT_DONE);
+
+    let mut verified = 0;
+    for (i, slot) in queues.iter().enumerate() {
+        if slot.is_none() || unverified & (1 << i) != 0 {
+            continue;
+        }
+        for &counters in &tab[i * n..(i + 1) * n] {
+            // SAFETY: `counters` holds `w` u32 counters from `submit_mark`.
+            tally.wrong += unsafe { Vgpu::counters_differing(counters, w, 1) } as u64;
+        }
+        verified += 1;
+    }
+    Ok(verified)
+}
+
+rt::entry!(main);

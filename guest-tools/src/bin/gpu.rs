@@ -359,9 +359,20 @@ fn cycle(
                 WaitResult::QueueError => {
                     if reap_errors(queues, tally) == 0 {
                         println!(
-                            "gpu: queue {} wait: queue error reported, none found",
+                            "gpu: queue {} wait: queue error reported, none of the live queues has one",
                             Dec(i as u64)
                         );
+                        // Diagnostics: a vHQD that is not (or no longer) ours.
+                        for j in 0..gpu.num_vhqd {
+                            let code = gpu.hqd_error(j);
+                            if code != 0 {
+                                println!(
+                                    "gpu: vHQD {} still reports error {}",
+                                    Dec(j as u64),
+                                    Dec(code as u64)
+                                );
+                            }
+                        }
                         break;
                     }
                 }

@@ -495,6 +495,8 @@ impl Mediator {
 
     fn unload<'a>(&'a self, mut st: MutexGuard<'a, State>, v: usize, i: usize) {
         let Some(q) = st.vms[v].vhqd[i].qid else {
+            // Not loaded (perhaps a refused load): clear the sticky error.
+            st.vms[v].vhqd[i] = VHqd::default();
             return;
         };
         let _ = st.sched.remove_queue(q);

@@ -61,7 +61,10 @@ fn main() {
         let r = run_fleet(&cfg, RunOptions { echo: false }).expect("fleet");
         let inf = r.vms.iter().find(|v| v.name == "inference").unwrap();
         if !inf.outcome.is_success() {
-            eprintln!("{label}: inference failed: {}\n{:?}", inf.outcome, inf.console);
+            eprintln!(
+                "{label}: inference failed: {}\n{:?}",
+                inf.outcome, inf.console
+            );
             continue;
         }
         let mut spans = inf.spans(2, 3);

@@ -389,7 +389,10 @@ impl VcpuContext {
                     let suberror =
                         unsafe { self.vcpu.get_kvm_run().__bindgen_anon_1.internal.suberror };
                     let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
-                    log::warn!("vCPU {}: KVM internal error {suberror} at rip {rip:#x}", self.index);
+                    log::warn!(
+                        "vCPU {}: KVM internal error {suberror} at rip {rip:#x}",
+                        self.index
+                    );
                     Some(VmOutcome::InternalError {
                         vcpu: self.index,
                         detail: format!("suberror {suberror}"),

@@ -7,6 +7,7 @@
 //! * [`aql`]: HSA AQL packets (`hsa.h`).
 //! * [`queue`]: ROCr `amd_queue_t` and `amd_signal_t` offsets (`amd_hsa_queue.h`, `amd_hsa_signal.h`).
 //! * [`kernel`]: hqdmux's own 64-byte kernel descriptor and built-in simulated kernels.
+//! * [`vgpu`]: the guest-visible virtual GPU's registers and codes (docs/vgpu-abi.md).
 #![no_std]
 #![deny(missing_docs)]
 
@@ -14,6 +15,7 @@ pub mod aql;
 pub mod kernel;
 pub mod mqd;
 pub mod queue;
+pub mod vgpu;
 
 /// Little-endian helpers on byte slices (panic-free callers check lengths first).
 pub mod le {

@@ -16,8 +16,8 @@ use mdev::topology::{GpuTopology, PartitionMode};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use scheduler::{
-    Action, Event, Nanos, Policy, QueueId, SchedConfig, Scheduler, SlotDesc, SlotId, UnmapMode,
-    VmId, VmParams,
+    Action, Event, Nanos, Policy, QueueId, SchedConfig, Scheduler, SlotId, UnmapMode, VmId,
+    VmParams,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
@@ -163,15 +163,7 @@ pub fn topology(sc: &Scenario) -> Result<GpuTopology, EvalError> {
 /// Simulates `sc` under `policy` with arrival seed `seed`.
 pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, EvalError> {
     let topo = topology(sc)?;
-    let slots: Vec<SlotDesc> = topo
-        .user_slots()
-        .iter()
-        .map(|s| SlotDesc {
-            partition: s.partition,
-            pipe: s.pipe,
-            queue: s.queue,
-        })
-        .collect();
+    let slots = mdev::mediator::slot_descs(&topo);
     let cfg = SchedConfig {
         policy,
         ..sc.scheduler.clone().unwrap_or_default()
@@ -547,18 +539,14 @@ impl Sim<'_> {
         };
         let vm = self.streams[s].vm;
         let mem = self.vms[vm].tvm.mem.clone();
-        let mut b = vec![0u8; 4 * k.n as usize];
-        mem.read(k.block + 64, &mut b)
-            .expect("counters inside VM memory");
-        for c in b.chunks_exact(4) {
-            match u32::from_le_bytes([c[0], c[1], c[2], c[3]]) {
+        for x in read_counters(mem.as_ref(), &k) {
+            match x {
                 0 => self.out.lost_effects += 1,
                 1 => {}
                 x => self.out.duplicate_effects += x as u64 - 1,
             }
         }
-        b.fill(0);
-        mem.write(k.block + 64, &b)
+        mem.write(k.block + 64, &vec![0u8; 4 * k.n as usize])
             .expect("counters inside VM memory");
         self.free_blocks.entry((vm, k.n)).or_default().push(k.block);
         self.vms[vm].cu_ns += k.n as u128 * k.cost_ns as u128;
@@ -657,11 +645,7 @@ impl Sim<'_> {
         // (a 0 is not lost yet).
         for (&(s, _), k) in &self.kernels {
             let mem = &self.vms[self.streams[s].vm].tvm.mem;
-            let mut b = vec![0u8; 4 * k.n as usize];
-            mem.read(k.block + 64, &mut b)
-                .expect("counters inside VM memory");
-            for c in b.chunks_exact(4) {
-                let x = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            for x in read_counters(mem.as_ref(), k) {
                 self.out.duplicate_effects += x.saturating_sub(1) as u64;
             }
         }
@@ -700,6 +684,16 @@ impl Sim<'_> {
     }
 }
 
+/// The `mark` counters of a kernel.
+fn read_counters(mem: &dyn DmaMemory, k: &Kern) -> Vec<u32> {
+    let mut b = vec![0u8; 4 * k.n as usize];
+    mem.read(k.block + 64, &mut b)
+        .expect("counters inside VM memory");
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 /// Runs `sc` under `policy` (and its hi tenants alone, for the isolated
 /// baseline) and computes the report row.
 pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport, EvalError> {
@@ -718,18 +712,14 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
     };
     let us = |ns: u64| ns as f64 / 1000.0;
     let capacity = run.cus as f64 * run.duration_ns as f64;
-    let hi_cu: f64 = run
-        .vms
-        .iter()
-        .filter(|v| v.3 == Class::Hi)
-        .map(|v| v.4 as f64)
-        .sum();
-    let lo_cu: f64 = run
-        .vms
-        .iter()
-        .filter(|v| v.3 == Class::Lo)
-        .map(|v| v.4 as f64)
-        .sum();
+    let cu_of = |c: Class| -> f64 {
+        run.vms
+            .iter()
+            .filter(|v| v.3 == c)
+            .map(|v| v.4 as f64)
+            .sum()
+    };
+    let (hi_cu, lo_cu) = (cu_of(Class::Hi), cu_of(Class::Lo));
     let lo_ret = if has_lo && capacity > hi_cu {
         lo_cu / (capacity - hi_cu)
     } else {

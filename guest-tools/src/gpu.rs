@@ -38,12 +38,7 @@ use crate::num::{Dec, Hex};
 
 /// Page size.
 pub const PAGE: u64 = 4096;
-/// `VGPU_ID` value, "HQDG".
-pub const VGPU_ID_VALUE: u32 = 0x4744_5148;
-/// vGPU ABI version this driver implements.
-pub const VGPU_ABI_VERSION: u32 = 1;
-/// Size of each device window.
-pub const WINDOW_BYTES: u64 = 4096;
+pub use abi::vgpu::{VGPU_ABI_VERSION, VGPU_ID_VALUE, WINDOW_BYTES};
 /// Most virtual HQDs whose registers fit in the 4 KiB register window.
 pub const MAX_VHQD: usize = ((WINDOW_BYTES as usize) - reg::HQD_BASE) / reg::HQD_STRIDE;
 /// Smallest ring the ABI accepts, in packets.
@@ -53,59 +48,7 @@ pub const MARK_WG_SIZE: u16 = 64;
 /// EOP buffer size (as KFD).
 pub const EOP_BYTES: u64 = 4096;
 
-/// Register offsets (docs/vgpu-abi.md, "Registers").
-pub mod reg {
-    /// ro: [`super::VGPU_ID_VALUE`].
-    pub const VGPU_ID: usize = 0x000;
-    /// ro: ABI version.
-    pub const VGPU_VERSION: usize = 0x004;
-    /// ro: virtual HQDs of this VM.
-    pub const NUM_VHQD: usize = 0x008;
-    /// ro: XCCs of the partition (one CWSR save area each).
-    pub const XCCS: usize = 0x00C;
-    /// ro: CUs per XCC.
-    pub const CUS_PER_XCC: usize = 0x010;
-    /// ro: shader engines per XCC.
-    pub const SES_PER_XCC: usize = 0x014;
-    /// ro: minimum `cp_hqd_ctx_save_size` per XCC.
-    pub const CTX_SAVE_SIZE: usize = 0x018;
-    /// wo: low half of an `amd_signal_t` address.
-    pub const WAIT_SIGNAL_LO: usize = 0x020;
-    /// wo: high half; the write starts the wait.
-    pub const WAIT_SIGNAL_HI: usize = 0x024;
-    /// ro: outcome of the last wait.
-    pub const WAIT_RESULT: usize = 0x028;
-    /// Per-HQD block of HQD 0.
-    pub const HQD_BASE: usize = 0x100;
-    /// Distance between per-HQD blocks.
-    pub const HQD_STRIDE: usize = 0x40;
-    /// rw (per HQD): MQD address, low 32 bits.
-    pub const CP_MQD_BASE_ADDR: usize = 0x00;
-    /// rw (per HQD): MQD address, high 32 bits.
-    pub const CP_MQD_BASE_ADDR_HI: usize = 0x04;
-    /// rw (per HQD): write 1 loads the MQD; reads 1 while loaded.
-    pub const CP_HQD_ACTIVE: usize = 0x08;
-    /// wo (per HQD): write 1 unloads the queue.
-    pub const CP_HQD_DEQUEUE_REQUEST: usize = 0x0C;
-    /// ro (per HQD): 0 or the queue error code (sticky until unload).
-    pub const CP_HQD_ERROR: usize = 0x10;
-    /// ro (per HQD): 0 unloaded, 1 loaded and waiting, 2 on a physical HQD.
-    pub const CP_HQD_STATE: usize = 0x14;
-    /// ro (per HQD): read index (packets, low 32 bits) as last reported.
-    pub const CP_HQD_PQ_RPTR: usize = 0x18;
-}
-
-/// `WAIT_RESULT` values.
-pub mod wait_result {
-    /// The signal reached 0.
-    pub const DONE: u32 = 0;
-    /// A queue of this VM is in error.
-    pub const QUEUE_ERROR: u32 = 1;
-    /// 10 s passed.
-    pub const TIMEOUT: u32 = 2;
-    /// The signal address is not in the VM's RAM.
-    pub const BAD_SIGNAL: u32 = 3;
-}
+pub use abi::vgpu::{reg, wait_result};
 
 /// Outcome of [`Vgpu::wait`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

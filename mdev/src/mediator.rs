@@ -30,98 +30,37 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Virtual HQDs per VM.
-pub const NUM_VHQD: usize = 8;
-/// `VGPU_ID` register value ("HQDG").
-pub const VGPU_ID: u32 = 0x4744_5148;
-/// ABI version.
-pub const VGPU_VERSION: u32 = 1;
+pub use abi::vgpu::{error, reg, wait_result as wait, NUM_VHQD, VGPU_ABI_VERSION, VGPU_ID_VALUE};
+
 /// Register window size.
-pub const REGS_BYTES: u64 = 0x1000;
+pub const REGS_BYTES: u64 = abi::vgpu::WINDOW_BYTES;
 /// Doorbell window size.
-pub const DOORBELL_BYTES: u64 = 0x1000;
+pub const DOORBELL_BYTES: u64 = abi::vgpu::WINDOW_BYTES;
 /// Longest paravirtual wait.
 pub const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Register offsets (docs/vgpu-abi.md).
-pub mod reg {
-    /// `VGPU_ID`.
-    pub const ID: u64 = 0x000;
-    /// `VGPU_VERSION`.
-    pub const VERSION: u64 = 0x004;
-    /// `NUM_VHQD`.
-    pub const NUM_VHQD: u64 = 0x008;
-    /// `XCCS`.
-    pub const XCCS: u64 = 0x00C;
-    /// `CUS_PER_XCC`.
-    pub const CUS_PER_XCC: u64 = 0x010;
-    /// `SES_PER_XCC`.
-    pub const SES_PER_XCC: u64 = 0x014;
-    /// `CTX_SAVE_SIZE`.
-    pub const CTX_SAVE_SIZE: u64 = 0x018;
-    /// `WAIT_SIGNAL_LO`.
-    pub const WAIT_SIGNAL_LO: u64 = 0x020;
-    /// `WAIT_SIGNAL_HI` (starts the wait).
-    pub const WAIT_SIGNAL_HI: u64 = 0x024;
-    /// `WAIT_RESULT`.
-    pub const WAIT_RESULT: u64 = 0x028;
-    /// First virtual HQD block.
-    pub const VHQD_BASE: u64 = 0x100;
-    /// Stride of the virtual HQD blocks.
-    pub const VHQD_STRIDE: u64 = 0x40;
-    /// `CP_MQD_BASE_ADDR` within a block.
-    pub const MQD_BASE_LO: u64 = 0x00;
-    /// `CP_MQD_BASE_ADDR_HI`.
-    pub const MQD_BASE_HI: u64 = 0x04;
-    /// `CP_HQD_ACTIVE`.
-    pub const ACTIVE: u64 = 0x08;
-    /// `CP_HQD_DEQUEUE_REQUEST`.
-    pub const DEQUEUE_REQUEST: u64 = 0x0C;
-    /// `CP_HQD_ERROR`.
-    pub const ERROR: u64 = 0x10;
-    /// `CP_HQD_STATE`.
-    pub const STATE: u64 = 0x14;
-    /// `CP_HQD_PQ_RPTR`.
-    pub const RPTR: u64 = 0x18;
-}
-
-/// `WAIT_RESULT` values.
-pub mod wait {
-    /// The signal reached 0.
-    pub const SIGNALLED: u32 = 0;
-    /// A queue of the VM is in error.
-    pub const QUEUE_ERROR: u32 = 1;
-    /// Timed out.
-    pub const TIMEOUT: u32 = 2;
-    /// The signal address is outside VM memory.
-    pub const BAD_ADDRESS: u32 = 3;
-}
-
-/// `CP_HQD_ERROR` code of the MQD address itself being outside VM memory.
-pub const ERR_MQD_ADDRESS: u32 = 19;
 
 /// `CP_HQD_ERROR` code of a queue error reason (docs/vgpu-abi.md).
 pub fn error_code(r: &QueueErrorReason) -> u32 {
     use QueueErrorReason::*;
     match r {
-        BadMqdHeader(_) => 1,
-        NotAql => 2,
-        RingSize { .. } => 3,
-        RingOutOfRange { .. } => 4,
-        PointerAddrOutOfRange { .. } => 5,
-        BadPointers => 6,
-        WptrBeyondRing { .. } => 7,
-        WptrBackwards { .. } => 8,
-        UnsupportedPacket(_) => 9,
-        BadDispatch => 10,
-        DescriptorOutOfRange { .. } => 11,
-        BadDescriptor { .. } => 12,
-        KernargOutOfRange { .. } => 13,
-        DataOutOfRange { .. } => 14,
-        SignalOutOfRange { .. } => 15,
-        CwsrTooSmall { .. } => 16,
-        CwsrOutOfRange { .. } => 17,
-        BadSavedState(_) => 18,
+        BadMqdHeader(_) => error::BAD_MQD_HEADER,
+        NotAql => error::NOT_AQL,
+        RingSize { .. } => error::RING_SIZE,
+        RingOutOfRange { .. } => error::RING_OUT_OF_RANGE,
+        PointerAddrOutOfRange { .. } => error::POINTER_ADDR_OUT_OF_RANGE,
+        BadPointers => error::BAD_POINTERS,
+        WptrBeyondRing { .. } => error::WPTR_BEYOND_RING,
+        WptrBackwards { .. } => error::WPTR_BACKWARDS,
+        UnsupportedPacket(_) => error::UNSUPPORTED_PACKET,
+        BadDispatch => error::BAD_DISPATCH,
+        DescriptorOutOfRange { .. } => error::DESCRIPTOR_OUT_OF_RANGE,
+        BadDescriptor { .. } => error::BAD_DESCRIPTOR,
+        KernargOutOfRange { .. } => error::KERNARG_OUT_OF_RANGE,
+        DataOutOfRange { .. } => error::DATA_OUT_OF_RANGE,
+        SignalOutOfRange { .. } => error::SIGNAL_OUT_OF_RANGE,
+        CwsrTooSmall { .. } => error::CWSR_TOO_SMALL,
+        CwsrOutOfRange { .. } => error::CWSR_OUT_OF_RANGE,
+        BadSavedState(_) => error::BAD_SAVED_STATE,
     }
 }
 
@@ -205,16 +144,7 @@ impl Mediator {
         seed: u64,
     ) -> Result<Arc<Self>, MediatorError> {
         let gpu = SimGpu::new(topo.clone(), seed)?;
-        let slots = topo
-            .user_slots()
-            .iter()
-            .map(|s| SlotDesc {
-                partition: s.partition,
-                pipe: s.pipe,
-                queue: s.queue,
-            })
-            .collect();
-        let sched = Scheduler::new(cfg, slots)?;
+        let sched = Scheduler::new(cfg, slot_descs(&topo))?;
         let m = Arc::new(Mediator {
             topo,
             st: Mutex::new(State {
@@ -336,33 +266,34 @@ impl Mediator {
 
     /// Guest read of a vGPU register.
     pub fn reg_read(&self, vm: VgpuHandle, offset: u64) -> u32 {
+        let offset = offset as usize;
         let st = lock(&self.st);
         let Some(v) = st.vms.get(vm.0 as usize) else {
             return 0;
         };
         match offset {
-            reg::ID => VGPU_ID,
-            reg::VERSION => VGPU_VERSION,
+            reg::VGPU_ID => VGPU_ID_VALUE,
+            reg::VGPU_VERSION => VGPU_ABI_VERSION,
             reg::NUM_VHQD => NUM_VHQD as u32,
             reg::XCCS => self.topo.xccs_per_partition(),
             reg::CUS_PER_XCC => self.topo.cus_per_xcc,
             reg::SES_PER_XCC => self.topo.ses_per_xcc,
             reg::CTX_SAVE_SIZE => self.topo.ctx_save_bytes_per_xcc(),
             reg::WAIT_RESULT => v.wait_result,
-            o if o >= reg::VHQD_BASE => {
+            o if o >= reg::HQD_BASE => {
                 let Some((i, r)) = vhqd_reg(o) else { return 0 };
                 let h = &v.vhqd[i];
                 match r {
-                    reg::MQD_BASE_LO => h.mqd_base as u32,
-                    reg::MQD_BASE_HI => (h.mqd_base >> 32) as u32,
-                    reg::ACTIVE => h.qid.is_some() as u32,
-                    reg::ERROR => h.error,
-                    reg::STATE => match (h.qid, h.slot) {
+                    reg::CP_MQD_BASE_ADDR => h.mqd_base as u32,
+                    reg::CP_MQD_BASE_ADDR_HI => (h.mqd_base >> 32) as u32,
+                    reg::CP_HQD_ACTIVE => h.qid.is_some() as u32,
+                    reg::CP_HQD_ERROR => h.error,
+                    reg::CP_HQD_STATE => match (h.qid, h.slot) {
                         (None, _) => 0,
                         (Some(_), None) => 1,
                         (Some(_), Some(_)) => 2,
                     },
-                    reg::RPTR => h.rptr as u32,
+                    reg::CP_HQD_PQ_RPTR => h.rptr as u32,
                     _ => 0,
                 }
             }
@@ -372,6 +303,7 @@ impl Mediator {
 
     /// Guest write of a vGPU register. Blocks for waits and dequeues.
     pub fn reg_write(&self, vm: VgpuHandle, offset: u64, value: u32) {
+        let offset = offset as usize;
         let v = vm.0 as usize;
         let mut st = lock(&self.st);
         if st.vms.get(v).is_none_or(|e| e.removed) {
@@ -384,7 +316,7 @@ impl Mediator {
                 let r = self.wait_signal(st, v, addr);
                 lock(&self.st).vms[v].wait_result = r;
             }
-            o if o >= reg::VHQD_BASE => {
+            o if o >= reg::HQD_BASE => {
                 let Some((i, r)) = vhqd_reg(o) else {
                     log::warn!(
                         "vm {}: vGPU write to unknown register {o:#x}",
@@ -393,16 +325,16 @@ impl Mediator {
                     return;
                 };
                 match r {
-                    reg::MQD_BASE_LO => {
+                    reg::CP_MQD_BASE_ADDR => {
                         let h = &mut st.vms[v].vhqd[i];
                         h.mqd_base = (h.mqd_base & !0xFFFF_FFFF) | u64::from(value);
                     }
-                    reg::MQD_BASE_HI => {
+                    reg::CP_MQD_BASE_ADDR_HI => {
                         let h = &mut st.vms[v].vhqd[i];
                         h.mqd_base = (h.mqd_base & 0xFFFF_FFFF) | (u64::from(value) << 32);
                     }
-                    reg::ACTIVE if value & 1 == 1 => self.load(st, v, i),
-                    reg::DEQUEUE_REQUEST if value != 0 => self.unload(st, v, i),
+                    reg::CP_HQD_ACTIVE if value & 1 == 1 => self.load(st, v, i),
+                    reg::CP_HQD_DEQUEUE_REQUEST if value != 0 => self.unload(st, v, i),
                     _ => log::debug!(
                         "vm {}: vGPU write {o:#x} = {value:#x} ignored",
                         st.vms[v].name
@@ -419,7 +351,7 @@ impl Mediator {
     /// Guest write to the doorbell window.
     pub fn doorbell(&self, vm: VgpuHandle, offset: u64) {
         let v = vm.0 as usize;
-        let i = (offset / 8) as usize;
+        let i = offset as usize / abi::vgpu::DOORBELL_STRIDE;
         let st = lock(&self.st);
         let Some(e) = st.vms.get(v).filter(|e| !e.removed) else {
             return;
@@ -466,7 +398,7 @@ impl Mediator {
         let mut b = [0u8; MQD_BYTES];
         if st.vms[v].mem.read(base, &mut b).is_err() {
             log::warn!("vm {name}: vHQD {i}: MQD at {base:#x} is outside VM memory");
-            st.vms[v].vhqd[i].error = ERR_MQD_ADDRESS;
+            st.vms[v].vhqd[i].error = error::MQD_ADDRESS;
             self.cv.notify_all();
             return;
         }
@@ -519,10 +451,10 @@ impl Mediator {
             let e = &st.vms[v];
             let val = match e.mem.read_u64(addr + AMD_SIGNAL_VALUE as u64) {
                 Ok(x) => x as i64,
-                Err(_) => return wait::BAD_ADDRESS,
+                Err(_) => return wait::BAD_SIGNAL,
             };
             if val <= 0 {
-                return wait::SIGNALLED;
+                return wait::DONE;
             }
             if e.vhqd.iter().any(|h| h.error != 0) {
                 return wait::QUEUE_ERROR;
@@ -683,11 +615,23 @@ impl Mediator {
     }
 }
 
+/// The scheduler's view of a topology's user HQD slots (`SlotId(i)` = slot i).
+pub fn slot_descs(topo: &GpuTopology) -> Vec<SlotDesc> {
+    topo.user_slots()
+        .iter()
+        .map(|s| SlotDesc {
+            partition: s.partition,
+            pipe: s.pipe,
+            queue: s.queue,
+        })
+        .collect()
+}
+
 /// Offset within the register window -> (vHQD index, register).
-fn vhqd_reg(o: u64) -> Option<(usize, u64)> {
-    let rel = o.checked_sub(reg::VHQD_BASE)?;
-    let i = (rel / reg::VHQD_STRIDE) as usize;
-    (i < NUM_VHQD).then_some((i, rel % reg::VHQD_STRIDE))
+fn vhqd_reg(o: usize) -> Option<(usize, usize)> {
+    let rel = o.checked_sub(reg::HQD_BASE)?;
+    let i = rel / reg::HQD_STRIDE;
+    (i < NUM_VHQD).then_some((i, rel % reg::HQD_STRIDE))
 }
 
 /// Delivers scheduler timer ticks.
@@ -743,17 +687,26 @@ mod tests {
         (h, tvm, q)
     }
 
-    fn load(m: &Mediator, h: VgpuHandle, i: u64, mqd_addr: u64) {
-        let b = reg::VHQD_BASE + reg::VHQD_STRIDE * i;
-        m.reg_write(h, b + reg::MQD_BASE_LO, mqd_addr as u32);
-        m.reg_write(h, b + reg::MQD_BASE_HI, (mqd_addr >> 32) as u32);
-        m.reg_write(h, b + reg::ACTIVE, 1);
+    /// Offset of register `r` of vHQD `i`.
+    fn hr(i: usize, r: usize) -> u64 {
+        (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
+    }
+
+    fn load(m: &Mediator, h: VgpuHandle, i: usize, mqd_addr: u64) {
+        let b = (reg::HQD_BASE + reg::HQD_STRIDE * i) as u64;
+        m.reg_write(h, b + reg::CP_MQD_BASE_ADDR as u64, mqd_addr as u32);
+        m.reg_write(
+            h,
+            b + reg::CP_MQD_BASE_ADDR_HI as u64,
+            (mqd_addr >> 32) as u32,
+        );
+        m.reg_write(h, b + reg::CP_HQD_ACTIVE as u64, 1);
     }
 
     fn wait(m: &Mediator, h: VgpuHandle, signal: u64) -> u32 {
-        m.reg_write(h, reg::WAIT_SIGNAL_LO, signal as u32);
-        m.reg_write(h, reg::WAIT_SIGNAL_HI, (signal >> 32) as u32);
-        m.reg_read(h, reg::WAIT_RESULT)
+        m.reg_write(h, reg::WAIT_SIGNAL_LO as u64, signal as u32);
+        m.reg_write(h, reg::WAIT_SIGNAL_HI as u64, (signal >> 32) as u32);
+        m.reg_read(h, reg::WAIT_RESULT as u64)
     }
 
     fn mqd_addr(q: &GuestQueue) -> u64 {
@@ -764,30 +717,34 @@ mod tests {
     #[test]
     fn two_vms_run_mark_kernels_exactly_once_through_registers_and_doorbells() {
         let m = Mediator::start(GpuTopology::tiny(), SchedConfig::default(), 1).unwrap();
-        assert_eq!(m.reg_read(VgpuHandle(0), reg::ID), 0, "no VM yet");
+        assert_eq!(
+            m.reg_read(VgpuHandle(0), reg::VGPU_ID as u64),
+            0,
+            "no VM yet"
+        );
         let mut vms: Vec<_> = [("lo", 2), ("hi", 12)]
             .iter()
             .map(|(n, p)| vm_with_queue(&m, n, *p))
             .collect();
         for (h, tvm, q) in vms.iter_mut() {
-            assert_eq!(m.reg_read(*h, reg::ID), VGPU_ID);
+            assert_eq!(m.reg_read(*h, reg::VGPU_ID as u64), VGPU_ID_VALUE);
             assert_eq!(
-                m.reg_read(*h, reg::CTX_SAVE_SIZE),
+                m.reg_read(*h, reg::CTX_SAVE_SIZE as u64),
                 m.topology().ctx_save_bytes_per_xcc()
             );
             load(&m, *h, 0, mqd_addr(q));
-            assert_eq!(m.reg_read(*h, reg::VHQD_BASE + reg::ACTIVE), 1);
+            assert_eq!(m.reg_read(*h, hr(0, reg::CP_HQD_ACTIVE)), 1);
             for k in 0..4 {
                 tvm.kernel(q, KernelKind::Mark, 16, 64, 20_000, k, true);
             }
             m.doorbell(*h, 0);
         }
         for (h, tvm, q) in &vms {
-            assert_eq!(wait(&m, *h, *q.signals.last().unwrap()), wait::SIGNALLED);
+            assert_eq!(wait(&m, *h, *q.signals.last().unwrap()), wait::DONE);
             tvm.verify(q).unwrap();
-            assert_eq!(m.reg_read(*h, reg::VHQD_BASE + reg::ERROR), 0);
-            m.reg_write(*h, reg::VHQD_BASE + reg::DEQUEUE_REQUEST, 1);
-            assert_eq!(m.reg_read(*h, reg::VHQD_BASE + reg::ACTIVE), 0);
+            assert_eq!(m.reg_read(*h, hr(0, reg::CP_HQD_ERROR)), 0);
+            m.reg_write(*h, hr(0, reg::CP_HQD_DEQUEUE_REQUEST), 1);
+            assert_eq!(m.reg_read(*h, hr(0, reg::CP_HQD_ACTIVE)), 0);
         }
         assert_eq!(m.stats().completions, 8);
         for (h, ..) in &vms {
@@ -804,13 +761,10 @@ mod tests {
         // MQD outside memory.
         load(&m, bad, 1, 1 << 40);
         assert_eq!(
-            m.reg_read(bad, reg::VHQD_BASE + reg::VHQD_STRIDE + reg::ERROR),
-            ERR_MQD_ADDRESS
+            m.reg_read(bad, hr(1, reg::CP_HQD_ERROR)),
+            error::MQD_ADDRESS
         );
-        assert_eq!(
-            m.reg_read(bad, reg::VHQD_BASE + reg::VHQD_STRIDE + reg::ACTIVE),
-            0
-        );
+        assert_eq!(m.reg_read(bad, hr(1, reg::CP_HQD_ACTIVE)), 0);
         // Ring outside memory.
         let mut evil = bq.mqd.clone();
         evil.set64(
@@ -826,10 +780,7 @@ mod tests {
         );
         btvm.mem.write(ea, &evil.to_bytes()).unwrap();
         load(&m, bad, 2, ea);
-        assert_eq!(
-            m.reg_read(bad, reg::VHQD_BASE + 2 * reg::VHQD_STRIDE + reg::ERROR),
-            4
-        );
+        assert_eq!(m.reg_read(bad, hr(2, reg::CP_HQD_ERROR)), 4);
         // A valid queue whose write index runs past the ring: error at the doorbell.
         load(&m, bad, 0, mqd_addr(&bq));
         btvm.kernel(&mut bq, KernelKind::Mark, 4, 64, 10_000, 1, true);
@@ -844,12 +795,12 @@ mod tests {
         load(&m, good, 0, mqd_addr(&gq));
         gtvm.kernel(&mut gq, KernelKind::Mark, 8, 64, 10_000, 2, true);
         m.doorbell(good, 0);
-        assert_eq!(wait(&m, good, gq.signals[0]), wait::SIGNALLED);
+        assert_eq!(wait(&m, good, gq.signals[0]), wait::DONE);
         gtvm.verify(&gq).unwrap();
         assert_eq!(wait(&m, bad, bq.signals[0]), wait::QUEUE_ERROR);
-        assert_eq!(m.reg_read(bad, reg::VHQD_BASE + reg::ERROR), 7);
+        assert_eq!(m.reg_read(bad, hr(0, reg::CP_HQD_ERROR)), 7);
         // Waiting on a signal outside memory.
-        assert_eq!(wait(&m, good, 1 << 40), wait::BAD_ADDRESS);
+        assert_eq!(wait(&m, good, 1 << 40), wait::BAD_SIGNAL);
         m.remove_vm(bad);
         m.remove_vm(good);
         m.shutdown();

@@ -1,0 +1,114 @@
+//! The guest-visible virtual GPU (docs/vgpu-abi.md): register map, wait
+//! results and queue error codes, shared by the host mediator
+//! (`mdev::mediator`) and the guest driver (`guest-tools`, `rt::gpu`).
+
+/// `VGPU_ID` value, "HQDG".
+pub const VGPU_ID_VALUE: u32 = 0x4744_5148;
+/// vGPU ABI version.
+pub const VGPU_ABI_VERSION: u32 = 1;
+/// Size of the register window and of the doorbell window.
+pub const WINDOW_BYTES: u64 = 4096;
+/// Virtual HQDs per VM (`NUM_VHQD`).
+pub const NUM_VHQD: usize = 8;
+/// Bytes per doorbell: doorbell `i` is at `DOORBELL_STRIDE * i`.
+pub const DOORBELL_STRIDE: usize = 8;
+/// Boot-info device kind of the register window.
+pub const DEVICE_KIND_REGS: u32 = 4;
+/// Boot-info device kind of the doorbell window.
+pub const DEVICE_KIND_DOORBELLS: u32 = 5;
+
+/// Register offsets (docs/vgpu-abi.md, "Registers").
+pub mod reg {
+    /// ro: [`super::VGPU_ID_VALUE`].
+    pub const VGPU_ID: usize = 0x000;
+    /// ro: ABI version.
+    pub const VGPU_VERSION: usize = 0x004;
+    /// ro: virtual HQDs of this VM.
+    pub const NUM_VHQD: usize = 0x008;
+    /// ro: XCCs of the partition (one CWSR save area each).
+    pub const XCCS: usize = 0x00C;
+    /// ro: CUs per XCC.
+    pub const CUS_PER_XCC: usize = 0x010;
+    /// ro: shader engines per XCC.
+    pub const SES_PER_XCC: usize = 0x014;
+    /// ro: minimum `cp_hqd_ctx_save_size` per XCC.
+    pub const CTX_SAVE_SIZE: usize = 0x018;
+    /// wo: low half of an `amd_signal_t` address.
+    pub const WAIT_SIGNAL_LO: usize = 0x020;
+    /// wo: high half; the write starts the wait.
+    pub const WAIT_SIGNAL_HI: usize = 0x024;
+    /// ro: outcome of the last wait.
+    pub const WAIT_RESULT: usize = 0x028;
+    /// Per-HQD block of HQD 0.
+    pub const HQD_BASE: usize = 0x100;
+    /// Distance between per-HQD blocks.
+    pub const HQD_STRIDE: usize = 0x40;
+    /// rw (per HQD): MQD address, low 32 bits.
+    pub const CP_MQD_BASE_ADDR: usize = 0x00;
+    /// rw (per HQD): MQD address, high 32 bits.
+    pub const CP_MQD_BASE_ADDR_HI: usize = 0x04;
+    /// rw (per HQD): write 1 loads the MQD; reads 1 while loaded.
+    pub const CP_HQD_ACTIVE: usize = 0x08;
+    /// wo (per HQD): write 1 unloads the queue.
+    pub const CP_HQD_DEQUEUE_REQUEST: usize = 0x0C;
+    /// ro (per HQD): 0 or the queue error code (sticky until unload).
+    pub const CP_HQD_ERROR: usize = 0x10;
+    /// ro (per HQD): 0 unloaded, 1 loaded and waiting, 2 on a physical HQD.
+    pub const CP_HQD_STATE: usize = 0x14;
+    /// ro (per HQD): read index (packets, low 32 bits) as last reported.
+    pub const CP_HQD_PQ_RPTR: usize = 0x18;
+}
+
+/// `WAIT_RESULT` values.
+pub mod wait_result {
+    /// The signal reached 0.
+    pub const DONE: u32 = 0;
+    /// A queue of this VM is in error.
+    pub const QUEUE_ERROR: u32 = 1;
+    /// 10 s passed.
+    pub const TIMEOUT: u32 = 2;
+    /// The signal address is not in the VM's RAM.
+    pub const BAD_SIGNAL: u32 = 3;
+}
+
+/// `CP_HQD_ERROR` codes: why a queue stopped (or a load was refused).
+pub mod error {
+    /// Bad MQD header.
+    pub const BAD_MQD_HEADER: u32 = 1;
+    /// Not an AQL queue.
+    pub const NOT_AQL: u32 = 2;
+    /// Ring size not a power of two / too small.
+    pub const RING_SIZE: u32 = 3;
+    /// Ring outside VM memory.
+    pub const RING_OUT_OF_RANGE: u32 = 4;
+    /// rptr report / wptr poll address outside VM memory.
+    pub const POINTER_ADDR_OUT_OF_RANGE: u32 = 5;
+    /// Bad read/write pointers.
+    pub const BAD_POINTERS: u32 = 6;
+    /// Write index beyond read index + ring size.
+    pub const WPTR_BEYOND_RING: u32 = 7;
+    /// Write index moved backwards.
+    pub const WPTR_BACKWARDS: u32 = 8;
+    /// Unsupported packet type.
+    pub const UNSUPPORTED_PACKET: u32 = 9;
+    /// Bad dispatch packet.
+    pub const BAD_DISPATCH: u32 = 10;
+    /// Kernel descriptor outside VM memory.
+    pub const DESCRIPTOR_OUT_OF_RANGE: u32 = 11;
+    /// Bad kernel descriptor.
+    pub const BAD_DESCRIPTOR: u32 = 12;
+    /// Kernarg outside VM memory.
+    pub const KERNARG_OUT_OF_RANGE: u32 = 13;
+    /// Kernel buffer outside VM memory.
+    pub const DATA_OUT_OF_RANGE: u32 = 14;
+    /// Signal outside VM memory.
+    pub const SIGNAL_OUT_OF_RANGE: u32 = 15;
+    /// CWSR area too small.
+    pub const CWSR_TOO_SMALL: u32 = 16;
+    /// CWSR area outside VM memory.
+    pub const CWSR_OUT_OF_RANGE: u32 = 17;
+    /// Corrupt saved state.
+    pub const BAD_SAVED_STATE: u32 = 18;
+    /// MQD address outside VM memory (at load).
+    pub const MQD_ADDRESS: u32 = 19;
+}

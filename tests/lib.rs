@@ -33,7 +33,14 @@ pub fn config(dir: &Path, toml: &str) -> FleetConfig {
 
 /// Runs a fleet quietly (consoles captured in the report, not echoed).
 pub fn run(cfg: &FleetConfig) -> FleetReport {
-    run_fleet(cfg, RunOptions { echo: false }).expect("fleet launches")
+    run_fleet(
+        cfg,
+        RunOptions {
+            echo: false,
+            api_socket: None,
+        },
+    )
+    .expect("fleet launches")
 }
 
 /// A `[[vm]]` entry.

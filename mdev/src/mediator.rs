@@ -92,6 +92,7 @@ struct VHqd {
 
 struct VmEntry {
     name: String,
+    params: VmParams,
     mem: Arc<dyn DmaMemory>,
     vhqd: [VHqd; NUM_VHQD],
     wait_addr_lo: u32,
@@ -221,6 +222,7 @@ impl Mediator {
         st.sched.add_vm(VmId(id as u32), params)?;
         st.vms.push(VmEntry {
             name: name.into(),
+            params,
             mem,
             vhqd: Default::default(),
             wait_addr_lo: 0,
@@ -257,9 +259,31 @@ impl Mediator {
     pub fn set_priority(&self, vm: VgpuHandle, priority: u8) -> Result<(), SchedError> {
         let mut st = lock(&self.st);
         st.sched.set_vm_priority(VmId(vm.0), priority)?;
+        if let Some(e) = st.vms.get_mut(vm.0 as usize) {
+            e.params.priority = priority;
+        }
         let now = self.now();
         drop(self.pump(st, Event::Tick { now }));
         Ok(())
+    }
+
+    /// Changes a VM's weight live (applies at once).
+    pub fn set_weight(&self, vm: VgpuHandle, weight: u32) -> Result<(), SchedError> {
+        let mut st = lock(&self.st);
+        st.sched.set_vm_weight(VmId(vm.0), weight)?;
+        if let Some(e) = st.vms.get_mut(vm.0 as usize) {
+            e.params.weight = weight;
+        }
+        let now = self.now();
+        drop(self.pump(st, Event::Tick { now }));
+        Ok(())
+    }
+
+    /// A VM's current parameters and accounting (`None` once removed).
+    pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
+        let st = lock(&self.st);
+        let e = st.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        Some((e.params, st.sched.vm_stats(VmId(vm.0))?))
     }
 
     // ---- guest register and doorbell access ---------------------------

@@ -135,7 +135,14 @@ fn a_file_that_is_not_elf_aborts_the_launch_before_any_guest_runs() {
     std::fs::write(dir.join("junk.elf"), b"this is not an ELF file").unwrap();
     let toml = vm("good", "builtin:hello", "") + &vm("junk", "junk.elf", "");
     let cfg = config(&dir, &toml);
-    let err = vmm::fleet::run_fleet(&cfg, vmm::fleet::RunOptions { echo: false }).unwrap_err();
+    let err = vmm::fleet::run_fleet(
+        &cfg,
+        vmm::fleet::RunOptions {
+            echo: false,
+            api_socket: None,
+        },
+    )
+    .unwrap_err();
     assert!(
         err.to_string()
             .starts_with("vm 'junk': cannot load ELF image"),

@@ -37,7 +37,14 @@ fn main() {
         let cfg = FleetConfig::parse(&toml, Path::new("bench.toml")).unwrap();
         let (mut ef, mut ea, mut lf, mut la) = (vec![], vec![], vec![], vec![]);
         for _ in 0..runs {
-            let report = run_fleet(&cfg, RunOptions { echo: false }).unwrap();
+            let report = run_fleet(
+                &cfg,
+                RunOptions {
+                    echo: false,
+                    api_socket: None,
+                },
+            )
+            .unwrap();
             assert!(report.all_succeeded());
             let ms = |t: Option<Instant>| (t.unwrap() - report.launched).as_secs_f64() * 1e3;
             let entries: Vec<f64> = report.vms.iter().map(|v| ms(v.entered)).collect();

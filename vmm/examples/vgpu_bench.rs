@@ -58,7 +58,14 @@ fn main() {
         }
         text += &infer;
         let cfg = FleetConfig::parse(&text, Path::new("/bench/fleet.toml")).expect("config");
-        let r = run_fleet(&cfg, RunOptions { echo: false }).expect("fleet");
+        let r = run_fleet(
+            &cfg,
+            RunOptions {
+                echo: false,
+                api_socket: None,
+            },
+        )
+        .expect("fleet");
         let inf = r.vms.iter().find(|v| v.name == "inference").unwrap();
         if !inf.outcome.is_success() {
             eprintln!(

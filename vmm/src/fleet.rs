@@ -20,10 +20,12 @@ use crate::devices::vgpu::{VgpuDoorbells, VgpuRegs, VGPU_DOORBELLS_BASE, VGPU_RE
 use crate::vm::{Vm, VmError, VmReport, VmSpec};
 
 /// Run options not in the config.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Print console lines on stdout as they arrive.
     pub echo: bool,
+    /// Serve the operator control socket here while the fleet runs.
+    pub api_socket: Option<std::path::PathBuf>,
 }
 
 /// Failures before any VM runs (nothing is left running).
@@ -56,6 +58,9 @@ pub enum FleetError {
     /// The mediated GPU could not be set up.
     #[error("gpu: {0}")]
     Gpu(String),
+    /// The control socket could not be opened.
+    #[error("api socket {0}: {1}")]
+    Api(String, std::io::Error),
 }
 
 /// The result of a fleet run.
@@ -166,6 +171,21 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         built.push(vm);
     }
 
+    let control = Arc::new(crate::api::FleetControl::new(
+        mediator.clone(),
+        cfg.vm
+            .iter()
+            .map(|v| v.name.clone())
+            .zip(vgpus.iter().copied())
+            .collect(),
+    ));
+    let _api = match &opts.api_socket {
+        Some(path) => Some(
+            crate::api::ApiServer::start(path, control.clone())
+                .map_err(|e| FleetError::Api(path.display().to_string(), e))?,
+        ),
+        None => None,
+    };
     let mut running = Vec::with_capacity(built.len());
     let mut done_fds = Vec::with_capacity(built.len());
     for vm in built {
@@ -201,6 +221,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
+                control.ended(i);
                 detach_vgpu(&mediator, vgpus[i].take());
                 reports[i] = Some(vm.stop("VM ended"));
             }

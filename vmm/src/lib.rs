@@ -1,6 +1,7 @@
 //! hqdmux VMM: KVM virtual machines with bare-metal guests, launched as a
 //! fleet from one TOML config. See docs/architecture.md.
 
+pub mod api;
 pub mod boot;
 pub mod bus;
 pub mod config;

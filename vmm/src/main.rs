@@ -29,6 +29,20 @@ enum Command {
         /// Override the config's run timeout (milliseconds).
         #[arg(long)]
         timeout_ms: Option<u64>,
+        /// Serve the operator control socket here while the fleet runs
+        /// (steer it with `hqdmux ctl PATH ...`).
+        #[arg(long, value_name = "PATH")]
+        api_socket: Option<PathBuf>,
+    },
+    /// Steer a running fleet through its control socket: `list`,
+    /// `priority VM P` (0..15), `weight VM W` (1..1000). Applies at once.
+    /// Exits 1 if the fleet refused the request, 2 if it cannot be reached.
+    Ctl {
+        /// The `--api-socket` path of `hqdmux run`.
+        socket: PathBuf,
+        /// The request, e.g. `priority training 14`.
+        #[arg(required = true, num_args = 1..)]
+        request: Vec<String>,
     },
     /// Check a fleet config without launching anything.
     Check {
@@ -50,6 +64,7 @@ fn main() -> ExitCode {
             config,
             quiet,
             timeout_ms,
+            api_socket,
         } => {
             let mut cfg = match FleetConfig::load(&config) {
                 Ok(c) => c,
@@ -61,7 +76,13 @@ fn main() -> ExitCode {
             if timeout_ms.is_some() {
                 cfg.run.timeout_ms = timeout_ms;
             }
-            match run_fleet(&cfg, RunOptions { echo: !quiet }) {
+            match run_fleet(
+                &cfg,
+                RunOptions {
+                    echo: !quiet,
+                    api_socket,
+                },
+            ) {
                 Ok(report) => {
                     print!("{}", report.summary());
                     if report.all_succeeded() {
@@ -94,6 +115,20 @@ fn main() -> ExitCode {
             }
         },
         Command::Sim(args) => vmm::simcmd::run(&args),
+        Command::Ctl { socket, request } => match vmm::api::request(&socket, &request.join(" ")) {
+            Ok(reply) => {
+                print!("{reply}");
+                if reply.starts_with("error:") {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                }
+            }
+            Err(e) => {
+                eprintln!("hqdmux ctl: cannot reach {}: {e}", socket.display());
+                ExitCode::from(2)
+            }
+        },
         Command::Images => {
             for name in images::names() {
                 println!("builtin:{name}");

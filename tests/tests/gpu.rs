@@ -120,3 +120,79 @@ fn a_high_priority_vm_preempts_a_low_priority_one() {
     };
     assert!(done(1) < done(0), "{}", report.summary());
 }
+
+#[test]
+fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
+    let test = "an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let dir = scratch_dir("gpu-ctl");
+    let sock = dir.join("api.sock");
+    // Left alone, `late` (priority 1) cannot preempt `training` (priority 2):
+    // in the default exclusive mode it waits for training's ~400 ms of 50 ms
+    // workgroups, and training is never preempted. Once training holds a
+    // slot the operator raises `late` to 12 over the control socket.
+    let toml = [
+        gpu_vm("training", 2, "kernels=2 wgs=1216 cost_us=50000"),
+        gpu_vm("late", 1, "kernels=2 wgs=304 cost_us=500 loops=8"),
+    ]
+    .concat();
+    let cfg = config(&dir, &toml);
+    let opts = vmm::fleet::RunOptions {
+        echo: false,
+        api_socket: Some(sock.clone()),
+    };
+    let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
+    let t0 = std::time::Instant::now();
+    let training_mapped = |list: &str| {
+        list.lines()
+            .find(|l| l.starts_with("training "))
+            .is_some_and(|l| !l.contains(" maps=0 "))
+    };
+    loop {
+        assert!(t0.elapsed().as_secs() < 20, "training never got a slot");
+        if let Ok(list) = vmm::api::request(&sock, "list") {
+            if training_mapped(&list) {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let bad = vmm::api::request(&sock, "priority late 16").unwrap();
+    assert_eq!(
+        bad,
+        "error: vm 'late': priority: 16 is out of range 0..=15\n"
+    );
+    let ok = vmm::api::request(&sock, "priority late 12").unwrap();
+    assert_eq!(ok, "ok: vm 'late': priority = 12\n");
+    let list = vmm::api::request(&sock, "list").unwrap();
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("late state=running gpu=yes priority=12 ")),
+        "{list}"
+    );
+    let report = fleet.join().unwrap();
+    assert!(report.all_succeeded(), "{}", report.summary());
+    assert!(!sock.exists(), "socket removed when the fleet ends");
+    let training = report.vm_gpu[0].expect("training GPU accounting");
+    assert!(
+        training.preemptions >= 1,
+        "the raised VM preempted training: {}",
+        report.summary()
+    );
+    let done = |i: usize| {
+        report.vms[i]
+            .checkpoints
+            .iter()
+            .rev()
+            .find(|c| c.0 == 3)
+            .unwrap()
+            .1
+    };
+    assert!(
+        done(1) < done(0),
+        "raised VM finished first: {}",
+        report.summary()
+    );
+}

@@ -7,7 +7,7 @@
 //!
 //! | request | effect |
 //! |---|---|
-//! | `list` | one line per VM: name, state, gpu, priority, weight, GPU time, preemptions |
+//! | `list` | one line per VM: name, state, gpu, priority, weight, GPU time, maps, preemptions |
 //! | `priority NAME P` | set the VM's GPU priority (0..=15) live |
 //! | `weight NAME W` | set the VM's weight (1..=1000) live |
 
@@ -84,11 +84,12 @@ impl FleetControl {
             match status {
                 Some((p, s)) => {
                     out += &format!(
-                    "{} state={state} gpu=yes priority={} weight={} gpu_ms={:.1} preemptions={}\n",
+                    "{} state={state} gpu=yes priority={} weight={} gpu_ms={:.1} maps={} preemptions={}\n",
                     v.name,
                     p.priority,
                     p.weight,
                     s.gpu_ns as f64 / 1e6,
+                    s.maps,
                     s.preemptions
                 )
                 }

@@ -74,6 +74,9 @@ pub struct FleetReport {
     pub timed_out: bool,
     /// Mediated-GPU counters, when some VM had `gpu = true`.
     pub gpu: Option<mediator::MediatorStats>,
+    /// Per-VM GPU accounting at the moment its vGPU was detached (config
+    /// order; `None` for VMs without `gpu = true`).
+    pub vm_gpu: Vec<Option<scheduler::VmStats>>,
 }
 
 impl FleetReport {
@@ -87,14 +90,14 @@ impl FleetReport {
     /// median and max over its submissions.
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{:<16} {:>10} {:>10} {:>10} {:>16}  outcome\n",
-            "vm", "entry_ms", "line_ms", "run_ms", "gpu_ms p50/max"
+            "{:<16} {:>10} {:>10} {:>10} {:>16} {:>10} {:>8}  outcome\n",
+            "vm", "entry_ms", "line_ms", "run_ms", "gpu_ms p50/max", "gpu_time", "preempt"
         );
         let ms = |t: Option<Instant>| {
             t.map(|t| format!("{:.2}", (t - self.launched).as_secs_f64() * 1e3))
                 .unwrap_or_else(|| "-".into())
         };
-        for v in &self.vms {
+        for (i, v) in self.vms.iter().enumerate() {
             let mut spans = v.spans(2, 3);
             spans.sort();
             let gpu = match (spans.get(spans.len() / 2), spans.last()) {
@@ -105,13 +108,22 @@ impl FleetReport {
                 ),
                 _ => "-".into(),
             };
+            let (time, preempt) = match self.vm_gpu.get(i).copied().flatten() {
+                Some(g) => (
+                    format!("{:.2}", g.gpu_ns as f64 / 1e6),
+                    g.preemptions.to_string(),
+                ),
+                None => ("-".into(), "-".into()),
+            };
             s += &format!(
-                "{:<16} {:>10} {:>10} {:>10.2} {:>16}  {}\n",
+                "{:<16} {:>10} {:>10} {:>10.2} {:>16} {:>10} {:>8}  {}\n",
                 v.name,
                 ms(v.entered),
                 ms(v.first_line),
                 v.run_time.as_secs_f64() * 1e3,
                 gpu,
+                time,
+                preempt,
                 v.outcome
             );
         }
@@ -209,6 +221,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
 
     let monitor = FleetMonitor::new(done_fds, cfg.run.timeout_ms.map(Duration::from_millis))?;
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
+    let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
     let mut manager: EventManager<FleetMonitor> =
         EventManager::new().map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
     let id = manager.add_subscriber(monitor);
@@ -222,7 +235,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
                 control.ended(i);
-                detach_vgpu(&mediator, vgpus[i].take());
+                vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
                 reports[i] = Some(vm.stop("VM ended"));
             }
         }
@@ -241,7 +254,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     for (i, vm) in running.into_iter().enumerate() {
         if let Some(vm) = vm {
             // Release vCPUs blocked in a vGPU wait before stopping them.
-            detach_vgpu(&mediator, vgpus[i].take());
+            vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
             reports[i] = Some(vm.stop("run timeout"));
         }
     }
@@ -264,6 +277,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .collect(),
         timed_out,
         gpu,
+        vm_gpu,
     })
 }
 
@@ -314,10 +328,12 @@ fn attach_vgpu(m: &Arc<Mediator>, vm: &mut Vm, vc: &VmConfig) -> Result<VgpuHand
     Ok(h)
 }
 
-fn detach_vgpu(m: &Option<Arc<Mediator>>, h: Option<VgpuHandle>) {
-    if let (Some(m), Some(h)) = (m, h) {
-        m.remove_vm(h);
-    }
+/// Removes a VM's vGPU from the mediator; returns its final GPU accounting.
+fn detach_vgpu(m: &Option<Arc<Mediator>>, h: Option<VgpuHandle>) -> Option<scheduler::VmStats> {
+    let (m, h) = (m.as_ref()?, h?);
+    let stats = m.vm_status(h).map(|(_, s)| s);
+    m.remove_vm(h);
+    stats
 }
 
 /// Event-loop subscriber: one eventfd per VM (signalled when it ends) and

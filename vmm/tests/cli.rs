@@ -203,3 +203,17 @@ fn a_failing_vm_makes_the_run_exit_nonzero() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 1 VMs failed"));
     assert!(String::from_utf8_lossy(&out.stdout).contains("exited with status 5"));
 }
+
+#[test]
+fn ctl_without_a_running_fleet_says_it_cannot_reach_the_socket() {
+    let out = hqdmux()
+        .args(["ctl", "/nonexistent/hqdmux.sock", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hqdmux ctl: cannot reach /nonexistent/hqdmux.sock"),
+        "{err}"
+    );
+}

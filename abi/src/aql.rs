@@ -78,6 +78,64 @@ impl Header {
     }
 }
 
+/// Most work-items in one workgroup on AMD GPUs (`hsa_agent_get_info`
+/// `HSA_AGENT_INFO_WORKGROUP_MAX_SIZE` = 1024 on gfx9).
+pub const MAX_WORKGROUP_ITEMS: u64 = 1024;
+/// Most workgroups in one dispatch that hqdmux runs (2^32).
+pub const MAX_WORKGROUPS: u64 = 1 << 32;
+
+/// Why a kernel dispatch packet's geometry is malformed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DispatchError {
+    /// A workgroup dimension is 0 (`dim` 0 = x, 1 = y, 2 = z).
+    ZeroWorkgroupSize {
+        /// Dimension.
+        dim: u8,
+    },
+    /// A grid dimension is 0 (HSA requires >= 1).
+    ZeroGrid {
+        /// Dimension.
+        dim: u8,
+    },
+    /// More than [`MAX_WORKGROUP_ITEMS`] work-items per workgroup.
+    WorkgroupTooLarge {
+        /// `wg_x * wg_y * wg_z`.
+        items: u64,
+    },
+    /// More than [`MAX_WORKGROUPS`] workgroups.
+    TooManyWorkgroups {
+        /// Grid size.
+        grid: [u32; 3],
+        /// Workgroup size.
+        workgroup: [u16; 3],
+    },
+}
+
+impl core::fmt::Display for DispatchError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DispatchError::ZeroWorkgroupSize { dim } => {
+                write!(
+                    f,
+                    "workgroup size {} is 0",
+                    ["x", "y", "z"][*dim as usize % 3]
+                )
+            }
+            DispatchError::ZeroGrid { dim } => {
+                write!(f, "grid size {} is 0", ["x", "y", "z"][*dim as usize % 3])
+            }
+            DispatchError::WorkgroupTooLarge { items } => write!(
+                f,
+                "{items} work-items per workgroup exceed {MAX_WORKGROUP_ITEMS}"
+            ),
+            DispatchError::TooManyWorkgroups { grid, workgroup } => write!(
+                f,
+                "grid {grid:?} / workgroup {workgroup:?} exceeds {MAX_WORKGROUPS} workgroups"
+            ),
+        }
+    }
+}
+
 /// `hsa_kernel_dispatch_packet_t`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct KernelDispatch {
@@ -102,6 +160,8 @@ pub struct KernelDispatch {
 impl KernelDispatch {
     /// Number of workgroups: product over dimensions of ceil(grid / wg size).
     /// Returns `None` if a workgroup size is zero or the count overflows u64.
+    /// A zero grid dimension gives `Some(0)`; use [`KernelDispatch::validate`]
+    /// to reject the dispatches a packet processor must not run.
     pub fn workgroup_count(&self) -> Option<u64> {
         let mut n: u64 = 1;
         for d in 0..3 {
@@ -113,6 +173,38 @@ impl KernelDispatch {
             n = n.checked_mul(g.div_ceil(wg))?;
         }
         Some(n)
+    }
+    /// Work-items per workgroup (`wg_x * wg_y * wg_z`, at most 65535^3).
+    pub fn workgroup_items(&self) -> u64 {
+        self.workgroup_size
+            .iter()
+            .fold(1u64, |n, &w| n.saturating_mul(w as u64))
+    }
+    /// Check the geometry as a packet processor must before running it and
+    /// return the workgroup count. HSA requires every grid and workgroup
+    /// dimension to be at least 1 (unused dimensions are 1); AMD GPUs allow at
+    /// most [`MAX_WORKGROUP_ITEMS`] work-items per workgroup; hqdmux runs at
+    /// most [`MAX_WORKGROUPS`] workgroups per dispatch.
+    pub fn validate(&self) -> Result<u64, DispatchError> {
+        for d in 0..3 {
+            if self.workgroup_size[d] == 0 {
+                return Err(DispatchError::ZeroWorkgroupSize { dim: d as u8 });
+            }
+            if self.grid_size[d] == 0 {
+                return Err(DispatchError::ZeroGrid { dim: d as u8 });
+            }
+        }
+        let items = self.workgroup_items();
+        if items > MAX_WORKGROUP_ITEMS {
+            return Err(DispatchError::WorkgroupTooLarge { items });
+        }
+        match self.workgroup_count() {
+            Some(n) if n <= MAX_WORKGROUPS => Ok(n),
+            _ => Err(DispatchError::TooManyWorkgroups {
+                grid: self.grid_size,
+                workgroup: self.workgroup_size,
+            }),
+        }
     }
     /// A 1-D dispatch of `groups` workgroups of `wg` work-items.
     pub fn one_d(
@@ -324,5 +416,53 @@ mod tests {
         assert_eq!(Packet::decode(&b).body, Body::Invalid);
         let z = KernelDispatch::default();
         assert_eq!(z.workgroup_count(), None);
+    }
+
+    #[test]
+    fn dispatch_validation() {
+        let ok = KernelDispatch::one_d(0, 0, 64, 10, 0);
+        assert_eq!(ok.validate(), Ok(10));
+        let mut d = ok;
+        d.grid_size[1] = 0;
+        assert_eq!(d.workgroup_count(), Some(0));
+        assert_eq!(d.validate(), Err(DispatchError::ZeroGrid { dim: 1 }));
+        let mut d = ok;
+        d.workgroup_size[2] = 0;
+        assert_eq!(
+            d.validate(),
+            Err(DispatchError::ZeroWorkgroupSize { dim: 2 })
+        );
+        let mut d = ok;
+        d.workgroup_size = [32, 33, 1];
+        assert_eq!(
+            d.validate(),
+            Err(DispatchError::WorkgroupTooLarge { items: 1056 })
+        );
+        d.workgroup_size = [32, 32, 1];
+        assert!(d.validate().is_ok());
+        d.workgroup_size = [u16::MAX; 3];
+        assert_eq!(
+            d.validate(),
+            Err(DispatchError::WorkgroupTooLarge {
+                items: 65535u64 * 65535 * 65535
+            })
+        );
+        let mut d = ok;
+        d.workgroup_size = [1, 1, 1];
+        d.grid_size = [65536, 65536, 1];
+        assert_eq!(d.validate(), Ok(1 << 32));
+        d.grid_size = [65536, 65537, 1];
+        assert_eq!(
+            d.validate(),
+            Err(DispatchError::TooManyWorkgroups {
+                grid: [65536, 65537, 1],
+                workgroup: [1, 1, 1]
+            })
+        );
+        d.grid_size = [u32::MAX; 3]; // overflows u64
+        assert!(matches!(
+            d.validate(),
+            Err(DispatchError::TooManyWorkgroups { .. })
+        ));
     }
 }

@@ -106,6 +106,16 @@ pub enum DescriptorError {
     UnknownKind(u16),
 }
 
+impl core::fmt::Display for DescriptorError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DescriptorError::BadMagic(m) => write!(f, "magic {m:#x} is not \"HQDK\""),
+            DescriptorError::BadVersion(v) => write!(f, "version {v} is not {KD_VERSION}"),
+            DescriptorError::UnknownKind(k) => write!(f, "unknown kernel kind {k}"),
+        }
+    }
+}
+
 impl KernelDescriptor {
     /// New descriptor.
     pub const fn new(kind: KernelKind, wg_cost_ns: u64) -> Self {

@@ -12,6 +12,17 @@
 //! `amd_queue_t` read/write_dispatch_id) count **packets**. [`V9Mqd::read_index`]
 //! rebuilds the 64-bit packet read index from the 32-bit rptr and the 64-bit wptr
 //! (valid because wptr - rptr never exceeds the ring size).
+//!
+//! **Deviation from hardware (documented in docs/gpu-model.md).** On gfx9 only
+//! the low log2(ring dwords) bits of `CP_HQD_PQ_RPTR` are meaningful (the ring
+//! offset); KFD's `kgd_gfx_v9_hqd_load` takes the remaining bits from the saved
+//! 64-bit wptr. hqdmux stores the low 32 bits of the absolute dword position
+//! instead. The ring offset (`rptr & (ring_dwords - 1)`) is identical, so a
+//! reader that masks like KFD sees the same value; the extra bits let
+//! [`V9Mqd::read_index`] tell a full ring (wptr - rptr = ring size) from an
+//! empty one, which the offset alone cannot. An MQD whose rptr holds only the
+//! ring offset (as saved by real hardware) is rebuilt correctly only while
+//! wptr < 2^32 dwords; otherwise `read_index` returns `None`.
 
 /// Number of dwords.
 pub const MQD_DWORDS: usize = 512;
@@ -216,13 +227,15 @@ impl V9Mqd {
     pub fn queue_size_field(&self) -> u32 {
         self.dw[CP_HQD_PQ_CONTROL] & PQ_CONTROL_QUEUE_SIZE_MASK
     }
-    /// Ring size in dwords (2 << QUEUE_SIZE).
+    /// Ring size in dwords (2 << QUEUE_SIZE; saturates at `u64::MAX` for
+    /// QUEUE_SIZE 63, which no consumer accepts).
     pub fn ring_dwords(&self) -> u64 {
-        2u64 << self.queue_size_field()
+        1u64.checked_shl(self.queue_size_field() + 1)
+            .unwrap_or(u64::MAX)
     }
-    /// Ring size in bytes.
+    /// Ring size in bytes (saturating: QUEUE_SIZE >= 61 gives `u64::MAX`).
     pub fn ring_bytes(&self) -> u64 {
-        self.ring_dwords() * 4
+        self.ring_dwords().saturating_mul(4)
     }
     /// Ring size in 64-byte AQL packets.
     pub fn ring_packets(&self) -> u64 {
@@ -314,10 +327,11 @@ impl V9Mqd {
     pub fn set_read_index(&mut self, packets: u64) {
         self.dw[CP_HQD_PQ_RPTR] = packets.wrapping_mul(DWORDS_PER_PACKET) as u32;
     }
-    /// Byte address of ring slot for packet index `idx`.
+    /// Byte address of ring slot for packet index `idx` (saturating: a ring
+    /// that does not fit the address space gives an address no memory holds).
     pub fn packet_addr(&self, idx: u64) -> u64 {
         self.ring_base()
-            .wrapping_add((idx % self.ring_packets().max(1)) * 64)
+            .saturating_add((idx % self.ring_packets().max(1)).saturating_mul(64))
     }
     /// Is there saved CWSR control-stack content (offset below size)?
     pub fn has_saved_state(&self) -> bool {
@@ -496,6 +510,37 @@ mod tests {
         assert_eq!(m.read_index(), None); // further apart than the ring
         m.dw[CP_HQD_PQ_RPTR] = 3;
         assert_eq!(m.read_index(), None);
+    }
+
+    struct Sink;
+    impl core::fmt::Write for Sink {
+        fn write_str(&mut self, _: &str) -> core::fmt::Result {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn hostile_queue_size_does_not_overflow() {
+        let mut m = V9Mqd::default();
+        for qs in 0..=63u32 {
+            m.dw[CP_HQD_PQ_CONTROL] = qs;
+            m.set64(CP_HQD_PQ_BASE_LO, CP_HQD_PQ_BASE_HI, u64::MAX);
+            core::fmt::write(&mut Sink, format_args!("{m:?}")).unwrap();
+            let _ = m.read_index();
+            let _ = m.packet_addr(u64::MAX);
+            assert!(m.ring_bytes() >= m.ring_dwords() || qs >= 61);
+        }
+        m.dw[CP_HQD_PQ_CONTROL] = 61;
+        assert_eq!(m.ring_bytes(), u64::MAX);
+        assert_eq!(m.ring_dwords(), 1 << 62);
+        m.dw[CP_HQD_PQ_CONTROL] = 63;
+        assert_eq!(m.ring_dwords(), u64::MAX);
+        m.dw[CP_HQD_PQ_CONTROL] = 9;
+        assert_eq!(m.ring_bytes(), 4096);
+        // packet_addr never wraps around to a low address.
+        assert_eq!(m.ring_base(), u64::MAX << 8);
+        assert_eq!(m.packet_addr(3), (u64::MAX << 8) + 192);
+        assert_eq!(m.packet_addr(5), u64::MAX);
     }
 
     #[test]

@@ -111,4 +111,7 @@ pub mod error {
     pub const BAD_SAVED_STATE: u32 = 18;
     /// MQD address outside VM memory (at load).
     pub const MQD_ADDRESS: u32 = 19;
+    /// CWSR fields inconsistent (`cntl_stack_offset` > `cntl_stack_size`, or the
+    /// control stack larger than the context save area).
+    pub const BAD_CWSR_LAYOUT: u32 = 20;
 }

@@ -7,6 +7,8 @@
 
 use crate::mem::DmaMemory;
 use crate::topology::GpuTopology;
+pub use abi::aql::DispatchError;
+pub use abi::kernel::DescriptorError;
 use abi::mqd::V9Mqd;
 use std::sync::Arc;
 
@@ -116,9 +118,13 @@ pub enum QueueErrorReason {
     /// Packet type not supported (vendor, agent dispatch, reserved).
     #[error("unsupported AQL packet type {0}")]
     UnsupportedPacket(u8),
-    /// Malformed dispatch (zero workgroup size, too many workgroups).
-    #[error("malformed kernel dispatch packet")]
-    BadDispatch,
+    /// Malformed dispatch geometry (zero grid or workgroup dimension, more than
+    /// 1024 work-items per workgroup, more than 2^32 workgroups).
+    #[error("malformed kernel dispatch packet: {why}")]
+    BadDispatch {
+        /// What is wrong.
+        why: DispatchError,
+    },
     /// Kernel descriptor outside memory.
     #[error("kernel object {addr:#x} is outside VM memory")]
     DescriptorOutOfRange {
@@ -126,10 +132,12 @@ pub enum QueueErrorReason {
         addr: u64,
     },
     /// Kernel descriptor has a bad magic / version / kind.
-    #[error("bad kernel descriptor at {addr:#x}")]
+    #[error("bad kernel descriptor at {addr:#x}: {why}")]
     BadDescriptor {
         /// Address.
         addr: u64,
+        /// What is wrong.
+        why: DescriptorError,
     },
     /// Kernarg segment outside memory.
     #[error("kernarg {addr:#x} is outside VM memory")]
@@ -159,11 +167,25 @@ pub enum QueueErrorReason {
         /// Declared bytes.
         have: u64,
     },
-    /// CWSR area outside memory.
+    /// CWSR area outside memory (or a write into it failed).
     #[error("CWSR area at {addr:#x} is outside VM memory")]
     CwsrOutOfRange {
-        /// Base.
+        /// Base (or the address of the failed access).
         addr: u64,
+    },
+    /// CWSR fields are inconsistent: `cntl_stack_offset > cntl_stack_size`, or
+    /// the control stack is larger than the per-XCC context save area.
+    #[error(
+        "CWSR layout inconsistent: cntl_stack_offset {cntl_stack_offset}, \
+         cntl_stack_size {cntl_stack_size}, ctx_save_size {ctx_save_size}"
+    )]
+    BadCwsrLayout {
+        /// `cp_hqd_cntl_stack_offset`.
+        cntl_stack_offset: u32,
+        /// `cp_hqd_cntl_stack_size`.
+        cntl_stack_size: u32,
+        /// `cp_hqd_ctx_save_size`.
+        ctx_save_size: u32,
     },
     /// Saved state read back on restore is malformed.
     #[error("malformed saved CWSR state: {0}")]
@@ -297,6 +319,12 @@ impl GpuEvent {
 /// Time only moves through the `now` arguments (monotonic, never decreasing).
 /// Calls at `now` first bring the model up to `now`; events become visible at the
 /// next [`PhysGpu::advance`].
+///
+/// Not expressible yet: a dequeue that fails or times out (KFD's
+/// `queue_preemption_timeout_ms`, 9 s by default, after which the driver resets
+/// the GPU). The simulator's dequeues always complete; a real backend needs an
+/// error-carrying `Unmapped` (or an `UnmapFailed` event) and a scheduler
+/// reaction. See docs/gpu-model.md, "Not modelled".
 pub trait PhysGpu: Send {
     /// Topology (slot list, CU counts).
     fn topology(&self) -> &GpuTopology;

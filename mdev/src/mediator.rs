@@ -52,7 +52,7 @@ pub fn error_code(r: &QueueErrorReason) -> u32 {
         WptrBeyondRing { .. } => error::WPTR_BEYOND_RING,
         WptrBackwards { .. } => error::WPTR_BACKWARDS,
         UnsupportedPacket(_) => error::UNSUPPORTED_PACKET,
-        BadDispatch => error::BAD_DISPATCH,
+        BadDispatch { .. } => error::BAD_DISPATCH,
         DescriptorOutOfRange { .. } => error::DESCRIPTOR_OUT_OF_RANGE,
         BadDescriptor { .. } => error::BAD_DESCRIPTOR,
         KernargOutOfRange { .. } => error::KERNARG_OUT_OF_RANGE,
@@ -60,6 +60,7 @@ pub fn error_code(r: &QueueErrorReason) -> u32 {
         SignalOutOfRange { .. } => error::SIGNAL_OUT_OF_RANGE,
         CwsrTooSmall { .. } => error::CWSR_TOO_SMALL,
         CwsrOutOfRange { .. } => error::CWSR_OUT_OF_RANGE,
+        BadCwsrLayout { .. } => error::BAD_CWSR_LAYOUT,
         BadSavedState(_) => error::BAD_SAVED_STATE,
     }
 }

@@ -1,7 +1,8 @@
 //! Bounds-checked DMA access to one VM's memory.
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileMemory};
 
 /// A guest memory access failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +51,21 @@ pub trait DmaMemory: Send + Sync {
     fn write_u64(&self, gpa: u64, v: u64) -> Result<(), MemError> {
         self.write(gpa, &v.to_le_bytes())
     }
+    /// Add `delta` (wrapping) to the little-endian u64 at `gpa`; returns the old
+    /// value. Implementations make this atomic against other accesses where
+    /// they can (see each `impl`); this default is a read followed by a write.
+    fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
+        let v = self.read_u64(gpa)?;
+        self.write_u64(gpa, v.wrapping_add(delta))?;
+        Ok(v)
+    }
+    /// Add `delta` (wrapping) to the little-endian u32 at `gpa`; returns the old
+    /// value. Atomicity as for [`DmaMemory::fetch_add_u64`].
+    fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
+        let v = self.read_u32(gpa)?;
+        self.write_u32(gpa, v.wrapping_add(delta))?;
+        Ok(v)
+    }
 }
 
 fn check(size: u64, gpa: u64, len: usize) -> Result<(), MemError> {
@@ -83,6 +99,37 @@ impl DmaMemory for GuestMemoryMmap<()> {
         } else {
             self.last_addr().0 + 1
         }
+    }
+    /// A host atomic `fetch_add` when `gpa` is 8-byte aligned (the guest's
+    /// vCPUs see it as one locked RMW); otherwise a read then a write.
+    fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
+        check(DmaMemory::size(self), gpa, 8)?;
+        #[cfg(target_endian = "little")]
+        if gpa.is_multiple_of(8) {
+            if let Ok(slice) = self.get_slice(GuestAddress(gpa), 8) {
+                if let Ok(a) = slice.get_atomic_ref::<AtomicU64>(0) {
+                    return Ok(a.fetch_add(delta, Ordering::SeqCst));
+                }
+            }
+        }
+        let v = self.read_u64(gpa)?;
+        self.write_u64(gpa, v.wrapping_add(delta))?;
+        Ok(v)
+    }
+    /// As [`DmaMemory::fetch_add_u64`], atomic when 4-byte aligned.
+    fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
+        check(DmaMemory::size(self), gpa, 4)?;
+        #[cfg(target_endian = "little")]
+        if gpa.is_multiple_of(4) {
+            if let Ok(slice) = self.get_slice(GuestAddress(gpa), 4) {
+                if let Ok(a) = slice.get_atomic_ref::<AtomicU32>(0) {
+                    return Ok(a.fetch_add(delta, Ordering::SeqCst));
+                }
+            }
+        }
+        let v = self.read_u32(gpa)?;
+        self.write_u32(gpa, v.wrapping_add(delta))?;
+        Ok(v)
     }
 }
 
@@ -128,6 +175,26 @@ impl DmaMemory for VecMemory {
     fn size(&self) -> u64 {
         self.size
     }
+    /// Atomic against every other access to this memory (one lock).
+    fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
+        check(self.size, gpa, 8)?;
+        let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        let s = gpa as usize;
+        let b: &mut [u8; 8] = (&mut g[s..s + 8]).try_into().expect("8 bytes");
+        let v = u64::from_le_bytes(*b);
+        *b = v.wrapping_add(delta).to_le_bytes();
+        Ok(v)
+    }
+    /// Atomic against every other access to this memory (one lock).
+    fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
+        check(self.size, gpa, 4)?;
+        let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        let s = gpa as usize;
+        let b: &mut [u8; 4] = (&mut g[s..s + 4]).try_into().expect("4 bytes");
+        let v = u32::from_le_bytes(*b);
+        *b = v.wrapping_add(delta).to_le_bytes();
+        Ok(v)
+    }
 }
 
 /// Sparse memory for the virtual-time harness: a large declared size, 4 KiB
@@ -135,7 +202,7 @@ impl DmaMemory for VecMemory {
 /// Models VMs whose queues declare hundreds of MiB of CWSR area each without
 /// reserving host address space for it.
 pub struct SparseMemory {
-    pages: Mutex<std::collections::HashMap<u64, Box<[u8; SPARSE_PAGE]>>>,
+    pages: Mutex<Pages>,
     size: u64,
 }
 
@@ -155,41 +222,71 @@ impl SparseMemory {
     }
 }
 
+type Pages = std::collections::HashMap<u64, Box<[u8; SPARSE_PAGE]>>;
+
+fn sparse_read(g: &Pages, gpa: u64, buf: &mut [u8]) {
+    let mut done = 0;
+    while done < buf.len() {
+        let a = gpa + done as u64;
+        let off = (a % SPARSE_PAGE as u64) as usize;
+        let n = (SPARSE_PAGE - off).min(buf.len() - done);
+        match g.get(&(a / SPARSE_PAGE as u64)) {
+            Some(p) => buf[done..done + n].copy_from_slice(&p[off..off + n]),
+            None => buf[done..done + n].fill(0),
+        }
+        done += n;
+    }
+}
+
+fn sparse_write(g: &mut Pages, gpa: u64, buf: &[u8]) {
+    let mut done = 0;
+    while done < buf.len() {
+        let a = gpa + done as u64;
+        let off = (a % SPARSE_PAGE as u64) as usize;
+        let n = (SPARSE_PAGE - off).min(buf.len() - done);
+        let p = g
+            .entry(a / SPARSE_PAGE as u64)
+            .or_insert_with(|| Box::new([0u8; SPARSE_PAGE]));
+        p[off..off + n].copy_from_slice(&buf[done..done + n]);
+        done += n;
+    }
+}
+
 impl DmaMemory for SparseMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         check(self.size, gpa, buf.len())?;
         let g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let mut done = 0;
-        while done < buf.len() {
-            let a = gpa + done as u64;
-            let off = (a % SPARSE_PAGE as u64) as usize;
-            let n = (SPARSE_PAGE - off).min(buf.len() - done);
-            match g.get(&(a / SPARSE_PAGE as u64)) {
-                Some(p) => buf[done..done + n].copy_from_slice(&p[off..off + n]),
-                None => buf[done..done + n].fill(0),
-            }
-            done += n;
-        }
+        sparse_read(&g, gpa, buf);
         Ok(())
     }
     fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
         check(self.size, gpa, buf.len())?;
         let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let mut done = 0;
-        while done < buf.len() {
-            let a = gpa + done as u64;
-            let off = (a % SPARSE_PAGE as u64) as usize;
-            let n = (SPARSE_PAGE - off).min(buf.len() - done);
-            let p = g
-                .entry(a / SPARSE_PAGE as u64)
-                .or_insert_with(|| Box::new([0u8; SPARSE_PAGE]));
-            p[off..off + n].copy_from_slice(&buf[done..done + n]);
-            done += n;
-        }
+        sparse_write(&mut g, gpa, buf);
         Ok(())
     }
     fn size(&self) -> u64 {
         self.size
+    }
+    /// Atomic against every other access to this memory (one lock).
+    fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
+        check(self.size, gpa, 8)?;
+        let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = [0u8; 8];
+        sparse_read(&g, gpa, &mut b);
+        let v = u64::from_le_bytes(b);
+        sparse_write(&mut g, gpa, &v.wrapping_add(delta).to_le_bytes());
+        Ok(v)
+    }
+    /// Atomic against every other access to this memory (one lock).
+    fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
+        check(self.size, gpa, 4)?;
+        let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = [0u8; 4];
+        sparse_read(&g, gpa, &mut b);
+        let v = u32::from_le_bytes(b);
+        sparse_write(&mut g, gpa, &v.wrapping_add(delta).to_le_bytes());
+        Ok(v)
     }
 }
 
@@ -211,6 +308,42 @@ mod tests {
         assert!(m.contains(0, sz));
         assert!(!m.contains(1, sz));
         assert!(!m.contains(u64::MAX, 2));
+        // fetch_add: aligned, unaligned (the fallback), at the end, out of range.
+        for a in [64u64, 4093, sz - 8] {
+            m.write_u64(a, 5).unwrap();
+            assert_eq!(m.fetch_add_u64(a, u64::MAX).unwrap(), 5);
+            assert_eq!(m.read_u64(a).unwrap(), 4);
+            assert_eq!(m.fetch_add_u32(a, 3).unwrap(), 4);
+            assert_eq!(m.read_u64(a).unwrap(), 7);
+        }
+        m.write_u32(sz - 4, u32::MAX).unwrap();
+        assert_eq!(m.fetch_add_u32(sz - 4, 2).unwrap(), u32::MAX);
+        assert_eq!(m.read_u32(sz - 4).unwrap(), 1);
+        assert!(m.fetch_add_u64(sz - 7, 1).is_err());
+        assert!(m.fetch_add_u32(u64::MAX - 1, 1).is_err());
+    }
+
+    #[test]
+    fn guest_memory_fetch_add_is_atomic() {
+        let gm = std::sync::Arc::new(
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 16)]).unwrap(),
+        );
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let gm = gm.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        gm.fetch_add_u64(0x100, 1).unwrap();
+                        gm.fetch_add_u32(0x200, 1).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(gm.read_u64(0x100).unwrap(), 40_000);
+        assert_eq!(gm.read_u32(0x200).unwrap(), 40_000);
     }
 
     #[test]

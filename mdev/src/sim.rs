@@ -33,7 +33,16 @@ pub const MIN_RING_PACKETS: u64 = 4;
 /// Largest accepted ring, in packets (QUEUE_SIZE <= 23).
 pub const MAX_RING_PACKETS: u64 = 1 << 20;
 /// Largest accepted workgroup count of one dispatch.
-pub const MAX_WORKGROUPS: u64 = 1 << 32;
+pub const MAX_WORKGROUPS: u64 = aql::MAX_WORKGROUPS;
+/// Largest accepted work-items per workgroup (AMD's limit).
+pub const MAX_WORKGROUP_ITEMS: u64 = aql::MAX_WORKGROUP_ITEMS;
+/// Largest write index whose dword position (x16) fits the 64-bit `CP_HQD_PQ_WPTR`.
+const MAX_INDEX: u64 = u64::MAX / mqd::DWORDS_PER_PACKET;
+/// Elements a workgroup effect moves through host memory at a time.
+const CHUNK: u64 = 1024;
+/// Shortest workgroup (ns): a zero cost would let one dispatch run unboundedly
+/// many workgroups at a single model instant.
+pub const MIN_WG_NS: u64 = 1;
 
 /// Counters of a [`SimGpu`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -419,7 +428,7 @@ impl SimGpu {
             if !q.poll_armed {
                 q.poll_armed = true;
                 let gen = q.gen;
-                self.arm(now + poll_ns, Timer::Poll { slot, gen });
+                self.arm(now.saturating_add(poll_ns), Timer::Poll { slot, gen });
             }
         }
         self.check_idle(slot);
@@ -492,9 +501,10 @@ impl SimGpu {
                 }
             }
             if jitter > 0 && cost > 0 {
-                cost += self.rng.gen_range(0..=cost.saturating_mul(jitter) / 1000);
+                let extra = self.rng.gen_range(0..=cost.saturating_mul(jitter) / 1000);
+                cost = cost.saturating_add(extra);
             }
-            (a.id, wg, cost)
+            (a.id, wg, cost.max(MIN_WG_NS))
         };
         q.inflight += 1;
         let qgen = q.gen;
@@ -603,11 +613,26 @@ impl SimGpu {
         };
         self.parts[p].free_cus += q.held_cus;
         let (mode, since) = q.unmap_req.unwrap_or((DequeueMode::DrainPipe, now));
-        if mode == DequeueMode::DrainPipe && !matches!(q.state, HState::Error(_)) {
-            // Partially dispatched packets are kept as control records.
-            let res = cwsr::write_save(&mut q, &self.topo);
-            if let Err(e) = res {
-                log::warn!("slot {slot}: writing drain records failed: {e}");
+        if mode != DequeueMode::SaveWaves && !matches!(q.state, HState::Error(_)) {
+            // DrainPipe: partially dispatched packets are kept as control
+            // records. ResetWaves: packets that completed out of order are.
+            // (SaveWaves wrote its records at the request.)
+            if let Err(e) = cwsr::write_save(&mut q, &self.topo) {
+                // Cannot happen for a validated topology and MQD unless the
+                // memory itself fails; the progress is lost: a queue error.
+                log::warn!(
+                    "queue tag {} slot {slot} error: writing dequeue records failed: {e}",
+                    q.tag
+                );
+                q.state = HState::Error(e);
+                q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = q.mqd.cntl_stack_size();
+                self.stats.queue_errors += 1;
+                self.pending.push(GpuEvent::QueueError {
+                    slot: SlotId(slot),
+                    tag: q.tag,
+                    reason: e,
+                    at: now,
+                });
             }
         }
         q.mqd.dw[mqd::CP_HQD_ACTIVE] = 0;
@@ -621,7 +646,7 @@ impl SimGpu {
             mode,
             mqd: Box::new(q.mqd.clone()),
             has_work,
-            save_ns: now - since,
+            save_ns: now.saturating_sub(since),
             at: now,
         });
         self.dispatch(p as u32);
@@ -629,6 +654,17 @@ impl SimGpu {
 }
 
 // -------------------------------------------------------------------- helpers
+
+/// Highest write index a queue may publish: one ring ahead of the read index,
+/// and never past a dword position that overflows `CP_HQD_PQ_WPTR`.
+fn wptr_limit(rptr: u64, ring_packets: u64) -> u64 {
+    rptr.saturating_add(ring_packets).min(MAX_INDEX)
+}
+
+/// `addr + off` for a guest address, or `err` if it wraps.
+fn addr_add(addr: u64, off: u64, err: QueueErrorReason) -> QResult<u64> {
+    addr.checked_add(off).ok_or(err)
+}
 
 fn sig_check(mem: &dyn DmaMemory, addr: u64) -> QResult<()> {
     if addr != 0 && !mem.contains(addr, abi::queue::AMD_SIGNAL_SIZE as u64) {
@@ -643,9 +679,10 @@ fn barrier_satisfied(mem: &dyn DmaMemory, b: &Barrier, is_and: bool) -> QResult<
     let mut deps = 0;
     for &s in b.dep_signal.iter().filter(|s| **s != 0) {
         deps += 1;
+        let err = QueueErrorReason::SignalOutOfRange { addr: s };
         let v = mem
-            .read_u64(s + AMD_SIGNAL_VALUE as u64)
-            .map_err(|_| QueueErrorReason::SignalOutOfRange { addr: s })? as i64;
+            .read_u64(addr_add(s, AMD_SIGNAL_VALUE as u64, err)?)
+            .map_err(|_| err)? as i64;
         if v == 0 {
             any = true;
         } else {
@@ -666,19 +703,16 @@ fn data_check(mem: &dyn DmaMemory, addr: u64, len: u64) -> QResult<()> {
 fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
     let (work, signal) = match pkt.body {
         Body::KernelDispatch(d) => {
-            let total = d.workgroup_count().ok_or(QueueErrorReason::BadDispatch)?;
-            if total > MAX_WORKGROUPS {
-                return Err(QueueErrorReason::BadDispatch);
-            }
-            let items_per_wg = d.workgroup_size[0] as u64
-                * d.workgroup_size[1] as u64
-                * d.workgroup_size[2] as u64;
+            let total = d
+                .validate()
+                .map_err(|why| QueueErrorReason::BadDispatch { why })?;
+            let items_per_wg = d.workgroup_items(); // <= MAX_WORKGROUP_ITEMS
             let ko = d.kernel_object;
             let mut kd = [0u8; abi::kernel::KD_SIZE];
             mem.read(ko, &mut kd)
                 .map_err(|_| QueueErrorReason::DescriptorOutOfRange { addr: ko })?;
             let desc = KernelDescriptor::decode(&kd)
-                .map_err(|_| QueueErrorReason::BadDescriptor { addr: ko })?;
+                .map_err(|why| QueueErrorReason::BadDescriptor { addr: ko, why })?;
             let ka = d.kernarg_address;
             let mut kb = [0u8; abi::kernel::KERNARG_MAX];
             let klen = desc.kind.kernarg_size();
@@ -758,14 +792,10 @@ fn complete_packet(
     a.work = Work::Done;
     let id = a.id;
     if a.signal != 0 {
-        let va = a.signal + AMD_SIGNAL_VALUE as u64;
-        let v = q
-            .mem
-            .read_u64(va)
-            .map_err(|_| QueueErrorReason::SignalOutOfRange { addr: a.signal })?;
-        q.mem
-            .write_u64(va, (v as i64).wrapping_sub(1) as u64)
-            .map_err(|_| QueueErrorReason::SignalOutOfRange { addr: a.signal })?;
+        // Atomic decrement where the memory supports it (see `DmaMemory`).
+        let err = QueueErrorReason::SignalOutOfRange { addr: a.signal };
+        let va = addr_add(a.signal, AMD_SIGNAL_VALUE as u64, err)?;
+        q.mem.fetch_add_u64(va, u64::MAX).map_err(|_| err)?;
     }
     let addr = q.mqd.packet_addr(id);
     q.mem
@@ -801,18 +831,34 @@ fn retire(q: &mut Hqd, _slot: SlotId) -> QResult<()> {
     Ok(())
 }
 
+/// Read `n` u32s at `addr` into `buf` (`n` <= [`CHUNK`]).
 fn read_u32s(mem: &dyn DmaMemory, addr: u64, n: u64, buf: &mut Vec<u8>) -> QResult<()> {
-    buf.resize((n * 4) as usize, 0);
+    debug_assert!(n <= CHUNK);
+    buf.resize((n.min(CHUNK) * 4) as usize, 0);
     mem.read(addr, buf)
         .map_err(|_| QueueErrorReason::DataOutOfRange { addr, len: n * 4 })
 }
 
-fn u32s(b: &[u8]) -> impl Iterator<Item = u32> + '_ {
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+/// The little-endian u32 number `i` of `b`.
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
 }
 
-/// Apply one workgroup's memory effect.
+/// Run `f(first, count)` over `[s, e)` in chunks of at most [`CHUNK`] elements:
+/// a workgroup's element range never sits in host memory whole.
+fn chunks(s: u64, e: u64, mut f: impl FnMut(u64, u64) -> QResult<()>) -> QResult<()> {
+    let mut k = s;
+    while k < e {
+        let m = (e - k).min(CHUNK);
+        f(k, m)?;
+        k += m;
+    }
+    Ok(())
+}
+
+/// Apply one workgroup's memory effect. Buffer ranges were validated when the
+/// packet was fetched; every address is still computed with checked arithmetic
+/// and every access bounds-checked.
 fn apply_effect(
     mem: &dyn DmaMemory,
     d: &Dispatch,
@@ -822,52 +868,63 @@ fn apply_effect(
 ) -> QResult<()> {
     let range = |n: u32| element_range(wg, d.items_per_wg, n);
     let werr = |addr: u64, len: u64| QueueErrorReason::DataOutOfRange { addr, len };
+    // Address of element `k` of the u32 array at `base` with `n` elements.
+    let elem = |base: u64, k: u64, n: u32| addr_add(base, 4 * k, werr(base, 4 * n as u64));
     match d.args {
         Kernarg::Fill { dst, n, value } => {
             let (s, e) = range(n);
-            s1.clear();
-            for _ in s..e {
-                s1.extend_from_slice(&value.to_le_bytes());
-            }
-            mem.write(dst + 4 * s, s1)
-                .map_err(|_| werr(dst, 4 * n as u64))?;
+            chunks(s, e, |k, m| {
+                s1.clear();
+                for _ in 0..m {
+                    s1.extend_from_slice(&value.to_le_bytes());
+                }
+                mem.write(elem(dst, k, n)?, s1)
+                    .map_err(|_| werr(dst, 4 * n as u64))
+            })?;
         }
         Kernarg::VecAdd { a, b, c, n } => {
             let (s, e) = range(n);
-            read_u32s(mem, a + 4 * s, e - s, s1)?;
-            read_u32s(mem, b + 4 * s, e - s, s2)?;
-            let out: Vec<u8> = u32s(s1)
-                .zip(u32s(s2))
-                .flat_map(|(x, y)| x.wrapping_add(y).to_le_bytes())
-                .collect();
-            mem.write(c + 4 * s, &out)
-                .map_err(|_| werr(c, 4 * n as u64))?;
+            chunks(s, e, |k, m| {
+                read_u32s(mem, elem(a, k, n)?, m, s1)?;
+                read_u32s(mem, elem(b, k, n)?, m, s2)?;
+                for i in 0..m as usize {
+                    let v = u32_at(s1, i).wrapping_add(u32_at(s2, i));
+                    s1[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                mem.write(elem(c, k, n)?, s1)
+                    .map_err(|_| werr(c, 4 * n as u64))
+            })?;
         }
         Kernarg::Saxpy { x, y, n, a } => {
             let (s, e) = range(n);
-            read_u32s(mem, x + 4 * s, e - s, s1)?;
-            read_u32s(mem, y + 4 * s, e - s, s2)?;
-            let out: Vec<u8> = u32s(s1)
-                .zip(u32s(s2))
-                .flat_map(|(xv, yv)| a.wrapping_mul(xv).wrapping_add(yv).to_le_bytes())
-                .collect();
-            mem.write(y + 4 * s, &out)
-                .map_err(|_| werr(y, 4 * n as u64))?;
+            chunks(s, e, |k, m| {
+                read_u32s(mem, elem(x, k, n)?, m, s1)?;
+                read_u32s(mem, elem(y, k, n)?, m, s2)?;
+                for i in 0..m as usize {
+                    let v = a.wrapping_mul(u32_at(s1, i)).wrapping_add(u32_at(s2, i));
+                    s1[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                mem.write(elem(y, k, n)?, s1)
+                    .map_err(|_| werr(y, 4 * n as u64))
+            })?;
         }
         Kernarg::Checksum { src, out, n } => {
             let (s, e) = range(n);
-            read_u32s(mem, src + 4 * s, e - s, s1)?;
-            let sum = u32s(s1).fold(0u64, |acc, v| acc.wrapping_add(v as u64));
-            let cur = mem.read_u64(out).map_err(|_| werr(out, 8))?;
-            mem.write_u64(out, cur.wrapping_add(sum))
-                .map_err(|_| werr(out, 8))?;
+            let mut sum = 0u64;
+            chunks(s, e, |k, m| {
+                read_u32s(mem, elem(src, k, n)?, m, s1)?;
+                for i in 0..m as usize {
+                    sum = sum.wrapping_add(u32_at(s1, i) as u64);
+                }
+                Ok(())
+            })?;
+            // Atomic add where the memory supports it (see `DmaMemory`).
+            mem.fetch_add_u64(out, sum).map_err(|_| werr(out, 8))?;
         }
         Kernarg::Mark { counters, n } => {
             if wg < n as u64 {
-                let addr = counters + 4 * wg;
-                let v = mem.read_u32(addr).map_err(|_| werr(addr, 4))?;
-                mem.write_u32(addr, v.wrapping_add(1))
-                    .map_err(|_| werr(addr, 4))?;
+                let addr = elem(counters, wg, n)?;
+                mem.fetch_add_u32(addr, 1).map_err(|_| werr(addr, 4))?;
             }
         }
         Kernarg::Spin { .. } => {}
@@ -921,10 +978,17 @@ fn validate_mqd(topo: &GpuTopology, m: &V9Mqd, mem: &dyn DmaMemory) -> QResult<(
         });
     }
     let ctl = m.cntl_stack_size() as u64;
-    if ctl < need_ctl || ctl > have || m.cntl_stack_offset() > m.cntl_stack_size() {
+    if ctl < need_ctl {
         return Err(QueueErrorReason::CwsrTooSmall {
             need: need_ctl,
             have: ctl,
+        });
+    }
+    if ctl > have || m.cntl_stack_offset() > m.cntl_stack_size() {
+        return Err(QueueErrorReason::BadCwsrLayout {
+            cntl_stack_offset: m.cntl_stack_offset(),
+            cntl_stack_size: m.cntl_stack_size(),
+            ctx_save_size: m.ctx_save_size(),
         });
     }
     let cb = m.ctx_save_base();
@@ -994,7 +1058,7 @@ impl PhysGpu for SimGpu {
                 Err(_) => err = Some(QueueErrorReason::PointerAddrOutOfRange { addr: pa }),
             }
         }
-        if err.is_none() && q.wptr > q.rptr + q.ring_packets {
+        if err.is_none() && q.wptr > wptr_limit(q.rptr, q.ring_packets) {
             err = Some(QueueErrorReason::WptrBeyondRing {
                 wptr: q.wptr,
                 rptr: q.rptr,
@@ -1004,7 +1068,10 @@ impl PhysGpu for SimGpu {
         let mut restore_ns = None;
         if err.is_none() && q.mqd.has_saved_state() {
             match cwsr::read_save(&mut q, &self.topo) {
-                Ok(ns) => restore_ns = Some(ns),
+                Ok(ns) => {
+                    self.stats.restores += 1;
+                    restore_ns = ns;
+                }
                 Err(e) => err = Some(e),
             }
         }
@@ -1017,9 +1084,8 @@ impl PhysGpu for SimGpu {
             return Ok(());
         }
         if let Some(ns) = restore_ns {
-            self.stats.restores += 1;
-            self.stats.restore_ns_total += ns;
-            self.arm(now + ns, Timer::RestoreDone { slot: s, gen });
+            self.stats.restore_ns_total = self.stats.restore_ns_total.saturating_add(ns);
+            self.arm(now.saturating_add(ns), Timer::RestoreDone { slot: s, gen });
         } else {
             self.pump(s);
             let p = self.slot_part[s as usize];
@@ -1088,14 +1154,14 @@ impl PhysGpu for SimGpu {
                 q.inflight = 0;
                 q.held_cus = n;
                 self.stats.saved_wgs += n as u64;
-                let bytes = cwsr::write_save(q, &self.topo);
-                let bytes = match bytes {
+                let bytes = match cwsr::write_save(q, &self.topo) {
                     Ok(b) => b,
                     Err(e) => {
-                        // Cannot happen after map validation; free CUs and fail.
-                        self.parts[p].free_cus += n;
-                        q.held_cus = 0;
-                        q.state = HState::Active;
+                        // The record always fits (topology validation) and the
+                        // area is in memory (map validation), so only a failing
+                        // memory gets here. The queue's progress is lost: a queue
+                        // error, and the dequeue completes at once (`fail` on an
+                        // unmapping queue finishes it and frees the held CUs).
                         self.fail(s, e);
                         return Ok(());
                     }
@@ -1103,10 +1169,15 @@ impl PhysGpu for SimGpu {
                 let xccs = self.topo.xccs_per_partition() as u64;
                 let busiest = (n as u64).div_ceil(xccs);
                 let c = &self.topo.cwsr;
-                let live = bytes + busiest * c.wg_state_bytes;
-                let save_ns = c.trap_ns + live.saturating_mul(1000) / c.save_bytes_per_us;
-                self.stats.save_ns_total += save_ns;
-                self.arm(now + save_ns, Timer::UnmapDone { slot: s, gen });
+                let live = bytes.saturating_add(busiest.saturating_mul(c.wg_state_bytes));
+                let save_ns = c
+                    .trap_ns
+                    .saturating_add(live.saturating_mul(1000) / c.save_bytes_per_us);
+                self.stats.save_ns_total = self.stats.save_ns_total.saturating_add(save_ns);
+                self.arm(
+                    now.saturating_add(save_ns),
+                    Timer::UnmapDone { slot: s, gen },
+                );
             }
             DequeueMode::ResetWaves => {
                 self.stats.resets += 1;
@@ -1118,24 +1189,27 @@ impl PhysGpu for SimGpu {
                     }
                 }
                 self.stats.killed_wgs += killed as u64;
-                // Everything already applied by the interrupted packets runs again.
-                let dup: u64 = q
-                    .active
-                    .iter()
-                    .map(|a| match a.work {
-                        Work::Dispatch(_) => a.done_wgs,
-                        Work::Done => a.done_wgs.max(1),
-                        _ => 0,
-                    })
-                    .sum();
+                // Packets that completed out of order (signal decremented, header
+                // INVALID) stay complete: they are kept as Done records, or the
+                // CP would refetch an INVALID header at the next map and wait
+                // forever. Incomplete dispatches restart from workgroup 0 at the
+                // next map; the effects of their finished workgroups apply again.
+                let mut dup = 0u64;
+                for a in q.active.iter_mut() {
+                    a.inflight = 0;
+                    if !a.complete && matches!(a.work, Work::Dispatch(_)) {
+                        dup = dup.saturating_add(a.done_wgs);
+                        a.next_wg = 0;
+                        a.done_wgs = 0;
+                    }
+                }
                 self.stats.duplicate_effects += dup;
-                q.active.clear();
                 q.resume.clear();
                 q.inflight = 0;
-                q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = q.mqd.cntl_stack_size();
                 self.parts[p].free_cus += killed;
                 let t = self.topo.cwsr.trap_ns;
-                self.arm(now + t, Timer::UnmapDone { slot: s, gen });
+                // The records are written when the dequeue finishes.
+                self.arm(now.saturating_add(t), Timer::UnmapDone { slot: s, gen });
                 self.dispatch(p as u32);
             }
         }
@@ -1157,7 +1231,7 @@ impl PhysGpu for SimGpu {
             self.fail(s, QueueErrorReason::WptrBackwards { old, new: wptr });
             return;
         }
-        if wptr > q.rptr + q.ring_packets {
+        if wptr > wptr_limit(q.rptr, q.ring_packets) {
             let (rptr, size) = (q.rptr, q.ring_packets);
             self.fail(s, QueueErrorReason::WptrBeyondRing { wptr, rptr, size });
             return;

@@ -182,6 +182,23 @@ pub enum TopologyError {
         /// Queues per pipe.
         per_pipe: u32,
     },
+    /// The simulator's largest CWSR control record (header + one record per
+    /// active packet + one per CU of the partition) does not fit the control
+    /// stack the gfx9.4.x formula gives one XCC.
+    #[error(
+        "gpu.{field}: the largest CWSR control record ({need} bytes = 32 + 32 x \
+         sim.max_active_packets + 24 x CUs per partition) does not fit the \
+         {have}-byte control stack of one XCC"
+    )]
+    ControlRecordTooLarge {
+        /// Field to lower (`sim.max_active_packets`, or `xccs` when the CUs of
+        /// the partition alone overflow the stack).
+        field: &'static str,
+        /// Largest record (bytes).
+        need: u64,
+        /// Control stack per XCC (bytes).
+        have: u64,
+    },
 }
 
 /// One user HQD slot. In a multi-XCC partition it stands for the same
@@ -255,7 +272,28 @@ impl GpuTopology {
                 per_pipe: self.queues_per_pipe,
             });
         }
+        let need = self.max_control_record_bytes();
+        let have = self.ctl_stack_bytes_per_xcc() as u64;
+        if need > have {
+            let one_packet = Self::control_record_bytes(1, self.cus_per_partition());
+            let field = if one_packet <= have {
+                "sim.max_active_packets"
+            } else {
+                "xccs"
+            };
+            return Err(TopologyError::ControlRecordTooLarge { field, need, have });
+        }
         Ok(())
+    }
+    /// Bytes of the simulator's CWSR control record for `packets` packet records
+    /// and `wgs` workgroup records (see `mdev::sim` and docs/gpu-model.md).
+    pub fn control_record_bytes(packets: u32, wgs: u32) -> u64 {
+        32 + 32 * packets as u64 + 24 * wgs as u64
+    }
+    /// Largest control record: every active packet and one saved workgroup per
+    /// CU of the partition. `validate` requires it to fit the control stack.
+    pub fn max_control_record_bytes(&self) -> u64 {
+        Self::control_record_bytes(self.sim.max_active_packets, self.cus_per_partition())
     }
     /// Number of partitions.
     pub fn partitions(&self) -> u32 {
@@ -383,6 +421,35 @@ mod tests {
         assert!(matches!(
             t.validate(),
             Err(TopologyError::NoUserSlots { .. })
+        ));
+        // MI300X SPX: 32 + 32*8 + 24*304 = 7584 bytes fit the 12 KiB stack.
+        let t = GpuTopology::default();
+        assert_eq!(t.max_control_record_bytes(), 7584);
+        assert_eq!(t.ctl_stack_bytes_per_xcc(), 12288);
+        // 32 + 32*155 + 24*304 = 12288 fits exactly; 156 packets do not.
+        let mut t = GpuTopology::default();
+        t.sim.max_active_packets = 155;
+        t.validate().unwrap();
+        t.sim.max_active_packets = 156;
+        assert_eq!(
+            t.validate(),
+            Err(TopologyError::ControlRecordTooLarge {
+                field: "sim.max_active_packets",
+                need: 12320,
+                have: 12288
+            })
+        );
+        assert!(t.validate().unwrap_err().to_string().starts_with(
+            "gpu.sim.max_active_packets: the largest CWSR control record (12320 bytes"
+        ));
+        // 64 XCCs in SPX: the CUs alone overflow XCC 0's stack.
+        let t = GpuTopology {
+            xccs: 64,
+            ..Default::default()
+        };
+        assert!(matches!(
+            t.validate(),
+            Err(TopologyError::ControlRecordTooLarge { field: "xccs", .. })
         ));
         let t = GpuTopology {
             pipes_per_xcc: 9,

@@ -386,6 +386,10 @@ fn topology_error(e: &TopologyError) -> (&'static str, String) {
             "reserved_queues_per_pipe",
             format!("{reserved} of {per_pipe} queues per pipe leaves no user queue"),
         ),
+        TopologyError::ControlRecordTooLarge { field, need, have } => (
+            field,
+            format!("the largest CWSR control record ({need} bytes) does not fit the {have}-byte control stack of one XCC"),
+        ),
     }
 }
 

@@ -36,7 +36,7 @@ const WG: usize = 24;
 /// Upper bound on a saved remaining time (2^48 ns ~ 3 days).
 const MAX_REMAINING: u64 = 1 << 48;
 
-fn checksum(b: &[u8]) -> u64 {
+pub(super) fn checksum(b: &[u8]) -> u64 {
     // FNV-1a, 64 bit.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &x in b {
@@ -47,8 +47,19 @@ fn checksum(b: &[u8]) -> u64 {
 }
 
 /// Write the queue's dispatch progress; returns the record bytes (0 if none).
+///
+/// Trailing packets without progress (not complete, no workgroup dispatched)
+/// are dropped from the window first: the CP refetches them from the ring at
+/// the next map, as it would any unread packet.
 pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
     let size = q.mqd.cntl_stack_size();
+    while q
+        .active
+        .back()
+        .is_some_and(|a| !a.complete && a.next_wg == 0 && a.done_wgs == 0 && a.inflight == 0)
+    {
+        q.active.pop_back();
+    }
     if q.active.is_empty() && q.resume.is_empty() {
         q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
         return Ok(0);
@@ -83,7 +94,7 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
     let c = checksum(&b[HDR..]);
     put_u64(&mut b, 24, c);
     let off = size - total as u32;
-    let addr = q.mqd.ctx_save_base() + off as u64;
+    let addr = q.mqd.ctx_save_base().saturating_add(off as u64);
     q.mem
         .write(addr, &b)
         .map_err(|_| QueueErrorReason::CwsrOutOfRange { addr })?;
@@ -91,19 +102,35 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
     Ok(total as u64)
 }
 
-/// Read and validate saved records into `q`; returns the modelled restore time.
-pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<u64> {
+/// Read and validate saved records into `q`. Returns the modelled restore time
+/// if there are saved workgroups to restore, `None` if the records hold only
+/// packet progress (DrainPipe / ResetWaves, or a save with nothing in flight):
+/// with no waves to relaunch the CP takes them as part of the load, at no cost.
+pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<Option<u64>> {
     let bad = QueueErrorReason::BadSavedState;
     let size = q.mqd.cntl_stack_size();
     let off = q.mqd.cntl_stack_offset();
-    let total = (size - off) as usize; // off <= size checked at map
+    // off <= size is checked at map; checked again (never trust, never panic).
+    let total = size
+        .checked_sub(off)
+        .ok_or(QueueErrorReason::BadCwsrLayout {
+            cntl_stack_offset: off,
+            cntl_stack_size: size,
+            ctx_save_size: q.mqd.ctx_save_size(),
+        })? as u64;
+    // Bound the host allocation by the largest record this topology writes
+    // before reading anything (the offset is guest-controlled: up to 4 GiB).
+    if total > topo.max_control_record_bytes() {
+        return Err(bad("control stack larger than the largest record"));
+    }
+    let total = total as usize;
     if total < HDR {
         return Err(bad("control stack shorter than its header"));
     }
     let base = q.mqd.ctx_save_base();
     let mut b = vec![0u8; total];
     q.mem
-        .read(base + off as u64, &mut b)
+        .read(base.saturating_add(off as u64), &mut b)
         .map_err(|_| QueueErrorReason::CwsrOutOfRange { addr: base })?;
     if u32_at(&b, 0) != SAVE_MAGIC {
         return Err(bad("bad magic"));
@@ -125,7 +152,7 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<u64> {
     if u64_at(&b, 16) != q.rptr {
         return Err(bad("saved rptr differs from the MQD"));
     }
-    if q.rptr + np as u64 > q.wptr {
+    if q.rptr.saturating_add(np as u64) > q.wptr {
         return Err(bad("saved packets beyond the write index"));
     }
     let mut active = VecDeque::with_capacity(np);
@@ -201,9 +228,14 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<u64> {
     q.active = active;
     q.resume = resume.into();
     q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
+    if nw == 0 {
+        return Ok(None);
+    }
     let xccs = topo.xccs_per_partition() as u64;
     let busiest = (nw as u64).div_ceil(xccs);
     let c = &topo.cwsr;
-    let bytes = total as u64 + busiest * c.wg_state_bytes;
-    Ok(c.restore_ns + bytes.saturating_mul(1000) / c.restore_bytes_per_us)
+    let bytes = (total as u64).saturating_add(busiest.saturating_mul(c.wg_state_bytes));
+    Ok(Some(c.restore_ns.saturating_add(
+        bytes.saturating_mul(1000) / c.restore_bytes_per_us,
+    )))
 }

@@ -211,15 +211,20 @@ proptest! {
         prop_assert_eq!(w.gpu.stats().wgs_completed, total);
     }
 
-    /// Same seed, same inputs: identical event traces (jitter on).
+    /// Same seed, same inputs: identical event traces (jitter on). Another
+    /// seed draws other jitter: the trace differs (the seed is really used).
     #[test]
     fn virtual_time_is_deterministic(seed in any::<u64>(), ops in proptest::collection::vec(op(), 1..40)) {
         let mut t = GpuTopology::tiny();
         t.sim.jitter_permille = 300;
         let a = run_ops(t.clone(), seed, &ops);
-        let b = run_ops(t, seed, &ops);
+        let b = run_ops(t.clone(), seed, &ops);
         prop_assert_eq!(&a.trace, &b.trace);
         prop_assert_eq!(a.gpu.stats(), b.gpu.stats());
+        let c = run_ops(t, seed.wrapping_add(1), &ops);
+        prop_assert_ne!(&a.trace, &c.trace);
+        // Jitter only stretches workgroups: the work done is the same.
+        prop_assert_eq!(a.gpu.stats().wgs_completed, c.gpu.stats().wgs_completed);
     }
 }
 
@@ -374,7 +379,13 @@ fn corunner_slows_queue_round_robin() {
         .unwrap()
         .at();
     assert_eq!(alone, 4000);
-    assert!(shared >= 2 * alone - 1000, "alone {alone} shared {shared}");
+    // Round robin over the two queues: each gets half of the 4 CUs, so the
+    // 16-workgroup queue takes twice as long. Starving it (e.g. running the
+    // 64-workgroup co-runner first) would give 20 us; never slowing it, 4 us.
+    assert!(
+        (2 * alone - 1000..=2 * alone + 1000).contains(&shared),
+        "alone {alone} shared {shared}"
+    );
 }
 
 #[test]
@@ -438,153 +449,446 @@ fn barrier_and_waits_for_other_queue() {
 
 // ------------------------------------------------------------- bad input
 
-/// Run a bad queue next to a good one; the bad one must error with `want`,
-/// the good one must finish correctly.
+/// What a hostile queue must get.
+#[derive(Clone, Copy, Debug)]
+enum Want {
+    /// `map` refuses the MQD with this reason (the slot stays free).
+    Refused(QueueErrorReason),
+    /// `map` accepts; the queue stops with this queue error.
+    Error(QueueErrorReason),
+}
+
+const MEM: u64 = 32 << 20;
+
+/// A good queue runs 8 Mark workgroups (500 ns each, 4 CUs: done at 1000 ns
+/// alone). At 100 ns, while it has 4 workgroups in flight, a corrupted queue is
+/// mapped next to it (then rung with `doorbell`, default its write index). The
+/// corrupted queue must get exactly `want`, and the good one must complete
+/// correctly — at exactly 1000 ns if `timing` (the bad queue never ran).
 fn bad_case(
     name: &str,
+    want: Want,
+    timing: bool,
+    doorbell: Option<u64>,
     corrupt: impl FnOnce(&mut TestVm, &mut GuestQueue),
-    want: impl Fn(&QueueErrorReason) -> bool,
 ) {
     let topo = GpuTopology::tiny();
     let (mut gpu, mut vm, mut good) = one_queue(topo.clone());
+    assert_eq!(vm.mem.size(), MEM);
     let mut bad = vm.queue(&topo, 64, 5);
     vm.kernel(&mut good, KernelKind::Mark, 8, 1, 500, 0, false);
     vm.kernel(&mut bad, KernelKind::Mark, 8, 1, 500, 0, false);
     corrupt(&mut vm, &mut bad);
     gpu.map(0, map_req(&vm, &good, 0, 0)).unwrap();
     let mut ev = Vec::new();
-    match gpu.map(0, map_req(&vm, &bad, 1, 1)) {
-        Err(GpuError::BadMqd(r)) => assert!(want(&r), "{name}: refused with {r:?}"),
-        Err(e) => panic!("{name}: {e}"),
-        Ok(()) => {
-            gpu.doorbell(10, SlotId(1), bad.wptr);
-            run_virtual(&mut gpu, 0, u64::MAX, &mut ev);
-            let r = ev
-                .iter()
-                .find_map(|e| match e {
-                    GpuEvent::QueueError { tag: 1, reason, .. } => Some(*reason),
-                    _ => None,
-                })
-                .unwrap_or_else(|| panic!("{name}: no queue error"));
-            assert!(want(&r), "{name}: got {r:?}");
-            assert!(matches!(
-                gpu.query(SlotId(1)).unwrap().state,
-                SlotState::Error(_)
-            ));
-            gpu.unmap(ev.last().unwrap().at(), SlotId(1), DequeueMode::SaveWaves)
-                .unwrap();
+    gpu.advance(100, &mut ev);
+    assert_eq!(
+        gpu.query(SlotId(0)).unwrap().inflight_wgs,
+        4,
+        "{name}: good queue running at the bad map"
+    );
+    let res = gpu.map(100, map_req(&vm, &bad, 1, 1));
+    match want {
+        Want::Refused(r) => {
+            assert_eq!(res, Err(GpuError::BadMqd(r)), "{name}");
+            assert!(gpu.query(SlotId(1)).is_none(), "{name}: slot taken");
+            run_virtual(&mut gpu, 100, 1_000_000, &mut ev);
+        }
+        Want::Error(r) => {
+            assert_eq!(res, Ok(()), "{name}");
+            gpu.doorbell(150, SlotId(1), doorbell.unwrap_or(bad.wptr));
+            let t = run_virtual(&mut gpu, 150, 1_000_000, &mut ev);
+            assert_eq!(
+                gpu.query(SlotId(1)).map(|s| s.state),
+                Some(SlotState::Error(r)),
+                "{name}"
+            );
+            gpu.unmap(t, SlotId(1), DequeueMode::SaveWaves).unwrap();
+            run_virtual(&mut gpu, t, 1_000_000, &mut ev);
+            let (_, has_work, _, _) = unmapped(&ev).unwrap_or_else(|| panic!("{name}: no unmap"));
+            assert!(!has_work, "{name}");
         }
     }
-    run_virtual(&mut gpu, 0, u64::MAX, &mut ev);
+    let errs: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match e {
+            GpuEvent::QueueError { tag, reason, .. } => Some((*tag, *reason)),
+            _ => None,
+        })
+        .collect();
+    match want {
+        Want::Refused(_) => assert_eq!(errs, vec![], "{name}"),
+        Want::Error(r) => assert_eq!(errs, vec![(1, r)], "{name}"),
+    }
     vm.verify(&good)
         .unwrap_or_else(|e| panic!("{name}: good queue: {e}"));
+    let done = ev
+        .iter()
+        .find_map(|e| match e {
+            GpuEvent::PacketCompleted { tag: 0, at, .. } => Some(*at),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{name}: good queue did not complete"));
+    if timing {
+        assert_eq!(done, 1000, "{name}: good queue slowed down");
+    }
+    assert_eq!(gpu.query(SlotId(0)).unwrap().state, SlotState::Active);
     assert!(gpu.query(SlotId(1)).is_none(), "{name}: slot not freed");
-    assert_eq!(gpu.free_cus(0), 4);
+    assert_eq!(gpu.free_cus(0), 4, "{name}");
 }
 
 fn dispatch_field(vm: &TestVm, q: &GuestQueue, off: u64, v: u64) {
     vm.mem.write_u64(q.ring + off, v).unwrap();
 }
 
+/// Address held at `off` in packet 0 of `q` (descriptor @32, kernarg @40, signal @56).
+fn packet_ptr(vm: &TestVm, q: &GuestQueue, off: u64) -> u64 {
+    vm.mem.read_u64(q.ring + off).unwrap()
+}
+
+/// `packet_ptr` of the bad queue of [`bad_case`], before corruption (the
+/// allocator is deterministic).
+fn bad_queue_ptr(off: u64) -> u64 {
+    let topo = GpuTopology::tiny();
+    let (_, mut vm, mut good) = one_queue(topo.clone());
+    let mut bad = vm.queue(&topo, 64, 5);
+    vm.kernel(&mut good, KernelKind::Mark, 8, 1, 500, 0, false);
+    vm.kernel(&mut bad, KernelKind::Mark, 8, 1, 500, 0, false);
+    packet_ptr(&vm, &bad, off)
+}
+
 #[test]
-fn bad_inputs_are_queue_errors() {
+fn bad_mqds_are_refused_at_map() {
     use QueueErrorReason as R;
-    let size = 32u64 << 20;
-    bad_case(
-        "ring outside",
-        |_, q| {
-            q.mqd
-                .set64(mqd::CP_HQD_PQ_BASE_LO, mqd::CP_HQD_PQ_BASE_HI, size >> 8)
-        },
-        |r| matches!(r, R::RingOutOfRange { .. }),
-    );
-    bad_case(
-        "ring too small",
-        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 4,
-        |r| matches!(r, R::RingSize { .. }),
-    );
-    bad_case(
-        "ring size field",
-        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 40,
-        |r| matches!(r, R::RingSize { .. }),
-    );
-    bad_case(
-        "not aql",
-        |_, q| q.mqd.dw[mqd::CP_HQD_AQL_CONTROL] = 0,
-        |r| *r == R::NotAql,
-    );
+    let topo = GpuTopology::tiny();
+    let need_ctl = topo.ctl_stack_bytes_per_xcc();
+    let need_ctx = topo.ctx_save_bytes_per_xcc();
     bad_case(
         "bad header",
-        |_, q| q.mqd.dw[0] = 0,
-        |r| matches!(r, R::BadMqdHeader(0)),
+        Want::Refused(R::BadMqdHeader(0x1234)),
+        true,
+        None,
+        |_, q| q.mqd.dw[0] = 0x1234,
     );
+    bad_case("not aql", Want::Refused(R::NotAql), true, None, |_, q| {
+        q.mqd.dw[mqd::CP_HQD_AQL_CONTROL] = 0
+    });
     bad_case(
-        "cwsr too small",
-        |_, q| q.mqd.dw[mqd::CP_HQD_CTX_SAVE_SIZE] = 4096,
-        |r| matches!(r, R::CwsrTooSmall { .. }),
-    );
-    bad_case(
-        "cwsr outside",
-        |_, q| q.mqd.set64(171, 172, size - 4096),
-        |r| matches!(r, R::CwsrOutOfRange { .. }),
-    );
-    bad_case(
-        "wptr poll outside",
-        |_, q| q.mqd.set64(141, 142, size),
-        |r| matches!(r, R::PointerAddrOutOfRange { .. }),
-    );
-    bad_case(
-        "wptr beyond ring",
-        |vm, q| {
-            vm.mem.write_u64(q.amd_queue + 0x38, 1000).unwrap();
+        "ring out of range (crosses the end of memory)",
+        Want::Refused(R::RingOutOfRange { addr: MEM - 2048 }),
+        true,
+        None,
+        |_, q| {
+            q.mqd.set64(
+                mqd::CP_HQD_PQ_BASE_LO,
+                mqd::CP_HQD_PQ_BASE_HI,
+                (MEM - 2048) >> 8,
+            )
         },
-        |r| matches!(r, R::WptrBeyondRing { .. }),
+    );
+    // QUEUE_SIZE encodes only powers of two (2 << QUEUE_SIZE dwords): a
+    // non-power-of-two ring is not representable. Sizes below one packet
+    // (QUEUE_SIZE 0..2 -> 0 packets), below the minimum and above 2^20
+    // packets are refused.
+    bad_case(
+        "ring of 0 packets",
+        Want::Refused(R::RingSize { packets: 0 }),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 1,
     );
     bad_case(
-        "wptr backwards",
-        |_, q| q.wptr = 0,
-        |r| matches!(r, R::WptrBackwards { .. }),
+        "ring below the minimum",
+        Want::Refused(R::RingSize { packets: 2 }),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 4,
     );
     bad_case(
-        "packet type",
+        "ring size field beyond 2^20 packets",
+        Want::Refused(R::RingSize { packets: 0 }),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 40,
+    );
+    bad_case(
+        "wptr poll address out of range",
+        Want::Refused(R::PointerAddrOutOfRange { addr: MEM - 4 }),
+        true,
+        None,
+        |_, q| q.mqd.set64(141, 142, MEM - 4),
+    );
+    bad_case(
+        "rptr report address out of range",
+        Want::Refused(R::PointerAddrOutOfRange { addr: MEM - 4 }),
+        true,
+        None,
+        |_, q| {
+            q.mqd.set64(
+                mqd::CP_HQD_PQ_RPTR_REPORT_ADDR_LO,
+                mqd::CP_HQD_PQ_RPTR_REPORT_ADDR_HI,
+                MEM - 4,
+            )
+        },
+    );
+    bad_case(
+        "rptr not packet aligned",
+        Want::Refused(R::BadPointers),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_RPTR] = 3,
+    );
+    bad_case(
+        "CWSR area smaller than the formula",
+        Want::Refused(R::CwsrTooSmall {
+            need: need_ctx as u64,
+            have: 4096,
+        }),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_CTX_SAVE_SIZE] = 4096,
+    );
+    bad_case(
+        "control stack smaller than the formula",
+        Want::Refused(R::CwsrTooSmall {
+            need: need_ctl as u64,
+            have: need_ctl as u64 - 8,
+        }),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_CNTL_STACK_SIZE] = need_ctl - 8,
+    );
+    bad_case(
+        "cntl_stack_offset beyond cntl_stack_size",
+        Want::Refused(R::BadCwsrLayout {
+            cntl_stack_offset: need_ctl + 8,
+            cntl_stack_size: need_ctl,
+            ctx_save_size: need_ctx,
+        }),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = need_ctl + 8,
+    );
+    bad_case(
+        "control stack larger than the save area",
+        Want::Refused(R::BadCwsrLayout {
+            cntl_stack_offset: need_ctl,
+            cntl_stack_size: need_ctx + 4096,
+            ctx_save_size: need_ctx,
+        }),
+        true,
+        None,
+        |_, q| q.mqd.dw[mqd::CP_HQD_CNTL_STACK_SIZE] = need_ctx + 4096,
+    );
+    bad_case(
+        "CWSR area out of range",
+        Want::Refused(R::CwsrOutOfRange { addr: MEM - 4096 }),
+        true,
+        None,
+        |_, q| q.mqd.set64(171, 172, MEM - 4096),
+    );
+}
+
+#[test]
+fn bad_pointers_are_queue_errors() {
+    use QueueErrorReason as R;
+    let wdi = abi::queue::AMD_QUEUE_WRITE_DISPATCH_ID as u64;
+    bad_case(
+        "wptr beyond the ring at the doorbell",
+        Want::Error(R::WptrBeyondRing {
+            wptr: 66,
+            rptr: 0,
+            size: 64,
+        }),
+        true,
+        Some(66),
+        |vm, q| vm.mem.write_u64(q.amd_queue + wdi, 0).unwrap(),
+    );
+    bad_case(
+        "wptr beyond the ring at map (poll address)",
+        Want::Error(R::WptrBeyondRing {
+            wptr: 1000,
+            rptr: 0,
+            size: 64,
+        }),
+        true,
+        None,
+        |vm, q| vm.mem.write_u64(q.amd_queue + wdi, 1000).unwrap(),
+    );
+    bad_case(
+        "wptr near u64::MAX at the doorbell",
+        Want::Error(R::WptrBeyondRing {
+            wptr: u64::MAX,
+            rptr: 0,
+            size: 64,
+        }),
+        true,
+        Some(u64::MAX),
+        |vm, q| vm.mem.write_u64(q.amd_queue + wdi, 0).unwrap(),
+    );
+    bad_case(
+        "wptr backwards at the doorbell",
+        Want::Error(R::WptrBackwards { old: 1, new: 0 }),
+        true,
+        Some(0),
+        // Header INVALID: the CP waits for it, the queue runs nothing.
+        |vm, q| vm.mem.write(q.ring, &[abi::aql::TYPE_INVALID, 0]).unwrap(),
+    );
+    bad_case(
+        "wptr backwards at map (poll address below the MQD's wptr)",
+        Want::Error(R::WptrBackwards { old: 5, new: 3 }),
+        true,
+        None,
+        |vm, q| {
+            q.mqd.set_write_index(5);
+            vm.mem.write_u64(q.amd_queue + wdi, 3).unwrap();
+        },
+    );
+}
+
+#[test]
+fn bad_packets_are_queue_errors() {
+    use abi::aql::DispatchError as D;
+    use abi::kernel::DescriptorError as K;
+    use QueueErrorReason as R;
+    bad_case(
+        "unsupported packet type",
+        Want::Error(R::UnsupportedPacket(0x7f)),
+        true,
+        None,
         |vm, q| vm.mem.write(q.ring, &[0x7f, 0]).unwrap(),
-        |r| matches!(r, R::UnsupportedPacket(0x7f)),
     );
     bad_case(
-        "descriptor outside",
-        |vm, q| dispatch_field(vm, q, 32, size + 64),
-        |r| matches!(r, R::DescriptorOutOfRange { .. }),
+        "dependency signal out of range",
+        Want::Error(R::SignalOutOfRange { addr: MEM - 8 }),
+        true,
+        None,
+        |vm, q| {
+            let b = Barrier {
+                dep_signal: [0, 0, MEM - 8, 0, 0],
+                completion_signal: 0,
+            };
+            vm.mem
+                .write(q.ring, &Packet::barrier_and(b, false).encode())
+                .unwrap();
+        },
     );
+    bad_case(
+        "completion signal crossing the end of memory",
+        Want::Error(R::SignalOutOfRange { addr: MEM - 32 }),
+        true,
+        None,
+        |vm, q| dispatch_field(vm, q, 56, MEM - 32),
+    );
+    bad_case(
+        "completion signal wrapping the address space",
+        Want::Error(R::SignalOutOfRange { addr: u64::MAX - 8 }),
+        true,
+        None,
+        |vm, q| dispatch_field(vm, q, 56, u64::MAX - 8),
+    );
+    bad_case(
+        "grid size 0",
+        Want::Error(R::BadDispatch {
+            why: D::ZeroGrid { dim: 1 },
+        }),
+        true,
+        None,
+        |vm, q| vm.mem.write_u32(q.ring + 16, 0).unwrap(),
+    );
+    bad_case(
+        "workgroup size 0",
+        Want::Error(R::BadDispatch {
+            why: D::ZeroWorkgroupSize { dim: 0 },
+        }),
+        true,
+        None,
+        |vm, q| vm.mem.write(q.ring + 4, &[0, 0]).unwrap(),
+    );
+    bad_case(
+        "more than 1024 work-items per workgroup",
+        Want::Error(R::BadDispatch {
+            why: D::WorkgroupTooLarge { items: 1056 },
+        }),
+        true,
+        None,
+        |vm, q| vm.mem.write(q.ring + 4, &[32, 0, 33, 0, 1, 0]).unwrap(),
+    );
+    bad_case(
+        "more than 2^32 workgroups",
+        Want::Error(R::BadDispatch {
+            why: D::TooManyWorkgroups {
+                grid: [65536, 65537, 1],
+                workgroup: [1, 1, 1],
+            },
+        }),
+        true,
+        None,
+        |vm, q| {
+            vm.mem.write(q.ring + 4, &[1, 0, 1, 0, 1, 0]).unwrap();
+            for (i, g) in [65536u32, 65537, 1].into_iter().enumerate() {
+                vm.mem.write_u32(q.ring + 12 + 4 * i as u64, g).unwrap();
+            }
+        },
+    );
+    bad_case(
+        "kernel descriptor out of range",
+        Want::Error(R::DescriptorOutOfRange { addr: MEM - 32 }),
+        true,
+        None,
+        |vm, q| dispatch_field(vm, q, 32, MEM - 32),
+    );
+    // The bad queue's descriptor (same deterministic layout as in bad_case).
+    let kd = bad_queue_ptr(32);
     bad_case(
         "descriptor magic",
+        Want::Error(R::BadDescriptor {
+            addr: kd,
+            why: K::BadMagic(0xdead),
+        }),
+        true,
+        None,
+        |vm, q| vm.mem.write_u32(packet_ptr(vm, q, 32), 0xdead).unwrap(),
+    );
+    bad_case(
+        "descriptor version",
+        Want::Error(R::BadDescriptor {
+            addr: kd,
+            why: K::BadVersion(7),
+        }),
+        true,
+        None,
+        |vm, q| vm.mem.write(packet_ptr(vm, q, 32) + 4, &[7, 0]).unwrap(),
+    );
+    bad_case(
+        "unknown kernel kind",
+        Want::Error(R::BadDescriptor {
+            addr: kd,
+            why: K::UnknownKind(99),
+        }),
+        true,
+        None,
+        |vm, q| vm.mem.write(packet_ptr(vm, q, 32) + 6, &[99, 0]).unwrap(),
+    );
+    bad_case(
+        "kernarg out of range",
+        Want::Error(R::KernargOutOfRange { addr: MEM - 8 }),
+        true,
+        None,
+        |vm, q| dispatch_field(vm, q, 40, MEM - 8),
+    );
+    bad_case(
+        "kernel buffer out of range",
+        Want::Error(R::DataOutOfRange {
+            addr: MEM - 8,
+            len: 32,
+        }),
+        true,
+        None,
         |vm, q| {
-            let kd = vm.mem.read_u64(q.ring + 32).unwrap();
-            vm.mem.write_u32(kd, 0xdead).unwrap();
+            let ka = packet_ptr(vm, q, 40);
+            vm.mem.write_u64(ka, MEM - 8).unwrap();
         },
-        |r| matches!(r, R::BadDescriptor { .. }),
-    );
-    bad_case(
-        "kernarg outside",
-        |vm, q| dispatch_field(vm, q, 40, u64::MAX - 8),
-        |r| matches!(r, R::KernargOutOfRange { .. }),
-    );
-    bad_case(
-        "data outside",
-        |vm, q| {
-            let ka = vm.mem.read_u64(q.ring + 40).unwrap();
-            vm.mem.write_u64(ka, size - 8).unwrap();
-        },
-        |r| matches!(r, R::DataOutOfRange { .. }),
-    );
-    bad_case(
-        "signal outside",
-        |vm, q| dispatch_field(vm, q, 56, size - 8),
-        |r| matches!(r, R::SignalOutOfRange { .. }),
-    );
-    bad_case(
-        "zero workgroup size",
-        |vm, q| vm.mem.write(q.ring + 4, &[0, 0]).unwrap(),
-        |r| *r == R::BadDispatch,
     );
 }
 
@@ -601,45 +905,81 @@ fn saved_queue() -> (SimGpu, TestVm, GuestQueue) {
 
 #[test]
 fn hostile_saved_state_is_a_queue_error() {
-    type Corrupt = fn(&TestVm, &GuestQueue);
-    let cases: [(&str, Corrupt); 4] = [
-        ("flip a record byte", |vm, q| {
-            let a = q.mqd.ctx_save_base() + q.mqd.cntl_stack_offset() as u64 + 40;
-            let v = vm.mem.read_u32(a).unwrap();
-            vm.mem.write_u32(a, v ^ 1).unwrap();
-        }),
-        ("bad magic", |vm, q| {
-            vm.mem
-                .write_u32(q.mqd.ctx_save_base() + q.mqd.cntl_stack_offset() as u64, 0)
-                .unwrap();
-        }),
-        ("offset too low", |_, _| {}),
-        ("ring packet replaced by a barrier", |vm, q| {
-            vm.mem
-                .write(q.ring, &[abi::aql::TYPE_BARRIER_AND, 0])
-                .unwrap();
-        }),
+    type Corrupt = fn(&TestVm, &mut GuestQueue);
+    let cases: [(&str, Corrupt, QueueErrorReason); 6] = [
+        (
+            "flip a record byte",
+            |vm, q| {
+                let a = q.mqd.ctx_save_base() + q.mqd.cntl_stack_offset() as u64 + 40;
+                let v = vm.mem.read_u32(a).unwrap();
+                vm.mem.write_u32(a, v ^ 1).unwrap();
+            },
+            QueueErrorReason::BadSavedState("checksum mismatch"),
+        ),
+        (
+            "bad magic",
+            |vm, q| {
+                vm.mem
+                    .write_u32(q.mqd.ctx_save_base() + q.mqd.cntl_stack_offset() as u64, 0)
+                    .unwrap();
+            },
+            QueueErrorReason::BadSavedState("bad magic"),
+        ),
+        (
+            // The header is then read from 24 zero bytes below the record.
+            "offset too low",
+            |_, q| q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] -= 24,
+            QueueErrorReason::BadSavedState("bad magic"),
+        ),
+        (
+            // A 4 KiB "record": refused before the host buffers it.
+            "offset 0",
+            |_, q| q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = 0,
+            QueueErrorReason::BadSavedState("control stack larger than the largest record"),
+        ),
+        (
+            "ring packet replaced by a barrier",
+            |vm, q| {
+                let b = Packet::barrier_and(Barrier::default(), false).encode();
+                vm.mem.write(q.ring, &b).unwrap();
+            },
+            QueueErrorReason::BadSavedState("packet record does not match the ring"),
+        ),
+        (
+            "record count beyond the write index",
+            |vm, q| {
+                // Re-seal a record claiming 2 packets (the queue has 1).
+                let a = q.mqd.ctx_save_base() + q.mqd.cntl_stack_offset() as u64;
+                let len = (q.mqd.cntl_stack_size() - q.mqd.cntl_stack_offset()) as usize;
+                let mut b = vec![0u8; len + 32];
+                vm.mem.read(a, &mut b[..32]).unwrap();
+                vm.mem.read(a + 32, &mut b[64..]).unwrap();
+                b[8] = 2;
+                let c = super::cwsr::checksum(&b[32..]);
+                b[24..32].copy_from_slice(&c.to_le_bytes());
+                vm.mem.write(a - 32, &b).unwrap();
+                q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] -= 32;
+            },
+            QueueErrorReason::BadSavedState("saved packets beyond the write index"),
+        ),
     ];
-    for (i, (name, f)) in cases.iter().enumerate() {
+    for (name, f, want) in cases {
         let (mut gpu, vm, mut q) = saved_queue();
-        f(&vm, &q);
-        if i == 2 {
-            q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] -= 24;
-        }
+        assert!(q.mqd.has_saved_state(), "{name}");
+        f(&vm, &mut q);
         gpu.map(10_000, map_req(&vm, &q, 1, 0)).unwrap();
         let mut ev = Vec::new();
         gpu.advance(10_000, &mut ev);
-        assert!(
-            ev.iter().any(|e| match e {
-                GpuEvent::QueueError {
-                    reason: QueueErrorReason::BadSavedState(_),
-                    ..
-                } => true,
-                GpuEvent::QueueError { .. } => i == 3, // the barrier decode may fail first
-                _ => false,
-            }),
-            "{name}: {ev:?}"
-        );
+        let errs: Vec<_> = ev
+            .iter()
+            .filter_map(|e| match e {
+                GpuEvent::QueueError { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(errs, vec![want], "{name}");
+        assert_eq!(gpu.query(SlotId(1)).unwrap().state, SlotState::Error(want));
+        assert_eq!(gpu.free_cus(0), 4, "{name}");
     }
 }
 
@@ -753,15 +1093,23 @@ fn op2() -> impl Strategy<Value = Op2> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
-    /// Random DrainPipe / ResetWaves / SaveWaves interleavings over Mark kernels:
-    /// every counter is >= 1, and the extra increments are exactly the
+    /// Random DrainPipe / ResetWaves / SaveWaves interleavings over Mark kernels
+    /// of random sizes and per-packet costs (so later packets often complete
+    /// before earlier ones): everything completes (no queue hangs on a
+    /// completed packet's INVALID header after a remap), every counter is >= 1,
+    /// every signal is exactly 0, and the extra increments are exactly the
     /// duplicates counted for ResetWaves (none without a reset).
     #[test]
-    fn drain_reset_save_semantics(seed in any::<u64>(), ops in proptest::collection::vec(op2(), 1..60)) {
+    fn drain_reset_save_semantics(
+        seed in any::<u64>(),
+        ops in proptest::collection::vec(op2(), 1..60),
+        shapes in proptest::collection::vec((1..7u32, 50..4000u64), 20),
+    ) {
         let mut w = World::new(GpuTopology::tiny(), seed, 5);
         for q in 0..5 {
-            for k in 0..3u32 {
-                w.submit(q, KernelKind::Mark, 2 + k + q as u32, 400 + 250 * k as u64, k + 1);
+            for k in 0..4usize {
+                let (groups, cost) = shapes[q * 4 + k];
+                w.submit(q, KernelKind::Mark, groups, cost, k as u32 + 1);
             }
         }
         let mut resets = 0;
@@ -799,6 +1147,12 @@ proptest! {
         }
         let st = w.gpu.stats();
         prop_assert_eq!(extra, st.duplicate_effects);
+        for q in &w.qs {
+            for &sig in &q.signals {
+                prop_assert_eq!(w.vm.mem.read_u64(sig + 8).unwrap(), 0, "signal");
+            }
+            prop_assert_eq!(w.vm.read_index(q), q.wptr);
+        }
         if resets == 0 {
             prop_assert_eq!(extra, 0);
             for q in &w.qs {
@@ -827,4 +1181,632 @@ fn runs_on_guest_memory_mmap() {
     run_virtual(&mut gpu, 50_000, u64::MAX, &mut ev);
     vm.verify(&q).unwrap();
     assert_eq!(vm.read_index(&q), 2);
+}
+
+// ------------------------------------------------- dequeue edge cases
+
+/// Regression: ResetWaves after an out-of-order completion. Packet 1 (1 short
+/// workgroup) completes while packet 0 (2 long ones) still runs: its signal is
+/// decremented and its header INVALID. Before the fix the reset dropped the
+/// whole window, the remap refetched packet 1's INVALID header and the queue
+/// polled forever (and its signal would have gone to -1).
+#[test]
+fn reset_after_out_of_order_completion_resumes() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut q) = one_queue(topo);
+    vm.kernel(&mut q, KernelKind::Mark, 2, 1, 10_000, 0, false);
+    vm.kernel(&mut q, KernelKind::Mark, 1, 1, 100, 1, false);
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, 500, &mut ev);
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            GpuEvent::PacketCompleted {
+                dispatch_id: 1,
+                at: 100,
+                ..
+            }
+        )),
+        "packet 1 completes first: {ev:?}"
+    );
+    assert_eq!(vm.read_index(&q), 0, "packet 0 not retired");
+    gpu.unmap(500, SlotId(0), DequeueMode::ResetWaves).unwrap();
+    run_virtual(&mut gpu, 500, u64::MAX, &mut ev);
+    let (mqd, has_work, _, _) = unmapped(&ev).unwrap();
+    assert!(
+        has_work && mqd.has_saved_state(),
+        "packet 1 kept as a record"
+    );
+    // Packet 0 had no finished workgroup: nothing runs twice.
+    assert_eq!(gpu.stats().duplicate_effects, 0);
+    assert_eq!(gpu.stats().killed_wgs, 2);
+    q.mqd = mqd;
+    ev.clear();
+    gpu.map(20_000, map_req(&vm, &q, 1, 0)).unwrap();
+    // No saved waves: no modelled restore; packet 0 restarts at once.
+    assert_eq!(gpu.query(SlotId(1)).unwrap().state, SlotState::Active);
+    let end = run_virtual(&mut gpu, 20_000, 1_000_000, &mut ev);
+    assert!(end < 1_000_000, "queue hangs");
+    assert!(gpu.next_deadline().is_none(), "queue still polling");
+    let done: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match e {
+            GpuEvent::PacketCompleted {
+                dispatch_id, at, ..
+            } => Some((*dispatch_id, *at)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, vec![(0, 30_000)], "packet 1 must not complete twice");
+    vm.verify(&q).unwrap(); // marks exactly 1, both signals exactly 0
+    assert_eq!(vm.read_index(&q), 2);
+    assert_eq!(gpu.stats().restore_ns_total, 0);
+}
+
+/// A reset counts as duplicates exactly the finished workgroups of the
+/// incomplete dispatches, not completed packets.
+#[test]
+fn reset_counts_only_incomplete_dispatch_progress() {
+    let (mut gpu, mut vm, mut q) = one_queue(GpuTopology::tiny());
+    vm.kernel(&mut q, KernelKind::Mark, 6, 1, 1000, 0, false); // 4 + 2 workgroups
+    vm.kernel(&mut q, KernelKind::Mark, 1, 1, 300, 1, false); // fits next to the 2
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    // t=1000: wgs 0..3 done; 4, 5 and packet 1 start; packet 1 done at 1300.
+    gpu.unmap(1500, SlotId(0), DequeueMode::ResetWaves).unwrap();
+    run_virtual(&mut gpu, 1500, u64::MAX, &mut ev);
+    assert_eq!(gpu.stats().duplicate_effects, 4);
+    assert_eq!(gpu.stats().killed_wgs, 2);
+    q.mqd = unmapped(&ev).unwrap().0;
+    gpu.map(5000, map_req(&vm, &q, 1, 0)).unwrap();
+    run_virtual(&mut gpu, 5000, 1_000_000, &mut ev);
+    assert_eq!(vm.read_index(&q), 2, "both packets retired");
+    assert!(gpu.next_deadline().is_none(), "queue still polling");
+    let Check::U32s { addr, .. } = q.checks[0].clone() else {
+        panic!()
+    };
+    for i in 0..6u64 {
+        let v = vm.mem.read_u32(addr + 4 * i).unwrap();
+        assert_eq!(v, if i < 4 { 2 } else { 1 }, "counter {i}");
+    }
+    let Check::U32s { addr, .. } = q.checks[1].clone() else {
+        panic!()
+    };
+    assert_eq!(
+        vm.mem.read_u32(addr).unwrap(),
+        1,
+        "completed packet ran once"
+    );
+    for &s in &q.signals {
+        assert_eq!(vm.mem.read_u64(s + 8).unwrap(), 0);
+    }
+}
+
+/// Drain records without saved waves are taken at map at no modelled cost;
+/// the queue continues at once.
+#[test]
+fn drain_records_restore_without_cost() {
+    let (mut gpu, mut vm, mut q) = one_queue(GpuTopology::tiny());
+    vm.kernel(&mut q, KernelKind::Mark, 10, 4, 1000, 1, false);
+    gpu.map(0, map_req(&vm, &q, 0, 1)).unwrap();
+    gpu.unmap(500, SlotId(0), DequeueMode::DrainPipe).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 500, u64::MAX, &mut ev);
+    q.mqd = unmapped(&ev).unwrap().0;
+    assert!(q.mqd.has_saved_state());
+    ev.clear();
+    gpu.map(2000, map_req(&vm, &q, 1, 1)).unwrap();
+    assert_eq!(gpu.query(SlotId(1)).unwrap().state, SlotState::Active);
+    assert_eq!(gpu.query(SlotId(1)).unwrap().inflight_wgs, 4);
+    run_virtual(&mut gpu, 2000, u64::MAX, &mut ev);
+    let done = ev.iter().find_map(|e| match e {
+        GpuEvent::PacketCompleted { at, .. } => Some(*at),
+        _ => None,
+    });
+    // wgs 4..7 then 8, 9: two rounds of 1000 ns from the map.
+    assert_eq!(done, Some(4000));
+    assert_eq!(gpu.stats().restores, 1);
+    assert_eq!(gpu.stats().restore_ns_total, 0);
+    vm.verify(&q).unwrap();
+}
+
+/// Memory that refuses writes to one range once armed (a failing DMA target).
+struct FaultyMemory {
+    inner: crate::mem::VecMemory,
+    deny: std::sync::Mutex<Option<(u64, u64)>>,
+}
+
+impl DmaMemory for FaultyMemory {
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), crate::mem::MemError> {
+        self.inner.read(gpa, buf)
+    }
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), crate::mem::MemError> {
+        if let Some((lo, hi)) = *self.deny.lock().unwrap() {
+            if gpa < hi && gpa + buf.len() as u64 > lo {
+                return Err(crate::mem::MemError::OutOfRange {
+                    gpa,
+                    len: buf.len() as u64,
+                });
+            }
+        }
+        self.inner.write(gpa, buf)
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+}
+
+/// A dequeue whose control records cannot be written loses the queue's
+/// progress: that is a queue error (not a log line), and the dequeue still
+/// completes and frees the CUs.
+#[test]
+fn dequeue_record_write_failure_is_a_queue_error() {
+    for mode in [
+        DequeueMode::DrainPipe,
+        DequeueMode::SaveWaves,
+        DequeueMode::ResetWaves,
+    ] {
+        let topo = GpuTopology::tiny();
+        let fm = Arc::new(FaultyMemory {
+            inner: crate::mem::VecMemory::new(32 << 20),
+            deny: std::sync::Mutex::new(None),
+        });
+        let mut vm = TestVm::with_memory(fm.clone(), 0x1000);
+        let mut q = vm.queue(&topo, 64, 5);
+        if mode == DequeueMode::ResetWaves {
+            // Packet 1 completes out of order: ResetWaves keeps it as a record.
+            vm.kernel(&mut q, KernelKind::Mark, 2, 1, 10_000, 0, false);
+            vm.kernel(&mut q, KernelKind::Mark, 1, 1, 100, 1, false);
+        } else {
+            // Partly dispatched at the dequeue: records to write.
+            vm.kernel(&mut q, KernelKind::Mark, 10, 1, 1000, 0, false);
+        }
+        let mut gpu = SimGpu::new(topo.clone(), 0).unwrap();
+        gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+        let mut ev = Vec::new();
+        gpu.advance(500, &mut ev);
+        let base = q.mqd.ctx_save_base();
+        let area = topo.ctx_save_bytes_per_xcc() as u64 * topo.xccs_per_partition() as u64;
+        *fm.deny.lock().unwrap() = Some((base, base + area));
+        gpu.unmap(500, SlotId(0), mode).unwrap();
+        ev.clear();
+        run_virtual(&mut gpu, 500, u64::MAX, &mut ev);
+        let errs: Vec<_> = ev
+            .iter()
+            .filter_map(|e| match e {
+                GpuEvent::QueueError { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(errs.len(), 1, "{mode:?}: {ev:?}");
+        assert!(
+            matches!(errs[0], QueueErrorReason::CwsrOutOfRange { addr } if addr >= base && addr < base + area),
+            "{mode:?}: {errs:?}"
+        );
+        let (mqd, has_work, _, _) = unmapped(&ev).expect("dequeue completes");
+        assert!(!has_work && !mqd.has_saved_state(), "{mode:?}");
+        assert!(gpu.query(SlotId(0)).is_none());
+        assert_eq!(gpu.free_cus(0), 4, "{mode:?}");
+        assert_eq!(gpu.stats().queue_errors, 1);
+    }
+}
+
+// ------------------------------------------------- arithmetic on guest values
+
+/// A Spin kernarg near u64::MAX with jitter on: the workgroup end saturates
+/// instead of overflowing; the host can still reset the queue.
+#[test]
+fn huge_spin_with_jitter_does_not_overflow() {
+    let mut topo = GpuTopology::tiny();
+    topo.sim.jitter_permille = 1000;
+    let (_, mut vm, mut q) = one_queue(topo.clone());
+    let mut gpu = SimGpu::new(topo, 9).unwrap();
+    vm.kernel(&mut q, KernelKind::Spin, 4, 1, 1000, 0, false);
+    let ka = packet_ptr(&vm, &q, 40);
+    vm.mem.write_u64(ka, u64::MAX - 5).unwrap();
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    assert_eq!(gpu.query(SlotId(0)).unwrap().inflight_wgs, 4);
+    assert_eq!(gpu.next_deadline(), Some(u64::MAX));
+    let mut ev = Vec::new();
+    gpu.advance(1_000_000, &mut ev);
+    gpu.unmap(1_000_000, SlotId(0), DequeueMode::ResetWaves)
+        .unwrap();
+    run_virtual(&mut gpu, 1_000_000, u64::MAX, &mut ev);
+    assert!(unmapped(&ev).is_some());
+    assert_eq!(gpu.free_cus(0), 4);
+}
+
+/// Zero-cost workgroups take the 1 ns floor: time advances per workgroup.
+#[test]
+fn zero_cost_workgroups_take_the_floor() {
+    let (mut gpu, mut vm, mut q) = one_queue(GpuTopology::tiny());
+    vm.kernel(&mut q, KernelKind::Mark, 10, 1, 0, 0, false);
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, u64::MAX, &mut ev);
+    let done = ev.iter().find_map(|e| match e {
+        GpuEvent::PacketCompleted { at, .. } => Some(*at),
+        _ => None,
+    });
+    // 10 workgroups on 4 CUs at MIN_WG_NS each: 3 rounds.
+    assert_eq!(done, Some(3 * MIN_WG_NS));
+    vm.verify(&q).unwrap();
+}
+
+/// The largest workgroup (1024 work-items) with a partial last workgroup.
+#[test]
+fn max_workgroup_size_effects_are_exact() {
+    let (mut gpu, mut vm, mut q) = one_queue(GpuTopology::tiny());
+    vm.kernel(&mut q, KernelKind::VecAdd, 3, 1024, 1000, 7, false);
+    vm.kernel(&mut q, KernelKind::Saxpy, 2, 1024, 1000, 8, false);
+    vm.kernel(&mut q, KernelKind::Fill, 3, 1024, 1000, 9, false);
+    vm.kernel(&mut q, KernelKind::Checksum, 5, 1024, 1000, 10, false);
+    // Shrink the VecAdd to 2500 elements: workgroup 2 covers 2048..2500.
+    let ka = packet_ptr(&vm, &q, 40);
+    vm.mem.write_u32(ka + 24, 2500).unwrap();
+    let Check::U32s { addr, expect } = q.checks[0].clone() else {
+        panic!()
+    };
+    let mut e = expect.clone();
+    e.truncate(2500);
+    e.resize(3072, 0);
+    q.checks[0] = Check::U32s { addr, expect: e };
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, u64::MAX, &mut ev);
+    vm.verify(&q).unwrap();
+}
+
+// ------------------------------------------------------------- fuzzing
+
+/// A hostile packet: raw bytes plus selectors that steer fields towards
+/// addresses and shapes the simulator accepts, so the fuzz reaches execution.
+#[derive(Clone, Debug)]
+struct HostilePacket {
+    raw: Vec<u8>,
+    typ: u8,
+    kernel: u8,
+    kernarg: u8,
+    signal: u8,
+    shape: (u16, u16),
+}
+
+fn hostile_packet() -> impl Strategy<Value = HostilePacket> {
+    (
+        proptest::collection::vec(any::<u8>(), 64),
+        any::<u8>(),
+        0..8u8,
+        0..8u8,
+        0..8u8,
+        (1..80u16, 1..6u16),
+    )
+        .prop_map(|(raw, typ, kernel, kernarg, signal, shape)| HostilePacket {
+            raw,
+            typ,
+            kernel,
+            kernarg,
+            signal,
+            shape,
+        })
+}
+
+#[derive(Clone, Debug)]
+struct Hostile {
+    packets: Vec<HostilePacket>,
+    /// Raw descriptor bytes; `kd_fix` 0 = raw, else valid magic/version and
+    /// kind `kd_fix % 7` (0 is unknown), with a small cost if bit 7 is set.
+    kd: Vec<u8>,
+    kd_fix: u8,
+    /// Raw kernarg bytes; `ka_fix` points the buffers of the descriptor's
+    /// kind into a scratch area and makes its element count small.
+    ka: Vec<u8>,
+    ka_fix: bool,
+    /// (MQD dword selector, value, whether to use the value raw or as a delta).
+    mqd_pokes: Vec<(usize, u32, bool)>,
+    /// Control stack: bytes below `cntl_stack_size`, sealed with a valid
+    /// header (magic, version, counts, checksum) or not.
+    stack: Option<(Vec<u8>, bool)>,
+    doorbells: Vec<(u8, u64)>,
+    /// Keep every field in the ranges the simulator accepts (only the values
+    /// vary: kinds, counts, costs, overlapping buffers, shared signals), so
+    /// about half the cases reach execution rather than a fetch-time error.
+    tame: bool,
+}
+
+const POKE_DWORDS: [usize; 14] = [
+    mqd::HEADER,
+    mqd::CP_HQD_PQ_BASE_LO,
+    mqd::CP_HQD_PQ_BASE_HI,
+    mqd::CP_HQD_PQ_RPTR,
+    mqd::CP_HQD_PQ_RPTR_REPORT_ADDR_LO,
+    mqd::CP_HQD_PQ_WPTR_POLL_ADDR_LO,
+    mqd::CP_HQD_PQ_CONTROL,
+    mqd::CP_HQD_CTX_SAVE_BASE_ADDR_LO,
+    mqd::CP_HQD_CNTL_STACK_OFFSET,
+    mqd::CP_HQD_CNTL_STACK_SIZE,
+    mqd::CP_HQD_CTX_SAVE_SIZE,
+    mqd::CP_HQD_AQL_CONTROL,
+    mqd::CP_HQD_PQ_WPTR_LO,
+    mqd::CP_HQD_PQ_WPTR_HI,
+];
+
+fn hostile() -> impl Strategy<Value = Hostile> {
+    (
+        proptest::collection::vec(hostile_packet(), 1..6),
+        proptest::collection::vec(any::<u8>(), 64),
+        any::<u8>(),
+        proptest::collection::vec(any::<u8>(), 32),
+        proptest::bool::weighted(0.8),
+        proptest::option::weighted(0.3, (0..POKE_DWORDS.len(), any::<u32>(), any::<bool>()))
+            .prop_map(|p| p.into_iter().collect::<Vec<_>>()),
+        proptest::option::weighted(
+            0.15,
+            (
+                proptest::collection::vec(any::<u8>(), 0..200),
+                any::<bool>(),
+            ),
+        ),
+        proptest::collection::vec((0..4u8, any::<u64>()), 0..4),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(packets, kd, kd_fix, ka, ka_fix, mqd_pokes, stack, doorbells, tame)| {
+                let mut h = Hostile {
+                    packets,
+                    kd,
+                    kd_fix,
+                    ka,
+                    ka_fix,
+                    mqd_pokes,
+                    stack,
+                    doorbells,
+                    tame,
+                };
+                if tame {
+                    for p in &mut h.packets {
+                        p.typ = (p.typ % 6) | 0x40; // dispatch or barrier, sane shape
+                        p.kernel %= 7;
+                        p.kernarg %= 7;
+                        p.signal %= 7;
+                    }
+                    h.kd_fix = h.kd_fix % 6 + 1; // a known kind (and a short cost)
+                    h.ka_fix = true;
+                    h.mqd_pokes.clear();
+                    h.stack = None;
+                    for d in &mut h.doorbells {
+                        d.0 = 0;
+                    }
+                }
+                h
+            },
+        )
+}
+
+/// Write the hostile queue into `vm`; returns the write index.
+fn build_hostile(
+    vm: &mut TestVm,
+    q: &mut GuestQueue,
+    h: &Hostile,
+    good_kd: u64,
+    good_sig: u64,
+) -> u64 {
+    use abi::le::{put_u16, put_u32, put_u64};
+    let mut kd = h.kd.clone();
+    let kind = h.kd_fix % 7;
+    if h.kd_fix != 0 {
+        put_u32(&mut kd, 0, abi::kernel::KD_MAGIC);
+        put_u16(&mut kd, 4, abi::kernel::KD_VERSION);
+        put_u16(&mut kd, 6, kind as u16);
+        if h.tame || h.kd_fix & 0xC0 != 0 {
+            let c = u64::from_le_bytes(kd[8..16].try_into().unwrap()) % 5000;
+            put_u64(&mut kd, 8, c);
+        }
+    }
+    let kd_addr = vm.alloc(64, 64);
+    vm.mem.write(kd_addr, &kd).unwrap();
+    let scratch = vm.alloc(64 << 10, 64);
+    let mut ka = h.ka.clone();
+    if h.ka_fix {
+        // Buffers in scratch (possibly overlapping), n < 4096: Fill and Mark
+        // have 1 buffer, Saxpy and Checksum 2, VecAdd 3; Spin a short time.
+        let ptrs = match kind {
+            1 | 5 => 1,
+            3 | 4 => 2,
+            2 => 3,
+            _ => 0,
+        };
+        for k in 0..ptrs {
+            let off = 8 * k;
+            let o = u64::from_le_bytes(ka[off..off + 8].try_into().unwrap()) % (16 << 10);
+            put_u64(&mut ka, off, scratch + (o & !3));
+        }
+        if ptrs > 0 {
+            let n = u32::from_le_bytes(ka[8 * ptrs..8 * ptrs + 4].try_into().unwrap()) % 4096;
+            put_u32(&mut ka, 8 * ptrs, n);
+        } else {
+            let ns = u64::from_le_bytes(ka[0..8].try_into().unwrap()) % 10_000;
+            put_u64(&mut ka, 0, ns);
+        }
+    }
+    let ka_addr = vm.alloc(32, 16);
+    vm.mem.write(ka_addr, &ka).unwrap();
+    let sig = vm.signal();
+    for (i, p) in h.packets.iter().enumerate() {
+        let mut b = p.raw.clone();
+        b[0] = match p.typ % 8 {
+            0..=3 => abi::aql::TYPE_KERNEL_DISPATCH,
+            4 => abi::aql::TYPE_BARRIER_AND,
+            5 => abi::aql::TYPE_BARRIER_OR,
+            6 => abi::aql::TYPE_INVALID,
+            _ => b[0],
+        };
+        if b[0] == abi::aql::TYPE_KERNEL_DISPATCH && p.typ & 0xC0 != 0 {
+            // A well-formed geometry.
+            put_u16(&mut b, 4, p.shape.0);
+            put_u16(&mut b, 6, 1);
+            put_u16(&mut b, 8, 1);
+            put_u32(&mut b, 12, p.shape.0 as u32 * p.shape.1 as u32);
+            put_u32(&mut b, 16, 1);
+            put_u32(&mut b, 20, 1);
+        }
+        match p.kernel {
+            0..=4 => put_u64(&mut b, 32, kd_addr),
+            5 | 6 => put_u64(&mut b, 32, good_kd),
+            _ => {}
+        }
+        if p.kernarg != 7 {
+            put_u64(&mut b, 40, ka_addr);
+        }
+        match p.signal {
+            0 | 1 => put_u64(&mut b, 56, 0),
+            2..=4 => put_u64(&mut b, 56, sig),
+            // Another queue's signal: hostile but in range.
+            5 | 6 => put_u64(&mut b, 56, good_sig),
+            _ => {}
+        }
+        if b[0] == abi::aql::TYPE_BARRIER_AND || b[0] == abi::aql::TYPE_BARRIER_OR {
+            for k in 0..5 {
+                if h.tame || b[8 + 8 * k] & 7 != 0 {
+                    let dep = [0, sig, good_sig][b[9 + 8 * k] as usize % 3];
+                    put_u64(&mut b, 8 + 8 * k, dep);
+                }
+            }
+        }
+        let slot = q.ring + (i as u64 % q.ring_packets) * 64;
+        vm.mem.write(slot + 2, &b[2..]).unwrap();
+        vm.mem.write(slot, &b[..2]).unwrap();
+    }
+    let n = h.packets.len() as u64;
+    vm.mem
+        .write_u64(
+            q.amd_queue + abi::queue::AMD_QUEUE_WRITE_DISPATCH_ID as u64,
+            n,
+        )
+        .unwrap();
+    q.wptr = n;
+    if let Some((bytes, seal)) = &h.stack {
+        let size = q.mqd.cntl_stack_size();
+        let mut b = bytes.clone();
+        if *seal && b.len() >= 32 {
+            put_u32(&mut b, 0, super::SAVE_MAGIC);
+            put_u16(&mut b, 4, super::SAVE_VERSION);
+            let np = b[8] as u32 % 4;
+            let rest = b.len().saturating_sub(32 + 32 * np as usize);
+            put_u32(&mut b, 8, np);
+            put_u32(&mut b, 12, (rest / 24) as u32);
+            b.truncate(32 + 32 * np as usize + 24 * (rest / 24));
+            put_u64(&mut b, 16, 0);
+            let c = super::cwsr::checksum(&b[32..]);
+            put_u64(&mut b, 24, c);
+        }
+        if (b.len() as u32) <= size {
+            let off = size - b.len() as u32;
+            vm.mem
+                .write(q.mqd.ctx_save_base() + off as u64, &b)
+                .unwrap();
+            q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = off;
+        }
+    }
+    for &(sel, v, raw) in &h.mqd_pokes {
+        let d = POKE_DWORDS[sel];
+        q.mqd.dw[d] = if raw {
+            v
+        } else {
+            q.mqd.dw[d].wrapping_add(v % 64).wrapping_sub(32)
+        };
+    }
+    n
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random bytes as packets, kernargs, descriptors, MQD fields, saved
+    /// control stacks and doorbell values: the host never panics, the hostile
+    /// queue is refused, errors, or runs; the host can always take its slot back
+    /// (ResetWaves completes), and a well-formed queue mapped next to it
+    /// completes with correct results.
+    #[test]
+    fn hostile_queue_never_hurts_host_or_neighbour(seed in any::<u64>(), h in hostile()) {
+        let topo = GpuTopology::tiny();
+        let mut gpu = SimGpu::new(topo.clone(), seed).unwrap();
+        // Two VMs: the hostile one can reach only its own memory.
+        let mut vm = TestVm::new(32 << 20);
+        let mut bvm = TestVm::new(32 << 20);
+        let mut good = vm.queue(&topo, 64, 5);
+        let mut bad = bvm.queue(&topo, 64, 5);
+        vm.kernel(&mut good, KernelKind::VecAdd, 6, 16, 700, 1, false);
+        vm.kernel(&mut good, KernelKind::Mark, 9, 1, 300, 2, false);
+        vm.kernel(&mut good, KernelKind::Checksum, 5, 8, 900, 3, true);
+        // Plausible addresses for the hostile packets: a real descriptor and
+        // signal of its own VM.
+        let mut decoy = bvm.queue(&topo, 64, 5);
+        bvm.kernel(&mut decoy, KernelKind::Mark, 2, 1, 100, 0, false);
+        let own_kd = packet_ptr(&bvm, &decoy, 32);
+        let own_sig = decoy.signals[0];
+        let wptr = build_hostile(&mut bvm, &mut bad, &h, own_kd, own_sig);
+        gpu.map(0, map_req(&vm, &good, 0, 0)).unwrap();
+        let mut ev = Vec::new();
+        let refused = match gpu.map(50, map_req(&bvm, &bad, 1, 1)) {
+            Ok(()) => false,
+            Err(GpuError::BadMqd(_)) => true,
+            Err(e) => panic!("unexpected map error {e}"),
+        };
+        let mut t = 50;
+        for &(sel, v) in &h.doorbells {
+            t += 200;
+            let w = match sel {
+                0 => wptr,
+                1 => wptr.wrapping_add(1),
+                2 => wptr.wrapping_sub(1),
+                _ => v,
+            };
+            gpu.advance(t, &mut ev);
+            gpu.doorbell(t, SlotId(1), w);
+        }
+        // Phase 1: both run (bounded: a hostile queue may poll or spin forever).
+        let mut steps = 0;
+        while let Some(d) = gpu.next_deadline() {
+            if d > 200_000 || steps > 20_000 {
+                break;
+            }
+            t = t.max(d);
+            gpu.advance(t, &mut ev);
+            steps += 1;
+        }
+        // The host takes the slot back.
+        let mapped = gpu.query(SlotId(1)).is_some();
+        prop_assert!(!(refused && mapped));
+        let unmapping = matches!(gpu.query(SlotId(1)).map(|s| s.state), Some(SlotState::Unmapping(_)));
+        if mapped && !unmapping {
+            gpu.unmap(t, SlotId(1), DequeueMode::ResetWaves).unwrap();
+        }
+        let limit = t + 10_000_000;
+        let mut steps = 0;
+        while let Some(d) = gpu.next_deadline() {
+            if d > limit || steps > 100_000 {
+                break;
+            }
+            t = t.max(d);
+            gpu.advance(t, &mut ev);
+            steps += 1;
+        }
+        prop_assert!(gpu.query(SlotId(1)).is_none(), "hostile slot not freed");
+        if mapped {
+            let unmapped = ev.iter().any(|e| matches!(e, GpuEvent::Unmapped { tag: 1, .. }));
+            prop_assert!(unmapped, "no Unmapped for the hostile queue");
+        }
+        let good_err = ev.iter().any(|e| matches!(e, GpuEvent::QueueError { tag: 0, .. }));
+        prop_assert!(!good_err, "good queue errored");
+        // The good queue finished with correct results and signals.
+        let q0 = gpu.query(SlotId(0)).unwrap();
+        prop_assert_eq!(q0.state, SlotState::Active);
+        prop_assert_eq!(q0.rptr, good.wptr);
+        prop_assert_eq!(vm.read_index(&good), good.wptr);
+        if let Err(e) = vm.verify(&good) {
+            return Err(TestCaseError::fail(format!("good queue: {e}")));
+        }
+        prop_assert_eq!(gpu.free_cus(0), 4);
+    }
 }

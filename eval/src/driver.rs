@@ -449,9 +449,10 @@ impl Sim<'_> {
                 self.gpu
                     .doorbell(self.now, mdev::backend::SlotId(slot.0), st.gq.wptr);
             }
-            let q = st.queue;
+            let (queue, wptr) = (st.queue, st.gq.wptr);
             self.sched_event(Event::Doorbell {
-                queue: q,
+                queue,
+                wptr,
                 now: self.now,
             });
         }

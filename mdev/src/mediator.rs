@@ -22,8 +22,8 @@ use crate::topology::{GpuTopology, TopologyError};
 use abi::mqd::{V9Mqd, MQD_BYTES};
 use abi::queue::AMD_SIGNAL_VALUE;
 use scheduler::{
-    Action, Event, Nanos, QueueId, SchedConfig, SchedError, Scheduler, SlotDesc, SlotId, UnmapMode,
-    VmId, VmParams,
+    Action, Event, Nanos, Policy, QueueId, SchedConfig, SchedError, Scheduler, SlotDesc, SlotId,
+    UnmapMode, VmId, VmParams,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -121,6 +121,8 @@ pub struct MediatorStats {
     pub preemptions: u64,
     /// Scheduler maps.
     pub maps: u64,
+    /// Doorbells that did not move the write pointer (no scheduler decision).
+    pub stale_doorbells: u64,
 }
 
 /// The mediator. Create with [`Mediator::start`].
@@ -204,6 +206,7 @@ impl Mediator {
             completions: st.completions,
             preemptions: s.preemptions,
             maps: s.maps,
+            stale_doorbells: s.stale_doorbells,
         }
     }
 
@@ -278,6 +281,20 @@ impl Mediator {
         let now = self.now();
         drop(self.pump(st, Event::Tick { now }));
         Ok(())
+    }
+
+    /// Changes the scheduling policy live (applies at once; mapped queues
+    /// stay mapped until the new policy decides otherwise).
+    pub fn set_policy(&self, policy: Policy) {
+        let mut st = lock(&self.st);
+        st.sched.set_policy(policy);
+        let now = self.now();
+        drop(self.pump(st, Event::Tick { now }));
+    }
+
+    /// The current scheduling policy.
+    pub fn policy(&self) -> Policy {
+        lock(&self.st).sched.config().policy
     }
 
     /// A VM's current parameters and accounting (`None` once removed).
@@ -394,16 +411,31 @@ impl Mediator {
             return;
         }
         let now = self.now();
-        if let Some(slot) = h.slot {
-            // The CP polls the write pointer: read it from guest memory.
-            match e.mem.read_u64(mqd.wptr_poll_addr()) {
-                Ok(wptr) => self.with_gpu(|g, t| g.doorbell(t, PhysSlot(slot.0), wptr)),
-                Err(_) => {
-                    log::warn!("vm {}: vHQD {i}: write pointer unreadable", e.name);
-                }
+        // The CP reads the write pointer from the poll address; so does the
+        // scheduler, which drops doorbells that do not move it.
+        let wptr = match e.mem.read_u64(mqd.wptr_poll_addr()) {
+            Ok(w) => w,
+            Err(_) => {
+                // Checked at load, so only a memory change gets here.
+                log::warn!("vm {}: vHQD {i}: write pointer unreadable", e.name);
+                let mut st = st;
+                st.vms[v].vhqd[i].error = error::POINTER_ADDR_OUT_OF_RANGE;
+                self.cv.notify_all();
+                drop(self.pump(st, Event::QueueError { queue: q, now }));
+                return;
             }
+        };
+        if let Some(slot) = h.slot {
+            self.with_gpu(|g, t| g.doorbell(t, PhysSlot(slot.0), wptr));
         }
-        drop(self.pump(st, Event::Doorbell { queue: q, now }));
+        drop(self.pump(
+            st,
+            Event::Doorbell {
+                queue: q,
+                wptr,
+                now,
+            },
+        ));
     }
 
     // ---- internals -----------------------------------------------------
@@ -828,6 +860,35 @@ mod tests {
         assert_eq!(wait(&m, good, 1 << 40), wait::BAD_SIGNAL);
         m.remove_vm(bad);
         m.remove_vm(good);
+        m.shutdown();
+    }
+
+    #[test]
+    fn policy_changes_live_and_repeated_doorbells_decide_nothing() {
+        let m = Mediator::start(GpuTopology::tiny(), SchedConfig::default(), 1).unwrap();
+        assert_eq!(m.policy(), Policy::Hqdmux);
+        m.set_policy(Policy::Fifo);
+        assert_eq!(m.policy(), Policy::Fifo);
+        let (lo, mut ltvm, mut lq) = vm_with_queue(&m, "lo", 2);
+        let (hi, mut htvm, mut hq) = vm_with_queue(&m, "hi", 12);
+        load(&m, lo, 0, mqd_addr(&lq));
+        load(&m, hi, 0, mqd_addr(&hq));
+        ltvm.kernel(&mut lq, KernelKind::Mark, 8, 64, 200_000, 1, true);
+        m.doorbell(lo, 0);
+        htvm.kernel(&mut hq, KernelKind::Mark, 4, 64, 10_000, 2, true);
+        m.doorbell(hi, 0);
+        // The same write pointer again: nothing new for the scheduler.
+        m.doorbell(hi, 0);
+        m.doorbell(hi, 0);
+        assert_eq!(m.stats().stale_doorbells, 2);
+        assert_eq!(wait(&m, hi, hq.signals[0]), wait::DONE);
+        assert_eq!(wait(&m, lo, lq.signals[0]), wait::DONE);
+        htvm.verify(&hq).unwrap();
+        ltvm.verify(&lq).unwrap();
+        // fifo co-runs on free slots: the high-priority VM preempted nobody.
+        assert_eq!(m.stats().preemptions, 0);
+        m.remove_vm(lo);
+        m.remove_vm(hi);
         m.shutdown();
     }
 }

@@ -1,6 +1,8 @@
 //! Decision cost of the scheduler per event at 16, 256, 1024 and 4096 vMQDs
 //! on MI300X SPX (24 user HQD slots), under a random mix of doorbells, idle
-//! queues, finished dequeues and timer ticks.
+//! queues, finished dequeues and timer ticks. Every doorbell moves its
+//! queue's write pointer; after each one the same doorbell is repeated
+//! (unchanged write pointer) and timed separately (`stale` column).
 //!
 //! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS]`
 
@@ -23,7 +25,9 @@ fn slots() -> Vec<SlotDesc> {
     v
 }
 
-fn bench(policy: Policy, nq: u64, events: usize) -> (u64, u64, u64, f64) {
+/// Per-event cost: (p50, p99, p99.9, mean) of the mix, and (p50, p99) of
+/// the repeated (stale) doorbells.
+fn bench(policy: Policy, nq: u64, events: usize) -> ((u64, u64, u64, f64), (u64, u64)) {
     let mut s = Scheduler::new(
         SchedConfig {
             policy,
@@ -57,6 +61,8 @@ fn bench(policy: Policy, nq: u64, events: usize) -> (u64, u64, u64, f64) {
     let mut timer: Option<Nanos> = None;
     let mut now: Nanos = 0;
     let mut cost = Vec::with_capacity(events);
+    let mut stale = Vec::new();
+    let mut wptr = vec![0u64; nq as usize];
     let mut acts = Vec::new();
     for _ in 0..events {
         now += rng.gen_range(1_000..20_000);
@@ -77,8 +83,11 @@ fn bench(policy: Policy, nq: u64, events: usize) -> (u64, u64, u64, f64) {
             let q = mapped[rng.gen_range(0..mapped.len())];
             Event::QueueIdle { queue: q, now }
         } else {
+            let q = rng.gen_range(0..nq);
+            wptr[q as usize] += 1;
             Event::Doorbell {
-                queue: QueueId(rng.gen_range(0..nq)),
+                queue: QueueId(q),
+                wptr: wptr[q as usize],
                 now,
             }
         };
@@ -88,6 +97,16 @@ fn bench(policy: Policy, nq: u64, events: usize) -> (u64, u64, u64, f64) {
             acts.push(a);
         }
         cost.push(t0.elapsed().as_nanos() as u64);
+        if let Event::Doorbell { .. } = ev {
+            let t0 = Instant::now();
+            s.handle(ev);
+            let none = s.poll_action().is_none();
+            stale.push(t0.elapsed().as_nanos() as u64);
+            assert!(
+                none,
+                "a doorbell that does not move the wptr decides nothing"
+            );
+        }
         for a in acts.drain(..) {
             match a {
                 Action::Map { queue, .. } => mapped.push(queue),
@@ -101,9 +120,13 @@ fn bench(policy: Policy, nq: u64, events: usize) -> (u64, u64, u64, f64) {
         }
     }
     cost.sort_unstable();
-    let pct = |q: f64| cost[((q * cost.len() as f64) as usize).min(cost.len() - 1)];
+    stale.sort_unstable();
+    let pct = |v: &[u64], q: f64| v[((q * v.len() as f64) as usize).min(v.len() - 1)];
     let mean = cost.iter().sum::<u64>() as f64 / cost.len() as f64;
-    (pct(0.5), pct(0.99), pct(0.999), mean)
+    (
+        (pct(&cost, 0.5), pct(&cost, 0.99), pct(&cost, 0.999), mean),
+        (pct(&stale, 0.5), pct(&stale, 0.99)),
+    )
 }
 
 fn main() {
@@ -113,20 +136,22 @@ fn main() {
         .unwrap_or(200_000);
     println!("scheduler decision cost per event (ns), {events} events, 24 HQD slots");
     println!(
-        "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8}",
-        "policy", "vMQDs", "p50", "p99", "p99.9", "mean"
+        "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8}   {:>9} {:>9}",
+        "policy", "vMQDs", "p50", "p99", "p99.9", "mean", "stale p50", "stale p99"
     );
     for policy in [Policy::Hqdmux, Policy::Fifo, Policy::Timeslice] {
         for nq in [16, 256, 1024, 4096] {
-            let (p50, p99, p999, mean) = bench(policy, nq, events);
+            let ((p50, p99, p999, mean), (s50, s99)) = bench(policy, nq, events);
             println!(
-                "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8.0}",
+                "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8.0}   {:>9} {:>9}",
                 policy.name(),
                 nq,
                 p50,
                 p99,
                 p999,
-                mean
+                mean,
+                s50,
+                s99
             );
         }
     }

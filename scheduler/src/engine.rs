@@ -2,10 +2,26 @@
 
 use crate::*;
 use std::cmp::Reverse;
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 
-/// Key of a boosted (aged) queue: above every priority level.
-const BOOST: u16 = 0x1000;
+/// Level of a boosted (aged) queue: above every VM priority.
+const BOOST_LEVEL: u16 = 16;
+
+/// Queue map with a fixed (not OS-seeded) hasher: runs are reproducible and
+/// the engine takes no randomness from the host.
+type QueueMap<V> = HashMap<QueueId, V, BuildHasherDefault<DefaultHasher>>;
+
+/// Level (VM priority, or [`BOOST_LEVEL`]) of a queue key.
+fn lvl(key: u16) -> u16 {
+    key >> 4
+}
+
+/// Lowest and highest key of a level.
+fn level_keys(level: u16) -> (u16, u16) {
+    (level << 4, (level << 4) | 15)
+}
 /// Fixed-point scale of virtual time (ns x SCALE / weight).
 const SCALE: u128 = 1 << 16;
 
@@ -30,8 +46,11 @@ struct Queue {
     /// Entered the current state (ready since / mapped since / idle since).
     since: Nanos,
     slot: Option<SlotId>,
-    /// Key under which the queue is indexed (valid while indexed).
+    /// Key under which the queue is indexed (valid while indexed):
+    /// `level << 4 | queue priority`, see [`Scheduler::key_of`].
     key: u16,
+    /// Write pointer of the last doorbell (`None`: none seen yet).
+    wptr: Option<u64>,
     boosted: bool,
     doorbell_while_unmapping: bool,
     reason: Option<Reason>,
@@ -54,6 +73,32 @@ struct Vm {
     /// Key of the VM in its partition's `vt` index, while busy.
     vt_key: Option<u128>,
     removed: bool,
+    /// Its Ready/Saved queues, highest key first, then oldest.
+    ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
+    /// Its Running queues, lowest key first, then longest mapped.
+    running: BTreeSet<(u16, Nanos, QueueId)>,
+    /// Its busy (Ready/Saved/Running) queue counts per key.
+    busy_keys: BTreeMap<u16, u32>,
+}
+
+impl Vm {
+    /// Highest key of its busy queues.
+    fn top_key(&self) -> Option<u16> {
+        self.busy_keys.keys().next_back().copied()
+    }
+    /// Highest key of its busy queues at `level`.
+    fn top_key_at(&self, level: u16) -> Option<u16> {
+        let (a, b) = level_keys(level);
+        self.busy_keys.range(a..=b).next_back().map(|e| *e.0)
+    }
+    /// Its best ready queue at `level` (highest key, then oldest).
+    fn best_ready_at(&self, level: u16) -> Option<(u16, QueueId)> {
+        let (a, b) = level_keys(level);
+        self.ready
+            .range((Reverse(b), 0, QueueId(0))..=(Reverse(a), Nanos::MAX, QueueId(u64::MAX)))
+            .next()
+            .map(|e| (e.0 .0, e.2))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,15 +114,16 @@ struct Partition {
     free: Vec<BTreeSet<SlotId>>,
     nfree: usize,
     next_pipe: usize,
-    /// Ready/Saved queues, highest key first, then oldest.
+    /// Ready/Saved queues, highest level first, then oldest (queue
+    /// priorities do not order queues of different VMs).
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
     /// Ready/Saved queues that are not boosted, oldest first (aging).
     waiting: BTreeSet<(Nanos, QueueId)>,
-    /// Running queues, lowest key first, then longest mapped.
+    /// Running queues, lowest level first, then longest mapped.
     running: BTreeSet<(u16, Nanos, QueueId)>,
     /// MappedIdle queues, oldest first.
     idle_mapped: BTreeSet<(Nanos, QueueId)>,
-    /// Busy (Ready/Saved/Running) queue counts per key per VM.
+    /// Busy (Ready/Saved/Running) queue counts per level per VM.
     busy: BTreeMap<u16, BTreeMap<VmId, u32>>,
     /// Queues being dequeued (their slots free soon).
     freeing: usize,
@@ -121,6 +167,8 @@ pub struct EngineStats {
     pub boosts: u64,
     /// Events for unknown queues or in impossible states (ignored).
     pub stray_events: u64,
+    /// Doorbells that did not move the write pointer (dropped, no decision).
+    pub stale_doorbells: u64,
 }
 
 /// The scheduler. See the crate docs.
@@ -131,7 +179,7 @@ pub struct Scheduler {
     slot_pipe: Vec<usize>,
     slot_owner: Vec<Option<QueueId>>,
     parts: Vec<Partition>,
-    queues: HashMap<QueueId, Queue>,
+    queues: QueueMap<Queue>,
     vms: BTreeMap<VmId, Vm>,
     actions: VecDeque<Action>,
     armed: Option<Nanos>,
@@ -144,6 +192,7 @@ impl Scheduler {
     /// A scheduler over `slots` (`SlotId(i)` is `slots[i]`). Partitions are
     /// numbered 0..=max partition of the slots.
     pub fn new(cfg: SchedConfig, slots: Vec<SlotDesc>) -> Result<Self, SchedError> {
+        cfg.validate()?;
         if slots.is_empty() {
             return Err(SchedError::NoSlots);
         }
@@ -176,7 +225,7 @@ impl Scheduler {
             slots,
             slot_pipe,
             parts,
-            queues: HashMap::new(),
+            queues: QueueMap::default(),
             vms: BTreeMap::new(),
             actions: VecDeque::new(),
             armed: None,
@@ -233,6 +282,9 @@ impl Scheduler {
                 vtime: 0,
                 vt_key: None,
                 removed: false,
+                ready: BTreeSet::new(),
+                running: BTreeSet::new(),
+                busy_keys: BTreeMap::new(),
             },
         );
         Ok(partition)
@@ -252,7 +304,8 @@ impl Scheduler {
     }
 
     /// Adds an idle queue of `vm` with queue priority `prio` (0..=15, KFD's
-    /// queue priority; ranks queues within the VM's level).
+    /// queue priority). It orders (and preempts) queues of the same VM only:
+    /// between VMs, VM priority and weight decide.
     pub fn add_queue(&mut self, vm: VmId, queue: QueueId, prio: u8) -> Result<(), SchedError> {
         if prio > 15 {
             return Err(SchedError::Priority(prio));
@@ -275,6 +328,7 @@ impl Scheduler {
                 since: self.now,
                 slot: None,
                 key: 0,
+                wptr: None,
                 boosted: false,
                 doorbell_while_unmapping: false,
                 reason: None,
@@ -308,6 +362,19 @@ impl Scheduler {
         self.rekey_vm(vm, |v| v.params.priority = priority)
     }
 
+    /// Changes a queue's own priority (0..=15; orders queues within its VM;
+    /// applies at the next event). KFD's UPDATE_QUEUE does this on bare metal.
+    pub fn set_queue_priority(&mut self, queue: QueueId, prio: u8) -> Result<(), SchedError> {
+        if prio > 15 {
+            return Err(SchedError::Priority(prio));
+        }
+        if !self.queues.contains_key(&queue) {
+            return Err(SchedError::NoQueue(queue));
+        }
+        self.rekey(queue, |q| q.prio = prio);
+        Ok(())
+    }
+
     /// Changes a VM's weight (applies at the next event).
     pub fn set_vm_weight(&mut self, vm: VmId, weight: u32) -> Result<(), SchedError> {
         if weight == 0 {
@@ -339,8 +406,9 @@ impl Scheduler {
         }
     }
 
-    /// Replaces the tunables other than the policy (applies at the next event).
-    pub fn set_config(&mut self, cfg: SchedConfig) {
+    /// Replaces the tunables (applies at the next event).
+    pub fn set_config(&mut self, cfg: SchedConfig) -> Result<(), SchedError> {
+        cfg.validate()?;
         let policy = cfg.policy;
         self.cfg = SchedConfig {
             policy: self.cfg.policy,
@@ -349,6 +417,7 @@ impl Scheduler {
         if policy != self.cfg.policy {
             self.set_policy(policy);
         }
+        Ok(())
     }
 
     // ---- queries -------------------------------------------------------
@@ -386,9 +455,17 @@ impl Scheduler {
         self.slot_owner.get(slot.0 as usize).copied().flatten()
     }
 
-    /// Effective level of a queue under the current policy (higher runs first).
+    /// Effective level of a queue under the current policy: its VM's
+    /// priority, 16 while boosted by aging, 0 under policies without
+    /// priorities. Levels order queues of different VMs.
     pub fn queue_level(&self, queue: QueueId) -> Option<u16> {
-        self.queues.get(&queue).map(|q| self.key_of(q))
+        self.queues.get(&queue).map(|q| lvl(self.key_of(q)))
+    }
+
+    /// Effective queue priority (orders queues of one VM at one level; 0
+    /// under policies without priorities).
+    pub fn queue_priority(&self, queue: QueueId) -> Option<u8> {
+        self.queues.get(&queue).map(|q| (self.key_of(q) & 15) as u8)
     }
 
     /// Next action for the caller.
@@ -405,8 +482,15 @@ impl Scheduler {
         self.stats.events += 1;
         let mut part = None;
         match ev {
-            Event::Doorbell { queue, .. } => {
+            Event::Doorbell { queue, wptr, .. } => {
                 if let Some(q) = self.queues.get_mut(&queue) {
+                    if q.wptr == Some(wptr) {
+                        // Nothing new since the last doorbell seen: the
+                        // state already reflects that work.
+                        self.stats.stale_doorbells += 1;
+                        return;
+                    }
+                    q.wptr = Some(wptr);
                     part = Some(queue);
                     match q.state {
                         QueueState::Idle if !q.errored => self.set_state(queue, QueueState::Ready),
@@ -497,9 +581,8 @@ impl Scheduler {
             // A boosted queue that had its slice drops back to its level.
             let boosted: Vec<QueueId> = self.parts[p]
                 .running
-                .iter()
-                .rev()
-                .take_while(|(k, since, _)| *k == BOOST && since + self.cfg.min_run_ns <= now)
+                .range((BOOST_LEVEL, 0, QueueId(0))..)
+                .filter(|(_, since, _)| since + self.cfg.min_run_ns <= now)
                 .map(|e| e.2)
                 .collect();
             for q in boosted {
@@ -523,11 +606,12 @@ impl Scheduler {
         self.cfg.exclusive && !self.cfg.corun_equals
     }
 
+    /// Slice length at a level (VM priority, or the boost level).
     fn quantum(&self, level: u16) -> Nanos {
         let q = match self.cfg.policy {
             Policy::Timeslice | Policy::Fifo => self.cfg.baseline_quantum_ns,
-            _ if level >= BOOST => self.cfg.min_run_ns,
-            _ => self.cfg.quantum_ns[(level >> 4).min(15) as usize],
+            _ if level >= BOOST_LEVEL => self.cfg.min_run_ns,
+            _ => self.cfg.quantum_ns[level.min(15) as usize],
         };
         q.max(self.cfg.min_run_ns).max(1)
     }
@@ -540,7 +624,8 @@ impl Scheduler {
         }
     }
 
-    /// Exclusive slices: one VM at the top busy level holds the partition.
+    /// Exclusive slices: one VM at the top busy level holds the partition;
+    /// within it, only its highest busy queue priority runs.
     fn decide_exclusive(&mut self, p: usize) {
         let now = self.now;
         let Some(top) = self.parts[p].top() else {
@@ -584,26 +669,29 @@ impl Scheduler {
             }
         };
         self.parts[p].owner = Some(owner);
-        // Preempt every running queue that is not the owner's at its level.
+        // The owner's highest busy queue priority at its level runs.
+        let okey = self.vms[&owner.vm]
+            .top_key_at(owner.level)
+            .unwrap_or(owner.level << 4);
+        // Preempt every running queue that is not the owner's at that key.
         let evict: Vec<QueueId> = self.parts[p]
             .running
             .iter()
-            .filter(|(k, _, q)| *k != owner.level || self.queues[q].vm != owner.vm)
+            .filter(|(_, _, q)| {
+                let q = &self.queues[q];
+                q.vm != owner.vm || q.key != okey
+            })
             .map(|e| e.2)
             .collect();
         let mode = self.preempt_mode();
         for q in evict {
             self.unmap(q, mode, Reason::Preempt(mode));
         }
-        // Map the owner's waiting queues at its level.
+        // Map the owner's waiting queues at that key.
         let want: Vec<QueueId> = self.vms[&owner.vm]
-            .queues
-            .iter()
-            .copied()
-            .filter(|q| {
-                let q = &self.queues[q];
-                matches!(q.state, QueueState::Ready | QueueState::Saved) && q.key == owner.level
-            })
+            .ready
+            .range((Reverse(okey), 0, QueueId(0))..=(Reverse(okey), Nanos::MAX, QueueId(u64::MAX)))
+            .map(|e| e.2)
             .collect();
         let mut left = want.len();
         for q in want {
@@ -614,20 +702,25 @@ impl Scheduler {
         }
     }
 
-    /// Shared (co-running) mode: ready queues fill slots in key order. With
-    /// `preempt`, lower-level running queues make room for higher ones (and,
-    /// in exclusive mode, do not co-run with them). `only_top`: map only
-    /// queues of the top busy level.
+    /// Shared (co-running) mode: ready queues fill slots, by level and then
+    /// age across VMs, by queue priority within a VM. With `preempt`,
+    /// lower-level running queues make room for higher ones (and, in
+    /// exclusive mode, do not co-run with them). `only_top`: map only queues
+    /// of the top busy level, and of each VM only its highest busy queue
+    /// priority (lower ones of that VM are preempted at once).
     fn decide_shared(&mut self, p: usize, preempt: bool, only_top: bool) {
         let now = self.now;
         let mode = self.preempt_mode();
         let top = self.parts[p].top().unwrap_or(0);
+        let prio = self.cfg.policy.uses_priority();
         if preempt && self.cfg.exclusive {
             let low: Vec<QueueId> = self.parts[p]
                 .running
                 .iter()
-                .take_while(|(k, _, _)| *k < top)
-                .filter(|(_, since, _)| since + self.cfg.min_run_ns <= now)
+                .filter(|&&(l, since, q)| {
+                    (l < top && since + self.cfg.min_run_ns <= now)
+                        || (only_top && prio && self.below_own_top(q))
+                })
                 .map(|e| e.2)
                 .collect();
             for q in low {
@@ -636,15 +729,27 @@ impl Scheduler {
         }
         // At most this many can be placed or make a victim now.
         let reach = self.parts[p].nfree + self.parts[p].running.len() + 1;
+        // (With `only_top`, queues below their VM's best busy queue wait
+        // and do not count against `reach`.)
         let ready: Vec<(u16, QueueId)> = self.parts[p]
             .ready
             .iter()
-            .map(|(k, _, q)| (k.0, *q))
-            .take_while(|(k, _)| !only_top || *k >= top)
+            .map(|(l, _, q)| (l.0, *q))
+            .take_while(|(l, _)| !only_top || *l >= top)
+            .filter(|(_, q)| !(only_top && prio && self.below_own_top(*q)))
             .take(reach)
             .collect();
         let mut left = self.parts[p].ready.len();
-        for (key, q) in ready {
+        for (level, q) in ready {
+            // The slot goes to this queue's VM; within the VM, to its best
+            // ready queue at this level.
+            let vm = self.queues[&q].vm;
+            let Some((key, q)) = self.vms[&vm].best_ready_at(level) else {
+                continue;
+            };
+            if only_top && prio && self.vms[&vm].top_key().is_some_and(|t| key < t) {
+                continue;
+            }
             if self.place(p, q, left) {
                 left -= 1;
                 continue;
@@ -654,16 +759,33 @@ impl Scheduler {
             }
             // No slot: take one from lower work (or, for fifo, round robin).
             let fifo = self.cfg.policy == Policy::Fifo;
+            let own_lower = self.vms[&vm]
+                .running
+                .first()
+                .filter(|e| prio && e.0 < key)
+                .map(|e| e.2);
             match self.parts[p].running.first().copied() {
-                Some((k, since, v)) if preempt && k < key && since + self.cfg.min_run_ns <= now => {
+                Some((l, since, v))
+                    if preempt && l < level && since + self.cfg.min_run_ns <= now =>
+                {
                     self.unmap(v, mode, Reason::Preempt(mode));
                 }
                 Some((_, since, v)) if fifo && since + self.quantum(0) <= now => {
                     self.unmap(v, mode, Reason::Preempt(mode));
                 }
-                _ => break,
+                _ => match own_lower {
+                    // Queue priority preempts within the VM, at once.
+                    Some(v) if preempt => self.unmap(v, mode, Reason::Preempt(mode)),
+                    _ => break,
+                },
             }
         }
+    }
+
+    /// Is a running queue below the highest busy queue priority of its VM?
+    fn below_own_top(&self, q: QueueId) -> bool {
+        let q = &self.queues[&q];
+        self.vms[&q.vm].top_key().is_some_and(|t| q.key < t)
     }
 
     /// Maps `q` into a free slot of `p`; else asks an idle queue to give its
@@ -702,10 +824,8 @@ impl Scheduler {
                 if let Some(&(since, _)) = p.waiting.first() {
                     consider(since + self.cfg.aging_ns);
                 }
-                if let Some(&(k, since, _)) = p.running.last() {
-                    if k == BOOST {
-                        consider(since + self.cfg.min_run_ns);
-                    }
+                for &(_, since, _) in p.running.range((BOOST_LEVEL, 0, QueueId(0))..) {
+                    consider(since + self.cfg.min_run_ns);
                 }
             }
             let Some(top) = p.top() else { continue };
@@ -725,9 +845,9 @@ impl Scheduler {
                 Policy::Hqdmux | Policy::Reset => {
                     // A lower running queue protected by its minimum run
                     // while a higher one waits (or, exclusive, is busy).
-                    if let Some(&(k, since, _)) = p.running.first() {
-                        let waiting_above = p.ready.first().is_some_and(|r| r.0 .0 > k);
-                        let below_top = self.cfg.exclusive && k < top;
+                    if let Some(&(l, since, _)) = p.running.first() {
+                        let waiting_above = p.ready.first().is_some_and(|r| r.0 .0 > l);
+                        let below_top = self.cfg.exclusive && l < top;
                         let until = since + self.cfg.min_run_ns;
                         if (waiting_above || below_top) && until > now {
                             consider(until);
@@ -981,15 +1101,19 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Index key of a queue: `level << 4 | queue priority`, where the level
+    /// is its VM's priority ([`BOOST_LEVEL`] while aged). Levels order
+    /// queues across VMs; the low bits only order queues of one VM.
     fn key_of(&self, q: &Queue) -> u16 {
         if !self.cfg.policy.uses_priority() {
             return 0;
         }
-        if q.boosted {
-            return BOOST;
-        }
-        let vp = self.vms.get(&q.vm).map_or(0, |v| v.params.priority) as u16;
-        (vp << 4) | q.prio as u16
+        let level = if q.boosted {
+            BOOST_LEVEL
+        } else {
+            self.vms.get(&q.vm).map_or(0, |v| v.params.priority) as u16
+        };
+        (level << 4) | q.prio as u16
     }
 
     fn partition_of(&self, q: QueueId) -> Option<usize> {
@@ -999,19 +1123,23 @@ impl Scheduler {
 
     fn index(&mut self, q: QueueId) {
         let key = self.key_of(&self.queues[&q]);
+        let level = lvl(key);
         let qq = self.queues.get_mut(&q).unwrap();
         qq.key = key;
         let (st, since, vm, boosted) = (qq.state, qq.since, qq.vm, qq.boosted);
-        let p = &mut self.parts[self.vms[&vm].partition as usize];
+        let v = self.vms.get_mut(&vm).unwrap();
+        let p = &mut self.parts[v.partition as usize];
         match st {
             QueueState::Ready | QueueState::Saved => {
-                p.ready.insert((Reverse(key), since, q));
+                p.ready.insert((Reverse(level), since, q));
+                v.ready.insert((Reverse(key), since, q));
                 if !boosted {
                     p.waiting.insert((since, q));
                 }
             }
             QueueState::Running => {
-                p.running.insert((key, since, q));
+                p.running.insert((level, since, q));
+                v.running.insert((key, since, q));
             }
             QueueState::MappedIdle => {
                 p.idle_mapped.insert((since, q));
@@ -1023,7 +1151,8 @@ impl Scheduler {
             st,
             QueueState::Ready | QueueState::Saved | QueueState::Running
         ) {
-            *p.busy.entry(key).or_default().entry(vm).or_default() += 1;
+            *p.busy.entry(level).or_default().entry(vm).or_default() += 1;
+            *v.busy_keys.entry(key).or_default() += 1;
         }
     }
 
@@ -1032,15 +1161,20 @@ impl Scheduler {
             return;
         };
         let (key, st, since, vm) = (qq.key, qq.state, qq.since, qq.vm);
-        let Some(v) = self.vms.get(&vm) else { return };
+        let level = lvl(key);
+        let Some(v) = self.vms.get_mut(&vm) else {
+            return;
+        };
         let p = &mut self.parts[v.partition as usize];
         match st {
             QueueState::Ready | QueueState::Saved => {
-                p.ready.remove(&(Reverse(key), since, q));
+                p.ready.remove(&(Reverse(level), since, q));
+                v.ready.remove(&(Reverse(key), since, q));
                 p.waiting.remove(&(since, q));
             }
             QueueState::Running => {
-                p.running.remove(&(key, since, q));
+                p.running.remove(&(level, since, q));
+                v.running.remove(&(key, since, q));
             }
             QueueState::MappedIdle => {
                 p.idle_mapped.remove(&(since, q));
@@ -1052,7 +1186,7 @@ impl Scheduler {
             st,
             QueueState::Ready | QueueState::Saved | QueueState::Running
         ) {
-            if let Some(m) = p.busy.get_mut(&key) {
+            if let Some(m) = p.busy.get_mut(&level) {
                 if let Some(c) = m.get_mut(&vm) {
                     *c -= 1;
                     if *c == 0 {
@@ -1060,7 +1194,13 @@ impl Scheduler {
                     }
                 }
                 if m.is_empty() {
-                    p.busy.remove(&key);
+                    p.busy.remove(&level);
+                }
+            }
+            if let Some(c) = v.busy_keys.get_mut(&key) {
+                *c -= 1;
+                if *c == 0 {
+                    v.busy_keys.remove(&key);
                 }
             }
         }
@@ -1075,7 +1215,7 @@ impl Scheduler {
     /// Checks the internal indexes against the queue states (tests).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        let mut held = HashMap::new();
+        let mut held = BTreeMap::new();
         for (i, o) in self.slot_owner.iter().enumerate() {
             if let Some(q) = o {
                 if held.insert(*q, i).is_some() {
@@ -1109,6 +1249,19 @@ impl Scheduler {
             }
         }
         for (pi, p) in self.parts.iter().enumerate() {
+            let in_part = || self.vms.values().filter(|v| v.partition as usize == pi);
+            let ready: usize = in_part().map(|v| v.ready.len()).sum();
+            let running: usize = in_part().map(|v| v.running.len()).sum();
+            let busy: u32 = in_part().flat_map(|v| v.busy_keys.values()).sum();
+            let pbusy: u32 = p.busy.values().flat_map(|m| m.values()).sum();
+            if ready != p.ready.len() || running != p.running.len() || busy != pbusy {
+                return Err(format!(
+                    "partition {pi}: per-VM indexes ({ready} ready, {running} running, \
+                     {busy} busy) disagree with the partition's ({}, {}, {pbusy})",
+                    p.ready.len(),
+                    p.running.len()
+                ));
+            }
             let free: usize = p.free.iter().map(|s| s.len()).sum();
             let used = self
                 .slot_owner

@@ -9,9 +9,18 @@
 //! devices inside; the same engine runs under the real-time VMM and the
 //! virtual-time evaluation harness.
 //!
-//! Control operations (add/remove VMs and queues, priority, weight and policy
-//! changes) only change state; they take effect at the next event, which a
-//! caller that wants them applied at once provides as an [`Event::Tick`].
+//! Control operations (add/remove VMs and queues; VM priority, VM weight,
+//! queue priority and policy changes) are methods rather than events so that
+//! a bad one fails at once with a typed [`SchedError`]; they only change
+//! state and take effect at the next decision, which a caller that wants them
+//! applied at once triggers with an [`Event::Tick`]. (A doorbell that does not
+//! move the write pointer is dropped without a decision, see
+//! [`Event::Doorbell`].)
+//!
+//! Ranking: VM priority decides preemption between VMs and weights decide
+//! the shares of VMs of equal priority; a queue's own priority (from the
+//! guest's MQD) only orders and preempts queues of the same VM, so a guest
+//! cannot raise itself above its equals.
 
 mod engine;
 #[cfg(test)]
@@ -165,6 +174,37 @@ pub struct SchedConfig {
     pub poll_ns: u64,
 }
 
+impl SchedConfig {
+    /// Checks the values: every quantum and period must be at least 1 ns.
+    pub fn validate(&self) -> Result<(), SchedError> {
+        let bad = |field: &'static str, reason: &str| {
+            Err(SchedError::Config {
+                field,
+                reason: reason.into(),
+            })
+        };
+        if let Some(i) = self.quantum_ns.iter().position(|q| *q == 0) {
+            return Err(SchedError::Config {
+                field: "quantum_ns",
+                reason: format!("entry {i} (VM priority {i}) must be > 0"),
+            });
+        }
+        if self.baseline_quantum_ns == 0 {
+            return bad("baseline_quantum_ns", "must be > 0");
+        }
+        if self.aging_ns == 0 {
+            return bad(
+                "aging_ns",
+                "must be > 0 (0 would boost every waiting queue at once)",
+            );
+        }
+        if self.poll_ns == 0 {
+            return bad("poll_ns", "must be > 0");
+        }
+        Ok(())
+    }
+}
+
 impl Default for SchedConfig {
     fn default() -> Self {
         SchedConfig {
@@ -184,10 +224,15 @@ impl Default for SchedConfig {
 /// Something that happened, at the caller's time `now` (never decreasing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// The guest rang the queue's doorbell (its write pointer moved).
+    /// The guest rang the queue's doorbell. A doorbell whose `wptr` equals
+    /// the last one seen for the queue announces nothing new and is dropped
+    /// without a decision (counted in `EngineStats::stale_doorbells`): the
+    /// queue's state already reflects the work up to that pointer.
     Doorbell {
         /// Queue.
         queue: QueueId,
+        /// Write pointer (AQL write index, packets) the doorbell carries.
+        wptr: u64,
         /// Time.
         now: Nanos,
     },
@@ -322,4 +367,12 @@ pub enum SchedError {
     /// The slot list is empty.
     #[error("no HQD slots")]
     NoSlots,
+    /// A tunable out of range.
+    #[error("field `{field}`: {reason}")]
+    Config {
+        /// `SchedConfig` field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
 }

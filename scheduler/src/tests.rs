@@ -25,6 +25,14 @@ struct World {
     max_inversion: Nanos,
     next_q: u64,
     vm_of: HashMap<QueueId, VmId>,
+    /// VM priorities as last set.
+    prio_of: HashMap<VmId, u8>,
+    /// Write pointer per queue (advanced by each submission).
+    wptr: BTreeMap<QueueId, u64>,
+    /// Actions of the last event handled.
+    last_actions: Vec<Action>,
+    /// Every map: (time, queue).
+    maps: Vec<(Nanos, QueueId)>,
     /// GPU events due at the current time (idle at map).
     pending: Vec<Event>,
 }
@@ -62,11 +70,21 @@ impl World {
             max_inversion: 0,
             next_q: 0,
             vm_of: HashMap::new(),
+            prio_of: HashMap::new(),
+            wptr: BTreeMap::new(),
+            last_actions: Vec::new(),
+            maps: Vec::new(),
             pending: Vec::new(),
         }
     }
 
     fn vm(&mut self, id: u32, priority: u8, weight: u32, queues: u32) -> Vec<QueueId> {
+        self.vm_q(id, priority, weight, &vec![0; queues as usize])
+    }
+
+    /// A VM with one queue per entry of `qprios` (queue priorities).
+    fn vm_q(&mut self, id: u32, priority: u8, weight: u32, qprios: &[u8]) -> Vec<QueueId> {
+        self.prio_of.insert(VmId(id), priority);
         self.s
             .add_vm(
                 VmId(id),
@@ -77,11 +95,12 @@ impl World {
                 },
             )
             .unwrap();
-        (0..queues)
-            .map(|_| {
+        qprios
+            .iter()
+            .map(|&qp| {
                 let q = QueueId(self.next_q);
                 self.next_q += 1;
-                self.s.add_queue(VmId(id), q, 0).unwrap();
+                self.s.add_queue(VmId(id), q, qp).unwrap();
                 self.work.insert(q, 0);
                 self.vm_of.insert(q, VmId(id));
                 q
@@ -98,7 +117,9 @@ impl World {
 
     fn event(&mut self, ev: Event) {
         self.s.handle(ev);
+        self.last_actions.clear();
         while let Some(a) = self.s.poll_action() {
+            self.last_actions.push(a);
             match a {
                 Action::Map { queue, slot } => {
                     assert!(!self.mapped.contains_key(&queue), "{queue:?} mapped twice");
@@ -107,6 +128,7 @@ impl World {
                         "{slot:?} given to two queues"
                     );
                     self.mapped.insert(queue, slot);
+                    self.maps.push((self.now, queue));
                     self.waiting_since.remove(&queue);
                     if self.work[&queue] == 0 {
                         self.pending.push(Event::QueueIdle {
@@ -150,8 +172,10 @@ impl World {
             let w = self.max_wait.entry(q).or_default();
             *w = (*w).max(now - since);
         }
-        // Priority inversions under a priority policy: a waiting queue above
-        // a running queue of its partition.
+        // Priority inversions under a priority policy: a waiting queue that
+        // outranks a running queue of its partition (a higher VM level, or
+        // the same VM and level with a higher queue priority). Without
+        // exclusive mode, waiting for a slot that is being freed is not one.
         if !self.s.config().policy.uses_priority() || self.work.len() > 64 {
             return;
         }
@@ -161,13 +185,15 @@ impl World {
             let Some((QueueState::Ready | QueueState::Saved, _)) = self.s.queue_state(hi) else {
                 continue;
             };
+            let part = self.s.vm_partition(self.vm_of[&hi]).unwrap();
+            if !self.s.config().exclusive && self.freeing_in(part) {
+                continue;
+            }
             for &lo in &qs {
                 let Some((QueueState::Running, Some(slot))) = self.s.queue_state(lo) else {
                     continue;
                 };
-                let same_part = self.s.slots()[slot.0 as usize].partition
-                    == self.s.vm_partition(self.vm_of[&hi]).unwrap();
-                if same_part && self.s.queue_level(lo) < self.s.queue_level(hi) {
+                if self.s.slots()[slot.0 as usize].partition == part && self.outranks(hi, lo) {
                     seen.push((lo, hi));
                 }
             }
@@ -179,11 +205,48 @@ impl World {
         }
     }
 
+    /// Does `a` rank above `b` (docs/scheduling.md: VM level across VMs,
+    /// queue priority within a VM)?
+    fn outranks(&self, a: QueueId, b: QueueId) -> bool {
+        let (la, lb) = (self.s.queue_level(a), self.s.queue_level(b));
+        la > lb
+            || (la == lb
+                && self.vm_of[&a] == self.vm_of[&b]
+                && self.s.queue_priority(a) > self.s.queue_priority(b))
+    }
+
+    /// Is a dequeue in progress in partition `part`?
+    fn freeing_in(&self, part: u32) -> bool {
+        self.unmapping
+            .keys()
+            .any(|q| self.s.slots()[self.mapped[q].0 as usize].partition == part)
+    }
+
+    /// Free slots of partition `part` (neither mapped nor being dequeued).
+    fn free_in(&self, part: u32) -> usize {
+        let total = self
+            .s
+            .slots()
+            .iter()
+            .filter(|d| d.partition == part)
+            .count();
+        let used = self
+            .mapped
+            .values()
+            .filter(|s| self.s.slots()[s.0 as usize].partition == part)
+            .count();
+        total - used
+    }
+
     /// Guest submits `ns` of work to `q` and rings its doorbell.
     fn submit(&mut self, q: QueueId, ns: Nanos) {
         *self.work.get_mut(&q).unwrap() += ns;
+        let wptr = self.wptr.entry(q).or_default();
+        *wptr += 1;
+        let wptr = *wptr;
         self.event(Event::Doorbell {
             queue: q,
+            wptr,
             now: self.now,
         });
         self.flush();
@@ -458,10 +521,12 @@ fn reset_policy_unmaps_with_reset_waves() {
     s.add_queue(VmId(1), QueueId(1), 0).unwrap();
     s.handle(Event::Doorbell {
         queue: QueueId(0),
+        wptr: 1,
         now: 0,
     });
     s.handle(Event::Doorbell {
         queue: QueueId(1),
+        wptr: 1,
         now: MS,
     });
     let acts: Vec<Action> = std::iter::from_fn(|| s.poll_action()).collect();
@@ -556,6 +621,7 @@ enum Op {
     Weight { vm: u32, w: u32 },
     Error { q: usize },
     Policy(Policy),
+    QueuePriority { q: usize, p: u8 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -565,6 +631,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u32..6, 0u8..16).prop_map(|(vm, p)| Op::Priority { vm, p }),
         1 => (0u32..6, 1u32..5).prop_map(|(vm, w)| Op::Weight { vm, w }),
         1 => (0usize..24).prop_map(|q| Op::Error { q }),
+        1 => (0usize..24, 0u8..16).prop_map(|(q, p)| Op::QueuePriority { q, p }),
         1 => prop::sample::select(Policy::ALL.to_vec()).prop_map(Op::Policy),
     ]
 }
@@ -607,6 +674,7 @@ fn apply(w: &mut World, qs: &[QueueId], o: &Op, allow_policy: bool) {
         }
         Op::Priority { vm, p } => {
             w.s.set_vm_priority(VmId(vm), p).unwrap();
+            w.prio_of.insert(VmId(vm), p);
             w.event(Event::Tick { now: w.now });
             w.flush();
         }
@@ -630,6 +698,11 @@ fn apply(w: &mut World, qs: &[QueueId], o: &Op, allow_policy: bool) {
             w.flush();
         }
         Op::Policy(_) => {}
+        Op::QueuePriority { q, p } => {
+            w.s.set_queue_priority(qs[q % qs.len()], p).unwrap();
+            w.event(Event::Tick { now: w.now });
+            w.flush();
+        }
     }
 }
 
@@ -659,13 +732,16 @@ proptest! {
     }
 
     /// hqdmux with no minimum run: after every decision, no running queue
-    /// sits below a waiting queue of its partition (inversions never persist
-    /// past one decision), including right after live priority changes.
+    /// is outranked by a waiting queue of its partition (a higher VM level,
+    /// or a higher queue priority of the same VM; without exclusive mode,
+    /// unless a slot is being freed for it): inversions never persist past
+    /// one decision, including right after live VM and queue priority
+    /// changes. All three modes (slices, co-run equals, non-exclusive).
     #[test]
     fn no_inversion_past_one_decision(ops in prop::collection::vec(op(), 1..150),
                                       parts in 1u32..3,
-                                      corun in any::<bool>()) {
-        let (mut w, qs) = build_variant(Policy::Hqdmux, 0, parts, &[1, 4, 4, 9, 12, 12], corun as u8);
+                                      variant in 0u8..3) {
+        let (mut w, qs) = build_variant(Policy::Hqdmux, 0, parts, &[1, 4, 4, 9, 12, 12], variant);
         for o in &ops {
             apply(&mut w, &qs, o, false);
             prop_assert_eq!(w.max_inversion, 0);
@@ -706,13 +782,16 @@ proptest! {
         }
     }
 
-    /// Weighted shares among equals: GPU time follows the weights within 5%.
+    /// Weighted shares among equals: GPU time follows the weights within 5%,
+    /// whatever queue priorities the guests put in their MQDs (isolation:
+    /// a queue priority cannot raise a VM above its equals).
     #[test]
-    fn weighted_shares(wa in 1u32..5, wb in 1u32..5, wc in 1u32..5) {
+    fn weighted_shares(wa in 1u32..5, wb in 1u32..5, wc in 1u32..5,
+                       qprios in prop::collection::vec(0u8..16, 6)) {
         let mut w = World::new(SchedConfig { quantum_ns: [2 * MS; 16], ..cfg(Policy::Hqdmux) }, slots(1, 2, 2));
         let weights = [wa, wb, wc];
         for (i, wt) in weights.iter().enumerate() {
-            for q in w.vm(i as u32, 7, *wt, 2) {
+            for q in w.vm_q(i as u32, 7, *wt, &qprios[2 * i..2 * i + 2]) {
                 w.submit(q, 10_000_000 * MS);
             }
         }
@@ -770,4 +849,294 @@ fn a_vm_that_was_idle_does_not_bank_credit() {
             "{policy:?}: newcomer share {share}"
         );
     }
+}
+
+#[test]
+fn queue_priority_cannot_beat_an_equal_vm() {
+    // Two VMs of equal priority and weight; one claims queue priority 15 in
+    // its MQD, the other 0. Before the fix: 1998 ms vs 1 ms over 2 s.
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 2));
+    let greedy = w.vm_q(0, 6, 1, &[15])[0];
+    let meek = w.vm_q(1, 6, 1, &[0])[0];
+    w.submit(greedy, 1_000_000 * MS);
+    w.submit(meek, 1_000_000 * MS);
+    w.run_until(2_000 * MS);
+    w.event(Event::Tick { now: w.now });
+    let (g, m) = (w.gpu_ns(0) as f64, w.gpu_ns(1) as f64);
+    assert!((g / m - 1.0).abs() < 0.05, "greedy {g} ns vs meek {m} ns");
+    assert_eq!(w.s.queue_level(greedy), w.s.queue_level(meek));
+}
+
+#[test]
+fn queue_priority_orders_queues_within_one_vm() {
+    for exclusive in [true, false] {
+        // One slot per partition in the non-exclusive case, so the higher
+        // queue needs a victim.
+        let sl = if exclusive {
+            slots(1, 2, 2)
+        } else {
+            slots(1, 1, 1)
+        };
+        let c = SchedConfig {
+            exclusive,
+            ..cfg(Policy::Hqdmux)
+        };
+        let mut w = World::new(c, sl);
+        let q = w.vm_q(0, 5, 1, &[2, 9]);
+        let (low, high) = (q[0], q[1]);
+        w.submit(low, 100 * MS);
+        w.run_until(MS);
+        assert_eq!(w.state(low), QueueState::Running);
+        w.submit(high, 10 * MS);
+        assert_eq!(
+            w.state(low),
+            QueueState::Preempting,
+            "exclusive={exclusive}: a higher queue of the same VM preempts at once"
+        );
+        w.run_until(MS + UNMAP_NS);
+        assert_eq!(w.state(high), QueueState::Running, "exclusive={exclusive}");
+        assert_eq!(w.state(low), QueueState::Saved, "exclusive={exclusive}");
+        // (High ends at 11 ms, or 11.05 with one slot; its slot is drained.)
+        w.run_until(11 * MS + 2 * UNMAP_NS + 1);
+        assert_eq!(
+            w.state(low),
+            QueueState::Running,
+            "exclusive={exclusive}: resumes after the higher; {:?}",
+            w.maps
+        );
+    }
+    // Another VM of the same VM priority with a higher queue priority does
+    // not preempt (only the slice rotation, after the quantum, does).
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 2));
+    let a = w.vm_q(0, 5, 1, &[0])[0];
+    let b = w.vm_q(1, 5, 1, &[15])[0];
+    w.submit(a, 100 * MS);
+    w.run_until(MS);
+    w.submit(b, 100 * MS);
+    assert_eq!(w.state(a), QueueState::Running);
+    assert_eq!(w.state(b), QueueState::Ready);
+    w.run_until(10 * MS - 1);
+    assert_eq!(w.state(a), QueueState::Running, "inside a's quantum");
+    w.run_until(10 * MS);
+    assert_eq!(
+        w.state(b),
+        QueueState::Running,
+        "b's turn at quantum expiry"
+    );
+}
+
+#[test]
+fn quantum_is_per_vm_priority_level() {
+    // Two equal VMs slice at the quantum of their priority level.
+    for (prio, quantum) in [(3u8, 2 * MS), (9, 7 * MS)] {
+        let mut q = [10 * MS; 16];
+        q[3] = 2 * MS;
+        q[9] = 7 * MS;
+        let c = SchedConfig {
+            quantum_ns: q,
+            ..cfg(Policy::Hqdmux)
+        };
+        let mut w = World::new(c, slots(1, 2, 2));
+        let a = w.vm(0, prio, 1, 1)[0];
+        let b = w.vm(1, prio, 1, 1)[0];
+        w.submit(a, 1_000_000 * MS);
+        w.submit(b, 1_000_000 * MS);
+        w.run_until(100 * MS);
+        // Every map starts a slice (the next owner is mapped into a free
+        // slot while the previous one saves), so at a multiple of the
+        // quantum; an owner that paid for its own save may keep the next
+        // slice too (two quanta), never more.
+        let times: Vec<Nanos> = w.maps.iter().map(|m| m.0).collect();
+        assert!(
+            times.len() as u64 >= 100 * MS / quantum / 2,
+            "prio {prio}: {times:?}"
+        );
+        for pair in times.windows(2) {
+            let d = pair[1] - pair[0];
+            assert!(d == quantum || d == 2 * quantum, "prio {prio}: {times:?}");
+        }
+    }
+}
+
+#[test]
+fn a_doorbell_that_does_not_move_the_wptr_is_dropped() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 2));
+    let q = w.vm(0, 5, 1, 1)[0];
+    w.submit(q, MS);
+    w.run_until(MS + 1);
+    assert_eq!(w.state(q), QueueState::MappedIdle);
+    let events = w.s.stats().events;
+    // Repeats of the last write pointer: nothing new, no decision.
+    for _ in 0..3 {
+        w.event(Event::Doorbell {
+            queue: q,
+            wptr: w.wptr[&q],
+            now: w.now,
+        });
+        assert!(w.last_actions.is_empty());
+    }
+    assert_eq!(w.state(q), QueueState::MappedIdle);
+    assert_eq!(w.s.stats().stale_doorbells, 3);
+    assert_eq!(w.s.stats().events, events + 3);
+    // A moved one is work.
+    w.submit(q, MS);
+    assert_eq!(w.state(q), QueueState::Running);
+    // The first doorbell of a queue always counts, whatever its value.
+    let r = w.vm(1, 5, 1, 1)[0];
+    w.event(Event::Doorbell {
+        queue: r,
+        wptr: 0,
+        now: w.now,
+    });
+    assert_ne!(w.state(r), QueueState::Idle);
+}
+
+#[test]
+fn bad_tunables_are_typed_errors() {
+    let mut c = cfg(Policy::Hqdmux);
+    c.quantum_ns[4] = 0;
+    let e = Scheduler::new(c, slots(1, 1, 1)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "field `quantum_ns`: entry 4 (VM priority 4) must be > 0"
+    );
+    for (field, f) in [
+        (
+            "baseline_quantum_ns",
+            (|c: &mut SchedConfig| c.baseline_quantum_ns = 0) as fn(&mut SchedConfig),
+        ),
+        ("aging_ns", |c| c.aging_ns = 0),
+        ("poll_ns", |c| c.poll_ns = 0),
+    ] {
+        let mut c = cfg(Policy::Hqdmux);
+        f(&mut c);
+        match Scheduler::new(c.clone(), slots(1, 1, 1)) {
+            Err(SchedError::Config { field: got, .. }) => assert_eq!(got, field),
+            other => panic!("{field}: {other:?}"),
+        }
+        let mut s = Scheduler::new(cfg(Policy::Hqdmux), slots(1, 1, 1)).unwrap();
+        assert!(s.set_config(c).is_err(), "{field}");
+        assert_eq!(
+            s.config(),
+            &cfg(Policy::Hqdmux),
+            "refused config not applied"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// A live weight change: from the next decision on, GPU time among
+    /// equals splits by the new weights (within 5%).
+    #[test]
+    fn weight_change_applies_from_the_next_decision(old in prop::collection::vec(1u32..5, 3),
+                                                    new in prop::collection::vec(1u32..5, 3),
+                                                    before_ms in 1u64..400) {
+        let mut w = World::new(SchedConfig { quantum_ns: [2 * MS; 16], ..cfg(Policy::Hqdmux) }, slots(1, 2, 2));
+        for (i, wt) in old.iter().enumerate() {
+            for q in w.vm(i as u32, 7, *wt, 2) {
+                w.submit(q, 10_000_000 * MS);
+            }
+        }
+        w.run_until(before_ms * MS);
+        for (i, wt) in new.iter().enumerate() {
+            w.s.set_vm_weight(VmId(i as u32), *wt).unwrap();
+        }
+        w.event(Event::Tick { now: w.now });
+        w.flush();
+        let g0: Vec<Nanos> = (0..3).map(|i| w.gpu_ns(i)).collect();
+        let end = w.now + 4_000 * MS;
+        w.run_until(end);
+        w.event(Event::Tick { now: w.now });
+        let d: Vec<f64> = (0..3).map(|i| (w.gpu_ns(i as u32) - g0[i]) as f64).collect();
+        let total: f64 = d.iter().sum();
+        let wsum: f64 = new.iter().map(|x| *x as f64).sum();
+        for i in 0..3 {
+            let want = new[i] as f64 / wsum;
+            prop_assert!((d[i] / total - want).abs() / want < 0.05,
+                         "vm {} share {} want {}", i, d[i] / total, want);
+        }
+    }
+
+    /// A live policy change: the decision made at the next event follows
+    /// the new policy (levels, preemption mode, slice exclusivity or
+    /// co-running), from any state reached under another policy.
+    #[test]
+    fn policy_change_applies_at_the_next_event(ops in prop::collection::vec(op(), 1..80),
+                                               from in prop::sample::select(Policy::ALL.to_vec()),
+                                               to in prop::sample::select(Policy::ALL.to_vec()),
+                                               parts in 1u32..3) {
+        let (mut w, qs) = build_variant(from, 0, parts, &[1, 4, 4, 9, 12, 12], 0);
+        for o in &ops {
+            apply(&mut w, &qs, o, false);
+        }
+        // Backlog everywhere so the new policy has something to decide.
+        for q in qs.iter().step_by(3) {
+            w.submit(*q, 50 * MS);
+        }
+        w.s.set_policy(to);
+        w.event(Event::Tick { now: w.now });
+        let acts = w.last_actions.clone();
+        for q in &qs {
+            let vm = w.vm_of[q];
+            let (level, qp) = (w.s.queue_level(*q).unwrap(), w.s.queue_priority(*q).unwrap());
+            if to.uses_priority() {
+                prop_assert!(level == 16 || level as u8 == vm_priority(&w, vm), "{:?} level {}", q, level);
+            } else {
+                prop_assert_eq!((level, qp), (0, 0));
+            }
+        }
+        for a in &acts {
+            if let Action::Unmap { mode, .. } = a {
+                let want = if to == Policy::Reset { UnmapMode::Reset } else { UnmapMode::Save };
+                prop_assert!(*mode == want || *mode == UnmapMode::Drain, "{:?} under {:?}", a, to);
+            }
+        }
+        for part in 0..parts {
+            let in_part = |q: &QueueId| w.s.vm_partition(w.vm_of[q]) == Some(part);
+            let running: Vec<QueueId> = qs.iter().copied()
+                .filter(|q| in_part(q) && w.state(*q) == QueueState::Running).collect();
+            let waiting: Vec<QueueId> = qs.iter().copied()
+                .filter(|q| in_part(q) && matches!(w.state(*q), QueueState::Ready | QueueState::Saved)).collect();
+            match to {
+                Policy::Hqdmux | Policy::Reset | Policy::Timeslice => {
+                    // Exclusive slices: one VM holds the partition.
+                    let vms: std::collections::BTreeSet<VmId> = running.iter().map(|q| w.vm_of[q]).collect();
+                    prop_assert!(vms.len() <= 1, "{:?}: partition {} run by {:?}", to, part, vms);
+                    if to != Policy::Timeslice {
+                        for q in &waiting {
+                            for r in &running {
+                                prop_assert!(!w.outranks(*q, *r), "{:?} waits above {:?}", q, r);
+                            }
+                        }
+                    }
+                }
+                Policy::Fifo => {
+                    // Co-running: nothing waits while a slot is free.
+                    prop_assert!(waiting.is_empty() || w.free_in(part) == 0,
+                                 "{:?} wait beside {} free slots", waiting, w.free_in(part));
+                }
+                Policy::Poll5ms => {
+                    // Queues of the top busy level (best of their VM) get free slots.
+                    let top = qs.iter().filter(|q| in_part(q) && matches!(w.state(**q),
+                        QueueState::Ready | QueueState::Saved | QueueState::Running))
+                        .map(|q| w.s.queue_level(*q).unwrap()).max();
+                    for q in &waiting {
+                        let vm = w.vm_of[q];
+                        let best = qs.iter().filter(|r| w.vm_of[r] == vm && matches!(w.state(**r),
+                            QueueState::Ready | QueueState::Saved | QueueState::Running))
+                            .map(|r| (w.s.queue_level(*r), w.s.queue_priority(*r))).max();
+                        let is_best = best == Some((w.s.queue_level(*q), w.s.queue_priority(*q)));
+                        prop_assert!(!(Some(w.s.queue_level(*q).unwrap()) == top && is_best && w.free_in(part) > 0),
+                                     "{:?} waits beside a free slot", q);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn vm_priority(w: &World, vm: VmId) -> u8 {
+    w.prio_of[&vm]
 }

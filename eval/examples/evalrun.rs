@@ -1,4 +1,4 @@
-//! Quick runner: `cargo run --release -p hqdmux-eval --example evalrun -- SCENARIO [POLICY|all] [SEED]`.
+//! Quick runner: `cargo run --release -p hqdmux-eval --example evalrun -- SCENARIO|FILE.toml [POLICY|all] [SEED]`.
 use eval::driver::evaluate;
 use eval::report::table;
 use eval::scenario::Scenario;
@@ -6,7 +6,13 @@ use scheduler::Policy;
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
-    let sc = Scenario::builtin(a.get(1).map_or("seed", |s| s)).unwrap();
+    let name = a.get(1).map_or("seed", |s| s);
+    let sc = if name.ends_with(".toml") {
+        Scenario::load(std::path::Path::new(name))
+    } else {
+        Scenario::builtin(name)
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
     let pols: Vec<Policy> = match a.get(2).map(|s| s.as_str()) {
         None | Some("all") => Policy::ALL.to_vec(),
         Some(p) => vec![Policy::from_name(p).unwrap()],

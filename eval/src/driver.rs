@@ -12,7 +12,7 @@ use mdev::backend::{DequeueMode, GpuEvent, MapRequest, PhysGpu};
 use mdev::mem::{DmaMemory, SparseMemory};
 use mdev::sim::testkit::{GuestQueue, TestVm};
 use mdev::sim::SimGpu;
-use mdev::topology::{GpuTopology, PartitionMode};
+use mdev::topology::GpuTopology;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use scheduler::{
@@ -53,6 +53,8 @@ pub struct RunOutput {
     pub hi_jobs_counted: u64,
     /// Per VM: (tenant index, priority, weight, class, CU-ns of completed kernels).
     pub vms: Vec<(usize, u8, u32, Class, u128)>,
+    /// Every job that arrived, in arrival order.
+    pub jobs: Vec<JobRecord>,
     /// Mark counters left at 0 in completed kernels.
     pub lost_effects: u64,
     /// Extra increments seen in completed kernels and, at the end, in
@@ -78,6 +80,19 @@ pub struct RunOutput {
     pub gpu: mdev::sim::SimStats,
 }
 
+/// One job of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobRecord {
+    /// Tenant entry index.
+    pub tenant: usize,
+    /// Stream (queue) index over the whole run.
+    pub stream: usize,
+    /// Arrival time (virtual ns).
+    pub arrival_ns: Nanos,
+    /// Arrival to completion of its last kernel (`None`: unfinished).
+    pub latency_ns: Option<Nanos>,
+}
+
 struct Stream {
     vm: usize,
     tenant: usize,
@@ -86,6 +101,8 @@ struct Stream {
     slot: Option<SlotId>,
     rng: SmallRng,
     trace_idx: usize,
+    /// Shift of this stream's trace times (ns).
+    trace_shift: Nanos,
     backlog: VecDeque<u64>,
 }
 
@@ -101,6 +118,8 @@ struct Job {
     stream: usize,
     arrival: Nanos,
     kernels_left: u32,
+    /// Index in `RunOutput::jobs`.
+    record: usize,
 }
 
 struct Kern {
@@ -134,30 +153,8 @@ struct Sim<'a> {
 
 /// Topology of a scenario: MI300X defaults with its overrides.
 pub fn topology(sc: &Scenario) -> Result<GpuTopology, EvalError> {
-    let mut t = GpuTopology::default();
-    if let Some(x) = sc.gpu.xccs {
-        t.xccs = x;
-    }
-    if let Some(c) = sc.gpu.cus_per_xcc {
-        t.cus_per_xcc = c;
-    }
-    if let Some(m) = &sc.gpu.partition_mode {
-        t.partition_mode = match m.as_str() {
-            "SPX" => PartitionMode::Spx,
-            "DPX" => PartitionMode::Dpx,
-            "QPX" => PartitionMode::Qpx,
-            "CPX" => PartitionMode::Cpx,
-            _ => {
-                return Err(EvalError::Gpu(
-                    sc.name.clone(),
-                    format!("partition_mode '{m}' is not SPX, DPX, QPX or CPX"),
-                ))
-            }
-        };
-    }
-    t.validate()
-        .map_err(|e| EvalError::Gpu(sc.name.clone(), e.to_string()))?;
-    Ok(t)
+    sc.topology()
+        .map_err(|(field, reason)| EvalError::Gpu(sc.name.clone(), format!("{field}: {reason}")))
 }
 
 /// Simulates `sc` under `policy` with arrival seed `seed`.
@@ -175,7 +172,6 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
     let mut vms = Vec::new();
     let mut streams = Vec::new();
     for (ti, t) in sc.tenants.iter().enumerate() {
-        let nstreams = t.count * t.queues;
         for _ in 0..t.count {
             let vm_idx = vms.len();
             sched
@@ -204,10 +200,13 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
                 })
                 .collect();
             for _ in 0..t.queues {
-                let gq = tvm.queue(&topo, RING_PACKETS, 0);
+                // The queue priority lives in the guest's MQD, as the
+                // mediator reads it.
+                let gq = tvm.queue(&topo, RING_PACKETS, t.queue_priority as u32);
                 let queue = QueueId(streams.len() as u64);
+                let qprio = gq.mqd.queue_priority().min(15) as u8;
                 sched
-                    .add_queue(VmId(vm_idx as u32), queue, 0)
+                    .add_queue(VmId(vm_idx as u32), queue, qprio)
                     .map_err(err)?;
                 let sidx = streams.len() as u64;
                 streams.push(Stream {
@@ -220,6 +219,7 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
                         seed ^ (sidx + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                     ),
                     trace_idx: 0,
+                    trace_shift: 0,
                     backlog: VecDeque::new(),
                 });
             }
@@ -230,7 +230,6 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
                 cu_ns: 0,
             });
         }
-        let _ = nstreams;
     }
     let mut sim = Sim {
         sc,
@@ -290,10 +289,15 @@ impl Sim<'_> {
                         self.arrive_at(idx * 1000, i);
                     }
                 }
-                Arrival::Trace { times_us } => {
+                Arrival::Trace {
+                    times_us,
+                    queue_offset_us,
+                } => {
+                    let shift = idx * queue_offset_us * 1000;
+                    self.streams[i].trace_shift = shift;
                     if let Some(t0) = times_us.first() {
                         self.streams[i].trace_idx = 1;
-                        self.arrive_at(t0 * 1000, i);
+                        self.arrive_at(t0 * 1000 + shift, i);
                     }
                 }
             }
@@ -366,11 +370,16 @@ impl Sim<'_> {
         self.account_occupancy();
     }
 
-    /// Operator steering: new priority/weight for every VM of a tenant entry
-    /// (takes effect at the tick that follows).
+    /// Operator steering: new priority/weight for every VM of a tenant
+    /// entry, and/or a new policy (take effect at the tick that follows).
     fn apply_change(&mut self, c: &crate::scenario::Change) {
+        if let Some(p) = c.policy {
+            self.sched.set_policy(p);
+            log::debug!("t={} ns: policy {}", self.now, p.name());
+        }
+        let Some(name) = &c.tenant else { return };
         for (i, v) in self.vms.iter().enumerate() {
-            if self.sc.tenants[v.tenant].name != c.tenant {
+            if &self.sc.tenants[v.tenant].name != name {
                 continue;
             }
             let vm = VmId(i as u32);
@@ -380,7 +389,7 @@ impl Sim<'_> {
             if let Some(w) = c.weight {
                 self.sched.set_vm_weight(vm, w).expect("validated change");
             }
-            log::debug!("t={} ns: vm {i} ({}) changed", self.now, c.tenant);
+            log::debug!("t={} ns: vm {i} ({name}) changed", self.now);
         }
     }
 
@@ -398,11 +407,12 @@ impl Sim<'_> {
                 let g = self.next_gap(s);
                 self.arrive_at(self.now + g.max(1), s)
             }
-            Arrival::Trace { times_us } => {
+            Arrival::Trace { times_us, .. } => {
                 let i = self.streams[s].trace_idx;
                 if let Some(&at) = times_us.get(i) {
                     self.streams[s].trace_idx += 1;
-                    self.arrive_at((at * 1000).max(self.now), s);
+                    let at = at * 1000 + self.streams[s].trace_shift;
+                    self.arrive_at(at.max(self.now), s);
                 }
             }
             Arrival::Closed { .. } | Arrival::Flood { .. } => {}
@@ -410,12 +420,19 @@ impl Sim<'_> {
         let kernels: u32 = t.kernels.iter().map(|k| k.repeat).sum();
         let id = self.next_job;
         self.next_job += 1;
+        self.out.jobs.push(JobRecord {
+            tenant: self.streams[s].tenant,
+            stream: s,
+            arrival_ns: self.now,
+            latency_ns: None,
+        });
         self.jobs.insert(
             id,
             Job {
                 stream: s,
                 arrival: self.now,
                 kernels_left: kernels,
+                record: self.out.jobs.len() - 1,
             },
         );
         self.streams[s].backlog.push_back(id);
@@ -556,8 +573,9 @@ impl Sim<'_> {
         if job.kernels_left == 0 {
             let job = self.jobs.remove(&k.job).unwrap();
             let t = &self.sc.tenants[self.streams[job.stream].tenant];
+            let lat = self.now - job.arrival;
+            self.out.jobs[job.record].latency_ns = Some(lat);
             if t.class == Class::Hi {
-                let lat = self.now - job.arrival;
                 self.out.hi_latency_ns.push(lat);
                 self.out.hi_jobs_counted += 1;
                 if lat > t.sla_ms.unwrap_or(u64::MAX / 2_000_000) * 1_000_000 {
@@ -721,14 +739,11 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
             .sum()
     };
     let (hi_cu, lo_cu) = (cu_of(Class::Hi), cu_of(Class::Lo));
-    let lo_ret = if has_lo && capacity > hi_cu {
-        lo_cu / (capacity - hi_cu)
-    } else {
-        0.0
-    };
-    // Jain over the priority level with the most VMs (ties: the lower level).
+    let lo_ret = (has_lo && capacity > hi_cu).then(|| lo_cu / (capacity - hi_cu));
+    // Jain over the lo VMs of the priority level with the most lo VMs
+    // (ties: the lower level).
     let mut by_prio: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
-    for v in &run.vms {
+    for v in run.vms.iter().filter(|v| v.3 == Class::Lo) {
         by_prio
             .entry(v.1)
             .or_default()
@@ -745,15 +760,12 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
         scenario: sc.name.clone(),
         policy: policy.name().into(),
         seed,
-        hi_p50_us: us(percentile(&hi, 0.5)),
-        hi_p99_us: us(percentile(&hi, 0.99)),
-        hi_p999_us: us(percentile(&hi, 0.999)),
-        hi_isolated_p99_us: us(iso_p99),
-        hi_sla_miss_rate: if run.hi_jobs_counted == 0 {
-            0.0
-        } else {
-            run.hi_sla_misses as f64 / run.hi_jobs_counted as f64
-        },
+        hi_p50_us: percentile(&hi, 0.5).map(us),
+        hi_p99_us: percentile(&hi, 0.99).map(us),
+        hi_p999_us: percentile(&hi, 0.999).map(us),
+        hi_isolated_p99_us: iso_p99.map(us),
+        hi_sla_miss_rate: (run.hi_jobs_counted > 0)
+            .then(|| run.hi_sla_misses as f64 / run.hi_jobs_counted as f64),
         hi_jobs: hi.len() as u64,
         lo_throughput_retained: lo_ret,
         jain_index: jain(&level),
@@ -764,7 +776,7 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
         duplicate_effects: run.duplicate_effects,
         queue_errors: run.queue_errors,
         workgroups: run.workgroups,
-        decision_p99_ns: percentile(&dec, 0.99) as f64,
+        decision_p99_ns: percentile(&dec, 0.99).unwrap_or(0) as f64,
         host_ms: t0.elapsed().as_secs_f64() * 1000.0,
     })
 }

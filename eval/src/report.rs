@@ -3,7 +3,10 @@
 
 use serde::Serialize;
 
-/// Metrics of one scenario run under one policy.
+/// Metrics of one scenario run under one policy. A metric without data in
+/// the run (no hi tenant, no lo tenant, fewer than two lo VMs to compare) is
+/// `None`: JSON `null`, `-` in the table — never a number that reads as a
+/// result.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct PolicyReport {
     /// Scenario name.
@@ -12,23 +15,29 @@ pub struct PolicyReport {
     pub policy: String,
     /// Seed used for arrivals.
     pub seed: u64,
-    /// High-priority (class hi) job latency percentiles, submission to last completion.
-    pub hi_p50_us: f64,
+    /// High-priority (class hi) job latency percentiles, submission to last
+    /// completion (`None`: no hi job completed).
+    pub hi_p50_us: Option<f64>,
     /// p99 of the same.
-    pub hi_p99_us: f64,
+    pub hi_p99_us: Option<f64>,
     /// p99.9 of the same.
-    pub hi_p999_us: f64,
+    pub hi_p999_us: Option<f64>,
     /// p99 of the same jobs with the lo tenants removed (same policy, same seed).
-    pub hi_isolated_p99_us: f64,
-    /// Fraction of hi jobs over their SLA (jobs still unfinished at the end count as misses).
-    pub hi_sla_miss_rate: f64,
+    pub hi_isolated_p99_us: Option<f64>,
+    /// Fraction of hi jobs over their SLA (jobs still unfinished at the end
+    /// count as misses once late; `None`: no hi job counted).
+    pub hi_sla_miss_rate: Option<f64>,
     /// Hi jobs completed.
     pub hi_jobs: u64,
-    /// CU time used by lo work / CU time left by hi work (capacity minus hi CU time).
-    pub lo_throughput_retained: f64,
-    /// Jain's fairness index over weight-normalised CU time of the VMs at the
-    /// priority level with the most VMs (1.0 = perfectly weighted).
-    pub jain_index: f64,
+    /// CU time used by lo work / CU time left by hi work (capacity minus hi
+    /// CU time); `None` without lo tenants.
+    pub lo_throughput_retained: Option<f64>,
+    /// Jain's fairness index over weight-normalised CU time of the lo
+    /// (backlogged, best-effort) VMs at the priority level with the most lo
+    /// VMs (1.0 = perfectly weighted); `None` when fewer than two lo VMs
+    /// share a level. Hi VMs are left out: they are demand-limited, and
+    /// their service is measured by latency.
+    pub jain_index: Option<f64>,
     /// Preemptions issued (unmaps with SAVE_WAVES or RESET_WAVES while work remained).
     pub preemptions: u64,
     /// Modelled CWSR save + restore time, summed.
@@ -49,29 +58,38 @@ pub struct PolicyReport {
     pub host_ms: f64,
 }
 
-/// Value at quantile `q` (0..=1) of `sorted` (nearest rank); 0 for none.
-pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+/// Value at quantile `q` (0..=1) of `sorted` (nearest rank); `None` when empty.
+pub fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
     if sorted.is_empty() {
-        return 0;
+        return None;
     }
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
+    Some(sorted[rank - 1])
 }
 
-/// Jain's fairness index of `x`: (sum x)^2 / (n * sum x^2); 1.0 for fewer than 2 values.
-pub fn jain(x: &[f64]) -> f64 {
+/// Jain's fairness index of `x`: (sum x)^2 / (n * sum x^2); `None` for fewer
+/// than 2 values or when every value is 0 (nothing to compare).
+pub fn jain(x: &[f64]) -> Option<f64> {
     if x.len() < 2 {
-        return 1.0;
+        return None;
     }
     let sum: f64 = x.iter().sum();
     let sq: f64 = x.iter().map(|v| v * v).sum();
     if sq == 0.0 {
-        return 1.0;
+        return None;
     }
-    sum * sum / (x.len() as f64 * sq)
+    Some(sum * sum / (x.len() as f64 * sq))
 }
 
-/// The human form: one row per policy, one column per metric.
+/// `v` right-aligned in `w` columns with `prec` decimals, or `-`.
+fn opt(v: Option<f64>, w: usize, prec: usize) -> String {
+    match v {
+        Some(x) => format!("{x:>w$.prec$}"),
+        None => format!("{:>w$}", "-"),
+    }
+}
+
+/// The human form: one row per policy, one column per metric (`-`: no data).
 pub fn table(rows: &[PolicyReport]) -> String {
     let mut out = String::new();
     let mut scenario = "";
@@ -84,15 +102,15 @@ pub fn table(rows: &[PolicyReport]) -> String {
             );
         }
         out += &format!(
-            "{:<10} {:>9.0} {:>9.0} {:>9.0} {:>9.0} {:>7.3} {:>7.3} {:>6.3} {:>7} {:>9.0} {:>5.1} {:>5} {:>5}\n",
+            "{:<10} {} {} {} {} {} {} {} {:>7} {:>9.0} {:>5.1} {:>5} {:>5}\n",
             r.policy,
-            r.hi_p50_us,
-            r.hi_p99_us,
-            r.hi_p999_us,
-            r.hi_isolated_p99_us,
-            r.hi_sla_miss_rate,
-            r.lo_throughput_retained,
-            r.jain_index,
+            opt(r.hi_p50_us, 9, 0),
+            opt(r.hi_p99_us, 9, 0),
+            opt(r.hi_p999_us, 9, 0),
+            opt(r.hi_isolated_p99_us, 9, 0),
+            opt(r.hi_sla_miss_rate, 8, 3),
+            opt(r.lo_throughput_retained, 7, 3),
+            opt(r.jain_index, 6, 3),
             r.preemptions,
             r.save_restore_us_total,
             r.hqd_utilisation * 100.0,
@@ -110,19 +128,38 @@ mod tests {
     #[test]
     fn percentile_is_nearest_rank() {
         let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 0.5), 50);
-        assert_eq!(percentile(&v, 0.99), 99);
-        assert_eq!(percentile(&v, 0.999), 100);
-        assert_eq!(percentile(&[7], 0.99), 7);
-        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile(&v, 0.5), Some(50));
+        assert_eq!(percentile(&v, 0.99), Some(99));
+        assert_eq!(percentile(&v, 0.999), Some(100));
+        assert_eq!(percentile(&[7], 0.99), Some(7));
+        assert_eq!(percentile(&[], 0.5), None);
     }
 
     #[test]
     fn jain_index_bounds() {
-        assert!((jain(&[1.0, 1.0, 1.0]) - 1.0).abs() < 1e-12);
-        assert!((jain(&[1.0, 0.0]) - 0.5).abs() < 1e-12);
-        assert!((jain(&[3.0, 1.0]) - 0.8).abs() < 1e-12);
-        assert_eq!(jain(&[5.0]), 1.0);
+        assert!((jain(&[1.0, 1.0, 1.0]).unwrap() - 1.0).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0]).unwrap() - 0.5).abs() < 1e-12);
+        assert!((jain(&[3.0, 1.0]).unwrap() - 0.8).abs() < 1e-12);
+        assert_eq!(jain(&[5.0]), None, "one VM: nothing to compare");
+        assert_eq!(jain(&[0.0, 0.0]), None);
+    }
+
+    #[test]
+    fn missing_metrics_are_null_in_json_and_dash_in_the_table() {
+        let r = PolicyReport {
+            scenario: "s".into(),
+            policy: "hqdmux".into(),
+            lo_throughput_retained: Some(0.5),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v["hi_p99_us"].is_null() && v["jain_index"].is_null());
+        assert_eq!(v["lo_throughput_retained"], 0.5);
+        let t = table(&[r]);
+        let row = t.lines().find(|l| l.starts_with("hqdmux")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        // policy, 4 latencies, sla_miss, lo_ret, jain, ...
+        assert_eq!(&cols[1..9], &["-", "-", "-", "-", "-", "0.500", "-", "0"]);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use mdev::topology::{GpuTopology, PartitionMode};
+use scheduler::Policy;
 use serde::Deserialize;
 
 /// A whole scenario.
@@ -24,11 +26,11 @@ pub struct Scenario {
     #[serde(default)]
     pub gpu: GpuOverride,
     /// Scheduler tunables (`[scheduler]`, see docs/scheduling.md); the
-    /// policy is chosen on the command line.
+    /// policy is chosen on the command line (`policy` here is refused).
     #[serde(default)]
     pub scheduler: Option<scheduler::SchedConfig>,
     /// The tenants.
-    #[serde(rename = "tenant")]
+    #[serde(rename = "tenant", default)]
     pub tenants: Vec<Tenant>,
     /// Optional sweep: the scenario runs once per value of one tenant's `count`.
     pub sweep: Option<Sweep>,
@@ -37,18 +39,22 @@ pub struct Scenario {
     pub changes: Vec<Change>,
 }
 
-/// A live change of every VM of one tenant entry, at a time.
-#[derive(Debug, Clone, Deserialize)]
+/// A live operator change, at a time: new VM priority and/or weight of
+/// every VM of one tenant entry, and/or a new scheduling policy.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Change {
-    /// When (ms of virtual time).
+    /// When (ms of virtual time, before `duration_ms`).
     pub at_ms: u64,
-    /// Tenant entry name.
-    pub tenant: String,
+    /// Tenant entry name (needed with `priority` or `weight`).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// New VM priority.
     pub priority: Option<u8>,
     /// New VM weight.
     pub weight: Option<u32>,
+    /// New scheduling policy (every VM).
+    pub policy: Option<Policy>,
 }
 
 /// Runs a scenario several times with one tenant entry's VM count varied.
@@ -98,6 +104,10 @@ pub struct Tenant {
     pub count: u32,
     /// VM priority 0..=15.
     pub priority: u8,
+    /// Queue priority 0..=15 written in the MQD of every queue of the entry
+    /// (as a guest would; orders queues within the VM only).
+    #[serde(default)]
+    pub queue_priority: u8,
     /// VM weight among equals.
     #[serde(default = "one")]
     pub weight: u32,
@@ -112,7 +122,7 @@ pub struct Tenant {
     /// When jobs arrive.
     pub arrival: Arrival,
     /// The kernels of one job, in order.
-    #[serde(rename = "kernel")]
+    #[serde(rename = "kernel", default)]
     pub kernels: Vec<KernelSpec>,
 }
 
@@ -148,10 +158,14 @@ pub enum Arrival {
         #[serde(default)]
         think_us: u64,
     },
-    /// Explicit arrival times.
+    /// Explicit arrival times: a non-empty, sorted list inside the run.
     Trace {
         /// Arrival times in microseconds.
         times_us: Vec<u64>,
+        /// Stream i of the entry replays the list shifted by
+        /// `i * queue_offset_us` (arrivals past the end are not run).
+        #[serde(default)]
+        queue_offset_us: u64,
     },
     /// Ring as fast as possible: keep the ring full of jobs.
     Flood {
@@ -178,7 +192,8 @@ pub struct KernelSpec {
     pub repeat: u32,
 }
 
-/// Scenario errors, naming the file (or built-in) and the reason.
+/// Scenario errors, naming the file (or built-in), the place, the field
+/// and the reason.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
     /// Unknown built-in name.
@@ -187,16 +202,29 @@ pub enum ScenarioError {
     /// Unreadable file.
     #[error("{0}: cannot read: {1}")]
     Read(String, std::io::Error),
-    /// Bad TOML or bad field.
+    /// Bad TOML or a field of the wrong type or name (the TOML parser's
+    /// message, with its line and caret snippet).
     #[error("{0}: {1}")]
     Parse(String, String),
-    /// A value that parses but is not acceptable.
+    /// A tenant value that parses but is not acceptable.
     #[error("{file}: tenant '{tenant}': field `{field}`: {reason}")]
     Invalid {
         /// File or built-in name.
         file: String,
         /// Tenant name.
         tenant: String,
+        /// Field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Any other value that parses but is not acceptable.
+    #[error("{file}: {place}: field `{field}`: {reason}")]
+    Field {
+        /// File or built-in name.
+        file: String,
+        /// Where: `scenario`, `[gpu]`, `[scheduler]`, `sweep`, `[[change]] N`.
+        place: String,
         /// Field.
         field: &'static str,
         /// Why.
@@ -243,40 +271,136 @@ impl Scenario {
 
     /// Parses and validates `text` from `file`.
     pub fn parse(text: &str, file: &str) -> Result<Self, ScenarioError> {
-        let s: Scenario = toml::from_str(text)
-            .map_err(|e| ScenarioError::Parse(file.into(), e.to_string().replace('\n', " ")))?;
+        let s: Scenario =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(file.into(), e.to_string()))?;
+        // `policy` in [scheduler] would be silently overridden by --policy.
+        let raw: toml::Table =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(file.into(), e.to_string()))?;
+        if raw
+            .get("scheduler")
+            .and_then(|v| v.as_table())
+            .is_some_and(|t| t.contains_key("policy"))
+        {
+            return Err(ScenarioError::Field {
+                file: file.into(),
+                place: "[scheduler]".into(),
+                field: "policy",
+                reason: "the policy is chosen with --policy (a [[change]] with `policy` \
+                         switches it during the run)"
+                    .into(),
+            });
+        }
         s.validate(file)?;
         Ok(s)
     }
 
+    /// The GPU of this scenario: MI300X defaults with its `[gpu]` overrides.
+    /// Error: (field, reason).
+    pub fn topology(&self) -> Result<GpuTopology, (&'static str, String)> {
+        let mut t = GpuTopology::default();
+        if let Some(x) = self.gpu.xccs {
+            t.xccs = x;
+        }
+        if let Some(c) = self.gpu.cus_per_xcc {
+            t.cus_per_xcc = c;
+        }
+        if let Some(m) = &self.gpu.partition_mode {
+            t.partition_mode = match m.as_str() {
+                "SPX" => PartitionMode::Spx,
+                "DPX" => PartitionMode::Dpx,
+                "QPX" => PartitionMode::Qpx,
+                "CPX" => PartitionMode::Cpx,
+                _ => {
+                    return Err((
+                        "partition_mode",
+                        format!("'{m}' is not SPX, DPX, QPX or CPX"),
+                    ))
+                }
+            };
+        }
+        t.validate().map_err(|e| {
+            use mdev::topology::TopologyError as E;
+            let field = match &e {
+                E::Zero(f) => *f,
+                E::TooLarge { field, .. } | E::ControlRecordTooLarge { field, .. } => *field,
+                E::PartitionMismatch { .. } => "partition_mode",
+                E::NoUserSlots { .. } => "reserved_queues_per_pipe",
+            };
+            (field, e.to_string())
+        })?;
+        Ok(t)
+    }
+
     fn validate(&self, file: &str) -> Result<(), ScenarioError> {
-        if self.duration_ms == 0 || self.tenants.is_empty() {
-            return Err(ScenarioError::Parse(
-                file.into(),
-                "duration_ms must be > 0 and at least one [[tenant]]".into(),
+        let field = |place: &str, field: &'static str, reason: String| ScenarioError::Field {
+            file: file.into(),
+            place: place.into(),
+            field,
+            reason,
+        };
+        if self.duration_ms == 0 {
+            return Err(field("scenario", "duration_ms", "must be > 0".into()));
+        }
+        if self.tenants.is_empty() {
+            return Err(field(
+                "scenario",
+                "tenant",
+                "at least one [[tenant]] is needed".into(),
             ));
         }
-        for t in &self.tenants {
+        self.topology()
+            .map_err(|(f, reason)| field("[gpu]", f, reason))?;
+        if let Some(c) = &self.scheduler {
+            c.validate().map_err(|e| match e {
+                scheduler::SchedError::Config { field: f, reason } => {
+                    field("[scheduler]", f, reason)
+                }
+                other => field("[scheduler]", "scheduler", other.to_string()),
+            })?;
+        }
+        let end_us = self.duration_ms * 1000;
+        for (i, t) in self.tenants.iter().enumerate() {
             let bad = |field, reason: String| ScenarioError::Invalid {
                 file: file.into(),
                 tenant: t.name.clone(),
                 field,
                 reason,
             };
+            if self.tenants[..i].iter().any(|o| o.name == t.name) {
+                return Err(bad(
+                    "name",
+                    "another [[tenant]] has this name (changes and sweeps name tenants)".into(),
+                ));
+            }
             if t.priority > 15 {
                 return Err(bad(
                     "priority",
                     format!("{} is out of range 0..=15", t.priority),
                 ));
             }
-            if t.weight == 0 || t.count == 0 || t.queues == 0 || t.queues > 64 {
+            if t.queue_priority > 15 {
                 return Err(bad(
-                    "weight/count/queues",
-                    "weight and count >= 1, queues 1..=64".into(),
+                    "queue_priority",
+                    format!("{} is out of range 0..=15", t.queue_priority),
+                ));
+            }
+            if t.weight == 0 {
+                return Err(bad("weight", "must be >= 1".into()));
+            }
+            if t.count == 0 {
+                return Err(bad("count", "must be >= 1".into()));
+            }
+            if t.queues == 0 || t.queues > 64 {
+                return Err(bad(
+                    "queues",
+                    format!("{} is out of range 1..=64", t.queues),
                 ));
             }
             if t.kernels.is_empty() {
-                return Err(bad("kernel", "a job needs at least one kernel".into()));
+                return Err(bad(
+                    "kernel",
+                    "a job needs at least one [[tenant.kernel]]".into(),
+                ));
             }
             let packets: u64 = t.kernels.iter().map(|k| k.repeat as u64).sum();
             if packets > MAX_JOB_KERNELS {
@@ -292,16 +416,65 @@ impl Scenario {
                         format!("{} is out of range 1..={MAX_WORKGROUPS}", k.workgroups),
                     ));
                 }
-                if k.wg_cost_us == 0 || k.repeat == 0 {
-                    return Err(bad("kernel", "wg_cost_us and repeat must be >= 1".into()));
+                if k.wg_cost_us == 0 {
+                    return Err(bad("kernel.wg_cost_us", "must be >= 1".into()));
+                }
+                if k.repeat == 0 {
+                    return Err(bad("kernel.repeat", "must be >= 1".into()));
                 }
             }
             match &t.arrival {
-                Arrival::Uniform { period_us: 0, .. } | Arrival::Poisson { mean_us: 0 } => {
-                    return Err(bad("arrival", "interval must be > 0".into()))
+                Arrival::Uniform { period_us: 0, .. } => {
+                    return Err(bad("arrival.period_us", "must be > 0".into()))
                 }
-                Arrival::Closed { outstanding: 0, .. } | Arrival::Flood { depth: 0 } => {
-                    return Err(bad("arrival", "outstanding/depth must be >= 1".into()))
+                Arrival::Poisson { mean_us: 0 } => {
+                    return Err(bad("arrival.mean_us", "must be > 0".into()))
+                }
+                Arrival::Closed { outstanding: 0, .. } => {
+                    return Err(bad("arrival.outstanding", "must be >= 1".into()))
+                }
+                Arrival::Flood { depth: 0 } => {
+                    return Err(bad("arrival.depth", "must be >= 1".into()))
+                }
+                Arrival::Trace {
+                    times_us,
+                    queue_offset_us,
+                } => {
+                    let Some(&last) = times_us.last() else {
+                        return Err(bad(
+                            "arrival.times_us",
+                            "must list at least one arrival time".into(),
+                        ));
+                    };
+                    if let Some(w) = times_us.windows(2).position(|w| w[1] < w[0]) {
+                        return Err(bad(
+                            "arrival.times_us",
+                            format!(
+                                "must be sorted: {} (index {}) comes after {}",
+                                times_us[w + 1],
+                                w + 1,
+                                times_us[w]
+                            ),
+                        ));
+                    }
+                    if last >= end_us {
+                        return Err(bad(
+                            "arrival.times_us",
+                            format!(
+                                "{last} us is not inside the run (duration_ms = {})",
+                                self.duration_ms
+                            ),
+                        ));
+                    }
+                    if *queue_offset_us >= end_us {
+                        return Err(bad(
+                            "arrival.queue_offset_us",
+                            format!(
+                                "{queue_offset_us} us is not inside the run (duration_ms = {})",
+                                self.duration_ms
+                            ),
+                        ));
+                    }
                 }
                 _ => {}
             }
@@ -309,32 +482,57 @@ impl Scenario {
                 return Err(bad("sla_ms", "hi tenants need an SLA".into()));
             }
         }
-        for c in &self.changes {
-            let bad = |reason: String| ScenarioError::Invalid {
-                file: file.into(),
-                tenant: c.tenant.clone(),
-                field: "change",
-                reason,
-            };
-            if !self.tenants.iter().any(|t| t.name == c.tenant) {
-                return Err(bad("no tenant of that name".into()));
+        for (i, c) in self.changes.iter().enumerate() {
+            let place = format!("[[change]] {}", i + 1);
+            let bad = |f, reason: String| field(&place, f, reason);
+            if c.priority.is_none() && c.weight.is_none() && c.policy.is_none() {
+                return Err(bad(
+                    "priority",
+                    "a change needs `priority`, `weight` or `policy`".into(),
+                ));
             }
-            if c.priority.is_some_and(|p| p > 15) || c.weight == Some(0) {
-                return Err(bad("priority must be 0..=15 and weight >= 1".into()));
+            if c.at_ms >= self.duration_ms {
+                return Err(bad(
+                    "at_ms",
+                    format!(
+                        "{} is not before the end of the run (duration_ms = {})",
+                        c.at_ms, self.duration_ms
+                    ),
+                ));
+            }
+            match &c.tenant {
+                Some(name) if !self.tenants.iter().any(|t| &t.name == name) => {
+                    return Err(bad("tenant", format!("no tenant named '{name}'")));
+                }
+                None if c.priority.is_some() || c.weight.is_some() => {
+                    return Err(bad(
+                        "tenant",
+                        "`priority` and `weight` changes name a tenant".into(),
+                    ));
+                }
+                _ => {}
+            }
+            if let Some(p) = c.priority.filter(|p| *p > 15) {
+                return Err(bad("priority", format!("{p} is out of range 0..=15")));
+            }
+            if c.weight == Some(0) {
+                return Err(bad("weight", "must be >= 1".into()));
             }
         }
         if let Some(sw) = &self.sweep {
-            let bad = |reason: String| ScenarioError::Invalid {
-                file: file.into(),
-                tenant: sw.tenant.clone(),
-                field: "sweep",
-                reason,
-            };
             if !self.tenants.iter().any(|t| t.name == sw.tenant) {
-                return Err(bad("no tenant of that name".into()));
+                return Err(field(
+                    "sweep",
+                    "tenant",
+                    format!("no tenant named '{}'", sw.tenant),
+                ));
             }
             if sw.counts.is_empty() || sw.counts.contains(&0) {
-                return Err(bad("counts must be a non-empty list of values >= 1".into()));
+                return Err(field(
+                    "sweep",
+                    "counts",
+                    "must be a non-empty list of values >= 1".into(),
+                ));
             }
         }
         Ok(())
@@ -397,36 +595,268 @@ mod tests {
             .contains("built in: seed"));
     }
 
+    const BASE: &str = r#"
+name = "x"
+duration_ms = 10
+[[tenant]]
+name = "t"
+priority = 3
+class = "lo"
+arrival = { kind = "closed" }
+[[tenant.kernel]]
+workgroups = 4
+wg_cost_us = 10
+"#;
+
+    fn err(text: &str) -> String {
+        Scenario::parse(text, "f.toml").unwrap_err().to_string()
+    }
+
+    /// `BASE` with `from` replaced by `to` (which must occur).
+    fn with(from: &str, to: &str) -> String {
+        assert!(BASE.contains(from), "{from}");
+        BASE.replacen(from, to, 1)
+    }
+
     #[test]
-    fn bad_scenarios_name_the_tenant_and_field() {
-        let base = r#"
-            name = "x"
-            duration_ms = 10
-            [[tenant]]
-            name = "t"
-            priority = 3
-            class = "lo"
-            arrival = { kind = "closed" }
-            [[tenant.kernel]]
-            workgroups = 4
-            wg_cost_us = 10
-        "#;
-        assert!(Scenario::parse(base, "f.toml").is_ok());
-        let e =
-            Scenario::parse(&base.replace("priority = 3", "priority = 30"), "f.toml").unwrap_err();
+    fn bad_tenant_values_name_one_field_each() {
+        assert!(Scenario::parse(BASE, "f.toml").is_ok());
+        let cases = [
+            (
+                "priority = 3",
+                "priority = 30",
+                "priority",
+                "30 is out of range 0..=15",
+            ),
+            (
+                "priority = 3",
+                "priority = 3\nqueue_priority = 16",
+                "queue_priority",
+                "16 is out of range 0..=15",
+            ),
+            (
+                "priority = 3",
+                "priority = 3\nweight = 0",
+                "weight",
+                "must be >= 1",
+            ),
+            (
+                "priority = 3",
+                "priority = 3\ncount = 0",
+                "count",
+                "must be >= 1",
+            ),
+            (
+                "priority = 3",
+                "priority = 3\nqueues = 65",
+                "queues",
+                "65 is out of range 1..=64",
+            ),
+            (
+                "priority = 3",
+                "priority = 3\nqueues = 0",
+                "queues",
+                "0 is out of range 1..=64",
+            ),
+            (
+                "workgroups = 4",
+                "workgroups = 0",
+                "kernel.workgroups",
+                "0 is out of range 1..=4096",
+            ),
+            (
+                "wg_cost_us = 10",
+                "wg_cost_us = 0",
+                "kernel.wg_cost_us",
+                "must be >= 1",
+            ),
+            (
+                "wg_cost_us = 10",
+                "wg_cost_us = 10\nrepeat = 0",
+                "kernel.repeat",
+                "must be >= 1",
+            ),
+            (
+                "wg_cost_us = 10",
+                "wg_cost_us = 10\nrepeat = 513",
+                "kernel.repeat",
+                "a job of 513 kernels exceeds 512 (the ring size)",
+            ),
+            (
+                "class = \"lo\"",
+                "class = \"hi\"",
+                "sla_ms",
+                "hi tenants need an SLA",
+            ),
+            (
+                "{ kind = \"closed\" }",
+                "{ kind = \"closed\", outstanding = 0 }",
+                "arrival.outstanding",
+                "must be >= 1",
+            ),
+            (
+                "{ kind = \"closed\" }",
+                "{ kind = \"flood\", depth = 0 }",
+                "arrival.depth",
+                "must be >= 1",
+            ),
+            (
+                "{ kind = \"closed\" }",
+                "{ kind = \"uniform\", period_us = 0 }",
+                "arrival.period_us",
+                "must be > 0",
+            ),
+            (
+                "{ kind = \"closed\" }",
+                "{ kind = \"poisson\", mean_us = 0 }",
+                "arrival.mean_us",
+                "must be > 0",
+            ),
+        ];
+        for (from, to, field, reason) in cases {
+            assert_eq!(
+                err(&with(from, to)),
+                format!("f.toml: tenant 't': field `{field}`: {reason}")
+            );
+        }
+        // No kernel at all.
+        let text = BASE.split("[[tenant.kernel]]").next().unwrap();
         assert_eq!(
-            e.to_string(),
-            "f.toml: tenant 't': field `priority`: 30 is out of range 0..=15"
+            err(text),
+            "f.toml: tenant 't': field `kernel`: a job needs at least one [[tenant.kernel]]"
         );
-        let e = Scenario::parse(&base.replace("workgroups = 4", "workgroups = 0"), "f.toml")
-            .unwrap_err();
-        assert!(e.to_string().contains("kernel.workgroups"), "{e}");
-        let e = Scenario::parse(&base.replace("class = \"lo\"", "class = \"hi\""), "f.toml")
-            .unwrap_err();
-        assert!(e.to_string().contains("sla_ms"), "{e}");
-        let e = Scenario::parse(&base.replace("closed", "bursty"), "f.toml").unwrap_err();
-        assert!(e.to_string().starts_with("f.toml: "), "{e}");
-        let e = Scenario::parse(&format!("{base}\nextra = 1"), "f.toml").unwrap_err();
-        assert!(e.to_string().contains("unknown field"), "{e}");
+        // Duplicate names.
+        let dup = format!("{BASE}{}", &BASE[BASE.find("[[tenant]]").unwrap()..]);
+        assert_eq!(
+            err(&dup),
+            "f.toml: tenant 't': field `name`: another [[tenant]] has this name \
+             (changes and sweeps name tenants)"
+        );
+    }
+
+    #[test]
+    fn trace_arrivals_must_be_a_sorted_list_inside_the_run() {
+        let trace = |list: &str| {
+            with(
+                "{ kind = \"closed\" }",
+                &format!("{{ kind = \"trace\", {list} }}"),
+            )
+        };
+        assert!(Scenario::parse(&trace("times_us = [0, 5, 5, 9999]"), "f.toml").is_ok());
+        assert_eq!(
+            err(&trace("times_us = []")),
+            "f.toml: tenant 't': field `arrival.times_us`: must list at least one arrival time"
+        );
+        assert_eq!(
+            err(&trace("times_us = [10, 300, 200]")),
+            "f.toml: tenant 't': field `arrival.times_us`: must be sorted: 200 (index 2) comes after 300"
+        );
+        assert_eq!(
+            err(&trace("times_us = [10, 10000]")),
+            "f.toml: tenant 't': field `arrival.times_us`: 10000 us is not inside the run (duration_ms = 10)"
+        );
+        assert_eq!(
+            err(&trace("times_us = [10], queue_offset_us = 20000")),
+            "f.toml: tenant 't': field `arrival.queue_offset_us`: 20000 us is not inside the run (duration_ms = 10)"
+        );
+    }
+
+    #[test]
+    fn bad_sections_changes_and_sweeps_name_place_and_field() {
+        assert_eq!(
+            err(&with("duration_ms = 10", "duration_ms = 0")),
+            "f.toml: scenario: field `duration_ms`: must be > 0"
+        );
+        assert_eq!(
+            err(&format!("{BASE}[gpu]\npartition_mode = \"XPX\"\n")),
+            "f.toml: [gpu]: field `partition_mode`: 'XPX' is not SPX, DPX, QPX or CPX"
+        );
+        let e = err(&format!("{BASE}[gpu]\nxccs = 0\n"));
+        assert!(e.starts_with("f.toml: [gpu]: field `xccs`: "), "{e}");
+        let e = err(&format!(
+            "{BASE}[gpu]\nxccs = 3\npartition_mode = \"DPX\"\n"
+        ));
+        assert!(
+            e.starts_with("f.toml: [gpu]: field `partition_mode`: "),
+            "{e}"
+        );
+        assert_eq!(
+            err(&format!("{BASE}[scheduler]\naging_ns = 0\n")),
+            "f.toml: [scheduler]: field `aging_ns`: must be > 0 (0 would boost every waiting queue at once)"
+        );
+        assert_eq!(
+            err(&format!("{BASE}[scheduler]\nbaseline_quantum_ns = 0\n")),
+            "f.toml: [scheduler]: field `baseline_quantum_ns`: must be > 0"
+        );
+        let e = err(&format!("{BASE}[scheduler]\npolicy = \"fifo\"\n"));
+        assert!(
+            e.starts_with(
+                "f.toml: [scheduler]: field `policy`: the policy is chosen with --policy"
+            ),
+            "{e}"
+        );
+        let change = |body: &str| format!("{BASE}[[change]]\n{body}\n");
+        assert!(Scenario::parse(&change("at_ms = 5\npolicy = \"fifo\""), "f.toml").is_ok());
+        assert!(
+            Scenario::parse(&change("at_ms = 5\ntenant = \"t\"\nweight = 2"), "f.toml").is_ok()
+        );
+        assert_eq!(
+            err(&change("at_ms = 5\ntenant = \"t\"")),
+            "f.toml: [[change]] 1: field `priority`: a change needs `priority`, `weight` or `policy`"
+        );
+        assert_eq!(
+            err(&change("at_ms = 10\ntenant = \"t\"\npriority = 4")),
+            "f.toml: [[change]] 1: field `at_ms`: 10 is not before the end of the run (duration_ms = 10)"
+        );
+        assert_eq!(
+            err(&change("at_ms = 5\ntenant = \"nobody\"\npriority = 4")),
+            "f.toml: [[change]] 1: field `tenant`: no tenant named 'nobody'"
+        );
+        assert_eq!(
+            err(&change("at_ms = 5\npriority = 4")),
+            "f.toml: [[change]] 1: field `tenant`: `priority` and `weight` changes name a tenant"
+        );
+        assert_eq!(
+            err(&change("at_ms = 5\ntenant = \"t\"\npriority = 16")),
+            "f.toml: [[change]] 1: field `priority`: 16 is out of range 0..=15"
+        );
+        assert_eq!(
+            err(&change("at_ms = 5\ntenant = \"t\"\nweight = 0")),
+            "f.toml: [[change]] 1: field `weight`: must be >= 1"
+        );
+        let e = err(&change("at_ms = 5\npolicy = \"lottery\""));
+        assert!(e.starts_with("f.toml: ") && e.contains("lottery"), "{e}");
+        assert_eq!(
+            err(&with(
+                "duration_ms = 10",
+                "duration_ms = 10\nsweep = { tenant = \"u\", counts = [1] }"
+            )),
+            "f.toml: sweep: field `tenant`: no tenant named 'u'"
+        );
+        assert_eq!(
+            err(&with(
+                "duration_ms = 10",
+                "duration_ms = 10\nsweep = { tenant = \"t\", counts = [] }"
+            )),
+            "f.toml: sweep: field `counts`: must be a non-empty list of values >= 1"
+        );
+    }
+
+    #[test]
+    fn no_tenant_is_an_error_naming_the_field() {
+        assert_eq!(
+            err("name = \"x\"\nduration_ms = 10\n"),
+            "f.toml: scenario: field `tenant`: at least one [[tenant]] is needed"
+        );
+    }
+
+    #[test]
+    fn toml_errors_keep_their_caret_snippet() {
+        let e = err(&format!("{BASE}\nextra = 1"));
+        assert!(e.starts_with("f.toml: "), "{e}");
+        assert!(e.contains("unknown field"), "{e}");
+        assert!(e.contains('\n') && e.contains('^'), "snippet kept: {e}");
+        let e = err(&with("closed", "bursty"));
+        assert!(e.contains("bursty") && e.contains('^'), "{e}");
     }
 }

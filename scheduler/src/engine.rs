@@ -72,6 +72,8 @@ struct Vm {
     vtime: u128,
     /// Key of the VM in its partition's `vt` index, while busy.
     vt_key: Option<u128>,
+    /// When it last became busy after being idle.
+    entered: Nanos,
     removed: bool,
     /// Its Ready/Saved queues, highest key first, then oldest.
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
@@ -281,6 +283,7 @@ impl Scheduler {
                 busy: 0,
                 vtime: 0,
                 vt_key: None,
+                entered: 0,
                 removed: false,
                 ready: BTreeSet::new(),
                 running: BTreeSet::new(),
@@ -654,13 +657,24 @@ impl Scheduler {
             }
             o
         } else {
-            // Least weighted GPU time wins (stride scheduling); the current
-            // holder loses ties so equals alternate.
+            // Least weighted GPU time wins (stride scheduling). Ties: the
+            // current holder loses (equals alternate), then the VM that
+            // became busy last wins (one that was idle re-enters at the
+            // least virtual time of the busy VMs and goes first among them,
+            // so a demand-limited VM waits at most one slice).
             let pol = self.cfg.policy;
             let prev = owner.map(|o| o.vm);
             let vm = *cands
                 .keys()
-                .min_by_key(|v| (vtime_now(&self.vms[v], now, pol), Some(**v) == prev, **v))
+                .min_by_key(|v| {
+                    let vv = &self.vms[v];
+                    (
+                        vtime_now(vv, now, pol),
+                        Some(**v) == prev,
+                        Reverse(vv.entered),
+                        **v,
+                    )
+                })
                 .unwrap();
             Owner {
                 vm,
@@ -1049,6 +1063,9 @@ impl Scheduler {
             } else {
                 v.busy -= 1;
             }
+        }
+        if !busy(old) && busy(st) && v.busy == 1 {
+            v.entered = now;
         }
         if let Some(f) = floor {
             v.vtime = v.vtime.max(f);

@@ -1140,3 +1140,29 @@ proptest! {
 fn vm_priority(w: &World, vm: VmId) -> u8 {
     w.prio_of[&vm]
 }
+
+#[test]
+fn a_vm_that_was_idle_waits_at_most_one_slice_among_equals() {
+    // Four equal VMs always busy take identical slices, so their virtual
+    // times tie; a fifth, demand-limited one re-enters at that floor and
+    // goes first at the next slice boundary.
+    let c = SchedConfig {
+        quantum_ns: [4 * MS; 16],
+        ..cfg(Policy::Hqdmux)
+    };
+    let mut w = World::new(c, slots(1, 2, 4));
+    for vm in 0..4 {
+        let q = w.vm(vm, 6, 1, 1)[0];
+        w.submit(q, 1_000_000 * MS);
+    }
+    let victim = w.vm(4, 6, 1, 1)[0];
+    let mut t = 3 * MS;
+    while t < 2_000 * MS {
+        w.run_until(t);
+        w.submit(victim, MS / 2);
+        t += 37 * MS;
+    }
+    let waited = w.max_wait[&victim];
+    assert!(waited <= 4 * MS, "victim waited {waited} ns");
+    assert!(waited > 0, "it did have to wait for slice boundaries");
+}

@@ -65,7 +65,6 @@ fn scenario_file_json_has_one_object_per_policy_with_the_contract_fields() {
             "hi_isolated_p99_us",
             "hi_sla_miss_rate",
             "lo_throughput_retained",
-            "jain_index",
             "preemptions",
             "save_restore_us_total",
             "hqd_utilisation",
@@ -74,6 +73,8 @@ fn scenario_file_json_has_one_object_per_policy_with_the_contract_fields() {
         ] {
             assert!(r[f].is_number(), "{f} in {r}");
         }
+        // One lo VM: no fairness to measure (null, not a perfect 1.0).
+        assert!(r["jain_index"].is_null(), "{r}");
     }
     // hqdmux preempts the batch VM; fifo never does.
     assert!(rows[0]["preemptions"].as_u64().unwrap() > 0);

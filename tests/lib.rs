@@ -5,18 +5,10 @@ use std::path::{Path, PathBuf};
 use vmm::config::FleetConfig;
 use vmm::fleet::{run_fleet, FleetReport, RunOptions};
 
-/// True when the test may use KVM. Without `/dev/kvm` it prints a loud
-/// SKIPPED line and returns false — unless `HQDMUX_REQUIRE_KVM=1`, when a
-/// missing KVM fails the test instead.
+/// True when the test may use KVM; see [`vmm::kvm_or_skip`] (loud SKIPPED
+/// without `/dev/kvm`, a failure instead under `HQDMUX_REQUIRE_KVM=1`).
 pub fn kvm_or_skip(test: &str) -> bool {
-    if vmm::kvm_available() {
-        return true;
-    }
-    if std::env::var("HQDMUX_REQUIRE_KVM").as_deref() == Ok("1") {
-        panic!("{test}: HQDMUX_REQUIRE_KVM=1 but /dev/kvm cannot be opened");
-    }
-    eprintln!("!!! SKIPPED {test}: /dev/kvm is not available; this KVM test did not run !!!");
-    false
+    vmm::kvm_or_skip(test)
 }
 
 /// A scratch directory unique to this test.
@@ -33,14 +25,7 @@ pub fn config(dir: &Path, toml: &str) -> FleetConfig {
 
 /// Runs a fleet quietly (consoles captured in the report, not echoed).
 pub fn run(cfg: &FleetConfig) -> FleetReport {
-    run_fleet(
-        cfg,
-        RunOptions {
-            echo: false,
-            api_socket: None,
-        },
-    )
-    .expect("fleet launches")
+    run_fleet(cfg, RunOptions::default()).expect("fleet launches")
 }
 
 /// A `[[vm]]` entry.

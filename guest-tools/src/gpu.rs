@@ -243,7 +243,8 @@ const fn align_up(x: u64, align: u64) -> Option<u64> {
 // ---------------------------------------------------------------------------
 // Allocator.
 
-/// Bump allocator over guest RAM from `image_end` to the end of RAM.
+/// Bump allocator over the largest free RAM region of the boot-info memory
+/// map (the RAM after the program image).
 ///
 /// Memory is never freed or reused, so every allocation is fresh RAM, which
 /// is zero: nothing is cleared.
@@ -254,9 +255,12 @@ pub struct Alloc {
 }
 
 impl Alloc {
-    /// Everything after the program image (page aligned) up to the end of RAM.
+    /// The largest free RAM region of the memory map (page aligned).
     pub fn new(boot: &BootInfo) -> Alloc {
-        Alloc::with_range(boot.image_end, boot.mem_bytes)
+        match boot.largest_free_ram() {
+            Some(r) => Alloc::with_range(r.base, r.base + r.size),
+            None => Alloc::with_range(boot.image_end, boot.mem_bytes),
+        }
     }
 
     /// Allocator over `[start rounded up to a page, end)`.

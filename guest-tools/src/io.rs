@@ -8,6 +8,9 @@ pub const EXIT_PORT: u16 = 0xf4;
 pub const CHECKPOINT_PORT: u16 = 0xf8;
 /// Checkpoint written by the runtime on entry, before anything else.
 pub const CHECKPOINT_ENTRY: u32 = 1;
+/// Checkpoint `CHECKPOINT_SECONDARY_VCPU | index` is written by every vCPU
+/// other than vCPU 0 when it starts, just before it halts.
+pub const CHECKPOINT_SECONDARY_VCPU: u32 = 0x100;
 
 /// Writes one byte to an I/O port.
 #[inline]

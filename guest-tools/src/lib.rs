@@ -4,7 +4,8 @@
 //! (identity map of the low 4 GiB), `rsi` = guest physical address of the
 //! boot-info block and `rdi` = vCPU index (see docs/boot.md). The runtime sets
 //! the stack, zeroes `.bss`, and calls the program's `guest_main` on vCPU 0;
-//! other vCPUs halt. Output goes to the 16550 serial port at 0x3f8, and the
+//! every other vCPU writes checkpoint `CHECKPOINT_SECONDARY_VCPU | index` and
+//! halts with interrupts off. Output goes to the 16550 serial port at 0x3f8, and the
 //! program's return value is written to the exit port, which ends the VM.
 //!
 //! Integer-only: the nested KVM here emulates guest instructions and has no
@@ -18,6 +19,18 @@ mod mem;
 pub mod num;
 
 pub use boot::BootInfo;
+
+/// Prints the VM's greeting line: `hello from NAME (vm ID), args: [ARGS]`.
+pub fn greet(boot: &BootInfo) {
+    // Integers through `Dec`: core's integer formatting may use SSE, which the
+    // nested KVM's instruction emulator cannot run (docs/boot.md).
+    println!(
+        "hello from {} (vm {}), args: [{}]",
+        boot.name(),
+        num::Dec(boot.vm_id as u64),
+        boot.args()
+    );
+}
 
 use core::fmt::Write;
 
@@ -38,12 +51,20 @@ _start:
     rep stosb
     mov rdi, r12
     call {entry}
+    jmp 3f
 2:
+    mov eax, edi
+    or eax, {secondary}
+    mov dx, {port}
+    out dx, eax
+3:
     cli
     hlt
-    jmp 2b
+    jmp 3b
 "#,
     entry = sym rt_entry,
+    secondary = const io::CHECKPOINT_SECONDARY_VCPU,
+    port = const io::CHECKPOINT_PORT,
 );
 
 extern "Rust" {

@@ -127,25 +127,108 @@ fn image_from_an_elf_file_and_multiple_vcpus() {
 }
 
 #[test]
-fn a_file_that_is_not_elf_aborts_the_launch_before_any_guest_runs() {
-    if !kvm_or_skip("a_file_that_is_not_elf_aborts_the_launch_before_any_guest_runs") {
+fn every_vcpu_of_a_multi_vcpu_vm_runs() {
+    if !kvm_or_skip("every_vcpu_of_a_multi_vcpu_vm_runs") {
         return;
     }
-    let dir = scratch_dir("notelf");
-    std::fs::write(dir.join("junk.elf"), b"this is not an ELF file").unwrap();
-    let toml = vm("good", "builtin:hello", "") + &vm("junk", "junk.elf", "");
-    let cfg = config(&dir, &toml);
-    let err = vmm::fleet::run_fleet(
-        &cfg,
-        vmm::fleet::RunOptions {
-            echo: false,
-            api_socket: None,
-        },
-    )
-    .unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("vm 'junk': cannot load ELF image"),
-        "{err}"
+    let dir = scratch_dir("vcpus");
+    // vCPU 0 hangs (hlt) so the VM lives until the timeout: every secondary
+    // vCPU has long since run by then, and each checks in with 0x100 | index.
+    let toml = format!(
+        "[run]\ntimeout_ms = 400\n{}",
+        vm("smp", "builtin:fault", "mode=hang")
+            .replace("memory_mib = 8", "memory_mib = 8\nvcpus = 4")
     );
+    let report = run(&config(&dir, &toml));
+    assert_eq!(
+        report.vms[0].outcome,
+        VmOutcome::Stopped("run timeout".into())
+    );
+    let mut secondaries: Vec<u32> = report.vms[0]
+        .checkpoints
+        .iter()
+        .map(|c| c.0)
+        .filter(|c| c & 0x100 != 0)
+        .collect();
+    secondaries.sort();
+    assert_eq!(secondaries, vec![0x101, 0x102, 0x103]);
+}
+
+#[test]
+fn bad_configs_are_rejected_with_file_vm_field_and_reason() {
+    // No KVM needed: validation happens before anything is built.
+    let dir = scratch_dir("badcfg");
+    std::fs::write(dir.join("junk.elf"), b"this is not an ELF file").unwrap();
+    std::fs::create_dir_all(dir.join("adir")).unwrap();
+    let file = dir.join("fleet.toml");
+    let f = file.display();
+    let good = vm("good", "builtin:hello", "");
+    let cases: Vec<(String, String)> = vec![
+        (
+            vm("junk", "junk.elf", ""),
+            "vm 'junk' (vm[0]): field `image`: junk.elf: not an ELF file (bad magic)".into(),
+        ),
+        (
+            vm("d", "adir", ""),
+            format!(
+                "vm 'd' (vm[0]): field `image`: {}/adir is a directory",
+                dir.display()
+            ),
+        ),
+        (
+            vm("m", "missing.elf", ""),
+            format!(
+                "vm 'm' (vm[0]): field `image`: image file {}/missing.elf not found",
+                dir.display()
+            ),
+        ),
+        (
+            vm("big", "builtin:hello", "").replace("memory_mib = 8", "memory_mib = 4096"),
+            "vm 'big' (vm[0]): field `memory_mib`: 4096 MiB is too large (maximum 3072 MiB)".into(),
+        ),
+        (
+            good.clone() + &vm("p", "builtin:hello", "") + "priority = 300\n",
+            "vm 'p' (vm[1]): field `priority`: 300 is out of range 0..=15".into(),
+        ),
+        (
+            good.clone() + "priority = \"high\"\n",
+            "vm 'good' (vm[0]): field `priority`: expected an integer, found a string".into(),
+        ),
+        (
+            good.clone() + "vcpus = 300\n",
+            "vm 'good' (vm[0]): field `vcpus`: 300 is out of range 1..=8".into(),
+        ),
+        (
+            good.clone() + "colour = 1\n",
+            "vm 'good' (vm[0]): field `colour`: unknown field (known: name, image,".into(),
+        ),
+        (
+            good.clone() + &good,
+            "vm 'good' (vm[1]): field `name`: duplicate name".into(),
+        ),
+        (
+            "[[vm]]\nimage = \"builtin:hello\"\n".into(),
+            "vm '?' (vm[0]): field `name`: missing (required)".into(),
+        ),
+        (
+            good.clone() + "gpu = \"yes\"\n",
+            "vm 'good' (vm[0]): field `gpu`: expected true or false, found a string".into(),
+        ),
+        (
+            format!("[gpu]\npartition_mode = \"DPX\"\nxccs = 3\n{good}"),
+            "gpu: field `xccs`: 3 XCCs do not split evenly".into(),
+        ),
+        (
+            format!("[run]\ntimeout_ms = 0\n{good}"),
+            "field `run.timeout_ms`: must be at least 1".into(),
+        ),
+        (format!("[runn]\n{good}"), "unknown field `runn`".into()),
+    ];
+    for (text, want) in cases {
+        let err = vmm::config::FleetConfig::parse(&text, &file)
+            .expect_err(&want)
+            .to_string();
+        assert!(err.starts_with(&format!("{f}: ")), "names the file: {err}");
+        assert!(err.contains(&want), "wanted {want:?} in {err:?}");
+    }
 }

@@ -9,63 +9,22 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 pub const GDT_ADDR: u64 = 0x500;
 /// PML4; PDPT at +0x1000; four page directories after it (identity map 0..4 GiB, 2 MiB pages).
 pub const PML4_ADDR: u64 = 0x1000;
-/// Boot-info block (one page).
-pub const BOOT_INFO_ADDR: u64 = 0x8000;
+pub use abi::boot::{BOOT_INFO_ADDR, BOOT_MAGIC, BOOT_VERSION, MAX_DEVICES, MAX_MEM_REGIONS};
+/// End of the boot structures (GDT, page tables, boot-info page).
+pub const BOOT_END: u64 = BOOT_INFO_ADDR + 0x1000;
 /// Where images are loaded (their ELF physical addresses must be at or above).
 pub const IMAGE_BASE: u64 = 0x10_0000;
+/// Device MMIO hole: guest RAM ends at or below it.
+pub const MMIO_BASE: u64 = 3 << 30;
+/// End of the MMIO hole.
+pub const MMIO_END: u64 = 4 << 30;
 /// Top of the identity map.
 pub const IDENTITY_MAP_END: u64 = 4 << 30;
 
-/// Boot-info magic, `"HQDB"` little-endian.
-pub const BOOT_MAGIC: u32 = 0x4244_5148;
-/// Boot-info layout version.
-pub const BOOT_VERSION: u32 = 1;
-/// Device entries in the boot-info block.
-pub const MAX_DEVICES: usize = 16;
-
-/// Byte offsets in the boot-info block.
-pub mod boot_info {
-    /// u32 magic.
-    pub const MAGIC: u64 = 0;
-    /// u32 version.
-    pub const VERSION: u64 = 4;
-    /// u32 VM index in the fleet.
-    pub const VM_ID: u64 = 8;
-    /// u32 vCPU count.
-    pub const VCPUS: u64 = 12;
-    /// u64 RAM bytes.
-    pub const MEM_BYTES: u64 = 16;
-    /// u64 first free page after the image.
-    pub const IMAGE_END: u64 = 24;
-    /// u32 name length.
-    pub const NAME_LEN: u64 = 32;
-    /// u32 args length.
-    pub const ARGS_LEN: u64 = 36;
-    /// u32 device count.
-    pub const DEV_COUNT: u64 = 40;
-    /// 64-byte name.
-    pub const NAME: u64 = 48;
-    /// 1024-byte argument string.
-    pub const ARGS: u64 = 112;
-    /// 16 device entries of 32 bytes: kind u32, vector u32, base u64, size u64, reserved u64.
-    pub const DEVICES: u64 = 1136;
-    /// Total size.
-    pub const SIZE: u64 = 1648;
-}
-
 /// Device kinds in the boot-info device table.
-pub mod device_kind {
-    /// 16550 UART at an I/O port.
-    pub const SERIAL: u32 = 1;
-    /// Exit port: a 32-bit write ends the VM with that status.
-    pub const EXIT: u32 = 2;
-    /// Checkpoint port: a 32-bit write records a host timestamp.
-    pub const CHECKPOINT: u32 = 3;
-    /// vGPU register window (MMIO, docs/vgpu-abi.md).
-    pub const VGPU_REGS: u32 = 4;
-    /// vGPU doorbell window (MMIO).
-    pub const VGPU_DOORBELLS: u32 = 5;
-}
+pub use abi::boot::device_kind;
+/// Byte offsets in the boot-info block (shared with the guests).
+pub use abi::boot::offset as boot_info;
 
 /// A device as described to the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,11 +60,13 @@ pub enum BootError {
     /// The ELF loader refused the image.
     #[error("cannot load ELF image: {0}")]
     Elf(#[from] linux_loader::loader::Error),
-    /// The image's entry is below 1 MiB or outside RAM.
-    #[error("image entry {entry:#x} is outside [{IMAGE_BASE:#x}, {mem:#x})")]
+    /// The image's entry or its end (with .bss) lies outside guest RAM above 1 MiB.
+    #[error("image [entry {entry:#x}, end {end:#x}) does not fit in guest RAM [{IMAGE_BASE:#x}, {mem:#x})")]
     Entry {
         /// ELF entry.
         entry: u64,
+        /// End of the loaded image including .bss.
+        end: u64,
         /// RAM size.
         mem: u64,
     },
@@ -134,11 +95,68 @@ pub fn load_image(
     if !(IMAGE_BASE..mem_bytes).contains(&entry) || mem_end > mem_bytes {
         return Err(BootError::Entry {
             entry,
+            end: mem_end,
             mem: mem_bytes,
         });
     }
     let end = (mem_end + 0xfff) & !0xfff;
     Ok((entry, end))
+}
+
+/// Checks that `elf` is an image this VMM can boot in `mem_bytes` of RAM: a
+/// little-endian ELF64 for x86_64 whose entry and loadable segments lie in
+/// `[1 MiB, mem_bytes)`. The error says why not (config validation reports it
+/// as the VM's `image` field).
+pub fn check_elf(elf: &[u8], mem_bytes: u64) -> Result<(), String> {
+    let rd = |off: usize, n: usize| -> Option<u64> {
+        elf.get(off..off.checked_add(n)?)
+            .map(|b| b.iter().rev().fold(0u64, |a, &x| (a << 8) | u64::from(x)))
+    };
+    if elf.get(0..4) != Some(b"\x7fELF".as_slice()) {
+        return Err("not an ELF file (bad magic)".into());
+    }
+    if elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        return Err("not a little-endian 64-bit ELF".into());
+    }
+    if rd(18, 2) != Some(62) {
+        return Err(format!(
+            "ELF machine {} is not x86_64 (62)",
+            rd(18, 2).unwrap_or(0)
+        ));
+    }
+    let short = || "truncated ELF header".to_string();
+    let entry = rd(24, 8).ok_or_else(short)?;
+    let (phoff, phentsize, phnum) = (
+        rd(32, 8).ok_or_else(short)? as usize,
+        rd(54, 2).ok_or_else(short)? as usize,
+        rd(56, 2).ok_or_else(short)? as usize,
+    );
+    let mut loads = 0;
+    for i in 0..phnum {
+        let ph = phoff.saturating_add(i.saturating_mul(phentsize));
+        let p_type = rd(ph, 4).ok_or("program header beyond the end of the file")?;
+        if p_type != 1 {
+            continue; // not PT_LOAD
+        }
+        loads += 1;
+        let paddr = rd(ph + 24, 8).ok_or("truncated program header")?;
+        let memsz = rd(ph + 40, 8).ok_or("truncated program header")?;
+        let end = paddr.saturating_add(memsz);
+        if paddr < IMAGE_BASE || end > mem_bytes {
+            return Err(format!(
+                "loadable segment [{paddr:#x}, {end:#x}) is outside guest RAM [{IMAGE_BASE:#x}, {mem_bytes:#x})"
+            ));
+        }
+    }
+    if loads == 0 {
+        return Err("no loadable segment".into());
+    }
+    if !(IMAGE_BASE..mem_bytes).contains(&entry) {
+        return Err(format!(
+            "entry {entry:#x} is outside guest RAM [{IMAGE_BASE:#x}, {mem_bytes:#x})"
+        ));
+    }
+    Ok(())
 }
 
 /// Highest `p_paddr + p_memsz` of the ELF's loadable segments (includes .bss).
@@ -190,14 +208,14 @@ fn write_boot_info(
     image_end: u64,
 ) -> Result<(), BootError> {
     use boot_info::*;
-    if p.name.len() > 64 || p.args.len() > 1024 {
+    if p.name.len() > abi::boot::NAME_BYTES || p.args.len() > abi::boot::ARGS_BYTES {
         return Err(BootError::Info("name or args too long"));
     }
     if p.devices.len() > MAX_DEVICES {
         return Err(BootError::Info("too many devices"));
     }
-    let at = |off: u64| GuestAddress(BOOT_INFO_ADDR + off);
-    mem.write_slice(&[0u8; SIZE as usize], at(0))?;
+    let at = |off: usize| GuestAddress(BOOT_INFO_ADDR + off as u64);
+    mem.write_slice(&[0u8; SIZE], at(0))?;
     mem.write_obj(BOOT_MAGIC, at(MAGIC))?;
     mem.write_obj(BOOT_VERSION, at(VERSION))?;
     mem.write_obj(p.vm_id, at(VM_ID))?;
@@ -210,11 +228,21 @@ fn write_boot_info(
     mem.write_slice(p.name.as_bytes(), at(NAME))?;
     mem.write_slice(p.args.as_bytes(), at(ARGS))?;
     for (i, d) in p.devices.iter().enumerate() {
-        let base = DEVICES + 32 * i as u64;
+        let base = DEVICES + 32 * i;
         mem.write_obj(d.kind, at(base))?;
         mem.write_obj(d.vector, at(base + 4))?;
         mem.write_obj(d.base, at(base + 8))?;
         mem.write_obj(d.size, at(base + 16))?;
+    }
+    let (map, n) = abi::boot::memory_map(
+        mem_bytes, BOOT_END, IMAGE_BASE, image_end, MMIO_BASE, MMIO_END,
+    );
+    mem.write_obj(n as u32, at(MEM_MAP_COUNT))?;
+    for (i, r) in map[..n].iter().enumerate() {
+        let base = MEM_MAP + 24 * i;
+        mem.write_obj(r.base, at(base))?;
+        mem.write_obj(r.size, at(base + 8))?;
+        mem.write_obj(r.kind, at(base + 16))?;
     }
     Ok(())
 }
@@ -332,20 +360,41 @@ mod tests {
             devices: &devs,
         };
         write_boot_structures(&m, &p, 4 << 20, 0x20_0000).unwrap();
-        let rd32 = |o| m.read_obj::<u32>(GuestAddress(BOOT_INFO_ADDR + o)).unwrap();
-        let rd64 = |o| m.read_obj::<u64>(GuestAddress(BOOT_INFO_ADDR + o)).unwrap();
-        assert_eq!(rd32(boot_info::MAGIC), BOOT_MAGIC);
-        assert_eq!(rd32(boot_info::VM_ID), 7);
-        assert_eq!(rd32(boot_info::VCPUS), 2);
-        assert_eq!(rd64(boot_info::MEM_BYTES), 4 << 20);
-        assert_eq!(rd64(boot_info::IMAGE_END), 0x20_0000);
-        assert_eq!(rd32(boot_info::NAME_LEN), 4);
-        assert_eq!(rd32(boot_info::DEV_COUNT), 1);
-        assert_eq!(rd64(boot_info::DEVICES + 8), 0x3f8);
-        let mut name = [0u8; 4];
-        m.read_slice(&mut name, GuestAddress(BOOT_INFO_ADDR + boot_info::NAME))
+        // Read the block back as the guest runtime sees it: the shared
+        // `#[repr(C)]` struct, not the host's offsets.
+        let mut raw = [0u8; boot_info::SIZE];
+        m.read_slice(&mut raw, GuestAddress(BOOT_INFO_ADDR))
             .unwrap();
-        assert_eq!(&name, b"beta");
+        // SAFETY: BootInfo is repr(C) plain integers and arrays; any bytes are valid.
+        let info: abi::boot::BootInfo = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+        assert!(info.is_valid());
+        assert_eq!((info.vm_id, info.vcpus), (7, 2));
+        assert_eq!((info.mem_bytes, info.image_end), (4 << 20, 0x20_0000));
+        assert_eq!((info.name(), info.args()), ("beta", "k=v"));
+        assert_eq!(info.arg("k"), Some("v"));
+        let d = info.device(device_kind::SERIAL).unwrap();
+        assert_eq!((d.base, d.size), (0x3f8, 8));
+        use abi::boot::region_kind::*;
+        let map: Vec<(u64, u64, u32)> = info
+            .regions()
+            .iter()
+            .map(|r| (r.base, r.size, r.kind))
+            .collect();
+        assert_eq!(
+            map,
+            vec![
+                (0, BOOT_END, BOOT),
+                (BOOT_END, IMAGE_BASE - BOOT_END, RAM),
+                (IMAGE_BASE, 0x20_0000 - IMAGE_BASE, IMAGE),
+                (0x20_0000, (4 << 20) - 0x20_0000, RAM),
+                (MMIO_BASE, MMIO_END - MMIO_BASE, MMIO),
+            ]
+        );
+        assert_eq!(
+            info.largest_free_ram().map(|r| r.base),
+            Some(0x20_0000),
+            "the RAM after the image"
+        );
         let long = "x".repeat(1025);
         let p = BootParams { args: &long, ..p };
         assert!(write_boot_structures(&m, &p, 4 << 20, 0).is_err());

@@ -42,24 +42,34 @@ pub const MAX_ARGS_LEN: usize = 1024;
 pub const MAX_NAME_LEN: usize = 64;
 
 /// A whole run: VMs, GPU and run limits.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct FleetConfig {
     /// Run limits.
-    #[serde(default)]
     pub run: RunConfig,
     /// The physical GPU the VMs share (`[gpu]`; omitted = an MI300X in SPX).
-    #[serde(default)]
     pub gpu: GpuTopology,
     /// Scheduler policy and tunables (`[scheduler]`, docs/scheduling.md).
-    #[serde(default)]
     pub scheduler: scheduler::SchedConfig,
     /// The VMs, in launch order.
-    #[serde(default)]
     pub vm: Vec<VmConfig>,
     /// Directory of the config file; relative image paths resolve against it.
-    #[serde(skip)]
     pub base_dir: PathBuf,
+}
+
+/// The file as serde reads it: sections with their own types (errors carry
+/// line and column), `[[vm]]` entries as raw tables read by [`VmConfig::from_table`]
+/// so that every VM error names the VM, the field and the reason.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetFile {
+    #[serde(default)]
+    run: RunConfig,
+    #[serde(default)]
+    gpu: GpuTopology,
+    #[serde(default)]
+    scheduler: scheduler::SchedConfig,
+    #[serde(default)]
+    vm: Vec<toml::Table>,
 }
 
 /// Limits of one run.
@@ -71,46 +81,123 @@ pub struct RunConfig {
 }
 
 /// One `[[vm]]` entry.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct VmConfig {
     /// Unique name; prefixes the VM's console lines.
     pub name: String,
     /// `builtin:NAME` or a path to a static x86_64 ELF loaded at 1 MiB.
     pub image: String,
-    /// Guest RAM in MiB.
-    #[serde(default = "default_memory_mib")]
+    /// Guest RAM in MiB (default 16).
     pub memory_mib: u64,
-    /// Number of vCPUs (vCPU 0 runs the program).
-    #[serde(default = "default_vcpus")]
+    /// Number of vCPUs (default 1; vCPU 0 runs the program).
     pub vcpus: u8,
-    /// GPU priority 0..=15, higher wins.
-    #[serde(default)]
+    /// GPU priority 0..=15, higher wins (default 0).
     pub priority: u8,
-    /// Share of GPU time among VMs of equal priority (1..=1000).
-    #[serde(default = "default_weight")]
+    /// Share of GPU time among VMs of equal priority (1..=1000, default 1).
     pub weight: u32,
     /// GPU partition the VM's queues are pinned to (0-based, below the number
     /// of partitions of `[gpu] partition_mode`); none = the scheduler picks
     /// the least loaded one.
-    #[serde(default)]
     pub partition: Option<u32>,
     /// Argument string passed to the guest.
-    #[serde(default)]
     pub args: String,
     /// Give the VM a mediated virtual GPU (docs/vgpu-abi.md).
-    #[serde(default)]
     pub gpu: bool,
 }
 
-fn default_memory_mib() -> u64 {
-    16
+/// The keys of a `[[vm]]` entry.
+const VM_FIELDS: [&str; 9] = [
+    "name",
+    "image",
+    "memory_mib",
+    "vcpus",
+    "priority",
+    "weight",
+    "partition",
+    "args",
+    "gpu",
+];
+
+/// A `[[vm]]` entry's field error before the entry is known to be valid.
+struct FieldError {
+    field: String,
+    reason: String,
 }
-fn default_vcpus() -> u8 {
-    1
+
+fn type_name(v: &toml::Value) -> &'static str {
+    match v {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "an integer",
+        toml::Value::Float(_) => "a float",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a date-time",
+        toml::Value::Array(_) => "an array",
+        toml::Value::Table(_) => "a table",
+    }
 }
-fn default_weight() -> u32 {
-    1
+
+impl VmConfig {
+    /// Reads one `[[vm]]` table: unknown keys, missing required keys, wrong
+    /// types and out-of-range integers are errors naming the field.
+    fn from_table(t: &toml::Table) -> Result<Self, FieldError> {
+        if let Some(k) = t.keys().find(|k| !VM_FIELDS.contains(&k.as_str())) {
+            return Err(FieldError {
+                field: k.clone(),
+                reason: format!("unknown field (known: {})", VM_FIELDS.join(", ")),
+            });
+        }
+        let string = |field: &'static str| -> Result<Option<String>, FieldError> {
+            match t.get(field) {
+                None => Ok(None),
+                Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+                Some(v) => Err(FieldError {
+                    field: field.into(),
+                    reason: format!("expected a string, found {}", type_name(v)),
+                }),
+            }
+        };
+        let int = |field: &'static str, min: i64, max: i64| -> Result<Option<i64>, FieldError> {
+            match t.get(field) {
+                None => Ok(None),
+                Some(toml::Value::Integer(i)) if (min..=max).contains(i) => Ok(Some(*i)),
+                Some(toml::Value::Integer(i)) => Err(FieldError {
+                    field: field.into(),
+                    reason: format!("{i} is out of range {min}..={max}"),
+                }),
+                Some(v) => Err(FieldError {
+                    field: field.into(),
+                    reason: format!("expected an integer, found {}", type_name(v)),
+                }),
+            }
+        };
+        let required = |field: &'static str, v: Option<String>| {
+            v.ok_or(FieldError {
+                field: field.into(),
+                reason: "missing (required)".into(),
+            })
+        };
+        let gpu = match t.get("gpu") {
+            None => false,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(v) => {
+                return Err(FieldError {
+                    field: "gpu".into(),
+                    reason: format!("expected true or false, found {}", type_name(v)),
+                })
+            }
+        };
+        Ok(VmConfig {
+            name: required("name", string("name")?)?,
+            image: required("image", string("image")?)?,
+            memory_mib: int("memory_mib", 0, i64::MAX)?.unwrap_or(16) as u64,
+            vcpus: int("vcpus", 1, MAX_VCPUS as i64)?.unwrap_or(1) as u8,
+            priority: int("priority", 0, 15)?.unwrap_or(0) as u8,
+            weight: int("weight", 1, 1000)?.unwrap_or(1) as u32,
+            partition: int("partition", 0, u32::MAX as i64)?.map(|p| p as u32),
+            args: string("args")?.unwrap_or_default(),
+            gpu,
+        })
+    }
 }
 
 /// Where a guest image comes from.
@@ -158,8 +245,8 @@ pub enum ConfigError {
         file: PathBuf,
         /// "vm 'name' (vm[i]): ", "gpu: " or empty for top-level fields.
         place: Place,
-        /// The field name.
-        field: &'static str,
+        /// The field name (as written in the file for unknown fields).
+        field: String,
         /// Why it is rejected.
         reason: String,
     },
@@ -203,23 +290,46 @@ impl FleetConfig {
 
     /// Parses and validates `text` as if read from `path`.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let mut cfg: FleetConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let file: FleetFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
             file: path.to_owned(),
             message: one_line(&e.to_string()),
         })?;
-        cfg.base_dir = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let mut vm = Vec::with_capacity(file.vm.len());
+        for (index, t) in file.vm.iter().enumerate() {
+            let v = VmConfig::from_table(t).map_err(|e| ConfigError::Invalid {
+                file: path.to_owned(),
+                place: Place::Vm {
+                    index,
+                    name: t
+                        .get("name")
+                        .and_then(toml::Value::as_str)
+                        .unwrap_or("?")
+                        .to_owned(),
+                },
+                field: e.field,
+                reason: e.reason,
+            })?;
+            vm.push(v);
+        }
+        let cfg = FleetConfig {
+            run: file.run,
+            gpu: file.gpu,
+            scheduler: file.scheduler,
+            vm,
+            base_dir: path
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from(".")),
+        };
         cfg.validate(path)?;
         Ok(cfg)
     }
 
     fn validate(&self, file: &Path) -> Result<(), ConfigError> {
-        let top = |field, reason: String| ConfigError::Invalid {
+        let top = |field: &str, reason: String| ConfigError::Invalid {
             file: file.to_owned(),
             place: Place::Top,
-            field,
+            field: field.into(),
             reason,
         };
         if self.vm.is_empty() {
@@ -233,20 +343,20 @@ impl FleetConfig {
             return Err(ConfigError::Invalid {
                 file: file.to_owned(),
                 place: Place::Gpu,
-                field,
+                field: field.into(),
                 reason,
             });
         }
         let partitions = self.gpu.partitions();
         let mut names = HashSet::new();
         for (index, vm) in self.vm.iter().enumerate() {
-            let bad = |field, reason: String| ConfigError::Invalid {
+            let bad = |field: &str, reason: String| ConfigError::Invalid {
                 file: file.to_owned(),
                 place: Place::Vm {
                     index,
                     name: vm.name.clone(),
                 },
-                field,
+                field: field.into(),
                 reason,
             };
             if vm.name.is_empty() || vm.name.len() > MAX_NAME_LEN {
@@ -339,9 +449,10 @@ impl FleetConfig {
                     format!("{} bytes, maximum {MAX_ARGS_LEN}", vm.args.len()),
                 ));
             }
-            match vm.image_source(&self.base_dir) {
-                ImageSource::Builtin(name) => {
-                    if images::builtin(&name).is_none() {
+            let elf = match vm.image_source(&self.base_dir) {
+                ImageSource::Builtin(name) => match images::builtin(&name) {
+                    Some(elf) => elf.to_vec(),
+                    None => {
                         let known: Vec<_> = images::names().collect();
                         return Err(bad(
                             "image",
@@ -351,15 +462,28 @@ impl FleetConfig {
                             ),
                         ));
                     }
-                }
+                },
                 ImageSource::File(path) => {
-                    if !path.is_file() {
+                    if path.is_dir() {
                         return Err(bad(
                             "image",
-                            format!("image file {} not found", path.display()),
+                            format!("{} is a directory, not an ELF file", path.display()),
                         ));
                     }
+                    std::fs::read(&path).map_err(|e| {
+                        bad(
+                            "image",
+                            if e.kind() == std::io::ErrorKind::NotFound {
+                                format!("image file {} not found", path.display())
+                            } else {
+                                format!("cannot read image file {}: {e}", path.display())
+                            },
+                        )
+                    })?
                 }
+            };
+            if let Err(why) = crate::boot::check_elf(&elf, vm.memory_mib << 20) {
+                return Err(bad("image", format!("{}: {why}", vm.image)));
             }
         }
         Ok(())
@@ -545,14 +669,32 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_and_wrong_types_are_parse_errors_with_location() {
+    fn unknown_fields_and_wrong_types_name_the_vm_and_field() {
         let e = err(&format!("{GOOD}colour = \"red\"\n"));
-        assert!(e.starts_with("/cfg/fleet.toml: "), "{e}");
-        assert!(e.contains("unknown field `colour`"), "{e}");
+        assert!(
+            e.starts_with("/cfg/fleet.toml: vm 'a' (vm[0]): field `colour`: unknown field"),
+            "{e}"
+        );
         let e = err(&GOOD.replace("priority = 12", "priority = \"high\""));
-        assert!(e.contains("line"), "{e}");
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `priority`: expected an integer, found a string"
+        );
+        let e = err(&GOOD.replace("priority = 12", "priority = -1"));
+        assert!(
+            e.ends_with("field `priority`: -1 is out of range 0..=15"),
+            "{e}"
+        );
+        let e = err(&GOOD.replace("image = \"builtin:hello\"", ""));
+        assert!(e.ends_with("field `image`: missing (required)"), "{e}");
+        // Sections other than [[vm]] keep the parser's line and column.
         let e = err(&format!("[gpu]\nbackend = \"cuda\"\n{GOOD}"));
-        assert!(e.contains("unknown variant `cuda`"), "{e}");
+        assert!(
+            e.contains("unknown variant `cuda`") && e.contains("line 2"),
+            "{e}"
+        );
+        let e = err(&format!("{GOOD}\n[extra]\n"));
+        assert!(e.contains("unknown field `extra`"), "{e}");
     }
 
     #[test]

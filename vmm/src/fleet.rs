@@ -148,13 +148,21 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     } else {
         None
     };
+    // Stops the mediator's threads on every return path, early ones included.
+    let _mediator_guard = MediatorGuard(mediator.clone());
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
     // Build everything first: a VM that cannot be built aborts the launch
     // before any guest runs.
     let mut built = Vec::with_capacity(cfg.vm.len());
     for (id, vc) in cfg.vm.iter().enumerate() {
         let elf: Arc<[u8]> = match vc.image_source(&cfg.base_dir) {
-            ImageSource::Builtin(name) => images::builtin(&name).unwrap_or_default().into(),
+            ImageSource::Builtin(name) => images::builtin(&name)
+                .ok_or_else(|| FleetError::Image {
+                    vm: vc.name.clone(),
+                    path: format!("builtin:{name}"),
+                    source: std::io::ErrorKind::NotFound.into(),
+                })?
+                .into(),
             ImageSource::File(path) => std::fs::read(&path)
                 .map_err(|source| FleetError::Image {
                     vm: vc.name.clone(),
@@ -279,6 +287,17 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         gpu,
         vm_gpu,
     })
+}
+
+/// Shuts the mediator down when dropped (`Mediator::shutdown` is idempotent).
+struct MediatorGuard(Option<Arc<Mediator>>);
+
+impl Drop for MediatorGuard {
+    fn drop(&mut self) {
+        if let Some(m) = &self.0 {
+            m.shutdown();
+        }
+    }
 }
 
 /// Boot-info entries of the vGPU windows.

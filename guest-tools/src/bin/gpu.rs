@@ -17,7 +17,8 @@
 //! Checkpoints: 2 after all packets of a cycle are written, just before the
 //! doorbells are rung; 3 after the last wait of the cycle (before verifying).
 //!
-//! Output, one line: `gpu: Q queues x N kernels x W wgs[ x L loops]: ok` or
+//! Output: the greeting `hello from NAME (vm ID), args: [ARGS]`, then one
+//! line `gpu: Q queues x N kernels x W wgs[ x L loops]: ok` or
 //! `...: FAILED: M counters wrong`; on a queue error one line per failed
 //! queue `gpu: queue I error CODE` (then `gpu: other K queues: ok|FAILED: ...`
 //! if other queues ran). Exit status: 0 ok, 1 wrong counters (or a `bad=`
@@ -143,6 +144,7 @@ fn destroy_all(queues: &mut [Option<Queue>]) {
 }
 
 fn main(boot: &'static BootInfo) -> u32 {
+    rt::greet(boot);
     let args = match Args::parse(boot) {
         Ok(a) => a,
         Err(key) => {

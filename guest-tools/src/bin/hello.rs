@@ -2,15 +2,10 @@
 #![no_std]
 #![no_main]
 
-use rt::{println, BootInfo};
+use rt::BootInfo;
 
 fn main(boot: &'static BootInfo) -> u32 {
-    println!(
-        "hello from {} (vm {}), args: [{}]",
-        boot.name(),
-        boot.vm_id,
-        boot.args()
-    );
+    rt::greet(boot);
     boot.arg_u64("exit").unwrap_or(0) as u32
 }
 

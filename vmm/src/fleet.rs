@@ -234,8 +234,9 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         EventManager::new().map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
     let id = manager.add_subscriber(monitor);
     loop {
+        // Blocks in epoll_wait until a VM's eventfd or the timeout's timerfd fires.
         manager
-            .run_with_timeout(100)
+            .run()
             .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
         let m = manager
             .subscriber_mut(id)

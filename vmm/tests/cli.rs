@@ -131,16 +131,72 @@ fn check_prints_the_gpu_topology() {
 }
 
 #[test]
-fn help_lists_subcommands() {
+fn help_lists_subcommands_and_each_has_its_own_help() {
     let out = hqdmux().arg("--help").output().unwrap();
+    assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for sub in ["run", "check", "images"] {
-        assert!(text.contains(sub), "{text}");
+    let commands: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for sub in ["run", "check", "images", "sim", "ctl"] {
+        assert!(commands.contains(&sub), "{sub} in {commands:?}");
     }
-    let out = hqdmux().args(["run", "--help"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("--timeout-ms"));
+    for (sub, option) in [
+        ("run", "--timeout-ms"),
+        ("run", "--api-socket"),
+        ("check", "<CONFIG>"),
+        ("sim", "--scenario"),
+        ("ctl", "<SOCKET>"),
+    ] {
+        let out = hqdmux().args([sub, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{sub} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            help.contains(option),
+            "{sub} --help mentions {option}: {help}"
+        );
+    }
     let out = hqdmux().arg("images").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("builtin:hello"));
+    let out = hqdmux().arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "unknown subcommand");
+}
+
+#[test]
+fn timeout_override_stops_a_hung_vm_and_the_run_fails() {
+    if !vmm::kvm_or_skip("timeout_override_stops_a_hung_vm_and_the_run_fails") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hqdmux-cli-timeout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("hang.toml");
+    // The file allows a minute; the command line allows 200 ms.
+    std::fs::write(
+        &path,
+        "[run]\ntimeout_ms = 60000\n[[vm]]\nname = \"stuck\"\nimage = \"builtin:fault\"\nargs = \"mode=hang\"\n[[vm]]\nname = \"fine\"\nimage = \"builtin:hello\"\n",
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let out = hqdmux()
+        .args(["run", "--timeout-ms", "200", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(t0.elapsed().as_secs() < 30, "the override applied");
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap()
+            .to_owned()
+    };
+    assert!(row("stuck").ends_with("stopped: run timeout"), "{stdout}");
+    assert!(row("fine").ends_with("exited with status 0"), "{stdout}");
 }
 
 #[test]

@@ -159,6 +159,10 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    assert_eq!(
+        vmm::api::request(&sock, "policy").unwrap(),
+        "policy hqdmux\n"
+    );
     let bad = vmm::api::request(&sock, "priority late 16").unwrap();
     assert_eq!(
         bad,

@@ -10,6 +10,8 @@
 //! | `list` | one line per VM: name, state, gpu, priority, weight, GPU time, maps, preemptions |
 //! | `priority NAME P` | set the VM's GPU priority (0..=15) live |
 //! | `weight NAME W` | set the VM's weight (1..=1000) live |
+//! | `policy` | print the fleet's scheduling policy |
+//! | `policy P` | switch the scheduling policy live (`hqdmux`, `fifo`, `poll5ms`, `timeslice`, `reset`) |
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -20,6 +22,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mdev::mediator::{Mediator, VgpuHandle};
+
+const USAGE: &str = "list | priority NAME P | weight NAME W | policy [P]";
 
 /// What the control socket can see and steer.
 pub struct FleetControl {
@@ -64,12 +68,30 @@ impl FleetControl {
             ["list"] => self.list(),
             ["priority", name, p] => self.set(name, "priority", p, 0..=15),
             ["weight", name, w] => self.set(name, "weight", w, 1..=1000),
-            [] => "error: empty request (try: list | priority NAME P | weight NAME W)\n".into(),
-            _ => format!(
-                "error: unknown request '{}' (try: list | priority NAME P | weight NAME W)\n",
-                line.trim()
-            ),
+            ["policy"] => match &self.mediator {
+                Some(m) => format!("policy {}\n", m.policy().name()),
+                None => "error: policy: the fleet has no GPU VMs\n".into(),
+            },
+            ["policy", p] => self.set_policy(p),
+            [] => format!("error: empty request (try: {USAGE})\n"),
+            _ => format!("error: unknown request '{}' (try: {USAGE})\n", line.trim()),
         }
+    }
+
+    fn set_policy(&self, name: &str) -> String {
+        let Some(p) = scheduler::Policy::from_name(name) else {
+            let names: Vec<&str> = scheduler::Policy::ALL.iter().map(|p| p.name()).collect();
+            return format!(
+                "error: policy: unknown policy '{name}' (one of: {})\n",
+                names.join(", ")
+            );
+        };
+        let Some(m) = &self.mediator else {
+            return "error: policy: the fleet has no GPU VMs\n".into();
+        };
+        m.set_policy(p);
+        log::info!("api: policy = {name}");
+        format!("ok: policy = {name}\n")
     }
 
     fn list(&self) -> String {
@@ -235,6 +257,14 @@ mod tests {
         assert!(ctl
             .handle("reboot a")
             .starts_with("error: unknown request 'reboot a'"));
+        assert_eq!(
+            ctl.handle("policy lottery"),
+            "error: policy: unknown policy 'lottery' (one of: hqdmux, fifo, poll5ms, timeslice, reset)\n"
+        );
+        assert_eq!(
+            ctl.handle("policy fifo"),
+            "error: policy: the fleet has no GPU VMs\n"
+        );
     }
 
     #[test]

@@ -35,7 +35,8 @@ enum Command {
         api_socket: Option<PathBuf>,
     },
     /// Steer a running fleet through its control socket: `list`,
-    /// `priority VM P` (0..15), `weight VM W` (1..1000). Applies at once.
+    /// `priority VM P` (0..15), `weight VM W` (1..1000), `policy [P]`.
+    /// Applies at once.
     /// Exits 1 if the fleet refused the request, 2 if it cannot be reached.
     Ctl {
         /// The `--api-socket` path of `hqdmux run`.

@@ -38,6 +38,11 @@ pub const REGS_BYTES: u64 = abi::vgpu::WINDOW_BYTES;
 pub const DOORBELL_BYTES: u64 = abi::vgpu::WINDOW_BYTES;
 /// Longest paravirtual wait.
 pub const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Simulated-GPU events processed per lock hold in real time (about 0.5 ms
+/// of host time at ~120 ns per workgroup): a guest that floods the model with
+/// tiny workgroups makes it lag wall time but cannot block other VMs'
+/// register accesses behind one long catch-up.
+pub const REALTIME_EVENT_BUDGET: usize = 4096;
 
 /// `CP_HQD_ERROR` code of a queue error reason (docs/vgpu-abi.md).
 pub fn error_code(r: &QueueErrorReason) -> u32 {
@@ -147,7 +152,8 @@ impl Mediator {
         cfg: SchedConfig,
         seed: u64,
     ) -> Result<Arc<Self>, MediatorError> {
-        let gpu = SimGpu::new(topo.clone(), seed)?;
+        let mut gpu = SimGpu::new(topo.clone(), seed)?;
+        gpu.set_event_budget(Some(REALTIME_EVENT_BUDGET));
         let sched = Scheduler::new(cfg, slot_descs(&topo))?;
         let m = Arc::new(Mediator {
             topo,

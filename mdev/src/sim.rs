@@ -74,6 +74,9 @@ pub struct SimStats {
     pub save_ns_total: u64,
     /// Sum of modelled restore latencies (ns).
     pub restore_ns_total: u64,
+    /// Calls that stopped at the event budget with the model behind the
+    /// caller's clock (real time only; see [`SimGpu::set_event_budget`]).
+    pub lagging_calls: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -198,6 +201,7 @@ pub struct SimGpu {
     rng: SmallRng,
     scratch: Vec<u8>,
     scratch2: Vec<u8>,
+    event_budget: Option<usize>,
 }
 
 type QResult<T> = Result<T, QueueErrorReason>;
@@ -233,6 +237,7 @@ impl SimGpu {
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
             scratch2: Vec::new(),
+            event_budget: None,
         })
     }
 
@@ -256,16 +261,35 @@ impl SimGpu {
         self.heap.push(Reverse((at, self.seq, t)));
     }
 
+    /// Processes internal timers up to `t`. With an event budget (real time)
+    /// at most that many per call: if the model is further behind, `now`
+    /// stays at the last processed event and the caller's operation applies
+    /// at that model time; the next calls catch up.
     fn run_until(&mut self, t: Nanos) {
+        let mut budget = self.event_budget.unwrap_or(usize::MAX);
         while let Some(Reverse((at, _, _))) = self.heap.peek() {
             if *at > t {
                 break;
             }
+            if budget == 0 {
+                self.stats.lagging_calls += 1;
+                return;
+            }
+            budget -= 1;
             let Reverse((at, _, timer)) = self.heap.pop().expect("peeked");
             self.now = self.now.max(at);
             self.fire(timer);
         }
         self.now = self.now.max(t);
+    }
+
+    /// Bounds the internal events processed per call (map, unmap, doorbell,
+    /// advance) to `budget`; `None` (the default) = unbounded. The real-time
+    /// driver's callers set it so that a burst of short workgroups cannot hold
+    /// the model's lock (and with it other VMs' register accesses) for long:
+    /// the model then lags wall time instead. Virtual time leaves it unbounded.
+    pub fn set_event_budget(&mut self, budget: Option<usize>) {
+        self.event_budget = budget;
     }
 
     fn fire(&mut self, timer: Timer) {
@@ -1008,6 +1032,7 @@ impl PhysGpu for SimGpu {
 
     fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError> {
         self.run_until(now);
+        let now = self.now; // behind `now` only when over the event budget
         let s = req.slot.0;
         let slot = self
             .slots
@@ -1096,6 +1121,7 @@ impl PhysGpu for SimGpu {
 
     fn unmap(&mut self, now: Nanos, slot: SlotId, mode: DequeueMode) -> Result<(), GpuError> {
         self.run_until(now);
+        let now = self.now; // behind `now` only when over the event budget
         let s = slot.0;
         let q = self
             .slots

@@ -60,7 +60,13 @@ impl<G: PhysGpu + 'static> RealTimeDriver<G> {
                     }
                     let now = sh.epoch.elapsed().as_nanos() as Nanos;
                     match dl {
-                        Some(t) if t <= now => continue,
+                        Some(t) if t <= now => {
+                            // Behind (e.g. over the model's event budget):
+                            // let callers of `with` in before catching up.
+                            drop(st);
+                            std::thread::yield_now();
+                            continue;
+                        }
                         Some(t) => {
                             drop(sh.cv.wait_timeout_while(
                                 st,

@@ -1033,6 +1033,50 @@ fn real_time_driver_runs_the_model() {
 }
 
 #[test]
+fn real_time_catch_up_is_bounded_so_callers_get_in_while_the_model_lags() {
+    // A flood of 1 ns workgroups costs far more host time to simulate than
+    // the model time it covers: the model lags wall time. With an event
+    // budget, register-level calls (`with`) are served between bounded
+    // catch-up steps instead of waiting for the whole flood.
+    let topo = GpuTopology::tiny();
+    let mut gpu = SimGpu::new(topo.clone(), 0).unwrap();
+    gpu.set_event_budget(Some(256));
+    let mut vm = TestVm::new(64 << 20);
+    let mut q = vm.queue(&topo, 64, 5);
+    let groups = 1_000_000;
+    vm.kernel(&mut q, KernelKind::Mark, groups, 1, 1, 0, false);
+    let drv = RealTimeDriver::start(gpu, |_| {});
+    let req = map_req(&vm, &q, 0, 0);
+    drv.with(|g, now| g.map(now, req).unwrap());
+    // Sample progress every millisecond until the flood is done. Unbounded,
+    // the driver would cover it in two or three long lock holds (each
+    // catching up to the wall time the previous one used); bounded, callers
+    // see it advance step by step.
+    let mut seen = std::collections::BTreeSet::new();
+    let t0 = std::time::Instant::now();
+    loop {
+        let done = drv.with(|g, _| g.stats().wgs_completed);
+        if done == groups as u64 {
+            break;
+        }
+        if done > 0 {
+            seen.insert(done);
+        }
+        assert!(t0.elapsed().as_secs() < 60, "the model never caught up");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(
+        seen.len() >= 5,
+        "callers saw only {} intermediate states: {seen:?}",
+        seen.len()
+    );
+    let gpu = drv.stop();
+    assert!(gpu.stats().lagging_calls > 0);
+    assert_eq!(gpu.stats().wgs_completed, groups as u64);
+    vm.verify(&q).unwrap();
+}
+
+#[test]
 fn exactly_once_many_save_cycles() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::SmallRng::seed_from_u64(42);

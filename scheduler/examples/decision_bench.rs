@@ -25,9 +25,17 @@ fn slots() -> Vec<SlotDesc> {
     v
 }
 
-/// Per-event cost: (p50, p99, p99.9, mean) of the mix, and (p50, p99) of
-/// the repeated (stale) doorbells.
-fn bench(policy: Policy, nq: u64, events: usize) -> ((u64, u64, u64, f64), (u64, u64)) {
+/// Costs of one run (ns).
+struct Costs {
+    /// (p50, p99, p99.9, mean) of the mix.
+    all: (u64, u64, u64, f64),
+    /// (p50, p99) of the repeated (stale) doorbells.
+    stale: (u64, u64),
+    /// p99 per event kind: doorbell, queue idle, unmapped, tick.
+    kinds: [u64; 4],
+}
+
+fn bench(policy: Policy, nq: u64, events: usize) -> Costs {
     let mut s = Scheduler::new(
         SchedConfig {
             policy,
@@ -62,6 +70,7 @@ fn bench(policy: Policy, nq: u64, events: usize) -> ((u64, u64, u64, f64), (u64,
     let mut now: Nanos = 0;
     let mut cost = Vec::with_capacity(events);
     let mut stale = Vec::new();
+    let mut kinds: [Vec<u64>; 4] = Default::default();
     let mut wptr = vec![0u64; nq as usize];
     let mut acts = Vec::new();
     for _ in 0..events {
@@ -96,7 +105,15 @@ fn bench(policy: Policy, nq: u64, events: usize) -> ((u64, u64, u64, f64), (u64,
         while let Some(a) = s.poll_action() {
             acts.push(a);
         }
-        cost.push(t0.elapsed().as_nanos() as u64);
+        let ns = t0.elapsed().as_nanos() as u64;
+        cost.push(ns);
+        let kind = match ev {
+            Event::Doorbell { .. } => 0,
+            Event::QueueIdle { .. } => 1,
+            Event::Unmapped { .. } => 2,
+            _ => 3,
+        };
+        kinds[kind].push(ns);
         if let Event::Doorbell { .. } = ev {
             let t0 = Instant::now();
             s.handle(ev);
@@ -121,12 +138,21 @@ fn bench(policy: Policy, nq: u64, events: usize) -> ((u64, u64, u64, f64), (u64,
     }
     cost.sort_unstable();
     stale.sort_unstable();
-    let pct = |v: &[u64], q: f64| v[((q * v.len() as f64) as usize).min(v.len() - 1)];
+    let pct = |v: &[u64], q: f64| {
+        if v.is_empty() {
+            return 0;
+        }
+        v[((q * v.len() as f64) as usize).min(v.len() - 1)]
+    };
     let mean = cost.iter().sum::<u64>() as f64 / cost.len() as f64;
-    (
-        (pct(&cost, 0.5), pct(&cost, 0.99), pct(&cost, 0.999), mean),
-        (pct(&stale, 0.5), pct(&stale, 0.99)),
-    )
+    Costs {
+        all: (pct(&cost, 0.5), pct(&cost, 0.99), pct(&cost, 0.999), mean),
+        stale: (pct(&stale, 0.5), pct(&stale, 0.99)),
+        kinds: kinds.map(|mut k| {
+            k.sort_unstable();
+            pct(&k, 0.99)
+        }),
+    }
 }
 
 fn main() {
@@ -139,9 +165,11 @@ fn main() {
         "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8}   {:>9} {:>9}",
         "policy", "vMQDs", "p50", "p99", "p99.9", "mean", "stale p50", "stale p99"
     );
+    let mut by_kind = Vec::new();
     for policy in [Policy::Hqdmux, Policy::Fifo, Policy::Timeslice] {
         for nq in [16, 256, 1024, 4096] {
-            let ((p50, p99, p999, mean), (s50, s99)) = bench(policy, nq, events);
+            let c = bench(policy, nq, events);
+            let (p50, p99, p999, mean) = c.all;
             println!(
                 "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8.0}   {:>9} {:>9}",
                 policy.name(),
@@ -150,9 +178,20 @@ fn main() {
                 p99,
                 p999,
                 mean,
-                s50,
-                s99
+                c.stale.0,
+                c.stale.1
             );
+            if policy == Policy::Hqdmux {
+                by_kind.push((nq, c.kinds));
+            }
         }
+    }
+    println!("\nhqdmux p99 per event kind (ns)");
+    println!(
+        "{:>6} {:>9} {:>9} {:>9} {:>9}",
+        "vMQDs", "doorbell", "idle", "unmapped", "tick"
+    );
+    for (nq, k) in by_kind {
+        println!("{:>6} {:>9} {:>9} {:>9} {:>9}", nq, k[0], k[1], k[2], k[3]);
     }
 }

@@ -347,6 +347,13 @@ impl FleetConfig {
                 reason,
             });
         }
+        match self.scheduler.validate() {
+            Ok(()) => {}
+            Err(scheduler::SchedError::Config { field, reason }) => {
+                return Err(top(&format!("scheduler.{field}"), reason))
+            }
+            Err(e) => return Err(top("scheduler", e.to_string())),
+        }
         let partitions = self.gpu.partitions();
         let mut names = HashSet::new();
         for (index, vm) in self.vm.iter().enumerate() {
@@ -633,6 +640,11 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.scheduler.policy, scheduler::Policy::Fifo);
+        let e = err(&format!("[scheduler]\naging_ns = 0\n{GOOD}"));
+        assert!(
+            e.starts_with("/cfg/fleet.toml: field `scheduler.aging_ns`: must be > 0"),
+            "{e}"
+        );
         let e = err(&format!("[scheduler]\nquantum = 5\n{GOOD}"));
         assert!(
             e.contains("/cfg/fleet.toml") && e.contains("unknown field `quantum`"),

@@ -32,3 +32,14 @@ pub fn run(cfg: &FleetConfig) -> FleetReport {
 pub fn vm(name: &str, image: &str, args: &str) -> String {
     format!("[[vm]]\nname = \"{name}\"\nimage = \"{image}\"\nmemory_mib = 8\nargs = \"{args}\"\n")
 }
+
+/// Host time of the last checkpoint `code` the VM wrote (e.g. 3 = its last
+/// GPU job completed); panics if it never wrote one.
+pub fn last_checkpoint(vm: &vmm::vm::VmReport, code: u32) -> std::time::Instant {
+    vm.checkpoints
+        .iter()
+        .rev()
+        .find(|c| c.0 == code)
+        .unwrap_or_else(|| panic!("vm '{}' never wrote checkpoint {code}", vm.name))
+        .1
+}

@@ -16,6 +16,20 @@ fn run(s: &Scenario, p: Policy) -> PolicyReport {
     evaluate(s, p, s.seed).unwrap()
 }
 
+/// Two closed-loop lo tenants at VM priority 5, each keeping two kernels of
+/// 304 x 500 us outstanding; `extra` adds fields to each tenant.
+fn two_lo_tenants(name: &str, ms: u64, tenants: [(&str, &str); 2]) -> Scenario {
+    let mut text = format!("name = \"{name}\"\nduration_ms = {ms}\n");
+    for (tenant, extra) in tenants {
+        text += &format!(
+            "[[tenant]]\nname = \"{tenant}\"\npriority = 5\n{extra}\nclass = \"lo\"\n\
+             arrival = {{ kind = \"closed\", outstanding = 2 }}\n\
+             [[tenant.kernel]]\nworkgroups = 304\nwg_cost_us = 500\n"
+        );
+    }
+    Scenario::parse(&text, &format!("{name}.toml")).unwrap()
+}
+
 /// The hqdmux latency target of design §5: hi p99 within 1.05x of the
 /// isolated p99 plus the modelled save/restore cost (per preemption).
 fn latency_target_us(r: &PolicyReport) -> f64 {
@@ -130,29 +144,11 @@ fn every_builtin_is_exactly_once_over_seeds_for_every_policy_but_reset() {
 
 #[test]
 fn weighted_tenants_share_by_weight() {
-    let text = r#"
-        name = "weights"
-        duration_ms = 1500
-        [[tenant]]
-        name = "one"
-        priority = 5
-        weight = 1
-        class = "lo"
-        arrival = { kind = "closed", outstanding = 2 }
-        [[tenant.kernel]]
-        workgroups = 304
-        wg_cost_us = 500
-        [[tenant]]
-        name = "three"
-        priority = 5
-        weight = 3
-        class = "lo"
-        arrival = { kind = "closed", outstanding = 2 }
-        [[tenant.kernel]]
-        workgroups = 304
-        wg_cost_us = 500
-    "#;
-    let s = Scenario::parse(text, "weights.toml").unwrap();
+    let s = two_lo_tenants(
+        "weights",
+        1500,
+        [("one", "weight = 1"), ("three", "weight = 3")],
+    );
     let r = run(&s, Policy::Hqdmux);
     // Jain over weight-normalised shares: 1.0 when the 1:3 split holds.
     assert!(r.jain_index.unwrap() >= 0.99, "{r:?}");
@@ -167,29 +163,14 @@ fn weighted_tenants_share_by_weight() {
 
 #[test]
 fn queue_priority_in_the_mqd_does_not_beat_an_equal_vm() {
-    let text = r#"
-        name = "greedy"
-        duration_ms = 1000
-        [[tenant]]
-        name = "greedy"
-        priority = 5
-        queue_priority = 15
-        class = "lo"
-        arrival = { kind = "closed", outstanding = 2 }
-        [[tenant.kernel]]
-        workgroups = 304
-        wg_cost_us = 500
-        [[tenant]]
-        name = "meek"
-        priority = 5
-        queue_priority = 0
-        class = "lo"
-        arrival = { kind = "closed", outstanding = 2 }
-        [[tenant.kernel]]
-        workgroups = 304
-        wg_cost_us = 500
-    "#;
-    let s = Scenario::parse(text, "greedy.toml").unwrap();
+    let s = two_lo_tenants(
+        "greedy",
+        1000,
+        [
+            ("greedy", "queue_priority = 15"),
+            ("meek", "queue_priority = 0"),
+        ],
+    );
     for p in [Policy::Hqdmux, Policy::Reset, Policy::Poll5ms] {
         let r = run(&s, p);
         assert!(r.jain_index.unwrap() >= 0.99, "{p:?}: {r:?}");

@@ -2,7 +2,7 @@
 //! rings in their own memory, doorbells, paravirtual waits) on the simulated
 //! GPU, scheduled by priority.
 
-use hqdmux_tests::{config, kvm_or_skip, run, scratch_dir};
+use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
 use vmm::vm::VmOutcome;
 
 /// A VM running the `gpu` guest; RAM for one CWSR area (~177 MiB on the
@@ -109,15 +109,7 @@ fn a_high_priority_vm_preempts_a_low_priority_one() {
     assert!(gpu.preemptions >= 1, "{gpu:?}");
     // Inference (submitted while training runs) finishes first: its last
     // completion checkpoint precedes training's.
-    let done = |i: usize| {
-        report.vms[i]
-            .checkpoints
-            .iter()
-            .rev()
-            .find(|c| c.0 == 3)
-            .unwrap()
-            .1
-    };
+    let done = |i: usize| last_checkpoint(&report.vms[i], 3);
     assert!(done(1) < done(0), "{}", report.summary());
 }
 
@@ -185,15 +177,7 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
         "the raised VM preempted training: {}",
         report.summary()
     );
-    let done = |i: usize| {
-        report.vms[i]
-            .checkpoints
-            .iter()
-            .rev()
-            .find(|c| c.0 == 3)
-            .unwrap()
-            .1
-    };
+    let done = |i: usize| last_checkpoint(&report.vms[i], 3);
     assert!(
         done(1) < done(0),
         "raised VM finished first: {}",

@@ -4,7 +4,10 @@
 //! queue's write pointer; after each one the same doorbell is repeated
 //! (unchanged write pointer) and timed separately (`stale` column).
 //!
-//! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS]`
+//! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS] [--no-aging]`
+//!
+//! `--no-aging` sets `aging_ns` to 10^15 ns (aging never fires in the run),
+//! to separate the cost of aging boosts from the rest.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -35,10 +38,15 @@ struct Costs {
     kinds: [u64; 4],
 }
 
-fn bench(policy: Policy, nq: u64, events: usize) -> Costs {
+fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
     let mut s = Scheduler::new(
         SchedConfig {
             policy,
+            aging_ns: if aging {
+                SchedConfig::default().aging_ns
+            } else {
+                1_000_000_000_000_000
+            },
             ..Default::default()
         },
         slots(),
@@ -156,11 +164,13 @@ fn bench(policy: Policy, nq: u64, events: usize) -> Costs {
 }
 
 fn main() {
-    let events: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(200_000);
-    println!("scheduler decision cost per event (ns), {events} events, 24 HQD slots");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let aging = !args.iter().any(|a| a == "--no-aging");
+    let events: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200_000);
+    println!(
+        "scheduler decision cost per event (ns), {events} events, 24 HQD slots{}",
+        if aging { "" } else { ", aging off" }
+    );
     println!(
         "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8}   {:>9} {:>9}",
         "policy", "vMQDs", "p50", "p99", "p99.9", "mean", "stale p50", "stale p99"
@@ -168,7 +178,7 @@ fn main() {
     let mut by_kind = Vec::new();
     for policy in [Policy::Hqdmux, Policy::Fifo, Policy::Timeslice] {
         for nq in [16, 256, 1024, 4096] {
-            let c = bench(policy, nq, events);
+            let c = bench(policy, nq, events, aging);
             let (p50, p99, p999, mean) = c.all;
             println!(
                 "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8.0}   {:>9} {:>9}",

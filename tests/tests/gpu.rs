@@ -97,16 +97,23 @@ fn a_high_priority_vm_preempts_a_low_priority_one() {
         return;
     }
     let dir = scratch_dir("gpu-prio");
+    // Guests start together and nothing orders their first doorbells, so
+    // the margins carry the test: training holds ~800 ms of whole-GPU work
+    // in 50 ms workgroups; inference's 10 short jobs take ~150 ms of
+    // emulated guest time, so most of them land while training runs.
     let toml = [
-        // ~400 ms of whole-GPU work in 50 ms workgroups.
-        gpu_vm("training", 2, "kernels=2 wgs=1216 cost_us=50000"),
-        gpu_vm("inference", 12, "kernels=2 wgs=304 cost_us=500 loops=3"),
+        gpu_vm("training", 2, "kernels=4 wgs=1216 cost_us=50000"),
+        gpu_vm("inference", 12, "kernels=2 wgs=304 cost_us=500 loops=10"),
     ]
     .concat();
     let report = run(&config(&dir, &toml));
     assert!(report.all_succeeded(), "{}", report.summary());
-    let gpu = report.gpu.expect("mediator stats");
-    assert!(gpu.preemptions >= 1, "{gpu:?}");
+    let training = report.vm_gpu[0].expect("training GPU accounting");
+    assert!(
+        training.preemptions >= 1,
+        "inference preempted training: {}",
+        report.summary()
+    );
     // Inference (submitted while training runs) finishes first: its last
     // completion checkpoint precedes training's.
     let done = |i: usize| last_checkpoint(&report.vms[i], 3);
@@ -122,12 +129,15 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
     let dir = scratch_dir("gpu-ctl");
     let sock = dir.join("api.sock");
     // Left alone, `late` (priority 1) cannot preempt `training` (priority 2):
-    // in the default exclusive mode it waits for training's ~400 ms of 50 ms
+    // in the default exclusive mode it waits for training's ~800 ms of 50 ms
     // workgroups, and training is never preempted. Once training holds a
-    // slot the operator raises `late` to 12 over the control socket.
+    // slot the operator raises `late` to 12 over the control socket. `late`'s
+    // 20 short jobs take ~300 ms of emulated guest time: it cannot finish
+    // before training gets its slot, and once raised it ends well before
+    // training does.
     let toml = [
-        gpu_vm("training", 2, "kernels=2 wgs=1216 cost_us=50000"),
-        gpu_vm("late", 1, "kernels=2 wgs=304 cost_us=500 loops=8"),
+        gpu_vm("training", 2, "kernels=4 wgs=1216 cost_us=50000"),
+        gpu_vm("late", 1, "kernels=2 wgs=304 cost_us=500 loops=20"),
     ]
     .concat();
     let cfg = config(&dir, &toml);

@@ -155,6 +155,20 @@ impl VecMemory {
         let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut g)
     }
+    /// Replaces the `N` bytes at `gpa` by `f(old)` under the lock; returns `old`.
+    fn rmw<const N: usize>(
+        &self,
+        gpa: u64,
+        f: impl FnOnce([u8; N]) -> [u8; N],
+    ) -> Result<[u8; N], MemError> {
+        check(self.size, gpa, N)?;
+        let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
+        let s = gpa as usize;
+        let b: &mut [u8; N] = (&mut g[s..s + N]).try_into().expect("N bytes");
+        let old = *b;
+        *b = f(old);
+        Ok(old)
+    }
 }
 
 impl DmaMemory for VecMemory {
@@ -177,23 +191,17 @@ impl DmaMemory for VecMemory {
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
-        check(self.size, gpa, 8)?;
-        let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
-        let s = gpa as usize;
-        let b: &mut [u8; 8] = (&mut g[s..s + 8]).try_into().expect("8 bytes");
-        let v = u64::from_le_bytes(*b);
-        *b = v.wrapping_add(delta).to_le_bytes();
-        Ok(v)
+        self.rmw(gpa, |b| {
+            u64::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
+        })
+        .map(u64::from_le_bytes)
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
-        check(self.size, gpa, 4)?;
-        let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
-        let s = gpa as usize;
-        let b: &mut [u8; 4] = (&mut g[s..s + 4]).try_into().expect("4 bytes");
-        let v = u32::from_le_bytes(*b);
-        *b = v.wrapping_add(delta).to_le_bytes();
-        Ok(v)
+        self.rmw(gpa, |b| {
+            u32::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
+        })
+        .map(u32::from_le_bytes)
     }
 }
 
@@ -219,6 +227,19 @@ impl SparseMemory {
     /// Pages written so far.
     pub fn resident_pages(&self) -> usize {
         self.pages.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+    /// Replaces the `N` bytes at `gpa` by `f(old)` under the lock; returns `old`.
+    fn rmw<const N: usize>(
+        &self,
+        gpa: u64,
+        f: impl FnOnce([u8; N]) -> [u8; N],
+    ) -> Result<[u8; N], MemError> {
+        check(self.size, gpa, N)?;
+        let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let mut old = [0u8; N];
+        sparse_read(&g, gpa, &mut old);
+        sparse_write(&mut g, gpa, &f(old));
+        Ok(old)
     }
 }
 
@@ -270,23 +291,17 @@ impl DmaMemory for SparseMemory {
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
-        check(self.size, gpa, 8)?;
-        let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let mut b = [0u8; 8];
-        sparse_read(&g, gpa, &mut b);
-        let v = u64::from_le_bytes(b);
-        sparse_write(&mut g, gpa, &v.wrapping_add(delta).to_le_bytes());
-        Ok(v)
+        self.rmw(gpa, |b| {
+            u64::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
+        })
+        .map(u64::from_le_bytes)
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
-        check(self.size, gpa, 4)?;
-        let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let mut b = [0u8; 4];
-        sparse_read(&g, gpa, &mut b);
-        let v = u32::from_le_bytes(b);
-        sparse_write(&mut g, gpa, &v.wrapping_add(delta).to_le_bytes());
-        Ok(v)
+        self.rmw(gpa, |b| {
+            u32::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
+        })
+        .map(u32::from_le_bytes)
     }
 }
 

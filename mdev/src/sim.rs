@@ -20,6 +20,7 @@ use crate::mem::DmaMemory;
 use crate::topology::{GpuTopology, TopologyError};
 use abi::aql::{self, Barrier, Body, Packet};
 use abi::kernel::{element_range, Kernarg, KernelDescriptor};
+use abi::le::{put_u32, u32_at};
 use abi::mqd::{self, V9Mqd};
 use abi::queue::AMD_SIGNAL_VALUE;
 use rand::rngs::SmallRng;
@@ -38,8 +39,6 @@ pub const MAX_WORKGROUPS: u64 = aql::MAX_WORKGROUPS;
 pub const MAX_WORKGROUP_ITEMS: u64 = aql::MAX_WORKGROUP_ITEMS;
 /// Largest write index whose dword position (x16) fits the 64-bit `CP_HQD_PQ_WPTR`.
 const MAX_INDEX: u64 = u64::MAX / mqd::DWORDS_PER_PACKET;
-/// Elements a workgroup effect moves through host memory at a time.
-const CHUNK: u64 = 1024;
 /// Shortest workgroup (ns): a zero cost would let one dispatch run unboundedly
 /// many workgroups at a single model instant.
 pub const MIN_WG_NS: u64 = 1;
@@ -330,8 +329,19 @@ impl SimGpu {
 
     // ---------------------------------------------------------------- errors
 
+    /// Counts a queue error and emits its event (the caller has logged it
+    /// and put the queue in `HState::Error`).
+    fn report_queue_error(&mut self, slot: u32, tag: u64, reason: QueueErrorReason) {
+        self.stats.queue_errors += 1;
+        self.pending.push(GpuEvent::QueueError {
+            slot: SlotId(slot),
+            tag,
+            reason,
+            at: self.now,
+        });
+    }
+
     fn fail(&mut self, slot: u32, reason: QueueErrorReason) {
-        let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let Some(q) = self.slots[slot as usize].as_mut() else {
             return;
@@ -357,13 +367,7 @@ impl SimGpu {
         q.resume.clear();
         q.state = HState::Error(reason);
         let tag = q.tag;
-        self.stats.queue_errors += 1;
-        self.pending.push(GpuEvent::QueueError {
-            slot: SlotId(slot),
-            tag,
-            reason,
-            at: now,
-        });
+        self.report_queue_error(slot, tag, reason);
         if was_unmapping {
             // The dequeue completes at once; the queue's state is lost.
             self.finish_unmap(slot);
@@ -650,13 +654,7 @@ impl SimGpu {
                 );
                 q.state = HState::Error(e);
                 q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = q.mqd.cntl_stack_size();
-                self.stats.queue_errors += 1;
-                self.pending.push(GpuEvent::QueueError {
-                    slot: SlotId(slot),
-                    tag: q.tag,
-                    reason: e,
-                    at: now,
-                });
+                self.report_queue_error(slot, q.tag, e);
             }
         }
         q.mqd.dw[mqd::CP_HQD_ACTIVE] = 0;
@@ -855,29 +853,11 @@ fn retire(q: &mut Hqd, _slot: SlotId) -> QResult<()> {
     Ok(())
 }
 
-/// Read `n` u32s at `addr` into `buf` (`n` <= [`CHUNK`]).
+/// Read `n` u32s at `addr` into `buf`.
 fn read_u32s(mem: &dyn DmaMemory, addr: u64, n: u64, buf: &mut Vec<u8>) -> QResult<()> {
-    debug_assert!(n <= CHUNK);
-    buf.resize((n.min(CHUNK) * 4) as usize, 0);
+    buf.resize((n * 4) as usize, 0);
     mem.read(addr, buf)
         .map_err(|_| QueueErrorReason::DataOutOfRange { addr, len: n * 4 })
-}
-
-/// The little-endian u32 number `i` of `b`.
-fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
-}
-
-/// Run `f(first, count)` over `[s, e)` in chunks of at most [`CHUNK`] elements:
-/// a workgroup's element range never sits in host memory whole.
-fn chunks(s: u64, e: u64, mut f: impl FnMut(u64, u64) -> QResult<()>) -> QResult<()> {
-    let mut k = s;
-    while k < e {
-        let m = (e - k).min(CHUNK);
-        f(k, m)?;
-        k += m;
-    }
-    Ok(())
 }
 
 /// Apply one workgroup's memory effect. Buffer ranges were validated when the
@@ -894,54 +874,53 @@ fn apply_effect(
     let werr = |addr: u64, len: u64| QueueErrorReason::DataOutOfRange { addr, len };
     // Address of element `k` of the u32 array at `base` with `n` elements.
     let elem = |base: u64, k: u64, n: u32| addr_add(base, 4 * k, werr(base, 4 * n as u64));
+    // A workgroup's element range holds at most `MAX_WORKGROUP_ITEMS` (1024)
+    // elements (`KernelDispatch::validate` at fetch), so host buffers stay
+    // bounded whatever the guest asks for.
+    let range = |n: u32| {
+        let (s, e) = range(n);
+        debug_assert!(e - s <= MAX_WORKGROUP_ITEMS);
+        (s, e - s)
+    };
     match d.args {
         Kernarg::Fill { dst, n, value } => {
-            let (s, e) = range(n);
-            chunks(s, e, |k, m| {
-                s1.clear();
-                for _ in 0..m {
-                    s1.extend_from_slice(&value.to_le_bytes());
-                }
-                mem.write(elem(dst, k, n)?, s1)
-                    .map_err(|_| werr(dst, 4 * n as u64))
-            })?;
+            let (k, m) = range(n);
+            s1.clear();
+            for _ in 0..m {
+                s1.extend_from_slice(&value.to_le_bytes());
+            }
+            mem.write(elem(dst, k, n)?, s1)
+                .map_err(|_| werr(dst, 4 * n as u64))?;
         }
         Kernarg::VecAdd { a, b, c, n } => {
-            let (s, e) = range(n);
-            chunks(s, e, |k, m| {
-                read_u32s(mem, elem(a, k, n)?, m, s1)?;
-                read_u32s(mem, elem(b, k, n)?, m, s2)?;
-                for i in 0..m as usize {
-                    let v = u32_at(s1, i).wrapping_add(u32_at(s2, i));
-                    s1[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
-                }
-                mem.write(elem(c, k, n)?, s1)
-                    .map_err(|_| werr(c, 4 * n as u64))
-            })?;
+            let (k, m) = range(n);
+            read_u32s(mem, elem(a, k, n)?, m, s1)?;
+            read_u32s(mem, elem(b, k, n)?, m, s2)?;
+            for i in 0..m as usize {
+                let v = u32_at(s1, 4 * i).wrapping_add(u32_at(s2, 4 * i));
+                put_u32(s1, 4 * i, v);
+            }
+            mem.write(elem(c, k, n)?, s1)
+                .map_err(|_| werr(c, 4 * n as u64))?;
         }
         Kernarg::Saxpy { x, y, n, a } => {
-            let (s, e) = range(n);
-            chunks(s, e, |k, m| {
-                read_u32s(mem, elem(x, k, n)?, m, s1)?;
-                read_u32s(mem, elem(y, k, n)?, m, s2)?;
-                for i in 0..m as usize {
-                    let v = a.wrapping_mul(u32_at(s1, i)).wrapping_add(u32_at(s2, i));
-                    s1[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
-                }
-                mem.write(elem(y, k, n)?, s1)
-                    .map_err(|_| werr(y, 4 * n as u64))
-            })?;
+            let (k, m) = range(n);
+            read_u32s(mem, elem(x, k, n)?, m, s1)?;
+            read_u32s(mem, elem(y, k, n)?, m, s2)?;
+            for i in 0..m as usize {
+                let v = a
+                    .wrapping_mul(u32_at(s1, 4 * i))
+                    .wrapping_add(u32_at(s2, 4 * i));
+                put_u32(s1, 4 * i, v);
+            }
+            mem.write(elem(y, k, n)?, s1)
+                .map_err(|_| werr(y, 4 * n as u64))?;
         }
         Kernarg::Checksum { src, out, n } => {
-            let (s, e) = range(n);
-            let mut sum = 0u64;
-            chunks(s, e, |k, m| {
-                read_u32s(mem, elem(src, k, n)?, m, s1)?;
-                for i in 0..m as usize {
-                    sum = sum.wrapping_add(u32_at(s1, i) as u64);
-                }
-                Ok(())
-            })?;
+            let (k, m) = range(n);
+            read_u32s(mem, elem(src, k, n)?, m, s1)?;
+            let sum =
+                (0..m as usize).fold(0u64, |acc, i| acc.wrapping_add(u32_at(s1, 4 * i) as u64));
             // Atomic add where the memory supports it (see `DmaMemory`).
             mem.fetch_add_u64(out, sum).map_err(|_| werr(out, 8))?;
         }

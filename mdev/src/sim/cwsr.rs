@@ -33,6 +33,8 @@ pub const SAVE_VERSION: u16 = 1;
 const HDR: usize = 32;
 const PKT: usize = 32;
 const WG: usize = 24;
+// The record layout and the size the topology checks against must agree.
+const _: () = assert!(HDR == 32 && PKT == 32 && WG == 24);
 /// Upper bound on a saved remaining time (2^48 ns ~ 3 days).
 const MAX_REMAINING: u64 = 1 << 48;
 
@@ -64,7 +66,8 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
         q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
         return Ok(0);
     }
-    let total = HDR + PKT * q.active.len() + WG * q.resume.len();
+    let total =
+        GpuTopology::control_record_bytes(q.active.len() as u32, q.resume.len() as u32) as usize;
     if total as u64 > size as u64 {
         return Err(QueueErrorReason::CwsrTooSmall {
             need: total as u64,
@@ -143,7 +146,7 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<Option<u64>>
     if np > topo.sim.max_active_packets as usize || nw > topo.cus_per_partition() as usize {
         return Err(bad("record counts out of range"));
     }
-    if HDR + PKT * np + WG * nw != total {
+    if GpuTopology::control_record_bytes(np as u32, nw as u32) != total as u64 {
         return Err(bad("record counts do not match the stack size"));
     }
     if u64_at(&b, 24) != checksum(&b[HDR..]) {

@@ -232,3 +232,24 @@ fn bad_configs_are_rejected_with_file_vm_field_and_reason() {
         assert!(err.contains(&want), "wanted {want:?} in {err:?}");
     }
 }
+
+#[test]
+fn an_unusable_control_socket_path_aborts_the_launch_naming_it() {
+    if !kvm_or_skip("an_unusable_control_socket_path_aborts_the_launch_naming_it") {
+        return;
+    }
+    let dir = scratch_dir("badsock");
+    let cfg = config(&dir, &vm("a", "builtin:hello", ""));
+    let opts = vmm::fleet::RunOptions {
+        echo: false,
+        api_socket: Some(dir.join("no/such/dir/api.sock")),
+    };
+    let err = vmm::fleet::run_fleet(&cfg, opts).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!(
+            "api socket {}",
+            dir.join("no/such/dir/api.sock").display()
+        )),
+        "{err}"
+    );
+}

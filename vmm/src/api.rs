@@ -23,6 +23,8 @@ use std::time::Duration;
 
 use mdev::mediator::{Mediator, VgpuHandle};
 
+use crate::config::{PRIORITY_RANGE, WEIGHT_RANGE};
+
 const USAGE: &str = "list | priority NAME P | weight NAME W | policy [P]";
 
 /// What the control socket can see and steer.
@@ -66,8 +68,8 @@ impl FleetControl {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["list"] => self.list(),
-            ["priority", name, p] => self.set(name, "priority", p, 0..=15),
-            ["weight", name, w] => self.set(name, "weight", w, 1..=1000),
+            ["priority", name, p] => self.set(name, "priority", p, PRIORITY_RANGE),
+            ["weight", name, w] => self.set(name, "weight", w, WEIGHT_RANGE),
             ["policy"] => match &self.mediator {
                 Some(m) => format!("policy {}\n", m.policy().name()),
                 None => "error: policy: the fleet has no GPU VMs\n".into(),

@@ -9,17 +9,15 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 pub const GDT_ADDR: u64 = 0x500;
 /// PML4; PDPT at +0x1000; four page directories after it (identity map 0..4 GiB, 2 MiB pages).
 pub const PML4_ADDR: u64 = 0x1000;
-pub use abi::boot::{BOOT_INFO_ADDR, BOOT_MAGIC, BOOT_VERSION, MAX_DEVICES, MAX_MEM_REGIONS};
+pub use abi::boot::{BOOT_INFO_ADDR, BOOT_MAGIC, BOOT_VERSION, MAX_DEVICES};
 /// End of the boot structures (GDT, page tables, boot-info page).
 pub const BOOT_END: u64 = BOOT_INFO_ADDR + 0x1000;
 /// Where images are loaded (their ELF physical addresses must be at or above).
 pub const IMAGE_BASE: u64 = 0x10_0000;
 /// Device MMIO hole: guest RAM ends at or below it.
 pub const MMIO_BASE: u64 = 3 << 30;
-/// End of the MMIO hole.
+/// End of the MMIO hole and of the identity map.
 pub const MMIO_END: u64 = 4 << 30;
-/// Top of the identity map.
-pub const IDENTITY_MAP_END: u64 = 4 << 30;
 
 /// Device kinds in the boot-info device table.
 pub use abi::boot::device_kind;
@@ -103,11 +101,10 @@ pub fn load_image(
     Ok((entry, end))
 }
 
-/// Checks that `elf` is an image this VMM can boot in `mem_bytes` of RAM: a
-/// little-endian ELF64 for x86_64 whose entry and loadable segments lie in
-/// `[1 MiB, mem_bytes)`. The error says why not (config validation reports it
-/// as the VM's `image` field).
-pub fn check_elf(elf: &[u8], mem_bytes: u64) -> Result<(), String> {
+/// Entry point and the `[p_paddr, p_paddr + p_memsz)` ranges of the
+/// loadable segments of a little-endian ELF64 for x86_64; the error says
+/// what is wrong with the header.
+fn elf_loads(elf: &[u8]) -> Result<(u64, Vec<(u64, u64)>), String> {
     let rd = |off: usize, n: usize| -> Option<u64> {
         elf.get(off..off.checked_add(n)?)
             .map(|b| b.iter().rev().fold(0u64, |a, &x| (a << 8) | u64::from(x)))
@@ -131,25 +128,36 @@ pub fn check_elf(elf: &[u8], mem_bytes: u64) -> Result<(), String> {
         rd(54, 2).ok_or_else(short)? as usize,
         rd(56, 2).ok_or_else(short)? as usize,
     );
-    let mut loads = 0;
+    let mut loads = Vec::new();
     for i in 0..phnum {
         let ph = phoff.saturating_add(i.saturating_mul(phentsize));
         let p_type = rd(ph, 4).ok_or("program header beyond the end of the file")?;
         if p_type != 1 {
             continue; // not PT_LOAD
         }
-        loads += 1;
         let paddr = rd(ph + 24, 8).ok_or("truncated program header")?;
         let memsz = rd(ph + 40, 8).ok_or("truncated program header")?;
-        let end = paddr.saturating_add(memsz);
-        if paddr < IMAGE_BASE || end > mem_bytes {
-            return Err(format!(
-                "loadable segment [{paddr:#x}, {end:#x}) is outside guest RAM [{IMAGE_BASE:#x}, {mem_bytes:#x})"
-            ));
-        }
+        loads.push((paddr, paddr.saturating_add(memsz)));
     }
-    if loads == 0 {
+    Ok((entry, loads))
+}
+
+/// Checks that `elf` is an image this VMM can boot in `mem_bytes` of RAM: a
+/// little-endian ELF64 for x86_64 whose entry and loadable segments lie in
+/// `[1 MiB, mem_bytes)`. The error says why not (config validation reports it
+/// as the VM's `image` field).
+pub fn check_elf(elf: &[u8], mem_bytes: u64) -> Result<(), String> {
+    let (entry, loads) = elf_loads(elf)?;
+    if loads.is_empty() {
         return Err("no loadable segment".into());
+    }
+    if let Some((paddr, end)) = loads
+        .iter()
+        .find(|(paddr, end)| *paddr < IMAGE_BASE || *end > mem_bytes)
+    {
+        return Err(format!(
+            "loadable segment [{paddr:#x}, {end:#x}) is outside guest RAM [{IMAGE_BASE:#x}, {mem_bytes:#x})"
+        ));
     }
     if !(IMAGE_BASE..mem_bytes).contains(&entry) {
         return Err(format!(
@@ -161,17 +169,9 @@ pub fn check_elf(elf: &[u8], mem_bytes: u64) -> Result<(), String> {
 
 /// Highest `p_paddr + p_memsz` of the ELF's loadable segments (includes .bss).
 fn elf_mem_end(elf: &[u8]) -> u64 {
-    let rd = |off: usize, n: usize| -> u64 {
-        elf.get(off..off + n)
-            .map(|b| b.iter().rev().fold(0u64, |a, &x| (a << 8) | u64::from(x)))
-            .unwrap_or(0)
-    };
-    let (phoff, phentsize, phnum) = (rd(32, 8) as usize, rd(54, 2) as usize, rd(56, 2) as usize);
-    (0..phnum)
-        .map(|i| phoff + i * phentsize)
-        .filter(|&ph| rd(ph, 4) == 1) // PT_LOAD
-        .map(|ph| rd(ph + 24, 8).saturating_add(rd(ph + 40, 8)))
-        .max()
+    elf_loads(elf)
+        .ok()
+        .and_then(|(_, loads)| loads.iter().map(|l| l.1).max())
         .unwrap_or(0)
 }
 
@@ -228,7 +228,7 @@ fn write_boot_info(
     mem.write_slice(p.name.as_bytes(), at(NAME))?;
     mem.write_slice(p.args.as_bytes(), at(ARGS))?;
     for (i, d) in p.devices.iter().enumerate() {
-        let base = DEVICES + 32 * i;
+        let base = DEVICES + std::mem::size_of::<abi::boot::DeviceEntry>() * i;
         mem.write_obj(d.kind, at(base))?;
         mem.write_obj(d.vector, at(base + 4))?;
         mem.write_obj(d.base, at(base + 8))?;
@@ -239,7 +239,7 @@ fn write_boot_info(
     );
     mem.write_obj(n as u32, at(MEM_MAP_COUNT))?;
     for (i, r) in map[..n].iter().enumerate() {
-        let base = MEM_MAP + 24 * i;
+        let base = MEM_MAP + std::mem::size_of::<abi::boot::MemRegion>() * i;
         mem.write_obj(r.base, at(base))?;
         mem.write_obj(r.size, at(base + 8))?;
         mem.write_obj(r.kind, at(base + 16))?;

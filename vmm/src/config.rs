@@ -33,11 +33,15 @@ use serde::Deserialize;
 /// Smallest guest RAM: 1 MiB of boot structures plus room for the image.
 pub const MIN_MEMORY_MIB: u64 = 4;
 /// Largest guest RAM: RAM must stay below the 3 GiB MMIO hole.
-pub const MAX_MEMORY_MIB: u64 = 3072;
+pub const MAX_MEMORY_MIB: u64 = crate::boot::MMIO_BASE >> 20;
 /// Most vCPUs per VM.
 pub const MAX_VCPUS: u8 = 8;
 /// Longest argument string (bytes), as the boot-info block holds it.
 pub const MAX_ARGS_LEN: usize = 1024;
+/// GPU priorities (higher wins).
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<u32> = 0..=15;
+/// Weights among VMs of equal priority.
+pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
 /// Longest VM name (bytes).
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -191,8 +195,18 @@ impl VmConfig {
             image: required("image", string("image")?)?,
             memory_mib: int("memory_mib", 0, i64::MAX)?.unwrap_or(16) as u64,
             vcpus: int("vcpus", 1, MAX_VCPUS as i64)?.unwrap_or(1) as u8,
-            priority: int("priority", 0, 15)?.unwrap_or(0) as u8,
-            weight: int("weight", 1, 1000)?.unwrap_or(1) as u32,
+            priority: int(
+                "priority",
+                *PRIORITY_RANGE.start() as i64,
+                *PRIORITY_RANGE.end() as i64,
+            )?
+            .unwrap_or(0) as u8,
+            weight: int(
+                "weight",
+                *WEIGHT_RANGE.start() as i64,
+                *WEIGHT_RANGE.end() as i64,
+            )?
+            .unwrap_or(1) as u32,
             partition: int("partition", 0, u32::MAX as i64)?.map(|p| p as u32),
             args: string("args")?.unwrap_or_default(),
             gpu,
@@ -385,24 +399,7 @@ impl FleetConfig {
                     "duplicate name: another VM already has it".into(),
                 ));
             }
-            if vm.priority > 15 {
-                return Err(bad(
-                    "priority",
-                    format!("{} is out of range 0..=15", vm.priority),
-                ));
-            }
-            if !(1..=1000).contains(&vm.weight) {
-                return Err(bad(
-                    "weight",
-                    format!("{} is out of range 1..=1000", vm.weight),
-                ));
-            }
-            if !(1..=MAX_VCPUS).contains(&vm.vcpus) {
-                return Err(bad(
-                    "vcpus",
-                    format!("{} is out of range 1..={MAX_VCPUS}", vm.vcpus),
-                ));
-            }
+            // priority, weight and vcpus are range-checked by `from_table`.
             if vm.memory_mib < MIN_MEMORY_MIB {
                 return Err(bad(
                     "memory_mib",
@@ -458,7 +455,7 @@ impl FleetConfig {
             }
             let elf = match vm.image_source(&self.base_dir) {
                 ImageSource::Builtin(name) => match images::builtin(&name) {
-                    Some(elf) => elf.to_vec(),
+                    Some(elf) => std::borrow::Cow::Borrowed(elf),
                     None => {
                         let known: Vec<_> = images::names().collect();
                         return Err(bad(
@@ -477,7 +474,7 @@ impl FleetConfig {
                             format!("{} is a directory, not an ELF file", path.display()),
                         ));
                     }
-                    std::fs::read(&path).map_err(|e| {
+                    std::borrow::Cow::Owned(std::fs::read(&path).map_err(|e| {
                         bad(
                             "image",
                             if e.kind() == std::io::ErrorKind::NotFound {
@@ -486,7 +483,7 @@ impl FleetConfig {
                                 format!("cannot read image file {}: {e}", path.display())
                             },
                         )
-                    })?
+                    })?)
                 }
             };
             if let Err(why) = crate::boot::check_elf(&elf, vm.memory_mib << 20) {

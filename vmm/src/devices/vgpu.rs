@@ -7,10 +7,10 @@ use mdev::mediator::{Mediator, VgpuHandle};
 
 use crate::bus::{BusAction, BusDevice};
 
-/// Guest-physical base of the vGPU register window.
-pub const VGPU_REGS_BASE: u64 = 0xC000_0000;
+/// Guest-physical base of the vGPU register window (start of the MMIO hole).
+pub const VGPU_REGS_BASE: u64 = crate::boot::MMIO_BASE;
 /// Guest-physical base of the vGPU doorbell window.
-pub const VGPU_DOORBELLS_BASE: u64 = 0xC000_1000;
+pub const VGPU_DOORBELLS_BASE: u64 = VGPU_REGS_BASE + mdev::mediator::REGS_BYTES;
 
 /// The register window.
 pub struct VgpuRegs {

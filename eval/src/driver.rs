@@ -118,8 +118,6 @@ struct Job {
     stream: usize,
     arrival: Nanos,
     kernels_left: u32,
-    /// Index in `RunOutput::jobs`.
-    record: usize,
 }
 
 struct Kern {
@@ -139,7 +137,6 @@ struct Sim<'a> {
     arrivals: BinaryHeap<Reverse<(Nanos, usize)>>,
     timer: Option<Nanos>,
     jobs: BTreeMap<u64, Job>,
-    next_job: u64,
     kernels: HashMap<(usize, u64), Kern>,
     free_blocks: HashMap<(usize, u32), Vec<u64>>,
     occupied: u64,
@@ -241,7 +238,6 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
         arrivals: BinaryHeap::new(),
         timer: None,
         jobs: BTreeMap::new(),
-        next_job: 0,
         kernels: HashMap::new(),
         free_blocks: HashMap::new(),
         occupied: 0,
@@ -418,8 +414,8 @@ impl Sim<'_> {
             Arrival::Closed { .. } | Arrival::Flood { .. } => {}
         }
         let kernels: u32 = t.kernels.iter().map(|k| k.repeat).sum();
-        let id = self.next_job;
-        self.next_job += 1;
+        // A job's id is its index in `RunOutput::jobs`.
+        let id = self.out.jobs.len() as u64;
         self.out.jobs.push(JobRecord {
             tenant: self.streams[s].tenant,
             stream: s,
@@ -432,7 +428,6 @@ impl Sim<'_> {
                 stream: s,
                 arrival: self.now,
                 kernels_left: kernels,
-                record: self.out.jobs.len() - 1,
             },
         );
         self.streams[s].backlog.push_back(id);
@@ -574,7 +569,7 @@ impl Sim<'_> {
             let job = self.jobs.remove(&k.job).unwrap();
             let t = &self.sc.tenants[self.streams[job.stream].tenant];
             let lat = self.now - job.arrival;
-            self.out.jobs[job.record].latency_ns = Some(lat);
+            self.out.jobs[k.job as usize].latency_ns = Some(lat);
             if t.class == Class::Hi {
                 self.out.hi_latency_ns.push(lat);
                 self.out.hi_jobs_counted += 1;

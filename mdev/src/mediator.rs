@@ -98,7 +98,6 @@ struct VHqd {
 
 struct VmEntry {
     name: String,
-    params: VmParams,
     mem: Arc<dyn DmaMemory>,
     vhqd: [VHqd; NUM_VHQD],
     wait_addr_lo: u32,
@@ -232,7 +231,6 @@ impl Mediator {
         st.sched.add_vm(VmId(id as u32), params)?;
         st.vms.push(VmEntry {
             name: name.into(),
-            params,
             mem,
             vhqd: Default::default(),
             wait_addr_lo: 0,
@@ -269,9 +267,6 @@ impl Mediator {
     pub fn set_priority(&self, vm: VgpuHandle, priority: u8) -> Result<(), SchedError> {
         let mut st = lock(&self.st);
         st.sched.set_vm_priority(VmId(vm.0), priority)?;
-        if let Some(e) = st.vms.get_mut(vm.0 as usize) {
-            e.params.priority = priority;
-        }
         let now = self.now();
         drop(self.pump(st, Event::Tick { now }));
         Ok(())
@@ -281,9 +276,6 @@ impl Mediator {
     pub fn set_weight(&self, vm: VgpuHandle, weight: u32) -> Result<(), SchedError> {
         let mut st = lock(&self.st);
         st.sched.set_vm_weight(VmId(vm.0), weight)?;
-        if let Some(e) = st.vms.get_mut(vm.0 as usize) {
-            e.params.weight = weight;
-        }
         let now = self.now();
         drop(self.pump(st, Event::Tick { now }));
         Ok(())
@@ -306,8 +298,9 @@ impl Mediator {
     /// A VM's current parameters and accounting (`None` once removed).
     pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
         let st = lock(&self.st);
-        let e = st.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
-        Some((e.params, st.sched.vm_stats(VmId(vm.0))?))
+        st.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        let id = VmId(vm.0);
+        Some((st.sched.vm_params(id)?, st.sched.vm_stats(id)?))
     }
 
     // ---- guest register and doorbell access ---------------------------

@@ -79,27 +79,40 @@ struct Vm {
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
     /// Its Running queues, lowest key first, then longest mapped.
     running: BTreeSet<(u16, Nanos, QueueId)>,
-    /// Its busy (Ready/Saved/Running) queue counts per key.
-    busy_keys: BTreeMap<u16, u32>,
 }
 
 impl Vm {
-    /// Highest key of its busy queues.
+    /// Its Ready/Saved queues with keys in `lo..=hi`, highest key first,
+    /// then oldest.
+    fn ready_in(
+        &self,
+        lo: u16,
+        hi: u16,
+    ) -> impl Iterator<Item = &(Reverse<u16>, Nanos, QueueId)> + '_ {
+        self.ready
+            .range((Reverse(hi), 0, QueueId(0))..=(Reverse(lo), Nanos::MAX, QueueId(u64::MAX)))
+    }
+    /// Highest key of its busy (Ready/Saved/Running) queues.
     fn top_key(&self) -> Option<u16> {
-        self.busy_keys.keys().next_back().copied()
+        let ready = self.ready.first().map(|e| e.0 .0);
+        let running = self.running.last().map(|e| e.0);
+        ready.max(running)
     }
     /// Highest key of its busy queues at `level`.
     fn top_key_at(&self, level: u16) -> Option<u16> {
         let (a, b) = level_keys(level);
-        self.busy_keys.range(a..=b).next_back().map(|e| *e.0)
+        let ready = self.ready_in(a, b).next().map(|e| e.0 .0);
+        let running = self
+            .running
+            .range((a, 0, QueueId(0))..=(b, Nanos::MAX, QueueId(u64::MAX)))
+            .next_back()
+            .map(|e| e.0);
+        ready.max(running)
     }
     /// Its best ready queue at `level` (highest key, then oldest).
     fn best_ready_at(&self, level: u16) -> Option<(u16, QueueId)> {
         let (a, b) = level_keys(level);
-        self.ready
-            .range((Reverse(b), 0, QueueId(0))..=(Reverse(a), Nanos::MAX, QueueId(u64::MAX)))
-            .next()
-            .map(|e| (e.0 .0, e.2))
+        self.ready_in(a, b).next().map(|e| (e.0 .0, e.2))
     }
 }
 
@@ -287,7 +300,6 @@ impl Scheduler {
                 removed: false,
                 ready: BTreeSet::new(),
                 running: BTreeSet::new(),
-                busy_keys: BTreeMap::new(),
             },
         );
         Ok(partition)
@@ -446,6 +458,11 @@ impl Scheduler {
             }
             s
         })
+    }
+
+    /// A VM's current parameters (with live changes applied).
+    pub fn vm_params(&self, vm: VmId) -> Option<VmParams> {
+        self.vms.get(&vm).map(|v| v.params)
     }
 
     /// Partition a VM is pinned to.
@@ -703,8 +720,7 @@ impl Scheduler {
         }
         // Map the owner's waiting queues at that key.
         let want: Vec<QueueId> = self.vms[&owner.vm]
-            .ready
-            .range((Reverse(okey), 0, QueueId(0))..=(Reverse(okey), Nanos::MAX, QueueId(u64::MAX)))
+            .ready_in(okey, okey)
             .map(|e| e.2)
             .collect();
         let mut left = want.len();
@@ -758,12 +774,11 @@ impl Scheduler {
             // The slot goes to this queue's VM; within the VM, to its best
             // ready queue at this level.
             let vm = self.queues[&q].vm;
+            // (With `only_top`, the filter above left only VMs whose best
+            // ready queue is at their top busy key; mapping one keeps it so.)
             let Some((key, q)) = self.vms[&vm].best_ready_at(level) else {
                 continue;
             };
-            if only_top && prio && self.vms[&vm].top_key().is_some_and(|t| key < t) {
-                continue;
-            }
             if self.place(p, q, left) {
                 left -= 1;
                 continue;
@@ -1169,7 +1184,6 @@ impl Scheduler {
             QueueState::Ready | QueueState::Saved | QueueState::Running
         ) {
             *p.busy.entry(level).or_default().entry(vm).or_default() += 1;
-            *v.busy_keys.entry(key).or_default() += 1;
         }
     }
 
@@ -1212,12 +1226,6 @@ impl Scheduler {
                 }
                 if m.is_empty() {
                     p.busy.remove(&level);
-                }
-            }
-            if let Some(c) = v.busy_keys.get_mut(&key) {
-                *c -= 1;
-                if *c == 0 {
-                    v.busy_keys.remove(&key);
                 }
             }
         }
@@ -1269,7 +1277,7 @@ impl Scheduler {
             let in_part = || self.vms.values().filter(|v| v.partition as usize == pi);
             let ready: usize = in_part().map(|v| v.ready.len()).sum();
             let running: usize = in_part().map(|v| v.running.len()).sum();
-            let busy: u32 = in_part().flat_map(|v| v.busy_keys.values()).sum();
+            let busy = (ready + running) as u32;
             let pbusy: u32 = p.busy.values().flat_map(|m| m.values()).sum();
             if ready != p.ready.len() || running != p.running.len() || busy != pbusy {
                 return Err(format!(

@@ -70,6 +70,18 @@ pub fn error_code(r: &QueueErrorReason) -> u32 {
     }
 }
 
+/// Where a VM's vGPU raises MSI-X vectors (`abi::vgpu::NUM_VECTORS`):
+/// implemented by the VMM (mask/pending/irqfd) and by tests.
+///
+/// Stop-gap until the front end/arbiter split: the mediator raises vector
+/// `i` after each packet completion on vHQD `i` (its completion signal was
+/// already decremented) and `abi::vgpu::ERROR_VECTOR` when a vHQD enters
+/// an error state. No mailbox write yet.
+pub trait InterruptSink: Send + Sync {
+    /// Raises MSI-X vector `vector` of the VM.
+    fn raise(&self, vector: u16);
+}
+
 /// A VM registered with the mediator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct VgpuHandle(pub u32);
@@ -103,6 +115,21 @@ struct VmEntry {
     wait_addr_lo: u32,
     wait_result: u32,
     removed: bool,
+    irq: Option<Arc<dyn InterruptSink>>,
+}
+
+impl VmEntry {
+    /// Puts vHQD `i` in error `code` and raises the error vector.
+    fn set_error(&mut self, i: usize, code: u32) {
+        self.vhqd[i].error = code;
+        self.raise(abi::vgpu::ERROR_VECTOR as u16);
+    }
+
+    fn raise(&self, vector: u16) {
+        if let Some(irq) = &self.irq {
+            irq.raise(vector);
+        }
+    }
 }
 
 struct State {
@@ -236,8 +263,16 @@ impl Mediator {
             wait_addr_lo: 0,
             wait_result: 0,
             removed: false,
+            irq: None,
         });
         Ok(VgpuHandle(id as u32))
+    }
+
+    /// Sets where VM `vm`'s vGPU interrupts go (see [`InterruptSink`]).
+    pub fn set_interrupt_sink(&self, vm: VgpuHandle, irq: Arc<dyn InterruptSink>) {
+        if let Some(e) = lock(&self.st).vms.get_mut(vm.0 as usize) {
+            e.irq = Some(irq);
+        }
     }
 
     /// Unregisters a VM: its queues are reset-unmapped; returns when no slot
@@ -418,7 +453,7 @@ impl Mediator {
                 // Checked at load, so only a memory change gets here.
                 log::warn!("vm {}: vHQD {i}: write pointer unreadable", e.name);
                 let mut st = st;
-                st.vms[v].vhqd[i].error = error::POINTER_ADDR_OUT_OF_RANGE;
+                st.vms[v].set_error(i, error::POINTER_ADDR_OUT_OF_RANGE);
                 self.cv.notify_all();
                 drop(self.pump(st, Event::QueueError { queue: q, now }));
                 return;
@@ -454,14 +489,14 @@ impl Mediator {
         let mut b = [0u8; MQD_BYTES];
         if st.vms[v].mem.read(base, &mut b).is_err() {
             log::warn!("vm {name}: vHQD {i}: MQD at {base:#x} is outside VM memory");
-            st.vms[v].vhqd[i].error = error::MQD_ADDRESS;
+            st.vms[v].set_error(i, error::MQD_ADDRESS);
             self.cv.notify_all();
             return;
         }
         let mqd = V9Mqd::from_bytes(&b);
         if let Err(r) = check_mqd(&self.topo, &mqd, st.vms[v].mem.as_ref()) {
             log::warn!("vm {name}: vHQD {i}: MQD refused: {r}");
-            st.vms[v].vhqd[i].error = error_code(&r);
+            st.vms[v].set_error(i, error_code(&r));
             self.cv.notify_all();
             return;
         }
@@ -564,7 +599,7 @@ impl Mediator {
                     Err(err) => {
                         log::warn!("vm {}: vHQD {i}: map refused: {err}", e.name);
                         if let crate::backend::GpuError::BadMqd(r) = err {
-                            e.vhqd[i].error = error_code(&r);
+                            e.set_error(i, error_code(&r));
                         }
                         // The slot was never loaded: report the error, and
                         // complete the dequeue that follows at once.
@@ -630,6 +665,7 @@ impl Mediator {
                 st.completions += 1;
                 if let Some((v, i)) = owner {
                     st.vms[v].vhqd[i].rptr = dispatch_id + 1;
+                    st.vms[v].raise(i as u16);
                 }
                 self.cv.notify_all();
             }
@@ -661,7 +697,7 @@ impl Mediator {
             GpuEvent::QueueError { reason, .. } => {
                 if let Some((v, i)) = owner {
                     log::warn!("vm {}: vHQD {i}: queue error: {reason}", st.vms[v].name);
-                    st.vms[v].vhqd[i].error = error_code(&reason);
+                    st.vms[v].set_error(i, error_code(&reason));
                 }
                 st = self.pump(st, Event::QueueError { queue: q, now });
                 self.cv.notify_all();
@@ -765,6 +801,14 @@ mod tests {
         m.reg_read(h, reg::WAIT_RESULT as u64)
     }
 
+    #[derive(Default)]
+    struct Irqs(Mutex<Vec<u16>>);
+    impl InterruptSink for Irqs {
+        fn raise(&self, vector: u16) {
+            self.0.lock().unwrap().push(vector);
+        }
+    }
+
     fn mqd_addr(q: &GuestQueue) -> u64 {
         q.mqd
             .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI)
@@ -814,6 +858,9 @@ mod tests {
         let m = Mediator::start(GpuTopology::tiny(), SchedConfig::default(), 1).unwrap();
         let (bad, mut btvm, mut bq) = vm_with_queue(&m, "bad", 5);
         let (good, mut gtvm, mut gq) = vm_with_queue(&m, "good", 5);
+        let (bad_irq, good_irq) = (Arc::new(Irqs::default()), Arc::new(Irqs::default()));
+        m.set_interrupt_sink(bad, bad_irq.clone());
+        m.set_interrupt_sink(good, good_irq.clone());
         // MQD outside memory.
         load(&m, bad, 1, 1 << 40);
         assert_eq!(
@@ -855,6 +902,23 @@ mod tests {
         gtvm.verify(&gq).unwrap();
         assert_eq!(wait(&m, bad, bq.signals[0]), wait::QUEUE_ERROR);
         assert_eq!(m.reg_read(bad, hr(0, reg::CP_HQD_ERROR)), 7);
+        let err = abi::vgpu::ERROR_VECTOR as u16;
+        assert_eq!(
+            bad_irq
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|v| **v == err)
+                .count(),
+            3,
+            "one error vector per failed load or queue error"
+        );
+        assert_eq!(
+            *good_irq.0.lock().unwrap(),
+            vec![0],
+            "one completion on vHQD 0"
+        );
         // Waiting on a signal outside memory.
         assert_eq!(wait(&m, good, 1 << 40), wait::BAD_SIGNAL);
         m.remove_vm(bad);

@@ -10,6 +10,11 @@ pub const VGPU_ABI_VERSION: u32 = 1;
 pub const WINDOW_BYTES: u64 = 4096;
 /// Virtual HQDs per VM (`NUM_VHQD`).
 pub const NUM_VHQD: usize = 8;
+/// MSI-X vectors of the vGPU: vector `i < NUM_VHQD` is the completion
+/// interrupt of vHQD `i`; [`ERROR_VECTOR`] is a queue error on any vHQD.
+pub const NUM_VECTORS: usize = NUM_VHQD + 1;
+/// MSI-X vector raised on a queue error of any vHQD.
+pub const ERROR_VECTOR: usize = NUM_VHQD;
 /// Bytes per doorbell: doorbell `i` is at `DOORBELL_STRIDE * i`.
 pub const DOORBELL_STRIDE: usize = 8;
 /// Boot-info device kind of the register window.

@@ -1,7 +1,7 @@
 //! A fleet run: build every VM of a config, start them, wait on one event
 //! loop (event-manager) for each VM's end or the run timeout, report.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
@@ -14,9 +14,10 @@ use mdev::mediator::{self, Mediator, VgpuHandle};
 use mdev::mem::DmaMemory;
 use scheduler::VmParams;
 
-use crate::boot::{device_kind, DeviceEntry};
 use crate::config::{FleetConfig, ImageSource, VmConfig};
-use crate::devices::vgpu::{VgpuDoorbells, VgpuRegs, VGPU_DOORBELLS_BASE, VGPU_REGS_BASE};
+use crate::devices::mediated::MediatedVgpu;
+use crate::devices::msix::{KvmMsi, Msix};
+use crate::devices::vgpu::VgpuPci;
 use crate::vm::{Vm, VmError, VmReport, VmSpec};
 
 /// Run options not in the config.
@@ -151,6 +152,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     // Stops the mediator's threads on every return path, early ones included.
     let _mediator_guard = MediatorGuard(mediator.clone());
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
+    let mut attached: Vec<Option<Attached>> = (0..cfg.vm.len()).map(|_| None).collect();
     // Build everything first: a VM that cannot be built aborts the launch
     // before any guest runs.
     let mut built = Vec::with_capacity(cfg.vm.len());
@@ -179,14 +181,16 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             vcpus: vc.vcpus,
             args: vc.args.clone(),
             echo: opts.echo,
-            extra_devices: if vc.gpu { vgpu_entries() } else { Vec::new() },
+            extra_devices: Vec::new(),
         };
-        let mut vm = Vm::create(&kvm, &cpuid, spec).map_err(|source| FleetError::Build {
+        let vm = Vm::create(&kvm, &cpuid, spec).map_err(|source| FleetError::Build {
             vm: vc.name.clone(),
             source,
         })?;
         if let (true, Some(m)) = (vc.gpu, &mediator) {
-            vgpus[id] = Some(attach_vgpu(m, &mut vm, vc)?);
+            let a = attach_vgpu(m, &vm, vc)?;
+            vgpus[id] = Some(a.backend.handle());
+            attached[id] = Some(a);
         }
         built.push(vm);
     }
@@ -246,6 +250,9 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                 control.ended(i);
                 vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
                 reports[i] = Some(vm.stop("VM ended"));
+                if let Some(a) = attached[i].take() {
+                    a.detach();
+                }
             }
         }
         if m.timed_out {
@@ -265,6 +272,9 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             // Release vCPUs blocked in a vGPU wait before stopping them.
             vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
             reports[i] = Some(vm.stop("run timeout"));
+            if let Some(a) = attached[i].take() {
+                a.detach();
+            }
         }
     }
     let gpu = mediator.as_ref().map(|m| m.stats());
@@ -301,27 +311,26 @@ impl Drop for MediatorGuard {
     }
 }
 
-/// Boot-info entries of the vGPU windows.
-fn vgpu_entries() -> Vec<DeviceEntry> {
-    vec![
-        DeviceEntry {
-            kind: device_kind::VGPU_REGS,
-            vector: 0,
-            base: VGPU_REGS_BASE,
-            size: mediator::REGS_BYTES,
-        },
-        DeviceEntry {
-            kind: device_kind::VGPU_DOORBELLS,
-            vector: 0,
-            base: VGPU_DOORBELLS_BASE,
-            size: mediator::DOORBELL_BYTES,
-        },
-    ]
+/// A VM's vGPU: PCI function, MSI-X delivery and the mediator glue.
+struct Attached {
+    pci: Arc<VgpuPci>,
+    backend: Arc<MediatedVgpu>,
 }
 
-/// Registers a built VM with the mediator and puts its vGPU windows on its
-/// MMIO bus.
-fn attach_vgpu(m: &Arc<Mediator>, vm: &mut Vm, vc: &VmConfig) -> Result<VgpuHandle, FleetError> {
+impl Attached {
+    /// Takes the BARs off the bus, the ioeventfds out of KVM, and stops the
+    /// doorbell reader (after the VM's vCPUs stopped).
+    fn detach(self) {
+        self.pci.detach();
+        self.backend.stop();
+    }
+}
+
+/// Registers a built VM with the mediator and puts its vGPU on PCI bus 0:
+/// MSI-X through KVM irqfds, doorbells through KVM ioeventfds (registered
+/// once the guest assigns BAR2 and enables decoding).
+fn attach_vgpu(m: &Arc<Mediator>, vm: &Vm, vc: &VmConfig) -> Result<Attached, FleetError> {
+    let err = |e: String| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
     let mem: Arc<dyn DmaMemory> = Arc::new(vm.guest_memory().as_ref().clone());
     let params = VmParams {
         priority: vc.priority,
@@ -330,22 +339,32 @@ fn attach_vgpu(m: &Arc<Mediator>, vm: &mut Vm, vc: &VmConfig) -> Result<VgpuHand
     };
     let h = m
         .add_vm(&vc.name, mem, params)
-        .map_err(|e| FleetError::Gpu(format!("vm '{}': {e}", vc.name)))?;
-    let bus = vm.mmio_bus_mut();
-    let err = |e: crate::bus::BusError| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
-    bus.insert(
-        VGPU_REGS_BASE,
-        mediator::REGS_BYTES,
-        Arc::new(Mutex::new(VgpuRegs::new(m.clone(), h))),
-    )
-    .map_err(err)?;
-    bus.insert(
-        VGPU_DOORBELLS_BASE,
-        mediator::DOORBELL_BYTES,
-        Arc::new(Mutex::new(VgpuDoorbells::new(m.clone(), h))),
-    )
-    .map_err(err)?;
-    Ok(h)
+        .map_err(|e| err(e.to_string()))?;
+    let backend = MediatedVgpu::start(m.clone(), h, &vc.name).map_err(|e| err(e.to_string()))?;
+    let target = KvmMsi::new(vm.vm_fd().clone(), abi::vgpu::NUM_VECTORS, &vc.name)
+        .map_err(|e| err(e.to_string()))?;
+    let msix = Arc::new(Msix::new(abi::vgpu::NUM_VECTORS, Arc::new(target)));
+    m.set_interrupt_sink(h, Arc::new(MsixSink(msix.clone())));
+    let pci = Arc::new(VgpuPci::new(
+        &vc.name,
+        backend.clone(),
+        msix,
+        vm.mmio_bus(),
+        vm.vm_fd().clone(),
+    ));
+    vm.pci()
+        .add(abi::pci::VGPU_DEVICE, pci.clone())
+        .map_err(|e| err(e.to_string()))?;
+    Ok(Attached { pci, backend })
+}
+
+/// The mediator's interrupt sink: the VM's MSI-X function.
+struct MsixSink(Arc<Msix>);
+
+impl mediator::InterruptSink for MsixSink {
+    fn raise(&self, vector: u16) {
+        self.0.raise(vector);
+    }
 }
 
 /// Removes a VM's vGPU from the mediator; returns its final GPU accounting.

@@ -16,6 +16,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use crate::boot::{self, BootParams, DeviceEntry};
 use crate::bus::{Bus, BusAction};
 use crate::console::Console;
+use crate::devices::pci::PciRoot;
 use crate::devices::{self, CheckpointDevice, ExitDevice, SerialDevice};
 
 /// Everything needed to build one VM.
@@ -35,8 +36,8 @@ pub struct VmSpec {
     pub args: String,
     /// Print console lines on stdout.
     pub echo: bool,
-    /// More boot-info device entries (e.g. the vGPU windows), after the
-    /// built-in ones. Their bus devices are inserted after `create`.
+    /// More boot-info device entries, after the built-in ones. Their bus
+    /// devices are inserted after `create`. (The vGPU is found by PCI.)
     pub extra_devices: Vec<DeviceEntry>,
 }
 
@@ -117,11 +118,12 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 pub struct Vm {
     spec: VmSpec,
     // Kept alive while vCPUs run; dropped only after they are joined.
-    _vm_fd: VmFd,
+    vm_fd: Arc<VmFd>,
     mem: Arc<GuestMemoryMmap>,
     vcpus: Vec<VcpuFd>,
     pio: Bus,
     mmio: Bus,
+    pci: Arc<PciRoot>,
     console: Arc<Console>,
     marks: Arc<Mutex<Vec<(u32, Instant)>>>,
     entry: u64,
@@ -161,6 +163,11 @@ impl Vm {
     pub fn create(kvm: &Kvm, cpuid: &CpuId, spec: VmSpec) -> Result<Self, VmError> {
         let t0 = Instant::now();
         let vm_fd = kvm.create_vm().map_err(kvm_err("create_vm"))?;
+        // In-kernel LAPIC/IOAPIC/PIC before any vCPU: MSI-X interrupts arrive
+        // through irqfds and `hlt` waits in the kernel.
+        vm_fd
+            .create_irq_chip()
+            .map_err(kvm_err("create_irq_chip"))?;
         let mem = create_guest_memory(&spec.name, spec.mem_bytes)?;
         let host = mem
             .get_host_address(GuestAddress(0))
@@ -210,22 +217,25 @@ impl Vm {
 
         let console = Console::new(&spec.name, spec.echo);
         let marks = Arc::new(Mutex::new(Vec::new()));
-        let mut pio = Bus::new();
+        let pio = Bus::new();
         let bus_err = |e| VmError::Memory(format!("bus: {e}"));
         pio.insert(
             devices::SERIAL_PORT,
             8,
-            Arc::new(Mutex::new(SerialDevice::new(console.clone()))),
+            Arc::new(SerialDevice::new(console.clone())),
         )
         .map_err(bus_err)?;
-        pio.insert(devices::EXIT_PORT, 4, Arc::new(Mutex::new(ExitDevice)))
+        pio.insert(devices::EXIT_PORT, 4, Arc::new(ExitDevice))
             .map_err(bus_err)?;
         pio.insert(
             devices::CHECKPOINT_PORT,
             4,
-            Arc::new(Mutex::new(CheckpointDevice::new(marks.clone()))),
+            Arc::new(CheckpointDevice::new(marks.clone())),
         )
         .map_err(bus_err)?;
+        let pci = Arc::new(PciRoot::new());
+        pio.insert(u64::from(abi::pci::CONFIG_ADDRESS_PORT), 8, pci.clone())
+            .map_err(bus_err)?;
 
         let mut vcpus = Vec::new();
         for i in 0..spec.vcpus {
@@ -238,16 +248,25 @@ impl Vm {
             vcpu.set_sregs(&sregs).map_err(kvm_err("set_sregs"))?;
             vcpu.set_regs(&boot::entry_regs(entry, u64::from(i)))
                 .map_err(kvm_err("set_regs"))?;
+            if i > 0 {
+                // With the in-kernel LAPIC an application processor waits for
+                // INIT/SIPI; ours start at the entry point like vCPU 0.
+                vcpu.set_mp_state(kvm_bindings::kvm_mp_state {
+                    mp_state: kvm_bindings::KVM_MP_STATE_RUNNABLE,
+                })
+                .map_err(kvm_err("set_mp_state"))?;
+            }
             vcpus.push(vcpu);
         }
         log::debug!("{}: built in {:?}", spec.name, t0.elapsed());
         Ok(Self {
             spec,
-            _vm_fd: vm_fd,
+            vm_fd: Arc::new(vm_fd),
             mem: Arc::new(mem),
             vcpus,
             pio,
             mmio: Bus::new(),
+            pci,
             console,
             marks,
             entry,
@@ -264,9 +283,19 @@ impl Vm {
         self.mem.clone()
     }
 
-    /// The MMIO bus, to add devices before starting.
-    pub fn mmio_bus_mut(&mut self) -> &mut Bus {
-        &mut self.mmio
+    /// The MMIO bus (shared: devices may be added or moved while running).
+    pub fn mmio_bus(&self) -> Bus {
+        self.mmio.clone()
+    }
+
+    /// PCI bus 0 (configuration mechanism #1).
+    pub fn pci(&self) -> &Arc<PciRoot> {
+        &self.pci
+    }
+
+    /// The KVM VM (ioeventfds, irqfds, GSI routes).
+    pub fn vm_fd(&self) -> &Arc<VmFd> {
+        &self.vm_fd
     }
 
     /// Guest RAM.
@@ -312,7 +341,7 @@ impl Vm {
             console: self.console,
             marks: self.marks,
             started,
-            _vm_fd: self._vm_fd,
+            _vm_fd: self.vm_fd,
             mem: self.mem,
         })
     }
@@ -437,7 +466,7 @@ pub struct RunningVm {
     console: Arc<Console>,
     marks: Arc<Mutex<Vec<(u32, Instant)>>>,
     started: Instant,
-    _vm_fd: VmFd,
+    _vm_fd: Arc<VmFd>,
     mem: Arc<GuestMemoryMmap>,
 }
 

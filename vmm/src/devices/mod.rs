@@ -1,6 +1,10 @@
 //! Emulated platform devices: serial console, exit and checkpoint ports,
-//! and the vGPU windows ([`vgpu`]).
+//! the PCI host bridge and bus ([`pci`]), the vGPU PCI function ([`vgpu`])
+//! with its MSI-X model ([`msix`]).
 
+pub mod mediated;
+pub mod msix;
+pub mod pci;
 pub mod vgpu;
 
 use std::sync::{Arc, Mutex};
@@ -18,6 +22,87 @@ pub const EXIT_PORT: u64 = 0xf4;
 /// Checkpoint port: a 32-bit write records a host timestamp.
 pub const CHECKPOINT_PORT: u64 = 0xf8;
 
+/// Lines per second a [`RateLimitedLog`] lets through.
+pub const LOG_LINES_PER_SECOND: u32 = 5;
+
+/// A warning log for guest-triggered events: at most
+/// [`LOG_LINES_PER_SECOND`] lines per second; the first line after a
+/// suppressed burst says how many were suppressed.
+pub struct RateLimitedLog {
+    prefix: String,
+    st: Mutex<LimitState>,
+}
+
+struct LimitState {
+    window: Option<Instant>,
+    lines: u32,
+    suppressed: u64,
+    total: u64,
+}
+
+impl RateLimitedLog {
+    /// A limiter whose lines start with `prefix`.
+    pub fn new(prefix: String) -> Self {
+        RateLimitedLog {
+            prefix,
+            st: Mutex::new(LimitState {
+                window: None,
+                lines: 0,
+                suppressed: 0,
+                total: 0,
+            }),
+        }
+    }
+
+    /// Logs `msg` at warn level unless the limit is reached.
+    pub fn warn(&self, msg: std::fmt::Arguments<'_>) {
+        let now = Instant::now();
+        let mut st = self
+            .st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.total += 1;
+        if st
+            .window
+            .is_none_or(|w| now.duration_since(w) >= std::time::Duration::from_secs(1))
+        {
+            st.window = Some(now);
+            st.lines = 0;
+        }
+        if st.lines >= LOG_LINES_PER_SECOND {
+            st.suppressed += 1;
+            return;
+        }
+        st.lines += 1;
+        let suppressed = std::mem::take(&mut st.suppressed);
+        drop(st);
+        if suppressed > 0 {
+            log::warn!(
+                "{}: {msg} ({suppressed} similar lines suppressed)",
+                self.prefix
+            );
+        } else {
+            log::warn!("{}: {msg}", self.prefix);
+        }
+    }
+
+    /// Events reported (logged or suppressed).
+    pub fn total(&self) -> u64 {
+        self.st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .total
+    }
+
+    /// Events suppressed since the last logged line.
+    pub fn suppressed(&self) -> u64 {
+        self.st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .suppressed
+    }
+}
+
 /// The serial port raises no interrupt yet (the guests only write).
 pub struct NoIrq;
 
@@ -29,24 +114,30 @@ impl Trigger for NoIrq {
 }
 
 /// 16550 UART (vm-superio) whose output feeds a [`Console`].
-pub struct SerialDevice(Serial<NoIrq, NoEvents, ConsoleWriter>);
+pub struct SerialDevice(Mutex<Serial<NoIrq, NoEvents, ConsoleWriter>>);
 
 impl SerialDevice {
     /// A UART writing to `console`.
     pub fn new(console: Arc<Console>) -> Self {
-        Self(Serial::new(NoIrq, ConsoleWriter(console)))
+        Self(Mutex::new(Serial::new(NoIrq, ConsoleWriter(console))))
+    }
+
+    fn uart(&self) -> std::sync::MutexGuard<'_, Serial<NoIrq, NoEvents, ConsoleWriter>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
 impl BusDevice for SerialDevice {
-    fn read(&mut self, offset: u64, data: &mut [u8]) {
+    fn read(&self, offset: u64, data: &mut [u8]) {
         if let Some(b) = data.first_mut() {
-            *b = self.0.read(offset as u8);
+            *b = self.uart().read(offset as u8);
         }
     }
-    fn write(&mut self, offset: u64, data: &[u8]) -> BusAction {
+    fn write(&self, offset: u64, data: &[u8]) -> BusAction {
         if let Some(&b) = data.first() {
-            if let Err(e) = self.0.write(offset as u8, b) {
+            if let Err(e) = self.uart().write(offset as u8, b) {
                 log::warn!("serial write failed: {e:?}");
             }
         }
@@ -58,10 +149,10 @@ impl BusDevice for SerialDevice {
 pub struct ExitDevice;
 
 impl BusDevice for ExitDevice {
-    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+    fn read(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-    fn write(&mut self, _offset: u64, data: &[u8]) -> BusAction {
+    fn write(&self, _offset: u64, data: &[u8]) -> BusAction {
         let mut v = [0u8; 4];
         let n = data.len().min(4);
         v[..n].copy_from_slice(&data[..n]);
@@ -83,16 +174,16 @@ impl CheckpointDevice {
 }
 
 impl BusDevice for CheckpointDevice {
-    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+    fn read(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-    fn write(&mut self, _offset: u64, data: &[u8]) -> BusAction {
+    fn write(&self, _offset: u64, data: &[u8]) -> BusAction {
         let mut v = [0u8; 4];
         let n = data.len().min(4);
         v[..n].copy_from_slice(&data[..n]);
         self.marks
             .lock()
-            .unwrap()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((u32::from_le_bytes(v), Instant::now()));
         BusAction::Continue
     }
@@ -105,7 +196,7 @@ mod tests {
     #[test]
     fn serial_output_reaches_console_and_exit_reports_status() {
         let console = Console::new("s", false);
-        let mut s = SerialDevice::new(console.clone());
+        let s = SerialDevice::new(console.clone());
         for &b in b"hi\n" {
             assert_eq!(s.write(0, &[b]), BusAction::Continue);
         }
@@ -113,8 +204,18 @@ mod tests {
         assert_eq!(ExitDevice.write(0, &7u32.to_le_bytes()), BusAction::Exit(7));
         assert_eq!(ExitDevice.write(0, &[3]), BusAction::Exit(3));
         let marks = Arc::default();
-        let mut c = CheckpointDevice::new(Arc::clone(&marks));
+        let c = CheckpointDevice::new(Arc::clone(&marks));
         c.write(0, &1u32.to_le_bytes());
         assert_eq!(marks.lock().unwrap()[0].0, 1);
+    }
+
+    #[test]
+    fn rate_limited_log_counts_what_it_suppresses() {
+        let l = RateLimitedLog::new("t".into());
+        for _ in 0..100 {
+            l.warn(format_args!("x"));
+        }
+        assert_eq!(l.total(), 100);
+        assert_eq!(l.suppressed(), 100 - u64::from(LOG_LINES_PER_SECOND));
     }
 }

@@ -1,0 +1,439 @@
+//! PCI bus 0 behind configuration mechanism #1 (ports 0xCF8/0xCFC,
+//! docs/vgpu-abi.md "Finding the device"): a host bridge at device 0 and
+//! the functions the VMM adds (the vGPU at `abi::pci::VGPU_DEVICE`).
+//!
+//! [`ConfigSpace`] is a type-0 header with per-bit write masks: BARs are
+//! sized the usual way (write all ones, read the mask back) and assigned by
+//! the guest; read-only fields ignore writes; accesses of a bad width, or
+//! crossing a dword, read all ones and are not written.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use abi::pci::{
+    cfg, COMMAND_BUS_MASTER, COMMAND_INTX_DISABLE, COMMAND_MEMORY, CONFIG_ENABLE,
+    HOST_BRIDGE_DEVICE, STATUS_CAP_LIST,
+};
+
+use crate::bus::{BusAction, BusDevice};
+
+/// Bytes of a function's configuration space.
+pub const CONFIG_BYTES: usize = 256;
+const DWORDS: usize = CONFIG_BYTES / 4;
+
+/// Identity of a function.
+#[derive(Clone, Copy, Debug)]
+pub struct Identity {
+    /// Vendor id.
+    pub vendor: u16,
+    /// Device id.
+    pub device: u16,
+    /// Class code.
+    pub class: u8,
+    /// Subclass.
+    pub subclass: u8,
+    /// Programming interface.
+    pub prog_if: u8,
+    /// Revision id.
+    pub revision: u8,
+    /// Subsystem vendor id.
+    pub subsystem_vendor: u16,
+    /// Subsystem id.
+    pub subsystem: u16,
+}
+
+/// A type-0 configuration space with write masks.
+#[derive(Clone)]
+pub struct ConfigSpace {
+    regs: [u32; DWORDS],
+    writable: [u32; DWORDS],
+}
+
+/// True for a config access of 1, 2 or 4 bytes inside one dword of the space.
+pub fn access_ok(offset: usize, len: usize) -> bool {
+    matches!(len, 1 | 2 | 4) && offset < CONFIG_BYTES && offset % 4 + len <= 4
+}
+
+impl ConfigSpace {
+    /// A header with `id`; COMMAND's memory, bus-master and INTx-disable bits
+    /// and the interrupt line are writable, everything else read-only.
+    pub fn new(id: Identity) -> Self {
+        let mut c = ConfigSpace {
+            regs: [0; DWORDS],
+            writable: [0; DWORDS],
+        };
+        c.regs[cfg::VENDOR_ID / 4] = u32::from(id.vendor) | u32::from(id.device) << 16;
+        c.regs[cfg::REVISION / 4] = u32::from(id.revision)
+            | u32::from(id.prog_if) << 8
+            | u32::from(id.subclass) << 16
+            | u32::from(id.class) << 24;
+        c.regs[cfg::SUBSYSTEM_VENDOR_ID / 4] =
+            u32::from(id.subsystem_vendor) | u32::from(id.subsystem) << 16;
+        c.writable[cfg::COMMAND / 4] =
+            u32::from(COMMAND_MEMORY | COMMAND_BUS_MASTER | COMMAND_INTX_DISABLE);
+        c.writable[cfg::INTERRUPT_LINE / 4] = 0xFF;
+        c
+    }
+
+    /// Makes BAR `n` (0..6) a 32-bit non-prefetchable memory BAR of `size`
+    /// bytes (a power of two, at least 16).
+    pub fn add_memory_bar(&mut self, n: usize, size: u32) {
+        assert!(n < 6 && size.is_power_of_two() && size >= 16, "bad BAR");
+        self.writable[cfg::BAR0 / 4 + n] = !(size - 1);
+    }
+
+    /// Adds a capability at `offset` (dword aligned, >= 0x40) whose first
+    /// dword is `header` (id in bits 7:0; the next pointer is filled in) and
+    /// following dwords `body`; links it at the head of the list.
+    pub fn add_capability(&mut self, offset: usize, header: u32, body: &[u32]) {
+        assert!(offset >= 0x40 && offset % 4 == 0 && offset + 4 * (body.len() + 1) <= CONFIG_BYTES);
+        let next = self.regs[cfg::CAP_PTR / 4] & 0xFF;
+        self.regs[offset / 4] = (header & !0xFF00) | next << 8;
+        for (i, d) in body.iter().enumerate() {
+            self.regs[offset / 4 + 1 + i] = *d;
+        }
+        self.regs[cfg::CAP_PTR / 4] = (self.regs[cfg::CAP_PTR / 4] & !0xFF) | offset as u32;
+        self.regs[cfg::COMMAND / 4] |= u32::from(STATUS_CAP_LIST) << 16;
+    }
+
+    /// The dword at `offset & !3`.
+    pub fn dword(&self, offset: usize) -> u32 {
+        self.regs.get(offset / 4).copied().unwrap_or(u32::MAX)
+    }
+
+    /// Guest read; bad accesses read all ones.
+    pub fn read(&self, offset: usize, data: &mut [u8]) {
+        read_from_dword(self.dword(offset), offset, data);
+    }
+
+    /// Guest write through the write masks; false (nothing written) for a bad access.
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> bool {
+        if !access_ok(offset, data.len()) {
+            return false;
+        }
+        let shift = 8 * (offset % 4);
+        let mut val = 0u32;
+        let mut bytes = 0u32;
+        for (i, b) in data.iter().enumerate() {
+            val |= u32::from(*b) << (8 * i + shift);
+            bytes |= 0xFF << (8 * i + shift);
+        }
+        let i = offset / 4;
+        let mask = self.writable[i] & bytes;
+        self.regs[i] = (self.regs[i] & !mask) | (val & mask);
+        true
+    }
+
+    /// COMMAND.
+    pub fn command(&self) -> u16 {
+        self.regs[cfg::COMMAND / 4] as u16
+    }
+
+    /// Guest-assigned address of memory BAR `n` (0 if never assigned).
+    pub fn bar_address(&self, n: usize) -> u64 {
+        let i = cfg::BAR0 / 4 + n;
+        u64::from(self.regs[i] & self.writable[i])
+    }
+}
+
+/// Copies the bytes of `dword` that a config read of `data.len()` at
+/// `offset` returns; all ones for a bad access.
+pub fn read_from_dword(dword: u32, offset: usize, data: &mut [u8]) {
+    if !access_ok(offset, data.len()) {
+        data.fill(0xFF);
+        return;
+    }
+    let b = dword.to_le_bytes();
+    let s = offset % 4;
+    data.copy_from_slice(&b[s..s + data.len()]);
+}
+
+/// A function on the PCI bus.
+pub trait PciFunction: Send + Sync {
+    /// Config read of 1, 2 or 4 bytes at `offset` (within one dword).
+    fn config_read(&self, offset: usize, data: &mut [u8]);
+    /// Config write of 1, 2 or 4 bytes at `offset` (within one dword).
+    fn config_write(&self, offset: usize, data: &[u8]);
+}
+
+/// The host bridge at device 0 (class 06/00).
+pub struct HostBridge(Mutex<ConfigSpace>);
+
+impl HostBridge {
+    /// A host bridge with hqdmux's ids.
+    pub fn new() -> Self {
+        HostBridge(Mutex::new(ConfigSpace::new(Identity {
+            vendor: abi::pci::VENDOR_ID,
+            device: abi::pci::HOST_BRIDGE_DEVICE_ID,
+            class: 0x06,
+            subclass: 0x00,
+            prog_if: 0,
+            revision: 0,
+            subsystem_vendor: abi::pci::SUBSYSTEM_VENDOR_ID,
+            subsystem: abi::pci::HOST_BRIDGE_DEVICE_ID,
+        })))
+    }
+
+    fn cfg(&self) -> MutexGuard<'_, ConfigSpace> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Default for HostBridge {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PciFunction for HostBridge {
+    fn config_read(&self, offset: usize, data: &mut [u8]) {
+        self.cfg().read(offset, data);
+    }
+    fn config_write(&self, offset: usize, data: &[u8]) {
+        self.cfg().write(offset, data);
+    }
+}
+
+/// PCI bus 0 behind configuration mechanism #1: a bus device on the PIO
+/// bus at 0xCF8, 8 ports (`CONFIG_ADDRESS` 0xCF8..0xCFB, `CONFIG_DATA`
+/// 0xCFC..0xCFF). Function 0 of each device only; other buses and
+/// functions read as absent (all ones).
+pub struct PciRoot {
+    address: Mutex<u32>,
+    devices: Mutex<Vec<Option<Arc<dyn PciFunction>>>>,
+}
+
+/// Errors adding PCI functions.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PciError {
+    /// The device number is taken or above 31.
+    #[error("PCI device number {0} is taken or out of range")]
+    Slot(u8),
+}
+
+impl PciRoot {
+    /// Bus 0 with the host bridge at device 0.
+    pub fn new() -> Self {
+        let mut devices: Vec<Option<Arc<dyn PciFunction>>> = vec![None; 32];
+        devices[usize::from(HOST_BRIDGE_DEVICE)] = Some(Arc::new(HostBridge::new()));
+        PciRoot {
+            address: Mutex::new(0),
+            devices: Mutex::new(devices),
+        }
+    }
+
+    /// Puts `f` at device number `device` (function 0).
+    pub fn add(&self, device: u8, f: Arc<dyn PciFunction>) -> Result<(), PciError> {
+        let mut d = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        match d.get_mut(usize::from(device)) {
+            Some(slot @ None) => {
+                *slot = Some(f);
+                Ok(())
+            }
+            _ => Err(PciError::Slot(device)),
+        }
+    }
+
+    /// The function `CONFIG_ADDRESS` selects and the register offset, if enabled and present.
+    fn selected(&self) -> Option<(Arc<dyn PciFunction>, usize)> {
+        let a = *self.address.lock().unwrap_or_else(PoisonError::into_inner);
+        let bus = (a >> 16) & 0xFF;
+        let device = (a >> 11) & 0x1F;
+        let function = (a >> 8) & 0x7;
+        if a & CONFIG_ENABLE == 0 || bus != 0 || function != 0 {
+            return None;
+        }
+        let d = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        let f = d.get(device as usize)?.clone()?;
+        Some((f, (a & 0xFC) as usize))
+    }
+}
+
+impl Default for PciRoot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BusDevice for PciRoot {
+    fn read(&self, offset: u64, data: &mut [u8]) {
+        match offset {
+            0 if data.len() == 4 => {
+                let a = *self.address.lock().unwrap_or_else(PoisonError::into_inner);
+                data.copy_from_slice(&a.to_le_bytes());
+            }
+            4..=7 => match self.selected() {
+                // The function's lock is taken after the address lock is released.
+                Some((f, reg)) => f.config_read(reg + (offset as usize - 4), data),
+                None => data.fill(0xFF),
+            },
+            _ => data.fill(0xFF),
+        }
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> BusAction {
+        match offset {
+            0 if data.len() == 4 => {
+                let v = u32::from_le_bytes(data.try_into().expect("4 bytes"));
+                *self.address.lock().unwrap_or_else(PoisonError::into_inner) = v;
+            }
+            4..=7 => {
+                if let Some((f, reg)) = self.selected() {
+                    f.config_write(reg + (offset as usize - 4), data);
+                }
+            }
+            _ => log::debug!(
+                "PCI: {}-byte write at port 0xCF8+{offset} ignored",
+                data.len()
+            ),
+        }
+        BusAction::Continue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi::pci::config_address;
+
+    fn rd(root: &PciRoot, dev: u8, off: u8, len: usize) -> u32 {
+        root.write(0, &config_address(0, dev, 0, off).to_le_bytes());
+        let mut b = [0u8; 4];
+        root.read(4 + u64::from(off % 4), &mut b[..len]);
+        u32::from_le_bytes(b)
+    }
+
+    fn wr(root: &PciRoot, dev: u8, off: u8, val: u32, len: usize) {
+        root.write(0, &config_address(0, dev, 0, off).to_le_bytes());
+        root.write(4 + u64::from(off % 4), &val.to_le_bytes()[..len]);
+    }
+
+    #[test]
+    fn mechanism_one_finds_the_host_bridge_and_nothing_else() {
+        let root = PciRoot::new();
+        assert_eq!(
+            rd(&root, 0, 0, 4),
+            u32::from(abi::pci::VENDOR_ID) | u32::from(abi::pci::HOST_BRIDGE_DEVICE_ID) << 16
+        );
+        assert_eq!(rd(&root, 0, 0x0B, 1), 0x06, "class: bridge");
+        assert_eq!(
+            rd(&root, 0, 2, 2),
+            u32::from(abi::pci::HOST_BRIDGE_DEVICE_ID)
+        );
+        assert_eq!(rd(&root, 5, 0, 4), u32::MAX, "empty slot");
+        wr(&root, 0, 0x04, 0xFFFF, 2);
+        assert_eq!(rd(&root, 0, 0x04, 2), 0x406, "COMMAND's writable bits");
+        wr(&root, 0, 0x00, 0, 4);
+        assert_eq!(rd(&root, 0, 0, 2), 0x1002, "vendor is read-only");
+        // Function 1, bus 1, or the enable bit clear: absent.
+        root.write(0, &(config_address(0, 0, 1, 0)).to_le_bytes());
+        let mut b = [0u8; 4];
+        root.read(4, &mut b);
+        assert_eq!(u32::from_le_bytes(b), u32::MAX);
+        root.write(0, &(config_address(1, 0, 0, 0)).to_le_bytes());
+        root.read(4, &mut b);
+        assert_eq!(u32::from_le_bytes(b), u32::MAX);
+        root.write(
+            0,
+            &(config_address(0, 0, 0, 0) & !CONFIG_ENABLE).to_le_bytes(),
+        );
+        root.read(4, &mut b);
+        assert_eq!(u32::from_le_bytes(b), u32::MAX);
+        // CONFIG_ADDRESS reads back; partial writes to it are ignored.
+        root.write(0, &0x8000_1234u32.to_le_bytes());
+        root.write(0, &[0xAA]);
+        root.read(0, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 0x8000_1234);
+        assert_eq!(
+            root.add(0, Arc::new(HostBridge::new())),
+            Err(PciError::Slot(0))
+        );
+        assert_eq!(
+            root.add(32, Arc::new(HostBridge::new())),
+            Err(PciError::Slot(32))
+        );
+    }
+
+    #[test]
+    fn bars_size_and_assign_and_read_only_fields_hold() {
+        let mut c = ConfigSpace::new(Identity {
+            vendor: 0x1002,
+            device: 0x0FD0,
+            class: 0x12,
+            subclass: 0,
+            prog_if: 0,
+            revision: 2,
+            subsystem_vendor: 0x1002,
+            subsystem: 0x0FD0,
+        });
+        c.add_memory_bar(0, 0x4000);
+        c.add_memory_bar(2, 0x1000);
+        let bar = |c: &ConfigSpace, n: usize| c.dword(cfg::BAR0 + 4 * n);
+        for n in 0..6 {
+            assert!(c.write(cfg::BAR0 + 4 * n, &u32::MAX.to_le_bytes()));
+        }
+        assert_eq!(bar(&c, 0), 0xFFFF_C000, "16 KiB, 32-bit memory");
+        assert_eq!(bar(&c, 2), 0xFFFF_F000, "4 KiB");
+        for n in [1, 3, 4, 5] {
+            assert_eq!(bar(&c, n), 0, "unimplemented BAR {n}");
+        }
+        assert!(c.write(cfg::BAR0, &0xC000_1234u32.to_le_bytes()));
+        assert_eq!(
+            c.bar_address(0),
+            0xC000_0000,
+            "low bits are not address bits"
+        );
+        // A byte write moves only its byte.
+        assert!(c.write(cfg::BAR0 + 3, &[0xD0]));
+        assert_eq!(c.bar_address(0), 0xD000_0000);
+        // Identity and class are read-only.
+        assert!(c.write(0, &0u32.to_le_bytes()));
+        assert!(c.write(cfg::REVISION, &0u32.to_le_bytes()));
+        assert_eq!(c.dword(0), 0x0FD0_1002);
+        assert_eq!(c.dword(cfg::REVISION), 0x1200_0002);
+        // COMMAND: only memory, bus master, INTx disable.
+        assert!(c.write(cfg::COMMAND, &0xFFFFu16.to_le_bytes()));
+        assert_eq!(
+            c.command(),
+            COMMAND_MEMORY | COMMAND_BUS_MASTER | COMMAND_INTX_DISABLE
+        );
+        // Bad widths and offsets: not written, read all ones.
+        assert!(!c.write(cfg::COMMAND + 3, &[0, 0]));
+        assert!(!c.write(cfg::COMMAND, &[0, 0, 0]));
+        assert!(!c.write(CONFIG_BYTES, &[0]));
+        assert!(!c.write(usize::MAX, &[0]));
+        let mut b = [0u8; 2];
+        c.read(3, &mut b);
+        assert_eq!(b, [0xFF, 0xFF]);
+        let mut b3 = [0u8; 3];
+        c.read(0, &mut b3);
+        assert_eq!(b3, [0xFF; 3]);
+    }
+
+    #[test]
+    fn capability_list_links_from_the_pointer() {
+        let mut c = ConfigSpace::new(Identity {
+            vendor: 1,
+            device: 2,
+            class: 0x12,
+            subclass: 0,
+            prog_if: 0,
+            revision: 0,
+            subsystem_vendor: 1,
+            subsystem: 2,
+        });
+        assert_eq!(c.dword(cfg::STATUS) >> 16 & u32::from(STATUS_CAP_LIST), 0);
+        c.add_capability(0x40, 0x11, &[0x2000, 0x3000]);
+        c.add_capability(0x50, 0x09, &[]);
+        assert_ne!(c.dword(cfg::COMMAND) >> 16 & u32::from(STATUS_CAP_LIST), 0);
+        let mut p = (c.dword(cfg::CAP_PTR) & 0xFF) as usize;
+        let mut ids = vec![];
+        while p != 0 {
+            ids.push(c.dword(p) & 0xFF);
+            p = ((c.dword(p) >> 8) & 0xFF) as usize;
+        }
+        assert_eq!(ids, vec![0x09, 0x11]);
+        assert_eq!(c.dword(0x44), 0x2000);
+        assert!(c.write(0x44, &0u32.to_le_bytes()));
+        assert_eq!(c.dword(0x44), 0x2000, "capability body is read-only");
+    }
+}

@@ -3,8 +3,12 @@
 //! The driver follows KFD/ROCr: it builds a gfx9 `v9_mqd`, an AQL ring, an
 //! `amd_queue_t`, an EOP buffer and a CWSR area in guest RAM (formats from the
 //! `abi` crate), points a virtual HQD at the MQD and rings doorbells after
-//! publishing packets. Completion is awaited with the paravirtual
-//! `WAIT_SIGNAL` registers: guests never spin.
+//! publishing packets. The device is found on PCI ([`crate::pci`]): BAR0
+//! holds the registers and the MSI-X table, BAR2 the doorbells (KVM
+//! ioeventfds). Completion is awaited by interrupt: each vHQD has an MSI-X
+//! vector raised when one of its packets completes, and one more vector
+//! signals a queue error; [`Vgpu::wait`] sleeps in `sti; hlt` between
+//! checks of the completion signal. Guests never spin.
 //!
 //! Rules kept throughout (the guest runs under an instruction emulator):
 //! * device registers are accessed with volatile 32-bit loads and stores only;
@@ -33,14 +37,16 @@ use abi::queue::{
     AMD_QUEUE_WRITE_DISPATCH_ID, AMD_SIGNAL_SIZE, AMD_SIGNAL_VALUE,
 };
 
-use crate::boot::{device_kind, BootInfo};
+use crate::boot::BootInfo;
+use crate::irq;
 use crate::num::{Dec, Hex};
+use crate::pci::{self, MmioAlloc, PciError};
 
 /// Page size.
 pub const PAGE: u64 = 4096;
-pub use abi::vgpu::{VGPU_ABI_VERSION, VGPU_ID_VALUE, WINDOW_BYTES};
-/// Most virtual HQDs whose registers fit in the 4 KiB register window.
-pub const MAX_VHQD: usize = ((WINDOW_BYTES as usize) - reg::HQD_BASE) / reg::HQD_STRIDE;
+pub use abi::vgpu::{ERROR_VECTOR, NUM_VECTORS, VGPU_ABI_VERSION, VGPU_ID_VALUE};
+/// Most virtual HQDs whose registers fit in the register block of BAR0.
+pub const MAX_VHQD: usize = ((abi::pci::REGS_SIZE as usize) - reg::HQD_BASE) / reg::HQD_STRIDE;
 /// Smallest ring the ABI accepts, in packets.
 pub const MIN_RING_PACKETS: u32 = 4;
 /// Work-items per workgroup of the dispatches built by [`Queue::submit_mark`].
@@ -48,21 +54,16 @@ pub const MARK_WG_SIZE: u16 = 64;
 /// EOP buffer size (as KFD).
 pub const EOP_BYTES: u64 = 4096;
 
-pub use abi::vgpu::{reg, wait_result};
+pub use abi::vgpu::reg;
 
 /// Outcome of [`Vgpu::wait`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitResult {
     /// The signal's value is <= 0.
     Done,
-    /// A queue of this VM is in error (read `CP_HQD_ERROR` to find it).
+    /// The error vector arrived: some queue of this VM is in error (read
+    /// `CP_HQD_ERROR` to find it).
     QueueError,
-    /// The host gave up after 10 s.
-    Timeout,
-    /// The signal address was rejected.
-    BadSignal,
-    /// A value this driver does not know.
-    Other(u32),
 }
 
 impl core::fmt::Display for WaitResult {
@@ -70,21 +71,6 @@ impl core::fmt::Display for WaitResult {
         match *self {
             WaitResult::Done => f.write_str("done"),
             WaitResult::QueueError => f.write_str("queue error"),
-            WaitResult::Timeout => f.write_str("timeout"),
-            WaitResult::BadSignal => f.write_str("bad signal address"),
-            WaitResult::Other(v) => write!(f, "result {}", Dec(v as u64)),
-        }
-    }
-}
-
-impl WaitResult {
-    fn from_reg(v: u32) -> WaitResult {
-        match v {
-            wait_result::DONE => WaitResult::Done,
-            wait_result::QUEUE_ERROR => WaitResult::QueueError,
-            wait_result::TIMEOUT => WaitResult::Timeout,
-            wait_result::BAD_SIGNAL => WaitResult::BadSignal,
-            v => WaitResult::Other(v),
         }
     }
 }
@@ -92,12 +78,10 @@ impl WaitResult {
 /// Why [`Vgpu::probe_detailed`] found no usable vGPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProbeError {
-    /// No device of kind 4 (register window) in the boot-info table.
-    NoRegisterWindow,
-    /// No device of kind 5 (doorbell window) in the boot-info table.
-    NoDoorbellWindow,
-    /// A window is smaller than 4 KiB, unaligned or not below 4 GiB (the identity map).
-    BadWindow,
+    /// No PCI function with vendor 0x1002 and hqdmux's device id on bus 0.
+    NotFound,
+    /// A BAR could not be sized/assigned, or MSI-X could not be set up.
+    Pci(PciError),
     /// `VGPU_ID` is not "HQDG".
     BadId(u32),
     /// Unsupported `VGPU_VERSION`.
@@ -136,9 +120,8 @@ pub enum Error {
 impl core::fmt::Display for ProbeError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match *self {
-            ProbeError::NoRegisterWindow => f.write_str("no register window (device kind 4)"),
-            ProbeError::NoDoorbellWindow => f.write_str("no doorbell window (device kind 5)"),
-            ProbeError::BadWindow => f.write_str("bad device window"),
+            ProbeError::NotFound => f.write_str("no vGPU on PCI bus 0"),
+            ProbeError::Pci(e) => write!(f, "PCI: {e}"),
             ProbeError::BadId(v) => write!(f, "VGPU_ID {}", Hex(v as u64)),
             ProbeError::BadVersion(v) => write!(f, "VGPU_VERSION {}", Dec(v as u64)),
             ProbeError::BadGeometry => f.write_str("bad NUM_VHQD/XCCS/CUS_PER_XCC"),
@@ -191,8 +174,8 @@ pub struct OutOfMemory {
 
 #[inline]
 fn mmio_read(addr: u64) -> u32 {
-    // SAFETY: `addr` is a 4-byte aligned register inside a device window that
-    // probe checked lies in the identity-mapped low 4 GiB.
+    // SAFETY: `addr` is a 4-byte aligned register inside a BAR that probe
+    // assigned in the identity-mapped MMIO hole below 4 GiB.
     unsafe { read_volatile(addr as *const u32) }
 }
 
@@ -319,6 +302,8 @@ impl Alloc {
 pub struct Vgpu {
     regs: u64,
     doorbells: u64,
+    /// PCI device number on bus 0.
+    pub pci_device: u8,
     /// `NUM_VHQD`.
     pub num_vhqd: u32,
     /// `XCCS`.
@@ -331,30 +316,35 @@ pub struct Vgpu {
     pub ctx_save_size: u32,
 }
 
-fn window_ok(base: u64, size: u64) -> bool {
-    size >= WINDOW_BYTES
-        && base.is_multiple_of(PAGE)
-        && base.checked_add(WINDOW_BYTES).is_some_and(|e| e <= 1 << 32)
-}
-
 impl Vgpu {
-    /// Finds the vGPU windows (device kinds 4 and 5) and checks the ID and version.
+    /// Finds the vGPU on PCI, assigns its BARs, enables decoding and MSI-X,
+    /// sets up the IDT and LAPIC, and checks the ID and version.
     pub fn probe(boot: &BootInfo) -> Option<Vgpu> {
         Vgpu::probe_detailed(boot).ok()
     }
 
     /// As [`Vgpu::probe`], saying why it failed.
     pub fn probe_detailed(boot: &BootInfo) -> Result<Vgpu, ProbeError> {
-        let r = boot
-            .device(device_kind::VGPU_REGS)
-            .ok_or(ProbeError::NoRegisterWindow)?;
-        let d = boot
-            .device(device_kind::VGPU_DOORBELLS)
-            .ok_or(ProbeError::NoDoorbellWindow)?;
-        if !window_ok(r.base, r.size) || !window_ok(d.base, d.size) {
-            return Err(ProbeError::BadWindow);
-        }
-        let regs = r.base;
+        let dev =
+            pci::find(abi::pci::VENDOR_ID, abi::pci::DEVICE_ID).ok_or(ProbeError::NotFound)?;
+        let mut hole = MmioAlloc::new(boot);
+        let (bar0, _) = pci::assign_bar(dev, 0, &mut hole).map_err(ProbeError::Pci)?;
+        let (bar2, _) = pci::assign_bar(dev, 2, &mut hole).map_err(ProbeError::Pci)?;
+        pci::enable_memory(dev);
+        let apic_id = irq::init();
+        pci::setup_msix(
+            dev,
+            |n| match n {
+                0 => bar0,
+                2 => bar2,
+                _ => 0,
+            },
+            abi::pci::msi_address(apic_id),
+            irq::VECTOR_BASE,
+            NUM_VECTORS as u16,
+        )
+        .map_err(ProbeError::Pci)?;
+        let regs = bar0 + abi::pci::REGS_OFFSET;
         let id = mmio_read(regs + reg::VGPU_ID as u64);
         if id != VGPU_ID_VALUE {
             return Err(ProbeError::BadId(id));
@@ -365,7 +355,8 @@ impl Vgpu {
         }
         let g = Vgpu {
             regs,
-            doorbells: d.base,
+            doorbells: bar2,
+            pci_device: dev,
             num_vhqd: mmio_read(regs + reg::NUM_VHQD as u64),
             xccs: mmio_read(regs + reg::XCCS as u64),
             cus_per_xcc: mmio_read(regs + reg::CUS_PER_XCC as u64),
@@ -374,6 +365,8 @@ impl Vgpu {
         };
         if g.num_vhqd == 0
             || g.num_vhqd as usize > MAX_VHQD
+            || g.num_vhqd as usize > abi::vgpu::NUM_VHQD
+            || NUM_VECTORS > irq::MAX_VECTORS
             || g.xccs == 0
             || g.xccs > 64
             || g.cus_per_xcc == 0
@@ -381,6 +374,16 @@ impl Vgpu {
             return Err(ProbeError::BadGeometry);
         }
         Ok(g)
+    }
+
+    /// BAR0 register block base.
+    pub fn regs_base(&self) -> u64 {
+        self.regs
+    }
+
+    /// BAR2 doorbell base.
+    pub fn doorbell_base(&self) -> u64 {
+        self.doorbells
     }
 
     fn hqd_reg(&self, vhqd: u32, off: usize) -> u64 {
@@ -424,22 +427,37 @@ impl Vgpu {
         mmio_read(self.hqd_reg(vhqd, reg::CP_HQD_ACTIVE)) & 1 == 1
     }
 
-    /// Unloads virtual HQD `vhqd` (clears a sticky error).
+    /// Unloads virtual HQD `vhqd` (clears a sticky error): writes
+    /// `CP_HQD_DEQUEUE_REQUEST` = 1 (drain) and polls `CP_HQD_ACTIVE` until 0.
     pub fn hqd_dequeue(&self, vhqd: u32) {
         mmio_write(self.hqd_reg(vhqd, reg::CP_HQD_DEQUEUE_REQUEST), 1);
+        while self.hqd_active(vhqd) {
+            core::hint::spin_loop();
+        }
     }
 
-    /// Holds the vCPU in the host until the `amd_signal_t` at `signal` is <= 0,
-    /// a queue of the VM errs, or 10 s pass.
-    pub fn wait(&self, signal: u64) -> WaitResult {
-        mmio_write(self.regs + reg::WAIT_SIGNAL_LO as u64, signal as u32);
-        mmio_write(
-            self.regs + reg::WAIT_SIGNAL_HI as u64,
-            (signal >> 32) as u32,
-        );
-        let r = mmio_read(self.regs + reg::WAIT_RESULT as u64);
-        compiler_fence(Ordering::SeqCst);
-        WaitResult::from_reg(r)
+    /// Sleeps (`sti; hlt`) until the `amd_signal_t` at `signal`, completed
+    /// by packets of vHQD `vhqd`, is <= 0 ([`WaitResult::Done`]) or the
+    /// error vector arrives ([`WaitResult::QueueError`]). Every wake-up of
+    /// vHQD `vhqd`'s vector re-reads the signal.
+    ///
+    /// # Safety
+    /// `signal` is an `amd_signal_t` in RAM, e.g. from [`Vgpu::new_signal`].
+    pub unsafe fn wait(&self, vhqd: u32, signal: u64) -> WaitResult {
+        let mine = 1u64 << (vhqd as u64 % 64);
+        let err = 1u64 << ERROR_VECTOR;
+        loop {
+            irq::take(mine);
+            compiler_fence(Ordering::SeqCst);
+            // SAFETY: the caller's promise.
+            if unsafe { Vgpu::signal_value(signal) } <= 0 {
+                return WaitResult::Done;
+            }
+            if irq::take(err) != 0 {
+                return WaitResult::QueueError;
+            }
+            irq::halt();
+        }
     }
 
     /// Writes a kernel descriptor (64 bytes, 64-byte aligned, the bytes of
@@ -764,9 +782,14 @@ impl Queue {
         compiler_fence(Ordering::Release);
     }
 
-    /// Rings the queue's doorbell with the current write index.
+    /// Rings the queue's doorbell: one 64-bit store of the write index to
+    /// BAR2 + 8 * vHQD (a KVM ioeventfd: no exit to the VMM).
     pub fn ring(&self) {
-        mmio_write(self.doorbell, self.wptr as u32);
+        compiler_fence(Ordering::SeqCst);
+        // SAFETY: the doorbell lies in BAR2, assigned by probe in the
+        // identity-mapped MMIO hole.
+        unsafe { write_volatile(self.doorbell as *mut u64, self.wptr) }
+        compiler_fence(Ordering::SeqCst);
     }
 
     /// `CP_HQD_ERROR` (0 = no error).
@@ -784,10 +807,14 @@ impl Queue {
         mmio_read(self.regs + reg::CP_HQD_PQ_RPTR as u64)
     }
 
-    /// Unloads the queue (`CP_HQD_DEQUEUE_REQUEST` = 1). Idempotent.
+    /// Unloads the queue (`CP_HQD_DEQUEUE_REQUEST` = 1, then polls
+    /// `CP_HQD_ACTIVE` until 0). Idempotent.
     pub fn destroy(&mut self) {
         if self.loaded {
             mmio_write(self.regs + reg::CP_HQD_DEQUEUE_REQUEST as u64, 1);
+            while mmio_read(self.regs + reg::CP_HQD_ACTIVE as u64) & 1 == 1 {
+                core::hint::spin_loop();
+            }
             self.loaded = false;
         }
     }

@@ -30,6 +30,17 @@ pub fn outl(port: u16, value: u32) {
     }
 }
 
+/// Reads four bytes from an I/O port.
+#[inline]
+pub fn inl(port: u16) -> u32 {
+    let v: u32;
+    // SAFETY: as `outb`.
+    unsafe {
+        core::arch::asm!("in eax, dx", in("dx") port, out("eax") v, options(nomem, nostack, preserves_flags))
+    }
+    v
+}
+
 /// Records a timestamped checkpoint on the host.
 pub fn checkpoint(code: u32) {
     outl(CHECKPOINT_PORT, code);

@@ -15,8 +15,10 @@
 pub mod boot;
 pub mod gpu;
 pub mod io;
+pub mod irq;
 mod mem;
 pub mod num;
+pub mod pci;
 
 pub use boot::BootInfo;
 

@@ -1,7 +1,8 @@
 //! Exercises the virtual GPU (docs/vgpu-abi.md) through the `rt::gpu` driver:
 //! creates `queues` AQL queues, submits `kernels` mark kernels of `wgs`
 //! workgroups to each (barrier bit set, so each queue runs them in order),
-//! rings every doorbell once, waits (paravirtually) for each queue's last
+//! rings every doorbell once, waits (by interrupt: `sti; hlt` until the
+//! queue's MSI-X vector or the error vector) for each queue's last
 //! completion signal and checks that every workgroup counter of every kernel
 //! is exactly 1.
 //!
@@ -29,7 +30,7 @@
 
 use abi::kernel::{KernelDescriptor, KernelKind};
 use rt::gpu::{Alloc, Error, Queue, Vgpu, WaitResult, MARK_WG_SIZE, MAX_VHQD};
-use rt::num::{Dec, Int};
+use rt::num::Dec;
 use rt::{io, print, println, BootInfo};
 
 const EXIT_OK: u32 = 0;
@@ -177,7 +178,8 @@ fn main(boot: &'static BootInfo) -> u32 {
     let need = gpu.queue_bytes(ring_packets) * args.queues as u64;
     if args.verbose {
         println!(
-            "gpu: vGPU v1: {} vhqds, {} xccs x {} cus x {} ses, cwsr {} KiB/queue, need {} MiB of {} MiB free",
+            "gpu: vGPU at PCI 00:{}.0: {} vhqds, {} xccs x {} cus x {} ses, cwsr {} KiB/queue, need {} MiB of {} MiB free",
+            Dec(gpu.pci_device as u64),
             Dec(gpu.num_vhqd as u64),
             Dec(gpu.xccs as u64),
             Dec(gpu.cus_per_xcc as u64),
@@ -353,7 +355,8 @@ fn cycle(
                 done = true; // failed and reaped: not verified
                 break;
             }
-            match gpu.wait(last[i]) {
+            // SAFETY: `last[i]` is a signal this cycle allocated.
+            match unsafe { gpu.wait(i as u32, last[i]) } {
                 WaitResult::Done => {
                     done = true;
                     break;
@@ -377,21 +380,6 @@ fn cycle(
                         }
                         break;
                     }
-                }
-                r => {
-                    // SAFETY: `last[i]` is a signal this cycle allocated.
-                    let v = unsafe { Vgpu::signal_value(last[i]) };
-                    if let Some(q) = &queues[i] {
-                        println!(
-                            "gpu: queue {} wait: {r} (signal {}, rptr {}, state {})",
-                            Dec(i as u64),
-                            Int(v),
-                            Dec(q.rptr_reg() as u64),
-                            Dec(q.state() as u64)
-                        );
-                    }
-                    reap_errors(queues, tally);
-                    break;
                 }
             }
         }

@@ -1,9 +1,37 @@
-//! End-to-end: guests drive their mediated vGPU (registers, MQDs and AQL
-//! rings in their own memory, doorbells, paravirtual waits) on the simulated
+//! End-to-end: guests find their mediated vGPU on PCI, drive it (registers
+//! in BAR0, MQDs and AQL rings in their own memory, doorbells in BAR2 as KVM
+//! ioeventfds) and wait for MSI-X interrupts (`sti; hlt`) on the simulated
 //! GPU, scheduled by priority.
+
+use std::sync::{Mutex, OnceLock};
 
 use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
 use vmm::vm::VmOutcome;
+
+/// Every log line of this test binary (tests run in parallel: filter by VM name).
+struct Capture(Mutex<Vec<String>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            self.0.lock().unwrap().push(r.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn captured_logs() -> &'static Capture {
+    static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
+    CAPTURE.get_or_init(|| {
+        let c: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
+        log::set_logger(c).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Warn);
+        c
+    })
+}
 
 /// A VM running the `gpu` guest; RAM for one CWSR area (~177 MiB on the
 /// default MI300X) per queue.
@@ -25,7 +53,7 @@ fn guests_run_mark_kernels_exactly_once_on_their_vgpus() {
     }
     let dir = scratch_dir("gpu-two");
     let toml = [
-        gpu_vm("a", 5, "queues=2 kernels=3 wgs=64 cost_us=200"),
+        gpu_vm("a", 5, "queues=2 kernels=3 wgs=64 cost_us=200 verbose=1"),
         gpu_vm("b", 5, "queues=1 kernels=4 wgs=304 cost_us=100 loops=2"),
     ]
     .concat();
@@ -55,6 +83,111 @@ fn guests_run_mark_kernels_exactly_once_on_their_vgpus() {
         2,
         "host saw both submissions"
     );
+    // Found on PCI bus 0 at the ABI's device number.
+    assert!(
+        report.vms[0]
+            .console
+            .iter()
+            .any(|l| l.starts_with("gpu: vGPU at PCI 00:4.0: 8 vhqds")),
+        "{:?}",
+        report.vms[0].console
+    );
+    // Waited by interrupt: one completion vector per packet was sent (none
+    // held: the guest unmasked every vector), and no doorbell reached the
+    // VMM as an MMIO exit (all went through the ioeventfds).
+    for (v, packets) in [(0, 6), (1, 8)] {
+        let io = report.vgpu_io[v].expect("vGPU counters");
+        assert_eq!(io.msix.fired, packets, "{}: {io:?}", report.vms[v].name);
+        assert_eq!(io.msix.held + io.msix.dropped, 0, "{io:?}");
+        assert_eq!(io.refused, 0, "{io:?}");
+    }
+}
+
+#[test]
+fn a_doorbell_and_register_flood_logs_a_few_lines_and_counts_the_rest() {
+    let test = "a_doorbell_and_register_flood_logs_a_few_lines_and_counts_the_rest";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let logs = captured_logs();
+    let dir = scratch_dir("gpu-flood");
+    let flood = 5000;
+    let toml = gpu_vm(
+        "flooder",
+        5,
+        &format!("flood={flood} kernels=2 wgs=64 cost_us=100"),
+    );
+    let t0 = std::time::Instant::now();
+    let report = run(&config(&dir, &toml));
+    let secs = t0.elapsed().as_secs() + 1;
+    assert!(report.all_succeeded(), "{}", report.summary());
+    let io = report.vgpu_io[0].expect("vGPU counters");
+    assert_eq!(io.refused, 2 * flood, "every refused write counted: {io:?}");
+    let lines: Vec<String> = logs
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("vm flooder: vGPU"))
+        .cloned()
+        .collect();
+    // At most LOG_LINES_PER_SECOND per started second, plus the final count.
+    let limit = vmm::devices::LOG_LINES_PER_SECOND as u64 * secs + 1;
+    assert!(
+        (lines.len() as u64) <= limit,
+        "{} lines in {secs} s: {lines:#?}",
+        lines.len()
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("no such doorbell")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("no register there")),
+        "{lines:#?}"
+    );
+    assert_eq!(io.refused_unlogged, 2 * flood - (lines.len() as u64 - 1));
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.ends_with("similar lines suppressed")),
+        "the count of suppressed lines is logged: {lines:#?}"
+    );
+}
+
+#[test]
+fn low_priority_vms_waiting_longer_than_ten_seconds_complete() {
+    let test = "low_priority_vms_waiting_longer_than_ten_seconds_complete";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let dir = scratch_dir("gpu-long-wait");
+    // `long` holds the whole GPU for ~12 s (1216 workgroups of 3 s on 304
+    // CUs: four rounds); in the default exclusive mode, with aging pushed
+    // out to 60 s, the priority-2 VMs wait behind it (or are preempted by
+    // it) in `sti; hlt`. Each low job is 1 s of whole-GPU work: whichever
+    // VM rings first, `long` arrives (~0.1-0.3 s) while the low jobs are
+    // queued or running and preempts them.
+    let mut toml = "[scheduler]\naging_ns = 60000000000\n\n".to_string();
+    toml += &gpu_vm("long", 12, "kernels=1 wgs=1216 cost_us=3000000");
+    for i in 0..3 {
+        toml += &gpu_vm(&format!("lo{i}"), 2, "kernels=1 wgs=304 cost_us=1000000");
+    }
+    let report = run(&config(&dir, &toml));
+    assert!(report.all_succeeded(), "{}", report.summary());
+    let long_done = last_checkpoint(&report.vms[0], 3);
+    for v in &report.vms[1..] {
+        let waited = v.spans(2, 3);
+        assert_eq!(waited.len(), 1, "{}", v.name);
+        assert!(
+            waited[0] > std::time::Duration::from_secs(10),
+            "{} waited only {:?}: {}",
+            v.name,
+            waited[0],
+            report.summary()
+        );
+        assert!(last_checkpoint(v, 3) > long_done, "{}", report.summary());
+    }
 }
 
 #[test]

@@ -78,6 +78,20 @@ pub struct FleetReport {
     /// Per-VM GPU accounting at the moment its vGPU was detached (config
     /// order; `None` for VMs without `gpu = true`).
     pub vm_gpu: Vec<Option<scheduler::VmStats>>,
+    /// Per-VM vGPU device counters (config order; `None` without a vGPU).
+    pub vgpu_io: Vec<Option<VgpuIoStats>>,
+}
+
+/// Device-side counters of one VM's vGPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VgpuIoStats {
+    /// MSI-X messages sent, held pending, dropped.
+    pub msix: crate::devices::msix::MsixStats,
+    /// Guest accesses the VMM refused (no such doorbell or register, bad
+    /// width), logged or suppressed.
+    pub refused: u64,
+    /// Of those, how many were not logged (rate limit).
+    pub refused_unlogged: u64,
 }
 
 impl FleetReport {
@@ -234,6 +248,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     let monitor = FleetMonitor::new(done_fds, cfg.run.timeout_ms.map(Duration::from_millis))?;
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
     let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
+    let mut vgpu_io: Vec<Option<VgpuIoStats>> = vec![None; running.len()];
     let mut manager: EventManager<FleetMonitor> =
         EventManager::new().map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
     let id = manager.add_subscriber(monitor);
@@ -251,7 +266,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                 vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
                 reports[i] = Some(vm.stop("VM ended"));
                 if let Some(a) = attached[i].take() {
-                    a.detach();
+                    vgpu_io[i] = Some(a.detach());
                 }
             }
         }
@@ -297,6 +312,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         timed_out,
         gpu,
         vm_gpu,
+        vgpu_io,
     })
 }
 
@@ -320,9 +336,14 @@ struct Attached {
 impl Attached {
     /// Takes the BARs off the bus, the ioeventfds out of KVM, and stops the
     /// doorbell reader (after the VM's vCPUs stopped).
-    fn detach(self) {
+    fn detach(self) -> VgpuIoStats {
         self.pci.detach();
         self.backend.stop();
+        VgpuIoStats {
+            msix: self.pci.msix().stats(),
+            refused: self.pci.bad_accesses(),
+            refused_unlogged: self.pci.flush_log(),
+        }
     }
 }
 

@@ -14,6 +14,9 @@
 //! also gets a dispatch whose kernarg is there), `bad=wptr` (queue 0's
 //! `write_dispatch_id` is set beyond read index + ring size before ringing).
 //! In `bad=` modes the other queues run normally and are verified too.
+//! `flood=F` first writes F times to a doorbell that does not exist (BAR2 +
+//! 0x800) and F times to a BAR0 offset with no register (0x1800), then runs
+//! as usual (the host logs a few lines and counts the rest).
 //!
 //! Checkpoints: 2 after all packets of a cycle are written, just before the
 //! doorbells are rung; 3 after the last wait of the cycle (before verifying).
@@ -62,6 +65,7 @@ struct Args {
     priority: u32,
     verbose: bool,
     bad: Bad,
+    flood: u32,
 }
 
 /// `key=value` as an integer in `[min, max]`, `default` if absent.
@@ -99,6 +103,7 @@ impl Args {
             priority: num(boot, "priority", 7, 0, 15)? as u32,
             verbose: num(boot, "verbose", 0, 0, 1)? == 1,
             bad,
+            flood: num(boot, "flood", 0, 0, 1 << 24)? as u32,
         })
     }
 }
@@ -167,6 +172,14 @@ fn main(boot: &'static BootInfo) -> u32 {
             Dec(gpu.num_vhqd as u64)
         );
         return EXIT_SETUP;
+    }
+    for _ in 0..args.flood {
+        // SAFETY: both addresses lie in BARs probe assigned (identity-mapped
+        // MMIO hole); the host refuses the writes.
+        unsafe {
+            core::ptr::write_volatile((gpu.doorbell_base() + 0x800) as *mut u64, 1);
+            core::ptr::write_volatile((gpu.regs_base() + 0x1800) as *mut u32, 1);
+        }
     }
     let nq = args.queues as usize;
     let n = args.kernels as usize;

@@ -38,6 +38,7 @@ struct LimitState {
     lines: u32,
     suppressed: u64,
     total: u64,
+    unlogged: u64,
 }
 
 impl RateLimitedLog {
@@ -50,6 +51,7 @@ impl RateLimitedLog {
                 lines: 0,
                 suppressed: 0,
                 total: 0,
+                unlogged: 0,
             }),
         }
     }
@@ -71,6 +73,7 @@ impl RateLimitedLog {
         }
         if st.lines >= LOG_LINES_PER_SECOND {
             st.suppressed += 1;
+            st.unlogged += 1;
             return;
         }
         st.lines += 1;
@@ -84,6 +87,22 @@ impl RateLimitedLog {
         } else {
             log::warn!("{}: {msg}", self.prefix);
         }
+    }
+
+    /// Logs the count of lines suppressed since the last logged one (if
+    /// any); returns how many were never logged in all.
+    pub fn flush(&self) -> u64 {
+        let mut st = self
+            .st
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let suppressed = std::mem::take(&mut st.suppressed);
+        let unlogged = st.unlogged;
+        drop(st);
+        if suppressed > 0 {
+            log::warn!("{}: {suppressed} similar lines suppressed", self.prefix);
+        }
+        unlogged
     }
 
     /// Events reported (logged or suppressed).
@@ -217,5 +236,7 @@ mod tests {
         }
         assert_eq!(l.total(), 100);
         assert_eq!(l.suppressed(), 100 - u64::from(LOG_LINES_PER_SECOND));
+        assert_eq!(l.flush(), 100 - u64::from(LOG_LINES_PER_SECOND));
+        assert_eq!(l.suppressed(), 0, "flushed");
     }
 }

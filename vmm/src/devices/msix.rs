@@ -195,8 +195,8 @@ impl Msix {
             }
         };
         match data.len() {
-            4 if offset % 4 == 0 => data.copy_from_slice(&dword(offset).to_le_bytes()),
-            8 if offset % 8 == 0 => {
+            4 if offset.is_multiple_of(4) => data.copy_from_slice(&dword(offset).to_le_bytes()),
+            8 if offset.is_multiple_of(8) => {
                 let v = u64::from(dword(offset)) | u64::from(dword(offset + 4)) << 32;
                 data.copy_from_slice(&v.to_le_bytes());
             }
@@ -209,8 +209,10 @@ impl Msix {
     /// when ignored.
     pub fn table_write(&self, offset: u64, data: &[u8]) -> bool {
         let dwords: Vec<(u64, u32)> = match data.len() {
-            4 if offset % 4 == 0 => vec![(offset, u32::from_le_bytes(data.try_into().unwrap()))],
-            8 if offset % 8 == 0 => {
+            4 if offset.is_multiple_of(4) => {
+                vec![(offset, u32::from_le_bytes(data.try_into().unwrap()))]
+            }
+            8 if offset.is_multiple_of(8) => {
                 let v = u64::from_le_bytes(data.try_into().unwrap());
                 vec![(offset, v as u32), (offset + 4, (v >> 32) as u32)]
             }

@@ -85,7 +85,11 @@ impl ConfigSpace {
     /// dword is `header` (id in bits 7:0; the next pointer is filled in) and
     /// following dwords `body`; links it at the head of the list.
     pub fn add_capability(&mut self, offset: usize, header: u32, body: &[u32]) {
-        assert!(offset >= 0x40 && offset % 4 == 0 && offset + 4 * (body.len() + 1) <= CONFIG_BYTES);
+        assert!(
+            offset >= 0x40
+                && offset.is_multiple_of(4)
+                && offset + 4 * (body.len() + 1) <= CONFIG_BYTES
+        );
         let next = self.regs[cfg::CAP_PTR / 4] & 0xFF;
         self.regs[offset / 4] = (header & !0xFF00) | next << 8;
         for (i, d) in body.iter().enumerate() {

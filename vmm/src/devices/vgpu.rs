@@ -160,6 +160,12 @@ impl VgpuPci {
         self.bar2.log.total()
     }
 
+    /// Logs how many refused accesses the rate limit kept out of the log
+    /// (if any) and returns that total.
+    pub fn flush_log(&self) -> u64 {
+        self.bar2.log.flush()
+    }
+
     fn wanted(&self) -> Mapping {
         let c = lock(&self.cfg);
         if c.command() & COMMAND_MEMORY == 0 {
@@ -288,7 +294,7 @@ impl BusDevice for Bar0 {
             o if (MSIX_TABLE_OFFSET..table_end).contains(&o) => {
                 self.msix.table_read(o - MSIX_TABLE_OFFSET, data)
             }
-            o if o >= MSIX_PBA_OFFSET && o < MSIX_PBA_OFFSET + 8 => {
+            o if (MSIX_PBA_OFFSET..MSIX_PBA_OFFSET + 8).contains(&o) => {
                 let b = self.msix.pba().to_le_bytes();
                 let s = (o - MSIX_PBA_OFFSET) as usize;
                 for (i, d) in data.iter_mut().enumerate() {

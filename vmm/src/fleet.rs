@@ -166,7 +166,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     // Stops the mediator's threads on every return path, early ones included.
     let _mediator_guard = MediatorGuard(mediator.clone());
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
-    let mut attached: Vec<Option<Attached>> = (0..cfg.vm.len()).map(|_| None).collect();
+    let mut attached: Vec<Option<VgpuAttachment>> = (0..cfg.vm.len()).map(|_| None).collect();
     // Build everything first: a VM that cannot be built aborts the launch
     // before any guest runs.
     let mut built = Vec::with_capacity(cfg.vm.len());
@@ -202,7 +202,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             source,
         })?;
         if let (true, Some(m)) = (vc.gpu, &mediator) {
-            let a = attach_vgpu(m, &vm, vc)?;
+            let a = attach_vgpu(m, &vm, vc, None)?;
             vgpus[id] = Some(a.backend.handle());
             attached[id] = Some(a);
         }
@@ -328,15 +328,20 @@ impl Drop for MediatorGuard {
 }
 
 /// A VM's vGPU: PCI function, MSI-X delivery and the mediator glue.
-struct Attached {
+pub struct VgpuAttachment {
     pci: Arc<VgpuPci>,
     backend: Arc<MediatedVgpu>,
 }
 
-impl Attached {
+impl VgpuAttachment {
+    /// The mediator's handle of the VM.
+    pub fn handle(&self) -> VgpuHandle {
+        self.backend.handle()
+    }
+
     /// Takes the BARs off the bus, the ioeventfds out of KVM, and stops the
     /// doorbell reader (after the VM's vCPUs stopped).
-    fn detach(self) -> VgpuIoStats {
+    pub fn detach(self) -> VgpuIoStats {
         self.pci.detach();
         self.backend.stop();
         VgpuIoStats {
@@ -350,7 +355,14 @@ impl Attached {
 /// Registers a built VM with the mediator and puts its vGPU on PCI bus 0:
 /// MSI-X through KVM irqfds, doorbells through KVM ioeventfds (registered
 /// once the guest assigns BAR2 and enables decoding).
-fn attach_vgpu(m: &Arc<Mediator>, vm: &Vm, vc: &VmConfig) -> Result<Attached, FleetError> {
+///
+/// `observer` (benchmarks) is told about every doorbell the reader handled.
+pub fn attach_vgpu(
+    m: &Arc<Mediator>,
+    vm: &Vm,
+    vc: &VmConfig,
+    observer: Option<crate::devices::mediated::DoorbellObserver>,
+) -> Result<VgpuAttachment, FleetError> {
     let err = |e: String| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
     let mem: Arc<dyn DmaMemory> = Arc::new(vm.guest_memory().as_ref().clone());
     let params = VmParams {
@@ -361,7 +373,8 @@ fn attach_vgpu(m: &Arc<Mediator>, vm: &Vm, vc: &VmConfig) -> Result<Attached, Fl
     let h = m
         .add_vm(&vc.name, mem, params)
         .map_err(|e| err(e.to_string()))?;
-    let backend = MediatedVgpu::start(m.clone(), h, &vc.name).map_err(|e| err(e.to_string()))?;
+    let backend =
+        MediatedVgpu::start(m.clone(), h, &vc.name, observer).map_err(|e| err(e.to_string()))?;
     let target = KvmMsi::new(vm.vm_fd().clone(), abi::vgpu::NUM_VECTORS, &vc.name)
         .map_err(|e| err(e.to_string()))?;
     let msix = Arc::new(Msix::new(abi::vgpu::NUM_VECTORS, Arc::new(target)));
@@ -376,7 +389,7 @@ fn attach_vgpu(m: &Arc<Mediator>, vm: &Vm, vc: &VmConfig) -> Result<Attached, Fl
     vm.pci()
         .add(abi::pci::VGPU_DEVICE, pci.clone())
         .map_err(|e| err(e.to_string()))?;
-    Ok(Attached { pci, backend })
+    Ok(VgpuAttachment { pci, backend })
 }
 
 /// The mediator's interrupt sink: the VM's MSI-X function.

@@ -17,6 +17,21 @@ use abi::vgpu::NUM_VHQD;
 
 use super::vgpu::VgpuBackend;
 
+/// What a [`DoorbellObserver`] is told after each doorbell the reader handled.
+#[derive(Clone, Copy, Debug)]
+pub struct DoorbellSeen {
+    /// vHQD index.
+    pub vhqd: usize,
+    /// When `Mediator::doorbell` returned (the scheduler has decided and
+    /// every map/unmap it issued has been handed to the GPU backend).
+    pub at: std::time::Instant,
+    /// The scheduler issued at least one preemption during this doorbell.
+    pub preempted: bool,
+}
+
+/// Benchmark hook on the doorbell reader (none in production).
+pub type DoorbellObserver = Arc<dyn Fn(DoorbellSeen) + Send + Sync>;
+
 /// One VM's vGPU on the mediator, with its doorbell reader thread.
 pub struct MediatedVgpu {
     mediator: Arc<Mediator>,
@@ -34,6 +49,7 @@ impl MediatedVgpu {
         mediator: Arc<Mediator>,
         vm: VgpuHandle,
         name: &str,
+        observer: Option<DoorbellObserver>,
     ) -> std::io::Result<Arc<Self>> {
         let doorbells = (0..NUM_VHQD)
             .map(|_| EventFd::new(EFD_NONBLOCK))
@@ -80,7 +96,19 @@ impl MediatedVgpu {
                             // Several writes since the last read count as one
                             // doorbell: the write index is read from memory.
                             let _ = fd.read();
-                            m.doorbell(vm, DOORBELL_STRIDE * i);
+                            match &observer {
+                                None => m.doorbell(vm, DOORBELL_STRIDE * i),
+                                Some(f) => {
+                                    let before = m.stats().preemptions;
+                                    m.doorbell(vm, DOORBELL_STRIDE * i);
+                                    let at = std::time::Instant::now();
+                                    f(DoorbellSeen {
+                                        vhqd: i as usize,
+                                        at,
+                                        preempted: m.stats().preemptions > before,
+                                    });
+                                }
+                            }
                         }
                     }
                 }

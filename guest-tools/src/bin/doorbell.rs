@@ -1,0 +1,70 @@
+//! Doorbell cost probe for `vmm/examples/doorbell_bench.rs`: finds the vGPU
+//! on PCI, loads queue 0 and runs one kernel (so its doorbell is live), then
+//! `rounds` times: checkpoint 10, `n` 64-bit writes to the bare ioeventfd
+//! at `bare=ADDR` (registered by the bench), checkpoint 11, checkpoint 12,
+//! `n` rings of queue 0's doorbell (same write index: the host drops them as
+//! stale after reading the write pointer), checkpoint 13. The host times the
+//! spans between checkpoints.
+//!
+//! Args: `bare=ADDR` (required, in the MMIO hole), `n=N` (5000),
+//! `rounds=R` (5). Exit status 0 ok, 3 no vGPU, 4 bad arguments or set-up.
+#![no_std]
+#![no_main]
+
+use abi::kernel::{KernelDescriptor, KernelKind};
+use rt::gpu::{Alloc, Vgpu, WaitResult};
+use rt::{io, println, BootInfo};
+
+fn main(boot: &'static BootInfo) -> u32 {
+    rt::greet(boot);
+    let (Some(bare), n, rounds) = (
+        boot.arg_u64("bare"),
+        boot.arg_u64("n").unwrap_or(5000),
+        boot.arg_u64("rounds").unwrap_or(5),
+    ) else {
+        println!("doorbell: bare=ADDR is required");
+        return 4;
+    };
+    let Some(mut gpu) = Vgpu::probe(boot) else {
+        println!("doorbell: no vGPU");
+        return 3;
+    };
+    let mut alloc = Alloc::new(boot);
+    let Ok(kd) =
+        Vgpu::write_kernel_descriptor(&mut alloc, &KernelDescriptor::new(KernelKind::Mark, 1000))
+    else {
+        return 4;
+    };
+    let Ok(mut q) = gpu.create_queue(&mut alloc, 0, 64, 7) else {
+        println!("doorbell: cannot create queue 0");
+        return 4;
+    };
+    let Ok((signal, _)) = q.submit_mark(&mut alloc, kd, 1, true) else {
+        return 4;
+    };
+    q.ring();
+    // SAFETY: `signal` comes from submit_mark.
+    if unsafe { gpu.wait(0, signal) } != WaitResult::Done {
+        println!("doorbell: queue error");
+        return 4;
+    }
+    for _ in 0..rounds {
+        io::checkpoint(10);
+        for _ in 0..n {
+            // SAFETY: `bare` is an ioeventfd address in the identity-mapped
+            // MMIO hole; the write never reaches memory.
+            unsafe { core::ptr::write_volatile(bare as *mut u64, 1) };
+        }
+        io::checkpoint(11);
+        io::checkpoint(12);
+        for _ in 0..n {
+            q.ring();
+        }
+        io::checkpoint(13);
+    }
+    q.destroy();
+    println!("doorbell: ok");
+    0
+}
+
+rt::entry!(main);

@@ -1,0 +1,324 @@
+//! Doorbell path figures, all measured in one run (docs/benchmarks.md):
+//!
+//! 1. Floor: wake-up of a host thread blocked in epoll on an eventfd that
+//!    another host thread writes (p50/p99).
+//! 2. Guest write cost: the `doorbell` guest writes a bare KVM ioeventfd
+//!    (registered by this bench, drained by a host thread in epoll) and its
+//!    vGPU doorbell (ioeventfd -> doorbell reader -> mediator, the write
+//!    index re-read and dropped as stale) in alternating rounds; the cost
+//!    per write is host time between checkpoints / writes.
+//!    `doorbell_ratio` = doorbell cost / bare cost.
+//! 3. Detection: an inference VM (priority 12) beside a training VM
+//!    (priority 2); each inference job's doorbell preempts training. From
+//!    the host timestamp of the guest's checkpoint 2 (written just before
+//!    the doorbell) to the return of `Mediator::doorbell` in the doorbell
+//!    reader (the preemption has been issued to the GPU backend), for the
+//!    doorbells that issued one. `detect_p99_ratio` = its p99 / the floor's
+//!    p99. (Checkpoint 2 precedes the doorbell write by one PIO exit, so the
+//!    span slightly overstates detection.)
+//! 4. Host CPU (utime+stime of this process) over 3 s while four guests
+//!    wait in `sti; hlt` for a long GPU job.
+//!
+//! `cargo run --release -p hqdmux --example doorbell_bench [N] [ROUNDS] [JOBS]`
+//! Last line: `doorbell_ratio=R detect_p99_ratio=D`.
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch};
+use mdev::mediator::Mediator;
+use vmm::config::FleetConfig;
+use vmm::devices::mediated::{DoorbellObserver, DoorbellSeen};
+use vmm::fleet::{attach_vgpu, run_fleet, RunOptions, VgpuAttachment};
+use vmm::vm::{Vm, VmReport, VmSpec};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Where the bench registers the bare ioeventfd (MMIO hole, above the BARs
+/// the guest assigns from its start).
+const BARE_ADDR: u64 = 0xE000_0000;
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+/// A thread blocked in epoll on `fd`; calls `seen()` after each wake-up
+/// (after reading the eventfd) until `stop` is set and `fd` written.
+fn epoll_waiter(
+    fd: EventFd,
+    stop: Arc<AtomicBool>,
+    seen: impl Fn() + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let ep = Epoll::new().unwrap();
+        ep.ctl(
+            ControlOperation::Add,
+            fd.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, 0),
+        )
+        .unwrap();
+        let mut ev = [EpollEvent::default(); 1];
+        loop {
+            if ep.wait(-1, &mut ev).unwrap_or(0) == 0 {
+                continue;
+            }
+            let _ = fd.read();
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            seen();
+        }
+    })
+}
+
+/// Wake-up latency of a host thread in epoll on an eventfd, in us.
+fn eventfd_floor(samples: usize) -> Vec<f64> {
+    let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Arc::new(Mutex::new(Instant::now()));
+    let out = Arc::new(Mutex::new(Vec::with_capacity(samples)));
+    let (t, o) = (t0.clone(), out.clone());
+    let h = epoll_waiter(fd.try_clone().unwrap(), stop.clone(), move || {
+        let d = t.lock().unwrap().elapsed();
+        o.lock().unwrap().push(d.as_secs_f64() * 1e6);
+    });
+    for _ in 0..samples {
+        // Let the waiter go back to sleep first.
+        std::thread::sleep(Duration::from_micros(500));
+        *t0.lock().unwrap() = Instant::now();
+        fd.write(1).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(10));
+    stop.store(true, Ordering::SeqCst);
+    fd.write(1).unwrap();
+    h.join().unwrap();
+    let v = out.lock().unwrap().clone();
+    v
+}
+
+struct Built {
+    vm: Vm,
+    gpu: VgpuAttachment,
+}
+
+/// Builds the VMs of `toml` on one mediator; `observer` goes to VM `observe`.
+fn build(
+    toml: &str,
+    observe: Option<(&str, DoorbellObserver)>,
+) -> (Arc<Mediator>, Vec<Built>, FleetConfig) {
+    let cfg = FleetConfig::parse(toml, Path::new("/bench/fleet.toml")).expect("config");
+    let kvm = Kvm::new().expect("kvm");
+    let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");
+    let m = Mediator::start(cfg.gpu.clone(), cfg.scheduler.clone(), 1).expect("mediator");
+    let mut out = Vec::new();
+    for (id, vc) in cfg.vm.iter().enumerate() {
+        let image = vc.image.strip_prefix("builtin:").expect("builtin image");
+        let spec = VmSpec {
+            id: id as u32,
+            name: vc.name.clone(),
+            elf: images::builtin(image).expect("image").into(),
+            mem_bytes: vc.memory_mib << 20,
+            vcpus: 1,
+            args: vc.args.clone(),
+            echo: false,
+            extra_devices: Vec::new(),
+        };
+        let vm = Vm::create(&kvm, &cpuid, spec).expect("vm");
+        let obs = observe
+            .as_ref()
+            .filter(|(n, _)| *n == vc.name)
+            .map(|(_, f)| f.clone());
+        let gpu = attach_vgpu(&m, &vm, vc, obs).expect("vgpu");
+        out.push(Built { vm, gpu });
+    }
+    (m, out, cfg)
+}
+
+/// Starts every VM, waits until VM `wait_for` ends, stops all; reports in order.
+fn run(m: &Arc<Mediator>, built: Vec<Built>, wait_for: usize) -> Vec<VmReport> {
+    let mut running = Vec::new();
+    let mut done_fds = Vec::new();
+    for b in built {
+        let done = EventFd::new(0).unwrap();
+        running.push((b.vm.start(done.try_clone().unwrap()).expect("start"), b.gpu));
+        done_fds.push(done);
+    }
+    done_fds[wait_for].read().unwrap();
+    let mut reports = Vec::new();
+    for (r, gpu) in running {
+        let h = gpu.handle();
+        let report = r.stop("bench done");
+        m.remove_vm(h);
+        gpu.detach();
+        reports.push(report);
+    }
+    m.shutdown();
+    reports
+}
+
+fn vm(name: &str, image: &str, prio: u8, args: &str) -> String {
+    format!(
+        "[[vm]]\nname = \"{name}\"\nimage = \"builtin:{image}\"\nmemory_mib = 256\ngpu = true\npriority = {prio}\nargs = \"{args}\"\n"
+    )
+}
+
+/// Guest write cost (ns per write) of the bare ioeventfd and the vGPU doorbell, per round.
+fn write_costs(n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
+    let (m, built, _) = build(
+        &vm(
+            "bell",
+            "doorbell",
+            7,
+            &format!("bare={BARE_ADDR:#x} n={n} rounds={rounds}"),
+        ),
+        None,
+    );
+    let bare = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    built[0]
+        .vm
+        .vm_fd()
+        .register_ioevent(&bare, &IoEventAddress::Mmio(BARE_ADDR), NoDatamatch)
+        .expect("bare ioeventfd");
+    let stop = Arc::new(AtomicBool::new(false));
+    let drain = epoll_waiter(bare.try_clone().unwrap(), stop.clone(), || {});
+    let reports = run(&m, built, 0);
+    stop.store(true, Ordering::SeqCst);
+    bare.write(1).unwrap();
+    drain.join().unwrap();
+    let r = &reports[0];
+    assert!(r.outcome.is_success(), "{}: {:?}", r.outcome, r.console);
+    let per = |a, b| -> Vec<f64> {
+        r.spans(a, b)
+            .iter()
+            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
+            .collect()
+    };
+    (per(10, 11), per(12, 13))
+}
+
+/// Doorbell -> preemption issued, in us, for jobs whose doorbell preempted.
+fn detection(jobs: u32) -> (Vec<f64>, usize) {
+    let seen: Arc<Mutex<Vec<DoorbellSeen>>> = Arc::default();
+    let s = seen.clone();
+    let observer: DoorbellObserver = Arc::new(move |d| s.lock().unwrap().push(d));
+    let toml = vm("training", "gpu", 2, "kernels=64 wgs=1216 cost_us=20000")
+        + &vm(
+            "inference",
+            "gpu",
+            12,
+            &format!("kernels=4 wgs=304 cost_us=500 loops={jobs}"),
+        );
+    let (m, built, _) = build(&toml, Some(("inference", observer)));
+    let reports = run(&m, built, 1);
+    let inf = &reports[1];
+    assert!(
+        inf.outcome.is_success(),
+        "{}: {:?}",
+        inf.outcome,
+        inf.console
+    );
+    let seen = seen.lock().unwrap();
+    let mut out = Vec::new();
+    let submits: Vec<Instant> = inf
+        .checkpoints
+        .iter()
+        .filter(|c| c.0 == 2)
+        .map(|c| c.1)
+        .collect();
+    for t in &submits {
+        if let Some(d) = seen.iter().find(|d| d.at > *t) {
+            if d.preempted {
+                out.push((d.at - *t).as_secs_f64() * 1e6);
+            }
+        }
+    }
+    (out, submits.len())
+}
+
+/// Ticks of utime + stime of this process.
+fn cpu_ticks() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5); `rest` starts at field 3.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Host CPU (% of one core) while four guests wait for a long GPU job.
+fn waiting_cpu() -> f64 {
+    let mut toml = "[scheduler]\naging_ns = 60000000000\n".to_string();
+    toml += &vm("long", "gpu", 12, "kernels=1 wgs=1216 cost_us=1500000");
+    for i in 0..3 {
+        toml += &vm(&format!("lo{i}"), "gpu", 2, "kernels=1 wgs=64 cost_us=1000");
+    }
+    let cfg = FleetConfig::parse(&toml, Path::new("/bench/fleet.toml")).expect("config");
+    let fleet = std::thread::spawn(move || run_fleet(&cfg, RunOptions::default()).expect("fleet"));
+    // Boot and submission take well under 1.5 s; the job takes ~6 s.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (c0, t0) = (cpu_ticks(), Instant::now());
+    std::thread::sleep(Duration::from_secs(3));
+    let (c1, t1) = (cpu_ticks(), Instant::now());
+    let report = fleet.join().unwrap();
+    assert!(report.all_succeeded(), "{}", report.summary());
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (c1 - c0) as f64 / hz / (t1 - t0).as_secs_f64() * 100.0
+}
+
+fn main() {
+    if !vmm::kvm_available() {
+        eprintln!("doorbell_bench: /dev/kvm is not available");
+        std::process::exit(1);
+    }
+    let arg = |i: usize, d: u64| {
+        std::env::args()
+            .nth(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, rounds, jobs) = (arg(1, 5000), arg(2, 5), arg(3, 60) as u32);
+
+    let mut floor = eventfd_floor(2000);
+    let (f50, f99) = (pct(&mut floor, 0.5), pct(&mut floor, 0.99));
+    println!(
+        "eventfd wake-up of a host thread (epoll): p50 {f50:.1} us, p99 {f99:.1} us ({} samples)",
+        floor.len()
+    );
+
+    let (mut bare, mut bell) = write_costs(n, rounds);
+    let (b50, d50) = (pct(&mut bare, 0.5), pct(&mut bell, 0.5));
+    let ratio = bell.iter().sum::<f64>() / bare.iter().sum::<f64>();
+    println!(
+        "guest write, ns per write over {rounds} rounds x {n}: bare ioeventfd p50 {b50:.0} (rounds {}), vGPU doorbell p50 {d50:.0} (rounds {})",
+        fmt_list(&bare),
+        fmt_list(&bell)
+    );
+
+    let (mut det, submitted) = detection(jobs);
+    let (p50, p99) = (pct(&mut det, 0.5), pct(&mut det, 0.99));
+    println!(
+        "high-priority doorbell -> preemption issued: p50 {p50:.1} us, p99 {p99:.1} us ({} of {submitted} jobs preempted)",
+        det.len()
+    );
+
+    let cpu = waiting_cpu();
+    println!(
+        "host CPU while 4 guests wait in sti;hlt for a 6 s GPU job: {cpu:.1}% of one core over 3 s"
+    );
+
+    println!(
+        "doorbell_ratio={ratio:.2} detect_p99_ratio={:.2}",
+        p99 / f99
+    );
+}
+
+fn fmt_list(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join("/")
+}

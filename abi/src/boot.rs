@@ -27,9 +27,10 @@ pub mod device_kind {
     pub const EXIT: u32 = 2;
     /// Checkpoint port; `base` is the I/O port (32-bit write = host timestamp).
     pub const CHECKPOINT: u32 = 3;
-    /// Virtual GPU register window (MMIO, 4 KiB; docs/vgpu-abi.md).
+    /// Reserved: the vGPU register window of ABI v1. No longer listed: the
+    /// vGPU is a PCI function (docs/vgpu-abi.md, "Finding the device").
     pub const VGPU_REGS: u32 = 4;
-    /// Virtual GPU doorbell window (MMIO, 4 KiB; docs/vgpu-abi.md).
+    /// Reserved: the vGPU doorbell window of ABI v1 (now BAR2 of the PCI function).
     pub const VGPU_DOORBELLS: u32 = 5;
 }
 

@@ -22,6 +22,8 @@ use super::vgpu::VgpuBackend;
 pub struct DoorbellSeen {
     /// vHQD index.
     pub vhqd: usize,
+    /// When the reader had read the doorbell's eventfd (before the mediator call).
+    pub woke: std::time::Instant,
     /// When `Mediator::doorbell` returned (the scheduler has decided and
     /// every map/unmap it issued has been handed to the GPU backend).
     pub at: std::time::Instant,
@@ -99,11 +101,13 @@ impl MediatedVgpu {
                             match &observer {
                                 None => m.doorbell(vm, DOORBELL_STRIDE * i),
                                 Some(f) => {
+                                    let woke = std::time::Instant::now();
                                     let before = m.stats().preemptions;
                                     m.doorbell(vm, DOORBELL_STRIDE * i);
                                     let at = std::time::Instant::now();
                                     f(DoorbellSeen {
                                         vhqd: i as usize,
+                                        woke,
                                         at,
                                         preempted: m.stats().preemptions > before,
                                     });

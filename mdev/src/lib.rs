@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod binding;
 pub mod mediator;
 pub mod mem;
 pub mod sim;

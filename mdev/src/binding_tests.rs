@@ -205,7 +205,7 @@ fn removal_with_save_returns_an_mqd_that_resumes_exactly_once() {
         .expect("removed");
     let first = rig.completions_of(1);
     let r = mqd.read_index().unwrap();
-    assert!(r >= 1 && r < 6, "stopped part-way: read index {r}");
+    assert!((1..6).contains(&r), "stopped part-way: read index {r}");
     assert_eq!(mqd.write_index(), 6);
     assert!(rig.b.mqd(QueueId(0)).is_none());
     // Reload the written-back MQD as a new queue: the rest runs once.

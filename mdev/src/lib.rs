@@ -18,9 +18,11 @@
 //! See `docs/gpu-model.md` for what the model covers.
 #![deny(missing_docs)]
 
+pub mod arbiter;
 pub mod backend;
 pub mod binding;
-pub mod mediator;
 pub mod mem;
+pub mod ratelimit;
 pub mod sim;
 pub mod topology;
+pub mod vgpu;

@@ -10,8 +10,9 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use mdev::mediator::{self, Mediator, VgpuHandle};
+use mdev::arbiter::{ArbiterStats, GpuArbiter as Mediator};
 use mdev::mem::DmaMemory;
+use mdev::vgpu::{InterruptSink, VgpuHandle, REGS_BYTES};
 use scheduler::VmParams;
 
 use crate::boot::{device_kind, DeviceEntry};
@@ -73,7 +74,7 @@ pub struct FleetReport {
     /// True if the run timeout stopped some VM.
     pub timed_out: bool,
     /// Mediated-GPU counters, when some VM had `gpu = true`.
-    pub gpu: Option<mediator::MediatorStats>,
+    pub gpu: Option<ArbiterStats>,
     /// Per-VM GPU accounting at the moment its vGPU was detached (config
     /// order; `None` for VMs without `gpu = true`).
     pub vm_gpu: Vec<Option<scheduler::VmStats>>,
@@ -142,8 +143,12 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     // One mediator (scheduler + simulated GPU) for the VMs that have a vGPU.
     let mediator = if cfg.vm.iter().any(|v| v.gpu) {
         Some(
-            Mediator::start(cfg.gpu.clone(), cfg.scheduler.clone(), 1)
-                .map_err(|e| FleetError::Gpu(e.to_string()))?,
+            mdev::arbiter::open_backend(&cfg.gpu, 1)
+                .map_err(|e| FleetError::Gpu(e.to_string()))
+                .and_then(|backend| {
+                    Mediator::start(cfg.gpu.clone(), cfg.scheduler.clone(), backend)
+                        .map_err(|e| FleetError::Gpu(e.to_string()))
+                })?,
         )
     } else {
         None
@@ -308,13 +313,13 @@ fn vgpu_entries() -> Vec<DeviceEntry> {
             kind: device_kind::VGPU_REGS,
             vector: 0,
             base: VGPU_REGS_BASE,
-            size: mediator::REGS_BYTES,
+            size: REGS_BYTES,
         },
         DeviceEntry {
             kind: device_kind::VGPU_DOORBELLS,
             vector: 0,
             base: VGPU_DOORBELLS_BASE,
-            size: mediator::DOORBELL_BYTES,
+            size: abi::vgpu::WINDOW_BYTES,
         },
     ]
 }
@@ -328,24 +333,32 @@ fn attach_vgpu(m: &Arc<Mediator>, vm: &mut Vm, vc: &VmConfig) -> Result<VgpuHand
         weight: vc.weight,
         partition: vc.partition,
     };
-    let h = m
-        .add_vm(&vc.name, mem, params)
+    let (h, fe) = m
+        .add_vm(&vc.name, mem, params, Arc::new(NoInterrupts))
         .map_err(|e| FleetError::Gpu(format!("vm '{}': {e}", vc.name)))?;
     let bus = vm.mmio_bus_mut();
     let err = |e: crate::bus::BusError| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
     bus.insert(
         VGPU_REGS_BASE,
-        mediator::REGS_BYTES,
-        Arc::new(Mutex::new(VgpuRegs::new(m.clone(), h))),
+        REGS_BYTES,
+        Arc::new(Mutex::new(VgpuRegs::new(fe.clone()))),
     )
     .map_err(err)?;
     bus.insert(
         VGPU_DOORBELLS_BASE,
-        mediator::DOORBELL_BYTES,
-        Arc::new(Mutex::new(VgpuDoorbells::new(m.clone(), h))),
+        abi::vgpu::WINDOW_BYTES,
+        Arc::new(Mutex::new(VgpuDoorbells::new(fe))),
     )
     .map_err(err)?;
     Ok(h)
+}
+
+/// Interrupt sink of this VMM until the PCI/MSI-X device model lands
+/// (branch h10vmm): vectors are dropped; guests poll.
+struct NoInterrupts;
+
+impl InterruptSink for NoInterrupts {
+    fn raise(&self, _vector: u16) {}
 }
 
 /// Removes a VM's vGPU from the mediator; returns its final GPU accounting.

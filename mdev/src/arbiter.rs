@@ -510,6 +510,8 @@ impl GpuArbiter {
                     c.bind
                         .add_queue(VmId(vm), q, (vm, vhqd as u8), prio, V9Mqd::clone(&mqd), mem)
                 {
+                    // Only a VM being removed gets here (queue ids are
+                    // fresh, priorities clamped).
                     log::warn!("vm {}: vHQD {vhqd}: load refused: {e}", c.vms[v].fe.name());
                     c.vms[v].fe.on_load_refused(vhqd, error::BAD_POINTERS);
                     return;
@@ -524,6 +526,10 @@ impl GpuArbiter {
             }
             VgpuRequest::Dequeue { vhqd, mode } => {
                 let Some(q) = c.vms[v].queue.get(vhqd).copied().flatten() else {
+                    // The load was refused after the front end accepted it.
+                    if vhqd < NUM_VHQD {
+                        c.vms[v].fe.on_load_refused(vhqd, 0);
+                    }
                     return;
                 };
                 let _ = c

@@ -458,13 +458,18 @@ impl VgpuFrontEnd {
 
     // ---- arbiter callbacks (service thread) ------------------------------
 
-    /// The arbiter refused a load (e.g. the scheduler has no room): back to
-    /// unloaded with `code`, error vector.
+    /// The arbiter refused a load (only while the VM is being removed): back
+    /// to unloaded with `code` (error vector), or without error if 0
+    /// (vector `i`, as for a finished dequeue).
     pub(crate) fn on_load_refused(&self, i: usize, code: u32) {
         let mut g = self.regs();
         g.vhqd[i].phase = HqdPhase::Unloaded;
-        g.vhqd[i].error = code;
-        self.raise(&mut g, ERROR_VECTOR);
+        if code != 0 {
+            g.vhqd[i].error = code;
+            self.raise(&mut g, ERROR_VECTOR);
+        } else {
+            self.raise(&mut g, i);
+        }
     }
 
     /// The queue of vHQD `i` went on (or off) a physical HQD.

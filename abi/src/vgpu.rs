@@ -1,11 +1,12 @@
-//! The guest-visible virtual GPU (docs/vgpu-abi.md): register map, wait
-//! results and queue error codes, shared by the host mediator
-//! (`mdev::mediator`) and the guest driver (`guest-tools`, `rt::gpu`).
+//! The guest-visible virtual GPU (docs/vgpu-abi.md): register map, MSI-X
+//! vectors and queue error codes, shared by the host front end
+//! (`mdev::vgpu`) and the guest driver (`guest-tools`, `rt::gpu`).
 
 /// `VGPU_ID` value, "HQDG".
 pub const VGPU_ID_VALUE: u32 = 0x4744_5148;
-/// vGPU ABI version.
-pub const VGPU_ABI_VERSION: u32 = 1;
+/// vGPU ABI version (2: PCI function, MSI-X completion interrupts,
+/// asynchronous dequeue with MQD write-back; no WAIT registers).
+pub const VGPU_ABI_VERSION: u32 = 2;
 /// Size of the register window and of the doorbell window.
 pub const WINDOW_BYTES: u64 = 4096;
 /// Virtual HQDs per VM (`NUM_VHQD`).
@@ -17,33 +18,54 @@ pub const NUM_VECTORS: usize = NUM_VHQD + 1;
 pub const ERROR_VECTOR: usize = NUM_VHQD;
 /// Bytes per doorbell: doorbell `i` is at `DOORBELL_STRIDE * i`.
 pub const DOORBELL_STRIDE: usize = 8;
-/// Boot-info device kind of the register window.
+/// Boot-info device kind of the register window (v1 discovery; PCI in v2).
 pub const DEVICE_KIND_REGS: u32 = 4;
-/// Boot-info device kind of the doorbell window.
+/// Boot-info device kind of the doorbell window (v1 discovery; PCI in v2).
 pub const DEVICE_KIND_DOORBELLS: u32 = 5;
 
-/// Register offsets (docs/vgpu-abi.md, "Registers").
+/// Register offsets in BAR0 (docs/vgpu-abi.md, "Registers"). All 32-bit.
 pub mod reg {
     /// ro: [`super::VGPU_ID_VALUE`].
     pub const VGPU_ID: usize = 0x000;
-    /// ro: ABI version.
+    /// ro: ABI version ([`super::VGPU_ABI_VERSION`]).
     pub const VGPU_VERSION: usize = 0x004;
     /// ro: virtual HQDs of this VM.
     pub const NUM_VHQD: usize = 0x008;
-    /// ro: XCCs of the partition (one CWSR save area each).
-    pub const XCCS: usize = 0x00C;
+    /// ro: XCCs a queue runs on (KFD `num_xcc`): one CWSR save area and one
+    /// debug area each.
+    pub const NUM_XCC: usize = 0x00C;
+    /// ro: v1 name of [`NUM_XCC`].
+    pub const XCCS: usize = NUM_XCC;
     /// ro: CUs per XCC.
     pub const CUS_PER_XCC: usize = 0x010;
     /// ro: shader engines per XCC.
     pub const SES_PER_XCC: usize = 0x014;
-    /// ro: minimum `cp_hqd_ctx_save_size` per XCC.
-    pub const CTX_SAVE_SIZE: usize = 0x018;
-    /// wo: low half of an `amd_signal_t` address.
+    /// ro: least `cp_hqd_ctx_save_size` per XCC (KFD `cwsr_size`).
+    pub const CWSR_SIZE: usize = 0x018;
+    /// ro: v1 name of [`CWSR_SIZE`].
+    pub const CTX_SAVE_SIZE: usize = CWSR_SIZE;
+    /// ro: least `cp_hqd_cntl_stack_size` per XCC (KFD `ctl_stack_size`).
+    pub const CTL_STACK_SIZE: usize = 0x01C;
+    /// v1 only (`WAIT_SIGNAL_LO`); 0x020..0x02C is reserved in v2 (reads 0,
+    /// writes are logged and ignored). Kept until the guest runtime waits by
+    /// interrupt (guest-tools), then removed.
     pub const WAIT_SIGNAL_LO: usize = 0x020;
-    /// wo: high half; the write starts the wait.
+    /// v1 only (`WAIT_SIGNAL_HI`); see [`WAIT_SIGNAL_LO`].
     pub const WAIT_SIGNAL_HI: usize = 0x024;
-    /// ro: outcome of the last wait.
+    /// v1 only (`WAIT_RESULT`); see [`WAIT_SIGNAL_LO`].
     pub const WAIT_RESULT: usize = 0x028;
+    /// ro: debug area per XCC after all save areas (KFD `debug_memory_size`).
+    pub const DEBUG_MEMORY_SIZE: usize = 0x02C;
+    /// ro: EOP buffer bytes (KFD `eop_buffer_size`).
+    pub const EOP_BUFFER_SIZE: usize = 0x030;
+    /// ro: MSI-X vectors ([`super::NUM_VECTORS`]).
+    pub const NUM_VECTORS: usize = 0x034;
+    /// ro: the queue-error vector ([`super::ERROR_VECTOR`]).
+    pub const ERROR_VECTOR: usize = 0x038;
+    /// rw1c: interrupt status: bit `i` < `NUM_VHQD` set with vector `i`
+    /// (completion with a mailbox, or a finished dequeue of vHQD `i`); bit
+    /// `NUM_VHQD` set with the error vector. Writing 1 clears a bit.
+    pub const INT_STATUS: usize = 0x03C;
     /// Per-HQD block of HQD 0.
     pub const HQD_BASE: usize = 0x100;
     /// Distance between per-HQD blocks.
@@ -52,19 +74,45 @@ pub mod reg {
     pub const CP_MQD_BASE_ADDR: usize = 0x00;
     /// rw (per HQD): MQD address, high 32 bits.
     pub const CP_MQD_BASE_ADDR_HI: usize = 0x04;
-    /// rw (per HQD): write 1 loads the MQD; reads 1 while loaded.
+    /// rw (per HQD): write 1 loads the MQD; reads 1 from the load until its
+    /// dequeue has finished.
     pub const CP_HQD_ACTIVE: usize = 0x08;
-    /// wo (per HQD): write 1 unloads the queue.
+    /// rw (per HQD): write [`super::dequeue::DRAIN`], [`super::dequeue::RESET`]
+    /// or [`super::dequeue::SAVE`] to unload (asynchronous); reads the
+    /// pending request, 0 when none.
     pub const CP_HQD_DEQUEUE_REQUEST: usize = 0x0C;
     /// ro (per HQD): 0 or the queue error code (sticky until unload).
     pub const CP_HQD_ERROR: usize = 0x10;
-    /// ro (per HQD): 0 unloaded, 1 loaded and waiting, 2 on a physical HQD.
+    /// ro (per HQD): [`super::hqd_state`].
     pub const CP_HQD_STATE: usize = 0x14;
     /// ro (per HQD): read index (packets, low 32 bits) as last reported.
     pub const CP_HQD_PQ_RPTR: usize = 0x18;
 }
 
-/// `WAIT_RESULT` values.
+/// `CP_HQD_DEQUEUE_REQUEST` values (as the hardware encodes them).
+pub mod dequeue {
+    /// Stop fetching, let in-flight work finish.
+    pub const DRAIN: u32 = 1;
+    /// Kill in-flight work; interrupted packets run again from the start on reload.
+    pub const RESET: u32 = 2;
+    /// CWSR: save in-flight waves; a reload resumes them.
+    pub const SAVE: u32 = 3;
+}
+
+/// `CP_HQD_STATE` values.
+pub mod hqd_state {
+    /// Not loaded.
+    pub const UNLOADED: u32 = 0;
+    /// Loaded, waiting for a physical HQD.
+    pub const WAITING: u32 = 1;
+    /// On a physical HQD.
+    pub const ON_HQD: u32 = 2;
+    /// Dequeue requested, not finished (`CP_HQD_ACTIVE` still reads 1).
+    pub const DEQUEUING: u32 = 3;
+}
+
+/// v1 `WAIT_RESULT` values: v1 only, kept until the guest runtime waits by
+/// interrupt (guest-tools), then removed. The v2 device has no WAIT registers.
 pub mod wait_result {
     /// The signal reached 0.
     pub const DONE: u32 = 0;

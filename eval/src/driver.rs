@@ -8,17 +8,15 @@ use crate::report::{jain, percentile, PolicyReport};
 use crate::scenario::{Arrival, Class, Scenario};
 use abi::aql::{KernelDispatch, Packet};
 use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
-use mdev::backend::{DequeueMode, GpuEvent, MapRequest, PhysGpu};
+use mdev::backend::{GpuEvent, PhysGpu};
+use mdev::binding::{Binding, Notice};
 use mdev::mem::{DmaMemory, SparseMemory};
 use mdev::sim::testkit::{GuestQueue, TestVm};
 use mdev::sim::SimGpu;
 use mdev::topology::GpuTopology;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use scheduler::{
-    Action, Event, Nanos, Policy, QueueId, SchedConfig, Scheduler, SlotId, UnmapMode, VmId,
-    VmParams,
-};
+use scheduler::{Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -98,7 +96,6 @@ struct Stream {
     tenant: usize,
     queue: QueueId,
     gq: GuestQueue,
-    slot: Option<SlotId>,
     rng: SmallRng,
     trace_idx: usize,
     /// Shift of this stream's trace times (ns).
@@ -131,7 +128,9 @@ struct Sim<'a> {
     sc: &'a Scenario,
     now: Nanos,
     gpu: SimGpu,
-    sched: Scheduler,
+    /// The scheduler <-> GPU binding the VMM's arbiter runs too (owner:
+    /// stream index).
+    bind: Binding<usize>,
     vms: Vec<VmModel>,
     streams: Vec<Stream>,
     arrivals: BinaryHeap<Reverse<(Nanos, usize)>>,
@@ -139,10 +138,9 @@ struct Sim<'a> {
     jobs: BTreeMap<u64, Job>,
     kernels: HashMap<(usize, u64), Kern>,
     free_blocks: HashMap<(usize, u32), Vec<u64>>,
-    occupied: u64,
     occ_area: u128,
     occ_t: Nanos,
-    synthetic: VecDeque<Event>,
+    notices: Vec<Notice<usize>>,
     /// Pending live changes, earliest last.
     changes: Vec<crate::scenario::Change>,
     out: RunOutput,
@@ -157,13 +155,16 @@ pub fn topology(sc: &Scenario) -> Result<GpuTopology, EvalError> {
 /// Simulates `sc` under `policy` with arrival seed `seed`.
 pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, EvalError> {
     let topo = topology(sc)?;
-    let slots = mdev::mediator::slot_descs(&topo);
     let cfg = SchedConfig {
         policy,
         ..sc.scheduler.clone().unwrap_or_default()
     };
     let err = |e| EvalError::Sched(sc.name.clone(), e);
-    let mut sched = Scheduler::new(cfg, slots).map_err(err)?;
+    let mut bind: Binding<usize> = Binding::new(&topo, cfg).map_err(err)?;
+    bind.set_decision_clock(Some({
+        let t0 = Instant::now();
+        Box::new(move || t0.elapsed().as_nanos() as u64)
+    }));
     let gpu = SimGpu::new(topo.clone(), seed)
         .map_err(|e| EvalError::Gpu(sc.name.clone(), e.to_string()))?;
     let mut vms = Vec::new();
@@ -171,16 +172,15 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
     for (ti, t) in sc.tenants.iter().enumerate() {
         for _ in 0..t.count {
             let vm_idx = vms.len();
-            sched
-                .add_vm(
-                    VmId(vm_idx as u32),
-                    VmParams {
-                        priority: t.priority,
-                        weight: t.weight,
-                        partition: None,
-                    },
-                )
-                .map_err(err)?;
+            bind.add_vm(
+                VmId(vm_idx as u32),
+                VmParams {
+                    priority: t.priority,
+                    weight: t.weight,
+                    partition: None,
+                },
+            )
+            .map_err(err)?;
             let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(VM_BYTES));
             let mut tvm = TestVm::with_memory(mem.clone(), 0x1000);
             let kds = t
@@ -202,16 +202,21 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
                 let gq = tvm.queue(&topo, RING_PACKETS, t.queue_priority as u32);
                 let queue = QueueId(streams.len() as u64);
                 let qprio = gq.mqd.queue_priority().min(15) as u8;
-                sched
-                    .add_queue(VmId(vm_idx as u32), queue, qprio)
-                    .map_err(err)?;
+                bind.add_queue(
+                    VmId(vm_idx as u32),
+                    queue,
+                    streams.len(),
+                    qprio,
+                    gq.mqd.clone(),
+                    mem.clone(),
+                )
+                .map_err(err)?;
                 let sidx = streams.len() as u64;
                 streams.push(Stream {
                     vm: vm_idx,
                     tenant: ti,
                     queue,
                     gq,
-                    slot: None,
                     rng: SmallRng::seed_from_u64(
                         seed ^ (sidx + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                     ),
@@ -232,7 +237,7 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
         sc,
         now: 0,
         gpu,
-        sched,
+        bind,
         vms,
         streams,
         arrivals: BinaryHeap::new(),
@@ -240,10 +245,9 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
         jobs: BTreeMap::new(),
         kernels: HashMap::new(),
         free_blocks: HashMap::new(),
-        occupied: 0,
         occ_area: 0,
         occ_t: 0,
-        synthetic: VecDeque::new(),
+        notices: Vec::new(),
         changes: {
             let mut c = sc.changes.clone();
             c.sort_by_key(|c| std::cmp::Reverse(c.at_ms));
@@ -335,6 +339,7 @@ impl Sim<'_> {
                 break;
             }
             self.now = self.now.max(t);
+            self.account_occupancy();
             evs.clear();
             self.gpu.advance(self.now, &mut evs);
             for ev in evs.drain(..) {
@@ -359,7 +364,8 @@ impl Sim<'_> {
             }
             if tick {
                 self.timer = None;
-                self.sched_event(Event::Tick { now: self.now });
+                self.bind.tick(&mut self.gpu, self.now, &mut self.notices);
+                self.handle_notices();
             }
         }
         self.now = end;
@@ -370,7 +376,7 @@ impl Sim<'_> {
     /// entry, and/or a new policy (take effect at the tick that follows).
     fn apply_change(&mut self, c: &crate::scenario::Change) {
         if let Some(p) = c.policy {
-            self.sched.set_policy(p);
+            self.bind.scheduler_mut().set_policy(p);
             log::debug!("t={} ns: policy {}", self.now, p.name());
         }
         let Some(name) = &c.tenant else { return };
@@ -380,17 +386,25 @@ impl Sim<'_> {
             }
             let vm = VmId(i as u32);
             if let Some(p) = c.priority {
-                self.sched.set_vm_priority(vm, p).expect("validated change");
+                self.bind
+                    .scheduler_mut()
+                    .set_vm_priority(vm, p)
+                    .expect("validated change");
             }
             if let Some(w) = c.weight {
-                self.sched.set_vm_weight(vm, w).expect("validated change");
+                self.bind
+                    .scheduler_mut()
+                    .set_vm_weight(vm, w)
+                    .expect("validated change");
             }
             log::debug!("t={} ns: vm {i} ({name}) changed", self.now);
         }
     }
 
+    /// Integrates slot occupancy up to `now` (occupancy only changes at
+    /// event times, and this runs before any event of a new time).
     fn account_occupancy(&mut self) {
-        self.occ_area += self.occupied as u128 * (self.now - self.occ_t) as u128;
+        self.occ_area += self.bind.occupied() as u128 * (self.now - self.occ_t) as u128;
         self.occ_t = self.now;
     }
 
@@ -457,16 +471,10 @@ impl Sim<'_> {
         }
         if rang {
             let st = &self.streams[s];
-            if let Some(slot) = st.slot {
-                self.gpu
-                    .doorbell(self.now, mdev::backend::SlotId(slot.0), st.gq.wptr);
-            }
             let (queue, wptr) = (st.queue, st.gq.wptr);
-            self.sched_event(Event::Doorbell {
-                queue,
-                wptr,
-                now: self.now,
-            });
+            self.bind
+                .doorbell(&mut self.gpu, self.now, queue, wptr, &mut self.notices);
+            self.handle_notices();
         }
     }
 
@@ -503,46 +511,37 @@ impl Sim<'_> {
     }
 
     fn gpu_event(&mut self, ev: GpuEvent) {
-        match ev {
-            GpuEvent::PacketCompleted {
-                tag, dispatch_id, ..
-            } => self.completed(tag as usize, dispatch_id),
-            GpuEvent::QueueIdle { tag, .. } => self.sched_event(Event::QueueIdle {
-                queue: QueueId(tag),
-                now: self.now,
-            }),
-            GpuEvent::Unmapped {
-                tag,
-                mqd,
-                has_work,
-                save_ns,
-                ..
-            } => {
-                let s = tag as usize;
-                self.streams[s].gq.mqd = *mqd;
-                self.slot_freed(s);
-                self.sched_event(Event::Unmapped {
-                    queue: QueueId(tag),
-                    has_work,
-                    save_ns,
-                    now: self.now,
-                });
-            }
-            GpuEvent::QueueError { tag, reason, .. } => {
-                log::warn!("scenario {}: queue {tag}: {reason}", self.sc.name);
-                self.out.queue_errors += 1;
-                self.sched_event(Event::QueueError {
-                    queue: QueueId(tag),
-                    now: self.now,
-                });
-            }
-        }
+        self.bind
+            .gpu_event(&mut self.gpu, self.now, ev, &mut self.notices);
+        self.handle_notices();
     }
 
-    fn slot_freed(&mut self, s: usize) {
-        if self.streams[s].slot.take().is_some() {
-            self.account_occupancy();
-            self.occupied -= 1;
+    /// Carries out what the binding asked for (in order).
+    fn handle_notices(&mut self) {
+        let mut notices = std::mem::take(&mut self.notices);
+        for n in notices.drain(..) {
+            match n {
+                Notice::ArmTimer { at } => self.timer = Some(at),
+                Notice::Completed {
+                    owner, dispatch_id, ..
+                } => self.completed(owner, dispatch_id),
+                Notice::QueueError { owner, reason, .. } => {
+                    log::warn!("scenario {}: queue {owner}: {reason}", self.sc.name);
+                    self.out.queue_errors += 1;
+                }
+                Notice::MapRefused { owner, error, .. } => {
+                    log::warn!(
+                        "scenario {}: map of queue {owner} refused: {error}",
+                        self.sc.name
+                    );
+                    self.out.queue_errors += 1;
+                }
+                Notice::Mapped { .. } | Notice::Unmapped { .. } | Notice::Removed { .. } => {}
+            }
+        }
+        // Reuse the allocation (a completion may have queued more notices).
+        if self.notices.is_empty() {
+            self.notices = notices;
         }
     }
 
@@ -586,73 +585,6 @@ impl Sim<'_> {
         self.submit_backlog(s);
     }
 
-    fn sched_event(&mut self, ev: Event) {
-        self.synthetic.push_back(ev);
-        while let Some(ev) = self.synthetic.pop_front() {
-            let t0 = Instant::now();
-            self.sched.handle(ev);
-            let mut acts = Vec::new();
-            while let Some(a) = self.sched.poll_action() {
-                acts.push(a);
-            }
-            self.out.decision_ns.push(t0.elapsed().as_nanos() as u64);
-            for a in acts {
-                self.action(a);
-            }
-        }
-    }
-
-    fn action(&mut self, a: Action) {
-        let now = self.now;
-        match a {
-            Action::Map { queue, slot } => {
-                let s = queue.0 as usize;
-                let req = MapRequest {
-                    slot: mdev::backend::SlotId(slot.0),
-                    tag: queue.0,
-                    mqd: self.streams[s].gq.mqd.clone(),
-                    mem: self.vms[self.streams[s].vm].tvm.dyn_mem(),
-                };
-                match self.gpu.map(now, req) {
-                    Ok(()) => {
-                        self.account_occupancy();
-                        self.occupied += 1;
-                        self.streams[s].slot = Some(slot);
-                    }
-                    Err(e) => {
-                        log::warn!("scenario {}: map of queue {s} refused: {e}", self.sc.name);
-                        self.out.queue_errors += 1;
-                        self.synthetic.push_back(Event::QueueError { queue, now });
-                    }
-                }
-            }
-            Action::Unmap { queue, slot, mode } => {
-                let mode = match mode {
-                    UnmapMode::Drain => DequeueMode::DrainPipe,
-                    UnmapMode::Save => DequeueMode::SaveWaves,
-                    UnmapMode::Reset => DequeueMode::ResetWaves,
-                };
-                let s = queue.0 as usize;
-                if self.streams[s].slot.is_none()
-                    || self
-                        .gpu
-                        .unmap(now, mdev::backend::SlotId(slot.0), mode)
-                        .is_err()
-                {
-                    // Never reached the GPU (refused map): done at once.
-                    self.slot_freed(s);
-                    self.synthetic.push_back(Event::Unmapped {
-                        queue,
-                        has_work: false,
-                        save_ns: 0,
-                        now,
-                    });
-                }
-            }
-            Action::ArmTimer { at } => self.timer = Some(at),
-        }
-    }
-
     fn finish(mut self, topo: &GpuTopology) -> RunOutput {
         let end = self.now;
         // Kernels still in flight: an effect applied twice already counts
@@ -683,7 +615,8 @@ impl Sim<'_> {
         }
         let st = self.gpu.stats();
         self.out.gpu = st.clone();
-        self.out.preemptions = self.sched.stats().preemptions;
+        self.out.preemptions = self.bind.scheduler().stats().preemptions;
+        self.out.decision_ns = self.bind.decision_ns().to_vec();
         self.out.save_restore_ns = st.save_ns_total + st.restore_ns_total;
         self.out.workgroups = st.wgs_completed;
         self.out.cus = (topo.cus_per_xcc * topo.xccs) as u64;

@@ -51,6 +51,12 @@ pub const MAX_VHQD: usize = ((abi::pci::REGS_SIZE as usize) - reg::HQD_BASE) / r
 pub const MIN_RING_PACKETS: u32 = 4;
 /// Work-items per workgroup of the dispatches built by [`Queue::submit_mark`].
 pub const MARK_WG_SIZE: u16 = 64;
+/// `amd_signal_t.event_mailbox_ptr` (ROCr `amd_hsa_signal.h`).
+pub const SIGNAL_EVENT_MAILBOX_PTR: u64 = 0x10;
+/// Offset of `amd_signal_t.event_id` (u32).
+pub const SIGNAL_EVENT_ID_OFFSET: u64 = 0x18;
+/// The `event_id` this driver puts in its signals (the host writes it to the mailbox).
+pub const SIGNAL_EVENT_ID: u32 = 1;
 /// EOP buffer size (as KFD).
 pub const EOP_BYTES: u64 = 4096;
 
@@ -471,11 +477,16 @@ impl Vgpu {
         Ok(addr)
     }
 
-    /// A new `amd_signal_t` (64 bytes, 64-byte aligned; the bytes of
-    /// `amd_signal_image(value)`) with `value`.
+    /// A new interrupt signal: an `amd_signal_t` (64 bytes, 64-byte
+    /// aligned) with `value`, an `event_mailbox_ptr` (+0x10) to a fresh
+    /// 8-byte mailbox and `event_id` (+0x18) [`SIGNAL_EVENT_ID`], so its
+    /// completion raises the vHQD's MSI-X vector (docs/vgpu-abi.md).
     pub fn new_signal(alloc: &mut Alloc, value: i64) -> Result<u64, Error> {
         let addr = alloc.alloc(AMD_SIGNAL_SIZE as u64, 64)?;
+        let mailbox = alloc.alloc(8, 8)?;
         ram_write64(addr + AMD_SIGNAL_VALUE as u64, value as u64);
+        ram_write64(addr + SIGNAL_EVENT_MAILBOX_PTR, mailbox);
+        ram_write32(addr + SIGNAL_EVENT_ID_OFFSET, SIGNAL_EVENT_ID);
         Ok(addr)
     }
 

@@ -251,6 +251,9 @@ pub enum GpuEvent {
         tag: u64,
         /// Packet index (= dispatch id).
         dispatch_id: u64,
+        /// The packet's completion signal address (0: none), already decremented;
+        /// the front end reads its `event_mailbox_ptr` / `event_id`.
+        signal: u64,
         /// Time.
         at: Nanos,
     },

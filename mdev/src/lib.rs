@@ -6,20 +6,28 @@
 //!   (guest RAM as `vm_memory::GuestMemoryMmap`, or a host vector in tests).
 //! * [`topology`]: [`topology::GpuTopology`], the `[gpu]` section of the fleet TOML,
 //!   and the list of user HQD slots.
-//! * [`backend`]: [`backend::PhysGpu`], the trait the mediator / scheduler glue
-//!   drives (map, unmap with a dequeue mode, doorbell, advance the clock).
+//! * [`backend`]: [`backend::PhysGpu`], the trait the binding drives (map,
+//!   unmap with a dequeue mode, doorbell, advance the clock).
 //! * [`sim`]: [`sim::SimGpu`], a discrete-event simulated MI300-class GPU
-//!   (command processors, AQL, CUs, CWSR), and [`sim::RealTimeDriver`] that runs
-//!   it against the monotonic clock.
-//!
-//! * [`mediator`]: [`mediator::Mediator`], the guest-visible virtual GPU of
-//!   every VM (`docs/vgpu-abi.md`) joined to the scheduler and the GPU.
+//!   (command processors, AQL, CUs, CWSR).
+//! * [`binding`]: [`binding::Binding`], the one sans-IO scheduler <-> GPU
+//!   binding (FIFO event order), run by the arbiter in real time and by
+//!   eval in virtual time.
+//! * [`vgpu`]: [`vgpu::VgpuFrontEnd`], one VM's guest-visible vGPU
+//!   (`docs/vgpu-abi.md`): registers, doorbell eventfds, mailboxes and
+//!   MSI-X vectors through an [`vgpu::InterruptSink`].
+//! * [`arbiter`]: [`arbiter::GpuArbiter`], one per fleet: the binding, the
+//!   backend (`Box<dyn PhysGpu + Send>`) and the epoll service thread.
+//! * [`ratelimit`]: per-VM limiter of guest-triggered log lines.
 //!
 //! See `docs/gpu-model.md` for what the model covers.
 #![deny(missing_docs)]
 
+pub mod arbiter;
 pub mod backend;
-pub mod mediator;
+pub mod binding;
 pub mod mem;
+pub mod ratelimit;
 pub mod sim;
 pub mod topology;
+pub mod vgpu;

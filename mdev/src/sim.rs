@@ -828,6 +828,7 @@ fn complete_packet(
         slot,
         tag: q.tag,
         dispatch_id: id,
+        signal: a.signal,
         at: now,
     });
     Ok(())

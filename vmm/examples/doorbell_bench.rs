@@ -6,7 +6,7 @@
 //!    shared), which is the floor `detect_p99_ratio` divides by.
 //! 2. Guest write cost: the `doorbell` guest writes a bare KVM ioeventfd
 //!    (registered by this bench, drained by a host thread in epoll) and its
-//!    vGPU doorbell (ioeventfd -> doorbell reader -> mediator, the write
+//!    vGPU doorbell (ioeventfd -> the arbiter's service thread, the write
 //!    index re-read and dropped as stale) in alternating rounds, with the
 //!    same guest loop; the cost per write is host time between checkpoints
 //!    / writes. `doorbell_ratio` = median over rounds of (doorbell cost /
@@ -14,8 +14,8 @@
 //! 3. Detection: an inference VM (priority 12) beside a training VM
 //!    (priority 2); each inference job's doorbell preempts training. From
 //!    the host timestamp of the guest's checkpoint 2 (written just before
-//!    the doorbell) to the return of `Mediator::doorbell` in the doorbell
-//!    reader (the preemption has been issued to the GPU backend), for the
+//!    the doorbell) to the arbiter's doorbell observer on its service thread
+//!    (the binding returned: the preemption was handed to the backend), for the
 //!    doorbells that issued one. `detect_p99_ratio` = its p99 / the floor's
 //!    p99. (Checkpoint 2 precedes the doorbell write by one PIO exit, so the
 //!    span slightly overstates detection.)
@@ -32,10 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch};
-use mdev::mediator::Mediator;
+use mdev::arbiter::{DoorbellObserver, DoorbellSeen, GpuArbiter};
 use vmm::config::FleetConfig;
-use vmm::devices::mediated::{DoorbellObserver, DoorbellSeen};
-use vmm::fleet::{attach_vgpu, run_fleet, RunOptions, VgpuAttachment};
+use vmm::fleet::{attach_vgpu, run_fleet, start_arbiter, RunOptions, VgpuAttachment};
 use vmm::vm::{Vm, VmReport, VmSpec};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -113,15 +112,12 @@ struct Built {
     gpu: VgpuAttachment,
 }
 
-/// Builds the VMs of `toml` on one mediator; `observer` goes to VM `observe`.
-fn build(
-    toml: &str,
-    observe: Option<(&str, DoorbellObserver)>,
-) -> (Arc<Mediator>, Vec<Built>, FleetConfig) {
+/// Builds the VMs of `toml` on one arbiter.
+fn build(toml: &str) -> (Arc<GpuArbiter>, Vec<Built>, FleetConfig) {
     let cfg = FleetConfig::parse(toml, Path::new("/bench/fleet.toml")).expect("config");
     let kvm = Kvm::new().expect("kvm");
     let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");
-    let m = Mediator::start(cfg.gpu.clone(), cfg.scheduler.clone(), 1).expect("mediator");
+    let m = start_arbiter(&cfg).expect("arbiter");
     let mut out = Vec::new();
     for (id, vc) in cfg.vm.iter().enumerate() {
         let image = vc.image.strip_prefix("builtin:").expect("builtin image");
@@ -136,18 +132,14 @@ fn build(
             extra_devices: Vec::new(),
         };
         let vm = Vm::create(&kvm, &cpuid, spec).expect("vm");
-        let obs = observe
-            .as_ref()
-            .filter(|(n, _)| *n == vc.name)
-            .map(|(_, f)| f.clone());
-        let gpu = attach_vgpu(&m, &vm, vc, obs).expect("vgpu");
+        let gpu = attach_vgpu(&m, &vm, vc).expect("vgpu");
         out.push(Built { vm, gpu });
     }
     (m, out, cfg)
 }
 
 /// Starts every VM, waits until VM `wait_for` ends, stops all; reports in order.
-fn run(m: &Arc<Mediator>, built: Vec<Built>, wait_for: usize) -> Vec<VmReport> {
+fn run(m: &Arc<GpuArbiter>, built: Vec<Built>, wait_for: usize) -> Vec<VmReport> {
     let mut running = Vec::new();
     let mut done_fds = Vec::new();
     for b in built {
@@ -176,15 +168,12 @@ fn vm(name: &str, image: &str, prio: u8, args: &str) -> String {
 
 /// Guest write cost (ns per write) of the bare ioeventfd and the vGPU doorbell, per round.
 fn write_costs(n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
-    let (m, built, _) = build(
-        &vm(
-            "bell",
-            "doorbell",
-            7,
-            &format!("bare={BARE_ADDR:#x} n={n} rounds={rounds}"),
-        ),
-        None,
-    );
+    let (m, built, _) = build(&vm(
+        "bell",
+        "doorbell",
+        7,
+        &format!("bare={BARE_ADDR:#x} n={n} rounds={rounds}"),
+    ));
     let bare = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     built[0]
         .vm
@@ -209,9 +198,8 @@ fn write_costs(n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// Doorbell -> preemption issued, in us, for jobs whose doorbell preempted;
-/// jobs submitted; the eventfd floor sampled meanwhile; of the detection,
-/// the part from the reader's wake-up to the preemption issued.
-fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>, Vec<f64>) {
+/// jobs submitted; the eventfd floor sampled meanwhile.
+fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>) {
     let done = Arc::new(AtomicBool::new(false));
     let d = done.clone();
     let floor = std::thread::spawn(move || eventfd_floor(usize::MAX, Some(d)));
@@ -225,7 +213,9 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>, Vec<f64>) {
             12,
             &format!("kernels=4 wgs=304 cost_us=500 loops={jobs}"),
         );
-    let (m, built, _) = build(&toml, Some(("inference", observer)));
+    let (m, built, _) = build(&toml);
+    m.set_doorbell_observer(Some(observer));
+    let inference = built[1].gpu.handle();
     let reports = run(&m, built, 1);
     done.store(true, Ordering::SeqCst);
     let floor = floor.join().unwrap();
@@ -238,7 +228,6 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>, Vec<f64>) {
     );
     let seen = seen.lock().unwrap();
     let mut out = Vec::new();
-    let mut decide: Vec<f64> = Vec::new();
     let submits: Vec<Instant> = inf
         .checkpoints
         .iter()
@@ -246,14 +235,13 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>, Vec<f64>) {
         .map(|c| c.1)
         .collect();
     for t in &submits {
-        if let Some(d) = seen.iter().find(|d| d.at > *t) {
+        if let Some(d) = seen.iter().find(|d| d.vm == inference && d.at > *t) {
             if d.preempted {
                 out.push((d.at - *t).as_secs_f64() * 1e6);
-                decide.push((d.at - d.woke).as_secs_f64() * 1e6);
             }
         }
     }
-    (out, submits.len(), floor, decide)
+    (out, submits.len(), floor)
 }
 
 /// Ticks of utime + stime of this process.
@@ -315,17 +303,12 @@ fn main() {
         ratios[ratios.len() - 1]
     );
 
-    let (mut det, submitted, mut busy_floor, mut decide) = detection(jobs);
+    let (mut det, submitted, mut busy_floor) = detection(jobs);
     let (p50, p99) = (pct(&mut det, 0.5), pct(&mut det, 0.99));
     let (bf50, bf99) = (pct(&mut busy_floor, 0.5), pct(&mut busy_floor, 0.99));
     println!(
         "high-priority doorbell -> preemption issued: p50 {p50:.1} us, p99 {p99:.1} us ({} of {submitted} jobs preempted)",
         det.len()
-    );
-    println!(
-        "  of which reader wake-up -> preemption issued (mediator + scheduler + backend unmap call): p50 {:.1} us, p99 {:.1} us",
-        pct(&mut decide, 0.5),
-        pct(&mut decide, 0.99)
     );
     println!(
         "eventfd wake-up sampled during that run: p50 {bf50:.1} us, p99 {bf99:.1} us ({} samples)",

@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use mdev::mediator::{Mediator, VgpuHandle};
+use mdev::arbiter::GpuArbiter as Mediator;
+use mdev::vgpu::VgpuHandle;
 
 use crate::config::{PRIORITY_RANGE, WEIGHT_RANGE};
 

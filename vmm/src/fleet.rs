@@ -10,12 +10,12 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use mdev::mediator::{self, Mediator, VgpuHandle};
+use mdev::arbiter::{ArbiterStats, GpuArbiter};
 use mdev::mem::DmaMemory;
+use mdev::vgpu::VgpuHandle;
 use scheduler::VmParams;
 
 use crate::config::{FleetConfig, ImageSource, VmConfig};
-use crate::devices::mediated::MediatedVgpu;
 use crate::devices::msix::{KvmMsi, Msix};
 use crate::devices::vgpu::VgpuPci;
 use crate::vm::{Vm, VmError, VmReport, VmSpec};
@@ -74,7 +74,7 @@ pub struct FleetReport {
     /// True if the run timeout stopped some VM.
     pub timed_out: bool,
     /// Mediated-GPU counters, when some VM had `gpu = true`.
-    pub gpu: Option<mediator::MediatorStats>,
+    pub gpu: Option<ArbiterStats>,
     /// Per-VM GPU accounting at the moment its vGPU was detached (config
     /// order; `None` for VMs without `gpu = true`).
     pub vm_gpu: Vec<Option<scheduler::VmStats>>,
@@ -154,16 +154,14 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         vm: "(all)".into(),
         source,
     })?;
-    // One mediator (scheduler + simulated GPU) for the VMs that have a vGPU.
+    // One GPU arbiter (scheduler + backend + service thread) for the VMs
+    // that have a vGPU.
     let mediator = if cfg.vm.iter().any(|v| v.gpu) {
-        Some(
-            Mediator::start(cfg.gpu.clone(), cfg.scheduler.clone(), 1)
-                .map_err(|e| FleetError::Gpu(e.to_string()))?,
-        )
+        Some(start_arbiter(cfg)?)
     } else {
         None
     };
-    // Stops the mediator's threads on every return path, early ones included.
+    // Stops the arbiter's thread on every return path, early ones included.
     let _mediator_guard = MediatorGuard(mediator.clone());
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
     let mut attached: Vec<Option<VgpuAttachment>> = (0..cfg.vm.len()).map(|_| None).collect();
@@ -202,8 +200,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             source,
         })?;
         if let (true, Some(m)) = (vc.gpu, &mediator) {
-            let a = attach_vgpu(m, &vm, vc, None)?;
-            vgpus[id] = Some(a.backend.handle());
+            let a = attach_vgpu(m, &vm, vc)?;
+            vgpus[id] = Some(a.handle());
             attached[id] = Some(a);
         }
         built.push(vm);
@@ -316,8 +314,16 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     })
 }
 
-/// Shuts the mediator down when dropped (`Mediator::shutdown` is idempotent).
-struct MediatorGuard(Option<Arc<Mediator>>);
+/// Starts the fleet's GPU arbiter with the backend `[gpu]` asks for.
+pub fn start_arbiter(cfg: &FleetConfig) -> Result<Arc<GpuArbiter>, FleetError> {
+    let backend =
+        mdev::arbiter::open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(e.to_string()))?;
+    GpuArbiter::start(cfg.gpu.clone(), cfg.scheduler.clone(), backend)
+        .map_err(|e| FleetError::Gpu(e.to_string()))
+}
+
+/// Shuts the arbiter down when dropped (`GpuArbiter::shutdown` is idempotent).
+struct MediatorGuard(Option<Arc<GpuArbiter>>);
 
 impl Drop for MediatorGuard {
     fn drop(&mut self) {
@@ -327,23 +333,22 @@ impl Drop for MediatorGuard {
     }
 }
 
-/// A VM's vGPU: PCI function, MSI-X delivery and the mediator glue.
+/// A VM's vGPU: its PCI function (BARs, ioeventfds, MSI-X) on the arbiter.
 pub struct VgpuAttachment {
     pci: Arc<VgpuPci>,
-    backend: Arc<MediatedVgpu>,
+    handle: VgpuHandle,
 }
 
 impl VgpuAttachment {
-    /// The mediator's handle of the VM.
+    /// The arbiter's handle of the VM.
     pub fn handle(&self) -> VgpuHandle {
-        self.backend.handle()
+        self.handle
     }
 
-    /// Takes the BARs off the bus, the ioeventfds out of KVM, and stops the
-    /// doorbell reader (after the VM's vCPUs stopped).
+    /// Takes the BARs off the bus and the ioeventfds out of KVM (after the
+    /// VM's vCPUs stopped); returns the device counters.
     pub fn detach(self) -> VgpuIoStats {
         self.pci.detach();
-        self.backend.stop();
         VgpuIoStats {
             msix: self.pci.msix().stats(),
             refused: self.pci.bad_accesses(),
@@ -352,16 +357,14 @@ impl VgpuAttachment {
     }
 }
 
-/// Registers a built VM with the mediator and puts its vGPU on PCI bus 0:
-/// MSI-X through KVM irqfds, doorbells through KVM ioeventfds (registered
-/// once the guest assigns BAR2 and enables decoding).
-///
-/// `observer` (benchmarks) is told about every doorbell the reader handled.
+/// Registers a built VM with the arbiter and puts its vGPU on PCI bus 0:
+/// MSI-X through KVM irqfds (the VM's `Msix` is the front end's interrupt
+/// sink), doorbells through KVM ioeventfds on the front end's eventfds
+/// (registered once the guest assigns BAR2 and enables decoding).
 pub fn attach_vgpu(
-    m: &Arc<Mediator>,
+    m: &Arc<GpuArbiter>,
     vm: &Vm,
     vc: &VmConfig,
-    observer: Option<crate::devices::mediated::DoorbellObserver>,
 ) -> Result<VgpuAttachment, FleetError> {
     let err = |e: String| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
     let mem: Arc<dyn DmaMemory> = Arc::new(vm.guest_memory().as_ref().clone());
@@ -370,18 +373,15 @@ pub fn attach_vgpu(
         weight: vc.weight,
         partition: vc.partition,
     };
-    let h = m
-        .add_vm(&vc.name, mem, params)
-        .map_err(|e| err(e.to_string()))?;
-    let backend =
-        MediatedVgpu::start(m.clone(), h, &vc.name, observer).map_err(|e| err(e.to_string()))?;
     let target = KvmMsi::new(vm.vm_fd().clone(), abi::vgpu::NUM_VECTORS, &vc.name)
         .map_err(|e| err(e.to_string()))?;
     let msix = Arc::new(Msix::new(abi::vgpu::NUM_VECTORS, Arc::new(target)));
-    m.set_interrupt_sink(h, Arc::new(MsixSink(msix.clone())));
+    let (handle, fe) = m
+        .add_vm(&vc.name, mem, params, msix.clone())
+        .map_err(|e| err(e.to_string()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,
-        backend.clone(),
+        fe,
         msix,
         vm.mmio_bus(),
         vm.vm_fd().clone(),
@@ -389,20 +389,11 @@ pub fn attach_vgpu(
     vm.pci()
         .add(abi::pci::VGPU_DEVICE, pci.clone())
         .map_err(|e| err(e.to_string()))?;
-    Ok(VgpuAttachment { pci, backend })
-}
-
-/// The mediator's interrupt sink: the VM's MSI-X function.
-struct MsixSink(Arc<Msix>);
-
-impl mediator::InterruptSink for MsixSink {
-    fn raise(&self, vector: u16) {
-        self.0.raise(vector);
-    }
+    Ok(VgpuAttachment { pci, handle })
 }
 
 /// Removes a VM's vGPU from the mediator; returns its final GPU accounting.
-fn detach_vgpu(m: &Option<Arc<Mediator>>, h: Option<VgpuHandle>) -> Option<scheduler::VmStats> {
+fn detach_vgpu(m: &Option<Arc<GpuArbiter>>, h: Option<VgpuHandle>) -> Option<scheduler::VmStats> {
     let (m, h) = (m.as_ref()?, h?);
     let stats = m.vm_status(h).map(|(_, s)| s);
     m.remove_vm(h);

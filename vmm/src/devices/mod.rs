@@ -2,7 +2,6 @@
 //! the PCI host bridge and bus ([`pci`]), the vGPU PCI function ([`vgpu`])
 //! with its MSI-X model ([`msix`]).
 
-pub mod mediated;
 pub mod msix;
 pub mod pci;
 pub mod vgpu;

@@ -252,6 +252,12 @@ impl Msix {
     }
 }
 
+impl mdev::vgpu::InterruptSink for Msix {
+    fn raise(&self, vector: u16) {
+        Msix::raise(self, vector);
+    }
+}
+
 /// Errors setting up MSI delivery in KVM.
 #[derive(Debug, thiserror::Error)]
 pub enum MsiError {

@@ -40,6 +40,18 @@ pub trait VgpuBackend: Send + Sync {
     fn doorbell_eventfd(&self, vhqd: usize) -> &EventFd;
 }
 
+impl VgpuBackend for mdev::vgpu::VgpuFrontEnd {
+    fn reg_read(&self, offset: u64) -> u32 {
+        mdev::vgpu::VgpuFrontEnd::reg_read(self, offset)
+    }
+    fn reg_write(&self, offset: u64, value: u32) {
+        mdev::vgpu::VgpuFrontEnd::reg_write(self, offset, value)
+    }
+    fn doorbell_eventfd(&self, vhqd: usize) -> &EventFd {
+        mdev::vgpu::VgpuFrontEnd::doorbell_eventfd(self, vhqd.min(NUM_VHQD - 1))
+    }
+}
+
 /// KVM ioeventfd registration (a `VmFd`, or a test double).
 pub trait IoEvents: Send + Sync {
     /// Signals `fd` on every guest write to MMIO `addr`.

@@ -1,0 +1,324 @@
+//! Tests of the arbiter + front ends in real time (the simulated GPU runs
+//! against the monotonic clock). Waits have a generous deadline against
+//! hangs; nothing asserts on durations.
+
+use super::*;
+use crate::mem::SparseMemory;
+use crate::sim::testkit::{GuestQueue, TestVm};
+use crate::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use abi::kernel::KernelKind;
+use abi::queue::AMD_SIGNAL_VALUE;
+use abi::vgpu::{dequeue, reg, ERROR_VECTOR, VGPU_ID_VALUE};
+
+/// Records raised vectors; optionally panics (a host bug in this VM's path).
+#[derive(Default)]
+struct Irqs {
+    raised: Mutex<Vec<u16>>,
+    cv: Condvar,
+    panic_on_raise: bool,
+}
+
+impl InterruptSink for Irqs {
+    fn raise(&self, vector: u16) {
+        if self.panic_on_raise {
+            panic!("injected host bug");
+        }
+        lock(&self.raised).push(vector);
+        self.cv.notify_all();
+    }
+}
+
+impl Irqs {
+    fn count(&self, vector: u16) -> usize {
+        lock(&self.raised).iter().filter(|v| **v == vector).count()
+    }
+}
+
+struct Guest {
+    h: VgpuHandle,
+    fe: Arc<VgpuFrontEnd>,
+    irqs: Arc<Irqs>,
+    tvm: TestVm,
+    q: GuestQueue,
+    mailbox: u64,
+}
+
+fn arbiter() -> Arc<GpuArbiter> {
+    let topo = GpuTopology::tiny();
+    let gpu = open_backend(&topo, 1).unwrap();
+    GpuArbiter::start(topo, SchedConfig::default(), gpu).unwrap()
+}
+
+fn guest(a: &GpuArbiter, name: &str, prio: u8, panic_on_raise: bool) -> Guest {
+    let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+    let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
+    let q = tvm.queue(a.topology(), 64, 0);
+    mem.write(mqd_addr(&q), &q.mqd.to_bytes()).unwrap();
+    let mailbox = tvm.alloc(8, 8);
+    let irqs = Arc::new(Irqs {
+        panic_on_raise,
+        ..Default::default()
+    });
+    let (h, fe) = a
+        .add_vm(
+            name,
+            mem,
+            VmParams {
+                priority: prio,
+                ..Default::default()
+            },
+            irqs.clone(),
+        )
+        .unwrap();
+    Guest {
+        h,
+        fe,
+        irqs,
+        tvm,
+        q,
+        mailbox,
+    }
+}
+
+fn mqd_addr(q: &GuestQueue) -> u64 {
+    q.mqd
+        .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI)
+}
+
+fn hr(i: usize, r: usize) -> u64 {
+    (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
+}
+
+impl Guest {
+    fn load(&self, i: usize, addr: u64) {
+        self.fe.reg_write(hr(i, reg::CP_MQD_BASE_ADDR), addr as u32);
+        self.fe
+            .reg_write(hr(i, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+        self.fe.reg_write(hr(i, reg::CP_HQD_ACTIVE), 1);
+    }
+    /// A mark kernel whose completion signal is an interrupt signal (mailbox + event id).
+    fn kernel(&mut self, groups: u32, cost_ns: u64, seed: u32) -> u64 {
+        self.tvm.kernel(
+            &mut self.q,
+            KernelKind::Mark,
+            groups,
+            64,
+            cost_ns,
+            seed,
+            true,
+        );
+        let s = *self.q.signals.last().unwrap();
+        let mem = &self.tvm.mem;
+        mem.write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, self.mailbox)
+            .unwrap();
+        mem.write(s + SIGNAL_EVENT_ID, &(1000 + seed).to_le_bytes())
+            .unwrap();
+        s
+    }
+    fn ring(&self, i: usize) {
+        // What KVM does for an ioeventfd doorbell.
+        self.fe.doorbell_eventfd(i).write(1).unwrap();
+    }
+    fn signal(&self, s: u64) -> i64 {
+        self.tvm.mem.read_u64(s + AMD_SIGNAL_VALUE as u64).unwrap() as i64
+    }
+    /// Sleeps on vector interrupts until `done` holds (deadline against hangs).
+    fn wait_until(&self, what: &str, done: impl Fn(&Guest) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done(self) {
+            assert!(Instant::now() < deadline, "{what}: no progress");
+            let g = lock(&self.irqs.raised);
+            drop(self.irqs.cv.wait_timeout(g, Duration::from_millis(5)));
+        }
+    }
+}
+
+#[test]
+fn two_vms_run_kernels_exactly_once_through_registers_doorbells_and_interrupts() {
+    let a = arbiter();
+    let mut vms = vec![guest(&a, "lo", 2, false), guest(&a, "hi", 12, false)];
+    for g in vms.iter_mut() {
+        assert_eq!(g.fe.reg_read(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+        let addr = mqd_addr(&g.q);
+        g.load(0, addr);
+        assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)), 1);
+        for k in 0..4 {
+            g.kernel(16, 20_000, k);
+        }
+        g.ring(0);
+    }
+    for g in &vms {
+        let last = *g.q.signals.last().unwrap();
+        g.wait_until("kernels", |g| g.signal(last) <= 0);
+        g.tvm.verify(&g.q).unwrap();
+        assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)), 0);
+        // Every completion wrote its event id to the mailbox and raised vector 0.
+        g.wait_until("vectors", |g| g.irqs.count(0) == 4);
+        assert_eq!(g.tvm.mem.read_u64(g.mailbox).unwrap() as u32, 1003);
+        assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_PQ_RPTR)), 4);
+        g.fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::DRAIN);
+        g.wait_until("dequeue", |g| g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0);
+    }
+    assert_eq!(a.stats().completions, 8);
+    for g in &vms {
+        a.remove_vm(g.h);
+    }
+    a.shutdown();
+}
+
+#[test]
+fn hostile_mqds_and_packets_get_a_queue_error_and_others_continue() {
+    let a = arbiter();
+    let mut bad = guest(&a, "bad", 5, false);
+    let mut good = guest(&a, "good", 5, false);
+    // MQD outside memory: refused by the front end, error vector.
+    bad.load(1, 1 << 40);
+    assert_eq!(
+        bad.fe.reg_read(hr(1, reg::CP_HQD_ERROR)),
+        abi::vgpu::error::MQD_ADDRESS
+    );
+    assert_eq!(bad.fe.reg_read(hr(1, reg::CP_HQD_ACTIVE)), 0);
+    assert_eq!(bad.irqs.count(ERROR_VECTOR as u16), 1);
+    // A valid queue whose write index runs past the ring: error at the doorbell.
+    let addr = mqd_addr(&bad.q);
+    bad.load(0, addr);
+    bad.kernel(4, 10_000, 1);
+    bad.tvm
+        .mem
+        .write_u64(
+            bad.q.amd_queue + abi::queue::AMD_QUEUE_WRITE_DISPATCH_ID as u64,
+            1000,
+        )
+        .unwrap();
+    bad.ring(0);
+    // Meanwhile the good VM's work completes.
+    let addr = mqd_addr(&good.q);
+    good.load(0, addr);
+    let s = good.kernel(8, 10_000, 2);
+    good.ring(0);
+    good.wait_until("good kernel", |g| g.signal(s) <= 0);
+    good.tvm.verify(&good.q).unwrap();
+    bad.wait_until("error vector", |g| g.irqs.count(ERROR_VECTOR as u16) == 2);
+    assert_eq!(
+        bad.fe.reg_read(hr(0, reg::CP_HQD_ERROR)),
+        abi::vgpu::error::WPTR_BEYOND_RING
+    );
+    assert_eq!(good.irqs.count(ERROR_VECTOR as u16), 0);
+    a.remove_vm(bad.h);
+    a.remove_vm(good.h);
+    a.shutdown();
+}
+
+#[test]
+fn a_mailbox_that_wraps_stops_that_queue_with_an_error() {
+    let a = arbiter();
+    let mut g = guest(&a, "wrap", 5, false);
+    let addr = mqd_addr(&g.q);
+    g.load(0, addr);
+    let s = g.kernel(2, 1000, 0);
+    g.tvm
+        .mem
+        .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, 0xFFFF_FFFF_FFFF_FFFE)
+        .unwrap();
+    g.ring(0);
+    g.wait_until("error", |g| g.irqs.count(ERROR_VECTOR as u16) == 1);
+    assert_eq!(
+        g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)),
+        abi::vgpu::error::SIGNAL_OUT_OF_RANGE
+    );
+    a.remove_vm(g.h);
+    a.shutdown();
+}
+
+#[test]
+fn policy_changes_live_and_repeated_doorbells_decide_nothing() {
+    let a = arbiter();
+    assert_eq!(a.policy(), Policy::Hqdmux);
+    a.set_policy(Policy::Fifo);
+    assert_eq!(a.policy(), Policy::Fifo);
+    let mut lo = guest(&a, "lo", 2, false);
+    let mut hi = guest(&a, "hi", 12, false);
+    let (la, ha) = (mqd_addr(&lo.q), mqd_addr(&hi.q));
+    lo.load(0, la);
+    hi.load(0, ha);
+    let ls = lo.kernel(8, 200_000, 1);
+    lo.ring(0);
+    let hs = hi.kernel(4, 10_000, 2);
+    hi.ring(0);
+    hi.wait_until("hi", |g| g.signal(hs) <= 0);
+    // The same write pointer again: nothing new for the scheduler.
+    let stale = a.stats().stale_doorbells;
+    hi.ring(0);
+    hi.ring(0);
+    lo.wait_until("lo", |g| g.signal(ls) <= 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.stats().stale_doorbells < stale + 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Two writes may coalesce into one eventfd wake-up.
+    assert!(a.stats().stale_doorbells > stale);
+    hi.tvm.verify(&hi.q).unwrap();
+    lo.tvm.verify(&lo.q).unwrap();
+    // fifo co-runs on free slots: the high-priority VM preempted nobody.
+    assert_eq!(a.stats().preemptions, 0);
+    a.remove_vm(lo.h);
+    a.remove_vm(hi.h);
+    a.shutdown();
+}
+
+#[test]
+fn save_dequeue_writes_back_the_mqd_and_a_reload_runs_the_rest_exactly_once() {
+    let a = arbiter();
+    let mut g = guest(&a, "cwsr", 5, false);
+    let addr = mqd_addr(&g.q);
+    g.load(0, addr);
+    let first = g.kernel(2, 1_000, 0);
+    let mut last = first;
+    for k in 1..6 {
+        last = g.kernel(64, 200_000, k);
+    }
+    g.ring(0);
+    g.wait_until("first kernel", |g| g.signal(first) <= 0);
+    g.fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::SAVE);
+    g.wait_until("dequeue", |g| g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0);
+    assert!(g.irqs.count(0) >= 2, "dequeue end raises the vHQD's vector");
+    // The guest MQD now says where the queue stopped.
+    let mut b = [0u8; abi::mqd::MQD_BYTES];
+    g.tvm.mem.read(addr, &mut b).unwrap();
+    let m = V9Mqd::from_bytes(&b);
+    let r = m.read_index().unwrap();
+    assert!((1..6).contains(&r), "read index {r}");
+    assert_eq!(m.write_index(), 6);
+    assert!(g.signal(last) > 0, "work left");
+    // Reload the same MQD: the rest runs, each kernel exactly once.
+    g.load(0, addr);
+    g.wait_until("rest", |g| g.signal(last) <= 0);
+    g.tvm.verify(&g.q).unwrap();
+    a.remove_vm(g.h);
+    a.shutdown();
+}
+
+#[test]
+fn a_host_bug_serving_one_vm_quarantines_only_that_vm() {
+    let a = arbiter();
+    let mut sick = guest(&a, "sick", 5, true);
+    let mut well = guest(&a, "well", 5, false);
+    let (sa, wa) = (mqd_addr(&sick.q), mqd_addr(&well.q));
+    sick.load(0, sa);
+    well.load(0, wa);
+    sick.kernel(2, 1000, 0);
+    sick.ring(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sick.fe.quarantined() {
+        assert!(Instant::now() < deadline, "not quarantined");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(sick.fe.reg_read(reg::VGPU_ID as u64), 0);
+    let s = well.kernel(8, 10_000, 3);
+    well.ring(0);
+    well.wait_until("well", |g| g.signal(s) <= 0);
+    well.tvm.verify(&well.q).unwrap();
+    assert_eq!(a.stats().quarantined_vms, 1);
+    a.remove_vm(well.h);
+    a.shutdown();
+}

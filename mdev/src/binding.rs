@@ -1,0 +1,581 @@
+//! The one scheduler <-> GPU binding, sans-IO.
+//!
+//! [`Binding`] owns the [`Scheduler`], the queues it schedules (owner, host
+//! shadow MQD, memory) and which slot each one holds. It takes scheduler
+//! inputs (doorbells, ticks, control changes) and GPU events, turns scheduler
+//! actions into calls on a `&mut dyn PhysGpu`, and returns [`Notice`]s: what
+//! the caller must do (arm a timer, tell a vHQD about a completion, an error,
+//! or the end of its dequeue with the updated MQD).
+//!
+//! It has no threads, clocks or locks: time comes in through `now`
+//! arguments. Both the real-time arbiter (`crate::arbiter`) and eval's
+//! virtual-time driver run it, so the harness validates the event order the
+//! VMM runs.
+//!
+//! **Event order: FIFO.** One input event is handed to the scheduler; its
+//! actions are carried out in the order the scheduler emitted them; events
+//! that carrying them out produces at once (a refused map becomes a queue
+//! error, an unmap of a slot the GPU never loaded completes at once) are
+//! queued behind and handled in arrival order until none is left.
+
+use crate::backend::{
+    DequeueMode, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason, SlotId as PhysSlot,
+};
+use crate::mem::DmaMemory;
+use crate::topology::GpuTopology;
+use abi::mqd::V9Mqd;
+use scheduler::{
+    Action, Event, Nanos, QueueId, SchedConfig, SchedError, Scheduler, SlotDesc, SlotId, UnmapMode,
+    VmId, VmParams,
+};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// The scheduler's view of a topology's user HQD slots (`SlotId(i)` = slot i).
+pub fn slot_descs(topo: &GpuTopology) -> Vec<SlotDesc> {
+    topo.user_slots()
+        .iter()
+        .map(|s| SlotDesc {
+            partition: s.partition,
+            pipe: s.pipe,
+            queue: s.queue,
+        })
+        .collect()
+}
+
+/// The GPU dequeue mode of a scheduler unmap mode.
+pub fn dequeue_mode(m: UnmapMode) -> DequeueMode {
+    match m {
+        UnmapMode::Drain => DequeueMode::DrainPipe,
+        UnmapMode::Save => DequeueMode::SaveWaves,
+        UnmapMode::Reset => DequeueMode::ResetWaves,
+    }
+}
+
+/// What the caller must do after a binding call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice<O> {
+    /// Deliver [`Binding::tick`] at (or after) `at`; replaces any earlier timer.
+    ArmTimer {
+        /// Deadline.
+        at: Nanos,
+    },
+    /// A queue was loaded into a slot.
+    Mapped {
+        /// Queue.
+        queue: QueueId,
+        /// Owner.
+        owner: O,
+        /// Slot.
+        slot: SlotId,
+    },
+    /// A packet completed.
+    Completed {
+        /// Queue.
+        queue: QueueId,
+        /// Owner.
+        owner: O,
+        /// Packet index.
+        dispatch_id: u64,
+        /// Completion signal address (0: none).
+        signal: u64,
+    },
+    /// A dequeue finished: the queue left its slot. `mqd` is the updated
+    /// shadow (read/write pointers, CWSR offsets).
+    Unmapped {
+        /// Queue.
+        queue: QueueId,
+        /// Owner.
+        owner: O,
+        /// Updated MQD.
+        mqd: Box<V9Mqd>,
+    },
+    /// The queue stopped on bad input (or the GPU refused its MQD).
+    QueueError {
+        /// Queue.
+        queue: QueueId,
+        /// Owner.
+        owner: O,
+        /// Why.
+        reason: QueueErrorReason,
+    },
+    /// The GPU refused to map the queue for a reason other than its MQD.
+    MapRefused {
+        /// Queue.
+        queue: QueueId,
+        /// Owner.
+        owner: O,
+        /// Error.
+        error: GpuError,
+    },
+    /// A removed queue is gone: no slot holds it, no event will name it again.
+    /// `mqd` is its final shadow MQD (to write back to the guest).
+    Removed {
+        /// Queue.
+        queue: QueueId,
+        /// Owner.
+        owner: O,
+        /// Final MQD.
+        mqd: Box<V9Mqd>,
+    },
+}
+
+struct QueueRec<O> {
+    vm: VmId,
+    owner: O,
+    mqd: V9Mqd,
+    mem: Arc<dyn DmaMemory>,
+    /// Slot the GPU holds it in (set by a map, also by a refused one: the
+    /// scheduler unmaps it after the error).
+    slot: Option<SlotId>,
+    /// Whether the GPU really loaded it (false after a refused map).
+    on_gpu: bool,
+    /// Mode to use for the dequeue that removes it (guest's dequeue request).
+    exit_mode: Option<DequeueMode>,
+    removing: bool,
+}
+
+/// Counters kept by the binding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BindingStats {
+    /// Packets completed.
+    pub completions: u64,
+    /// Queue errors reported by the GPU or refused maps.
+    pub queue_errors: u64,
+}
+
+/// Host time source for measuring decisions (eval); `None` by default.
+pub type DecisionClock = Box<dyn FnMut() -> u64 + Send>;
+
+/// Scheduler + queue ownership + slot map; see the module doc.
+pub struct Binding<O: Copy> {
+    sched: Scheduler,
+    queues: HashMap<QueueId, QueueRec<O>>,
+    /// Slot -> queue on it (maps issued and not yet unmapped).
+    slots: Vec<Option<QueueId>>,
+    pending: VecDeque<Event>,
+    removing: Vec<QueueId>,
+    stats: BindingStats,
+    /// Queues the GPU holds (maps that succeeded, unmaps not finished).
+    occupied: usize,
+    clock: Option<DecisionClock>,
+    decision_ns: Vec<u64>,
+}
+
+impl<O: Copy> Binding<O> {
+    /// A binding over `topo`'s user slots.
+    pub fn new(topo: &GpuTopology, cfg: SchedConfig) -> Result<Self, SchedError> {
+        let slots = slot_descs(topo);
+        let n = slots.len();
+        Ok(Binding {
+            sched: Scheduler::new(cfg, slots)?,
+            queues: HashMap::new(),
+            slots: vec![None; n],
+            pending: VecDeque::new(),
+            removing: Vec::new(),
+            stats: BindingStats::default(),
+            occupied: 0,
+            clock: None,
+            decision_ns: Vec::new(),
+        })
+    }
+
+    /// Measure each scheduler decision with `clock` (host ns); see
+    /// [`Binding::decision_ns`].
+    pub fn set_decision_clock(&mut self, clock: Option<DecisionClock>) {
+        self.clock = clock;
+    }
+
+    /// Host ns per scheduler event (handle + action collection), if a clock is set.
+    pub fn decision_ns(&self) -> &[u64] {
+        &self.decision_ns
+    }
+
+    /// The scheduler (read-only).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// The scheduler, to change priorities, weights or the policy; follow
+    /// with [`Binding::tick`] to apply the change.
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        &mut self.sched
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> BindingStats {
+        self.stats
+    }
+
+    /// Slots the GPU holds a queue in now (maps that succeeded, dequeues
+    /// not finished).
+    pub fn occupied(&self) -> usize {
+        self.occupied
+    }
+
+    /// The queue in slot `slot`, if a map was issued there and its dequeue
+    /// has not finished.
+    pub fn slot_queue(&self, slot: SlotId) -> Option<QueueId> {
+        self.slots.get(slot.0 as usize).copied().flatten()
+    }
+
+    /// Adds a VM to the scheduler.
+    pub fn add_vm(&mut self, vm: VmId, params: VmParams) -> Result<(), SchedError> {
+        self.sched.add_vm(vm, params).map(|_| ())
+    }
+
+    /// Removes a VM: its queues are reset-unmapped; each one's end is a
+    /// [`Notice::Removed`].
+    pub fn remove_vm(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        vm: VmId,
+        out: &mut Vec<Notice<O>>,
+    ) -> Result<(), SchedError> {
+        self.sched.remove_vm(vm)?;
+        let qs: Vec<QueueId> = self
+            .queues
+            .iter()
+            .filter(|(_, r)| r.vm == vm)
+            .map(|(q, _)| *q)
+            .collect();
+        for q in qs {
+            self.mark_removing(q);
+        }
+        self.tick(gpu, now, out);
+        Ok(())
+    }
+
+    fn mark_removing(&mut self, q: QueueId) {
+        if let Some(r) = self.queues.get_mut(&q) {
+            if !r.removing {
+                r.removing = true;
+                self.removing.push(q);
+            }
+        }
+    }
+
+    /// Adds an idle queue (`mqd`: its validated shadow; `prio` 0..=15).
+    pub fn add_queue(
+        &mut self,
+        vm: VmId,
+        queue: QueueId,
+        owner: O,
+        prio: u8,
+        mqd: V9Mqd,
+        mem: Arc<dyn DmaMemory>,
+    ) -> Result<(), SchedError> {
+        if self.queues.contains_key(&queue) {
+            return Err(SchedError::DuplicateQueue(queue));
+        }
+        self.sched.add_queue(vm, queue, prio)?;
+        self.queues.insert(
+            queue,
+            QueueRec {
+                vm,
+                owner,
+                mqd,
+                mem,
+                slot: None,
+                on_gpu: false,
+                exit_mode: None,
+                removing: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes a queue. A mapped one is dequeued with `mode` (the guest's
+    /// `CP_HQD_DEQUEUE_REQUEST`; the scheduler's own removal mode when
+    /// `None`) unless a dequeue is already under way. Its end is a
+    /// [`Notice::Removed`] carrying the final MQD.
+    pub fn remove_queue(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        queue: QueueId,
+        mode: Option<DequeueMode>,
+        out: &mut Vec<Notice<O>>,
+    ) -> Result<(), SchedError> {
+        let Some(r) = self.queues.get_mut(&queue) else {
+            return Err(SchedError::NoQueue(queue));
+        };
+        if r.removing {
+            return Ok(());
+        }
+        r.exit_mode = mode;
+        self.mark_removing(queue);
+        self.sched.remove_queue(queue)?;
+        self.tick(gpu, now, out);
+        Ok(())
+    }
+
+    /// The queue's shadow MQD.
+    pub fn mqd(&self, queue: QueueId) -> Option<&V9Mqd> {
+        self.queues.get(&queue).map(|r| &r.mqd)
+    }
+
+    /// Doorbell with the write index read from the queue's poll address: the
+    /// GPU hears it if the queue is loaded, then the scheduler.
+    pub fn doorbell(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        queue: QueueId,
+        wptr: u64,
+        out: &mut Vec<Notice<O>>,
+    ) {
+        let Some(r) = self.queues.get(&queue) else {
+            return;
+        };
+        if r.removing {
+            return;
+        }
+        if let (Some(slot), true) = (r.slot, r.on_gpu) {
+            gpu.doorbell(now, PhysSlot(slot.0), wptr);
+        }
+        self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
+    }
+
+    /// The timer fired, or the caller changed something through
+    /// [`Binding::scheduler_mut`].
+    pub fn tick(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
+        self.event(gpu, Event::Tick { now }, out);
+    }
+
+    /// Reports that queue `queue` stopped on an error found outside the GPU
+    /// (e.g. its write pointer became unreadable).
+    pub fn queue_error(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        queue: QueueId,
+        out: &mut Vec<Notice<O>>,
+    ) {
+        if self.queues.contains_key(&queue) {
+            self.event(gpu, Event::QueueError { queue, now }, out);
+        }
+    }
+
+    /// One GPU event (from `PhysGpu::advance`), handled at `now`.
+    pub fn gpu_event(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        ev: GpuEvent,
+        out: &mut Vec<Notice<O>>,
+    ) {
+        match ev {
+            GpuEvent::PacketCompleted {
+                tag,
+                dispatch_id,
+                signal,
+                ..
+            } => {
+                let queue = QueueId(tag);
+                self.stats.completions += 1;
+                if let Some(r) = self.queues.get(&queue) {
+                    out.push(Notice::Completed {
+                        queue,
+                        owner: r.owner,
+                        dispatch_id,
+                        signal,
+                    });
+                }
+            }
+            GpuEvent::QueueIdle { tag, .. } => self.event(
+                gpu,
+                Event::QueueIdle {
+                    queue: QueueId(tag),
+                    now,
+                },
+                out,
+            ),
+            GpuEvent::Unmapped {
+                tag,
+                mqd,
+                has_work,
+                save_ns,
+                ..
+            } => {
+                let queue = QueueId(tag);
+                if let Some(r) = self.queues.get_mut(&queue) {
+                    r.mqd = (*mqd).clone();
+                    self.slot_freed(queue);
+                    let owner = self.queues[&queue].owner;
+                    out.push(Notice::Unmapped { queue, owner, mqd });
+                }
+                self.event(
+                    gpu,
+                    Event::Unmapped {
+                        queue,
+                        has_work,
+                        save_ns,
+                        now,
+                    },
+                    out,
+                );
+            }
+            GpuEvent::QueueError { tag, reason, .. } => {
+                let queue = QueueId(tag);
+                self.stats.queue_errors += 1;
+                if let Some(r) = self.queues.get(&queue) {
+                    out.push(Notice::QueueError {
+                        queue,
+                        owner: r.owner,
+                        reason,
+                    });
+                }
+                self.event(gpu, Event::QueueError { queue, now }, out);
+            }
+        }
+    }
+
+    fn slot_freed(&mut self, queue: QueueId) {
+        if let Some(r) = self.queues.get_mut(&queue) {
+            if std::mem::take(&mut r.on_gpu) {
+                self.occupied -= 1;
+            }
+            if let Some(s) = r.slot.take() {
+                if let Some(e) = self.slots.get_mut(s.0 as usize) {
+                    *e = None;
+                }
+            }
+        }
+    }
+
+    fn event(&mut self, gpu: &mut dyn PhysGpu, ev: Event, out: &mut Vec<Notice<O>>) {
+        self.pending.push_back(ev);
+        self.pump(gpu, out);
+    }
+
+    /// Handles queued events in FIFO order until none is left, then reaps
+    /// removed queues.
+    fn pump(&mut self, gpu: &mut dyn PhysGpu, out: &mut Vec<Notice<O>>) {
+        while let Some(ev) = self.pending.pop_front() {
+            let now = ev.now();
+            let t0 = self.clock.as_mut().map(|c| c());
+            self.sched.handle(ev);
+            let mut acts = Vec::new();
+            while let Some(a) = self.sched.poll_action() {
+                acts.push(a);
+            }
+            if let (Some(t0), Some(c)) = (t0, self.clock.as_mut()) {
+                self.decision_ns.push(c().saturating_sub(t0));
+            }
+            for a in acts {
+                self.action(gpu, now, a, out);
+            }
+        }
+        self.reap(out);
+    }
+
+    fn action(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, a: Action, out: &mut Vec<Notice<O>>) {
+        match a {
+            Action::Map { queue, slot } => {
+                let Some(r) = self.queues.get_mut(&queue) else {
+                    return;
+                };
+                let req = MapRequest {
+                    slot: PhysSlot(slot.0),
+                    tag: queue.0,
+                    mqd: r.mqd.clone(),
+                    mem: r.mem.clone(),
+                };
+                r.slot = Some(slot);
+                if let Some(e) = self.slots.get_mut(slot.0 as usize) {
+                    *e = Some(queue);
+                }
+                match gpu.map(now, req) {
+                    Ok(()) => {
+                        r.on_gpu = true;
+                        self.occupied += 1;
+                        out.push(Notice::Mapped {
+                            queue,
+                            owner: r.owner,
+                            slot,
+                        });
+                    }
+                    Err(error) => {
+                        // The slot was never loaded: report the error; the
+                        // dequeue that follows completes at once.
+                        r.on_gpu = false;
+                        self.stats.queue_errors += 1;
+                        out.push(match error {
+                            GpuError::BadMqd(reason) => Notice::QueueError {
+                                queue,
+                                owner: r.owner,
+                                reason,
+                            },
+                            error => Notice::MapRefused {
+                                queue,
+                                owner: r.owner,
+                                error,
+                            },
+                        });
+                        self.pending.push_back(Event::QueueError { queue, now });
+                    }
+                }
+            }
+            Action::Unmap { queue, slot, mode } => {
+                let (on_gpu, mode) = match self.queues.get(&queue) {
+                    Some(r) => (
+                        r.on_gpu,
+                        r.exit_mode
+                            .filter(|_| r.removing)
+                            .unwrap_or(dequeue_mode(mode)),
+                    ),
+                    None => (false, dequeue_mode(mode)),
+                };
+                if !on_gpu || gpu.unmap(now, PhysSlot(slot.0), mode).is_err() {
+                    // Never reached the GPU (refused map): done at once.
+                    self.slot_freed(queue);
+                    if self.slots.get(slot.0 as usize).copied().flatten() == Some(queue) {
+                        self.slots[slot.0 as usize] = None;
+                    }
+                    self.pending.push_back(Event::Unmapped {
+                        queue,
+                        has_work: false,
+                        save_ns: 0,
+                        now,
+                    });
+                }
+            }
+            Action::ArmTimer { at } => out.push(Notice::ArmTimer { at }),
+        }
+    }
+
+    /// Forgets removed queues the scheduler dropped.
+    fn reap(&mut self, out: &mut Vec<Notice<O>>) {
+        if self.removing.is_empty() {
+            return;
+        }
+        let mut keep = Vec::new();
+        for q in std::mem::take(&mut self.removing) {
+            if self.sched.queue_state(q).is_some() {
+                keep.push(q);
+                continue;
+            }
+            if let Some(r) = self.queues.remove(&q) {
+                if let Some(s) = r.slot {
+                    if let Some(e) = self.slots.get_mut(s.0 as usize) {
+                        if *e == Some(q) {
+                            *e = None;
+                        }
+                    }
+                }
+                out.push(Notice::Removed {
+                    queue: q,
+                    owner: r.owner,
+                    mqd: Box::new(r.mqd),
+                });
+            }
+        }
+        self.removing = keep;
+    }
+}
+
+#[cfg(test)]
+#[path = "binding_tests.rs"]
+mod tests;

@@ -1,0 +1,257 @@
+//! Unit tests of the binding, over the simulated GPU in virtual time.
+
+use super::*;
+use crate::mem::SparseMemory;
+use crate::sim::testkit::{GuestQueue, TestVm};
+use crate::sim::SimGpu;
+use abi::kernel::KernelKind;
+
+/// A virtual-time loop around a binding, recording every notice.
+struct Rig {
+    gpu: SimGpu,
+    b: Binding<usize>,
+    now: Nanos,
+    timer: Option<Nanos>,
+    log: Vec<Notice<usize>>,
+}
+
+impl Rig {
+    fn new(topo: GpuTopology) -> Rig {
+        Rig {
+            gpu: SimGpu::new(topo.clone(), 7).unwrap(),
+            b: Binding::new(&topo, SchedConfig::default()).unwrap(),
+            now: 0,
+            timer: None,
+            log: Vec::new(),
+        }
+    }
+
+    fn take(&mut self, out: Vec<Notice<usize>>) {
+        for n in out {
+            if let Notice::ArmTimer { at } = n {
+                self.timer = Some(at);
+            }
+            self.log.push(n);
+        }
+    }
+
+    fn doorbell(&mut self, q: QueueId, wptr: u64) {
+        let mut out = Vec::new();
+        self.b.doorbell(&mut self.gpu, self.now, q, wptr, &mut out);
+        self.take(out);
+    }
+
+    /// Runs until `stop` holds for a notice or nothing is left to do (or `until`).
+    fn run(&mut self, until: Nanos, stop: impl Fn(&Notice<usize>) -> bool) {
+        let mut evs = Vec::new();
+        loop {
+            if self.log.iter().any(&stop) {
+                return;
+            }
+            let t = [self.gpu.next_deadline(), self.timer]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(t) = t.filter(|t| *t <= until) else {
+                return;
+            };
+            self.now = self.now.max(t);
+            self.gpu.advance(self.now, &mut evs);
+            let mut out = Vec::new();
+            for ev in evs.drain(..) {
+                self.b.gpu_event(&mut self.gpu, self.now, ev, &mut out);
+            }
+            if self.timer.is_some_and(|x| x <= self.now) {
+                self.timer = None;
+                self.b.tick(&mut self.gpu, self.now, &mut out);
+            }
+            self.take(out);
+        }
+    }
+
+    fn completions_of(&self, owner: usize) -> Vec<u64> {
+        self.log
+            .iter()
+            .filter_map(|n| match n {
+                Notice::Completed {
+                    owner: o,
+                    dispatch_id,
+                    ..
+                } if *o == owner => Some(*dispatch_id),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn vm(rig: &mut Rig, id: u32, prio: u8) -> TestVm {
+    rig.b
+        .add_vm(
+            VmId(id),
+            VmParams {
+                priority: prio,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    TestVm::with_memory(Arc::new(SparseMemory::new(1 << 32)), 0x10_0000)
+}
+
+fn add(rig: &mut Rig, tvm: &TestVm, vm: u32, q: QueueId, owner: usize, gq: &GuestQueue) {
+    rig.b
+        .add_queue(VmId(vm), q, owner, 5, gq.mqd.clone(), tvm.dyn_mem())
+        .unwrap();
+}
+
+#[test]
+fn two_vms_run_exactly_once_and_notices_name_the_owner() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut qs = Vec::new();
+    for (v, prio) in [(0u32, 2u8), (1, 12)] {
+        let mut tvm = vm(&mut rig, v, prio);
+        let mut gq = tvm.queue(&topo, 64, 0);
+        add(&mut rig, &tvm, v, QueueId(v as u64), 10 + v as usize, &gq);
+        for k in 0..3 {
+            tvm.kernel(&mut gq, KernelKind::Mark, 8, 64, 20_000, k, true);
+        }
+        qs.push((tvm, gq));
+    }
+    for (v, (_, gq)) in qs.iter().enumerate() {
+        rig.doorbell(QueueId(v as u64), gq.wptr);
+    }
+    rig.run(u64::MAX, |_| false);
+    for (v, (tvm, gq)) in qs.iter().enumerate() {
+        tvm.verify(gq).unwrap();
+        let mut done = rig.completions_of(10 + v);
+        done.sort_unstable();
+        assert_eq!(done, vec![0, 1, 2], "vm {v}");
+    }
+    assert_eq!(rig.b.stats().completions, 6);
+    assert!(rig
+        .log
+        .iter()
+        .any(|n| matches!(n, Notice::Mapped { owner: 10, .. })));
+}
+
+#[test]
+fn refused_map_reports_an_error_then_frees_the_slot_at_once() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut tvm = vm(&mut rig, 0, 5);
+    let mut gq = tvm.queue(&topo, 64, 0);
+    // A ring the GPU refuses at map time (the binding does not check MQDs).
+    let mut bad = gq.mqd.clone();
+    bad.set64(
+        abi::mqd::CP_HQD_PQ_BASE_LO,
+        abi::mqd::CP_HQD_PQ_BASE_HI,
+        (1u64 << 40) >> 8,
+    );
+    rig.b
+        .add_queue(VmId(0), QueueId(3), 42, 5, bad, tvm.dyn_mem())
+        .unwrap();
+    tvm.kernel(&mut gq, KernelKind::Mark, 1, 64, 1000, 0, true);
+    rig.doorbell(QueueId(3), gq.wptr);
+    let pos = rig
+        .log
+        .iter()
+        .position(|n| matches!(n, Notice::QueueError { owner: 42, .. }))
+        .expect("queue error notice");
+    assert!(!rig.log[..pos]
+        .iter()
+        .any(|n| matches!(n, Notice::Mapped { .. })));
+    assert_eq!(rig.b.occupied(), 0);
+    let (st, slot) = rig.b.scheduler().queue_state(QueueId(3)).unwrap();
+    assert_eq!(st, scheduler::QueueState::Error);
+    assert_eq!(
+        slot, None,
+        "the unmap of a never-loaded slot completes at once"
+    );
+    assert!((0..topo.user_slots().len() as u32).all(|s| rig.b.slot_queue(SlotId(s)).is_none()));
+    assert_eq!(rig.b.stats().queue_errors, 1);
+}
+
+#[test]
+fn removal_with_save_returns_an_mqd_that_resumes_exactly_once() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut tvm = vm(&mut rig, 0, 5);
+    let mut gq = tvm.queue(&topo, 64, 0);
+    add(&mut rig, &tvm, 0, QueueId(0), 1, &gq);
+    for k in 0..6 {
+        tvm.kernel(&mut gq, KernelKind::Mark, 16, 64, 50_000, k, true);
+    }
+    rig.doorbell(QueueId(0), gq.wptr);
+    rig.run(u64::MAX, |n| matches!(n, Notice::Completed { .. }));
+    let mut out = Vec::new();
+    rig.b
+        .remove_queue(
+            &mut rig.gpu,
+            rig.now,
+            QueueId(0),
+            Some(DequeueMode::SaveWaves),
+            &mut out,
+        )
+        .unwrap();
+    rig.take(out);
+    rig.run(u64::MAX, |n| matches!(n, Notice::Removed { .. }));
+    let mqd = rig
+        .log
+        .iter()
+        .find_map(|n| match n {
+            Notice::Removed { owner: 1, mqd, .. } => Some((**mqd).clone()),
+            _ => None,
+        })
+        .expect("removed");
+    let first = rig.completions_of(1);
+    let r = mqd.read_index().unwrap();
+    assert!((1..6).contains(&r), "stopped part-way: read index {r}");
+    assert_eq!(mqd.write_index(), 6);
+    assert!(rig.b.mqd(QueueId(0)).is_none());
+    // Reload the written-back MQD as a new queue: the rest runs once.
+    rig.b
+        .add_queue(VmId(0), QueueId(1), 2, 5, mqd, tvm.dyn_mem())
+        .unwrap();
+    rig.doorbell(QueueId(1), gq.wptr);
+    rig.run(u64::MAX, |_| false);
+    let mut all = first.clone();
+    all.extend(rig.completions_of(2));
+    all.sort_unstable();
+    assert_eq!(all, (0..6).collect::<Vec<_>>());
+    tvm.verify(&gq).unwrap();
+}
+
+#[test]
+fn removing_a_vm_removes_each_of_its_queues_once() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut tvm = vm(&mut rig, 0, 5);
+    let mut qs = Vec::new();
+    for i in 0..3u64 {
+        let mut gq = tvm.queue(&topo, 64, 0);
+        add(&mut rig, &tvm, 0, QueueId(i), i as usize, &gq);
+        tvm.kernel(&mut gq, KernelKind::Mark, 64, 64, 100_000, 1, true);
+        qs.push(gq);
+    }
+    for (i, gq) in qs.iter().enumerate().take(2) {
+        rig.doorbell(QueueId(i as u64), gq.wptr);
+    }
+    rig.run(1_000_000, |_| false);
+    let mut out = Vec::new();
+    rig.b
+        .remove_vm(&mut rig.gpu, rig.now, VmId(0), &mut out)
+        .unwrap();
+    rig.take(out);
+    rig.run(u64::MAX, |_| false);
+    let mut removed: Vec<usize> = rig
+        .log
+        .iter()
+        .filter_map(|n| match n {
+            Notice::Removed { owner, .. } => Some(*owner),
+            _ => None,
+        })
+        .collect();
+    removed.sort_unstable();
+    assert_eq!(removed, vec![0, 1, 2]);
+    assert_eq!(rig.b.occupied(), 0);
+}

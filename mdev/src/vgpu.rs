@@ -1,0 +1,690 @@
+//! The per-VM vGPU front end (docs/vgpu-abi.md): register file, decode into
+//! typed requests, MQD copy and admission, doorbell eventfds, completion
+//! mailboxes and MSI-X vectors through an [`InterruptSink`].
+//!
+//! A front end never calls the GPU: register writes that need the scheduler
+//! or the GPU become [`VgpuRequest`]s sent to the arbiter
+//! (`crate::arbiter`), and the vCPU returns at once. The arbiter's service
+//! thread calls back (`on_*` methods) to update registers, write mailboxes,
+//! write back MQDs and raise vectors.
+//!
+//! Every guest value is hostile: addresses use checked arithmetic, a bad
+//! input puts that vHQD in an error state, and guest-triggered log lines go
+//! through a per-VM [`RateLimiter`]. Each front end has its own lock, which
+//! is recovered (not propagated) if a thread panicked while holding it.
+
+use crate::backend::{DequeueMode, QueueErrorReason};
+use crate::mem::DmaMemory;
+use crate::ratelimit::{Admit, RateLimiter};
+use crate::sim::check_mqd;
+use crate::topology::GpuTopology;
+use abi::mqd::{V9Mqd, MQD_BYTES};
+use abi::vgpu::{error, hqd_state, reg, ERROR_VECTOR, NUM_VECTORS, NUM_VHQD};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+pub use abi::vgpu::{VGPU_ABI_VERSION, VGPU_ID_VALUE};
+
+/// `amd_signal_t.event_mailbox_ptr` (ROCr `amd_signal_t`, hsa `amd_hsa_signal.h`).
+pub const SIGNAL_EVENT_MAILBOX_PTR: u64 = 0x10;
+/// `amd_signal_t.event_id` (u32).
+pub const SIGNAL_EVENT_ID: u64 = 0x18;
+/// Register window bytes handled by the front end (BAR0 offsets below this).
+pub const REGS_BYTES: u64 = 0x1000;
+
+/// Where a front end raises MSI-X vectors; implemented by the VMM
+/// (mask/pending/irqfd) and by tests.
+pub trait InterruptSink: Send + Sync {
+    /// Raises vector `vector` (< [`abi::vgpu::NUM_VECTORS`]).
+    fn raise(&self, vector: u16);
+}
+
+/// A VM registered with the arbiter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VgpuHandle(pub u32);
+
+/// What a register write asks of the arbiter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VgpuRequest {
+    /// Load vHQD `vhqd` with the admitted host copy of its MQD.
+    Load {
+        /// vHQD.
+        vhqd: usize,
+        /// Guest-physical MQD address (for the write-back after unload).
+        mqd_addr: u64,
+        /// Admitted shadow copy.
+        mqd: Box<V9Mqd>,
+    },
+    /// Unload vHQD `vhqd` (`CP_HQD_DEQUEUE_REQUEST`).
+    Dequeue {
+        /// vHQD.
+        vhqd: usize,
+        /// Mode.
+        mode: DequeueMode,
+    },
+}
+
+/// Where a front end sends its requests (the arbiter's control channel).
+pub trait RequestSink: Send + Sync {
+    /// Queue `req` of VM `vm` for the arbiter and wake it; never blocks on the GPU.
+    fn send(&self, vm: VgpuHandle, req: VgpuRequest);
+}
+
+/// `CP_HQD_ERROR` code of a queue error reason (docs/vgpu-abi.md).
+pub fn error_code(r: &QueueErrorReason) -> u32 {
+    use QueueErrorReason::*;
+    match r {
+        BadMqdHeader(_) => error::BAD_MQD_HEADER,
+        NotAql => error::NOT_AQL,
+        RingSize { .. } => error::RING_SIZE,
+        RingOutOfRange { .. } => error::RING_OUT_OF_RANGE,
+        PointerAddrOutOfRange { .. } => error::POINTER_ADDR_OUT_OF_RANGE,
+        BadPointers => error::BAD_POINTERS,
+        WptrBeyondRing { .. } => error::WPTR_BEYOND_RING,
+        WptrBackwards { .. } => error::WPTR_BACKWARDS,
+        UnsupportedPacket(_) => error::UNSUPPORTED_PACKET,
+        BadDispatch { .. } => error::BAD_DISPATCH,
+        DescriptorOutOfRange { .. } => error::DESCRIPTOR_OUT_OF_RANGE,
+        BadDescriptor { .. } => error::BAD_DESCRIPTOR,
+        KernargOutOfRange { .. } => error::KERNARG_OUT_OF_RANGE,
+        DataOutOfRange { .. } => error::DATA_OUT_OF_RANGE,
+        SignalOutOfRange { .. } => error::SIGNAL_OUT_OF_RANGE,
+        CwsrTooSmall { .. } => error::CWSR_TOO_SMALL,
+        CwsrOutOfRange { .. } => error::CWSR_OUT_OF_RANGE,
+        BadCwsrLayout { .. } => error::BAD_CWSR_LAYOUT,
+        BadSavedState(_) => error::BAD_SAVED_STATE,
+    }
+}
+
+/// Read-only identification registers (from the topology).
+#[derive(Clone, Copy, Debug)]
+struct IdRegs {
+    num_xcc: u32,
+    cus_per_xcc: u32,
+    ses_per_xcc: u32,
+    cwsr_size: u32,
+    ctl_stack_size: u32,
+    debug_memory_size: u32,
+    eop_buffer_size: u32,
+}
+
+/// Debug area per XCC: `ALIGN(waves x 32, 64)` with waves = min(CUs x 40,
+/// SEs x 512) (KFD `debug_memory_size`). Local until `abi::mqd::cwsr` has it.
+fn debug_memory_size(cus: u32, ses: u32) -> u32 {
+    let waves = cus.saturating_mul(40).min(ses.saturating_mul(512));
+    waves.saturating_mul(32).div_ceil(64).saturating_mul(64)
+}
+
+/// EOP buffer bytes of gfx9.4.x (KFD `eop_buffer_size`).
+const EOP_BUFFER_SIZE: u32 = 4096;
+
+impl IdRegs {
+    fn of(t: &GpuTopology) -> Self {
+        IdRegs {
+            num_xcc: t.xccs_per_partition(),
+            cus_per_xcc: t.cus_per_xcc,
+            ses_per_xcc: t.ses_per_xcc,
+            cwsr_size: t.ctx_save_bytes_per_xcc(),
+            ctl_stack_size: t.ctl_stack_bytes_per_xcc(),
+            debug_memory_size: debug_memory_size(t.cus_per_xcc, t.ses_per_xcc),
+            eop_buffer_size: EOP_BUFFER_SIZE,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum HqdPhase {
+    #[default]
+    Unloaded,
+    Loaded {
+        on_hqd: bool,
+    },
+    Dequeuing(DequeueMode),
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct VhqdRegs {
+    mqd_base: u64,
+    phase: HqdPhase,
+    error: u32,
+    rptr: u64,
+}
+
+#[derive(Default)]
+struct Regs {
+    vhqd: [VhqdRegs; NUM_VHQD],
+    int_status: u32,
+}
+
+/// One VM's vGPU registers and doorbells. `Send + Sync`; `&self` methods
+/// never block on the GPU.
+pub struct VgpuFrontEnd {
+    vm: VgpuHandle,
+    name: String,
+    topo: GpuTopology,
+    id: IdRegs,
+    mem: Arc<dyn DmaMemory>,
+    regs: Mutex<Regs>,
+    doorbells: Vec<EventFd>,
+    irq: Arc<dyn InterruptSink>,
+    requests: Arc<dyn RequestSink>,
+    logs: RateLimiter,
+    quarantined: AtomicBool,
+}
+
+/// Offset within the register window -> (vHQD index, register).
+fn vhqd_reg(o: u64) -> Option<(usize, usize)> {
+    let rel = usize::try_from(o.checked_sub(reg::HQD_BASE as u64)?).ok()?;
+    let i = rel / reg::HQD_STRIDE;
+    (i < NUM_VHQD).then_some((i, rel % reg::HQD_STRIDE))
+}
+
+impl VgpuFrontEnd {
+    /// A front end for VM `vm` (its memory, interrupt sink and the arbiter's
+    /// request channel). Creates one non-blocking eventfd per vHQD doorbell.
+    pub fn new(
+        vm: VgpuHandle,
+        name: &str,
+        topo: &GpuTopology,
+        mem: Arc<dyn DmaMemory>,
+        irq: Arc<dyn InterruptSink>,
+        requests: Arc<dyn RequestSink>,
+    ) -> std::io::Result<Self> {
+        let doorbells = (0..NUM_VHQD)
+            .map(|_| EventFd::new(EFD_NONBLOCK))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(VgpuFrontEnd {
+            vm,
+            name: name.into(),
+            topo: topo.clone(),
+            id: IdRegs::of(topo),
+            mem,
+            regs: Mutex::new(Regs::default()),
+            doorbells,
+            irq,
+            requests,
+            logs: RateLimiter::new(),
+            quarantined: AtomicBool::new(false),
+        })
+    }
+
+    /// The VM's handle.
+    pub fn handle(&self) -> VgpuHandle {
+        self.vm
+    }
+
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The VM's memory.
+    pub fn memory(&self) -> &Arc<dyn DmaMemory> {
+        &self.mem
+    }
+
+    /// The eventfd signalled by a doorbell write to vHQD `vhqd` (registered by
+    /// the VMM as a KVM ioeventfd). Panics if `vhqd >= NUM_VHQD` (a host bug,
+    /// never a guest value).
+    pub fn doorbell_eventfd(&self, vhqd: usize) -> &EventFd {
+        &self.doorbells[vhqd]
+    }
+
+    /// (guest-triggered lines logged, lines suppressed) so far.
+    pub fn log_counts(&self) -> (u64, u64) {
+        self.logs.counts()
+    }
+
+    /// Whether a host bug while handling this VM took its vGPU away.
+    pub fn quarantined(&self) -> bool {
+        self.quarantined.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn quarantine(&self) {
+        self.quarantined.store(true, Ordering::Relaxed);
+    }
+
+    fn regs(&self) -> MutexGuard<'_, Regs> {
+        self.regs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Logs a guest-triggered line, rate-limited per VM.
+    pub fn guest_log(&self, level: log::Level, args: std::fmt::Arguments<'_>) {
+        match self.logs.admit(Instant::now()) {
+            Admit::Log { suppressed: 0 } => log::log!(level, "vm {}: {args}", self.name),
+            Admit::Log { suppressed } => log::log!(
+                level,
+                "vm {}: {args} ({suppressed} similar lines suppressed)",
+                self.name
+            ),
+            Admit::Suppress => {}
+        }
+    }
+
+    fn raise(&self, regs: &mut Regs, vector: usize) {
+        if vector < NUM_VECTORS {
+            regs.int_status |= 1 << vector;
+            self.irq.raise(vector as u16);
+        }
+    }
+
+    // ---- guest accesses (vCPU threads) ---------------------------------
+
+    /// Guest read of the 32-bit register at BAR0 `offset` (< 0x1000).
+    pub fn reg_read(&self, offset: u64) -> u32 {
+        if self.quarantined() {
+            return 0;
+        }
+        let id = &self.id;
+        let r = self.regs();
+        match offset {
+            o if o == reg::VGPU_ID as u64 => VGPU_ID_VALUE,
+            o if o == reg::VGPU_VERSION as u64 => VGPU_ABI_VERSION,
+            o if o == reg::NUM_VHQD as u64 => NUM_VHQD as u32,
+            o if o == reg::NUM_XCC as u64 => id.num_xcc,
+            o if o == reg::CUS_PER_XCC as u64 => id.cus_per_xcc,
+            o if o == reg::SES_PER_XCC as u64 => id.ses_per_xcc,
+            o if o == reg::CWSR_SIZE as u64 => id.cwsr_size,
+            o if o == reg::CTL_STACK_SIZE as u64 => id.ctl_stack_size,
+            o if o == reg::DEBUG_MEMORY_SIZE as u64 => id.debug_memory_size,
+            o if o == reg::EOP_BUFFER_SIZE as u64 => id.eop_buffer_size,
+            o if o == reg::NUM_VECTORS as u64 => NUM_VECTORS as u32,
+            o if o == reg::ERROR_VECTOR as u64 => ERROR_VECTOR as u32,
+            o if o == reg::INT_STATUS as u64 => r.int_status,
+            o => {
+                let Some((i, rr)) = vhqd_reg(o) else {
+                    drop(r);
+                    self.guest_log(
+                        log::Level::Warn,
+                        format_args!("vGPU read of unknown register {o:#x}"),
+                    );
+                    return 0;
+                };
+                let h = &r.vhqd[i];
+                match rr {
+                    reg::CP_MQD_BASE_ADDR => h.mqd_base as u32,
+                    reg::CP_MQD_BASE_ADDR_HI => (h.mqd_base >> 32) as u32,
+                    reg::CP_HQD_ACTIVE => (h.phase != HqdPhase::Unloaded) as u32,
+                    reg::CP_HQD_DEQUEUE_REQUEST => match h.phase {
+                        HqdPhase::Dequeuing(m) => m as u32,
+                        _ => 0,
+                    },
+                    reg::CP_HQD_ERROR => h.error,
+                    reg::CP_HQD_STATE => match h.phase {
+                        HqdPhase::Unloaded => hqd_state::UNLOADED,
+                        HqdPhase::Loaded { on_hqd: false } => hqd_state::WAITING,
+                        HqdPhase::Loaded { on_hqd: true } => hqd_state::ON_HQD,
+                        HqdPhase::Dequeuing(_) => hqd_state::DEQUEUING,
+                    },
+                    reg::CP_HQD_PQ_RPTR => h.rptr as u32,
+                    _ => 0,
+                }
+            }
+        }
+    }
+
+    /// Guest write of the 32-bit register at BAR0 `offset` (< 0x1000).
+    /// Loads and dequeues are sent to the arbiter; this never waits for them.
+    pub fn reg_write(&self, offset: u64, value: u32) {
+        if self.quarantined() {
+            return;
+        }
+        if offset == reg::INT_STATUS as u64 {
+            self.regs().int_status &= !value;
+            return;
+        }
+        let Some((i, r)) = vhqd_reg(offset) else {
+            self.guest_log(
+                log::Level::Warn,
+                format_args!("vGPU write {value:#x} to read-only or unknown register {offset:#x}"),
+            );
+            return;
+        };
+        match r {
+            reg::CP_MQD_BASE_ADDR => {
+                let mut g = self.regs();
+                let h = &mut g.vhqd[i];
+                h.mqd_base = (h.mqd_base & !0xFFFF_FFFF) | u64::from(value);
+            }
+            reg::CP_MQD_BASE_ADDR_HI => {
+                let mut g = self.regs();
+                let h = &mut g.vhqd[i];
+                h.mqd_base = (h.mqd_base & 0xFFFF_FFFF) | (u64::from(value) << 32);
+            }
+            reg::CP_HQD_ACTIVE if value & 1 == 1 => self.load(i),
+            reg::CP_HQD_DEQUEUE_REQUEST if value != 0 => self.dequeue(i, value),
+            _ => self.guest_log(
+                log::Level::Debug,
+                format_args!("vGPU write {offset:#x} = {value:#x} ignored"),
+            ),
+        }
+    }
+
+    /// A doorbell write the VMM saw itself (not through an ioeventfd), at
+    /// `offset` in the doorbell window: signals the vHQD's eventfd, or logs
+    /// (rate-limited) a write to a doorbell that does not exist.
+    pub fn doorbell_write(&self, offset: u64) {
+        let stride = abi::vgpu::DOORBELL_STRIDE as u64;
+        match usize::try_from(offset / stride) {
+            Ok(i) if i < NUM_VHQD && offset.is_multiple_of(stride) => {
+                let _ = self.doorbells[i].write(1);
+            }
+            _ => self.guest_log(
+                log::Level::Warn,
+                format_args!("write at doorbell offset {offset:#x}: no such doorbell"),
+            ),
+        }
+    }
+
+    fn load(&self, i: usize) {
+        let mut g = self.regs();
+        if g.vhqd[i].phase != HqdPhase::Unloaded {
+            drop(g);
+            self.guest_log(
+                log::Level::Debug,
+                format_args!("vHQD {i}: load while loaded ignored"),
+            );
+            return;
+        }
+        let base = g.vhqd[i].mqd_base;
+        let mut b = [0u8; MQD_BYTES];
+        let in_memory = base
+            .checked_add(MQD_BYTES as u64)
+            .is_some_and(|_| self.mem.read(base, &mut b).is_ok());
+        let result = if in_memory {
+            let mqd = V9Mqd::from_bytes(&b);
+            check_mqd(&self.topo, &mqd, self.mem.as_ref())
+                .map(|()| mqd)
+                .map_err(|r| (error_code(&r), r.to_string()))
+        } else {
+            Err((
+                error::MQD_ADDRESS,
+                format!("MQD at {base:#x} is outside VM memory"),
+            ))
+        };
+        match result {
+            Ok(mqd) => {
+                let h = &mut g.vhqd[i];
+                h.phase = HqdPhase::Loaded { on_hqd: false };
+                h.error = 0;
+                h.rptr = mqd.read_index().unwrap_or(0);
+                drop(g);
+                self.requests.send(
+                    self.vm,
+                    VgpuRequest::Load {
+                        vhqd: i,
+                        mqd_addr: base,
+                        mqd: Box::new(mqd),
+                    },
+                );
+            }
+            Err((code, why)) => {
+                g.vhqd[i].error = code;
+                self.raise(&mut g, ERROR_VECTOR);
+                drop(g);
+                self.guest_log(
+                    log::Level::Warn,
+                    format_args!("vHQD {i}: MQD refused: {why}"),
+                );
+            }
+        }
+    }
+
+    fn dequeue(&self, i: usize, value: u32) {
+        let Some(mode) = DequeueMode::from_u32(value) else {
+            self.guest_log(
+                log::Level::Warn,
+                format_args!("vHQD {i}: CP_HQD_DEQUEUE_REQUEST {value} is not 1, 2 or 3"),
+            );
+            return;
+        };
+        let mut g = self.regs();
+        match g.vhqd[i].phase {
+            HqdPhase::Unloaded => {
+                // Not loaded (perhaps a refused load): clear the sticky error.
+                g.vhqd[i].error = 0;
+            }
+            HqdPhase::Dequeuing(_) => {}
+            HqdPhase::Loaded { .. } => {
+                g.vhqd[i].phase = HqdPhase::Dequeuing(mode);
+                drop(g);
+                self.requests
+                    .send(self.vm, VgpuRequest::Dequeue { vhqd: i, mode });
+            }
+        }
+    }
+
+    // ---- arbiter callbacks (service thread) ------------------------------
+
+    /// The arbiter refused a load (only while the VM is being removed): back
+    /// to unloaded with `code` (error vector), or without error if 0
+    /// (vector `i`, as for a finished dequeue).
+    pub(crate) fn on_load_refused(&self, i: usize, code: u32) {
+        let mut g = self.regs();
+        g.vhqd[i].phase = HqdPhase::Unloaded;
+        if code != 0 {
+            g.vhqd[i].error = code;
+            self.raise(&mut g, ERROR_VECTOR);
+        } else {
+            self.raise(&mut g, i);
+        }
+    }
+
+    /// The queue of vHQD `i` went on (or off) a physical HQD.
+    pub(crate) fn on_hqd(&self, i: usize, on: bool) {
+        let mut g = self.regs();
+        if let HqdPhase::Loaded { on_hqd } = &mut g.vhqd[i].phase {
+            *on_hqd = on;
+        }
+    }
+
+    /// A packet of vHQD `i` completed: updates the read index; if its
+    /// completion signal has an `event_mailbox_ptr`, writes `event_id` (u32)
+    /// there and raises vector `i`. A signal or mailbox address that wraps or
+    /// lies outside VM memory is a queue error (returned).
+    pub(crate) fn on_completed(
+        &self,
+        i: usize,
+        dispatch_id: u64,
+        signal: u64,
+    ) -> Result<(), QueueErrorReason> {
+        {
+            let mut g = self.regs();
+            g.vhqd[i].rptr = dispatch_id.saturating_add(1);
+        }
+        if signal == 0 {
+            return Ok(());
+        }
+        let bad = QueueErrorReason::SignalOutOfRange { addr: signal };
+        let mbox_at = signal.checked_add(SIGNAL_EVENT_MAILBOX_PTR).ok_or(bad)?;
+        let id_at = signal.checked_add(SIGNAL_EVENT_ID).ok_or(bad)?;
+        let mailbox = self.mem.read_u64(mbox_at).map_err(|_| bad)?;
+        if mailbox == 0 {
+            return Ok(());
+        }
+        let bad_mbox = QueueErrorReason::SignalOutOfRange { addr: mailbox };
+        let mut idb = [0u8; 4];
+        self.mem.read(id_at, &mut idb).map_err(|_| bad)?;
+        if mailbox.checked_add(4).is_none() {
+            return Err(bad_mbox);
+        }
+        self.mem.write(mailbox, &idb).map_err(|_| bad_mbox)?;
+        let mut g = self.regs();
+        self.raise(&mut g, i);
+        Ok(())
+    }
+
+    /// vHQD `i` stopped with `reason`: sticky error code, error vector.
+    pub(crate) fn on_error(&self, i: usize, reason: &QueueErrorReason) {
+        let mut g = self.regs();
+        g.vhqd[i].error = error_code(reason);
+        self.raise(&mut g, ERROR_VECTOR);
+        drop(g);
+        self.guest_log(
+            log::Level::Warn,
+            format_args!("vHQD {i}: queue error: {reason}"),
+        );
+    }
+
+    /// The queue of vHQD `i` is gone (dequeue finished, or VM removal):
+    /// writes back the MQD fields KFD reads after a preempt into the guest
+    /// MQD at `mqd_addr`, marks the vHQD unloaded and raises vector `i`.
+    pub(crate) fn on_unloaded(&self, i: usize, mqd_addr: u64, mqd: &V9Mqd) {
+        use abi::mqd::{
+            CP_HQD_CNTL_STACK_OFFSET, CP_HQD_PQ_RPTR, CP_HQD_PQ_WPTR_HI, CP_HQD_PQ_WPTR_LO,
+            CP_HQD_WG_STATE_OFFSET,
+        };
+        for dw in [
+            CP_HQD_PQ_RPTR,
+            CP_HQD_PQ_WPTR_LO,
+            CP_HQD_PQ_WPTR_HI,
+            CP_HQD_CNTL_STACK_OFFSET,
+            CP_HQD_WG_STATE_OFFSET,
+        ] {
+            let ok = mqd_addr
+                .checked_add(4 * dw as u64)
+                .is_some_and(|a| self.mem.write(a, &mqd.dw[dw].to_le_bytes()).is_ok());
+            if !ok {
+                self.guest_log(
+                    log::Level::Warn,
+                    format_args!("vHQD {i}: MQD write-back at {mqd_addr:#x} failed"),
+                );
+                break;
+            }
+        }
+        let mut g = self.regs();
+        let h = &mut g.vhqd[i];
+        h.phase = HqdPhase::Unloaded;
+        h.rptr = mqd.read_index().unwrap_or(h.rptr);
+        self.raise(&mut g, i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::SparseMemory;
+
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<(VgpuHandle, VgpuRequest)>>);
+    impl RequestSink for Sink {
+        fn send(&self, vm: VgpuHandle, req: VgpuRequest) {
+            self.0.lock().unwrap().push((vm, req));
+        }
+    }
+    #[derive(Default)]
+    struct Irqs(Mutex<Vec<u16>>);
+    impl InterruptSink for Irqs {
+        fn raise(&self, v: u16) {
+            self.0.lock().unwrap().push(v);
+        }
+    }
+
+    fn fe() -> (VgpuFrontEnd, Arc<Sink>, Arc<Irqs>, Arc<dyn DmaMemory>) {
+        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+        let sink = Arc::new(Sink::default());
+        let irqs = Arc::new(Irqs::default());
+        let f = VgpuFrontEnd::new(
+            VgpuHandle(3),
+            "t",
+            &GpuTopology::tiny(),
+            mem.clone(),
+            irqs.clone(),
+            sink.clone(),
+        )
+        .unwrap();
+        (f, sink, irqs, mem)
+    }
+
+    fn hr(i: usize, r: usize) -> u64 {
+        (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
+    }
+
+    #[test]
+    fn id_registers_come_from_the_topology() {
+        let (f, ..) = fe();
+        let t = GpuTopology::tiny();
+        assert_eq!(f.reg_read(reg::VGPU_VERSION as u64), 2);
+        assert_eq!(f.reg_read(reg::NUM_XCC as u64), t.xccs_per_partition());
+        assert_eq!(
+            f.reg_read(reg::CWSR_SIZE as u64),
+            t.ctx_save_bytes_per_xcc()
+        );
+        assert_eq!(
+            f.reg_read(reg::CTL_STACK_SIZE as u64),
+            t.ctl_stack_bytes_per_xcc()
+        );
+        // 2 CUs x 40 waves x 32 bytes.
+        assert_eq!(f.reg_read(reg::DEBUG_MEMORY_SIZE as u64), 2560);
+        assert_eq!(f.reg_read(reg::NUM_VECTORS as u64), NUM_VECTORS as u32);
+        assert_eq!(f.reg_read(reg::ERROR_VECTOR as u64), ERROR_VECTOR as u32);
+    }
+
+    #[test]
+    fn hostile_loads_and_dequeues_never_reach_the_arbiter() {
+        let (f, sink, irqs, _) = fe();
+        // MQD whose end wraps the address space.
+        f.reg_write(hr(0, reg::CP_MQD_BASE_ADDR), 0xFFFF_FF00);
+        f.reg_write(hr(0, reg::CP_MQD_BASE_ADDR_HI), 0xFFFF_FFFF);
+        f.reg_write(hr(0, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(0, reg::CP_HQD_ERROR)), error::MQD_ADDRESS);
+        assert_eq!(f.reg_read(hr(0, reg::CP_HQD_ACTIVE)), 0);
+        // All-zero MQD in memory: bad header.
+        f.reg_write(hr(1, reg::CP_MQD_BASE_ADDR), 0x1000);
+        f.reg_write(hr(1, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(1, reg::CP_HQD_ERROR)), error::BAD_MQD_HEADER);
+        // Bad dequeue mode, and dequeue of an unloaded vHQD clears its error.
+        f.reg_write(hr(1, reg::CP_HQD_DEQUEUE_REQUEST), 7);
+        assert_eq!(f.reg_read(hr(1, reg::CP_HQD_ERROR)), error::BAD_MQD_HEADER);
+        f.reg_write(hr(1, reg::CP_HQD_DEQUEUE_REQUEST), 1);
+        assert_eq!(f.reg_read(hr(1, reg::CP_HQD_ERROR)), 0);
+        assert!(sink.0.lock().unwrap().is_empty());
+        assert_eq!(
+            *irqs.0.lock().unwrap(),
+            vec![ERROR_VECTOR as u16, ERROR_VECTOR as u16]
+        );
+        assert_eq!(f.reg_read(reg::INT_STATUS as u64), 1 << ERROR_VECTOR as u32);
+        f.reg_write(reg::INT_STATUS as u64, 1 << ERROR_VECTOR as u32);
+        assert_eq!(f.reg_read(reg::INT_STATUS as u64), 0);
+    }
+
+    #[test]
+    fn wrapping_signal_and_mailbox_addresses_are_refused() {
+        let (f, _, irqs, mem) = fe();
+        assert!(matches!(
+            f.on_completed(0, 0, 0xFFFF_FFFF_FFFF_FFF8),
+            Err(QueueErrorReason::SignalOutOfRange { .. })
+        ));
+        // A signal whose mailbox wraps.
+        mem.write_u64(0x2000 + SIGNAL_EVENT_MAILBOX_PTR, u64::MAX - 1)
+            .unwrap();
+        assert!(f.on_completed(0, 0, 0x2000).is_err());
+        // A good one: event_id written, vector 0 raised.
+        mem.write_u64(0x2000 + SIGNAL_EVENT_MAILBOX_PTR, 0x3000)
+            .unwrap();
+        mem.write(0x2000 + SIGNAL_EVENT_ID, &77u32.to_le_bytes())
+            .unwrap();
+        f.on_completed(0, 4, 0x2000).unwrap();
+        let mut b = [0u8; 4];
+        mem.read(0x3000, &mut b).unwrap();
+        assert_eq!(u32::from_le_bytes(b), 77);
+        assert_eq!(*irqs.0.lock().unwrap(), vec![0]);
+        assert_eq!(f.reg_read(hr(0, reg::CP_HQD_PQ_RPTR)), 5);
+    }
+
+    #[test]
+    fn floods_of_missing_doorbells_and_registers_log_a_few_lines() {
+        let (f, ..) = fe();
+        for k in 0..200_000u64 {
+            f.doorbell_write(0x800 + 8 * (k % 16));
+        }
+        for _ in 0..1000 {
+            f.reg_write(0xF00, 1);
+        }
+        let (logged, suppressed) = f.log_counts();
+        assert!(logged <= 2 * crate::ratelimit::LOG_BURST as u64, "{logged}");
+        assert_eq!(logged + suppressed, 201_000);
+    }
+}

@@ -43,6 +43,28 @@ use vmm_sys_util::eventfd::EventFd;
 /// the guest assigns from its start).
 const BARE_ADDR: u64 = 0xE000_0000;
 
+/// Pins the calling thread to `cpu` (None: every CPU). Threads it creates
+/// inherit the mask. Measurements pin writers (vCPU threads, the floor's
+/// writer) to CPU 0 and waiters (the arbiter's service thread, the bare
+/// ioeventfd's drain thread, the floor's waiter) to CPU 1, so the bare and
+/// the doorbell path see the same placement (design.md §6).
+fn pin(cpu: Option<usize>) {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n < 2 {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays in range
+    // (n is at most the CPUs this process may use, cpu < 2 <= n).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        match cpu {
+            Some(c) => libc::CPU_SET(c, &mut set),
+            None => (0..n.min(libc::CPU_SETSIZE as usize)).for_each(|c| libc::CPU_SET(c, &mut set)),
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 fn pct(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
@@ -86,10 +108,12 @@ fn eventfd_floor(samples: usize, until: Option<Arc<AtomicBool>>) -> Vec<f64> {
     let t0 = Arc::new(Mutex::new(Instant::now()));
     let out = Arc::new(Mutex::new(Vec::with_capacity(samples.min(100_000))));
     let (t, o) = (t0.clone(), out.clone());
+    pin(Some(1));
     let h = epoll_waiter(fd.try_clone().unwrap(), stop.clone(), move || {
         let d = t.lock().unwrap().elapsed();
         o.lock().unwrap().push(d.as_secs_f64() * 1e6);
     });
+    pin(Some(0));
     for _ in 0..samples {
         if until.as_ref().is_some_and(|u| u.load(Ordering::SeqCst)) {
             break;
@@ -103,6 +127,7 @@ fn eventfd_floor(samples: usize, until: Option<Arc<AtomicBool>>) -> Vec<f64> {
     stop.store(true, Ordering::SeqCst);
     fd.write(1).unwrap();
     h.join().unwrap();
+    pin(None);
     let v = out.lock().unwrap().clone();
     v
 }
@@ -117,7 +142,9 @@ fn build(toml: &str) -> (Arc<GpuArbiter>, Vec<Built>, FleetConfig) {
     let cfg = FleetConfig::parse(toml, Path::new("/bench/fleet.toml")).expect("config");
     let kvm = Kvm::new().expect("kvm");
     let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");
+    pin(Some(1));
     let m = start_arbiter(&cfg).expect("arbiter");
+    pin(None);
     let mut out = Vec::new();
     for (id, vc) in cfg.vm.iter().enumerate() {
         let image = vc.image.strip_prefix("builtin:").expect("builtin image");
@@ -142,11 +169,13 @@ fn build(toml: &str) -> (Arc<GpuArbiter>, Vec<Built>, FleetConfig) {
 fn run(m: &Arc<GpuArbiter>, built: Vec<Built>, wait_for: usize) -> Vec<VmReport> {
     let mut running = Vec::new();
     let mut done_fds = Vec::new();
+    pin(Some(0));
     for b in built {
         let done = EventFd::new(0).unwrap();
         running.push((b.vm.start(done.try_clone().unwrap()).expect("start"), b.gpu));
         done_fds.push(done);
     }
+    pin(None);
     done_fds[wait_for].read().unwrap();
     let mut reports = Vec::new();
     for (r, gpu) in running {
@@ -181,7 +210,9 @@ fn write_costs(n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
         .register_ioevent(&bare, &IoEventAddress::Mmio(BARE_ADDR), NoDatamatch)
         .expect("bare ioeventfd");
     let stop = Arc::new(AtomicBool::new(false));
+    pin(Some(1));
     let drain = epoll_waiter(bare.try_clone().unwrap(), stop.clone(), || {});
+    pin(None);
     let reports = run(&m, built, 0);
     stop.store(true, Ordering::SeqCst);
     bare.write(1).unwrap();

@@ -207,10 +207,14 @@ fn hostile_guests_get_queue_errors_and_the_others_finish() {
         gpu_vm("kernarg", 5, "bad=kernarg"),
         gpu_vm("wptr", 5, "bad=wptr"),
         gpu_vm("good", 5, "kernels=3 wgs=128 cost_us=300"),
+        gpu_vm("signal", 5, "bad=signal"),
+        gpu_vm("mailbox", 5, "bad=mailbox"),
     ]
     .concat();
     let report = run(&config(&dir, &toml));
-    for (i, code) in [(0, 4), (1, 13), (2, 7)] {
+    // Ring outside RAM, kernarg outside RAM, write index past the ring, a
+    // wrapping completion-signal address, a wrapping mailbox address.
+    for (i, code) in [(0, 4), (1, 13), (2, 7), (4, 15), (5, 15)] {
         let v = &report.vms[i];
         assert_eq!(v.outcome, VmOutcome::Exited(2), "{}", report.summary());
         assert!(

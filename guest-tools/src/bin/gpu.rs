@@ -12,7 +12,11 @@
 //! `verbose=1` (print the device geometry first), and for hostile-input tests
 //! `bad=ring` (queue 0's ring is at 0xF000_0000_0000), `bad=kernarg` (queue 0
 //! also gets a dispatch whose kernarg is there), `bad=wptr` (queue 0's
-//! `write_dispatch_id` is set beyond read index + ring size before ringing).
+//! `write_dispatch_id` is set beyond read index + ring size before ringing),
+//! `bad=signal` (queue 0 also gets a dispatch whose completion signal is at
+//! 0xFFFF_FFFF_FFFF_FFC0, so signal + 8 and + 16 wrap) and `bad=mailbox`
+//! (queue 0 also gets a dispatch whose signal's `event_mailbox_ptr` is
+//! 0xFFFF_FFFF_FFFF_FFFC: the 4-byte mailbox write would wrap).
 //! In `bad=` modes the other queues run normally and are verified too.
 //! `flood=F` first writes F times to a doorbell that does not exist (BAR2 +
 //! 0x800) and F times to a BAR0 offset with no register (0x1800), then runs
@@ -54,7 +58,14 @@ enum Bad {
     Ring,
     Kernarg,
     Wptr,
+    Signal,
+    Mailbox,
 }
+
+/// A completion signal address whose fields wrap the address space.
+const WRAPPING_SIGNAL: u64 = 0xFFFF_FFFF_FFFF_FFC0;
+/// A mailbox address whose 4-byte write wraps the address space.
+const WRAPPING_MAILBOX: u64 = 0xFFFF_FFFF_FFFF_FFFC;
 
 struct Args {
     queues: u32,
@@ -92,6 +103,8 @@ impl Args {
             Some("ring") => Bad::Ring,
             Some("kernarg") => Bad::Kernarg,
             Some("wptr") => Bad::Wptr,
+            Some("signal") => Bad::Signal,
+            Some("mailbox") => Bad::Mailbox,
             Some(_) => return Err("bad"),
         };
         Ok(Args {
@@ -347,6 +360,33 @@ fn cycle(
             let signal = Vgpu::new_signal(alloc, 1)?;
             q.submit_one_d(kd, BAD_ADDR, MARK_WG_SIZE, w, signal, true)?;
             last[i] = signal;
+        }
+        if i == 0 && matches!(args.bad, Bad::Signal | Bad::Mailbox) {
+            // A valid mark dispatch whose completion signal is hostile; the
+            // wait is on a good signal that only the error vector ends.
+            let good = Vgpu::new_signal(alloc, 1)?;
+            let signal = if args.bad == Bad::Signal {
+                WRAPPING_SIGNAL
+            } else {
+                let s = Vgpu::new_signal(alloc, 1)?;
+                // SAFETY: `s` is a fresh signal in RAM from new_signal.
+                unsafe {
+                    core::ptr::write_volatile(
+                        (s + rt::gpu::SIGNAL_EVENT_MAILBOX_PTR) as *mut u64,
+                        WRAPPING_MAILBOX,
+                    )
+                };
+                s
+            };
+            let kernarg = alloc.alloc(64, 64)?;
+            let counters = alloc.alloc(4 * w as u64, 64)?;
+            // SAFETY: fresh RAM from the allocator (Kernarg::Mark layout).
+            unsafe {
+                core::ptr::write_volatile(kernarg as *mut u64, counters);
+                core::ptr::write_volatile((kernarg + 8) as *mut u32, w);
+            }
+            q.submit_one_d(kd, kernarg, MARK_WG_SIZE, w, signal, true)?;
+            last[i] = good;
         }
         if i == 0 && args.bad == Bad::Wptr {
             let beyond = q.read_index() + q.ring_packets() as u64 + 1;

@@ -2,7 +2,8 @@
 //! floor of an eventfd wake-up of a host thread, measured in the same run.
 //!
 //! * `eventfd_wake`: a thread blocked in `epoll_wait` on an eventfd; time
-//!   from `write` to the thread running.
+//!   from `write` to the thread running (sampled between doorbells, so both
+//!   see the same machine load).
 //! * `doorbell_to_preempt`: a low-priority VM holds the only HQD slot with
 //!   long work; a high-priority VM writes its doorbell eventfd (what KVM does
 //!   for an ioeventfd doorbell); time from the `write` to the arbiter having
@@ -43,39 +44,49 @@ fn hr(i: usize, r: usize) -> u64 {
     (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
 }
 
-fn eventfd_wake(samples: usize) -> Vec<u64> {
-    let fd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
-    let (tx, rx) = channel::<Instant>();
-    let f2 = fd.clone();
-    let t = std::thread::spawn(move || {
-        let ep = Epoll::new().unwrap();
-        ep.ctl(
-            ControlOperation::Add,
-            f2.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, 0),
-        )
-        .unwrap();
-        let mut evs = [EpollEvent::default(); 1];
-        for _ in 0..samples {
-            ep.wait(-1, &mut evs).unwrap();
-            let now = Instant::now();
-            let _ = f2.read();
-            tx.send(now).unwrap();
-        }
-    });
-    let mut out = Vec::new();
-    for _ in 0..samples {
-        std::thread::sleep(Duration::from_micros(200));
-        let t0 = Instant::now();
-        fd.write(1).unwrap();
-        let t1 = rx.recv().unwrap();
-        out.push((t1 - t0).as_nanos() as u64);
-    }
-    t.join().unwrap();
-    out
+/// A host thread blocked in `epoll_wait` on an eventfd, woken on demand.
+struct Waker {
+    fd: Arc<EventFd>,
+    rx: std::sync::mpsc::Receiver<Instant>,
 }
 
-fn doorbell_to_preempt(samples: usize) -> Vec<u64> {
+impl Waker {
+    fn start() -> Waker {
+        let fd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let (tx, rx) = channel::<Instant>();
+        let f2 = fd.clone();
+        std::thread::spawn(move || {
+            let ep = Epoll::new().unwrap();
+            ep.ctl(
+                ControlOperation::Add,
+                f2.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, 0),
+            )
+            .unwrap();
+            let mut evs = [EpollEvent::default(); 1];
+            loop {
+                if ep.wait(-1, &mut evs).is_err() {
+                    return;
+                }
+                let now = Instant::now();
+                let _ = f2.read();
+                if tx.send(now).is_err() {
+                    return;
+                }
+            }
+        });
+        Waker { fd, rx }
+    }
+    /// One wake-up: ns from `write` to the thread running.
+    fn sample(&self) -> u64 {
+        let t0 = Instant::now();
+        self.fd.write(1).unwrap();
+        let t1 = self.rx.recv().unwrap();
+        (t1 - t0).as_nanos() as u64
+    }
+}
+
+fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Vec<u64> {
     // One HQD slot: every high-priority doorbell must preempt.
     let topo = GpuTopology {
         xccs: 1,
@@ -151,6 +162,11 @@ fn doorbell_to_preempt(samples: usize) -> Vec<u64> {
         // Past the scheduler's min_run_ns (500 us) since lo was restored:
         // the preemption is issued at the doorbell, not deferred.
         std::thread::sleep(Duration::from_micros(800));
+        // The floor, sampled in the same conditions: right before the
+        // doorbell on even samples, right after it on odd ones.
+        if k % 2 == 0 {
+            wake.push(waker.sample());
+        }
         while seen_rx.try_recv().is_ok() {}
         let t0 = Instant::now();
         hi.doorbell_eventfd(0).write(1).unwrap();
@@ -162,6 +178,9 @@ fn doorbell_to_preempt(samples: usize) -> Vec<u64> {
         };
         if seen.preempted {
             out.push((seen.at - t0).as_nanos() as u64);
+        }
+        if k % 2 == 1 {
+            wake.push(waker.sample());
         }
         // Completion interrupt of the high-priority packet.
         while hi_rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
@@ -175,8 +194,9 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
-    let mut wake = eventfd_wake(samples);
-    let mut det = doorbell_to_preempt(samples);
+    let waker = Waker::start();
+    let mut wake = Vec::new();
+    let mut det = doorbell_to_preempt(samples, &waker, &mut wake);
     let (w50, w99) = (pct(&mut wake, 0.5), pct(&mut wake, 0.99));
     let (d50, d99) = (pct(&mut det, 0.5), pct(&mut det, 0.99));
     println!(

@@ -477,6 +477,14 @@ impl GpuArbiter {
             s.fe.name()
         );
         s.fe.quarantine();
+        // Its doorbells are no longer served (level-triggered epoll would
+        // otherwise wake this thread for them forever).
+        for i in 0..NUM_VHQD {
+            let fd = s.fe.doorbell_eventfd(i).as_raw_fd();
+            let _ = self
+                .epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
+        }
         c.quarantined += 1;
         let now = self.now();
         let mut out = Vec::new();

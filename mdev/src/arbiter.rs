@@ -149,7 +149,9 @@ impl RequestSink for Requests {
     }
 }
 
-/// One GPU arbiter per fleet. Create with [`GpuArbiter::start`].
+/// One GPU arbiter per fleet. Create with [`GpuArbiter::start`]; stop with
+/// [`GpuArbiter::shutdown`] (the service thread holds a reference, so
+/// dropping the last handle does not stop it).
 pub struct GpuArbiter {
     topo: GpuTopology,
     core: Mutex<Core>,
@@ -665,13 +667,6 @@ impl GpuArbiter {
             out = more;
         }
         self.cv.notify_all();
-    }
-}
-
-impl Drop for GpuArbiter {
-    fn drop(&mut self) {
-        lock(&self.core).stopping = true;
-        let _ = self.requests.kick.write(1);
     }
 }
 

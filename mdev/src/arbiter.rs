@@ -149,7 +149,9 @@ impl RequestSink for Requests {
     }
 }
 
-/// One GPU arbiter per fleet. Create with [`GpuArbiter::start`].
+/// One GPU arbiter per fleet. Create with [`GpuArbiter::start`]; stop with
+/// [`GpuArbiter::shutdown`] (the service thread holds a reference, so
+/// dropping the last handle does not stop it).
 pub struct GpuArbiter {
     topo: GpuTopology,
     core: Mutex<Core>,
@@ -305,6 +307,7 @@ impl GpuArbiter {
             return;
         }
         c.vms[v].removed = true;
+        c.vms[v].fe.detach();
         for i in 0..NUM_VHQD {
             let fd = c.vms[v].fe.doorbell_eventfd(i).as_raw_fd();
             let _ = self
@@ -476,6 +479,14 @@ impl GpuArbiter {
             s.fe.name()
         );
         s.fe.quarantine();
+        // Its doorbells are no longer served (level-triggered epoll would
+        // otherwise wake this thread for them forever).
+        for i in 0..NUM_VHQD {
+            let fd = s.fe.doorbell_eventfd(i).as_raw_fd();
+            let _ = self
+                .epoll
+                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
+        }
         c.quarantined += 1;
         let now = self.now();
         let mut out = Vec::new();
@@ -656,13 +667,6 @@ impl GpuArbiter {
             out = more;
         }
         self.cv.notify_all();
-    }
-}
-
-impl Drop for GpuArbiter {
-    fn drop(&mut self) {
-        lock(&self.core).stopping = true;
-        let _ = self.requests.kick.write(1);
     }
 }
 

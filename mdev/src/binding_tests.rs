@@ -255,3 +255,123 @@ fn removing_a_vm_removes_each_of_its_queues_once() {
     assert_eq!(removed, vec![0, 1, 2]);
     assert_eq!(rig.b.occupied(), 0);
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Queue `q` gets `k` kernels and rings its doorbell.
+        Submit { q: usize, k: u32 },
+        /// Time passes.
+        Run { ns: u64 },
+        /// The guest dequeues queue `q` with mode 1..=3.
+        Remove { q: usize, mode: u32 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..6usize, 1..4u32).prop_map(|(q, k)| Op::Submit { q, k }),
+            4 => (1..400_000u64).prop_map(|ns| Op::Run { ns }),
+            1 => (0..6usize, 1..4u32).prop_map(|(q, mode)| Op::Remove { q, mode }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Whatever the interleaving: queues never removed run every kernel
+        /// exactly once; a removed queue gets exactly one `Removed` and no
+        /// notice after it; the scheduler's invariants hold; at the end no
+        /// slot is held by a removed queue.
+        #[test]
+        fn random_submissions_and_dequeues_keep_the_binding_consistent(
+            prios in proptest::collection::vec(0u8..16, 2),
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let topo = GpuTopology::tiny();
+            let mut rig = Rig::new(topo.clone());
+            let mut vms: Vec<TestVm> = Vec::new();
+            for (v, p) in prios.iter().enumerate() {
+                vms.push(vm(&mut rig, v as u32, *p));
+            }
+            let mut qs = Vec::new();
+            for i in 0..6usize {
+                let v = i % 2;
+                let gq = vms[v].queue(&topo, 64, (i % 4) as u32);
+                add(&mut rig, &vms[v], v as u32, QueueId(i as u64), i, &gq);
+                qs.push(gq);
+            }
+            let mut removed = [false; 6];
+            for o in ops {
+                match o {
+                    Op::Submit { q, k } if !removed[q] => {
+                        let v = q % 2;
+                        if qs[q].wptr + k as u64 > qs[q].ring_packets {
+                            continue;
+                        }
+                        for s in 0..k {
+                            vms[v].kernel(&mut qs[q], KernelKind::Mark, 4, 64, 30_000, s, true);
+                        }
+                        rig.doorbell(QueueId(q as u64), qs[q].wptr);
+                    }
+                    Op::Run { ns } => {
+                        let until = rig.now.saturating_add(ns);
+                        rig.run(until, |_| false);
+                        rig.now = rig.now.max(until);
+                    }
+                    Op::Remove { q, mode } if !removed[q] => {
+                        removed[q] = true;
+                        let mut out = Vec::new();
+                        rig.b
+                            .remove_queue(
+                                &mut rig.gpu,
+                                rig.now,
+                                QueueId(q as u64),
+                                DequeueMode::from_u32(mode),
+                                &mut out,
+                            )
+                            .unwrap();
+                        rig.take(out);
+                    }
+                    _ => {}
+                }
+                prop_assert!(rig.b.scheduler().check_invariants().is_ok());
+            }
+            rig.run(u64::MAX, |_| false);
+            prop_assert!(rig.b.scheduler().check_invariants().is_ok());
+            for (q, gone) in removed.iter().enumerate() {
+                let owner_of = |n: &Notice<usize>| match n {
+                    Notice::Mapped { owner, .. }
+                    | Notice::Completed { owner, .. }
+                    | Notice::Unmapped { owner, .. }
+                    | Notice::QueueError { owner, .. }
+                    | Notice::MapRefused { owner, .. }
+                    | Notice::Removed { owner, .. } => Some(*owner),
+                    Notice::ArmTimer { .. } => None,
+                };
+                let mine: Vec<&Notice<usize>> =
+                    rig.log.iter().filter(|n| owner_of(n) == Some(q)).collect();
+                let removals = mine
+                    .iter()
+                    .filter(|n| matches!(n, Notice::Removed { .. }))
+                    .count();
+                if *gone {
+                    prop_assert_eq!(removals, 1, "queue {}", q);
+                    let last_is_removal = matches!(mine.last(), Some(Notice::Removed { .. }));
+                    prop_assert!(last_is_removal, "queue {} has notices after its removal", q);
+                    prop_assert!(rig.b.mqd(QueueId(q as u64)).is_none());
+                } else {
+                    prop_assert_eq!(removals, 0);
+                    let v = q % 2;
+                    prop_assert!(vms[v].verify(&qs[q]).is_ok(), "queue {}", q);
+                }
+            }
+            for s in 0..topo.user_slots().len() as u32 {
+                if let Some(q) = rig.b.slot_queue(SlotId(s)) {
+                    prop_assert!(!removed[q.0 as usize]);
+                }
+            }
+        }
+    }
+}

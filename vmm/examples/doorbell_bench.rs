@@ -11,14 +11,15 @@
 //!    same guest loop; the cost per write is host time between checkpoints
 //!    / writes. `doorbell_ratio` = median over rounds of (doorbell cost /
 //!    bare cost of the same round): adjacent spans see the same host load.
-//! 3. Detection: an inference VM (priority 12) beside a training VM
+//! 3. Detection: an inference VM (priority 12, `builtin:doorbell
+//!    detect=J`: one 304 x 500 us kernel per job) beside a training VM
 //!    (priority 2); each inference job's doorbell preempts training. From
-//!    the host timestamp of the guest's checkpoint 2 (written just before
-//!    the doorbell) to the arbiter's doorbell observer on its service thread
-//!    (the binding returned: the preemption was handed to the backend), for the
-//!    doorbells that issued one. `detect_p99_ratio` = its p99 / the floor's
-//!    p99. (Checkpoint 2 precedes the doorbell write by one PIO exit, so the
-//!    span slightly overstates detection.)
+//!    the host timestamp of the guest's checkpoint 2 (its port write is the
+//!    instruction right before the doorbell store) to the arbiter's doorbell
+//!    observer on its service thread (the binding returned: the preemption
+//!    was handed to the backend), for the doorbells that issued one.
+//!    `detect_p99_ratio` = its p99 / the floor's p99. (The span includes the
+//!    checkpoint's PIO exit and re-entry, so it overstates detection.)
 //! 4. Host CPU (utime+stime of this process) over 3 s while four guests
 //!    wait in `sti; hlt` for a long GPU job.
 //!
@@ -240,9 +241,9 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>) {
     let toml = vm("training", "gpu", 2, "kernels=64 wgs=1216 cost_us=20000")
         + &vm(
             "inference",
-            "gpu",
+            "doorbell",
             12,
-            &format!("kernels=4 wgs=304 cost_us=500 loops={jobs}"),
+            &format!("detect={jobs} wgs=304 cost_us=500"),
         );
     let (m, built, _) = build(&toml);
     m.set_doorbell_observer(Some(observer));

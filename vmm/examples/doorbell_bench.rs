@@ -1,8 +1,8 @@
 //! Doorbell path figures, all measured in one run (docs/benchmarks.md):
 //!
 //! 1. Floor: wake-up of a host thread blocked in epoll on an eventfd that
-//!    another host thread writes every 500 us (p50/p99), sampled alone and
-//!    again *while* phase 3 runs (same load: this machine's 2 cores are
+//!    another host thread writes (p50/p99), sampled alone (every 500 us) and
+//!    again every 200 us *while* phase 3 runs (same load: this machine's 2 cores are
 //!    shared), which is the floor `detect_p99_ratio` divides by.
 //! 2. Guest write cost: the `doorbell` guest writes a bare KVM ioeventfd
 //!    (registered by this bench, drained by a host thread in epoll) and its
@@ -23,7 +23,7 @@
 //! 4. Host CPU (utime+stime of this process) over 3 s while four guests
 //!    wait in `sti; hlt` for a long GPU job.
 //!
-//! `cargo run --release -p hqdmux --example doorbell_bench [N] [ROUNDS] [JOBS]`
+//! `cargo run --release -p hqdmux --example doorbell_bench [N=2000] [ROUNDS=20] [JOBS=200]`
 //! Last line: `doorbell_ratio=R detect_p99_ratio=D`.
 
 use std::os::fd::AsRawFd;
@@ -102,8 +102,8 @@ fn epoll_waiter(
 }
 
 /// Wake-up latency of a host thread in epoll on an eventfd, in us:
-/// `samples` samples, or until `until` is set.
-fn eventfd_floor(samples: usize, until: Option<Arc<AtomicBool>>) -> Vec<f64> {
+/// `samples` samples `period` apart, or until `until` is set.
+fn eventfd_floor(samples: usize, period: Duration, until: Option<Arc<AtomicBool>>) -> Vec<f64> {
     let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Arc::new(Mutex::new(Instant::now()));
@@ -120,7 +120,7 @@ fn eventfd_floor(samples: usize, until: Option<Arc<AtomicBool>>) -> Vec<f64> {
             break;
         }
         // Let the waiter go back to sleep first.
-        std::thread::sleep(Duration::from_micros(500));
+        std::thread::sleep(period);
         *t0.lock().unwrap() = Instant::now();
         fd.write(1).unwrap();
     }
@@ -234,7 +234,8 @@ fn write_costs(n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
 fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>) {
     let done = Arc::new(AtomicBool::new(false));
     let d = done.clone();
-    let floor = std::thread::spawn(move || eventfd_floor(usize::MAX, Some(d)));
+    let floor =
+        std::thread::spawn(move || eventfd_floor(usize::MAX, Duration::from_micros(200), Some(d)));
     let seen: Arc<Mutex<Vec<DoorbellSeen>>> = Arc::default();
     let s = seen.clone();
     let observer: DoorbellObserver = Arc::new(move |d| s.lock().unwrap().push(d));
@@ -316,9 +317,9 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(d)
     };
-    let (n, rounds, jobs) = (arg(1, 2000), arg(2, 20), arg(3, 60) as u32);
+    let (n, rounds, jobs) = (arg(1, 2000), arg(2, 20), arg(3, 200) as u32);
 
-    let mut floor = eventfd_floor(2000, None);
+    let mut floor = eventfd_floor(2000, Duration::from_micros(500), None);
     let (f50, f99) = (pct(&mut floor, 0.5), pct(&mut floor, 0.99));
     println!(
         "eventfd wake-up of a host thread (epoll), alone: p50 {f50:.1} us, p99 {f99:.1} us ({} samples)",

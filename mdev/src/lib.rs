@@ -18,6 +18,7 @@
 //! See `docs/gpu-model.md` for what the model covers.
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod backend;
 pub mod mediator;
 pub mod mem;

@@ -389,6 +389,71 @@ mod tests {
         }
     }
 
+    /// MQD dwords the rules read, with values biased to the interesting edges.
+    fn hostile_dword() -> impl proptest::strategy::Strategy<Value = u32> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<u32>(),
+            0u32..64,
+            Just(u32::MAX),
+            ((MEM - 0x10_0000) as u32)..(MEM as u32),
+            Just(0x10_0000 >> 8),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever a guest writes into the fields admission reads, the check
+        /// never panics, and an admitted MQD satisfies every documented rule
+        /// (checked here independently, with u128 arithmetic).
+        #[test]
+        fn admitted_mqds_satisfy_every_rule(
+            // Each field keeps the builder's (valid) value with probability
+            // 0.8, so admitted MQDs with a few hostile fields are common.
+            fields in proptest::collection::vec(proptest::option::weighted(0.2, hostile_dword()), 14),
+        ) {
+            let (topo, mem, mut m) = setup();
+            let dws = [
+                mqd::CP_HQD_PQ_BASE_LO,
+                mqd::CP_HQD_PQ_BASE_HI,
+                mqd::CP_HQD_PQ_RPTR,
+                mqd::CP_HQD_PQ_RPTR_REPORT_ADDR_LO,
+                mqd::CP_HQD_PQ_WPTR_POLL_ADDR_LO,
+                mqd::CP_HQD_PQ_CONTROL,
+                mqd::CP_HQD_CTX_SAVE_BASE_ADDR_LO,
+                mqd::CP_HQD_CTX_SAVE_BASE_ADDR_HI,
+                mqd::CP_HQD_CNTL_STACK_OFFSET,
+                mqd::CP_HQD_CNTL_STACK_SIZE,
+                mqd::CP_HQD_CTX_SAVE_SIZE,
+                mqd::CP_HQD_PQ_WPTR_LO,
+                mqd::CP_HQD_PQ_WPTR_HI,
+                mqd::CP_HQD_PERSISTENT_STATE,
+            ];
+            for (d, v) in dws.iter().zip(fields) {
+                if let Some(v) = v {
+                    m.dw[*d] = v;
+                }
+            }
+            if check(&topo, &mem, &m).is_ok() {
+                let in_mem = |a: u64, len: u128| a as u128 + len <= MEM as u128;
+                let qs = m.queue_size_field();
+                proptest::prop_assert!((7..=28).contains(&qs));
+                proptest::prop_assert!(in_mem(m.ring_base(), 1u128 << (qs + 3)));
+                for a in [m.wptr_poll_addr(), m.rptr_report_addr()] {
+                    proptest::prop_assert!(a == 0 || in_mem(a, 8));
+                }
+                let ctx = m.ctx_save_size() as u128;
+                let dbg = topo.debug_memory_size() as u128;
+                let xccs = topo.num_xcc() as u128;
+                proptest::prop_assert!(ctx >= topo.cwsr_size() as u128);
+                proptest::prop_assert!(m.cntl_stack_size() >= topo.ctl_stack_size());
+                proptest::prop_assert!(m.cntl_stack_offset() <= m.cntl_stack_size());
+                proptest::prop_assert!(m.cntl_stack_size() as u128 <= ctx);
+                proptest::prop_assert!(in_mem(m.ctx_save_base(), (ctx + dbg) * xccs));
+                proptest::prop_assert!(m.read_index().is_some());
+            }
+        }
+    }
+
     #[test]
     fn rules_apply_in_documented_order() {
         // A bad header wins over every later rule; a bad ring size over a

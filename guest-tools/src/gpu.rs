@@ -488,7 +488,7 @@ impl Vgpu {
     }
 
     /// Creates and loads an AQL queue on virtual HQD `vhqd` with a ring of
-    /// `ring_packets` (power of two >= 4) and queue priority `priority` (0..15).
+    /// `ring_packets` (power of two >= [`MIN_RING_PACKETS`]) and queue priority `priority` (0..15).
     pub fn create_queue(
         &mut self,
         alloc: &mut Alloc,

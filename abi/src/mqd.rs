@@ -220,7 +220,7 @@ impl Quantum {
 /// total = ALIGN((ctx_save_size + debug_memory_size) * n, page)
 /// ```
 ///
-/// `ctx_save_size` is the MQD's `cp_hqd_ctx_save_size` (at least [`cwsr_size`]),
+/// `ctx_save_size` is the MQD's `cp_hqd_ctx_save_size` (at least [`cwsr::cwsr_size`]),
 /// `n` the number of XCCs of the queue's partition.
 pub mod cwsr {
     /// `SIZEOF_HSA_USER_CONTEXT_SAVE_AREA_HEADER`.

@@ -341,6 +341,19 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("flood", include_str!("../scenarios/flood.toml")),
     ("oversub", include_str!("../scenarios/oversub.toml")),
     ("storm", include_str!("../scenarios/storm.toml")),
+    // Issue 9: the two promises (see docs/scenarios.md).
+    ("prio-inv", include_str!("../scenarios/prio-inv.toml")),
+    ("prio-inv-long", include_str!("../scenarios/prio-inv-long.toml")),
+    ("prio-inv-rev", include_str!("../scenarios/prio-inv-rev.toml")),
+    ("ladder16", include_str!("../scenarios/ladder16.toml")),
+    ("equal-queues", include_str!("../scenarios/equal-queues.toml")),
+    ("equal-depth", include_str!("../scenarios/equal-depth.toml")),
+    ("equal-jobsize", include_str!("../scenarios/equal-jobsize.toml")),
+    ("weights124", include_str!("../scenarios/weights124.toml")),
+    ("undershare", include_str!("../scenarios/undershare.toml")),
+    ("rt5k", include_str!("../scenarios/rt5k.toml")),
+    ("rt200", include_str!("../scenarios/rt200.toml")),
+    ("aging", include_str!("../scenarios/aging.toml")),
 ];
 
 /// Most kernels in one job (each queue's ring holds this many packets).

@@ -103,6 +103,9 @@ pub struct VmRun {
     pub latency_ns: Vec<u64>,
     /// Longest time one of its queues had work without holding a slot, ns.
     pub max_wait_ns: u64,
+    /// Longest a job of this VM took from arrival to completion, or has
+    /// waited by the end of the run if still unfinished, ns.
+    pub max_job_age_ns: u64,
 }
 
 /// Per-queue readiness (work seen, no slot) and per-VM latencies, fed from
@@ -839,6 +842,12 @@ impl Sim<'_> {
             max_wait[st.vm] = max_wait[st.vm].max(self.track.max_wait[s]);
         }
         let names = self.sc.vm_names();
+        let mut age = vec![0; self.vms.len()];
+        for j in &self.out.jobs {
+            let vm = self.streams[j.stream].vm;
+            let a = j.latency_ns.unwrap_or(end.saturating_sub(j.arrival_ns));
+            age[vm] = age[vm].max(a);
+        }
         self.vms
             .iter()
             .enumerate()
@@ -860,6 +869,7 @@ impl Sim<'_> {
                     cu_ns: v.cu_ns,
                     latency_ns: std::mem::take(&mut self.track.latency[i]),
                     max_wait_ns: max_wait[i],
+                    max_job_age_ns: age[i],
                 }
             })
             .collect()
@@ -920,6 +930,15 @@ fn read_counters(mem: &dyn DmaMemory, k: &Kern) -> Vec<u32> {
 /// Runs `sc` under `policy` (and its hi tenants alone, for the isolated
 /// baseline) and computes the report row.
 pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport, EvalError> {
+    evaluate_full(sc, policy, seed).map(|(r, _)| r)
+}
+
+/// [`evaluate`], also returning the raw output of the (full) run.
+pub fn evaluate_full(
+    sc: &Scenario,
+    policy: Policy,
+    seed: u64,
+) -> Result<(PolicyReport, RunOutput), EvalError> {
     let t0 = Instant::now();
     let run = simulate(sc, policy, seed)?;
     let has_hi = sc.tenants.iter().any(|t| t.class == Class::Hi);
@@ -961,7 +980,7 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
     let mut dec = run.decision_ns.clone();
     dec.sort_unstable();
     let (vms, jain_by_level) = vm_reports(&run);
-    Ok(PolicyReport {
+    let report = PolicyReport {
         scenario: sc.name.clone(),
         policy: policy.name().into(),
         seed,
@@ -985,5 +1004,6 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
         host_ms: t0.elapsed().as_secs_f64() * 1000.0,
         vms,
         jain_by_level,
-    })
+    };
+    Ok((report, run))
 }

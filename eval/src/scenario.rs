@@ -343,12 +343,24 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("storm", include_str!("../scenarios/storm.toml")),
     // Issue 9: the two promises (see docs/scenarios.md).
     ("prio-inv", include_str!("../scenarios/prio-inv.toml")),
-    ("prio-inv-long", include_str!("../scenarios/prio-inv-long.toml")),
-    ("prio-inv-rev", include_str!("../scenarios/prio-inv-rev.toml")),
+    (
+        "prio-inv-long",
+        include_str!("../scenarios/prio-inv-long.toml"),
+    ),
+    (
+        "prio-inv-rev",
+        include_str!("../scenarios/prio-inv-rev.toml"),
+    ),
     ("ladder16", include_str!("../scenarios/ladder16.toml")),
-    ("equal-queues", include_str!("../scenarios/equal-queues.toml")),
+    (
+        "equal-queues",
+        include_str!("../scenarios/equal-queues.toml"),
+    ),
     ("equal-depth", include_str!("../scenarios/equal-depth.toml")),
-    ("equal-jobsize", include_str!("../scenarios/equal-jobsize.toml")),
+    (
+        "equal-jobsize",
+        include_str!("../scenarios/equal-jobsize.toml"),
+    ),
     ("weights124", include_str!("../scenarios/weights124.toml")),
     ("undershare", include_str!("../scenarios/undershare.toml")),
     ("rt5k", include_str!("../scenarios/rt5k.toml")),

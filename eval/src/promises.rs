@@ -113,7 +113,7 @@ pub fn equal_shares(r: &PolicyReport, names: &[&str], min: f64) -> Figure {
 /// a lower priority, and the top VM at least `top_min` of all CU time.
 pub fn strict_order(r: &PolicyReport, top_min: f64) -> Figure {
     let mut v: Vec<(u8, f64)> = r.vms.iter().map(|v| (v.priority, v.cu_time_us)).collect();
-    v.sort_by(|a, b| b.0.cmp(&a.0));
+    v.sort_by_key(|x| std::cmp::Reverse(x.0));
     let pairs = v.windows(2).filter(|w| w[0].0 > w[1].0).count();
     let ordered = v
         .windows(2)

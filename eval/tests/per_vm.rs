@@ -196,3 +196,28 @@ fn a_quantum_override_changes_the_slices_of_that_priority_only() {
         "1 ms slices at level 4 map more often: {short} vs {base}"
     );
 }
+
+#[test]
+fn promise_checker_runs_the_selected_targets_once_per_seed() {
+    use eval::promises::{check_all, CheckOptions};
+    let opts = CheckOptions {
+        seeds: vec![1, 2],
+        policy: Policy::Timeslice,
+        filter: Some("weights124".into()),
+        exactly_once_ms: None,
+    };
+    let out = check_all(&opts).unwrap();
+    assert_eq!(out.len(), 1, "{out:?}");
+    let o = &out[0];
+    assert!(o.name.starts_with("weights124: "), "{}", o.name);
+    assert_eq!(o.measured.len(), 2, "one figure per seed: {o:?}");
+    for m in &o.measured {
+        let x: f64 = m.strip_prefix("min/max ").unwrap().parse().unwrap();
+        assert!(x > 0.0 && x <= 1.0, "{m}");
+    }
+    // A failing seed keeps its report for the per-VM table.
+    assert_eq!(o.pass, o.failures.is_empty(), "{o:?}");
+    if let Some(r) = o.failures.first() {
+        assert_eq!(r.vms.len(), 3);
+    }
+}

@@ -221,3 +221,114 @@ fn promise_checker_runs_the_selected_targets_once_per_seed() {
         assert_eq!(r.vms.len(), 3);
     }
 }
+
+mod accounting {
+    //! Property: whatever the fleet and arrival kinds (including bursty and
+    //! exponential think times), the per-VM report is consistent with the
+    //! run: one row per VM, shares summing to 1, GPU and CU time inside
+    //! the run's capacity, waits inside the run, job counts and latency
+    //! percentiles matching the job records, a Jain value exactly for
+    //! levels with two VMs or more; and effects land exactly once.
+
+    use eval::driver::evaluate_full;
+    use eval::scenario::Scenario;
+    use proptest::prelude::*;
+    use scheduler::Policy;
+    use std::collections::BTreeMap;
+
+    const MS: u64 = 200;
+
+    fn arrival(kind: u8, a: u32, b: u32) -> String {
+        match kind {
+            0 => format!("{{ kind = \"closed\", outstanding = {} }}", a % 4 + 1),
+            1 => format!(
+                "{{ kind = \"closed\", think_us = {}, think_dist = \"exponential\" }}",
+                b % 3000 + 1
+            ),
+            2 => format!(
+                "{{ kind = \"bursty\", jobs = {}, period_us = {}, offset_us = {} }}",
+                a % 6 + 1,
+                b % 40_000 + 1000,
+                b % 5000
+            ),
+            3 => format!("{{ kind = \"poisson\", mean_us = {} }}", b % 5000 + 200),
+            _ => format!("{{ kind = \"uniform\", period_us = {} }}", b % 20_000 + 500),
+        }
+    }
+
+    type Args = ((u8, u8, u8, u8), (u8, u32, u32), (u32, u32));
+
+    fn args() -> impl Strategy<Value = Args> {
+        (
+            (0u8..16, 1u8..4, 1u8..4, 1u8..4),
+            (0u8..5, any::<u32>(), any::<u32>()),
+            (1u32..400, 10u32..2000),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        #[test]
+        fn per_vm_report_is_consistent_with_the_run(
+            tenants in prop::collection::vec(args(), 1..5),
+            policy in prop::sample::select(vec![Policy::Hqdmux, Policy::Fifo, Policy::Timeslice]),
+            seed in 0u64..1000,
+        ) {
+            let mut text = format!("name = \"random\"\nduration_ms = {MS}\n");
+            for (i, ((prio, weight, count, queues), (kind, a, b), (wgs, cost))) in
+                tenants.into_iter().enumerate()
+            {
+                text += &format!(
+                    "[[tenant]]\nname = \"t{i}\"\ncount = {count}\npriority = {prio}\n\
+                     weight = {weight}\nqueues = {queues}\nclass = \"lo\"\narrival = {}\n\
+                     [[tenant.kernel]]\nworkgroups = {wgs}\nwg_cost_us = {cost}\n",
+                    arrival(kind, a, b)
+                );
+            }
+            let sc = Scenario::parse(&text, "random.toml").unwrap();
+            let (r, run) = evaluate_full(&sc, policy, seed).unwrap();
+            prop_assert_eq!((run.lost_effects, run.duplicate_effects, run.queue_errors), (0, 0, 0));
+            let names: Vec<String> = r.vms.iter().map(|v| v.name.clone()).collect();
+            prop_assert_eq!(&names, &sc.vm_names());
+            let end_us = (MS * 1000) as f64;
+            let total_gpu: f64 = r.vms.iter().map(|v| v.gpu_time_us).sum();
+            if total_gpu > 0.0 {
+                let shares: f64 = r.vms.iter().map(|v| v.share).sum();
+                prop_assert!((shares - 1.0).abs() < 1e-9, "{}", shares);
+            }
+            let cu_total: f64 = r.vms.iter().map(|v| v.cu_time_us).sum();
+            prop_assert!(cu_total <= run.cus as f64 * end_us + 1.0, "{} > capacity", cu_total);
+            // Stream -> VM: streams are numbered VM by VM, `queues` each.
+            let mut stream_vm = Vec::new();
+            for (vi, t) in sc.tenants.iter().flat_map(|t| (0..t.count).map(move |_| t)).enumerate() {
+                stream_vm.extend(std::iter::repeat_n(vi, t.queues as usize));
+            }
+            let mut done = vec![0u64; r.vms.len()];
+            for j in run.jobs.iter().filter(|j| j.latency_ns.is_some()) {
+                done[stream_vm[j.stream]] += 1;
+            }
+            for (i, v) in r.vms.iter().enumerate() {
+                prop_assert!(v.gpu_time_us <= end_us + 1e-6, "{:?}", v);
+                prop_assert!(v.max_wait_us <= end_us + 1e-6, "{:?}", v);
+                prop_assert_eq!(v.jobs, done[i], "{:?}", v);
+                prop_assert_eq!(v.p50_us.is_some(), v.jobs > 0);
+                if let (Some(a), Some(b)) = (v.p50_us, v.p99_us) {
+                    prop_assert!(a <= b);
+                }
+            }
+            let mut per_level: BTreeMap<u8, usize> = BTreeMap::new();
+            for v in &r.vms {
+                *per_level.entry(v.priority).or_default() += 1;
+            }
+            prop_assert_eq!(
+                r.jain_by_level.keys().collect::<Vec<_>>(),
+                per_level.keys().collect::<Vec<_>>()
+            );
+            for (p, n) in per_level {
+                let level_cu: f64 = r.vms.iter().filter(|v| v.priority == p).map(|v| v.cu_time_us).sum();
+                prop_assert_eq!(r.jain_by_level[&p].is_some(), n >= 2 && level_cu > 0.0, "level {}", p);
+            }
+        }
+    }
+}

@@ -126,18 +126,108 @@ pub const fn dword_of_reg(reg: u32) -> Option<usize> {
     }
 }
 
-/// `CP_HQD_PQ_CONTROL.QUEUE_SIZE` mask.
+/// `CP_HQD_PQ_CONTROL.QUEUE_SIZE` mask (bits 5:0): the ring holds
+/// `2 << QUEUE_SIZE` dwords, i.e. `2^(QUEUE_SIZE + 3)` bytes.
 pub const PQ_CONTROL_QUEUE_SIZE_MASK: u32 = 0x3f;
 /// Dwords per AQL packet.
 pub const DWORDS_PER_PACKET: u64 = 16;
+/// Smallest ring in bytes: `KFD_MIN_QUEUE_RING_SIZE` (linux
+/// `include/uapi/linux/kfd_ioctl.h`; `set_queue_properties_from_user` in
+/// `kfd_chardev.c` raises smaller rings to it). 16 AQL packets.
+pub const MIN_RING_BYTES: u64 = 1024;
+/// Largest ring in bytes: KFD takes the ring size as the `u32` `ring_size` of
+/// `kfd_ioctl_create_queue_args` and requires a power of two, so 2^31 is the
+/// largest it can describe. 2^25 AQL packets.
+pub const MAX_RING_BYTES: u64 = 1 << 31;
+/// `QUEUE_SIZE` of the smallest ring ([`MIN_RING_BYTES`]).
+pub const MIN_QUEUE_SIZE: u32 = 7;
+/// `QUEUE_SIZE` of the largest ring ([`MAX_RING_BYTES`]).
+pub const MAX_QUEUE_SIZE: u32 = 28;
+const _: () = assert!(MIN_RING_BYTES == 1 << (MIN_QUEUE_SIZE + 3));
+const _: () = assert!(MAX_RING_BYTES == 1 << (MAX_QUEUE_SIZE + 3));
 
-/// gfx9.4.x CWSR size model (linux `kfd_queue.c`, `kfd_queue_ctx_save_restore_size`).
+/// Ring bytes encoded by a `QUEUE_SIZE` value (`2^(QUEUE_SIZE + 3)`), exact for
+/// every 6-bit value (up to 2^66).
+pub const fn ring_bytes_of_queue_size(queue_size: u32) -> u128 {
+    1u128 << ((queue_size & PQ_CONTROL_QUEUE_SIZE_MASK) + 3)
+}
+
+/// `CP_HQD_PERSISTENT_STATE.PRELOAD_REQ` (bit 0; gfx9 `gc_9_0_sh_mask.h`).
+pub const PERSISTENT_STATE_PRELOAD_REQ: u32 = 1 << 0;
+/// `CP_HQD_PERSISTENT_STATE.PRELOAD_SIZE` shift (field bits 17:8).
+pub const PERSISTENT_STATE_PRELOAD_SIZE_SHIFT: u32 = 8;
+/// `CP_HQD_PERSISTENT_STATE.PRELOAD_SIZE` mask.
+pub const PERSISTENT_STATE_PRELOAD_SIZE_MASK: u32 = 0x3FF << PERSISTENT_STATE_PRELOAD_SIZE_SHIFT;
+/// PRELOAD_SIZE written by KFD for gfx9 (`init_mqd`, `kfd_mqd_manager_v9.c`).
+pub const KFD_PRELOAD_SIZE: u32 = 0x53;
+/// `cp_hqd_persistent_state` as KFD's `init_mqd` (`kfd_mqd_manager_v9.c`)
+/// writes it: `PRELOAD_REQ | 0x53 << PRELOAD_SIZE` = 0x5301.
+pub const KFD_PERSISTENT_STATE: u32 =
+    PERSISTENT_STATE_PRELOAD_REQ | KFD_PRELOAD_SIZE << PERSISTENT_STATE_PRELOAD_SIZE_SHIFT;
+
+/// `CP_HQD_QUANTUM.QUANTUM_EN` (bit 0).
+pub const QUANTUM_EN: u32 = 1 << 0;
+/// `CP_HQD_QUANTUM.QUANTUM_SCALE` (bit 4).
+pub const QUANTUM_SCALE: u32 = 1 << 4;
+/// `CP_HQD_QUANTUM.QUANTUM_DURATION` shift (field bits 13:8).
+pub const QUANTUM_DURATION_SHIFT: u32 = 8;
+/// `CP_HQD_QUANTUM.QUANTUM_DURATION` mask.
+pub const QUANTUM_DURATION_MASK: u32 = 0x3F << QUANTUM_DURATION_SHIFT;
+/// `cp_hqd_quantum` as KFD's `init_mqd` (`kfd_mqd_manager_v9.c`) writes it:
+/// `QUANTUM_EN | QUANTUM_SCALE | 1 << QUANTUM_DURATION` = 0x111.
+pub const KFD_QUANTUM: u32 = QUANTUM_EN | QUANTUM_SCALE | 1 << QUANTUM_DURATION_SHIFT;
+
+/// Decoded `cp_hqd_quantum` (the time slice a CP gives a queue among the
+/// queues of its pipe).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quantum {
+    /// `QUANTUM_EN`: time slicing on.
+    pub enabled: bool,
+    /// `QUANTUM_SCALE`.
+    pub scale: bool,
+    /// `QUANTUM_DURATION` (0..=63).
+    pub duration: u32,
+}
+
+impl Quantum {
+    /// Decode a register value (other bits ignored).
+    pub const fn decode(v: u32) -> Quantum {
+        Quantum {
+            enabled: v & QUANTUM_EN != 0,
+            scale: v & QUANTUM_SCALE != 0,
+            duration: (v & QUANTUM_DURATION_MASK) >> QUANTUM_DURATION_SHIFT,
+        }
+    }
+    /// Encode (a duration above 63 is truncated to its 6 field bits).
+    pub const fn encode(self) -> u32 {
+        (if self.enabled { QUANTUM_EN } else { 0 })
+            | (if self.scale { QUANTUM_SCALE } else { 0 })
+            | ((self.duration << QUANTUM_DURATION_SHIFT) & QUANTUM_DURATION_MASK)
+    }
+}
+
+/// gfx9.4.x CWSR (compute wave save/restore) sizes, as linux `kfd_queue.c`
+/// (`kfd_queue_ctx_save_restore_size`) computes them per XCC from the CU and
+/// shader-engine counts of one XCC, and the layout of a queue's whole area
+/// (`kfd_queue_acquire_buffers`):
+///
+/// ```text
+/// ctx_save_base + 0 * ctx_save_size   XCC 0 save area (control stack, then wave state)
+/// ctx_save_base + 1 * ctx_save_size   XCC 1 save area
+/// ...
+/// ctx_save_base + n * ctx_save_size   debug area of XCC 0 (debug_memory_size bytes)
+///               + i * debug_memory_size  debug area of XCC i
+/// total = ALIGN((ctx_save_size + debug_memory_size) * n, page)
+/// ```
+///
+/// `ctx_save_size` is the MQD's `cp_hqd_ctx_save_size` (at least [`cwsr::cwsr_size`]),
+/// `n` the number of XCCs of the queue's partition.
 pub mod cwsr {
     /// `SIZEOF_HSA_USER_CONTEXT_SAVE_AREA_HEADER`.
     pub const HEADER_BYTES: u32 = 40;
-    /// Control-stack bytes per wave on gfx9.
+    /// Control-stack bytes per wave on gfx9 (`CNTL_STACK_BYTES_PER_WAVE`).
     pub const BYTES_PER_WAVE: u32 = 8;
-    /// Per-CU VGPR save bytes.
+    /// Per-CU VGPR save bytes (gfx9.4.x).
     pub const VGPR_BYTES: u32 = 0x80000;
     /// Per-CU SGPR save bytes.
     pub const SGPR_BYTES: u32 = 0x4000;
@@ -145,10 +235,20 @@ pub mod cwsr {
     pub const LDS_BYTES: u32 = 0x10000;
     /// Per-CU hardware-register save bytes.
     pub const HWREG_BYTES: u32 = 0x1000;
-    /// Per-CU wave-state bytes (sum of the above).
+    /// Per-CU wave-state bytes (sum of the above; `WG_CONTEXT_DATA_SIZE_PER_CU`).
     pub const CU_STATE_BYTES: u32 = VGPR_BYTES + SGPR_BYTES + LDS_BYTES + HWREG_BYTES;
+    /// Debugger bytes per wave (`DEBUGGER_BYTES_PER_WAVE`).
+    pub const DEBUGGER_BYTES_PER_WAVE: u32 = 32;
+    /// Alignment of the per-XCC debug area (`DEBUGGER_BYTES_ALIGN`).
+    pub const DEBUGGER_BYTES_ALIGN: u32 = 64;
+    /// EOP buffer size of gfx9.4.x (`eop_buffer_size` in KFD's topology).
+    pub const EOP_BUFFER_SIZE: u32 = 4096;
     /// Page size used for alignment.
     pub const PAGE: u32 = 4096;
+
+    const fn align_up(v: u32, a: u32) -> u32 {
+        v.div_ceil(a).saturating_mul(a)
+    }
 
     /// Waves per XCC: min(cu x 40, SEs x 512).
     pub const fn waves(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
@@ -160,18 +260,71 @@ pub mod cwsr {
             b
         }
     }
-    /// Control stack bytes per XCC: align(40 + waves x 8 + 8, page).
+    /// Control stack bytes per XCC (KFD `ctl_stack_size`):
+    /// `ALIGN(40 + waves x 8 + 8, page)`.
+    pub const fn ctl_stack_size(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
+        let raw = HEADER_BYTES
+            .saturating_add(waves(cus_per_xcc, ses_per_xcc).saturating_mul(BYTES_PER_WAVE))
+            .saturating_add(8);
+        align_up(raw, PAGE)
+    }
+    /// Workgroup data bytes per XCC: `ALIGN(cu x (VGPR + SGPR + LDS + HWREG), page)`.
+    pub const fn wg_data_size(cus_per_xcc: u32) -> u32 {
+        align_up(cus_per_xcc.saturating_mul(CU_STATE_BYTES), PAGE)
+    }
+    /// Minimum save area per XCC (KFD `cwsr_size`): control stack + workgroup data.
+    pub const fn cwsr_size(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
+        ctl_stack_size(cus_per_xcc, ses_per_xcc).saturating_add(wg_data_size(cus_per_xcc))
+    }
+    /// Debug area per XCC (KFD `debug_memory_size`): `ALIGN(waves x 32, 64)`.
+    pub const fn debug_memory_size(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
+        align_up(
+            waves(cus_per_xcc, ses_per_xcc).saturating_mul(DEBUGGER_BYTES_PER_WAVE),
+            DEBUGGER_BYTES_ALIGN,
+        )
+    }
+    /// EOP buffer bytes (KFD `eop_buffer_size` for gfx9.4.x).
+    pub const fn eop_buffer_size() -> u32 {
+        EOP_BUFFER_SIZE
+    }
+    /// Bytes a queue's CWSR area must span from `cp_hqd_ctx_save_base_addr`:
+    /// `ALIGN((ctx_save_size + debug_memory_size) x num_xcc, page)`
+    /// (`kfd_queue_acquire_buffers`). Saturates at `u64::MAX` (only for
+    /// sizes no memory holds).
+    pub const fn total_area_size(ctx_save_size: u32, debug_memory_size: u32, num_xcc: u32) -> u64 {
+        let per_xcc = ctx_save_size as u128 + debug_memory_size as u128;
+        let total = (per_xcc * num_xcc as u128).div_ceil(PAGE as u128) * PAGE as u128;
+        if total > u64::MAX as u128 {
+            u64::MAX
+        } else {
+            total as u64
+        }
+    }
+    /// Offset of XCC `xcc`'s save area from `cp_hqd_ctx_save_base_addr`.
+    pub const fn save_area_offset(ctx_save_size: u32, xcc: u32) -> u64 {
+        ctx_save_size as u64 * xcc as u64
+    }
+    /// Offset of XCC `xcc`'s debug area: after the save areas of all `num_xcc` XCCs.
+    pub const fn debug_area_offset(
+        ctx_save_size: u32,
+        debug_memory_size: u32,
+        num_xcc: u32,
+        xcc: u32,
+    ) -> u64 {
+        ctx_save_size as u64 * num_xcc as u64 + debug_memory_size as u64 * xcc as u64
+    }
+
+    /// Same as [`ctl_stack_size`] (earlier name).
     pub const fn ctl_stack_bytes(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
-        let raw = HEADER_BYTES + waves(cus_per_xcc, ses_per_xcc).saturating_mul(BYTES_PER_WAVE) + 8;
-        raw.div_ceil(PAGE) * PAGE
+        ctl_stack_size(cus_per_xcc, ses_per_xcc)
     }
-    /// Workgroup data bytes per XCC: cu x (VGPR + SGPR + LDS + HWREG).
+    /// Same as [`wg_data_size`] (earlier name).
     pub const fn wg_data_bytes(cus_per_xcc: u32) -> u32 {
-        cus_per_xcc.saturating_mul(CU_STATE_BYTES)
+        wg_data_size(cus_per_xcc)
     }
-    /// Total context save area bytes per XCC.
+    /// Same as [`cwsr_size`] (earlier name).
     pub const fn ctx_save_bytes(cus_per_xcc: u32, ses_per_xcc: u32) -> u32 {
-        ctl_stack_bytes(cus_per_xcc, ses_per_xcc).saturating_add(wg_data_bytes(cus_per_xcc))
+        cwsr_size(cus_per_xcc, ses_per_xcc)
     }
 }
 
@@ -273,6 +426,28 @@ impl V9Mqd {
     pub fn wg_state_offset(&self) -> u32 {
         self.dw[CP_HQD_WG_STATE_OFFSET]
     }
+    /// `cp_hqd_persistent_state`.
+    pub fn persistent_state(&self) -> u32 {
+        self.dw[CP_HQD_PERSISTENT_STATE]
+    }
+    /// `CP_HQD_PERSISTENT_STATE.PRELOAD_REQ`.
+    pub fn preload_req(&self) -> bool {
+        self.persistent_state() & PERSISTENT_STATE_PRELOAD_REQ != 0
+    }
+    /// `CP_HQD_PERSISTENT_STATE.PRELOAD_SIZE` (0..=0x3FF).
+    pub fn preload_size(&self) -> u32 {
+        (self.persistent_state() & PERSISTENT_STATE_PRELOAD_SIZE_MASK)
+            >> PERSISTENT_STATE_PRELOAD_SIZE_SHIFT
+    }
+    /// Decoded `cp_hqd_quantum`.
+    pub fn quantum(&self) -> Quantum {
+        Quantum::decode(self.dw[CP_HQD_QUANTUM])
+    }
+    /// Ring size in bytes, exact for every QUEUE_SIZE (see
+    /// [`ring_bytes_of_queue_size`]).
+    pub fn ring_bytes_exact(&self) -> u128 {
+        ring_bytes_of_queue_size(self.queue_size_field())
+    }
     /// AQL queue?
     pub fn is_aql(&self) -> bool {
         self.dw[CP_HQD_AQL_CONTROL] & 1 == 1
@@ -363,11 +538,12 @@ pub struct AqlMqdBuilder {
     pub mqd_addr: u64,
     /// Ring address (256-byte aligned).
     pub ring_base: u64,
-    /// Ring size in packets (power of two, >= 4).
+    /// Ring size in packets (power of two, 16 ([`MIN_RING_BYTES`]) ..= 2^25
+    /// ([`MAX_RING_BYTES`])).
     pub ring_packets: u32,
     /// `amd_queue_t` address: wptr poll = +0x38, rptr report = +0x80 (0 = none).
     pub amd_queue: u64,
-    /// EOP buffer address (256-byte aligned, informative).
+    /// EOP buffer address (256-byte aligned, [`cwsr::EOP_BUFFER_SIZE`] bytes, informative).
     pub eop_base: u64,
     /// CWSR area base (XCC 0).
     pub ctx_save_base: u64,
@@ -384,11 +560,14 @@ pub struct AqlMqdBuilder {
 }
 
 impl AqlMqdBuilder {
-    /// Fill CWSR size fields from the gfx9.4.x formula for a CU/SE count.
+    /// Fill CWSR size fields from the gfx9.4.x formula for a CU/SE count
+    /// (`cntl_stack_size` = [`cwsr::ctl_stack_size`], `ctx_save_size` =
+    /// [`cwsr::cwsr_size`]). The area at `ctx_save_base` must span
+    /// [`cwsr::total_area_size`] bytes (save areas and debug areas of all XCCs).
     pub fn cwsr_for(mut self, ctx_save_base: u64, cus_per_xcc: u32, ses_per_xcc: u32) -> Self {
         self.ctx_save_base = ctx_save_base;
-        self.cntl_stack_size = cwsr::ctl_stack_bytes(cus_per_xcc, ses_per_xcc);
-        self.ctx_save_size = cwsr::ctx_save_bytes(cus_per_xcc, ses_per_xcc);
+        self.cntl_stack_size = cwsr::ctl_stack_size(cus_per_xcc, ses_per_xcc);
+        self.ctx_save_size = cwsr::cwsr_size(cus_per_xcc, ses_per_xcc);
         self
     }
     /// Build the MQD. `QUEUE_SIZE` = log2(ring dwords) - 1; a non power-of-two
@@ -400,7 +579,7 @@ impl AqlMqdBuilder {
         }
         m.set64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI, self.mqd_addr);
         m.dw[CP_HQD_VMID] = self.vmid;
-        m.dw[CP_HQD_PERSISTENT_STATE] = 0x0BE0_5501; // PRELOAD_REQ | PRELOAD_SIZE (KFD default)
+        m.dw[CP_HQD_PERSISTENT_STATE] = KFD_PERSISTENT_STATE;
         let prio = self.priority.min(15);
         m.dw[CP_HQD_QUEUE_PRIORITY] = prio;
         m.dw[CP_HQD_PIPE_PRIORITY] = match prio {
@@ -408,7 +587,7 @@ impl AqlMqdBuilder {
             7..=10 => 1,
             _ => 2,
         };
-        m.dw[CP_HQD_QUANTUM] = 1 | (10 << 4) | (1 << 8); // QUANTUM_EN | DURATION 10 | SCALE 1
+        m.dw[CP_HQD_QUANTUM] = KFD_QUANTUM;
         m.set64(CP_HQD_PQ_BASE_LO, CP_HQD_PQ_BASE_HI, self.ring_base >> 8);
         let pk = self.ring_packets.max(1);
         let log2p = 31 - pk.leading_zeros();
@@ -546,7 +725,90 @@ mod tests {
     #[test]
     fn cwsr_formula() {
         assert_eq!(cwsr::waves(38, 4), 1520);
+        assert_eq!(cwsr::waves(2, 1), 80);
+        // 40 + 1520 x 8 + 8 = 12208 -> 3 pages.
+        assert_eq!(cwsr::ctl_stack_size(38, 4), 12288);
         assert_eq!(cwsr::ctl_stack_bytes(38, 4), 12288);
-        assert_eq!(cwsr::wg_data_bytes(1), 0x95000);
+        assert_eq!(cwsr::wg_data_size(1), 0x95000);
+        assert_eq!(cwsr::cwsr_size(38, 4), 12288 + 38 * 0x95000);
+        // 1520 x 32 = 48640, already a multiple of 64; 80 x 32 = 2560.
+        assert_eq!(cwsr::debug_memory_size(38, 4), 48640);
+        assert_eq!(cwsr::debug_memory_size(2, 1), 2560);
+        // 1 CU, 1 SE: 40 waves x 32 = 1280 (a multiple of 64); 3 CUs: 120 x 32 = 3840.
+        assert_eq!(cwsr::debug_memory_size(3, 1), 3840);
+        assert_eq!(cwsr::eop_buffer_size(), 4096);
+    }
+
+    #[test]
+    fn cwsr_area_layout() {
+        let ctx = cwsr::cwsr_size(2, 1);
+        let dbg = cwsr::debug_memory_size(2, 1);
+        // Debug areas follow all save areas, then the total is page aligned.
+        assert_eq!(cwsr::save_area_offset(ctx, 1), ctx as u64);
+        assert_eq!(cwsr::debug_area_offset(ctx, dbg, 2, 0), 2 * ctx as u64);
+        assert_eq!(
+            cwsr::debug_area_offset(ctx, dbg, 2, 1),
+            2 * ctx as u64 + dbg as u64
+        );
+        let total = cwsr::total_area_size(ctx, dbg, 2);
+        assert_eq!(total, (2 * (ctx + dbg) as u64).div_ceil(4096) * 4096);
+        assert!(total >= cwsr::debug_area_offset(ctx, dbg, 2, 2));
+        assert_eq!(total % 4096, 0);
+        // Hostile sizes saturate instead of wrapping.
+        assert_eq!(
+            cwsr::total_area_size(u32::MAX, u32::MAX, u32::MAX),
+            u64::MAX
+        );
+        assert_eq!(cwsr::total_area_size(0, 0, 8), 0);
+    }
+
+    #[test]
+    fn kfd_register_values() {
+        assert_eq!(KFD_PERSISTENT_STATE, 0x5301);
+        assert_eq!(KFD_QUANTUM, 0x111);
+        let m = AqlMqdBuilder::default().build();
+        assert!(m.preload_req());
+        assert_eq!(m.preload_size(), 0x53);
+        assert_eq!(
+            m.quantum(),
+            Quantum {
+                enabled: true,
+                scale: true,
+                duration: 1
+            }
+        );
+        // The register reset value 0x0BE05501: PRELOAD_REQ, PRELOAD_SIZE 0x55.
+        let mut r = m.clone();
+        r.dw[CP_HQD_PERSISTENT_STATE] = 0x0BE0_5501;
+        assert!(r.preload_req());
+        assert_eq!(r.preload_size(), 0x55);
+        // DURATION is bits 13:8: bit 14 and bits 7:5 are not part of it.
+        let q = Quantum::decode(0x4000 | 0xE0 | 0x3F00 | 1);
+        assert_eq!((q.enabled, q.scale, q.duration), (true, false, 63));
+        for v in [0u32, 1, 0x10, 0x111, 0x3F11, 0x2A01] {
+            assert_eq!(Quantum::decode(v).encode(), v);
+        }
+    }
+
+    #[test]
+    fn ring_size_limits() {
+        assert_eq!(ring_bytes_of_queue_size(MIN_QUEUE_SIZE), 1024);
+        assert_eq!(ring_bytes_of_queue_size(MAX_QUEUE_SIZE), 1 << 31);
+        assert_eq!(ring_bytes_of_queue_size(63), 1 << 66);
+        for packets in [16u32, 64, 1 << 25] {
+            let m = AqlMqdBuilder {
+                ring_packets: packets,
+                ..Default::default()
+            }
+            .build();
+            assert_eq!(m.ring_packets(), packets as u64);
+            assert_eq!(m.ring_bytes_exact(), packets as u128 * 64);
+        }
+        let m = AqlMqdBuilder {
+            ring_packets: 16,
+            ..Default::default()
+        }
+        .build();
+        assert_eq!(m.queue_size_field(), MIN_QUEUE_SIZE);
     }
 }

@@ -4,8 +4,8 @@
 //! simulated GPU executes, saves and restores. Every completed kernel's
 //! counters are checked: 0 = a lost effect, >1 = a duplicated one.
 
-use crate::report::{jain, percentile, PolicyReport};
-use crate::scenario::{Arrival, Class, Scenario};
+use crate::report::{jain, percentile, PolicyReport, VmReport};
+use crate::scenario::{Arrival, Class, Scenario, ThinkDist};
 use abi::aql::{KernelDispatch, Packet};
 use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
 use mdev::backend::{GpuEvent, PhysGpu};
@@ -16,7 +16,7 @@ use mdev::sim::SimGpu;
 use mdev::topology::GpuTopology;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use scheduler::{Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
+use scheduler::{Event, Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -76,6 +76,93 @@ pub struct RunOutput {
     pub duration_ns: u64,
     /// The simulator's own counters.
     pub gpu: mdev::sim::SimStats,
+    /// Per VM, in VM order (tenant entries in file order, `count` each).
+    pub vm_runs: Vec<VmRun>,
+}
+
+/// What one VM got in a run.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct VmRun {
+    /// `NAME`, or `NAME-i` for the i-th (from 0) VM of an entry with `count` > 1.
+    pub name: String,
+    /// Tenant entry index.
+    pub tenant: usize,
+    /// Metric class of its entry.
+    pub class: Option<Class>,
+    /// VM priority at the end of the run (live changes applied).
+    pub priority: u8,
+    /// VM weight at the end of the run.
+    pub weight: u32,
+    /// GPU time the scheduler charged it (`VmStats::gpu_ns`), ns.
+    pub gpu_ns: u64,
+    /// CU-ns of its completed kernels.
+    pub cu_ns: u128,
+    /// Latencies of its completed jobs, ns, in completion order.
+    pub latency_ns: Vec<u64>,
+    /// Longest time one of its queues had work without holding a slot, ns.
+    pub max_wait_ns: u64,
+    /// Longest a job of this VM took from arrival to completion, or has
+    /// waited by the end of the run if still unfinished, ns.
+    pub max_job_age_ns: u64,
+}
+
+/// Per-queue readiness (work seen, no slot) and per-VM latencies, fed from
+/// the driver's events and actions; kept apart from the scheduler<->GPU glue.
+#[derive(Debug, Default)]
+struct VmTracker {
+    /// Per stream: since when it has work without a slot.
+    ready_since: Vec<Option<Nanos>>,
+    /// Per stream: longest such interval so far.
+    max_wait: Vec<Nanos>,
+    /// Per stream: stopped on an error (no longer waits).
+    dead: Vec<bool>,
+    /// Per VM: completed job latencies.
+    latency: Vec<Vec<u64>>,
+}
+
+impl VmTracker {
+    fn new(streams: usize, vms: usize) -> Self {
+        VmTracker {
+            ready_since: vec![None; streams],
+            max_wait: vec![0; streams],
+            dead: vec![false; streams],
+            latency: vec![Vec::new(); vms],
+        }
+    }
+
+    /// Stream `s` has (new) work; `mapped`: it holds a slot.
+    fn work(&mut self, s: usize, mapped: bool, now: Nanos) {
+        if !mapped && !self.dead[s] && self.ready_since[s].is_none() {
+            self.ready_since[s] = Some(now);
+        }
+    }
+
+    /// Stream `s` got a slot.
+    fn mapped(&mut self, s: usize, now: Nanos) {
+        if let Some(t) = self.ready_since[s].take() {
+            self.max_wait[s] = self.max_wait[s].max(now.saturating_sub(t));
+        }
+    }
+
+    /// Stream `s` lost its slot, with or without work left.
+    fn unmapped(&mut self, s: usize, has_work: bool, now: Nanos) {
+        if has_work {
+            self.work(s, false, now);
+        }
+    }
+
+    /// Stream `s` stopped on an error: it waits no more.
+    fn stopped(&mut self, s: usize, now: Nanos) {
+        self.mapped(s, now);
+        self.dead[s] = true;
+    }
+
+    /// Closes the open intervals at the end of the run.
+    fn finish(&mut self, now: Nanos) {
+        for s in 0..self.ready_since.len() {
+            self.mapped(s, now);
+        }
+    }
 }
 
 /// One job of a run.
@@ -143,6 +230,8 @@ struct Sim<'a> {
     notices: Vec<Notice<usize>>,
     /// Pending live changes, earliest last.
     changes: Vec<crate::scenario::Change>,
+    /// Per-VM figures.
+    track: VmTracker,
     out: RunOutput,
 }
 
@@ -233,6 +322,7 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
             });
         }
     }
+    let (streams_len, vms_len) = (streams.len(), vms.len());
     let mut sim = Sim {
         sc,
         now: 0,
@@ -253,6 +343,7 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
             c.sort_by_key(|c| std::cmp::Reverse(c.at_ms));
             c
         },
+        track: VmTracker::new(streams_len, vms_len),
         out: RunOutput::default(),
     };
     sim.first_arrivals();
@@ -289,6 +380,8 @@ impl Sim<'_> {
                         self.arrive_at(idx * 1000, i);
                     }
                 }
+                // One heap entry per burst (the arrival makes `jobs` jobs).
+                Arrival::Bursty { offset_us, .. } => self.arrive_at(offset_us * 1000, i),
                 Arrival::Trace {
                     times_us,
                     queue_offset_us,
@@ -314,6 +407,11 @@ impl Sim<'_> {
         let Arrival::Poisson { mean_us } = t.arrival else {
             return 0;
         };
+        self.exponential(i, mean_us)
+    }
+
+    /// An exponential draw of mean `mean_us` from stream `i`'s generator (ns).
+    fn exponential(&mut self, i: usize, mean_us: u64) -> Nanos {
         let u: f64 = self.streams[i].rng.gen::<f64>();
         (-(1.0 - u).ln() * mean_us as f64 * 1000.0) as Nanos
     }
@@ -408,10 +506,18 @@ impl Sim<'_> {
         self.occ_t = self.now;
     }
 
-    /// A job arrives on stream `s`: open-loop streams schedule the next one.
+    /// A job (a burst of jobs for `bursty`) arrives on stream `s`:
+    /// open-loop streams schedule the next one.
     fn arrival(&mut self, s: usize) {
         let t = &self.sc.tenants[self.streams[s].tenant];
+        let mut n = 1;
         match &t.arrival {
+            Arrival::Bursty {
+                jobs, period_us, ..
+            } => {
+                n = *jobs;
+                self.arrive_at(self.now + period_us * 1000, s)
+            }
             Arrival::Uniform { period_us, .. } => self.arrive_at(self.now + period_us * 1000, s),
             Arrival::Poisson { .. } => {
                 let g = self.next_gap(s);
@@ -427,6 +533,15 @@ impl Sim<'_> {
             }
             Arrival::Closed { .. } | Arrival::Flood { .. } => {}
         }
+        for _ in 0..n {
+            self.new_job(s);
+        }
+        self.submit_backlog(s);
+    }
+
+    /// Records a job of stream `s` and puts it in the stream's backlog.
+    fn new_job(&mut self, s: usize) {
+        let t = &self.sc.tenants[self.streams[s].tenant];
         let kernels: u32 = t.kernels.iter().map(|k| k.repeat).sum();
         // A job's id is its index in `RunOutput::jobs`.
         let id = self.out.jobs.len() as u64;
@@ -445,7 +560,6 @@ impl Sim<'_> {
             },
         );
         self.streams[s].backlog.push_back(id);
-        self.submit_backlog(s);
     }
 
     /// Writes backlogged jobs into the ring while they fit, then rings the doorbell.
@@ -472,6 +586,8 @@ impl Sim<'_> {
         if rang {
             let st = &self.streams[s];
             let (queue, wptr) = (st.queue, st.gq.wptr);
+            let on_gpu = self.bind.on_gpu(queue);
+            self.track.work(s, on_gpu, self.now);
             self.bind
                 .doorbell(&mut self.gpu, self.now, queue, wptr, &mut self.notices);
             self.handle_notices();
@@ -528,6 +644,7 @@ impl Sim<'_> {
                 Notice::QueueError { owner, reason, .. } => {
                     log::warn!("scenario {}: queue {owner}: {reason}", self.sc.name);
                     self.out.queue_errors += 1;
+                    self.track.stopped(owner, self.now);
                 }
                 Notice::MapRefused { owner, error, .. } => {
                     log::warn!(
@@ -535,8 +652,13 @@ impl Sim<'_> {
                         self.sc.name
                     );
                     self.out.queue_errors += 1;
+                    self.track.stopped(owner, self.now);
                 }
-                Notice::Mapped { .. } | Notice::Unmapped { .. } | Notice::Removed { .. } => {}
+                Notice::Mapped { owner, .. } => self.track.mapped(owner, self.now),
+                Notice::Unmapped {
+                    owner, has_work, ..
+                } => self.track.unmapped(owner, has_work, self.now),
+                Notice::Removed { .. } => {}
             }
         }
         // Reuse the allocation (a completion may have queued more notices).
@@ -569,15 +691,26 @@ impl Sim<'_> {
             let t = &self.sc.tenants[self.streams[job.stream].tenant];
             let lat = self.now - job.arrival;
             self.out.jobs[k.job as usize].latency_ns = Some(lat);
+            self.track.latency[vm].push(lat);
             if t.class == Class::Hi {
                 self.out.hi_latency_ns.push(lat);
                 self.out.hi_jobs_counted += 1;
-                if lat > t.sla_ms.unwrap_or(u64::MAX / 2_000_000) * 1_000_000 {
+                if lat > t.sla_ns().unwrap_or(u64::MAX) {
                     self.out.hi_sla_misses += 1;
                 }
             }
             match t.arrival {
-                Arrival::Closed { think_us, .. } => self.arrive_at(self.now + think_us * 1000, s),
+                Arrival::Closed {
+                    think_us,
+                    think_dist,
+                    ..
+                } => {
+                    let think = match think_dist {
+                        ThinkDist::Fixed => think_us * 1000,
+                        ThinkDist::Exponential => self.exponential(s, think_us),
+                    };
+                    self.arrive_at(self.now + think, s)
+                }
                 Arrival::Flood { .. } => self.arrive_at(self.now, s),
                 _ => {}
             }
@@ -599,7 +732,7 @@ impl Sim<'_> {
         for job in self.jobs.values() {
             let t = &self.sc.tenants[self.streams[job.stream].tenant];
             if t.class == Class::Hi {
-                let sla = t.sla_ms.unwrap_or(0) * 1_000_000;
+                let sla = t.sla_ns().unwrap_or(0);
                 if end - job.arrival > sla {
                     self.out.hi_sla_misses += 1;
                     self.out.hi_jobs_counted += 1;
@@ -613,9 +746,11 @@ impl Sim<'_> {
                 .vms
                 .push((v.tenant, t.priority, t.weight, t.class, v.cu_ns));
         }
+        // Before `vm_runs`' closing tick (whose actions are not carried out).
+        self.out.preemptions = self.bind.scheduler().stats().preemptions;
+        self.out.vm_runs = self.vm_runs(end);
         let st = self.gpu.stats();
         self.out.gpu = st.clone();
-        self.out.preemptions = self.bind.scheduler().stats().preemptions;
         self.out.decision_ns = self.bind.decision_ns().to_vec();
         self.out.save_restore_ns = st.save_ns_total + st.restore_ns_total;
         self.out.workgroups = st.wgs_completed;
@@ -631,6 +766,95 @@ impl Sim<'_> {
     }
 }
 
+impl Sim<'_> {
+    /// Per-VM figures at the end of the run. A last tick brings the
+    /// scheduler's GPU-time accounting up to `end` (its actions are not
+    /// carried out: the run is over).
+    fn vm_runs(&mut self, end: Nanos) -> Vec<VmRun> {
+        let sched = self.bind.scheduler_mut();
+        sched.handle(Event::Tick { now: end });
+        while sched.poll_action().is_some() {}
+        self.track.finish(end);
+        let mut max_wait = vec![0; self.vms.len()];
+        for (s, st) in self.streams.iter().enumerate() {
+            max_wait[st.vm] = max_wait[st.vm].max(self.track.max_wait[s]);
+        }
+        let names = self.sc.vm_names();
+        let mut age = vec![0; self.vms.len()];
+        for j in &self.out.jobs {
+            let vm = self.streams[j.stream].vm;
+            let a = j.latency_ns.unwrap_or(end.saturating_sub(j.arrival_ns));
+            age[vm] = age[vm].max(a);
+        }
+        self.vms
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let t = &self.sc.tenants[v.tenant];
+                let id = VmId(i as u32);
+                let params = self.bind.scheduler().vm_params(id).unwrap_or(VmParams {
+                    priority: t.priority,
+                    weight: t.weight,
+                    partition: None,
+                });
+                VmRun {
+                    name: names[i].clone(),
+                    tenant: v.tenant,
+                    class: Some(t.class),
+                    priority: params.priority,
+                    weight: params.weight,
+                    gpu_ns: self.bind.scheduler().vm_stats(id).map_or(0, |s| s.gpu_ns),
+                    cu_ns: v.cu_ns,
+                    latency_ns: std::mem::take(&mut self.track.latency[i]),
+                    max_wait_ns: max_wait[i],
+                    max_job_age_ns: age[i],
+                }
+            })
+            .collect()
+    }
+}
+
+/// The per-VM rows and the Jain index per priority level of a run (over
+/// CU time / weight of every VM at the level, as `jain_index`: the work a VM
+/// received, whatever the scheduler charged).
+pub fn vm_reports(run: &RunOutput) -> (Vec<VmReport>, BTreeMap<u8, Option<f64>>) {
+    let total: f64 = run.vm_runs.iter().map(|v| v.gpu_ns as f64).sum();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let rows = run
+        .vm_runs
+        .iter()
+        .map(|v| {
+            let mut lat = v.latency_ns.clone();
+            lat.sort_unstable();
+            VmReport {
+                name: v.name.clone(),
+                priority: v.priority,
+                weight: v.weight,
+                gpu_time_us: us(v.gpu_ns),
+                cu_time_us: v.cu_ns as f64 / 1000.0,
+                share: if total > 0.0 {
+                    v.gpu_ns as f64 / total
+                } else {
+                    0.0
+                },
+                jobs: lat.len() as u64,
+                p50_us: percentile(&lat, 0.5).map(us),
+                p99_us: percentile(&lat, 0.99).map(us),
+                max_wait_us: us(v.max_wait_ns),
+            }
+        })
+        .collect();
+    let mut levels: BTreeMap<u8, Vec<f64>> = BTreeMap::new();
+    for v in &run.vm_runs {
+        levels
+            .entry(v.priority)
+            .or_default()
+            .push(v.cu_ns as f64 / v.weight.max(1) as f64);
+    }
+    let jain_by_level = levels.into_iter().map(|(p, x)| (p, jain(&x))).collect();
+    (rows, jain_by_level)
+}
+
 /// The `mark` counters of a kernel.
 fn read_counters(mem: &dyn DmaMemory, k: &Kern) -> Vec<u32> {
     let mut b = vec![0u8; 4 * k.n as usize];
@@ -644,6 +868,15 @@ fn read_counters(mem: &dyn DmaMemory, k: &Kern) -> Vec<u32> {
 /// Runs `sc` under `policy` (and its hi tenants alone, for the isolated
 /// baseline) and computes the report row.
 pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport, EvalError> {
+    evaluate_full(sc, policy, seed).map(|(r, _)| r)
+}
+
+/// [`evaluate`], also returning the raw output of the (full) run.
+pub fn evaluate_full(
+    sc: &Scenario,
+    policy: Policy,
+    seed: u64,
+) -> Result<(PolicyReport, RunOutput), EvalError> {
     let t0 = Instant::now();
     let run = simulate(sc, policy, seed)?;
     let has_hi = sc.tenants.iter().any(|t| t.class == Class::Hi);
@@ -684,7 +917,8 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
         .unwrap_or_default();
     let mut dec = run.decision_ns.clone();
     dec.sort_unstable();
-    Ok(PolicyReport {
+    let (vms, jain_by_level) = vm_reports(&run);
+    let report = PolicyReport {
         scenario: sc.name.clone(),
         policy: policy.name().into(),
         seed,
@@ -706,5 +940,8 @@ pub fn evaluate(sc: &Scenario, policy: Policy, seed: u64) -> Result<PolicyReport
         workgroups: run.workgroups,
         decision_p99_ns: percentile(&dec, 0.99).unwrap_or(0) as f64,
         host_ms: t0.elapsed().as_secs_f64() * 1000.0,
-    })
+        vms,
+        jain_by_level,
+    };
+    Ok((report, run))
 }

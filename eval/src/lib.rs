@@ -2,5 +2,6 @@
 //! run over the simulated GPU, reported as JSON or a table.
 
 pub mod driver;
+pub mod promises;
 pub mod report;
 pub mod scenario;

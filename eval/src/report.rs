@@ -1,6 +1,8 @@
 //! The evaluation report: one row per (scenario, policy), as JSON (field names
 //! fixed, for tools) or as a policy x metric table.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 /// Metrics of one scenario run under one policy. A metric without data in
@@ -56,6 +58,37 @@ pub struct PolicyReport {
     pub decision_p99_ns: f64,
     /// Host wall time for the run, ms.
     pub host_ms: f64,
+    /// One row per VM, in VM order (tenant entries in file order).
+    pub vms: Vec<VmReport>,
+    /// VM priority -> Jain's index over the CU time / weight of that
+    /// level's VMs (`None` below two VMs). JSON: keys are strings.
+    pub jain_by_level: BTreeMap<u8, Option<f64>>,
+}
+
+/// What one VM got in a run. JSON field names are a contract.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct VmReport {
+    /// The tenant's name; `NAME-i` for the i-th (from 0) VM of an entry
+    /// with `count` > 1.
+    pub name: String,
+    /// VM priority at the end of the run.
+    pub priority: u8,
+    /// VM weight at the end of the run.
+    pub weight: u32,
+    /// GPU time the scheduler charged the VM (`VmStats::gpu_ns`), us.
+    pub gpu_time_us: f64,
+    /// CU time of its completed kernels (workgroups x cost), CU-us.
+    pub cu_time_us: f64,
+    /// `gpu_time_us` / the sum over all VMs (0 when nothing ran).
+    pub share: f64,
+    /// Jobs completed.
+    pub jobs: u64,
+    /// Job latency (arrival to last completion) p50, us; `None` without jobs.
+    pub p50_us: Option<f64>,
+    /// p99 of the same.
+    pub p99_us: Option<f64>,
+    /// Longest a queue of this VM had work (doorbell seen) without a slot, us.
+    pub max_wait_us: f64,
 }
 
 /// Value at quantile `q` (0..=1) of `sorted` (nearest rank); `None` when empty.
@@ -117,6 +150,53 @@ pub fn table(rows: &[PolicyReport]) -> String {
             r.lost_effects,
             r.duplicate_effects
         );
+    }
+    out
+}
+
+/// The per-VM section of the human form: one block per (scenario, policy),
+/// one row per VM, then the Jain index per priority level.
+pub fn per_vm_table(rows: &[PolicyReport]) -> String {
+    let mut out = String::new();
+    for r in rows {
+        out += &format!(
+            "\nper VM: scenario {} policy {} (seed {})\n{:<16} {:>4} {:>6} {:>11} {:>12} {:>7} {:>6} {:>10} {:>10} {:>12}\n",
+            r.scenario,
+            r.policy,
+            r.seed,
+            "vm",
+            "prio",
+            "weight",
+            "gpu_time_ms",
+            "cu_time_cu_s",
+            "share_%",
+            "jobs",
+            "p50_us",
+            "p99_us",
+            "max_wait_us"
+        );
+        for v in &r.vms {
+            out += &format!(
+                "{:<16} {:>4} {:>6} {:>11.1} {:>12.3} {:>7.2} {:>6} {} {} {:>12.0}\n",
+                v.name,
+                v.priority,
+                v.weight,
+                v.gpu_time_us / 1000.0,
+                v.cu_time_us / 1e6,
+                v.share * 100.0,
+                v.jobs,
+                opt(v.p50_us, 10, 0),
+                opt(v.p99_us, 10, 0),
+                v.max_wait_us
+            );
+        }
+        let levels: Vec<String> = r
+            .jain_by_level
+            .iter()
+            .rev()
+            .map(|(p, j)| format!("{p}: {}", opt(*j, 0, 3)))
+            .collect();
+        out += &format!("jain by level (CU time / weight): {}\n", levels.join(", "));
     }
     out
 }
@@ -189,5 +269,99 @@ mod tests {
             assert!(v.get(f).is_some(), "missing {f}");
         }
         assert!(table(&[r]).contains("scenario s"));
+    }
+
+    fn two_vm_report() -> PolicyReport {
+        PolicyReport {
+            scenario: "s".into(),
+            policy: "p".into(),
+            vms: vec![
+                VmReport {
+                    name: "a".into(),
+                    priority: 3,
+                    weight: 1,
+                    gpu_time_us: 3000.0,
+                    cu_time_us: 2.5e6,
+                    share: 0.75,
+                    jobs: 4,
+                    p50_us: Some(700.0),
+                    p99_us: Some(900.0),
+                    max_wait_us: 12.0,
+                },
+                VmReport {
+                    name: "b-1".into(),
+                    priority: 12,
+                    weight: 2,
+                    share: 0.25,
+                    ..Default::default()
+                },
+            ],
+            jain_by_level: [(3, None), (12, Some(0.5))].into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn per_vm_json_has_exactly_the_contract_names() {
+        let v = serde_json::to_value(two_vm_report()).unwrap();
+        let vms = v["vms"].as_array().unwrap();
+        assert_eq!(vms.len(), 2);
+        let mut keys: Vec<&str> = vms[0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        keys.sort_unstable();
+        let mut want = [
+            "name",
+            "priority",
+            "weight",
+            "gpu_time_us",
+            "cu_time_us",
+            "share",
+            "jobs",
+            "p50_us",
+            "p99_us",
+            "max_wait_us",
+        ];
+        want.sort_unstable();
+        assert_eq!(keys, want);
+        assert_eq!(vms[0]["p99_us"], 900.0);
+        assert!(vms[1]["p50_us"].is_null() && vms[1]["p99_us"].is_null());
+        assert_eq!(vms[1]["name"], "b-1");
+        // Keyed by priority as a string; values number or null.
+        let j = v["jain_by_level"].as_object().unwrap();
+        assert_eq!(j.len(), 2);
+        assert!(j["3"].is_null());
+        assert_eq!(j["12"], 0.5);
+    }
+
+    #[test]
+    fn per_vm_table_has_units_one_row_per_vm_and_levels() {
+        let t = per_vm_table(&[two_vm_report()]);
+        assert!(t.contains("per VM: scenario s policy p"), "{t}");
+        for h in [
+            "gpu_time_ms",
+            "cu_time_cu_s",
+            "share_%",
+            "p99_us",
+            "max_wait_us",
+        ] {
+            assert!(t.contains(h), "{h}: {t}");
+        }
+        let a: Vec<&str> = t
+            .lines()
+            .find(|l| l.starts_with("a "))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(
+            a,
+            ["a", "3", "1", "3.0", "2.500", "75.00", "4", "700", "900", "12"]
+        );
+        let b = t.lines().find(|l| l.starts_with("b-1 ")).unwrap();
+        assert_eq!(b.split_whitespace().nth(7), Some("-"), "{b}");
+        assert!(t.contains("12: 0.500, 3: -"), "{t}");
     }
 }

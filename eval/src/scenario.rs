@@ -27,7 +27,10 @@ pub struct Scenario {
     pub gpu: GpuOverride,
     /// Scheduler tunables (`[scheduler]`, see docs/scheduling.md); the
     /// policy is chosen on the command line (`policy` here is refused).
-    #[serde(default)]
+    /// Besides the engine's own keys, `quantum_ns_by_priority = { "12" =
+    /// 2000000 }` overrides the quantum of the VM priorities it names (on
+    /// top of `quantum_ns`, see docs/scenarios.md).
+    #[serde(default, deserialize_with = "sched_section")]
     pub scheduler: Option<scheduler::SchedConfig>,
     /// The tenants.
     #[serde(rename = "tenant", default)]
@@ -117,8 +120,11 @@ pub struct Tenant {
     pub queues: u32,
     /// Metric class.
     pub class: Class,
-    /// Latency objective for one job (hi tenants), in milliseconds.
+    /// Latency objective for one job (hi tenants), in milliseconds
+    /// (`sla_us` for sub-millisecond objectives; not both).
     pub sla_ms: Option<u64>,
+    /// Latency objective for one job, in microseconds.
+    pub sla_us: Option<u64>,
     /// When jobs arrive.
     pub arrival: Arrival,
     /// The kernels of one job, in order.
@@ -128,6 +134,72 @@ pub struct Tenant {
 
 fn one() -> u32 {
     1
+}
+
+impl Tenant {
+    /// The SLA in ns (`sla_us` or `sla_ms`), saturating.
+    pub fn sla_ns(&self) -> Option<u64> {
+        self.sla_us
+            .map(|u| u.saturating_mul(1000))
+            .or(self.sla_ms.map(|m| m.saturating_mul(1_000_000)))
+    }
+}
+
+/// Key of the per-priority quantum override in `[scheduler]`.
+pub const QUANTUM_BY_PRIORITY: &str = "quantum_ns_by_priority";
+
+/// The `quantum_ns_by_priority` table of a `[scheduler]` section, checked:
+/// (priority, quantum ns) pairs, or (field, reason).
+fn quantum_overrides(sched: &toml::Table) -> Result<Vec<(usize, u64)>, (&'static str, String)> {
+    let Some(v) = sched.get(QUANTUM_BY_PRIORITY) else {
+        return Ok(Vec::new());
+    };
+    let Some(t) = v.as_table() else {
+        return Err((
+            QUANTUM_BY_PRIORITY,
+            "must be a table of VM priority (\"0\"..\"15\") = quantum in ns".into(),
+        ));
+    };
+    let mut out = Vec::new();
+    for (k, v) in t {
+        let p = k.parse::<u8>().ok().filter(|p| *p <= 15).ok_or_else(|| {
+            (
+                QUANTUM_BY_PRIORITY,
+                format!("key '{k}' is not a VM priority 0..=15"),
+            )
+        })?;
+        let q = v.as_integer().ok_or_else(|| {
+            (
+                QUANTUM_BY_PRIORITY,
+                format!("priority {p}: the quantum must be an integer (ns)"),
+            )
+        })?;
+        if q <= 0 {
+            return Err((
+                QUANTUM_BY_PRIORITY,
+                format!("priority {p}: the quantum must be > 0 ns"),
+            ));
+        }
+        out.push((p as usize, q as u64));
+    }
+    Ok(out)
+}
+
+/// `[scheduler]`: the engine's tunables plus `quantum_ns_by_priority`.
+fn sched_section<'de, D>(d: D) -> Result<Option<scheduler::SchedConfig>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error;
+    let mut t = toml::Table::deserialize(d)?;
+    let over = quantum_overrides(&t).map_err(|(f, r)| D::Error::custom(format!("`{f}`: {r}")))?;
+    t.remove(QUANTUM_BY_PRIORITY);
+    let mut cfg: scheduler::SchedConfig =
+        toml::Value::Table(t).try_into().map_err(D::Error::custom)?;
+    for (p, q) in over {
+        cfg.quantum_ns[p] = q;
+    }
+    Ok(Some(cfg))
 }
 
 /// Job arrival pattern of one queue. Uniform streams of the same tenant
@@ -154,9 +226,24 @@ pub enum Arrival {
         /// Jobs in flight per queue.
         #[serde(default = "one")]
         outstanding: u32,
-        /// Think time between a completion and the next submission.
+        /// Think time between a completion and the next submission (the
+        /// mean with `think_dist = "exponential"`).
         #[serde(default)]
         think_us: u64,
+        /// Distribution of the think time.
+        #[serde(default)]
+        think_dist: ThinkDist,
+    },
+    /// `jobs` jobs at once every `period_us`, starting at `offset_us` (every
+    /// queue of the entry bursts at the same instants).
+    Bursty {
+        /// Jobs per burst, per queue.
+        jobs: u32,
+        /// Interval between bursts.
+        period_us: u64,
+        /// First burst.
+        #[serde(default)]
+        offset_us: u64,
     },
     /// Explicit arrival times: a non-empty, sorted list inside the run.
     Trace {
@@ -177,6 +264,17 @@ pub enum Arrival {
 
 fn default_flood_depth() -> u32 {
     8
+}
+
+/// Think-time distribution of a closed loop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThinkDist {
+    /// Exactly `think_us`.
+    #[default]
+    Fixed,
+    /// Exponential with mean `think_us`.
+    Exponential,
 }
 
 /// One kernel of a job.
@@ -243,6 +341,31 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("flood", include_str!("../scenarios/flood.toml")),
     ("oversub", include_str!("../scenarios/oversub.toml")),
     ("storm", include_str!("../scenarios/storm.toml")),
+    // Issue 9: the two promises (see docs/scenarios.md).
+    ("prio-inv", include_str!("../scenarios/prio-inv.toml")),
+    (
+        "prio-inv-long",
+        include_str!("../scenarios/prio-inv-long.toml"),
+    ),
+    (
+        "prio-inv-rev",
+        include_str!("../scenarios/prio-inv-rev.toml"),
+    ),
+    ("ladder16", include_str!("../scenarios/ladder16.toml")),
+    (
+        "equal-queues",
+        include_str!("../scenarios/equal-queues.toml"),
+    ),
+    ("equal-depth", include_str!("../scenarios/equal-depth.toml")),
+    (
+        "equal-jobsize",
+        include_str!("../scenarios/equal-jobsize.toml"),
+    ),
+    ("weights124", include_str!("../scenarios/weights124.toml")),
+    ("undershare", include_str!("../scenarios/undershare.toml")),
+    ("rt5k", include_str!("../scenarios/rt5k.toml")),
+    ("rt200", include_str!("../scenarios/rt200.toml")),
+    ("aging", include_str!("../scenarios/aging.toml")),
 ];
 
 /// Most kernels in one job (each queue's ring holds this many packets).
@@ -271,16 +394,21 @@ impl Scenario {
 
     /// Parses and validates `text` from `file`.
     pub fn parse(text: &str, file: &str) -> Result<Self, ScenarioError> {
+        let raw: toml::Table =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(file.into(), e.to_string()))?;
+        let sched = raw.get("scheduler").and_then(|v| v.as_table());
+        if let Some(Err((field, reason))) = sched.map(quantum_overrides) {
+            return Err(ScenarioError::Field {
+                file: file.into(),
+                place: "[scheduler]".into(),
+                field,
+                reason,
+            });
+        }
         let s: Scenario =
             toml::from_str(text).map_err(|e| ScenarioError::Parse(file.into(), e.to_string()))?;
         // `policy` in [scheduler] would be silently overridden by --policy.
-        let raw: toml::Table =
-            toml::from_str(text).map_err(|e| ScenarioError::Parse(file.into(), e.to_string()))?;
-        if raw
-            .get("scheduler")
-            .and_then(|v| v.as_table())
-            .is_some_and(|t| t.contains_key("policy"))
-        {
+        if sched.is_some_and(|t| t.contains_key("policy")) {
             return Err(ScenarioError::Field {
                 file: file.into(),
                 place: "[scheduler]".into(),
@@ -433,6 +561,34 @@ impl Scenario {
                 Arrival::Closed { outstanding: 0, .. } => {
                     return Err(bad("arrival.outstanding", "must be >= 1".into()))
                 }
+                Arrival::Closed {
+                    think_us: 0,
+                    think_dist: ThinkDist::Exponential,
+                    ..
+                } => {
+                    return Err(bad(
+                        "arrival.think_us",
+                        "must be > 0 with think_dist = \"exponential\" (it is the mean)".into(),
+                    ))
+                }
+                Arrival::Bursty { jobs, .. } if *jobs == 0 || *jobs as u64 > MAX_JOB_KERNELS => {
+                    return Err(bad(
+                        "arrival.jobs",
+                        format!("{jobs} is out of range 1..={MAX_JOB_KERNELS}"),
+                    ))
+                }
+                Arrival::Bursty { period_us: 0, .. } => {
+                    return Err(bad("arrival.period_us", "must be > 0".into()))
+                }
+                Arrival::Bursty { offset_us, .. } if *offset_us >= end_us => {
+                    return Err(bad(
+                        "arrival.offset_us",
+                        format!(
+                            "{offset_us} us is not inside the run (duration_ms = {})",
+                            self.duration_ms
+                        ),
+                    ))
+                }
                 Arrival::Flood { depth: 0 } => {
                     return Err(bad("arrival.depth", "must be >= 1".into()))
                 }
@@ -478,8 +634,22 @@ impl Scenario {
                 }
                 _ => {}
             }
-            if t.class == Class::Hi && t.sla_ms.is_none() {
-                return Err(bad("sla_ms", "hi tenants need an SLA".into()));
+            if t.sla_ms.is_some() && t.sla_us.is_some() {
+                return Err(bad("sla_us", "give `sla_ms` or `sla_us`, not both".into()));
+            }
+            if t.sla_us == Some(0) || t.sla_ms == Some(0) {
+                let f = if t.sla_us.is_some() {
+                    "sla_us"
+                } else {
+                    "sla_ms"
+                };
+                return Err(bad(f, "must be > 0".into()));
+            }
+            if t.class == Class::Hi && t.sla_ns().is_none() {
+                return Err(bad(
+                    "sla_ms",
+                    "hi tenants need an SLA (`sla_ms` or `sla_us`)".into(),
+                ));
             }
         }
         for (i, c) in self.changes.iter().enumerate() {
@@ -568,6 +738,30 @@ impl Scenario {
     /// Total queues.
     pub fn queue_count(&self) -> u32 {
         self.tenants.iter().map(|t| t.count * t.queues).sum()
+    }
+
+    /// VM names in VM order: `NAME`, or `NAME-i` (i from 0) for the VMs
+    /// of an entry with `count` > 1.
+    pub fn vm_names(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for t in &self.tenants {
+            if t.count == 1 {
+                out.push(t.name.clone());
+            } else {
+                out.extend((0..t.count).map(|i| format!("{}-{i}", t.name)));
+            }
+        }
+        out
+    }
+
+    /// The same scenario with only the tenant entries named in `names`
+    /// (for isolated baselines of one tenant).
+    pub fn only_tenants(&self, names: &[&str]) -> Self {
+        let mut s = self.clone();
+        s.tenants.retain(|t| names.contains(&t.name.as_str()));
+        s.changes
+            .retain(|c| c.tenant.as_deref().is_none_or(|n| names.contains(&n)));
+        s
     }
 
     /// The same scenario with only `class` tenants (for isolated baselines).
@@ -686,7 +880,7 @@ wg_cost_us = 10
                 "class = \"lo\"",
                 "class = \"hi\"",
                 "sla_ms",
-                "hi tenants need an SLA",
+                "hi tenants need an SLA (`sla_ms` or `sla_us`)",
             ),
             (
                 "{ kind = \"closed\" }",
@@ -840,6 +1034,165 @@ wg_cost_us = 10
             )),
             "f.toml: sweep: field `counts`: must be a non-empty list of values >= 1"
         );
+    }
+
+    #[test]
+    fn sla_us_gives_sub_millisecond_objectives_and_excludes_sla_ms() {
+        let hi = |sla: &str| with("class = \"lo\"", &format!("class = \"hi\"\n{sla}"));
+        let s = Scenario::parse(&hi("sla_us = 250"), "f.toml").unwrap();
+        assert_eq!(s.tenants[0].sla_ns(), Some(250_000));
+        let s = Scenario::parse(&hi("sla_ms = 3"), "f.toml").unwrap();
+        assert_eq!(s.tenants[0].sla_ns(), Some(3_000_000));
+        assert_eq!(
+            err(&hi("sla_ms = 3\nsla_us = 250")),
+            "f.toml: tenant 't': field `sla_us`: give `sla_ms` or `sla_us`, not both"
+        );
+        assert_eq!(
+            err(&hi("sla_us = 0")),
+            "f.toml: tenant 't': field `sla_us`: must be > 0"
+        );
+        assert_eq!(
+            err(&hi("sla_ms = 0")),
+            "f.toml: tenant 't': field `sla_ms`: must be > 0"
+        );
+    }
+
+    fn arrival(a: &str) -> Result<Arrival, String> {
+        Scenario::parse(&with("{ kind = \"closed\" }", a), "f.toml")
+            .map(|s| s.tenants[0].arrival.clone())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn bursty_arrivals_parse_and_bad_values_name_the_field() {
+        match arrival("{ kind = \"bursty\", jobs = 8, period_us = 5000, offset_us = 10 }") {
+            Ok(Arrival::Bursty {
+                jobs: 8,
+                period_us: 5000,
+                offset_us: 10,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        let e = |a: &str| arrival(a).unwrap_err();
+        assert_eq!(
+            e("{ kind = \"bursty\", jobs = 0, period_us = 5000 }"),
+            "f.toml: tenant 't': field `arrival.jobs`: 0 is out of range 1..=512"
+        );
+        assert_eq!(
+            e("{ kind = \"bursty\", jobs = 513, period_us = 5000 }"),
+            "f.toml: tenant 't': field `arrival.jobs`: 513 is out of range 1..=512"
+        );
+        assert_eq!(
+            e("{ kind = \"bursty\", jobs = 2, period_us = 0 }"),
+            "f.toml: tenant 't': field `arrival.period_us`: must be > 0"
+        );
+        assert_eq!(
+            e("{ kind = \"bursty\", jobs = 2, period_us = 10, offset_us = 10000 }"),
+            "f.toml: tenant 't': field `arrival.offset_us`: 10000 us is not inside the run (duration_ms = 10)"
+        );
+        let missing = e("{ kind = \"bursty\", period_us = 10 }");
+        assert!(
+            missing.contains("jobs") && missing.contains('^'),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn closed_loops_take_an_exponential_think_time() {
+        match arrival("{ kind = \"closed\", think_us = 300, think_dist = \"exponential\" }") {
+            Ok(Arrival::Closed {
+                outstanding: 1,
+                think_us: 300,
+                think_dist: ThinkDist::Exponential,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            arrival("{ kind = \"closed\", think_us = 300 }"),
+            Ok(Arrival::Closed {
+                think_dist: ThinkDist::Fixed,
+                ..
+            })
+        ));
+        assert_eq!(
+            arrival("{ kind = \"closed\", think_dist = \"exponential\" }").unwrap_err(),
+            "f.toml: tenant 't': field `arrival.think_us`: must be > 0 with \
+             think_dist = \"exponential\" (it is the mean)"
+        );
+        let e = arrival("{ kind = \"closed\", think_dist = \"gamma\" }").unwrap_err();
+        assert!(e.contains("gamma") && e.contains('^'), "{e}");
+    }
+
+    #[test]
+    fn quantum_override_sets_only_the_named_priorities() {
+        let s = Scenario::parse(
+            &format!(
+                "{BASE}[scheduler]\naging_ns = 7\nquantum_ns_by_priority = {{ \"12\" = 2000000, \"0\" = 5 }}\n"
+            ),
+            "f.toml",
+        )
+        .unwrap();
+        let c = s.scheduler.unwrap();
+        let d = scheduler::SchedConfig::default();
+        assert_eq!(c.quantum_ns[12], 2_000_000);
+        assert_eq!(c.quantum_ns[0], 5);
+        assert_eq!(c.aging_ns, 7);
+        for p in (1..16).filter(|p| *p != 12) {
+            assert_eq!(c.quantum_ns[p], d.quantum_ns[p], "{p}");
+        }
+        // On top of a full `quantum_ns`.
+        let s = Scenario::parse(
+            &format!(
+                "{BASE}[scheduler]\nquantum_ns = [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]\n\
+                 quantum_ns_by_priority = {{ \"15\" = 9 }}\n"
+            ),
+            "f.toml",
+        )
+        .unwrap();
+        let q = s.scheduler.unwrap().quantum_ns;
+        assert_eq!((q[14], q[15]), (3, 9));
+        let bad = |v: &str| {
+            err(&format!(
+                "{BASE}[scheduler]\nquantum_ns_by_priority = {v}\n"
+            ))
+        };
+        assert_eq!(
+            bad("{ \"16\" = 1000 }"),
+            "f.toml: [scheduler]: field `quantum_ns_by_priority`: key '16' is not a VM priority 0..=15"
+        );
+        assert_eq!(
+            bad("{ high = 1000 }"),
+            "f.toml: [scheduler]: field `quantum_ns_by_priority`: key 'high' is not a VM priority 0..=15"
+        );
+        assert_eq!(
+            bad("{ \"3\" = 0 }"),
+            "f.toml: [scheduler]: field `quantum_ns_by_priority`: priority 3: the quantum must be > 0 ns"
+        );
+        assert_eq!(
+            bad("{ \"3\" = \"1ms\" }"),
+            "f.toml: [scheduler]: field `quantum_ns_by_priority`: priority 3: the quantum must be an integer (ns)"
+        );
+        assert_eq!(
+            bad("5"),
+            "f.toml: [scheduler]: field `quantum_ns_by_priority`: must be a table of VM priority (\"0\"..\"15\") = quantum in ns"
+        );
+        // Other [scheduler] keys are still checked by name.
+        let e = err(&format!(
+            "{BASE}[scheduler]\nquantum_ns_by_priority = {{ \"3\" = 1 }}\nagin_ns = 4\n"
+        ));
+        assert!(e.contains("agin_ns"), "{e}");
+    }
+
+    #[test]
+    fn vm_names_number_the_vms_of_counted_entries() {
+        let text = format!(
+            "{BASE}{}",
+            BASE[BASE.find("[[tenant]]").unwrap()..]
+                .replace("name = \"t\"", "name = \"u\"\ncount = 3")
+        );
+        let s = Scenario::parse(&text, "f.toml").unwrap();
+        assert_eq!(s.vm_names(), ["t", "u-0", "u-1", "u-2"]);
+        assert_eq!(s.only_tenants(&["u"]).vm_names(), ["u-0", "u-1", "u-2"]);
     }
 
     #[test]

@@ -47,8 +47,8 @@ pub const PAGE: u64 = 4096;
 pub use abi::vgpu::{ERROR_VECTOR, NUM_VECTORS, VGPU_ABI_VERSION, VGPU_ID_VALUE};
 /// Most virtual HQDs whose registers fit in the register block of BAR0.
 pub const MAX_VHQD: usize = ((abi::pci::REGS_SIZE as usize) - reg::HQD_BASE) / reg::HQD_STRIDE;
-/// Smallest ring the ABI accepts, in packets.
-pub const MIN_RING_PACKETS: u32 = 4;
+/// Smallest ring the ABI accepts, in packets (1024 bytes, `abi::mqd::MIN_RING_BYTES`).
+pub const MIN_RING_PACKETS: u32 = (abi::mqd::MIN_RING_BYTES / 64) as u32;
 /// Work-items per workgroup of the dispatches built by [`Queue::submit_mark`].
 pub const MARK_WG_SIZE: u16 = 64;
 /// `amd_signal_t.event_mailbox_ptr` (ROCr `amd_hsa_signal.h`).
@@ -404,9 +404,11 @@ impl Vgpu {
         align_up(v, PAGE).map_or(u32::MAX, |v| v.min(u32::MAX as u64) as u32)
     }
 
-    /// Bytes of one queue's CWSR area (`XCCS` save areas).
+    /// Bytes of one queue's CWSR area: `XCCS` save areas, then `XCCS` debug
+    /// areas, page aligned (`abi::mqd::cwsr::total_area_size`).
     pub fn cwsr_bytes(&self) -> u64 {
-        self.xccs as u64 * self.ctx_save_per_xcc() as u64
+        let debug = cwsr::debug_memory_size(self.cus_per_xcc, self.ses_per_xcc);
+        cwsr::total_area_size(self.ctx_save_per_xcc(), debug, self.xccs)
     }
 
     /// RAM needed by one queue with a ring of `ring_packets` (page-rounded parts).
@@ -515,7 +517,7 @@ impl Vgpu {
     }
 
     /// Creates and loads an AQL queue on virtual HQD `vhqd` with a ring of
-    /// `ring_packets` (power of two >= 4) and queue priority `priority` (0..15).
+    /// `ring_packets` (power of two >= [`MIN_RING_PACKETS`]) and queue priority `priority` (0..15).
     pub fn create_queue(
         &mut self,
         alloc: &mut Alloc,

@@ -32,7 +32,7 @@ fn virtual_time(vms: usize, qpv: usize) {
     let topo = GpuTopology::default();
     let mut gpu = SimGpu::new(topo.clone(), 1).unwrap();
     let nslots = topo.user_slots().len();
-    let per_q = topo.ctx_save_bytes_per_xcc() as usize * topo.xccs_per_partition() as usize;
+    let per_q = topo.min_cwsr_area_bytes() as usize;
     let mut vmv: Vec<TestVm> = Vec::new();
     let mut qs: Vec<(usize, GuestQueue)> = Vec::new();
     let kernels = 32u32;
@@ -172,7 +172,7 @@ fn real_time() {
     let nq = 8usize;
     let packets = 1000u32;
     let cost = 100_000u64;
-    let per_q = topo.ctx_save_bytes_per_xcc() as usize * topo.xccs_per_partition() as usize;
+    let per_q = topo.min_cwsr_area_bytes() as usize;
     let mut vm = TestVm::new(nq * (per_q + (1 << 20)));
     let mut qs = Vec::new();
     for i in 0..nq {

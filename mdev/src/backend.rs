@@ -1,4 +1,4 @@
-//! The physical GPU backend trait: what the mediator / scheduler glue drives.
+//! The physical GPU backend trait: what the scheduler <-> GPU binding drives.
 //!
 //! Nothing here is simulator specific: a real `/dev/kfd` backend maps `map` to
 //! CREATE_QUEUE/restore, `unmap` to a dequeue (DBG_TRAP suspend / destroy with the
@@ -76,11 +76,17 @@ pub enum QueueErrorReason {
     /// Not an AQL queue (`cp_hqd_aql_control` != 1).
     #[error("queue is not AQL")]
     NotAql,
-    /// Ring smaller than the minimum (packets) or QUEUE_SIZE out of range.
-    #[error("ring size {packets} packets is out of range")]
+    /// `CP_HQD_PQ_CONTROL.QUEUE_SIZE` encodes a ring (2^(QUEUE_SIZE + 3)
+    /// bytes) outside `abi::mqd::MIN_RING_BYTES..=MAX_RING_BYTES`.
+    #[error(
+        "ring size {} bytes (QUEUE_SIZE {queue_size}) is outside the accepted {}..={} bytes",
+        abi::mqd::ring_bytes_of_queue_size(*.queue_size),
+        abi::mqd::MIN_RING_BYTES,
+        abi::mqd::MAX_RING_BYTES
+    )]
     RingSize {
-        /// Ring size in packets (0 if not representable).
-        packets: u64,
+        /// The `QUEUE_SIZE` field (bits 5:0 of `cp_hqd_pq_control`).
+        queue_size: u32,
     },
     /// Ring not inside VM memory.
     #[error("ring at {addr:#x} is outside VM memory")]

@@ -87,6 +87,8 @@ pub enum Notice<O> {
         queue: QueueId,
         /// Owner.
         owner: O,
+        /// Saved waves, partly dispatched packets or unread packets remain.
+        has_work: bool,
         /// Updated MQD.
         mqd: Box<V9Mqd>,
     },
@@ -311,6 +313,12 @@ impl<O: Copy> Binding<O> {
         Ok(())
     }
 
+    /// Whether the GPU holds the queue now (a map that succeeded, its
+    /// dequeue not finished).
+    pub fn on_gpu(&self, queue: QueueId) -> bool {
+        self.queues.get(&queue).is_some_and(|r| r.on_gpu)
+    }
+
     /// The queue's shadow MQD.
     pub fn mqd(&self, queue: QueueId) -> Option<&V9Mqd> {
         self.queues.get(&queue).map(|r| &r.mqd)
@@ -404,7 +412,12 @@ impl<O: Copy> Binding<O> {
                     r.mqd = (*mqd).clone();
                     self.slot_freed(queue);
                     let owner = self.queues[&queue].owner;
-                    out.push(Notice::Unmapped { queue, owner, mqd });
+                    out.push(Notice::Unmapped {
+                        queue,
+                        owner,
+                        has_work,
+                        mqd,
+                    });
                 }
                 self.event(
                     gpu,

@@ -23,6 +23,7 @@
 //! See `docs/gpu-model.md` for what the model covers.
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod arbiter;
 pub mod backend;
 pub mod binding;

@@ -12,6 +12,9 @@ mod cwsr;
 mod realtime;
 pub mod testkit;
 
+/// Admission moved to [`crate::admission`]; re-exported here so callers of
+/// `sim::check_mqd` keep compiling.
+pub use crate::admission::check_mqd;
 pub use cwsr::{SAVE_MAGIC, SAVE_VERSION};
 pub use realtime::RealTimeDriver;
 
@@ -29,10 +32,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-/// Smallest accepted ring, in packets.
-pub const MIN_RING_PACKETS: u64 = 4;
-/// Largest accepted ring, in packets (QUEUE_SIZE <= 23).
-pub const MAX_RING_PACKETS: u64 = 1 << 20;
+/// Smallest accepted ring, in packets (`abi::mqd::MIN_RING_BYTES` / 64 = 16).
+pub const MIN_RING_PACKETS: u64 = mqd::MIN_RING_BYTES / aql::PACKET_SIZE as u64;
+/// Largest accepted ring, in packets (`abi::mqd::MAX_RING_BYTES` / 64 = 2^25).
+pub const MAX_RING_PACKETS: u64 = mqd::MAX_RING_BYTES / aql::PACKET_SIZE as u64;
 /// Largest accepted workgroup count of one dispatch.
 pub const MAX_WORKGROUPS: u64 = aql::MAX_WORKGROUPS;
 /// Largest accepted work-items per workgroup (AMD's limit).
@@ -936,75 +939,6 @@ fn apply_effect(
     Ok(())
 }
 
-/// Static checks of an MQD against a topology and the VM's memory (header,
-/// AQL, ring size and range, pointer addresses, CWSR area), as done at map.
-/// The mediator runs them when a guest loads an MQD, for early errors.
-pub fn check_mqd(
-    topo: &GpuTopology,
-    m: &V9Mqd,
-    mem: &dyn DmaMemory,
-) -> Result<(), QueueErrorReason> {
-    validate_mqd(topo, m, mem)
-}
-
-/// Static MQD checks done at map (refused with [`GpuError::BadMqd`]).
-fn validate_mqd(topo: &GpuTopology, m: &V9Mqd, mem: &dyn DmaMemory) -> QResult<()> {
-    if m.dw[mqd::HEADER] != mqd::MQD_HEADER_VALUE {
-        return Err(QueueErrorReason::BadMqdHeader(m.dw[mqd::HEADER]));
-    }
-    if !m.is_aql() {
-        return Err(QueueErrorReason::NotAql);
-    }
-    let qs = m.queue_size_field();
-    if qs > 23 {
-        return Err(QueueErrorReason::RingSize { packets: 0 });
-    }
-    let packets = m.ring_packets();
-    if !(MIN_RING_PACKETS..=MAX_RING_PACKETS).contains(&packets) || !packets.is_power_of_two() {
-        return Err(QueueErrorReason::RingSize { packets });
-    }
-    let base = m.ring_base();
-    if !mem.contains(base, m.ring_bytes()) {
-        return Err(QueueErrorReason::RingOutOfRange { addr: base });
-    }
-    for addr in [m.wptr_poll_addr(), m.rptr_report_addr()] {
-        if addr != 0 && !mem.contains(addr, 8) {
-            return Err(QueueErrorReason::PointerAddrOutOfRange { addr });
-        }
-    }
-    let need_ctx = topo.ctx_save_bytes_per_xcc() as u64;
-    let need_ctl = topo.ctl_stack_bytes_per_xcc() as u64;
-    let have = m.ctx_save_size() as u64;
-    if have < need_ctx {
-        return Err(QueueErrorReason::CwsrTooSmall {
-            need: need_ctx,
-            have,
-        });
-    }
-    let ctl = m.cntl_stack_size() as u64;
-    if ctl < need_ctl {
-        return Err(QueueErrorReason::CwsrTooSmall {
-            need: need_ctl,
-            have: ctl,
-        });
-    }
-    if ctl > have || m.cntl_stack_offset() > m.cntl_stack_size() {
-        return Err(QueueErrorReason::BadCwsrLayout {
-            cntl_stack_offset: m.cntl_stack_offset(),
-            cntl_stack_size: m.cntl_stack_size(),
-            ctx_save_size: m.ctx_save_size(),
-        });
-    }
-    let cb = m.ctx_save_base();
-    if !mem.contains(cb, have * topo.xccs_per_partition() as u64) {
-        return Err(QueueErrorReason::CwsrOutOfRange { addr: cb });
-    }
-    if m.read_index().is_none() {
-        return Err(QueueErrorReason::BadPointers);
-    }
-    Ok(())
-}
-
 impl PhysGpu for SimGpu {
     fn topology(&self) -> &GpuTopology {
         &self.topo
@@ -1021,7 +955,7 @@ impl PhysGpu for SimGpu {
         if slot.is_some() {
             return Err(GpuError::SlotBusy(req.slot));
         }
-        validate_mqd(&self.topo, &req.mqd, &*req.mem).map_err(GpuError::BadMqd)?;
+        check_mqd(&self.topo, &req.mqd, &*req.mem).map_err(GpuError::BadMqd)?;
         let rptr = req
             .mqd
             .read_index()

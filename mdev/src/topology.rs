@@ -327,13 +327,53 @@ impl GpuTopology {
         }
         v
     }
-    /// Required CWSR area per XCC (gfx9.4.x formula, bytes).
+    /// Required CWSR save area per XCC (gfx9.4.x formula, bytes); same as
+    /// [`GpuTopology::cwsr_size`].
     pub fn ctx_save_bytes_per_xcc(&self) -> u32 {
-        abi::mqd::cwsr::ctx_save_bytes(self.cus_per_xcc, self.ses_per_xcc)
+        self.cwsr_size()
     }
-    /// Required control stack per XCC (bytes).
+    /// Required control stack per XCC (bytes); same as
+    /// [`GpuTopology::ctl_stack_size`].
     pub fn ctl_stack_bytes_per_xcc(&self) -> u32 {
-        abi::mqd::cwsr::ctl_stack_bytes(self.cus_per_xcc, self.ses_per_xcc)
+        self.ctl_stack_size()
+    }
+    /// KFD's `ctl_stack_size` for one XCC of this topology
+    /// ([`abi::mqd::cwsr::ctl_stack_size`]): the least `cp_hqd_cntl_stack_size`
+    /// admitted. Exposed to guests by the `CTL_STACK_SIZE` register.
+    pub fn ctl_stack_size(&self) -> u32 {
+        abi::mqd::cwsr::ctl_stack_size(self.cus_per_xcc, self.ses_per_xcc)
+    }
+    /// KFD's `cwsr_size` for one XCC ([`abi::mqd::cwsr::cwsr_size`]): the least
+    /// `cp_hqd_ctx_save_size` admitted. Exposed by the `CWSR_SIZE` register.
+    pub fn cwsr_size(&self) -> u32 {
+        abi::mqd::cwsr::cwsr_size(self.cus_per_xcc, self.ses_per_xcc)
+    }
+    /// KFD's `debug_memory_size` for one XCC
+    /// ([`abi::mqd::cwsr::debug_memory_size`]). Exposed by the
+    /// `DEBUG_MEMORY_SIZE` register.
+    pub fn debug_memory_size(&self) -> u32 {
+        abi::mqd::cwsr::debug_memory_size(self.cus_per_xcc, self.ses_per_xcc)
+    }
+    /// KFD's `eop_buffer_size` ([`abi::mqd::cwsr::eop_buffer_size`]). Exposed by
+    /// the `EOP_BUFFER_SIZE` register.
+    pub fn eop_buffer_size(&self) -> u32 {
+        abi::mqd::cwsr::eop_buffer_size()
+    }
+    /// XCCs one queue runs on (those of its partition): the number of save and
+    /// debug areas in its CWSR area. Exposed by the `NUM_XCC` register.
+    pub fn num_xcc(&self) -> u32 {
+        self.xccs_per_partition()
+    }
+    /// Bytes a queue's CWSR area spans when its MQD declares `ctx_save_size`
+    /// per XCC: save areas of all [`GpuTopology::num_xcc`] XCCs, then their
+    /// debug areas, page aligned ([`abi::mqd::cwsr::total_area_size`]).
+    pub fn cwsr_area_bytes(&self, ctx_save_size: u32) -> u64 {
+        abi::mqd::cwsr::total_area_size(ctx_save_size, self.debug_memory_size(), self.num_xcc())
+    }
+    /// Bytes of the smallest admitted CWSR area of one queue
+    /// (`cwsr_area_bytes(cwsr_size())`).
+    pub fn min_cwsr_area_bytes(&self) -> u64 {
+        self.cwsr_area_bytes(self.cwsr_size())
     }
     /// A small topology for tests: 2 XCCs x 2 CUs, SPX, 1 pipe x 4 queues, none reserved.
     pub fn tiny() -> Self {
@@ -426,6 +466,14 @@ mod tests {
         let t = GpuTopology::default();
         assert_eq!(t.max_control_record_bytes(), 7584);
         assert_eq!(t.ctl_stack_bytes_per_xcc(), 12288);
+        assert_eq!(t.ctl_stack_size(), 12288);
+        assert_eq!(t.cwsr_size(), 12288 + 38 * 0x95000);
+        assert_eq!(t.debug_memory_size(), 1520 * 32);
+        assert_eq!(t.eop_buffer_size(), 4096);
+        assert_eq!(t.num_xcc(), 8);
+        // 8 x (cwsr + debug), page aligned.
+        let total = 8 * (t.cwsr_size() as u64 + 48640);
+        assert_eq!(t.min_cwsr_area_bytes(), total.div_ceil(4096) * 4096);
         // 32 + 32*155 + 24*304 = 12288 fits exactly; 156 packets do not.
         let mut t = GpuTopology::default();
         t.sim.max_active_packets = 155;

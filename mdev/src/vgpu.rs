@@ -13,10 +13,10 @@
 //! through a per-VM [`RateLimiter`]. Each front end has its own lock, which
 //! is recovered (not propagated) if a thread panicked while holding it.
 
+use crate::admission::check_mqd;
 use crate::backend::{DequeueMode, QueueErrorReason};
 use crate::mem::DmaMemory;
 use crate::ratelimit::{Admit, RateLimiter};
-use crate::sim::check_mqd;
 use crate::topology::GpuTopology;
 use abi::mqd::{V9Mqd, MQD_BYTES};
 use abi::vgpu::{error, hqd_state, reg, ERROR_VECTOR, NUM_VECTORS, NUM_VHQD};
@@ -110,26 +110,16 @@ struct IdRegs {
     eop_buffer_size: u32,
 }
 
-/// Debug area per XCC: `ALIGN(waves x 32, 64)` with waves = min(CUs x 40,
-/// SEs x 512) (KFD `debug_memory_size`). Local until `abi::mqd::cwsr` has it.
-fn debug_memory_size(cus: u32, ses: u32) -> u32 {
-    let waves = cus.saturating_mul(40).min(ses.saturating_mul(512));
-    waves.saturating_mul(32).div_ceil(64).saturating_mul(64)
-}
-
-/// EOP buffer bytes of gfx9.4.x (KFD `eop_buffer_size`).
-const EOP_BUFFER_SIZE: u32 = 4096;
-
 impl IdRegs {
     fn of(t: &GpuTopology) -> Self {
         IdRegs {
-            num_xcc: t.xccs_per_partition(),
+            num_xcc: t.num_xcc(),
             cus_per_xcc: t.cus_per_xcc,
             ses_per_xcc: t.ses_per_xcc,
-            cwsr_size: t.ctx_save_bytes_per_xcc(),
-            ctl_stack_size: t.ctl_stack_bytes_per_xcc(),
-            debug_memory_size: debug_memory_size(t.cus_per_xcc, t.ses_per_xcc),
-            eop_buffer_size: EOP_BUFFER_SIZE,
+            cwsr_size: t.cwsr_size(),
+            ctl_stack_size: t.ctl_stack_size(),
+            debug_memory_size: t.debug_memory_size(),
+            eop_buffer_size: t.eop_buffer_size(),
         }
     }
 }
@@ -658,17 +648,12 @@ mod tests {
         let (f, ..) = fe();
         let t = GpuTopology::tiny();
         assert_eq!(f.reg_read(reg::VGPU_VERSION as u64), 2);
-        assert_eq!(f.reg_read(reg::NUM_XCC as u64), t.xccs_per_partition());
-        assert_eq!(
-            f.reg_read(reg::CWSR_SIZE as u64),
-            t.ctx_save_bytes_per_xcc()
-        );
-        assert_eq!(
-            f.reg_read(reg::CTL_STACK_SIZE as u64),
-            t.ctl_stack_bytes_per_xcc()
-        );
+        assert_eq!(f.reg_read(reg::NUM_XCC as u64), t.num_xcc());
+        assert_eq!(f.reg_read(reg::CWSR_SIZE as u64), t.cwsr_size());
+        assert_eq!(f.reg_read(reg::CTL_STACK_SIZE as u64), t.ctl_stack_size());
         // 2 CUs x 40 waves x 32 bytes.
         assert_eq!(f.reg_read(reg::DEBUG_MEMORY_SIZE as u64), 2560);
+        assert_eq!(f.reg_read(reg::EOP_BUFFER_SIZE as u64), 4096);
         assert_eq!(f.reg_read(reg::NUM_VECTORS as u64), NUM_VECTORS as u32);
         assert_eq!(f.reg_read(reg::ERROR_VECTOR as u64), ERROR_VECTOR as u32);
     }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use eval::driver::evaluate;
-use eval::report::{table, PolicyReport};
+use eval::report::{per_vm_table, table, PolicyReport};
 use eval::scenario::{Scenario, BUILTIN};
 use scheduler::Policy;
 
@@ -26,6 +26,11 @@ pub struct SimArgs {
     /// Print one JSON object per (scenario, policy) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Add a per-VM section to the table (GPU time, CU time, share, jobs,
+    /// latency, longest wait for a slot) per (scenario, policy). The JSON
+    /// always carries it (`vms`, `jain_by_level`).
+    #[arg(long)]
+    pub per_vm: bool,
     /// List the built-in scenarios and exit.
     #[arg(long)]
     pub list: bool,
@@ -70,7 +75,7 @@ pub fn run(args: &SimArgs) -> ExitCode {
         for (name, _) in BUILTIN {
             let s = Scenario::builtin(name).expect("built-in scenarios parse");
             println!(
-                "{name:<8} {} VMs, {} queues: {}",
+                "{name:<14} {} VMs, {} queues: {}",
                 s.vm_count(),
                 s.queue_count(),
                 s.description
@@ -113,6 +118,9 @@ pub fn run(args: &SimArgs) -> ExitCode {
         );
     } else {
         print!("{}", table(&rows));
+        if args.per_vm {
+            print!("{}", per_vm_table(&rows));
+        }
     }
     ExitCode::SUCCESS
 }

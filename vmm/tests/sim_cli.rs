@@ -163,3 +163,64 @@ fn a_sweep_in_a_scenario_file_runs_each_point() {
         .collect();
     assert_eq!(names, ["mine/batch=1", "mine/batch=3"]);
 }
+
+#[test]
+fn per_vm_section_lists_every_vm_with_units_and_json_carries_it() {
+    let d = scratch("pervm");
+    let f = d.join("mine.toml");
+    std::fs::write(
+        &f,
+        SCENARIO.replace("name = \"batch\"", "name = \"batch\"\ncount = 2"),
+    )
+    .unwrap();
+    let out = hqdmux()
+        .args(["sim", "--policy", "hqdmux", "--per-vm", "--scenario-file"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("per VM: scenario mine policy hqdmux"), "{s}");
+    assert!(
+        s.contains("gpu_time_ms") && s.contains("max_wait_us"),
+        "{s}"
+    );
+    for vm in ["svc ", "batch-0 ", "batch-1 "] {
+        assert!(s.lines().any(|l| l.starts_with(vm)), "{vm}: {s}");
+    }
+    assert!(s.contains("jain by level"), "{s}");
+    // Without --per-vm: no such section.
+    let out = hqdmux()
+        .args(["sim", "--policy", "hqdmux", "--scenario-file"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("per VM"));
+    let out = hqdmux()
+        .args(["sim", "--policy", "hqdmux", "--json", "--scenario-file"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &v[0];
+    let names: Vec<&str> = r["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["svc", "batch-0", "batch-1"]);
+    let share: f64 = r["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["share"].as_f64().unwrap())
+        .sum();
+    assert!((share - 1.0).abs() < 1e-9, "{r}");
+    assert!(r["jain_by_level"]["12"].is_null(), "{r}");
+    assert!(r["jain_by_level"]["2"].is_number(), "{r}");
+}

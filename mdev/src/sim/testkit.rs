@@ -82,14 +82,15 @@ impl TestVm {
     pub fn dyn_mem(&self) -> Arc<dyn DmaMemory> {
         self.mem.clone()
     }
-    /// A new AQL queue with a CWSR area sized for `topo`.
+    /// A new AQL queue with a CWSR area sized for `topo`
+    /// ([`GpuTopology::min_cwsr_area_bytes`]: save and debug areas).
     pub fn queue(&mut self, topo: &GpuTopology, ring_packets: u32, priority: u32) -> GuestQueue {
         let mqd_addr = self.alloc(2048, 4096);
         let amdq = self.alloc(256, 64);
         let ring = self.alloc(ring_packets as u64 * 64, 256);
         let eop = self.alloc(4096, 256);
-        let per_xcc = topo.ctx_save_bytes_per_xcc() as u64;
-        let ctx = self.alloc(per_xcc * topo.xccs_per_partition() as u64, 4096);
+        // Save areas of every XCC of the partition, then their debug areas.
+        let ctx = self.alloc(topo.min_cwsr_area_bytes(), 4096);
         let mqd = AqlMqdBuilder {
             mqd_addr,
             ring_base: ring,

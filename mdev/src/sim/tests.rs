@@ -586,27 +586,27 @@ fn bad_mqds_are_refused_at_map() {
             )
         },
     );
-    // QUEUE_SIZE encodes only powers of two (2 << QUEUE_SIZE dwords): a
-    // non-power-of-two ring is not representable. Sizes below one packet
-    // (QUEUE_SIZE 0..2 -> 0 packets), below the minimum and above 2^20
-    // packets are refused.
+    // QUEUE_SIZE encodes only powers of two (2^(QUEUE_SIZE + 3) bytes): a
+    // non-power-of-two ring is not representable. Rings below
+    // KFD_MIN_QUEUE_RING_SIZE (1 KiB) and above 2 GiB are refused (rules in
+    // `crate::admission`).
     bad_case(
-        "ring of 0 packets",
-        Want::Refused(R::RingSize { packets: 0 }),
+        "ring below one packet",
+        Want::Refused(R::RingSize { queue_size: 1 }),
         true,
         None,
         |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 1,
     );
     bad_case(
-        "ring below the minimum",
-        Want::Refused(R::RingSize { packets: 2 }),
+        "ring below 1024 bytes",
+        Want::Refused(R::RingSize { queue_size: 6 }),
         true,
         None,
-        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 4,
+        |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 6,
     );
     bad_case(
-        "ring size field beyond 2^20 packets",
-        Want::Refused(R::RingSize { packets: 0 }),
+        "ring size field beyond 2 GiB",
+        Want::Refused(R::RingSize { queue_size: 40 }),
         true,
         None,
         |_, q| q.mqd.dw[mqd::CP_HQD_PQ_CONTROL] = 40,

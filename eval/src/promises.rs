@@ -1,0 +1,548 @@
+//! The scheduler's promises (issue 9) as checks over runs of the built-in
+//! scenarios: a higher-priority VM wins the GPU, VMs of equal priority share
+//! it by weight, periodic real-time tenants keep their latency, and every
+//! workgroup's effect lands exactly once.
+//!
+//! Each check is a pure function of reports / run outputs (so tests can
+//! assert them) plus a runner ([`check_all`]) used by the `promises`
+//! example. Shares are measured in CU time (the work a VM received), as the
+//! figures of the issue were; the scheduler's own charge (`gpu_time_us`) is
+//! printed beside them by the per-VM table.
+
+use crate::driver::{evaluate_full, simulate, topology, EvalError, RunOutput};
+use crate::report::PolicyReport;
+use crate::scenario::{Scenario, BUILTIN};
+use mdev::topology::GpuTopology;
+use scheduler::Policy;
+
+/// Outcome of one promise over one or more seeds.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Target name (scenario: what).
+    pub name: String,
+    /// Measured figure per seed, formatted.
+    pub measured: Vec<String>,
+    /// The target, in words.
+    pub target: String,
+    /// Every seed met it.
+    pub pass: bool,
+    /// Reports of the failing seeds (for the per-VM table).
+    pub failures: Vec<PolicyReport>,
+}
+
+/// One seed's figure for one promise.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    /// Formatted measurement.
+    pub measured: String,
+    /// Met the target.
+    pub pass: bool,
+}
+
+impl Figure {
+    fn new(measured: String, pass: bool) -> Self {
+        Figure { measured, pass }
+    }
+}
+
+/// One CWSR save plus one restore of a whole partition (every CU holding
+/// one workgroup), from the topology's CWSR model (`[gpu.cwsr]`): per XCC,
+/// in parallel, trap/start cost + (control stack + CUs per XCC x
+/// `wg_state_bytes`) / bandwidth. This is the modelled worst case of one
+/// preemption, not a measurement.
+pub fn cwsr_save_restore_ns(topo: &GpuTopology) -> u64 {
+    let c = &topo.cwsr;
+    let bytes = (topo.ctl_stack_bytes_per_xcc() as u64)
+        .saturating_add((topo.cus_per_xcc as u64).saturating_mul(c.wg_state_bytes));
+    let per = |fixed: u64, bw: u64| fixed.saturating_add(bytes.saturating_mul(1000) / bw.max(1));
+    per(c.trap_ns, c.save_bytes_per_us) + per(c.restore_ns, c.restore_bytes_per_us)
+}
+
+/// CU time (CU-us) of the VMs of `r` whose name is `name` or `name-i`.
+fn cu_of(r: &PolicyReport, name: &str) -> f64 {
+    r.vms
+        .iter()
+        .filter(|v| {
+            v.name == name
+                || v.name
+                    .strip_prefix(name)
+                    .is_some_and(|s| s.starts_with('-'))
+        })
+        .map(|v| v.cu_time_us)
+        .sum()
+}
+
+/// The top VM keeps at least `min` of the CU time it gets alone:
+/// `with` = the full run, `alone` = the run with only the top tenant.
+pub fn keeps_alone_share(with: &PolicyReport, alone: &PolicyReport, top: &str, min: f64) -> Figure {
+    let (w, a) = (cu_of(with, top), cu_of(alone, top));
+    let ratio = if a > 0.0 { w / a } else { 0.0 };
+    Figure::new(format!("{:.3} of alone", ratio), ratio >= min)
+}
+
+/// min / max of CU time / weight over the VMs whose names are in `names`
+/// (all VMs when empty); 1.0 = exactly weighted.
+pub fn weighted_min_max(r: &PolicyReport, names: &[&str]) -> f64 {
+    let x: Vec<f64> = r
+        .vms
+        .iter()
+        .filter(|v| {
+            names.is_empty()
+                || names.iter().any(|n| {
+                    v.name == *n || v.name.strip_prefix(n).is_some_and(|s| s.starts_with('-'))
+                })
+        })
+        .map(|v| v.cu_time_us / v.weight.max(1) as f64)
+        .collect();
+    let max = x.iter().cloned().fold(0.0, f64::max);
+    let min = x.iter().cloned().fold(f64::INFINITY, f64::min);
+    if max > 0.0 {
+        min / max
+    } else {
+        0.0
+    }
+}
+
+/// Equal weighted shares: min/max of CU time / weight >= `min`.
+pub fn equal_shares(r: &PolicyReport, names: &[&str], min: f64) -> Figure {
+    let m = weighted_min_max(r, names);
+    Figure::new(format!("min/max {m:.3}"), m >= min)
+}
+
+/// Strict order by priority: every VM gets more CU time than every VM of
+/// a lower priority, and the top VM at least `top_min` of all CU time.
+pub fn strict_order(r: &PolicyReport, top_min: f64) -> Figure {
+    let mut v: Vec<(u8, f64)> = r.vms.iter().map(|v| (v.priority, v.cu_time_us)).collect();
+    v.sort_by_key(|x| std::cmp::Reverse(x.0));
+    let pairs = v.windows(2).filter(|w| w[0].0 > w[1].0).count();
+    let ordered = v
+        .windows(2)
+        .filter(|w| w[0].0 > w[1].0 && w[0].1 > w[1].1)
+        .count();
+    let total: f64 = v.iter().map(|x| x.1).sum();
+    let top = if total > 0.0 { v[0].1 / total } else { 0.0 };
+    Figure::new(
+        format!("{ordered}/{pairs} levels ordered, top {:.1}%", top * 100.0),
+        ordered == pairs && top >= top_min,
+    )
+}
+
+/// Every job of every VM completed, or has waited by the end, no longer
+/// than `factor` x the aging bound.
+pub fn within_aging(run: &RunOutput, aging_ns: u64, factor: f64) -> Figure {
+    let worst = run
+        .vm_runs
+        .iter()
+        .max_by_key(|v| v.max_job_age_ns)
+        .map(|v| (v.name.as_str(), v.max_job_age_ns))
+        .unwrap_or(("-", 0));
+    let bound = aging_ns as f64 * factor;
+    Figure::new(
+        format!(
+            "worst job {:.0} ms ({}), bound {:.0} ms",
+            worst.1 as f64 / 1e6,
+            worst.0,
+            bound / 1e6
+        ),
+        worst.1 as f64 <= bound,
+    )
+}
+
+/// Hi p99 <= `factor` x isolated p99 + `extra_us`.
+pub fn hi_p99_bound(r: &PolicyReport, factor: f64, extra_us: f64) -> Figure {
+    match (r.hi_p99_us, r.hi_isolated_p99_us) {
+        (Some(p), Some(iso)) => {
+            let bound = factor * iso + extra_us;
+            Figure::new(
+                format!("p99 {p:.0} us, iso {iso:.0} us, bound {bound:.0} us"),
+                p <= bound,
+            )
+        }
+        _ => Figure::new("no hi jobs".into(), false),
+    }
+}
+
+/// lo_throughput_retained >= `min`.
+pub fn lo_retained(r: &PolicyReport, min: f64) -> Figure {
+    match r.lo_throughput_retained {
+        Some(x) => Figure::new(format!("{x:.3}"), x >= min),
+        None => Figure::new("no lo VMs".into(), false),
+    }
+}
+
+/// Modelled CWSR save + restore time <= `max` of the run.
+pub fn cwsr_fraction(r: &PolicyReport, duration_ms: u64, max: f64) -> Figure {
+    let f = r.save_restore_us_total / (duration_ms as f64 * 1000.0);
+    Figure::new(
+        format!(
+            "{:.1}% ({:.0} ms)",
+            f * 100.0,
+            r.save_restore_us_total / 1000.0
+        ),
+        f <= max,
+    )
+}
+
+/// Jain index >= `min`.
+pub fn jain_at_least(r: &PolicyReport, min: f64) -> Figure {
+    match r.jain_index {
+        Some(j) => Figure::new(format!("jain {j:.4}"), j >= min),
+        None => Figure::new("no jain".into(), false),
+    }
+}
+
+/// Lost / duplicated effects and queue errors all zero.
+pub fn exactly_once(run: &RunOutput) -> bool {
+    run.lost_effects == 0 && run.duplicate_effects == 0 && run.queue_errors == 0
+}
+
+/// Which promises to run and how.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// Arrival seeds.
+    pub seeds: Vec<u64>,
+    /// Policy under test.
+    pub policy: Policy,
+    /// Only targets whose name contains this.
+    pub filter: Option<String>,
+    /// Length of the exactly-once runs (every built-in, every policy but
+    /// `reset`), ms; `None`: skip them.
+    pub exactly_once_ms: Option<u64>,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            seeds: vec![1, 2, 3],
+            policy: Policy::Hqdmux,
+            filter: None,
+            exactly_once_ms: Some(500),
+        }
+    }
+}
+
+/// A promise: its name, its target in words, and the figure of one seed.
+type Check<'a> = (String, String, Box<dyn Fn(&Ctx) -> Figure + 'a>);
+
+/// One seed's run of a scenario: report, raw output, and the baseline of
+/// its `top` or `light` tenant alone.
+struct Ctx {
+    report: PolicyReport,
+    run: RunOutput,
+    alone: Option<PolicyReport>,
+}
+
+/// Runs every promise over the built-in scenarios (see docs/scenarios.md
+/// for the list and the targets).
+pub fn check_all(opts: &CheckOptions) -> Result<Vec<Outcome>, EvalError> {
+    let mut out = Vec::new();
+    let wanted = |n: &str| opts.filter.as_deref().is_none_or(|f| n.contains(f));
+    let builtin = |n: &str| Scenario::builtin(n).expect("built-in scenarios parse");
+    let mut plan: Vec<(Scenario, Vec<Check>)> = Vec::new();
+    // Priority: the top VM keeps >= 95% of its GPU time alone.
+    for n in ["prio-inv", "prio-inv-long", "prio-inv-rev"] {
+        for sc in builtin(n).expand() {
+            let c: Check = (
+                format!("{}: top CU time vs alone", sc.name),
+                ">= 0.95".into(),
+                Box::new(|c: &Ctx| {
+                    keeps_alone_share(&c.report, c.alone.as_ref().unwrap(), "top", 0.95)
+                }),
+            );
+            plan.push((sc, vec![c]));
+        }
+    }
+    {
+        let sc = builtin("ladder16");
+        let aging = sc.scheduler.clone().unwrap_or_default().aging_ns;
+        let checks: Vec<Check> = vec![
+            (
+                "ladder16: strict order".into(),
+                "all levels ordered, top >= 90%".into(),
+                Box::new(|c: &Ctx| strict_order(&c.report, 0.9)),
+            ),
+            (
+                "ladder16: every VM served".into(),
+                "every job <= 1.5 x aging_ns".into(),
+                Box::new(move |c: &Ctx| within_aging(&c.run, aging, 1.5)),
+            ),
+        ];
+        plan.push((sc, checks));
+    }
+    for n in ["equal-queues", "equal-depth", "equal-jobsize", "weights124"] {
+        let c: Check = (
+            format!("{n}: equal CU time / weight"),
+            "min/max >= 0.95".into(),
+            Box::new(|c: &Ctx| equal_shares(&c.report, &[], 0.95)),
+        );
+        plan.push((builtin(n), vec![c]));
+    }
+    {
+        let checks: Vec<Check> = vec![
+            (
+                "undershare: light p99 vs isolated".into(),
+                "<= 2x isolated".into(),
+                Box::new(|c: &Ctx| hi_p99_bound(&c.report, 2.0, 0.0)),
+            ),
+            (
+                "undershare: saturating VMs equal".into(),
+                "min/max >= 0.95".into(),
+                Box::new(|c: &Ctx| equal_shares(&c.report, &["sat"], 0.95)),
+            ),
+            (
+                "undershare: light served in full".into(),
+                ">= 0.95 of its CU time alone".into(),
+                Box::new(|c: &Ctx| {
+                    keeps_alone_share(&c.report, c.alone.as_ref().unwrap(), "light", 0.95)
+                }),
+            ),
+        ];
+        plan.push((builtin("undershare"), checks));
+    }
+    for n in ["rt5k", "rt200"] {
+        let sc = builtin(n);
+        let cwsr_us = cwsr_save_restore_ns(&topology(&sc)?) as f64 / 1000.0;
+        let ms = sc.duration_ms;
+        let checks: Vec<Check> = vec![
+            (
+                format!("{n}: rt p99"),
+                format!("<= 1.1x iso + {cwsr_us:.0} us (CWSR)"),
+                Box::new(move |c: &Ctx| hi_p99_bound(&c.report, 1.1, cwsr_us)),
+            ),
+            (
+                format!("{n}: lo retained"),
+                ">= 0.9".into(),
+                Box::new(|c: &Ctx| lo_retained(&c.report, 0.9)),
+            ),
+            (
+                format!("{n}: CWSR time"),
+                "<= 10% of the run".into(),
+                Box::new(move |c: &Ctx| cwsr_fraction(&c.report, ms, 0.1)),
+            ),
+        ];
+        plan.push((sc, checks));
+    }
+    {
+        let sc = builtin("aging");
+        let aging = sc.scheduler.clone().unwrap_or_default().aging_ns;
+        let c: Check = (
+            "aging: every job served".into(),
+            "every job <= 1.5 x aging_ns".into(),
+            Box::new(move |c: &Ctx| within_aging(&c.run, aging, 1.5)),
+        );
+        plan.push((sc, vec![c]));
+    }
+    // The existing built-ins' targets.
+    {
+        let c: Check = (
+            "seed: hi p99".into(),
+            "<= 1.05x isolated".into(),
+            Box::new(|c: &Ctx| hi_p99_bound(&c.report, 1.05, 0.0)),
+        );
+        plan.push((builtin("seed"), vec![c]));
+    }
+    for n in ["disb-a", "disb-b", "disb-c", "disb-d", "disb-e"] {
+        let sc = builtin(n);
+        let cwsr_us = cwsr_save_restore_ns(&topology(&sc)?) as f64 / 1000.0;
+        let checks: Vec<Check> = vec![
+            (
+                format!("{n}: hi p99"),
+                format!("<= 1.05x iso + {cwsr_us:.0} us (CWSR)"),
+                Box::new(move |c: &Ctx| hi_p99_bound(&c.report, 1.05, cwsr_us)),
+            ),
+            (
+                format!("{n}: lo retained"),
+                ">= 0.95".into(),
+                Box::new(|c: &Ctx| lo_retained(&c.report, 0.95)),
+            ),
+        ];
+        plan.push((sc, checks));
+    }
+    {
+        let c: Check = (
+            "flood: jain".into(),
+            ">= 0.99".into(),
+            Box::new(|c: &Ctx| jain_at_least(&c.report, 0.99)),
+        );
+        plan.push((builtin("flood"), vec![c]));
+    }
+
+    for (sc, checks) in &plan {
+        let checks: Vec<&Check> = checks.iter().filter(|c| wanted(&c.0)).collect();
+        if checks.is_empty() {
+            continue;
+        }
+        let mut outcomes: Vec<Outcome> = checks
+            .iter()
+            .map(|c| Outcome {
+                name: c.0.clone(),
+                measured: Vec::new(),
+                target: c.1.clone(),
+                pass: true,
+                failures: Vec::new(),
+            })
+            .collect();
+        for &seed in &opts.seeds {
+            let (report, run) = evaluate_full(sc, opts.policy, seed)?;
+            // The baseline of the tenant a check compares with itself alone.
+            let alone_of = ["top", "light"]
+                .into_iter()
+                .find(|n| sc.tenants.iter().any(|t| t.name == *n));
+            let alone = match alone_of {
+                Some(n) => Some(evaluate_full(&sc.only_tenants(&[n]), opts.policy, seed)?.0),
+                None => None,
+            };
+            let ctx = Ctx { report, run, alone };
+            for (c, o) in checks.iter().zip(&mut outcomes) {
+                let f = (c.2)(&ctx);
+                o.measured.push(f.measured);
+                if !f.pass {
+                    o.pass = false;
+                    o.failures.push(ctx.report.clone());
+                }
+            }
+        }
+        out.extend(outcomes);
+    }
+    if let Some(ms) = opts.exactly_once_ms.filter(|_| wanted("exactly-once")) {
+        out.push(exactly_once_all(&opts.seeds, ms)?);
+    }
+    Ok(out)
+}
+
+/// Every built-in (sweeps expanded), shortened to `ms`, under every policy
+/// but `reset`, for every seed: no lost or duplicated effect, no queue error.
+pub fn exactly_once_all(seeds: &[u64], ms: u64) -> Result<Outcome, EvalError> {
+    let mut runs = 0;
+    let mut bad = Vec::new();
+    for (name, _) in BUILTIN {
+        let mut s = Scenario::builtin(name).expect("built-in scenarios parse");
+        s.duration_ms = s.duration_ms.min(ms);
+        for sc in s.expand() {
+            for p in Policy::ALL.iter().filter(|p| **p != Policy::Reset) {
+                for &seed in seeds {
+                    let r = simulate(&sc, *p, seed)?;
+                    runs += 1;
+                    if !exactly_once(&r) {
+                        bad.push(format!(
+                            "{} {} seed {seed}: lost {} dup {} errors {}",
+                            sc.name,
+                            p.name(),
+                            r.lost_effects,
+                            r.duplicate_effects,
+                            r.queue_errors
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(Outcome {
+        name: "exactly-once (all built-ins, all policies but reset)".into(),
+        measured: vec![if bad.is_empty() {
+            format!("{runs} runs clean")
+        } else {
+            bad.join("; ")
+        }],
+        target: format!("0 lost, 0 dup, 0 errors ({ms} ms runs)"),
+        pass: bad.is_empty(),
+        failures: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::VmReport;
+
+    fn vm(name: &str, priority: u8, weight: u32, cu: f64) -> VmReport {
+        VmReport {
+            name: name.into(),
+            priority,
+            weight,
+            cu_time_us: cu,
+            ..Default::default()
+        }
+    }
+
+    fn report(vms: Vec<VmReport>) -> PolicyReport {
+        PolicyReport {
+            vms,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cwsr_bound_follows_the_topology_model() {
+        let t = GpuTopology::default();
+        let one = cwsr_save_restore_ns(&t);
+        // 38 CUs x 0x95000 bytes + control stack at 200 GB/s, twice, plus
+        // trap and restore start.
+        let bytes = t.ctl_stack_bytes_per_xcc() as u64 + 38 * 0x95000;
+        assert_eq!(one, 2 * (5_000 + bytes * 1000 / 200_000));
+        let mut slow = t.clone();
+        slow.cwsr.save_bytes_per_us /= 2;
+        assert!(cwsr_save_restore_ns(&slow) > one);
+    }
+
+    #[test]
+    fn shares_compare_cu_time_per_weight_of_the_named_vms() {
+        let r = report(vec![
+            vm("w1", 6, 1, 100.0),
+            vm("w2", 6, 2, 196.0),
+            vm("sat-0", 6, 1, 50.0),
+            vm("sat-1", 6, 1, 50.0),
+            vm("saturn", 6, 1, 1.0),
+        ]);
+        assert!((weighted_min_max(&r, &["w1", "w2"]) - 0.98).abs() < 1e-9);
+        assert_eq!(weighted_min_max(&r, &["sat"]), 1.0, "saturn is not sat-i");
+        assert!(equal_shares(&r, &["w1", "w2"], 0.95).pass);
+        assert!(!equal_shares(&r, &[], 0.95).pass);
+    }
+
+    #[test]
+    fn strict_order_needs_every_level_above_the_next_and_a_dominant_top() {
+        let ok = report(vec![
+            vm("a", 15, 1, 950.0),
+            vm("b", 14, 1, 30.0),
+            vm("c", 0, 1, 20.0),
+        ]);
+        let f = strict_order(&ok, 0.9);
+        assert!(f.pass, "{}", f.measured);
+        assert!(
+            f.measured.starts_with("2/2 levels ordered"),
+            "{}",
+            f.measured
+        );
+        let tie = report(vec![
+            vm("a", 15, 1, 950.0),
+            vm("b", 14, 1, 20.0),
+            vm("c", 0, 1, 20.0),
+        ]);
+        assert!(!strict_order(&tie, 0.9).pass);
+        let weak_top = report(vec![vm("a", 15, 1, 60.0), vm("b", 14, 1, 40.0)]);
+        assert!(!strict_order(&weak_top, 0.9).pass);
+    }
+
+    #[test]
+    fn alone_share_and_latency_bounds() {
+        let with = report(vec![vm("top", 15, 1, 96.0), vm("under-0", 14, 1, 4.0)]);
+        let alone = report(vec![vm("top", 15, 1, 100.0)]);
+        assert!(keeps_alone_share(&with, &alone, "top", 0.95).pass);
+        assert!(!keeps_alone_share(&with, &alone, "top", 0.97).pass);
+        let r = PolicyReport {
+            hi_p99_us: Some(1300.0),
+            hi_isolated_p99_us: Some(1000.0),
+            ..Default::default()
+        };
+        assert!(!hi_p99_bound(&r, 1.05, 0.0).pass);
+        assert!(hi_p99_bound(&r, 1.05, 250.0).pass);
+        assert!(!hi_p99_bound(&PolicyReport::default(), 2.0, 0.0).pass);
+        let r = PolicyReport {
+            save_restore_us_total: 150_000.0,
+            ..Default::default()
+        };
+        assert!(!cwsr_fraction(&r, 1000, 0.1).pass);
+        assert!(cwsr_fraction(&r, 2000, 0.1).pass);
+    }
+}

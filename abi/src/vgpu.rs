@@ -46,14 +46,7 @@ pub mod reg {
     pub const CTX_SAVE_SIZE: usize = CWSR_SIZE;
     /// ro: least `cp_hqd_cntl_stack_size` per XCC (KFD `ctl_stack_size`).
     pub const CTL_STACK_SIZE: usize = 0x01C;
-    /// v1 only (`WAIT_SIGNAL_LO`); 0x020..0x02C is reserved in v2. Kept,
-    /// with a transitional host wait, only until the guest runtime waits by
-    /// interrupt (guest-tools), then removed.
-    pub const WAIT_SIGNAL_LO: usize = 0x020;
-    /// v1 only (`WAIT_SIGNAL_HI`); see [`WAIT_SIGNAL_LO`].
-    pub const WAIT_SIGNAL_HI: usize = 0x024;
-    /// v1 only (`WAIT_RESULT`); see [`WAIT_SIGNAL_LO`].
-    pub const WAIT_RESULT: usize = 0x028;
+    // 0x020..0x02C: reserved (ABI v1's WAIT registers); reads 0.
     /// ro: debug area per XCC after all save areas (KFD `debug_memory_size`).
     pub const DEBUG_MEMORY_SIZE: usize = 0x02C;
     /// ro: EOP buffer bytes (KFD `eop_buffer_size`).
@@ -109,19 +102,6 @@ pub mod hqd_state {
     pub const ON_HQD: u32 = 2;
     /// Dequeue requested, not finished (`CP_HQD_ACTIVE` still reads 1).
     pub const DEQUEUING: u32 = 3;
-}
-
-/// v1 `WAIT_RESULT` values: v1 only, kept until the guest runtime waits by
-/// interrupt (guest-tools), then removed. The v2 device has no WAIT registers.
-pub mod wait_result {
-    /// The signal reached 0.
-    pub const DONE: u32 = 0;
-    /// A queue of this VM is in error.
-    pub const QUEUE_ERROR: u32 = 1;
-    /// 10 s passed.
-    pub const TIMEOUT: u32 = 2;
-    /// The signal address is not in the VM's RAM.
-    pub const BAD_SIGNAL: u32 = 3;
 }
 
 /// `CP_HQD_ERROR` codes: why a queue stopped (or a load was refused).

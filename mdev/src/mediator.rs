@@ -299,6 +299,11 @@ impl Mediator {
     pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
         let st = lock(&self.st);
         st.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        // Bring the scheduler's clock to now: GPU time then includes the
+        // period a queue has been running since the last event (a long
+        // kernel otherwise reads as 0 until it completes).
+        let now = self.now();
+        let st = self.pump(st, Event::Tick { now });
         let id = VmId(vm.0);
         Some((st.sched.vm_params(id)?, st.sched.vm_stats(id)?))
     }

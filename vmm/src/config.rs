@@ -44,6 +44,29 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<u32> = 0..=15;
 pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
 /// Longest VM name (bytes).
 pub const MAX_NAME_LEN: usize = 64;
+/// Run timeouts (`[run] timeout_ms` and `hqdmux run --timeout-ms`), in
+/// milliseconds: at least 1, at most 30 days.
+pub const TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=30 * 24 * 3600 * 1000;
+
+/// Checks a run timeout in milliseconds; the reason is shared by the config
+/// field `run.timeout_ms` and the `--timeout-ms` option.
+pub fn check_timeout_ms(ms: u64) -> Result<(), String> {
+    if ms < *TIMEOUT_MS_RANGE.start() {
+        Err(format!(
+            "{ms} is out of range {}..={} (must be at least 1 ms; omit it to wait forever)",
+            TIMEOUT_MS_RANGE.start(),
+            TIMEOUT_MS_RANGE.end()
+        ))
+    } else if ms > *TIMEOUT_MS_RANGE.end() {
+        Err(format!(
+            "{ms} is out of range {}..={} (at most 30 days)",
+            TIMEOUT_MS_RANGE.start(),
+            TIMEOUT_MS_RANGE.end()
+        ))
+    } else {
+        Ok(())
+    }
+}
 
 /// A whole run: VMs, GPU and run limits.
 #[derive(Debug, Clone)]
@@ -252,6 +275,14 @@ pub enum ConfigError {
         /// The parser's message (with line, column and field).
         message: String,
     },
+    /// The fleet is valid but this host cannot start it.
+    #[error("{file}: cannot start on this host: {reason}")]
+    Host {
+        /// The config file.
+        file: PathBuf,
+        /// What would run out, with the numbers.
+        reason: String,
+    },
     /// A value that parses but is not acceptable.
     #[error("{file}: {place}field `{field}`: {reason}")]
     Invalid {
@@ -349,8 +380,8 @@ impl FleetConfig {
         if self.vm.is_empty() {
             return Err(top("vm", "no [[vm]] entries: nothing to launch".into()));
         }
-        if self.run.timeout_ms == Some(0) {
-            return Err(top("run.timeout_ms", "must be at least 1".into()));
+        if let Some(ms) = self.run.timeout_ms {
+            check_timeout_ms(ms).map_err(|reason| top("run.timeout_ms", reason))?;
         }
         if let Err(e) = self.gpu.validate() {
             let (field, reason) = topology_error(&e);
@@ -467,24 +498,21 @@ impl FleetConfig {
                         ));
                     }
                 },
-                ImageSource::File(path) => {
-                    if path.is_dir() {
-                        return Err(bad(
-                            "image",
-                            format!("{} is a directory, not an ELF file", path.display()),
-                        ));
-                    }
-                    std::borrow::Cow::Owned(std::fs::read(&path).map_err(|e| {
+                ImageSource::File(path) => std::borrow::Cow::Owned(
+                    read_image_file(&path, vm.memory_mib << 20).map_err(|e| {
                         bad(
                             "image",
-                            if e.kind() == std::io::ErrorKind::NotFound {
-                                format!("image file {} not found", path.display())
-                            } else {
-                                format!("cannot read image file {}: {e}", path.display())
+                            match e {
+                                ImageFileError::Open(e)
+                                    if e.kind() == std::io::ErrorKind::NotFound =>
+                                {
+                                    format!("image file {} not found", path.display())
+                                }
+                                e => format!("image file {}: {e}", path.display()),
                             },
                         )
-                    })?)
-                }
+                    })?,
+                ),
             };
             if let Err(why) = crate::boot::check_elf(&elf, vm.memory_mib << 20) {
                 return Err(bad("image", format!("{}: {why}", vm.image)));
@@ -492,6 +520,98 @@ impl FleetConfig {
         }
         Ok(())
     }
+}
+
+/// Why an image file was refused ([`read_image_file`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ImageFileError {
+    /// `open(2)` failed.
+    #[error("cannot open: {0}")]
+    Open(std::io::Error),
+    /// `fstat(2)` or `read(2)` failed.
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    /// Not a regular file (a device, FIFO, socket or directory).
+    #[error("is a {0}, not a regular file")]
+    NotRegular(&'static str),
+    /// Larger than the VM's RAM: it cannot be loaded.
+    #[error("{size} bytes is larger than the VM's {max}-byte RAM it must be loaded into")]
+    TooLarge {
+        /// File size (bytes).
+        size: u64,
+        /// The cap (bytes).
+        max: u64,
+    },
+    /// The first bytes are not the ELF magic.
+    #[error("not an ELF file (first bytes {0:02x?}, expected 7f 45 4c 46)")]
+    NotElf(Vec<u8>),
+}
+
+/// Reads a guest image file, bounded and without blocking:
+///
+/// - opened with `O_NONBLOCK` (a FIFO or device cannot block the open) and
+///   `O_CLOEXEC`; symbolic links are followed (images are often links to
+///   build outputs) and the type checks below apply to the file opened;
+/// - `fstat` first: anything but a regular file is refused, naming its type;
+/// - a file larger than `max_bytes` (the VM's RAM) is refused before any read;
+/// - the first 4 bytes must be the ELF magic before the rest is read;
+/// - at most `max_bytes` are read even if the file grows meanwhile.
+pub fn read_image_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, ImageFileError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(ImageFileError::Open)?;
+    let meta = file.metadata().map_err(ImageFileError::Read)?;
+    let ft = meta.file_type();
+    let kind = if ft.is_file() {
+        None
+    } else if ft.is_dir() {
+        Some("directory")
+    } else if ft.is_fifo() {
+        Some("FIFO")
+    } else if ft.is_char_device() {
+        Some("character device")
+    } else if ft.is_block_device() {
+        Some("block device")
+    } else if ft.is_socket() {
+        Some("socket")
+    } else {
+        Some("special file")
+    };
+    if let Some(kind) = kind {
+        return Err(ImageFileError::NotRegular(kind));
+    }
+    if meta.len() > max_bytes {
+        return Err(ImageFileError::TooLarge {
+            size: meta.len(),
+            max: max_bytes,
+        });
+    }
+    let mut magic = Vec::with_capacity(4);
+    (&mut file)
+        .take(4)
+        .read_to_end(&mut magic)
+        .map_err(ImageFileError::Read)?;
+    if magic != b"\x7fELF" {
+        return Err(ImageFileError::NotElf(magic));
+    }
+    let mut elf = magic;
+    elf.reserve(meta.len().saturating_sub(4) as usize);
+    // One byte more than allowed tells a file that grew past the cap.
+    (&mut file)
+        .take(max_bytes.saturating_sub(4).saturating_add(1))
+        .read_to_end(&mut elf)
+        .map_err(ImageFileError::Read)?;
+    if elf.len() as u64 > max_bytes {
+        return Err(ImageFileError::TooLarge {
+            size: elf.len() as u64,
+            max: max_bytes,
+        });
+    }
+    Ok(elf)
 }
 
 /// The field a topology error is about and why, without the `gpu.` prefix
@@ -570,6 +690,154 @@ impl FleetConfig {
             s += &format!("gpu: pinned VMs (vm->partition): {}\n", pinned.join(", "));
         }
         s
+    }
+}
+
+/// Open files `hqdmux run` holds for the whole process, whatever the fleet:
+/// stdin/stdout/stderr, `/dev/kvm`, the event loop's epoll fd, the run
+/// timer, the stop eventfd and its clone, the control socket's listener, and
+/// headroom for control-socket connections, mediator threads and logging.
+pub const BASE_OPEN_FILES: u64 = 32;
+/// Open files per VM: the KVM VM fd, the memfd behind its RAM, and the
+/// end-of-run eventfd with its clone (one per vCPU is added).
+pub const OPEN_FILES_PER_VM: u64 = 4;
+/// Extra open files per `gpu = true` VM: reserved for one doorbell
+/// ioeventfd per virtual HQD and one completion irqfd (the ioeventfd/irqfd
+/// vGPU wiring); an MMIO-doorbell vGPU uses none of them, so this errs on
+/// the safe side.
+pub const OPEN_FILES_PER_GPU_VM: u64 = abi::vgpu::NUM_VHQD as u64 + 1;
+
+/// What a fleet is predicted to need from the host ([`FleetConfig::needs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetNeeds {
+    /// Open file descriptors at the peak (every VM built and running).
+    pub open_files: u64,
+    /// Guest RAM of all VMs (bytes). Guest RAM is a memfd populated on
+    /// first touch, so this is the most the guests can use.
+    pub memory_bytes: u64,
+}
+
+/// What the host offers ([`HostLimits::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostLimits {
+    /// The soft `RLIMIT_NOFILE` (after [`raise_open_files_limit`]).
+    pub open_files: u64,
+    /// `MemAvailable` of `/proc/meminfo` (bytes), if readable.
+    pub mem_available: Option<u64>,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (what an unprivileged
+/// process may do) and returns the new soft limit. `hqdmux run` and `check`
+/// call it first, so `check` predicts with the limit `run` will have.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r.rlim_cur = r.rlim_max;
+            } else {
+                log::warn!(
+                    "cannot raise the open-files limit from {} to {}: {}",
+                    r.rlim_cur,
+                    r.rlim_max,
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+    Ok(r.rlim_cur)
+}
+
+impl HostLimits {
+    /// Reads the current soft `RLIMIT_NOFILE` and `MemAvailable`.
+    pub fn probe() -> Self {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit with a valid rlimit struct.
+        let open_files = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+            r.rlim_cur
+        } else {
+            u64::MAX
+        };
+        let mem_available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| mem_available_bytes(&m));
+        Self {
+            open_files,
+            mem_available,
+        }
+    }
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available_bytes(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl FleetConfig {
+    /// Predicts the open files and guest RAM `hqdmux run` needs for this
+    /// fleet (an estimate from what `run` opens, see the `OPEN_FILES_*`
+    /// constants; docs/operators.md).
+    pub fn needs(&self) -> FleetNeeds {
+        let mut open_files = BASE_OPEN_FILES;
+        let mut memory_bytes: u64 = 0;
+        for vm in &self.vm {
+            open_files = open_files
+                .saturating_add(OPEN_FILES_PER_VM)
+                .saturating_add(u64::from(vm.vcpus));
+            if vm.gpu {
+                open_files = open_files.saturating_add(OPEN_FILES_PER_GPU_VM);
+            }
+            memory_bytes = memory_bytes.saturating_add(vm.memory_mib.saturating_mul(1 << 20));
+        }
+        FleetNeeds {
+            open_files,
+            memory_bytes,
+        }
+    }
+
+    /// Refuses a fleet this host cannot start: more predicted open files
+    /// than `RLIMIT_NOFILE`, or more guest RAM than `MemAvailable`.
+    pub fn check_host(&self, file: &Path, host: &HostLimits) -> Result<FleetNeeds, ConfigError> {
+        let need = self.needs();
+        let n = self.vm.len();
+        if need.open_files > host.open_files {
+            return Err(ConfigError::Host {
+                file: file.to_owned(),
+                reason: format!(
+                    "{n} VMs need about {} open files, the limit is {} (RLIMIT_NOFILE,                      already raised to its hard limit; raise it with `ulimit -Hn` as root                      or run fewer VMs)",
+                    need.open_files, host.open_files
+                ),
+            });
+        }
+        if let Some(avail) = host.mem_available {
+            if need.memory_bytes > avail {
+                return Err(ConfigError::Host {
+                    file: file.to_owned(),
+                    reason: format!(
+                        "{n} VMs have {} MiB of guest RAM in total, the host has {} MiB                          available (MemAvailable in /proc/meminfo)",
+                        need.memory_bytes >> 20,
+                        avail >> 20
+                    ),
+                });
+            }
+        }
+        Ok(need)
     }
 }
 

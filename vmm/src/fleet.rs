@@ -26,6 +26,9 @@ pub struct RunOptions {
     pub echo: bool,
     /// Serve the operator control socket here while the fleet runs.
     pub api_socket: Option<std::path::PathBuf>,
+    /// Stop every VM when this becomes readable (SIGINT/SIGTERM, see
+    /// [`crate::signals`]); the run then reports like a timeout.
+    pub stop: Option<crate::signals::StopSignal>,
 }
 
 /// Failures before any VM runs (nothing is left running).
@@ -72,6 +75,8 @@ pub struct FleetReport {
     pub vms: Vec<VmReport>,
     /// True if the run timeout stopped some VM.
     pub timed_out: bool,
+    /// True if a stop request ([`RunOptions::stop`]) ended the run.
+    pub stop_requested: bool,
     /// Mediated-GPU counters, when some VM had `gpu = true`.
     pub gpu: Option<mediator::MediatorStats>,
     /// Per-VM GPU accounting at the moment its vGPU was detached (config
@@ -227,7 +232,19 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         done_fds.push(done);
     }
 
-    let monitor = FleetMonitor::new(done_fds, cfg.run.timeout_ms.map(Duration::from_millis))?;
+    let stop_fd = match &opts.stop {
+        Some(s) => Some(
+            s.fd()
+                .try_clone()
+                .map_err(|e| FleetError::EventLoop(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let monitor = FleetMonitor::new(
+        done_fds,
+        cfg.run.timeout_ms.map(Duration::from_millis),
+        stop_fd,
+    )?;
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
     let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
     let mut manager: EventManager<FleetMonitor> =
@@ -248,23 +265,39 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                 reports[i] = Some(vm.stop("VM ended"));
             }
         }
-        if m.timed_out {
+        if m.timed_out || m.stop_requested {
             break;
         }
         if running.iter().all(Option::is_none) {
             break;
         }
     }
-    let timed_out = manager
+    let (timed_out, stop_requested) = manager
         .subscriber_mut(id)
-        .map(|m| m.timed_out)
-        .unwrap_or(false);
+        .map(|m| (m.timed_out, m.stop_requested))
+        .unwrap_or((false, false));
     drop(manager);
+    let why = match (
+        stop_requested,
+        opts.stop.as_ref().and_then(|s| s.received()),
+    ) {
+        (true, Some(sig)) => crate::signals::name(sig),
+        (true, None) => "stop requested".to_owned(),
+        (false, _) => "run timeout".to_owned(),
+    };
+    // Record every remaining VM's outcome as stopped first, so that a guest
+    // woken from a vGPU wait by the detach below cannot report that as its
+    // own exit status.
+    for vm in running.iter().flatten() {
+        vm.halt(&why);
+    }
     for (i, vm) in running.into_iter().enumerate() {
         if let Some(vm) = vm {
-            // Release vCPUs blocked in a vGPU wait before stopping them.
+            control.ended(i);
+            // Release vCPUs blocked in a vGPU wait before joining them; the
+            // detach returns the VM's GPU figures up to now.
             vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
-            reports[i] = Some(vm.stop("run timeout"));
+            reports[i] = Some(vm.stop(&why));
         }
     }
     let gpu = mediator.as_ref().map(|m| m.stats());
@@ -285,6 +318,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .map(|r| r.expect("every VM reported"))
             .collect(),
         timed_out,
+        stop_requested,
         gpu,
         vm_gpu,
     })
@@ -356,19 +390,26 @@ fn detach_vgpu(m: &Option<Arc<Mediator>>, h: Option<VgpuHandle>) -> Option<sched
     stats
 }
 
-/// Event-loop subscriber: one eventfd per VM (signalled when it ends) and
-/// the run timeout's timerfd.
+/// Event-loop subscriber: one eventfd per VM (signalled when it ends), the
+/// run timeout's timerfd and the stop eventfd (SIGINT/SIGTERM).
 struct FleetMonitor {
     done: Vec<EventFd>,
     timer: Option<TimerFd>,
+    stop: Option<EventFd>,
     finished: Vec<usize>,
     timed_out: bool,
+    stop_requested: bool,
 }
 
 const TIMER_TOKEN: u32 = u32::MAX;
+const STOP_TOKEN: u32 = u32::MAX - 1;
 
 impl FleetMonitor {
-    fn new(done: Vec<EventFd>, timeout: Option<Duration>) -> Result<Self, FleetError> {
+    fn new(
+        done: Vec<EventFd>,
+        timeout: Option<Duration>,
+        stop: Option<EventFd>,
+    ) -> Result<Self, FleetError> {
         let timer = match timeout {
             Some(t) => {
                 let mut fd = TimerFd::new().map_err(|e| FleetError::EventLoop(e.to_string()))?;
@@ -381,8 +422,10 @@ impl FleetMonitor {
         Ok(Self {
             done,
             timer,
+            stop,
             finished: Vec::new(),
             timed_out: false,
+            stop_requested: false,
         })
     }
 
@@ -403,6 +446,11 @@ impl MutEventSubscriber for FleetMonitor {
                 log::error!("event loop: cannot watch the run timer: {e:?}");
             }
         }
+        if let Some(s) = &self.stop {
+            if let Err(e) = ops.add(Events::with_data(s, STOP_TOKEN, EventSet::IN)) {
+                log::error!("event loop: cannot watch the stop signal: {e:?}");
+            }
+        }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -412,6 +460,14 @@ impl MutEventSubscriber for FleetMonitor {
             if let Some(t) = self.timer.as_mut() {
                 let _ = t.wait();
                 let _ = ops.remove(Events::with_data(&*t, TIMER_TOKEN, EventSet::IN));
+            }
+            return;
+        }
+        if token == STOP_TOKEN {
+            self.stop_requested = true;
+            if let Some(s) = &self.stop {
+                let _ = s.read();
+                let _ = ops.remove(Events::with_data(s, STOP_TOKEN, EventSet::IN));
             }
             return;
         }

@@ -499,6 +499,13 @@ impl RunningVm {
         &self.mem
     }
 
+    /// Records outcome `Stopped(why)` (unless the VM already ended) and asks
+    /// its vCPUs to stop, without waiting for them: a later event (such as a
+    /// vGPU detach waking a guest's wait) cannot then change the outcome.
+    pub fn halt(&self, why: &str) {
+        self.shared.finish(VmOutcome::Stopped(why.to_owned()));
+    }
+
     /// Stops the VM (if still running) with outcome `Stopped(why)`, joins its
     /// vCPU threads and returns its report. Guest memory is dropped only after.
     pub fn stop(mut self, why: &str) -> VmReport {

@@ -1053,6 +1053,161 @@ mod tests {
         );
     }
 
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("hqdmux-config-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn image_files_are_refused_unless_regular_bounded_elf() {
+        let dir = temp_dir("img");
+        let elf = images::builtin("hello").unwrap();
+        let good = dir.join("good.elf");
+        std::fs::write(&good, elf).unwrap();
+        assert_eq!(read_image_file(&good, 16 << 20).unwrap(), elf);
+        // The cap is the VM's RAM: one byte less than the file is refused.
+        let e = read_image_file(&good, elf.len() as u64 - 1).unwrap_err();
+        assert!(
+            matches!(e, ImageFileError::TooLarge { size, .. } if size == elf.len() as u64),
+            "{e}"
+        );
+        // A sparse 1 GiB file is refused from its size, before any read.
+        let big = dir.join("big.elf");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        let e = read_image_file(&big, 16 << 20).unwrap_err().to_string();
+        assert!(e.starts_with("1073741824 bytes is larger than"), "{e}");
+        // Not ELF: refused from the first bytes.
+        let text = dir.join("text");
+        std::fs::write(&text, b"#!/bin/sh\n").unwrap();
+        let e = read_image_file(&text, 16 << 20).unwrap_err();
+        assert!(
+            matches!(&e, ImageFileError::NotElf(m) if m == b"#!/b"),
+            "{e}"
+        );
+        let e = read_image_file(Path::new("/dev/zero"), 16 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "is a character device, not a regular file");
+        let e = read_image_file(&dir, 16 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "is a directory, not a regular file");
+        let fifo = dir.join("fifo");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opening a FIFO without a writer would block without O_NONBLOCK.
+        let e = read_image_file(&fifo, 16 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "is a FIFO, not a regular file");
+        let e = read_image_file(&dir.join("none"), 16 << 20).unwrap_err();
+        assert!(
+            matches!(&e, ImageFileError::Open(io) if io.kind() == std::io::ErrorKind::NotFound)
+        );
+        // Through the config: file, VM, field and reason.
+        let e = err(&GOOD.replace("builtin:hello", "/dev/zero"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `image`: image file /dev/zero: \
+             is a character device, not a regular file"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn run_timeout_has_one_range_for_the_file_and_the_option() {
+        assert!(check_timeout_ms(0)
+            .unwrap_err()
+            .contains("0 is out of range 1..="));
+        assert!(check_timeout_ms(1).is_ok());
+        assert!(check_timeout_ms(*TIMEOUT_MS_RANGE.end()).is_ok());
+        assert!(check_timeout_ms(u64::MAX).is_err());
+        let e = err(&format!("[run]\ntimeout_ms = 0\n{GOOD}"));
+        assert_eq!(
+            e,
+            format!(
+                "/cfg/fleet.toml: field `run.timeout_ms`: {}",
+                check_timeout_ms(0).unwrap_err()
+            )
+        );
+    }
+
+    fn fleet(n: usize, vm_extra: &str) -> FleetConfig {
+        let mut text = String::new();
+        for i in 0..n {
+            text += &format!("[[vm]]\nname = \"v{i}\"\nimage = \"builtin:hello\"\n{vm_extra}\n");
+        }
+        parse(&text).unwrap()
+    }
+
+    #[test]
+    fn needs_grow_with_vms_vcpus_and_gpus() {
+        let one = fleet(1, "").needs();
+        let two = fleet(2, "").needs();
+        assert_eq!(two.open_files - one.open_files, OPEN_FILES_PER_VM + 1);
+        assert_eq!(two.memory_bytes, 2 * (16 << 20));
+        let v4 = fleet(1, "vcpus = 4").needs();
+        assert_eq!(v4.open_files - one.open_files, 3);
+        let g = fleet(1, "gpu = true\nmemory_mib = 256").needs();
+        assert_eq!(g.open_files - one.open_files, OPEN_FILES_PER_GPU_VM);
+        assert_eq!(g.memory_bytes, 256 << 20);
+    }
+
+    #[test]
+    fn check_host_refuses_a_fleet_beyond_the_open_files_or_memory() {
+        let cfg = fleet(3, "");
+        let need = cfg.needs();
+        let file = Path::new("/cfg/fleet.toml");
+        let roomy = HostLimits {
+            open_files: need.open_files,
+            mem_available: Some(need.memory_bytes),
+        };
+        assert_eq!(cfg.check_host(file, &roomy).unwrap(), need);
+        let e = cfg
+            .check_host(
+                file,
+                &HostLimits {
+                    open_files: need.open_files - 1,
+                    ..roomy
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/cfg/fleet.toml: cannot start on this host: 3 VMs need about")
+                && e.contains(&format!(
+                    "the limit is {} (RLIMIT_NOFILE",
+                    need.open_files - 1
+                )),
+            "{e}"
+        );
+        let e = cfg
+            .check_host(
+                file,
+                &HostLimits {
+                    mem_available: Some(need.memory_bytes - 1),
+                    ..roomy
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("48 MiB of guest RAM in total"), "{e}");
+        // Unknown available memory is not a reason to refuse.
+        let unknown = HostLimits {
+            mem_available: None,
+            ..roomy
+        };
+        assert!(cfg.check_host(file, &unknown).is_ok());
+    }
+
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let m = "MemTotal:       24684092 kB\nMemFree: 1 kB\nMemAvailable:   22928276 kB\n";
+        assert_eq!(mem_available_bytes(m), Some(22928276 * 1024));
+        assert_eq!(mem_available_bytes("MemTotal: 5 kB\n"), None);
+        assert_eq!(mem_available_bytes("MemAvailable: lots kB\n"), None);
+    }
+
     #[test]
     fn vm_partition_must_exist_in_the_topology() {
         let e = err(&format!("{GOOD}partition = 1\n"));

@@ -41,7 +41,7 @@ const INFO: &[(&str, ImageInfo)] = &[
                 ),
                 ("code=N", "exit status for mode=exit (default 1)"),
             ],
-            exit: "mode=exit: `code`; panic: the runtime's panic status; the other modes do not exit",
+            exit: "mode=exit: `code`; mode=panic: 254 after a `guest panic: ...` line; the other modes do not exit",
         },
     ),
     (

@@ -820,7 +820,7 @@ impl FleetConfig {
             return Err(ConfigError::Host {
                 file: file.to_owned(),
                 reason: format!(
-                    "{n} VMs need about {} open files, the limit is {} (RLIMIT_NOFILE,                      already raised to its hard limit; raise it with `ulimit -Hn` as root                      or run fewer VMs)",
+                    "{n} VMs need about {} open files, the limit is {} (RLIMIT_NOFILE, already raised to its hard limit; raise it with `ulimit -Hn` as root or run fewer VMs)",
                     need.open_files, host.open_files
                 ),
             });
@@ -830,7 +830,7 @@ impl FleetConfig {
                 return Err(ConfigError::Host {
                     file: file.to_owned(),
                     reason: format!(
-                        "{n} VMs have {} MiB of guest RAM in total, the host has {} MiB                          available (MemAvailable in /proc/meminfo)",
+                        "{n} VMs have {} MiB of guest RAM in total, the host has {} MiB available (MemAvailable in /proc/meminfo)",
                         need.memory_bytes >> 20,
                         avail >> 20
                     ),

@@ -64,6 +64,10 @@ pub enum FleetError {
     /// The control socket could not be opened.
     #[error("api socket {0}: {1}")]
     Api(String, std::io::Error),
+    /// A stop request (SIGINT/SIGTERM) arrived while the VMs were being
+    /// built: the launch was abandoned before any guest ran.
+    #[error("stopped by {0} before any VM started")]
+    Stopped(String),
 }
 
 /// The result of a fleet run.
@@ -160,6 +164,11 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     // before any guest runs.
     let mut built = Vec::with_capacity(cfg.vm.len());
     for (id, vc) in cfg.vm.iter().enumerate() {
+        // Building thousands of VMs takes a while: honour a signal now
+        // rather than after every VM was built and started.
+        if let Some(sig) = opts.stop.as_ref().and_then(|s| s.received()) {
+            return Err(FleetError::Stopped(crate::signals::name(sig)));
+        }
         let elf: Arc<[u8]> = match vc.image_source(&cfg.base_dir) {
             ImageSource::Builtin(name) => images::builtin(&name)
                 .ok_or_else(|| FleetError::Image {
@@ -168,11 +177,12 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                     source: std::io::ErrorKind::NotFound.into(),
                 })?
                 .into(),
-            ImageSource::File(path) => std::fs::read(&path)
-                .map_err(|source| FleetError::Image {
+            // Bounded and non-blocking, as `check` reads it.
+            ImageSource::File(path) => crate::config::read_image_file(&path, vc.memory_mib << 20)
+                .map_err(|e| FleetError::Image {
                     vm: vc.name.clone(),
                     path: path.display().to_string(),
-                    source,
+                    source: std::io::Error::other(e),
                 })?
                 .into(),
         };
@@ -476,5 +486,41 @@ impl MutEventSubscriber for FleetMonitor {
             let _ = ops.remove(Events::with_data(fd, token, EventSet::IN));
             self.finished.push(token as usize);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the monitor's event loop once and returns it.
+    fn dispatch(monitor: FleetMonitor) -> FleetMonitor {
+        let mut manager: EventManager<FleetMonitor> = EventManager::new().unwrap();
+        let id = manager.add_subscriber(monitor);
+        manager.run().unwrap();
+        manager.remove_subscriber(id).unwrap()
+    }
+
+    #[test]
+    fn the_stop_eventfd_ends_the_wait_like_the_timer_and_names_no_vm() {
+        let done = vec![
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        ];
+        let stop = EventFd::new(EFD_NONBLOCK).unwrap();
+        stop.write(1).unwrap();
+        let m = dispatch(FleetMonitor::new(done, None, Some(stop)).unwrap());
+        assert!(m.stop_requested && !m.timed_out);
+        assert!(m.finished.is_empty(), "no VM ended");
+        // A VM ending is still told apart from a stop.
+        let done = vec![
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        ];
+        done[1].write(1).unwrap();
+        let stop = EventFd::new(EFD_NONBLOCK).unwrap();
+        let mut m = dispatch(FleetMonitor::new(done, None, Some(stop)).unwrap());
+        assert!(!m.stop_requested);
+        assert_eq!(m.take_finished(), vec![1]);
     }
 }

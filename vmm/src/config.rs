@@ -53,13 +53,15 @@ pub const TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=30 * 24 * 3600 *
 pub fn check_timeout_ms(ms: u64) -> Result<(), String> {
     if ms < *TIMEOUT_MS_RANGE.start() {
         Err(format!(
-            "{ms} is out of range {}..={} (must be at least 1 ms; omit it to wait forever)",
+            "must be at least {} ms, got {ms} (range {}..={}; omit it to wait forever)",
+            TIMEOUT_MS_RANGE.start(),
             TIMEOUT_MS_RANGE.start(),
             TIMEOUT_MS_RANGE.end()
         ))
     } else if ms > *TIMEOUT_MS_RANGE.end() {
         Err(format!(
-            "{ms} is out of range {}..={} (at most 30 days)",
+            "must be at most {} ms (30 days), got {ms} (range {}..={})",
+            TIMEOUT_MS_RANGE.end(),
             TIMEOUT_MS_RANGE.start(),
             TIMEOUT_MS_RANGE.end()
         ))
@@ -508,7 +510,11 @@ impl FleetConfig {
                                 {
                                     format!("image file {} not found", path.display())
                                 }
-                                e => format!("image file {}: {e}", path.display()),
+                                ImageFileError::NotRegular("directory") => {
+                                    format!("{} is a directory, not an ELF file", path.display())
+                                }
+                                // As the ELF checks below word it: the image as written.
+                                e => format!("{}: {e}", vm.image),
                             },
                         )
                     })?,
@@ -543,7 +549,7 @@ pub enum ImageFileError {
         max: u64,
     },
     /// The first bytes are not the ELF magic.
-    #[error("not an ELF file (first bytes {0:02x?}, expected 7f 45 4c 46)")]
+    #[error("not an ELF file (bad magic), first bytes {0:02x?}, expected [7f, 45, 4c, 46]")]
     NotElf(Vec<u8>),
 }
 
@@ -1108,7 +1114,7 @@ mod tests {
         let e = err(&GOOD.replace("builtin:hello", "/dev/zero"));
         assert_eq!(
             e,
-            "/cfg/fleet.toml: vm 'a' (vm[0]): field `image`: image file /dev/zero: \
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `image`: /dev/zero: \
              is a character device, not a regular file"
         );
         std::fs::remove_dir_all(&dir).unwrap();
@@ -1118,7 +1124,10 @@ mod tests {
     fn run_timeout_has_one_range_for_the_file_and_the_option() {
         assert!(check_timeout_ms(0)
             .unwrap_err()
-            .contains("0 is out of range 1..="));
+            .starts_with("must be at least 1 ms, got 0 (range 1..="));
+        assert!(check_timeout_ms(u64::MAX)
+            .unwrap_err()
+            .starts_with("must be at most 2592000000 ms (30 days)"));
         assert!(check_timeout_ms(1).is_ok());
         assert!(check_timeout_ms(*TIMEOUT_MS_RANGE.end()).is_ok());
         assert!(check_timeout_ms(u64::MAX).is_err());

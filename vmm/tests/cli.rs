@@ -498,7 +498,7 @@ fn devices_fifos_and_oversized_images_are_refused_without_reading_them() {
         (
             "/dev/zero",
             16,
-            "image file /dev/zero: is a character device, not a regular file",
+            "field `image`: /dev/zero: is a character device, not a regular file",
         ),
         ("fifo.elf", 16, "fifo.elf: is a FIFO, not a regular file"),
         (
@@ -509,7 +509,7 @@ fn devices_fifos_and_oversized_images_are_refused_without_reading_them() {
         (
             "text.elf",
             256,
-            "text.elf: not an ELF file (first bytes [00, 00, 00, 00]",
+            "text.elf: not an ELF file (bad magic), first bytes [00, 00, 00, 00]",
         ),
     ] {
         let cfg = dir.join("fleet.toml");

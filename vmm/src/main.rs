@@ -17,6 +17,15 @@ Exit codes: 0 ok; 1 a VM failed (or ctl request refused); 2 invalid config,
 bad arguments or fleet unreachable; 130/143 stopped by SIGINT/SIGTERM.
 Operator guide: docs/operators.md";
 
+/// Printed after `run --help`.
+const RUN_AFTER_HELP: &str = "\
+Summary columns (host wall-clock ms; `-` = no data): entry_ms and line_ms from
+the launch to the guest's runtime entry and first console line; run_ms from
+the VM's start to its outcome; gpu_ms p50/max from GPU work submitted to
+completed; gpu_time = GPU time charged to the VM; preempt = preemptions of its
+queues. RUST_LOG sets stderr logging (default `info`, e.g. RUST_LOG=debug).
+Details: docs/operators.md";
+
 /// hqdmux: KVM VMs sharing a mediated AMD compute GPU by priority.
 #[derive(Parser)]
 #[command(version, about, long_about = None, after_help = AFTER_HELP)]
@@ -33,6 +42,7 @@ enum Command {
     /// host cannot start it. SIGINT/SIGTERM stop every VM, print the summary,
     /// remove the control socket and exit 130/143; a second signal exits at
     /// once. Summary columns: docs/operators.md.
+    #[command(after_help = RUN_AFTER_HELP)]
     Run {
         /// Fleet config (TOML), e.g. examples/hello.toml.
         config: PathBuf,

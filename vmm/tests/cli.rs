@@ -658,4 +658,20 @@ fn images_describes_every_image_and_its_arguments_and_help_mentions_rust_log() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("RUST_LOG"), "{help}");
     assert!(help.contains("130/143"), "{help}");
+    let out = hqdmux().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for column in [
+        "entry_ms",
+        "line_ms",
+        "run_ms",
+        "gpu_ms p50/max",
+        "gpu_time",
+        "preempt",
+        "RUST_LOG",
+    ] {
+        assert!(
+            help.contains(column),
+            "run --help explains {column}: {help}"
+        );
+    }
 }

@@ -14,6 +14,84 @@ pub fn names() -> impl Iterator<Item = &'static str> {
     BUILTIN.iter().map(|(n, _)| *n)
 }
 
+/// What a built-in image does and the arguments it reads (operator-facing
+/// text for `hqdmux images`; the programs are in `guest-tools/src/bin/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// One sentence: what the guest does.
+    pub summary: &'static str,
+    /// Its `args` keys: (`key=VALUE`, meaning with default and range).
+    pub args: &'static [(&'static str, &'static str)],
+    /// What its exit statuses mean.
+    pub exit: &'static str,
+}
+
+const INFO: &[(&str, ImageInfo)] = &[
+    (
+        "fault",
+        ImageInfo {
+            summary: "misbehaving guest for tests: prints `fault: NAME mode MODE`, then \
+                      faults, panics, hangs or exits as asked",
+            args: &[
+                (
+                    "mode=MODE",
+                    "triple (default): load an empty IDT and fault (outcome `triple fault`); \
+                     panic: the guest panics; hang: spin forever (for run-timeout and \
+                     signal tests); exit: exit with `code`",
+                ),
+                ("code=N", "exit status for mode=exit (default 1)"),
+            ],
+            exit: "mode=exit: `code`; mode=panic: 254 after a `guest panic: ...` line; the other modes do not exit",
+        },
+    ),
+    (
+        "gpu",
+        ImageInfo {
+            summary: "exercises the virtual GPU (needs `gpu = true` and enough RAM for one \
+                      queue's CWSR area): creates AQL queues, submits mark kernels, rings \
+                      each doorbell, waits for the completion signals and checks every \
+                      workgroup counter is exactly 1; prints \
+                      `gpu: Q queues x N kernels x W wgs[ x L loops]: ok`",
+            args: &[
+                ("queues=Q", "queues to create (default 1; at most the device's NUM_VHQD, 8 virtual HQDs here)"),
+                ("kernels=N", "kernels per queue and cycle (default 4, 1..=65536)"),
+                ("wgs=W", "workgroups per kernel (default 304, 1..=1048576)"),
+                (
+                    "cost_us=C",
+                    "simulated GPU time per workgroup in microseconds (default 100, 0..=2^30)",
+                ),
+                (
+                    "loops=L",
+                    "repeat the submit/wait/verify cycle on the same queues (default 1, 1..=1048576)",
+                ),
+                ("priority=P", "queue priority inside the VM (default 7, 0..=15)"),
+                ("verbose=1", "print the device geometry first (default 0)"),
+                (
+                    "bad=KIND",
+                    "hostile-input tests: ring (queue 0's ring outside RAM), kernarg (a \
+                     dispatch whose kernarg is outside RAM), wptr (write index past the \
+                     ring); the other queues run and are verified too",
+                ),
+            ],
+            exit: "0 ok; 1 wrong counters (or a bad= mode caused no queue error); 2 queue \
+                   error or failed wait; 3 no vGPU; 4 bad arguments or not enough guest RAM",
+        },
+    ),
+    (
+        "hello",
+        ImageInfo {
+            summary: "prints `hello from NAME (vm ID), args: [ARGS]` and exits",
+            args: &[("exit=N", "exit status (default 0)")],
+            exit: "`exit` (default 0)",
+        },
+    ),
+];
+
+/// The description of the built-in image `name`, if there is one.
+pub fn describe(name: &str) -> Option<&'static ImageInfo> {
+    INFO.iter().find(|(n, _)| *n == name).map(|(_, i)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +114,35 @@ mod tests {
         sorted.sort();
         assert_eq!(v, sorted);
         assert!(v.contains(&"fault"));
+    }
+
+    #[test]
+    fn every_built_in_image_is_described_and_every_description_is_built_in() {
+        for name in names() {
+            let info = describe(name).unwrap_or_else(|| panic!("{name} has no description"));
+            assert!(!info.summary.is_empty() && !info.exit.is_empty(), "{name}");
+        }
+        for (name, _) in INFO {
+            assert!(
+                builtin(name).is_some(),
+                "{name} is described but not built in"
+            );
+        }
+        let gpu = describe("gpu").unwrap();
+        for key in [
+            "queues=",
+            "kernels=",
+            "wgs=",
+            "cost_us=",
+            "loops=",
+            "priority=",
+            "verbose=",
+            "bad=",
+        ] {
+            assert!(
+                gpu.args.iter().any(|(k, _)| k.starts_with(key)),
+                "gpu documents {key}"
+            );
+        }
     }
 }

@@ -375,8 +375,16 @@ impl GpuArbiter {
 
     /// A VM's current parameters and accounting (`None` once removed).
     pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
-        let c = lock(&self.core);
+        let mut c = lock(&self.core);
         c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        // Bring the scheduler's clock to now: GPU time then includes the
+        // time a queue has been running since the last event (a long kernel
+        // otherwise reads as 0 until it completes).
+        let now = self.now();
+        let core = &mut *c;
+        let mut out = Vec::new();
+        core.bind.tick(core.gpu.as_mut(), now, &mut out);
+        self.deliver(core, out);
         let id = VmId(vm.0);
         let s = c.bind.scheduler();
         Some((s.vm_params(id)?, s.vm_stats(id)?))

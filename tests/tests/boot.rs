@@ -243,6 +243,7 @@ fn an_unusable_control_socket_path_aborts_the_launch_naming_it() {
     let opts = vmm::fleet::RunOptions {
         echo: false,
         api_socket: Some(dir.join("no/such/dir/api.sock")),
+        ..Default::default()
     };
     let err = vmm::fleet::run_fleet(&cfg, opts).unwrap_err().to_string();
     assert!(

@@ -287,6 +287,7 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
     let opts = vmm::fleet::RunOptions {
         echo: false,
         api_socket: Some(sock.clone()),
+        ..Default::default()
     };
     let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
     let t0 = std::time::Instant::now();

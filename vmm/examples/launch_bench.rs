@@ -42,6 +42,7 @@ fn main() {
                 RunOptions {
                     echo: false,
                     api_socket: None,
+                    ..Default::default()
                 },
             )
             .unwrap();

@@ -63,6 +63,7 @@ fn main() {
             RunOptions {
                 echo: false,
                 api_socket: None,
+                ..Default::default()
             },
         )
         .expect("fleet");

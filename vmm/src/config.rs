@@ -44,6 +44,31 @@ pub const PRIORITY_RANGE: std::ops::RangeInclusive<u32> = 0..=15;
 pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
 /// Longest VM name (bytes).
 pub const MAX_NAME_LEN: usize = 64;
+/// Run timeouts (`[run] timeout_ms` and `hqdmux run --timeout-ms`), in
+/// milliseconds: at least 1, at most 30 days.
+pub const TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=30 * 24 * 3600 * 1000;
+
+/// Checks a run timeout in milliseconds; the reason is shared by the config
+/// field `run.timeout_ms` and the `--timeout-ms` option.
+pub fn check_timeout_ms(ms: u64) -> Result<(), String> {
+    if ms < *TIMEOUT_MS_RANGE.start() {
+        Err(format!(
+            "must be at least {} ms, got {ms} (range {}..={}; omit it to wait forever)",
+            TIMEOUT_MS_RANGE.start(),
+            TIMEOUT_MS_RANGE.start(),
+            TIMEOUT_MS_RANGE.end()
+        ))
+    } else if ms > *TIMEOUT_MS_RANGE.end() {
+        Err(format!(
+            "must be at most {} ms (30 days), got {ms} (range {}..={})",
+            TIMEOUT_MS_RANGE.end(),
+            TIMEOUT_MS_RANGE.start(),
+            TIMEOUT_MS_RANGE.end()
+        ))
+    } else {
+        Ok(())
+    }
+}
 
 /// A whole run: VMs, GPU and run limits.
 #[derive(Debug, Clone)]
@@ -252,6 +277,14 @@ pub enum ConfigError {
         /// The parser's message (with line, column and field).
         message: String,
     },
+    /// The fleet is valid but this host cannot start it.
+    #[error("{file}: cannot start on this host: {reason}")]
+    Host {
+        /// The config file.
+        file: PathBuf,
+        /// What would run out, with the numbers.
+        reason: String,
+    },
     /// A value that parses but is not acceptable.
     #[error("{file}: {place}field `{field}`: {reason}")]
     Invalid {
@@ -349,8 +382,8 @@ impl FleetConfig {
         if self.vm.is_empty() {
             return Err(top("vm", "no [[vm]] entries: nothing to launch".into()));
         }
-        if self.run.timeout_ms == Some(0) {
-            return Err(top("run.timeout_ms", "must be at least 1".into()));
+        if let Some(ms) = self.run.timeout_ms {
+            check_timeout_ms(ms).map_err(|reason| top("run.timeout_ms", reason))?;
         }
         if let Err(e) = self.gpu.validate() {
             let (field, reason) = topology_error(&e);
@@ -467,24 +500,25 @@ impl FleetConfig {
                         ));
                     }
                 },
-                ImageSource::File(path) => {
-                    if path.is_dir() {
-                        return Err(bad(
-                            "image",
-                            format!("{} is a directory, not an ELF file", path.display()),
-                        ));
-                    }
-                    std::borrow::Cow::Owned(std::fs::read(&path).map_err(|e| {
+                ImageSource::File(path) => std::borrow::Cow::Owned(
+                    read_image_file(&path, vm.memory_mib << 20).map_err(|e| {
                         bad(
                             "image",
-                            if e.kind() == std::io::ErrorKind::NotFound {
-                                format!("image file {} not found", path.display())
-                            } else {
-                                format!("cannot read image file {}: {e}", path.display())
+                            match e {
+                                ImageFileError::Open(e)
+                                    if e.kind() == std::io::ErrorKind::NotFound =>
+                                {
+                                    format!("image file {} not found", path.display())
+                                }
+                                ImageFileError::NotRegular("directory") => {
+                                    format!("{} is a directory, not an ELF file", path.display())
+                                }
+                                // As the ELF checks below word it: the image as written.
+                                e => format!("{}: {e}", vm.image),
                             },
                         )
-                    })?)
-                }
+                    })?,
+                ),
             };
             if let Err(why) = crate::boot::check_elf(&elf, vm.memory_mib << 20) {
                 return Err(bad("image", format!("{}: {why}", vm.image)));
@@ -492,6 +526,98 @@ impl FleetConfig {
         }
         Ok(())
     }
+}
+
+/// Why an image file was refused ([`read_image_file`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ImageFileError {
+    /// `open(2)` failed.
+    #[error("cannot open: {0}")]
+    Open(std::io::Error),
+    /// `fstat(2)` or `read(2)` failed.
+    #[error("cannot read: {0}")]
+    Read(std::io::Error),
+    /// Not a regular file (a device, FIFO, socket or directory).
+    #[error("is a {0}, not a regular file")]
+    NotRegular(&'static str),
+    /// Larger than the VM's RAM: it cannot be loaded.
+    #[error("{size} bytes is larger than the VM's {max}-byte RAM it must be loaded into")]
+    TooLarge {
+        /// File size (bytes).
+        size: u64,
+        /// The cap (bytes).
+        max: u64,
+    },
+    /// The first bytes are not the ELF magic.
+    #[error("not an ELF file (bad magic), first bytes {0:02x?}, expected [7f, 45, 4c, 46]")]
+    NotElf(Vec<u8>),
+}
+
+/// Reads a guest image file, bounded and without blocking:
+///
+/// - opened with `O_NONBLOCK` (a FIFO or device cannot block the open) and
+///   `O_CLOEXEC`; symbolic links are followed (images are often links to
+///   build outputs) and the type checks below apply to the file opened;
+/// - `fstat` first: anything but a regular file is refused, naming its type;
+/// - a file larger than `max_bytes` (the VM's RAM) is refused before any read;
+/// - the first 4 bytes must be the ELF magic before the rest is read;
+/// - at most `max_bytes` are read even if the file grows meanwhile.
+pub fn read_image_file(path: &Path, max_bytes: u64) -> Result<Vec<u8>, ImageFileError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(ImageFileError::Open)?;
+    let meta = file.metadata().map_err(ImageFileError::Read)?;
+    let ft = meta.file_type();
+    let kind = if ft.is_file() {
+        None
+    } else if ft.is_dir() {
+        Some("directory")
+    } else if ft.is_fifo() {
+        Some("FIFO")
+    } else if ft.is_char_device() {
+        Some("character device")
+    } else if ft.is_block_device() {
+        Some("block device")
+    } else if ft.is_socket() {
+        Some("socket")
+    } else {
+        Some("special file")
+    };
+    if let Some(kind) = kind {
+        return Err(ImageFileError::NotRegular(kind));
+    }
+    if meta.len() > max_bytes {
+        return Err(ImageFileError::TooLarge {
+            size: meta.len(),
+            max: max_bytes,
+        });
+    }
+    let mut magic = Vec::with_capacity(4);
+    (&mut file)
+        .take(4)
+        .read_to_end(&mut magic)
+        .map_err(ImageFileError::Read)?;
+    if magic != b"\x7fELF" {
+        return Err(ImageFileError::NotElf(magic));
+    }
+    let mut elf = magic;
+    elf.reserve(meta.len().saturating_sub(4) as usize);
+    // One byte more than allowed tells a file that grew past the cap.
+    (&mut file)
+        .take(max_bytes.saturating_sub(4).saturating_add(1))
+        .read_to_end(&mut elf)
+        .map_err(ImageFileError::Read)?;
+    if elf.len() as u64 > max_bytes {
+        return Err(ImageFileError::TooLarge {
+            size: elf.len() as u64,
+            max: max_bytes,
+        });
+    }
+    Ok(elf)
 }
 
 /// The field a topology error is about and why, without the `gpu.` prefix
@@ -570,6 +696,154 @@ impl FleetConfig {
             s += &format!("gpu: pinned VMs (vm->partition): {}\n", pinned.join(", "));
         }
         s
+    }
+}
+
+/// Open files `hqdmux run` holds for the whole process, whatever the fleet:
+/// stdin/stdout/stderr, `/dev/kvm`, the event loop's epoll fd, the run
+/// timer, the stop eventfd and its clone, the control socket's listener, and
+/// headroom for control-socket connections, mediator threads and logging.
+pub const BASE_OPEN_FILES: u64 = 32;
+/// Open files per VM: the KVM VM fd, the memfd behind its RAM, and the
+/// end-of-run eventfd with its clone (one per vCPU is added).
+pub const OPEN_FILES_PER_VM: u64 = 4;
+/// Extra open files per `gpu = true` VM: reserved for one doorbell
+/// ioeventfd per virtual HQD and one completion irqfd (the ioeventfd/irqfd
+/// vGPU wiring); an MMIO-doorbell vGPU uses none of them, so this errs on
+/// the safe side.
+pub const OPEN_FILES_PER_GPU_VM: u64 = abi::vgpu::NUM_VHQD as u64 + 1;
+
+/// What a fleet is predicted to need from the host ([`FleetConfig::needs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetNeeds {
+    /// Open file descriptors at the peak (every VM built and running).
+    pub open_files: u64,
+    /// Guest RAM of all VMs (bytes). Guest RAM is a memfd populated on
+    /// first touch, so this is the most the guests can use.
+    pub memory_bytes: u64,
+}
+
+/// What the host offers ([`HostLimits::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostLimits {
+    /// The soft `RLIMIT_NOFILE` (after [`raise_open_files_limit`]).
+    pub open_files: u64,
+    /// `MemAvailable` of `/proc/meminfo` (bytes), if readable.
+    pub mem_available: Option<u64>,
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (what an unprivileged
+/// process may do) and returns the new soft limit. `hqdmux run` and `check`
+/// call it first, so `check` predicts with the limit `run` will have.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r.rlim_cur = r.rlim_max;
+            } else {
+                log::warn!(
+                    "cannot raise the open-files limit from {} to {}: {}",
+                    r.rlim_cur,
+                    r.rlim_max,
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+    Ok(r.rlim_cur)
+}
+
+impl HostLimits {
+    /// Reads the current soft `RLIMIT_NOFILE` and `MemAvailable`.
+    pub fn probe() -> Self {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit with a valid rlimit struct.
+        let open_files = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+            r.rlim_cur
+        } else {
+            u64::MAX
+        };
+        let mem_available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| mem_available_bytes(&m));
+        Self {
+            open_files,
+            mem_available,
+        }
+    }
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn mem_available_bytes(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl FleetConfig {
+    /// Predicts the open files and guest RAM `hqdmux run` needs for this
+    /// fleet (an estimate from what `run` opens, see the `OPEN_FILES_*`
+    /// constants; docs/operators.md).
+    pub fn needs(&self) -> FleetNeeds {
+        let mut open_files = BASE_OPEN_FILES;
+        let mut memory_bytes: u64 = 0;
+        for vm in &self.vm {
+            open_files = open_files
+                .saturating_add(OPEN_FILES_PER_VM)
+                .saturating_add(u64::from(vm.vcpus));
+            if vm.gpu {
+                open_files = open_files.saturating_add(OPEN_FILES_PER_GPU_VM);
+            }
+            memory_bytes = memory_bytes.saturating_add(vm.memory_mib.saturating_mul(1 << 20));
+        }
+        FleetNeeds {
+            open_files,
+            memory_bytes,
+        }
+    }
+
+    /// Refuses a fleet this host cannot start: more predicted open files
+    /// than `RLIMIT_NOFILE`, or more guest RAM than `MemAvailable`.
+    pub fn check_host(&self, file: &Path, host: &HostLimits) -> Result<FleetNeeds, ConfigError> {
+        let need = self.needs();
+        let n = self.vm.len();
+        if need.open_files > host.open_files {
+            return Err(ConfigError::Host {
+                file: file.to_owned(),
+                reason: format!(
+                    "{n} VMs need about {} open files, the limit is {} (RLIMIT_NOFILE, already raised to its hard limit; raise it with `ulimit -Hn` as root or run fewer VMs)",
+                    need.open_files, host.open_files
+                ),
+            });
+        }
+        if let Some(avail) = host.mem_available {
+            if need.memory_bytes > avail {
+                return Err(ConfigError::Host {
+                    file: file.to_owned(),
+                    reason: format!(
+                        "{n} VMs have {} MiB of guest RAM in total, the host has {} MiB available (MemAvailable in /proc/meminfo)",
+                        need.memory_bytes >> 20,
+                        avail >> 20
+                    ),
+                });
+            }
+        }
+        Ok(need)
     }
 }
 
@@ -783,6 +1057,164 @@ mod tests {
             e.contains("gpu: field `reserved_queues_per_pipe`: 8 of 8"),
             "{e}"
         );
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("hqdmux-config-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn image_files_are_refused_unless_regular_bounded_elf() {
+        let dir = temp_dir("img");
+        let elf = images::builtin("hello").unwrap();
+        let good = dir.join("good.elf");
+        std::fs::write(&good, elf).unwrap();
+        assert_eq!(read_image_file(&good, 16 << 20).unwrap(), elf);
+        // The cap is the VM's RAM: one byte less than the file is refused.
+        let e = read_image_file(&good, elf.len() as u64 - 1).unwrap_err();
+        assert!(
+            matches!(e, ImageFileError::TooLarge { size, .. } if size == elf.len() as u64),
+            "{e}"
+        );
+        // A sparse 1 GiB file is refused from its size, before any read.
+        let big = dir.join("big.elf");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(1 << 30)
+            .unwrap();
+        let e = read_image_file(&big, 16 << 20).unwrap_err().to_string();
+        assert!(e.starts_with("1073741824 bytes is larger than"), "{e}");
+        // Not ELF: refused from the first bytes.
+        let text = dir.join("text");
+        std::fs::write(&text, b"#!/bin/sh\n").unwrap();
+        let e = read_image_file(&text, 16 << 20).unwrap_err();
+        assert!(
+            matches!(&e, ImageFileError::NotElf(m) if m == b"#!/b"),
+            "{e}"
+        );
+        let e = read_image_file(Path::new("/dev/zero"), 16 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "is a character device, not a regular file");
+        let e = read_image_file(&dir, 16 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "is a directory, not a regular file");
+        let fifo = dir.join("fifo");
+        let _ = std::fs::remove_file(&fifo);
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opening a FIFO without a writer would block without O_NONBLOCK.
+        let e = read_image_file(&fifo, 16 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "is a FIFO, not a regular file");
+        let e = read_image_file(&dir.join("none"), 16 << 20).unwrap_err();
+        assert!(
+            matches!(&e, ImageFileError::Open(io) if io.kind() == std::io::ErrorKind::NotFound)
+        );
+        // Through the config: file, VM, field and reason.
+        let e = err(&GOOD.replace("builtin:hello", "/dev/zero"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `image`: /dev/zero: \
+             is a character device, not a regular file"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn run_timeout_has_one_range_for_the_file_and_the_option() {
+        assert!(check_timeout_ms(0)
+            .unwrap_err()
+            .starts_with("must be at least 1 ms, got 0 (range 1..="));
+        assert!(check_timeout_ms(u64::MAX)
+            .unwrap_err()
+            .starts_with("must be at most 2592000000 ms (30 days)"));
+        assert!(check_timeout_ms(1).is_ok());
+        assert!(check_timeout_ms(*TIMEOUT_MS_RANGE.end()).is_ok());
+        assert!(check_timeout_ms(u64::MAX).is_err());
+        let e = err(&format!("[run]\ntimeout_ms = 0\n{GOOD}"));
+        assert_eq!(
+            e,
+            format!(
+                "/cfg/fleet.toml: field `run.timeout_ms`: {}",
+                check_timeout_ms(0).unwrap_err()
+            )
+        );
+    }
+
+    fn fleet(n: usize, vm_extra: &str) -> FleetConfig {
+        let mut text = String::new();
+        for i in 0..n {
+            text += &format!("[[vm]]\nname = \"v{i}\"\nimage = \"builtin:hello\"\n{vm_extra}\n");
+        }
+        parse(&text).unwrap()
+    }
+
+    #[test]
+    fn needs_grow_with_vms_vcpus_and_gpus() {
+        let one = fleet(1, "").needs();
+        let two = fleet(2, "").needs();
+        assert_eq!(two.open_files - one.open_files, OPEN_FILES_PER_VM + 1);
+        assert_eq!(two.memory_bytes, 2 * (16 << 20));
+        let v4 = fleet(1, "vcpus = 4").needs();
+        assert_eq!(v4.open_files - one.open_files, 3);
+        let g = fleet(1, "gpu = true\nmemory_mib = 256").needs();
+        assert_eq!(g.open_files - one.open_files, OPEN_FILES_PER_GPU_VM);
+        assert_eq!(g.memory_bytes, 256 << 20);
+    }
+
+    #[test]
+    fn check_host_refuses_a_fleet_beyond_the_open_files_or_memory() {
+        let cfg = fleet(3, "");
+        let need = cfg.needs();
+        let file = Path::new("/cfg/fleet.toml");
+        let roomy = HostLimits {
+            open_files: need.open_files,
+            mem_available: Some(need.memory_bytes),
+        };
+        assert_eq!(cfg.check_host(file, &roomy).unwrap(), need);
+        let e = cfg
+            .check_host(
+                file,
+                &HostLimits {
+                    open_files: need.open_files - 1,
+                    ..roomy
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("/cfg/fleet.toml: cannot start on this host: 3 VMs need about")
+                && e.contains(&format!(
+                    "the limit is {} (RLIMIT_NOFILE",
+                    need.open_files - 1
+                )),
+            "{e}"
+        );
+        let e = cfg
+            .check_host(
+                file,
+                &HostLimits {
+                    mem_available: Some(need.memory_bytes - 1),
+                    ..roomy
+                },
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("48 MiB of guest RAM in total"), "{e}");
+        // Unknown available memory is not a reason to refuse.
+        let unknown = HostLimits {
+            mem_available: None,
+            ..roomy
+        };
+        assert!(cfg.check_host(file, &unknown).is_ok());
+    }
+
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let m = "MemTotal:       24684092 kB\nMemFree: 1 kB\nMemAvailable:   22928276 kB\n";
+        assert_eq!(mem_available_bytes(m), Some(22928276 * 1024));
+        assert_eq!(mem_available_bytes("MemTotal: 5 kB\n"), None);
+        assert_eq!(mem_available_bytes("MemAvailable: lots kB\n"), None);
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct RunOptions {
     pub echo: bool,
     /// Serve the operator control socket here while the fleet runs.
     pub api_socket: Option<std::path::PathBuf>,
+    /// Stop every VM when this becomes readable (SIGINT/SIGTERM, see
+    /// [`crate::signals`]); the run then reports like a timeout.
+    pub stop: Option<crate::signals::StopSignal>,
 }
 
 /// Failures before any VM runs (nothing is left running).
@@ -62,6 +65,10 @@ pub enum FleetError {
     /// The control socket could not be opened.
     #[error("api socket {0}: {1}")]
     Api(String, std::io::Error),
+    /// A stop request (SIGINT/SIGTERM) arrived while the VMs were being
+    /// built: the launch was abandoned before any guest ran.
+    #[error("stopped by {0} before any VM started")]
+    Stopped(String),
 }
 
 /// The result of a fleet run.
@@ -73,6 +80,8 @@ pub struct FleetReport {
     pub vms: Vec<VmReport>,
     /// True if the run timeout stopped some VM.
     pub timed_out: bool,
+    /// True if a stop request ([`RunOptions::stop`]) ended the run.
+    pub stop_requested: bool,
     /// Mediated-GPU counters, when some VM had `gpu = true`.
     pub gpu: Option<ArbiterStats>,
     /// Per-VM GPU accounting at the moment its vGPU was detached (config
@@ -169,6 +178,11 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     // before any guest runs.
     let mut built = Vec::with_capacity(cfg.vm.len());
     for (id, vc) in cfg.vm.iter().enumerate() {
+        // Building thousands of VMs takes a while: honour a signal now
+        // rather than after every VM was built and started.
+        if let Some(sig) = opts.stop.as_ref().and_then(|s| s.received()) {
+            return Err(FleetError::Stopped(crate::signals::name(sig)));
+        }
         let elf: Arc<[u8]> = match vc.image_source(&cfg.base_dir) {
             ImageSource::Builtin(name) => images::builtin(&name)
                 .ok_or_else(|| FleetError::Image {
@@ -177,11 +191,12 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                     source: std::io::ErrorKind::NotFound.into(),
                 })?
                 .into(),
-            ImageSource::File(path) => std::fs::read(&path)
-                .map_err(|source| FleetError::Image {
+            // Bounded and non-blocking, as `check` reads it.
+            ImageSource::File(path) => crate::config::read_image_file(&path, vc.memory_mib << 20)
+                .map_err(|e| FleetError::Image {
                     vm: vc.name.clone(),
                     path: path.display().to_string(),
-                    source,
+                    source: std::io::Error::other(e),
                 })?
                 .into(),
         };
@@ -243,7 +258,19 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         done_fds.push(done);
     }
 
-    let monitor = FleetMonitor::new(done_fds, cfg.run.timeout_ms.map(Duration::from_millis))?;
+    let stop_fd = match &opts.stop {
+        Some(s) => Some(
+            s.fd()
+                .try_clone()
+                .map_err(|e| FleetError::EventLoop(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let monitor = FleetMonitor::new(
+        done_fds,
+        cfg.run.timeout_ms.map(Duration::from_millis),
+        stop_fd,
+    )?;
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
     let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
     let mut vgpu_io: Vec<Option<VgpuIoStats>> = vec![None; running.len()];
@@ -268,23 +295,39 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                 }
             }
         }
-        if m.timed_out {
+        if m.timed_out || m.stop_requested {
             break;
         }
         if running.iter().all(Option::is_none) {
             break;
         }
     }
-    let timed_out = manager
+    let (timed_out, stop_requested) = manager
         .subscriber_mut(id)
-        .map(|m| m.timed_out)
-        .unwrap_or(false);
+        .map(|m| (m.timed_out, m.stop_requested))
+        .unwrap_or((false, false));
     drop(manager);
+    let why = match (
+        stop_requested,
+        opts.stop.as_ref().and_then(|s| s.received()),
+    ) {
+        (true, Some(sig)) => crate::signals::name(sig),
+        (true, None) => "stop requested".to_owned(),
+        (false, _) => "run timeout".to_owned(),
+    };
+    // Record every remaining VM's outcome as stopped first, so that a guest
+    // woken from a vGPU wait by the detach below cannot report that as its
+    // own exit status.
+    for vm in running.iter().flatten() {
+        vm.halt(&why);
+    }
     for (i, vm) in running.into_iter().enumerate() {
         if let Some(vm) = vm {
-            // Release vCPUs blocked in a vGPU wait before stopping them.
+            control.ended(i);
+            // Release vCPUs blocked in a vGPU wait before joining them; the
+            // detach returns the VM's GPU figures up to now.
             vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
-            reports[i] = Some(vm.stop("run timeout"));
+            reports[i] = Some(vm.stop(&why));
             if let Some(a) = attached[i].take() {
                 a.detach();
             }
@@ -308,6 +351,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .map(|r| r.expect("every VM reported"))
             .collect(),
         timed_out,
+        stop_requested,
         gpu,
         vm_gpu,
         vgpu_io,
@@ -400,19 +444,26 @@ fn detach_vgpu(m: &Option<Arc<GpuArbiter>>, h: Option<VgpuHandle>) -> Option<sch
     stats
 }
 
-/// Event-loop subscriber: one eventfd per VM (signalled when it ends) and
-/// the run timeout's timerfd.
+/// Event-loop subscriber: one eventfd per VM (signalled when it ends), the
+/// run timeout's timerfd and the stop eventfd (SIGINT/SIGTERM).
 struct FleetMonitor {
     done: Vec<EventFd>,
     timer: Option<TimerFd>,
+    stop: Option<EventFd>,
     finished: Vec<usize>,
     timed_out: bool,
+    stop_requested: bool,
 }
 
 const TIMER_TOKEN: u32 = u32::MAX;
+const STOP_TOKEN: u32 = u32::MAX - 1;
 
 impl FleetMonitor {
-    fn new(done: Vec<EventFd>, timeout: Option<Duration>) -> Result<Self, FleetError> {
+    fn new(
+        done: Vec<EventFd>,
+        timeout: Option<Duration>,
+        stop: Option<EventFd>,
+    ) -> Result<Self, FleetError> {
         let timer = match timeout {
             Some(t) => {
                 let mut fd = TimerFd::new().map_err(|e| FleetError::EventLoop(e.to_string()))?;
@@ -425,8 +476,10 @@ impl FleetMonitor {
         Ok(Self {
             done,
             timer,
+            stop,
             finished: Vec::new(),
             timed_out: false,
+            stop_requested: false,
         })
     }
 
@@ -447,6 +500,11 @@ impl MutEventSubscriber for FleetMonitor {
                 log::error!("event loop: cannot watch the run timer: {e:?}");
             }
         }
+        if let Some(s) = &self.stop {
+            if let Err(e) = ops.add(Events::with_data(s, STOP_TOKEN, EventSet::IN)) {
+                log::error!("event loop: cannot watch the stop signal: {e:?}");
+            }
+        }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -459,10 +517,54 @@ impl MutEventSubscriber for FleetMonitor {
             }
             return;
         }
+        if token == STOP_TOKEN {
+            self.stop_requested = true;
+            if let Some(s) = &self.stop {
+                let _ = s.read();
+                let _ = ops.remove(Events::with_data(s, STOP_TOKEN, EventSet::IN));
+            }
+            return;
+        }
         if let Some(fd) = self.done.get(token as usize) {
             let _ = fd.read();
             let _ = ops.remove(Events::with_data(fd, token, EventSet::IN));
             self.finished.push(token as usize);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the monitor's event loop once and returns it.
+    fn dispatch(monitor: FleetMonitor) -> FleetMonitor {
+        let mut manager: EventManager<FleetMonitor> = EventManager::new().unwrap();
+        let id = manager.add_subscriber(monitor);
+        manager.run().unwrap();
+        manager.remove_subscriber(id).unwrap()
+    }
+
+    #[test]
+    fn the_stop_eventfd_ends_the_wait_like_the_timer_and_names_no_vm() {
+        let done = vec![
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        ];
+        let stop = EventFd::new(EFD_NONBLOCK).unwrap();
+        stop.write(1).unwrap();
+        let m = dispatch(FleetMonitor::new(done, None, Some(stop)).unwrap());
+        assert!(m.stop_requested && !m.timed_out);
+        assert!(m.finished.is_empty(), "no VM ended");
+        // A VM ending is still told apart from a stop.
+        let done = vec![
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        ];
+        done[1].write(1).unwrap();
+        let stop = EventFd::new(EFD_NONBLOCK).unwrap();
+        let mut m = dispatch(FleetMonitor::new(done, None, Some(stop)).unwrap());
+        assert!(!m.stop_requested);
+        assert_eq!(m.take_finished(), vec![1]);
     }
 }

@@ -4,12 +4,31 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use vmm::config::FleetConfig;
+use vmm::config::{ConfigError, FleetConfig, FleetNeeds, HostLimits};
 use vmm::fleet::{run_fleet, RunOptions};
+use vmm::vm::VmOutcome;
+
+/// Printed after the top-level `--help`.
+const AFTER_HELP: &str = "\
+Logging: RUST_LOG sets what is logged on stderr (default `info`), e.g.
+  RUST_LOG=debug hqdmux run FLEET.toml
+  RUST_LOG=warn,vmm::fleet=debug hqdmux run FLEET.toml
+Exit codes: 0 ok; 1 a VM failed (or ctl request refused); 2 invalid config,
+bad arguments or fleet unreachable; 130/143 stopped by SIGINT/SIGTERM.
+Operator guide: docs/operators.md";
+
+/// Printed after `run --help`.
+const RUN_AFTER_HELP: &str = "\
+Summary columns (host wall-clock ms; `-` = no data): entry_ms and line_ms from
+the launch to the guest's runtime entry and first console line; run_ms from
+the VM's start to its outcome; gpu_ms p50/max from GPU work submitted to
+completed; gpu_time = GPU time charged to the VM; preempt = preemptions of its
+queues. RUST_LOG sets stderr logging (default `info`, e.g. RUST_LOG=debug).
+Details: docs/operators.md";
 
 /// hqdmux: KVM VMs sharing a mediated AMD compute GPU by priority.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,15 +38,20 @@ struct Cli {
 enum Command {
     /// Launch every VM of a fleet config, stream their consoles, wait for all
     /// of them (or the run timeout) and print a per-VM summary. Exits 1 if
-    /// any VM did not exit with status 0, 2 if the config is invalid.
+    /// any VM did not exit with status 0, 2 if the config is invalid or the
+    /// host cannot start it. SIGINT/SIGTERM stop every VM, print the summary,
+    /// remove the control socket and exit 130/143; a second signal exits at
+    /// once. Summary columns: docs/operators.md.
+    #[command(after_help = RUN_AFTER_HELP)]
     Run {
         /// Fleet config (TOML), e.g. examples/hello.toml.
         config: PathBuf,
         /// Do not echo guest consoles.
         #[arg(long, short)]
         quiet: bool,
-        /// Override the config's run timeout (milliseconds).
-        #[arg(long)]
+        /// Override the config's run timeout (milliseconds, 1..=2592000000,
+        /// as `[run] timeout_ms`).
+        #[arg(long, value_parser = parse_timeout_ms)]
         timeout_ms: Option<u64>,
         /// Serve the operator control socket here while the fleet runs
         /// (steer it with `hqdmux ctl PATH ...`).
@@ -45,16 +69,38 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         request: Vec<String>,
     },
-    /// Check a fleet config without launching anything.
+    /// Check a fleet config without launching anything: fields, images
+    /// (regular ELF files no larger than the VM's RAM) and whether this host
+    /// has the open files and memory to start it. Exits 2 if not.
     Check {
         /// Fleet config (TOML).
         config: PathBuf,
     },
-    /// List the guest images built into this binary.
+    /// Describe the guest images built into this binary and their `args`.
     Images,
     /// Evaluate scheduling policies on a scenario in virtual time over the
     /// simulated GPU (no KVM needed): a policy x metric table, or JSON.
     Sim(vmm::simcmd::SimArgs),
+}
+
+/// `--timeout-ms`: validated exactly as `[run] timeout_ms`.
+fn parse_timeout_ms(s: &str) -> Result<u64, String> {
+    let ms: u64 = s
+        .parse()
+        .map_err(|e| format!("expected milliseconds as an integer: {e}"))?;
+    vmm::config::check_timeout_ms(ms)?;
+    Ok(ms)
+}
+
+/// Loads a config and checks that this host can start it (raising the
+/// open-files limit first, as `run` does).
+fn load_for_host(config: &std::path::Path) -> Result<(FleetConfig, FleetNeeds), ConfigError> {
+    let cfg = FleetConfig::load(config)?;
+    if let Err(e) = vmm::config::raise_open_files_limit() {
+        log::warn!("cannot read the open-files limit: {e}");
+    }
+    let needs = cfg.check_host(config, &HostLimits::probe())?;
+    Ok((cfg, needs))
 }
 
 fn main() -> ExitCode {
@@ -67,8 +113,17 @@ fn main() -> ExitCode {
             timeout_ms,
             api_socket,
         } => {
-            let mut cfg = match FleetConfig::load(&config) {
-                Ok(c) => c,
+            // Before anything runs: a signal from here on stops the fleet
+            // gracefully (at once if it arrives before the VMs start).
+            let stop = match vmm::signals::install() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    log::warn!("cannot install SIGINT/SIGTERM handlers: {e}");
+                    None
+                }
+            };
+            let mut cfg = match load_for_host(&config) {
+                Ok((c, _)) => c,
                 Err(e) => {
                     eprintln!("hqdmux: invalid config: {e}");
                     return ExitCode::from(2);
@@ -82,10 +137,24 @@ fn main() -> ExitCode {
                 RunOptions {
                     echo: !quiet,
                     api_socket,
+                    stop,
                 },
             ) {
                 Ok(report) => {
                     print!("{}", report.summary());
+                    if let (true, Some(sig)) = (report.stop_requested, vmm::signals::received()) {
+                        eprintln!(
+                            "hqdmux: stopped by {}: {} of {} VMs were still running",
+                            vmm::signals::name(sig),
+                            report
+                                .vms
+                                .iter()
+                                .filter(|v| matches!(v.outcome, VmOutcome::Stopped(_)))
+                                .count(),
+                            report.vms.len()
+                        );
+                        return ExitCode::from(vmm::signals::exit_code(sig));
+                    }
                     if report.all_succeeded() {
                         ExitCode::SUCCESS
                     } else {
@@ -100,14 +169,27 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("hqdmux: launch failed: {e}");
-                    ExitCode::from(1)
+                    match vmm::signals::received() {
+                        Some(sig) => ExitCode::from(vmm::signals::exit_code(sig)),
+                        None => ExitCode::from(1),
+                    }
                 }
             }
         }
-        Command::Check { config } => match FleetConfig::load(&config) {
-            Ok(cfg) => {
+        Command::Check { config } => match load_for_host(&config) {
+            Ok((cfg, needs)) => {
                 println!("{}: ok, {} VMs", config.display(), cfg.vm.len());
                 print!("{}", cfg.gpu_summary());
+                let host = HostLimits::probe();
+                println!(
+                    "host: needs about {} open files (limit {}), {} MiB guest RAM (available {})",
+                    needs.open_files,
+                    host.open_files,
+                    needs.memory_bytes >> 20,
+                    host.mem_available
+                        .map(|b| format!("{} MiB", b >> 20))
+                        .unwrap_or_else(|| "unknown".into())
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -131,10 +213,33 @@ fn main() -> ExitCode {
             }
         },
         Command::Images => {
-            for name in images::names() {
-                println!("builtin:{name}");
-            }
+            print!("{}", describe_images());
             ExitCode::SUCCESS
         }
     }
+}
+
+/// `hqdmux images`: each built-in image, what it does, its `args` keys and
+/// exit statuses.
+fn describe_images() -> String {
+    let mut s = String::from(
+        "Built-in guest images (image = \"builtin:NAME\"; args = \"key=value key=value\"):\n",
+    );
+    for name in images::names() {
+        s += &format!("\nbuiltin:{name}\n");
+        match images::describe(name) {
+            Some(info) => {
+                s += &format!("  {}\n", info.summary);
+                if !info.args.is_empty() {
+                    s += "  args:\n";
+                    for (key, what) in info.args {
+                        s += &format!("    {key:<12} {what}\n");
+                    }
+                }
+                s += &format!("  exit status: {}\n", info.exit);
+            }
+            None => s += "  (no description)\n",
+        }
+    }
+    s
 }

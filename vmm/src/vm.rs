@@ -528,6 +528,20 @@ impl RunningVm {
         &self.mem
     }
 
+    /// Records outcome `Stopped(why)` (unless the VM already ended) and asks
+    /// its vCPUs to stop (one kick each), without waiting for them: a later
+    /// event (such as a vGPU detach waking a guest's wait) cannot then change
+    /// the outcome, and halting every VM before stopping them one by one
+    /// lets their vCPUs leave `KVM_RUN` together.
+    pub fn halt(&self, why: &str) {
+        self.shared.finish(VmOutcome::Stopped(why.to_owned()));
+        for t in &self.threads {
+            if !t.is_finished() {
+                let _ = t.kill(SIGRTMIN());
+            }
+        }
+    }
+
     /// Stops the VM (if still running) with outcome `Stopped(why)`, joins its
     /// vCPU threads and returns its report. Guest memory is dropped only after.
     pub fn stop(mut self, why: &str) -> VmReport {

@@ -293,3 +293,385 @@ fn ctl_without_a_running_fleet_says_it_cannot_reach_the_socket() {
         "{err}"
     );
 }
+
+/// A fresh temp directory for one test.
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hqdmux-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Waits for `child` (killing it and failing after `limit`: a hang guard,
+/// not a performance assertion).
+fn wait_or_kill(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::Output {
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The summary row of VM `name`.
+fn row<'a>(stdout: &'a str, name: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name) && !l.starts_with('['))
+        .unwrap_or_else(|| panic!("no summary row for {name}: {stdout}"))
+}
+
+/// The `gpu_time` column (ms) of a summary row.
+fn gpu_time(row: &str) -> f64 {
+    // vm entry_ms line_ms run_ms gpu_ms gpu_time preempt outcome...
+    row.split_whitespace().nth(5).unwrap().parse().unwrap()
+}
+
+/// A fleet that runs until stopped: a hung CPU guest and a GPU guest whose
+/// kernels take far longer than the test.
+const ENDLESS: &str = "[run]\ntimeout_ms = 600000\n\
+    [[vm]]\nname = \"stuck\"\nimage = \"builtin:fault\"\nargs = \"mode=hang\"\n\
+    [[vm]]\nname = \"trainer\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
+    args = \"kernels=4 wgs=1216 cost_us=200000 loops=1000\"\n";
+
+/// Starts `hqdmux run --api-socket` on [`ENDLESS`] and waits until its
+/// control socket answers (every VM is built and started right after).
+fn start_endless(dir: &std::path::Path) -> (std::process::Child, std::path::PathBuf) {
+    let cfg = dir.join("endless.toml");
+    std::fs::write(&cfg, ENDLESS).unwrap();
+    let sock = dir.join("fleet.sock");
+    let child = hqdmux()
+        .args(["run", "--quiet", "--api-socket"])
+        .arg(&sock)
+        .arg(&cfg)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let out = hqdmux()
+            .args(["ctl", sock.to_str().unwrap(), "list"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() && text.contains("trainer") {
+            break;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "the fleet never served its socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // Let the GPU guest submit its first kernels.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    (child, sock)
+}
+
+fn signal(child: &std::process::Child, sig: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn sigterm_and_sigint_stop_every_vm_print_the_summary_and_remove_the_socket() {
+    if !vmm::kvm_or_skip("sigterm_and_sigint_stop_every_vm_print_the_summary_and_remove_the_socket")
+    {
+        return;
+    }
+    for (sig, code, name) in [
+        (libc::SIGTERM, 143, "SIGTERM"),
+        (libc::SIGINT, 130, "SIGINT"),
+    ] {
+        let dir = temp_dir(&format!("sig{sig}"));
+        let (child, sock) = start_endless(&dir);
+        assert!(sock.exists());
+        signal(&child, sig);
+        let out = wait_or_kill(child, std::time::Duration::from_secs(60), name);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{name}: {stdout}\n{stderr}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("vm ") && l.contains("gpu_time")),
+            "{name}: summary header: {stdout}"
+        );
+        for vm in ["stuck", "trainer"] {
+            let r = row(&stdout, vm);
+            assert!(r.ends_with(&format!("stopped: {name}")), "{name}: {r}");
+        }
+        // The GPU VM keeps the GPU time it had when it was stopped.
+        assert!(gpu_time(row(&stdout, "trainer")) > 0.0, "{stdout}");
+        assert!(
+            stderr.contains(&format!(
+                "hqdmux: stopped by {name}: 2 of 2 VMs were still running"
+            )),
+            "{stderr}"
+        );
+        assert!(!sock.exists(), "{name}: the control socket was removed");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[test]
+fn a_second_signal_ends_the_process_at_once_without_a_summary() {
+    if !vmm::kvm_or_skip("a_second_signal_ends_the_process_at_once_without_a_summary") {
+        return;
+    }
+    let dir = temp_dir("sig2");
+    let (child, _sock) = start_endless(&dir);
+    // Two different signals (the same one would merge while pending): the
+    // first delivered starts the graceful stop, the second ends the process.
+    signal(&child, libc::SIGTERM);
+    signal(&child, libc::SIGINT);
+    let out = wait_or_kill(child, std::time::Duration::from_secs(60), "two signals");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        matches!(out.status.code(), Some(130) | Some(143)),
+        "{:?}",
+        out.status
+    );
+    assert!(
+        !stdout.contains("gpu_time"),
+        "no summary after the second signal: {stdout}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_gpu_vm_stopped_by_the_run_timeout_says_so_and_keeps_its_gpu_figures() {
+    if !vmm::kvm_or_skip("a_gpu_vm_stopped_by_the_run_timeout_says_so_and_keeps_its_gpu_figures") {
+        return;
+    }
+    let dir = temp_dir("gputimeout");
+    let cfg = dir.join("endless.toml");
+    std::fs::write(&cfg, ENDLESS).unwrap();
+    let child = hqdmux()
+        .args(["run", "--quiet", "--timeout-ms", "1500"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_or_kill(child, std::time::Duration::from_secs(60), "run timeout");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let r = row(&stdout, "trainer");
+    assert!(r.ends_with("stopped: run timeout"), "{r}");
+    assert!(gpu_time(r) > 0.0, "{r}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn devices_fifos_and_oversized_images_are_refused_without_reading_them() {
+    let dir = temp_dir("images");
+    let fifo = dir.join("fifo.elf");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // 4 GiB, sparse: larger than any VM's RAM.
+    let big = dir.join("big.elf");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    // 100 MiB of non-ELF in a VM big enough to hold it: refused by its magic.
+    let text = dir.join("text.elf");
+    std::fs::File::create(&text)
+        .unwrap()
+        .set_len(100 << 20)
+        .unwrap();
+    for (image, mem, want) in [
+        (
+            "/dev/zero",
+            16,
+            "field `image`: /dev/zero: is a character device, not a regular file",
+        ),
+        ("fifo.elf", 16, "fifo.elf: is a FIFO, not a regular file"),
+        (
+            "big.elf",
+            16,
+            "big.elf: 4294967296 bytes is larger than the VM's 16777216-byte RAM",
+        ),
+        (
+            "text.elf",
+            256,
+            "text.elf: not an ELF file (bad magic), first bytes [00, 00, 00, 00]",
+        ),
+    ] {
+        let cfg = dir.join("fleet.toml");
+        std::fs::write(
+            &cfg,
+            format!("[[vm]]\nname = \"v\"\nimage = \"{image}\"\nmemory_mib = {mem}\n"),
+        )
+        .unwrap();
+        for sub in ["check", "run"] {
+            let child = hqdmux()
+                .arg(sub)
+                .arg(&cfg)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let out = wait_or_kill(child, std::time::Duration::from_secs(30), image);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{sub} {image}: {stderr}");
+            assert!(
+                stderr.contains("vm 'v' (vm[0]): field `image`: ") && stderr.contains(want),
+                "{sub} {image}: wanted {want:?} in {stderr}"
+            );
+            assert!(out.stdout.is_empty(), "{sub} {image}: nothing launched");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn timeout_option_is_validated_as_the_config_field_is() {
+    let dir = temp_dir("timeout0");
+    let cfg = dir.join("zero.toml");
+    std::fs::write(
+        &cfg,
+        "[run]\ntimeout_ms = 0\n[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n",
+    )
+    .unwrap();
+    let file = hqdmux().arg("check").arg(&cfg).output().unwrap();
+    assert_eq!(file.status.code(), Some(2));
+    let file_err = String::from_utf8_lossy(&file.stderr);
+    let reason = file_err
+        .trim()
+        .split("field `run.timeout_ms`: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{file_err}"))
+        .to_owned();
+    for bad in ["0", "2592000001", "-5", "soon"] {
+        let opt = hqdmux()
+            .args(["run", &format!("--timeout-ms={bad}"), "examples/hello.toml"])
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert_eq!(opt.status.code(), Some(2), "--timeout-ms {bad}");
+        assert!(opt.stdout.is_empty(), "nothing ran");
+        let opt_err = String::from_utf8_lossy(&opt.stderr);
+        assert!(opt_err.contains("--timeout-ms"), "{opt_err}");
+        if bad == "0" {
+            assert!(
+                opt_err.contains(&reason),
+                "same reason {reason:?}: {opt_err}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_refuses_a_fleet_this_host_cannot_start() {
+    let dir = temp_dir("fleet10k");
+    let path = dir.join("10k.toml");
+    let mut text = String::new();
+    for i in 0..10_000 {
+        text += &format!("[[vm]]\nname = \"vm{i}\"\nimage = \"builtin:hello\"\n");
+    }
+    std::fs::write(&path, &text).unwrap();
+    // The prediction the binary must act on, with the limit it will have.
+    let cfg = vmm::config::FleetConfig::load(&path).unwrap();
+    vmm::config::raise_open_files_limit().unwrap();
+    let host = vmm::config::HostLimits::probe();
+    let need = cfg.needs();
+    assert!(need.open_files > 10_000 * 5, "{need:?}");
+    assert_eq!(need.memory_bytes, 10_000 * (16 << 20));
+    let expect_refusal = need.open_files > host.open_files
+        || host.mem_available.is_some_and(|m| need.memory_bytes > m);
+    let out = hqdmux().arg("check").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if expect_refusal {
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "{}: cannot start on this host: 10000 VMs",
+                path.display()
+            )),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("open files") || stderr.contains("MiB of guest RAM"),
+            "{stderr}"
+        );
+        // `run` refuses it the same way, before launching anything.
+        let out = hqdmux().arg("run").arg(&path).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(out.stdout.is_empty());
+    } else {
+        assert!(out.status.success(), "{stderr}");
+    }
+    // A small fleet passes and prints its predicted needs.
+    let out = hqdmux()
+        .args(["check", "examples/hello.toml"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(stdout.contains("host: needs about "), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn images_describes_every_image_and_its_arguments_and_help_mentions_rust_log() {
+    let out = hqdmux().arg("images").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in images::names() {
+        let info = images::describe(name).unwrap();
+        assert!(
+            text.contains(&format!("builtin:{name}\n  {}", info.summary)),
+            "{text}"
+        );
+        for (key, _) in info.args {
+            assert!(text.contains(key), "{name} {key}: {text}");
+        }
+    }
+    for key in [
+        "queues=Q",
+        "kernels=N",
+        "wgs=W",
+        "cost_us=C",
+        "loops=L",
+        "bad=KIND",
+    ] {
+        assert!(text.contains(key), "{key}");
+    }
+    let out = hqdmux().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("RUST_LOG"), "{help}");
+    assert!(help.contains("130/143"), "{help}");
+    let out = hqdmux().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for column in [
+        "entry_ms",
+        "line_ms",
+        "run_ms",
+        "gpu_ms p50/max",
+        "gpu_time",
+        "preempt",
+        "RUST_LOG",
+    ] {
+        assert!(
+            help.contains(column),
+            "run --help explains {column}: {help}"
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! Graceful stop on SIGINT and SIGTERM.
+//!
+//! [`install`] replaces the default action of SIGINT and SIGTERM (kill the
+//! process at once) with a handler that writes to an eventfd. The fleet's
+//! event loop watches that eventfd ([`StopSignal::fd`]) beside its VMs' end
+//! eventfds and the run timer: on the first signal it stops every VM, keeps
+//! their reports and GPU figures, prints the summary, removes the control
+//! socket and the process exits `128 + signal` (130 for SIGINT, 143 for
+//! SIGTERM, the shell convention). A second SIGINT or SIGTERM while the fleet
+//! is stopping ends the process at once with the same code (`_exit`, no
+//! summary, the socket may be left behind).
+//!
+//! The handler only does async-signal-safe work: an atomic compare-exchange,
+//! `write(2)` on the eventfd and, for the second signal, `_exit(2)`. It
+//! saves and restores `errno`. The vCPU kick signal (`SIGRTMIN`, see
+//! `vm.rs`) is a different signal and is left alone; a SIGINT/SIGTERM that
+//! lands on a vCPU thread interrupts `KVM_RUN` with `EINTR`, which the vCPU
+//! loop already retries.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// The signal that asked for the stop (0: none yet).
+static RECEIVED: AtomicI32 = AtomicI32::new(0);
+/// The eventfd the handler writes (-1: none installed).
+static STOP_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Handles to the stop request: an eventfd written on the first SIGINT or
+/// SIGTERM. Cloning shares the same eventfd.
+#[derive(Debug, Clone)]
+pub struct StopSignal {
+    fd: Arc<EventFd>,
+}
+
+impl StopSignal {
+    /// The eventfd to watch (readable once a stop was asked for).
+    pub fn fd(&self) -> &EventFd {
+        &self.fd
+    }
+
+    /// The signal that asked for the stop, if one arrived.
+    pub fn received(&self) -> Option<i32> {
+        received()
+    }
+
+    /// A stop request not tied to a signal, for tests and embedders: makes
+    /// [`fd`](Self::fd) readable as a signal would.
+    pub fn request(&self) {
+        let _ = self.fd.write(1);
+    }
+}
+
+/// Installs the SIGINT/SIGTERM handlers and returns the stop eventfd. Call
+/// once, before the fleet starts; later calls return a new eventfd and
+/// redirect the handler to it.
+pub fn install() -> std::io::Result<StopSignal> {
+    let fd = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+    STOP_FD.store(fd.as_raw_fd(), Ordering::SeqCst);
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction is a valid starting value; the handler
+        // is an `extern "C" fn(c_int)` that only performs async-signal-safe
+        // operations; `sigemptyset` gets a valid pointer.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(StopSignal { fd })
+}
+
+/// The signal that asked for the stop, if one arrived.
+pub fn received() -> Option<i32> {
+    match RECEIVED.load(Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// The process exit code after a stop by `signal`: `128 + signal`.
+pub fn exit_code(signal: i32) -> u8 {
+    u8::try_from(128 + signal.clamp(0, 127)).unwrap_or(u8::MAX)
+}
+
+/// The signal's name as operators write it (`SIGINT`, `SIGTERM`).
+pub fn name(signal: i32) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        s => format!("signal {s}"),
+    }
+}
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // SAFETY: errno is thread-local; saving and restoring it keeps the
+    // interrupted code's view intact.
+    let errno = unsafe { *libc::__errno_location() };
+    if RECEIVED
+        .compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        // Second signal: no graceful path, end now.
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(i32::from(exit_code(sig))) };
+    }
+    let fd = STOP_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let one: u64 = 1;
+        // SAFETY: write(2) is async-signal-safe; `one` is 8 valid bytes;
+        // the eventfd lives as long as the `StopSignal` (the process, in
+        // `hqdmux run`).
+        unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+    }
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell_convention() {
+        assert_eq!(exit_code(libc::SIGINT), 130);
+        assert_eq!(exit_code(libc::SIGTERM), 143);
+        assert_eq!(name(libc::SIGTERM), "SIGTERM");
+        assert_eq!(name(libc::SIGINT), "SIGINT");
+    }
+
+    #[test]
+    fn a_request_makes_the_eventfd_readable() {
+        let s = StopSignal {
+            fd: Arc::new(EventFd::new(EFD_NONBLOCK).unwrap()),
+        };
+        assert!(s.fd().read().is_err(), "nothing yet (EAGAIN)");
+        s.clone().request();
+        assert_eq!(s.fd().read().unwrap(), 1);
+    }
+}

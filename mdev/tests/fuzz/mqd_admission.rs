@@ -6,6 +6,8 @@
 //! Input: byte 0 picks the topology, byte 1 the VM memory size
 //! (2^(20 + b % 21) bytes, sparse), the rest is the MQD image (zero padded).
 
+#![allow(dead_code)]
+
 use abi::mqd::{AqlMqdBuilder, V9Mqd, MQD_BYTES};
 use mdev::backend::{DequeueMode, MapRequest, PhysGpu, SlotId};
 use mdev::mem::{DmaMemory, SparseMemory};

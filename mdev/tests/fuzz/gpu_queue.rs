@@ -112,7 +112,7 @@ fn check_packet(b: &[u8; PACKET_SIZE]) {
     assert_eq!(Packet::decode(&p.encode()), p);
     if let abi::aql::Body::KernelDispatch(d) = p.body {
         if let Ok(wgs) = d.validate() {
-            assert!(wgs >= 1 && wgs <= abi::aql::MAX_WORKGROUPS);
+            assert!((1..=abi::aql::MAX_WORKGROUPS).contains(&wgs));
             assert!(d.workgroup_items() <= abi::aql::MAX_WORKGROUP_ITEMS);
         }
         let _ = d.workgroup_count();
@@ -172,8 +172,11 @@ pub fn run_kernel_descriptor(data: &[u8]) {
     w.run(&[Packet::dispatch(d, false).encode()], 1);
 }
 
-/// Seeds of both targets.
-pub fn seeds() -> (Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>) {
+/// Named seed inputs of one target.
+pub type Seeds = Vec<(String, Vec<u8>)>;
+
+/// Seeds of both targets (`aql_packet`, `kernel_descriptor`).
+pub fn seeds() -> (Seeds, Seeds) {
     let w = World::new();
     let mark = KernelDispatch::one_d(w.kd, w.kernarg, 4, 8, w.signal);
     let mut aql = Vec::new();

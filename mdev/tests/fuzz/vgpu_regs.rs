@@ -18,6 +18,8 @@
 //! | 6 | wait on the last submitted signal (only once it is done: a wait on a live signal blocks up to 10 s) |
 //!
 //! Writes of `WAIT_SIGNAL_HI` are done only where the wait would not block.
+//! After the sequence every vHQD's state and error registers hold defined
+//! values, and a second VM loads a queue and runs a kernel to completion.
 #![allow(dead_code)]
 
 use abi::mqd::{CP_MQD_BASE_ADDR_HI, CP_MQD_BASE_ADDR_LO, MQD_BYTES};
@@ -130,14 +132,54 @@ pub fn run(data: &[u8]) {
             }
         }
     }
-    // Every register stays readable after any sequence.
+    // Every register stays readable after any sequence, with a defined value.
     for i in 0..NUM_VHQD {
         let hqd = (reg::HQD_BASE + reg::HQD_STRIDE * i) as u64;
-        let _ = m.reg_read(h, hqd + reg::CP_HQD_STATE as u64);
+        assert!(m.reg_read(h, hqd + reg::CP_HQD_STATE as u64) <= 2);
+        assert!(m.reg_read(h, hqd + reg::CP_HQD_ERROR as u64) <= MAX_ERROR_CODE);
     }
+    // Another VM is unaffected: its kernel runs to completion.
+    let mut b = TestVm::new(8 << 20);
+    let mut bq = b.queue(&topo, 16, 15);
+    let b_mqd = bq.mqd.get64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI);
+    b.mem.write(b_mqd, &bq.mqd.to_bytes()).unwrap();
+    let hb = m
+        .add_vm(
+            "bystander",
+            b.dyn_mem(),
+            VmParams {
+                priority: 15,
+                weight: 1,
+                partition: None,
+            },
+        )
+        .expect("add_vm");
+    let hqd = reg::HQD_BASE as u64;
+    m.reg_write(hb, hqd + reg::CP_MQD_BASE_ADDR as u64, b_mqd as u32);
+    m.reg_write(
+        hb,
+        hqd + reg::CP_MQD_BASE_ADDR_HI as u64,
+        (b_mqd >> 32) as u32,
+    );
+    m.reg_write(hb, hqd + reg::CP_HQD_ACTIVE as u64, 1);
+    assert_eq!(m.reg_read(hb, hqd + reg::CP_HQD_ERROR as u64), 0);
+    b.kernel(&mut bq, abi::kernel::KernelKind::Mark, 2, 4, 500, 1, false);
+    m.doorbell(hb, 0);
+    let s = *bq.signals.last().unwrap();
+    m.reg_write(hb, reg::WAIT_SIGNAL_LO as u64, s as u32);
+    m.reg_write(hb, reg::WAIT_SIGNAL_HI as u64, (s >> 32) as u32);
+    assert_eq!(
+        m.reg_read(hb, reg::WAIT_RESULT as u64),
+        abi::vgpu::wait_result::DONE
+    );
+    assert_eq!(b.verify(&bq), Ok(()));
     m.remove_vm(h);
+    m.remove_vm(hb);
     m.shutdown();
 }
+
+/// Largest `CP_HQD_ERROR` code of the vGPU ABI (`abi::vgpu::error`).
+const MAX_ERROR_CODE: u32 = abi::vgpu::error::BAD_CWSR_LAYOUT;
 
 fn op(code: u8, a: u8, b: u16, v: u32) -> Vec<u8> {
     let mut o = vec![code, a];

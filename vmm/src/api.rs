@@ -28,6 +28,56 @@ use crate::config::{PRIORITY_RANGE, WEIGHT_RANGE};
 
 const USAGE: &str = "list | priority NAME P | weight NAME W | policy [P]";
 
+/// One control-socket request, split into words but not yet checked against
+/// the fleet (VM names, value ranges and policy names are checked by
+/// [`FleetControl::handle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `list`.
+    List,
+    /// `priority NAME P`.
+    Priority {
+        /// VM name.
+        vm: &'a str,
+        /// The requested priority, unparsed.
+        value: &'a str,
+    },
+    /// `weight NAME W`.
+    Weight {
+        /// VM name.
+        vm: &'a str,
+        /// The requested weight, unparsed.
+        value: &'a str,
+    },
+    /// `policy` (print) or `policy P` (switch).
+    Policy(Option<&'a str>),
+}
+
+/// A request line that is not a [`Request`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// No words at all.
+    #[error("empty request (try: {USAGE})")]
+    Empty,
+    /// An unknown verb or a wrong number of words (the trimmed line).
+    #[error("unknown request '{0}' (try: {USAGE})")]
+    Unknown(String),
+}
+
+/// Parses one request line (pure: no fleet state is read).
+pub fn parse_request(line: &str) -> Result<Request<'_>, RequestError> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words.as_slice() {
+        ["list"] => Ok(Request::List),
+        ["priority", vm, value] => Ok(Request::Priority { vm, value }),
+        ["weight", vm, value] => Ok(Request::Weight { vm, value }),
+        ["policy"] => Ok(Request::Policy(None)),
+        ["policy", p] => Ok(Request::Policy(Some(p))),
+        [] => Err(RequestError::Empty),
+        _ => Err(RequestError::Unknown(line.trim().to_owned())),
+    }
+}
+
 /// What the control socket can see and steer.
 pub struct FleetControl {
     mediator: Option<Arc<Mediator>>,
@@ -66,18 +116,16 @@ impl FleetControl {
 
     /// Answers one request line.
     pub fn handle(&self, line: &str) -> String {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["list"] => self.list(),
-            ["priority", name, p] => self.set(name, "priority", p, PRIORITY_RANGE),
-            ["weight", name, w] => self.set(name, "weight", w, WEIGHT_RANGE),
-            ["policy"] => match &self.mediator {
+        match parse_request(line) {
+            Ok(Request::List) => self.list(),
+            Ok(Request::Priority { vm, value }) => self.set(vm, "priority", value, PRIORITY_RANGE),
+            Ok(Request::Weight { vm, value }) => self.set(vm, "weight", value, WEIGHT_RANGE),
+            Ok(Request::Policy(None)) => match &self.mediator {
                 Some(m) => format!("policy {}\n", m.policy().name()),
                 None => "error: policy: the fleet has no GPU VMs\n".into(),
             },
-            ["policy", p] => self.set_policy(p),
-            [] => format!("error: empty request (try: {USAGE})\n"),
-            _ => format!("error: unknown request '{}' (try: {USAGE})\n", line.trim()),
+            Ok(Request::Policy(Some(p))) => self.set_policy(p),
+            Err(e) => format!("error: {e}\n"),
         }
     }
 
@@ -267,6 +315,39 @@ mod tests {
         assert_eq!(
             ctl.handle("policy fifo"),
             "error: policy: the fleet has no GPU VMs\n"
+        );
+    }
+
+    #[test]
+    fn parse_request_splits_words_and_refuses_the_rest() {
+        assert_eq!(parse_request(" list \n"), Ok(Request::List));
+        assert_eq!(
+            parse_request("priority vm-a 16"),
+            Ok(Request::Priority {
+                vm: "vm-a",
+                value: "16"
+            })
+        );
+        assert_eq!(
+            parse_request("weight\tb x"),
+            Ok(Request::Weight {
+                vm: "b",
+                value: "x"
+            })
+        );
+        assert_eq!(parse_request("policy"), Ok(Request::Policy(None)));
+        assert_eq!(
+            parse_request("policy fifo"),
+            Ok(Request::Policy(Some("fifo")))
+        );
+        assert_eq!(parse_request(" \r\n"), Err(RequestError::Empty));
+        assert_eq!(
+            parse_request("priority a 1 2\n"),
+            Err(RequestError::Unknown("priority a 1 2".into()))
+        );
+        assert_eq!(
+            parse_request("LIST"),
+            Err(RequestError::Unknown("LIST".into()))
         );
     }
 

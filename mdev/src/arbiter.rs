@@ -387,7 +387,11 @@ impl GpuArbiter {
         self.deliver(core, out);
         let id = VmId(vm.0);
         let s = c.bind.scheduler();
-        Some((s.vm_params(id)?, s.vm_stats(id)?))
+        let r = (s.vm_params(id)?, s.vm_stats(id)?);
+        drop(c);
+        // The tick may have re-armed the scheduler timer.
+        let _ = self.requests.kick.write(1);
+        Some(r)
     }
 
     // ---- service thread ------------------------------------------------

@@ -707,11 +707,9 @@ pub const BASE_OPEN_FILES: u64 = 32;
 /// Open files per VM: the KVM VM fd, the memfd behind its RAM, and the
 /// end-of-run eventfd with its clone (one per vCPU is added).
 pub const OPEN_FILES_PER_VM: u64 = 4;
-/// Extra open files per `gpu = true` VM: reserved for one doorbell
-/// ioeventfd per virtual HQD and one completion irqfd (the ioeventfd/irqfd
-/// vGPU wiring); an MMIO-doorbell vGPU uses none of them, so this errs on
-/// the safe side.
-pub const OPEN_FILES_PER_GPU_VM: u64 = abi::vgpu::NUM_VHQD as u64 + 1;
+/// Extra open files per `gpu = true` VM: one doorbell eventfd per virtual
+/// HQD (registered as a KVM ioeventfd) and one irqfd per MSI-X vector.
+pub const OPEN_FILES_PER_GPU_VM: u64 = (abi::vgpu::NUM_VHQD + abi::vgpu::NUM_VECTORS) as u64;
 
 /// What a fleet is predicted to need from the host ([`FleetConfig::needs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

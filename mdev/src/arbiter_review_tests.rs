@@ -1,0 +1,81 @@
+//! Hostile-guest and fault-injection cases of the issue-10 review: the
+//! service thread and the front ends under odd orders and host bugs.
+
+use super::*;
+use crate::backend::SlotId;
+use crate::backend::{MapRequest, SlotStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A backend that panics once in `advance` when armed (a host bug in the
+/// GPU model while serving the fleet), otherwise the simulator.
+struct PanicOnce {
+    inner: Box<dyn PhysGpu + Send>,
+    armed: Arc<AtomicBool>,
+}
+
+impl PhysGpu for PanicOnce {
+    fn topology(&self) -> &GpuTopology {
+        self.inner.topology()
+    }
+    fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), crate::backend::GpuError> {
+        self.inner.map(now, req)
+    }
+    fn unmap(
+        &mut self,
+        now: Nanos,
+        slot: SlotId,
+        mode: crate::backend::DequeueMode,
+    ) -> Result<(), crate::backend::GpuError> {
+        self.inner.unmap(now, slot, mode)
+    }
+    fn doorbell(&mut self, now: Nanos, slot: SlotId, wptr: u64) {
+        self.inner.doorbell(now, slot, wptr)
+    }
+    fn query(&self, slot: SlotId) -> Option<SlotStatus> {
+        self.inner.query(slot)
+    }
+    fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            panic!("injected backend bug");
+        }
+        self.inner.advance(now, out)
+    }
+    fn next_deadline(&self) -> Option<Nanos> {
+        self.inner.next_deadline()
+    }
+}
+
+#[test]
+fn a_panic_in_the_gpu_path_of_the_service_loop_does_not_stop_the_arbiter() {
+    let topo = GpuTopology::tiny();
+    let armed = Arc::new(AtomicBool::new(false));
+    let gpu = Box::new(PanicOnce {
+        inner: open_backend(&topo, 1).unwrap(),
+        armed: armed.clone(),
+    });
+    let a = GpuArbiter::start(topo, SchedConfig::default(), gpu).unwrap();
+    let mut g = guest(&a, "g", 5, false);
+    let addr = mqd_addr(&g.q);
+    g.load(0, addr);
+    armed.store(true, Ordering::SeqCst);
+    let s = g.kernel(2, 1000, 0);
+    g.ring(0);
+    // The next service-loop turn panicked in the backend; the doorbell
+    // below must still be served (the service thread is alive).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while armed.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "backend never advanced");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let s2 = g.kernel(2, 1000, 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while g.signal(s2) > 0 {
+        assert!(Instant::now() < deadline, "service thread died");
+        g.ring(0);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(g.signal(s) <= 0);
+    g.tvm.verify(&g.q).unwrap();
+    a.remove_vm(g.h);
+    a.shutdown();
+}

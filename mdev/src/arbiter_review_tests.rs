@@ -79,3 +79,68 @@ fn a_panic_in_the_gpu_path_of_the_service_loop_does_not_stop_the_arbiter() {
     a.remove_vm(g.h);
     a.shutdown();
 }
+
+/// Records the order of requests; holds a `Load` back (up to 300 ms) until
+/// another vCPU has written `CP_HQD_DEQUEUE_REQUEST`, as a slow vCPU would.
+#[derive(Default)]
+struct SlowLoadSink {
+    order: Mutex<Vec<&'static str>>,
+    dequeue_written: AtomicBool,
+}
+
+impl RequestSink for SlowLoadSink {
+    fn send(&self, _vm: VgpuHandle, req: VgpuRequest) {
+        let kind = match req {
+            VgpuRequest::Load { .. } => {
+                let until = Instant::now() + Duration::from_millis(300);
+                while !self.dequeue_written.load(Ordering::SeqCst) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                "load"
+            }
+            VgpuRequest::Dequeue { .. } => "dequeue",
+        };
+        lock(&self.order).push(kind);
+    }
+}
+
+#[test]
+fn a_dequeue_from_another_vcpu_never_overtakes_the_load_it_dequeues() {
+    let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+    let topo = GpuTopology::tiny();
+    let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
+    let q = tvm.queue(&topo, 64, 0);
+    let addr = mqd_addr(&q);
+    mem.write(addr, &q.mqd.to_bytes()).unwrap();
+    let sink = Arc::new(SlowLoadSink::default());
+    let fe = Arc::new(
+        VgpuFrontEnd::new(
+            VgpuHandle(0),
+            "race",
+            &topo,
+            mem,
+            Arc::new(Irqs::default()),
+            sink.clone(),
+        )
+        .unwrap(),
+    );
+    fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR), addr as u32);
+    fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+    let other = {
+        let (fe, sink) = (fe.clone(), sink.clone());
+        std::thread::spawn(move || {
+            // vCPU 1: sees the vHQD active, dequeues it.
+            while fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0 {
+                std::thread::yield_now();
+            }
+            fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::DRAIN);
+            sink.dequeue_written.store(true, Ordering::SeqCst);
+        })
+    };
+    // vCPU 0: loads.
+    fe.reg_write(hr(0, reg::CP_HQD_ACTIVE), 1);
+    other.join().unwrap();
+    // The arbiter must see the load before the dequeue, or it dequeues
+    // nothing, marks the vHQD unloaded and then runs the load nobody tracks.
+    assert_eq!(*lock(&sink.order), vec!["load", "dequeue"]);
+}

@@ -46,9 +46,8 @@ pub mod reg {
     pub const CTX_SAVE_SIZE: usize = CWSR_SIZE;
     /// ro: least `cp_hqd_cntl_stack_size` per XCC (KFD `ctl_stack_size`).
     pub const CTL_STACK_SIZE: usize = 0x01C;
-    /// v1 only (`WAIT_SIGNAL_LO`); 0x020..0x02C is reserved in v2. Kept,
-    /// with a transitional host wait, only until the guest runtime waits by
-    /// interrupt (guest-tools), then removed.
+    /// v1 only (`WAIT_SIGNAL_LO`); 0x020..0x02C is reserved in v2 (reads 0,
+    /// writes ignored). The constant remains for the v1 history in docs.
     pub const WAIT_SIGNAL_LO: usize = 0x020;
     /// v1 only (`WAIT_SIGNAL_HI`); see [`WAIT_SIGNAL_LO`].
     pub const WAIT_SIGNAL_HI: usize = 0x024;

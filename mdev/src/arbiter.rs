@@ -307,7 +307,6 @@ impl GpuArbiter {
             return;
         }
         c.vms[v].removed = true;
-        c.vms[v].fe.detach();
         for i in 0..NUM_VHQD {
             let fd = c.vms[v].fe.doorbell_eventfd(i).as_raw_fd();
             let _ = self

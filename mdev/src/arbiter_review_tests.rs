@@ -144,3 +144,26 @@ fn a_dequeue_from_another_vcpu_never_overtakes_the_load_it_dequeues() {
     // nothing, marks the vHQD unloaded and then runs the load nobody tracks.
     assert_eq!(*lock(&sink.order), vec!["load", "dequeue"]);
 }
+
+#[test]
+fn the_v1_wait_registers_are_gone_and_never_hold_a_vcpu_in_the_host() {
+    let a = arbiter();
+    let mut g = guest(&a, "v1", 5, false);
+    // A signal that never completes (no queue runs it).
+    let s = g.tvm.alloc(64, 64);
+    g.tvm.mem.write_u64(s + AMD_SIGNAL_VALUE as u64, 1).unwrap();
+    let fe = g.fe.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        fe.reg_write(reg::WAIT_SIGNAL_LO as u64, s as u32);
+        fe.reg_write(reg::WAIT_SIGNAL_HI as u64, (s >> 32) as u32);
+        let _ = tx.send(fe.reg_read(reg::WAIT_RESULT as u64));
+    });
+    // Deadline against a vCPU parked in the host (docs: the v2 device has
+    // no WAIT registers; they read 0 and writes are ignored).
+    let r = rx.recv_timeout(Duration::from_secs(10));
+    assert_eq!(r, Ok(0), "vCPU held in the host by a v1 wait");
+    assert!(g.fe.log_counts().0 >= 1, "the write is logged as unknown");
+    a.remove_vm(g.h);
+    a.shutdown();
+}

@@ -20,7 +20,7 @@ use crate::ratelimit::{Admit, RateLimiter};
 use crate::topology::GpuTopology;
 use abi::mqd::{V9Mqd, MQD_BYTES};
 use abi::vgpu::{error, hqd_state, reg, ERROR_VECTOR, NUM_VECTORS, NUM_VHQD};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -165,11 +165,6 @@ pub struct VgpuFrontEnd {
     requests: Arc<dyn RequestSink>,
     logs: RateLimiter,
     quarantined: AtomicBool,
-    /// Set when the VM leaves the arbiter: ends transitional v1 waits.
-    detached: AtomicBool,
-    /// Transitional v1 wait: `WAIT_SIGNAL_LO` and `WAIT_RESULT`.
-    v1_wait_lo: AtomicU32,
-    v1_wait_result: AtomicU32,
 }
 
 /// Offset within the register window -> (vHQD index, register).
@@ -205,9 +200,6 @@ impl VgpuFrontEnd {
             requests,
             logs: RateLimiter::new(),
             quarantined: AtomicBool::new(false),
-            detached: AtomicBool::new(false),
-            v1_wait_lo: AtomicU32::new(0),
-            v1_wait_result: AtomicU32::new(0),
         })
     }
 
@@ -241,10 +233,6 @@ impl VgpuFrontEnd {
     /// Whether a host bug while handling this VM took its vGPU away.
     pub fn quarantined(&self) -> bool {
         self.quarantined.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn detach(&self) {
-        self.detached.store(true, Ordering::Relaxed);
     }
 
     pub(crate) fn quarantine(&self) {
@@ -298,7 +286,6 @@ impl VgpuFrontEnd {
             o if o == reg::NUM_VECTORS as u64 => NUM_VECTORS as u32,
             o if o == reg::ERROR_VECTOR as u64 => ERROR_VECTOR as u32,
             o if o == reg::INT_STATUS as u64 => r.int_status,
-            o if o == reg::WAIT_RESULT as u64 => self.v1_wait_result.load(Ordering::Relaxed),
             o => {
                 let Some((i, rr)) = vhqd_reg(o) else {
                     drop(r);
@@ -341,17 +328,6 @@ impl VgpuFrontEnd {
             self.regs().int_status &= !value;
             return;
         }
-        if offset == reg::WAIT_SIGNAL_LO as u64 {
-            self.v1_wait_lo.store(value, Ordering::Relaxed);
-            return;
-        }
-        if offset == reg::WAIT_SIGNAL_HI as u64 {
-            let addr =
-                (u64::from(value) << 32) | u64::from(self.v1_wait_lo.load(Ordering::Relaxed));
-            let r = self.v1_wait(addr);
-            self.v1_wait_result.store(r, Ordering::Relaxed);
-            return;
-        }
         let Some((i, r)) = vhqd_reg(offset) else {
             self.guest_log(
                 log::Level::Warn,
@@ -392,33 +368,6 @@ impl VgpuFrontEnd {
                 log::Level::Warn,
                 format_args!("write at doorbell offset {offset:#x}: no such doorbell"),
             ),
-        }
-    }
-
-    /// **Transitional** ABI v1 paravirtual wait, kept only until the
-    /// reference guest waits by interrupt (guest-tools, branch h10vmm); then
-    /// removed with the `WAIT_*` constants. Holds the vCPU (no lock held,
-    /// no GPU call) re-reading the signal every 200 us until its value is
-    /// <= 0 (0), a vHQD of the VM is in error (1), or the VM leaves the
-    /// arbiter (2); a signal address that wraps or is outside RAM gives 3.
-    /// No 10 s limit.
-    fn v1_wait(&self, addr: u64) -> u32 {
-        let Some(va) = addr.checked_add(abi::queue::AMD_SIGNAL_VALUE as u64) else {
-            return abi::vgpu::wait_result::BAD_SIGNAL;
-        };
-        loop {
-            match self.mem.read_u64(va) {
-                Err(_) => return abi::vgpu::wait_result::BAD_SIGNAL,
-                Ok(v) if v as i64 <= 0 => return abi::vgpu::wait_result::DONE,
-                Ok(_) => {}
-            }
-            if self.regs().vhqd.iter().any(|h| h.error != 0) || self.quarantined() {
-                return abi::vgpu::wait_result::QUEUE_ERROR;
-            }
-            if self.detached.load(Ordering::Relaxed) {
-                return abi::vgpu::wait_result::TIMEOUT;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
 

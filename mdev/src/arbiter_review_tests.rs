@@ -167,3 +167,65 @@ fn the_v1_wait_registers_are_gone_and_never_hold_a_vcpu_in_the_host() {
     a.remove_vm(g.h);
     a.shutdown();
 }
+
+#[test]
+fn odd_register_orders_leave_a_vhqd_that_still_runs_each_kernel_exactly_once() {
+    let a = arbiter();
+    let mut g = guest(&a, "odd", 5, false);
+    let addr = mqd_addr(&g.q);
+    // A doorbell on a vHQD that is not loaded: ignored.
+    g.ring(0);
+    g.load(0, addr);
+    // Load again while loaded, and dequeue requests that are not 1, 2 or 3.
+    g.load(0, addr);
+    for v in [0, 4, 0xFFFF_FFFF] {
+        g.fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), v);
+    }
+    assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)), 1);
+    assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)), 0);
+    let first = g.kernel(2, 1000, 0);
+    g.ring(0);
+    g.wait_until("first", |g| g.signal(first) <= 0);
+    // Drain; more packets while unloaded; reload from the written-back MQD.
+    g.fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::DRAIN);
+    // A second dequeue while one is under way: ignored.
+    g.fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::SAVE);
+    g.wait_until("drain", |g| g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0);
+    let mut last = first;
+    for k in 1..4 {
+        last = g.kernel(4, 2000, k);
+    }
+    g.ring(0); // not loaded: nothing runs
+    assert!(g.signal(last) > 0);
+    g.load(0, addr);
+    g.wait_until("rest", |g| g.signal(last) <= 0);
+    g.tvm.verify(&g.q).unwrap();
+    assert_eq!(a.stats().completions, 4);
+    a.remove_vm(g.h);
+    a.shutdown();
+}
+
+#[test]
+fn removing_a_vm_whose_queues_run_leaves_the_gpu_to_the_others() {
+    let a = arbiter();
+    let mut gone = guest(&a, "gone", 12, false);
+    let mut stays = guest(&a, "stays", 2, false);
+    let (ga, sa) = (mqd_addr(&gone.q), mqd_addr(&stays.q));
+    gone.load(0, ga);
+    stays.load(0, sa);
+    for k in 0..4 {
+        gone.kernel(64, 500_000, k);
+    }
+    gone.ring(0);
+    let s = stays.kernel(8, 10_000, 9);
+    stays.ring(0);
+    a.remove_vm(gone.h);
+    assert!(a.vm_status(gone.h).is_none());
+    // Its late register writes and doorbells reach nothing.
+    gone.load(1, ga);
+    gone.ring(0);
+    stays.wait_until("stays", |g| g.signal(s) <= 0);
+    stays.tvm.verify(&stays.q).unwrap();
+    a.remove_vm(stays.h);
+    a.shutdown();
+}

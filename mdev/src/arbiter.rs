@@ -597,8 +597,15 @@ impl GpuArbiter {
         let now = self.now();
         let mut out = Vec::new();
         // The CP reads the write index from the poll address; so does the
-        // scheduler, which drops doorbells that do not move it.
-        match c.vms[v].mem.read_u64(c.vms[v].wptr_poll[vhqd]) {
+        // scheduler, which drops doorbells that do not move it. Poll address
+        // 0 is "none" (docs/vgpu-abi.md): the write index stays the MQD's.
+        let poll = c.vms[v].wptr_poll[vhqd];
+        let wptr = if poll == 0 {
+            Ok(c.bind.mqd(q).map_or(0, V9Mqd::write_index))
+        } else {
+            c.vms[v].mem.read_u64(poll)
+        };
+        match wptr {
             Ok(wptr) => {
                 let before = c.bind.scheduler().stats().preemptions;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);

@@ -229,3 +229,35 @@ fn removing_a_vm_whose_queues_run_leaves_the_gpu_to_the_others() {
     a.remove_vm(stays.h);
     a.shutdown();
 }
+
+#[test]
+fn a_queue_without_a_wptr_poll_address_never_reads_guest_address_zero() {
+    use abi::mqd::{
+        CP_HQD_PQ_WPTR_HI, CP_HQD_PQ_WPTR_LO, CP_HQD_PQ_WPTR_POLL_ADDR_HI,
+        CP_HQD_PQ_WPTR_POLL_ADDR_LO,
+    };
+    let a = arbiter();
+    let mut g = guest(&a, "nopoll", 5, false);
+    // Whatever the guest keeps at address 0 (here a write index far past
+    // the ring) is not a write pointer: the docs say poll address 0 = none.
+    g.tvm.mem.write_u64(0, 1000).unwrap();
+    let mut last = 0;
+    for k in 0..3 {
+        last = g.kernel(2, 1000, k);
+    }
+    // The work is published through the MQD's wptr instead.
+    let mut m = g.q.mqd.clone();
+    m.set64(CP_HQD_PQ_WPTR_POLL_ADDR_LO, CP_HQD_PQ_WPTR_POLL_ADDR_HI, 0);
+    m.set64(CP_HQD_PQ_WPTR_LO, CP_HQD_PQ_WPTR_HI, 3 * 16);
+    let addr = mqd_addr(&g.q);
+    g.tvm.mem.write(addr, &m.to_bytes()).unwrap();
+    g.load(0, addr);
+    g.ring(0);
+    g.wait_until("kernels", |g| {
+        g.signal(last) <= 0 || g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)) != 0
+    });
+    assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)), 0);
+    g.tvm.verify(&g.q).unwrap();
+    a.remove_vm(g.h);
+    a.shutdown();
+}

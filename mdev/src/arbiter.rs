@@ -447,8 +447,8 @@ impl GpuArbiter {
         let now = self.now();
         buf.clear();
         if catch_unwind(AssertUnwindSafe(|| c.gpu.advance(now, buf))).is_err() {
+            // Events it appended before the panic did happen: deliver them.
             log::error!("arbiter: host bug: GPU backend panicked in advance; continuing");
-            buf.clear();
         }
         let mut out = Vec::new();
         for ev in buf.drain(..) {

@@ -450,16 +450,49 @@ impl GpuArbiter {
     }
 
     /// Brings the GPU up to now, feeds its events and a due timer to the binding.
+    ///
+    /// A panic here must not end the service thread (every VM would lose
+    /// its GPU): one while handling an event of a VM's queue quarantines
+    /// that VM; one in the backend's `advance` or the scheduler tick (no
+    /// single VM to blame) is logged and the loop goes on.
     fn run_gpu(&self, c: &mut Core, buf: &mut Vec<GpuEvent>) {
         let now = self.now();
-        c.gpu.advance(now, buf);
+        buf.clear();
+        if catch_unwind(AssertUnwindSafe(|| c.gpu.advance(now, buf))).is_err() {
+            // Events it appended before the panic did happen: deliver them.
+            log::error!("arbiter: host bug: GPU backend panicked in advance; continuing");
+        }
         let mut out = Vec::new();
         for ev in buf.drain(..) {
-            c.bind.gpu_event(c.gpu.as_mut(), now, ev, &mut out);
+            let tag = match &ev {
+                GpuEvent::PacketCompleted { tag, .. }
+                | GpuEvent::QueueIdle { tag, .. }
+                | GpuEvent::Unmapped { tag, .. }
+                | GpuEvent::QueueError { tag, .. } => QueueId(*tag),
+            };
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                c.bind.gpu_event(c.gpu.as_mut(), now, ev, &mut out)
+            }));
+            if r.is_err() {
+                let owner = c
+                    .vms
+                    .iter()
+                    .position(|s| s.queue.contains(&Some(tag)))
+                    .map(|v| v as u32);
+                match owner {
+                    Some(vm) => self.quarantine(c, vm),
+                    None => log::error!("arbiter: host bug handling a GPU event of {tag:?}"),
+                }
+            }
         }
         if c.timer_at.is_some_and(|t| t <= now) {
             c.timer_at = None;
-            c.bind.tick(c.gpu.as_mut(), now, &mut out);
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                c.bind.tick(c.gpu.as_mut(), now, &mut out)
+            }));
+            if r.is_err() {
+                log::error!("arbiter: host bug: scheduler tick panicked; continuing");
+            }
         }
         self.deliver(c, out);
     }
@@ -576,8 +609,15 @@ impl GpuArbiter {
         let now = self.now();
         let mut out = Vec::new();
         // The CP reads the write index from the poll address; so does the
-        // scheduler, which drops doorbells that do not move it.
-        match c.vms[v].mem.read_u64(c.vms[v].wptr_poll[vhqd]) {
+        // scheduler, which drops doorbells that do not move it. Poll address
+        // 0 is "none" (docs/vgpu-abi.md): the write index stays the MQD's.
+        let poll = c.vms[v].wptr_poll[vhqd];
+        let wptr = if poll == 0 {
+            Ok(c.bind.mqd(q).map_or(0, V9Mqd::write_index))
+        } else {
+            c.vms[v].mem.read_u64(poll)
+        };
+        match wptr {
             Ok(wptr) => {
                 let before = c.bind.scheduler().stats().preemptions;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);

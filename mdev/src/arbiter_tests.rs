@@ -326,3 +326,6 @@ fn a_host_bug_serving_one_vm_quarantines_only_that_vm() {
     a.remove_vm(well.h);
     a.shutdown();
 }
+
+#[path = "arbiter_review_tests.rs"]
+mod review;

@@ -68,7 +68,10 @@ pub enum VgpuRequest {
 
 /// Where a front end sends its requests (the arbiter's control channel).
 pub trait RequestSink: Send + Sync {
-    /// Queue `req` of VM `vm` for the arbiter and wake it; never blocks on the GPU.
+    /// Queue `req` of VM `vm` for the arbiter and wake it; never blocks on
+    /// the GPU. Called with the front end's register lock held (requests of
+    /// one vHQD reach the arbiter in register order): must not call back
+    /// into the front end.
     fn send(&self, vm: VgpuHandle, req: VgpuRequest);
 }
 
@@ -400,7 +403,8 @@ impl VgpuFrontEnd {
                 h.phase = HqdPhase::Loaded { on_hqd: false };
                 h.error = 0;
                 h.rptr = mqd.read_index().unwrap_or(0);
-                drop(g);
+                // Sent under the register lock (the send never blocks), so
+                // a dequeue from another vCPU cannot reach the arbiter first.
                 self.requests.send(
                     self.vm,
                     VgpuRequest::Load {
@@ -439,7 +443,7 @@ impl VgpuFrontEnd {
             HqdPhase::Dequeuing(_) => {}
             HqdPhase::Loaded { .. } => {
                 g.vhqd[i].phase = HqdPhase::Dequeuing(mode);
-                drop(g);
+                // Under the lock: ordered after the load it dequeues.
                 self.requests
                     .send(self.vm, VgpuRequest::Dequeue { vhqd: i, mode });
             }

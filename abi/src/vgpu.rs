@@ -147,4 +147,8 @@ pub mod error {
     /// CWSR fields inconsistent (`cntl_stack_offset` > `cntl_stack_size`, or the
     /// control stack larger than the context save area).
     pub const BAD_CWSR_LAYOUT: u32 = 20;
+    /// The host took this VM's vGPU away after a host fault while serving it
+    /// (quarantine): every vHQD reads this code, nothing runs any more, and
+    /// the error vector is raised once. Other VMs are unaffected.
+    pub const DEVICE_LOST: u32 = 21;
 }

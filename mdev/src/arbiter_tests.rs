@@ -314,6 +314,13 @@ fn a_host_bug_serving_one_vm_quarantines_only_that_vm() {
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(sick.fe.reg_read(reg::VGPU_ID as u64), 0);
+    // The guest learns why: every vHQD reads "device lost".
+    for i in 0..abi::vgpu::NUM_VHQD {
+        assert_eq!(
+            sick.fe.reg_read(hr(i, reg::CP_HQD_ERROR)),
+            abi::vgpu::error::DEVICE_LOST
+        );
+    }
     // Its doorbells are ignored (and do not keep the service thread busy).
     for _ in 0..100 {
         sick.ring(0);

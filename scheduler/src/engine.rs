@@ -25,13 +25,6 @@ fn level_keys(level: u16) -> (u16, u16) {
 /// Fixed-point scale of virtual time (ns x SCALE / weight).
 const SCALE: u128 = 1 << 16;
 
-/// Lag-based wake preemption (off: it skewed weighted shares in the
-/// property tests, not yet understood; see docs/scheduling.md).
-const LAG: bool = false;
-
-/// Shortest anticipation grace (a re-ring gap measured as 0 still gets it).
-const MIN_GRACE_NS: Nanos = 10_000;
-
 /// Why a queue is being dequeued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
@@ -81,10 +74,6 @@ struct Vm {
     vt_key: Option<u128>,
     /// When it last became busy after being idle.
     entered: Nanos,
-    /// When it last stopped being busy.
-    idle_at: Nanos,
-    /// Moving average of its re-ring gap (idle to busy again), ns.
-    gap_ewma: Nanos,
     removed: bool,
     /// Its Ready/Saved queues, highest key first, then oldest.
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
@@ -132,19 +121,6 @@ struct Owner {
     vm: VmId,
     level: u16,
     since: Nanos,
-    /// Since when the owner has had no busy queue at its level
-    /// (anticipation grace running).
-    drained: Option<Nanos>,
-}
-
-/// A slice owner displaced by a higher level, resumed with the rest of its
-/// quantum when its level is the top again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Parked {
-    vm: VmId,
-    level: u16,
-    /// Slice time it had used.
-    used: Nanos,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -157,7 +133,6 @@ struct Partition {
     /// priorities do not order queues of different VMs).
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
     /// Ready/Saved queues that are not boosted, oldest first (aging).
-    /// (Boost deadline: ready since + [`Scheduler::age_wait`] of its level.)
     waiting: BTreeSet<(Nanos, QueueId)>,
     /// Running queues, lowest level first, then longest mapped.
     running: BTreeSet<(u16, Nanos, QueueId)>,
@@ -171,11 +146,6 @@ struct Partition {
     vt: BTreeSet<(u128, VmId)>,
     /// VM holding the partition's exclusive slice.
     owner: Option<Owner>,
-    /// Owner displaced by a higher level.
-    parked: Option<Parked>,
-    /// VMs that became busy since the last owner choice (candidates for
-    /// lag preemption: served ahead of an owner above them in virtual time).
-    woken: Vec<VmId>,
     vms: usize,
 }
 
@@ -327,8 +297,6 @@ impl Scheduler {
                 vtime: 0,
                 vt_key: None,
                 entered: 0,
-                idle_at: 0,
-                gap_ewma: 0,
                 removed: false,
                 ready: BTreeSet::new(),
                 running: BTreeSet::new(),
@@ -457,18 +425,10 @@ impl Scheduler {
     pub fn set_config(&mut self, cfg: SchedConfig) -> Result<(), SchedError> {
         cfg.validate()?;
         let policy = cfg.policy;
-        // Boost deadlines in the aging index depend on `aging_ns`.
-        let ids: Vec<QueueId> = self.sorted_queue_ids();
-        for &q in &ids {
-            self.unindex(q);
-        }
         self.cfg = SchedConfig {
             policy: self.cfg.policy,
             ..cfg
         };
-        for &q in &ids {
-            self.index(q);
-        }
         if policy != self.cfg.policy {
             self.set_policy(policy);
         }
@@ -631,19 +591,18 @@ impl Scheduler {
         }
         if self.cfg.policy.uses_priority() {
             // Aging: a queue waiting too long is boosted for one short slice.
-            while let Some(&(due, q)) = self.parts[p].waiting.first() {
-                if due > now {
+            while let Some(&(since, q)) = self.parts[p].waiting.first() {
+                if since + self.cfg.aging_ns > now {
                     break;
                 }
                 self.stats.boosts += 1;
                 self.rekey(q, |q| q.boosted = true);
             }
-            // A boosted queue drops back to its level when it goes idle
-            // (QueueIdle) or has run two minimum runs.
+            // A boosted queue that had its slice drops back to its level.
             let boosted: Vec<QueueId> = self.parts[p]
                 .running
                 .range((BOOST_LEVEL, 0, QueueId(0))..)
-                .filter(|(_, since, q)| since + self.boost_len(*q) <= now)
+                .filter(|(_, since, _)| since + self.cfg.min_run_ns <= now)
                 .map(|e| e.2)
                 .collect();
             for q in boosted {
@@ -660,12 +619,6 @@ impl Scheduler {
             Policy::Poll5ms => self.decide_shared(p, poll, true),
             Policy::Fifo => self.decide_shared(p, false, false),
         }
-    }
-
-    /// How long a boosted queue runs boosted (unless it goes idle first):
-    /// two minimum runs, so a job of up to that size needs one boost.
-    fn boost_len(&self, _q: QueueId) -> Nanos {
-        self.cfg.min_run_ns.saturating_mul(2).max(1)
     }
 
     /// Exclusive per-VM slices at the top level (the default)?
@@ -695,41 +648,23 @@ impl Scheduler {
     /// within it, only its highest busy queue priority runs.
     fn decide_exclusive(&mut self, p: usize) {
         let now = self.now;
-        let top = self.parts[p].top();
-        let mut owner = self.parts[p].owner;
-        // Anticipation: an owner whose queues drained keeps the partition
-        // against its equals and lower levels for a short grace (its next
-        // doorbell then needs no CWSR of someone else's work).
-        if let Some(o) = owner.as_mut() {
-            if self.vm_busy_at(p, o.vm, o.level) {
-                o.drained = None;
-            } else if o.level < BOOST_LEVEL
-                && self.vms.contains_key(&o.vm)
-                && top.is_none_or(|t| t <= o.level)
-            {
-                let d = *o.drained.get_or_insert(now);
-                if now < d.saturating_add(self.grace(o.vm)) {
-                    self.parts[p].owner = owner;
-                    return;
-                }
-            }
-        }
-        let Some(top) = top else {
+        let Some(top) = self.parts[p].top() else {
             self.parts[p].owner = None;
-            self.parts[p].woken.clear();
             return;
         };
-        let pol = self.cfg.policy;
         let cands = &self.parts[p].busy[&top];
+        let owner = self.parts[p].owner;
+        let owner_active = owner.is_some_and(|o| self.vms.get(&o.vm).is_some_and(|v| v.active > 0));
         let keep = match owner {
             Some(o) if cands.contains_key(&o.vm) => {
                 // Same level (or its own level changed): slice until quantum
-                // expiry when others wait, or until a VM that just became
-                // busy below the owner's virtual time is due (lag).
-                (cands.len() == 1 || now < o.since + self.quantum(top)) && !self.lag_due(p, o, top)
+                // expiry when others wait.
+                cands.len() == 1 || now < o.since + self.quantum(top)
             }
-            // A higher level (or a boost) never waits for a lower owner's
-            // minimum run.
+            Some(o) if o.level < top && owner_active && self.vm_busy_at(p, o.vm, o.level) => {
+                // Priority preemption, after the minimum run.
+                now < o.since + self.cfg.min_run_ns
+            }
             _ => false,
         };
         let owner = if keep {
@@ -739,74 +674,31 @@ impl Scheduler {
             }
             o
         } else {
-            // A lower owner still busy at its level is parked: it resumes
-            // the rest of its slice when its level is the top again.
-            if let Some(o) = owner {
-                if o.level < top && self.vm_busy_at(p, o.vm, o.level) {
-                    self.parts[p].parked = Some(Parked {
-                        vm: o.vm,
-                        level: o.level,
-                        used: now.saturating_sub(o.since),
-                    });
-                }
-            }
-            let parked = self.parts[p].parked;
-            let cands = &self.parts[p].busy[&top];
-            let resume = parked.filter(|k| {
-                k.level == top
-                    && cands.contains_key(&k.vm)
-                    && k.used < self.quantum(top)
-                    && !self.parts[p]
-                        .woken
-                        .iter()
-                        .any(|w| *w != k.vm && cands.contains_key(w))
-            });
-            if parked.is_some_and(|k| k.level >= top) {
-                self.parts[p].parked = None;
-            }
-            if let Some(k) = resume {
-                Owner {
-                    vm: k.vm,
-                    level: top,
-                    since: now - k.used,
-                    drained: None,
-                }
-            } else {
-                // Least weighted GPU time wins (stride scheduling). Ties: the
-                // current holder loses (equals alternate), then the VM that
-                // became busy last wins (one that was idle re-enters at the
-                // least virtual time of the busy VMs, less one minimum run,
-                // and goes first among them).
-                let prev = owner.map(|o| o.vm);
-                let cands = &self.parts[p].busy[&top];
-                let vm = *cands
-                    .keys()
-                    .min_by_key(|v| {
-                        let vv = &self.vms[v];
-                        (
-                            vtime_now(vv, now, pol),
-                            Some(**v) == prev,
-                            Reverse(vv.entered),
-                            **v,
-                        )
-                    })
-                    .unwrap();
-                Owner {
-                    vm,
-                    level: top,
-                    since: now,
-                    drained: None,
-                }
+            // Least weighted GPU time wins (stride scheduling). Ties: the
+            // current holder loses (equals alternate), then the VM that
+            // became busy last wins (one that was idle re-enters at the
+            // least virtual time of the busy VMs and goes first among them,
+            // so a demand-limited VM waits at most one slice).
+            let pol = self.cfg.policy;
+            let prev = owner.map(|o| o.vm);
+            let vm = *cands
+                .keys()
+                .min_by_key(|v| {
+                    let vv = &self.vms[v];
+                    (
+                        vtime_now(vv, now, pol),
+                        Some(**v) == prev,
+                        Reverse(vv.entered),
+                        **v,
+                    )
+                })
+                .unwrap();
+            Owner {
+                vm,
+                level: top,
+                since: now,
             }
         };
-        if owner.since == now {
-            // A new choice: the woken VMs had their chance.
-            let part = &mut self.parts[p];
-            part.woken.retain(|w| *w != owner.vm);
-            let busy = &part.busy;
-            part.woken
-                .retain(|w| busy.get(&top).is_some_and(|m| m.contains_key(w)));
-        }
         self.parts[p].owner = Some(owner);
         // The owner's highest busy queue priority at its level runs.
         let okey = self.vms[&owner.vm]
@@ -940,45 +832,6 @@ impl Scheduler {
         false
     }
 
-    /// Anticipation grace of a VM: twice its re-ring gap (at least
-    /// [`MIN_GRACE_NS`]) when that fits in `anticipation_ns`, else 0.
-    fn grace(&self, vm: VmId) -> Nanos {
-        if !self.cfg.policy.uses_priority() || self.cfg.anticipation_ns == 0 {
-            return 0;
-        }
-        let g = self
-            .vms
-            .get(&vm)
-            .map_or(0, |v| v.gap_ewma.saturating_mul(2).max(MIN_GRACE_NS));
-        if g <= self.cfg.anticipation_ns {
-            g
-        } else {
-            0
-        }
-    }
-
-    /// Is a VM that became busy below the owner's virtual time due to take
-    /// the slice (the owner has had its minimum run)?
-    fn lag_due(&self, p: usize, o: Owner, top: u16) -> bool {
-        if !LAG || !self.cfg.policy.uses_priority() || self.now < o.since + self.cfg.min_run_ns {
-            return false;
-        }
-        let pol = self.cfg.policy;
-        let Some(ov) = self.vms.get(&o.vm) else {
-            return false;
-        };
-        let ot = vtime_now(ov, self.now, pol);
-        let cands = &self.parts[p].busy[&top];
-        self.parts[p].woken.iter().any(|w| {
-            *w != o.vm
-                && cands.contains_key(w)
-                && self
-                    .vms
-                    .get(w)
-                    .is_some_and(|v| vtime_now(v, self.now, pol) < ot)
-        })
-    }
-
     fn vm_busy_at(&self, p: usize, vm: VmId, level: u16) -> bool {
         self.parts[p]
             .busy
@@ -997,11 +850,11 @@ impl Scheduler {
                 consider(since + self.cfg.idle_unmap_ns);
             }
             if prio {
-                if let Some(&(due, _)) = p.waiting.first() {
-                    consider(due);
+                if let Some(&(since, _)) = p.waiting.first() {
+                    consider(since + self.cfg.aging_ns);
                 }
-                for &(_, since, q) in p.running.range((BOOST_LEVEL, 0, QueueId(0))..) {
-                    consider(since + self.boost_len(q));
+                for &(_, since, _) in p.running.range((BOOST_LEVEL, 0, QueueId(0))..) {
+                    consider(since + self.cfg.min_run_ns);
                 }
             }
             let Some(top) = p.top() else { continue };
@@ -1011,25 +864,10 @@ impl Scheduler {
                     if self.slices() || self.cfg.policy == Policy::Timeslice =>
                 {
                     if let Some(o) = p.owner {
-                        if let Some(d) = o.drained {
-                            let until = d.saturating_add(self.grace(o.vm));
-                            if until > now {
-                                consider(until);
-                            }
-                        }
-                        if o.level >= top && p.busy[&top].len() > 1 {
+                        if o.level < top {
+                            consider(o.since + self.cfg.min_run_ns);
+                        } else if p.busy[&top].len() > 1 {
                             consider(o.since + self.quantum(top));
-                            // Lag: re-check once the owner had its minimum
-                            // run, then every minimum run while a woken VM
-                            // waits for the owner's virtual time to pass its.
-                            let due = o.since + self.cfg.min_run_ns;
-                            if LAG && prio && !p.woken.is_empty() {
-                                consider(if due > now {
-                                    due
-                                } else {
-                                    now + self.cfg.min_run_ns.max(1)
-                                });
-                            }
                         }
                     }
                 }
@@ -1174,7 +1012,6 @@ impl Scheduler {
             if let Some(k) = v.vt_key {
                 self.parts[v.partition as usize].vt.remove(&(k, vm));
             }
-            self.parts[v.partition as usize].woken.retain(|w| *w != vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;
@@ -1242,28 +1079,11 @@ impl Scheduler {
                 v.busy -= 1;
             }
         }
-        let mut woke = false;
         if !busy(old) && busy(st) && v.busy == 1 {
             v.entered = now;
-            let gap = now.saturating_sub(v.idle_at);
-            v.gap_ewma = (v.gap_ewma.saturating_mul(3) / 4).saturating_add(gap / 4);
-            woke = true;
-        }
-        if busy(old) && !busy(st) && v.busy == 0 {
-            v.idle_at = now;
         }
         if let Some(f) = floor {
-            // Bounded lag: it may re-enter up to one minimum run (weighted)
-            // behind the least busy VM, no further, so a VM below its share
-            // is served ahead of VMs above it but cannot bank idle time.
-            let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);
-            v.vtime = v.vtime.max(f.saturating_sub(allow));
-        }
-        if woke {
-            let w = &mut self.parts[part as usize].woken;
-            if !w.contains(&vm) {
-                w.push(vm);
-            }
+            v.vtime = v.vtime.max(f);
         }
         self.sync_vt(vm);
         self.index(q);
@@ -1346,8 +1166,7 @@ impl Scheduler {
                 p.ready.insert((Reverse(level), since, q));
                 v.ready.insert((Reverse(key), since, q));
                 if !boosted {
-                    p.waiting
-                        .insert((since.saturating_add(age_wait(&self.cfg, level)), q));
+                    p.waiting.insert((since, q));
                 }
             }
             QueueState::Running => {
@@ -1382,8 +1201,7 @@ impl Scheduler {
             QueueState::Ready | QueueState::Saved => {
                 p.ready.remove(&(Reverse(level), since, q));
                 v.ready.remove(&(Reverse(key), since, q));
-                p.waiting
-                    .remove(&(since.saturating_add(age_wait(&self.cfg, level)), q));
+                p.waiting.remove(&(since, q));
             }
             QueueState::Running => {
                 p.running.remove(&(level, since, q));
@@ -1502,14 +1320,6 @@ fn check_params(p: &VmParams, parts: u32) -> Result<(), SchedError> {
         Some(x) if x >= parts => Err(SchedError::Partition(x, parts)),
         _ => Ok(()),
     }
-}
-
-/// How long a ready queue of `level` waits before it is boosted: `aging_ns`
-/// at level 0, less `aging_ns / 16` per level above, so that VMs starved by
-/// a higher one still get service in the order of their priorities.
-fn age_wait(cfg: &SchedConfig, level: u16) -> Nanos {
-    let l = level.min(15) as u64;
-    (cfg.aging_ns - cfg.aging_ns / 16 * l).max(1)
 }
 
 fn weight(v: &Vm, pol: Policy) -> u128 {

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use mdev::arbiter::GpuArbiter as Mediator;
+use mdev::arbiter::GpuArbiter;
 use mdev::vgpu::VgpuHandle;
 
 use crate::config::{PRIORITY_RANGE, WEIGHT_RANGE};
@@ -80,7 +80,7 @@ pub fn parse_request(line: &str) -> Result<Request<'_>, RequestError> {
 
 /// What the control socket can see and steer.
 pub struct FleetControl {
-    mediator: Option<Arc<Mediator>>,
+    arbiter: Option<Arc<GpuArbiter>>,
     vms: Mutex<Vec<VmEntry>>,
 }
 
@@ -92,9 +92,9 @@ struct VmEntry {
 
 impl FleetControl {
     /// Control over `names` (config order) with their vGPU handles.
-    pub fn new(mediator: Option<Arc<Mediator>>, vms: Vec<(String, Option<VgpuHandle>)>) -> Self {
+    pub fn new(arbiter: Option<Arc<GpuArbiter>>, vms: Vec<(String, Option<VgpuHandle>)>) -> Self {
         FleetControl {
-            mediator,
+            arbiter,
             vms: Mutex::new(
                 vms.into_iter()
                     .map(|(name, vgpu)| VmEntry {
@@ -120,7 +120,7 @@ impl FleetControl {
             Ok(Request::List) => self.list(),
             Ok(Request::Priority { vm, value }) => self.set(vm, "priority", value, PRIORITY_RANGE),
             Ok(Request::Weight { vm, value }) => self.set(vm, "weight", value, WEIGHT_RANGE),
-            Ok(Request::Policy(None)) => match &self.mediator {
+            Ok(Request::Policy(None)) => match &self.arbiter {
                 Some(m) => format!("policy {}\n", m.policy().name()),
                 None => "error: policy: the fleet has no GPU VMs\n".into(),
             },
@@ -137,7 +137,7 @@ impl FleetControl {
                 names.join(", ")
             );
         };
-        let Some(m) = &self.mediator else {
+        let Some(m) = &self.arbiter else {
             return "error: policy: the fleet has no GPU VMs\n".into();
         };
         m.set_policy(p);
@@ -152,7 +152,7 @@ impl FleetControl {
             let state = if v.ended { "ended" } else { "running" };
             let status = v
                 .vgpu
-                .zip(self.mediator.as_ref())
+                .zip(self.arbiter.as_ref())
                 .and_then(|(h, m)| m.vm_status(h));
             match status {
                 Some((p, s)) => {
@@ -193,7 +193,7 @@ impl FleetControl {
                 range.end()
             );
         }
-        let (Some(h), Some(m), false) = (v.vgpu, self.mediator.as_ref(), v.ended) else {
+        let (Some(h), Some(m), false) = (v.vgpu, self.arbiter.as_ref(), v.ended) else {
             return format!("error: vm '{name}': {field}: the VM has no running vGPU\n");
         };
         let r = if field == "priority" {

@@ -702,7 +702,7 @@ impl FleetConfig {
 /// Open files `hqdmux run` holds for the whole process, whatever the fleet:
 /// stdin/stdout/stderr, `/dev/kvm`, the event loop's epoll fd, the run
 /// timer, the stop eventfd and its clone, the control socket's listener, and
-/// headroom for control-socket connections, mediator threads and logging.
+/// headroom for control-socket connections, the GPU arbiter's thread and logging.
 pub const BASE_OPEN_FILES: u64 = 32;
 /// Open files per VM: the KVM VM fd, the memfd behind its RAM, and the
 /// end-of-run eventfd with its clone (one per vCPU is added).

@@ -165,13 +165,13 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     })?;
     // One GPU arbiter (scheduler + backend + service thread) for the VMs
     // that have a vGPU.
-    let mediator = if cfg.vm.iter().any(|v| v.gpu) {
+    let arbiter = if cfg.vm.iter().any(|v| v.gpu) {
         Some(start_arbiter(cfg)?)
     } else {
         None
     };
     // Stops the arbiter's thread on every return path, early ones included.
-    let _mediator_guard = MediatorGuard(mediator.clone());
+    let _arbiter_guard = ArbiterGuard(arbiter.clone());
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
     let mut attached: Vec<Option<VgpuAttachment>> = (0..cfg.vm.len()).map(|_| None).collect();
     // Build everything first: a VM that cannot be built aborts the launch
@@ -214,7 +214,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             vm: vc.name.clone(),
             source,
         })?;
-        if let (true, Some(m)) = (vc.gpu, &mediator) {
+        if let (true, Some(m)) = (vc.gpu, &arbiter) {
             let a = attach_vgpu(m, &vm, vc)?;
             vgpus[id] = Some(a.handle());
             attached[id] = Some(a);
@@ -223,7 +223,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     }
 
     let control = Arc::new(crate::api::FleetControl::new(
-        mediator.clone(),
+        arbiter.clone(),
         cfg.vm
             .iter()
             .map(|v| v.name.clone())
@@ -288,7 +288,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
                 control.ended(i);
-                vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
+                vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
                 reports[i] = Some(vm.stop("VM ended"));
                 if let Some(a) = attached[i].take() {
                     vgpu_io[i] = Some(a.detach());
@@ -326,15 +326,15 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             control.ended(i);
             // Release vCPUs blocked in a vGPU wait before joining them; the
             // detach returns the VM's GPU figures up to now.
-            vm_gpu[i] = detach_vgpu(&mediator, vgpus[i].take());
+            vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
             reports[i] = Some(vm.stop(&why));
             if let Some(a) = attached[i].take() {
                 a.detach();
             }
         }
     }
-    let gpu = mediator.as_ref().map(|m| m.stats());
-    if let Some(m) = &mediator {
+    let gpu = arbiter.as_ref().map(|m| m.stats());
+    if let Some(m) = &arbiter {
         let s = m.stats();
         log::info!(
             "gpu: {} packets completed, {} maps, {} preemptions",
@@ -367,9 +367,9 @@ pub fn start_arbiter(cfg: &FleetConfig) -> Result<Arc<GpuArbiter>, FleetError> {
 }
 
 /// Shuts the arbiter down when dropped (`GpuArbiter::shutdown` is idempotent).
-struct MediatorGuard(Option<Arc<GpuArbiter>>);
+struct ArbiterGuard(Option<Arc<GpuArbiter>>);
 
-impl Drop for MediatorGuard {
+impl Drop for ArbiterGuard {
     fn drop(&mut self) {
         if let Some(m) = &self.0 {
             m.shutdown();
@@ -436,7 +436,7 @@ pub fn attach_vgpu(
     Ok(VgpuAttachment { pci, handle })
 }
 
-/// Removes a VM's vGPU from the mediator; returns its final GPU accounting.
+/// Removes a VM's vGPU from the arbiter; returns its final GPU accounting.
 fn detach_vgpu(m: &Option<Arc<GpuArbiter>>, h: Option<VgpuHandle>) -> Option<scheduler::VmStats> {
     let (m, h) = (m.as_ref()?, h?);
     let stats = m.vm_status(h).map(|(_, s)| s);

@@ -81,6 +81,23 @@ fn seeds_reach_the_model() {
     assert_eq!(v, 0, "the seed dispatch completed its signal");
 }
 
+/// The vGPU seeds drive a driver's sequences to their end: a submitted
+/// kernel completes, a drain and a CWSR save dequeue finish.
+#[test]
+fn vgpu_seeds_complete_kernels_and_dequeues() {
+    let seeds = vgpu_regs::seeds();
+    let seed = |n: &str| &seeds.iter().find(|(name, _)| name == n).unwrap().1;
+    // A deadline against hangs only (a loaded host is slow, never wrong).
+    let budget = std::time::Duration::from_secs(30);
+    let o = vgpu_regs::run_outcome(seed("load-submit-wait-drain"), budget);
+    assert_eq!((o.completed_waits, o.finished_dequeues), (1, 1));
+    let o = vgpu_regs::run_outcome(seed("submit-save-reload"), budget);
+    assert_eq!((o.completed_waits, o.finished_dequeues), (1, 2));
+    // Nothing completes on a queue whose MQD was refused.
+    let o = vgpu_regs::run_outcome(seed("bad-mqd-then-load"), budget);
+    assert_eq!(o, vgpu_regs::Outcome::default());
+}
+
 #[test]
 #[ignore = "writes fuzz/corpus seed files; run with HQDMUX_WRITE_FUZZ_SEEDS=1"]
 fn write_seeds() {

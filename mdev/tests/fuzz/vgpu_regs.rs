@@ -1,82 +1,140 @@
 //! Fuzz harness `vgpu_regs`: a hostile sequence of vGPU register reads and
-//! writes, doorbells and guest memory writes against the front end of one VM
-//! (today `mdev::mediator::Mediator`; to be ported to the per-VM
-//! `VgpuFrontEnd`). Shared by `fuzz/fuzz_targets/vgpu_regs.rs` and
-//! `mdev/tests/fuzz_corpus.rs`.
+//! writes, doorbells, dequeues and guest memory writes against the
+//! [`VgpuFrontEnd`] of one VM on a running [`GpuArbiter`] (vGPU ABI v2).
+//! Shared by `fuzz/fuzz_targets/vgpu_regs.rs` and `mdev/tests/fuzz_corpus.rs`.
 //!
 //! Input: 8-byte ops `[op, a, b0, b1, v0, v1, v2, v3]` (`b` = u16 register or
 //! doorbell offset, `v` = u32 value, little endian), at most [`MAX_OPS`]:
 //!
-//! | op % 7 | action |
+//! | op % 8 | action |
 //! |---|---|
 //! | 0 | `reg_write(b, v)` |
 //! | 1 | `reg_read(b)` |
-//! | 2 | `doorbell(b)` |
+//! | 2 | `doorbell_write(b)` (a doorbell the VMM saw itself) |
 //! | 3 | load the prepared MQD on vHQD `a % 8` (MQD base lo/hi, ACTIVE = 1) |
-//! | 4 | submit a valid `Mark` kernel on the prepared queue; doorbell vHQD `a % 8` |
+//! | 4 | submit a valid `Mark` kernel (interrupt signal) on the prepared queue; ring vHQD `a % 8`'s doorbell eventfd |
 //! | 5 | guest write of `v` into the prepared MQD at dword `b % 512` |
-//! | 6 | wait on the last submitted signal (only once it is done: a wait on a live signal blocks up to 10 s) |
+//! | 6 | wait for the last submitted signal: completion interrupt or signal value 0, bounded |
+//! | 7 | `CP_HQD_DEQUEUE_REQUEST` of vHQD `a % 8` = `v % 5` (0, DRAIN, RESET, SAVE, invalid); if `b` is odd, poll `CP_HQD_ACTIVE` until 0, bounded |
 //!
-//! Writes of `WAIT_SIGNAL_HI` are done only where the wait would not block.
-//! After the sequence every vHQD's state and error registers hold defined
-//! values, and a second VM loads a queue and runs a kernel to completion.
+//! Waits share one budget of [`WAIT_BUDGET`] per input, so a hostile input
+//! (waits on queues that can never run) stays fast ([`run_outcome`] takes
+//! another budget for tests). After the sequence every
+//! vHQD's state, active and error registers hold defined values, and a second
+//! VM (priority 15) loads a queue and completes a kernel (its completion
+//! interrupt arrives within [`BYSTANDER_DEADLINE`]).
 #![allow(dead_code)]
 
 use abi::mqd::{CP_MQD_BASE_ADDR_HI, CP_MQD_BASE_ADDR_LO, MQD_BYTES};
 use abi::queue::AMD_SIGNAL_VALUE;
-use abi::vgpu::{reg, NUM_VHQD};
-use mdev::mediator::{Mediator, VgpuHandle};
-use mdev::sim::testkit::TestVm;
+use abi::vgpu::{hqd_state, reg, NUM_VHQD};
+use mdev::arbiter::{open_backend, GpuArbiter};
+use mdev::sim::testkit::{GuestQueue, TestVm};
 use mdev::topology::GpuTopology;
+use mdev::vgpu::{InterruptSink, VgpuFrontEnd, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
 use scheduler::{SchedConfig, VmParams};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// Most ops per input.
 pub const MAX_OPS: usize = 64;
 const OP_BYTES: usize = 8;
+/// Total time one input may spend in waits (ops 6 and 7).
+pub const WAIT_BUDGET: Duration = Duration::from_millis(50);
+/// Deadline of the bystander's kernel (a hang is a host bug, not slowness).
+pub const BYSTANDER_DEADLINE: Duration = Duration::from_secs(20);
 
-struct Guest<'a> {
-    m: &'a Mediator,
-    h: VgpuHandle,
-    vm: TestVm,
-    mqd_addr: u64,
-    wait_lo: u32,
-    last_signal: Option<u64>,
+/// Counts raised MSI-X vectors; wakes waiters.
+#[derive(Default)]
+struct Irqs {
+    raised: Mutex<u64>,
+    cv: Condvar,
 }
 
-impl Guest<'_> {
-    fn wait_would_block(&self, addr: u64) -> bool {
-        match self
-            .vm
-            .mem
-            .read_u64(addr.wrapping_add(AMD_SIGNAL_VALUE as u64))
-        {
-            Ok(v) => (v as i64) > 0,
-            Err(_) => false,
-        }
+impl InterruptSink for Irqs {
+    fn raise(&self, _vector: u16) {
+        *self.raised.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.cv.notify_all();
     }
-    fn write(&mut self, off: u64, v: u32) {
-        if off == reg::WAIT_SIGNAL_LO as u64 {
-            self.wait_lo = v;
-        }
-        if off == reg::WAIT_SIGNAL_HI as u64 {
-            let addr = (u64::from(v) << 32) | u64::from(self.wait_lo);
-            if self.wait_would_block(addr) {
-                return;
+}
+
+impl Irqs {
+    /// Sleeps until `done` holds or `until`; returns whether it holds.
+    fn wait_until(&self, until: Instant, done: impl Fn() -> bool) -> bool {
+        loop {
+            if done() {
+                return true;
             }
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            let g = self.raised.lock().unwrap_or_else(|e| e.into_inner());
+            let step = (until - now).min(Duration::from_millis(1));
+            drop(self.cv.wait_timeout(g, step));
         }
-        self.m.reg_write(self.h, off, v);
     }
+}
+
+fn hr(i: usize, r: usize) -> u64 {
+    (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
+}
+
+fn load(fe: &VgpuFrontEnd, i: usize, mqd_addr: u64) {
+    fe.reg_write(hr(i, reg::CP_MQD_BASE_ADDR), mqd_addr as u32);
+    fe.reg_write(hr(i, reg::CP_MQD_BASE_ADDR_HI), (mqd_addr >> 32) as u32);
+    fe.reg_write(hr(i, reg::CP_HQD_ACTIVE), 1);
+}
+
+/// A `Mark` kernel whose completion signal carries an event mailbox (so it
+/// raises the vHQD's vector); returns the signal.
+fn kernel(vm: &mut TestVm, q: &mut GuestQueue, mailbox: u64, id: u32) -> u64 {
+    vm.kernel(q, abi::kernel::KernelKind::Mark, 2, 4, 500, id, false);
+    let s = *q.signals.last().expect("kernel pushed a signal");
+    vm.mem
+        .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
+        .expect("signal in memory");
+    vm.mem
+        .write(s + SIGNAL_EVENT_ID, &id.to_le_bytes())
+        .expect("signal in memory");
+    s
+}
+
+fn signal_done(vm: &TestVm, s: u64) -> bool {
+    vm.mem
+        .read_u64(s + AMD_SIGNAL_VALUE as u64)
+        .is_ok_and(|v| (v as i64) <= 0)
+}
+
+/// What the guest saw during one input (for tests that the seeds reach
+/// the deep paths).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Op-6 waits whose signal completed.
+    pub completed_waits: u32,
+    /// Op-7 polls that saw `CP_HQD_ACTIVE` drop to 0.
+    pub finished_dequeues: u32,
 }
 
 /// Runs one input; panics only on a host bug.
 pub fn run(data: &[u8]) {
+    run_outcome(data, WAIT_BUDGET);
+}
+
+/// [`run`] with a wait budget of `budget` (instead of [`WAIT_BUDGET`]),
+/// returning what the guest saw.
+pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
+    let mut out = Outcome::default();
     let topo = GpuTopology::tiny();
-    let m = Mediator::start(topo.clone(), SchedConfig::default(), 0).expect("mediator");
+    let gpu = open_backend(&topo, 0).expect("backend");
+    let arb = GpuArbiter::start(topo.clone(), SchedConfig::default(), gpu).expect("arbiter");
     let mut vm = TestVm::new(8 << 20);
     let mut q = vm.queue(&topo, 16, 5);
     let mqd_addr = q.mqd.get64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI);
     vm.mem.write(mqd_addr, &q.mqd.to_bytes()).unwrap();
-    let h = m
+    let mailbox = vm.alloc(8, 8);
+    let irqs = Arc::new(Irqs::default());
+    let (h, fe) = arb
         .add_vm(
             "fuzz",
             vm.dyn_mem(),
@@ -85,97 +143,95 @@ pub fn run(data: &[u8]) {
                 weight: 1,
                 partition: None,
             },
+            irqs.clone(),
         )
         .expect("add_vm");
-    let mut g = Guest {
-        m: &m,
-        h,
-        vm,
-        mqd_addr,
-        wait_lo: 0,
-        last_signal: None,
-    };
+    let budget_end = Instant::now() + budget;
+    let mut last_signal = None;
+    let mut id = 0u32;
     for op in data.chunks_exact(OP_BYTES).take(MAX_OPS) {
-        let a = op[1];
+        let a = op[1] as usize % NUM_VHQD;
         let b = u64::from(u16::from_le_bytes([op[2], op[3]]));
         let v = u32::from_le_bytes([op[4], op[5], op[6], op[7]]);
-        let hqd = (reg::HQD_BASE + reg::HQD_STRIDE * (a as usize % NUM_VHQD)) as u64;
-        match op[0] % 7 {
-            0 => g.write(b, v),
+        match op[0] % 8 {
+            0 => fe.reg_write(b, v),
             1 => {
-                let _ = g.m.reg_read(g.h, b);
+                let _ = fe.reg_read(b);
             }
-            2 => g.m.doorbell(g.h, b),
-            3 => {
-                g.write(hqd + reg::CP_MQD_BASE_ADDR as u64, g.mqd_addr as u32);
-                g.write(
-                    hqd + reg::CP_MQD_BASE_ADDR_HI as u64,
-                    (g.mqd_addr >> 32) as u32,
-                );
-                g.write(hqd + reg::CP_HQD_ACTIVE as u64, 1);
-            }
+            2 => fe.doorbell_write(b),
+            3 => load(&fe, a, mqd_addr),
             4 => {
-                g.vm.kernel(&mut q, abi::kernel::KernelKind::Mark, 2, 4, 500, 1, false);
-                g.last_signal = q.signals.last().copied();
-                let db = (a as usize % NUM_VHQD) * abi::vgpu::DOORBELL_STRIDE;
-                g.m.doorbell(g.h, db as u64);
+                id = id.wrapping_add(1);
+                last_signal = Some(kernel(&mut vm, &mut q, mailbox, id));
+                // What KVM does for an ioeventfd doorbell.
+                fe.doorbell_eventfd(a).write(1).expect("eventfd");
             }
             5 => {
                 let off = (b as usize % (MQD_BYTES / 4)) * 4;
-                g.vm.mem.write_u32(g.mqd_addr + off as u64, v).unwrap();
+                vm.mem.write_u32(mqd_addr + off as u64, v).unwrap();
+            }
+            6 => {
+                if let Some(s) = last_signal.take() {
+                    if irqs.wait_until(budget_end, || signal_done(&vm, s)) {
+                        out.completed_waits += 1;
+                    }
+                }
             }
             _ => {
-                if let Some(s) = g.last_signal {
-                    g.write(reg::WAIT_SIGNAL_LO as u64, s as u32);
-                    g.write(reg::WAIT_SIGNAL_HI as u64, (s >> 32) as u32);
+                fe.reg_write(hr(a, reg::CP_HQD_DEQUEUE_REQUEST), v % 5);
+                if b & 1 == 1
+                    && irqs.wait_until(budget_end, || fe.reg_read(hr(a, reg::CP_HQD_ACTIVE)) == 0)
+                {
+                    out.finished_dequeues += 1;
                 }
             }
         }
     }
     // Every register stays readable after any sequence, with a defined value.
     for i in 0..NUM_VHQD {
-        let hqd = (reg::HQD_BASE + reg::HQD_STRIDE * i) as u64;
-        assert!(m.reg_read(h, hqd + reg::CP_HQD_STATE as u64) <= 2);
-        assert!(m.reg_read(h, hqd + reg::CP_HQD_ERROR as u64) <= MAX_ERROR_CODE);
+        let state = fe.reg_read(hr(i, reg::CP_HQD_STATE));
+        assert!(state <= hqd_state::DEQUEUING, "vHQD {i}: state {state}");
+        let active = fe.reg_read(hr(i, reg::CP_HQD_ACTIVE));
+        assert_eq!(active, (state != hqd_state::UNLOADED) as u32, "vHQD {i}");
+        let err = fe.reg_read(hr(i, reg::CP_HQD_ERROR));
+        assert!(err <= MAX_ERROR_CODE, "vHQD {i}: error {err}");
+        let dq = fe.reg_read(hr(i, reg::CP_HQD_DEQUEUE_REQUEST));
+        assert!(dq <= abi::vgpu::dequeue::SAVE, "vHQD {i}: dequeue {dq}");
     }
+    assert!(!fe.quarantined(), "a guest input is not a host bug");
     // Another VM is unaffected: its kernel runs to completion.
-    let mut b = TestVm::new(8 << 20);
-    let mut bq = b.queue(&topo, 16, 15);
+    let mut bvm = TestVm::new(8 << 20);
+    let mut bq = bvm.queue(&topo, 16, 15);
     let b_mqd = bq.mqd.get64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI);
-    b.mem.write(b_mqd, &bq.mqd.to_bytes()).unwrap();
-    let hb = m
+    bvm.mem.write(b_mqd, &bq.mqd.to_bytes()).unwrap();
+    let b_mailbox = bvm.alloc(8, 8);
+    let b_irqs = Arc::new(Irqs::default());
+    let (hb, bfe) = arb
         .add_vm(
             "bystander",
-            b.dyn_mem(),
+            bvm.dyn_mem(),
             VmParams {
                 priority: 15,
                 weight: 1,
                 partition: None,
             },
+            b_irqs.clone(),
         )
         .expect("add_vm");
-    let hqd = reg::HQD_BASE as u64;
-    m.reg_write(hb, hqd + reg::CP_MQD_BASE_ADDR as u64, b_mqd as u32);
-    m.reg_write(
-        hb,
-        hqd + reg::CP_MQD_BASE_ADDR_HI as u64,
-        (b_mqd >> 32) as u32,
-    );
-    m.reg_write(hb, hqd + reg::CP_HQD_ACTIVE as u64, 1);
-    assert_eq!(m.reg_read(hb, hqd + reg::CP_HQD_ERROR as u64), 0);
-    b.kernel(&mut bq, abi::kernel::KernelKind::Mark, 2, 4, 500, 1, false);
-    m.doorbell(hb, 0);
-    let s = *bq.signals.last().unwrap();
-    m.reg_write(hb, reg::WAIT_SIGNAL_LO as u64, s as u32);
-    m.reg_write(hb, reg::WAIT_SIGNAL_HI as u64, (s >> 32) as u32);
-    assert_eq!(
-        m.reg_read(hb, reg::WAIT_RESULT as u64),
-        abi::vgpu::wait_result::DONE
-    );
-    assert_eq!(b.verify(&bq), Ok(()));
-    m.remove_vm(h);
-    m.remove_vm(hb);
-    m.shutdown();
+    load(&bfe, 0, b_mqd);
+    assert_eq!(bfe.reg_read(hr(0, reg::CP_HQD_ERROR)), 0);
+    let s = kernel(&mut bvm, &mut bq, b_mailbox, 7);
+    bfe.doorbell_eventfd(0).write(1).expect("eventfd");
+    let done = b_irqs.wait_until(Instant::now() + BYSTANDER_DEADLINE, || {
+        signal_done(&bvm, s) && bvm.mem.read_u64(b_mailbox).is_ok_and(|m| m as u32 == 7)
+    });
+    assert!(done, "bystander kernel did not complete");
+    assert_eq!(bvm.verify(&bq), Ok(()));
+    assert_eq!(bfe.reg_read(hr(0, reg::CP_HQD_ERROR)), 0);
+    arb.remove_vm(h);
+    arb.remove_vm(hb);
+    arb.shutdown();
+    out
 }
 
 /// Largest `CP_HQD_ERROR` code of the vGPU ABI (`abi::vgpu::error`).
@@ -191,22 +247,51 @@ fn op(code: u8, a: u8, b: u16, v: u32) -> Vec<u8> {
 /// Seed inputs: the register sequences a driver uses, and a few hostile ones.
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let cat = |ops: Vec<Vec<u8>>| ops.concat();
-    let dq = reg::HQD_BASE as u16 + reg::CP_HQD_DEQUEUE_REQUEST as u16;
-    let err = reg::HQD_BASE as u16 + reg::CP_HQD_ERROR as u16;
+    let hq = |i: u16, r: usize| reg::HQD_BASE as u16 + reg::HQD_STRIDE as u16 * i + r as u16;
+    let err = hq(0, reg::CP_HQD_ERROR);
     vec![
         (
             "probe".into(),
-            cat((0..0x30u16).step_by(4).map(|o| op(1, 0, o, 0)).collect()),
+            cat((0..0x40u16).step_by(4).map(|o| op(1, 0, o, 0)).collect()),
         ),
         (
-            "load-submit-wait-dequeue".into(),
+            "load-submit-wait-drain".into(),
             cat(vec![
                 op(3, 0, 0, 0),
                 op(4, 0, 0, 0),
                 op(4, 0, 0, 0),
                 op(6, 0, 0, 0),
                 op(1, 0, err, 0),
-                op(0, 0, dq, 1),
+                op(7, 0, 1, 1),
+                op(1, 0, hq(0, reg::CP_HQD_STATE), 0),
+                op(1, 0, reg::INT_STATUS as u16, 0),
+                op(0, 0, reg::INT_STATUS as u16, 0xFFFF_FFFF),
+            ]),
+        ),
+        (
+            "submit-save-reload".into(),
+            cat(vec![
+                op(3, 2, 0, 0),
+                op(4, 2, 0, 0),
+                op(7, 2, 1, 3),
+                op(3, 2, 0, 0),
+                op(4, 2, 0, 0),
+                op(6, 0, 0, 0),
+                op(7, 2, 0, 2),
+                op(7, 2, 1, 2),
+            ]),
+        ),
+        (
+            "double-load-dequeue-pending".into(),
+            cat(vec![
+                op(3, 1, 0, 0),
+                op(3, 3, 0, 0),
+                op(4, 1, 0, 0),
+                op(7, 1, 0, 3),
+                op(7, 1, 0, 1),
+                op(1, 1, hq(1, reg::CP_HQD_DEQUEUE_REQUEST), 0),
+                op(7, 3, 0, 4),
+                op(7, 3, 1, 2),
             ]),
         ),
         (
@@ -214,7 +299,8 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
             cat(vec![
                 op(5, 0, 0, 0xdead_beef),
                 op(3, 1, 0, 0),
-                op(1, 1, err + 0x40, 0),
+                op(1, 1, hq(1, reg::CP_HQD_ERROR), 0),
+                op(7, 1, 0, 1),
             ]),
         ),
         (
@@ -224,14 +310,18 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
                 op(2, 0, 4095, 0),
                 op(3, 0, 0, 0),
                 op(2, 0, 8, 0),
+                op(2, 0, 0, 0),
             ]),
         ),
         (
-            "wait-bad-signal".into(),
+            "v1-wait-registers".into(),
             cat(vec![
-                op(0, 0, reg::WAIT_SIGNAL_LO as u16, 0xFFFF_FFF0),
-                op(0, 0, reg::WAIT_SIGNAL_HI as u16, 0xFFFF_FFFF),
-                op(1, 0, reg::WAIT_RESULT as u16, 0),
+                op(0, 0, 0x020, 0xFFFF_FFF0),
+                op(0, 0, 0x024, 0xFFFF_FFFF),
+                op(1, 0, 0x028, 0),
+                op(0, 0, hq(0, reg::CP_MQD_BASE_ADDR), 0xFFFF_FF00),
+                op(0, 0, hq(0, reg::CP_MQD_BASE_ADDR_HI), 0xFFFF_FFFF),
+                op(0, 0, hq(0, reg::CP_HQD_ACTIVE), 1),
             ]),
         ),
     ]

@@ -1,21 +1,33 @@
 //! Fuzz harness `api_request`: a hostile control-socket request line through
 //! [`vmm::api::parse_request`] and [`vmm::api::FleetControl::handle`] (a fleet
-//! of two VMs on a running mediator, one without a vGPU). Shared by
+//! of two VMs on a running GPU arbiter, one without a vGPU). Shared by
 //! `fuzz/fuzz_targets/api_request.rs` and `vmm/tests/fuzz_corpus.rs`.
 #![allow(dead_code)]
 
-use mdev::mediator::Mediator;
+use mdev::arbiter::{open_backend, GpuArbiter};
 use mdev::topology::GpuTopology;
+use mdev::vgpu::InterruptSink;
 use scheduler::{SchedConfig, VmParams};
 use std::sync::{Arc, OnceLock};
 use vmm::api::{parse_request, FleetControl, Request};
 
+/// The VM's MSI-X vectors go nowhere (no queue is ever loaded).
+struct NoIrqs;
+
+impl InterruptSink for NoIrqs {
+    fn raise(&self, _vector: u16) {}
+}
+
 fn control() -> &'static FleetControl {
     static CTL: OnceLock<FleetControl> = OnceLock::new();
     CTL.get_or_init(|| {
-        let m = Mediator::start(GpuTopology::tiny(), SchedConfig::default(), 0).expect("mediator");
+        let topo = GpuTopology::tiny();
+        let gpu = open_backend(&topo, 0).expect("backend");
+        let m = GpuArbiter::start(topo, SchedConfig::default(), gpu).expect("arbiter");
         let mem = Arc::new(mdev::mem::SparseMemory::new(1 << 20));
-        let h = m.add_vm("gpu0", mem, VmParams::default()).expect("add_vm");
+        let (h, _fe) = m
+            .add_vm("gpu0", mem, VmParams::default(), Arc::new(NoIrqs))
+            .expect("add_vm");
         FleetControl::new(
             Some(m),
             vec![("gpu0".into(), Some(h)), ("cpu0".into(), None)],

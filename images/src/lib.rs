@@ -28,6 +28,26 @@ pub struct ImageInfo {
 
 const INFO: &[(&str, ImageInfo)] = &[
     (
+        "doorbell",
+        ImageInfo {
+            summary: "doorbell cost and detection probe for `vmm/examples/doorbell_bench.rs` \
+                      (needs `gpu = true`): finds the vGPU on PCI, then times bare ioeventfd \
+                      writes against vGPU doorbell writes, or rings high-priority jobs",
+            args: &[
+                ("bare=ADDR", "guest-physical address of the bench's bare ioeventfd (MMIO hole)"),
+                ("n=N", "writes per round (default 5000)"),
+                ("rounds=R", "rounds (default 5)"),
+                (
+                    "detect=J",
+                    "instead: J jobs of one mark kernel, each doorbell right after checkpoint 2",
+                ),
+                ("wgs=W", "detect mode: workgroups per kernel (default 304)"),
+                ("cost_us=C", "detect mode: simulated microseconds per workgroup (default 500)"),
+            ],
+            exit: "0 ok; 2 queue error; 3 no vGPU; 4 bad arguments or set-up",
+        },
+    ),
+    (
         "fault",
         ImageInfo {
             summary: "misbehaving guest for tests: prints `fault: NAME mode MODE`, then \
@@ -70,7 +90,14 @@ const INFO: &[(&str, ImageInfo)] = &[
                     "bad=KIND",
                     "hostile-input tests: ring (queue 0's ring outside RAM), kernarg (a \
                      dispatch whose kernarg is outside RAM), wptr (write index past the \
-                     ring); the other queues run and are verified too",
+                     ring), signal (a completion signal whose address wraps), mailbox \
+                     (a signal whose event mailbox address wraps); the other queues run and \
+                     are verified too",
+                ),
+                (
+                    "flood=F",
+                    "first write F times to a doorbell and a register that do not exist \
+                     (default 0, at most 2^24; tests the per-VM log rate limit)",
                 ),
             ],
             exit: "0 ok; 1 wrong counters (or a bad= mode caused no queue error); 2 queue \

@@ -28,6 +28,7 @@ pub mod arbiter;
 pub mod backend;
 pub mod binding;
 pub mod mem;
+pub mod probe;
 pub mod ratelimit;
 pub mod sim;
 pub mod topology;

@@ -1,0 +1,191 @@
+//! Detection probe: how fast the arbiter's service thread issues a
+//! preemption after a high-priority doorbell, against the floor of an
+//! eventfd wake-up of a host thread, measured in the same run. Used by
+//! `mdev/examples/arbiter_wake.rs` and `vmm/examples/doorbell_bench.rs`
+//! (docs/benchmarks.md). Host figures only; nothing here asserts timing.
+
+use crate::arbiter::{open_backend, DoorbellSeen, GpuArbiter};
+use crate::mem::{DmaMemory, SparseMemory};
+use crate::sim::testkit::TestVm;
+use crate::topology::GpuTopology;
+use crate::vgpu::{InterruptSink, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use abi::kernel::KernelKind;
+use abi::vgpu::{hqd_state, reg};
+use scheduler::{SchedConfig, VmParams};
+use std::os::fd::AsRawFd;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+struct Irq(Mutex<Sender<u16>>);
+impl InterruptSink for Irq {
+    fn raise(&self, v: u16) {
+        let _ = self.0.lock().unwrap().send(v);
+    }
+}
+
+/// Value at quantile `q` of `v` (sorts `v`; `v` must not be empty).
+pub fn pct(v: &mut [u64], q: f64) -> u64 {
+    v.sort_unstable();
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn hr(i: usize, r: usize) -> u64 {
+    (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
+}
+
+/// A host thread blocked in `epoll_wait` on an eventfd, woken on demand:
+/// the floor detection is compared with.
+pub struct Waker {
+    fd: Arc<EventFd>,
+    rx: std::sync::mpsc::Receiver<Instant>,
+}
+
+impl Waker {
+    /// Starts the waiting thread.
+    pub fn start() -> Waker {
+        let fd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let (tx, rx) = channel::<Instant>();
+        let f2 = fd.clone();
+        std::thread::spawn(move || {
+            let ep = Epoll::new().unwrap();
+            ep.ctl(
+                ControlOperation::Add,
+                f2.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, 0),
+            )
+            .unwrap();
+            let mut evs = [EpollEvent::default(); 1];
+            loop {
+                if ep.wait(-1, &mut evs).is_err() {
+                    return;
+                }
+                let now = Instant::now();
+                let _ = f2.read();
+                if tx.send(now).is_err() {
+                    return;
+                }
+            }
+        });
+        Waker { fd, rx }
+    }
+    /// One wake-up: ns from `write` to the thread running.
+    pub fn sample(&self) -> u64 {
+        let t0 = Instant::now();
+        self.fd.write(1).unwrap();
+        let t1 = self.rx.recv().unwrap();
+        (t1 - t0).as_nanos() as u64
+    }
+}
+
+/// `samples` high-priority doorbells, each written to the vHQD's doorbell
+/// eventfd (what KVM does for an ioeventfd doorbell) while a low-priority VM
+/// holds the only HQD slot: returns the ns from each `write` to the arbiter
+/// having handed the CWSR preemption to the backend. Samples the floor
+/// (`waker`) between doorbells into `wake`, so both see the same load.
+/// Panics if the arbiter does not react within 10 s (a measurement helper,
+/// not a service).
+pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Vec<u64> {
+    // One HQD slot: every high-priority doorbell must preempt.
+    let topo = GpuTopology {
+        xccs: 1,
+        pipes_per_xcc: 1,
+        queues_per_pipe: 1,
+        reserved_queues_per_pipe: 0,
+        cus_per_xcc: 2,
+        ses_per_xcc: 1,
+        ..Default::default()
+    };
+    let cfg = SchedConfig {
+        idle_unmap_ns: 50_000,
+        ..Default::default()
+    };
+    let a = GpuArbiter::start(topo.clone(), cfg, open_backend(&topo, 1).unwrap()).unwrap();
+    let (seen_tx, seen_rx) = channel::<DoorbellSeen>();
+    let seen_tx = Mutex::new(seen_tx);
+    a.set_doorbell_observer(Some(Arc::new(move |s: DoorbellSeen| {
+        let _ = seen_tx.lock().unwrap().send(s);
+    })));
+    let vm = |name: &str, prio: u8| {
+        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 34));
+        let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let q = tvm.queue(&topo, 1024, 0);
+        let addr = q
+            .mqd
+            .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI);
+        mem.write(addr, &q.mqd.to_bytes()).unwrap();
+        let (tx, rx) = channel();
+        let (_, fe) = a
+            .add_vm(
+                name,
+                mem,
+                VmParams {
+                    priority: prio,
+                    ..Default::default()
+                },
+                Arc::new(Irq(Mutex::new(tx))),
+            )
+            .unwrap();
+        fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR), addr as u32);
+        fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+        fe.reg_write(hr(0, reg::CP_HQD_ACTIVE), 1);
+        (fe, tvm, q, rx)
+    };
+    let (lo, mut lo_vm, mut lo_q, _lo_rx) = vm("lo", 2);
+    let (hi, mut hi_vm, mut hi_q, hi_rx) = vm("hi", 12);
+    // Long low-priority work: keeps the slot busy for the whole run.
+    lo_vm.kernel(&mut lo_q, KernelKind::Spin, 1 << 20, 64, 1_000_000, 1, true);
+    lo.doorbell_eventfd(0).write(1).unwrap();
+    let mailbox = hi_vm.alloc(8, 8);
+    let mut out = Vec::new();
+    let wait_state = |fe: &crate::vgpu::VgpuFrontEnd, st: u32| {
+        let end = Instant::now() + Duration::from_secs(10);
+        while fe.reg_read(hr(0, reg::CP_HQD_STATE)) != st {
+            assert!(Instant::now() < end, "state {st} not reached");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    };
+    for k in 0..samples {
+        wait_state(&lo, hqd_state::ON_HQD);
+        wait_state(&hi, hqd_state::WAITING);
+        hi_vm.kernel(&mut hi_q, KernelKind::Mark, 1, 64, 10_000, k as u32, true);
+        let s = *hi_q.signals.last().unwrap();
+        hi_vm
+            .mem
+            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
+            .unwrap();
+        hi_vm
+            .mem
+            .write(s + SIGNAL_EVENT_ID, &1u32.to_le_bytes())
+            .unwrap();
+        // Past the scheduler's min_run_ns (500 us) since lo was restored:
+        // the preemption is issued at the doorbell, not deferred.
+        std::thread::sleep(Duration::from_micros(800));
+        // The floor, sampled in the same conditions: right before the
+        // doorbell on even samples, right after it on odd ones.
+        if k % 2 == 0 {
+            wake.push(waker.sample());
+        }
+        while seen_rx.try_recv().is_ok() {}
+        let t0 = Instant::now();
+        hi.doorbell_eventfd(0).write(1).unwrap();
+        let seen = loop {
+            let s = seen_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            if s.vm == hi.handle() {
+                break s;
+            }
+        };
+        if seen.preempted {
+            out.push((seen.at - t0).as_nanos() as u64);
+        }
+        if k % 2 == 1 {
+            wake.push(waker.sample());
+        }
+        // Completion interrupt of the high-priority packet.
+        while hi_rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
+    }
+    a.shutdown();
+    out
+}

@@ -25,6 +25,9 @@ fn level_keys(level: u16) -> (u16, u16) {
 /// Fixed-point scale of virtual time (ns x SCALE / weight).
 const SCALE: u128 = 1 << 16;
 
+/// Shortest anticipation grace (a re-ring gap measured as 0 still gets it).
+const MIN_GRACE_NS: Nanos = 10_000;
+
 /// Why a queue is being dequeued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
@@ -74,6 +77,10 @@ struct Vm {
     vt_key: Option<u128>,
     /// When it last became busy after being idle.
     entered: Nanos,
+    /// When it last stopped being busy.
+    idle_at: Nanos,
+    /// Moving average of its re-ring gap (idle to busy again), ns.
+    gap_ewma: Nanos,
     removed: bool,
     /// Its Ready/Saved queues, highest key first, then oldest.
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
@@ -121,6 +128,19 @@ struct Owner {
     vm: VmId,
     level: u16,
     since: Nanos,
+    /// Since when the owner has had no busy queue at its level
+    /// (anticipation grace running).
+    drained: Option<Nanos>,
+}
+
+/// A slice owner displaced by a higher level, resumed with the rest of its
+/// quantum when its level is the top again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Parked {
+    vm: VmId,
+    level: u16,
+    /// Slice time it had used.
+    used: Nanos,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -133,6 +153,7 @@ struct Partition {
     /// priorities do not order queues of different VMs).
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
     /// Ready/Saved queues that are not boosted, oldest first (aging).
+    /// (Boost deadline: ready since + [`Scheduler::age_wait`] of its level.)
     waiting: BTreeSet<(Nanos, QueueId)>,
     /// Running queues, lowest level first, then longest mapped.
     running: BTreeSet<(u16, Nanos, QueueId)>,
@@ -146,6 +167,11 @@ struct Partition {
     vt: BTreeSet<(u128, VmId)>,
     /// VM holding the partition's exclusive slice.
     owner: Option<Owner>,
+    /// Owner displaced by a higher level.
+    parked: Option<Parked>,
+    /// VMs that became busy since the last owner choice (a parked owner
+    /// does not resume ahead of an equal that woke meanwhile).
+    woken: Vec<VmId>,
     vms: usize,
 }
 
@@ -297,6 +323,8 @@ impl Scheduler {
                 vtime: 0,
                 vt_key: None,
                 entered: 0,
+                idle_at: 0,
+                gap_ewma: 0,
                 removed: false,
                 ready: BTreeSet::new(),
                 running: BTreeSet::new(),
@@ -425,10 +453,18 @@ impl Scheduler {
     pub fn set_config(&mut self, cfg: SchedConfig) -> Result<(), SchedError> {
         cfg.validate()?;
         let policy = cfg.policy;
+        // Boost deadlines in the aging index depend on `aging_ns`.
+        let ids: Vec<QueueId> = self.sorted_queue_ids();
+        for &q in &ids {
+            self.unindex(q);
+        }
         self.cfg = SchedConfig {
             policy: self.cfg.policy,
             ..cfg
         };
+        for &q in &ids {
+            self.index(q);
+        }
         if policy != self.cfg.policy {
             self.set_policy(policy);
         }
@@ -591,18 +627,19 @@ impl Scheduler {
         }
         if self.cfg.policy.uses_priority() {
             // Aging: a queue waiting too long is boosted for one short slice.
-            while let Some(&(since, q)) = self.parts[p].waiting.first() {
-                if since + self.cfg.aging_ns > now {
+            while let Some(&(due, q)) = self.parts[p].waiting.first() {
+                if due > now {
                     break;
                 }
                 self.stats.boosts += 1;
                 self.rekey(q, |q| q.boosted = true);
             }
-            // A boosted queue that had its slice drops back to its level.
+            // A boosted queue drops back to its level when it goes idle
+            // (QueueIdle) or has run one minimum run.
             let boosted: Vec<QueueId> = self.parts[p]
                 .running
                 .range((BOOST_LEVEL, 0, QueueId(0))..)
-                .filter(|(_, since, _)| since + self.cfg.min_run_ns <= now)
+                .filter(|(_, since, q)| since + self.boost_len(*q) <= now)
                 .map(|e| e.2)
                 .collect();
             for q in boosted {
@@ -619,6 +656,13 @@ impl Scheduler {
             Policy::Poll5ms => self.decide_shared(p, poll, true),
             Policy::Fifo => self.decide_shared(p, false, false),
         }
+    }
+
+    /// How long a boosted queue runs boosted (unless it goes idle first):
+    /// one minimum run (two minimum runs skewed the weighted shares of
+    /// equal VMs in the property tests).
+    fn boost_len(&self, _q: QueueId) -> Nanos {
+        self.cfg.min_run_ns.max(1)
     }
 
     /// Exclusive per-VM slices at the top level (the default)?
@@ -648,23 +692,40 @@ impl Scheduler {
     /// within it, only its highest busy queue priority runs.
     fn decide_exclusive(&mut self, p: usize) {
         let now = self.now;
-        let Some(top) = self.parts[p].top() else {
+        let top = self.parts[p].top();
+        let mut owner = self.parts[p].owner;
+        // Anticipation: an owner whose queues drained keeps the partition
+        // against its equals and lower levels for a short grace (its next
+        // doorbell then needs no CWSR of someone else's work).
+        if let Some(o) = owner.as_mut() {
+            if self.vm_busy_at(p, o.vm, o.level) {
+                o.drained = None;
+            } else if o.level < BOOST_LEVEL
+                && self.vms.contains_key(&o.vm)
+                && top.is_none_or(|t| t <= o.level)
+            {
+                let d = *o.drained.get_or_insert(now);
+                if now < d.saturating_add(self.grace(o.vm)) {
+                    self.parts[p].owner = owner;
+                    return;
+                }
+            }
+        }
+        let Some(top) = top else {
             self.parts[p].owner = None;
+            self.parts[p].woken.clear();
             return;
         };
+        let pol = self.cfg.policy;
         let cands = &self.parts[p].busy[&top];
-        let owner = self.parts[p].owner;
-        let owner_active = owner.is_some_and(|o| self.vms.get(&o.vm).is_some_and(|v| v.active > 0));
         let keep = match owner {
             Some(o) if cands.contains_key(&o.vm) => {
                 // Same level (or its own level changed): slice until quantum
                 // expiry when others wait.
                 cands.len() == 1 || now < o.since + self.quantum(top)
             }
-            Some(o) if o.level < top && owner_active && self.vm_busy_at(p, o.vm, o.level) => {
-                // Priority preemption, after the minimum run.
-                now < o.since + self.cfg.min_run_ns
-            }
+            // A higher level (or a boost) never waits for a lower owner's
+            // minimum run.
             _ => false,
         };
         let owner = if keep {
@@ -674,31 +735,74 @@ impl Scheduler {
             }
             o
         } else {
-            // Least weighted GPU time wins (stride scheduling). Ties: the
-            // current holder loses (equals alternate), then the VM that
-            // became busy last wins (one that was idle re-enters at the
-            // least virtual time of the busy VMs and goes first among them,
-            // so a demand-limited VM waits at most one slice).
-            let pol = self.cfg.policy;
-            let prev = owner.map(|o| o.vm);
-            let vm = *cands
-                .keys()
-                .min_by_key(|v| {
-                    let vv = &self.vms[v];
-                    (
-                        vtime_now(vv, now, pol),
-                        Some(**v) == prev,
-                        Reverse(vv.entered),
-                        **v,
-                    )
-                })
-                .unwrap();
-            Owner {
-                vm,
-                level: top,
-                since: now,
+            // A lower owner still busy at its level is parked: it resumes
+            // the rest of its slice when its level is the top again.
+            if let Some(o) = owner {
+                if o.level < top && self.vm_busy_at(p, o.vm, o.level) {
+                    self.parts[p].parked = Some(Parked {
+                        vm: o.vm,
+                        level: o.level,
+                        used: now.saturating_sub(o.since),
+                    });
+                }
+            }
+            let parked = self.parts[p].parked;
+            let cands = &self.parts[p].busy[&top];
+            let resume = parked.filter(|k| {
+                k.level == top
+                    && cands.contains_key(&k.vm)
+                    && k.used < self.quantum(top)
+                    && !self.parts[p]
+                        .woken
+                        .iter()
+                        .any(|w| *w != k.vm && cands.contains_key(w))
+            });
+            if parked.is_some_and(|k| k.level >= top) {
+                self.parts[p].parked = None;
+            }
+            if let Some(k) = resume {
+                Owner {
+                    vm: k.vm,
+                    level: top,
+                    since: now - k.used,
+                    drained: None,
+                }
+            } else {
+                // Least weighted GPU time wins (stride scheduling). Ties: the
+                // current holder loses (equals alternate), then the VM that
+                // became busy last wins (one that was idle re-enters at the
+                // least virtual time of the busy VMs, less one minimum run,
+                // and goes first among them).
+                let prev = owner.map(|o| o.vm);
+                let cands = &self.parts[p].busy[&top];
+                let vm = *cands
+                    .keys()
+                    .min_by_key(|v| {
+                        let vv = &self.vms[v];
+                        (
+                            vtime_now(vv, now, pol),
+                            Some(**v) == prev,
+                            Reverse(vv.entered),
+                            **v,
+                        )
+                    })
+                    .unwrap();
+                Owner {
+                    vm,
+                    level: top,
+                    since: now,
+                    drained: None,
+                }
             }
         };
+        if owner.since == now {
+            // A new choice: the woken VMs had their chance.
+            let part = &mut self.parts[p];
+            part.woken.retain(|w| *w != owner.vm);
+            let busy = &part.busy;
+            part.woken
+                .retain(|w| busy.get(&top).is_some_and(|m| m.contains_key(w)));
+        }
         self.parts[p].owner = Some(owner);
         // The owner's highest busy queue priority at its level runs.
         let okey = self.vms[&owner.vm]
@@ -832,6 +936,23 @@ impl Scheduler {
         false
     }
 
+    /// Anticipation grace of a VM: twice its re-ring gap (at least
+    /// [`MIN_GRACE_NS`]) when that fits in `anticipation_ns`, else 0.
+    fn grace(&self, vm: VmId) -> Nanos {
+        if !self.cfg.policy.uses_priority() || self.cfg.anticipation_ns == 0 {
+            return 0;
+        }
+        let g = self
+            .vms
+            .get(&vm)
+            .map_or(0, |v| v.gap_ewma.saturating_mul(2).max(MIN_GRACE_NS));
+        if g <= self.cfg.anticipation_ns {
+            g
+        } else {
+            0
+        }
+    }
+
     fn vm_busy_at(&self, p: usize, vm: VmId, level: u16) -> bool {
         self.parts[p]
             .busy
@@ -850,11 +971,11 @@ impl Scheduler {
                 consider(since + self.cfg.idle_unmap_ns);
             }
             if prio {
-                if let Some(&(since, _)) = p.waiting.first() {
-                    consider(since + self.cfg.aging_ns);
+                if let Some(&(due, _)) = p.waiting.first() {
+                    consider(due);
                 }
-                for &(_, since, _) in p.running.range((BOOST_LEVEL, 0, QueueId(0))..) {
-                    consider(since + self.cfg.min_run_ns);
+                for &(_, since, q) in p.running.range((BOOST_LEVEL, 0, QueueId(0))..) {
+                    consider(since + self.boost_len(q));
                 }
             }
             let Some(top) = p.top() else { continue };
@@ -864,9 +985,13 @@ impl Scheduler {
                     if self.slices() || self.cfg.policy == Policy::Timeslice =>
                 {
                     if let Some(o) = p.owner {
-                        if o.level < top {
-                            consider(o.since + self.cfg.min_run_ns);
-                        } else if p.busy[&top].len() > 1 {
+                        if let Some(d) = o.drained {
+                            let until = d.saturating_add(self.grace(o.vm));
+                            if until > now {
+                                consider(until);
+                            }
+                        }
+                        if o.level >= top && p.busy[&top].len() > 1 {
                             consider(o.since + self.quantum(top));
                         }
                     }
@@ -1012,6 +1137,7 @@ impl Scheduler {
             if let Some(k) = v.vt_key {
                 self.parts[v.partition as usize].vt.remove(&(k, vm));
             }
+            self.parts[v.partition as usize].woken.retain(|w| *w != vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;
@@ -1043,8 +1169,15 @@ impl Scheduler {
         };
         let part = self.vms[&vm].partition;
         let mut floor = None;
-        if !busy(old) && busy(st) && self.vms[&vm].busy == 0 {
-            // A VM that was idle does not bank credit: start at the least
+        let brief = {
+            let g = self.grace(vm);
+            g > 0 && now.saturating_sub(self.vms[&vm].idle_at) <= g
+        };
+        if !busy(old) && busy(st) && self.vms[&vm].busy == 0 && !brief {
+            // A VM that was idle does not bank credit (one idle no longer
+            // than its anticipation grace, e.g. a closed loop between jobs,
+            // counts as continuously demanding and keeps its virtual time):
+            // start at the least
             // charged virtual time of the busy VMs of its partition.
             // Keys of running VMs lag (charged when they stop): walk the
             // index in key order until no later entry can be lower.
@@ -1079,11 +1212,28 @@ impl Scheduler {
                 v.busy -= 1;
             }
         }
+        let mut woke = false;
         if !busy(old) && busy(st) && v.busy == 1 {
             v.entered = now;
+            let gap = now.saturating_sub(v.idle_at);
+            v.gap_ewma = (v.gap_ewma.saturating_mul(3) / 4).saturating_add(gap / 4);
+            woke = true;
+        }
+        if busy(old) && !busy(st) && v.busy == 0 {
+            v.idle_at = now;
         }
         if let Some(f) = floor {
-            v.vtime = v.vtime.max(f);
+            // Bounded lag: it may re-enter up to one minimum run (weighted)
+            // behind the least busy VM, no further, so a VM below its share
+            // is served ahead of VMs above it but cannot bank idle time.
+            let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);
+            v.vtime = v.vtime.max(f.saturating_sub(allow));
+        }
+        if woke {
+            let w = &mut self.parts[part as usize].woken;
+            if !w.contains(&vm) {
+                w.push(vm);
+            }
         }
         self.sync_vt(vm);
         self.index(q);
@@ -1166,7 +1316,8 @@ impl Scheduler {
                 p.ready.insert((Reverse(level), since, q));
                 v.ready.insert((Reverse(key), since, q));
                 if !boosted {
-                    p.waiting.insert((since, q));
+                    p.waiting
+                        .insert((since.saturating_add(age_wait(&self.cfg, level)), q));
                 }
             }
             QueueState::Running => {
@@ -1201,7 +1352,8 @@ impl Scheduler {
             QueueState::Ready | QueueState::Saved => {
                 p.ready.remove(&(Reverse(level), since, q));
                 v.ready.remove(&(Reverse(key), since, q));
-                p.waiting.remove(&(since, q));
+                p.waiting
+                    .remove(&(since.saturating_add(age_wait(&self.cfg, level)), q));
             }
             QueueState::Running => {
                 p.running.remove(&(level, since, q));
@@ -1320,6 +1472,14 @@ fn check_params(p: &VmParams, parts: u32) -> Result<(), SchedError> {
         Some(x) if x >= parts => Err(SchedError::Partition(x, parts)),
         _ => Ok(()),
     }
+}
+
+/// How long a ready queue of `level` waits before it is boosted: `aging_ns`
+/// at level 0, less `aging_ns / 16` per level above, so that VMs starved by
+/// a higher one still get service in the order of their priorities.
+fn age_wait(cfg: &SchedConfig, level: u16) -> Nanos {
+    let l = level.min(15) as u64;
+    (cfg.aging_ns - cfg.aging_ns / 16 * l).max(1)
 }
 
 fn weight(v: &Vm, pol: Policy) -> u128 {

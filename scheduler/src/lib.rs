@@ -165,9 +165,14 @@ pub struct SchedConfig {
     /// A VM holding a partition is not preempted (by anyone) before it held it
     /// this long: bounds thrashing.
     pub min_run_ns: u64,
-    /// A ready queue waiting this long is boosted above every priority for one
-    /// slice (starvation bound).
+    /// A ready queue waiting this long is boosted above every priority until
+    /// it goes idle or has run `min_run_ns` (starvation bound).
     pub aging_ns: u64,
+    /// Anticipation cap: a slice owner whose queues all drain keeps the
+    /// partition against its equals and lower levels for a grace of twice its
+    /// recent re-ring gap (at least 10 us), when that is at most this long;
+    /// 0 disables. Priority policies only.
+    pub anticipation_ns: u64,
     /// A mapped queue idle this long gives its slot back (DRAIN).
     pub idle_unmap_ns: u64,
     /// Poll period of the `poll5ms` baseline.
@@ -215,6 +220,7 @@ impl Default for SchedConfig {
             baseline_quantum_ns: 10_000_000,
             min_run_ns: 500_000,
             aging_ns: 500_000_000,
+            anticipation_ns: 100_000,
             idle_unmap_ns: 2_000_000,
             poll_ns: 5_000_000,
         }

@@ -35,6 +35,9 @@ struct World {
     maps: Vec<(Nanos, QueueId)>,
     /// GPU events due at the current time (idle at map).
     pending: Vec<Event>,
+    /// Closed-loop queues: job size; a new job is rung the moment the last
+    /// one completes (one outstanding job, the queue drains between jobs).
+    closed: BTreeMap<QueueId, Nanos>,
 }
 
 fn slots(parts: u32, pipes: u32, queues: u32) -> Vec<SlotDesc> {
@@ -75,7 +78,15 @@ impl World {
             last_actions: Vec::new(),
             maps: Vec::new(),
             pending: Vec::new(),
+            closed: BTreeMap::new(),
         }
+    }
+
+    /// Makes `q` a closed-loop tenant with jobs of `job` ns, and rings the
+    /// first job.
+    fn closed_loop(&mut self, q: QueueId, job: Nanos) {
+        self.closed.insert(q, job);
+        self.submit(q, job);
     }
 
     fn vm(&mut self, id: u32, priority: u8, weight: u32, queues: u32) -> Vec<QueueId> {
@@ -293,6 +304,9 @@ impl World {
                         queue: q,
                         now: next,
                     });
+                    if let Some(&job) = self.closed.get(&q) {
+                        self.submit(q, job);
+                    }
                 }
             }
             let done: Vec<QueueId> = self
@@ -368,17 +382,78 @@ fn higher_priority_preempts_at_once_with_cwsr() {
 }
 
 #[test]
-fn min_run_delays_priority_preemption() {
+fn a_higher_level_does_not_wait_for_a_lower_min_run() {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 4));
     let lo = w.vm(0, 2, 1, 1)[0];
     let hi = w.vm(1, 12, 1, 1)[0];
     w.submit(lo, 100 * MS);
     w.run_until(100_000);
     w.submit(hi, MS);
-    assert_eq!(w.state(lo), QueueState::Running, "inside min_run");
-    assert_eq!(w.state(hi), QueueState::Ready);
-    w.run_until(500_000);
-    assert_eq!(w.state(lo), QueueState::Preempting, "at min_run");
+    assert_eq!(w.state(lo), QueueState::Preempting, "inside lo's min_run");
+    assert_eq!(w.state(hi), QueueState::Running);
+}
+
+#[test]
+fn an_owner_keeps_the_partition_through_a_drain() {
+    // A closed-loop top VM (0.1 ms jobs, re-rung the moment one completes)
+    // beside a lower one with 2 ms jobs: the top VM's queue drains between
+    // jobs; anticipation keeps the partition, so it gets (almost) all of it.
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 2));
+    let top = w.vm(0, 15, 1, 1)[0];
+    let lo = w.vm(1, 14, 1, 1)[0];
+    w.closed_loop(lo, 2 * MS);
+    w.closed_loop(top, MS / 10);
+    w.run_until(1_000 * MS);
+    w.event(Event::Tick { now: w.now });
+    let (t, l) = (w.gpu_ns(0), w.gpu_ns(1));
+    assert!(t >= 950 * MS, "top VM {t} ns of 1 s (lo {l})");
+    // Without anticipation it gives the partition up at every job boundary.
+    let mut w = World::new(
+        SchedConfig {
+            anticipation_ns: 0,
+            ..cfg(Policy::Hqdmux)
+        },
+        slots(1, 2, 2),
+    );
+    let top = w.vm(0, 15, 1, 1)[0];
+    let lo = w.vm(1, 14, 1, 1)[0];
+    w.closed_loop(lo, 2 * MS);
+    w.closed_loop(top, MS / 10);
+    w.run_until(1_000 * MS);
+    w.event(Event::Tick { now: w.now });
+    assert!(w.s.vm_stats(VmId(1)).unwrap().preemptions > 1_000);
+}
+
+#[test]
+fn a_lower_owner_displaced_by_a_higher_level_resumes_its_slice() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 2));
+    let a = w.vm(0, 3, 1, 1)[0];
+    let b = w.vm(1, 3, 1, 1)[0];
+    let hi = w.vm(2, 9, 1, 1)[0];
+    w.submit(a, 1_000 * MS);
+    w.submit(b, 1_000 * MS);
+    w.run_until(3 * MS);
+    let owner = if w.state(a) == QueueState::Running {
+        a
+    } else {
+        b
+    };
+    let other = if owner == a { b } else { a };
+    w.submit(hi, MS);
+    assert_eq!(w.state(owner), QueueState::Preempting);
+    w.run_until(4 * MS + UNMAP_NS + 1);
+    assert_eq!(w.state(hi), QueueState::MappedIdle);
+    assert_eq!(
+        w.state(owner),
+        QueueState::Running,
+        "the displaced owner resumes"
+    );
+    // The other VM has not run yet (the owner's quantum started at 0), so
+    // it waits Ready, not Saved: it has no CWSR state.
+    assert_eq!(w.state(other), QueueState::Ready, "the other still waits");
+    // ... for the rest of its 10 ms quantum only.
+    w.run_until(12 * MS);
+    assert_eq!(w.state(other), QueueState::Running);
 }
 
 #[test]
@@ -775,7 +850,7 @@ proptest! {
         }
         let end = w.now + 3_000 * MS;
         w.run_until(end);
-        let bound = 100 * MS + 24 * (500_000 + UNMAP_NS) + 4 * MS;
+        let bound = 100 * MS + 24 * (2 * 500_000 + UNMAP_NS) + 4 * MS;
         for q in &qs[..16] {
             let waited = w.max_wait.get(q).copied().unwrap_or(0);
             prop_assert!(waited <= bound, "{:?} waited {} > {}", q, waited, bound);
@@ -1162,7 +1237,130 @@ fn a_vm_that_was_idle_waits_at_most_one_slice_among_equals() {
         w.submit(victim, MS / 2);
         t += 37 * MS;
     }
-    let waited = w.max_wait[&victim];
-    assert!(waited <= 4 * MS, "victim waited {waited} ns");
-    assert!(waited > 0, "it did have to wait for slice boundaries");
+    // Below its share, it takes the slice once the owner had its minimum
+    // run (lag), not at the slice boundary (often at once).
+    let waited = w.max_wait.get(&victim).copied().unwrap_or(0);
+    assert!(waited <= 500_000, "victim waited {waited} ns");
+    assert!(w.s.vm_stats(VmId(4)).unwrap().gpu_ns >= 53 * MS / 2);
+}
+
+/// One lower VM of a random fleet: priority, weight, queue count, job size,
+/// closed loop (drains between jobs) or always busy.
+#[derive(Clone, Debug)]
+struct Tenant {
+    prio: u8,
+    weight: u32,
+    queues: u32,
+    job_us: u64,
+    closed: bool,
+}
+
+fn tenant(prio: std::ops::Range<u8>) -> impl Strategy<Value = Tenant> {
+    (
+        prio,
+        1u32..5,
+        1u32..4,
+        prop::sample::select(vec![100u64, 1_000, 5_000, 20_000]),
+        any::<bool>(),
+    )
+        .prop_map(|(prio, weight, queues, job_us, closed)| Tenant {
+            prio,
+            weight,
+            queues,
+            job_us,
+            closed,
+        })
+}
+
+fn start(w: &mut World, id: u32, t: &Tenant) {
+    for q in w.vm(id, t.prio, t.weight, t.queues) {
+        if t.closed {
+            w.closed_loop(q, t.job_us * 1000);
+        } else {
+            w.submit(q, 10_000_000 * MS);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Strict priority (promise 1): a continuously demanding closed-loop VM
+    /// gets >= 95% of the GPU time it gets alone beside any fleet of lower
+    /// VMs, whatever the job sizes on either side.
+    #[test]
+    fn strict_priority_share(top_job in prop::sample::select(vec![100u64, 1_000, 20_000]),
+                             lower in prop::collection::vec(tenant(0..12), 1..4)) {
+        let run = 2_000 * MS;
+        let alone = {
+            let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+            let q = w.vm(0, 12, 1, 1)[0];
+            w.closed_loop(q, top_job * 1000);
+            w.run_until(run);
+            w.event(Event::Tick { now: w.now });
+            w.gpu_ns(0)
+        };
+        let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+        for (i, t) in lower.iter().enumerate() {
+            start(&mut w, i as u32 + 1, t);
+        }
+        let q = w.vm(0, 12, 1, 1)[0];
+        w.closed_loop(q, top_job * 1000);
+        w.run_until(run);
+        w.event(Event::Tick { now: w.now });
+        let got = w.gpu_ns(0);
+        prop_assert!(got as f64 >= 0.95 * alone as f64, "top {} alone {}", got, alone);
+    }
+
+    /// Weighted max-min fairness (promise 2): always-demanding VMs of one
+    /// level split GPU time by weight within 5%, whatever their queue
+    /// counts (1, 4, 16), depth (closed loop that drains between jobs, or
+    /// always busy) and job sizes (1 or 10 ms; 0.1 ms jobs are measured in
+    /// the harness, too slow for a debug-build property test).
+    #[test]
+    fn weighted_shares_independent_of_shape(
+        fleet in prop::collection::vec(
+            (tenant(5..6), prop::sample::select(vec![1u32, 4, 16]),
+             prop::sample::select(vec![1_000u64, 10_000])), 2..4)) {
+        let c = SchedConfig { quantum_ns: [2 * MS; 16], ..cfg(Policy::Hqdmux) };
+        let mut w = World::new(c, slots(1, 4, 8));
+        for (i, (t, nq, job_us)) in fleet.iter().enumerate() {
+            start(&mut w, i as u32, &Tenant { queues: *nq, job_us: *job_us, ..t.clone() });
+        }
+        w.run_until(3_000 * MS);
+        w.event(Event::Tick { now: w.now });
+        let total: f64 = (0..fleet.len()).map(|i| w.gpu_ns(i as u32) as f64).sum();
+        let wsum: f64 = fleet.iter().map(|(t, _, _)| t.weight as f64).sum();
+        for (i, (t, _, _)) in fleet.iter().enumerate() {
+            let share = w.gpu_ns(i as u32) as f64 / total;
+            let want = t.weight as f64 / wsum;
+            prop_assert!((share - want).abs() / want < 0.05,
+                         "vm {} {:?} share {} want {}", i, fleet[i], share, want);
+        }
+    }
+
+    /// Starvation bound (promise 4) over random fleets: below a permanent
+    /// top-level flood, every queue with work runs within the aging bound
+    /// `aging_ns + Q x (min_run_ns + t_dequeue)` (checked with 2 x min_run_ns
+    /// per queue plus one quantum of slack).
+    #[test]
+    fn starvation_bound(lower in prop::collection::vec(tenant(0..9), 1..5)) {
+        let c = SchedConfig { aging_ns: 100 * MS, ..cfg(Policy::Hqdmux) };
+        let mut w = World::new(c, slots(1, 2, 4));
+        let flood = w.vm(0, 15, 1, 2);
+        for q in &flood {
+            w.submit(*q, 10_000_000 * MS);
+        }
+        for (i, t) in lower.iter().enumerate() {
+            start(&mut w, i as u32 + 1, t);
+        }
+        w.run_until(1_500 * MS);
+        let nq: u64 = lower.iter().map(|t| t.queues as u64).sum();
+        let bound = 100 * MS + nq * (2 * 500_000 + UNMAP_NS) + 10 * MS;
+        for (q, waited) in &w.max_wait {
+            if !flood.contains(q) {
+                prop_assert!(*waited <= bound, "{:?} waited {} > {}", q, waited, bound);
+            }
+        }
+    }
 }

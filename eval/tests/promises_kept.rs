@@ -1,0 +1,55 @@
+//! The promises of docs/scheduling.md that the hqdmux policy keeps today,
+//! asserted through the promise checker (`eval::promises`, seed 1), so a
+//! change that breaks one fails here. The ones not yet kept are listed in
+//! docs/scheduling.md ("Measured against the promise") and reported by
+//! `cargo run --release -p hqdmux-eval --example promises`.
+
+use eval::promises::{check_all, CheckOptions};
+use scheduler::Policy;
+
+/// Runs the checker on the targets whose name contains `filter` and
+/// asserts that every one named in `kept` passed (and that it ran).
+fn assert_kept(filter: &str, kept: &[&str]) {
+    let out = check_all(&CheckOptions {
+        seeds: vec![1],
+        policy: Policy::Hqdmux,
+        filter: Some(filter.into()),
+        exactly_once_ms: None,
+    })
+    .unwrap();
+    for name in kept {
+        let o = out
+            .iter()
+            .find(|o| o.name.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} not checked: {out:?}"));
+        assert!(o.pass, "{}: {:?} [{}]", o.name, o.measured, o.target);
+    }
+}
+
+#[test]
+fn equal_priority_shares_do_not_depend_on_queue_count_depth_or_job_size() {
+    assert_kept(
+        "equal",
+        &[
+            "equal-queues:",
+            "equal-depth:",
+            "equal-jobsize:",
+            "weights124:",
+            "undershare: saturating VMs equal",
+        ],
+    );
+}
+
+#[test]
+fn a_closed_loop_top_vm_keeps_its_alone_share_beside_lower_vms() {
+    assert_kept(
+        "prio-inv-long",
+        &["prio-inv-long/under=1:", "prio-inv-long/under=4:"],
+    );
+}
+
+#[test]
+fn latency_targets_kept_on_the_built_ins_and_the_rt_tenant() {
+    assert_kept("disb-d", &["disb-d: hi p99", "disb-d: lo retained"]);
+    assert_kept("rt5k: rt p99", &["rt5k: rt p99"]);
+}

@@ -389,7 +389,10 @@ fn cycle(
             last[i] = good;
         }
         if i == 0 && args.bad == Bad::Wptr {
-            let beyond = q.read_index() + q.ring_packets() as u64 + 1;
+            // From the write index, not the read index: the host may
+            // already have consumed published packets (so a read index read
+            // here can be stale), and no read index exceeds the write index.
+            let beyond = q.write_index() + q.ring_packets() as u64 + 1;
             q.set_write_index(beyond);
         }
     }

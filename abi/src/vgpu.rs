@@ -18,10 +18,6 @@ pub const NUM_VECTORS: usize = NUM_VHQD + 1;
 pub const ERROR_VECTOR: usize = NUM_VHQD;
 /// Bytes per doorbell: doorbell `i` is at `DOORBELL_STRIDE * i`.
 pub const DOORBELL_STRIDE: usize = 8;
-/// Boot-info device kind of the register window (v1 discovery; PCI in v2).
-pub const DEVICE_KIND_REGS: u32 = 4;
-/// Boot-info device kind of the doorbell window (v1 discovery; PCI in v2).
-pub const DEVICE_KIND_DOORBELLS: u32 = 5;
 
 /// Register offsets in BAR0 (docs/vgpu-abi.md, "Registers"). All 32-bit.
 pub mod reg {

@@ -12,9 +12,6 @@ mod cwsr;
 mod realtime;
 pub mod testkit;
 
-/// Admission moved to [`crate::admission`]; re-exported here so callers of
-/// `sim::check_mqd` keep compiling.
-pub use crate::admission::check_mqd;
 pub use cwsr::{SAVE_MAGIC, SAVE_VERSION};
 pub use realtime::RealTimeDriver;
 
@@ -955,7 +952,7 @@ impl PhysGpu for SimGpu {
         if slot.is_some() {
             return Err(GpuError::SlotBusy(req.slot));
         }
-        check_mqd(&self.topo, &req.mqd, &*req.mem).map_err(GpuError::BadMqd)?;
+        crate::admission::check_mqd(&self.topo, &req.mqd, &*req.mem).map_err(GpuError::BadMqd)?;
         let rptr = req
             .mqd
             .read_index()

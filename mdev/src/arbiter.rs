@@ -19,7 +19,7 @@
 //! VM quarantines that VM's vGPU (its queues are removed), not the others.
 //! Locks are recovered, never propagated as poison.
 
-use crate::backend::{GpuEvent, PhysGpu};
+use crate::backend::{GpuEvent, PhysGpu, QueueErrorReason};
 use crate::binding::{Binding, Notice};
 use crate::mem::DmaMemory;
 use crate::topology::{GpuTopology, TopologyError};
@@ -116,12 +116,65 @@ fn token(vm: u32, vhqd: usize) -> u64 {
 }
 
 struct VmSlot {
-    fe: Arc<VgpuFrontEnd>,
-    mem: Arc<dyn DmaMemory>,
+    /// The front end; `None` once the VM is removed and its queues are gone
+    /// (its memory is then released).
+    fe: Option<Arc<VgpuFrontEnd>>,
+    /// The VM's memory; `None` with `fe`.
+    mem: Option<Arc<dyn DmaMemory>>,
     queue: [Option<QueueId>; NUM_VHQD],
     mqd_addr: [u64; NUM_VHQD],
     wptr_poll: [u64; NUM_VHQD],
     removed: bool,
+    /// A host bug while serving it took its vGPU away.
+    quarantined: bool,
+}
+
+impl VmSlot {
+    /// The front end of a VM still served (not removed, not quarantined).
+    fn live(&self) -> Option<&Arc<VgpuFrontEnd>> {
+        self.fe
+            .as_ref()
+            .filter(|_| !self.removed && !self.quarantined)
+    }
+}
+
+/// A call into a VM's front end decided under the core lock and made by
+/// the service thread after releasing it: front-end callbacks take the VM's
+/// register lock (and its MSI-X lock), which its vCPUs hold.
+enum FeCall {
+    /// The queue went on (true) or off a physical HQD.
+    Hqd(bool),
+    /// A packet completed.
+    Completed {
+        queue: QueueId,
+        dispatch_id: u64,
+        signal: u64,
+    },
+    /// The queue stopped with an error.
+    Error(QueueErrorReason),
+    /// The queue is gone: MQD write-back.
+    Unloaded { mqd_addr: u64, mqd: Box<V9Mqd> },
+    /// A load was refused (`code` 0: no error).
+    LoadRefused(u32),
+    /// A doorbell of an unloaded vHQD (rate-limited debug line).
+    StrayDoorbell,
+    /// Take the vGPU away (error vector).
+    Quarantine,
+}
+
+struct Pending {
+    fe: Arc<VgpuFrontEnd>,
+    vm: u32,
+    vhqd: usize,
+    call: FeCall,
+}
+
+/// What a front-end call left for the core.
+enum FollowUp {
+    /// A bad signal or mailbox: stop the queue with an error.
+    QueueError(u32, QueueId),
+    /// A front-end call panicked.
+    Quarantine(u32),
 }
 
 struct Core {
@@ -133,6 +186,12 @@ struct Core {
     quarantined: u64,
     observer: Option<DoorbellObserver>,
     stopping: bool,
+    /// Front-end calls in order, made by the service thread only.
+    calls: Vec<Pending>,
+    /// The service thread is making calls taken from `calls`.
+    calls_in_flight: bool,
+    /// Binding output, reused on the doorbell path (no allocation).
+    notices: Vec<Notice<Owner>>,
 }
 
 struct Requests {
@@ -204,6 +263,9 @@ impl GpuArbiter {
                 quarantined: 0,
                 observer: None,
                 stopping: false,
+                calls: Vec::new(),
+                calls_in_flight: false,
+                notices: Vec::new(),
             }),
             cv: Condvar::new(),
             requests,
@@ -288,18 +350,22 @@ impl GpuArbiter {
         }
         c.bind.add_vm(VmId(idx), params)?;
         c.vms.push(VmSlot {
-            fe: fe.clone(),
-            mem,
+            fe: Some(fe.clone()),
+            mem: Some(mem),
             queue: [None; NUM_VHQD],
             mqd_addr: [0; NUM_VHQD],
             wptr_poll: [0; NUM_VHQD],
             removed: false,
+            quarantined: false,
         });
         Ok((h, fe))
     }
 
     /// Unregisters a VM: its queues are reset-unmapped; returns when no slot
-    /// holds one of them any more (or after 5 s).
+    /// holds one of them any more and the front-end calls they caused were
+    /// made (or after 5 s). The arbiter then holds no reference to the VM's
+    /// front end or memory (released at once if its queues are already gone,
+    /// else when the last one is).
     pub fn remove_vm(&self, vm: VgpuHandle) {
         let mut c = lock(&self.core);
         let v = vm.0 as usize;
@@ -307,11 +373,13 @@ impl GpuArbiter {
             return;
         }
         c.vms[v].removed = true;
-        for i in 0..NUM_VHQD {
-            let fd = c.vms[v].fe.doorbell_eventfd(i).as_raw_fd();
-            let _ = self
-                .epoll
-                .ctl(ControlOperation::Delete, fd, EpollEvent::default());
+        if let Some(fe) = c.vms[v].fe.clone() {
+            for i in 0..NUM_VHQD {
+                let fd = fe.doorbell_eventfd(i).as_raw_fd();
+                let _ = self
+                    .epoll
+                    .ctl(ControlOperation::Delete, fd, EpollEvent::default());
+            }
         }
         let now = self.now();
         let core = &mut *c;
@@ -320,16 +388,32 @@ impl GpuArbiter {
             .bind
             .remove_vm(core.gpu.as_mut(), now, VmId(vm.0), &mut out);
         self.deliver(core, out);
+        Self::release_if_gone(core, v);
         drop(c);
         let _ = self.requests.kick.write(1);
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut c = lock(&self.core);
-        while c.vms[v].queue.iter().any(|q| q.is_some()) && Instant::now() < deadline {
+        while (c.vms[v].queue.iter().any(|q| q.is_some())
+            || !c.calls.is_empty()
+            || c.calls_in_flight)
+            && Instant::now() < deadline
+        {
             c = self
                 .cv
                 .wait_timeout(c, Duration::from_millis(20))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+
+    /// Drops a removed VM's front end and memory once none of its queues is
+    /// left (queued front-end calls keep their own reference until made).
+    fn release_if_gone(c: &mut Core, v: usize) {
+        if let Some(s) = c.vms.get_mut(v) {
+            if s.removed && s.queue.iter().all(Option::is_none) {
+                s.fe = None;
+                s.mem = None;
+            }
         }
     }
 
@@ -399,6 +483,10 @@ impl GpuArbiter {
     fn service(self: Arc<Self>, rx: Receiver<(VgpuHandle, VgpuRequest)>, mut timer: TimerFd) {
         let mut events = vec![EpollEvent::default(); 64];
         let mut gpu_events = Vec::new();
+        let mut spare = Vec::new();
+        // The deadline the timerfd is armed for: re-armed only when it
+        // changes (no syscall on a turn that leaves it as it was).
+        let mut armed: Option<Nanos> = None;
         loop {
             let n = match self.epoll.wait(-1, &mut events) {
                 Ok(n) => n,
@@ -413,40 +501,126 @@ impl GpuArbiter {
             if c.stopping {
                 return;
             }
+            // Doorbells first: the preemption a high-priority doorbell
+            // causes is handed to the backend before control requests and
+            // timers of the same turn are served.
+            let mut control = false;
+            let mut fired = false;
             for ev in &events[..n] {
                 match ev.data() {
-                    TOKEN_CONTROL => {
-                        let _ = self.requests.kick.read();
-                        while let Ok((vm, req)) = rx.try_recv() {
-                            self.per_vm(&mut c, vm.0, |a, core| a.request(core, vm.0, req));
-                        }
-                    }
-                    TOKEN_TIMER => {
-                        let _ = timer.wait();
-                    }
+                    TOKEN_CONTROL => control = true,
+                    TOKEN_TIMER => fired = true,
                     t => {
                         let (vm, vhqd) = ((t >> 8) as u32, (t & 0xFF) as usize);
                         self.per_vm(&mut c, vm, |a, core| a.doorbell(core, vm, vhqd));
                     }
                 }
             }
+            if fired {
+                let _ = timer.wait();
+                armed = None;
+            }
+            if control {
+                let _ = self.requests.kick.read();
+                while let Ok((vm, req)) = rx.try_recv() {
+                    self.per_vm(&mut c, vm.0, |a, core| a.request(core, vm.0, req));
+                }
+            }
             self.run_gpu(&mut c, &mut gpu_events);
             // Re-plan: the earlier of the scheduler timer and the GPU deadline.
-            let now = self.now();
             let next = [c.timer_at, c.gpu.next_deadline()]
                 .into_iter()
                 .flatten()
                 .min();
-            let r = match next {
-                Some(t) => timer.reset(Duration::from_nanos(t.saturating_sub(now).max(1)), None),
-                None => timer.clear(),
-            };
-            if let Err(e) = r {
-                log::error!("arbiter: timerfd: {e}");
+            if next != armed {
+                let now = self.now();
+                let r = match next {
+                    Some(t) => {
+                        timer.reset(Duration::from_nanos(t.saturating_sub(now).max(1)), None)
+                    }
+                    None => timer.clear(),
+                };
+                match r {
+                    Ok(()) => armed = next,
+                    Err(e) => log::error!("arbiter: timerfd: {e}"),
+                }
             }
-            drop(c);
+            self.flush(c, &mut spare);
             self.cv.notify_all();
         }
+    }
+
+    /// Makes the queued front-end calls without the core lock (service
+    /// thread only, so they happen in the order they were decided), then
+    /// feeds what they left back to the core. Consumes the guard.
+    fn flush<'a>(&'a self, mut c: MutexGuard<'a, Core>, spare: &mut Vec<Pending>) {
+        let mut follow = Vec::new();
+        while !c.calls.is_empty() {
+            std::mem::swap(&mut c.calls, spare);
+            c.calls_in_flight = true;
+            drop(c);
+            for p in spare.drain(..) {
+                let vm = p.vm;
+                let r = catch_unwind(AssertUnwindSafe(|| Self::call(p)));
+                match r {
+                    Ok(Some(f)) => follow.push(f),
+                    Ok(None) => {}
+                    Err(_) => follow.push(FollowUp::Quarantine(vm)),
+                }
+            }
+            c = lock(&self.core);
+            c.calls_in_flight = false;
+            for f in follow.drain(..) {
+                match f {
+                    FollowUp::QueueError(vm, q) => {
+                        if c.vms.get(vm as usize).and_then(VmSlot::live).is_none() {
+                            continue;
+                        }
+                        let now = self.now();
+                        let core = &mut *c;
+                        let mut out = Vec::new();
+                        let r = catch_unwind(AssertUnwindSafe(|| {
+                            core.bind.queue_error(core.gpu.as_mut(), now, q, &mut out)
+                        }));
+                        match r {
+                            Ok(()) => self.deliver(core, out),
+                            Err(_) => self.quarantine(core, vm),
+                        }
+                    }
+                    FollowUp::Quarantine(vm) => self.quarantine(&mut c, vm),
+                }
+                // The core changed: the loop re-plans its timer.
+                let _ = self.requests.kick.write(1);
+            }
+        }
+    }
+
+    /// One front-end call (no arbiter lock held).
+    fn call(p: Pending) -> Option<FollowUp> {
+        let (fe, i) = (&p.fe, p.vhqd);
+        match p.call {
+            FeCall::Hqd(on) => fe.on_hqd(i, on),
+            FeCall::Completed {
+                queue,
+                dispatch_id,
+                signal,
+            } => {
+                if let Err(reason) = fe.on_completed(i, dispatch_id, signal) {
+                    // A bad signal/mailbox: the queue stops with an error.
+                    fe.on_error(i, &reason);
+                    return Some(FollowUp::QueueError(p.vm, queue));
+                }
+            }
+            FeCall::Error(reason) => fe.on_error(i, &reason),
+            FeCall::Unloaded { mqd_addr, mqd } => fe.on_unloaded(i, mqd_addr, &mqd),
+            FeCall::LoadRefused(code) => fe.on_load_refused(i, code),
+            FeCall::StrayDoorbell => fe.guest_log(
+                log::Level::Debug,
+                format_args!("doorbell {i} of an unloaded vHQD ignored"),
+            ),
+            FeCall::Quarantine => fe.quarantine(),
+        }
+        None
     }
 
     /// Brings the GPU up to now, feeds its events and a due timer to the binding.
@@ -499,11 +673,7 @@ impl GpuArbiter {
 
     /// Runs `f` for VM `vm`; a panic quarantines that VM only.
     fn per_vm(&self, c: &mut Core, vm: u32, f: impl FnOnce(&Self, &mut Core)) {
-        let live = c
-            .vms
-            .get(vm as usize)
-            .is_some_and(|s| !s.removed && !s.fe.quarantined());
-        if !live {
+        if c.vms.get(vm as usize).and_then(VmSlot::live).is_none() {
             return;
         }
         if catch_unwind(AssertUnwindSafe(|| f(self, c))).is_err() {
@@ -512,25 +682,36 @@ impl GpuArbiter {
     }
 
     fn quarantine(&self, c: &mut Core, vm: u32) {
-        let Some(s) = c.vms.get(vm as usize) else {
+        let Some(s) = c.vms.get_mut(vm as usize) else {
             return;
         };
-        if s.fe.quarantined() {
+        if s.quarantined {
             return;
         }
+        s.quarantined = true;
+        let Some(fe) = s.fe.clone() else {
+            return;
+        };
         log::error!(
             "vm {}: host bug while serving its vGPU; vGPU quarantined (other VMs continue)",
-            s.fe.name()
+            fe.name()
         );
-        s.fe.quarantine();
         // Its doorbells are no longer served (level-triggered epoll would
         // otherwise wake this thread for them forever).
         for i in 0..NUM_VHQD {
-            let fd = s.fe.doorbell_eventfd(i).as_raw_fd();
+            let fd = fe.doorbell_eventfd(i).as_raw_fd();
             let _ = self
                 .epoll
                 .ctl(ControlOperation::Delete, fd, EpollEvent::default());
         }
+        // The front end's error vector is raised by the service thread
+        // (not under this lock: the VM's MSI-X lock is its vCPUs').
+        c.calls.push(Pending {
+            fe,
+            vm,
+            vhqd: 0,
+            call: FeCall::Quarantine,
+        });
         c.quarantined += 1;
         let now = self.now();
         let mut out = Vec::new();
@@ -541,6 +722,13 @@ impl GpuArbiter {
             log::error!("arbiter: removing quarantined vm {vm} panicked");
         }
         self.deliver(c, out);
+    }
+
+    /// Queues a front-end call for VM `v` (if it still has a front end).
+    fn push_call(c: &mut Core, vm: u32, vhqd: usize, call: FeCall) {
+        if let Some(fe) = c.vms.get(vm as usize).and_then(|s| s.fe.clone()) {
+            c.calls.push(Pending { fe, vm, vhqd, call });
+        }
     }
 
     fn request(&self, c: &mut Core, vm: u32, req: VgpuRequest) {
@@ -560,15 +748,17 @@ impl GpuArbiter {
                 c.next_qid += 1;
                 let prio = mqd.queue_priority().min(15) as u8;
                 let wptr_poll = mqd.wptr_poll_addr();
-                let mem = c.vms[v].mem.clone();
+                let Some(mem) = c.vms[v].mem.clone() else {
+                    return;
+                };
                 if let Err(e) =
                     c.bind
                         .add_queue(VmId(vm), q, (vm, vhqd as u8), prio, V9Mqd::clone(&mqd), mem)
                 {
                     // Only a VM being removed gets here (queue ids are
                     // fresh, priorities clamped).
-                    log::warn!("vm {}: vHQD {vhqd}: load refused: {e}", c.vms[v].fe.name());
-                    c.vms[v].fe.on_load_refused(vhqd, error::BAD_POINTERS);
+                    log::warn!("vm {vm}: vHQD {vhqd}: load refused: {e}");
+                    Self::push_call(c, vm, vhqd, FeCall::LoadRefused(error::BAD_POINTERS));
                     return;
                 }
                 let s = &mut c.vms[v];
@@ -583,7 +773,7 @@ impl GpuArbiter {
                 let Some(q) = c.vms[v].queue.get(vhqd).copied().flatten() else {
                     // The load was refused after the front end accepted it.
                     if vhqd < NUM_VHQD {
-                        c.vms[v].fe.on_load_refused(vhqd, 0);
+                        Self::push_call(c, vm, vhqd, FeCall::LoadRefused(0));
                     }
                     return;
                 };
@@ -595,30 +785,38 @@ impl GpuArbiter {
         self.deliver(c, out);
     }
 
+    /// The write index of vHQD `vhqd` of VM `v`: from its poll address in
+    /// guest memory, as the CP reads it; poll address 0 is "none"
+    /// (docs/vgpu-abi.md): the write index stays the MQD's.
+    fn read_wptr(c: &Core, v: usize, vhqd: usize, q: QueueId) -> Option<u64> {
+        let s = &c.vms[v];
+        match s.wptr_poll[vhqd] {
+            0 => Some(c.bind.mqd(q).map_or(0, V9Mqd::write_index)),
+            poll => s.mem.as_ref()?.read_u64(poll).ok(),
+        }
+    }
+
+    /// A doorbell of vHQD `vhqd`: the write index is read and the binding
+    /// decides (a preemption is handed to the backend right there); the
+    /// doorbell eventfd is cleared afterwards, then the write index read
+    /// again (a doorbell rung in between is not lost). No allocation and no
+    /// front-end call on this path.
     fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize) {
         let v = vm as usize;
-        let fe = c.vms[v].fe.clone();
-        let _ = fe.doorbell_eventfd(vhqd).read();
+        let clear = |c: &Core| {
+            if let Some(fe) = &c.vms[v].fe {
+                let _ = fe.doorbell_eventfd(vhqd).read();
+            }
+        };
         let Some(q) = c.vms[v].queue[vhqd] else {
-            fe.guest_log(
-                log::Level::Debug,
-                format_args!("doorbell {vhqd} of an unloaded vHQD ignored"),
-            );
+            clear(c);
+            Self::push_call(c, vm, vhqd, FeCall::StrayDoorbell);
             return;
         };
         let now = self.now();
-        let mut out = Vec::new();
-        // The CP reads the write index from the poll address; so does the
-        // scheduler, which drops doorbells that do not move it. Poll address
-        // 0 is "none" (docs/vgpu-abi.md): the write index stays the MQD's.
-        let poll = c.vms[v].wptr_poll[vhqd];
-        let wptr = if poll == 0 {
-            Ok(c.bind.mqd(q).map_or(0, V9Mqd::write_index))
-        } else {
-            c.vms[v].mem.read_u64(poll)
-        };
-        match wptr {
-            Ok(wptr) => {
+        let mut out = std::mem::take(&mut c.notices);
+        match Self::read_wptr(c, v, vhqd, q) {
+            Some(wptr) => {
                 let before = c.bind.scheduler().stats().preemptions;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
                 if let Some(obs) = &c.observer {
@@ -629,93 +827,92 @@ impl GpuArbiter {
                         preempted: c.bind.scheduler().stats().preemptions > before,
                     });
                 }
+                clear(c);
+                if let Some(w) = Self::read_wptr(c, v, vhqd, q).filter(|w| *w != wptr) {
+                    c.bind.doorbell(c.gpu.as_mut(), self.now(), q, w, &mut out);
+                }
             }
-            Err(_) => {
-                let reason = crate::backend::QueueErrorReason::PointerAddrOutOfRange {
+            None => {
+                clear(c);
+                let reason = QueueErrorReason::PointerAddrOutOfRange {
                     addr: c.vms[v].wptr_poll[vhqd],
                 };
-                fe.on_error(vhqd, &reason);
+                Self::push_call(c, vm, vhqd, FeCall::Error(reason));
                 c.bind.queue_error(c.gpu.as_mut(), now, q, &mut out);
             }
         }
-        self.deliver(c, out);
+        self.deliver_from(c, &mut out);
+        c.notices = out;
     }
 
-    /// Carries out binding notices (and what they cause) in order.
+    /// Carries out binding notices in order: bookkeeping here, front-end
+    /// calls queued for the service thread (made after the lock is released).
     fn deliver(&self, c: &mut Core, mut out: Vec<Notice<Owner>>) {
-        while !out.is_empty() {
-            let mut more = Vec::new();
-            for n in out.drain(..) {
-                if let Notice::ArmTimer { at } = n {
-                    c.timer_at = Some(at);
+        self.deliver_from(c, &mut out);
+    }
+
+    /// [`Self::deliver`] draining `out` (its allocation is kept).
+    fn deliver_from(&self, c: &mut Core, out: &mut Vec<Notice<Owner>>) {
+        for n in out.drain(..) {
+            let (q, (vm, vhqd)) = match &n {
+                Notice::ArmTimer { at } => {
+                    c.timer_at = Some(*at);
                     continue;
                 }
-                let (q, (vm, vhqd)) = match &n {
-                    Notice::Mapped { queue, owner, .. }
-                    | Notice::Completed { queue, owner, .. }
-                    | Notice::Unmapped { queue, owner, .. }
-                    | Notice::QueueError { queue, owner, .. }
-                    | Notice::MapRefused { queue, owner, .. }
-                    | Notice::Removed { queue, owner, .. } => (*queue, *owner),
-                    Notice::ArmTimer { .. } => continue,
-                };
-                let (v, i) = (vm as usize, vhqd as usize);
-                let Some(fe) = c.vms.get(v).map(|s| s.fe.clone()) else {
-                    continue;
-                };
-                if fe.quarantined() {
-                    // Its queues are being removed; nothing reaches it any more.
-                    if let Notice::Removed { .. } = n {
-                        if c.vms[v].queue[i] == Some(q) {
-                            c.vms[v].queue[i] = None;
-                        }
-                    }
-                    continue;
-                }
-                let r = catch_unwind(AssertUnwindSafe(|| match &n {
-                    Notice::Mapped { .. } => {
-                        fe.on_hqd(i, true);
-                        None
-                    }
-                    Notice::Unmapped { .. } => {
-                        fe.on_hqd(i, false);
-                        None
-                    }
-                    Notice::Completed {
-                        dispatch_id,
-                        signal,
-                        ..
-                    } => fe.on_completed(i, *dispatch_id, *signal).err(),
-                    Notice::QueueError { reason, .. } => {
-                        fe.on_error(i, reason);
-                        None
-                    }
-                    Notice::MapRefused { error: e, .. } => {
-                        log::warn!("vm {}: vHQD {i}: map refused: {e}", fe.name());
-                        None
-                    }
-                    Notice::Removed { mqd, .. } => {
-                        let addr = c.vms[v].mqd_addr[i];
-                        if c.vms[v].queue[i] == Some(q) {
-                            c.vms[v].queue[i] = None;
-                            fe.on_unloaded(i, addr, mqd);
-                        }
-                        None
-                    }
-                    Notice::ArmTimer { .. } => None,
-                }));
-                match r {
-                    Ok(Some(reason)) => {
-                        // A bad signal/mailbox: the queue stops with an error.
-                        fe.on_error(i, &reason);
-                        let now = self.now();
-                        c.bind.queue_error(c.gpu.as_mut(), now, q, &mut more);
-                    }
-                    Ok(None) => {}
-                    Err(_) => self.quarantine(c, vm),
-                }
+                Notice::Mapped { queue, owner, .. }
+                | Notice::Completed { queue, owner, .. }
+                | Notice::Unmapped { queue, owner, .. }
+                | Notice::QueueError { queue, owner, .. }
+                | Notice::MapRefused { queue, owner, .. }
+                | Notice::Removed { queue, owner, .. } => (*queue, *owner),
+            };
+            let (v, i) = (vm as usize, vhqd as usize);
+            let Some(s) = c.vms.get_mut(v) else {
+                continue;
+            };
+            if i >= NUM_VHQD {
+                continue;
             }
-            out = more;
+            if s.quarantined {
+                // Its queues are being removed; nothing reaches it any more.
+                if let Notice::Removed { .. } = n {
+                    if s.queue[i] == Some(q) {
+                        s.queue[i] = None;
+                    }
+                }
+                continue;
+            }
+            let call = match n {
+                Notice::Mapped { .. } => FeCall::Hqd(true),
+                Notice::Unmapped { .. } => FeCall::Hqd(false),
+                Notice::Completed {
+                    dispatch_id,
+                    signal,
+                    ..
+                } => FeCall::Completed {
+                    queue: q,
+                    dispatch_id,
+                    signal,
+                },
+                Notice::QueueError { reason, .. } => FeCall::Error(reason),
+                Notice::MapRefused { error: e, .. } => {
+                    log::warn!("vm {vm}: vHQD {i}: map refused: {e}");
+                    continue;
+                }
+                Notice::Removed { mqd, .. } => {
+                    if s.queue[i] != Some(q) {
+                        continue;
+                    }
+                    s.queue[i] = None;
+                    FeCall::Unloaded {
+                        mqd_addr: s.mqd_addr[i],
+                        mqd,
+                    }
+                }
+                Notice::ArmTimer { .. } => continue,
+            };
+            Self::push_call(c, vm, i, call);
+            Self::release_if_gone(c, v);
         }
         self.cv.notify_all();
     }

@@ -336,3 +336,103 @@ fn a_host_bug_serving_one_vm_quarantines_only_that_vm() {
 
 #[path = "arbiter_review_tests.rs"]
 mod review;
+
+#[test]
+fn a_removed_vms_memory_and_front_end_are_released_once_its_queues_are_gone() {
+    let a = arbiter();
+    let mut g = guest(&a, "gone", 5, false);
+    let mut other = guest(&a, "stays", 5, false);
+    let addr = mqd_addr(&g.q);
+    g.load(0, addr);
+    // Long work: the queue is on an HQD when the VM is removed.
+    g.kernel(64, 50_000_000, 1);
+    g.ring(0);
+    g.wait_until("on an HQD", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_STATE)) == abi::vgpu::hqd_state::ON_HQD
+    });
+    let mem = Arc::downgrade(&g.tvm.mem);
+    let fe = Arc::downgrade(&g.fe);
+    a.remove_vm(g.h);
+    drop(g);
+    // Only the arbiter could still hold them.
+    assert!(mem.upgrade().is_none(), "the removed VM's memory is kept");
+    assert!(fe.upgrade().is_none(), "the removed VM's front end is kept");
+    // The other VM is served as before.
+    let addr = mqd_addr(&other.q);
+    other.load(0, addr);
+    let s = other.kernel(8, 10_000, 2);
+    other.ring(0);
+    other.wait_until("kernel", |g| g.signal(s) <= 0);
+    other.tvm.verify(&other.q).unwrap();
+    a.remove_vm(other.h);
+    a.shutdown();
+}
+
+/// An interrupt sink that blocks while `held` is set, as a VM's MSI-X lock
+/// held by one of its vCPUs would.
+#[derive(Default)]
+struct Gate {
+    held: Mutex<bool>,
+    cv: Condvar,
+    entered: Mutex<u32>,
+}
+
+impl InterruptSink for Gate {
+    fn raise(&self, _vector: u16) {
+        *lock(&self.entered) += 1;
+        let mut h = lock(&self.held);
+        while *h {
+            h = self.cv.wait(h).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+#[test]
+fn the_arbiter_lock_is_never_held_while_a_front_end_waits_on_a_vm_lock() {
+    let a = arbiter();
+    let gate = Arc::new(Gate::default());
+    *lock(&gate.held) = true;
+    let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+    let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
+    let mut q = tvm.queue(a.topology(), 64, 0);
+    mem.write(mqd_addr(&q), &q.mqd.to_bytes()).unwrap();
+    let mailbox = tvm.alloc(8, 8);
+    let (h, fe) = a
+        .add_vm("held", mem, VmParams::default(), gate.clone())
+        .unwrap();
+    let addr = mqd_addr(&q);
+    fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR), addr as u32);
+    fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+    fe.reg_write(hr(0, reg::CP_HQD_ACTIVE), 1);
+    tvm.kernel(&mut q, KernelKind::Mark, 4, 64, 10_000, 1, true);
+    let s = *q.signals.last().unwrap();
+    tvm.mem
+        .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
+        .unwrap();
+    fe.doorbell_eventfd(0).write(1).unwrap();
+    // The completion interrupt is being raised and blocks (deadline against hangs).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while *lock(&gate.entered) == 0 {
+        assert!(Instant::now() < deadline, "no completion interrupt");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Meanwhile control calls, which take the arbiter's lock, go through.
+    let (tx, rx) = channel();
+    let a2 = a.clone();
+    std::thread::spawn(move || {
+        let st = a2.stats();
+        a2.set_priority(h, 9).unwrap();
+        let _ = tx.send(st.completions);
+    });
+    let done = rx.recv_timeout(Duration::from_secs(30));
+    // Release the sink before asserting, so a failure does not hang the test.
+    *lock(&gate.held) = false;
+    gate.cv.notify_all();
+    assert_eq!(
+        done,
+        Ok(1),
+        "the arbiter's lock was held while a front-end call waited"
+    );
+    a.remove_vm(h);
+    a.shutdown();
+}

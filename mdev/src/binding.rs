@@ -162,6 +162,8 @@ pub struct Binding<O: Copy> {
     occupied: usize,
     clock: Option<DecisionClock>,
     decision_ns: Vec<u64>,
+    /// Scheduler actions of one event, reused (no allocation per event).
+    acts: Vec<Action>,
 }
 
 impl<O: Copy> Binding<O> {
@@ -179,6 +181,7 @@ impl<O: Copy> Binding<O> {
             occupied: 0,
             clock: None,
             decision_ns: Vec::new(),
+            acts: Vec::new(),
         })
     }
 
@@ -470,16 +473,17 @@ impl<O: Copy> Binding<O> {
             let now = ev.now();
             let t0 = self.clock.as_mut().map(|c| c());
             self.sched.handle(ev);
-            let mut acts = Vec::new();
+            let mut acts = std::mem::take(&mut self.acts);
             while let Some(a) = self.sched.poll_action() {
                 acts.push(a);
             }
             if let (Some(t0), Some(c)) = (t0, self.clock.as_mut()) {
                 self.decision_ns.push(c().saturating_sub(t0));
             }
-            for a in acts {
+            for a in acts.drain(..) {
                 self.action(gpu, now, a, out);
             }
+            self.acts = acts;
         }
         self.reap(out);
     }

@@ -641,10 +641,10 @@ impl SimGpu {
         };
         self.parts[p].free_cus += q.held_cus;
         let (mode, since) = q.unmap_req.unwrap_or((DequeueMode::DrainPipe, now));
-        if mode != DequeueMode::SaveWaves && !matches!(q.state, HState::Error(_)) {
+        if !matches!(q.state, HState::Error(_)) {
             // DrainPipe: partially dispatched packets are kept as control
             // records. ResetWaves: packets that completed out of order are.
-            // (SaveWaves wrote its records at the request.)
+            // SaveWaves: the saved waves too (sized at the request).
             if let Err(e) = cwsr::write_save(&mut q, &self.topo) {
                 // Cannot happen for a validated topology and MQD unless the
                 // memory itself fails; the progress is lost: a queue error.
@@ -1066,43 +1066,30 @@ impl PhysGpu for SimGpu {
             }
             DequeueMode::SaveWaves => {
                 self.stats.saves += 1;
-                let mut saved = Vec::new();
+                // No allocation and no guest-memory write at the request
+                // (the doorbell -> preemption path): saved waves go to the
+                // front of the restore list in order; the control records
+                // are written when the dequeue finishes (`finish_unmap`).
+                let mut n = 0u32;
                 for w in self.wgs.iter_mut() {
                     if w.live && w.slot == s && w.qgen == gen {
                         w.live = false;
-                        saved.push(SavedWg {
+                        n += 1;
+                        if let Some(a) = q.active.iter_mut().find(|a| a.id == w.id) {
+                            a.inflight -= 1;
+                        }
+                        q.resume.push_front(SavedWg {
                             id: w.id,
                             wg: w.wg,
                             remaining: w.end.saturating_sub(now),
                         });
                     }
                 }
-                saved.sort_unstable();
-                let n = saved.len() as u32;
-                for sw in &saved {
-                    if let Some(a) = q.active.iter_mut().find(|a| a.id == sw.id) {
-                        a.inflight -= 1;
-                    }
-                }
-                // Saved waves go back in front of the restore list.
-                for sw in saved.into_iter().rev() {
-                    q.resume.push_front(sw);
-                }
+                q.resume.make_contiguous()[..n as usize].sort_unstable();
                 q.inflight = 0;
                 q.held_cus = n;
                 self.stats.saved_wgs += n as u64;
-                let bytes = match cwsr::write_save(q, &self.topo) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        // The record always fits (topology validation) and the
-                        // area is in memory (map validation), so only a failing
-                        // memory gets here. The queue's progress is lost: a queue
-                        // error, and the dequeue completes at once (`fail` on an
-                        // unmapping queue finishes it and frees the held CUs).
-                        self.fail(s, e);
-                        return Ok(());
-                    }
-                };
+                let bytes = cwsr::save_bytes(q);
                 let xccs = self.topo.xccs_per_partition() as u64;
                 let busiest = (n as u64).div_ceil(xccs);
                 let c = &self.topo.cwsr;

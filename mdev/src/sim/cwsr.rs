@@ -48,13 +48,9 @@ pub(super) fn checksum(b: &[u8]) -> u64 {
     h
 }
 
-/// Write the queue's dispatch progress; returns the record bytes (0 if none).
-///
-/// Trailing packets without progress (not complete, no workgroup dispatched)
-/// are dropped from the window first: the CP refetches them from the ring at
-/// the next map, as it would any unread packet.
-pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
-    let size = q.mqd.cntl_stack_size();
+/// Drops trailing packets without progress from the window (see
+/// [`write_save`]).
+fn trim(q: &mut Hqd) {
     while q
         .active
         .back()
@@ -62,6 +58,27 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
     {
         q.active.pop_back();
     }
+}
+
+/// The bytes [`write_save`] will write for the queue as it is now (0 if
+/// none), without writing them: a save dequeue's modelled time is known at
+/// the request, its records are written when it finishes.
+pub(super) fn save_bytes(q: &mut Hqd) -> u64 {
+    trim(q);
+    if q.active.is_empty() && q.resume.is_empty() {
+        return 0;
+    }
+    GpuTopology::control_record_bytes(q.active.len() as u32, q.resume.len() as u32)
+}
+
+/// Write the queue's dispatch progress; returns the record bytes (0 if none).
+///
+/// Trailing packets without progress (not complete, no workgroup dispatched)
+/// are dropped from the window first: the CP refetches them from the ring at
+/// the next map, as it would any unread packet.
+pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
+    let size = q.mqd.cntl_stack_size();
+    trim(q);
     if q.active.is_empty() && q.resume.is_empty() {
         q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
         return Ok(0);

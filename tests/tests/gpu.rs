@@ -196,6 +196,92 @@ fn low_priority_vms_waiting_longer_than_ten_seconds_complete() {
     }
 }
 
+/// utime + stime (clock ticks) of this process's threads whose name starts with `prefix`.
+fn thread_cpu_ticks(prefix: &str) -> u64 {
+    let mut total = 0;
+    for t in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields 14 and 15 of proc(5) follow the parenthesised name.
+        if let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if f.len() > 12 {
+                total += f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn low_priority_vms_waiting_minutes_for_the_gpu_complete() {
+    let test = "low_priority_vms_waiting_minutes_for_the_gpu_complete";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let dir = scratch_dir("gpu-minutes");
+    // `mwhi` holds the whole GPU for ~124 s: 1216 workgroups of 31 s on
+    // 304 CUs (four rounds), so 1216 modelled completions and one packet in
+    // all: cheap in host CPU. The priority-2 VMs (one 1 s whole-GPU kernel
+    // each) wait behind it, or are preempted by it, in `sti; hlt`; aging is
+    // pushed out past the run.
+    let mut toml = "[scheduler]\naging_ns = 600000000000\n\n".to_string();
+    toml += &gpu_vm("mwhi", 12, "kernels=1 wgs=1216 cost_us=31000000");
+    for i in 0..3 {
+        toml += &gpu_vm(&format!("mwlo{i}"), 2, "kernels=1 wgs=304 cost_us=1000000");
+    }
+    let cfg = config(&dir, &toml);
+    let fleet = std::thread::spawn(move || run(&cfg));
+    // Mid-wait (boot and submission take a few seconds at most, the wait
+    // ~2 minutes): the waiting VMs' vCPU threads ("mwlo*-vcpu0") over 30 s.
+    std::thread::sleep(std::time::Duration::from_secs(40));
+    // /proc counts in USER_HZ ticks, 100 per second on x86-64 Linux.
+    let hz = 100;
+    let c0 = thread_cpu_ticks("mwlo");
+    std::thread::sleep(std::time::Duration::from_secs(30));
+    let c1 = thread_cpu_ticks("mwlo");
+    let report = fleet.join().unwrap();
+    assert!(report.all_succeeded(), "{}", report.summary());
+    // Three waiting vCPUs over 30 s = 90 s of thread time if they spun;
+    // halted, they use next to none (allow 3 s: a loaded CI machine).
+    assert!(
+        (c1 - c0) < 3 * hz,
+        "waiting vCPUs used {} ticks ({hz}/s) in 30 s: {}",
+        c1 - c0,
+        report.summary()
+    );
+    let hi_done = last_checkpoint(&report.vms[0], 3);
+    for v in &report.vms[1..] {
+        // Exactly once: the guest checked every workgroup counter is 1.
+        assert!(
+            v.console
+                .iter()
+                .any(|l| l == "gpu: 1 queues x 1 kernels x 304 wgs: ok"),
+            "{}: {:?}",
+            v.name,
+            v.console
+        );
+        let waited = v.spans(2, 3);
+        assert_eq!(waited.len(), 1, "{}", v.name);
+        assert!(
+            waited[0] >= std::time::Duration::from_secs(120),
+            "{} waited only {:?}: {}",
+            v.name,
+            waited[0],
+            report.summary()
+        );
+        assert!(last_checkpoint(v, 3) > hi_done, "{}", report.summary());
+    }
+    assert_eq!(report.gpu.expect("arbiter stats").completions, 4);
+}
+
 #[test]
 fn hostile_guests_get_queue_errors_and_the_others_finish() {
     if !kvm_or_skip("hostile_guests_get_queue_errors_and_the_others_finish") {

@@ -1854,3 +1854,29 @@ proptest! {
         prop_assert_eq!(gpu.free_cus(0), 4);
     }
 }
+
+#[test]
+fn a_save_dequeue_writes_its_control_record_when_it_finishes_not_at_the_request() {
+    let (mut gpu, mut vm, mut q) = one_queue(GpuTopology::tiny());
+    vm.kernel(&mut q, KernelKind::Mark, 6, 4, 1000, 1, false);
+    gpu.map(0, map_req(&vm, &q, 0, 7)).unwrap();
+    // Header + one packet + 4 saved workgroups, at the top of the control stack.
+    let size = q.mqd.cntl_stack_size() as u64;
+    let rec = 32 + 32 + 4 * 24;
+    let at = q.mqd.ctx_save_base() + size - rec;
+    let magic = |vm: &TestVm| {
+        let mut b = [0u8; 4];
+        vm.mem.read(at, &mut b).unwrap();
+        u32::from_le_bytes(b)
+    };
+    gpu.unmap(400, SlotId(0), DequeueMode::SaveWaves).unwrap();
+    // The request touches no guest memory (it is on the doorbell ->
+    // preemption path); the save time is modelled from the record size.
+    assert_eq!(magic(&vm), 0);
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 400, u64::MAX, &mut ev);
+    let (mqd, has_work, _, _) = unmapped(&ev).unwrap();
+    assert!(has_work && mqd.has_saved_state());
+    assert_eq!(mqd.cntl_stack_offset() as u64, size - rec);
+    assert_eq!(magic(&vm), super::cwsr::SAVE_MAGIC);
+}

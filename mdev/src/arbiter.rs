@@ -9,7 +9,10 @@
 //! * on a doorbell: read the write index from the queue's poll address in
 //!   guest memory and feed the binding;
 //! * binding notices go back to the VM's [`VgpuFrontEnd`]: completion
-//!   mailboxes and vectors, errors, unloads with the MQD write-back.
+//!   mailboxes and vectors, errors, unloads with the MQD write-back. The
+//!   service thread makes these calls after releasing the arbiter's lock
+//!   (they take the VM's register and MSI-X locks, which its vCPUs hold),
+//!   in the order they were decided.
 //!
 //! Front ends never call the GPU on a vCPU thread. Control calls from the
 //! VMM (priority, weight, policy, add/remove VM) take the arbiter's lock
@@ -598,6 +601,10 @@ impl GpuArbiter {
     /// One front-end call (no arbiter lock held).
     fn call(p: Pending) -> Option<FollowUp> {
         let (fe, i) = (&p.fe, p.vhqd);
+        if fe.quarantined() {
+            // Taken away after this call was queued: nothing reaches it.
+            return None;
+        }
         match p.call {
             FeCall::Hqd(on) => fe.on_hqd(i, on),
             FeCall::Completed {

@@ -336,3 +336,31 @@ fn a_host_bug_serving_one_vm_quarantines_only_that_vm() {
 
 #[path = "arbiter_review_tests.rs"]
 mod review;
+
+#[test]
+fn preempt_timeout_defaults_to_kfd_and_is_set_live_within_range() {
+    let a = arbiter();
+    let g = guest(&a, "t", 0, false);
+    assert_eq!(
+        a.preempt_timeout(g.h),
+        Some(Duration::from_millis(DEFAULT_PREEMPT_TIMEOUT_MS))
+    );
+    a.set_preempt_timeout(g.h, Duration::from_millis(40))
+        .unwrap();
+    assert_eq!(a.preempt_timeout(g.h), Some(Duration::from_millis(40)));
+    assert!(matches!(
+        a.set_preempt_timeout(g.h, Duration::ZERO),
+        Err(ArbiterError::PreemptTimeout(_))
+    ));
+    assert!(matches!(
+        a.set_preempt_timeout(g.h, Duration::from_secs(3601)),
+        Err(ArbiterError::PreemptTimeout(_))
+    ));
+    assert_eq!(a.preempt_timeout(g.h), Some(Duration::from_millis(40)));
+    a.remove_vm(g.h);
+    assert_eq!(a.preempt_timeout(g.h), None);
+    assert!(a
+        .set_preempt_timeout(g.h, Duration::from_millis(5))
+        .is_err());
+    a.shutdown();
+}

@@ -21,6 +21,7 @@
 
 use crate::backend::{GpuEvent, PhysGpu};
 use crate::binding::{Binding, Notice};
+use crate::guard::{GuardConfig, GuardConfigError, GuardEvent, GuardStatus, VmGuard};
 use crate::mem::DmaMemory;
 use crate::topology::{GpuTopology, TopologyError};
 use crate::vgpu::{InterruptSink, RequestSink, VgpuFrontEnd, VgpuHandle, VgpuRequest};
@@ -79,6 +80,9 @@ pub enum ArbiterError {
         hi = PREEMPT_TIMEOUT_MS_RANGE.end()
     )]
     PreemptTimeout(Duration),
+    /// Invalid guard limits.
+    #[error("{0}")]
+    Guard(#[from] GuardConfigError),
 }
 
 /// Default per-VM preemption timeout (ms), as KFD's `queue_preemption_timeout_ms`.
@@ -99,6 +103,10 @@ pub struct ArbiterStats {
     pub stale_doorbells: u64,
     /// VMs quarantined after a host bug while serving them.
     pub quarantined_vms: u64,
+    /// Quarantines by the misbehaving-VM guard (since start).
+    pub guard_quarantines: u64,
+    /// Queues reset after a preemption timeout.
+    pub preempt_timeouts: u64,
 }
 
 /// What a [`DoorbellObserver`] is told after each doorbell the service thread handled.
@@ -134,6 +142,8 @@ struct VmSlot {
     mqd_addr: [u64; NUM_VHQD],
     wptr_poll: [u64; NUM_VHQD],
     removed: bool,
+    /// Misbehaving-VM guard (issue 11).
+    guard: VmGuard,
 }
 
 struct Core {
@@ -145,6 +155,7 @@ struct Core {
     quarantined: u64,
     observer: Option<DoorbellObserver>,
     stopping: bool,
+    guard_quarantines: u64,
 }
 
 struct Requests {
@@ -216,6 +227,7 @@ impl GpuArbiter {
                 quarantined: 0,
                 observer: None,
                 stopping: false,
+                guard_quarantines: 0,
             }),
             cv: Condvar::new(),
             requests,
@@ -260,6 +272,8 @@ impl GpuArbiter {
             maps: s.maps,
             stale_doorbells: s.stale_doorbells,
             quarantined_vms: c.quarantined,
+            guard_quarantines: c.guard_quarantines,
+            preempt_timeouts: c.bind.stats().preempt_timeouts,
         }
     }
 
@@ -306,6 +320,7 @@ impl GpuArbiter {
             mqd_addr: [0; NUM_VHQD],
             wptr_poll: [0; NUM_VHQD],
             removed: false,
+            guard: VmGuard::new(self.topo.guard),
         });
         Ok((h, fe))
     }
@@ -563,6 +578,15 @@ impl GpuArbiter {
                 if vhqd >= NUM_VHQD || c.vms[v].queue[vhqd].is_some() {
                     return;
                 }
+                if c.vms[v].guard.quarantined() {
+                    let fe = c.vms[v].fe.clone();
+                    fe.on_load_refused(vhqd, error::QUARANTINED);
+                    fe.guest_log(
+                        log::Level::Debug,
+                        format_args!("vHQD {vhqd}: load refused: vGPU quarantined by the guard"),
+                    );
+                    return;
+                }
                 let q = QueueId(c.next_qid);
                 c.next_qid += 1;
                 let prio = mqd.queue_priority().min(15) as u8;
@@ -627,7 +651,12 @@ impl GpuArbiter {
         match wptr {
             Ok(wptr) => {
                 let before = c.bind.scheduler().stats().preemptions;
+                let stale_before = c.bind.scheduler().stats().stale_doorbells;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
+                let stale = c.bind.scheduler().stats().stale_doorbells - stale_before;
+                if stale > 0 {
+                    self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale);
+                }
                 if let Some(obs) = &c.observer {
                     obs(crate::arbiter::DoorbellSeen {
                         vm: VgpuHandle(vm),
@@ -643,6 +672,7 @@ impl GpuArbiter {
                 };
                 fe.on_error(vhqd, &reason);
                 c.bind.queue_error(c.gpu.as_mut(), now, q, &mut out);
+                self.guard_note(c, vm, GuardEvent::QueueError, 1);
             }
         }
         self.deliver(c, out);
@@ -679,6 +709,14 @@ impl GpuArbiter {
                     }
                     continue;
                 }
+                let guard_ev = match &n {
+                    Notice::QueueError {
+                        reason: crate::backend::QueueErrorReason::PreemptionTimeout { .. },
+                        ..
+                    } => Some(GuardEvent::Reset),
+                    Notice::QueueError { .. } => Some(GuardEvent::QueueError),
+                    _ => None,
+                };
                 let r = catch_unwind(AssertUnwindSafe(|| match &n {
                     Notice::Mapped { .. } => {
                         fe.on_hqd(i, true);
@@ -717,9 +755,13 @@ impl GpuArbiter {
                         fe.on_error(i, &reason);
                         let now = self.now();
                         c.bind.queue_error(c.gpu.as_mut(), now, q, &mut more);
+                        self.guard_note(c, vm, GuardEvent::QueueError, 1);
                     }
                     Ok(None) => {}
                     Err(_) => self.quarantine(c, vm),
+                }
+                if let Some(g) = guard_ev {
+                    self.guard_note(c, vm, g, 1);
                 }
             }
             out = more;
@@ -759,6 +801,68 @@ impl GpuArbiter {
         let c = lock(&self.core);
         c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
         c.bind.preempt_timeout(VmId(vm.0)).map(Duration::from_nanos)
+    }
+
+    // ---- misbehaving-VM guard (issue 11) ---------------------------------
+
+    /// Counts a guard event of VM `vm`; past a limit, quarantines it (one
+    /// log line; its loads are refused from now on).
+    fn guard_note(&self, c: &mut Core, vm: u32, what: GuardEvent, n: u64) {
+        let now = self.now();
+        let Some(s) = c.vms.get_mut(vm as usize) else {
+            return;
+        };
+        if let Some(t) = s.guard.record(now, what, n) {
+            log::warn!(
+                "vm {}: vGPU quarantined by the misbehaving-VM guard: {t}; new queue loads \
+                 are refused (error {}) until the operator clears it",
+                s.fe.name(),
+                error::QUARANTINED
+            );
+            c.guard_quarantines += 1;
+        }
+    }
+
+    /// VM `vm`'s guard: limits, counts in the window, and whether (why,
+    /// when) it is quarantined. `None` once removed or unknown.
+    pub fn guard_status(&self, vm: VgpuHandle) -> Option<GuardStatus> {
+        let now = self.now();
+        let mut c = lock(&self.core);
+        let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
+        Some(s.guard.status(now))
+    }
+
+    /// Lifts VM `vm`'s guard quarantine (loads are accepted again) and
+    /// forgets its counts in the window. Returns whether it was quarantined.
+    pub fn clear_quarantine(&self, vm: VgpuHandle) -> Result<bool, ArbiterError> {
+        let mut c = lock(&self.core);
+        let s = c
+            .vms
+            .get_mut(vm.0 as usize)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let was = s.guard.clear();
+        if was {
+            log::info!(
+                "vm {}: guard quarantine cleared by the operator",
+                s.fe.name()
+            );
+        }
+        Ok(was)
+    }
+
+    /// Replaces VM `vm`'s guard limits (validated); counts restart, a
+    /// quarantine stays until cleared.
+    pub fn set_guard(&self, vm: VgpuHandle, limits: GuardConfig) -> Result<(), ArbiterError> {
+        limits.validate()?;
+        let mut c = lock(&self.core);
+        let s = c
+            .vms
+            .get_mut(vm.0 as usize)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        s.guard.set_limits(limits);
+        Ok(())
     }
 }
 

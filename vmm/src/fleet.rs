@@ -428,6 +428,8 @@ pub fn attach_vgpu(
         std::time::Duration::from_millis(vc.preempt_timeout_ms),
     )
     .map_err(|e| err(e.to_string()))?;
+    m.set_guard(handle, m.topology().guard.with(&vc.guard))
+        .map_err(|e| err(e.to_string()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,
         fe,

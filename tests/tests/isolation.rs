@@ -68,10 +68,10 @@ fn vms_dying_during_gpu_work_are_reclaimed_and_the_others_lose_nothing() {
     }
     let dir = scratch_dir("iso-die");
     // Two dying VMs outrank the good one and leave kernels of 304
-    // workgroups of 1 hour each on the GPU: the good VM completes only if
+    // workgroups of 1000 s each on the GPU: the good VM completes only if
     // their queues are reclaimed. The third spins after ringing until the
     // run timeout stops it (its short kernel does not hold the GPU).
-    let long = "kernels=2 wgs=304 cost_us=3600000000";
+    let long = "kernels=2 wgs=304 cost_us=1000000000";
     let toml = [
         gpu_vm("triple", 12, &format!("{long} die=triple"), ""),
         gpu_vm("exit", 12, &format!("{long} die=exit"), ""),
@@ -88,7 +88,12 @@ fn vms_dying_during_gpu_work_are_reclaimed_and_the_others_lose_nothing() {
         "{}",
         report.summary()
     );
-    assert_eq!(by("exit").outcome, VmOutcome::Exited(5), "{}", report.summary());
+    assert_eq!(
+        by("exit").outcome,
+        VmOutcome::Exited(5),
+        "{}",
+        report.summary()
+    );
     assert!(
         matches!(by("spin").outcome, VmOutcome::Stopped(_)),
         "{}",

@@ -62,6 +62,8 @@ pub struct RunOutput {
     pub queue_errors: u64,
     /// Preemptions issued by the scheduler.
     pub preemptions: u64,
+    /// Queues reset after a preemption timeout (also in `queue_errors`).
+    pub preempt_timeouts: u64,
     /// Modelled save + restore ns.
     pub save_restore_ns: u64,
     /// Slot-occupancy integral / (slots x duration).
@@ -104,6 +106,12 @@ pub struct VmRun {
     /// Longest a job of this VM took from arrival to completion, or has
     /// waited by the end of the run if still unfinished, ns.
     pub max_job_age_ns: u64,
+    /// Its queues reset after a preemption timeout (error 22).
+    pub preempt_resets: u64,
+    /// When its first such reset was reported (virtual ns).
+    pub first_reset_ns: Option<Nanos>,
+    /// Its other queue errors.
+    pub queue_errors: u64,
 }
 
 /// Per-queue readiness (work seen, no slot) and per-VM latencies, fed from
@@ -118,6 +126,8 @@ struct VmTracker {
     dead: Vec<bool>,
     /// Per VM: completed job latencies.
     latency: Vec<Vec<u64>>,
+    /// Per VM: (preemption-timeout resets, first reset time, other queue errors).
+    errors: Vec<(u64, Option<Nanos>, u64)>,
 }
 
 impl VmTracker {
@@ -127,6 +137,7 @@ impl VmTracker {
             max_wait: vec![0; streams],
             dead: vec![false; streams],
             latency: vec![Vec::new(); vms],
+            errors: vec![(0, None, 0); vms],
         }
     }
 
@@ -270,6 +281,10 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
                 },
             )
             .map_err(err)?;
+            if let Some(ms) = t.preempt_timeout_ms {
+                bind.set_preempt_timeout(VmId(vm_idx as u32), ms.saturating_mul(1_000_000))
+                    .map_err(err)?;
+            }
             let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(VM_BYTES));
             let mut tvm = TestVm::with_memory(mem.clone(), 0x1000);
             let kds = t
@@ -279,7 +294,13 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
                     let kd = tvm.alloc(64, 64);
                     mem.write(
                         kd,
-                        &KernelDescriptor::new(KernelKind::Mark, k.wg_cost_us * 1000).encode(),
+                        &KernelDescriptor::new(KernelKind::Mark, k.wg_cost_us * 1000)
+                            .with_flags(if k.no_save_point {
+                                abi::kernel::flags::NO_SAVE_POINT
+                            } else {
+                                0
+                            })
+                            .encode(),
                     )
                     .expect("descriptor inside VM memory");
                     kd
@@ -645,6 +666,7 @@ impl Sim<'_> {
                     log::warn!("scenario {}: queue {owner}: {reason}", self.sc.name);
                     self.out.queue_errors += 1;
                     self.track.stopped(owner, self.now);
+                    self.note_error(owner, &reason);
                 }
                 Notice::MapRefused { owner, error, .. } => {
                     log::warn!(
@@ -748,6 +770,7 @@ impl Sim<'_> {
         }
         // Before `vm_runs`' closing tick (whose actions are not carried out).
         self.out.preemptions = self.bind.scheduler().stats().preemptions;
+        self.out.preempt_timeouts = self.bind.stats().preempt_timeouts;
         self.out.vm_runs = self.vm_runs(end);
         let st = self.gpu.stats();
         self.out.gpu = st.clone();
@@ -808,9 +831,31 @@ impl Sim<'_> {
                     latency_ns: std::mem::take(&mut self.track.latency[i]),
                     max_wait_ns: max_wait[i],
                     max_job_age_ns: age[i],
+                    preempt_resets: self.track.errors.get(i).map_or(0, |e| e.0),
+                    first_reset_ns: self.track.errors.get(i).and_then(|e| e.1),
+                    queue_errors: self.track.errors.get(i).map_or(0, |e| e.2),
                 }
             })
             .collect()
+    }
+}
+
+impl Sim<'_> {
+    /// Per-VM error counts (issue 11): resets after a preemption timeout
+    /// apart from other queue errors.
+    fn note_error(&mut self, stream: usize, reason: &mdev::backend::QueueErrorReason) {
+        let vm = self.streams[stream].vm;
+        let e = &mut self.track.errors;
+        if e.len() <= vm {
+            e.resize(vm + 1, (0, None, 0));
+        }
+        match reason {
+            mdev::backend::QueueErrorReason::PreemptionTimeout { .. } => {
+                e[vm].0 += 1;
+                e[vm].1.get_or_insert(self.now);
+            }
+            _ => e[vm].2 += 1,
+        }
     }
 }
 

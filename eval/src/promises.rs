@@ -9,7 +9,7 @@
 //! figures of the issue were; the scheduler's own charge (`gpu_time_us`) is
 //! printed beside them by the per-VM table.
 
-use crate::driver::{evaluate_full, simulate, topology, EvalError, RunOutput};
+use crate::driver::{evaluate_full, simulate, topology, EvalError, RunOutput, VmRun};
 use crate::report::PolicyReport;
 use crate::scenario::{Scenario, BUILTIN};
 use mdev::topology::GpuTopology;
@@ -193,7 +193,9 @@ pub fn jain_at_least(r: &PolicyReport, min: f64) -> Figure {
 
 /// Lost / duplicated effects and queue errors all zero.
 pub fn exactly_once(run: &RunOutput) -> bool {
-    run.lost_effects == 0 && run.duplicate_effects == 0 && run.queue_errors == 0
+    // A hung tenant's preemption-timeout resets are asked for (issue 11);
+    // `corunners_exact` checks that nothing else was reset.
+    run.lost_effects == 0 && run.duplicate_effects == 0 && run.queue_errors == run.preempt_timeouts
 }
 
 /// Which promises to run and how.
@@ -404,6 +406,9 @@ pub fn check_all(opts: &CheckOptions) -> Result<Vec<Outcome>, EvalError> {
         }
         out.extend(outcomes);
     }
+    if wanted("hung") {
+        out.extend(hung_outcomes(&opts.seeds, opts.policy)?);
+    }
     if let Some(ms) = opts.exactly_once_ms.filter(|_| wanted("exactly-once")) {
         out.push(exactly_once_all(&opts.seeds, ms)?);
     }
@@ -448,6 +453,129 @@ pub fn exactly_once_all(seeds: &[u64], ms: u64) -> Result<Outcome, EvalError> {
         pass: bad.is_empty(),
         failures: Vec::new(),
     })
+}
+
+// ---- issue 11: hung tenants ---------------------------------------------
+
+/// The VMs of `run` named `name` or `name-i`.
+fn vms_named<'a>(run: &'a RunOutput, name: &'a str) -> impl Iterator<Item = &'a VmRun> + 'a {
+    run.vm_runs.iter().filter(move |v| {
+        v.name == name
+            || v.name
+                .strip_prefix(name)
+                .is_some_and(|s| s.starts_with('-'))
+    })
+}
+
+/// Every VM of tenant `hung` had its queue reset after a preemption
+/// timeout, within `[timeout_ns, timeout_ns + latest_ns]` of the start
+/// (`latest_ns`: when the scheduler must have asked for the preemption:
+/// the co-runner's first arrival plus a quantum, or aging for a higher
+/// priority hung VM).
+pub fn hung_reset(run: &RunOutput, hung: &str, timeout_ns: u64, latest_ns: u64) -> Figure {
+    let mut ok = true;
+    let mut at = Vec::new();
+    for v in vms_named(run, hung) {
+        match v.first_reset_ns {
+            Some(t) => {
+                at.push(format!("{:.1} ms", t as f64 / 1e6));
+                ok &= t >= timeout_ns && t <= timeout_ns.saturating_add(latest_ns);
+            }
+            None => {
+                at.push("no reset".into());
+                ok = false;
+            }
+        }
+    }
+    Figure::new(format!("reset at {}", at.join(", ")), ok && !at.is_empty())
+}
+
+/// Nothing but tenant `hung` lost, duplicated or stopped anything: no lost
+/// or duplicated effect, no queue error or reset on any other VM, and every
+/// other VM completed at least one job.
+pub fn corunners_exact(run: &RunOutput, hung: &str) -> Figure {
+    let others: Vec<&VmRun> = run
+        .vm_runs
+        .iter()
+        .filter(|v| !vms_named(run, hung).any(|h| h.name == v.name))
+        .collect();
+    let errs: u64 = others
+        .iter()
+        .map(|v| v.queue_errors + v.preempt_resets)
+        .sum();
+    let idle = others.iter().filter(|v| v.latency_ns.is_empty()).count();
+    let jobs: usize = others.iter().map(|v| v.latency_ns.len()).sum();
+    Figure::new(
+        format!(
+            "lost {} dup {} co-runner errors {errs}, {jobs} co-runner jobs",
+            run.lost_effects, run.duplicate_effects
+        ),
+        run.lost_effects == 0 && run.duplicate_effects == 0 && errs == 0 && idle == 0,
+    )
+}
+
+/// The built-in `hung` scenario with the hung tenant's timeout and
+/// priority varied (ms, priority): each run must reset the hung queue in
+/// its window and leave the co-runner exact.
+pub fn hung_outcomes(seeds: &[u64], policy: Policy) -> Result<Vec<Outcome>, EvalError> {
+    let base = Scenario::builtin("hung").expect("built-in scenarios parse");
+    let cfg = base.scheduler.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    for (timeout_ms, prio) in [(20u64, 8u8), (50, 8), (200, 8), (50, 4), (50, 12)] {
+        let mut sc = base.clone();
+        let h = sc
+            .tenants
+            .iter_mut()
+            .find(|t| t.name == "hung")
+            .expect("hung tenant");
+        h.preempt_timeout_ms = Some(timeout_ms);
+        h.priority = prio;
+        let rt_prio = sc
+            .tenants
+            .iter()
+            .find(|t| t.name == "rt")
+            .map_or(0, |t| t.priority);
+        // When the scheduler asks for the preemption at the latest: the
+        // co-runner's first job (1 ms) plus a quantum; aging first when
+        // the hung VM outranks it.
+        let mut latest = 2_000_000 + cfg.quantum_ns[usize::from(prio.min(15))];
+        if prio > rt_prio {
+            latest += cfg.aging_ns;
+        }
+        let timeout_ns = timeout_ms * 1_000_000;
+        let mut reset = Outcome {
+            name: format!(
+                "hung (timeout {timeout_ms} ms, priority {prio}): reset of the hung queue"
+            ),
+            measured: Vec::new(),
+            target: format!(
+                "error 22 within [{timeout_ms}, {:.0}] ms",
+                (timeout_ns + latest) as f64 / 1e6
+            ),
+            pass: true,
+            failures: Vec::new(),
+        };
+        let mut exact = Outcome {
+            name: format!("hung (timeout {timeout_ms} ms, priority {prio}): co-runner exact"),
+            measured: Vec::new(),
+            target: "0 lost, 0 dup, 0 co-runner errors, jobs completed".into(),
+            pass: true,
+            failures: Vec::new(),
+        };
+        for &seed in seeds {
+            let run = simulate(&sc, policy, seed)?;
+            for (o, f) in [
+                (&mut reset, hung_reset(&run, "hung", timeout_ns, latest)),
+                (&mut exact, corunners_exact(&run, "hung")),
+            ] {
+                o.measured.push(f.measured);
+                o.pass &= f.pass;
+            }
+        }
+        out.push(reset);
+        out.push(exact);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -544,5 +672,44 @@ mod tests {
         };
         assert!(!cwsr_fraction(&r, 1000, 0.1).pass);
         assert!(cwsr_fraction(&r, 2000, 0.1).pass);
+    }
+}
+
+#[cfg(test)]
+mod hung_tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_tenant_is_reset_after_its_timeout_and_the_corunner_stays_exact() {
+        let outs = hung_outcomes(&[1, 2], Policy::Hqdmux).unwrap();
+        assert_eq!(outs.len(), 10);
+        for o in &outs {
+            assert!(o.pass, "{}: {:?} (target {})", o.name, o.measured, o.target);
+        }
+    }
+
+    #[test]
+    fn the_reset_follows_the_timeout_and_without_a_hang_nothing_is_reset() {
+        let base = Scenario::builtin("hung").unwrap();
+        let reset_at = |ms: u64, hang: bool| {
+            let mut sc = base.clone();
+            let h = sc.tenants.iter_mut().find(|t| t.name == "hung").unwrap();
+            h.preempt_timeout_ms = Some(ms);
+            h.kernels[0].no_save_point = hang;
+            let run = simulate(&sc, Policy::Hqdmux, 1).unwrap();
+            let v = run.vm_runs.iter().find(|v| v.name == "hung").unwrap();
+            (v.first_reset_ns, run)
+        };
+        let (a, _) = reset_at(20, true);
+        let (b, _) = reset_at(200, true);
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(b - a, 180_000_000, "the reset moves with the timeout");
+        // The same long kernel with a save point is preempted and saved,
+        // never reset: the scheduler time-slices it with the co-runner.
+        let (none, run) = reset_at(20, false);
+        assert_eq!(none, None);
+        assert_eq!(run.preempt_timeouts, 0);
+        assert!(corunners_exact(&run, "hung").pass);
+        assert!(exactly_once(&run));
     }
 }

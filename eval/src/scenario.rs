@@ -130,6 +130,10 @@ pub struct Tenant {
     /// The kernels of one job, in order.
     #[serde(rename = "kernel", default)]
     pub kernels: Vec<KernelSpec>,
+    /// The VM's preemption timeout (ms; `[[vm]] preempt_timeout_ms` of the
+    /// fleet config): a dequeue of its queue that has not finished this long
+    /// after the request resets the queue (error 22). Default 9000.
+    pub preempt_timeout_ms: Option<u64>,
 }
 
 fn one() -> u32 {
@@ -288,6 +292,12 @@ pub struct KernelSpec {
     /// How many times this kernel repeats in the job.
     #[serde(default = "one")]
     pub repeat: u32,
+    /// The kernel has no CWSR save point (`abi::kernel::flags::NO_SAVE_POINT`):
+    /// a save waits for its in-flight workgroups. With a long `wg_cost_us`
+    /// this is a **hung** tenant: its preemption times out and the queue
+    /// is reset (docs/scenarios.md).
+    #[serde(default)]
+    pub no_save_point: bool,
 }
 
 /// Scenario errors, naming the file (or built-in), the place, the field
@@ -366,6 +376,8 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("rt5k", include_str!("../scenarios/rt5k.toml")),
     ("rt200", include_str!("../scenarios/rt200.toml")),
     ("aging", include_str!("../scenarios/aging.toml")),
+    // Issue 11: a hung (non-preemptible) tenant is reset after its timeout.
+    ("hung", include_str!("../scenarios/hung.toml")),
 ];
 
 /// Most kernels in one job (each queue's ring holds this many packets).
@@ -536,6 +548,15 @@ impl Scenario {
                     "kernel.repeat",
                     format!("a job of {packets} kernels exceeds {MAX_JOB_KERNELS} (the ring size)"),
                 ));
+            }
+            if let Some(ms) = t.preempt_timeout_ms {
+                let r = mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE;
+                if !r.contains(&ms) {
+                    return Err(bad(
+                        "preempt_timeout_ms",
+                        format!("{ms} is out of range {}..={}", r.start(), r.end()),
+                    ));
+                }
             }
             for k in &t.kernels {
                 if k.workgroups == 0 || k.workgroups > MAX_WORKGROUPS {

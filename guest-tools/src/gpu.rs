@@ -810,6 +810,17 @@ impl Queue {
         mmio_read(self.regs + reg::CP_HQD_ERROR as u64)
     }
 
+    /// Writes `CP_HQD_DEQUEUE_REQUEST` = `mode` (`abi::vgpu::dequeue`)
+    /// without waiting; [`Queue::active`] reads false once it finished.
+    pub fn request_dequeue(&self, mode: u32) {
+        mmio_write(self.regs + reg::CP_HQD_DEQUEUE_REQUEST as u64, mode);
+    }
+
+    /// `CP_HQD_ACTIVE`: loaded, or its dequeue not finished.
+    pub fn active(&self) -> bool {
+        mmio_read(self.regs + reg::CP_HQD_ACTIVE as u64) & 1 == 1
+    }
+
     /// `CP_HQD_STATE`.
     pub fn state(&self) -> u32 {
         mmio_read(self.regs + reg::CP_HQD_STATE as u64)

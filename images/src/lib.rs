@@ -91,8 +91,16 @@ const INFO: &[(&str, ImageInfo)] = &[
                     "hostile-input tests: ring (queue 0's ring outside RAM), kernarg (a \
                      dispatch whose kernarg is outside RAM), wptr (write index past the \
                      ring), signal (a completion signal whose address wraps), mailbox \
-                     (a signal whose event mailbox address wraps); the other queues run and \
-                     are verified too",
+                     (a signal whose event mailbox address wraps), hang (queue 0 also gets a \
+                     kernel without a CWSR save point and 1-hour workgroups, then a SAVE \
+                     dequeue: the host resets it after the VM's preempt_timeout_ms, error 22, \
+                     `gpu: error interrupt`); the other queues run and are verified too",
+                ),
+                (
+                    "die=HOW",
+                    "die with GPU work in flight, after ringing the doorbells: triple (triple \
+                     fault), exit (exit status 5 without unloading the queues), hang (spin \
+                     until the host stops the VM)",
                 ),
                 (
                     "flood=F",
@@ -101,7 +109,8 @@ const INFO: &[(&str, ImageInfo)] = &[
                 ),
             ],
             exit: "0 ok; 1 wrong counters (or a bad= mode caused no queue error); 2 queue \
-                   error or failed wait; 3 no vGPU; 4 bad arguments or not enough guest RAM",
+                   error or failed wait; 3 no vGPU; 4 bad arguments or not enough guest RAM; \
+                   5 die=exit",
         },
     ),
     (

@@ -24,6 +24,7 @@
 
 use crate::backend::{GpuEvent, PhysGpu, QueueErrorReason};
 use crate::binding::{Binding, Notice};
+use crate::guard::{GuardConfig, GuardConfigError, GuardEvent, GuardStatus, VmGuard};
 use crate::mem::DmaMemory;
 use crate::topology::{GpuTopology, TopologyError};
 use crate::vgpu::{InterruptSink, RequestSink, VgpuFrontEnd, VgpuHandle, VgpuRequest};
@@ -75,7 +76,22 @@ pub enum ArbiterError {
     /// The arbiter was shut down.
     #[error("arbiter is shut down")]
     Stopped,
+    /// A preemption timeout outside [`PREEMPT_TIMEOUT_MS_RANGE`].
+    #[error(
+        "preemption timeout {0:?} is out of range {lo}..={hi} ms",
+        lo = PREEMPT_TIMEOUT_MS_RANGE.start(),
+        hi = PREEMPT_TIMEOUT_MS_RANGE.end()
+    )]
+    PreemptTimeout(Duration),
+    /// Invalid guard limits.
+    #[error("{0}")]
+    Guard(#[from] GuardConfigError),
 }
+
+/// Default per-VM preemption timeout (ms), as KFD's `queue_preemption_timeout_ms`.
+pub const DEFAULT_PREEMPT_TIMEOUT_MS: u64 = 9000;
+/// Accepted per-VM preemption timeouts (ms): 1 ms to 1 hour.
+pub const PREEMPT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=3_600_000;
 
 /// Counters of an arbiter.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,6 +106,10 @@ pub struct ArbiterStats {
     pub stale_doorbells: u64,
     /// VMs quarantined after a host bug while serving them.
     pub quarantined_vms: u64,
+    /// Quarantines by the misbehaving-VM guard (since start).
+    pub guard_quarantines: u64,
+    /// Queues reset after a preemption timeout.
+    pub preempt_timeouts: u64,
 }
 
 /// What a [`DoorbellObserver`] is told after each doorbell the service thread handled.
@@ -128,6 +148,8 @@ struct VmSlot {
     mqd_addr: [u64; NUM_VHQD],
     wptr_poll: [u64; NUM_VHQD],
     removed: bool,
+    /// Misbehaving-VM guard (issue 11).
+    guard: VmGuard,
     /// A host bug while serving it took its vGPU away.
     quarantined: bool,
 }
@@ -189,6 +211,7 @@ struct Core {
     quarantined: u64,
     observer: Option<DoorbellObserver>,
     stopping: bool,
+    guard_quarantines: u64,
     /// Front-end calls in order, made by the service thread only.
     calls: Vec<Pending>,
     /// The service thread is making calls taken from `calls`.
@@ -266,6 +289,7 @@ impl GpuArbiter {
                 quarantined: 0,
                 observer: None,
                 stopping: false,
+                guard_quarantines: 0,
                 calls: Vec::new(),
                 calls_in_flight: false,
                 notices: Vec::new(),
@@ -313,6 +337,8 @@ impl GpuArbiter {
             maps: s.maps,
             stale_doorbells: s.stale_doorbells,
             quarantined_vms: c.quarantined,
+            guard_quarantines: c.guard_quarantines,
+            preempt_timeouts: c.bind.stats().preempt_timeouts,
         }
     }
 
@@ -359,6 +385,7 @@ impl GpuArbiter {
             mqd_addr: [0; NUM_VHQD],
             wptr_poll: [0; NUM_VHQD],
             removed: false,
+            guard: VmGuard::new(self.topo.guard),
             quarantined: false,
         });
         Ok((h, fe))
@@ -586,7 +613,10 @@ impl GpuArbiter {
                             core.bind.queue_error(core.gpu.as_mut(), now, q, &mut out)
                         }));
                         match r {
-                            Ok(()) => self.deliver(core, out),
+                            Ok(()) => {
+                                self.guard_note(core, vm, GuardEvent::QueueError, 1);
+                                self.deliver(core, out)
+                            }
                             Err(_) => self.quarantine(core, vm),
                         }
                     }
@@ -645,12 +675,7 @@ impl GpuArbiter {
         }
         let mut out = Vec::new();
         for ev in buf.drain(..) {
-            let tag = match &ev {
-                GpuEvent::PacketCompleted { tag, .. }
-                | GpuEvent::QueueIdle { tag, .. }
-                | GpuEvent::Unmapped { tag, .. }
-                | GpuEvent::QueueError { tag, .. } => QueueId(*tag),
-            };
+            let tag = QueueId(ev.tag());
             let r = catch_unwind(AssertUnwindSafe(|| {
                 c.bind.gpu_event(c.gpu.as_mut(), now, ev, &mut out)
             }));
@@ -751,6 +776,10 @@ impl GpuArbiter {
                 if vhqd >= NUM_VHQD || c.vms[v].queue[vhqd].is_some() {
                     return;
                 }
+                if c.vms[v].guard.quarantined() {
+                    Self::push_call(c, vm, vhqd, FeCall::LoadRefused(error::QUARANTINED));
+                    return;
+                }
                 let q = QueueId(c.next_qid);
                 c.next_qid += 1;
                 let prio = mqd.queue_priority().min(15) as u8;
@@ -825,7 +854,12 @@ impl GpuArbiter {
         match Self::read_wptr(c, v, vhqd, q) {
             Some(wptr) => {
                 let before = c.bind.scheduler().stats().preemptions;
+                let stale_before = c.bind.scheduler().stats().stale_doorbells;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
+                let stale = c.bind.scheduler().stats().stale_doorbells - stale_before;
+                if stale > 0 {
+                    self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale);
+                }
                 if let Some(obs) = &c.observer {
                     obs(crate::arbiter::DoorbellSeen {
                         vm: VgpuHandle(vm),
@@ -846,6 +880,7 @@ impl GpuArbiter {
                 };
                 Self::push_call(c, vm, vhqd, FeCall::Error(reason));
                 c.bind.queue_error(c.gpu.as_mut(), now, q, &mut out);
+                self.guard_note(c, vm, GuardEvent::QueueError, 1);
             }
         }
         self.deliver_from(c, &mut out);
@@ -860,6 +895,8 @@ impl GpuArbiter {
 
     /// [`Self::deliver`] draining `out` (its allocation is kept).
     fn deliver_from(&self, c: &mut Core, out: &mut Vec<Notice<Owner>>) {
+        // Guard events seen (no allocation unless a queue erred).
+        let mut guard: Vec<(u32, GuardEvent)> = Vec::new();
         for n in out.drain(..) {
             let (q, (vm, vhqd)) = match &n {
                 Notice::ArmTimer { at } => {
@@ -901,7 +938,14 @@ impl GpuArbiter {
                     dispatch_id,
                     signal,
                 },
-                Notice::QueueError { reason, .. } => FeCall::Error(reason),
+                Notice::QueueError { reason, .. } => {
+                    let what = match reason {
+                        QueueErrorReason::PreemptionTimeout { .. } => GuardEvent::Reset,
+                        _ => GuardEvent::QueueError,
+                    };
+                    guard.push((vm, what));
+                    FeCall::Error(reason)
+                }
                 Notice::MapRefused { error: e, .. } => {
                     log::warn!("vm {vm}: vHQD {i}: map refused: {e}");
                     continue;
@@ -921,7 +965,106 @@ impl GpuArbiter {
             Self::push_call(c, vm, i, call);
             Self::release_if_gone(c, v);
         }
+        for (vm, what) in guard {
+            self.guard_note(c, vm, what, 1);
+        }
         self.cv.notify_all();
+    }
+
+    // ---- preemption timeout (issue 11) -----------------------------------
+
+    /// Sets VM `vm`'s preemption timeout live: a dequeue of one of its
+    /// queues (scheduler preemption or the guest's own) that has not
+    /// finished this long after the request resets that queue only; it
+    /// reads `CP_HQD_ERROR` = [`error::PREEMPTION_TIMEOUT`]. Applies to
+    /// dequeues requested from now on. Range: [`PREEMPT_TIMEOUT_MS_RANGE`].
+    pub fn set_preempt_timeout(
+        &self,
+        vm: VgpuHandle,
+        timeout: Duration,
+    ) -> Result<(), ArbiterError> {
+        let ms = timeout.as_millis();
+        if ms < u128::from(*PREEMPT_TIMEOUT_MS_RANGE.start())
+            || ms > u128::from(*PREEMPT_TIMEOUT_MS_RANGE.end())
+        {
+            return Err(ArbiterError::PreemptTimeout(timeout));
+        }
+        let mut c = lock(&self.core);
+        if c.vms.get(vm.0 as usize).is_none_or(|e| e.removed) {
+            return Err(SchedError::NoVm(VmId(vm.0)).into());
+        }
+        let ns = timeout.as_nanos().min(u128::from(u64::MAX)) as Nanos;
+        c.bind.set_preempt_timeout(VmId(vm.0), ns)?;
+        Ok(())
+    }
+
+    /// VM `vm`'s preemption timeout (`None` once removed or unknown).
+    pub fn preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
+        let c = lock(&self.core);
+        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.bind.preempt_timeout(VmId(vm.0)).map(Duration::from_nanos)
+    }
+
+    // ---- misbehaving-VM guard (issue 11) ---------------------------------
+
+    /// Counts a guard event of VM `vm`; past a limit, quarantines it (one
+    /// log line; its loads are refused from now on).
+    fn guard_note(&self, c: &mut Core, vm: u32, what: GuardEvent, n: u64) {
+        let now = self.now();
+        let Some(s) = c.vms.get_mut(vm as usize) else {
+            return;
+        };
+        if let Some(t) = s.guard.record(now, what, n) {
+            log::warn!(
+                "vm {}: vGPU quarantined by the misbehaving-VM guard: {t}; new queue loads \
+                 are refused (error {}) until the operator clears it",
+                s.fe.as_ref().map_or("?", |f| f.name()),
+                error::QUARANTINED
+            );
+            c.guard_quarantines += 1;
+        }
+    }
+
+    /// VM `vm`'s guard: limits, counts in the window, and whether (why,
+    /// when) it is quarantined. `None` once removed or unknown.
+    pub fn guard_status(&self, vm: VgpuHandle) -> Option<GuardStatus> {
+        let now = self.now();
+        let mut c = lock(&self.core);
+        let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
+        Some(s.guard.status(now))
+    }
+
+    /// Lifts VM `vm`'s guard quarantine (loads are accepted again) and
+    /// forgets its counts in the window. Returns whether it was quarantined.
+    pub fn clear_quarantine(&self, vm: VgpuHandle) -> Result<bool, ArbiterError> {
+        let mut c = lock(&self.core);
+        let s = c
+            .vms
+            .get_mut(vm.0 as usize)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let was = s.guard.clear();
+        if was {
+            log::info!(
+                "vm {}: guard quarantine cleared by the operator",
+                s.fe.as_ref().map_or("?", |f| f.name())
+            );
+        }
+        Ok(was)
+    }
+
+    /// Replaces VM `vm`'s guard limits (validated); counts restart, a
+    /// quarantine stays until cleared.
+    pub fn set_guard(&self, vm: VgpuHandle, limits: GuardConfig) -> Result<(), ArbiterError> {
+        limits.validate()?;
+        let mut c = lock(&self.core);
+        let s = c
+            .vms
+            .get_mut(vm.0 as usize)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        s.guard.set_limits(limits);
+        Ok(())
     }
 }
 

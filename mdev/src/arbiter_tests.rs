@@ -436,3 +436,154 @@ fn the_arbiter_lock_is_never_held_while_a_front_end_waits_on_a_vm_lock() {
     a.remove_vm(h);
     a.shutdown();
 }
+
+#[test]
+fn preempt_timeout_defaults_to_kfd_and_is_set_live_within_range() {
+    let a = arbiter();
+    let g = guest(&a, "t", 0, false);
+    assert_eq!(
+        a.preempt_timeout(g.h),
+        Some(Duration::from_millis(DEFAULT_PREEMPT_TIMEOUT_MS))
+    );
+    a.set_preempt_timeout(g.h, Duration::from_millis(40))
+        .unwrap();
+    assert_eq!(a.preempt_timeout(g.h), Some(Duration::from_millis(40)));
+    assert!(matches!(
+        a.set_preempt_timeout(g.h, Duration::ZERO),
+        Err(ArbiterError::PreemptTimeout(_))
+    ));
+    assert!(matches!(
+        a.set_preempt_timeout(g.h, Duration::from_secs(3601)),
+        Err(ArbiterError::PreemptTimeout(_))
+    ));
+    assert_eq!(a.preempt_timeout(g.h), Some(Duration::from_millis(40)));
+    a.remove_vm(g.h);
+    assert_eq!(a.preempt_timeout(g.h), None);
+    assert!(a
+        .set_preempt_timeout(g.h, Duration::from_millis(5))
+        .is_err());
+    a.shutdown();
+}
+
+#[test]
+fn a_hung_queue_is_reset_after_its_timeout_with_error_22_and_the_good_vm_completes() {
+    let a = arbiter();
+    let mut hung = guest(&a, "hung", 2, false);
+    let mut good = guest(&a, "good", 12, false);
+    a.set_preempt_timeout(hung.h, Duration::from_millis(20))
+        .unwrap();
+    let addr = mqd_addr(&hung.q);
+    hung.load(0, addr);
+    hung.tvm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+    let hs = hung.kernel(4, 60_000_000_000, 1);
+    hung.ring(0);
+    hung.wait_until("hung on an HQD", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_STATE)) == abi::vgpu::hqd_state::ON_HQD
+    });
+    let addr = mqd_addr(&good.q);
+    good.load(0, addr);
+    let mut last = 0;
+    for k in 0..4 {
+        last = good.kernel(16, 20_000, k);
+    }
+    good.ring(0);
+    good.wait_until("good kernels", |g| g.signal(last) <= 0);
+    good.tvm.verify(&good.q).unwrap();
+    assert_eq!(good.fe.reg_read(hr(0, reg::CP_HQD_ERROR)), 0);
+    hung.wait_until("error 22", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)) == abi::vgpu::error::PREEMPTION_TIMEOUT
+    });
+    assert_eq!(hung.irqs.count(ERROR_VECTOR as u16), 1);
+    assert_eq!(hung.signal(hs), 1, "the hung kernel never completed");
+    assert_eq!(good.irqs.count(ERROR_VECTOR as u16), 0);
+    assert_eq!(a.stats().preempt_timeouts, 1);
+    let st = a.guard_status(hung.h).unwrap();
+    assert_eq!((st.resets, st.totals[0]), (1, 1));
+    assert!(st.quarantined.is_none());
+    // The stopped queue unloads normally.
+    hung.fe
+        .reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::DRAIN);
+    hung.wait_until("unloaded", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0
+    });
+    a.remove_vm(hung.h);
+    a.remove_vm(good.h);
+    a.shutdown();
+}
+
+#[test]
+fn a_doorbell_storm_past_the_guard_limit_quarantines_until_cleared() {
+    let a = arbiter();
+    let mut g = guest(&a, "storm", 5, false);
+    let other = guest(&a, "other", 5, false);
+    a.set_guard(
+        g.h,
+        crate::guard::GuardConfig {
+            max_stale_doorbells: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(a
+        .set_guard(
+            g.h,
+            crate::guard::GuardConfig {
+                window_ms: 0,
+                ..Default::default()
+            }
+        )
+        .is_err());
+    let addr = mqd_addr(&g.q);
+    g.load(0, addr);
+    g.ring(0); // first doorbell: the write index is news
+               // Doorbells coalesce in the eventfd (and one rung while the arbiter
+               // handles the last is folded into it): ring until each is counted.
+    let mut seen = 0;
+    while a.guard_status(g.h).unwrap().quarantined.is_none() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while a.guard_status(g.h).unwrap().totals[2] == seen {
+            assert!(Instant::now() < deadline, "doorbell not served");
+            g.ring(0);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        seen = a.guard_status(g.h).unwrap().totals[2];
+    }
+    let st = a.guard_status(g.h).unwrap();
+    let t = st.quarantined.unwrap();
+    assert_eq!(
+        (t.what, t.count, t.limit),
+        (GuardEvent::StaleDoorbell, 3, 2)
+    );
+    assert_eq!(a.stats().guard_quarantines, 1);
+    assert!(a.guard_status(other.h).unwrap().quarantined.is_none());
+    // The loaded queue unloads; a new load is refused with error 23.
+    g.fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::DRAIN);
+    g.wait_until("unloaded", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0
+    });
+    g.load(0, addr);
+    g.wait_until("refused", |g| g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0);
+    assert_eq!(
+        g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)),
+        abi::vgpu::error::QUARANTINED
+    );
+    assert_eq!(g.irqs.count(ERROR_VECTOR as u16), 1);
+    // The other VM still loads.
+    let oaddr = mqd_addr(&other.q);
+    other.load(0, oaddr);
+    assert_eq!(other.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)), 1);
+    // The operator clears it: loads work again.
+    assert!(a.clear_quarantine(g.h).unwrap());
+    assert!(!a.clear_quarantine(g.h).unwrap());
+    g.fe.reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::DRAIN);
+    g.load(0, addr);
+    assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)), 0);
+    let s = g.kernel(4, 10_000, 9);
+    g.ring(0);
+    g.wait_until("kernel after clear", |g| g.signal(s) <= 0);
+    g.tvm.verify(&g.q).unwrap();
+    assert_eq!(g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)), 1);
+    a.remove_vm(g.h);
+    a.remove_vm(other.h);
+    a.shutdown();
+}

@@ -19,6 +19,8 @@
 //! * [`arbiter`]: [`arbiter::GpuArbiter`], one per fleet: the binding, the
 //!   backend (`Box<dyn PhysGpu + Send>`) and the epoll service thread.
 //! * [`ratelimit`]: per-VM limiter of guest-triggered log lines.
+//! * [`guard`]: the misbehaving-VM guard (per-VM rate windows of resets,
+//!   queue errors and stale doorbells; quarantine).
 //!
 //! See `docs/gpu-model.md` for what the model covers.
 #![deny(missing_docs)]
@@ -27,6 +29,7 @@ pub mod admission;
 pub mod arbiter;
 pub mod backend;
 pub mod binding;
+pub mod guard;
 pub mod mem;
 pub mod probe;
 pub mod ratelimit;

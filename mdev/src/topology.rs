@@ -129,6 +129,8 @@ pub struct GpuTopology {
     pub cwsr: CwsrModel,
     /// Simulator knobs.
     pub sim: SimParams,
+    /// Misbehaving-VM guard defaults (`[gpu.guard]`; per VM: `[[vm]] guard`).
+    pub guard: crate::guard::GuardConfig,
 }
 
 impl Default for GpuTopology {
@@ -144,6 +146,7 @@ impl Default for GpuTopology {
             ses_per_xcc: 4,
             cwsr: CwsrModel::default(),
             sim: SimParams::default(),
+            guard: crate::guard::GuardConfig::default(),
         }
     }
 }

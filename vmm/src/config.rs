@@ -18,6 +18,7 @@
 //! weight = 1
 //! partition = 0            # optional: pin to a GPU partition
 //! args = "exit=0"
+//! preempt_timeout_ms = 9000 # optional: reset a queue whose dequeue takes longer
 //! ```
 //!
 //! Every error names the file, the section or VM (name and index), the field
@@ -132,10 +133,17 @@ pub struct VmConfig {
     pub args: String,
     /// Give the VM a mediated virtual GPU (docs/vgpu-abi.md).
     pub gpu: bool,
+    /// Preemption timeout (ms): a dequeue of one of the VM's queues that
+    /// has not finished this long after the request resets that queue
+    /// (error 22). Default 9000 as KFD's `queue_preemption_timeout_ms`;
+    /// range `mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE`.
+    pub preempt_timeout_ms: u64,
+    /// Per-VM override of `[gpu.guard]` limits (`guard = { max_resets = 5 }`).
+    pub guard: mdev::guard::GuardOverride,
 }
 
 /// The keys of a `[[vm]]` entry.
-const VM_FIELDS: [&str; 9] = [
+const VM_FIELDS: [&str; 11] = [
     "name",
     "image",
     "memory_mib",
@@ -145,6 +153,8 @@ const VM_FIELDS: [&str; 9] = [
     "partition",
     "args",
     "gpu",
+    "preempt_timeout_ms",
+    "guard",
 ];
 
 /// A `[[vm]]` entry's field error before the entry is known to be valid.
@@ -235,6 +245,30 @@ impl VmConfig {
             partition: int("partition", 0, u32::MAX as i64)?.map(|p| p as u32),
             args: string("args")?.unwrap_or_default(),
             gpu,
+            preempt_timeout_ms: int(
+                "preempt_timeout_ms",
+                *mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE.start() as i64,
+                *mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE.end() as i64,
+            )?
+            .unwrap_or(mdev::arbiter::DEFAULT_PREEMPT_TIMEOUT_MS as i64)
+                as u64,
+            guard: match t.get("guard") {
+                None => Default::default(),
+                Some(v @ toml::Value::Table(_)) => {
+                    v.clone()
+                        .try_into()
+                        .map_err(|e: toml::de::Error| FieldError {
+                            field: "guard".into(),
+                            reason: one_line(e.message()),
+                        })?
+                }
+                Some(v) => {
+                    return Err(FieldError {
+                        field: "guard".into(),
+                        reason: format!("expected a table, found {}", type_name(v)),
+                    })
+                }
+            },
         })
     }
 }
@@ -394,6 +428,14 @@ impl FleetConfig {
                 reason,
             });
         }
+        if let Err(e) = self.gpu.guard.validate() {
+            return Err(ConfigError::Invalid {
+                file: file.to_owned(),
+                place: Place::Gpu,
+                field: format!("guard.{}", e.field),
+                reason: e.reason,
+            });
+        }
         match self.scheduler.validate() {
             Ok(()) => {}
             Err(scheduler::SchedError::Config { field, reason }) => {
@@ -466,6 +508,9 @@ impl FleetConfig {
                         ),
                     ));
                 }
+            }
+            if let Err(e) = self.gpu.guard.with(&vm.guard).validate() {
+                return Err(bad(&format!("guard.{}", e.field), e.reason));
             }
             if let Some(p) = vm.partition {
                 if p >= partitions {
@@ -885,6 +930,54 @@ mod tests {
             ImageSource::Builtin("hello".into())
         );
         assert_eq!(cfg.base_dir, Path::new("/cfg"));
+        assert_eq!(vm.preempt_timeout_ms, 9000);
+    }
+
+    #[test]
+    fn guard_defaults_come_from_gpu_guard_and_a_vm_overrides_fields() {
+        let cfg = parse(&format!(
+            "[gpu.guard]\nmax_resets = 5\nwindow_ms = 1000\n{GOOD}guard = {{ max_resets = 1 }}\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.gpu.guard.max_resets, 5);
+        let eff = cfg.gpu.guard.with(&cfg.vm[0].guard);
+        assert_eq!((eff.max_resets, eff.window_ms), (1, 1000));
+        let e = err(&format!("[gpu.guard]\nwindow_ms = 0\n{GOOD}"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: gpu: field `guard.window_ms`: 0 is out of range 1..=86400000 (ms)"
+        );
+        let e = err(&format!("{GOOD}guard = {{ window_ms = 0 }}\n"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `guard.window_ms`: 0 is out of range 1..=86400000 (ms)"
+        );
+        let e = err(&format!("{GOOD}guard = {{ max_reset = 1 }}\n"));
+        assert!(
+            e.contains("vm 'a' (vm[0]): field `guard`: unknown field `max_reset`"),
+            "{e}"
+        );
+        let e = err(&format!("{GOOD}guard = 3\n"));
+        assert!(
+            e.ends_with("field `guard`: expected a table, found an integer"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn preempt_timeout_is_read_and_range_checked_naming_the_vm() {
+        let cfg = parse(&format!("{GOOD}preempt_timeout_ms = 250\n")).unwrap();
+        assert_eq!(cfg.vm[0].preempt_timeout_ms, 250);
+        let e = err(&format!("{GOOD}preempt_timeout_ms = 0\n"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `preempt_timeout_ms`: 0 is out of range 1..=3600000"
+        );
+        let e = err(&format!("{GOOD}preempt_timeout_ms = \"9s\"\n"));
+        assert!(
+            e.ends_with("field `preempt_timeout_ms`: expected an integer, found a string"),
+            "{e}"
+        );
     }
 
     fn err(text: &str) -> String {

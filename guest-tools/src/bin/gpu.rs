@@ -17,7 +17,18 @@
 //! 0xFFFF_FFFF_FFFF_FFC0, so signal + 8 and + 16 wrap) and `bad=mailbox`
 //! (queue 0 also gets a dispatch whose signal's `event_mailbox_ptr` is
 //! 0xFFFF_FFFF_FFFF_FFFC: the 4-byte mailbox write would wrap).
+//! `bad=hang` (issue 11): queue 0 also gets, after its mark kernels, a
+//! kernel without a CWSR save point (`abi::kernel::flags::NO_SAVE_POINT`)
+//! whose workgroups take an hour; after the mark kernels of every queue
+//! completed (and were verified) the guest asks for a SAVE dequeue of queue
+//! 0, which cannot finish: the host resets the queue after the VM's
+//! `preempt_timeout_ms`, `CP_HQD_ERROR` reads 22 and the error vector
+//! arrives (the line `gpu: error interrupt` is printed when it does).
 //! In `bad=` modes the other queues run normally and are verified too.
+//! `die=triple|exit|hang` (issue 11): after ringing the doorbells (checkpoint
+//! 2) the guest dies with its GPU work in flight: a triple fault, an exit
+//! with status 5 without unloading its queues, or a spin until the host
+//! stops it.
 //! `flood=F` first writes F times to a doorbell that does not exist (BAR2 +
 //! 0x800) and F times to a BAR0 offset with no register (0x1800), then runs
 //! as usual (the host logs a few lines and counts the rest).
@@ -60,7 +71,21 @@ enum Bad {
     Wptr,
     Signal,
     Mailbox,
+    Hang,
 }
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Die {
+    No,
+    Triple,
+    Exit,
+    Spin,
+}
+
+/// Exit status of `die=exit`.
+const EXIT_DIED: u32 = 5;
+/// Workgroup cost of the `bad=hang` kernel: one hour.
+const HANG_WG_NS: u64 = 3_600_000_000_000;
 
 /// A completion signal address whose fields wrap the address space.
 const WRAPPING_SIGNAL: u64 = 0xFFFF_FFFF_FFFF_FFC0;
@@ -77,6 +102,7 @@ struct Args {
     verbose: bool,
     bad: Bad,
     flood: u32,
+    die: Die,
 }
 
 /// `key=value` as an integer in `[min, max]`, `default` if absent.
@@ -105,7 +131,15 @@ impl Args {
             Some("wptr") => Bad::Wptr,
             Some("signal") => Bad::Signal,
             Some("mailbox") => Bad::Mailbox,
+            Some("hang") => Bad::Hang,
             Some(_) => return Err("bad"),
+        };
+        let die = match boot.arg("die") {
+            None => Die::No,
+            Some("triple") => Die::Triple,
+            Some("exit") => Die::Exit,
+            Some("hang") => Die::Spin,
+            Some(_) => return Err("die"),
         };
         Ok(Args {
             queues: num(boot, "queues", 1, 1, MAX_VHQD as u64)? as u32,
@@ -117,6 +151,7 @@ impl Args {
             verbose: num(boot, "verbose", 0, 0, 1)? == 1,
             bad,
             flood: num(boot, "flood", 0, 0, 1 << 24)? as u32,
+            die,
         })
     }
 }
@@ -276,6 +311,11 @@ fn main(boot: &'static BootInfo) -> u32 {
             break;
         }
     }
+    if args.bad == Bad::Hang {
+        if let Some(q) = queues[0].as_mut() {
+            hang_end(q);
+        }
+    }
     // A late error (after the last signal) still counts.
     reap_errors(&mut queues[..nq], tally);
     destroy_all(&mut queues);
@@ -388,6 +428,24 @@ fn cycle(
             q.submit_one_d(kd, kernarg, MARK_WG_SIZE, w, signal, true)?;
             last[i] = good;
         }
+        if i == 0 && args.bad == Bad::Hang {
+            // After the mark kernels (barrier bit): a kernel whose waves
+            // never reach a save point, and take an hour each.
+            let hung = Vgpu::write_kernel_descriptor(
+                alloc,
+                &KernelDescriptor::new(KernelKind::Mark, HANG_WG_NS)
+                    .with_flags(abi::kernel::flags::NO_SAVE_POINT),
+            )?;
+            let signal = Vgpu::new_signal(alloc, 1)?;
+            let kernarg = alloc.alloc(64, 64)?;
+            let counters = alloc.alloc(4 * w as u64, 64)?;
+            // SAFETY: fresh RAM from the allocator (Kernarg::Mark layout).
+            unsafe {
+                core::ptr::write_volatile(kernarg as *mut u64, counters);
+                core::ptr::write_volatile((kernarg + 8) as *mut u32, w);
+            }
+            q.submit_one_d(hung, kernarg, MARK_WG_SIZE, w, signal, true)?;
+        }
         if i == 0 && args.bad == Bad::Wptr {
             // From the write index, not the read index: the host may
             // already have consumed published packets (so a read index read
@@ -401,6 +459,7 @@ fn cycle(
     for q in queues.iter().flatten() {
         q.ring();
     }
+    die(args.die);
 
     let mut unverified: u64 = 0; // bit i: queue i not verified
     for i in 0..nq {
@@ -418,6 +477,7 @@ fn cycle(
                     break;
                 }
                 WaitResult::QueueError => {
+                    println!("gpu: error interrupt");
                     if reap_errors(queues, tally) == 0 {
                         println!(
                             "gpu: queue {} wait: queue error reported, none of the live queues has one",
@@ -458,6 +518,46 @@ fn cycle(
         verified += 1;
     }
     Ok(verified)
+}
+
+/// `bad=hang`: asks for a SAVE dequeue of the hung queue and waits until
+/// the host ends it (by a reset after the preemption timeout), then for the
+/// error vector; prints `gpu: error interrupt` when it arrives.
+fn hang_end(q: &Queue) {
+    q.request_dequeue(abi::vgpu::dequeue::SAVE);
+    while q.active() {
+        rt::irq::halt();
+    }
+    let err = 1u64 << rt::gpu::ERROR_VECTOR;
+    while rt::irq::take(err) == 0 {
+        rt::irq::halt();
+    }
+    println!("gpu: error interrupt");
+}
+
+/// `die=`: ends the guest with its GPU work in flight.
+fn die(how: Die) {
+    match how {
+        Die::No => {}
+        Die::Triple => {
+            println!("gpu: dying (triple fault)");
+            let idt = [0u16; 5]; // limit 0, base 0: every vector faults
+                                 // SAFETY: deliberately faults; the VMM reports a triple fault.
+            unsafe {
+                core::arch::asm!("lidt [{0}]", "ud2", in(reg) idt.as_ptr(), options(noreturn));
+            }
+        }
+        Die::Exit => {
+            println!("gpu: dying (exit without unloading)");
+            io::exit(EXIT_DIED);
+        }
+        Die::Spin => {
+            println!("gpu: dying (spinning until stopped)");
+            loop {
+                core::hint::spin_loop();
+            }
+        }
+    }
 }
 
 rt::entry!(main);

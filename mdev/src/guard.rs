@@ -1,0 +1,417 @@
+//! The misbehaving-VM guard (issue 11; AMD's GIM has one, e.g. 3 resets in
+//! 60 s): per-VM counts of preemption-timeout resets, other queue errors and
+//! doorbells that did not move a write index (doorbell storms), each over a
+//! sliding window. A VM past one of its limits is quarantined: the arbiter
+//! refuses its new loads (`CP_HQD_ERROR` = `abi::vgpu::error::QUARANTINED`),
+//! logs one line and shows it in `GpuArbiter::guard_status`, until the
+//! operator calls `GpuArbiter::clear_quarantine`.
+//!
+//! Fleet defaults come from `[gpu.guard]`; a `[[vm]]` may override any
+//! field with a `guard = { ... }` table (docs/operators.md).
+
+use scheduler::Nanos;
+use serde::Deserialize;
+
+/// Buckets of a [`RateWindow`]: counts are exact to within 1/`BUCKETS` of
+/// the window (an event is forgotten between `window` and
+/// `window + window / BUCKETS` after it happened).
+pub const BUCKETS: usize = 16;
+
+/// Longest guard window (ms): one day.
+pub const MAX_WINDOW_MS: u64 = 24 * 3600 * 1000;
+
+/// Guard limits (`[gpu.guard]`). A limit of 0 disables that count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardConfig {
+    /// Sliding window (ms), 1..=[`MAX_WINDOW_MS`]. Default 60_000.
+    pub window_ms: u64,
+    /// Preemption-timeout resets tolerated per window (default 3, as GIM's
+    /// example); one more quarantines the VM.
+    pub max_resets: u32,
+    /// Other queue errors (bad packets, pointers, signals...) tolerated per
+    /// window (default 32).
+    pub max_queue_errors: u32,
+    /// Doorbells that did not move the write index tolerated per window
+    /// (default 1_000_000: a doorbell storm).
+    pub max_stale_doorbells: u32,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            window_ms: 60_000,
+            max_resets: 3,
+            max_queue_errors: 32,
+            max_stale_doorbells: 1_000_000,
+        }
+    }
+}
+
+/// A per-VM override of some [`GuardConfig`] fields (`[[vm]] guard = {...}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardOverride {
+    /// See [`GuardConfig::window_ms`].
+    pub window_ms: Option<u64>,
+    /// See [`GuardConfig::max_resets`].
+    pub max_resets: Option<u32>,
+    /// See [`GuardConfig::max_queue_errors`].
+    pub max_queue_errors: Option<u32>,
+    /// See [`GuardConfig::max_stale_doorbells`].
+    pub max_stale_doorbells: Option<u32>,
+}
+
+/// An invalid guard field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("guard.{field}: {reason}")]
+pub struct GuardConfigError {
+    /// Field name (`window_ms`...).
+    pub field: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
+impl GuardConfig {
+    /// Checks the window range.
+    pub fn validate(&self) -> Result<(), GuardConfigError> {
+        if !(1..=MAX_WINDOW_MS).contains(&self.window_ms) {
+            return Err(GuardConfigError {
+                field: "window_ms",
+                reason: format!(
+                    "{} is out of range 1..={MAX_WINDOW_MS} (ms)",
+                    self.window_ms
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// These limits with `o`'s fields replacing theirs.
+    pub fn with(mut self, o: &GuardOverride) -> Self {
+        if let Some(v) = o.window_ms {
+            self.window_ms = v;
+        }
+        if let Some(v) = o.max_resets {
+            self.max_resets = v;
+        }
+        if let Some(v) = o.max_queue_errors {
+            self.max_queue_errors = v;
+        }
+        if let Some(v) = o.max_stale_doorbells {
+            self.max_stale_doorbells = v;
+        }
+        self
+    }
+
+    fn window_ns(&self) -> Nanos {
+        self.window_ms.max(1).saturating_mul(1_000_000)
+    }
+}
+
+/// Events counted over a sliding window in [`BUCKETS`] buckets (constant
+/// memory whatever the rate).
+#[derive(Clone, Debug)]
+pub struct RateWindow {
+    bucket_ns: Nanos,
+    buckets: [u64; BUCKETS],
+    /// Index of the current bucket.
+    cur: usize,
+    /// Start of the current bucket.
+    start: Nanos,
+}
+
+impl RateWindow {
+    /// A window of `window_ns` (at least `BUCKETS` ns).
+    pub fn new(window_ns: Nanos) -> Self {
+        RateWindow {
+            bucket_ns: (window_ns / BUCKETS as u64).max(1),
+            buckets: [0; BUCKETS],
+            cur: 0,
+            start: 0,
+        }
+    }
+
+    fn roll(&mut self, now: Nanos) {
+        if now < self.start.saturating_add(self.bucket_ns) {
+            return;
+        }
+        let steps = (now - self.start) / self.bucket_ns;
+        if steps >= BUCKETS as u64 {
+            self.buckets = [0; BUCKETS];
+            self.cur = 0;
+        } else {
+            for _ in 0..steps {
+                self.cur = (self.cur + 1) % BUCKETS;
+                self.buckets[self.cur] = 0;
+            }
+        }
+        self.start = self
+            .start
+            .saturating_add(steps.saturating_mul(self.bucket_ns));
+    }
+
+    /// Counts `n` events at `now` (monotonic); returns the count in the window.
+    pub fn add(&mut self, now: Nanos, n: u64) -> u64 {
+        self.roll(now);
+        self.buckets[self.cur] = self.buckets[self.cur].saturating_add(n);
+        self.count(now)
+    }
+
+    /// Events in the window ending at `now` (bucket granularity).
+    pub fn count(&mut self, now: Nanos) -> u64 {
+        self.roll(now);
+        self.buckets.iter().fold(0u64, |a, b| a.saturating_add(*b))
+    }
+
+    /// Forgets every event.
+    pub fn clear(&mut self) {
+        self.buckets = [0; BUCKETS];
+    }
+}
+
+/// What the guard counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardEvent {
+    /// A queue reset after a preemption timeout.
+    Reset,
+    /// Any other queue error.
+    QueueError,
+    /// A doorbell that did not move the write index.
+    StaleDoorbell,
+}
+
+/// Why a VM was quarantined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trip {
+    /// The count that went past its limit.
+    pub what: GuardEvent,
+    /// Events of that kind in the window.
+    pub count: u64,
+    /// The limit.
+    pub limit: u32,
+    /// The window (ms).
+    pub window_ms: u64,
+    /// When (the arbiter's clock, ns).
+    pub at: Nanos,
+}
+
+impl std::fmt::Display for Trip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = match self.what {
+            GuardEvent::Reset => "preemption-timeout resets",
+            GuardEvent::QueueError => "queue errors",
+            GuardEvent::StaleDoorbell => "doorbells that did not move a write index",
+        };
+        write!(
+            f,
+            "{} {what} in {} ms (limit {})",
+            self.count, self.window_ms, self.limit
+        )
+    }
+}
+
+/// One VM's guard state.
+#[derive(Clone, Debug)]
+pub struct VmGuard {
+    cfg: GuardConfig,
+    resets: RateWindow,
+    errors: RateWindow,
+    stale: RateWindow,
+    quarantine: Option<Trip>,
+    totals: [u64; 3],
+}
+
+/// What [`VmGuard::status`] reports (and `GpuArbiter::guard_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuardStatus {
+    /// The limits in force.
+    pub limits: GuardConfig,
+    /// Why and when the VM was quarantined; `None` when it is not.
+    pub quarantined: Option<Trip>,
+    /// Preemption-timeout resets in the window.
+    pub resets: u64,
+    /// Other queue errors in the window.
+    pub queue_errors: u64,
+    /// Stale doorbells in the window.
+    pub stale_doorbells: u64,
+    /// Totals since the VM was added: resets, queue errors, stale doorbells.
+    pub totals: [u64; 3],
+}
+
+impl VmGuard {
+    /// A guard with limits `cfg` (validated by the caller).
+    pub fn new(cfg: GuardConfig) -> Self {
+        let w = cfg.window_ns();
+        VmGuard {
+            cfg,
+            resets: RateWindow::new(w),
+            errors: RateWindow::new(w),
+            stale: RateWindow::new(w),
+            quarantine: None,
+            totals: [0; 3],
+        }
+    }
+
+    /// Replaces the limits (counts restart: the window may have changed).
+    pub fn set_limits(&mut self, cfg: GuardConfig) {
+        let q = self.quarantine;
+        let totals = self.totals;
+        *self = VmGuard::new(cfg);
+        self.quarantine = q;
+        self.totals = totals;
+    }
+
+    /// Counts `n` events of kind `what` at `now`. Returns the trip when this
+    /// makes the VM quarantined (once; `None` while already quarantined).
+    pub fn record(&mut self, now: Nanos, what: GuardEvent, n: u64) -> Option<Trip> {
+        let (w, limit, i) = match what {
+            GuardEvent::Reset => (&mut self.resets, self.cfg.max_resets, 0),
+            GuardEvent::QueueError => (&mut self.errors, self.cfg.max_queue_errors, 1),
+            GuardEvent::StaleDoorbell => (&mut self.stale, self.cfg.max_stale_doorbells, 2),
+        };
+        self.totals[i] = self.totals[i].saturating_add(n);
+        let count = w.add(now, n);
+        if limit == 0 || count <= u64::from(limit) || self.quarantine.is_some() {
+            return None;
+        }
+        let t = Trip {
+            what,
+            count,
+            limit,
+            window_ms: self.cfg.window_ms,
+            at: now,
+        };
+        self.quarantine = Some(t);
+        Some(t)
+    }
+
+    /// Whether the VM is quarantined.
+    pub fn quarantined(&self) -> bool {
+        self.quarantine.is_some()
+    }
+
+    /// Lifts the quarantine and forgets the counts in the window. Returns
+    /// whether the VM was quarantined.
+    pub fn clear(&mut self) -> bool {
+        self.resets.clear();
+        self.errors.clear();
+        self.stale.clear();
+        self.quarantine.take().is_some()
+    }
+
+    /// Counts and state at `now`.
+    pub fn status(&mut self, now: Nanos) -> GuardStatus {
+        GuardStatus {
+            limits: self.cfg,
+            quarantined: self.quarantine,
+            resets: self.resets.count(now),
+            queue_errors: self.errors.count(now),
+            stale_doorbells: self.stale.count(now),
+            totals: self.totals,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: Nanos = 1_000_000;
+
+    #[test]
+    fn window_counts_recent_events_and_forgets_old_ones() {
+        let mut w = RateWindow::new(1600 * MS); // 100 ms buckets
+        assert_eq!(w.add(0, 1), 1);
+        assert_eq!(w.add(50 * MS, 2), 3);
+        assert_eq!(w.add(900 * MS, 1), 4);
+        // Still inside the window at 1599 ms.
+        assert_eq!(w.count(1599 * MS), 4);
+        // The first bucket (0..100 ms) expires at 1600 ms.
+        assert_eq!(w.count(1600 * MS), 1);
+        // Everything expires after a long gap.
+        assert_eq!(w.count(100_000 * MS), 0);
+        assert_eq!(w.add(100_000 * MS, 5), 5);
+        w.clear();
+        assert_eq!(w.count(100_000 * MS), 0);
+    }
+
+    #[test]
+    fn three_resets_per_minute_are_tolerated_a_fourth_quarantines() {
+        let mut g = VmGuard::new(GuardConfig::default());
+        let min = 60_000 * MS;
+        for i in 0..3 {
+            assert_eq!(g.record(i * 10_000 * MS, GuardEvent::Reset, 1), None);
+        }
+        let t = g.record(30_000 * MS, GuardEvent::Reset, 1).expect("trips");
+        assert_eq!((t.what, t.count, t.limit), (GuardEvent::Reset, 4, 3));
+        assert!(g.quarantined());
+        assert_eq!(
+            t.to_string(),
+            "4 preemption-timeout resets in 60000 ms (limit 3)"
+        );
+        // Once only.
+        assert_eq!(g.record(31_000 * MS, GuardEvent::Reset, 1), None);
+        assert!(g.clear());
+        assert!(!g.clear());
+        assert_eq!(g.status(31_000 * MS).resets, 0);
+        assert_eq!(g.status(31_000 * MS).totals, [5, 0, 0]);
+        // Spread out beyond the window: never trips.
+        let mut g = VmGuard::new(GuardConfig::default());
+        for i in 0..20 {
+            assert_eq!(g.record(i * (min / 2), GuardEvent::Reset, 1), None);
+        }
+    }
+
+    #[test]
+    fn a_zero_limit_disables_the_count_and_overrides_apply_per_field() {
+        let cfg = GuardConfig::default().with(&GuardOverride {
+            max_stale_doorbells: Some(0),
+            max_queue_errors: Some(1),
+            ..Default::default()
+        });
+        assert_eq!(cfg.max_resets, 3);
+        let mut g = VmGuard::new(cfg);
+        assert_eq!(g.record(0, GuardEvent::StaleDoorbell, u64::MAX), None);
+        assert_eq!(g.record(0, GuardEvent::QueueError, 1), None);
+        assert!(g.record(1, GuardEvent::QueueError, 1).is_some());
+        assert_eq!(
+            GuardConfig {
+                window_ms: 0,
+                ..Default::default()
+            }
+            .validate()
+            .unwrap_err()
+            .to_string(),
+            "guard.window_ms: 0 is out of range 1..=86400000 (ms)"
+        );
+    }
+
+    proptest! {
+        /// The window count is never below the events of the last
+        /// `window - bucket` and never above those of the last
+        /// `window + bucket` (bucket = window / BUCKETS).
+        #[test]
+        fn window_count_is_bounded_by_exact_counts(
+            gaps in proptest::collection::vec((0u64..400, 1u64..4), 1..200)
+        ) {
+            let window = 1600u64;
+            let bucket = window / BUCKETS as u64;
+            let mut w = RateWindow::new(window);
+            let mut t = 0u64;
+            let mut evs: Vec<(u64, u64)> = Vec::new();
+            for (gap, n) in gaps {
+                t += gap;
+                let c = w.add(t, n);
+                evs.push((t, n));
+                let within = |span: u64| evs.iter()
+                    .filter(|(at, _)| t - at < span)
+                    .map(|(_, n)| n)
+                    .sum::<u64>();
+                prop_assert!(c >= within(window - bucket), "{c} at {t}");
+                prop_assert!(c <= within(window + bucket), "{c} at {t}");
+            }
+        }
+    }
+}

@@ -366,7 +366,7 @@ fn triangle(x: f64, top: f64, tip: &str) -> String {
 }
 
 fn row_background(b: &mut String, r: usize, ry: f64, plot_w: f64, label: &str) {
-    let fill = if r % 2 == 0 { "#f4f4f4" } else { "#fbfbfb" };
+    let fill = if r.is_multiple_of(2) { "#f4f4f4" } else { "#fbfbfb" };
     let _ = writeln!(
         b,
         r#"<rect x="{LEFT}" y="{ry}" width="{plot_w:.2}" height="{ROW}" fill="{fill}"/><text x="{lx}" y="{ty}" text-anchor="end">{}</text>"#,

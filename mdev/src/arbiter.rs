@@ -22,6 +22,7 @@
 use crate::backend::{GpuEvent, PhysGpu};
 use crate::binding::{Binding, Notice};
 use crate::mem::DmaMemory;
+use crate::telemetry::Telemetry;
 use crate::topology::{GpuTopology, TopologyError};
 use crate::vgpu::{InterruptSink, RequestSink, VgpuFrontEnd, VgpuHandle, VgpuRequest};
 use abi::mqd::V9Mqd;
@@ -133,6 +134,8 @@ struct Core {
     quarantined: u64,
     observer: Option<DoorbellObserver>,
     stopping: bool,
+    /// Metrics and the HQD-slot timeline (`metrics_text`, `timeline`).
+    tele: Telemetry,
 }
 
 struct Requests {
@@ -193,6 +196,7 @@ impl GpuArbiter {
             timer.as_raw_fd(),
             EpollEvent::new(EventSet::IN, TOKEN_TIMER),
         )?;
+        let tele = Telemetry::new(&topo, timeline::RingLimits::default());
         let a = Arc::new(GpuArbiter {
             topo,
             core: Mutex::new(Core {
@@ -204,6 +208,7 @@ impl GpuArbiter {
                 quarantined: 0,
                 observer: None,
                 stopping: false,
+                tele,
             }),
             cv: Condvar::new(),
             requests,
@@ -287,6 +292,8 @@ impl GpuArbiter {
             )?;
         }
         c.bind.add_vm(VmId(idx), params)?;
+        let part = c.bind.scheduler().vm_partition(VmId(idx)).unwrap_or(0);
+        c.tele.vm_added(idx, name, &params, part);
         c.vms.push(VmSlot {
             fe: fe.clone(),
             mem,
@@ -315,6 +322,8 @@ impl GpuArbiter {
         }
         let now = self.now();
         let core = &mut *c;
+        let last = core.bind.scheduler().vm_stats(VmId(vm.0));
+        core.tele.vm_removed(vm.0, last);
         let mut out = Vec::new();
         let _ = core
             .bind
@@ -470,6 +479,7 @@ impl GpuArbiter {
                 | GpuEvent::Unmapped { tag, .. }
                 | GpuEvent::QueueError { tag, .. } => QueueId(*tag),
             };
+            c.tele.gpu_event(&ev);
             let r = catch_unwind(AssertUnwindSafe(|| {
                 c.bind.gpu_event(c.gpu.as_mut(), now, ev, &mut out)
             }));
@@ -532,6 +542,8 @@ impl GpuArbiter {
                 .ctl(ControlOperation::Delete, fd, EpollEvent::default());
         }
         c.quarantined += 1;
+        let last = c.bind.scheduler().vm_stats(VmId(vm));
+        c.tele.vm_removed(vm, last);
         let now = self.now();
         let mut out = Vec::new();
         let r = catch_unwind(AssertUnwindSafe(|| {
@@ -599,6 +611,7 @@ impl GpuArbiter {
         let v = vm as usize;
         let fe = c.vms[v].fe.clone();
         let _ = fe.doorbell_eventfd(vhqd).read();
+        let read_at = Instant::now();
         let Some(q) = c.vms[v].queue[vhqd] else {
             fe.guest_log(
                 log::Level::Debug,
@@ -621,6 +634,10 @@ impl GpuArbiter {
             Ok(wptr) => {
                 let before = c.bind.scheduler().stats().preemptions;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
+                if c.bind.scheduler().stats().preemptions > before {
+                    let ns = read_at.elapsed().as_nanos() as u64;
+                    c.tele.doorbell_preempted(vm, ns);
+                }
                 if let Some(obs) = &c.observer {
                     obs(crate::arbiter::DoorbellSeen {
                         vm: VgpuHandle(vm),
@@ -635,6 +652,7 @@ impl GpuArbiter {
                     addr: c.vms[v].wptr_poll[vhqd],
                 };
                 fe.on_error(vhqd, &reason);
+                c.tele.queue_error(vm, &reason);
                 c.bind.queue_error(c.gpu.as_mut(), now, q, &mut out);
             }
         }
@@ -660,6 +678,7 @@ impl GpuArbiter {
                     Notice::ArmTimer { .. } => continue,
                 };
                 let (v, i) = (vm as usize, vhqd as usize);
+                c.tele.notice(self.now(), &n, vm, c.gpu.as_ref());
                 let Some(fe) = c.vms.get(v).map(|s| s.fe.clone()) else {
                     continue;
                 };
@@ -708,6 +727,7 @@ impl GpuArbiter {
                     Ok(Some(reason)) => {
                         // A bad signal/mailbox: the queue stops with an error.
                         fe.on_error(i, &reason);
+                        c.tele.queue_error(vm, &reason);
                         let now = self.now();
                         c.bind.queue_error(c.gpu.as_mut(), now, q, &mut more);
                     }
@@ -717,7 +737,37 @@ impl GpuArbiter {
             }
             out = more;
         }
+        c.tele.after(self.now(), &c.bind, c.gpu.as_ref());
         self.cv.notify_all();
+    }
+
+    // ---- telemetry (issue 12) -------------------------------------------
+
+    /// The Prometheus text exposition of the fleet's GPU (for `GET
+    /// /metrics`, content type [`crate::metrics::CONTENT_TYPE`]); every
+    /// family is described in `docs/metrics.md`.
+    pub fn metrics_text(&self) -> String {
+        let mut c = lock(&self.core);
+        // As `vm_status`: bring GPU time up to now first.
+        let now = self.now();
+        let core = &mut *c;
+        let mut out = Vec::new();
+        core.bind.tick(core.gpu.as_mut(), now, &mut out);
+        self.deliver(core, out);
+        let text = crate::metrics::render(&c.tele, &c.bind);
+        drop(c);
+        let _ = self.requests.kick.write(1);
+        text
+    }
+
+    /// The HQD-slot timeline of the last `window` (as much as the ring
+    /// keeps: [`timeline::RingLimits::default`]), times in ns since the
+    /// arbiter started. For `GET /api/v1/timeline?seconds=N`: serve
+    /// [`timeline::Timeline::to_json`] or [`timeline::render_svg`].
+    pub fn timeline(&self, window: Duration) -> timeline::Timeline {
+        let c = lock(&self.core);
+        let window_ns = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        c.tele.timeline(self.now(), Some(window_ns), &c.bind)
     }
 }
 

@@ -51,8 +51,8 @@ pub struct Recorder {
     slots: Vec<SlotRow>,
     open: Vec<Option<Open>>,
     last_end: Vec<u64>,
-    /// Per slot: the preemption (at_ns) still waiting for its `by_vm`.
-    pending_by: Vec<Option<u64>>,
+    /// Per partition: preemptions `(at_ns, slot)` still waiting for their `by_vm`.
+    pending_by: BTreeMap<u32, Vec<(u64, u32)>>,
     spans: VecDeque<Span>,
     preemptions: VecDeque<Preemption>,
     latest_ns: u64,
@@ -70,7 +70,7 @@ impl Recorder {
             slots,
             open: vec![None; n],
             last_end: vec![0; n],
-            pending_by: vec![None; n],
+            pending_by: BTreeMap::new(),
             spans: VecDeque::new(),
             preemptions: VecDeque::new(),
             latest_ns: 0,
@@ -127,19 +127,26 @@ impl Recorder {
             kind,
             start_ns,
         });
-        if let Some(p_at) = self.pending_by[s].take() {
-            if let Some(p) = self
-                .preemptions
-                .iter_mut()
-                .rev()
-                .find(|p| p.slot == slot && p.at_ns == p_at)
-            {
-                if p.vm != vm {
+        if kind == SpanKind::Run || kind == SpanKind::Restore {
+            let part = self.slots[s].partition;
+            // The first other VM to start a queue in the partition after a
+            // preemption took its place.
+            if let Some(pending) = self.pending_by.get_mut(&part) {
+                let preemptions = &mut self.preemptions;
+                pending.retain(|&(at, ps)| {
+                    let Some(p) = preemptions
+                        .iter_mut()
+                        .rev()
+                        .find(|p| p.slot == ps && p.at_ns == at)
+                    else {
+                        return false; // pruned
+                    };
+                    if p.vm == vm {
+                        return true;
+                    }
                     p.by_vm = Some(vm);
-                } else {
-                    // The preempted VM got the slot back first: keep waiting.
-                    self.pending_by[s] = Some(p_at);
-                }
+                    false
+                });
             }
         }
     }
@@ -175,20 +182,31 @@ impl Recorder {
         self.end(at, slot)
     }
 
-    /// VM `vm` was preempted on `slot` at `at` (the dequeue request).
-    pub fn preempt(&mut self, at: u64, slot: u32, vm: u32) {
+    /// VM `vm` was preempted on `slot` at `at` (the dequeue request), by
+    /// `by_vm` if the caller knows; if not, the first other VM to start a
+    /// queue in the slot's partition from now on is taken as the preemptor.
+    pub fn preempt(&mut self, at: u64, slot: u32, vm: u32, by_vm: Option<u32>) {
         let s = slot as usize;
         if s >= self.slots.len() {
             return;
         }
         self.see(at);
+        let part = self.slots[s].partition;
+        let by_vm = by_vm.filter(|b| *b != vm);
         self.preemptions.push_back(Preemption {
             at_ns: at,
             slot,
             vm,
-            by_vm: None,
+            by_vm,
         });
-        self.pending_by[s] = Some(at);
+        if by_vm.is_none() {
+            let pending = self.pending_by.entry(part).or_default();
+            pending.push((at, slot));
+            // Bounded like the history.
+            if pending.len() > self.limits.max_events.min(4096) {
+                pending.remove(0);
+            }
+        }
         self.prune();
     }
 
@@ -301,7 +319,7 @@ mod tests {
     fn dequeue_splits_run_and_save_and_names_the_preemptor() {
         let mut r = Recorder::new(slots(1), RingLimits::UNBOUNDED);
         r.begin(100, 0, 1, 10, SpanKind::Run);
-        r.preempt(500, 0, 1);
+        r.preempt(500, 0, 1, None);
         let save = r.dequeued(700, 0, 200, SpanKind::Save).unwrap();
         assert_eq!(
             (save.start_ns, save.end_ns, save.kind),
@@ -360,7 +378,7 @@ mod tests {
                 match op {
                     0 => r.begin(now, slot, vm, u64::from(vm), SpanKind::Run),
                     1 => { r.dequeued(now, slot, took, SpanKind::Save); }
-                    2 => r.preempt(now.saturating_sub(took), slot, vm),
+                    2 => r.preempt(now.saturating_sub(took), slot, vm, Some((vm + 1) % 3).filter(|_| took % 2 == 0)),
                     _ => { r.end(now.saturating_sub(took), slot); }
                 }
             }

@@ -366,7 +366,11 @@ fn triangle(x: f64, top: f64, tip: &str) -> String {
 }
 
 fn row_background(b: &mut String, r: usize, ry: f64, plot_w: f64, label: &str) {
-    let fill = if r.is_multiple_of(2) { "#f4f4f4" } else { "#fbfbfb" };
+    let fill = if r.is_multiple_of(2) {
+        "#f4f4f4"
+    } else {
+        "#fbfbfb"
+    };
     let _ = writeln!(
         b,
         r#"<rect x="{LEFT}" y="{ry}" width="{plot_w:.2}" height="{ROW}" fill="{fill}"/><text x="{lx}" y="{ty}" text-anchor="end">{}</text>"#,
@@ -453,7 +457,7 @@ mod tests {
         r.begin(0, 0, 0, 1, SpanKind::Run);
         r.begin(1_000_000, 1, 1, 2, SpanKind::Restore);
         r.begin(1_050_000, 1, 1, 2, SpanKind::Run);
-        r.preempt(2_000_000, 0, 0);
+        r.preempt(2_000_000, 0, 0, None);
         r.dequeued(2_030_000, 0, 30_000, SpanKind::Save);
         r.begin(2_030_000, 0, 1, 3, SpanKind::Run);
         r.snapshot(5_000_000, None)

@@ -196,6 +196,35 @@ impl Timeline {
         Ok(t)
     }
 
+    /// The part of the timeline in `[from_ns, to_ns]` (clamped to the
+    /// window), spans clipped to it.
+    pub fn clip(&self, from_ns: u64, to_ns: u64) -> Timeline {
+        let from = from_ns.clamp(self.start_ns, self.end_ns);
+        let to = to_ns.clamp(from, self.end_ns);
+        Timeline {
+            start_ns: from,
+            end_ns: to,
+            vms: self.vms.clone(),
+            slots: self.slots.clone(),
+            spans: self
+                .spans
+                .iter()
+                .filter(|s| s.end_ns > from && s.start_ns < to)
+                .map(|s| Span {
+                    start_ns: s.start_ns.max(from),
+                    end_ns: s.end_ns.min(to),
+                    ..*s
+                })
+                .collect(),
+            preemptions: self
+                .preemptions
+                .iter()
+                .filter(|p| p.at_ns >= from && p.at_ns <= to)
+                .copied()
+                .collect(),
+        }
+    }
+
     /// GPU time (ns) each VM held slots in `kind` spans, by VM id.
     pub fn held_ns(&self, kind: SpanKind) -> std::collections::BTreeMap<u32, u64> {
         let mut m = std::collections::BTreeMap::new();
@@ -253,6 +282,17 @@ mod tests {
         let mut t = small();
         t.spans[0].end_ns = 101;
         assert!(matches!(t.check(), Err(TimelineError::SpanOutside(..))));
+    }
+
+    #[test]
+    fn clip_keeps_the_rules() {
+        let t = small();
+        let c = t.clip(20, 30);
+        assert_eq!((c.start_ns, c.end_ns), (20, 30));
+        assert_eq!((c.spans[0].start_ns, c.spans[0].end_ns), (20, 30));
+        c.check().unwrap();
+        assert!(t.clip(60, 1000).spans.is_empty());
+        assert_eq!(t.clip(500, 5).end_ns, 100);
     }
 
     #[test]

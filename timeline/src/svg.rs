@@ -210,9 +210,10 @@ pub fn render_svg(t: &Timeline, o: &RenderOptions) -> String {
         title = esc(o.title.as_deref().unwrap_or("hqdmux timeline")),
         tx = width - RIGHT,
         range = esc(&format!(
-            "{} .. {} ({} spans, {} preemptions)",
-            fmt_time(t0),
-            fmt_time(t1),
+            "{} .. {} {} ({} spans, {} preemptions)",
+            fmt_num(t0 as f64 / unit(span_ns).0),
+            fmt_num(t1 as f64 / unit(span_ns).0),
+            unit(span_ns).1,
             t.spans.len(),
             t.preemptions.len()
         )),

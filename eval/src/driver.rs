@@ -13,6 +13,7 @@ use mdev::binding::{Binding, Notice};
 use mdev::mem::{DmaMemory, SparseMemory};
 use mdev::sim::testkit::{GuestQueue, TestVm};
 use mdev::sim::SimGpu;
+use mdev::telemetry::{notice_owner, Telemetry};
 use mdev::topology::GpuTopology;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -244,6 +245,8 @@ struct Sim<'a> {
     /// Per-VM figures.
     track: VmTracker,
     out: RunOutput,
+    /// Timeline recording (`hqdmux sim --timeline`), off by default.
+    tele: Option<Telemetry>,
 }
 
 /// Topology of a scenario: MI300X defaults with its overrides.
@@ -254,6 +257,26 @@ pub fn topology(sc: &Scenario) -> Result<GpuTopology, EvalError> {
 
 /// Simulates `sc` under `policy` with arrival seed `seed`.
 pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, EvalError> {
+    simulate_inner(sc, policy, seed, false).map(|(r, _)| r)
+}
+
+/// [`simulate`], also recording the whole run's HQD-slot timeline (spans
+/// of each VM's queues running, being saved and restored per slot, and
+/// preemptions; times in virtual ns from the start of the run).
+pub fn simulate_timeline(
+    sc: &Scenario,
+    policy: Policy,
+    seed: u64,
+) -> Result<(RunOutput, timeline::Timeline), EvalError> {
+    simulate_inner(sc, policy, seed, true).map(|(r, t)| (r, t.expect("recording was asked for")))
+}
+
+fn simulate_inner(
+    sc: &Scenario,
+    policy: Policy,
+    seed: u64,
+    record: bool,
+) -> Result<(RunOutput, Option<timeline::Timeline>), EvalError> {
     let topo = topology(sc)?;
     let cfg = SchedConfig {
         policy,
@@ -366,10 +389,24 @@ pub fn simulate(sc: &Scenario, policy: Policy, seed: u64) -> Result<RunOutput, E
         },
         track: VmTracker::new(streams_len, vms_len),
         out: RunOutput::default(),
+        tele: record.then(|| Telemetry::new(&topo, timeline::RingLimits::UNBOUNDED)),
     };
+    if let Some(t) = &mut sim.tele {
+        for (i, name) in sc.vm_names().iter().enumerate() {
+            let id = VmId(i as u32);
+            let s = sim.bind.scheduler();
+            if let (Some(p), Some(part)) = (s.vm_params(id), s.vm_partition(id)) {
+                t.vm_added(i as u32, name, &p, part);
+            }
+        }
+    }
     sim.first_arrivals();
     sim.run();
-    Ok(sim.finish(&topo))
+    let tl = sim
+        .tele
+        .as_ref()
+        .map(|t| t.timeline(sim.now, None, &sim.bind));
+    Ok((sim.finish(&topo), tl))
 }
 
 impl Sim<'_> {
@@ -463,6 +500,10 @@ impl Sim<'_> {
             self.gpu.advance(self.now, &mut evs);
             for ev in evs.drain(..) {
                 self.gpu_event(ev);
+            }
+            if let Some(t) = &mut self.tele {
+                // Restores the GPU finished while advancing.
+                t.after(self.now, &self.bind, &self.gpu);
             }
             while let Some(&Reverse((a, s))) = self.arrivals.peek() {
                 if a > self.now {
@@ -648,6 +689,9 @@ impl Sim<'_> {
     }
 
     fn gpu_event(&mut self, ev: GpuEvent) {
+        if let Some(t) = &mut self.tele {
+            t.gpu_event(&ev);
+        }
         self.bind
             .gpu_event(&mut self.gpu, self.now, ev, &mut self.notices);
         self.handle_notices();
@@ -657,6 +701,9 @@ impl Sim<'_> {
     fn handle_notices(&mut self) {
         let mut notices = std::mem::take(&mut self.notices);
         for n in notices.drain(..) {
+            if let (Some(t), Some(o)) = (&mut self.tele, notice_owner(&n)) {
+                t.notice(self.now, &n, self.streams[o].vm as u32, &self.gpu);
+            }
             match n {
                 Notice::ArmTimer { at } => self.timer = Some(at),
                 Notice::Completed {
@@ -682,6 +729,9 @@ impl Sim<'_> {
                 } => self.track.unmapped(owner, has_work, self.now),
                 Notice::Removed { .. } => {}
             }
+        }
+        if let Some(t) = &mut self.tele {
+            t.after(self.now, &self.bind, &self.gpu);
         }
         // Reuse the allocation (a completion may have queued more notices).
         if self.notices.is_empty() {

@@ -26,6 +26,7 @@ use crate::backend::{GpuEvent, PhysGpu, QueueErrorReason};
 use crate::binding::{Binding, Notice};
 use crate::guard::{GuardConfig, GuardConfigError, GuardEvent, GuardStatus, VmGuard};
 use crate::mem::DmaMemory;
+use crate::telemetry::Telemetry;
 use crate::topology::{GpuTopology, TopologyError};
 use crate::vgpu::{InterruptSink, RequestSink, VgpuFrontEnd, VgpuHandle, VgpuRequest};
 use abi::mqd::V9Mqd;
@@ -212,6 +213,8 @@ struct Core {
     observer: Option<DoorbellObserver>,
     stopping: bool,
     guard_quarantines: u64,
+    /// Metrics and the HQD-slot timeline (`metrics_text`, `timeline`).
+    tele: Telemetry,
     /// Front-end calls in order, made by the service thread only.
     calls: Vec<Pending>,
     /// The service thread is making calls taken from `calls`.
@@ -278,6 +281,7 @@ impl GpuArbiter {
             timer.as_raw_fd(),
             EpollEvent::new(EventSet::IN, TOKEN_TIMER),
         )?;
+        let tele = Telemetry::new(&topo, timeline::RingLimits::default());
         let a = Arc::new(GpuArbiter {
             topo,
             core: Mutex::new(Core {
@@ -290,6 +294,7 @@ impl GpuArbiter {
                 observer: None,
                 stopping: false,
                 guard_quarantines: 0,
+                tele,
                 calls: Vec::new(),
                 calls_in_flight: false,
                 notices: Vec::new(),
@@ -378,6 +383,8 @@ impl GpuArbiter {
             )?;
         }
         c.bind.add_vm(VmId(idx), params)?;
+        let part = c.bind.scheduler().vm_partition(VmId(idx)).unwrap_or(0);
+        c.tele.vm_added(idx, name, &params, part);
         c.vms.push(VmSlot {
             fe: Some(fe.clone()),
             mem: Some(mem),
@@ -413,6 +420,8 @@ impl GpuArbiter {
         }
         let now = self.now();
         let core = &mut *c;
+        let last = core.bind.scheduler().vm_stats(VmId(vm.0));
+        core.tele.vm_removed(vm.0, last);
         let mut out = Vec::new();
         let _ = core
             .bind
@@ -676,6 +685,7 @@ impl GpuArbiter {
         let mut out = Vec::new();
         for ev in buf.drain(..) {
             let tag = QueueId(ev.tag());
+            c.tele.gpu_event(&ev);
             let r = catch_unwind(AssertUnwindSafe(|| {
                 c.bind.gpu_event(c.gpu.as_mut(), now, ev, &mut out)
             }));
@@ -745,6 +755,8 @@ impl GpuArbiter {
             call: FeCall::Quarantine,
         });
         c.quarantined += 1;
+        let last = c.bind.scheduler().vm_stats(VmId(vm));
+        c.tele.vm_removed(vm, last);
         let now = self.now();
         let mut out = Vec::new();
         let r = catch_unwind(AssertUnwindSafe(|| {
@@ -850,6 +862,7 @@ impl GpuArbiter {
             return;
         };
         let now = self.now();
+        let read_at = Instant::now();
         let mut out = std::mem::take(&mut c.notices);
         match Self::read_wptr(c, v, vhqd, q) {
             Some(wptr) => {
@@ -859,6 +872,10 @@ impl GpuArbiter {
                 let stale = c.bind.scheduler().stats().stale_doorbells - stale_before;
                 if stale > 0 {
                     self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale);
+                }
+                if c.bind.scheduler().stats().preemptions > before {
+                    let ns = read_at.elapsed().as_nanos() as u64;
+                    c.tele.doorbell_preempted(vm, ns);
                 }
                 if let Some(obs) = &c.observer {
                     obs(crate::arbiter::DoorbellSeen {
@@ -878,6 +895,7 @@ impl GpuArbiter {
                 let reason = QueueErrorReason::PointerAddrOutOfRange {
                     addr: c.vms[v].wptr_poll[vhqd],
                 };
+                c.tele.queue_error(vm, &reason);
                 Self::push_call(c, vm, vhqd, FeCall::Error(reason));
                 c.bind.queue_error(c.gpu.as_mut(), now, q, &mut out);
                 self.guard_note(c, vm, GuardEvent::QueueError, 1);
@@ -911,6 +929,7 @@ impl GpuArbiter {
                 | Notice::Removed { queue, owner, .. } => (*queue, *owner),
             };
             let (v, i) = (vm as usize, vhqd as usize);
+            c.tele.notice(self.now(), &n, vm, c.gpu.as_ref());
             let Some(s) = c.vms.get_mut(v) else {
                 continue;
             };
@@ -968,6 +987,7 @@ impl GpuArbiter {
         for (vm, what) in guard {
             self.guard_note(c, vm, what, 1);
         }
+        c.tele.after(self.now(), &c.bind, c.gpu.as_ref());
         self.cv.notify_all();
     }
 
@@ -1065,6 +1085,35 @@ impl GpuArbiter {
             .ok_or(SchedError::NoVm(VmId(vm.0)))?;
         s.guard.set_limits(limits);
         Ok(())
+    }
+
+    // ---- telemetry (issue 12) -------------------------------------------
+
+    /// The Prometheus text exposition of the fleet's GPU (for `GET
+    /// /metrics`, content type [`crate::metrics::CONTENT_TYPE`]); every
+    /// family is described in `docs/metrics.md`.
+    pub fn metrics_text(&self) -> String {
+        let mut c = lock(&self.core);
+        // As `vm_status`: bring GPU time up to now first.
+        let now = self.now();
+        let core = &mut *c;
+        let mut out = Vec::new();
+        core.bind.tick(core.gpu.as_mut(), now, &mut out);
+        self.deliver(core, out);
+        let text = crate::metrics::render(&c.tele, &c.bind);
+        drop(c);
+        let _ = self.requests.kick.write(1);
+        text
+    }
+
+    /// The HQD-slot timeline of the last `window` (as much as the ring
+    /// keeps: [`timeline::RingLimits::default`]), times in ns since the
+    /// arbiter started. For `GET /api/v1/timeline?seconds=N`: serve
+    /// [`timeline::Timeline::to_json`] or [`timeline::render_svg`].
+    pub fn timeline(&self, window: Duration) -> timeline::Timeline {
+        let c = lock(&self.core);
+        let window_ns = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+        c.tele.timeline(self.now(), Some(window_ns), &c.bind)
     }
 }
 

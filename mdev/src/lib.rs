@@ -18,6 +18,8 @@
 //!   MSI-X vectors through an [`vgpu::InterruptSink`].
 //! * [`arbiter`]: [`arbiter::GpuArbiter`], one per fleet: the binding, the
 //!   backend (`Box<dyn PhysGpu + Send>`) and the epoll service thread.
+//! * [`telemetry`]: per-VM counters, histograms and the HQD-slot timeline
+//!   recorder, fed from binding notices; [`metrics`]: their Prometheus text.
 //! * [`ratelimit`]: per-VM limiter of guest-triggered log lines.
 //! * [`guard`]: the misbehaving-VM guard (per-VM rate windows of resets,
 //!   queue errors and stale doorbells; quarantine).
@@ -31,8 +33,13 @@ pub mod backend;
 pub mod binding;
 pub mod guard;
 pub mod mem;
+pub mod metrics;
 pub mod probe;
 pub mod ratelimit;
 pub mod sim;
+pub mod telemetry;
 pub mod topology;
 pub mod vgpu;
+
+/// The timeline model and SVG renderer ([`arbiter::GpuArbiter::timeline`]).
+pub use timeline;

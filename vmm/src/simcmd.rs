@@ -1,9 +1,9 @@
 //! `hqdmux sim`: the virtual-time evaluation harness (no KVM needed).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use eval::driver::evaluate;
+use eval::driver::{evaluate, simulate_timeline};
 use eval::report::{per_vm_table, table, PolicyReport};
 use eval::scenario::{Scenario, BUILTIN};
 use scheduler::Policy;
@@ -34,6 +34,99 @@ pub struct SimArgs {
     /// List the built-in scenarios and exit.
     #[arg(long)]
     pub list: bool,
+    /// Also write the HQD-slot timeline of each (scenario, policy) run: a
+    /// Gantt chart per HQD slot and per VM, coloured by VM, CWSR save and
+    /// restore hatched, preemptions marked (SVG; a path ending in `.json`
+    /// gets the timeline as JSON). With one scenario and one policy the
+    /// file is PATH; with several, one file per run, named
+    /// `STEM-SCENARIO-POLICY.EXT` (the scenario part only with several
+    /// scenarios; e.g. `--policy all --timeline t.svg` writes
+    /// t-hqdmux.svg, t-fifo.svg, ...).
+    #[arg(long, value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
+    /// Timeline window start, ms of virtual time (default: 0).
+    #[arg(long, value_name = "MS", requires = "timeline")]
+    pub timeline_from_ms: Option<u64>,
+    /// Timeline window end, ms of virtual time (default: the end of the run).
+    #[arg(long, value_name = "MS", requires = "timeline")]
+    pub timeline_to_ms: Option<u64>,
+}
+
+/// The file `--timeline PATH` names for one run (see `SimArgs::timeline`).
+pub fn timeline_path(
+    base: &Path,
+    scenario: &str,
+    policy: &str,
+    many_scenarios: bool,
+    many_policies: bool,
+) -> PathBuf {
+    if !many_scenarios && !many_policies {
+        return base.to_path_buf();
+    }
+    let stem = base
+        .file_stem()
+        .map_or_else(|| "timeline".into(), |s| s.to_string_lossy().into_owned());
+    let mut name = stem;
+    if many_scenarios {
+        name.push('-');
+        name.push_str(scenario);
+    }
+    if many_policies {
+        name.push('-');
+        name.push_str(policy);
+    }
+    if let Some(ext) = base.extension() {
+        name.push('.');
+        name.push_str(&ext.to_string_lossy());
+    }
+    base.with_file_name(name)
+}
+
+/// Records and writes the timeline of one run (`--timeline`).
+fn write_timeline(
+    args: &SimArgs,
+    sc: &Scenario,
+    p: Policy,
+    seed: u64,
+    path: &Path,
+) -> Result<(), String> {
+    let (run, t) = simulate_timeline(sc, p, seed).map_err(|e| e.to_string())?;
+    let from = args.timeline_from_ms.unwrap_or(0).saturating_mul(1_000_000);
+    let to = args
+        .timeline_to_ms
+        .map_or(t.end_ns, |ms| ms.saturating_mul(1_000_000));
+    if from >= to || from >= t.end_ns {
+        return Err(format!(
+            "--timeline-from-ms/--timeline-to-ms: empty window ({} ms run)",
+            t.end_ns / 1_000_000
+        ));
+    }
+    let t = t.clip(from, to);
+    let body = if path.extension().is_some_and(|e| e == "json") {
+        t.to_json()
+    } else {
+        let title = format!(
+            "hqdmux sim --scenario {} --policy {} --seed {seed}: {} preemptions in the run",
+            sc.name,
+            p.name(),
+            run.preemptions
+        );
+        timeline::render_svg(
+            &t,
+            &timeline::RenderOptions {
+                title: Some(title),
+                ..Default::default()
+            },
+        )
+    };
+    std::fs::write(path, body).map_err(|e| format!("--timeline {}: {e}", path.display()))?;
+    log::info!(
+        "{} / {}: timeline written to {}",
+        sc.name,
+        p.name(),
+        path.display()
+    );
+    Ok(())
 }
 
 /// Loads the scenarios named by the arguments.
@@ -94,6 +187,13 @@ pub fn run(args: &SimArgs) -> ExitCode {
     for sc in &scs {
         let seed = args.seed.unwrap_or(sc.seed);
         for p in &pols {
+            if let Some(base) = &args.timeline {
+                let path = timeline_path(base, &sc.name, p.name(), scs.len() > 1, pols.len() > 1);
+                if let Err(e) = write_timeline(args, sc, *p, seed, &path) {
+                    eprintln!("hqdmux sim: {e}");
+                    return ExitCode::from(2);
+                }
+            }
             match evaluate(sc, *p, seed) {
                 Ok(r) => {
                     log::debug!(
@@ -123,4 +223,27 @@ pub fn run(args: &SimArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeline_paths_per_run() {
+        let b = Path::new("out/t.svg");
+        assert_eq!(timeline_path(b, "seed", "fifo", false, false), b);
+        assert_eq!(
+            timeline_path(b, "seed", "fifo", false, true),
+            Path::new("out/t-fifo.svg")
+        );
+        assert_eq!(
+            timeline_path(b, "seed", "fifo", true, true),
+            Path::new("out/t-seed-fifo.svg")
+        );
+        assert_eq!(
+            timeline_path(Path::new("t"), "seed", "fifo", true, false),
+            Path::new("t-seed")
+        );
+    }
 }

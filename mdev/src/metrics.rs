@@ -1,0 +1,320 @@
+//! Prometheus text exposition (format 0.0.4) of the arbiter's telemetry.
+//!
+//! Names live in the `hqdmux_` namespace and follow the AMD
+//! device-metrics-exporter's conventions: snake-case names, one metric
+//! family per quantity, per-device labels (`gpu_partition_id`) plus the
+//! VM's name as `vm`; counters end in `_total`, times are seconds.
+//! `docs/metrics.md` lists every family. The HTTP route `GET /metrics`
+//! returns [`crate::arbiter::GpuArbiter::metrics_text`] with content type
+//! [`CONTENT_TYPE`].
+
+use crate::binding::Binding;
+use crate::telemetry::Telemetry;
+use scheduler::SlotId;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// Content type of the text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Upper bounds (s) of the CWSR save/restore histograms' buckets.
+pub const CWSR_BUCKETS: &[f64] = &[
+    5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+];
+
+/// Upper bounds (s) of the doorbell-to-preemption histogram's buckets.
+pub const DOORBELL_BUCKETS: &[f64] = &[
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2,
+];
+
+/// A cumulative histogram of durations (seconds), Prometheus style.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative), plus one for `+Inf`.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    /// An empty histogram over bucket upper bounds `bounds` (increasing).
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// Records one duration of `ns` nanoseconds.
+    pub fn observe_ns(&mut self, ns: u64) {
+        let s = ns as f64 / 1e9;
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += s;
+        self.count += 1;
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Sum of the observations (s).
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    /// `(upper bound, cumulative count)` per bucket, `+Inf` last.
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut acc = 0;
+        self.bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(&self.counts)
+            .map(|(b, c)| {
+                acc += c;
+                (b, acc)
+            })
+            .collect()
+    }
+}
+
+/// Escapes a label value (backslash, double quote, line feed).
+pub fn label_value(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn fmt_f64(v: f64) -> String {
+    if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        // `{}` prints the shortest representation that round-trips.
+        format!("{v}")
+    }
+}
+
+/// Writes one family's `# HELP` and `# TYPE` lines.
+fn family(b: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(b, "# HELP {name} {help}");
+    let _ = writeln!(b, "# TYPE {name} {kind}");
+}
+
+/// Picks one histogram of a VM's telemetry.
+type HistOf = fn(&crate::telemetry::VmTelemetry) -> &Histogram;
+
+/// One VM's figures, as [`render`] prints them.
+#[derive(Clone, Debug)]
+pub struct VmFigures<'a> {
+    /// `vm` label.
+    pub name: &'a str,
+    /// `gpu_partition_id` label.
+    pub partition: u32,
+    /// Priority (gauge; `None` once the VM is gone).
+    pub priority: Option<u8>,
+    /// Weight (gauge; `None` once the VM is gone).
+    pub weight: Option<u32>,
+    /// GPU busy time charged (ns).
+    pub gpu_ns: u64,
+    /// Preemptions of its queues.
+    pub preemptions: u64,
+}
+
+/// Renders the exposition of `tele` plus the scheduler's live figures from
+/// `bind` (VM ids are the binding's `VmId`s).
+pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
+    let sched = bind.scheduler();
+    let mut rows = Vec::new();
+    for (id, v) in tele.vms() {
+        let vm = scheduler::VmId(*id);
+        let live = sched.vm_params(vm).zip(sched.vm_stats(vm));
+        let (gpu_ns, preemptions) = match (&live, v.final_figures) {
+            (Some((_, s)), _) => (s.gpu_ns, s.preemptions),
+            (None, Some(f)) => f,
+            (None, None) => (0, 0),
+        };
+        rows.push((
+            *id,
+            VmFigures {
+                name: &v.name,
+                partition: sched.vm_partition(vm).unwrap_or(v.partition),
+                priority: live.map(|(p, _)| p.priority),
+                weight: live.map(|(p, _)| p.weight),
+                gpu_ns,
+                preemptions,
+            },
+        ));
+    }
+    let labels = |f: &VmFigures| {
+        format!(
+            "vm=\"{}\",gpu_partition_id=\"{}\"",
+            label_value(f.name),
+            f.partition
+        )
+    };
+    let mut b = String::new();
+    family(
+        &mut b,
+        "hqdmux_vm_gpu_busy_seconds_total",
+        "counter",
+        "GPU time charged to the VM: time with at least one of its queues on an HQD slot running or being dequeued (includes its CWSR save and restore).",
+    );
+    for (_, f) in &rows {
+        let _ = writeln!(
+            b,
+            "hqdmux_vm_gpu_busy_seconds_total{{{}}} {}",
+            labels(f),
+            fmt_f64(f.gpu_ns as f64 / 1e9)
+        );
+    }
+    family(
+        &mut b,
+        "hqdmux_vm_preemptions_total",
+        "counter",
+        "Dequeues of the VM's queues that interrupted running work (CWSR save or reset) to give the slot to another queue.",
+    );
+    for (_, f) in &rows {
+        let _ = writeln!(
+            b,
+            "hqdmux_vm_preemptions_total{{{}}} {}",
+            labels(f),
+            f.preemptions
+        );
+    }
+    let hists: [(&str, &str, HistOf); 3] = [
+        (
+            "hqdmux_vm_cwsr_save_seconds",
+            "Time from a CWSR dequeue request of one of the VM's queues to the slot being free (wave save).",
+            |v| &v.cwsr_save,
+        ),
+        (
+            "hqdmux_vm_cwsr_restore_seconds",
+            "Time from mapping one of the VM's queues with saved waves to its waves running again (CWSR restore).",
+            |v| &v.cwsr_restore,
+        ),
+        (
+            "hqdmux_vm_doorbell_to_preemption_seconds",
+            "Host time from reading a doorbell of the VM to the binding returning with the preemption(s) it caused handed to the GPU.",
+            |v| &v.doorbell_to_preemption,
+        ),
+    ];
+    for (name, help, get) in hists {
+        family(&mut b, name, "histogram", help);
+        for ((_, f), v) in rows.iter().zip(tele.vms().map(|(_, v)| v)) {
+            let h = get(v);
+            let l = labels(f);
+            for (le, c) in h.cumulative() {
+                let _ = writeln!(b, "{name}_bucket{{{l},le=\"{}\"}} {c}", fmt_f64(le));
+            }
+            let _ = writeln!(b, "{name}_sum{{{l}}} {}", fmt_f64(h.sum()));
+            let _ = writeln!(b, "{name}_count{{{l}}} {}", h.count());
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_vm_queue_errors_total",
+        "counter",
+        "Queues of the VM stopped on bad input, by CP_HQD_ERROR code (docs/vgpu-abi.md).",
+    );
+    for ((_, f), v) in rows.iter().zip(tele.vms().map(|(_, v)| v)) {
+        for (code, n) in &v.queue_errors {
+            let _ = writeln!(
+                b,
+                "hqdmux_vm_queue_errors_total{{{},code=\"{code}\"}} {n}",
+                labels(f)
+            );
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_vm_priority",
+        "gauge",
+        "The VM's scheduling priority (0..15, higher wins).",
+    );
+    for (_, f) in &rows {
+        if let Some(p) = f.priority {
+            let _ = writeln!(b, "hqdmux_vm_priority{{{}}} {p}", labels(f));
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_vm_weight",
+        "gauge",
+        "The VM's weight among VMs of its priority.",
+    );
+    for (_, f) in &rows {
+        if let Some(w) = f.weight {
+            let _ = writeln!(b, "hqdmux_vm_weight{{{}}} {w}", labels(f));
+        }
+    }
+    let mut total: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut used: BTreeMap<u32, u64> = BTreeMap::new();
+    for (i, p) in tele.slot_partitions().iter().enumerate() {
+        *total.entry(*p).or_default() += 1;
+        let u = used.entry(*p).or_default();
+        if bind.slot_queue(SlotId(i as u32)).is_some() {
+            *u += 1;
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_hqd_slots_in_use",
+        "gauge",
+        "User HQD slots of the partition holding a VM's queue.",
+    );
+    for (p, n) in &used {
+        let _ = writeln!(b, "hqdmux_hqd_slots_in_use{{gpu_partition_id=\"{p}\"}} {n}");
+    }
+    family(
+        &mut b,
+        "hqdmux_hqd_slots",
+        "gauge",
+        "User HQD slots of the partition.",
+    );
+    for (p, n) in &total {
+        let _ = writeln!(b, "hqdmux_hqd_slots{{gpu_partition_id=\"{p}\"}} {n}");
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative_with_inf_last() {
+        let mut h = Histogram::new(&[1e-6, 1e-3]);
+        h.observe_ns(500);
+        h.observe_ns(1_000);
+        h.observe_ns(2_000_000);
+        assert_eq!(
+            h.cumulative(),
+            vec![(1e-6, 2), (1e-3, 2), (f64::INFINITY, 3)]
+        );
+        assert_eq!(h.count(), 3);
+        assert!((h.sum() - 0.0020015).abs() < 1e-12);
+        assert_eq!(fmt_f64(f64::INFINITY), "+Inf");
+        assert_eq!(fmt_f64(0.0025), "0.0025");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

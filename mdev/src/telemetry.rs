@@ -1,0 +1,350 @@
+//! Per-VM telemetry of the shared GPU, sans-IO: fed with the binding's
+//! [`Notice`]s, the GPU's [`GpuEvent`]s and a few arbiter observations, at
+//! model times (ns). It keeps
+//!
+//! * histograms per VM: CWSR save time, CWSR restore time, host time from a
+//!   doorbell read to the preemption it caused being handed to the GPU;
+//! * queue errors per VM by `CP_HQD_ERROR` code;
+//! * the final GPU time and preemptions of VMs that are gone;
+//! * a [`timeline::Recorder`]: spans of queues running, being saved and
+//!   restored on each HQD slot, and preemption marks.
+//!
+//! Counters the scheduler already keeps (GPU busy time, preemptions, HQD
+//! slots in use, priority, weight) are read from the binding when rendering
+//! ([`crate::metrics::render`]). Both the GPU arbiter and eval's
+//! virtual-time driver feed one; the calls are the same:
+//!
+//! 1. [`Telemetry::vm_added`] / [`Telemetry::vm_removed`];
+//! 2. [`Telemetry::gpu_event`] for every GPU event, before the binding sees it;
+//! 3. [`Telemetry::notice`] for every binding notice;
+//! 4. [`Telemetry::after`] after each batch of binding calls and after the
+//!    GPU advanced (finds finished restores and new preemptions).
+
+use crate::backend::{
+    DequeueMode, GpuEvent, PhysGpu, QueueErrorReason, SlotId as PhysSlot, SlotState,
+};
+use crate::binding::{Binding, Notice};
+use crate::metrics::{Histogram, CWSR_BUCKETS, DOORBELL_BUCKETS};
+use crate::topology::GpuTopology;
+use scheduler::{Nanos, VmId, VmParams, VmStats};
+use std::collections::BTreeMap;
+use timeline::{Recorder, RingLimits, SlotRow, SpanKind, Timeline, VmRow};
+
+/// What telemetry keeps for one VM.
+#[derive(Clone, Debug)]
+pub struct VmTelemetry {
+    /// Name (`vm` label, legend).
+    pub name: String,
+    /// Partition at registration (the scheduler's is used while it lives).
+    pub partition: u32,
+    /// CWSR save (dequeue with `SaveWaves`) durations.
+    pub cwsr_save: Histogram,
+    /// CWSR restore durations.
+    pub cwsr_restore: Histogram,
+    /// Host time from a doorbell read to the binding returning with a
+    /// preemption it caused.
+    pub doorbell_to_preemption: Histogram,
+    /// Queue errors by code (`CP_HQD_ERROR` number, or `map_refused`).
+    pub queue_errors: BTreeMap<String, u64>,
+    /// `(gpu_ns, preemptions)` when the VM was removed.
+    pub final_figures: Option<(u64, u64)>,
+    seen_preemptions: u64,
+}
+
+/// Per-fleet telemetry (see the module docs for the calls).
+#[derive(Debug)]
+pub struct Telemetry {
+    rec: Recorder,
+    slot_part: Vec<u32>,
+    vms: BTreeMap<u32, VmTelemetry>,
+    /// Per slot: (queue tag, vm) loaded there.
+    on_slot: Vec<Option<(u64, u32)>>,
+    /// Per slot: when the restore of the loaded queue started.
+    restore_start: Vec<Option<Nanos>>,
+    /// Per slot: the queue whose current dequeue is a preemption, and the
+    /// VM that preempted it (if known); the mark is placed at the dequeue
+    /// request when the dequeue finishes.
+    marked: Vec<Option<(u64, Option<u32>)>>,
+    /// Queue starts `(partition, vm)` since the last [`Telemetry::after`]
+    /// (the same scheduler decision as a preemption found there).
+    recent_maps: Vec<(u32, u32)>,
+    seen_preemptions: u64,
+}
+
+/// The owner a notice names (none for `ArmTimer`).
+pub fn notice_owner<O: Copy>(n: &Notice<O>) -> Option<O> {
+    match n {
+        Notice::Mapped { owner, .. }
+        | Notice::Completed { owner, .. }
+        | Notice::Unmapped { owner, .. }
+        | Notice::QueueError { owner, .. }
+        | Notice::MapRefused { owner, .. }
+        | Notice::Removed { owner, .. } => Some(*owner),
+        Notice::ArmTimer { .. } => None,
+    }
+}
+
+impl Telemetry {
+    /// Telemetry over `topo`'s user HQD slots, keeping `limits` of timeline
+    /// history.
+    pub fn new(topo: &GpuTopology, limits: RingLimits) -> Self {
+        let slots = topo.user_slots();
+        let rows = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SlotRow {
+                id: i as u32,
+                label: format!("P{} pipe{} q{}", s.partition, s.pipe, s.queue),
+                partition: s.partition,
+            })
+            .collect();
+        let n = slots.len();
+        Telemetry {
+            rec: Recorder::new(rows, limits),
+            slot_part: slots.iter().map(|s| s.partition).collect(),
+            vms: BTreeMap::new(),
+            on_slot: vec![None; n],
+            restore_start: vec![None; n],
+            marked: vec![None; n],
+            recent_maps: Vec::new(),
+            seen_preemptions: 0,
+        }
+    }
+
+    /// A VM was registered (id = the binding's `VmId`).
+    pub fn vm_added(&mut self, vm: u32, name: &str, params: &VmParams, partition: u32) {
+        self.vms.insert(
+            vm,
+            VmTelemetry {
+                name: name.to_string(),
+                partition,
+                cwsr_save: Histogram::new(CWSR_BUCKETS),
+                cwsr_restore: Histogram::new(CWSR_BUCKETS),
+                doorbell_to_preemption: Histogram::new(DOORBELL_BUCKETS),
+                queue_errors: BTreeMap::new(),
+                final_figures: None,
+                seen_preemptions: 0,
+            },
+        );
+        self.rec.set_vm(VmRow {
+            id: vm,
+            name: name.to_string(),
+            priority: params.priority,
+            weight: params.weight,
+        });
+    }
+
+    /// A VM is being removed; `stats` are its last scheduler figures (kept
+    /// so its counters do not go back to 0).
+    pub fn vm_removed(&mut self, vm: u32, stats: Option<VmStats>) {
+        if let (Some(v), Some(s)) = (self.vms.get_mut(&vm), stats) {
+            v.final_figures = Some((s.gpu_ns, s.preemptions));
+        }
+    }
+
+    /// A queue error of `vm` found outside the binding's notices (a bad
+    /// completion signal or write-pointer address).
+    pub fn queue_error(&mut self, vm: u32, reason: &QueueErrorReason) {
+        self.count_error(vm, crate::vgpu::error_code(reason).to_string());
+    }
+
+    fn count_error(&mut self, vm: u32, code: String) {
+        if let Some(v) = self.vms.get_mut(&vm) {
+            *v.queue_errors.entry(code).or_insert(0) += 1;
+        }
+    }
+
+    /// A doorbell of `vm` caused a preemption; `ns` from reading it to the
+    /// binding returning.
+    pub fn doorbell_preempted(&mut self, vm: u32, ns: u64) {
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.doorbell_to_preemption.observe_ns(ns);
+        }
+    }
+
+    /// A GPU event, before the binding handles it.
+    pub fn gpu_event(&mut self, ev: &GpuEvent) {
+        if let GpuEvent::Unmapped {
+            slot,
+            tag,
+            mode,
+            save_ns,
+            at,
+            ..
+        } = ev
+        {
+            let s = slot.0 as usize;
+            let Some((q, vm)) = self.on_slot.get(s).copied().flatten() else {
+                return;
+            };
+            if q != *tag {
+                return;
+            }
+            let kind = if *mode == DequeueMode::SaveWaves {
+                if let Some(v) = self.vms.get_mut(&vm) {
+                    v.cwsr_save.observe_ns(*save_ns);
+                }
+                SpanKind::Save
+            } else {
+                SpanKind::Drain
+            };
+            let d = self.rec.dequeued(*at, slot.0, *save_ns, kind);
+            if let (Some((mq, by)), Some(d)) = (self.marked[s], d) {
+                if mq == q {
+                    self.rec.preempt(d.start_ns, slot.0, vm, by);
+                }
+            }
+            self.on_slot[s] = None;
+            self.restore_start[s] = None;
+            self.marked[s] = None;
+        }
+    }
+
+    /// A binding notice about a queue of `vm`, at `now`.
+    pub fn notice<O: Copy>(&mut self, now: Nanos, n: &Notice<O>, vm: u32, gpu: &dyn PhysGpu) {
+        match n {
+            Notice::Mapped { queue, slot, .. } => {
+                let s = slot.0 as usize;
+                if s >= self.on_slot.len() {
+                    return;
+                }
+                self.on_slot[s] = Some((queue.0, vm));
+                self.marked[s] = None;
+                self.recent_maps.push((self.slot_part[s], vm));
+                let restoring = gpu
+                    .query(PhysSlot(slot.0))
+                    .is_some_and(|st| st.tag == queue.0 && st.state == SlotState::Restoring);
+                let kind = if restoring {
+                    self.restore_start[s] = Some(now);
+                    SpanKind::Restore
+                } else {
+                    self.restore_start[s] = None;
+                    SpanKind::Run
+                };
+                self.rec.begin(now, slot.0, vm, queue.0, kind);
+            }
+            Notice::QueueError { reason, .. } => self.queue_error(vm, reason),
+            Notice::MapRefused { .. } => self.count_error(vm, "map_refused".into()),
+            _ => {}
+        }
+    }
+
+    /// After binding calls or a GPU advance, at `now`: ends finished
+    /// restores and marks the preemptions the scheduler issued.
+    pub fn after<O: Copy>(&mut self, now: Nanos, bind: &Binding<O>, gpu: &dyn PhysGpu) {
+        for s in 0..self.restore_start.len() {
+            let Some(t0) = self.restore_start[s] else {
+                continue;
+            };
+            let Some((q, vm)) = self.on_slot[s] else {
+                self.restore_start[s] = None;
+                continue;
+            };
+            let still = gpu
+                .query(PhysSlot(s as u32))
+                .is_some_and(|st| st.tag == q && st.state == SlotState::Restoring);
+            if !still {
+                self.restore_start[s] = None;
+                if let Some(v) = self.vms.get_mut(&vm) {
+                    v.cwsr_restore.observe_ns(now.saturating_sub(t0));
+                }
+                if self.rec.open_on(s as u32) == Some((SpanKind::Restore, q)) {
+                    self.rec.begin(now, s as u32, vm, q, SpanKind::Run);
+                }
+            }
+        }
+        let sched = bind.scheduler();
+        let total = sched.stats().preemptions;
+        let recent = std::mem::take(&mut self.recent_maps);
+        if total == self.seen_preemptions {
+            return;
+        }
+        self.seen_preemptions = total;
+        let ids: Vec<u32> = self.vms.keys().copied().collect();
+        for vm in ids {
+            let Some(st) = sched.vm_stats(VmId(vm)) else {
+                continue;
+            };
+            let v = self.vms.get_mut(&vm).expect("listed");
+            let mut new = st.preemptions.saturating_sub(v.seen_preemptions);
+            v.seen_preemptions = st.preemptions;
+            for s in 0..self.on_slot.len() {
+                if new == 0 {
+                    break;
+                }
+                let Some((q, owner)) = self.on_slot[s] else {
+                    continue;
+                };
+                if owner != vm || self.marked[s].is_some_and(|(m, _)| m == q) {
+                    continue;
+                }
+                let unmapping = gpu
+                    .query(PhysSlot(s as u32))
+                    .is_some_and(|st| st.tag == q && matches!(st.state, SlotState::Unmapping(_)));
+                if unmapping {
+                    let part = self.slot_part[s];
+                    let by = recent
+                        .iter()
+                        .find(|(p, v)| *p == part && *v != vm)
+                        .map(|(_, v)| *v);
+                    self.marked[s] = Some((q, by));
+                    new -= 1;
+                }
+            }
+        }
+    }
+
+    /// Per-VM telemetry by VM id.
+    pub fn vms(&self) -> impl Iterator<Item = (&u32, &VmTelemetry)> {
+        self.vms.iter()
+    }
+
+    /// Partition of each user HQD slot (slot id order).
+    pub fn slot_partitions(&self) -> &[u32] {
+        &self.slot_part
+    }
+
+    /// The timeline recorder.
+    pub fn recorder(&self) -> &Recorder {
+        &self.rec
+    }
+
+    /// The last `window_ns` (all kept history if `None`) up to `now`, with
+    /// the VMs' current priority and weight from `bind`.
+    pub fn timeline<O: Copy>(
+        &self,
+        now: Nanos,
+        window_ns: Option<Nanos>,
+        bind: &Binding<O>,
+    ) -> Timeline {
+        let mut t = self.rec.snapshot(now, window_ns);
+        Self::refresh_rows(&mut t, bind);
+        t
+    }
+
+    /// The history in `[from_ns, to_ns]` (e.g. part of a finished `hqdmux
+    /// sim` run).
+    pub fn timeline_between<O: Copy>(
+        &self,
+        from_ns: Nanos,
+        to_ns: Nanos,
+        bind: &Binding<O>,
+    ) -> Timeline {
+        let mut t = self.rec.clip(from_ns, to_ns);
+        Self::refresh_rows(&mut t, bind);
+        t
+    }
+
+    fn refresh_rows<O: Copy>(t: &mut Timeline, bind: &Binding<O>) {
+        for row in &mut t.vms {
+            if let Some(p) = bind.scheduler().vm_params(VmId(row.id)) {
+                row.priority = p.priority;
+                row.weight = p.weight;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "telemetry_tests.rs"]
+mod tests;

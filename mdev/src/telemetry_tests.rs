@@ -1,0 +1,389 @@
+//! Telemetry and metrics over a binding and the simulated GPU in virtual
+//! time: a low-priority VM runs long kernels, a high-priority VM's doorbell
+//! preempts it (CWSR save), the low VM is restored afterwards.
+
+use super::*;
+use crate::mem::SparseMemory;
+use crate::sim::testkit::{GuestQueue, TestVm};
+use crate::sim::SimGpu;
+use abi::kernel::KernelKind;
+use scheduler::{QueueId, SchedConfig};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+struct Rig {
+    gpu: SimGpu,
+    b: Binding<u32>,
+    tele: Telemetry,
+    now: Nanos,
+    timer: Option<Nanos>,
+}
+
+impl Rig {
+    fn new(topo: &GpuTopology) -> Rig {
+        Rig {
+            gpu: SimGpu::new(topo.clone(), 7).unwrap(),
+            b: Binding::new(topo, SchedConfig::default()).unwrap(),
+            tele: Telemetry::new(topo, RingLimits::UNBOUNDED),
+            now: 0,
+            timer: None,
+        }
+    }
+
+    /// Owner = VM id.
+    fn take(&mut self, out: Vec<Notice<u32>>) {
+        for n in out {
+            if let Notice::ArmTimer { at } = n {
+                self.timer = Some(at);
+            }
+            if let Some(vm) = notice_owner(&n) {
+                self.tele.notice(self.now, &n, vm, &self.gpu);
+            }
+        }
+        self.tele.after(self.now, &self.b, &self.gpu);
+    }
+
+    fn vm(&mut self, id: u32, name: &str, prio: u8) -> TestVm {
+        let p = VmParams {
+            priority: prio,
+            ..Default::default()
+        };
+        self.b.add_vm(VmId(id), p).unwrap();
+        self.tele.vm_added(id, name, &p, 0);
+        TestVm::with_memory(Arc::new(SparseMemory::new(1 << 32)), 0x10_0000)
+    }
+
+    fn doorbell(&mut self, q: QueueId, wptr: u64) {
+        let mut out = Vec::new();
+        self.b.doorbell(&mut self.gpu, self.now, q, wptr, &mut out);
+        self.take(out);
+    }
+
+    fn run(&mut self, until: Nanos) {
+        let mut evs = Vec::new();
+        loop {
+            let t = [self.gpu.next_deadline(), self.timer]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(t) = t.filter(|t| *t <= until) else {
+                self.now = self.now.max(until.min(self.now.max(1)));
+                return;
+            };
+            self.now = self.now.max(t);
+            self.gpu.advance(self.now, &mut evs);
+            let mut out = Vec::new();
+            for ev in evs.drain(..) {
+                self.tele.gpu_event(&ev);
+                self.b.gpu_event(&mut self.gpu, self.now, ev, &mut out);
+            }
+            if self.timer.is_some_and(|x| x <= self.now) {
+                self.timer = None;
+                self.b.tick(&mut self.gpu, self.now, &mut out);
+            }
+            self.take(out);
+        }
+    }
+}
+
+/// Parses the text format: `name{labels} value` samples, checking HELP/TYPE
+/// lines precede each family's samples. Returns (name, labels, value).
+fn parse(text: &str) -> Vec<(String, HashMap<String, String>, f64)> {
+    let mut typed: HashMap<String, String> = HashMap::new();
+    let mut helped = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if let Some(r) = line.strip_prefix("# HELP ") {
+            let (name, help) = r.split_once(' ').expect("HELP name text");
+            assert!(!help.is_empty());
+            helped.insert(name.to_string());
+            continue;
+        }
+        if let Some(r) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = r.split_once(' ').expect("TYPE name kind");
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            assert!(helped.contains(name), "HELP before TYPE: {line}");
+            assert!(
+                typed.insert(name.into(), kind.into()).is_none(),
+                "one TYPE per family"
+            );
+            continue;
+        }
+        assert!(!line.starts_with('#') && !line.is_empty(), "{line:?}");
+        let (series, value) = line.rsplit_once(' ').expect("sample value");
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("value in {line}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => {
+                let body = rest.strip_suffix('}').expect("closing brace");
+                let mut m = HashMap::new();
+                // Label values here contain no ',' or escaped quotes.
+                for kv in body.split(',') {
+                    let (k, v) = kv.split_once('=').expect("label k=v");
+                    let v = v
+                        .strip_prefix('"')
+                        .and_then(|v| v.strip_suffix('"'))
+                        .expect("quoted");
+                    m.insert(k.to_string(), v.to_string());
+                }
+                (n.to_string(), m)
+            }
+            None => (series.to_string(), HashMap::new()),
+        };
+        assert!(name.starts_with("hqdmux_"), "{name}");
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|f| typed.get(*f).map(String::as_str) == Some("histogram"))
+            })
+            .unwrap_or(&name);
+        assert!(typed.contains_key(family), "sample before its TYPE: {line}");
+        out.push((name, labels, value));
+    }
+    out
+}
+
+fn value(samples: &[(String, HashMap<String, String>, f64)], name: &str, vm: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, l, _)| n == name && l.get("vm").map(String::as_str) == Some(vm))
+        .map(|(_, _, v)| *v)
+        .sum()
+}
+
+fn scenario() -> (Rig, Vec<(TestVm, GuestQueue)>) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(&topo);
+    let mut train = rig.vm(0, "training", 2);
+    let mut infer = rig.vm(1, "inference", 12);
+    let mut gt = train.queue(&topo, 64, 0);
+    let mut gi = infer.queue(&topo, 64, 0);
+    rig.b
+        .add_queue(VmId(0), QueueId(0), 0, 5, gt.mqd.clone(), train.dyn_mem())
+        .unwrap();
+    rig.b
+        .add_queue(VmId(1), QueueId(1), 1, 5, gi.mqd.clone(), infer.dyn_mem())
+        .unwrap();
+    for k in 0..4 {
+        train.kernel(&mut gt, KernelKind::Mark, 16, 64, 200_000, k, true);
+    }
+    for k in 0..2 {
+        infer.kernel(&mut gi, KernelKind::Mark, 4, 64, 20_000, k, true);
+    }
+    (rig, vec![(train, gt), (infer, gi)])
+}
+
+#[test]
+fn preemption_save_and_restore_are_recorded_and_exposed() {
+    let (mut rig, qs) = scenario();
+    let before = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    assert_eq!(
+        value(&before, "hqdmux_vm_preemptions_total", "training"),
+        0.0
+    );
+    rig.doorbell(QueueId(0), qs[0].1.wptr);
+    rig.run(300_000);
+    rig.doorbell(QueueId(1), qs[1].1.wptr);
+    rig.run(u64::MAX);
+    for (tvm, gq) in &qs {
+        tvm.verify(gq).unwrap();
+    }
+
+    let t = rig.tele.timeline(rig.now, None, &rig.b);
+    t.check().unwrap();
+    let p = t
+        .preemptions
+        .iter()
+        .find(|p| p.vm == 0)
+        .expect("training preempted");
+    assert_eq!(p.by_vm, Some(1), "by inference");
+    let kinds = |vm: u32, k: SpanKind| t.spans.iter().filter(|s| s.vm == vm && s.kind == k).count();
+    assert!(kinds(0, SpanKind::Save) >= 1);
+    assert!(kinds(0, SpanKind::Restore) >= 1);
+    assert!(kinds(1, SpanKind::Run) >= 1);
+    // The save starts where training's run ended, at the preemption.
+    let save = t
+        .spans
+        .iter()
+        .find(|s| s.vm == 0 && s.kind == SpanKind::Save)
+        .unwrap();
+    assert_eq!(save.start_ns, p.at_ns);
+
+    let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    assert!(value(&m, "hqdmux_vm_preemptions_total", "training") >= 1.0);
+    assert!(value(&m, "hqdmux_vm_gpu_busy_seconds_total", "training") > 0.0);
+    assert!(value(&m, "hqdmux_vm_gpu_busy_seconds_total", "inference") > 0.0);
+    assert!(value(&m, "hqdmux_vm_cwsr_save_seconds_count", "training") >= 1.0);
+    assert!(value(&m, "hqdmux_vm_cwsr_restore_seconds_count", "training") >= 1.0);
+    assert!(value(&m, "hqdmux_vm_cwsr_restore_seconds_sum", "training") > 0.0);
+    assert_eq!(value(&m, "hqdmux_vm_priority", "inference"), 12.0);
+    // Histogram buckets are cumulative and end with +Inf = _count.
+    let buckets: Vec<_> = m
+        .iter()
+        .filter(|(n, l, _)| n == "hqdmux_vm_cwsr_save_seconds_bucket" && l["vm"] == "training")
+        .collect();
+    assert!(buckets.windows(2).all(|w| w[0].2 <= w[1].2));
+    assert_eq!(buckets.last().unwrap().1["le"], "+Inf");
+    assert_eq!(
+        buckets.last().unwrap().2,
+        value(&m, "hqdmux_vm_cwsr_save_seconds_count", "training")
+    );
+    assert!(m
+        .iter()
+        .any(|(n, l, _)| n == "hqdmux_hqd_slots" && l["gpu_partition_id"] == "0"));
+}
+
+#[test]
+fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
+    let (mut rig, _qs) = scenario();
+    rig.tele.queue_error(
+        1,
+        &QueueErrorReason::WptrBeyondRing {
+            wptr: 9,
+            rptr: 0,
+            size: 4,
+        },
+    );
+    rig.tele.queue_error(1, &QueueErrorReason::NotAql);
+    rig.tele.queue_error(1, &QueueErrorReason::NotAql);
+    rig.tele.queue_error(99, &QueueErrorReason::NotAql); // unknown VM: ignored
+    rig.tele.doorbell_preempted(1, 3_000);
+    let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    let err = |code: u32| {
+        m.iter()
+            .filter(|(n, l, _)| {
+                n == "hqdmux_vm_queue_errors_total" && l["code"] == code.to_string()
+            })
+            .map(|(_, _, v)| *v)
+            .sum::<f64>()
+    };
+    assert_eq!(err(abi::vgpu::error::NOT_AQL), 2.0);
+    assert_eq!(err(abi::vgpu::error::WPTR_BEYOND_RING), 1.0);
+    assert_eq!(
+        value(
+            &m,
+            "hqdmux_vm_doorbell_to_preemption_seconds_count",
+            "inference"
+        ),
+        1.0
+    );
+    // A removed VM keeps its last figures; its gauges go.
+    let stats = rig.b.scheduler().vm_stats(VmId(1)).map(|mut s| {
+        s.preemptions = 4;
+        s
+    });
+    rig.tele.vm_removed(1, stats);
+    let mut out = Vec::new();
+    rig.b
+        .remove_vm(&mut rig.gpu, rig.now, VmId(1), &mut out)
+        .unwrap();
+    let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    assert_eq!(value(&m, "hqdmux_vm_preemptions_total", "inference"), 4.0);
+    assert!(!m
+        .iter()
+        .any(|(n, l, _)| n == "hqdmux_vm_priority" && l["vm"] == "inference"));
+}
+
+/// Through the real-time arbiter: a doorbell of a high-priority VM preempts
+/// a busy low-priority VM; `metrics_text` counters rise and `timeline`
+/// shows the preemption. (No timing is asserted; waits have a generous
+/// deadline against hangs.)
+#[test]
+fn arbiter_metrics_text_and_timeline_after_a_preemption() {
+    use crate::arbiter::{open_backend, GpuArbiter};
+    use crate::vgpu::InterruptSink;
+    use abi::vgpu::reg;
+    use std::time::{Duration, Instant};
+
+    struct NoIrq;
+    impl InterruptSink for NoIrq {
+        fn raise(&self, _: u16) {}
+    }
+    let topo = GpuTopology::tiny();
+    let a = GpuArbiter::start(
+        topo.clone(),
+        SchedConfig::default(),
+        open_backend(&topo, 1).unwrap(),
+    )
+    .unwrap();
+    let hr = |r: usize| (reg::HQD_BASE + r) as u64;
+    let mut guests = Vec::new();
+    for (name, prio, kernels, cost) in [("lo", 2u8, 8u32, 5_000_000u64), ("hi", 12, 2, 20_000)] {
+        let mem: Arc<dyn crate::mem::DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+        let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let mut q = tvm.queue(&topo, 64, 0);
+        let addr = q
+            .mqd
+            .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI);
+        mem.write(addr, &q.mqd.to_bytes()).unwrap();
+        let (h, fe) = a
+            .add_vm(
+                name,
+                mem,
+                VmParams {
+                    priority: prio,
+                    ..Default::default()
+                },
+                Arc::new(NoIrq),
+            )
+            .unwrap();
+        fe.reg_write(hr(reg::CP_MQD_BASE_ADDR), addr as u32);
+        fe.reg_write(hr(reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+        fe.reg_write(hr(reg::CP_HQD_ACTIVE), 1);
+        for k in 0..kernels {
+            tvm.kernel(&mut q, KernelKind::Mark, 16, 64, cost, k, true);
+        }
+        guests.push((h, fe, tvm, q));
+    }
+    let m0 = parse(&a.metrics_text());
+    assert_eq!(value(&m0, "hqdmux_vm_preemptions_total", "lo"), 0.0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    guests[0].1.doorbell_eventfd(0).write(1).unwrap();
+    while a.stats().maps == 0 {
+        assert!(Instant::now() < deadline, "lo mapped");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    guests[1].1.doorbell_eventfd(0).write(1).unwrap();
+    for (_, _, tvm, q) in &guests {
+        let last = *q.signals.last().unwrap();
+        while (tvm
+            .mem
+            .read_u64(last + abi::queue::AMD_SIGNAL_VALUE as u64)
+            .unwrap() as i64)
+            > 0
+        {
+            assert!(Instant::now() < deadline, "kernels complete");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        tvm.verify(q).unwrap();
+    }
+    let m = parse(&a.metrics_text());
+    assert!(value(&m, "hqdmux_vm_preemptions_total", "lo") >= 1.0);
+    assert!(
+        value(&m, "hqdmux_vm_gpu_busy_seconds_total", "lo")
+            > value(&m0, "hqdmux_vm_gpu_busy_seconds_total", "lo")
+    );
+    assert!(value(&m, "hqdmux_vm_gpu_busy_seconds_total", "hi") > 0.0);
+    assert!(value(&m, "hqdmux_vm_cwsr_save_seconds_count", "lo") >= 1.0);
+    assert!(value(&m, "hqdmux_vm_doorbell_to_preemption_seconds_count", "hi") >= 1.0);
+    let t = a.timeline(Duration::from_secs(600));
+    t.check().unwrap();
+    assert!(
+        t.preemptions
+            .iter()
+            .any(|p| p.vm == guests[0].0 .0 && p.by_vm == Some(guests[1].0 .0)),
+        "{:?} {:?}",
+        t.preemptions,
+        t.spans
+    );
+    let j = crate::timeline::Timeline::from_json(&t.to_json()).unwrap();
+    assert_eq!(j, t);
+    for (h, ..) in &guests {
+        a.remove_vm(*h);
+    }
+    a.shutdown();
+}

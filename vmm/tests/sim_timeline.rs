@@ -1,0 +1,127 @@
+//! `hqdmux sim --timeline` as an operator runs it: one SVG (or JSON) per run.
+
+use std::process::Command;
+
+fn hqdmux() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hqdmux"))
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("hqdmux-simtl-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The seed scenario's shape, shortened to one inference burst.
+const SCENARIO: &str = r#"
+name = "seedlet"
+duration_ms = 60
+[[tenant]]
+name = "training"
+priority = 3
+class = "lo"
+arrival = { kind = "closed", outstanding = 2 }
+[[tenant.kernel]]
+workgroups = 1216
+wg_cost_us = 2300
+[[tenant]]
+name = "inference"
+priority = 12
+class = "hi"
+sla_ms = 30
+arrival = { kind = "uniform", period_us = 100000, offset_us = 17000 }
+[[tenant.kernel]]
+workgroups = 304
+wg_cost_us = 400
+repeat = 50
+"#;
+
+#[test]
+fn one_svg_per_policy_naming_every_vm_and_json_on_request() {
+    let d = scratch("svg");
+    let sc = d.join("seedlet.toml");
+    std::fs::write(&sc, SCENARIO).unwrap();
+    let base = d.join("t.svg");
+    let out = hqdmux()
+        .args(["sim", "--policy", "hqdmux,fifo"])
+        .arg("--scenario-file")
+        .arg(&sc)
+        .output()
+        .unwrap();
+    // Not a policy name: refused before anything is written.
+    assert_eq!(out.status.code(), Some(2));
+    let out = hqdmux()
+        .args(["sim", "--policy", "all", "--timeline"])
+        .arg(&base)
+        .arg("--scenario-file")
+        .arg(&sc)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for p in ["hqdmux", "fifo", "poll5ms", "timeslice", "reset"] {
+        let f = d.join(format!("t-{p}.svg"));
+        let svg = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        let texts: String = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .filter_map(|n| n.text())
+            .collect();
+        assert!(
+            texts.contains("training") && texts.contains("inference"),
+            "{p}"
+        );
+        assert!(texts.contains(&format!("--policy {p}")), "{p}: title");
+    }
+    assert!(!base.exists(), "several policies: no file at PATH itself");
+    // Under hqdmux, inference preempts training: the JSON says so.
+    let json = d.join("t.json");
+    let out = hqdmux()
+        .args([
+            "sim",
+            "--policy",
+            "hqdmux",
+            "--timeline-from-ms",
+            "10",
+            "--timeline",
+        ])
+        .arg(&json)
+        .arg("--scenario-file")
+        .arg(&sc)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = timeline::Timeline::from_json(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((t.start_ns, t.end_ns), (10_000_000, 60_000_000));
+    let id = |n: &str| t.vms.iter().find(|v| v.name == n).unwrap().id;
+    assert!(t
+        .preemptions
+        .iter()
+        .any(|p| p.vm == id("training") && p.by_vm == Some(id("inference"))));
+    // An empty window is refused.
+    let out = hqdmux()
+        .args([
+            "sim",
+            "--policy",
+            "hqdmux",
+            "--timeline-from-ms",
+            "70",
+            "--timeline",
+        ])
+        .arg(&json)
+        .arg("--scenario-file")
+        .arg(&sc)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty window"));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -125,8 +125,13 @@ fn every_builtin_is_exactly_once_over_seeds_for_every_policy_but_reset() {
                 for (i, p) in policies.iter().enumerate() {
                     let r = simulate(&sc, *p, seed).unwrap();
                     assert!(r.workgroups > 0, "{} {p:?} seed {seed}", sc.name);
+                    // A hung tenant's resets (issue 11) are asked for.
                     assert_eq!(
-                        (r.lost_effects, r.duplicate_effects, r.queue_errors),
+                        (
+                            r.lost_effects,
+                            r.duplicate_effects,
+                            r.queue_errors - r.preempt_timeouts
+                        ),
                         (0, 0, 0),
                         "{} {p:?} seed {seed}",
                         sc.name

@@ -290,7 +290,12 @@ impl CuMask {
     /// CUs in both masks (over the shorter length).
     pub fn and(&self, other: &CuMask) -> CuMask {
         let len = self.len.min(other.len);
-        let mut bits: Vec<u64> = self.bits.iter().zip(&other.bits).map(|(a, b)| a & b).collect();
+        let mut bits: Vec<u64> = self
+            .bits
+            .iter()
+            .zip(&other.bits)
+            .map(|(a, b)| a & b)
+            .collect();
         bits.truncate(len.div_ceil(64) as usize);
         CuMask { bits, len }
     }

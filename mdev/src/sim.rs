@@ -1299,8 +1299,9 @@ impl PhysGpu for SimGpu {
         mask: Option<&CuMask>,
     ) -> Result<(), GpuError> {
         let cus = self.topo.cus_per_partition();
-        self.next_map_mask =
-            mask.filter(|m| m.count() < cus || m.len() < cus).map(|m| m.and(&CuMask::all(cus)));
+        self.next_map_mask = mask
+            .filter(|m| m.count() < cus || m.len() < cus)
+            .map(|m| m.and(&CuMask::all(cus)));
         let r = self.map(now, req);
         self.next_map_mask = None;
         r
@@ -1358,3 +1359,6 @@ fn release_cus(part: &mut Part, slot: u32, _saved: bool) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cu_mask_tests;

@@ -104,15 +104,18 @@ impl Spatial {
         *w = wgs.max(*w - *w / 8);
     }
 
-    /// CUs per XCC a VM needs for its widest recent dispatch with
-    /// `headroom_pct` percent headroom (`None`: no dispatch seen, or more
-    /// than `max_permille` of the XCC).
-    pub fn size(&self, vm: VmId, headroom_pct: u32, max_permille: u32) -> Option<u32> {
+    /// CUs per XCC a VM needs for its widest recent dispatch on each of
+    /// `queues` busy queues, with `headroom_pct` percent headroom (`None`: no
+    /// dispatch seen, or more than `max_permille` of the XCC).
+    pub fn size(&self, vm: VmId, queues: u32, headroom_pct: u32, max_permille: u32) -> Option<u32> {
         let w = *self.width.get(&vm)?;
         if w == 0 {
             return None;
         }
-        let need = w.saturating_mul(100 + headroom_pct as u64).div_ceil(100);
+        let need = w
+            .saturating_mul(queues.max(1) as u64)
+            .saturating_mul(100 + headroom_pct as u64)
+            .div_ceil(100);
         let k = need.div_ceil(self.xccs as u64).max(1);
         let cap = self.cus_per_xcc as u64 * max_permille.min(1000) as u64 / 1000;
         (k <= cap && k < self.cus_per_xcc as u64).then_some(k as u32)
@@ -156,16 +159,19 @@ mod tests {
             ..Default::default()
         };
         let vm = VmId(1);
-        assert_eq!(s.size(vm, 25, 250), None);
+        assert_eq!(s.size(vm, 1, 25, 250), None);
         s.note(vm, 40);
         // 40 x 1.25 = 50 workgroups over 8 XCCs: 7 CUs per XCC.
-        assert_eq!(s.size(vm, 25, 250), Some(7));
+        assert_eq!(s.size(vm, 1, 25, 250), Some(7));
         s.note(vm, 1);
         assert_eq!(s.width[&vm], 35);
         // Wider than a quarter of the XCC: no reservation.
         s.note(vm, 304);
-        assert_eq!(s.size(vm, 25, 250), None);
+        assert_eq!(s.size(vm, 1, 25, 250), None);
         s.note(VmId(2), 1);
-        assert_eq!(s.size(VmId(2), 25, 250), Some(1));
+        assert_eq!(s.size(VmId(2), 1, 25, 250), Some(1));
+        // Four busy queues of 8 workgroups: 40 with headroom, 5 per XCC.
+        s.note(VmId(3), 8);
+        assert_eq!(s.size(VmId(3), 4, 25, 250), Some(5));
     }
 }

@@ -77,9 +77,20 @@ impl Scheduler {
             return (None, false);
         }
         let prev = self.spatial.res[p];
-        let cand = if owner.level < BOOST_LEVEL {
+        // Lower work to share the partition with?
+        let lower = self.parts[p].busy.range(..owner.level).next().is_some();
+        let cand = if owner.level < BOOST_LEVEL && lower {
+            // Its busy queues at its level may each dispatch that wide.
+            let queues = self.parts[p]
+                .busy
+                .get(&owner.level)
+                .and_then(|m| m.get(&owner.vm))
+                .copied()
+                .unwrap_or(1)
+                .max(1);
             let k = self.spatial.size(
                 owner.vm,
+                queues,
                 self.cfg.spatial_headroom_pct,
                 self.cfg.spatial_max_permille,
             );
@@ -140,7 +151,11 @@ impl Scheduler {
             .flatten()
             .filter_map(|r| self.vms.get(&r.vm))
             .filter(|v| v.busy == 0)
-            .map(|v| v.idle_at.saturating_add(self.cfg.spatial_hold_ns).saturating_add(1))
+            .map(|v| {
+                v.idle_at
+                    .saturating_add(self.cfg.spatial_hold_ns)
+                    .saturating_add(1)
+            })
             .filter(|&t| t > self.now)
             .min()
     }
@@ -174,10 +189,7 @@ impl Scheduler {
         let Some(key) = self.vms.get(&k.vm).and_then(|v| v.top_key_at(k.level)) else {
             return;
         };
-        let want: Vec<QueueId> = self.vms[&k.vm]
-            .ready_in(key, key)
-            .map(|e| e.2)
-            .collect();
+        let want: Vec<QueueId> = self.vms[&k.vm].ready_in(key, key).map(|e| e.2).collect();
         let mut left = want.len();
         for q in want {
             if !self.place(p, q, left) {

@@ -6,6 +6,10 @@
 //!
 //! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS] [--no-aging]`
 //!
+//! Spatial sharing is on (CU geometry of MI300X SPX, a random dispatch
+//! width of 1..400 workgroups noted before every doorbell, CU-set changes
+//! drained with the actions).
+//!
 //! `--no-aging` sets `aging_ns` to 10^15 ns (aging never fires in the run),
 //! to separate the cost of aging boosts from the rest.
 
@@ -52,6 +56,8 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
         slots(),
     )
     .unwrap();
+    // MI300X SPX geometry, as the GPU binding sets it: spatial sharing on.
+    s.set_cu_geometry(38, 8);
     let per_vm = 16.min(nq);
     for vm in 0..nq.div_ceil(per_vm) {
         s.add_vm(
@@ -108,11 +114,17 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
                 now,
             }
         };
+        let width = rng.gen_range(1..=400u64);
         let t0 = Instant::now();
+        if let Event::Doorbell { queue, .. } = ev {
+            // The binding notes the dispatch width before the doorbell.
+            s.note_dispatch_width(queue, width);
+        }
         s.handle(ev);
         while let Some(a) = s.poll_action() {
             acts.push(a);
         }
+        while s.poll_cu_change().is_some() {}
         let ns = t0.elapsed().as_nanos() as u64;
         cost.push(ns);
         let kind = match ev {

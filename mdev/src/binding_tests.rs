@@ -375,3 +375,6 @@ mod props {
         }
     }
 }
+
+#[path = "binding_spatial_tests.rs"]
+mod spatial;

@@ -206,6 +206,132 @@ pub enum QueueErrorReason {
     },
 }
 
+/// A set of CUs of one partition: bit `x * cus_per_xcc + c` is CU `c` of the
+/// partition's `x`-th XCC. The host half of a queue's CU mask
+/// ([`PhysGpu::set_cu_mask`]); the GPU intersects it with the guest MQD's
+/// `compute_static_thread_mgmt_se*` (docs/gpu-model.md, "CU masks").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CuMask {
+    bits: Vec<u64>,
+    len: u32,
+}
+
+impl CuMask {
+    /// Every one of `len` CUs.
+    pub fn all(len: u32) -> Self {
+        let mut m = CuMask::none(len);
+        for c in 0..len {
+            m.insert(c);
+        }
+        m
+    }
+
+    /// None of `len` CUs.
+    pub fn none(len: u32) -> Self {
+        CuMask {
+            bits: vec![0; len.div_ceil(64) as usize],
+            len,
+        }
+    }
+
+    /// The CUs of a scheduler [`scheduler::CuSet`] on every XCC of a
+    /// partition of `xccs` XCCs with `cus_per_xcc` CUs each.
+    pub fn from_set(set: scheduler::CuSet, cus_per_xcc: u32, xccs: u32) -> Self {
+        let mut m = CuMask::none(cus_per_xcc.saturating_mul(xccs));
+        for x in 0..xccs {
+            for c in 0..cus_per_xcc {
+                if set.contains(c, cus_per_xcc) {
+                    m.insert(x * cus_per_xcc + c);
+                }
+            }
+        }
+        m
+    }
+
+    /// The guest's CU mask from an MQD's `compute_static_thread_mgmt_se0..3`,
+    /// on every XCC: CU `c` of an XCC is shader engine `c % ses`, bit
+    /// `c / ses` of that engine's dword (KFD's symmetric CU-mask layout).
+    /// Shader engines past the fourth, and bits past 31, are not in the MQD
+    /// fields this model reads: such CUs count as enabled.
+    pub fn from_mqd(mqd: &V9Mqd, cus_per_xcc: u32, ses: u32, xccs: u32) -> Self {
+        let ses = ses.max(1);
+        let mut m = CuMask::none(cus_per_xcc.saturating_mul(xccs));
+        for c in 0..cus_per_xcc {
+            let (se, bit) = (c % ses, c / ses);
+            let on = match abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE.get(se as usize) {
+                Some(&dw) if bit < 32 => mqd.dw[dw] >> bit & 1 == 1,
+                _ => true,
+            };
+            if on {
+                for x in 0..xccs {
+                    m.insert(x * cus_per_xcc + c);
+                }
+            }
+        }
+        m
+    }
+
+    /// Number of CUs the mask ranges over.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Is CU `cu` in the mask?
+    pub fn contains(&self, cu: u32) -> bool {
+        cu < self.len && self.bits[(cu / 64) as usize] >> (cu % 64) & 1 == 1
+    }
+
+    /// Adds CU `cu` (ignored past the end).
+    pub fn insert(&mut self, cu: u32) {
+        if cu < self.len {
+            self.bits[(cu / 64) as usize] |= 1 << (cu % 64);
+        }
+    }
+
+    /// Removes CU `cu`.
+    pub fn remove(&mut self, cu: u32) {
+        if cu < self.len {
+            self.bits[(cu / 64) as usize] &= !(1 << (cu % 64));
+        }
+    }
+
+    /// CUs in both masks (over the shorter length).
+    pub fn and(&self, other: &CuMask) -> CuMask {
+        let len = self.len.min(other.len);
+        let mut bits: Vec<u64> = self
+            .bits
+            .iter()
+            .zip(&other.bits)
+            .map(|(a, b)| a & b)
+            .collect();
+        bits.truncate(len.div_ceil(64) as usize);
+        CuMask { bits, len }
+    }
+
+    /// Number of CUs in the mask.
+    pub fn count(&self) -> u32 {
+        self.bits.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// No CU in the mask?
+    pub fn is_empty(&self) -> bool {
+        self.bits.iter().all(|w| *w == 0)
+    }
+
+    /// Lowest CU in both this mask and `free` (a mask of the same length).
+    pub fn first_in(&self, free: &CuMask) -> Option<u32> {
+        self.bits
+            .iter()
+            .zip(&free.bits)
+            .enumerate()
+            .find_map(|(i, (a, b))| {
+                let w = a & b;
+                (w != 0).then(|| i as u32 * 64 + w.trailing_zeros())
+            })
+            .filter(|&c| c < self.len.min(free.len))
+    }
+}
+
 /// Errors of [`PhysGpu`] calls (the call is refused; no state changed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum GpuError {
@@ -401,4 +527,28 @@ pub trait PhysGpu: Send {
     fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>);
     /// When the model next has something to do (`None`: nothing until a call).
     fn next_deadline(&self) -> Option<Nanos>;
+    /// Sets the host CU mask of a mapped slot (partition CU numbering, see
+    /// [`CuMask`]): from then on its workgroups launch only on CUs in both
+    /// this mask and its MQD's; workgroups in flight finish where they are.
+    /// A map starts with every CU. The default (a backend without CU masks)
+    /// ignores it: spatial sharing then loses isolation, not correctness.
+    fn set_cu_mask(&mut self, now: Nanos, slot: SlotId, mask: &CuMask) -> Result<(), GpuError> {
+        let _ = (now, slot, mask);
+        Ok(())
+    }
+    /// [`PhysGpu::map`] with a host CU mask in force before its first
+    /// workgroup launches.
+    fn map_with_cu_mask(
+        &mut self,
+        now: Nanos,
+        req: MapRequest,
+        mask: Option<&CuMask>,
+    ) -> Result<(), GpuError> {
+        let slot = req.slot;
+        self.map(now, req)?;
+        match mask {
+            Some(m) => self.set_cu_mask(now, slot, m),
+            None => Ok(()),
+        }
+    }
 }

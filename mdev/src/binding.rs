@@ -19,7 +19,8 @@
 //! queued behind and handled in arrival order until none is left.
 
 use crate::backend::{
-    DequeueMode, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason, SlotId as PhysSlot,
+    CuMask, DequeueMode, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason,
+    SlotId as PhysSlot,
 };
 use crate::mem::DmaMemory;
 use crate::topology::GpuTopology;
@@ -30,6 +31,9 @@ use scheduler::{
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+
+/// Most packets read per doorbell for their dispatch width.
+pub const WIDTH_SCAN_PACKETS: u64 = 16;
 
 /// The scheduler's view of a topology's user HQD slots (`SlotId(i)` = slot i).
 pub fn slot_descs(topo: &GpuTopology) -> Vec<SlotDesc> {
@@ -135,6 +139,9 @@ struct QueueRec<O> {
     /// Mode to use for the dequeue that removes it (guest's dequeue request).
     exit_mode: Option<DequeueMode>,
     removing: bool,
+    /// Write index up to which its packets were read for their dispatch
+    /// width (spatial sharing).
+    seen_wptr: u64,
 }
 
 /// Counters kept by the binding.
@@ -180,8 +187,10 @@ impl<O: Copy> Binding<O> {
     pub fn new(topo: &GpuTopology, cfg: SchedConfig) -> Result<Self, SchedError> {
         let slots = slot_descs(topo);
         let n = slots.len();
+        let mut sched = Scheduler::new(cfg, slots)?;
+        sched.set_cu_geometry(topo.cus_per_xcc, topo.xccs_per_partition());
         Ok(Binding {
-            sched: Scheduler::new(cfg, slots)?,
+            sched,
             queues: HashMap::new(),
             slots: vec![None; n],
             pending: VecDeque::new(),
@@ -296,6 +305,7 @@ impl<O: Copy> Binding<O> {
                 on_gpu: false,
                 exit_mode: None,
                 removing: false,
+                seen_wptr: u64::MAX,
             },
         );
         Ok(())
@@ -356,6 +366,7 @@ impl<O: Copy> Binding<O> {
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
             gpu.doorbell(now, PhysSlot(slot.0), wptr);
         }
+        self.note_widths(queue, wptr);
         self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
     }
 
@@ -496,6 +507,7 @@ impl<O: Copy> Binding<O> {
             if let (Some(t0), Some(c)) = (t0, self.clock.as_mut()) {
                 self.decision_ns.push(c().saturating_sub(t0));
             }
+            self.apply_cu_changes(gpu, now);
             for a in acts.drain(..) {
                 self.action(gpu, now, a, out);
             }
@@ -507,6 +519,7 @@ impl<O: Copy> Binding<O> {
     fn action(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, a: Action, out: &mut Vec<Notice<O>>) {
         match a {
             Action::Map { queue, slot } => {
+                let mask = self.cu_mask_of(&*gpu, slot);
                 let Some(r) = self.queues.get_mut(&queue) else {
                     return;
                 };
@@ -520,7 +533,7 @@ impl<O: Copy> Binding<O> {
                 if let Some(e) = self.slots.get_mut(slot.0 as usize) {
                     *e = Some(queue);
                 }
-                match gpu.map(now, req) {
+                match gpu.map_with_cu_mask(now, req, mask.as_ref()) {
                     Ok(()) => {
                         r.on_gpu = true;
                         self.occupied += 1;
@@ -649,6 +662,73 @@ impl<O: Copy> Binding<O> {
             log::error!("reset of {queue:?} after a preemption timeout refused: {e}");
         }
         self.event(gpu, Event::QueueError { queue, now }, out);
+    }
+
+    /// Reads the kernel dispatches written to `queue`'s ring since the last
+    /// doorbell (at most [`WIDTH_SCAN_PACKETS`], the newest) and tells the
+    /// scheduler their widest workgroup count. Guest memory is hostile: an
+    /// unreadable or malformed packet is skipped (the GPU reports it when it
+    /// fetches it).
+    fn note_widths(&mut self, queue: QueueId, wptr: u64) {
+        let Some(r) = self.queues.get_mut(&queue) else {
+            return;
+        };
+        let seen = std::mem::replace(&mut r.seen_wptr, wptr);
+        let from = if seen == u64::MAX || seen > wptr {
+            wptr.saturating_sub(1)
+        } else {
+            seen
+        };
+        let from = from.max(wptr.saturating_sub(WIDTH_SCAN_PACKETS));
+        let mut widest = 0u64;
+        for idx in from..wptr {
+            let mut raw = [0u8; abi::aql::PACKET_SIZE];
+            if r.mem.read(r.mqd.packet_addr(idx), &mut raw).is_err() {
+                break;
+            }
+            if let abi::aql::Body::KernelDispatch(d) = abi::aql::Packet::decode(&raw).body {
+                if let Ok(n) = d.validate() {
+                    widest = widest.max(n);
+                }
+            }
+        }
+        if widest > 0 {
+            self.sched.note_dispatch_width(queue, widest);
+        }
+    }
+
+    /// Host CU mask for the queue mapped on `slot` (`None`: every CU).
+    fn cu_mask_of(&self, gpu: &dyn PhysGpu, slot: SlotId) -> Option<CuMask> {
+        match self.sched.slot_cu_set(slot) {
+            scheduler::CuSet::All => None,
+            set => {
+                let t = gpu.topology();
+                Some(CuMask::from_set(set, t.cus_per_xcc, t.xccs_per_partition()))
+            }
+        }
+    }
+
+    /// Carries the scheduler's CU-set changes of mapped queues to the GPU
+    /// (before the decision's maps and unmaps).
+    fn apply_cu_changes(&mut self, gpu: &mut dyn PhysGpu, now: Nanos) {
+        while let Some((queue, slot, _)) = self.sched.poll_cu_change() {
+            let on_slot = self
+                .queues
+                .get(&queue)
+                .is_some_and(|r| r.on_gpu && r.slot == Some(slot));
+            if !on_slot {
+                continue; // mapped by this decision: the map carries it
+            }
+            let t = gpu.topology();
+            let mask = CuMask::from_set(
+                self.sched.slot_cu_set(slot),
+                t.cus_per_xcc,
+                t.xccs_per_partition(),
+            );
+            if let Err(e) = gpu.set_cu_mask(now, PhysSlot(slot.0), &mask) {
+                log::debug!("CU mask of queue {queue:?} on slot {slot:?}: {e}");
+            }
+        }
     }
 
     /// Forgets removed queues the scheduler dropped.

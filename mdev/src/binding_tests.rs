@@ -438,3 +438,5 @@ fn a_preemption_that_times_out_resets_only_that_queue_with_error_22() {
         .any(|n| matches!(n, Notice::QueueError { owner: 11, .. })));
     assert_eq!(rig.b.occupied(), 0);
 }
+#[path = "binding_spatial_tests.rs"]
+mod spatial;

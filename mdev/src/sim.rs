@@ -82,6 +82,8 @@ pub struct SimStats {
     pub dequeue_timeouts: u64,
     /// ResetWaves requests that ended an unfinished drain or save.
     pub escalated_resets: u64,
+    /// Host CU-mask changes of mapped slots ([`PhysGpu::set_cu_mask`]).
+    pub cu_mask_changes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -173,6 +175,11 @@ struct Hqd {
     /// without a save point (`abi::kernel::flags::NO_SAVE_POINT`): the save
     /// is written when `inflight` reaches 0.
     save_waiting: bool,
+    /// CU masks: the guest MQD's (`None`: every CU), the host's, and the
+    /// CUs its workgroups may launch on (their intersection; `None`: all).
+    guest_mask: Option<CuMask>,
+    host_mask: Option<CuMask>,
+    mask: Option<CuMask>,
 }
 
 impl Hqd {
@@ -196,6 +203,8 @@ impl Hqd {
 
 struct Wg {
     slot: u32,
+    /// CU it runs on (partition numbering).
+    cu: u32,
     qgen: u64,
     id: u64,
     wg: u64,
@@ -206,6 +215,10 @@ struct Wg {
 
 struct Part {
     free_cus: u32,
+    /// Free CUs by identity (the count above is their number).
+    free_mask: CuMask,
+    /// Per CU: slot + 1 of the queue holding it (0: free).
+    cu_owner: Vec<u32>,
     slots: Vec<u32>,
     rr: usize,
 }
@@ -228,6 +241,8 @@ pub struct SimGpu {
     scratch: Vec<u8>,
     scratch2: Vec<u8>,
     event_budget: Option<usize>,
+    /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
+    next_map_mask: Option<CuMask>,
 }
 
 type QResult<T> = Result<T, QueueErrorReason>;
@@ -240,6 +255,8 @@ impl SimGpu {
         let mut parts: Vec<Part> = (0..topo.partitions())
             .map(|_| Part {
                 free_cus: topo.cus_per_partition(),
+                free_mask: CuMask::all(topo.cus_per_partition()),
+                cu_owner: vec![0; topo.cus_per_partition() as usize],
                 slots: Vec::new(),
                 rr: 0,
             })
@@ -264,6 +281,7 @@ impl SimGpu {
             scratch: Vec::new(),
             scratch2: Vec::new(),
             event_budget: None,
+            next_map_mask: None,
         })
     }
 
@@ -390,6 +408,9 @@ impl SimGpu {
             }
         }
         self.parts[p].free_cus += freed;
+        if freed > 0 {
+            release_cus(&mut self.parts[p], slot, false);
+        }
         q.inflight = 0;
         q.active.clear();
         q.resume.clear();
@@ -509,13 +530,23 @@ impl SimGpu {
     fn dispatch(&mut self, p: u32) {
         let pi = p as usize;
         let n = self.parts[pi].slots.len();
+        debug_assert_eq!(
+            self.parts[pi].free_cus,
+            self.parts[pi].free_mask.count(),
+            "free CU count and free CU set disagree"
+        );
         while self.parts[pi].free_cus > 0 {
             let mut chosen = None;
             for k in 0..n {
                 let pos = (self.parts[pi].rr + k) % n;
                 let s = self.parts[pi].slots[pos];
                 if let Some(q) = self.slots[s as usize].as_ref() {
-                    if q.state == HState::Active && q.has_dispatchable() {
+                    if q.state == HState::Active
+                        && q.has_dispatchable()
+                        && q.mask
+                            .as_ref()
+                            .is_none_or(|m| m.first_in(&self.parts[pi].free_mask).is_some())
+                    {
                         chosen = Some((pos, s));
                         break;
                     }
@@ -564,12 +595,21 @@ impl SimGpu {
         };
         q.inflight += 1;
         let qgen = q.gen;
+        let part = &mut self.parts[p];
+        let cu = match q.mask.as_ref() {
+            Some(m) => m.first_in(&part.free_mask),
+            None => part.free_mask.first_in(&part.free_mask),
+        }
+        .expect("dispatch chose a queue with a free CU in its mask");
+        part.free_mask.remove(cu);
+        part.cu_owner[cu as usize] = slot + 1;
         self.parts[p].free_cus -= 1;
         let end = now.saturating_add(dur);
         let idx = if let Some(i) = self.free_wgs.pop() {
             let w = &mut self.wgs[i as usize];
             w.gen = w.gen.wrapping_add(1);
             w.slot = slot;
+            w.cu = cu;
             w.qgen = qgen;
             w.id = id;
             w.wg = wg;
@@ -579,6 +619,7 @@ impl SimGpu {
         } else {
             self.wgs.push(Wg {
                 slot,
+                cu,
                 qgen,
                 id,
                 wg,
@@ -598,7 +639,7 @@ impl SimGpu {
             return;
         }
         let live = w.live;
-        let (slot, id, wg) = (w.slot, w.id, w.wg);
+        let (slot, id, wg, cu) = (w.slot, w.id, w.wg, w.cu);
         self.free_wgs.push(idx);
         self.wgs[idx as usize].live = false;
         if !live {
@@ -606,6 +647,7 @@ impl SimGpu {
         }
         let p = self.slot_part[slot as usize];
         self.parts[p as usize].free_cus += 1;
+        release_cu(&mut self.parts[p as usize], cu);
         let res = self.complete_wg(slot, id, wg);
         if let Err(e) = res {
             self.fail(slot, e);
@@ -728,6 +770,7 @@ impl SimGpu {
             return;
         };
         self.parts[p].free_cus += q.held_cus;
+        release_cus(&mut self.parts[p], slot, true);
         let (mode, since) = q.unmap_req.unwrap_or((DequeueMode::DrainPipe, now));
         if !matches!(q.state, HState::Error(_)) {
             // DrainPipe: partially dispatched packets are kept as control
@@ -1065,7 +1108,19 @@ impl PhysGpu for SimGpu {
             idle_reported: false,
             unmap_req: None,
             save_waiting: false,
+            guest_mask: None,
+            host_mask: self.next_map_mask.take(),
+            mask: None,
         };
+        let cus = self.topo.cus_per_partition();
+        let guest = CuMask::from_mqd(
+            &q.mqd,
+            self.topo.cus_per_xcc,
+            self.topo.ses_per_xcc,
+            self.topo.xccs_per_partition(),
+        );
+        q.guest_mask = (guest.count() < cus).then_some(guest);
+        q.mask = effective_mask(q.guest_mask.as_ref(), q.host_mask.as_ref());
         q.mqd.dw[mqd::CP_HQD_ACTIVE] = 1;
         q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = 0;
         // Error checks that depend on guest memory contents: queue error, slot taken.
@@ -1213,6 +1268,7 @@ impl PhysGpu for SimGpu {
                     }
                 }
                 self.stats.killed_wgs += killed as u64;
+                release_cus(&mut self.parts[p], s, false);
                 // Packets that completed out of order (signal decremented, header
                 // INVALID) stay complete: they are kept as Done records, or the
                 // CP would refetch an INVALID header at the next map and wait
@@ -1322,9 +1378,97 @@ impl PhysGpu for SimGpu {
         }
         self.heap.peek().map(|Reverse((t, _, _))| *t)
     }
+
+    fn set_cu_mask(&mut self, now: Nanos, slot: SlotId, mask: &CuMask) -> Result<(), GpuError> {
+        self.run_until(now);
+        let cus = self.topo.cus_per_partition();
+        let q = self
+            .slots
+            .get_mut(slot.0 as usize)
+            .ok_or(GpuError::NoSuchSlot(slot))?
+            .as_mut()
+            .ok_or(GpuError::NotMapped(slot))?;
+        let host = (mask.count() < cus || mask.len() < cus).then(|| mask.and(&CuMask::all(cus)));
+        if q.host_mask == host {
+            return Ok(());
+        }
+        q.host_mask = host;
+        q.mask = effective_mask(q.guest_mask.as_ref(), q.host_mask.as_ref());
+        self.stats.cu_mask_changes += 1;
+        let p = self.slot_part[slot.0 as usize];
+        self.dispatch(p);
+        Ok(())
+    }
+
+    fn map_with_cu_mask(
+        &mut self,
+        now: Nanos,
+        req: MapRequest,
+        mask: Option<&CuMask>,
+    ) -> Result<(), GpuError> {
+        let cus = self.topo.cus_per_partition();
+        self.next_map_mask = mask
+            .filter(|m| m.count() < cus || m.len() < cus)
+            .map(|m| m.and(&CuMask::all(cus)));
+        let r = self.map(now, req);
+        self.next_map_mask = None;
+        r
+    }
+}
+
+impl SimGpu {
+    /// The CUs a mapped slot's workgroups may launch on (`None`: not mapped).
+    pub fn cu_mask(&self, slot: SlotId) -> Option<CuMask> {
+        let q = self.slots.get(slot.0 as usize)?.as_ref()?;
+        let all = CuMask::all(self.topo.cus_per_partition());
+        Some(q.mask.clone().unwrap_or(all))
+    }
+
+    /// CUs (partition numbering) running a live workgroup of `slot`'s queue.
+    pub fn running_cus(&self, slot: SlotId) -> Vec<u32> {
+        let Some(Some(q)) = self.slots.get(slot.0 as usize) else {
+            return Vec::new();
+        };
+        self.wgs
+            .iter()
+            .filter(|w| w.live && w.slot == slot.0 && w.qgen == q.gen)
+            .map(|w| w.cu)
+            .collect()
+    }
+}
+
+/// CUs a queue may launch on: guest mask ∩ host mask (`None`: all).
+fn effective_mask(guest: Option<&CuMask>, host: Option<&CuMask>) -> Option<CuMask> {
+    match (guest, host) {
+        (None, None) => None,
+        (Some(m), None) | (None, Some(m)) => Some(m.clone()),
+        (Some(a), Some(b)) => Some(a.and(b)),
+    }
+}
+
+/// A live workgroup on `cu` finished: the CU is free.
+fn release_cu(part: &mut Part, cu: u32) {
+    if let Some(o) = part.cu_owner.get_mut(cu as usize) {
+        *o = 0;
+        part.free_mask.insert(cu);
+    }
+}
+
+/// Frees the CUs held by `slot`: all of them (`saved`: the waves a save
+/// held until the dequeue finished), or those of workgroups just killed.
+fn release_cus(part: &mut Part, slot: u32, _saved: bool) {
+    for (cu, o) in part.cu_owner.iter_mut().enumerate() {
+        if *o == slot + 1 {
+            *o = 0;
+            part.free_mask.insert(cu as u32);
+        }
+    }
 }
 
 #[cfg(test)]
 mod preempt_tests;
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod cu_mask_tests;

@@ -4,7 +4,11 @@
 //! queue's write pointer; after each one the same doorbell is repeated
 //! (unchanged write pointer) and timed separately (`stale` column).
 //!
-//! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS] [--no-aging]`
+//! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS] [--no-aging] [--no-spatial]`
+//!
+//! Spatial sharing is on (CU geometry of MI300X SPX, a random dispatch
+//! width of 1..400 workgroups noted before every doorbell, CU-set changes
+//! drained with the actions); `--no-spatial` runs without a CU geometry.
 //!
 //! `--no-aging` sets `aging_ns` to 10^15 ns (aging never fires in the run),
 //! to separate the cost of aging boosts from the rest.
@@ -52,6 +56,10 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
         slots(),
     )
     .unwrap();
+    // MI300X SPX geometry, as the GPU binding sets it: spatial sharing on.
+    if SPATIAL.load(std::sync::atomic::Ordering::Relaxed) {
+        s.set_cu_geometry(38, 8);
+    }
     let per_vm = 16.min(nq);
     for vm in 0..nq.div_ceil(per_vm) {
         s.add_vm(
@@ -108,11 +116,17 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
                 now,
             }
         };
+        let width = rng.gen_range(1..=400u64);
         let t0 = Instant::now();
+        if let Event::Doorbell { queue, .. } = ev {
+            // The binding notes the dispatch width before the doorbell.
+            s.note_dispatch_width(queue, width);
+        }
         s.handle(ev);
         while let Some(a) = s.poll_action() {
             acts.push(a);
         }
+        while s.poll_cu_change().is_some() {}
         let ns = t0.elapsed().as_nanos() as u64;
         cost.push(ns);
         let kind = match ev {
@@ -163,8 +177,14 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
     }
 }
 
+/// `--no-spatial` clears it.
+static SPATIAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--no-spatial") {
+        SPATIAL.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
     let aging = !args.iter().any(|a| a == "--no-aging");
     let events: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200_000);
     println!(

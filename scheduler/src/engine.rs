@@ -6,6 +6,8 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
+mod spatial_engine;
+
 /// Level of a boosted (aged) queue: above every VM priority.
 const BOOST_LEVEL: u16 = 16;
 
@@ -227,6 +229,8 @@ pub struct Scheduler {
     next_poll: Nanos,
     now: Nanos,
     stats: EngineStats,
+    /// Spatial sharing with CU masks (`spatial_engine.rs`).
+    spatial: crate::spatial::Spatial,
 }
 
 impl Scheduler {
@@ -273,6 +277,7 @@ impl Scheduler {
             next_poll: 0,
             now: 0,
             stats: EngineStats::default(),
+            spatial: Default::default(),
         })
     }
 
@@ -656,6 +661,7 @@ impl Scheduler {
             Policy::Poll5ms => self.decide_shared(p, poll, true),
             Policy::Fifo => self.decide_shared(p, false, false),
         }
+        self.spatial_sync(p);
     }
 
     /// How long a boosted queue runs boosted (unless it goes idle first):
@@ -804,6 +810,7 @@ impl Scheduler {
                 .retain(|w| busy.get(&top).is_some_and(|m| m.contains_key(w)));
         }
         self.parts[p].owner = Some(owner);
+        let (res, establish) = self.spatial_plan(p, owner);
         // The owner's highest busy queue priority at its level runs.
         let okey = self.vms[&owner.vm]
             .top_key_at(owner.level)
@@ -813,8 +820,9 @@ impl Scheduler {
             .running
             .iter()
             .filter(|(_, _, q)| {
-                let q = &self.queues[q];
-                q.vm != owner.vm || q.key != okey
+                let qq = &self.queues[q];
+                (qq.vm != owner.vm || qq.key != okey)
+                    && !self.spatial_keeps(res, establish, owner, *q)
             })
             .map(|e| e.2)
             .collect();
@@ -834,6 +842,7 @@ impl Scheduler {
             }
             left -= 1;
         }
+        self.spatial_beside(p, res, owner);
     }
 
     /// Shared (co-running) mode: ready queues fill slots, by level and then
@@ -1019,6 +1028,9 @@ impl Scheduler {
         if self.cfg.policy == Policy::Poll5ms && any_busy {
             consider(self.next_poll);
         }
+        if let Some(t) = self.spatial_deadline() {
+            consider(t);
+        }
         if let Some(t) = at {
             let t = t.max(now + 1);
             if self.armed != Some(t) || self.armed.is_some_and(|a| a <= now) {
@@ -1032,6 +1044,7 @@ impl Scheduler {
 
     fn map(&mut self, q: QueueId, slot: SlotId) {
         self.slot_owner[slot.0 as usize] = Some(q);
+        self.spatial_on_map(slot);
         let qq = self.queues.get_mut(&q).unwrap();
         qq.slot = Some(slot);
         let vm = qq.vm;

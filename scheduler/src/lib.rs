@@ -23,10 +23,12 @@
 //! cannot raise itself above its equals.
 
 mod engine;
+mod spatial;
 #[cfg(test)]
 mod tests;
 
 pub use engine::Scheduler;
+pub use spatial::{CuSet, SpatialStats};
 
 use serde::Deserialize;
 
@@ -177,6 +179,19 @@ pub struct SchedConfig {
     pub idle_unmap_ns: u64,
     /// Poll period of the `poll5ms` baseline.
     pub poll_ns: u64,
+    /// Spatial sharing (`hqdmux` policy, exclusive slices, with a CU geometry
+    /// from [`Scheduler::set_cu_geometry`]): the largest share of each XCC,
+    /// in permille, that a high-priority VM may reserve beside lower work
+    /// instead of preempting it; a wider demand falls back to CWSR
+    /// preemption. 0 disables spatial sharing.
+    pub spatial_max_permille: u32,
+    /// Headroom (percent) over the widest recent dispatch when sizing a
+    /// reservation.
+    pub spatial_headroom_pct: u32,
+    /// A reservation stays in place across its VM's idle gaps when its
+    /// re-ring gap is at most this long (a 5 kHz tenant), so lower work never
+    /// lands on its CUs; longer gaps release it when the VM goes idle.
+    pub spatial_hold_ns: u64,
 }
 
 impl SchedConfig {
@@ -223,6 +238,9 @@ impl Default for SchedConfig {
             anticipation_ns: 100_000,
             idle_unmap_ns: 2_000_000,
             poll_ns: 5_000_000,
+            spatial_max_permille: 250,
+            spatial_headroom_pct: 25,
+            spatial_hold_ns: 1_000_000,
         }
     }
 }

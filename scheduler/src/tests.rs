@@ -1364,3 +1364,6 @@ proptest! {
         }
     }
 }
+
+#[path = "spatial_tests.rs"]
+mod spatial_tests;

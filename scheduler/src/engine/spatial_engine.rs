@@ -1,0 +1,241 @@
+//! The engine's spatial-sharing decisions (docs/scheduling.md, "Spatial
+//! sharing"): which VM of a partition holds a CU reservation, which lower
+//! queues keep running beside it, and the host CU set of every mapped queue.
+
+use super::{lvl, Owner, Scheduler, BOOST_LEVEL};
+use crate::spatial::{Reservation, Spatial};
+use crate::{CuSet, Nanos, Policy, QueueId, SlotId, SpatialStats, VmId};
+
+impl Scheduler {
+    /// Enables spatial sharing for a GPU with `cus_per_xcc` CUs per XCC and
+    /// `xccs_per_partition` XCCs per partition (0 for either disables it).
+    /// A bare scheduler has no geometry and never restricts CUs.
+    pub fn set_cu_geometry(&mut self, cus_per_xcc: u32, xccs_per_partition: u32) {
+        self.spatial.cus_per_xcc = cus_per_xcc;
+        self.spatial.xccs = xccs_per_partition;
+        self.spatial.res = vec![None; self.parts.len()];
+        self.spatial.slot_cus = vec![CuSet::All; self.slots.len()];
+    }
+
+    /// The caller saw `workgroups` workgroups in a kernel dispatch newly
+    /// written to `queue`'s ring (call it before the doorbell event): the
+    /// demand that sizes the VM's CU reservation. Unknown queues are ignored.
+    pub fn note_dispatch_width(&mut self, queue: QueueId, workgroups: u64) {
+        if let Some(q) = self.queues.get(&queue) {
+            let vm = q.vm;
+            self.spatial.note(vm, workgroups);
+        }
+    }
+
+    /// Host CU set of the queue on `slot` (what a map of it must carry).
+    pub fn slot_cu_set(&self, slot: SlotId) -> CuSet {
+        self.spatial
+            .slot_cus
+            .get(slot.0 as usize)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Next CU-set change of a mapped queue, in decision order. The caller
+    /// applies it to the GPU (a queue mapped in the same decision already
+    /// carries its set: see [`Scheduler::slot_cu_set`]).
+    pub fn poll_cu_change(&mut self) -> Option<(QueueId, SlotId, CuSet)> {
+        self.spatial.changes.pop_front()
+    }
+
+    /// Spatial-sharing counters.
+    pub fn spatial_stats(&self) -> SpatialStats {
+        self.spatial.stats
+    }
+
+    /// The VM holding partition `p`'s CU reservation and its CUs per XCC.
+    pub fn cu_reservation(&self, p: u32) -> Option<(VmId, u32)> {
+        self.spatial
+            .res
+            .get(p as usize)
+            .copied()
+            .flatten()
+            .map(|r| (r.vm, r.k))
+    }
+
+    fn spatial_on(&self) -> bool {
+        self.spatial.enabled()
+            && self.cfg.policy == Policy::Hqdmux
+            && self.slices()
+            && self.cfg.spatial_max_permille > 0
+    }
+
+    /// Chooses partition `p`'s reservation for slice owner `owner`: the
+    /// owner's own when its demand fits, else a higher VM's that is held
+    /// across its short idle gaps. Returns it and whether it is new (lower
+    /// work may sit on its CUs: it is saved once).
+    pub(super) fn spatial_plan(&mut self, p: usize, owner: Owner) -> (Option<Reservation>, bool) {
+        if !self.spatial_on() {
+            if let Some(r) = self.spatial.res.get_mut(p) {
+                *r = None;
+            }
+            return (None, false);
+        }
+        let prev = self.spatial.res[p];
+        // Lower work to share the partition with?
+        let lower = self.parts[p].busy.range(..owner.level).next().is_some();
+        let cand = if owner.level < BOOST_LEVEL && lower {
+            // Its busy queues at its level may each dispatch that wide.
+            let queues = self.parts[p]
+                .busy
+                .get(&owner.level)
+                .and_then(|m| m.get(&owner.vm))
+                .copied()
+                .unwrap_or(1)
+                .max(1);
+            let k = self.spatial.size(
+                owner.vm,
+                queues,
+                self.cfg.spatial_headroom_pct,
+                self.cfg.spatial_max_permille,
+            );
+            if k.is_none() && self.lower_running(p, owner.level) {
+                self.spatial.stats.fallbacks += 1;
+            }
+            k.map(|k| Reservation {
+                vm: owner.vm,
+                level: owner.level,
+                k,
+            })
+        } else {
+            None
+        };
+        let r = cand.or_else(|| {
+            prev.filter(|r| r.vm != owner.vm && r.level > owner.level && self.spatial_held(*r))
+        });
+        let establish = match (r, prev) {
+            (Some(r), Some(pr)) => pr.vm != r.vm || r.k > pr.k,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if establish {
+            self.spatial.stats.established += 1;
+        }
+        self.spatial.res[p] = r;
+        (r, establish)
+    }
+
+    /// Is a lower-level queue running in `p`?
+    fn lower_running(&self, p: usize, level: u16) -> bool {
+        self.parts[p]
+            .running
+            .first()
+            .is_some_and(|&(l, _, _)| l < level)
+    }
+
+    /// Does a reservation outlive its VM's idle gap (short re-ring gap, idle
+    /// not longer than `spatial_hold_ns`, same level)?
+    fn spatial_held(&self, r: Reservation) -> bool {
+        let hold = self.cfg.spatial_hold_ns;
+        self.vms.get(&r.vm).is_some_and(|v| {
+            !v.removed
+                && v.params.priority as u16 == r.level
+                && v.gap_ewma <= hold
+                && (v.busy > 0 || self.now.saturating_sub(v.idle_at) <= hold)
+        })
+    }
+
+    /// When a held reservation of an idle VM lapses (for the timer).
+    pub(super) fn spatial_deadline(&self) -> Option<Nanos> {
+        if !self.spatial.enabled() {
+            return None;
+        }
+        self.spatial
+            .res
+            .iter()
+            .flatten()
+            .filter_map(|r| self.vms.get(&r.vm))
+            .filter(|v| v.busy == 0)
+            .map(|v| {
+                v.idle_at
+                    .saturating_add(self.cfg.spatial_hold_ns)
+                    .saturating_add(1)
+            })
+            .filter(|&t| t > self.now)
+            .min()
+    }
+
+    /// With a reservation of the owner, a running queue of a lower level
+    /// keeps running beside it (restricted to the other CUs) unless the
+    /// reservation is new.
+    pub(super) fn spatial_keeps(
+        &self,
+        r: Option<Reservation>,
+        establish: bool,
+        owner: Owner,
+        q: QueueId,
+    ) -> bool {
+        let q = &self.queues[&q];
+        matches!(r, Some(r) if r.vm == owner.vm)
+            && !establish
+            && q.vm != owner.vm
+            && lvl(q.key) < owner.level
+    }
+
+    /// With a reservation of the owner, the VM it displaced (parked) maps
+    /// its waiting queues of its top key again, beside the owner.
+    pub(super) fn spatial_beside(&mut self, p: usize, r: Option<Reservation>, owner: Owner) {
+        let Some(r) = r.filter(|r| r.vm == owner.vm) else {
+            return;
+        };
+        let Some(k) = self.parts[p].parked.filter(|k| k.level < r.level) else {
+            return;
+        };
+        let Some(key) = self.vms.get(&k.vm).and_then(|v| v.top_key_at(k.level)) else {
+            return;
+        };
+        let want: Vec<QueueId> = self.vms[&k.vm].ready_in(key, key).map(|e| e.2).collect();
+        let mut left = want.len();
+        for q in want {
+            if !self.place(p, q, left) {
+                break;
+            }
+            left -= 1;
+        }
+    }
+
+    /// A new map starts with every CU (the caller maps with
+    /// [`Scheduler::slot_cu_set`], set by the sync that follows).
+    pub(super) fn spatial_on_map(&mut self, slot: SlotId) {
+        if let Some(s) = self.spatial.slot_cus.get_mut(slot.0 as usize) {
+            *s = CuSet::All;
+        }
+    }
+
+    /// Gives every mapped queue of `p` (running or idle-mapped) the CU set
+    /// of the partition's reservation; queues a change for the caller.
+    pub(super) fn spatial_sync(&mut self, p: usize) {
+        if !self.spatial.enabled() {
+            return;
+        }
+        if !self.spatial_on() {
+            self.spatial.res[p] = None;
+        }
+        let r = self.spatial.res[p];
+        let part = &self.parts[p];
+        if r.is_none() && part.running.is_empty() && part.idle_mapped.is_empty() {
+            return;
+        }
+        let mapped = part
+            .running
+            .iter()
+            .map(|e| e.2)
+            .chain(part.idle_mapped.iter().map(|e| e.1));
+        for q in mapped {
+            let qq = &self.queues[&q];
+            let Some(slot) = qq.slot else { continue };
+            let want = Spatial::set_for(r, qq.vm);
+            let cur = &mut self.spatial.slot_cus[slot.0 as usize];
+            if *cur != want {
+                *cur = want;
+                self.spatial.stats.mask_changes += 1;
+                self.spatial.changes.push_back((q, slot, want));
+            }
+        }
+    }
+}

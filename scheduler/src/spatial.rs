@@ -1,0 +1,177 @@
+//! Spatial sharing with CU masks (docs/scheduling.md, "Spatial sharing").
+//!
+//! A high-priority VM whose dispatches fill only part of its partition gets
+//! its own CUs (a [`CuSet::Top`] of each XCC) beside the lower work, which
+//! keeps running restricted to the rest ([`CuSet::AllBut`]) instead of being
+//! saved with CWSR. The engine decides *which* VM holds a reservation and how
+//! large it is; this module holds the state and the sizing rule. The caller
+//! (the GPU binding) turns a [`CuSet`] into the host half of the queue's CU
+//! mask, which the GPU intersects with the guest's
+//! `compute_static_thread_mgmt_se*` (docs/gpu-model.md).
+
+use crate::{QueueId, SlotId, VmId};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Host CU set of a mapped queue, the same on every XCC of its partition.
+/// CUs are numbered `0..cus_per_xcc` within an XCC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CuSet {
+    /// Every CU (no spatial restriction).
+    #[default]
+    All,
+    /// The highest `n` CUs of each XCC (a spatially shared high-priority VM).
+    Top(u32),
+    /// Every CU but the highest `n` of each XCC (lower work beside it).
+    AllBut(u32),
+}
+
+impl CuSet {
+    /// Is CU `cu` (index within its XCC) in the set, for `cus_per_xcc` CUs
+    /// per XCC?
+    pub fn contains(self, cu: u32, cus_per_xcc: u32) -> bool {
+        if cu >= cus_per_xcc {
+            return false;
+        }
+        let first_top = cus_per_xcc.saturating_sub(match self {
+            CuSet::All => 0,
+            CuSet::Top(n) | CuSet::AllBut(n) => n,
+        });
+        match self {
+            CuSet::All => true,
+            CuSet::Top(_) => cu >= first_top,
+            CuSet::AllBut(_) => cu < first_top,
+        }
+    }
+
+    /// Do the two sets share no CU (for `cus_per_xcc` CUs per XCC)?
+    pub fn disjoint(self, other: CuSet, cus_per_xcc: u32) -> bool {
+        (0..cus_per_xcc).all(|c| !(self.contains(c, cus_per_xcc) && other.contains(c, cus_per_xcc)))
+    }
+}
+
+/// A partition's CU reservation for one VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reservation {
+    /// The VM holding it.
+    pub vm: VmId,
+    /// Its level when it was sized.
+    pub level: u16,
+    /// CUs per XCC it holds (`CuSet::Top(k)`).
+    pub k: u32,
+}
+
+/// Counters of spatial sharing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpatialStats {
+    /// Reservations established (each one preempts lower work that may sit
+    /// on the reserved CUs once).
+    pub established: u64,
+    /// Host CU-set changes of mapped queues.
+    pub mask_changes: u64,
+    /// Decisions in which a high-priority owner's demand did not fit the
+    /// spatial cap, so lower work was preempted instead.
+    pub fallbacks: u64,
+}
+
+/// Spatial-sharing state of the engine.
+#[derive(Debug, Default)]
+pub(crate) struct Spatial {
+    /// CUs per XCC (0: spatial sharing off, the default of a bare scheduler).
+    pub cus_per_xcc: u32,
+    /// XCCs per partition.
+    pub xccs: u32,
+    /// Per VM: widest recent dispatch (workgroups), decaying by 1/8 per
+    /// narrower dispatch.
+    pub width: BTreeMap<VmId, u64>,
+    /// Per partition: current reservation.
+    pub res: Vec<Option<Reservation>>,
+    /// Per slot: host CU set given to the queue on it.
+    pub slot_cus: Vec<CuSet>,
+    /// CU-set changes of mapped queues for the caller.
+    pub changes: VecDeque<(QueueId, SlotId, CuSet)>,
+    pub stats: SpatialStats,
+}
+
+impl Spatial {
+    /// Is spatial sharing possible (geometry known)?
+    pub fn enabled(&self) -> bool {
+        self.cus_per_xcc > 0 && self.xccs > 0
+    }
+
+    /// Records a dispatch of `wgs` workgroups by `vm`.
+    pub fn note(&mut self, vm: VmId, wgs: u64) {
+        let w = self.width.entry(vm).or_insert(0);
+        *w = wgs.max(*w - *w / 8);
+    }
+
+    /// CUs per XCC a VM needs for its widest recent dispatch on each of
+    /// `queues` busy queues, with `headroom_pct` percent headroom (`None`: no
+    /// dispatch seen, or more than `max_permille` of the XCC).
+    pub fn size(&self, vm: VmId, queues: u32, headroom_pct: u32, max_permille: u32) -> Option<u32> {
+        let w = *self.width.get(&vm)?;
+        if w == 0 {
+            return None;
+        }
+        let need = w
+            .saturating_mul(queues.max(1) as u64)
+            .saturating_mul(100 + headroom_pct as u64)
+            .div_ceil(100);
+        let k = need.div_ceil(self.xccs as u64).max(1);
+        let cap = self.cus_per_xcc as u64 * max_permille.min(1000) as u64 / 1000;
+        (k <= cap && k < self.cus_per_xcc as u64).then_some(k as u32)
+    }
+
+    /// The set a queue of `vm` gets under reservation `r`.
+    pub fn set_for(r: Option<Reservation>, vm: VmId) -> CuSet {
+        match r {
+            None => CuSet::All,
+            Some(r) if r.vm == vm => CuSet::Top(r.k),
+            Some(r) => CuSet::AllBut(r.k),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_and_all_but_split_every_xcc() {
+        for n in 0..=10 {
+            for k in 0..=n {
+                let top = CuSet::Top(k);
+                let rest = CuSet::AllBut(k);
+                assert!(top.disjoint(rest, n));
+                let covered = (0..n).filter(|&c| top.contains(c, n) || rest.contains(c, n));
+                assert_eq!(covered.count() as u32, n);
+                assert_eq!((0..n).filter(|&c| top.contains(c, n)).count() as u32, k);
+            }
+        }
+        assert!(!CuSet::All.contains(5, 5));
+        assert!(!CuSet::All.disjoint(CuSet::Top(1), 4));
+    }
+
+    #[test]
+    fn size_follows_the_widest_recent_dispatch() {
+        let mut s = Spatial {
+            cus_per_xcc: 38,
+            xccs: 8,
+            ..Default::default()
+        };
+        let vm = VmId(1);
+        assert_eq!(s.size(vm, 1, 25, 250), None);
+        s.note(vm, 40);
+        // 40 x 1.25 = 50 workgroups over 8 XCCs: 7 CUs per XCC.
+        assert_eq!(s.size(vm, 1, 25, 250), Some(7));
+        s.note(vm, 1);
+        assert_eq!(s.width[&vm], 35);
+        // Wider than a quarter of the XCC: no reservation.
+        s.note(vm, 304);
+        assert_eq!(s.size(vm, 1, 25, 250), None);
+        s.note(VmId(2), 1);
+        assert_eq!(s.size(VmId(2), 1, 25, 250), Some(1));
+        // Four busy queues of 8 workgroups: 40 with headroom, 5 per XCC.
+        s.note(VmId(3), 8);
+        assert_eq!(s.size(VmId(3), 4, 25, 250), Some(5));
+    }
+}

@@ -1,0 +1,161 @@
+//! Spatial sharing at the scheduler level (the fake GPU of `tests.rs`).
+
+use super::*;
+
+/// MI300X-like geometry: 38 CUs per XCC, 8 XCCs per partition.
+const CUS: u32 = 38;
+
+fn spatial_world() -> World {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+    w.s.set_cu_geometry(CUS, 8);
+    w
+}
+
+/// Queues mapped, not being dequeued.
+fn live(w: &World) -> Vec<QueueId> {
+    w.mapped
+        .keys()
+        .copied()
+        .filter(|q| !w.unmapping.contains_key(q))
+        .collect()
+}
+
+/// Running queues of different VMs and levels share no CU: the lower one
+/// co-runs only inside the complement of the higher one's reservation.
+fn check_disjoint(w: &World) -> Result<(), String> {
+    let qs: Vec<QueueId> = live(w)
+        .into_iter()
+        .filter(|q| w.state(*q) == QueueState::Running)
+        .collect();
+    for &a in &qs {
+        for &b in &qs {
+            if w.vm_of[&a] == w.vm_of[&b] || w.s.queue_level(a) <= w.s.queue_level(b) {
+                continue;
+            }
+            let (sa, sb) = (w.s.slot_cu_set(w.mapped[&a]), w.s.slot_cu_set(w.mapped[&b]));
+            if !sa.disjoint(sb, CUS) {
+                return Err(format!(
+                    "{a:?} (level {:?}, {sa:?}) co-runs with lower {b:?} ({sb:?}) at {}",
+                    w.s.queue_level(a),
+                    w.now
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_narrow_high_vm_runs_beside_lower_work_after_one_save() {
+    let mut w = spatial_world();
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    // 5 kHz, 1 workgroup of 20 us per period.
+    for i in 0..50 {
+        w.s.note_dispatch_width(rt, 1);
+        w.submit(rt, 20_000);
+        assert_eq!(w.state(rt), QueueState::Running);
+        check_disjoint(&w).unwrap();
+        w.run_until(MS + (i + 1) * 200_000);
+        check_disjoint(&w).unwrap();
+    }
+    // One save when the reservation was set up; lo then runs beside.
+    assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 1);
+    assert_eq!(w.s.cu_reservation(0), Some((VmId(1), 1)));
+    assert_eq!(w.state(lo), QueueState::Running);
+    assert_eq!(w.s.slot_cu_set(w.mapped[&lo]), CuSet::AllBut(1));
+    assert_eq!(w.s.slot_cu_set(w.mapped[&rt]), CuSet::Top(1));
+    assert_eq!(w.s.spatial_stats().established, 1);
+    // The lo VM keeps (nearly) the whole run: 50 x 200 us beside rt.
+    assert!(w.gpu_ns(0) >= 10 * MS, "lo got {} ns", w.gpu_ns(0));
+    // The rt VM stops: the reservation lapses after the hold, lo gets
+    // every CU back without a save.
+    w.run_until(20 * MS);
+    assert_eq!(w.s.cu_reservation(0), None);
+    assert_eq!(w.s.slot_cu_set(w.mapped[&lo]), CuSet::All);
+    assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 1);
+}
+
+#[test]
+fn a_high_vm_wider_than_the_cap_preempts_as_before() {
+    let mut w = spatial_world();
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let hi = w.vm(1, 12, 1, 1)[0];
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    for i in 0..5 {
+        // 304 workgroups: the whole partition.
+        w.s.note_dispatch_width(hi, 304);
+        w.submit(hi, 100_000);
+        assert_eq!(w.state(lo), QueueState::Preempting);
+        w.run_until(MS + (i + 1) * 5 * MS);
+    }
+    assert_eq!(w.s.cu_reservation(0), None);
+    assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 5);
+    assert!(w.s.spatial_stats().fallbacks >= 5);
+    assert_eq!(w.s.slot_cu_set(w.mapped[&lo]), CuSet::All);
+}
+
+#[test]
+fn a_lone_narrow_vm_keeps_every_cu() {
+    let mut w = spatial_world();
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.s.note_dispatch_width(rt, 1);
+    w.submit(rt, 10 * MS);
+    assert_eq!(w.s.cu_reservation(0), None);
+    assert_eq!(w.s.slot_cu_set(w.mapped[&rt]), CuSet::All);
+}
+
+#[test]
+fn without_geometry_nothing_is_restricted() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.submit(lo, 100 * MS);
+    w.run_until(MS);
+    w.s.note_dispatch_width(rt, 1);
+    w.submit(rt, 20_000);
+    assert_eq!(w.state(lo), QueueState::Preempting);
+    assert_eq!(w.s.poll_cu_change(), None);
+    assert_eq!(w.s.cu_reservation(0), None);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Random fleets (VM priorities, dispatch widths, periodic and
+    /// always-busy tenants): queues of different levels co-run only on
+    /// disjoint CU sets, a reservation fits the spatial cap, and the
+    /// engine's invariants hold.
+    #[test]
+    fn co_running_levels_never_share_cus(
+        vms in proptest::collection::vec((0u8..16, 1u64..400, 1u64..3_000, 100u64..6_000, 1u32..3), 2..5),
+        steps in 20u64..80,
+    ) {
+        let mut w = spatial_world();
+        let mut qs = Vec::new();
+        for (i, &(prio, width, job_us, period_us, nq)) in vms.iter().enumerate() {
+            for q in w.vm(i as u32, prio, 1, nq) {
+                qs.push((q, width, job_us * 1000, period_us * 1000));
+            }
+        }
+        let cap = CUS * SchedConfig::default().spatial_max_permille / 1000;
+        for step in 0..steps {
+            let now = step * 100_000;
+            for &(q, width, job, period) in &qs {
+                if now % period < 100_000 {
+                    w.s.note_dispatch_width(q, width);
+                    w.submit(q, job);
+                    check_disjoint(&w).map_err(TestCaseError::fail)?;
+                }
+            }
+            w.run_until(now + 100_000);
+            check_disjoint(&w).map_err(TestCaseError::fail)?;
+            if let Some((_, k)) = w.s.cu_reservation(0) {
+                prop_assert!(k >= 1 && k <= cap, "reservation of {k} CUs per XCC over the cap {cap}");
+            }
+        }
+    }
+}

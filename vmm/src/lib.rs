@@ -8,6 +8,7 @@ pub mod config;
 pub mod console;
 pub mod devices;
 pub mod fleet;
+pub mod http;
 pub mod signals;
 pub mod simcmd;
 pub mod vm;

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod boot;
+pub mod cli;
 pub mod bus;
 pub mod config;
 pub mod console;

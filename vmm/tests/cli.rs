@@ -142,7 +142,10 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
         .take_while(|l| l.starts_with("  "))
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    for sub in ["run", "check", "images", "sim", "ctl"] {
+    for sub in [
+        "run", "check", "images", "sim", "ps", "stats", "top", "set", "pause", "resume", "stop",
+        "policy", "add",
+    ] {
         assert!(commands.contains(&sub), "{sub} in {commands:?}");
     }
     for (sub, option) in [
@@ -150,7 +153,13 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
         ("run", "--api-socket"),
         ("check", "<CONFIG>"),
         ("sim", "--scenario"),
-        ("ctl", "<SOCKET>"),
+        ("run", "--api-socket-mode"),
+        ("run", "--json"),
+        ("ps", "--api-socket"),
+        ("top", "--once"),
+        ("set", "--quantum-ms"),
+        ("set", "--preempt-timeout-ms"),
+        ("add", "<FILE>"),
     ] {
         let out = hqdmux().args([sub, "--help"]).output().unwrap();
         assert!(out.status.success(), "{sub} --help");
@@ -162,6 +171,10 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
     }
     let out = hqdmux().arg("images").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("builtin:hello"));
+    assert!(
+        !commands.contains(&"ctl"),
+        "the text protocol client is gone: {commands:?}"
+    );
     let out = hqdmux().arg("frobnicate").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "unknown subcommand");
 }
@@ -281,17 +294,30 @@ fn a_failing_vm_makes_the_run_exit_nonzero() {
 }
 
 #[test]
-fn ctl_without_a_running_fleet_says_it_cannot_reach_the_socket() {
-    let out = hqdmux()
-        .args(["ctl", "/nonexistent/hqdmux.sock", "list"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("hqdmux ctl: cannot reach /nonexistent/hqdmux.sock"),
-        "{err}"
-    );
+fn clients_without_a_running_fleet_say_they_cannot_reach_the_socket() {
+    for args in [
+        vec!["ps"],
+        vec!["stats", "a"],
+        vec!["top", "--once"],
+        vec!["set", "a", "--priority", "3"],
+        vec!["pause", "a"],
+        vec!["policy"],
+    ] {
+        let out = hqdmux()
+            .args(&args)
+            .args(["--api-socket", "/nonexistent/hqdmux.sock"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "hqdmux {}: cannot reach /nonexistent/hqdmux.sock",
+                args[0]
+            )),
+            "{err}"
+        );
+    }
 }
 
 /// A fresh temp directory for one test.
@@ -362,7 +388,7 @@ fn start_endless(dir: &std::path::Path) -> (std::process::Child, std::path::Path
     let t0 = std::time::Instant::now();
     loop {
         let out = hqdmux()
-            .args(["ctl", sock.to_str().unwrap(), "list"])
+            .args(["ps", "--api-socket", sock.to_str().unwrap()])
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);

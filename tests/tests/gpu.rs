@@ -291,9 +291,8 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
     };
     let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
     let t0 = std::time::Instant::now();
-    let api = |m: &str, p: &str, b: Option<serde_json::Value>| {
-        vmm::api::request(&sock, m, p, b.as_ref())
-    };
+    let api =
+        |m: &str, p: &str, b: Option<serde_json::Value>| vmm::api::request(&sock, m, p, b.as_ref());
     loop {
         assert!(t0.elapsed().as_secs() < 20, "training never got a slot");
         if let Ok((200, v)) = api("GET", "/api/v1/vms/training", None) {
@@ -326,7 +325,11 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
     let (_, list) = api("GET", "/api/v1/vms", None).unwrap();
     let late = &list["vms"][1];
     assert_eq!(
-        (late["name"].as_str(), late["state"].as_str(), late["gpu"].as_bool()),
+        (
+            late["name"].as_str(),
+            late["state"].as_str(),
+            late["gpu"].as_bool()
+        ),
         (Some("late"), Some("running"), Some(true)),
         "{list}"
     );

@@ -283,10 +283,7 @@ impl FleetControl {
         let now = Instant::now();
         let mut deltas = Vec::with_capacity(inner.vms.len());
         for v in inner.vms.iter_mut() {
-            let ns = v
-                .vgpu
-                .and_then(|h| m.vm_status(h))
-                .map(|(_, s)| s.gpu_ns);
+            let ns = v.vgpu.and_then(|h| m.vm_status(h)).map(|(_, s)| s.gpu_ns);
             match ns {
                 Some(ns) => {
                     deltas.push(Some(ns.saturating_sub(v.sample_ns)));
@@ -403,8 +400,10 @@ impl FleetControl {
                 }
             };
             let r = match k.as_str() {
-                "priority" => int(u64::from(*PRIORITY_RANGE.start())..=u64::from(*PRIORITY_RANGE.end()))
-                    .map(|x| priority = Some(x as u8)),
+                "priority" => {
+                    int(u64::from(*PRIORITY_RANGE.start())..=u64::from(*PRIORITY_RANGE.end()))
+                        .map(|x| priority = Some(x as u8))
+                }
                 "weight" => int(u64::from(*WEIGHT_RANGE.start())..=u64::from(*WEIGHT_RANGE.end()))
                     .map(|x| weight = Some(x as u32)),
                 "quantum_ms" if val.is_null() => {
@@ -419,7 +418,8 @@ impl FleetControl {
                     ))
                 }),
                 _ => Err(bad(
-                    "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms)".into(),
+                    "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms)"
+                        .into(),
                 )),
             };
             if let Err(r) = r {
@@ -578,7 +578,10 @@ impl FleetControl {
             let names: Vec<&str> = scheduler::Policy::ALL.iter().map(|p| p.name()).collect();
             return err(
                 400,
-                format!("policy: unknown policy '{name}' (one of: {})", names.join(", ")),
+                format!(
+                    "policy: unknown policy '{name}' (one of: {})",
+                    names.join(", ")
+                ),
             );
         };
         let Some(m) = &self.arbiter else {
@@ -645,7 +648,10 @@ fn allowed(p: &[&str]) -> Option<&'static str> {
 fn json_object(req: &Request) -> Result<Map<String, Value>, Response> {
     if let Some(ct) = req.header("content-type") {
         if !ct.starts_with("application/json") {
-            return Err(err(415, format!("expected Content-Type application/json, got '{ct}'")));
+            return Err(err(
+                415,
+                format!("expected Content-Type application/json, got '{ct}'"),
+            ));
         }
     }
     match serde_json::from_slice::<Value>(&req.body) {
@@ -673,7 +679,10 @@ fn vm_table(req: &Request) -> Result<toml::Table, Response> {
                 Value::Bool(b) => toml::Value::Boolean(b),
                 Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64().unwrap_or(0)),
                 Value::Number(n) => {
-                    return Err(err(422, format!("vm: field `{k}`: {n} is not an integer in range")))
+                    return Err(err(
+                        422,
+                        format!("vm: field `{k}`: {n} is not an integer in range"),
+                    ))
                 }
                 other => {
                     return Err(err(
@@ -693,7 +702,10 @@ fn vm_table(req: &Request) -> Result<toml::Table, Response> {
         ));
     }
     let t: toml::Table = toml::from_str(text).map_err(|e| {
-        err(400, format!("invalid TOML: {}", e.to_string().replace('\n', " ")))
+        err(
+            400,
+            format!("invalid TOML: {}", e.to_string().replace('\n', " ")),
+        )
     })?;
     match t.get("vm") {
         Some(toml::Value::Array(a)) if t.len() == 1 => match a.as_slice() {
@@ -788,23 +800,91 @@ mod tests {
         assert_eq!(v["vms"][0]["gpu"], false);
         let cases = [
             ("GET", "/api/v1/vms/b", "", 404, "vm 'b': no such VM"),
-            ("PATCH", "/api/v1/vms/a", "{\"priority\": 16}", 400, "vm 'a': priority: 16 is out of range 0..=15"),
-            ("PATCH", "/api/v1/vms/a", "{\"weight\": \"x\"}", 400, "vm 'a': weight: expected an integer"),
-            ("PATCH", "/api/v1/vms/a", "{\"colour\": 1}", 400, "vm 'a': colour: unknown field"),
-            ("PATCH", "/api/v1/vms/a", "[1]", 400, "expected a JSON object"),
-            ("PATCH", "/api/v1/vms/a", "{\"priority\": 3}", 409, "vm 'a': priority: the VM has no vGPU"),
-            ("POST", "/api/v1/vms/a/pause", "", 409, "vm 'a': pause: the VM has no vGPU"),
-            ("PUT", "/api/v1/policy", "{\"policy\": \"lottery\"}", 400, "unknown policy 'lottery' (one of: hqdmux, fifo, poll5ms, timeslice, reset)"),
-            ("PUT", "/api/v1/policy", "{\"policy\": \"fifo\"}", 409, "the fleet has no GPU VMs"),
-            ("DELETE", "/api/v1/vms/a", "", 405, "method DELETE not allowed"),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"priority\": 16}",
+                400,
+                "vm 'a': priority: 16 is out of range 0..=15",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"weight\": \"x\"}",
+                400,
+                "vm 'a': weight: expected an integer",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"colour\": 1}",
+                400,
+                "vm 'a': colour: unknown field",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "[1]",
+                400,
+                "expected a JSON object",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"priority\": 3}",
+                409,
+                "vm 'a': priority: the VM has no vGPU",
+            ),
+            (
+                "POST",
+                "/api/v1/vms/a/pause",
+                "",
+                409,
+                "vm 'a': pause: the VM has no vGPU",
+            ),
+            (
+                "PUT",
+                "/api/v1/policy",
+                "{\"policy\": \"lottery\"}",
+                400,
+                "unknown policy 'lottery' (one of: hqdmux, fifo, poll5ms, timeslice, reset)",
+            ),
+            (
+                "PUT",
+                "/api/v1/policy",
+                "{\"policy\": \"fifo\"}",
+                409,
+                "the fleet has no GPU VMs",
+            ),
+            (
+                "DELETE",
+                "/api/v1/vms/a",
+                "",
+                405,
+                "method DELETE not allowed",
+            ),
             ("GET", "/api/v2/vms", "", 404, "no such path"),
             ("POST", "/api/v1/vms/a/stop", "", 503, "no fleet loop"),
-            ("POST", "/api/v1/vms", "{\"name\": \"a\", \"image\": \"builtin:hello\"}", 422, "vm 'a' (vm[1]): field `name`"),
-            ("POST", "/api/v1/vms", "{\"name\": \"c\", \"image\": \"builtin:hello\", \"vcpus\": 99}", 422, "vm 'c' (vm[1]): field `vcpus`: 99 is out of range"),
+            (
+                "POST",
+                "/api/v1/vms",
+                "{\"name\": \"a\", \"image\": \"builtin:hello\"}",
+                422,
+                "vm 'a' (vm[1]): field `name`",
+            ),
+            (
+                "POST",
+                "/api/v1/vms",
+                "{\"name\": \"c\", \"image\": \"builtin:hello\", \"vcpus\": 99}",
+                422,
+                "vm 'c' (vm[1]): field `vcpus`: 99 is out of range",
+            ),
         ];
         for (m, p, b, want_st, want) in cases {
             let (st, v) = call(&ctl, m, p, b);
-            let e = v["error"].as_str().unwrap_or_else(|| panic!("{m} {p}: {v}"));
+            let e = v["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{m} {p}: {v}"));
             assert_eq!(st, want_st, "{m} {p} {b}: {e}");
             assert!(e.contains(want), "{m} {p} {b}: {e}");
         }
@@ -824,14 +904,27 @@ mod tests {
             body: body.as_bytes().to_vec(),
             keep_alive: true,
         };
-        let t = vm_table(&req("application/toml", "[[vm]]\nname = \"x\"\ngpu = true\n")).unwrap();
+        let t = vm_table(&req(
+            "application/toml",
+            "[[vm]]\nname = \"x\"\ngpu = true\n",
+        ))
+        .unwrap();
         assert_eq!(t["name"].as_str(), Some("x"));
         let t = vm_table(&req("application/toml", "name = \"y\"\npriority = 3\n")).unwrap();
         assert_eq!(t["priority"].as_integer(), Some(3));
         let t = vm_table(&req("application/json", "{\"name\": \"z\", \"gpu\": true}")).unwrap();
         assert_eq!(t["gpu"].as_bool(), Some(true));
-        assert!(vm_table(&req("application/toml", "[[vm]]\nname=\"a\"\n[[vm]]\nname=\"b\"\n")).is_err());
+        assert!(vm_table(&req(
+            "application/toml",
+            "[[vm]]\nname=\"a\"\n[[vm]]\nname=\"b\"\n"
+        ))
+        .is_err());
         assert_eq!(vm_table(&req("image/png", "x")).unwrap_err().status, 415);
-        assert_eq!(vm_table(&req("application/json", "{\"weight\": 1.5}")).unwrap_err().status, 422);
+        assert_eq!(
+            vm_table(&req("application/json", "{\"weight\": 1.5}"))
+                .unwrap_err()
+                .status,
+            422
+        );
     }
 }

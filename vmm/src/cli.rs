@@ -69,7 +69,10 @@ pub fn call(
 }
 
 fn json_body(v: &Value) -> Option<(&'static str, Vec<u8>)> {
-    Some(("application/json", serde_json::to_vec(v).unwrap_or_default()))
+    Some((
+        "application/json",
+        serde_json::to_vec(v).unwrap_or_default(),
+    ))
 }
 
 fn num(v: &Value, digits: usize) -> String {
@@ -91,8 +94,17 @@ fn text(v: &Value) -> String {
 pub fn table(vms: &[Value]) -> String {
     let mut s = format!(
         "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9}  {}\n",
-        "vm", "state", "gpu", "prio", "weight", "slice_ms", "gpu_time_ms", "share", "preempt",
-        "cwsr_ms", "outcome"
+        "vm",
+        "state",
+        "gpu",
+        "prio",
+        "weight",
+        "slice_ms",
+        "gpu_time_ms",
+        "share",
+        "preempt",
+        "cwsr_ms",
+        "outcome"
     );
     for v in vms {
         let share = v["share"]
@@ -103,7 +115,11 @@ pub fn table(vms: &[Value]) -> String {
             "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9}  {}\n",
             text(&v["name"]),
             text(&v["state"]),
-            if v["gpu"].as_bool() == Some(true) { "yes" } else { "no" },
+            if v["gpu"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
             text(&v["priority"]),
             text(&v["weight"]),
             num(&v["quantum_ms"], 1),
@@ -236,7 +252,14 @@ pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
         eprintln!("hqdmux set: nothing to change (--priority, --weight, --quantum-ms, --preempt-timeout-ms)");
         return ExitCode::from(EXIT_UNREACHABLE);
     }
-    one_vm("set", socket, "PATCH", &format!("/vms/{}", encode_segment(vm)), json_body(&Value::Object(body)), as_json)
+    one_vm(
+        "set",
+        socket,
+        "PATCH",
+        &format!("/vms/{}", encode_segment(vm)),
+        json_body(&Value::Object(body)),
+        as_json,
+    )
 }
 
 /// `hqdmux pause|resume|stop VM`.
@@ -275,7 +298,13 @@ fn one_vm(
 /// `hqdmux policy [P]`.
 pub fn policy(socket: &Path, set: Option<&str>, as_json: bool) -> ExitCode {
     let r = match set {
-        Some(p) => call("policy", socket, "PUT", "/policy", json_body(&json!({ "policy": p }))),
+        Some(p) => call(
+            "policy",
+            socket,
+            "PUT",
+            "/policy",
+            json_body(&json!({ "policy": p })),
+        ),
         None => call("policy", socket, "GET", "/policy", None),
     };
     match r {
@@ -334,7 +363,10 @@ mod tests {
         ]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(lines[1].starts_with("a ") && lines[1].contains("25.0%"), "{t}");
+        assert!(
+            lines[1].starts_with("a ") && lines[1].contains("25.0%"),
+            "{t}"
+        );
         assert!(lines[2].ends_with("exited with status 0"), "{t}");
     }
 }

@@ -337,37 +337,58 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         if let Some(a) = attached[index].take() {
                             vgpu_io[index] = Some(a.detach());
                         }
-                        log::info!("vm '{}': stopped by the operator", reports[index].as_ref().map_or("?", |r| r.name.as_str()));
+                        log::info!(
+                            "vm '{}': stopped by the operator",
+                            reports[index].as_ref().map_or("?", |r| r.name.as_str())
+                        );
                     }
                     let view = control.view_of(index).unwrap_or_default();
                     reply.send(crate::http::Response::json(200, &view));
                 }
-                crate::api::FleetCommand::Add { index, config, reply } => {
+                crate::api::FleetCommand::Add {
+                    index,
+                    config,
+                    reply,
+                } => {
                     if index != running.len() {
                         log::error!("api: add of vm index {index} out of order");
                         control.failed(index, "host error: out of order".into());
-                        reply.send(crate::http::Response::error(500, "internal error: add out of order"));
+                        reply.send(crate::http::Response::error(
+                            500,
+                            "internal error: add out of order",
+                        ));
                         continue;
                     }
-                    let added = build_vm(&kvm, &cpuid, arbiter.as_ref(), cfg, &config, index, opts.echo)
-                        .and_then(|(vm, att)| {
-                            let done = EventFd::new(EFD_NONBLOCK)
-                                .map_err(|e| FleetError::EventLoop(e.to_string()))?;
-                            let done2 = done
-                                .try_clone()
-                                .map_err(|e| FleetError::EventLoop(e.to_string()))?;
-                            let h = att.as_ref().map(VgpuAttachment::handle);
-                            match vm.start(done2) {
-                                Ok(r) => Ok((r, att, h, done)),
-                                Err(source) => {
-                                    if let Some(a) = att {
-                                        detach_vgpu(&arbiter, Some(a.handle()));
-                                        a.detach();
-                                    }
-                                    Err(FleetError::Build { vm: config.name.clone(), source })
+                    let added = build_vm(
+                        &kvm,
+                        &cpuid,
+                        arbiter.as_ref(),
+                        cfg,
+                        &config,
+                        index,
+                        opts.echo,
+                    )
+                    .and_then(|(vm, att)| {
+                        let done = EventFd::new(EFD_NONBLOCK)
+                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                        let done2 = done
+                            .try_clone()
+                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                        let h = att.as_ref().map(VgpuAttachment::handle);
+                        match vm.start(done2) {
+                            Ok(r) => Ok((r, att, h, done)),
+                            Err(source) => {
+                                if let Some(a) = att {
+                                    detach_vgpu(&arbiter, Some(a.handle()));
+                                    a.detach();
                                 }
+                                Err(FleetError::Build {
+                                    vm: config.name.clone(),
+                                    source,
+                                })
                             }
-                        });
+                        }
+                    });
                     match added {
                         Ok((r, att, h, done)) => {
                             running.push(Some(r));
@@ -400,7 +421,10 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                             vgpu_io.push(None);
                             vgpus.push(None);
                             attached.push(None);
-                            new_done.push(EventFd::new(EFD_NONBLOCK).map_err(|e| FleetError::EventLoop(e.to_string()))?);
+                            new_done.push(
+                                EventFd::new(EFD_NONBLOCK)
+                                    .map_err(|e| FleetError::EventLoop(e.to_string()))?,
+                            );
                             log::warn!("api: {e}");
                             control.failed(index, e.to_string());
                             reply.send(crate::http::Response::error(422, e.to_string()));

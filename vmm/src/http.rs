@@ -144,7 +144,9 @@ pub fn parse_request(buf: &[u8]) -> Result<(Request, usize), ParseError> {
         }
     };
     if !target.starts_with('/') || target.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        return Err(ParseError::Bad("the target must be an absolute path".into()));
+        return Err(ParseError::Bad(
+            "the target must be an absolute path".into(),
+        ));
     }
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
@@ -613,10 +615,8 @@ impl Loop {
                     }
                     if self.conns.len() >= MAX_CONNECTIONS {
                         let mut s = stream;
-                        let _ = s.write_all(
-                            &Response::error(503, "too many connections")
-                                .encode(false),
-                        );
+                        let _ = s
+                            .write_all(&Response::error(503, "too many connections").encode(false));
                         continue;
                     }
                     let slot = self.free.pop().unwrap_or_else(|| {
@@ -780,7 +780,10 @@ impl Loop {
         if !keep {
             c.closing = true;
         }
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).requests += 1;
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .requests += 1;
         self.flush(slot);
     }
 
@@ -881,8 +884,9 @@ pub fn call(
     s.write_all(&bytes)?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
-    parse_response(&resp)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP answer"))
+    parse_response(&resp).ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed HTTP answer")
+    })
 }
 
 /// Splits a whole HTTP answer into status and body.
@@ -1032,7 +1036,9 @@ mod tests {
     fn an_idle_or_half_sent_client_does_not_block_another() {
         let path = temp_sock("idle");
         let _server = HttpServer::start(&path, SocketOptions::default(), Arc::new(Echo)).unwrap();
-        let mut idle: Vec<UnixStream> = (0..200).map(|_| UnixStream::connect(&path).unwrap()).collect();
+        let mut idle: Vec<UnixStream> = (0..200)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
         idle[0].write_all(b"GET /x HTTP/1.1\r\nHost:").unwrap();
         let (st, body) = call(&path, "GET", "/y", None).unwrap();
         assert_eq!(st, 200);

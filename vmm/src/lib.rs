@@ -3,8 +3,8 @@
 
 pub mod api;
 pub mod boot;
-pub mod cli;
 pub mod bus;
+pub mod cli;
 pub mod config;
 pub mod console;
 pub mod devices;

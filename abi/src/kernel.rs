@@ -10,7 +10,7 @@
 //! | 4 | u16 | version ([`KD_VERSION`]) |
 //! | 6 | u16 | kind ([`KernelKind`]) |
 //! | 8 | u64 | cost of one workgroup on one CU, in ns |
-//! | 16 | u32 | flags (0) |
+//! | 16 | u32 | flags ([`flags`]; unknown bits are ignored) |
 //! | 20..64 | | reserved, zero |
 //!
 //! Work split: workgroup `i` (linear index over the grid, x fastest) covers
@@ -39,6 +39,16 @@ pub const KD_MAGIC: u32 = u32::from_le_bytes(*b"HQDK");
 pub const KD_VERSION: u16 = 1;
 /// Largest kernarg segment of a built-in kernel.
 pub const KERNARG_MAX: usize = 32;
+
+/// Kernel descriptor flag bits (offset 16).
+pub mod flags {
+    /// The kernel's waves never reach a CWSR save point (a kernel that
+    /// masks the trap, or runs with it disabled): a SAVE dequeue cannot save
+    /// its in-flight workgroups and waits until they finish, like a DRAIN.
+    /// A long workgroup then holds the dequeue until the VM's preemption
+    /// timeout resets the queue (`abi::vgpu::error::PREEMPTION_TIMEOUT`).
+    pub const NO_SAVE_POINT: u32 = 1 << 0;
+}
 
 /// Built-in kernel kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +101,7 @@ pub struct KernelDescriptor {
     pub kind: KernelKind,
     /// Time one workgroup occupies one CU (ns).
     pub wg_cost_ns: u64,
-    /// Flags (0).
+    /// Flags ([`flags`]).
     pub flags: u32,
 }
 
@@ -124,6 +134,16 @@ impl KernelDescriptor {
             wg_cost_ns,
             flags: 0,
         }
+    }
+    /// The same descriptor with `flags` ([`flags`]) set.
+    pub const fn with_flags(mut self, flags: u32) -> Self {
+        self.flags = flags;
+        self
+    }
+    /// Whether a SAVE dequeue can save this kernel's in-flight waves (no
+    /// [`flags::NO_SAVE_POINT`]).
+    pub const fn preemptible(&self) -> bool {
+        self.flags & flags::NO_SAVE_POINT == 0
     }
     /// Encode to 64 bytes.
     pub fn encode(&self) -> [u8; KD_SIZE] {
@@ -327,6 +347,22 @@ mod tests {
             KernelDescriptor::decode(&b),
             Err(DescriptorError::BadMagic(_))
         ));
+    }
+
+    #[test]
+    fn no_save_point_flag_round_trips_and_marks_the_kernel_non_preemptible() {
+        let d = KernelDescriptor::new(KernelKind::Spin, 10);
+        assert!(d.preemptible());
+        let n = d.with_flags(flags::NO_SAVE_POINT);
+        assert!(!n.preemptible());
+        let b = n.encode();
+        assert_eq!(u32_at(&b, 16), flags::NO_SAVE_POINT);
+        assert_eq!(KernelDescriptor::decode(&b), Ok(n));
+        // Unknown bits decode and leave the kernel preemptible.
+        let other = d.with_flags(0x8000_0000);
+        assert!(KernelDescriptor::decode(&other.encode())
+            .unwrap()
+            .preemptible());
     }
 
     #[test]

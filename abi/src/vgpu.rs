@@ -147,4 +147,15 @@ pub mod error {
     /// (quarantine): every vHQD reads this code, nothing runs any more, and
     /// the error vector is raised once. Other VMs are unaffected.
     pub const DEVICE_LOST: u32 = 21;
+    /// A dequeue (scheduler preemption or the guest's own DRAIN/SAVE) did
+    /// not finish within the VM's preemption timeout (`preempt_timeout_ms`,
+    /// default 9000 ms as KFD's `queue_preemption_timeout_ms`): the host
+    /// reset this queue only (RESET_WAVES; in-flight workgroups are lost)
+    /// and raised the error vector. Other queues and VMs are unaffected.
+    pub const PREEMPTION_TIMEOUT: u32 = 22;
+    /// The host's misbehaving-VM guard quarantined this VM's vGPU (too many
+    /// queue errors, preemption-timeout resets or doorbell storms within its
+    /// window): loads are refused with this code until the operator clears
+    /// the quarantine. Queues already loaded keep running.
+    pub const QUARANTINED: u32 = 23;
 }

@@ -132,7 +132,7 @@ fn virtual_time(vms: usize, qpv: usize) {
                     }
                 }
                 GpuEvent::QueueError { reason, .. } => panic!("queue error {reason}"),
-                GpuEvent::PacketCompleted { .. } => {}
+                GpuEvent::PacketCompleted { .. } | GpuEvent::DequeueTimedOut { .. } => {}
             }
         }
     }

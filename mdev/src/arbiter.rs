@@ -72,7 +72,19 @@ pub enum ArbiterError {
     /// The arbiter was shut down.
     #[error("arbiter is shut down")]
     Stopped,
+    /// A preemption timeout outside [`PREEMPT_TIMEOUT_MS_RANGE`].
+    #[error(
+        "preemption timeout {0:?} is out of range {lo}..={hi} ms",
+        lo = PREEMPT_TIMEOUT_MS_RANGE.start(),
+        hi = PREEMPT_TIMEOUT_MS_RANGE.end()
+    )]
+    PreemptTimeout(Duration),
 }
+
+/// Default per-VM preemption timeout (ms), as KFD's `queue_preemption_timeout_ms`.
+pub const DEFAULT_PREEMPT_TIMEOUT_MS: u64 = 9000;
+/// Accepted per-VM preemption timeouts (ms): 1 ms to 1 hour.
+pub const PREEMPT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=3_600_000;
 
 /// Counters of an arbiter.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -464,12 +476,7 @@ impl GpuArbiter {
         }
         let mut out = Vec::new();
         for ev in buf.drain(..) {
-            let tag = match &ev {
-                GpuEvent::PacketCompleted { tag, .. }
-                | GpuEvent::QueueIdle { tag, .. }
-                | GpuEvent::Unmapped { tag, .. }
-                | GpuEvent::QueueError { tag, .. } => QueueId(*tag),
-            };
+            let tag = QueueId(ev.tag());
             let r = catch_unwind(AssertUnwindSafe(|| {
                 c.bind.gpu_event(c.gpu.as_mut(), now, ev, &mut out)
             }));
@@ -773,6 +780,40 @@ impl GpuArbiter {
             Some(e) if !e.removed => Ok(()),
             _ => Err(SchedError::NoVm(VmId(vm.0))),
         }
+    }
+
+    // ---- preemption timeout (issue 11) -----------------------------------
+
+    /// Sets VM `vm`'s preemption timeout live: a dequeue of one of its
+    /// queues (scheduler preemption or the guest's own) that has not
+    /// finished this long after the request resets that queue only; it
+    /// reads `CP_HQD_ERROR` = [`error::PREEMPTION_TIMEOUT`]. Applies to
+    /// dequeues requested from now on. Range: [`PREEMPT_TIMEOUT_MS_RANGE`].
+    pub fn set_preempt_timeout(
+        &self,
+        vm: VgpuHandle,
+        timeout: Duration,
+    ) -> Result<(), ArbiterError> {
+        let ms = timeout.as_millis();
+        if ms < u128::from(*PREEMPT_TIMEOUT_MS_RANGE.start())
+            || ms > u128::from(*PREEMPT_TIMEOUT_MS_RANGE.end())
+        {
+            return Err(ArbiterError::PreemptTimeout(timeout));
+        }
+        let mut c = lock(&self.core);
+        if c.vms.get(vm.0 as usize).is_none_or(|e| e.removed) {
+            return Err(SchedError::NoVm(VmId(vm.0)).into());
+        }
+        let ns = timeout.as_nanos().min(u128::from(u64::MAX)) as Nanos;
+        c.bind.set_preempt_timeout(VmId(vm.0), ns)?;
+        Ok(())
+    }
+
+    /// VM `vm`'s preemption timeout (`None` once removed or unknown).
+    pub fn preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
+        let c = lock(&self.core);
+        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.bind.preempt_timeout(VmId(vm.0)).map(Duration::from_nanos)
     }
 }
 

@@ -394,3 +394,31 @@ fn a_paused_vm_is_saved_held_and_resumed_exactly_once() {
     assert_eq!(a.vm_controls(g.h), None);
     a.shutdown();
 }
+
+#[test]
+fn preempt_timeout_defaults_to_kfd_and_is_set_live_within_range() {
+    let a = arbiter();
+    let g = guest(&a, "t", 0, false);
+    assert_eq!(
+        a.preempt_timeout(g.h),
+        Some(Duration::from_millis(DEFAULT_PREEMPT_TIMEOUT_MS))
+    );
+    a.set_preempt_timeout(g.h, Duration::from_millis(40))
+        .unwrap();
+    assert_eq!(a.preempt_timeout(g.h), Some(Duration::from_millis(40)));
+    assert!(matches!(
+        a.set_preempt_timeout(g.h, Duration::ZERO),
+        Err(ArbiterError::PreemptTimeout(_))
+    ));
+    assert!(matches!(
+        a.set_preempt_timeout(g.h, Duration::from_secs(3601)),
+        Err(ArbiterError::PreemptTimeout(_))
+    ));
+    assert_eq!(a.preempt_timeout(g.h), Some(Duration::from_millis(40)));
+    a.remove_vm(g.h);
+    assert_eq!(a.preempt_timeout(g.h), None);
+    assert!(a
+        .set_preempt_timeout(g.h, Duration::from_millis(5))
+        .is_err());
+    a.shutdown();
+}

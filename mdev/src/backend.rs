@@ -196,6 +196,14 @@ pub enum QueueErrorReason {
     /// Saved state read back on restore is malformed.
     #[error("malformed saved CWSR state: {0}")]
     BadSavedState(&'static str),
+    /// A dequeue did not finish within the VM's preemption timeout (waves
+    /// that do not reach a save point, or a save slower than the timeout):
+    /// the queue was reset (RESET_WAVES), its in-flight work is lost.
+    #[error("dequeue did not finish within the preemption timeout ({waited_ns} ns); queue reset")]
+    PreemptionTimeout {
+        /// How long the dequeue had been waiting (ns).
+        waited_ns: u64,
+    },
 }
 
 /// Errors of [`PhysGpu`] calls (the call is refused; no state changed).
@@ -289,6 +297,23 @@ pub enum GpuEvent {
         /// Time.
         at: Nanos,
     },
+    /// A dequeue requested with a timeout ([`PhysGpu::unmap_within`]) has
+    /// not finished in time (KFD: the HWS reports a failed preemption). The
+    /// slot stays unmapping; the caller resets it with a
+    /// [`DequeueMode::ResetWaves`] unmap, which then ends with
+    /// [`GpuEvent::Unmapped`].
+    DequeueTimedOut {
+        /// Slot.
+        slot: SlotId,
+        /// Tag.
+        tag: u64,
+        /// Mode that did not finish.
+        mode: DequeueMode,
+        /// Time since the request (ns).
+        waited_ns: Nanos,
+        /// Time.
+        at: Nanos,
+    },
     /// The queue stopped on bad input; other queues continue. Unmap it to free the slot.
     QueueError {
         /// Slot.
@@ -309,6 +334,7 @@ impl GpuEvent {
             GpuEvent::PacketCompleted { at, .. }
             | GpuEvent::QueueIdle { at, .. }
             | GpuEvent::Unmapped { at, .. }
+            | GpuEvent::DequeueTimedOut { at, .. }
             | GpuEvent::QueueError { at, .. } => *at,
         }
     }
@@ -318,7 +344,18 @@ impl GpuEvent {
             GpuEvent::PacketCompleted { slot, .. }
             | GpuEvent::QueueIdle { slot, .. }
             | GpuEvent::Unmapped { slot, .. }
+            | GpuEvent::DequeueTimedOut { slot, .. }
             | GpuEvent::QueueError { slot, .. } => *slot,
+        }
+    }
+    /// Tag (the caller's queue id) of the event.
+    pub fn tag(&self) -> u64 {
+        match self {
+            GpuEvent::PacketCompleted { tag, .. }
+            | GpuEvent::QueueIdle { tag, .. }
+            | GpuEvent::Unmapped { tag, .. }
+            | GpuEvent::DequeueTimedOut { tag, .. }
+            | GpuEvent::QueueError { tag, .. } => *tag,
         }
     }
 }
@@ -329,18 +366,33 @@ impl GpuEvent {
 /// Calls at `now` first bring the model up to `now`; events become visible at the
 /// next [`PhysGpu::advance`].
 ///
-/// Not expressible yet: a dequeue that fails or times out (KFD's
-/// `queue_preemption_timeout_ms`, 9 s by default, after which the driver resets
-/// the GPU). The simulator's dequeues always complete; a real backend needs an
-/// error-carrying `Unmapped` (or an `UnmapFailed` event) and a scheduler
-/// reaction. See docs/gpu-model.md, "Not modelled".
+/// A dequeue may not finish (waves that never reach a save point): with
+/// [`PhysGpu::unmap_within`] the backend reports [`GpuEvent::DequeueTimedOut`]
+/// after the timeout (KFD's `queue_preemption_timeout_ms`), and accepts a
+/// [`DequeueMode::ResetWaves`] unmap of the still-unmapping slot to end it.
 pub trait PhysGpu: Send {
     /// Topology (slot list, CU counts).
     fn topology(&self) -> &GpuTopology;
     /// Load a queue (`hqd_load`), restoring saved waves if the MQD has any.
     fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError>;
     /// Request a dequeue; completion is reported by [`GpuEvent::Unmapped`].
+    /// A [`DequeueMode::ResetWaves`] request on a slot whose drain or save has
+    /// not finished escalates it (kills the waves still running).
     fn unmap(&mut self, now: Nanos, slot: SlotId, mode: DequeueMode) -> Result<(), GpuError>;
+    /// As [`PhysGpu::unmap`], and if the dequeue has not finished `timeout`
+    /// ns after `now`, report [`GpuEvent::DequeueTimedOut`] (`None`: wait
+    /// forever). The default ignores the timeout (a backend whose dequeues
+    /// always finish).
+    fn unmap_within(
+        &mut self,
+        now: Nanos,
+        slot: SlotId,
+        mode: DequeueMode,
+        timeout: Option<Nanos>,
+    ) -> Result<(), GpuError> {
+        let _ = timeout;
+        self.unmap(now, slot, mode)
+    }
     /// Doorbell: new write index (packets). Ignored for unmapped slots.
     fn doorbell(&mut self, now: Nanos, slot: SlotId, wptr: u64);
     /// Status of a mapped slot.

@@ -144,7 +144,13 @@ pub struct BindingStats {
     pub completions: u64,
     /// Queue errors reported by the GPU or refused maps.
     pub queue_errors: u64,
+    /// Dequeues that did not finish within their VM's preemption timeout
+    /// (each reset its queue with [`QueueErrorReason::PreemptionTimeout`]).
+    pub preempt_timeouts: u64,
 }
+
+/// Default preemption timeout (ns): KFD's `queue_preemption_timeout_ms`, 9000 ms.
+pub const DEFAULT_PREEMPT_TIMEOUT_NS: Nanos = 9_000_000_000;
 
 /// Host time source for measuring decisions (eval); `None` by default.
 pub type DecisionClock = Box<dyn FnMut() -> u64 + Send>;
@@ -162,6 +168,9 @@ pub struct Binding<O: Copy> {
     occupied: usize,
     clock: Option<DecisionClock>,
     decision_ns: Vec<u64>,
+    /// Per-VM preemption timeout (ns); VMs not listed use
+    /// [`DEFAULT_PREEMPT_TIMEOUT_NS`].
+    preempt_timeout: HashMap<VmId, Nanos>,
 }
 
 impl<O: Copy> Binding<O> {
@@ -179,6 +188,7 @@ impl<O: Copy> Binding<O> {
             occupied: 0,
             clock: None,
             decision_ns: Vec::new(),
+            preempt_timeout: HashMap::new(),
         })
     }
 
@@ -430,6 +440,12 @@ impl<O: Copy> Binding<O> {
                     out,
                 );
             }
+            GpuEvent::DequeueTimedOut {
+                slot,
+                tag,
+                waited_ns,
+                ..
+            } => self.dequeue_timed_out(gpu, now, QueueId(tag), slot, waited_ns, out),
             GpuEvent::QueueError { tag, reason, .. } => {
                 let queue = QueueId(tag);
                 self.stats.queue_errors += 1;
@@ -541,7 +557,17 @@ impl<O: Copy> Binding<O> {
                     ),
                     None => (false, dequeue_mode(mode)),
                 };
-                if !on_gpu || gpu.unmap(now, PhysSlot(slot.0), mode).is_err() {
+                // Every dequeue but a reset must finish within the VM's
+                // preemption timeout (a reset is what ends one that did not).
+                let timeout = match mode {
+                    DequeueMode::ResetWaves => None,
+                    _ => Some(self.queue_preempt_timeout(queue)),
+                };
+                if !on_gpu
+                    || gpu
+                        .unmap_within(now, PhysSlot(slot.0), mode, timeout)
+                        .is_err()
+                {
                     // Never reached the GPU (refused map): done at once.
                     self.slot_freed(queue);
                     if self.slots.get(slot.0 as usize).copied().flatten() == Some(queue) {
@@ -557,6 +583,68 @@ impl<O: Copy> Binding<O> {
             }
             Action::ArmTimer { at } => out.push(Notice::ArmTimer { at }),
         }
+    }
+
+    /// Sets VM `vm`'s preemption timeout (ns): a dequeue of one of its
+    /// queues that has not finished this long after the request resets the
+    /// queue ([`QueueErrorReason::PreemptionTimeout`]). Applies to dequeues
+    /// requested from now on.
+    pub fn set_preempt_timeout(&mut self, vm: VmId, timeout: Nanos) -> Result<(), SchedError> {
+        if self.sched.vm_params(vm).is_none() {
+            return Err(SchedError::NoVm(vm));
+        }
+        self.preempt_timeout.insert(vm, timeout.max(1));
+        Ok(())
+    }
+
+    /// VM `vm`'s preemption timeout (ns), `None` for an unknown VM.
+    pub fn preempt_timeout(&self, vm: VmId) -> Option<Nanos> {
+        self.sched.vm_params(vm)?;
+        Some(
+            self.preempt_timeout
+                .get(&vm)
+                .copied()
+                .unwrap_or(DEFAULT_PREEMPT_TIMEOUT_NS),
+        )
+    }
+
+    fn queue_preempt_timeout(&self, queue: QueueId) -> Nanos {
+        self.queues
+            .get(&queue)
+            .and_then(|r| self.preempt_timeout.get(&r.vm).copied())
+            .unwrap_or(DEFAULT_PREEMPT_TIMEOUT_NS)
+    }
+
+    /// A dequeue of `queue` in `slot` did not finish in time: reset only
+    /// that queue (RESET_WAVES escalates the pending dequeue) and report it
+    /// stopped with [`QueueErrorReason::PreemptionTimeout`]; the scheduler
+    /// sees a queue error, so the queue is not mapped again until reloaded.
+    fn dequeue_timed_out(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        queue: QueueId,
+        slot: PhysSlot,
+        waited_ns: Nanos,
+        out: &mut Vec<Notice<O>>,
+    ) {
+        let Some(r) = self.queues.get(&queue) else {
+            return;
+        };
+        if !r.on_gpu || r.slot.map(|s| s.0) != Some(slot.0) {
+            return; // stale: the dequeue finished meanwhile
+        }
+        self.stats.preempt_timeouts += 1;
+        self.stats.queue_errors += 1;
+        out.push(Notice::QueueError {
+            queue,
+            owner: r.owner,
+            reason: QueueErrorReason::PreemptionTimeout { waited_ns },
+        });
+        if let Err(e) = gpu.unmap(now, slot, DequeueMode::ResetWaves) {
+            log::error!("reset of {queue:?} after a preemption timeout refused: {e}");
+        }
+        self.event(gpu, Event::QueueError { queue, now }, out);
     }
 
     /// Forgets removed queues the scheduler dropped.

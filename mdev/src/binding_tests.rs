@@ -375,3 +375,66 @@ mod props {
         }
     }
 }
+
+#[test]
+fn a_preemption_that_times_out_resets_only_that_queue_with_error_22() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut hung_vm = vm(&mut rig, 0, 2);
+    let mut good_vm = vm(&mut rig, 1, 12);
+    assert_eq!(
+        rig.b.preempt_timeout(VmId(0)),
+        Some(DEFAULT_PREEMPT_TIMEOUT_NS)
+    );
+    rig.b.set_preempt_timeout(VmId(0), 1_000_000).unwrap();
+    assert!(rig.b.set_preempt_timeout(VmId(9), 1).is_err());
+    let mut hung = hung_vm.queue(&topo, 64, 0);
+    let mut good = good_vm.queue(&topo, 64, 0);
+    add(&mut rig, &hung_vm, 0, QueueId(0), 10, &hung);
+    add(&mut rig, &good_vm, 1, QueueId(1), 11, &good);
+    hung_vm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+    hung_vm.kernel(&mut hung, KernelKind::Mark, 4, 64, 10_000_000_000, 0, true);
+    rig.doorbell(QueueId(0), hung.wptr);
+    rig.run(100_000, |_| false);
+    assert!(rig.b.on_gpu(QueueId(0)));
+    // The higher-priority VM arrives: the scheduler preempts the hung
+    // queue, whose save cannot finish.
+    for k in 0..3 {
+        good_vm.kernel(&mut good, KernelKind::Mark, 8, 64, 20_000, k, true);
+    }
+    let t0 = rig.now;
+    rig.doorbell(QueueId(1), good.wptr);
+    rig.run(u64::MAX, |_| false);
+    let err = rig
+        .log
+        .iter()
+        .find_map(|n| match n {
+            Notice::QueueError {
+                owner: 10, reason, ..
+            } => Some(*reason),
+            _ => None,
+        })
+        .expect("the hung queue stopped");
+    let QueueErrorReason::PreemptionTimeout { waited_ns } = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(waited_ns, 1_000_000);
+    assert_eq!(
+        crate::vgpu::error_code(&err),
+        abi::vgpu::error::PREEMPTION_TIMEOUT
+    );
+    assert!(rig.now >= t0 + 1_000_000);
+    assert_eq!(rig.b.stats().preempt_timeouts, 1);
+    let (st, slot) = rig.b.scheduler().queue_state(QueueId(0)).unwrap();
+    assert_eq!((st, slot), (scheduler::QueueState::Error, None));
+    assert!(!rig.b.on_gpu(QueueId(0)));
+    // The good VM lost nothing; no other queue saw an error.
+    good_vm.verify(&good).unwrap();
+    assert_eq!(rig.completions_of(11), vec![0, 1, 2]);
+    assert!(rig.completions_of(10).is_empty());
+    assert!(!rig
+        .log
+        .iter()
+        .any(|n| matches!(n, Notice::QueueError { owner: 11, .. })));
+    assert_eq!(rig.b.occupied(), 0);
+}

@@ -76,14 +76,37 @@ pub struct SimStats {
     /// Calls that stopped at the event budget with the model behind the
     /// caller's clock (real time only; see [`SimGpu::set_event_budget`]).
     pub lagging_calls: u64,
+    /// SaveWaves dequeues that had to wait for waves without a save point.
+    pub saves_waiting: u64,
+    /// Dequeues reported as not finished within their timeout.
+    pub dequeue_timeouts: u64,
+    /// ResetWaves requests that ended an unfinished drain or save.
+    pub escalated_resets: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
-    WgDone { idx: u32, gen: u32 },
-    RestoreDone { slot: u32, gen: u64 },
-    UnmapDone { slot: u32, gen: u64 },
-    Poll { slot: u32, gen: u64 },
+    WgDone {
+        idx: u32,
+        gen: u32,
+    },
+    RestoreDone {
+        slot: u32,
+        gen: u64,
+    },
+    UnmapDone {
+        slot: u32,
+        gen: u64,
+    },
+    Poll {
+        slot: u32,
+        gen: u64,
+    },
+    /// A dequeue requested with a timeout ([`PhysGpu::unmap_within`]).
+    DequeueTimeout {
+        slot: u32,
+        gen: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -146,6 +169,10 @@ struct Hqd {
     idle_reported: bool,
     /// Dequeue requested: mode and request time.
     unmap_req: Option<(DequeueMode, Nanos)>,
+    /// A SaveWaves dequeue waits for in-flight workgroups of kernels
+    /// without a save point (`abi::kernel::flags::NO_SAVE_POINT`): the save
+    /// is written when `inflight` reaches 0.
+    save_waiting: bool,
 }
 
 impl Hqd {
@@ -312,6 +339,7 @@ impl SimGpu {
                     self.finish_unmap(slot);
                 }
             }
+            Timer::DequeueTimeout { slot, gen } => self.dequeue_timeout(slot, gen),
             Timer::Poll { slot, gen } => {
                 if let Some(q) = self.slots[slot as usize].as_mut() {
                     if q.gen == gen {
@@ -592,8 +620,13 @@ impl SimGpu {
                 }
             ) && q.inflight == 0
         });
+        let save_ready = self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.save_waiting && q.inflight == 0);
         if drain_done {
             self.finish_unmap(slot);
+        } else if save_ready {
+            self.write_save_records(slot);
         } else if self.slots[slot as usize]
             .as_ref()
             .is_some_and(|q| q.state == HState::Active)
@@ -632,6 +665,71 @@ impl SimGpu {
     }
 
     // ---------------------------------------------------------------- unmap
+
+    /// SaveWaves: all in-flight waves are saved (or, without a save point,
+    /// finished): write the CWSR records and finish after the modelled
+    /// save latency.
+    fn write_save_records(&mut self, s: u32) {
+        let now = self.now;
+        let Some(q) = self.slots[s as usize].as_mut() else {
+            return;
+        };
+        q.save_waiting = false;
+        let (n, gen) = (q.held_cus, q.gen);
+        let bytes = match cwsr::write_save(q, &self.topo) {
+            Ok(b) => b,
+            Err(e) => {
+                // The record always fits (topology validation) and the
+                // area is in memory (map validation), so only a failing
+                // memory gets here. The queue's progress is lost: a queue
+                // error, and the dequeue completes at once (`fail` on an
+                // unmapping queue finishes it and frees the held CUs).
+                self.fail(s, e);
+                return;
+            }
+        };
+        let xccs = self.topo.xccs_per_partition() as u64;
+        let busiest = (n as u64).div_ceil(xccs);
+        let c = &self.topo.cwsr;
+        let live = bytes.saturating_add(busiest.saturating_mul(c.wg_state_bytes));
+        let save_ns = c
+            .trap_ns
+            .saturating_add(live.saturating_mul(1000) / c.save_bytes_per_us);
+        self.stats.save_ns_total = self.stats.save_ns_total.saturating_add(save_ns);
+        self.arm(
+            now.saturating_add(save_ns),
+            Timer::UnmapDone { slot: s, gen },
+        );
+    }
+
+    /// The timeout of a dequeue requested with [`PhysGpu::unmap_within`]
+    /// came: if it has not finished (and is not already a reset), report it.
+    fn dequeue_timeout(&mut self, slot: u32, gen: u64) {
+        let now = self.now;
+        let Some(q) = self.slots[slot as usize].as_ref() else {
+            return;
+        };
+        if q.gen != gen {
+            return;
+        }
+        if let HState::Unmapping { mode, since } = q.state {
+            if mode != DequeueMode::ResetWaves {
+                self.stats.dequeue_timeouts += 1;
+                log::debug!(
+                    "queue tag {} slot {slot}: {mode:?} dequeue not finished after {} ns",
+                    q.tag,
+                    now.saturating_sub(since)
+                );
+                self.pending.push(GpuEvent::DequeueTimedOut {
+                    slot: SlotId(slot),
+                    tag: q.tag,
+                    mode,
+                    waited_ns: now.saturating_sub(since),
+                    at: now,
+                });
+            }
+        }
+    }
 
     fn finish_unmap(&mut self, slot: u32) {
         let now = self.now;
@@ -976,6 +1074,7 @@ impl PhysGpu for SimGpu {
             poll_armed: false,
             idle_reported: false,
             unmap_req: None,
+            save_waiting: false,
         };
         q.mqd.dw[mqd::CP_HQD_ACTIVE] = 1;
         q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = 0;
@@ -1040,6 +1139,14 @@ impl PhysGpu for SimGpu {
             .ok_or(GpuError::NoSuchSlot(slot))?;
         let q = q.as_mut().ok_or(GpuError::NotMapped(slot))?;
         match q.state {
+            // A reset ends a drain or save that does not finish (the
+            // caller's preemption timeout): it kills the waves still running.
+            HState::Unmapping { mode: m, .. }
+                if mode == DequeueMode::ResetWaves && m != DequeueMode::ResetWaves =>
+            {
+                q.save_waiting = false;
+                self.stats.escalated_resets += 1;
+            }
             HState::Unmapping { .. } => return Err(GpuError::AlreadyUnmapping(slot)),
             HState::Error(_) => {
                 q.unmap_req = Some((mode, now));
@@ -1067,8 +1174,18 @@ impl PhysGpu for SimGpu {
             DequeueMode::SaveWaves => {
                 self.stats.saves += 1;
                 let mut saved = Vec::new();
+                let mut unsaved = 0u32;
                 for w in self.wgs.iter_mut() {
                     if w.live && w.slot == s && w.qgen == gen {
+                        // Waves of a kernel without a save point keep
+                        // running; the save waits for them.
+                        let preemptible = q.active.iter().find(|a| a.id == w.id).is_none_or(
+                            |a| !matches!(a.work, Work::Dispatch(d) if !d.desc.preemptible()),
+                        );
+                        if !preemptible {
+                            unsaved += 1;
+                            continue;
+                        }
                         w.live = false;
                         saved.push(SavedWg {
                             id: w.id,
@@ -1088,33 +1205,15 @@ impl PhysGpu for SimGpu {
                 for sw in saved.into_iter().rev() {
                     q.resume.push_front(sw);
                 }
-                q.inflight = 0;
+                q.inflight = unsaved;
                 q.held_cus = n;
                 self.stats.saved_wgs += n as u64;
-                let bytes = match cwsr::write_save(q, &self.topo) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        // The record always fits (topology validation) and the
-                        // area is in memory (map validation), so only a failing
-                        // memory gets here. The queue's progress is lost: a queue
-                        // error, and the dequeue completes at once (`fail` on an
-                        // unmapping queue finishes it and frees the held CUs).
-                        self.fail(s, e);
-                        return Ok(());
-                    }
-                };
-                let xccs = self.topo.xccs_per_partition() as u64;
-                let busiest = (n as u64).div_ceil(xccs);
-                let c = &self.topo.cwsr;
-                let live = bytes.saturating_add(busiest.saturating_mul(c.wg_state_bytes));
-                let save_ns = c
-                    .trap_ns
-                    .saturating_add(live.saturating_mul(1000) / c.save_bytes_per_us);
-                self.stats.save_ns_total = self.stats.save_ns_total.saturating_add(save_ns);
-                self.arm(
-                    now.saturating_add(save_ns),
-                    Timer::UnmapDone { slot: s, gen },
-                );
+                if unsaved > 0 {
+                    q.save_waiting = true;
+                    self.stats.saves_waiting += 1;
+                    return Ok(());
+                }
+                self.write_save_records(s);
             }
             DequeueMode::ResetWaves => {
                 self.stats.resets += 1;
@@ -1148,6 +1247,27 @@ impl PhysGpu for SimGpu {
                 // The records are written when the dequeue finishes.
                 self.arm(now.saturating_add(t), Timer::UnmapDone { slot: s, gen });
                 self.dispatch(p as u32);
+            }
+        }
+        Ok(())
+    }
+
+    fn unmap_within(
+        &mut self,
+        now: Nanos,
+        slot: SlotId,
+        mode: DequeueMode,
+        timeout: Option<Nanos>,
+    ) -> Result<(), GpuError> {
+        self.unmap(now, slot, mode)?;
+        let now = self.now;
+        if let (Some(t), Some(Some(q))) = (timeout, self.slots.get(slot.0 as usize)) {
+            if matches!(q.state, HState::Unmapping { mode: m, .. } if m == mode) {
+                let gen = q.gen;
+                self.arm(
+                    now.saturating_add(t.max(1)),
+                    Timer::DequeueTimeout { slot: slot.0, gen },
+                );
             }
         }
         Ok(())
@@ -1216,5 +1336,7 @@ impl PhysGpu for SimGpu {
     }
 }
 
+#[cfg(test)]
+mod preempt_tests;
 #[cfg(test)]
 mod tests;

@@ -98,6 +98,7 @@ pub fn error_code(r: &QueueErrorReason) -> u32 {
         CwsrOutOfRange { .. } => error::CWSR_OUT_OF_RANGE,
         BadCwsrLayout { .. } => error::BAD_CWSR_LAYOUT,
         BadSavedState(_) => error::BAD_SAVED_STATE,
+        PreemptionTimeout { .. } => error::PREEMPTION_TIMEOUT,
     }
 }
 

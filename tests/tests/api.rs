@@ -119,12 +119,13 @@ fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
         &sock,
         "PATCH",
         "/api/v1/vms/training",
-        Some("{\"priority\": 1, \"quantum_ms\": 3}"),
+        Some("{\"priority\": 1, \"quantum_ms\": 3, \"preempt_timeout_ms\": 250}"),
     );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["priority"], 1);
     assert_eq!(v["quantum_ms"], 3.0);
     assert_eq!(v["quantum_override"], true);
+    assert_eq!(v["preempt_timeout_ms"], 250);
 
     // Pause `checked` once it has run, hold it, resume it: its guest checks
     // every workgroup counter is exactly 1 (exit 0).

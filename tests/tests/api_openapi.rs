@@ -339,7 +339,15 @@ fn the_server_conforms_to_its_openapi_document() {
             "/api/v1/vms/gpuvm".into(),
             j,
             json!({"preempt_timeout_ms": 100}).to_string(),
-            501,
+            200,
+        ),
+        (
+            "patch",
+            "/api/v1/vms/{name}",
+            "/api/v1/vms/gpuvm".into(),
+            j,
+            json!({"preempt_timeout_ms": 0}).to_string(),
+            400,
         ),
         (
             "post",

@@ -35,8 +35,9 @@ use crate::http::{Handler, Request, Responder, Response};
 pub const PREFIX: &str = "/api/v1";
 /// Range of `quantum_ms`.
 pub const QUANTUM_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=10_000;
-/// Range of `preempt_timeout_ms`.
-pub const PREEMPT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=600_000;
+/// Range of `preempt_timeout_ms` (as `[[vm]] preempt_timeout_ms`).
+pub const PREEMPT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> =
+    mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE;
 
 /// Life-cycle state of a VM as the API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,7 +261,10 @@ impl FleetControl {
             "weight": weight,
             "quantum_ms": quantum.map(|q| q.as_secs_f64() * 1e3),
             "quantum_override": controls.is_some_and(|(_, q)| q.is_some()),
-            "preempt_timeout_ms": Value::Null,
+            "preempt_timeout_ms": live
+                .and_then(|(h, m)| m.preempt_timeout(h))
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(c.preempt_timeout_ms),
             "gpu_time_ms": stats.map(|s| ms(s.gpu_ns)),
             "share": v.share,
             "share_interval_ms": if v.share.is_some() { Some(inner.interval.as_secs_f64() * 1e3) } else { None },
@@ -386,6 +390,7 @@ impl FleetControl {
         let mut priority = None;
         let mut weight = None;
         let mut quantum: Option<Option<u64>> = None;
+        let mut timeout = None;
         for (k, val) in &body {
             let bad = |reason: String| err(400, format!("vm '{name}': {k}: {reason}"));
             let int = |range: std::ops::RangeInclusive<u64>| -> Result<u64, Response> {
@@ -411,12 +416,7 @@ impl FleetControl {
                     Ok(())
                 }
                 "quantum_ms" => int(QUANTUM_MS_RANGE).map(|x| quantum = Some(Some(x))),
-                "preempt_timeout_ms" => int(PREEMPT_TIMEOUT_MS_RANGE).and_then(|_| {
-                    Err(err(
-                        501,
-                        format!("vm '{name}': preempt_timeout_ms: not supported by this build yet"),
-                    ))
-                }),
+                "preempt_timeout_ms" => int(PREEMPT_TIMEOUT_MS_RANGE).map(|x| timeout = Some(x)),
                 _ => Err(bad(
                     "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms)"
                         .into(),
@@ -435,16 +435,21 @@ impl FleetControl {
         };
         let applied = (|| {
             if let Some(p) = priority {
-                m.set_priority(h, p).map_err(|e| ("priority", e))?;
+                m.set_priority(h, p)
+                    .map_err(|e| ("priority", e.to_string()))?;
             }
             if let Some(w) = weight {
-                m.set_weight(h, w).map_err(|e| ("weight", e))?;
+                m.set_weight(h, w).map_err(|e| ("weight", e.to_string()))?;
             }
             if let Some(q) = quantum {
                 m.set_quantum(h, q.map(Duration::from_millis))
-                    .map_err(|e| ("quantum_ms", e))?;
+                    .map_err(|e| ("quantum_ms", e.to_string()))?;
             }
-            Ok::<(), (&str, scheduler::SchedError)>(())
+            if let Some(t) = timeout {
+                m.set_preempt_timeout(h, Duration::from_millis(t))
+                    .map_err(|e| ("preempt_timeout_ms", e.to_string()))?;
+            }
+            Ok::<(), (&str, String)>(())
         })();
         if let Err((field, e)) = applied {
             // Only a VM removed meanwhile gets here.

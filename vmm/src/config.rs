@@ -18,6 +18,7 @@
 //! weight = 1
 //! partition = 0            # optional: pin to a GPU partition
 //! args = "exit=0"
+//! preempt_timeout_ms = 9000 # optional: reset a queue whose dequeue takes longer
 //! ```
 //!
 //! Every error names the file, the section or VM (name and index), the field
@@ -132,10 +133,15 @@ pub struct VmConfig {
     pub args: String,
     /// Give the VM a mediated virtual GPU (docs/vgpu-abi.md).
     pub gpu: bool,
+    /// Preemption timeout (ms): a dequeue of one of the VM's queues that
+    /// has not finished this long after the request resets that queue
+    /// (error 22). Default 9000 as KFD's `queue_preemption_timeout_ms`;
+    /// range `mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE`.
+    pub preempt_timeout_ms: u64,
 }
 
 /// The keys of a `[[vm]]` entry.
-const VM_FIELDS: [&str; 9] = [
+const VM_FIELDS: [&str; 10] = [
     "name",
     "image",
     "memory_mib",
@@ -145,6 +151,7 @@ const VM_FIELDS: [&str; 9] = [
     "partition",
     "args",
     "gpu",
+    "preempt_timeout_ms",
 ];
 
 /// A `[[vm]]` entry's field error before the entry is known to be valid.
@@ -235,6 +242,13 @@ impl VmConfig {
             partition: int("partition", 0, u32::MAX as i64)?.map(|p| p as u32),
             args: string("args")?.unwrap_or_default(),
             gpu,
+            preempt_timeout_ms: int(
+                "preempt_timeout_ms",
+                *mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE.start() as i64,
+                *mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE.end() as i64,
+            )?
+            .unwrap_or(mdev::arbiter::DEFAULT_PREEMPT_TIMEOUT_MS as i64)
+                as u64,
         })
     }
 }
@@ -885,6 +899,23 @@ mod tests {
             ImageSource::Builtin("hello".into())
         );
         assert_eq!(cfg.base_dir, Path::new("/cfg"));
+        assert_eq!(vm.preempt_timeout_ms, 9000);
+    }
+
+    #[test]
+    fn preempt_timeout_is_read_and_range_checked_naming_the_vm() {
+        let cfg = parse(&format!("{GOOD}preempt_timeout_ms = 250\n")).unwrap();
+        assert_eq!(cfg.vm[0].preempt_timeout_ms, 250);
+        let e = err(&format!("{GOOD}preempt_timeout_ms = 0\n"));
+        assert_eq!(
+            e,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `preempt_timeout_ms`: 0 is out of range 1..=3600000"
+        );
+        let e = err(&format!("{GOOD}preempt_timeout_ms = \"9s\"\n"));
+        assert!(
+            e.ends_with("field `preempt_timeout_ms`: expected an integer, found a string"),
+            "{e}"
+        );
     }
 
     fn err(text: &str) -> String {

@@ -636,6 +636,11 @@ pub fn attach_vgpu(
     let (handle, fe) = m
         .add_vm(&vc.name, mem, params, msix.clone())
         .map_err(|e| err(e.to_string()))?;
+    m.set_preempt_timeout(
+        handle,
+        std::time::Duration::from_millis(vc.preempt_timeout_ms),
+    )
+    .map_err(|e| err(e.to_string()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,
         fe,

@@ -57,6 +57,9 @@ pub struct TestVm {
     /// Memory.
     pub mem: Arc<dyn DmaMemory>,
     next: u64,
+    /// Kernel descriptor flags of the kernels [`TestVm::kernel`] submits
+    /// (`abi::kernel::flags`; default 0).
+    pub kernel_flags: u32,
 }
 
 impl TestVm {
@@ -65,11 +68,16 @@ impl TestVm {
         TestVm {
             mem: Arc::new(VecMemory::new(size)),
             next: 0x1000,
+            kernel_flags: 0,
         }
     }
     /// Use existing memory (e.g. a `GuestMemoryMmap`); allocation starts at `start`.
     pub fn with_memory(mem: Arc<dyn DmaMemory>, start: u64) -> Self {
-        TestVm { mem, next: start }
+        TestVm {
+            mem,
+            next: start,
+            kernel_flags: 0,
+        }
     }
     /// Allocate `size` bytes aligned to `align` (power of two).
     pub fn alloc(&mut self, size: u64, align: u64) -> u64 {
@@ -239,7 +247,12 @@ impl TestVm {
         };
         let kd = self.alloc(64, 64);
         self.mem
-            .write(kd, &KernelDescriptor::new(kind, cost_ns).encode())
+            .write(
+                kd,
+                &KernelDescriptor::new(kind, cost_ns)
+                    .with_flags(self.kernel_flags)
+                    .encode(),
+            )
             .unwrap();
         let (kb, len) = args.encode();
         let ka = self.alloc(32, 16);

@@ -73,6 +73,9 @@ impl World {
                         self.gpu.unmap(at, slot, DequeueMode::DrainPipe).unwrap();
                     }
                 }
+                GpuEvent::DequeueTimedOut { slot, at, .. } => {
+                    self.gpu.unmap(at, slot, DequeueMode::ResetWaves).unwrap();
+                }
                 GpuEvent::PacketCompleted { .. } => {}
             }
         }

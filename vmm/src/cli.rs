@@ -177,7 +177,7 @@ fn key_values(v: &Value, prefix: &str) -> String {
         for (k, x) in m {
             match x {
                 Value::Object(_) => s += &key_values(x, &format!("{prefix}{k}.")),
-                _ => s += &format!("{prefix}{k:<24} {}\n", text(x)),
+                _ => s += &format!("{:<28} {}\n", format!("{prefix}{k}"), text(x)),
             }
         }
     }

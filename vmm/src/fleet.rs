@@ -68,7 +68,7 @@ pub enum FleetError {
     #[error("api socket {0}: {1}")]
     Api(String, std::io::Error),
     /// The API socket path is taken (a file, or a live fleet's socket).
-    #[error("api socket: {0}")]
+    #[error("api socket {0}")]
     ApiBind(crate::http::BindError),
     /// A stop request (SIGINT/SIGTERM) arrived while the VMs were being
     /// built: the launch was abandoned before any guest ran.
@@ -210,6 +210,10 @@ impl FleetReport {
 /// Builds, runs and reports every VM in `cfg`.
 pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, FleetError> {
     let launched = Instant::now();
+    // A taken API socket path fails the launch before any VM is built.
+    if let Some(path) = &opts.api_socket {
+        crate::http::check_socket_path(path).map_err(FleetError::ApiBind)?;
+    }
     let kvm = Kvm::new().map_err(FleetError::Kvm)?;
     let cpuid = crate::vm::supported_cpuid(&kvm).map_err(|source| FleetError::Build {
         vm: "(all)".into(),

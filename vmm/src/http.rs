@@ -398,6 +398,22 @@ pub enum BindError {
     Io(String, std::io::Error),
 }
 
+/// Checks that [`bind`] could take `path` now (nothing there, or a stale
+/// socket) without touching it: a fleet calls this before building VMs.
+pub fn check_socket_path(path: &Path) -> Result<(), BindError> {
+    let p = || path.display().to_string();
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path) {
+            Ok(_) => Err(BindError::InUse(p())),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(()),
+            Err(e) => Err(BindError::Io(p(), e)),
+        },
+        Ok(_) => Err(BindError::NotASocket(p())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(BindError::Io(p(), e)),
+    }
+}
+
 /// Binds a listening socket at `path`: an existing file there is replaced
 /// only if it is a socket nobody listens on (a dead fleet's); the socket
 /// file gets `opts.mode`.

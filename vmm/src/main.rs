@@ -247,7 +247,9 @@ fn main() -> ExitCode {
                             report
                                 .vms
                                 .iter()
-                                .filter(|v| matches!(v.outcome, VmOutcome::Stopped(_)))
+                                .filter(|v| {
+                                    matches!(&v.outcome, VmOutcome::Stopped(why) if *why == vmm::signals::name(sig))
+                                })
                                 .count(),
                             report.vms.len()
                         );

@@ -701,3 +701,39 @@ fn images_describes_every_image_and_its_arguments_and_help_mentions_rust_log() {
         );
     }
 }
+
+#[test]
+fn run_refuses_to_replace_a_file_at_the_api_socket_path_before_building_vms() {
+    let dir = temp_dir("sockfile");
+    let cfg = dir.join("f.toml");
+    std::fs::write(&cfg, "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n").unwrap();
+    let precious = dir.join("precious.txt");
+    std::fs::write(&precious, "keep me").unwrap();
+    let out = hqdmux()
+        .args(["run", "--quiet", "--api-socket"])
+        .arg(&precious)
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("exists and is not a socket; refusing to replace it"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "no VM ran");
+    let out = hqdmux()
+        .args([
+            "run",
+            "--api-socket-mode",
+            "999",
+            "--api-socket",
+            "/tmp/x.sock",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a mode that is not octal");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -171,6 +171,9 @@ fn call(sock: &Path, method: &str, path: &str, ct: Option<&str>, body: &str) -> 
     (st, serde_json::from_slice(&out).unwrap_or(Value::Null))
 }
 
+/// (method, path template, concrete path, content type, body, expected status)
+type Case<'a> = (&'a str, &'a str, String, Option<&'a str>, String, u16);
+
 #[test]
 fn the_server_conforms_to_its_openapi_document() {
     if !kvm_or_skip("the_server_conforms_to_its_openapi_document") {
@@ -196,7 +199,7 @@ fn the_server_conforms_to_its_openapi_document() {
     }
     // (method, path template, concrete path, content type, body, expected status)
     let j = Some("application/json");
-    let cases: Vec<(&str, &str, String, Option<&str>, String, u16)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "get",
             "/api/v1/vms",

@@ -737,3 +737,33 @@ fn run_refuses_to_replace_a_file_at_the_api_socket_path_before_building_vms() {
     assert_eq!(out.status.code(), Some(2), "a mode that is not octal");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn run_json_prints_the_summary_as_json() {
+    if !vmm::kvm_or_skip("run_json_prints_the_summary_as_json") {
+        return;
+    }
+    let dir = temp_dir("runjson");
+    let cfg = dir.join("f.toml");
+    std::fs::write(
+        &cfg,
+        "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n\
+         [[vm]]\nname = \"b\"\nimage = \"builtin:hello\"\nargs = \"exit=3\"\n",
+    )
+    .unwrap();
+    let out = hqdmux()
+        .args(["run", "--quiet", "--json"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "b exits 3");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(v["vms"][0]["name"], "a");
+    assert_eq!(v["vms"][0]["exit_status"], 0);
+    assert_eq!(v["vms"][1]["exit_status"], 3);
+    assert_eq!(v["vms"][1]["outcome"], "exited with status 3");
+    assert_eq!(v["all_succeeded"], false);
+    assert!(v["vms"][0]["run_ms"].as_f64().unwrap() > 0.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -184,6 +184,12 @@ impl FleetControl {
         self.lock().fleet = Some((tx, wake));
     }
 
+    /// Disconnects the fleet's command channel (the run is ending): stop
+    /// and add are answered 503 from now on.
+    pub fn disconnect_fleet(&self) {
+        self.lock().fleet = None;
+    }
+
     /// Records that VM `i` ended (its vGPU is gone), with its final figures.
     pub fn ended(&self, i: usize, end: VmEnd) {
         if let Some(v) = self.lock().vms.get_mut(i) {
@@ -316,8 +322,14 @@ impl FleetControl {
             .ok_or_else(|| err(404, format!("vm '{name}': no such VM")))
     }
 
-    /// Routes one request. Each route is one match arm.
+    /// Routes one request. Each route is one match arm; routes outside
+    /// `/api/v1` (e.g. `GET /metrics`) go in the first match.
     pub fn route(&self, req: Request, reply: Responder) {
+        #[allow(clippy::match_single_binding)]
+        match (req.method.as_str(), req.path.as_str()) {
+            // ("GET", "/metrics") => return reply.send(...),
+            _ => {}
+        }
         let Some(rest) = req.path.strip_prefix(PREFIX) else {
             return reply.send(err(404, format!("no such path '{}'", req.path)));
         };

@@ -449,6 +449,18 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             break;
         }
     }
+    // No more operator commands: answer any still queued.
+    control.disconnect_fleet();
+    while let Ok(cmd) = cmd_rx.try_recv() {
+        let reply = match cmd {
+            crate::api::FleetCommand::Stop { reply, .. } => reply,
+            crate::api::FleetCommand::Add { index, reply, .. } => {
+                control.failed(index, "the fleet ended before it started".into());
+                reply
+            }
+        };
+        reply.send(crate::http::Response::error(503, "the fleet is ending"));
+    }
     let (timed_out, stop_requested) = manager
         .subscriber_mut(id)
         .map(|m| (m.timed_out, m.stop_requested))

@@ -6,7 +6,7 @@
 //! its own bounded buffers and never delays another. Requests are parsed
 //! defensively ([`parse_request`]): the head is capped at [`MAX_HEAD`] bytes,
 //! the body at [`MAX_BODY`] (`Content-Length` only; chunked bodies are
-//! refused), and bad framing gets `400` and the connection closed.
+//! refused with `400`), and bad framing gets `400` and the connection closed.
 //! Keep-alive is the HTTP/1.1 default. At most [`MAX_CONNECTIONS`] are open;
 //! one more is answered `503` and closed. Connections idle for
 //! [`IDLE_TIMEOUT`] are closed.
@@ -82,7 +82,7 @@ pub enum ParseError {
     /// The body is larger than [`MAX_BODY`]: 413 and close.
     #[error("request body of {0} bytes is larger than {MAX_BODY} bytes")]
     BodyTooLarge(u64),
-    /// A framing this server does not implement (chunked bodies): 501 and close.
+    /// A framing this server does not implement (chunked bodies): 400 and close.
     #[error("{0}")]
     Unsupported(String),
 }
@@ -91,10 +91,9 @@ impl ParseError {
     /// The status code answering it.
     pub fn status(&self) -> u16 {
         match self {
-            ParseError::Incomplete | ParseError::Bad(_) => 400,
+            ParseError::Incomplete | ParseError::Bad(_) | ParseError::Unsupported(_) => 400,
             ParseError::HeadTooLarge => 431,
             ParseError::BodyTooLarge(_) => 413,
-            ParseError::Unsupported(_) => 501,
         }
     }
 }
@@ -482,7 +481,7 @@ pub struct ServerStats {
     pub open: usize,
     /// Requests answered.
     pub requests: u64,
-    /// Requests refused for framing (400/413/431/501).
+    /// Requests refused for framing (400/413/431).
     pub bad: u64,
 }
 
@@ -971,7 +970,7 @@ mod tests {
         assert_eq!(st(b"GET / HTTP/1.1\r\nContent-Length: 65537\r\n\r\n"), 413);
         assert_eq!(
             st(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
-            501
+            400
         );
         assert_eq!(st(b"GET / HTTP/1.1\n\n"), 400);
         let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();

@@ -991,6 +991,61 @@ impl GpuArbiter {
         self.cv.notify_all();
     }
 
+    // ---- operator lifecycle controls (pause, per-VM slice) ---------------
+
+    /// Pauses a VM's GPU work: every mapped queue of it is unmapped with
+    /// SaveWaves (CWSR) and none is mapped again until [`resume_vm`](Self::resume_vm).
+    /// Doorbells rung meanwhile are recorded. Pausing a paused VM changes
+    /// nothing.
+    pub fn pause_vm(&self, vm: VgpuHandle) -> Result<(), SchedError> {
+        self.live(vm)?;
+        self.control(|b| b.scheduler_mut().set_vm_paused(VmId(vm.0), true))
+    }
+
+    /// Resumes a paused VM: its saved queues are eligible again (restored
+    /// exactly where they stopped).
+    pub fn resume_vm(&self, vm: VgpuHandle) -> Result<(), SchedError> {
+        self.live(vm)?;
+        self.control(|b| b.scheduler_mut().set_vm_paused(VmId(vm.0), false))
+    }
+
+    /// Sets the VM's slice length (`None`: its priority level's quantum).
+    pub fn set_quantum(&self, vm: VgpuHandle, quantum: Option<Duration>) -> Result<(), SchedError> {
+        self.live(vm)?;
+        let ns = quantum.map(|d| d.as_nanos().min(u128::from(u64::MAX)) as Nanos);
+        self.control(|b| b.scheduler_mut().set_vm_quantum(VmId(vm.0), ns))
+    }
+
+    /// The VM's pause state and slice override (`None` once removed).
+    pub fn vm_controls(&self, vm: VgpuHandle) -> Option<(bool, Option<Duration>)> {
+        let c = lock(&self.core);
+        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        let s = c.bind.scheduler();
+        let id = VmId(vm.0);
+        Some((s.vm_paused(id)?, s.vm_quantum(id).map(Duration::from_nanos)))
+    }
+
+    /// The scheduler's level quantum for `priority` (what a VM without a
+    /// slice override gets).
+    pub fn level_quantum(&self, priority: u8) -> Duration {
+        let c = lock(&self.core);
+        let cfg = c.bind.scheduler().config();
+        let ns = match cfg.policy {
+            Policy::Timeslice | Policy::Fifo => cfg.baseline_quantum_ns,
+            _ => cfg.quantum_ns[usize::from(priority.min(15))],
+        };
+        Duration::from_nanos(ns.max(cfg.min_run_ns))
+    }
+
+    /// Refuses handles of removed or unknown VMs.
+    fn live(&self, vm: VgpuHandle) -> Result<(), SchedError> {
+        let c = lock(&self.core);
+        match c.vms.get(vm.0 as usize) {
+            Some(e) if !e.removed => Ok(()),
+            _ => Err(SchedError::NoVm(VmId(vm.0))),
+        }
+    }
+
     // ---- preemption timeout (issue 11) -----------------------------------
 
     /// Sets VM `vm`'s preemption timeout live: a dequeue of one of its

@@ -438,6 +438,64 @@ fn the_arbiter_lock_is_never_held_while_a_front_end_waits_on_a_vm_lock() {
 }
 
 #[test]
+fn a_paused_vm_is_saved_held_and_resumed_exactly_once() {
+    let a = arbiter();
+    let mut g = guest(&a, "paused", 8, false);
+    let addr = mqd_addr(&g.q);
+    g.load(0, addr);
+    for k in 0..4 {
+        g.kernel(64, 2_000_000, k);
+    }
+    g.ring(0);
+    let first = g.q.signals[0];
+    let last = *g.q.signals.last().unwrap();
+    // Running: wait for GPU time to accrue, then pause.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while a.vm_status(g.h).unwrap().1.gpu_ns == 0 {
+        assert!(Instant::now() < deadline, "never ran");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    a.pause_vm(g.h).unwrap();
+    a.pause_vm(g.h).unwrap();
+    assert_eq!(a.vm_controls(g.h), Some((true, None)));
+    // Held: once the save finished its GPU time stops growing.
+    let mut prev = a.vm_status(g.h).unwrap().1.gpu_ns;
+    loop {
+        std::thread::sleep(Duration::from_millis(30));
+        let now = a.vm_status(g.h).unwrap().1.gpu_ns;
+        if now == prev {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running while paused");
+        prev = now;
+    }
+    assert!(
+        a.vm_status(g.h).unwrap().1.preemptions >= 1,
+        "saved by CWSR"
+    );
+    assert!(g.signal(last) > 0, "work left while paused");
+    // A doorbell while paused maps nothing.
+    g.ring(0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(a.vm_status(g.h).unwrap().1.gpu_ns, prev);
+    a.resume_vm(g.h).unwrap();
+    assert_eq!(a.vm_controls(g.h), Some((false, None)));
+    g.wait_until("kernels after resume", |g| g.signal(last) <= 0);
+    assert!(g.signal(first) <= 0);
+    g.tvm.verify(&g.q).unwrap();
+    a.set_quantum(g.h, Some(Duration::from_millis(3))).unwrap();
+    assert_eq!(
+        a.vm_controls(g.h),
+        Some((false, Some(Duration::from_millis(3))))
+    );
+    a.remove_vm(g.h);
+    assert!(a.pause_vm(g.h).is_err(), "removed VM refused");
+    assert!(a.set_quantum(g.h, None).is_err());
+    assert_eq!(a.vm_controls(g.h), None);
+    a.shutdown();
+}
+
+#[test]
 fn preempt_timeout_defaults_to_kfd_and_is_set_live_within_range() {
     let a = arbiter();
     let g = guest(&a, "t", 0, false);

@@ -88,6 +88,11 @@ struct Vm {
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
     /// Its Running queues, lowest key first, then longest mapped.
     running: BTreeSet<(u16, Nanos, QueueId)>,
+    /// Paused by the operator: its queues are never picked (not indexed
+    /// as ready or running) and mapped ones are unmapped with SaveWaves.
+    paused: bool,
+    /// Per-VM slice length overriding the level's quantum.
+    quantum_ns: Option<Nanos>,
 }
 
 impl Vm {
@@ -333,6 +338,8 @@ impl Scheduler {
                 removed: false,
                 ready: BTreeSet::new(),
                 running: BTreeSet::new(),
+                paused: false,
+                quantum_ns: None,
             },
         );
         Ok(partition)
@@ -728,7 +735,7 @@ impl Scheduler {
             Some(o) if cands.contains_key(&o.vm) => {
                 // Same level (or its own level changed): slice until quantum
                 // expiry when others wait.
-                cands.len() == 1 || now < o.since + self.quantum(top)
+                cands.len() == 1 || now < o.since + self.vm_slice(o.vm, top)
             }
             // A higher level (or a boost) never waits for a lower owner's
             // minimum run.
@@ -757,7 +764,7 @@ impl Scheduler {
             let resume = parked.filter(|k| {
                 k.level == top
                     && cands.contains_key(&k.vm)
-                    && k.used < self.quantum(top)
+                    && k.used < self.vm_slice(k.vm, top)
                     && !self.parts[p]
                         .woken
                         .iter()
@@ -912,7 +919,7 @@ impl Scheduler {
                 {
                     self.unmap(v, mode, Reason::Preempt(mode));
                 }
-                Some((_, since, v)) if fifo && since + self.quantum(0) <= now => {
+                Some((_, since, v)) if fifo && since + self.queue_slice(v) <= now => {
                     self.unmap(v, mode, Reason::Preempt(mode));
                 }
                 _ => match own_lower {
@@ -1001,7 +1008,7 @@ impl Scheduler {
                             }
                         }
                         if o.level >= top && p.busy[&top].len() > 1 {
-                            consider(o.since + self.quantum(top));
+                            consider(o.since + self.vm_slice(o.vm, top));
                         }
                     }
                 }
@@ -1018,8 +1025,8 @@ impl Scheduler {
                     }
                 }
                 Policy::Fifo => {
-                    if let (Some(&(_, since, _)), false) = (p.running.first(), p.ready.is_empty()) {
-                        consider(since + self.quantum(0));
+                    if let (Some(&(_, since, q)), false) = (p.running.first(), p.ready.is_empty()) {
+                        consider(since + self.queue_slice(q));
                     }
                 }
                 _ => {}
@@ -1257,7 +1264,7 @@ impl Scheduler {
         let Some(v) = self.vms.get_mut(&vm) else {
             return;
         };
-        let want = (v.busy > 0).then_some(v.vtime);
+        let want = (v.busy > 0 && !v.paused).then_some(v.vtime);
         if v.vt_key == want {
             return;
         }
@@ -1323,6 +1330,10 @@ impl Scheduler {
         qq.key = key;
         let (st, since, vm, boosted) = (qq.state, qq.since, qq.vm, qq.boosted);
         let v = self.vms.get_mut(&vm).unwrap();
+        if v.paused && is_demand(st) {
+            // A paused VM's demand is invisible to every decision.
+            return;
+        }
         let p = &mut self.parts[v.partition as usize];
         match st {
             QueueState::Ready | QueueState::Saved => {
@@ -1360,6 +1371,9 @@ impl Scheduler {
         let Some(v) = self.vms.get_mut(&vm) else {
             return;
         };
+        if v.paused && is_demand(st) {
+            return;
+        }
         let p = &mut self.parts[v.partition as usize];
         match st {
             QueueState::Ready | QueueState::Saved => {
@@ -1400,6 +1414,99 @@ impl Scheduler {
         let mut v: Vec<QueueId> = self.queues.keys().copied().collect();
         v.sort();
         v
+    }
+
+    // ---- operator controls: pause, per-VM slice ------------------------
+
+    /// Pauses (`true`) or resumes (`false`) a VM. A paused VM's queues are
+    /// never picked; its mapped queues are unmapped at once with SaveWaves
+    /// (CWSR: their work resumes exactly where it stopped, whatever the
+    /// policy), idle mapped ones are drained. Doorbells are still recorded,
+    /// so the work submitted meanwhile runs after [`resume`](Self::set_vm_paused).
+    /// Resuming makes its waiting queues eligible again (their wait starts
+    /// at the resume: time paused does not count towards aging) and applies
+    /// at the next event. Setting the current state again changes nothing.
+    pub fn set_vm_paused(&mut self, vm: VmId, paused: bool) -> Result<(), SchedError> {
+        let v = self.vms.get(&vm).ok_or(SchedError::NoVm(vm))?;
+        if v.paused == paused {
+            return Ok(());
+        }
+        let qs: Vec<QueueId> = v.queues.iter().copied().collect();
+        let part = v.partition as usize;
+        for &q in &qs {
+            self.unindex(q);
+        }
+        let now = self.now;
+        self.vms.get_mut(&vm).unwrap().paused = paused;
+        if !paused {
+            for &q in &qs {
+                let qq = self.queues.get_mut(&q).unwrap();
+                if matches!(qq.state, QueueState::Ready | QueueState::Saved) {
+                    qq.since = now;
+                }
+            }
+        }
+        for &q in &qs {
+            self.index(q);
+        }
+        self.sync_vt(vm);
+        if paused {
+            let p = &mut self.parts[part];
+            if p.owner.is_some_and(|o| o.vm == vm) {
+                p.owner = None;
+            }
+            if p.parked.is_some_and(|k| k.vm == vm) {
+                p.parked = None;
+            }
+            p.woken.retain(|w| *w != vm);
+            for q in qs {
+                match self.queues[&q].state {
+                    QueueState::Running => {
+                        self.unmap(q, UnmapMode::Save, Reason::Preempt(UnmapMode::Save))
+                    }
+                    QueueState::MappedIdle => self.evict(q),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Is the VM paused (`None`: no such VM)?
+    pub fn vm_paused(&self, vm: VmId) -> Option<bool> {
+        self.vms.get(&vm).map(|v| v.paused)
+    }
+
+    /// Overrides the VM's slice length (`Some(ns)`, at least 1 ns; the
+    /// minimum run still applies) or returns it to its level's quantum
+    /// (`None`). Applies at the next event.
+    pub fn set_vm_quantum(&mut self, vm: VmId, quantum: Option<Nanos>) -> Result<(), SchedError> {
+        let v = self.vms.get_mut(&vm).ok_or(SchedError::NoVm(vm))?;
+        v.quantum_ns = quantum.map(|q| q.max(1));
+        Ok(())
+    }
+
+    /// The VM's slice override (`None`: the level's quantum, or no such VM).
+    pub fn vm_quantum(&self, vm: VmId) -> Option<Nanos> {
+        self.vms.get(&vm).and_then(|v| v.quantum_ns)
+    }
+
+    /// Slice length of `vm` at `level`: its override (not below the minimum
+    /// run) or the level's quantum. Boosted queues keep the boost length.
+    fn vm_slice(&self, vm: VmId, level: u16) -> Nanos {
+        match self.vms.get(&vm).and_then(|v| v.quantum_ns) {
+            Some(q) if level < BOOST_LEVEL => q.max(self.cfg.min_run_ns).max(1),
+            _ => self.quantum(level),
+        }
+    }
+
+    /// Round-robin slice of a running queue (fifo): its VM's override or
+    /// the baseline quantum.
+    fn queue_slice(&self, q: QueueId) -> Nanos {
+        match self.queues.get(&q) {
+            Some(qq) => self.vm_slice(qq.vm, 0),
+            None => self.quantum(0),
+        }
     }
 
     /// Checks the internal indexes against the queue states (tests).
@@ -1472,6 +1579,14 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// States in which a queue wants the GPU (indexed as ready or running).
+fn is_demand(st: QueueState) -> bool {
+    matches!(
+        st,
+        QueueState::Ready | QueueState::Saved | QueueState::Running
+    )
 }
 
 fn check_params(p: &VmParams, parts: u32) -> Result<(), SchedError> {

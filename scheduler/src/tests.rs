@@ -1367,3 +1367,198 @@ proptest! {
 
 #[path = "spatial_tests.rs"]
 mod spatial_tests;
+
+// ---- operator pause and per-VM slice -----------------------------------
+
+/// Queues of VM `vm` currently mapped (running, idle or being dequeued).
+fn mapped_of(w: &World, vm: u32) -> Vec<QueueId> {
+    w.mapped
+        .keys()
+        .copied()
+        .filter(|q| w.vm_of[q] == VmId(vm))
+        .collect()
+}
+
+#[test]
+fn pause_saves_the_running_queues_and_holds_them_until_resume() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 2));
+    let a = w.vm(0, 8, 1, 2);
+    let b = w.vm(1, 4, 1, 1);
+    w.submit(a[0], 50 * MS);
+    w.submit(a[1], 50 * MS);
+    w.submit(b[0], 50 * MS);
+    w.run_until(MS);
+    assert_eq!(mapped_of(&w, 0).len(), 2, "the higher VM runs");
+    let before = w.s.vm_stats(VmId(0)).unwrap().preemptions;
+    w.s.set_policy(Policy::Reset);
+    w.s.set_vm_paused(VmId(0), true).unwrap();
+    let modes: Vec<UnmapMode> = std::iter::from_fn(|| w.s.poll_action())
+        .filter_map(|a| match a {
+            Action::Unmap { queue, slot, mode } => {
+                w.unmapping.insert(queue, w.now + UNMAP_NS);
+                assert_eq!(w.mapped.get(&queue), Some(&slot));
+                Some(mode)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(modes, vec![UnmapMode::Save; 2]);
+    w.s.set_policy(Policy::Hqdmux);
+    w.event(Event::Tick { now: w.now });
+    assert_eq!(w.s.vm_paused(VmId(0)), Some(true));
+    // Both of its queues are being dequeued with SaveWaves (CWSR), even
+    // under a policy that preempts with a reset.
+    assert_eq!(w.unmapping.len(), 2);
+    assert!(a.iter().all(|q| w.unmapping.contains_key(q)));
+    w.run_until(20 * MS);
+    assert!(mapped_of(&w, 0).is_empty(), "paused VM holds no slot");
+    assert_eq!(w.state(a[0]), QueueState::Saved);
+    assert!(w.running(&b[0]), "the lower VM gets the GPU");
+    assert_eq!(
+        w.s.vm_stats(VmId(0)).unwrap().preemptions,
+        before + 2,
+        "a pause counts as preemptions"
+    );
+    // A doorbell while paused is recorded but maps nothing.
+    w.submit(a[0], MS);
+    w.run_until(30 * MS);
+    assert!(mapped_of(&w, 0).is_empty());
+    let left = w.work[&a[0]];
+    assert!(left > 0);
+    // Pausing twice is a no-op; resuming runs the saved work to the end.
+    w.s.set_vm_paused(VmId(0), true).unwrap();
+    w.s.set_vm_paused(VmId(0), false).unwrap();
+    w.event(Event::Tick { now: w.now });
+    w.run_until(31 * MS);
+    assert_eq!(
+        mapped_of(&w, 0).len(),
+        2,
+        "resumed VM preempts the lower one"
+    );
+    w.run_until(500 * MS);
+    for q in a.iter().chain(&b) {
+        assert_eq!(w.work[q], 0, "{q:?} finished");
+    }
+    assert_eq!(
+        w.s.set_vm_paused(VmId(9), true),
+        Err(SchedError::NoVm(VmId(9)))
+    );
+}
+
+/// Length of each of `q`'s mapped periods (map to unmap finished).
+fn held_periods(w: &World, q: QueueId, until: Nanos) -> Vec<Nanos> {
+    let mut out = Vec::new();
+    for (i, &(t, mq)) in w.maps.iter().enumerate() {
+        if mq != q {
+            continue;
+        }
+        // The next map of another queue follows this queue's unmap.
+        if let Some(&(next, _)) = w.maps[i + 1..].iter().find(|(_, o)| *o != q) {
+            if next <= until {
+                out.push(next - t);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_per_vm_quantum_sets_that_vms_slice() {
+    let c = SchedConfig {
+        quantum_ns: [4 * MS; 16],
+        min_run_ns: 100_000,
+        ..cfg(Policy::Hqdmux)
+    };
+    let mut w = World::new(c, slots(1, 2, 2));
+    let a = w.vm(0, 8, 1, 1);
+    let b = w.vm(1, 8, 1, 1);
+    w.s.set_vm_quantum(VmId(1), Some(10 * MS)).unwrap();
+    assert_eq!(w.s.vm_quantum(VmId(1)), Some(10 * MS));
+    w.submit(a[0], 10_000 * MS);
+    w.submit(b[0], 10_000 * MS);
+    w.run_until(200 * MS);
+    let long = held_periods(&w, b[0], 200 * MS);
+    assert!(long.len() >= 3, "{long:?}");
+    for p in &long[1..] {
+        assert!(
+            (10 * MS..=10 * MS + 2 * UNMAP_NS).contains(p),
+            "b holds its 10 ms slice: {long:?}"
+        );
+    }
+    // Back to the level's quantum.
+    w.s.set_vm_quantum(VmId(1), None).unwrap();
+    let t0 = w.now;
+    w.maps.clear();
+    w.run_until(t0 + 200 * MS);
+    let short = held_periods(&w, b[0], t0 + 200 * MS);
+    assert!(short.len() >= 3, "{short:?}");
+    for p in &short[1..] {
+        assert!(
+            (4 * MS..=4 * MS + 2 * UNMAP_NS).contains(p),
+            "b back to 4 ms: {short:?}"
+        );
+    }
+    // Equal weights still get equal GPU time whatever the slices.
+    let (ga, gb) = (
+        w.s.vm_stats(VmId(0)).unwrap().gpu_ns as f64,
+        w.s.vm_stats(VmId(1)).unwrap().gpu_ns as f64,
+    );
+    assert!((ga - gb).abs() / (ga + gb) < 0.1, "{ga} {gb}");
+    assert_eq!(
+        w.s.set_vm_quantum(VmId(7), Some(MS)),
+        Err(SchedError::NoVm(VmId(7)))
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Pause under every policy and random live changes: a paused VM's
+    /// queues are never mapped (no Map action, none running once the
+    /// dequeues finished), the indexes stay consistent, and once every VM
+    /// is resumed all submitted work finishes.
+    #[test]
+    fn paused_vms_are_never_mapped_and_resume_finishes_the_work(
+        ops in prop::collection::vec(op(), 1..100),
+        pauses in prop::collection::vec((0usize..100, 0u32..6, any::<bool>()), 0..12),
+        policy in prop::sample::select(Policy::ALL.to_vec()),
+        variant in 0u8..3,
+    ) {
+        let (mut w, qs) = build_variant(policy, 500_000, 1, &[1, 4, 4, 9, 12, 12], variant);
+        let mut paused = [false; 6];
+        for (i, o) in ops.iter().enumerate() {
+            for &(at, vm, p) in &pauses {
+                if at == i {
+                    w.s.set_vm_paused(VmId(vm), p).unwrap();
+                    paused[vm as usize] = p;
+                    w.event(Event::Tick { now: w.now });
+                    w.flush();
+                }
+            }
+            apply(&mut w, &qs, o, true);
+            for a in &w.last_actions {
+                if let Action::Map { queue, .. } = a {
+                    prop_assert!(!paused[w.vm_of[queue].0 as usize], "{:?} of a paused VM mapped", queue);
+                }
+            }
+            for (vm, p) in paused.iter().enumerate() {
+                if *p {
+                    for q in mapped_of(&w, vm as u32) {
+                        prop_assert!(w.unmapping.contains_key(&q), "{:?} of paused vm {} mapped", q, vm);
+                    }
+                }
+            }
+        }
+        for vm in 0..6 {
+            w.s.set_vm_paused(VmId(vm), false).unwrap();
+        }
+        w.event(Event::Tick { now: w.now });
+        w.flush();
+        let end = w.now + 60_000 * MS;
+        w.run_until(end);
+        for q in &qs {
+            let st = w.state(*q);
+            prop_assert!(st == QueueState::Error || w.work[q] == 0, "{:?} left {:?} with work {}", q, st, w.work[q]);
+        }
+    }
+}

@@ -379,35 +379,46 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
     };
     let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
     let t0 = std::time::Instant::now();
-    let training_mapped = |list: &str| {
-        list.lines()
-            .find(|l| l.starts_with("training "))
-            .is_some_and(|l| !l.contains(" maps=0 "))
-    };
+    let api =
+        |m: &str, p: &str, b: Option<serde_json::Value>| vmm::api::request(&sock, m, p, b.as_ref());
     loop {
         assert!(t0.elapsed().as_secs() < 20, "training never got a slot");
-        if let Ok(list) = vmm::api::request(&sock, "list") {
-            if training_mapped(&list) {
+        if let Ok((200, v)) = api("GET", "/api/v1/vms/training", None) {
+            if v["maps"].as_u64().is_some_and(|m| m > 0) {
                 break;
             }
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    let (st, v) = api("GET", "/api/v1/policy", None).unwrap();
+    assert_eq!((st, v["policy"].as_str()), (200, Some("hqdmux")));
+    let (st, bad) = api(
+        "PATCH",
+        "/api/v1/vms/late",
+        Some(serde_json::json!({"priority": 16})),
+    )
+    .unwrap();
+    assert_eq!(st, 400);
     assert_eq!(
-        vmm::api::request(&sock, "policy").unwrap(),
-        "policy hqdmux\n"
+        bad["error"],
+        "vm 'late': priority: 16 is out of range 0..=15"
     );
-    let bad = vmm::api::request(&sock, "priority late 16").unwrap();
+    let (st, ok) = api(
+        "PATCH",
+        "/api/v1/vms/late",
+        Some(serde_json::json!({"priority": 12})),
+    )
+    .unwrap();
+    assert_eq!((st, ok["priority"].as_u64()), (200, Some(12)));
+    let (_, list) = api("GET", "/api/v1/vms", None).unwrap();
+    let late = &list["vms"][1];
     assert_eq!(
-        bad,
-        "error: vm 'late': priority: 16 is out of range 0..=15\n"
-    );
-    let ok = vmm::api::request(&sock, "priority late 12").unwrap();
-    assert_eq!(ok, "ok: vm 'late': priority = 12\n");
-    let list = vmm::api::request(&sock, "list").unwrap();
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("late state=running gpu=yes priority=12 ")),
+        (
+            late["name"].as_str(),
+            late["state"].as_str(),
+            late["gpu"].as_bool()
+        ),
+        (Some("late"), Some("running"), Some(true)),
         "{list}"
     );
     let report = fleet.join().unwrap();

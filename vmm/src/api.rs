@@ -1,371 +1,947 @@
-//! The operator's control socket of a running fleet
-//! (`hqdmux run --api-socket PATH`, driven by `hqdmux ctl PATH ...`).
+//! The operator API of a running fleet: HTTP/1.1 + JSON over the Unix
+//! socket of `hqdmux run --api-socket PATH` (server in [`crate::http`],
+//! document in docs/api/openapi.json, guide in docs/operators.md).
 //!
-//! One request per connection: a single text line, answered with text lines,
-//! then the connection closes. A reply that starts with `error:` is a refusal
-//! (it names the VM, the field and the reason).
-//!
-//! | request | effect |
+//! | method and path | effect |
 //! |---|---|
-//! | `list` | one line per VM: name, state, gpu, priority, weight, GPU time, maps, preemptions |
-//! | `priority NAME P` | set the VM's GPU priority (0..=15) live |
-//! | `weight NAME W` | set the VM's weight (1..=1000) live |
-//! | `policy` | print the fleet's scheduling policy |
-//! | `policy P` | switch the scheduling policy live (`hqdmux`, `fifo`, `poll5ms`, `timeslice`, `reset`) |
+//! | `GET /api/v1/vms` | every VM's view (config order, then added VMs) |
+//! | `POST /api/v1/vms` | add and start a VM from one `[[vm]]` entry (TOML or JSON) |
+//! | `GET /api/v1/vms/{name}` | one VM's view |
+//! | `PATCH /api/v1/vms/{name}` | `priority`, `weight`, `quantum_ms`, `preempt_timeout_ms` |
+//! | `POST /api/v1/vms/{name}/pause` | CWSR-save every queue, hold them until resume |
+//! | `POST /api/v1/vms/{name}/resume` | make its queues eligible again |
+//! | `POST /api/v1/vms/{name}/stop` | stop its vCPUs, reclaim its queues, keep its figures |
+//! | `GET /api/v1/policy`, `PUT /api/v1/policy` | the fleet's scheduling policy |
+//! | `GET /api/v1/fleet` | policy, GPU, totals |
+//!
+//! Every error is `{"error": "..."}` with a 4xx status naming the VM, the
+//! field and the reason, and changes nothing. A request is checked whole
+//! before any of it is applied.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use mdev::arbiter::GpuArbiter;
 use mdev::vgpu::VgpuHandle;
+use serde_json::{json, Map, Value};
+use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{PRIORITY_RANGE, WEIGHT_RANGE};
+use crate::config::{FleetConfig, VmConfig, PRIORITY_RANGE, WEIGHT_RANGE};
+use crate::http::{Handler, Request, Responder, Response};
 
-const USAGE: &str = "list | priority NAME P | weight NAME W | policy [P]";
+/// API version prefix.
+pub const PREFIX: &str = "/api/v1";
+/// Range of `quantum_ms`.
+pub const QUANTUM_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=10_000;
+/// Range of `preempt_timeout_ms` (as `[[vm]] preempt_timeout_ms`).
+pub const PREEMPT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> =
+    mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE;
 
-/// One control-socket request, split into words but not yet checked against
-/// the fleet (VM names, value ranges and policy names are checked by
-/// [`FleetControl::handle`]).
+/// Life-cycle state of a VM as the API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request<'a> {
-    /// `list`.
-    List,
-    /// `priority NAME P`.
-    Priority {
-        /// VM name.
-        vm: &'a str,
-        /// The requested priority, unparsed.
-        value: &'a str,
-    },
-    /// `weight NAME W`.
-    Weight {
-        /// VM name.
-        vm: &'a str,
-        /// The requested weight, unparsed.
-        value: &'a str,
-    },
-    /// `policy` (print) or `policy P` (switch).
-    Policy(Option<&'a str>),
+pub enum VmState {
+    /// Added through the API, being built.
+    Starting,
+    /// vCPUs running.
+    Running,
+    /// vCPUs running, GPU work held (CWSR-saved) until resume.
+    Paused,
+    /// A stop was asked for and is in progress.
+    Stopping,
+    /// Stopped by the operator, the run timeout or a signal.
+    Stopped,
+    /// The guest ended by itself (exit status, fault, ...).
+    Exited,
+    /// Could not be built or started.
+    Failed,
 }
 
-/// A request line that is not a [`Request`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RequestError {
-    /// No words at all.
-    #[error("empty request (try: {USAGE})")]
-    Empty,
-    /// An unknown verb or a wrong number of words (the trimmed line).
-    #[error("unknown request '{0}' (try: {USAGE})")]
-    Unknown(String),
-}
+impl VmState {
+    /// Name in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            VmState::Starting => "starting",
+            VmState::Running => "running",
+            VmState::Paused => "paused",
+            VmState::Stopping => "stopping",
+            VmState::Stopped => "stopped",
+            VmState::Exited => "exited",
+            VmState::Failed => "failed",
+        }
+    }
 
-/// Parses one request line (pure: no fleet state is read).
-pub fn parse_request(line: &str) -> Result<Request<'_>, RequestError> {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    match words.as_slice() {
-        ["list"] => Ok(Request::List),
-        ["priority", vm, value] => Ok(Request::Priority { vm, value }),
-        ["weight", vm, value] => Ok(Request::Weight { vm, value }),
-        ["policy"] => Ok(Request::Policy(None)),
-        ["policy", p] => Ok(Request::Policy(Some(p))),
-        [] => Err(RequestError::Empty),
-        _ => Err(RequestError::Unknown(line.trim().to_owned())),
+    fn live(self) -> bool {
+        matches!(self, VmState::Running | VmState::Paused)
     }
 }
 
-/// What the control socket can see and steer.
-pub struct FleetControl {
-    arbiter: Option<Arc<GpuArbiter>>,
-    vms: Mutex<Vec<VmEntry>>,
+/// How a VM ended, as the fleet reports it to the API.
+#[derive(Debug, Clone, Default)]
+pub struct VmEnd {
+    /// Stopped (operator, timeout, signal) rather than ended by itself.
+    pub stopped: bool,
+    /// The outcome as the summary prints it.
+    pub outcome: String,
+    /// Exit status, when the guest exited.
+    pub exit_status: Option<u32>,
+    /// GPU accounting when its vGPU was detached.
+    pub gpu: Option<scheduler::VmStats>,
+}
+
+/// A request the fleet's event loop carries out (it owns the VMs).
+pub enum FleetCommand {
+    /// Stop VM `index`; answer with its view.
+    Stop {
+        /// Index in the fleet.
+        index: usize,
+        /// Where the answer goes.
+        reply: Responder,
+    },
+    /// Build and start `config` as VM `index`; answer 201 with its view.
+    Add {
+        /// Index it gets (the fleet's VM count).
+        index: usize,
+        /// Its validated entry.
+        config: Box<VmConfig>,
+        /// Where the answer goes.
+        reply: Responder,
+    },
 }
 
 struct VmEntry {
-    name: String,
+    config: VmConfig,
     vgpu: Option<VgpuHandle>,
-    ended: bool,
+    state: VmState,
+    end: Option<VmEnd>,
+    /// GPU time at the previous sample, and the share over the last interval.
+    sample_ns: u64,
+    share: Option<f64>,
+}
+
+struct Inner {
+    vms: Vec<VmEntry>,
+    cfg: FleetConfig,
+    fleet: Option<(Sender<FleetCommand>, Arc<EventFd>)>,
+    last_sample: Instant,
+    interval: Duration,
+}
+
+/// What the API can see and steer; shared by the HTTP server and the fleet.
+pub struct FleetControl {
+    arbiter: Option<Arc<GpuArbiter>>,
+    inner: Mutex<Inner>,
+    started: Instant,
+    config_path: PathBuf,
+}
+
+fn err(status: u16, msg: impl Into<String>) -> Response {
+    Response::error(status, msg)
 }
 
 impl FleetControl {
-    /// Control over `names` (config order) with their vGPU handles.
-    pub fn new(arbiter: Option<Arc<GpuArbiter>>, vms: Vec<(String, Option<VgpuHandle>)>) -> Self {
+    /// Control over `cfg`'s VMs (config order) with their vGPU handles.
+    pub fn new(
+        arbiter: Option<Arc<GpuArbiter>>,
+        cfg: &FleetConfig,
+        vgpus: &[Option<VgpuHandle>],
+    ) -> Self {
+        let vms = cfg
+            .vm
+            .iter()
+            .enumerate()
+            .map(|(i, c)| VmEntry {
+                config: c.clone(),
+                vgpu: vgpus.get(i).copied().flatten(),
+                state: VmState::Running,
+                end: None,
+                sample_ns: 0,
+                share: None,
+            })
+            .collect();
         FleetControl {
             arbiter,
-            vms: Mutex::new(
-                vms.into_iter()
-                    .map(|(name, vgpu)| VmEntry {
-                        name,
-                        vgpu,
-                        ended: false,
-                    })
-                    .collect(),
-            ),
+            inner: Mutex::new(Inner {
+                vms,
+                cfg: cfg.clone(),
+                fleet: None,
+                last_sample: Instant::now(),
+                interval: Duration::ZERO,
+            }),
+            started: Instant::now(),
+            config_path: cfg.base_dir.join("(api)"),
         }
     }
 
-    /// Marks VM `i` as ended (its vGPU is gone).
-    pub fn ended(&self, i: usize) {
-        if let Some(v) = self.vms.lock().unwrap().get_mut(i) {
-            v.ended = true;
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connects the fleet's command channel (stop, add): commands are sent
+    /// on `tx` and `wake` is written.
+    pub fn connect_fleet(&self, tx: Sender<FleetCommand>, wake: Arc<EventFd>) {
+        self.lock().fleet = Some((tx, wake));
+    }
+
+    /// Disconnects the fleet's command channel (the run is ending): stop
+    /// and add are answered 503 from now on.
+    pub fn disconnect_fleet(&self) {
+        self.lock().fleet = None;
+    }
+
+    /// Records that VM `i` ended (its vGPU is gone), with its final figures.
+    pub fn ended(&self, i: usize, end: VmEnd) {
+        if let Some(v) = self.lock().vms.get_mut(i) {
+            v.state = if end.stopped {
+                VmState::Stopped
+            } else {
+                VmState::Exited
+            };
+            v.vgpu = None;
+            v.share = None;
+            v.end = Some(end);
         }
     }
 
-    /// Answers one request line.
-    pub fn handle(&self, line: &str) -> String {
-        match parse_request(line) {
-            Ok(Request::List) => self.list(),
-            Ok(Request::Priority { vm, value }) => self.set(vm, "priority", value, PRIORITY_RANGE),
-            Ok(Request::Weight { vm, value }) => self.set(vm, "weight", value, WEIGHT_RANGE),
-            Ok(Request::Policy(None)) => match &self.arbiter {
-                Some(m) => format!("policy {}\n", m.policy().name()),
-                None => "error: policy: the fleet has no GPU VMs\n".into(),
+    /// Records that the added VM `i` started with vGPU `vgpu`.
+    pub fn started(&self, i: usize, vgpu: Option<VgpuHandle>) {
+        if let Some(v) = self.lock().vms.get_mut(i) {
+            v.state = VmState::Running;
+            v.vgpu = vgpu;
+        }
+    }
+
+    /// Records that the added VM `i` could not be built or started.
+    pub fn failed(&self, i: usize, reason: String) {
+        if let Some(v) = self.lock().vms.get_mut(i) {
+            v.state = VmState::Failed;
+            v.end = Some(VmEnd {
+                stopped: false,
+                outcome: reason,
+                exit_status: None,
+                gpu: None,
+            });
+        }
+    }
+
+    /// Number of VMs known (config and added).
+    pub fn len(&self) -> usize {
+        self.lock().vms.len()
+    }
+
+    /// True when the fleet has no VMs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The view of VM `i` (`None`: no such index).
+    pub fn view_of(&self, i: usize) -> Option<Value> {
+        let inner = self.lock();
+        inner.vms.get(i).map(|v| self.view(v, &inner))
+    }
+
+    fn view(&self, v: &VmEntry, inner: &Inner) -> Value {
+        let c = &v.config;
+        let live = v.vgpu.zip(self.arbiter.as_ref());
+        let status = live.and_then(|(h, m)| m.vm_status(h));
+        let controls = live.and_then(|(h, m)| m.vm_controls(h));
+        let (priority, weight) = status
+            .map(|(p, _)| (u32::from(p.priority), p.weight))
+            .unwrap_or((u32::from(c.priority), c.weight));
+        let stats = status
+            .map(|(_, s)| s)
+            .or_else(|| v.end.as_ref().and_then(|e| e.gpu));
+        let quantum = match (controls, &self.arbiter, c.gpu) {
+            (Some((_, Some(q))), _, _) => Some(q),
+            (_, Some(m), true) => Some(m.level_quantum(priority as u8)),
+            _ => None,
+        };
+        let ms = |ns: u64| ns as f64 / 1e6;
+        json!({
+            "name": c.name,
+            "state": v.state.name(),
+            "gpu": c.gpu,
+            "image": c.image,
+            "priority": priority,
+            "weight": weight,
+            "quantum_ms": quantum.map(|q| q.as_secs_f64() * 1e3),
+            "quantum_override": controls.is_some_and(|(_, q)| q.is_some()),
+            "preempt_timeout_ms": live
+                .and_then(|(h, m)| m.preempt_timeout(h))
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(c.preempt_timeout_ms),
+            "gpu_time_ms": stats.map(|s| ms(s.gpu_ns)),
+            "share": v.share,
+            "share_interval_ms": if v.share.is_some() { Some(inner.interval.as_secs_f64() * 1e3) } else { None },
+            "maps": stats.map(|s| s.maps),
+            "preemptions": stats.map(|s| s.preemptions),
+            "cwsr_time_ms": stats.map(|s| ms(s.save_ns)),
+            "queue_errors": Value::Null,
+            "outcome": v.end.as_ref().map(|e| e.outcome.clone()),
+            "exit_status": v.end.as_ref().and_then(|e| e.exit_status),
+        })
+    }
+
+    /// Samples every live VM's GPU time: the share of the fleet's GPU time
+    /// each got since the previous sample.
+    pub fn sample(&self) {
+        let mut inner = self.lock();
+        let Some(m) = self.arbiter.clone() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut deltas = Vec::with_capacity(inner.vms.len());
+        for v in inner.vms.iter_mut() {
+            let ns = v.vgpu.and_then(|h| m.vm_status(h)).map(|(_, s)| s.gpu_ns);
+            match ns {
+                Some(ns) => {
+                    deltas.push(Some(ns.saturating_sub(v.sample_ns)));
+                    v.sample_ns = ns;
+                }
+                None => deltas.push(None),
+            }
+        }
+        let total: u64 = deltas.iter().flatten().sum();
+        for (v, d) in inner.vms.iter_mut().zip(&deltas) {
+            v.share = match d {
+                Some(d) if total > 0 => Some(*d as f64 / total as f64),
+                Some(_) => Some(0.0),
+                None => None,
+            };
+        }
+        inner.interval = now - inner.last_sample;
+        inner.last_sample = now;
+    }
+
+    fn find(&self, inner: &Inner, name: &str) -> Result<usize, Response> {
+        inner
+            .vms
+            .iter()
+            .position(|v| v.config.name == name)
+            .ok_or_else(|| err(404, format!("vm '{name}': no such VM")))
+    }
+
+    /// Routes one request. Each route is one match arm; routes outside
+    /// `/api/v1` (e.g. `GET /metrics`) go in the first match.
+    pub fn route(&self, req: Request, reply: Responder) {
+        #[allow(clippy::match_single_binding)]
+        match (req.method.as_str(), req.path.as_str()) {
+            // ("GET", "/metrics") => return reply.send(...),
+            _ => {}
+        }
+        let Some(rest) = req.path.strip_prefix(PREFIX) else {
+            return reply.send(err(404, format!("no such path '{}'", req.path)));
+        };
+        let segs: Vec<&str> = rest.split('/').skip(1).collect();
+        let m = req.method.as_str();
+        let r = match (m, segs.as_slice()) {
+            ("GET", ["vms"]) => self.list(),
+            ("POST", ["vms"]) => return self.add(&req, reply),
+            ("GET", ["vms", name]) => self.get(name),
+            ("PATCH", ["vms", name]) => self.patch(name, &req),
+            ("POST", ["vms", name, "pause"]) => self.pause(name, true),
+            ("POST", ["vms", name, "resume"]) => self.pause(name, false),
+            ("POST", ["vms", name, "stop"]) => return self.stop(name, reply),
+            ("GET", ["policy"]) => self.get_policy(),
+            ("PUT", ["policy"]) => self.put_policy(&req),
+            ("GET", ["fleet"]) => self.fleet(),
+            (_, p) => match allowed(p) {
+                Some(allow) => err(405, format!("method {m} not allowed on {}", req.path))
+                    .with_header("Allow", allow.into()),
+                None => err(404, format!("no such path '{}'", req.path)),
             },
-            Ok(Request::Policy(Some(p))) => self.set_policy(p),
-            Err(e) => format!("error: {e}\n"),
+        };
+        reply.send(r)
+    }
+
+    fn list(&self) -> Response {
+        let inner = self.lock();
+        let vms: Vec<Value> = inner.vms.iter().map(|v| self.view(v, &inner)).collect();
+        Response::json(200, &json!({ "vms": vms }))
+    }
+
+    fn get(&self, name: &str) -> Response {
+        let inner = self.lock();
+        match self.find(&inner, name) {
+            Ok(i) => Response::json(200, &self.view(&inner.vms[i], &inner)),
+            Err(r) => r,
         }
     }
 
-    fn set_policy(&self, name: &str) -> String {
+    /// The VM's live vGPU, or the reason there is none (409).
+    fn live_gpu(&self, v: &VmEntry, what: &str) -> Result<(VgpuHandle, Arc<GpuArbiter>), Response> {
+        let name = &v.config.name;
+        if !v.state.live() {
+            return Err(err(
+                409,
+                format!("vm '{name}': {what}: the VM is {}", v.state.name()),
+            ));
+        }
+        match (v.vgpu, &self.arbiter) {
+            (Some(h), Some(m)) => Ok((h, m.clone())),
+            _ => Err(err(
+                409,
+                format!("vm '{name}': {what}: the VM has no vGPU (gpu = false)"),
+            )),
+        }
+    }
+
+    fn patch(&self, name: &str, req: &Request) -> Response {
+        let body = match json_object(req) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let inner = self.lock();
+        let i = match self.find(&inner, name) {
+            Ok(i) => i,
+            Err(r) => return r,
+        };
+        let v = &inner.vms[i];
+        // Check everything before applying anything.
+        let mut priority = None;
+        let mut weight = None;
+        let mut quantum: Option<Option<u64>> = None;
+        let mut timeout = None;
+        for (k, val) in &body {
+            let bad = |reason: String| err(400, format!("vm '{name}': {k}: {reason}"));
+            let int = |range: std::ops::RangeInclusive<u64>| -> Result<u64, Response> {
+                match val.as_u64() {
+                    Some(x) if range.contains(&x) => Ok(x),
+                    Some(x) => Err(bad(format!(
+                        "{x} is out of range {}..={}",
+                        range.start(),
+                        range.end()
+                    ))),
+                    None => Err(bad(format!("expected an integer, found {val}"))),
+                }
+            };
+            let r = match k.as_str() {
+                "priority" => {
+                    int(u64::from(*PRIORITY_RANGE.start())..=u64::from(*PRIORITY_RANGE.end()))
+                        .map(|x| priority = Some(x as u8))
+                }
+                "weight" => int(u64::from(*WEIGHT_RANGE.start())..=u64::from(*WEIGHT_RANGE.end()))
+                    .map(|x| weight = Some(x as u32)),
+                "quantum_ms" if val.is_null() => {
+                    quantum = Some(None);
+                    Ok(())
+                }
+                "quantum_ms" => int(QUANTUM_MS_RANGE).map(|x| quantum = Some(Some(x))),
+                "preempt_timeout_ms" => int(PREEMPT_TIMEOUT_MS_RANGE).map(|x| timeout = Some(x)),
+                _ => Err(bad(
+                    "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms)"
+                        .into(),
+                )),
+            };
+            if let Err(r) = r {
+                return r;
+            }
+        }
+        if body.is_empty() {
+            return err(400, format!("vm '{name}': empty change (fields: priority, weight, quantum_ms, preempt_timeout_ms)"));
+        }
+        let (h, m) = match self.live_gpu(v, body.keys().next().map_or("", |k| k.as_str())) {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+        let applied = (|| {
+            if let Some(p) = priority {
+                m.set_priority(h, p)
+                    .map_err(|e| ("priority", e.to_string()))?;
+            }
+            if let Some(w) = weight {
+                m.set_weight(h, w).map_err(|e| ("weight", e.to_string()))?;
+            }
+            if let Some(q) = quantum {
+                m.set_quantum(h, q.map(Duration::from_millis))
+                    .map_err(|e| ("quantum_ms", e.to_string()))?;
+            }
+            if let Some(t) = timeout {
+                m.set_preempt_timeout(h, Duration::from_millis(t))
+                    .map_err(|e| ("preempt_timeout_ms", e.to_string()))?;
+            }
+            Ok::<(), (&str, String)>(())
+        })();
+        if let Err((field, e)) = applied {
+            // Only a VM removed meanwhile gets here.
+            return err(409, format!("vm '{name}': {field}: {e}"));
+        }
+        log::info!("api: vm '{name}': changed {}", Value::Object(body));
+        Response::json(200, &self.view(&inner.vms[i], &inner))
+    }
+
+    fn pause(&self, name: &str, pause: bool) -> Response {
+        let what = if pause { "pause" } else { "resume" };
+        let mut inner = self.lock();
+        let i = match self.find(&inner, name) {
+            Ok(i) => i,
+            Err(r) => return r,
+        };
+        let (h, m) = match self.live_gpu(&inner.vms[i], what) {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+        let r = if pause { m.pause_vm(h) } else { m.resume_vm(h) };
+        if let Err(e) = r {
+            return err(409, format!("vm '{name}': {what}: {e}"));
+        }
+        inner.vms[i].state = if pause {
+            VmState::Paused
+        } else {
+            VmState::Running
+        };
+        log::info!("api: vm '{name}': {what}d");
+        Response::json(200, &self.view(&inner.vms[i], &inner))
+    }
+
+    fn stop(&self, name: &str, reply: Responder) {
+        let mut inner = self.lock();
+        let i = match self.find(&inner, name) {
+            Ok(i) => i,
+            Err(r) => return reply.send(r),
+        };
+        let st = inner.vms[i].state;
+        if !st.live() {
+            return reply.send(err(
+                409,
+                format!("vm '{name}': stop: the VM is {}", st.name()),
+            ));
+        }
+        let Some((tx, wake)) = inner.fleet.clone() else {
+            return reply.send(err(503, format!("vm '{name}': stop: no fleet loop")));
+        };
+        inner.vms[i].state = VmState::Stopping;
+        log::info!("api: vm '{name}': stop requested");
+        if let Err(e) = tx.send(FleetCommand::Stop { index: i, reply }) {
+            inner.vms[i].state = st;
+            let FleetCommand::Stop { reply, .. } = e.0 else {
+                return;
+            };
+            return reply.send(err(503, format!("vm '{name}': stop: the fleet is ending")));
+        }
+        let _ = wake.write(1);
+    }
+
+    fn add(&self, req: &Request, reply: Responder) {
+        let table = match vm_table(req) {
+            Ok(t) => t,
+            Err(r) => return reply.send(r),
+        };
+        let mut inner = self.lock();
+        let config = match inner.cfg.check_added_vm(&table, &self.config_path) {
+            Ok(c) => c,
+            Err(e) => return reply.send(err(422, e.to_string())),
+        };
+        if config.gpu && self.arbiter.is_none() {
+            return reply.send(err(
+                409,
+                format!(
+                    "vm '{}': gpu: this fleet has no GPU arbiter (no VM of its config has gpu = true)",
+                    config.name
+                ),
+            ));
+        }
+        let Some((tx, wake)) = inner.fleet.clone() else {
+            return reply.send(err(503, format!("vm '{}': no fleet loop", config.name)));
+        };
+        let index = inner.vms.len();
+        inner.cfg.vm.push(config.clone());
+        inner.vms.push(VmEntry {
+            config: config.clone(),
+            vgpu: None,
+            state: VmState::Starting,
+            end: None,
+            sample_ns: 0,
+            share: None,
+        });
+        log::info!("api: vm '{}': add requested", config.name);
+        if tx
+            .send(FleetCommand::Add {
+                index,
+                config: Box::new(config),
+                reply,
+            })
+            .is_ok()
+        {
+            let _ = wake.write(1);
+        } else {
+            inner.vms[index].state = VmState::Failed;
+        }
+    }
+
+    fn get_policy(&self) -> Response {
+        let names: Vec<&str> = scheduler::Policy::ALL.iter().map(|p| p.name()).collect();
+        let p = self
+            .arbiter
+            .as_ref()
+            .map(|m| m.policy())
+            .unwrap_or(self.lock().cfg.scheduler.policy);
+        Response::json(200, &json!({ "policy": p.name(), "policies": names }))
+    }
+
+    fn put_policy(&self, req: &Request) -> Response {
+        let body = match json_object(req) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        if let Some(k) = body.keys().find(|k| *k != "policy") {
+            return err(400, format!("policy: {k}: unknown field (known: policy)"));
+        }
+        let Some(name) = body.get("policy").and_then(Value::as_str) else {
+            return err(400, "policy: policy: missing (a string)");
+        };
         let Some(p) = scheduler::Policy::from_name(name) else {
             let names: Vec<&str> = scheduler::Policy::ALL.iter().map(|p| p.name()).collect();
-            return format!(
-                "error: policy: unknown policy '{name}' (one of: {})\n",
-                names.join(", ")
+            return err(
+                400,
+                format!(
+                    "policy: unknown policy '{name}' (one of: {})",
+                    names.join(", ")
+                ),
             );
         };
         let Some(m) = &self.arbiter else {
-            return "error: policy: the fleet has no GPU VMs\n".into();
+            return err(409, "policy: the fleet has no GPU VMs");
         };
         m.set_policy(p);
         log::info!("api: policy = {name}");
-        format!("ok: policy = {name}\n")
+        self.get_policy()
     }
 
-    fn list(&self) -> String {
-        let vms = self.vms.lock().unwrap();
-        let mut out = String::new();
-        for v in vms.iter() {
-            let state = if v.ended { "ended" } else { "running" };
-            let status = v
-                .vgpu
-                .zip(self.arbiter.as_ref())
-                .and_then(|(h, m)| m.vm_status(h));
-            match status {
-                Some((p, s)) => {
-                    out += &format!(
-                    "{} state={state} gpu=yes priority={} weight={} gpu_ms={:.1} maps={} preemptions={}\n",
-                    v.name,
-                    p.priority,
-                    p.weight,
-                    s.gpu_ns as f64 / 1e6,
-                    s.maps,
-                    s.preemptions
-                )
+    fn fleet(&self) -> Response {
+        let inner = self.lock();
+        let count = |s: VmState| inner.vms.iter().filter(|v| v.state == s).count();
+        let mut states = Map::new();
+        for s in [
+            VmState::Starting,
+            VmState::Running,
+            VmState::Paused,
+            VmState::Stopping,
+            VmState::Stopped,
+            VmState::Exited,
+            VmState::Failed,
+        ] {
+            states.insert(s.name().into(), json!(count(s)));
+        }
+        let gpu = self.arbiter.as_ref().map(|m| {
+            let t = m.topology();
+            let s = m.stats();
+            json!({
+                "policy": m.policy().name(),
+                "xccs": t.xccs,
+                "partitions": t.partitions(),
+                "completions": s.completions,
+                "maps": s.maps,
+                "preemptions": s.preemptions,
+                "quarantined_vms": s.quarantined_vms,
+            })
+        });
+        Response::json(
+            200,
+            &json!({
+                "uptime_ms": self.started.elapsed().as_secs_f64() * 1e3,
+                "vms": inner.vms.len(),
+                "states": states,
+                "gpu": gpu,
+            }),
+        )
+    }
+}
+
+/// Methods of a known path (for 405), `None` for unknown paths.
+fn allowed(p: &[&str]) -> Option<&'static str> {
+    match p {
+        ["vms"] => Some("GET, POST"),
+        ["vms", _] => Some("GET, PATCH"),
+        ["vms", _, "pause" | "resume" | "stop"] => Some("POST"),
+        ["policy"] => Some("GET, PUT"),
+        ["fleet"] => Some("GET"),
+        _ => None,
+    }
+}
+
+/// The body as a JSON object (400 otherwise).
+fn json_object(req: &Request) -> Result<Map<String, Value>, Response> {
+    if let Some(ct) = req.header("content-type") {
+        if !ct.starts_with("application/json") {
+            return Err(err(
+                415,
+                format!("expected Content-Type application/json, got '{ct}'"),
+            ));
+        }
+    }
+    match serde_json::from_slice::<Value>(&req.body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(v) => Err(err(400, format!("expected a JSON object, found {v}"))),
+        Err(e) => Err(err(400, format!("invalid JSON: {e}"))),
+    }
+}
+
+/// The body of `POST /vms` as one `[[vm]]` table: TOML (`[[vm]]` header
+/// optional) or JSON (an object of the same fields).
+fn vm_table(req: &Request) -> Result<toml::Table, Response> {
+    let ct = req.header("content-type").unwrap_or("application/toml");
+    let text = std::str::from_utf8(&req.body).map_err(|_| err(400, "body is not UTF-8"))?;
+    if ct.starts_with("application/json") {
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| err(400, format!("invalid JSON: {e}")))?;
+        let Value::Object(m) = v else {
+            return Err(err(400, "expected a JSON object of [[vm]] fields"));
+        };
+        let mut t = toml::Table::new();
+        for (k, v) in m {
+            let tv = match v {
+                Value::String(s) => toml::Value::String(s),
+                Value::Bool(b) => toml::Value::Boolean(b),
+                Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64().unwrap_or(0)),
+                Value::Number(n) => {
+                    return Err(err(
+                        422,
+                        format!("vm: field `{k}`: {n} is not an integer in range"),
+                    ))
                 }
-                None => out += &format!("{} state={state} gpu=no\n", v.name),
-            }
-        }
-        out
-    }
-
-    fn set(
-        &self,
-        name: &str,
-        field: &str,
-        value: &str,
-        range: std::ops::RangeInclusive<u32>,
-    ) -> String {
-        let vms = self.vms.lock().unwrap();
-        let Some(v) = vms.iter().find(|v| v.name == name) else {
-            return format!("error: vm '{name}': no such VM\n");
-        };
-        let Ok(x) = value.parse::<u32>() else {
-            return format!("error: vm '{name}': {field}: '{value}' is not a number\n");
-        };
-        if !range.contains(&x) {
-            return format!(
-                "error: vm '{name}': {field}: {x} is out of range {}..={}\n",
-                range.start(),
-                range.end()
-            );
-        }
-        let (Some(h), Some(m), false) = (v.vgpu, self.arbiter.as_ref(), v.ended) else {
-            return format!("error: vm '{name}': {field}: the VM has no running vGPU\n");
-        };
-        let r = if field == "priority" {
-            m.set_priority(h, x as u8)
-        } else {
-            m.set_weight(h, x)
-        };
-        match r {
-            Ok(()) => {
-                log::info!("api: vm '{name}': {field} = {x}");
-                format!("ok: vm '{name}': {field} = {x}\n")
-            }
-            Err(e) => format!("error: vm '{name}': {field}: {e}\n"),
-        }
-    }
-}
-
-/// A listening control socket; stops (and removes the socket file) on drop.
-pub struct ApiServer {
-    path: PathBuf,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl ApiServer {
-    /// Listens on `path` (an existing socket file there is replaced).
-    pub fn start(path: &Path, ctl: Arc<FleetControl>) -> std::io::Result<Self> {
-        let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path)?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("hqdmux-api".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((conn, _)) => serve(conn, &ctl),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(10))
-                        }
-                        Err(e) => {
-                            log::warn!("api: accept failed: {e}");
-                            std::thread::sleep(Duration::from_millis(10))
-                        }
-                    }
+                other => {
+                    return Err(err(
+                        422,
+                        format!("vm: field `{k}`: unsupported value {other}"),
+                    ))
                 }
-            })?;
-        Ok(ApiServer {
-            path: path.to_owned(),
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            };
+            t.insert(k, tv);
         }
-        let _ = std::fs::remove_file(&self.path);
+        return Ok(t);
+    }
+    if !(ct.starts_with("application/toml") || ct.starts_with("text/")) {
+        return Err(err(
+            415,
+            format!("expected Content-Type application/toml or application/json, got '{ct}'"),
+        ));
+    }
+    let t: toml::Table = toml::from_str(text).map_err(|e| {
+        err(
+            400,
+            format!("invalid TOML: {}", e.to_string().replace('\n', " ")),
+        )
+    })?;
+    match t.get("vm") {
+        Some(toml::Value::Array(a)) if t.len() == 1 => match a.as_slice() {
+            [toml::Value::Table(one)] => Ok(one.clone()),
+            _ => Err(err(400, "expected exactly one [[vm]] entry")),
+        },
+        _ => Ok(t),
     }
 }
 
-fn serve(conn: UnixStream, ctl: &FleetControl) {
-    let _ = conn.set_nonblocking(false);
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-    let mut line = String::new();
-    let mut reader = BufReader::new(&conn);
-    // Requests are short; a line longer than 4 KiB is refused.
-    let reply = match reader.by_ref().take(4096).read_line(&mut line) {
-        Ok(_) => ctl.handle(&line),
-        Err(e) => format!("error: unreadable request: {e}\n"),
-    };
-    let _ = (&conn).write_all(reply.as_bytes());
+/// The HTTP handler of a fleet.
+pub struct ApiHandler(pub Arc<FleetControl>);
+
+impl Handler for ApiHandler {
+    fn handle(&self, req: Request, reply: Responder) {
+        self.0.route(req, reply)
+    }
+
+    fn tick(&self) {
+        self.0.sample()
+    }
 }
 
-/// Client side: sends `request` to the socket at `path`, returns the reply.
-pub fn request(path: &Path, request: &str) -> std::io::Result<String> {
-    let mut conn = UnixStream::connect(path)?;
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    conn.write_all(request.as_bytes())?;
-    conn.write_all(b"\n")?;
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut conn, &mut out)?;
-    Ok(out)
+/// A listening API socket; stops (and removes the socket file) on drop.
+pub type ApiServer = crate::http::HttpServer;
+
+/// Starts the API on `path` with the socket file mode `mode`.
+pub fn serve(
+    path: &Path,
+    mode: u32,
+    ctl: Arc<FleetControl>,
+) -> Result<ApiServer, crate::http::BindError> {
+    crate::http::HttpServer::start(
+        path,
+        crate::http::SocketOptions { mode },
+        Arc::new(ApiHandler(ctl)),
+    )
+}
+
+/// Client side: one JSON request to the API at `path`; returns the status
+/// and the parsed body (`Value::Null` if it is not JSON).
+pub fn request(
+    path: &Path,
+    method: &str,
+    target: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, Value)> {
+    let bytes = body.map(|b| serde_json::to_vec(b).unwrap_or_default());
+    let (st, out) = crate::http::call(
+        path,
+        method,
+        target,
+        bytes.as_deref().map(|b| ("application/json", b)),
+    )?;
+    Ok((st, serde_json::from_slice(&out).unwrap_or(Value::Null)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn requests_without_a_gpu_are_refused_with_vm_field_and_reason() {
-        let ctl = FleetControl::new(None, vec![("a".into(), None)]);
-        assert_eq!(ctl.handle("list"), "a state=running gpu=no\n");
-        assert_eq!(ctl.handle("priority b 3"), "error: vm 'b': no such VM\n");
-        assert_eq!(
-            ctl.handle("priority a 16"),
-            "error: vm 'a': priority: 16 is out of range 0..=15\n"
-        );
-        assert_eq!(
-            ctl.handle("weight a x"),
-            "error: vm 'a': weight: 'x' is not a number\n"
-        );
-        assert_eq!(
-            ctl.handle("priority a 3"),
-            "error: vm 'a': priority: the VM has no running vGPU\n"
-        );
-        assert!(ctl
-            .handle("reboot a")
-            .starts_with("error: unknown request 'reboot a'"));
-        assert_eq!(
-            ctl.handle("policy lottery"),
-            "error: policy: unknown policy 'lottery' (one of: hqdmux, fifo, poll5ms, timeslice, reset)\n"
-        );
-        assert_eq!(
-            ctl.handle("policy fifo"),
-            "error: policy: the fleet has no GPU VMs\n"
-        );
+    fn fleet() -> FleetConfig {
+        FleetConfig::parse(
+            "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap()
+    }
+
+    fn call(ctl: &FleetControl, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let req = Request {
+            method: method.into(),
+            path: path.into(),
+            query: None,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: body.as_bytes().to_vec(),
+            keep_alive: true,
+        };
+        let (reply, rx) = Responder::detached();
+        ctl.route(req, reply);
+        let (_, r) = rx.recv().unwrap();
+        (r.status, serde_json::from_slice(&r.body).unwrap())
     }
 
     #[test]
-    fn parse_request_splits_words_and_refuses_the_rest() {
-        assert_eq!(parse_request(" list \n"), Ok(Request::List));
-        assert_eq!(
-            parse_request("priority vm-a 16"),
-            Ok(Request::Priority {
-                vm: "vm-a",
-                value: "16"
-            })
-        );
-        assert_eq!(
-            parse_request("weight\tb x"),
-            Ok(Request::Weight {
-                vm: "b",
-                value: "x"
-            })
-        );
-        assert_eq!(parse_request("policy"), Ok(Request::Policy(None)));
-        assert_eq!(
-            parse_request("policy fifo"),
-            Ok(Request::Policy(Some("fifo")))
-        );
-        assert_eq!(parse_request(" \r\n"), Err(RequestError::Empty));
-        assert_eq!(
-            parse_request("priority a 1 2\n"),
-            Err(RequestError::Unknown("priority a 1 2".into()))
-        );
-        assert_eq!(
-            parse_request("LIST"),
-            Err(RequestError::Unknown("LIST".into()))
-        );
+    fn refusals_name_the_vm_the_field_and_the_reason_and_change_nothing() {
+        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let (st, v) = call(&ctl, "GET", "/api/v1/vms", "");
+        assert_eq!(st, 200);
+        assert_eq!(v["vms"][0]["name"], "a");
+        assert_eq!(v["vms"][0]["state"], "running");
+        assert_eq!(v["vms"][0]["gpu"], false);
+        let cases = [
+            ("GET", "/api/v1/vms/b", "", 404, "vm 'b': no such VM"),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"priority\": 16}",
+                400,
+                "vm 'a': priority: 16 is out of range 0..=15",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"weight\": \"x\"}",
+                400,
+                "vm 'a': weight: expected an integer",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"colour\": 1}",
+                400,
+                "vm 'a': colour: unknown field",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "[1]",
+                400,
+                "expected a JSON object",
+            ),
+            (
+                "PATCH",
+                "/api/v1/vms/a",
+                "{\"priority\": 3}",
+                409,
+                "vm 'a': priority: the VM has no vGPU",
+            ),
+            (
+                "POST",
+                "/api/v1/vms/a/pause",
+                "",
+                409,
+                "vm 'a': pause: the VM has no vGPU",
+            ),
+            (
+                "PUT",
+                "/api/v1/policy",
+                "{\"policy\": \"lottery\"}",
+                400,
+                "unknown policy 'lottery' (one of: hqdmux, fifo, poll5ms, timeslice, reset)",
+            ),
+            (
+                "PUT",
+                "/api/v1/policy",
+                "{\"policy\": \"fifo\"}",
+                409,
+                "the fleet has no GPU VMs",
+            ),
+            (
+                "DELETE",
+                "/api/v1/vms/a",
+                "",
+                405,
+                "method DELETE not allowed",
+            ),
+            ("GET", "/api/v2/vms", "", 404, "no such path"),
+            ("POST", "/api/v1/vms/a/stop", "", 503, "no fleet loop"),
+            (
+                "POST",
+                "/api/v1/vms",
+                "{\"name\": \"a\", \"image\": \"builtin:hello\"}",
+                422,
+                "vm 'a' (vm[1]): field `name`",
+            ),
+            (
+                "POST",
+                "/api/v1/vms",
+                "{\"name\": \"c\", \"image\": \"builtin:hello\", \"vcpus\": 99}",
+                422,
+                "vm 'c' (vm[1]): field `vcpus`: 99 is out of range",
+            ),
+        ];
+        for (m, p, b, want_st, want) in cases {
+            let (st, v) = call(&ctl, m, p, b);
+            let e = v["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{m} {p}: {v}"));
+            assert_eq!(st, want_st, "{m} {p} {b}: {e}");
+            assert!(e.contains(want), "{m} {p} {b}: {e}");
+        }
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/a", "");
+        assert_eq!(v["priority"], 0);
+        assert_eq!(v["state"], "running");
+        assert_eq!(ctl.len(), 1, "no VM added");
     }
 
     #[test]
-    fn socket_round_trip() {
-        let dir = std::env::temp_dir().join(format!("hqdmux-api-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("api.sock");
-        let ctl = Arc::new(FleetControl::new(None, vec![("vm0".into(), None)]));
-        let server = ApiServer::start(&path, ctl.clone()).unwrap();
+    fn vm_bodies_are_read_as_toml_or_json() {
+        let req = |ct: &str, body: &str| Request {
+            method: "POST".into(),
+            path: "/api/v1/vms".into(),
+            query: None,
+            headers: vec![("content-type".into(), ct.into())],
+            body: body.as_bytes().to_vec(),
+            keep_alive: true,
+        };
+        let t = vm_table(&req(
+            "application/toml",
+            "[[vm]]\nname = \"x\"\ngpu = true\n",
+        ))
+        .unwrap();
+        assert_eq!(t["name"].as_str(), Some("x"));
+        let t = vm_table(&req("application/toml", "name = \"y\"\npriority = 3\n")).unwrap();
+        assert_eq!(t["priority"].as_integer(), Some(3));
+        let t = vm_table(&req("application/json", "{\"name\": \"z\", \"gpu\": true}")).unwrap();
+        assert_eq!(t["gpu"].as_bool(), Some(true));
+        assert!(vm_table(&req(
+            "application/toml",
+            "[[vm]]\nname=\"a\"\n[[vm]]\nname=\"b\"\n"
+        ))
+        .is_err());
+        assert_eq!(vm_table(&req("image/png", "x")).unwrap_err().status, 415);
         assert_eq!(
-            request(&path, "list").unwrap(),
-            "vm0 state=running gpu=no\n"
+            vm_table(&req("application/json", "{\"weight\": 1.5}"))
+                .unwrap_err()
+                .status,
+            422
         );
-        ctl.ended(0);
-        assert_eq!(request(&path, "list").unwrap(), "vm0 state=ended gpu=no\n");
-        drop(server);
-        assert!(!path.exists(), "socket file removed");
-        assert!(request(&path, "list").is_err());
     }
 }

@@ -898,6 +898,36 @@ fn one_line(s: &str) -> String {
         .join(" ")
 }
 
+// ---- a VM added to a running fleet (operator API) ----------------------
+
+impl FleetConfig {
+    /// Checks one more `[[vm]]` entry (a TOML table, as in the file)
+    /// against this fleet exactly as the file's entries are checked (known
+    /// fields and types, ranges, unique name, partition of this GPU) and
+    /// returns it. Errors name `file`, the VM (index `self.vm.len()`), the
+    /// field and the reason. `self` is not changed.
+    pub fn check_added_vm(&self, t: &toml::Table, file: &Path) -> Result<VmConfig, ConfigError> {
+        let index = self.vm.len();
+        let vm = VmConfig::from_table(t).map_err(|e| ConfigError::Invalid {
+            file: file.to_owned(),
+            place: Place::Vm {
+                index,
+                name: t
+                    .get("name")
+                    .and_then(toml::Value::as_str)
+                    .unwrap_or("?")
+                    .to_owned(),
+            },
+            field: e.field,
+            reason: e.reason,
+        })?;
+        let mut all = self.clone();
+        all.vm.push(vm.clone());
+        all.validate(file)?;
+        Ok(vm)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

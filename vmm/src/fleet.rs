@@ -30,6 +30,8 @@ pub struct RunOptions {
     /// Stop every VM when this becomes readable (SIGINT/SIGTERM, see
     /// [`crate::signals`]); the run then reports like a timeout.
     pub stop: Option<crate::signals::StopSignal>,
+    /// Permission bits of the API socket file (`None`: 0600).
+    pub api_socket_mode: Option<u32>,
 }
 
 /// Failures before any VM runs (nothing is left running).
@@ -65,6 +67,9 @@ pub enum FleetError {
     /// The control socket could not be opened.
     #[error("api socket {0}: {1}")]
     Api(String, std::io::Error),
+    /// The API socket path is taken (a file, or a live fleet's socket).
+    #[error("api socket {0}")]
+    ApiBind(crate::http::BindError),
     /// A stop request (SIGINT/SIGTERM) arrived while the VMs were being
     /// built: the launch was abandoned before any guest ran.
     #[error("stopped by {0} before any VM started")]
@@ -155,9 +160,60 @@ impl FleetReport {
     }
 }
 
+impl FleetReport {
+    /// The summary as JSON (`hqdmux run --json`): per VM its outcome, exit
+    /// status, times (ms) and GPU figures; the GPU counters.
+    pub fn to_json(&self) -> serde_json::Value {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let since = |t: Option<Instant>| t.map(|t| ms(t - self.launched));
+        let vms: Vec<serde_json::Value> = self
+            .vms
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let mut spans = v.spans(2, 3);
+                spans.sort();
+                let g = self.vm_gpu.get(i).copied().flatten();
+                serde_json::json!({
+                    "name": v.name,
+                    "outcome": v.outcome.to_string(),
+                    "success": v.outcome.is_success(),
+                    "exit_status": match v.outcome { crate::vm::VmOutcome::Exited(s) => Some(s), _ => None },
+                    "entry_ms": since(v.entered),
+                    "line_ms": since(v.first_line),
+                    "run_ms": ms(v.run_time),
+                    "gpu_ms_p50": spans.get(spans.len() / 2).map(|d| ms(*d)),
+                    "gpu_ms_max": spans.last().map(|d| ms(*d)),
+                    "gpu_time_ms": g.map(|g| g.gpu_ns as f64 / 1e6),
+                    "preemptions": g.map(|g| g.preemptions),
+                    "maps": g.map(|g| g.maps),
+                    "cwsr_time_ms": g.map(|g| g.save_ns as f64 / 1e6),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "vms": vms,
+            "timed_out": self.timed_out,
+            "stop_requested": self.stop_requested,
+            "all_succeeded": self.all_succeeded(),
+            "gpu": self.gpu.map(|s| serde_json::json!({
+                "completions": s.completions,
+                "maps": s.maps,
+                "preemptions": s.preemptions,
+                "stale_doorbells": s.stale_doorbells,
+                "quarantined_vms": s.quarantined_vms,
+            })),
+        })
+    }
+}
+
 /// Builds, runs and reports every VM in `cfg`.
 pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, FleetError> {
     let launched = Instant::now();
+    // A taken API socket path fails the launch before any VM is built.
+    if let Some(path) = &opts.api_socket {
+        crate::http::check_socket_path(path).map_err(FleetError::ApiBind)?;
+    }
     let kvm = Kvm::new().map_err(FleetError::Kvm)?;
     let cpuid = crate::vm::supported_cpuid(&kvm).map_err(|source| FleetError::Build {
         vm: "(all)".into(),
@@ -183,57 +239,23 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         if let Some(sig) = opts.stop.as_ref().and_then(|s| s.received()) {
             return Err(FleetError::Stopped(crate::signals::name(sig)));
         }
-        let elf: Arc<[u8]> = match vc.image_source(&cfg.base_dir) {
-            ImageSource::Builtin(name) => images::builtin(&name)
-                .ok_or_else(|| FleetError::Image {
-                    vm: vc.name.clone(),
-                    path: format!("builtin:{name}"),
-                    source: std::io::ErrorKind::NotFound.into(),
-                })?
-                .into(),
-            // Bounded and non-blocking, as `check` reads it.
-            ImageSource::File(path) => crate::config::read_image_file(&path, vc.memory_mib << 20)
-                .map_err(|e| FleetError::Image {
-                    vm: vc.name.clone(),
-                    path: path.display().to_string(),
-                    source: std::io::Error::other(e),
-                })?
-                .into(),
-        };
-        let spec = VmSpec {
-            id: id as u32,
-            name: vc.name.clone(),
-            elf,
-            mem_bytes: vc.memory_mib << 20,
-            vcpus: vc.vcpus,
-            args: vc.args.clone(),
-            echo: opts.echo,
-            extra_devices: Vec::new(),
-        };
-        let vm = Vm::create(&kvm, &cpuid, spec).map_err(|source| FleetError::Build {
-            vm: vc.name.clone(),
-            source,
-        })?;
-        if let (true, Some(m)) = (vc.gpu, &arbiter) {
-            let a = attach_vgpu(m, &vm, vc)?;
+        let (vm, att) = build_vm(&kvm, &cpuid, arbiter.as_ref(), cfg, vc, id, opts.echo)?;
+        if let Some(a) = att {
             vgpus[id] = Some(a.handle());
             attached[id] = Some(a);
         }
         built.push(vm);
     }
 
-    let control = Arc::new(crate::api::FleetControl::new(
-        arbiter.clone(),
-        cfg.vm
-            .iter()
-            .map(|v| v.name.clone())
-            .zip(vgpus.iter().copied())
-            .collect(),
-    ));
+    let control = Arc::new(crate::api::FleetControl::new(arbiter.clone(), cfg, &vgpus));
+    let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
+    let cmd_wake =
+        Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| FleetError::EventLoop(e.to_string()))?);
+    control.connect_fleet(cmd_tx, cmd_wake.clone());
     let _api = match &opts.api_socket {
         Some(path) => Some(
-            crate::api::ApiServer::start(path, control.clone())
-                .map_err(|e| FleetError::Api(path.display().to_string(), e))?,
+            crate::api::serve(path, opts.api_socket_mode.unwrap_or(0o600), control.clone())
+                .map_err(FleetError::ApiBind)?,
         ),
         None => None,
     };
@@ -266,17 +288,22 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         ),
         None => None,
     };
-    let monitor = FleetMonitor::new(
+    let mut monitor = FleetMonitor::new(
         done_fds,
         cfg.run.timeout_ms.map(Duration::from_millis),
         stop_fd,
     )?;
+    monitor.commands = Some(
+        cmd_wake
+            .try_clone()
+            .map_err(|e| FleetError::EventLoop(e.to_string()))?,
+    );
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
     let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
     let mut vgpu_io: Vec<Option<VgpuIoStats>> = vec![None; running.len()];
     let mut manager: EventManager<FleetMonitor> =
         EventManager::new().map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
-    let id = manager.add_subscriber(monitor);
+    let mut id = manager.add_subscriber(monitor);
     loop {
         // Blocks in epoll_wait until a VM's eventfd or the timeout's timerfd fires.
         manager
@@ -287,9 +314,10 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
-                control.ended(i);
                 vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
-                reports[i] = Some(vm.stop("VM ended"));
+                let r = vm.stop("VM ended");
+                control.ended(i, vm_end(&r, vm_gpu[i]));
+                reports[i] = Some(r);
                 if let Some(a) = attached[i].take() {
                     vgpu_io[i] = Some(a.detach());
                 }
@@ -298,9 +326,140 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         if m.timed_out || m.stop_requested {
             break;
         }
+        // Operator commands (stop one VM, add one).
+        let mut new_done = Vec::new();
+        while let Ok(cmd) = cmd_rx.try_recv() {
+            match cmd {
+                crate::api::FleetCommand::Stop { index, reply } => {
+                    if let Some(vm) = running.get_mut(index).and_then(Option::take) {
+                        let why = "by the operator";
+                        vm.halt(why);
+                        vm_gpu[index] = detach_vgpu(&arbiter, vgpus[index].take());
+                        let r = vm.stop(why);
+                        control.ended(index, vm_end(&r, vm_gpu[index]));
+                        reports[index] = Some(r);
+                        if let Some(a) = attached[index].take() {
+                            vgpu_io[index] = Some(a.detach());
+                        }
+                        log::info!(
+                            "vm '{}': stopped by the operator",
+                            reports[index].as_ref().map_or("?", |r| r.name.as_str())
+                        );
+                    }
+                    let view = control.view_of(index).unwrap_or_default();
+                    reply.send(crate::http::Response::json(200, &view));
+                }
+                crate::api::FleetCommand::Add {
+                    index,
+                    config,
+                    reply,
+                } => {
+                    if index != running.len() {
+                        log::error!("api: add of vm index {index} out of order");
+                        control.failed(index, "host error: out of order".into());
+                        reply.send(crate::http::Response::error(
+                            500,
+                            "internal error: add out of order",
+                        ));
+                        continue;
+                    }
+                    let added = build_vm(
+                        &kvm,
+                        &cpuid,
+                        arbiter.as_ref(),
+                        cfg,
+                        &config,
+                        index,
+                        opts.echo,
+                    )
+                    .and_then(|(vm, att)| {
+                        let done = EventFd::new(EFD_NONBLOCK)
+                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                        let done2 = done
+                            .try_clone()
+                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                        let h = att.as_ref().map(VgpuAttachment::handle);
+                        match vm.start(done2) {
+                            Ok(r) => Ok((r, att, h, done)),
+                            Err(source) => {
+                                if let Some(a) = att {
+                                    detach_vgpu(&arbiter, Some(a.handle()));
+                                    a.detach();
+                                }
+                                Err(FleetError::Build {
+                                    vm: config.name.clone(),
+                                    source,
+                                })
+                            }
+                        }
+                    });
+                    match added {
+                        Ok((r, att, h, done)) => {
+                            running.push(Some(r));
+                            reports.push(None);
+                            vm_gpu.push(None);
+                            vgpu_io.push(None);
+                            vgpus.push(h);
+                            attached.push(att);
+                            new_done.push(done);
+                            control.started(index, h);
+                            log::info!("vm '{}': added by the operator", config.name);
+                            let view = control.view_of(index).unwrap_or_default();
+                            reply.send(crate::http::Response::json(201, &view));
+                        }
+                        Err(e) => {
+                            // Keep the vectors aligned with the API's list.
+                            running.push(None);
+                            reports.push(Some(VmReport {
+                                name: config.name.clone(),
+                                outcome: crate::vm::VmOutcome::HostError(e.to_string()),
+                                started: Instant::now(),
+                                entered: None,
+                                first_line: None,
+                                run_time: Duration::ZERO,
+                                console: Vec::new(),
+                                exits: 0,
+                                checkpoints: Vec::new(),
+                            }));
+                            vm_gpu.push(None);
+                            vgpu_io.push(None);
+                            vgpus.push(None);
+                            attached.push(None);
+                            new_done.push(
+                                EventFd::new(EFD_NONBLOCK)
+                                    .map_err(|e| FleetError::EventLoop(e.to_string()))?,
+                            );
+                            log::warn!("api: {e}");
+                            control.failed(index, e.to_string());
+                            reply.send(crate::http::Response::error(422, e.to_string()));
+                        }
+                    }
+                }
+            }
+        }
+        if !new_done.is_empty() {
+            // Re-register the monitor with the new VMs' end eventfds.
+            let mut m = manager
+                .remove_subscriber(id)
+                .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+            m.done.extend(new_done);
+            id = manager.add_subscriber(m);
+        }
         if running.iter().all(Option::is_none) {
             break;
         }
+    }
+    // No more operator commands: answer any still queued.
+    control.disconnect_fleet();
+    while let Ok(cmd) = cmd_rx.try_recv() {
+        let reply = match cmd {
+            crate::api::FleetCommand::Stop { reply, .. } => reply,
+            crate::api::FleetCommand::Add { index, reply, .. } => {
+                control.failed(index, "the fleet ended before it started".into());
+                reply
+            }
+        };
+        reply.send(crate::http::Response::error(503, "the fleet is ending"));
     }
     let (timed_out, stop_requested) = manager
         .subscriber_mut(id)
@@ -323,11 +482,12 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     }
     for (i, vm) in running.into_iter().enumerate() {
         if let Some(vm) = vm {
-            control.ended(i);
             // Release vCPUs blocked in a vGPU wait before joining them; the
             // detach returns the VM's GPU figures up to now.
             vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
-            reports[i] = Some(vm.stop(&why));
+            let r = vm.stop(&why);
+            control.ended(i, vm_end(&r, vm_gpu[i]));
+            reports[i] = Some(r);
             if let Some(a) = attached[i].take() {
                 a.detach();
             }
@@ -356,6 +516,75 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         vm_gpu,
         vgpu_io,
     })
+}
+
+/// How a VM ended, for the API.
+fn vm_end(r: &VmReport, gpu: Option<scheduler::VmStats>) -> crate::api::VmEnd {
+    crate::api::VmEnd {
+        stopped: matches!(r.outcome, crate::vm::VmOutcome::Stopped(_)),
+        outcome: r.outcome.to_string(),
+        exit_status: match r.outcome {
+            crate::vm::VmOutcome::Exited(s) => Some(s),
+            _ => None,
+        },
+        gpu,
+    }
+}
+
+/// Builds one VM of the fleet (its image, KVM VM and, with `gpu = true`,
+/// its vGPU on the arbiter): the same path for config VMs and VMs added
+/// through the API.
+fn build_vm(
+    kvm: &Kvm,
+    cpuid: &kvm_bindings::CpuId,
+    arbiter: Option<&Arc<GpuArbiter>>,
+    cfg: &FleetConfig,
+    vc: &VmConfig,
+    id: usize,
+    echo: bool,
+) -> Result<(Vm, Option<VgpuAttachment>), FleetError> {
+    let elf: Arc<[u8]> = match vc.image_source(&cfg.base_dir) {
+        ImageSource::Builtin(name) => images::builtin(&name)
+            .ok_or_else(|| FleetError::Image {
+                vm: vc.name.clone(),
+                path: format!("builtin:{name}"),
+                source: std::io::ErrorKind::NotFound.into(),
+            })?
+            .into(),
+        // Bounded and non-blocking, as `check` reads it.
+        ImageSource::File(path) => crate::config::read_image_file(&path, vc.memory_mib << 20)
+            .map_err(|e| FleetError::Image {
+                vm: vc.name.clone(),
+                path: path.display().to_string(),
+                source: std::io::Error::other(e),
+            })?
+            .into(),
+    };
+    let spec = VmSpec {
+        id: id as u32,
+        name: vc.name.clone(),
+        elf,
+        mem_bytes: vc.memory_mib << 20,
+        vcpus: vc.vcpus,
+        args: vc.args.clone(),
+        echo,
+        extra_devices: Vec::new(),
+    };
+    let vm = Vm::create(kvm, cpuid, spec).map_err(|source| FleetError::Build {
+        vm: vc.name.clone(),
+        source,
+    })?;
+    let att = match (vc.gpu, arbiter) {
+        (true, Some(m)) => Some(attach_vgpu(m, &vm, vc)?),
+        (true, None) => {
+            return Err(FleetError::Gpu(format!(
+                "vm '{}': the fleet has no GPU arbiter",
+                vc.name
+            )))
+        }
+        _ => None,
+    };
+    Ok((vm, att))
 }
 
 /// Starts the fleet's GPU arbiter with the backend `[gpu]` asks for.
@@ -457,6 +686,8 @@ struct FleetMonitor {
     done: Vec<EventFd>,
     timer: Option<TimerFd>,
     stop: Option<EventFd>,
+    /// Written by the API when it queued a [`crate::api::FleetCommand`].
+    commands: Option<EventFd>,
     finished: Vec<usize>,
     timed_out: bool,
     stop_requested: bool,
@@ -464,6 +695,7 @@ struct FleetMonitor {
 
 const TIMER_TOKEN: u32 = u32::MAX;
 const STOP_TOKEN: u32 = u32::MAX - 1;
+const COMMAND_TOKEN: u32 = u32::MAX - 2;
 
 impl FleetMonitor {
     fn new(
@@ -484,6 +716,7 @@ impl FleetMonitor {
             done,
             timer,
             stop,
+            commands: None,
             finished: Vec::new(),
             timed_out: false,
             stop_requested: false,
@@ -512,6 +745,11 @@ impl MutEventSubscriber for FleetMonitor {
                 log::error!("event loop: cannot watch the stop signal: {e:?}");
             }
         }
+        if let Some(c) = &self.commands {
+            if let Err(e) = ops.add(Events::with_data(c, COMMAND_TOKEN, EventSet::IN)) {
+                log::error!("event loop: cannot watch the API commands: {e:?}");
+            }
+        }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -521,6 +759,13 @@ impl MutEventSubscriber for FleetMonitor {
             if let Some(t) = self.timer.as_mut() {
                 let _ = t.wait();
                 let _ = ops.remove(Events::with_data(&*t, TIMER_TOKEN, EventSet::IN));
+            }
+            return;
+        }
+        if token == COMMAND_TOKEN {
+            // The loop drains the command channel after every wake-up.
+            if let Some(c) = &self.commands {
+                let _ = c.read();
             }
             return;
         }

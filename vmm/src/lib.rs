@@ -4,10 +4,12 @@
 pub mod api;
 pub mod boot;
 pub mod bus;
+pub mod cli;
 pub mod config;
 pub mod console;
 pub mod devices;
 pub mod fleet;
+pub mod http;
 pub mod signals;
 pub mod simcmd;
 pub mod vm;

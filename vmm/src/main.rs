@@ -13,8 +13,9 @@ const AFTER_HELP: &str = "\
 Logging: RUST_LOG sets what is logged on stderr (default `info`), e.g.
   RUST_LOG=debug hqdmux run FLEET.toml
   RUST_LOG=warn,vmm::fleet=debug hqdmux run FLEET.toml
-Exit codes: 0 ok; 1 a VM failed (or ctl request refused); 2 invalid config,
-bad arguments or fleet unreachable; 130/143 stopped by SIGINT/SIGTERM.
+Exit codes: 0 ok; 1 a VM failed (run) or the fleet refused the request
+(ps, stats, top, set, pause, resume, stop, policy, add); 2 invalid config,
+bad arguments or the API socket unreachable; 130/143 stopped by SIGINT/SIGTERM.
 Operator guide: docs/operators.md";
 
 /// Printed after `run --help`.
@@ -53,21 +54,79 @@ enum Command {
         /// as `[run] timeout_ms`).
         #[arg(long, value_parser = parse_timeout_ms)]
         timeout_ms: Option<u64>,
-        /// Serve the operator control socket here while the fleet runs
-        /// (steer it with `hqdmux ctl PATH ...`).
+        /// Serve the operator HTTP/JSON API on this Unix socket while the
+        /// fleet runs (steer it with `hqdmux ps|set|pause|...`, or curl
+        /// --unix-socket; docs/api/openapi.json). Refuses to replace
+        /// anything but a dead fleet's socket; removed on exit.
         #[arg(long, value_name = "PATH")]
         api_socket: Option<PathBuf>,
+        /// Permission bits of the API socket file, octal.
+        #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+        api_socket_mode: u32,
+        /// Print the final summary as JSON on stdout.
+        #[arg(long)]
+        json: bool,
     },
-    /// Steer a running fleet through its control socket: `list`,
-    /// `priority VM P` (0..15), `weight VM W` (1..1000), `policy [P]`.
-    /// Applies at once.
-    /// Exits 1 if the fleet refused the request, 2 if it cannot be reached.
-    Ctl {
-        /// The `--api-socket` path of `hqdmux run`.
-        socket: PathBuf,
-        /// The request, e.g. `priority training 14`.
-        #[arg(required = true, num_args = 1..)]
-        request: Vec<String>,
+    /// List the VMs of a running fleet: state, priority, weight, slice, GPU
+    /// time, share of the last interval, preemptions, CWSR time, outcome.
+    Ps(ClientArgs),
+    /// One VM's figures (`stats VM`) or the fleet's (`stats`).
+    Stats {
+        #[command(flatten)]
+        c: ClientArgs,
+        /// VM name (none: the fleet summary).
+        vm: Option<String>,
+    },
+    /// A live table of per-VM share, GPU time and preemptions, refreshed
+    /// every `--interval-ms`; `--once` prints it once (for scripts).
+    Top {
+        #[command(flatten)]
+        c: ClientArgs,
+        /// Print once and exit.
+        #[arg(long)]
+        once: bool,
+        /// Refresh period.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60000))]
+        interval_ms: u64,
+    },
+    /// Change a running VM's GPU scheduling live (applies at once).
+    Set {
+        #[command(flatten)]
+        c: ClientArgs,
+        /// VM name.
+        vm: String,
+        /// GPU priority 0..=15 (higher wins).
+        #[arg(long)]
+        priority: Option<u32>,
+        /// Weight 1..=1000 among equal priorities.
+        #[arg(long)]
+        weight: Option<u32>,
+        /// Slice length 1..=10000 ms (0: back to the priority's quantum).
+        #[arg(long)]
+        quantum_ms: Option<u64>,
+        /// Preemption timeout 1..=600000 ms.
+        #[arg(long)]
+        preempt_timeout_ms: Option<u64>,
+    },
+    /// Pause a VM's GPU work: CWSR-save its queues and hold them.
+    Pause(VmArgs),
+    /// Resume a paused VM's GPU work where it stopped.
+    Resume(VmArgs),
+    /// Stop one VM (its vCPUs, its queues); its figures are kept.
+    Stop(VmArgs),
+    /// Print the scheduling policy, or switch it (`policy fifo`).
+    Policy {
+        #[command(flatten)]
+        c: ClientArgs,
+        /// New policy: hqdmux, fifo, poll5ms, timeslice, reset.
+        policy: Option<String>,
+    },
+    /// Add and start a VM from a file holding one `[[vm]]` entry.
+    Add {
+        #[command(flatten)]
+        c: ClientArgs,
+        /// TOML file with one `[[vm]]` entry (as in a fleet config).
+        file: PathBuf,
     },
     /// Check a fleet config without launching anything: fields, images
     /// (regular ELF files no larger than the VM's RAM) and whether this host
@@ -81,6 +140,35 @@ enum Command {
     /// Evaluate scheduling policies on a scenario in virtual time over the
     /// simulated GPU (no KVM needed): a policy x metric table, or JSON.
     Sim(vmm::simcmd::SimArgs),
+}
+
+/// Options of every API client command.
+#[derive(clap::Args)]
+struct ClientArgs {
+    /// The `--api-socket` path of `hqdmux run`.
+    #[arg(long, value_name = "PATH")]
+    api_socket: PathBuf,
+    /// Print the API's JSON answer instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A client command on one VM.
+#[derive(clap::Args)]
+struct VmArgs {
+    #[command(flatten)]
+    c: ClientArgs,
+    /// VM name.
+    vm: String,
+}
+
+/// `--api-socket-mode`: octal permission bits.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(s, 8).map_err(|e| format!("expected octal digits: {e}"))?;
+    if m > 0o777 {
+        return Err(format!("{s}: permission bits are at most 777"));
+    }
+    Ok(m)
 }
 
 /// `--timeout-ms`: validated exactly as `[run] timeout_ms`.
@@ -112,6 +200,8 @@ fn main() -> ExitCode {
             quiet,
             timeout_ms,
             api_socket,
+            api_socket_mode,
+            json,
         } => {
             // Before anything runs: a signal from here on stops the fleet
             // gracefully (at once if it arrives before the VMs start).
@@ -138,10 +228,18 @@ fn main() -> ExitCode {
                     echo: !quiet,
                     api_socket,
                     stop,
+                    api_socket_mode: Some(api_socket_mode),
                 },
             ) {
                 Ok(report) => {
-                    print!("{}", report.summary());
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&report.to_json()).unwrap_or_default()
+                        );
+                    } else {
+                        print!("{}", report.summary());
+                    }
                     if let (true, Some(sig)) = (report.stop_requested, vmm::signals::received()) {
                         eprintln!(
                             "hqdmux: stopped by {}: {} of {} VMs were still running",
@@ -149,7 +247,9 @@ fn main() -> ExitCode {
                             report
                                 .vms
                                 .iter()
-                                .filter(|v| matches!(v.outcome, VmOutcome::Stopped(_)))
+                                .filter(|v| {
+                                    matches!(&v.outcome, VmOutcome::Stopped(why) if *why == vmm::signals::name(sig))
+                                })
                                 .count(),
                             report.vms.len()
                         );
@@ -198,20 +298,41 @@ fn main() -> ExitCode {
             }
         },
         Command::Sim(args) => vmm::simcmd::run(&args),
-        Command::Ctl { socket, request } => match vmm::api::request(&socket, &request.join(" ")) {
-            Ok(reply) => {
-                print!("{reply}");
-                if reply.starts_with("error:") {
-                    ExitCode::from(1)
-                } else {
-                    ExitCode::SUCCESS
-                }
-            }
-            Err(e) => {
-                eprintln!("hqdmux ctl: cannot reach {}: {e}", socket.display());
-                ExitCode::from(2)
-            }
-        },
+        Command::Ps(c) => vmm::cli::ps(&c.api_socket, c.json),
+        Command::Stats { c, vm } => vmm::cli::stats(&c.api_socket, vm.as_deref(), c.json),
+        Command::Top {
+            c,
+            once,
+            interval_ms,
+        } => vmm::cli::top(
+            &c.api_socket,
+            once,
+            std::time::Duration::from_millis(interval_ms),
+            c.json,
+        ),
+        Command::Set {
+            c,
+            vm,
+            priority,
+            weight,
+            quantum_ms,
+            preempt_timeout_ms,
+        } => vmm::cli::set(
+            &c.api_socket,
+            &vm,
+            vmm::cli::SetFields {
+                priority,
+                weight,
+                quantum_ms,
+                preempt_timeout_ms,
+            },
+            c.json,
+        ),
+        Command::Pause(a) => vmm::cli::vm_action(&a.c.api_socket, "pause", &a.vm, a.c.json),
+        Command::Resume(a) => vmm::cli::vm_action(&a.c.api_socket, "resume", &a.vm, a.c.json),
+        Command::Stop(a) => vmm::cli::vm_action(&a.c.api_socket, "stop", &a.vm, a.c.json),
+        Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy.as_deref(), c.json),
+        Command::Add { c, file } => vmm::cli::add(&c.api_socket, &file, c.json),
         Command::Images => {
             print!("{}", describe_images());
             ExitCode::SUCCESS

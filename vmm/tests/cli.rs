@@ -142,7 +142,10 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
         .take_while(|l| l.starts_with("  "))
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    for sub in ["run", "check", "images", "sim", "ctl"] {
+    for sub in [
+        "run", "check", "images", "sim", "ps", "stats", "top", "set", "pause", "resume", "stop",
+        "policy", "add",
+    ] {
         assert!(commands.contains(&sub), "{sub} in {commands:?}");
     }
     for (sub, option) in [
@@ -150,7 +153,13 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
         ("run", "--api-socket"),
         ("check", "<CONFIG>"),
         ("sim", "--scenario"),
-        ("ctl", "<SOCKET>"),
+        ("run", "--api-socket-mode"),
+        ("run", "--json"),
+        ("ps", "--api-socket"),
+        ("top", "--once"),
+        ("set", "--quantum-ms"),
+        ("set", "--preempt-timeout-ms"),
+        ("add", "<FILE>"),
     ] {
         let out = hqdmux().args([sub, "--help"]).output().unwrap();
         assert!(out.status.success(), "{sub} --help");
@@ -162,6 +171,10 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
     }
     let out = hqdmux().arg("images").output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("builtin:hello"));
+    assert!(
+        !commands.contains(&"ctl"),
+        "the text protocol client is gone: {commands:?}"
+    );
     let out = hqdmux().arg("frobnicate").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "unknown subcommand");
 }
@@ -281,17 +294,30 @@ fn a_failing_vm_makes_the_run_exit_nonzero() {
 }
 
 #[test]
-fn ctl_without_a_running_fleet_says_it_cannot_reach_the_socket() {
-    let out = hqdmux()
-        .args(["ctl", "/nonexistent/hqdmux.sock", "list"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("hqdmux ctl: cannot reach /nonexistent/hqdmux.sock"),
-        "{err}"
-    );
+fn clients_without_a_running_fleet_say_they_cannot_reach_the_socket() {
+    for args in [
+        vec!["ps"],
+        vec!["stats", "a"],
+        vec!["top", "--once"],
+        vec!["set", "a", "--priority", "3"],
+        vec!["pause", "a"],
+        vec!["policy"],
+    ] {
+        let out = hqdmux()
+            .args(&args)
+            .args(["--api-socket", "/nonexistent/hqdmux.sock"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "hqdmux {}: cannot reach /nonexistent/hqdmux.sock",
+                args[0]
+            )),
+            "{err}"
+        );
+    }
 }
 
 /// A fresh temp directory for one test.
@@ -362,7 +388,7 @@ fn start_endless(dir: &std::path::Path) -> (std::process::Child, std::path::Path
     let t0 = std::time::Instant::now();
     loop {
         let out = hqdmux()
-            .args(["ctl", sock.to_str().unwrap(), "list"])
+            .args(["ps", "--api-socket", sock.to_str().unwrap()])
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
@@ -674,4 +700,70 @@ fn images_describes_every_image_and_its_arguments_and_help_mentions_rust_log() {
             "run --help explains {column}: {help}"
         );
     }
+}
+
+#[test]
+fn run_refuses_to_replace_a_file_at_the_api_socket_path_before_building_vms() {
+    let dir = temp_dir("sockfile");
+    let cfg = dir.join("f.toml");
+    std::fs::write(&cfg, "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n").unwrap();
+    let precious = dir.join("precious.txt");
+    std::fs::write(&precious, "keep me").unwrap();
+    let out = hqdmux()
+        .args(["run", "--quiet", "--api-socket"])
+        .arg(&precious)
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("exists and is not a socket; refusing to replace it"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "no VM ran");
+    let out = hqdmux()
+        .args([
+            "run",
+            "--api-socket-mode",
+            "999",
+            "--api-socket",
+            "/tmp/x.sock",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a mode that is not octal");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn run_json_prints_the_summary_as_json() {
+    if !vmm::kvm_or_skip("run_json_prints_the_summary_as_json") {
+        return;
+    }
+    let dir = temp_dir("runjson");
+    let cfg = dir.join("f.toml");
+    std::fs::write(
+        &cfg,
+        "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n\
+         [[vm]]\nname = \"b\"\nimage = \"builtin:hello\"\nargs = \"exit=3\"\n",
+    )
+    .unwrap();
+    let out = hqdmux()
+        .args(["run", "--quiet", "--json"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "b exits 3");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(v["vms"][0]["name"], "a");
+    assert_eq!(v["vms"][0]["exit_status"], 0);
+    assert_eq!(v["vms"][1]["exit_status"], 3);
+    assert_eq!(v["vms"][1]["outcome"], "exited with status 3");
+    assert_eq!(v["all_succeeded"], false);
+    assert!(v["vms"][0]["run_ms"].as_f64().unwrap() > 0.0);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

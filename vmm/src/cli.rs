@@ -1,0 +1,372 @@
+//! The operator CLI on the HTTP API (`hqdmux ps|stats|top|set|pause|resume|
+//! stop|policy|add --api-socket PATH`). Every command prints a table (or,
+//! with `--json`, the API's JSON answer) and returns its exit code:
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | done |
+//! | 1 | the fleet refused the request (the reason is printed) |
+//! | 2 | bad usage, or the socket cannot be reached or answered garbage |
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// Exit code: the fleet refused.
+pub const EXIT_REFUSED: u8 = 1;
+/// Exit code: unreachable socket, bad usage.
+pub const EXIT_UNREACHABLE: u8 = 2;
+
+/// Percent-encodes a VM name for a URL path segment.
+pub fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out += &format!("%{b:02X}");
+        }
+    }
+    out
+}
+
+/// One API call from command `cmd`: the answer's JSON on 2xx, else the
+/// exit code after printing why.
+pub fn call(
+    cmd: &str,
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<(&str, Vec<u8>)>,
+) -> Result<Value, ExitCode> {
+    let r = crate::http::call(
+        socket,
+        method,
+        &format!("{}{target}", crate::api::PREFIX),
+        body.as_ref().map(|(ct, b)| (*ct, b.as_slice())),
+    );
+    match r {
+        Ok((st, bytes)) => {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            if (200..300).contains(&st) {
+                Ok(v)
+            } else {
+                let why = v["error"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+                eprintln!("hqdmux {cmd}: {why} (HTTP {st})");
+                Err(ExitCode::from(EXIT_REFUSED))
+            }
+        }
+        Err(e) => {
+            eprintln!("hqdmux {cmd}: cannot reach {}: {e}", socket.display());
+            Err(ExitCode::from(EXIT_UNREACHABLE))
+        }
+    }
+}
+
+fn json_body(v: &Value) -> Option<(&'static str, Vec<u8>)> {
+    Some((
+        "application/json",
+        serde_json::to_vec(v).unwrap_or_default(),
+    ))
+}
+
+fn num(v: &Value, digits: usize) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{x:.digits$}"),
+        None => "-".into(),
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    }
+}
+
+/// The `ps`/`top` table of VM views.
+pub fn table(vms: &[Value]) -> String {
+    let mut s = format!(
+        "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9}  {}\n",
+        "vm",
+        "state",
+        "gpu",
+        "prio",
+        "weight",
+        "slice_ms",
+        "gpu_time_ms",
+        "share",
+        "preempt",
+        "cwsr_ms",
+        "outcome"
+    );
+    for v in vms {
+        let share = v["share"]
+            .as_f64()
+            .map(|x| format!("{:.1}%", x * 100.0))
+            .unwrap_or_else(|| "-".into());
+        s += &format!(
+            "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9}  {}\n",
+            text(&v["name"]),
+            text(&v["state"]),
+            if v["gpu"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no"
+            },
+            text(&v["priority"]),
+            text(&v["weight"]),
+            num(&v["quantum_ms"], 1),
+            num(&v["gpu_time_ms"], 2),
+            share,
+            text(&v["preemptions"]),
+            num(&v["cwsr_time_ms"], 3),
+            text(&v["outcome"]),
+        );
+    }
+    s
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// `hqdmux ps`.
+pub fn ps(socket: &Path, as_json: bool) -> ExitCode {
+    match call("ps", socket, "GET", "/vms", None) {
+        Ok(v) if as_json => {
+            print_json(&v);
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            print!("{}", table(v["vms"].as_array().map_or(&[][..], |a| a)));
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+/// `hqdmux stats [VM]`.
+pub fn stats(socket: &Path, vm: Option<&str>, as_json: bool) -> ExitCode {
+    let target = match vm {
+        Some(n) => format!("/vms/{}", encode_segment(n)),
+        None => "/fleet".into(),
+    };
+    match call("stats", socket, "GET", &target, None) {
+        Ok(v) if as_json => {
+            print_json(&v);
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            print!("{}", key_values(&v, ""));
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+fn key_values(v: &Value, prefix: &str) -> String {
+    let mut s = String::new();
+    if let Value::Object(m) = v {
+        for (k, x) in m {
+            match x {
+                Value::Object(_) => s += &key_values(x, &format!("{prefix}{k}.")),
+                _ => s += &format!("{:<28} {}\n", format!("{prefix}{k}"), text(x)),
+            }
+        }
+    }
+    s
+}
+
+/// `hqdmux top`: the VM table every `interval`, or once.
+pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> ExitCode {
+    loop {
+        let v = match call("top", socket, "GET", "/vms", None) {
+            Ok(v) => v,
+            Err(c) => return c,
+        };
+        let f = call("top", socket, "GET", "/fleet", None).unwrap_or(Value::Null);
+        if as_json {
+            println!("{}", json!({"fleet": f, "vms": v["vms"]}));
+        } else {
+            let mut out = String::new();
+            if !once {
+                // Home and clear: a refreshing screen.
+                out += "\x1b[H\x1b[2J";
+            }
+            out += &format!(
+                "hqdmux top  policy {}  uptime {} s  completions {}  preemptions {}  (share: of the GPU time of the last interval)\n\n",
+                text(&f["gpu"]["policy"]),
+                num(&json!(f["uptime_ms"].as_f64().map(|x| x / 1e3)), 1),
+                text(&f["gpu"]["completions"]),
+                text(&f["gpu"]["preemptions"]),
+            );
+            out += &table(v["vms"].as_array().map_or(&[][..], |a| a));
+            print!("{out}");
+        }
+        if once {
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+/// Fields of `hqdmux set`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SetFields {
+    /// New priority.
+    pub priority: Option<u32>,
+    /// New weight.
+    pub weight: Option<u32>,
+    /// New slice (ms; 0 = back to the level's quantum).
+    pub quantum_ms: Option<u64>,
+    /// New preemption timeout (ms).
+    pub preempt_timeout_ms: Option<u64>,
+}
+
+/// `hqdmux set VM ...`.
+pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
+    let mut body = serde_json::Map::new();
+    if let Some(p) = f.priority {
+        body.insert("priority".into(), json!(p));
+    }
+    if let Some(w) = f.weight {
+        body.insert("weight".into(), json!(w));
+    }
+    if let Some(q) = f.quantum_ms {
+        body.insert(
+            "quantum_ms".into(),
+            if q == 0 { Value::Null } else { json!(q) },
+        );
+    }
+    if let Some(t) = f.preempt_timeout_ms {
+        body.insert("preempt_timeout_ms".into(), json!(t));
+    }
+    if body.is_empty() {
+        eprintln!("hqdmux set: nothing to change (--priority, --weight, --quantum-ms, --preempt-timeout-ms)");
+        return ExitCode::from(EXIT_UNREACHABLE);
+    }
+    one_vm(
+        "set",
+        socket,
+        "PATCH",
+        &format!("/vms/{}", encode_segment(vm)),
+        json_body(&Value::Object(body)),
+        as_json,
+    )
+}
+
+/// `hqdmux pause|resume|stop VM`.
+pub fn vm_action(socket: &Path, action: &str, vm: &str, as_json: bool) -> ExitCode {
+    one_vm(
+        action,
+        socket,
+        "POST",
+        &format!("/vms/{}/{action}", encode_segment(vm)),
+        None,
+        as_json,
+    )
+}
+
+fn one_vm(
+    cmd: &str,
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<(&str, Vec<u8>)>,
+    as_json: bool,
+) -> ExitCode {
+    match call(cmd, socket, method, target, body) {
+        Ok(v) if as_json => {
+            print_json(&v);
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            print!("{}", table(std::slice::from_ref(&v)));
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+/// `hqdmux policy [P]`.
+pub fn policy(socket: &Path, set: Option<&str>, as_json: bool) -> ExitCode {
+    let r = match set {
+        Some(p) => call(
+            "policy",
+            socket,
+            "PUT",
+            "/policy",
+            json_body(&json!({ "policy": p })),
+        ),
+        None => call("policy", socket, "GET", "/policy", None),
+    };
+    match r {
+        Ok(v) if as_json => {
+            print_json(&v);
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            println!("{}", text(&v["policy"]));
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+/// `hqdmux add FILE.toml`: one `[[vm]]` entry.
+pub fn add(socket: &Path, file: &Path, as_json: bool) -> ExitCode {
+    let body = match std::fs::metadata(file) {
+        Ok(m) if m.is_file() && m.len() <= crate::http::MAX_BODY as u64 => std::fs::read(file),
+        Ok(_) => Err(std::io::Error::other(format!(
+            "not a regular file of at most {} bytes",
+            crate::http::MAX_BODY
+        ))),
+        Err(e) => Err(e),
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("hqdmux add: {}: {e}", file.display());
+            return ExitCode::from(EXIT_UNREACHABLE);
+        }
+    };
+    one_vm(
+        "add",
+        socket,
+        "POST",
+        "/vms",
+        Some(("application/toml", body)),
+        as_json,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_percent_encoded_and_tables_show_every_vm() {
+        assert_eq!(encode_segment("vm-a_1.x"), "vm-a_1.x");
+        assert_eq!(encode_segment("a/b c"), "a%2Fb%20c");
+        let t = table(&[
+            json!({"name": "a", "state": "running", "gpu": true, "priority": 3, "weight": 2,
+                   "quantum_ms": 4.0, "gpu_time_ms": 12.5, "share": 0.25, "preemptions": 1,
+                   "cwsr_time_ms": 0.05, "outcome": null}),
+            json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0"}),
+        ]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(
+            lines[1].starts_with("a ") && lines[1].contains("25.0%"),
+            "{t}"
+        );
+        assert!(lines[2].ends_with("exited with status 0"), "{t}");
+    }
+}

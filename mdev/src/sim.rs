@@ -1286,7 +1286,10 @@ impl PhysGpu for SimGpu {
                 self.stats.duplicate_effects += dup;
                 q.resume.clear();
                 q.inflight = 0;
-                self.parts[p].free_cus += killed;
+                // `release_cus` freed every CU of the slot: those of the
+                // killed waves and those a save (escalated to this reset)
+                // held for its saved waves.
+                self.parts[p].free_cus += killed + std::mem::take(&mut q.held_cus);
                 let t = self.topo.cwsr.trap_ns;
                 // The records are written when the dequeue finishes.
                 self.arm(now.saturating_add(t), Timer::UnmapDone { slot: s, gen });

@@ -829,7 +829,7 @@ impl Scheduler {
                 // its share takes over after the owner's minimum run.
                 cands.len() == 1
                     || (now < o.since + self.quantum(top)
-                        && !(now >= o.since.saturating_add(self.cfg.min_run_ns)
+                        && !(now >= o.since.saturating_add(self.lag_hold(top))
                             && self.lag_waker(p, o, top)))
             }
             // A higher level (or a boost) never waits for a lower owner's
@@ -1106,7 +1106,8 @@ impl Scheduler {
     /// a VM of the owner's level that woke during the owner's slice and is
     /// behind the owner by at least one minimum run of weighted GPU time?
     /// Such a VM uses less than its share; it takes the partition once the
-    /// owner has had its minimum run, instead of waiting for the quantum.
+    /// owner has held it [`Self::lag_hold`], instead of waiting for the
+    /// quantum.
     /// (A VM that was idle re-enters at most one minimum run behind the
     /// least busy VM, so it cannot bank more than that; a closed loop that
     /// re-rings within its anticipation grace keeps its virtual time and is
@@ -1114,6 +1115,15 @@ impl Scheduler {
     /// whole.)
     fn lag_waker(&self, p: usize, o: Owner, top: u16) -> bool {
         self.lag_ready_at(p, o, top).is_some_and(|t| t <= self.now)
+    }
+
+    /// How long an owner holds the partition against an eligible waker of
+    /// its level: its minimum run, and at least a quarter of the level's
+    /// slice, so wake preemptions cost at most one CWSR save and restore per
+    /// quarter slice (a few percent of the partition), and an owner whose
+    /// job is shorter than that finishes it first.
+    fn lag_hold(&self, level: u16) -> Nanos {
+        (self.quantum(level) / 4).max(self.cfg.min_run_ns)
     }
 
     /// When the first woken VM becomes eligible against the owner (see
@@ -1126,6 +1136,10 @@ impl Scheduler {
         let pol = self.cfg.policy;
         let now = self.now;
         let ov = self.vms.get(&o.vm)?;
+        // Only an owner that has been demanding for a while: one that woke
+        // recently is probably demand-limited itself (its job ends soon,
+        // and preempting it would only add a CWSR to both).
+        let demanding_from = ov.entered.saturating_add(self.lag_hold(top));
         let owner_vt = vtime_now(ov, now, pol);
         let cands = self.parts[p].busy.get(&top)?;
         self.parts[p]
@@ -1154,6 +1168,7 @@ impl Scheduler {
                 Some(now.saturating_add(ns.min(u64::MAX as u128) as u64))
             })
             .min()
+            .map(|t| t.max(demanding_from))
     }
 
     fn vm_busy_at(&self, p: usize, vm: VmId, level: u16) -> bool {
@@ -1194,7 +1209,7 @@ impl Scheduler {
                         if o.level >= top && p.busy[&top].len() > 1 {
                             consider(o.since + self.quantum(top));
                             if let Some(t) = self.lag_ready_at(pi, o, top) {
-                                let t = t.max(o.since.saturating_add(self.cfg.min_run_ns));
+                                let t = t.max(o.since.saturating_add(self.lag_hold(top)));
                                 if t > now {
                                     consider(t);
                                 }

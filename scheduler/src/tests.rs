@@ -986,29 +986,25 @@ fn queue_priority_orders_queues_within_one_vm() {
     }
     // Another VM of the same VM priority: its queue priority changes
     // nothing. Woken below its share (lag-based eligibility), it takes the
-    // partition once the owner had its minimum run, with queue priority 0
-    // exactly as with 15.
+    // partition from an owner that has been busy (and held it) for a
+    // quarter slice, with queue priority 0 exactly as with 15.
     let mut seen = Vec::new();
     for qp in [0u8, 15] {
         let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 2));
         let a = w.vm_q(0, 5, 1, &[0])[0];
         let b = w.vm_q(1, 5, 1, &[qp])[0];
         w.submit(a, 100 * MS);
-        w.run_until(MS / 4);
+        w.run_until(MS);
         w.submit(b, 100 * MS);
         assert_eq!(
             w.state(a),
             QueueState::Running,
-            "qp {qp}: inside a's minimum run"
+            "qp {qp}: a holds a quarter slice"
         );
         assert_eq!(w.state(b), QueueState::Ready, "qp {qp}");
-        w.run_until(MS / 2 + UNMAP_NS);
-        assert_eq!(
-            w.state(b),
-            QueueState::Running,
-            "qp {qp}: b's turn after a's minimum run"
-        );
-        w.run_until(30 * MS);
+        w.run_until(10 * MS / 4 + UNMAP_NS);
+        assert_eq!(w.state(b), QueueState::Running, "qp {qp}: b is behind a");
+        w.run_until(60 * MS);
         seen.push(w.maps.clone());
     }
     assert_eq!(

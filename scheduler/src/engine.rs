@@ -1139,7 +1139,6 @@ impl Scheduler {
         // Only an owner that has been demanding for a while: one that woke
         // recently is probably demand-limited itself (its job ends soon,
         // and preempting it would only add a CWSR to both).
-        let demanding_from = ov.entered.saturating_add(self.lag_hold(top));
         let owner_vt = vtime_now(ov, now, pol);
         let cands = self.parts[p].busy.get(&top)?;
         self.parts[p]
@@ -1152,6 +1151,13 @@ impl Scheduler {
                 // already waiting when the owner was chosen lost the
                 // choice fairly.
                 if v.entered <= o.since {
+                    return None;
+                }
+                // Only against an owner that was already demanding when the
+                // waker went idle: one that became busy after that is as
+                // demand-limited as the waker (preempting it would only add
+                // a CWSR to both).
+                if ov.entered > v.idle_at {
                     return None;
                 }
                 let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);
@@ -1168,7 +1174,6 @@ impl Scheduler {
                 Some(now.saturating_add(ns.min(u64::MAX as u128) as u64))
             })
             .min()
-            .map(|t| t.max(demanding_from))
     }
 
     fn vm_busy_at(&self, p: usize, vm: VmId, level: u16) -> bool {

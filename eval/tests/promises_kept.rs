@@ -43,8 +43,36 @@ fn equal_priority_shares_do_not_depend_on_queue_count_depth_or_job_size() {
 #[test]
 fn a_closed_loop_top_vm_keeps_its_alone_share_beside_lower_vms() {
     assert_kept(
-        "prio-inv-long",
-        &["prio-inv-long/under=1:", "prio-inv-long/under=4:"],
+        "prio-inv",
+        &[
+            "prio-inv/under=1:",
+            "prio-inv/under=4:",
+            "prio-inv/under=15:",
+            "prio-inv-long/under=1:",
+            "prio-inv-long/under=4:",
+            "prio-inv-rev/under=1:",
+            "prio-inv-rev/under=4:",
+        ],
+    );
+}
+
+#[test]
+fn a_vm_below_its_share_keeps_its_latency_beside_saturating_equals() {
+    assert_kept(
+        "undershare",
+        &[
+            "undershare: light p99",
+            "undershare: saturating VMs equal",
+            "undershare: light served in full",
+        ],
+    );
+}
+
+#[test]
+fn every_starved_vm_completes_a_job_within_the_aging_bound() {
+    assert_kept(
+        "every",
+        &["ladder16: every VM served", "aging: every job served"],
     );
 }
 

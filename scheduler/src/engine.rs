@@ -30,6 +30,16 @@ const SCALE: u128 = 1 << 16;
 /// Shortest anticipation grace (a re-ring gap measured as 0 still gets it).
 const MIN_GRACE_NS: Nanos = 10_000;
 
+/// Aging budget: boosted (aged) work, plus the CWSR it causes, takes at most
+/// `1 / AGING_SHARE_INV` of a partition's time (a batch of boosts lasting
+/// `b` is followed by `(b + save and restore) x (AGING_SHARE_INV - 1)` of
+/// no boosts), so that a top-level VM keeps more than 95% of its GPU time
+/// whatever the number of starved VMs below it.
+const AGING_SHARE_INV: u64 = 32;
+
+/// Longest aging batch: boosted queues run at most this long in a row.
+const AGING_BATCH_NS: Nanos = 2_000_000;
+
 /// Why a queue is being dequeued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
@@ -159,9 +169,10 @@ struct Partition {
     /// Ready/Saved queues, highest level first, then oldest (queue
     /// priorities do not order queues of different VMs).
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
-    /// Ready/Saved queues that are not boosted, oldest first (aging).
-    /// (Boost deadline: ready since + [`Scheduler::age_wait`] of its level.)
-    waiting: BTreeSet<(Nanos, QueueId)>,
+    /// Ready/Saved queues that are not boosted, per level (VM priority),
+    /// by boost deadline (ready since + [`age_wait`] of the level): aging
+    /// looks only at the levels below the top busy one.
+    waiting: [BTreeSet<(Nanos, QueueId)>; 16],
     /// Running queues, lowest level first, then longest mapped.
     running: BTreeSet<(u16, Nanos, QueueId)>,
     /// MappedIdle queues, oldest first.
@@ -180,6 +191,24 @@ struct Partition {
     /// does not resume ahead of an equal that woke meanwhile).
     woken: Vec<VmId>,
     vms: usize,
+    /// Aging batches and their budget.
+    aging: AgingBudget,
+}
+
+/// Aging batches of a partition: the queues due for a boost are boosted
+/// together (one batch), and the next batch waits until the batch's cost
+/// is at most [`AGING_SHARE_INV`]`^-1` of the time since it started.
+#[derive(Clone, Debug, Default)]
+struct AgingBudget {
+    /// Start of the running batch.
+    batch_since: Option<Nanos>,
+    /// Queues boosted by the running batch.
+    batch: Vec<QueueId>,
+    /// No batch starts before this.
+    next_batch: Nanos,
+    /// Last dequeue (CWSR save) time seen in the partition: a batch is
+    /// charged one save and one restore of the work it displaced.
+    save_ns: Nanos,
 }
 
 impl Partition {
@@ -485,6 +514,35 @@ impl Scheduler {
 
     // ---- queries -------------------------------------------------------
 
+    /// The aging bound (docs/scheduling.md, "Aging"): the longest a ready
+    /// queue of a VM of priority `level`, below the top busy level of its
+    /// partition, waits for a slot under a priority policy:
+    ///
+    /// `age_wait(level) + ceil(backlog_ns / B) x F x (B + 2 x save_ns) + B`
+    ///
+    /// with `age_wait(l) = aging_ns x 2 / (l + 2)`, `B` the longest aging
+    /// batch (2 ms), `F` = 32 (aging takes at most `1 / F` of the
+    /// partition), `backlog_ns` the aged work that can be due with it — the
+    /// sum over the queues of the partition below the top level of
+    /// `min(job, B) + save_ns` — and `save_ns` the longest CWSR save. A job
+    /// of at most `B` completes within the bound plus its own length.
+    pub fn aging_bound_ns(
+        cfg: &SchedConfig,
+        level: u8,
+        backlog_ns: Nanos,
+        save_ns: Nanos,
+    ) -> Nanos {
+        let batches = backlog_ns.div_ceil(AGING_BATCH_NS).max(1);
+        let per = AGING_BATCH_NS.saturating_add(save_ns.saturating_mul(2));
+        age_wait(cfg, level as u16)
+            .saturating_add(batches.saturating_mul(AGING_SHARE_INV).saturating_mul(per))
+            .saturating_add(AGING_BATCH_NS)
+    }
+
+    /// Longest aging batch, ns: boosted queues run at most this long in a
+    /// row (`B` in [`Scheduler::aging_bound_ns`]).
+    pub const AGING_BATCH_NS: Nanos = AGING_BATCH_NS;
+
     /// State and slot of a queue.
     pub fn queue_state(&self, queue: QueueId) -> Option<(QueueState, Option<SlotId>)> {
         self.queues.get(&queue).map(|q| {
@@ -638,25 +696,7 @@ impl Scheduler {
             self.evict(q);
         }
         if self.cfg.policy.uses_priority() {
-            // Aging: a queue waiting too long is boosted for one short slice.
-            while let Some(&(due, q)) = self.parts[p].waiting.first() {
-                if due > now {
-                    break;
-                }
-                self.stats.boosts += 1;
-                self.rekey(q, |q| q.boosted = true);
-            }
-            // A boosted queue drops back to its level when it goes idle
-            // (QueueIdle) or has run one minimum run.
-            let boosted: Vec<QueueId> = self.parts[p]
-                .running
-                .range((BOOST_LEVEL, 0, QueueId(0))..)
-                .filter(|(_, since, q)| since + self.boost_len(*q) <= now)
-                .map(|e| e.2)
-                .collect();
-            for q in boosted {
-                self.rekey(q, |q| q.boosted = false);
-            }
+            self.age(p);
         }
         match self.cfg.policy {
             Policy::Hqdmux | Policy::Reset if self.slices() => self.decide_exclusive(p),
@@ -671,11 +711,74 @@ impl Scheduler {
         self.spatial_sync(p);
     }
 
-    /// How long a boosted queue runs boosted (unless it goes idle first):
-    /// one minimum run (two minimum runs skewed the weighted shares of
-    /// equal VMs in the property tests).
-    fn boost_len(&self, _q: QueueId) -> Nanos {
-        self.cfg.min_run_ns.max(1)
+    /// Aging (priority policies): queues of levels below the top busy one
+    /// that waited [`age_wait`] are boosted above every VM priority, all
+    /// the due ones together (a batch). A boosted queue drops back to its
+    /// level when its ring drains (its job is done: `QueueIdle`); the batch
+    /// ends when no boosted queue is busy or after [`AGING_BATCH_NS`]
+    /// (queues still boosted then drop back; those that did not run keep
+    /// their place), and the next batch waits `AGING_SHARE_INV - 1` times the
+    /// batch's length plus one CWSR save and restore, so aging never takes
+    /// more than `1 / AGING_SHARE_INV` of the partition. Queues of the top
+    /// busy level are not aged: they are served by the weighted slices of
+    /// their level (between VMs) and by their VM's own queue priorities
+    /// (within it).
+    fn age(&mut self, p: usize) {
+        let now = self.now;
+        let part = &mut self.parts[p];
+        if let Some(start) = part.aging.batch_since {
+            let boosting = part.busy.contains_key(&BOOST_LEVEL);
+            if boosting && now < start.saturating_add(AGING_BATCH_NS) {
+                return;
+            }
+            // The batch is over: charge it (with one save and restore of
+            // the work it displaced) to the budget.
+            let cost = now
+                .saturating_sub(start)
+                .saturating_add(part.aging.save_ns.saturating_mul(2));
+            part.aging.next_batch = now.saturating_add(cost.saturating_mul(AGING_SHARE_INV - 1));
+            part.aging.batch_since = None;
+            let batch = std::mem::take(&mut part.aging.batch);
+            for q in batch {
+                if self.queues.get(&q).is_some_and(|q| q.boosted) {
+                    self.rekey(q, |q| q.boosted = false);
+                }
+            }
+        }
+        let part = &mut self.parts[p];
+        if now < part.aging.next_batch {
+            return;
+        }
+        let Some(top) = part.busy.range(..BOOST_LEVEL).next_back().map(|e| *e.0) else {
+            return;
+        };
+        let due: Vec<QueueId> = part.waiting[..top as usize]
+            .iter()
+            .flat_map(|w| w.iter().take_while(|e| e.0 <= now).map(|e| e.1))
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        part.aging.batch_since = Some(now);
+        part.aging.batch = due.clone();
+        for q in due {
+            self.stats.boosts += 1;
+            self.rekey(q, |q| q.boosted = true);
+        }
+    }
+
+    /// Earliest time aging has something to do in partition `p` (the end of
+    /// the running batch, or the next one), for the timer.
+    fn aging_due(&self, p: &Partition) -> Option<Nanos> {
+        if let Some(start) = p.aging.batch_since {
+            return Some(start.saturating_add(AGING_BATCH_NS));
+        }
+        let top = p.busy.range(..BOOST_LEVEL).next_back().map(|e| *e.0)?;
+        let due = p.waiting[..top as usize]
+            .iter()
+            .filter_map(|w| w.first().map(|e| e.0))
+            .min()?;
+        Some(due.max(p.aging.next_batch))
     }
 
     /// Exclusive per-VM slices at the top level (the default)?
@@ -687,7 +790,8 @@ impl Scheduler {
     fn quantum(&self, level: u16) -> Nanos {
         let q = match self.cfg.policy {
             Policy::Timeslice | Policy::Fifo => self.cfg.baseline_quantum_ns,
-            _ if level >= BOOST_LEVEL => self.cfg.min_run_ns,
+            // Boosted VMs take turns by whole jobs (the batch ends them).
+            _ if level >= BOOST_LEVEL => AGING_BATCH_NS,
             _ => self.cfg.quantum_ns[level.min(15) as usize],
         };
         q.max(self.cfg.min_run_ns).max(1)
@@ -734,8 +838,12 @@ impl Scheduler {
         let keep = match owner {
             Some(o) if cands.contains_key(&o.vm) => {
                 // Same level (or its own level changed): slice until quantum
-                // expiry when others wait.
-                cands.len() == 1 || now < o.since + self.vm_slice(o.vm, top)
+                // expiry when others wait, or until an equal that woke below
+                // its share takes over after the owner's minimum run.
+                cands.len() == 1
+                    || (now < o.since + self.vm_slice(o.vm, top)
+                        && !(now >= o.since.saturating_add(self.lag_hold(top))
+                            && self.lag_waker(p, o, top)))
             }
             // A higher level (or a boost) never waits for a lower owner's
             // minimum run.
@@ -788,18 +896,34 @@ impl Scheduler {
                 // and goes first among them).
                 let prev = owner.map(|o| o.vm);
                 let cands = &self.parts[p].busy[&top];
-                let vm = *cands
-                    .keys()
-                    .min_by_key(|v| {
-                        let vv = &self.vms[v];
-                        (
-                            vtime_now(vv, now, pol),
-                            Some(**v) == prev,
-                            Reverse(vv.entered),
-                            **v,
-                        )
+                // Boosted (aged) queues are served oldest first: aging
+                // bounds waiting, it does not share by weight.
+                let oldest_boosted = (top == BOOST_LEVEL)
+                    .then(|| {
+                        self.parts[p]
+                            .ready
+                            .range((Reverse(BOOST_LEVEL), 0, QueueId(0))..)
+                            .next()
+                            .filter(|e| e.0 .0 == BOOST_LEVEL)
+                            .map(|e| self.queues[&e.2].vm)
                     })
-                    .unwrap();
+                    .flatten();
+                let vm = if let Some(vm) = oldest_boosted {
+                    vm
+                } else {
+                    *cands
+                        .keys()
+                        .min_by_key(|v| {
+                            let vv = &self.vms[v];
+                            (
+                                vtime_now(vv, now, pol),
+                                Some(**v) == prev,
+                                Reverse(vv.entered),
+                                **v,
+                            )
+                        })
+                        .unwrap()
+                };
                 Owner {
                     vm,
                     level: top,
@@ -822,13 +946,21 @@ impl Scheduler {
         let okey = self.vms[&owner.vm]
             .top_key_at(owner.level)
             .unwrap_or(owner.level << 4);
+        // Boosted queues of the owner all run, whatever their queue
+        // priorities: aging serves the queues that waited, and one of the
+        // VM's own higher queues must not keep a boosted lower one waiting.
+        let (klo, khi) = if owner.level == BOOST_LEVEL {
+            level_keys(BOOST_LEVEL)
+        } else {
+            (okey, okey)
+        };
         // Preempt every running queue that is not the owner's at that key.
         let evict: Vec<QueueId> = self.parts[p]
             .running
             .iter()
             .filter(|(_, _, q)| {
                 let qq = &self.queues[q];
-                (qq.vm != owner.vm || qq.key != okey)
+                (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
                     && !self.spatial_keeps(res, establish, owner, *q)
             })
             .map(|e| e.2)
@@ -837,9 +969,26 @@ impl Scheduler {
         for q in evict {
             self.unmap(q, mode, Reason::Preempt(mode));
         }
+        // Idle queues of other VMs below the owner's level give their slots
+        // back now: a doorbell on a mapped queue starts its work on the GPU
+        // at once, and work that may not run would only be saved again
+        // (a CWSR for nothing, e.g. a closed loop that re-rings after its
+        // boosted job while the next boosted VM runs).
+        let idle: Vec<QueueId> = self.parts[p]
+            .idle_mapped
+            .iter()
+            .filter(|(_, q)| {
+                let q = &self.queues[q];
+                q.vm != owner.vm && lvl(q.key) < owner.level
+            })
+            .map(|e| e.1)
+            .collect();
+        for q in idle {
+            self.evict(q);
+        }
         // Map the owner's waiting queues at that key.
         let want: Vec<QueueId> = self.vms[&owner.vm]
-            .ready_in(okey, okey)
+            .ready_in(klo, khi)
             .map(|e| e.2)
             .collect();
         let mut left = want.len();
@@ -969,6 +1118,80 @@ impl Scheduler {
         }
     }
 
+    /// Lag-based eligibility among equals (in the style of EEVDF): is there
+    /// a VM of the owner's level that woke during the owner's slice and is
+    /// behind the owner by at least one minimum run of weighted GPU time?
+    /// Such a VM uses less than its share; it takes the partition once the
+    /// owner has held it [`Self::lag_hold`], instead of waiting for the
+    /// quantum.
+    /// (A VM that was idle re-enters at most one minimum run behind the
+    /// least busy VM, so it cannot bank more than that; a closed loop that
+    /// re-rings within its anticipation grace keeps its virtual time and is
+    /// rarely that far behind, so slices among always-busy equals stay
+    /// whole.)
+    fn lag_waker(&self, p: usize, o: Owner, top: u16) -> bool {
+        self.lag_ready_at(p, o, top).is_some_and(|t| t <= self.now)
+    }
+
+    /// How long an owner holds the partition against an eligible waker of
+    /// its level: its minimum run, and at least a quarter of the level's
+    /// slice, so wake preemptions cost at most one CWSR save and restore per
+    /// quarter slice (a few percent of the partition), and an owner whose
+    /// job is shorter than that finishes it first.
+    fn lag_hold(&self, level: u16) -> Nanos {
+        (self.quantum(level) / 4).max(self.cfg.min_run_ns)
+    }
+
+    /// When the first woken VM becomes eligible against the owner (see
+    /// [`Self::lag_waker`]): the owner's virtual time grows while it runs.
+    /// `None`: no woken VM can be.
+    fn lag_ready_at(&self, p: usize, o: Owner, top: u16) -> Option<Nanos> {
+        if top >= BOOST_LEVEL || o.level != top || !self.cfg.policy.uses_priority() {
+            return None;
+        }
+        let pol = self.cfg.policy;
+        let now = self.now;
+        let ov = self.vms.get(&o.vm)?;
+        // Only an owner that has been demanding for a while: one that woke
+        // recently is probably demand-limited itself (its job ends soon,
+        // and preempting it would only add a CWSR to both).
+        let owner_vt = vtime_now(ov, now, pol);
+        let cands = self.parts[p].busy.get(&top)?;
+        self.parts[p]
+            .woken
+            .iter()
+            .filter(|w| **w != o.vm && cands.contains_key(*w))
+            .filter_map(|w| {
+                let v = self.vms.get(w)?;
+                // Only a VM that woke during this slice: one that was
+                // already waiting when the owner was chosen lost the
+                // choice fairly.
+                if v.entered <= o.since {
+                    return None;
+                }
+                // Only against an owner that was already demanding when the
+                // waker went idle: one that became busy after that is as
+                // demand-limited as the waker (preempting it would only add
+                // a CWSR to both).
+                if ov.entered > v.idle_at {
+                    return None;
+                }
+                let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);
+                let need = vtime_now(v, now, pol).saturating_add(allow);
+                if need <= owner_vt {
+                    return Some(now);
+                }
+                if ov.active == 0 {
+                    return None;
+                }
+                let ns = (need - owner_vt)
+                    .saturating_mul(weight(ov, pol))
+                    .div_ceil(SCALE);
+                Some(now.saturating_add(ns.min(u64::MAX as u128) as u64))
+            })
+            .min()
+    }
+
     fn vm_busy_at(&self, p: usize, vm: VmId, level: u16) -> bool {
         self.parts[p]
             .busy
@@ -982,16 +1205,13 @@ impl Scheduler {
         let mut consider = |t: Nanos| at = Some(at.map_or(t, |a: Nanos| a.min(t)));
         let prio = self.cfg.policy.uses_priority();
         let mut any_busy = false;
-        for p in &self.parts {
+        for (pi, p) in self.parts.iter().enumerate() {
             if let Some(&(since, _)) = p.idle_mapped.first() {
                 consider(since + self.cfg.idle_unmap_ns);
             }
             if prio {
-                if let Some(&(due, _)) = p.waiting.first() {
-                    consider(due);
-                }
-                for &(_, since, q) in p.running.range((BOOST_LEVEL, 0, QueueId(0))..) {
-                    consider(since + self.boost_len(q));
+                if let Some(t) = self.aging_due(p) {
+                    consider(t);
                 }
             }
             let Some(top) = p.top() else { continue };
@@ -1009,6 +1229,12 @@ impl Scheduler {
                         }
                         if o.level >= top && p.busy[&top].len() > 1 {
                             consider(o.since + self.vm_slice(o.vm, top));
+                            if let Some(t) = self.lag_ready_at(pi, o, top) {
+                                let t = t.max(o.since.saturating_add(self.lag_hold(top)));
+                                if t > now {
+                                    consider(t);
+                                }
+                            }
                         }
                     }
                 }
@@ -1102,6 +1328,9 @@ impl Scheduler {
         self.parts[p].nfree += 1;
         if let Some(v) = self.vms.get_mut(&vm) {
             v.stats.save_ns += save_ns;
+        }
+        if matches!(reason, Some(Reason::Preempt(_))) && has_work {
+            self.parts[p].aging.save_ns = save_ns;
         }
         let next = match reason {
             Some(Reason::Remove) => {
@@ -1243,10 +1472,12 @@ impl Scheduler {
             v.idle_at = now;
         }
         if let Some(f) = floor {
-            // Bounded lag: it may re-enter up to one minimum run (weighted)
-            // behind the least busy VM, no further, so a VM below its share
-            // is served ahead of VMs above it but cannot bank idle time.
-            let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);
+            // Bounded lag: it may re-enter up to one slice of its level
+            // (weighted) behind the least busy VM, no further, so a VM below
+            // its share is served ahead of VMs above it (see `lag_waker`)
+            // across a few jobs in a row, but cannot bank idle time.
+            let slice = self.cfg.quantum_ns[v.params.priority.min(15) as usize];
+            let allow = slice.max(self.cfg.min_run_ns) as u128 * SCALE / weight(v, pol);
             v.vtime = v.vtime.max(f.saturating_sub(allow));
         }
         if woke {
@@ -1339,8 +1570,8 @@ impl Scheduler {
             QueueState::Ready | QueueState::Saved => {
                 p.ready.insert((Reverse(level), since, q));
                 v.ready.insert((Reverse(key), since, q));
-                if !boosted {
-                    p.waiting
+                if !boosted && level < BOOST_LEVEL {
+                    p.waiting[level as usize]
                         .insert((since.saturating_add(age_wait(&self.cfg, level)), q));
                 }
             }
@@ -1379,8 +1610,10 @@ impl Scheduler {
             QueueState::Ready | QueueState::Saved => {
                 p.ready.remove(&(Reverse(level), since, q));
                 v.ready.remove(&(Reverse(key), since, q));
-                p.waiting
-                    .remove(&(since.saturating_add(age_wait(&self.cfg, level)), q));
+                if level < BOOST_LEVEL {
+                    p.waiting[level as usize]
+                        .remove(&(since.saturating_add(age_wait(&self.cfg, level)), q));
+                }
             }
             QueueState::Running => {
                 p.running.remove(&(level, since, q));
@@ -1602,12 +1835,15 @@ fn check_params(p: &VmParams, parts: u32) -> Result<(), SchedError> {
     }
 }
 
-/// How long a ready queue of `level` waits before it is boosted: `aging_ns`
-/// at level 0, less `aging_ns / 16` per level above, so that VMs starved by
-/// a higher one still get service in the order of their priorities.
+/// How long a ready queue of `level` (below the top busy level) waits
+/// before it is due for a boost: `aging_ns x 2 / (level + 2)`, i.e.
+/// `aging_ns` at level 0, half of it at level 2, an eighth at level 14.
+/// The boost rate of a starved VM, `(level + 2) / (2 x aging_ns)`, grows by
+/// the same step per level, so VMs starved by a higher one get their aged
+/// service strictly in the order of their priorities.
 fn age_wait(cfg: &SchedConfig, level: u16) -> Nanos {
     let l = level.min(15) as u64;
-    (cfg.aging_ns - cfg.aging_ns / 16 * l).max(1)
+    (cfg.aging_ns.saturating_mul(2) / (l + 2)).max(1)
 }
 
 fn weight(v: &Vm, pol: Policy) -> u128 {

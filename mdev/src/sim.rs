@@ -1286,7 +1286,10 @@ impl PhysGpu for SimGpu {
                 self.stats.duplicate_effects += dup;
                 q.resume.clear();
                 q.inflight = 0;
-                self.parts[p].free_cus += killed;
+                // A reset ending a save also frees the CUs the saved waves
+                // held (`release_cus` above freed their bits).
+                let held = std::mem::take(&mut q.held_cus);
+                self.parts[p].free_cus += killed + held;
                 let t = self.topo.cwsr.trap_ns;
                 // The records are written when the dequeue finishes.
                 self.arm(now.saturating_add(t), Timer::UnmapDone { slot: s, gen });
@@ -1472,3 +1475,6 @@ mod tests;
 
 #[cfg(test)]
 mod cu_mask_tests;
+
+#[cfg(test)]
+mod review_tests;

@@ -1367,3 +1367,6 @@ proptest! {
 
 #[path = "spatial_tests.rs"]
 mod spatial_tests;
+
+#[path = "spatial_review_tests.rs"]
+mod spatial_review_tests;

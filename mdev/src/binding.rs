@@ -718,7 +718,6 @@ impl<O: Copy> Binding<O> {
         };
         let guest = CuMask::from_mqd(&r.mqd, t.cus_per_xcc, t.ses_per_xcc, t.xccs_per_partition());
         if matches!(set, scheduler::CuSet::Top(_)) && guest.and(&host).is_empty() {
-            log::debug!("queue {queue:?}: guest CU mask outside its reservation, every CU given");
             return None;
         }
         Some(host)

@@ -519,7 +519,7 @@ impl<O: Copy> Binding<O> {
     fn action(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, a: Action, out: &mut Vec<Notice<O>>) {
         match a {
             Action::Map { queue, slot } => {
-                let mask = self.cu_mask_of(&*gpu, slot);
+                let mask = self.usable_host_mask(&*gpu, queue, self.sched.slot_cu_set(slot));
                 let Some(r) = self.queues.get_mut(&queue) else {
                     return;
                 };
@@ -697,15 +697,30 @@ impl<O: Copy> Binding<O> {
         }
     }
 
-    /// Host CU mask for the queue mapped on `slot` (`None`: every CU).
-    fn cu_mask_of(&self, gpu: &dyn PhysGpu, slot: SlotId) -> Option<CuMask> {
-        match self.sched.slot_cu_set(slot) {
-            scheduler::CuSet::All => None,
-            set => {
-                let t = gpu.topology();
-                Some(CuMask::from_set(set, t.cus_per_xcc, t.xccs_per_partition()))
-            }
+    /// The host mask of CU set `set` for `queue`, or `None` (every CU) when the
+    /// queue's own MQD CU mask shares no CU with it: a reserved
+    /// high-priority queue restricted by its guest to other CUs would
+    /// otherwise never launch. Lower work restricted by its own guest to
+    /// the reserved CUs waits (its choice); it never gets them.
+    fn usable_host_mask(
+        &self,
+        gpu: &dyn PhysGpu,
+        queue: QueueId,
+        set: scheduler::CuSet,
+    ) -> Option<CuMask> {
+        let t = gpu.topology();
+        let host = match set {
+            scheduler::CuSet::All => return None,
+            set => CuMask::from_set(set, t.cus_per_xcc, t.xccs_per_partition()),
+        };
+        let Some(r) = self.queues.get(&queue) else {
+            return Some(host);
+        };
+        let guest = CuMask::from_mqd(&r.mqd, t.cus_per_xcc, t.ses_per_xcc, t.xccs_per_partition());
+        if matches!(set, scheduler::CuSet::Top(_)) && guest.and(&host).is_empty() {
+            return None;
         }
+        Some(host)
     }
 
     /// Carries the scheduler's CU-set changes of mapped queues to the GPU
@@ -720,11 +735,9 @@ impl<O: Copy> Binding<O> {
                 continue; // mapped by this decision: the map carries it
             }
             let t = gpu.topology();
-            let mask = CuMask::from_set(
-                self.sched.slot_cu_set(slot),
-                t.cus_per_xcc,
-                t.xccs_per_partition(),
-            );
+            let mask = self
+                .usable_host_mask(&*gpu, queue, self.sched.slot_cu_set(slot))
+                .unwrap_or_else(|| CuMask::all(t.cus_per_partition()));
             if let Err(e) = gpu.set_cu_mask(now, PhysSlot(slot.0), &mask) {
                 log::debug!("CU mask of queue {queue:?} on slot {slot:?}: {e}");
             }

@@ -440,3 +440,6 @@ fn a_preemption_that_times_out_resets_only_that_queue_with_error_22() {
 }
 #[path = "binding_spatial_tests.rs"]
 mod spatial;
+
+#[path = "binding_review_tests.rs"]
+mod review;

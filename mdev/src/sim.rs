@@ -1475,3 +1475,6 @@ mod tests;
 
 #[cfg(test)]
 mod cu_mask_tests;
+
+#[cfg(test)]
+mod review_tests;

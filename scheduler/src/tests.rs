@@ -1583,3 +1583,6 @@ proptest! {
         }
     }
 }
+
+#[path = "spatial_review_tests.rs"]
+mod spatial_review_tests;

@@ -1,0 +1,64 @@
+//! Hostile-review tests of the binding (guest CU masks against spatial
+//! sharing, dispatch-width scans).
+
+use super::*;
+use crate::backend::SlotId as PhysSlot;
+use scheduler::QueueState;
+
+/// 2 XCCs x 8 CUs (SPX), 2 shader engines per XCC, 4 slots.
+fn topo() -> GpuTopology {
+    GpuTopology {
+        cus_per_xcc: 8,
+        ses_per_xcc: 2,
+        ..GpuTopology::tiny()
+    }
+}
+
+fn phys_slot(rig: &Rig, q: QueueId) -> Option<PhysSlot> {
+    match rig.b.scheduler().queue_state(q) {
+        Some((QueueState::Running | QueueState::MappedIdle, Some(s))) => Some(PhysSlot(s.0)),
+        _ => None,
+    }
+}
+
+/// A high-priority VM whose own (legal) CU mask keeps it on the low CUs of
+/// each XCC must not be given a host reservation of the top CUs only: the
+/// intersection would be empty and its queue would never launch.
+#[test]
+fn a_reservation_never_leaves_the_reserved_queue_without_cus() {
+    let topo = topo();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut rt_vm = vm(&mut rig, 1, 12);
+    let mut rt = rt_vm.queue(&topo, 64, 0);
+    // CUs 0..3 of each XCC only (CU c is SE c % 2, bit c / 2).
+    rt.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[0]] = 0b11;
+    rt.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[1]] = 0b11;
+    add(&mut rig, &rt_vm, 1, QueueId(1), 1, &rt);
+    for k in 0..4 {
+        lo_vm.kernel(&mut lo, KernelKind::Mark, 32, 64, 1_000_000, k, true);
+    }
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(100_000, |_| false);
+    rig.now = 100_000;
+    rt_vm.kernel(&mut rt, KernelKind::Mark, 1, 64, 20_000, 0, true);
+    rig.doorbell(QueueId(1), rt.wptr);
+    // rt's 20 us kernel ends long before lo's 4 ms of work.
+    rig.run(2_000_000, |_| false);
+    if let Some(s) = phys_slot(&rig, QueueId(1)) {
+        assert!(
+            rig.gpu.cu_mask(s).is_some_and(|m| !m.is_empty()),
+            "rt's queue has no CU to launch on"
+        );
+    }
+    assert_eq!(
+        rig.completions_of(1).len(),
+        1,
+        "rt starved by its own reservation"
+    );
+    rig.run(u64::MAX, |_| false);
+    lo_vm.verify(&lo).unwrap();
+    rt_vm.verify(&rt).unwrap();
+}

@@ -15,7 +15,10 @@
 //! (unmaps finish, the high-priority job runs 200 us and goes idle, its slot
 //! is given back, the low-priority queues are mapped again).
 //!
-//! `cargo run --release -p hqdmux-scheduler --example cold_doorbell_bench [SAMPLES=2000] [SLEEP_US=0]`
+//! `cargo run --release -p hqdmux-scheduler --example cold_doorbell_bench [SAMPLES=2000] [SLEEP_US=0] [EVICT_MIB=32]`
+//!
+//! `EVICT_MIB=0` with `SLEEP_US=1000`: cold by sleeping only, as the
+//! arbiter's service thread is between doorbells.
 //!
 //! Prints p50/p99 (ns) per vMQD count, cold and warm.
 
@@ -263,9 +266,10 @@ fn main() {
         .collect();
     let samples = args.first().copied().unwrap_or(2000) as usize;
     let sleep = Duration::from_micros(args.get(1).copied().unwrap_or(0));
-    let mut buf = vec![1u64; 32 << 20 >> 3];
+    let mib = args.get(2).copied().unwrap_or(32) as usize;
+    let mut buf = vec![1u64; mib << 20 >> 3];
     println!(
-        "high-priority doorbell -> preemption decided (Scheduler::handle + actions), ns, {samples} samples, cold = 32 MiB evicted{}",
+        "high-priority doorbell -> preemption decided (Scheduler::handle + actions), ns, {samples} samples, cold = {mib} MiB evicted{}",
         if sleep.is_zero() {
             String::new()
         } else {

@@ -455,7 +455,7 @@ impl FleetControl {
                 "preempt_timeout_ms" => int(PREEMPT_TIMEOUT_MS_RANGE).map(|x| timeout = Some(x)),
                 "guard" => guard_override(val)
                     .map(|g| guard = Some(g))
-                    .map_err(|e| bad(e)),
+                    .map_err(&bad),
                 _ => Err(bad(
                     "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms, guard)"
                         .into(),

@@ -469,6 +469,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn metrics_timeline_and_unquarantine_exit_codes_over_a_real_socket() {
+        let dir = std::env::temp_dir().join(format!("hqdmux-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nowhere = dir.join("none.sock");
+        let out = dir.join("t.svg");
+        let unreachable = ExitCode::from(EXIT_UNREACHABLE);
+        assert_eq!(metrics(&nowhere), unreachable);
+        assert_eq!(timeline(&nowhere, &out, 5, false), unreachable);
+        assert_eq!(unquarantine(&nowhere, "a", false), unreachable);
+
+        // A fleet without GPU VMs: metrics answer, the timeline is refused
+        // (409, exit 1) and nothing is written, so is clear-quarantine.
+        let cfg = crate::config::FleetConfig::parse(
+            "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap();
+        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(None, &cfg, &[None]));
+        let sock = dir.join("api.sock");
+        let server = crate::api::serve(&sock, 0o600, ctl).unwrap();
+        assert_eq!(metrics(&sock), ExitCode::SUCCESS);
+        assert_eq!(
+            timeline(&sock, &out, 5, false),
+            ExitCode::from(EXIT_REFUSED)
+        );
+        assert!(!out.exists());
+        assert_eq!(
+            unquarantine(&sock, "a", false),
+            ExitCode::from(EXIT_REFUSED)
+        );
+        assert_eq!(unquarantine(&sock, "b", true), ExitCode::from(EXIT_REFUSED));
+        drop(server);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn names_are_percent_encoded_and_tables_show_every_vm() {
         assert_eq!(encode_segment("vm-a_1.x"), "vm-a_1.x");
         assert_eq!(encode_segment("a/b c"), "a%2Fb%20c");

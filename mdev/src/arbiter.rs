@@ -1170,6 +1170,22 @@ impl GpuArbiter {
         let window_ns = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
         c.tele.timeline(self.now(), Some(window_ns), &c.bind)
     }
+
+    /// VM `vm`'s queue errors by code (`CP_HQD_ERROR` number as text, or
+    /// `map_refused`), kept after the VM is removed (for the operator API's
+    /// `queue_errors`). `None` for a VM the arbiter never had.
+    pub fn vm_queue_errors(
+        &self,
+        vm: VgpuHandle,
+    ) -> Option<std::collections::BTreeMap<String, u64>> {
+        let c = lock(&self.core);
+        let errors = c
+            .tele
+            .vms()
+            .find(|(id, _)| **id == vm.0)
+            .map(|(_, t)| t.queue_errors.clone());
+        errors
+    }
 }
 
 #[cfg(test)]

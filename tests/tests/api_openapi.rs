@@ -171,6 +171,35 @@ fn call(sock: &Path, method: &str, path: &str, ct: Option<&str>, body: &str) -> 
     (st, serde_json::from_slice(&out).unwrap_or(Value::Null))
 }
 
+/// A GET over a fresh connection: status, Content-Type (without
+/// parameters) and body.
+fn get_raw(sock: &Path, path: &str) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).expect("API reachable");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let status = head.split(' ').nth(1).and_then(|x| x.parse().ok()).unwrap();
+    let ct = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.split(';').next().unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    (status, ct, buf[end + 4..].to_vec())
+}
+
 /// (method, path template, concrete path, content type, body, expected status)
 type Case<'a> = (&'a str, &'a str, String, Option<&'a str>, String, u16);
 
@@ -480,6 +509,70 @@ fn the_server_conforms_to_its_openapi_document() {
             "".into(),
             200,
         ),
+        (
+            "patch",
+            "/api/v1/vms/{name}",
+            "/api/v1/vms/gpuvm".into(),
+            j,
+            json!({"guard": {"max_queue_errors": 5, "window_ms": 10000}}).to_string(),
+            200,
+        ),
+        (
+            "patch",
+            "/api/v1/vms/{name}",
+            "/api/v1/vms/gpuvm".into(),
+            j,
+            json!({"guard": {"window_ms": 0}}).to_string(),
+            400,
+        ),
+        (
+            "post",
+            "/api/v1/vms/{name}/clear-quarantine",
+            "/api/v1/vms/gpuvm/clear-quarantine".into(),
+            None,
+            "".into(),
+            200,
+        ),
+        (
+            "post",
+            "/api/v1/vms/{name}/clear-quarantine",
+            "/api/v1/vms/nope/clear-quarantine".into(),
+            None,
+            "".into(),
+            404,
+        ),
+        (
+            "post",
+            "/api/v1/vms/{name}/clear-quarantine",
+            "/api/v1/vms/idle/clear-quarantine".into(),
+            None,
+            "".into(),
+            409,
+        ),
+        (
+            "get",
+            "/api/v1/timeline",
+            "/api/v1/timeline?seconds=5".into(),
+            None,
+            "".into(),
+            200,
+        ),
+        (
+            "get",
+            "/api/v1/timeline",
+            "/api/v1/timeline?seconds=0".into(),
+            None,
+            "".into(),
+            400,
+        ),
+        (
+            "get",
+            "/api/v1/timeline",
+            "/api/v1/timeline?format=png".into(),
+            None,
+            "".into(),
+            400,
+        ),
     ];
     let mut covered = std::collections::BTreeSet::new();
     for (m, tpl, path, ct, body, want) in &cases {
@@ -494,6 +587,42 @@ fn the_server_conforms_to_its_openapi_document() {
         if st < 300 {
             covered.insert((m.to_string(), tpl.to_string()));
         }
+    }
+    // Operations answered in another content type than JSON: the type is
+    // documented for the status, and the body has that type's shape.
+    for (tpl, path, want_ct) in [
+        ("/metrics", "/metrics", "text/plain"),
+        (
+            "/api/v1/timeline",
+            "/api/v1/timeline?seconds=120&format=svg",
+            "image/svg+xml",
+        ),
+        ("/api/v1/timeline", "/api/v1/timeline", "application/json"),
+    ] {
+        let (st, ct, body) = get_raw(&sock, path);
+        assert_eq!(st, 200, "GET {path}");
+        assert_eq!(ct, want_ct, "GET {path}");
+        let content = &d["paths"][tpl]["get"]["responses"]["200"]["content"];
+        assert!(
+            content[&ct].is_object(),
+            "GET {tpl}: {ct} is not documented"
+        );
+        let text = String::from_utf8(body).expect("UTF-8");
+        match want_ct {
+            "text/plain" => assert!(
+                text.lines().any(|l| l.starts_with("# TYPE hqdmux_")),
+                "{text}"
+            ),
+            "image/svg+xml" => {
+                let x = roxmltree::Document::parse(&text).expect("well-formed SVG");
+                assert_eq!(x.root_element().tag_name().name(), "svg");
+            }
+            _ => {
+                let v: Value = serde_json::from_str(&text).unwrap();
+                validate(&d, &content[&ct]["schema"], &v, "$").unwrap();
+            }
+        }
+        covered.insert(("get".to_string(), tpl.to_string()));
     }
     // Every documented operation was answered with a success at least once,
     // and every other method on a documented path gets 405.

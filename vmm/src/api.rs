@@ -13,6 +13,9 @@
 //! | `POST /api/v1/vms/{name}/stop` | stop its vCPUs, reclaim its queues, keep its figures |
 //! | `GET /api/v1/policy`, `PUT /api/v1/policy` | the fleet's scheduling policy |
 //! | `GET /api/v1/fleet` | policy, GPU, totals |
+//! | `POST /api/v1/vms/{name}/clear-quarantine` | lift its guard quarantine (200 with the view and `was_quarantined`) |
+//! | `GET /api/v1/timeline?seconds=N&format=json\|svg` | the HQD-slot timeline of the last N (1..=120) s |
+//! | `GET /metrics` | Prometheus text exposition of the GPU |
 //!
 //! Every error is `{"error": "..."}` with a 4xx status naming the VM, the
 //! field and the reason, and changes nothing. A request is checked whole
@@ -24,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mdev::arbiter::GpuArbiter;
+use mdev::guard::{GuardEvent, GuardOverride, GuardStatus};
 use mdev::vgpu::VgpuHandle;
 use serde_json::{json, Map, Value};
 use vmm_sys_util::eventfd::EventFd;
@@ -113,6 +117,8 @@ pub enum FleetCommand {
 struct VmEntry {
     config: VmConfig,
     vgpu: Option<VgpuHandle>,
+    /// The vGPU it had, kept after it ended (its queue errors stay readable).
+    last_vgpu: Option<VgpuHandle>,
     state: VmState,
     end: Option<VmEnd>,
     /// GPU time at the previous sample, and the share over the last interval.
@@ -154,6 +160,7 @@ impl FleetControl {
             .map(|(i, c)| VmEntry {
                 config: c.clone(),
                 vgpu: vgpus.get(i).copied().flatten(),
+                last_vgpu: vgpus.get(i).copied().flatten(),
                 state: VmState::Running,
                 end: None,
                 sample_ns: 0,
@@ -209,6 +216,7 @@ impl FleetControl {
         if let Some(v) = self.lock().vms.get_mut(i) {
             v.state = VmState::Running;
             v.vgpu = vgpu;
+            v.last_vgpu = vgpu;
         }
     }
 
@@ -258,6 +266,11 @@ impl FleetControl {
             _ => None,
         };
         let ms = |ns: u64| ns as f64 / 1e6;
+        let queue_errors = v
+            .last_vgpu
+            .zip(self.arbiter.as_ref())
+            .and_then(|(h, m)| m.vm_queue_errors(h));
+        let guard = live.and_then(|(h, m)| m.guard_status(h));
         json!({
             "name": c.name,
             "state": v.state.name(),
@@ -277,7 +290,10 @@ impl FleetControl {
             "maps": stats.map(|s| s.maps),
             "preemptions": stats.map(|s| s.preemptions),
             "cwsr_time_ms": stats.map(|s| ms(s.save_ns)),
-            "queue_errors": Value::Null,
+            "queue_errors": queue_errors.as_ref().map(|q| q.values().sum::<u64>()),
+            "queue_errors_by_code": queue_errors,
+            "quarantined": guard.map(|g| g.quarantined.is_some()),
+            "guard": guard.map(guard_view),
             "outcome": v.end.as_ref().map(|e| e.outcome.clone()),
             "exit_status": v.end.as_ref().and_then(|e| e.exit_status),
         })
@@ -325,9 +341,14 @@ impl FleetControl {
     /// Routes one request. Each route is one match arm; routes outside
     /// `/api/v1` (e.g. `GET /metrics`) go in the first match.
     pub fn route(&self, req: Request, reply: Responder) {
-        #[allow(clippy::match_single_binding)]
         match (req.method.as_str(), req.path.as_str()) {
-            // ("GET", "/metrics") => return reply.send(...),
+            ("GET", "/metrics") => return reply.send(self.metrics()),
+            (m, "/metrics") => {
+                return reply.send(
+                    err(405, format!("method {m} not allowed on /metrics"))
+                        .with_header("Allow", "GET".into()),
+                )
+            }
             _ => {}
         }
         let Some(rest) = req.path.strip_prefix(PREFIX) else {
@@ -346,6 +367,8 @@ impl FleetControl {
             ("GET", ["policy"]) => self.get_policy(),
             ("PUT", ["policy"]) => self.put_policy(&req),
             ("GET", ["fleet"]) => self.fleet(),
+            ("POST", ["vms", name, "clear-quarantine"]) => self.clear_quarantine(name),
+            ("GET", ["timeline"]) => self.timeline(&req),
             (_, p) => match allowed(p) {
                 Some(allow) => err(405, format!("method {m} not allowed on {}", req.path))
                     .with_header("Allow", allow.into()),
@@ -403,6 +426,7 @@ impl FleetControl {
         let mut weight = None;
         let mut quantum: Option<Option<u64>> = None;
         let mut timeout = None;
+        let mut guard: Option<GuardOverride> = None;
         for (k, val) in &body {
             let bad = |reason: String| err(400, format!("vm '{name}': {k}: {reason}"));
             let int = |range: std::ops::RangeInclusive<u64>| -> Result<u64, Response> {
@@ -429,8 +453,11 @@ impl FleetControl {
                 }
                 "quantum_ms" => int(QUANTUM_MS_RANGE).map(|x| quantum = Some(Some(x))),
                 "preempt_timeout_ms" => int(PREEMPT_TIMEOUT_MS_RANGE).map(|x| timeout = Some(x)),
+                "guard" => guard_override(val)
+                    .map(|g| guard = Some(g))
+                    .map_err(&bad),
                 _ => Err(bad(
-                    "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms)"
+                    "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms, guard)"
                         .into(),
                 )),
             };
@@ -444,6 +471,21 @@ impl FleetControl {
         let (h, m) = match self.live_gpu(v, body.keys().next().map_or("", |k| k.as_str())) {
             Ok(x) => x,
             Err(r) => return r,
+        };
+        // The guard's new limits: the VM's current ones with the given
+        // fields replaced, validated whole before anything is applied.
+        let guard = match guard {
+            Some(o) => {
+                let Some(st) = m.guard_status(h) else {
+                    return err(409, format!("vm '{name}': guard: the VM has ended"));
+                };
+                let limits = st.limits.with(&o);
+                if let Err(e) = limits.validate() {
+                    return err(400, format!("vm '{name}': {e}"));
+                }
+                Some(limits)
+            }
+            None => None,
         };
         let applied = (|| {
             if let Some(p) = priority {
@@ -460,6 +502,9 @@ impl FleetControl {
             if let Some(t) = timeout {
                 m.set_preempt_timeout(h, Duration::from_millis(t))
                     .map_err(|e| ("preempt_timeout_ms", e.to_string()))?;
+            }
+            if let Some(g) = guard {
+                m.set_guard(h, g).map_err(|e| ("guard", e.to_string()))?;
             }
             Ok::<(), (&str, String)>(())
         })();
@@ -550,6 +595,7 @@ impl FleetControl {
         inner.vms.push(VmEntry {
             config: config.clone(),
             vgpu: None,
+            last_vgpu: None,
             state: VmState::Starting,
             end: None,
             sample_ns: 0,
@@ -647,6 +693,182 @@ impl FleetControl {
             }),
         )
     }
+
+    fn metrics(&self) -> Response {
+        match &self.arbiter {
+            Some(m) => Response::text(200, mdev::metrics::CONTENT_TYPE, m.metrics_text()),
+            None => Response::text(
+                200,
+                mdev::metrics::CONTENT_TYPE,
+                "# hqdmux: this fleet has no GPU arbiter (no VM has gpu = true)\n".into(),
+            ),
+        }
+    }
+
+    fn timeline(&self, req: &Request) -> Response {
+        let (seconds, svg) = match timeline_query(req) {
+            Ok(q) => q,
+            Err(r) => return r,
+        };
+        let Some(m) = &self.arbiter else {
+            return err(409, "timeline: the fleet has no GPU VMs");
+        };
+        let t = m.timeline(Duration::from_secs(seconds));
+        if svg {
+            Response::text(
+                200,
+                "image/svg+xml",
+                timeline::render_svg(&t, &Default::default()),
+            )
+        } else {
+            Response::text(200, "application/json", t.to_json())
+        }
+    }
+
+    fn clear_quarantine(&self, name: &str) -> Response {
+        let inner = self.lock();
+        let i = match self.find(&inner, name) {
+            Ok(i) => i,
+            Err(r) => return r,
+        };
+        let (h, m) = match self.live_gpu(&inner.vms[i], "clear-quarantine") {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+        let was = match m.clear_quarantine(h) {
+            Ok(w) => w,
+            Err(e) => return err(409, format!("vm '{name}': clear-quarantine: {e}")),
+        };
+        log::info!("api: vm '{name}': clear-quarantine (was quarantined: {was})");
+        let mut v = self.view(&inner.vms[i], &inner);
+        v["was_quarantined"] = json!(was);
+        Response::json(200, &v)
+    }
+}
+
+/// Range of `seconds` of `GET /api/v1/timeline`.
+pub const TIMELINE_SECONDS_RANGE: std::ops::RangeInclusive<u64> = 1..=120;
+/// `seconds` of `GET /api/v1/timeline` when not given.
+pub const TIMELINE_DEFAULT_SECONDS: u64 = 10;
+
+/// Name of a guard count in the API.
+fn guard_event_name(e: GuardEvent) -> &'static str {
+    match e {
+        GuardEvent::Reset => "resets",
+        GuardEvent::QueueError => "queue_errors",
+        GuardEvent::StaleDoorbell => "stale_doorbells",
+    }
+}
+
+/// The `guard` object of a VM view.
+fn guard_view(g: GuardStatus) -> Value {
+    json!({
+        "window_ms": g.limits.window_ms,
+        "max_resets": g.limits.max_resets,
+        "max_queue_errors": g.limits.max_queue_errors,
+        "max_stale_doorbells": g.limits.max_stale_doorbells,
+        "resets": g.resets,
+        "queue_errors": g.queue_errors,
+        "stale_doorbells": g.stale_doorbells,
+        "total_resets": g.totals[0],
+        "total_queue_errors": g.totals[1],
+        "total_stale_doorbells": g.totals[2],
+        "quarantined": g.quarantined.map(|t| json!({
+            "reason": t.to_string(),
+            "what": guard_event_name(t.what),
+            "count": t.count,
+            "limit": t.limit,
+            "since_ms": t.at as f64 / 1e6,
+        })),
+    })
+}
+
+/// A `guard` object of a PATCH body: some of `window_ms`, `max_resets`,
+/// `max_queue_errors`, `max_stale_doorbells` (ranges checked by
+/// [`mdev::guard::GuardConfig::validate`] once merged).
+fn guard_override(v: &Value) -> Result<GuardOverride, String> {
+    let Value::Object(m) = v else {
+        return Err(format!("expected an object, found {v}"));
+    };
+    let mut o = GuardOverride::default();
+    for (k, x) in m {
+        let n = x
+            .as_u64()
+            .ok_or_else(|| format!("{k}: expected an integer, found {x}"))?;
+        let small =
+            || u32::try_from(n).map_err(|_| format!("{k}: {n} is out of range 0..={}", u32::MAX));
+        match k.as_str() {
+            "window_ms" => o.window_ms = Some(n),
+            "max_resets" => o.max_resets = Some(small()?),
+            "max_queue_errors" => o.max_queue_errors = Some(small()?),
+            "max_stale_doorbells" => o.max_stale_doorbells = Some(small()?),
+            _ => {
+                return Err(format!(
+                    "{k}: unknown field (known: window_ms, max_resets, max_queue_errors, max_stale_doorbells)"
+                ))
+            }
+        }
+    }
+    if m.is_empty() {
+        return Err(
+            "empty object (fields: window_ms, max_resets, max_queue_errors, max_stale_doorbells)"
+                .into(),
+        );
+    }
+    Ok(o)
+}
+
+/// The query of `GET /api/v1/timeline`: `(seconds, svg)`.
+fn timeline_query(req: &Request) -> Result<(u64, bool), Response> {
+    let mut seconds = TIMELINE_DEFAULT_SECONDS;
+    let mut svg = req
+        .header("accept")
+        .is_some_and(|a| a.contains("image/svg+xml") && !a.contains("application/json"));
+    for kv in req
+        .query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|s| !s.is_empty())
+    {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match k {
+            "seconds" => {
+                seconds = match v.parse::<u64>() {
+                    Ok(n) if TIMELINE_SECONDS_RANGE.contains(&n) => n,
+                    _ => {
+                        return Err(err(
+                            400,
+                            format!(
+                                "timeline: seconds: '{v}' is not an integer in {}..={}",
+                                TIMELINE_SECONDS_RANGE.start(),
+                                TIMELINE_SECONDS_RANGE.end()
+                            ),
+                        ))
+                    }
+                }
+            }
+            "format" => {
+                svg = match v {
+                    "json" => false,
+                    "svg" => true,
+                    _ => {
+                        return Err(err(
+                            400,
+                            format!("timeline: format: '{v}' is not one of json, svg"),
+                        ))
+                    }
+                }
+            }
+            _ => {
+                return Err(err(
+                    400,
+                    format!("timeline: {k}: unknown query parameter (known: seconds, format)"),
+                ))
+            }
+        }
+    }
+    Ok((seconds, svg))
 }
 
 /// Methods of a known path (for 405), `None` for unknown paths.
@@ -656,7 +878,8 @@ fn allowed(p: &[&str]) -> Option<&'static str> {
         ["vms", _] => Some("GET, PATCH"),
         ["vms", _, "pause" | "resume" | "stop"] => Some("POST"),
         ["policy"] => Some("GET, PUT"),
-        ["fleet"] => Some("GET"),
+        ["fleet"] | ["timeline"] => Some("GET"),
+        ["vms", _, "clear-quarantine"] => Some("POST"),
         _ => None,
     }
 }
@@ -909,6 +1132,160 @@ mod tests {
         assert_eq!(v["priority"], 0);
         assert_eq!(v["state"], "running");
         assert_eq!(ctl.len(), 1, "no VM added");
+    }
+
+    fn raw(ctl: &FleetControl, method: &str, path: &str, query: Option<&str>) -> Response {
+        let req = Request {
+            method: method.into(),
+            path: path.into(),
+            query: query.map(str::to_owned),
+            headers: vec![],
+            body: vec![],
+            keep_alive: true,
+        };
+        let (reply, rx) = Responder::detached();
+        ctl.route(req, reply);
+        rx.recv().unwrap().1
+    }
+
+    struct NoIrq;
+    impl mdev::vgpu::InterruptSink for NoIrq {
+        fn raise(&self, _vector: u16) {}
+    }
+
+    /// A control over one GPU VM `g` registered with a real arbiter.
+    fn gpu_fleet() -> (FleetControl, Arc<GpuArbiter>) {
+        let cfg = FleetConfig::parse(
+            "[[vm]]\nname = \"g\"\nimage = \"builtin:gpu\"\ngpu = true\npriority = 5\nmemory_mib = 256\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap();
+        let m = crate::fleet::start_arbiter(&cfg).unwrap();
+        let mem: Arc<dyn mdev::mem::DmaMemory> = Arc::new(mdev::mem::SparseMemory::new(1 << 30));
+        let params = scheduler::VmParams {
+            priority: 5,
+            ..Default::default()
+        };
+        let (h, _fe) = m.add_vm("g", mem, params, Arc::new(NoIrq)).unwrap();
+        (FleetControl::new(Some(m.clone()), &cfg, &[Some(h)]), m)
+    }
+
+    #[test]
+    fn metrics_timeline_and_guard_are_served() {
+        let (ctl, m) = gpu_fleet();
+        let r = raw(&ctl, "GET", "/metrics", None);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.content_type, mdev::metrics::CONTENT_TYPE);
+        let text = String::from_utf8(r.body).unwrap();
+        assert!(text.contains("vm=\"g\""), "{text}");
+        assert_eq!(raw(&ctl, "POST", "/metrics", None).status, 405);
+
+        let r = raw(&ctl, "GET", "/api/v1/timeline", Some("seconds=5"));
+        assert_eq!(r.status, 200);
+        assert_eq!(r.content_type, "application/json");
+        let t = timeline::Timeline::from_json(std::str::from_utf8(&r.body).unwrap()).unwrap();
+        assert!(t.vms.iter().any(|v| v.name == "g"), "{t:?}");
+        let r = raw(
+            &ctl,
+            "GET",
+            "/api/v1/timeline",
+            Some("format=svg&seconds=120"),
+        );
+        assert_eq!(r.content_type, "image/svg+xml");
+        let svg = String::from_utf8(r.body).unwrap();
+        assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{svg}");
+        assert!(svg.contains(">g"), "{svg}");
+        for (q, want) in [
+            (
+                "seconds=0",
+                "timeline: seconds: '0' is not an integer in 1..=120",
+            ),
+            ("seconds=121", "timeline: seconds: '121'"),
+            ("seconds=x", "timeline: seconds: 'x'"),
+            (
+                "format=png",
+                "timeline: format: 'png' is not one of json, svg",
+            ),
+            ("colour=red", "timeline: colour: unknown query parameter"),
+        ] {
+            let r = raw(&ctl, "GET", "/api/v1/timeline", Some(q));
+            assert_eq!(r.status, 400, "{q}");
+            let v: Value = serde_json::from_slice(&r.body).unwrap();
+            assert!(v["error"].as_str().unwrap().contains(want), "{q}: {v}");
+        }
+
+        let (st, v) = call(&ctl, "GET", "/api/v1/vms/g", "");
+        assert_eq!(st, 200);
+        assert_eq!(v["queue_errors"], 0);
+        assert_eq!(v["quarantined"], false);
+        assert_eq!(v["guard"]["max_resets"], 3);
+        assert_eq!(v["guard"]["quarantined"], Value::Null);
+        let (st, v) = call(&ctl, "POST", "/api/v1/vms/g/clear-quarantine", "");
+        assert_eq!(st, 200);
+        assert_eq!(v["was_quarantined"], false);
+        assert_eq!(v["name"], "g");
+
+        let (st, v) = call(
+            &ctl,
+            "PATCH",
+            "/api/v1/vms/g",
+            "{\"guard\": {\"max_queue_errors\": 2, \"window_ms\": 1000}}",
+        );
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["guard"]["max_queue_errors"], 2);
+        assert_eq!(v["guard"]["window_ms"], 1000);
+        assert_eq!(v["guard"]["max_resets"], 3, "other limits kept");
+        for (body, want) in [
+            ("{\"guard\": {\"window_ms\": 0}}", "guard.window_ms"),
+            (
+                "{\"guard\": {\"max_resets\": -1}}",
+                "guard: max_resets: expected an integer",
+            ),
+            ("{\"guard\": {\"bogus\": 1}}", "guard: bogus: unknown field"),
+            ("{\"guard\": 3}", "guard: expected an object"),
+            ("{\"guard\": {}, \"priority\": 9}", "guard: empty object"),
+        ] {
+            let (st, v) = call(&ctl, "PATCH", "/api/v1/vms/g", body);
+            assert_eq!(st, 400, "{body}: {v}");
+            assert!(v["error"].as_str().unwrap().contains(want), "{body}: {v}");
+        }
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/g", "");
+        assert_eq!(
+            v["guard"]["max_queue_errors"], 2,
+            "refused changes changed nothing"
+        );
+        assert_eq!(v["priority"], 5);
+
+        // After the VM ends its queue errors stay readable, its guard is gone.
+        m.remove_vm(VgpuHandle(0));
+        ctl.ended(0, VmEnd::default());
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/g", "");
+        assert_eq!(v["queue_errors"], 0);
+        assert_eq!(v["guard"], Value::Null);
+        let (st, _) = call(&ctl, "POST", "/api/v1/vms/g/clear-quarantine", "");
+        assert_eq!(st, 409);
+        m.shutdown();
+    }
+
+    #[test]
+    fn without_a_gpu_metrics_answer_and_timeline_and_clear_quarantine_refuse() {
+        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let r = raw(&ctl, "GET", "/metrics", None);
+        assert_eq!(r.status, 200);
+        assert!(String::from_utf8(r.body).unwrap().starts_with('#'));
+        assert_eq!(raw(&ctl, "GET", "/api/v1/timeline", None).status, 409);
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", Some("seconds=0")).status,
+            400
+        );
+        let (st, v) = call(&ctl, "POST", "/api/v1/vms/a/clear-quarantine", "");
+        assert_eq!(st, 409);
+        assert!(v["error"].as_str().unwrap().contains("no vGPU"), "{v}");
+        let (st, v) = call(&ctl, "GET", "/api/v1/vms/a", "");
+        assert_eq!(st, 200);
+        assert_eq!(v["queue_errors"], Value::Null);
+        assert_eq!(v["guard"], Value::Null);
+        assert_eq!(raw(&ctl, "DELETE", "/api/v1/timeline", None).status, 405);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The operator CLI on the HTTP API (`hqdmux ps|stats|top|set|pause|resume|
-//! stop|policy|add --api-socket PATH`). Every command prints a table (or,
+//! stop|policy|add|unquarantine|metrics|timeline --api-socket PATH`). Every command prints a table (or,
 //! with `--json`, the API's JSON answer) and returns its exit code:
 //!
 //! | code | meaning |
@@ -93,7 +93,7 @@ fn text(v: &Value) -> String {
 /// The `ps`/`top` table of VM views.
 pub fn table(vms: &[Value]) -> String {
     let mut s = format!(
-        "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9}  {}\n",
+        "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>6} {:>4}  {}\n",
         "vm",
         "state",
         "gpu",
@@ -104,6 +104,8 @@ pub fn table(vms: &[Value]) -> String {
         "share",
         "preempt",
         "cwsr_ms",
+        "qerr",
+        "quar",
         "outcome"
     );
     for v in vms {
@@ -111,8 +113,13 @@ pub fn table(vms: &[Value]) -> String {
             .as_f64()
             .map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "-".into());
+        let quarantined = match v["quarantined"].as_bool() {
+            Some(true) => "YES",
+            Some(false) => "no",
+            None => "-",
+        };
         s += &format!(
-            "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9}  {}\n",
+            "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>6} {:>4}  {}\n",
             text(&v["name"]),
             text(&v["state"]),
             if v["gpu"].as_bool() == Some(true) {
@@ -127,6 +134,8 @@ pub fn table(vms: &[Value]) -> String {
             share,
             text(&v["preemptions"]),
             num(&v["cwsr_time_ms"], 3),
+            text(&v["queue_errors"]),
+            quarantined,
             text(&v["outcome"]),
         );
     }
@@ -347,9 +356,153 @@ pub fn add(socket: &Path, file: &Path, as_json: bool) -> ExitCode {
     )
 }
 
+/// `hqdmux unquarantine VM`: lift its guard quarantine (exit 0 also when
+/// it was not quarantined; the answer's `was_quarantined` says which).
+pub fn unquarantine(socket: &Path, vm: &str, as_json: bool) -> ExitCode {
+    match call(
+        "unquarantine",
+        socket,
+        "POST",
+        &format!("/vms/{}/clear-quarantine", encode_segment(vm)),
+        None,
+    ) {
+        Ok(v) if as_json => {
+            print_json(&v);
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            if v["was_quarantined"].as_bool() == Some(false) {
+                println!("vm '{vm}' was not quarantined");
+            }
+            print!("{}", table(std::slice::from_ref(&v)));
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+/// One request outside the JSON answers: the body on 2xx, else the exit
+/// code after printing why.
+fn call_raw(cmd: &str, socket: &Path, target: &str) -> Result<Vec<u8>, ExitCode> {
+    match crate::http::call(socket, "GET", target, None) {
+        Ok((st, bytes)) if (200..300).contains(&st) => Ok(bytes),
+        Ok((st, bytes)) => {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let why = v["error"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+            eprintln!("hqdmux {cmd}: {why} (HTTP {st})");
+            Err(ExitCode::from(EXIT_REFUSED))
+        }
+        Err(e) => {
+            eprintln!("hqdmux {cmd}: cannot reach {}: {e}", socket.display());
+            Err(ExitCode::from(EXIT_UNREACHABLE))
+        }
+    }
+}
+
+/// `hqdmux metrics`: print `GET /metrics` (Prometheus text).
+pub fn metrics(socket: &Path) -> ExitCode {
+    match call_raw("metrics", socket, "/metrics") {
+        Ok(b) => {
+            print!("{}", String::from_utf8_lossy(&b));
+            ExitCode::SUCCESS
+        }
+        Err(c) => c,
+    }
+}
+
+/// `hqdmux timeline -o OUT`: fetch the last `seconds` of the live fleet's
+/// timeline as JSON, check it, and write it as SVG (rendered here) or, for
+/// an `OUT` ending in `.json` or with `as_json`, as JSON.
+pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitCode {
+    let target = format!(
+        "{}/timeline?seconds={seconds}&format=json",
+        crate::api::PREFIX
+    );
+    let bytes = match call_raw("timeline", socket, &target) {
+        Ok(b) => b,
+        Err(c) => return c,
+    };
+    let t = match std::str::from_utf8(&bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|s| timeline::Timeline::from_json(s).map_err(|e| e.to_string()))
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("hqdmux timeline: the fleet answered an invalid timeline: {e}");
+            return ExitCode::from(EXIT_UNREACHABLE);
+        }
+    };
+    let json_out = as_json
+        || out
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let body = if json_out {
+        t.to_json()
+    } else {
+        timeline::render_svg(&t, &Default::default())
+    };
+    match std::fs::write(out, body) {
+        Ok(()) => {
+            println!(
+                "hqdmux timeline: {} ({} VMs, {} slots, {} spans, {} preemptions, {:.1} s)",
+                out.display(),
+                t.vms.len(),
+                t.slots.len(),
+                t.spans.len(),
+                t.preemptions.len(),
+                t.end_ns.saturating_sub(t.start_ns) as f64 / 1e9
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hqdmux timeline: {}: {e}", out.display());
+            ExitCode::from(EXIT_UNREACHABLE)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_timeline_and_unquarantine_exit_codes_over_a_real_socket() {
+        let dir = std::env::temp_dir().join(format!("hqdmux-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nowhere = dir.join("none.sock");
+        let out = dir.join("t.svg");
+        let unreachable = ExitCode::from(EXIT_UNREACHABLE);
+        assert_eq!(metrics(&nowhere), unreachable);
+        assert_eq!(timeline(&nowhere, &out, 5, false), unreachable);
+        assert_eq!(unquarantine(&nowhere, "a", false), unreachable);
+
+        // A fleet without GPU VMs: metrics answer, the timeline is refused
+        // (409, exit 1) and nothing is written, so is clear-quarantine.
+        let cfg = crate::config::FleetConfig::parse(
+            "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap();
+        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(None, &cfg, &[None]));
+        let sock = dir.join("api.sock");
+        let server = crate::api::serve(&sock, 0o600, ctl).unwrap();
+        assert_eq!(metrics(&sock), ExitCode::SUCCESS);
+        assert_eq!(
+            timeline(&sock, &out, 5, false),
+            ExitCode::from(EXIT_REFUSED)
+        );
+        assert!(!out.exists());
+        assert_eq!(
+            unquarantine(&sock, "a", false),
+            ExitCode::from(EXIT_REFUSED)
+        );
+        assert_eq!(unquarantine(&sock, "b", true), ExitCode::from(EXIT_REFUSED));
+        drop(server);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn names_are_percent_encoded_and_tables_show_every_vm() {
@@ -358,13 +511,15 @@ mod tests {
         let t = table(&[
             json!({"name": "a", "state": "running", "gpu": true, "priority": 3, "weight": 2,
                    "quantum_ms": 4.0, "gpu_time_ms": 12.5, "share": 0.25, "preemptions": 1,
-                   "cwsr_time_ms": 0.05, "outcome": null}),
+                   "cwsr_time_ms": 0.05, "queue_errors": 7, "quarantined": true, "outcome": null}),
             json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0"}),
         ]);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(
-            lines[1].starts_with("a ") && lines[1].contains("25.0%"),
+            lines[1].starts_with("a ")
+                && lines[1].contains("25.0%")
+                && lines[1].contains(" 7  YES"),
             "{t}"
         );
         assert!(lines[2].ends_with("exited with status 0"), "{t}");

@@ -14,8 +14,9 @@ Logging: RUST_LOG sets what is logged on stderr (default `info`), e.g.
   RUST_LOG=debug hqdmux run FLEET.toml
   RUST_LOG=warn,vmm::fleet=debug hqdmux run FLEET.toml
 Exit codes: 0 ok; 1 a VM failed (run) or the fleet refused the request
-(ps, stats, top, set, pause, resume, stop, policy, add); 2 invalid config,
-bad arguments or the API socket unreachable; 130/143 stopped by SIGINT/SIGTERM.
+(ps, stats, top, set, pause, resume, stop, policy, add, unquarantine, metrics,
+timeline); 2 invalid config, bad arguments, the API socket unreachable or an
+output file that cannot be written; 130/143 stopped by SIGINT/SIGTERM.
 Operator guide: docs/operators.md";
 
 /// Printed after `run --help`.
@@ -127,6 +128,35 @@ enum Command {
         c: ClientArgs,
         /// TOML file with one `[[vm]]` entry (as in a fleet config).
         file: PathBuf,
+    },
+    /// Lift a VM's misbehaving-VM guard quarantine (its queues may load
+    /// again) and forget its counts in the window. Exits 0 also when it was
+    /// not quarantined (the answer's `was_quarantined` says so).
+    Unquarantine(VmArgs),
+    /// Print the fleet's Prometheus metrics (`GET /metrics`, text format;
+    /// families in docs/metrics.md).
+    Metrics {
+        /// The `--api-socket` path of `hqdmux run`.
+        #[arg(long, value_name = "PATH")]
+        api_socket: PathBuf,
+    },
+    /// Save the HQD-slot timeline of the last N seconds of a running fleet:
+    /// a Gantt chart per slot and per VM, coloured by VM, preemptions and
+    /// CWSR marked (SVG, rendered here), or its JSON model (`-o x.json` or
+    /// `--json`).
+    Timeline {
+        /// The `--api-socket` path of `hqdmux run`.
+        #[arg(long, value_name = "PATH")]
+        api_socket: PathBuf,
+        /// Output file (.svg, or .json for the JSON model).
+        #[arg(long, short, value_name = "FILE")]
+        output: PathBuf,
+        /// Window: the last N seconds, 1..=120.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=120))]
+        seconds: u64,
+        /// Write the JSON model whatever the file name.
+        #[arg(long)]
+        json: bool,
     },
     /// Check a fleet config without launching anything: fields, images
     /// (regular ELF files no larger than the VM's RAM) and whether this host
@@ -333,6 +363,14 @@ fn main() -> ExitCode {
         Command::Stop(a) => vmm::cli::vm_action(&a.c.api_socket, "stop", &a.vm, a.c.json),
         Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy.as_deref(), c.json),
         Command::Add { c, file } => vmm::cli::add(&c.api_socket, &file, c.json),
+        Command::Unquarantine(a) => vmm::cli::unquarantine(&a.c.api_socket, &a.vm, a.c.json),
+        Command::Metrics { api_socket } => vmm::cli::metrics(&api_socket),
+        Command::Timeline {
+            api_socket,
+            output,
+            seconds,
+            json,
+        } => vmm::cli::timeline(&api_socket, &output, seconds, json),
         Command::Images => {
             print!("{}", describe_images());
             ExitCode::SUCCESS

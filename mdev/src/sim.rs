@@ -42,6 +42,10 @@ const MAX_INDEX: u64 = u64::MAX / mqd::DWORDS_PER_PACKET;
 /// Shortest workgroup (ns): a zero cost would let one dispatch run unboundedly
 /// many workgroups at a single model instant.
 pub const MIN_WG_NS: u64 = 1;
+/// Longest modelled workgroup (ns, 2^48 ~ 3 days): a kernel descriptor asking
+/// for more is refused at dispatch (`DispatchError::CostOverflow`), as is a
+/// dispatch whose workgroups x cost overflows 64-bit nanoseconds.
+pub const MAX_WG_COST_NS: u64 = 1 << 48;
 
 /// Counters of a [`SimGpu`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -84,6 +88,8 @@ enum Timer {
     RestoreDone { slot: u32, gen: u64 },
     UnmapDone { slot: u32, gen: u64 },
     Poll { slot: u32, gen: u64 },
+    BatchDone { idx: u32, gen: u32 },
+    BatchShrink { idx: u32, gen: u32 },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -112,6 +118,8 @@ struct Active {
     done_wgs: u64,
     inflight: u32,
     complete: bool,
+    /// The batch that holds the packet's last workgroups (see [`Batch`]).
+    batch: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -144,6 +152,12 @@ struct Hqd {
     held_cus: u32,
     poll_armed: bool,
     idle_reported: bool,
+    /// The packet at the fetch index is not published (INVALID header): the
+    /// CP waits on it. With nothing launched the queue is not consuming CUs
+    /// and counts as idle (progress-based busy).
+    blocked: bool,
+    /// Header polls since the queue blocked (the poll backs off).
+    stall_polls: u32,
     /// Dequeue requested: mode and request time.
     unmap_req: Option<(DequeueMode, Nanos)>,
 }
@@ -152,18 +166,78 @@ impl Hqd {
     fn fetch(&self) -> u64 {
         self.rptr + self.active.len() as u64
     }
-    fn has_dispatchable(&self) -> bool {
-        !self.resume.is_empty()
-            || self
-                .active
-                .iter()
-                .any(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
-    }
+    /// Work the CP can make progress on: launched packets, saved waves,
+    /// workgroups in flight, or unread packets whose header is published.
+    /// A queue blocked on an INVALID header with nothing launched has none.
     fn has_work(&self) -> bool {
         !self.active.is_empty()
             || !self.resume.is_empty()
             || self.inflight > 0
-            || self.rptr != self.wptr
+            || (self.rptr != self.wptr && !self.blocked)
+    }
+}
+
+/// Uniform workgroups of one packet run in lock-step rounds on `width` CUs:
+/// round r runs workgroups `first + r * width ..` and ends at
+/// `start + (r + 1) * cost`. One batch costs the host O(1) events however
+/// many workgroups it covers (the last round's unused CUs are released at
+/// its start; a CU joining a running batch starts at its next round).
+/// Only a packet's last batch has workgroups not yet started.
+#[derive(Clone, Copy, Debug)]
+struct Batch {
+    slot: u32,
+    qgen: u64,
+    id: u64,
+    first: u64,
+    end: u64,
+    width: u32,
+    /// CUs held: `width`, or the last round's workgroups after the shrink.
+    held: u32,
+    start: Nanos,
+    cost: Nanos,
+    gen: u32,
+    live: bool,
+    armed: bool,
+}
+
+impl Batch {
+    fn len(&self) -> u64 {
+        self.end - self.first
+    }
+    fn rounds(&self) -> u64 {
+        self.len().div_ceil(self.width.max(1) as u64)
+    }
+    fn finish(&self) -> Nanos {
+        self.start
+            .saturating_add(self.rounds().saturating_mul(self.cost))
+    }
+    /// Workgroups of the last round.
+    fn last_round(&self) -> u64 {
+        self.len() - (self.rounds() - 1) * self.width as u64
+    }
+    /// At `now`: (workgroups finished, first workgroup not started, ns into
+    /// the current round). Nothing has started while `now <= start`.
+    fn progress(&self, now: Nanos) -> (u64, u64, Nanos) {
+        if now <= self.start {
+            return (0, self.first, 0);
+        }
+        let el = now - self.start;
+        let d = el / self.cost.max(1);
+        let w = self.width as u64;
+        let done = d.saturating_mul(w).min(self.len());
+        let started = d.saturating_add(1).saturating_mul(w).min(self.len());
+        (done, self.first + started, el % self.cost.max(1))
+    }
+    /// A CU given to this batch's packet at `now` can join it.
+    fn joinable(&self, now: Nanos) -> bool {
+        if !self.live {
+            return false;
+        }
+        if now <= self.start {
+            self.held == self.width && self.len() > self.width as u64
+        } else {
+            self.progress(now).1 < self.end
+        }
     }
 }
 
@@ -201,6 +275,10 @@ pub struct SimGpu {
     scratch: Vec<u8>,
     scratch2: Vec<u8>,
     event_budget: Option<usize>,
+    batches: Vec<Batch>,
+    free_batches: Vec<u32>,
+    /// Batches changed since their timers were armed.
+    dirty_batches: Vec<u32>,
 }
 
 type QResult<T> = Result<T, QueueErrorReason>;
@@ -237,6 +315,9 @@ impl SimGpu {
             scratch: Vec::new(),
             scratch2: Vec::new(),
             event_budget: None,
+            batches: Vec::new(),
+            free_batches: Vec::new(),
+            dirty_batches: Vec::new(),
         })
     }
 
@@ -276,6 +357,9 @@ impl SimGpu {
             }
             budget -= 1;
             let Reverse((at, _, timer)) = self.heap.pop().expect("peeked");
+            if self.timer_stale(&timer) {
+                continue; // a re-armed batch's old timer: no model time passes
+            }
             self.now = self.now.max(at);
             self.fire(timer);
         }
@@ -289,6 +373,27 @@ impl SimGpu {
     /// the model then lags wall time instead. Virtual time leaves it unbounded.
     pub fn set_event_budget(&mut self, budget: Option<usize>) {
         self.event_budget = budget;
+    }
+
+    /// Drops stale timers from the top of the heap, so that
+    /// [`PhysGpu::next_deadline`] names a real event.
+    fn purge_stale(&mut self) {
+        while let Some(Reverse((_, _, t))) = self.heap.peek() {
+            if !self.timer_stale(t) {
+                break;
+            }
+            self.heap.pop();
+        }
+    }
+
+    fn timer_stale(&self, timer: &Timer) -> bool {
+        match *timer {
+            Timer::BatchDone { idx, gen } | Timer::BatchShrink { idx, gen } => {
+                let b = &self.batches[idx as usize];
+                !b.live || b.gen != gen
+            }
+            _ => false,
+        }
     }
 
     fn fire(&mut self, timer: Timer) {
@@ -312,6 +417,8 @@ impl SimGpu {
                     self.finish_unmap(slot);
                 }
             }
+            Timer::BatchDone { idx, gen } => self.batch_done(idx, gen),
+            Timer::BatchShrink { idx, gen } => self.batch_shrink(idx, gen),
             Timer::Poll { slot, gen } => {
                 if let Some(q) = self.slots[slot as usize].as_mut() {
                     if q.gen == gen {
@@ -361,6 +468,14 @@ impl SimGpu {
                 }
             }
         }
+        if q.inflight > 0 {
+            for b in self.batches.iter_mut() {
+                if b.live && b.slot == slot && b.qgen == q.gen {
+                    b.live = false;
+                    freed += b.held;
+                }
+            }
+        }
         self.parts[p].free_cus += freed;
         q.inflight = 0;
         q.active.clear();
@@ -390,6 +505,7 @@ impl SimGpu {
         let poll_ns = self.topo.sim.barrier_poll_ns;
         let now = self.now;
         let mut need_poll = false;
+        let mut header_wait = false;
         {
             let q = self.slots[slot as usize]
                 .as_mut()
@@ -442,8 +558,12 @@ impl SimGpu {
                 if pkt.body == Body::Invalid {
                     // Not published yet: the packet processor waits on the header.
                     need_poll = true;
+                    header_wait = true;
+                    q.blocked = true;
                     break;
                 }
+                q.blocked = false;
+                q.stall_polls = 0;
                 if pkt.header.barrier && q.active.iter().any(|a| !a.complete) {
                     break; // re-pumped when earlier packets complete
                 }
@@ -456,7 +576,15 @@ impl SimGpu {
             if !q.poll_armed {
                 q.poll_armed = true;
                 let gen = q.gen;
-                self.arm(now.saturating_add(poll_ns), Timer::Poll { slot, gen });
+                // A queue waiting only on an unpublished header re-reads it
+                // with a backoff (2^n x barrier_poll_ns, at most 512x): a
+                // stalled queue costs the host little; a doorbell re-reads at once.
+                let mut ns = poll_ns;
+                if header_wait && q.active.is_empty() {
+                    ns = poll_ns.saturating_mul(1 << q.stall_polls.min(9));
+                    q.stall_polls = q.stall_polls.saturating_add(1);
+                }
+                self.arm(now.saturating_add(ns), Timer::Poll { slot, gen });
             }
         }
         self.check_idle(slot);
@@ -466,7 +594,9 @@ impl SimGpu {
     fn check_idle(&mut self, slot: u32) {
         let now = self.now;
         if let Some(q) = self.slots[slot as usize].as_mut() {
-            if q.state == HState::Active && !q.has_work() && !q.idle_reported {
+            if q.state == HState::Active && q.has_work() {
+                q.idle_reported = false;
+            } else if q.state == HState::Active && !q.has_work() && !q.idle_reported {
                 q.idle_reported = true;
                 self.pending.push(GpuEvent::QueueIdle {
                     slot: SlotId(slot),
@@ -487,7 +617,7 @@ impl SimGpu {
                 let pos = (self.parts[pi].rr + k) % n;
                 let s = self.parts[pi].slots[pos];
                 if let Some(q) = self.slots[s as usize].as_ref() {
-                    if q.state == HState::Active && q.has_dispatchable() {
+                    if q.state == HState::Active && self.dispatchable(q).is_some() {
                         chosen = Some((pos, s));
                         break;
                     }
@@ -497,10 +627,367 @@ impl SimGpu {
             self.parts[pi].rr = (pos + 1) % n;
             self.start_one(s);
         }
+        if self.parts[pi].free_cus == 0 {
+            self.rebalance(p);
+        }
+        self.flush_batches();
+    }
+
+    /// CU round robin across batches: when a queue that wants CUs holds
+    /// fewer than an equal split of the partition, the batches of queues
+    /// holding more stop at the end of their current round, whose CUs the
+    /// round robin then hands out again (as freed workgroups' CUs are).
+    fn rebalance(&mut self, p: u32) {
+        let pi = p as usize;
+        let mut want = 0u32;
+        let mut min_held = u32::MAX;
+        for &s in &self.parts[pi].slots {
+            if let Some(q) = self.slots[s as usize].as_ref() {
+                if q.state == HState::Active && self.dispatchable(q).is_some() {
+                    want += 1;
+                    min_held = min_held.min(q.inflight);
+                }
+            }
+        }
+        if want < 2 && min_held > 0 {
+            return;
+        }
+        let share = self.topo.cus_per_partition() / want.max(1);
+        if min_held >= share {
+            return;
+        }
+        let now = self.now;
+        for bi in 0..self.batches.len() as u32 {
+            let b = self.batches[bi as usize];
+            if !b.live || self.slot_part[b.slot as usize] != p {
+                continue;
+            }
+            let Some(q) = self.slots[b.slot as usize].as_mut() else {
+                continue;
+            };
+            if q.inflight <= share || q.gen != b.qgen {
+                continue;
+            }
+            // A batch that starts now runs one round; one that starts later
+            // (the rest of a cut batch) is left alone: its predecessor's CUs
+            // are about to be handed out anyway.
+            if now < b.start {
+                continue;
+            }
+            let started = if now <= b.start {
+                b.first + (b.width as u64).min(b.len())
+            } else {
+                b.progress(now).1
+            };
+            if started >= b.end {
+                continue;
+            }
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.next_wg = a.next_wg.min(started);
+            }
+            self.batches[bi as usize].end = started;
+            self.touch_batch(bi);
+        }
+    }
+
+    /// What a free CU given to queue `q` would run: `Some(None)` a saved
+    /// workgroup, `Some(Some(i))` packet `i` of the window, `None` nothing.
+    fn dispatchable(&self, q: &Hqd) -> Option<Option<usize>> {
+        if !q.resume.is_empty() {
+            return Some(None);
+        }
+        let now = self.now;
+        q.active
+            .iter()
+            .position(|a| match a.work {
+                Work::Dispatch(d) => {
+                    a.next_wg < d.total
+                        || a.batch
+                            .is_some_and(|i| self.batches[i as usize].joinable(now))
+                }
+                _ => false,
+            })
+            .map(Some)
+    }
+
+    /// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
+    /// kernel's own), at least the modelled floor.
+    fn wg_cost(&self, d: &Dispatch) -> Nanos {
+        let mut cost = d.desc.wg_cost_ns;
+        if let Kernarg::Spin { ns } = d.args {
+            if ns != 0 {
+                cost = ns;
+            }
+        }
+        cost.max(self.topo.sim.wg_floor_ns).max(MIN_WG_NS)
+    }
+
+    /// Marks batch `idx` changed: its timers are re-armed by `flush_batches`
+    /// (a batch grown by many CUs in one dispatch pass is armed once).
+    fn touch_batch(&mut self, idx: u32) {
+        let b = &mut self.batches[idx as usize];
+        b.gen = b.gen.wrapping_add(1); // stale timers now miss
+        if b.armed {
+            b.armed = false;
+            self.dirty_batches.push(idx);
+        }
+    }
+
+    fn flush_batches(&mut self) {
+        while let Some(idx) = self.dirty_batches.pop() {
+            let b = self.batches[idx as usize];
+            if !b.live || b.armed {
+                continue;
+            }
+            self.batches[idx as usize].armed = true;
+            self.arm(b.finish(), Timer::BatchDone { idx, gen: b.gen });
+            if b.last_round() < b.held as u64 {
+                let at = b
+                    .start
+                    .saturating_add((b.rounds() - 1).saturating_mul(b.cost));
+                self.arm(at, Timer::BatchShrink { idx, gen: b.gen });
+            }
+        }
+    }
+
+    fn new_batch(&mut self, b: Batch) -> u32 {
+        let idx = if let Some(i) = self.free_batches.pop() {
+            let gen = self.batches[i as usize].gen;
+            self.batches[i as usize] = Batch { gen, ..b };
+            i
+        } else {
+            self.batches.push(b);
+            (self.batches.len() - 1) as u32
+        };
+        self.touch_batch(idx);
+        idx
+    }
+
+    /// Gives one free CU to packet `i` of `slot` as part of a batch: starts
+    /// one, grows one that has not started, or cuts a running one at the end
+    /// of its current round and starts the rest then with this CU.
+    fn start_batched(&mut self, slot: u32, i: usize) {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let q = self.slots[slot as usize].as_mut().expect("slot");
+        let qgen = q.gen;
+        let a = &mut q.active[i];
+        let Work::Dispatch(d) = a.work else { return };
+        let id = a.id;
+        let tail = a.batch.filter(|&b| self.batches[b as usize].joinable(now));
+        let created = match tail {
+            None => {
+                let first = a.next_wg;
+                a.next_wg = d.total;
+                Some(Batch {
+                    slot,
+                    qgen,
+                    id,
+                    first,
+                    end: d.total,
+                    width: 1,
+                    held: 1,
+                    start: now,
+                    cost: 0, // set below
+                    gen: 0,
+                    live: true,
+                    armed: true,
+                })
+            }
+            Some(bi) => {
+                let b = &mut self.batches[bi as usize];
+                if now <= b.start && b.held == b.width {
+                    b.width += 1;
+                    b.held += 1;
+                    None
+                } else {
+                    let (_, started, into) = b.progress(now);
+                    let round_end = now.saturating_add(b.cost - into);
+                    let old_end = b.end;
+                    b.end = started;
+                    let cost = b.cost;
+                    Some(Batch {
+                        slot,
+                        qgen,
+                        id,
+                        first: started,
+                        end: old_end,
+                        width: 1,
+                        held: 1,
+                        start: round_end,
+                        cost,
+                        gen: 0,
+                        live: true,
+                        armed: true,
+                    })
+                }
+            }
+        };
+        a.inflight += 1;
+        q.inflight += 1;
+        self.parts[p].free_cus -= 1;
+        if let Some(bi) = tail {
+            self.touch_batch(bi);
+        }
+        if let Some(mut b) = created {
+            if b.cost == 0 {
+                b.cost = self.wg_cost(&d);
+            }
+            let idx = self.new_batch(b);
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            q.active[i].batch = Some(idx);
+        }
+    }
+
+    /// Workgroups of a batch with a memory effect (those past the kernel's
+    /// elements touch nothing): the host applies effects in O(elements).
+    fn effect_wgs(d: &Dispatch) -> u64 {
+        let per = d.items_per_wg.max(1);
+        match d.args {
+            Kernarg::Mark { n, .. } => n as u64,
+            Kernarg::Spin { .. } => 0,
+            Kernarg::Fill { n, .. }
+            | Kernarg::VecAdd { n, .. }
+            | Kernarg::Saxpy { n, .. }
+            | Kernarg::Checksum { n, .. } => (n as u64).div_ceil(per),
+        }
+    }
+
+    /// Applies the effects of workgroups `from..to` of packet `id` of `slot`
+    /// and counts them done.
+    fn batch_effects(&mut self, slot: u32, id: u64, from: u64, to: u64) -> QResult<()> {
+        let q = self.slots[slot as usize].as_mut().expect("batch slot");
+        let Some(a) = q.active.iter_mut().find(|a| a.id == id) else {
+            return Err(QueueErrorReason::BadSavedState("batch of unknown packet"));
+        };
+        let Work::Dispatch(d) = a.work else {
+            return Err(QueueErrorReason::BadSavedState(
+                "batch of non-dispatch packet",
+            ));
+        };
+        a.done_wgs += to - from;
+        self.stats.wgs_completed += to - from;
+        let lim = Self::effect_wgs(&d).min(to);
+        for wg in from..lim {
+            apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
+        }
+        Ok(())
+    }
+
+    fn batch_done(&mut self, idx: u32, gen: u32) {
+        let b = self.batches[idx as usize];
+        if b.gen != gen || !b.live {
+            return;
+        }
+        self.batches[idx as usize].live = false;
+        self.free_batches.push(idx);
+        let slot = b.slot;
+        let p = self.slot_part[slot as usize];
+        self.parts[p as usize].free_cus += b.held;
+        let res = (|| {
+            let q = self.slots[slot as usize]
+                .as_mut()
+                .filter(|q| q.gen == b.qgen)
+                .ok_or(QueueErrorReason::BadSavedState("batch of a gone queue"))?;
+            q.inflight -= b.held;
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.inflight -= b.held;
+                if a.batch == Some(idx) {
+                    a.batch = None;
+                }
+            }
+            self.batch_effects(slot, b.id, b.first, b.end)?;
+            let now = self.now;
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            if let Some(i) = q.active.iter().position(|a| a.id == b.id) {
+                let a = &q.active[i];
+                if let Work::Dispatch(d) = a.work {
+                    if a.done_wgs == d.total && a.next_wg == d.total {
+                        complete_packet(
+                            q,
+                            i,
+                            now,
+                            &mut self.pending,
+                            &mut self.stats,
+                            SlotId(slot),
+                        )?;
+                        retire(q, SlotId(slot))?;
+                    }
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            self.fail(slot, e);
+        }
+        self.after_release(slot, p);
+    }
+
+    /// After CUs of `slot` came back: finish a drain, refetch, hand CUs out.
+    fn after_release(&mut self, slot: u32, p: u32) {
+        let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
+            matches!(
+                q.state,
+                HState::Unmapping {
+                    mode: DequeueMode::DrainPipe,
+                    ..
+                }
+            ) && q.inflight == 0
+        });
+        if drain_done {
+            self.finish_unmap(slot);
+        } else if self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.state == HState::Active)
+        {
+            self.pump(slot);
+        }
+        self.dispatch(p);
+    }
+
+    /// The last round of a batch starts: its unused CUs go back.
+    fn batch_shrink(&mut self, idx: u32, gen: u32) {
+        let b = self.batches[idx as usize];
+        if b.gen != gen || !b.live {
+            return;
+        }
+        let keep = b.last_round().min(b.held as u64) as u32;
+        let r = b.held - keep;
+        if r == 0 {
+            return;
+        }
+        self.batches[idx as usize].held = keep;
+        let p = self.slot_part[b.slot as usize];
+        self.parts[p as usize].free_cus += r;
+        if let Some(q) = self.slots[b.slot as usize].as_mut() {
+            q.inflight -= r;
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.inflight -= r;
+            }
+        }
+        self.dispatch(p);
+    }
+
+    /// Live batches of the queue in `slot`.
+    fn slot_batches(&self, slot: u32, qgen: u64) -> Vec<u32> {
+        (0..self.batches.len() as u32)
+            .filter(|&i| {
+                let b = &self.batches[i as usize];
+                b.live && b.slot == slot && b.qgen == qgen
+            })
+            .collect()
     }
 
     fn start_one(&mut self, slot: u32) {
         let jitter = self.topo.sim.jitter_permille as u64;
+        if jitter == 0 {
+            let q = self.slots[slot as usize].as_ref().expect("slot");
+            if let Some(Some(i)) = self.dispatchable(q) {
+                self.start_batched(slot, i);
+                return;
+            }
+        }
+        let floor = self.topo.sim.wg_floor_ns;
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let q = self.slots[slot as usize].as_mut().expect("slot");
@@ -528,6 +1015,7 @@ impl SimGpu {
                     cost = ns;
                 }
             }
+            cost = cost.max(floor);
             if jitter > 0 && cost > 0 {
                 let extra = self.rng.gen_range(0..=cost.saturating_mul(jitter) / 1000);
                 cost = cost.saturating_add(extra);
@@ -582,25 +1070,7 @@ impl SimGpu {
         if let Err(e) = res {
             self.fail(slot, e);
         }
-        // Drain finished?
-        let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
-            matches!(
-                q.state,
-                HState::Unmapping {
-                    mode: DequeueMode::DrainPipe,
-                    ..
-                }
-            ) && q.inflight == 0
-        });
-        if drain_done {
-            self.finish_unmap(slot);
-        } else if self.slots[slot as usize]
-            .as_ref()
-            .is_some_and(|q| q.state == HState::Active)
-        {
-            self.pump(slot);
-        }
-        self.dispatch(p);
+        self.after_release(slot, p);
     }
 
     fn complete_wg(&mut self, slot: u32, id: u64, wg: u64) -> QResult<()> {
@@ -632,6 +1102,78 @@ impl SimGpu {
     }
 
     // ---------------------------------------------------------------- unmap
+
+    /// DrainPipe: batches stop at the end of their current round (one not
+    /// started gives its CUs back); the rest goes back to the packet.
+    fn drain_batches(&mut self, slot: u32, qgen: u64) {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        for bi in self.slot_batches(slot, qgen) {
+            let b = self.batches[bi as usize];
+            let (_, started, _) = b.progress(now);
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) else {
+                continue;
+            };
+            if started < b.end {
+                a.next_wg = a.next_wg.min(started);
+            }
+            if now <= b.start {
+                a.inflight -= b.held;
+                if a.batch == Some(bi) {
+                    a.batch = None;
+                }
+                q.inflight -= b.held;
+                self.parts[p].free_cus += b.held;
+                self.batches[bi as usize].live = false;
+                self.free_batches.push(bi);
+            } else if started < b.end {
+                self.batches[bi as usize].end = started;
+                self.touch_batch(bi);
+            }
+        }
+        self.flush_batches();
+    }
+
+    /// SaveWaves: finished rounds apply their effects; the current round's
+    /// workgroups become saved waves (returned); unstarted workgroups go back
+    /// to the packet; CUs not running a saved wave are freed at once.
+    fn save_batches(&mut self, slot: u32, qgen: u64) -> QResult<Vec<SavedWg>> {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let mut saved = Vec::new();
+        let mut freed = 0;
+        for bi in self.slot_batches(slot, qgen) {
+            let b = self.batches[bi as usize];
+            self.batches[bi as usize].live = false;
+            self.free_batches.push(bi);
+            let (done, started, into) = b.progress(now);
+            let running = started - b.first - done;
+            self.batch_effects(slot, b.id, b.first, b.first + done)?;
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            q.inflight -= b.held;
+            freed += b.held - running as u32;
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.inflight -= b.held;
+                if started < b.end {
+                    // Only the packet's last batch has unstarted workgroups.
+                    a.next_wg = a.next_wg.min(started);
+                }
+                if a.batch == Some(bi) {
+                    a.batch = None;
+                }
+            }
+            for wg in b.first + done..started {
+                saved.push(SavedWg {
+                    id: b.id,
+                    wg,
+                    remaining: b.cost - into,
+                });
+            }
+        }
+        self.parts[p].free_cus += freed;
+        Ok(saved)
+    }
 
     fn finish_unmap(&mut self, slot: u32) {
         let now = self.now;
@@ -761,6 +1303,18 @@ fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
                 Kernarg::Spin { .. } => {}
             }
             sig_check(mem, d.completion_signal)?;
+            let cost = match args {
+                Kernarg::Spin { ns } if ns != 0 => ns,
+                _ => desc.wg_cost_ns,
+            };
+            if cost > MAX_WG_COST_NS || total.checked_mul(cost.max(MIN_WG_NS)).is_none() {
+                return Err(QueueErrorReason::BadDispatch {
+                    why: aql::DispatchError::CostOverflow {
+                        workgroups: total,
+                        wg_cost_ns: cost,
+                    },
+                });
+            }
             (
                 Work::Dispatch(Dispatch {
                     desc,
@@ -794,6 +1348,7 @@ fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
         done_wgs: 0,
         inflight: 0,
         complete: false,
+        batch: None,
     })
 }
 
@@ -975,6 +1530,8 @@ impl PhysGpu for SimGpu {
             held_cus: 0,
             poll_armed: false,
             idle_reported: false,
+            blocked: false,
+            stall_polls: 0,
             unmap_req: None,
         };
         q.mqd.dw[mqd::CP_HQD_ACTIVE] = 1;
@@ -1060,12 +1617,22 @@ impl PhysGpu for SimGpu {
         match mode {
             DequeueMode::DrainPipe => {
                 self.stats.drains += 1;
+                self.drain_batches(s, gen);
+                let q = self.slots[s as usize].as_mut().expect("slot");
                 if q.inflight == 0 {
                     self.finish_unmap(s);
                 }
             }
             DequeueMode::SaveWaves => {
                 self.stats.saves += 1;
+                let batch_saved = match self.save_batches(s, gen) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.fail(s, e);
+                        return Ok(());
+                    }
+                };
+                let q = self.slots[s as usize].as_mut().expect("slot");
                 let mut saved = Vec::new();
                 for w in self.wgs.iter_mut() {
                     if w.live && w.slot == s && w.qgen == gen {
@@ -1078,12 +1645,14 @@ impl PhysGpu for SimGpu {
                     }
                 }
                 saved.sort_unstable();
-                let n = saved.len() as u32;
                 for sw in &saved {
                     if let Some(a) = q.active.iter_mut().find(|a| a.id == sw.id) {
                         a.inflight -= 1;
                     }
                 }
+                saved.extend(batch_saved);
+                saved.sort_unstable();
+                let n = saved.len() as u32;
                 // Saved waves go back in front of the restore list.
                 for sw in saved.into_iter().rev() {
                     q.resume.push_front(sw);
@@ -1119,6 +1688,20 @@ impl PhysGpu for SimGpu {
             DequeueMode::ResetWaves => {
                 self.stats.resets += 1;
                 let mut killed = 0u32;
+                // Finished rounds of batches have had their effect.
+                for bi in self.slot_batches(s, gen) {
+                    let b = self.batches[bi as usize];
+                    self.batches[bi as usize].live = false;
+                    self.free_batches.push(bi);
+                    killed += b.held;
+                    let (done, _, _) = b.progress(now);
+                    if let Err(e) = self.batch_effects(s, b.id, b.first, b.first + done) {
+                        self.parts[p].free_cus += killed;
+                        self.fail(s, e);
+                        return Ok(());
+                    }
+                }
+                let q = self.slots[s as usize].as_mut().expect("slot");
                 for w in self.wgs.iter_mut() {
                     if w.live && w.slot == s && w.qgen == gen {
                         w.live = false;
@@ -1134,6 +1717,7 @@ impl PhysGpu for SimGpu {
                 let mut dup = 0u64;
                 for a in q.active.iter_mut() {
                     a.inflight = 0;
+                    a.batch = None;
                     if !a.complete && matches!(a.work, Work::Dispatch(_)) {
                         dup = dup.saturating_add(a.done_wgs);
                         a.next_wg = 0;
@@ -1205,6 +1789,7 @@ impl PhysGpu for SimGpu {
     fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>) {
         out.append(&mut self.pending);
         self.run_until(now);
+        self.purge_stale();
         out.append(&mut self.pending);
     }
 

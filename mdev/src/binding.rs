@@ -135,6 +135,9 @@ struct QueueRec<O> {
     /// Mode to use for the dequeue that removes it (guest's dequeue request).
     exit_mode: Option<DequeueMode>,
     removing: bool,
+    /// Went idle with its write index ahead of an unpublished packet: a
+    /// doorbell with the same index counts once that packet is published.
+    stalled: bool,
 }
 
 /// Counters kept by the binding.
@@ -283,6 +286,7 @@ impl<O: Copy> Binding<O> {
                 on_gpu: false,
                 exit_mode: None,
                 removing: false,
+                stalled: false,
             },
         );
         Ok(())
@@ -340,6 +344,15 @@ impl<O: Copy> Binding<O> {
         if r.removing {
             return;
         }
+        if r.stalled && self.stall_published(gpu, queue) {
+            if let Some(r) = self.queues.get_mut(&queue) {
+                r.stalled = false;
+            }
+            self.sched.forget_doorbell(queue);
+        }
+        let Some(r) = self.queues.get(&queue) else {
+            return;
+        };
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
             gpu.doorbell(now, PhysSlot(slot.0), wptr);
         }
@@ -392,14 +405,17 @@ impl<O: Copy> Binding<O> {
                     });
                 }
             }
-            GpuEvent::QueueIdle { tag, .. } => self.event(
-                gpu,
-                Event::QueueIdle {
-                    queue: QueueId(tag),
-                    now,
-                },
-                out,
-            ),
+            GpuEvent::QueueIdle { tag, slot, .. } => {
+                self.note_stall(gpu, QueueId(tag), Some(slot), None);
+                self.event(
+                    gpu,
+                    Event::QueueIdle {
+                        queue: QueueId(tag),
+                        now,
+                    },
+                    out,
+                )
+            }
             GpuEvent::Unmapped {
                 tag,
                 mqd,
@@ -408,6 +424,9 @@ impl<O: Copy> Binding<O> {
                 ..
             } => {
                 let queue = QueueId(tag);
+                if !has_work {
+                    self.note_stall(gpu, queue, None, Some(&mqd));
+                }
                 if let Some(r) = self.queues.get_mut(&queue) {
                     r.mqd = (*mqd).clone();
                     self.slot_freed(queue);
@@ -443,6 +462,41 @@ impl<O: Copy> Binding<O> {
                 self.event(gpu, Event::QueueError { queue, now }, out);
             }
         }
+    }
+
+    /// Records whether an idle queue is stalled (read index behind its write
+    /// index: the packet at the read index is not published), from the GPU's
+    /// slot status or the MQD of its dequeue.
+    fn note_stall(
+        &mut self,
+        gpu: &dyn PhysGpu,
+        queue: QueueId,
+        slot: Option<PhysSlot>,
+        mqd: Option<&V9Mqd>,
+    ) {
+        let behind = match (slot, mqd) {
+            (_, Some(m)) => m.read_index().is_some_and(|r| r < m.write_index()),
+            (Some(s), None) => gpu.query(s).is_some_and(|st| st.rptr < st.wptr),
+            (None, None) => false,
+        };
+        if let Some(r) = self.queues.get_mut(&queue) {
+            r.stalled = behind;
+        }
+    }
+
+    /// Whether the packet a stalled queue waits on is published now.
+    fn stall_published(&self, gpu: &dyn PhysGpu, queue: QueueId) -> bool {
+        let Some(r) = self.queues.get(&queue) else {
+            return false;
+        };
+        let rptr = match (r.slot, r.on_gpu) {
+            (Some(s), true) => gpu.query(PhysSlot(s.0)).map(|st| st.rptr),
+            _ => r.mqd.read_index(),
+        };
+        let Some(rptr) = rptr else { return false };
+        let mut h = [0u8; 2];
+        r.mem.read(r.mqd.packet_addr(rptr), &mut h).is_ok()
+            && u16::from_le_bytes(h) & 0xff != abi::aql::TYPE_INVALID as u16
     }
 
     fn slot_freed(&mut self, queue: QueueId) {

@@ -147,6 +147,9 @@ pub struct BindingStats {
     pub completions: u64,
     /// Queue errors reported by the GPU or refused maps.
     pub queue_errors: u64,
+    /// Doorbells of a stalled queue whose packet was still unpublished
+    /// (not passed to the scheduler).
+    pub stalled_doorbells: u64,
 }
 
 /// Host time source for measuring decisions (eval); `None` by default.
@@ -344,17 +347,21 @@ impl<O: Copy> Binding<O> {
         if r.removing {
             return;
         }
-        if r.stalled && self.stall_published(gpu, queue) {
+        let stalled = r.stalled;
+        if let (Some(slot), true) = (r.slot, r.on_gpu) {
+            gpu.doorbell(now, PhysSlot(slot.0), wptr);
+        }
+        if stalled {
+            if !self.stall_published(gpu, queue) {
+                // Still waiting on an unpublished packet: no work to
+                // schedule (progress-based busy).
+                self.stats.stalled_doorbells += 1;
+                return;
+            }
             if let Some(r) = self.queues.get_mut(&queue) {
                 r.stalled = false;
             }
             self.sched.forget_doorbell(queue);
-        }
-        let Some(r) = self.queues.get(&queue) else {
-            return;
-        };
-        if let (Some(slot), true) = (r.slot, r.on_gpu) {
-            gpu.doorbell(now, PhysSlot(slot.0), wptr);
         }
         self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
     }

@@ -46,6 +46,9 @@ pub const MIN_WG_NS: u64 = 1;
 /// for more is refused at dispatch (`DispatchError::CostOverflow`), as is a
 /// dispatch whose workgroups x cost overflows 64-bit nanoseconds.
 pub const MAX_WG_COST_NS: u64 = 1 << 48;
+/// Workgroups at least this long (ns): a CU handed to a running batch starts
+/// at once instead of at the batch's next round boundary.
+const JOIN_NOW_NS: u64 = 10_000;
 
 /// Counters of a [`SimGpu`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -802,7 +805,15 @@ impl SimGpu {
                     None
                 } else {
                     let (_, started, into) = b.progress(now);
-                    let round_end = now.saturating_add(b.cost - into);
+                    // Long workgroups: the CU starts at once (the batches
+                    // then run out of phase: at most two events per round).
+                    // Short ones: it waits for the round end (phases stay
+                    // aligned, one event per join).
+                    let round_end = if b.cost >= JOIN_NOW_NS {
+                        now
+                    } else {
+                        now.saturating_add(b.cost - into)
+                    };
                     let old_end = b.end;
                     b.end = started;
                     let cost = b.cost;

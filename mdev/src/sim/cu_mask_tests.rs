@@ -222,7 +222,8 @@ fn a_batch_holds_cus_of_its_mask_and_a_reset_gives_them_back() {
     assert_eq!(gpu.free_cus(0), 0);
     let mut ev = Vec::new();
     gpu.advance(2_500, &mut ev);
-    gpu.unmap(2_500, SlotId(0), DequeueMode::ResetWaves).unwrap();
+    gpu.unmap(2_500, SlotId(0), DequeueMode::ResetWaves)
+        .unwrap();
     assert!(gpu.running_cus(SlotId(0)).is_empty());
     // Queue b runs on every CU now, a's included.
     gpu.advance(3_000, &mut ev);

@@ -109,6 +109,15 @@ pub enum DispatchError {
         /// Workgroup size.
         workgroup: [u16; 3],
     },
+    /// The dispatch's modelled GPU time (workgroups x per-workgroup cost)
+    /// overflows 64-bit nanoseconds, or one workgroup's cost exceeds the
+    /// longest a workgroup may run (2^48 ns, about 3 days).
+    CostOverflow {
+        /// Workgroups of the dispatch.
+        workgroups: u64,
+        /// Per-workgroup cost from the kernel descriptor (ns).
+        wg_cost_ns: u64,
+    },
 }
 
 impl core::fmt::Display for DispatchError {
@@ -131,6 +140,14 @@ impl core::fmt::Display for DispatchError {
             DispatchError::TooManyWorkgroups { grid, workgroup } => write!(
                 f,
                 "grid {grid:?} / workgroup {workgroup:?} exceeds {MAX_WORKGROUPS} workgroups"
+            ),
+            DispatchError::CostOverflow {
+                workgroups,
+                wg_cost_ns,
+            } => write!(
+                f,
+                "modelled cost of {workgroups} workgroups x {wg_cost_ns} ns overflows \
+                 (at most 2^64 ns per dispatch, 2^48 ns per workgroup)"
             ),
         }
     }

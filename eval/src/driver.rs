@@ -5,7 +5,7 @@
 //! counters are checked: 0 = a lost effect, >1 = a duplicated one.
 
 use crate::report::{jain, percentile, PolicyReport, VmReport};
-use crate::scenario::{Arrival, Class, Scenario, ThinkDist};
+use crate::scenario::{Arrival, Behaviour, Class, Scenario, ThinkDist};
 use abi::aql::{KernelDispatch, Packet};
 use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
 use mdev::backend::{GpuEvent, PhysGpu};
@@ -29,6 +29,9 @@ const RING_PACKETS: u32 = 512;
 const VM_BYTES: u64 = 1 << 44;
 /// Work-items per workgroup (informational for the model).
 const WG_ITEMS: u16 = 64;
+/// Most `mark` counters of one kernel: workgroups past them have no effect
+/// (a 2^31-workgroup flood checks its first 4096).
+const MAX_COUNTERS: u32 = 4096;
 
 /// The run could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +103,9 @@ pub struct VmRun {
     pub gpu_ns: u64,
     /// CU-ns of its completed kernels.
     pub cu_ns: u128,
+    /// GPU time its completed kernels take alone on the partition (per
+    /// kernel: workgroup rounds x modelled workgroup cost), ns: its real use.
+    pub work_ns: u64,
     /// Latencies of its completed jobs, ns, in completion order.
     pub latency_ns: Vec<u64>,
     /// Longest time one of its queues had work without holding a slot, ns.
@@ -208,6 +214,7 @@ struct VmModel {
     /// Kernel descriptor per kernel spec of the tenant.
     kds: Vec<u64>,
     cu_ns: u128,
+    work_ns: u64,
 }
 
 struct Job {
@@ -219,7 +226,10 @@ struct Job {
 struct Kern {
     job: u64,
     block: u64,
+    /// Counters (checked workgroups).
     n: u32,
+    /// Workgroups.
+    groups: u32,
     cost_ns: u64,
 }
 
@@ -317,7 +327,7 @@ fn simulate_inner(
                     let kd = tvm.alloc(64, 64);
                     mem.write(
                         kd,
-                        &KernelDescriptor::new(KernelKind::Mark, k.wg_cost_us * 1000)
+                        &KernelDescriptor::new(KernelKind::Mark, k.cost_ns())
                             .with_flags(if k.no_save_point {
                                 abi::kernel::flags::NO_SAVE_POINT
                             } else {
@@ -363,6 +373,7 @@ fn simulate_inner(
                 tenant: ti,
                 kds,
                 cu_ns: 0,
+                work_ns: 0,
             });
         }
     }
@@ -595,6 +606,15 @@ impl Sim<'_> {
             }
             Arrival::Closed { .. } | Arrival::Flood { .. } => {}
         }
+        if t.behaviour == Behaviour::Dbflood {
+            // Rings without work: the doorbell carries the unchanged index.
+            let st = &self.streams[s];
+            let (queue, wptr) = (st.queue, st.gq.wptr);
+            self.bind
+                .doorbell(&mut self.gpu, self.now, queue, wptr, &mut self.notices);
+            self.handle_notices();
+            return;
+        }
         for _ in 0..n {
             self.new_job(s);
         }
@@ -640,7 +660,7 @@ impl Sim<'_> {
             self.streams[s].backlog.pop_front();
             for (ki, k) in t.kernels.iter().enumerate() {
                 for _ in 0..k.repeat {
-                    self.push_kernel(s, job, ki, k.workgroups, k.wg_cost_us * 1000);
+                    self.push_kernel(s, job, ki, k.workgroups, k.cost_ns());
                 }
             }
             rang = true;
@@ -656,7 +676,8 @@ impl Sim<'_> {
         }
     }
 
-    fn push_kernel(&mut self, s: usize, job: u64, spec: usize, n: u32, cost_ns: u64) {
+    fn push_kernel(&mut self, s: usize, job: u64, spec: usize, groups: u32, cost_ns: u64) {
+        let n = groups.min(MAX_COUNTERS);
         let vm = self.streams[s].vm;
         let block = match self.free_blocks.get_mut(&(vm, n)).and_then(|v| v.pop()) {
             Some(b) => b,
@@ -672,18 +693,34 @@ impl Sim<'_> {
             .mem
             .write(block, &ka[..len])
             .expect("kernarg inside VM memory");
-        let d = KernelDispatch::one_d(v.kds[spec], block, WG_ITEMS, n, 0);
+        // 1-item workgroups for grids past the 32-bit work-item limit.
+        let items = if groups as u64 * WG_ITEMS as u64 > u32::MAX as u64 {
+            1
+        } else {
+            WG_ITEMS
+        };
+        let d = KernelDispatch::one_d(v.kds[spec], block, items, groups, 0);
         // Kernels of a job depend on each other: barrier bit set (in order).
         let wptr = v
             .tvm
             .push(&mut self.streams[s].gq, &Packet::dispatch(d, true));
+        if self.sc.tenants[self.streams[s].tenant].behaviour == Behaviour::Stall {
+            // The body is written, the header never published.
+            let slot =
+                self.streams[s].gq.ring + ((wptr - 1) % self.streams[s].gq.ring_packets) * 64;
+            v.tvm
+                .mem
+                .write(slot, &abi::aql::INVALID_HEADER.to_le_bytes())
+                .expect("ring inside VM memory");
+        }
         self.kernels.insert(
             (s, wptr - 1),
             Kern {
                 job,
                 block,
                 n,
-                cost_ns,
+                groups,
+                cost_ns: cost_ns.max(self.gpu.topology().sim.wg_floor_ns),
             },
         );
     }
@@ -755,7 +792,12 @@ impl Sim<'_> {
         mem.write(k.block + 64, &vec![0u8; 4 * k.n as usize])
             .expect("counters inside VM memory");
         self.free_blocks.entry((vm, k.n)).or_default().push(k.block);
-        self.vms[vm].cu_ns += k.n as u128 * k.cost_ns as u128;
+        self.vms[vm].cu_ns += k.groups as u128 * k.cost_ns as u128;
+        let cus = self.gpu.topology().cus_per_partition().max(1) as u64;
+        let rounds = (k.groups as u64).div_ceil(cus);
+        self.vms[vm].work_ns = self.vms[vm]
+            .work_ns
+            .saturating_add(rounds.saturating_mul(k.cost_ns));
         let job = self.jobs.get_mut(&k.job).expect("job of a kernel");
         job.kernels_left -= 1;
         if job.kernels_left == 0 {
@@ -878,6 +920,7 @@ impl Sim<'_> {
                     weight: params.weight,
                     gpu_ns: self.bind.scheduler().vm_stats(id).map_or(0, |s| s.gpu_ns),
                     cu_ns: v.cu_ns,
+                    work_ns: v.work_ns,
                     latency_ns: std::mem::take(&mut self.track.latency[i]),
                     max_wait_ns: max_wait[i],
                     max_job_age_ns: age[i],

@@ -262,6 +262,55 @@ pub fn jain_at_least(r: &PolicyReport, min: f64) -> Figure {
     }
 }
 
+/// The p50 and p99 job latency of VM `name` in `with` are both within
+/// `factor` x its figures in `base` (the same VM next to legitimately busy
+/// VMs).
+pub fn neighbour_latency(
+    with: &PolicyReport,
+    base: &PolicyReport,
+    name: &str,
+    factor: f64,
+) -> Figure {
+    let vm = |r: &PolicyReport| r.vms.iter().find(|v| v.name == name).cloned();
+    let (Some(w), Some(b)) = (vm(with), vm(base)) else {
+        return Figure::new(format!("no VM {name}"), false);
+    };
+    let ratio = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) if y > 0.0 => x / y,
+        _ => f64::INFINITY,
+    };
+    let (r50, r99) = (ratio(w.p50_us, b.p50_us), ratio(w.p99_us, b.p99_us));
+    Figure::new(
+        format!(
+            "p50 {:.0}/{:.0} us = {r50:.2}x, p99 {:.0}/{:.0} us = {r99:.2}x",
+            w.p50_us.unwrap_or(0.0),
+            b.p50_us.unwrap_or(0.0),
+            w.p99_us.unwrap_or(0.0),
+            b.p99_us.unwrap_or(0.0)
+        ),
+        r50 <= factor && r99 <= factor,
+    )
+}
+
+/// The GPU time the scheduler billed VM `name` is within `tol` of its real
+/// use: the time its completed kernels take alone on the partition
+/// (`VmRun::work_ns`).
+pub fn billed_vs_real(run: &RunOutput, name: &str, tol: f64) -> Figure {
+    let Some(v) = run.vm_runs.iter().find(|v| v.name == name) else {
+        return Figure::new(format!("no VM {name}"), false);
+    };
+    let (billed, real) = (v.gpu_ns as f64 / 1000.0, v.work_ns as f64 / 1000.0);
+    let ratio = if real > 0.0 {
+        billed / real
+    } else {
+        f64::INFINITY
+    };
+    Figure::new(
+        format!("billed {billed:.0} us / real {real:.0} us = {ratio:.3}"),
+        (ratio - 1.0).abs() <= tol,
+    )
+}
+
 /// Lost / duplicated effects and queue errors all zero.
 pub fn exactly_once(run: &RunOutput) -> bool {
     // A hung tenant's preemption-timeout resets are asked for (issue 11);
@@ -303,6 +352,9 @@ struct Ctx {
     report: PolicyReport,
     run: RunOutput,
     alone: Option<PolicyReport>,
+    /// For isolation scenarios: the run with every hostile tenant replaced
+    /// by a legitimately busy VM ([`Scenario::busy_baseline`]).
+    base: Option<PolicyReport>,
 }
 
 /// Runs every promise over the built-in scenarios (see docs/scenarios.md
@@ -433,6 +485,59 @@ pub fn check_all(opts: &CheckOptions) -> Result<Vec<Outcome>, EvalError> {
         ];
         plan.push((sc, checks));
     }
+    // Issue 11: hostile tenants beside a well-behaved VM ("good").
+    for n in [
+        "iso-stall",
+        "iso-stall-hi",
+        "iso-wgflood",
+        "iso-dbflood",
+        "iso-dbflood-hi",
+        "iso-shapes",
+    ] {
+        for sc in builtin(n).expand() {
+            let checks: Vec<Check> = vec![
+                (
+                    format!("{}: good p50/p99 vs +busy", sc.name),
+                    "both <= 1.2x".into(),
+                    Box::new(|c: &Ctx| {
+                        neighbour_latency(&c.report, c.base.as_ref().unwrap(), "good", 1.2)
+                    }),
+                ),
+                (
+                    format!("{}: good billed vs real", sc.name),
+                    "within 5%".into(),
+                    Box::new(|c: &Ctx| billed_vs_real(&c.run, "good", 0.05)),
+                ),
+            ];
+            plan.push((sc, checks));
+        }
+    }
+    {
+        // The flooder does real work at a higher priority: it wins the GPU
+        // by design; the neighbour runs by aging and is billed for its own.
+        let sc = builtin("iso-wgflood-hi");
+        let checks: Vec<Check> = vec![
+            (
+                "iso-wgflood-hi: good served".into(),
+                ">= 1 job completed".into(),
+                Box::new(|c: &Ctx| {
+                    let n = c
+                        .report
+                        .vms
+                        .iter()
+                        .find(|v| v.name == "good")
+                        .map_or(0, |v| v.jobs);
+                    Figure::new(format!("{n} jobs"), n >= 1)
+                }),
+            ),
+            (
+                "iso-wgflood-hi: good billed vs real".into(),
+                "within 5%".into(),
+                Box::new(|c: &Ctx| billed_vs_real(&c.run, "good", 0.05)),
+            ),
+        ];
+        plan.push((sc, checks));
+    }
     {
         let c: Check = (
             "flood: jain".into(),
@@ -467,7 +572,17 @@ pub fn check_all(opts: &CheckOptions) -> Result<Vec<Outcome>, EvalError> {
                 Some(n) => Some(evaluate_full(&sc.only_tenants(&[n]), opts.policy, seed)?.0),
                 None => None,
             };
-            let ctx = Ctx { report, run, alone };
+            let base = if sc.tenants.iter().any(|t| t.behaviour.hostile()) {
+                Some(evaluate_full(&sc.busy_baseline(), opts.policy, seed)?.0)
+            } else {
+                None
+            };
+            let ctx = Ctx {
+                report,
+                run,
+                alone,
+                base,
+            };
             for (c, o) in checks.iter().zip(&mut outcomes) {
                 let f = (c.2)(&ctx);
                 o.measured.push(f.measured);

@@ -134,10 +134,45 @@ pub struct Tenant {
     /// fleet config): a dequeue of its queue that has not finished this long
     /// after the request resets the queue (error 22). Default 9000.
     pub preempt_timeout_ms: Option<u64>,
+    /// How the VM's guest behaves (`normal`, or a hostile behaviour).
+    #[serde(default)]
+    pub behaviour: Behaviour,
+}
+
+/// A tenant's guest behaviour (docs/scenarios.md, "Hostile tenants").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Behaviour {
+    /// Writes packets, publishes their headers, rings the doorbell.
+    #[default]
+    Normal,
+    /// Writes packet bodies and advances the write index, but leaves the
+    /// headers INVALID (never published), and rings: no work ever runs.
+    Stall,
+    /// Normal submission of its kernels, meant with huge workgroup counts of
+    /// tiny workgroups (`workgroups` up to 2^31, `wg_cost_ns` 1).
+    Wgflood,
+    /// Rings its doorbell at every arrival without writing any packet.
+    Dbflood,
+}
+
+impl Behaviour {
+    /// A hostile behaviour.
+    pub fn hostile(self) -> bool {
+        self != Behaviour::Normal
+    }
 }
 
 fn one() -> u32 {
     1
+}
+
+impl KernelSpec {
+    /// Per-workgroup cost from the scenario (ns), before the GPU's floor.
+    pub fn cost_ns(&self) -> u64 {
+        self.wg_cost_ns
+            .unwrap_or(self.wg_cost_us.saturating_mul(1000))
+    }
 }
 
 impl Tenant {
@@ -288,7 +323,11 @@ pub struct KernelSpec {
     /// Workgroups in the grid.
     pub workgroups: u32,
     /// Simulated time one workgroup takes on one CU, in microseconds.
+    #[serde(default)]
     pub wg_cost_us: u64,
+    /// The same in nanoseconds (for tiny workgroups; overrides `wg_cost_us`).
+    #[serde(default)]
+    pub wg_cost_ns: Option<u64>,
     /// How many times this kernel repeats in the job.
     #[serde(default = "one")]
     pub repeat: u32,
@@ -378,6 +417,22 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("aging", include_str!("../scenarios/aging.toml")),
     // Issue 11: a hung (non-preemptible) tenant is reset after its timeout.
     ("hung", include_str!("../scenarios/hung.toml")),
+    ("iso-stall", include_str!("../scenarios/iso-stall.toml")),
+    (
+        "iso-stall-hi",
+        include_str!("../scenarios/iso-stall-hi.toml"),
+    ),
+    ("iso-wgflood", include_str!("../scenarios/iso-wgflood.toml")),
+    (
+        "iso-wgflood-hi",
+        include_str!("../scenarios/iso-wgflood-hi.toml"),
+    ),
+    ("iso-dbflood", include_str!("../scenarios/iso-dbflood.toml")),
+    (
+        "iso-dbflood-hi",
+        include_str!("../scenarios/iso-dbflood-hi.toml"),
+    ),
+    ("iso-shapes", include_str!("../scenarios/iso-shapes.toml")),
 ];
 
 /// Most kernels in one job (each queue's ring holds this many packets).
@@ -385,6 +440,8 @@ pub const MAX_JOB_KERNELS: u64 = 512;
 
 /// Most workgroups in one kernel (bounds the exactly-once counters).
 pub const MAX_WORKGROUPS: u32 = 4096;
+/// Most workgroups of one kernel of a `wgflood` tenant (2^31).
+pub const MAX_FLOOD_WORKGROUPS: u32 = 1 << 31;
 
 impl Scenario {
     /// A built-in scenario by name.
@@ -559,13 +616,18 @@ impl Scenario {
                 }
             }
             for k in &t.kernels {
-                if k.workgroups == 0 || k.workgroups > MAX_WORKGROUPS {
+                let max = if t.behaviour == Behaviour::Wgflood {
+                    MAX_FLOOD_WORKGROUPS
+                } else {
+                    MAX_WORKGROUPS
+                };
+                if k.workgroups == 0 || k.workgroups > max {
                     return Err(bad(
                         "kernel.workgroups",
-                        format!("{} is out of range 1..={MAX_WORKGROUPS}", k.workgroups),
+                        format!("{} is out of range 1..={max}", k.workgroups),
                     ));
                 }
-                if k.wg_cost_us == 0 {
+                if k.cost_ns() == 0 {
                     return Err(bad("kernel.wg_cost_us", "must be >= 1".into()));
                 }
                 if k.repeat == 0 {
@@ -782,6 +844,35 @@ impl Scenario {
         s.tenants.retain(|t| names.contains(&t.name.as_str()));
         s.changes
             .retain(|c| c.tenant.as_deref().is_none_or(|n| names.contains(&n)));
+        s
+    }
+
+    /// The baseline of an isolation scenario: every hostile tenant entry
+    /// becomes a legitimately busy VM (same count) of the first well-behaved
+    /// entry's priority and job shape, closed loop with 2 jobs in flight.
+    /// Named `NAME+busy`.
+    pub fn busy_baseline(&self) -> Self {
+        let mut s = self.clone();
+        s.name = format!("{}+busy", self.name);
+        let Some(good) = self.tenants.iter().find(|t| !t.behaviour.hostile()) else {
+            return s;
+        };
+        for t in &mut s.tenants {
+            if t.behaviour.hostile() {
+                t.behaviour = Behaviour::Normal;
+                t.priority = good.priority;
+                t.weight = good.weight;
+                t.queues = 1;
+                t.class = Class::Lo;
+                t.arrival = Arrival::Closed {
+                    outstanding: 2,
+                    think_us: 0,
+                    think_dist: ThinkDist::Fixed,
+                };
+                t.kernels = good.kernels.clone();
+            }
+        }
+        s.changes.clear();
         s
     }
 

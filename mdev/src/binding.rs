@@ -142,6 +142,9 @@ struct QueueRec<O> {
     /// Write index up to which its packets were read for their dispatch
     /// width (spatial sharing).
     seen_wptr: u64,
+    /// Went idle with its write index ahead of an unpublished packet: a
+    /// doorbell with the same index counts once that packet is published.
+    stalled: bool,
 }
 
 /// Counters kept by the binding.
@@ -154,6 +157,9 @@ pub struct BindingStats {
     /// Dequeues that did not finish within their VM's preemption timeout
     /// (each reset its queue with [`QueueErrorReason::PreemptionTimeout`]).
     pub preempt_timeouts: u64,
+    /// Doorbells of a stalled queue whose packet was still unpublished
+    /// (not passed to the scheduler).
+    pub stalled_doorbells: u64,
 }
 
 /// Default preemption timeout (ns): KFD's `queue_preemption_timeout_ms`, 9000 ms.
@@ -306,6 +312,7 @@ impl<O: Copy> Binding<O> {
                 exit_mode: None,
                 removing: false,
                 seen_wptr: u64::MAX,
+                stalled: false,
             },
         );
         Ok(())
@@ -363,8 +370,24 @@ impl<O: Copy> Binding<O> {
         if r.removing {
             return;
         }
+        let stalled = r.stalled;
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
             gpu.doorbell(now, PhysSlot(slot.0), wptr);
+        }
+        if stalled {
+            if !self.stall_published(gpu, queue) {
+                // Still waiting on an unpublished packet: no work to
+                // schedule (progress-based busy).
+                self.stats.stalled_doorbells += 1;
+                return;
+            }
+            if let Some(r) = self.queues.get_mut(&queue) {
+                r.stalled = false;
+                // The same write index again: read the now published packet
+                // for its dispatch width.
+                r.seen_wptr = u64::MAX;
+            }
+            self.sched.forget_doorbell(queue);
         }
         self.note_widths(queue, wptr);
         self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
@@ -416,14 +439,17 @@ impl<O: Copy> Binding<O> {
                     });
                 }
             }
-            GpuEvent::QueueIdle { tag, .. } => self.event(
-                gpu,
-                Event::QueueIdle {
-                    queue: QueueId(tag),
-                    now,
-                },
-                out,
-            ),
+            GpuEvent::QueueIdle { tag, slot, .. } => {
+                self.note_stall(gpu, QueueId(tag), Some(slot), None);
+                self.event(
+                    gpu,
+                    Event::QueueIdle {
+                        queue: QueueId(tag),
+                        now,
+                    },
+                    out,
+                )
+            }
             GpuEvent::Unmapped {
                 tag,
                 mqd,
@@ -432,6 +458,9 @@ impl<O: Copy> Binding<O> {
                 ..
             } => {
                 let queue = QueueId(tag);
+                if !has_work {
+                    self.note_stall(gpu, queue, None, Some(&mqd));
+                }
                 if let Some(r) = self.queues.get_mut(&queue) {
                     r.mqd = (*mqd).clone();
                     self.slot_freed(queue);
@@ -473,6 +502,41 @@ impl<O: Copy> Binding<O> {
                 self.event(gpu, Event::QueueError { queue, now }, out);
             }
         }
+    }
+
+    /// Records whether an idle queue is stalled (read index behind its write
+    /// index: the packet at the read index is not published), from the GPU's
+    /// slot status or the MQD of its dequeue.
+    fn note_stall(
+        &mut self,
+        gpu: &dyn PhysGpu,
+        queue: QueueId,
+        slot: Option<PhysSlot>,
+        mqd: Option<&V9Mqd>,
+    ) {
+        let behind = match (slot, mqd) {
+            (_, Some(m)) => m.read_index().is_some_and(|r| r < m.write_index()),
+            (Some(s), None) => gpu.query(s).is_some_and(|st| st.rptr < st.wptr),
+            (None, None) => false,
+        };
+        if let Some(r) = self.queues.get_mut(&queue) {
+            r.stalled = behind;
+        }
+    }
+
+    /// Whether the packet a stalled queue waits on is published now.
+    fn stall_published(&self, gpu: &dyn PhysGpu, queue: QueueId) -> bool {
+        let Some(r) = self.queues.get(&queue) else {
+            return false;
+        };
+        let rptr = match (r.slot, r.on_gpu) {
+            (Some(s), true) => gpu.query(PhysSlot(s.0)).map(|st| st.rptr),
+            _ => r.mqd.read_index(),
+        };
+        let Some(rptr) = rptr else { return false };
+        let mut h = [0u8; 2];
+        r.mem.read(r.mqd.packet_addr(rptr), &mut h).is_ok()
+            && u16::from_le_bytes(h) & 0xff != abi::aql::TYPE_INVALID as u16
     }
 
     fn slot_freed(&mut self, queue: QueueId) {

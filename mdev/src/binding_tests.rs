@@ -376,6 +376,50 @@ mod props {
     }
 }
 
+/// Issue 11, progress-based busy: a queue whose write index is ahead of an
+/// unpublished (INVALID) header goes idle and leaves its slot with no work;
+/// doorbells while it stays unpublished do not reach the scheduler; once
+/// the header is published, a doorbell with the same write index runs it.
+#[test]
+fn stalled_queue_is_idle_and_a_same_index_doorbell_after_publishing_runs_it() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut tvm = vm(&mut rig, 0, 6);
+    let mut gq = tvm.queue(&topo, 64, 0);
+    add(&mut rig, &tvm, 0, QueueId(0), 1, &gq);
+    tvm.kernel(&mut gq, KernelKind::Mark, 8, 64, 20_000, 1, false);
+    let hdr = tvm.mem.read_u32(gq.ring).unwrap();
+    tvm.mem
+        .write(gq.ring, &abi::aql::INVALID_HEADER.to_le_bytes())
+        .unwrap();
+    rig.doorbell(QueueId(0), gq.wptr);
+    rig.run(u64::MAX, |n| matches!(n, Notice::Unmapped { owner: 1, .. }));
+    assert!(
+        rig.log.iter().any(|n| matches!(
+            n,
+            Notice::Unmapped {
+                owner: 1,
+                has_work: false,
+                ..
+            }
+        )),
+        "{:?}",
+        rig.log
+    );
+    // Rings while still unpublished: swallowed.
+    rig.log.clear();
+    rig.doorbell(QueueId(0), gq.wptr);
+    rig.doorbell(QueueId(0), gq.wptr);
+    assert_eq!(rig.b.stats().stalled_doorbells, 2);
+    assert!(!rig.log.iter().any(|n| matches!(n, Notice::Mapped { .. })));
+    // Published, then the same index again: it runs to completion.
+    tvm.mem.write_u32(gq.ring, hdr).unwrap();
+    rig.doorbell(QueueId(0), gq.wptr);
+    rig.run(u64::MAX, |_| false);
+    assert_eq!(rig.completions_of(1), vec![0]);
+    tvm.verify(&gq).unwrap();
+}
+
 #[test]
 fn a_preemption_that_times_out_resets_only_that_queue_with_error_22() {
     let topo = GpuTopology::tiny();

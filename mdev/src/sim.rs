@@ -42,6 +42,13 @@ const MAX_INDEX: u64 = u64::MAX / mqd::DWORDS_PER_PACKET;
 /// Shortest workgroup (ns): a zero cost would let one dispatch run unboundedly
 /// many workgroups at a single model instant.
 pub const MIN_WG_NS: u64 = 1;
+/// Longest modelled workgroup (ns, 2^48 ~ 3 days): a kernel descriptor asking
+/// for more is refused at dispatch (`DispatchError::CostOverflow`), as is a
+/// dispatch whose workgroups x cost overflows 64-bit nanoseconds.
+pub const MAX_WG_COST_NS: u64 = 1 << 48;
+/// Workgroups at least this long (ns): a CU handed to a running batch starts
+/// at once instead of at the batch's next round boundary.
+const JOIN_NOW_NS: u64 = 10_000;
 
 /// Counters of a [`SimGpu`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -109,6 +116,14 @@ enum Timer {
         slot: u32,
         gen: u64,
     },
+    BatchDone {
+        idx: u32,
+        gen: u32,
+    },
+    BatchShrink {
+        idx: u32,
+        gen: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -137,6 +152,8 @@ struct Active {
     done_wgs: u64,
     inflight: u32,
     complete: bool,
+    /// The batch that holds the packet's last workgroups (see [`Batch`]).
+    batch: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -169,6 +186,12 @@ struct Hqd {
     held_cus: u32,
     poll_armed: bool,
     idle_reported: bool,
+    /// The packet at the fetch index is not published (INVALID header): the
+    /// CP waits on it. With nothing launched the queue is not consuming CUs
+    /// and counts as idle (progress-based busy).
+    blocked: bool,
+    /// Header polls since the queue blocked (the poll backs off).
+    stall_polls: u32,
     /// Dequeue requested: mode and request time.
     unmap_req: Option<(DequeueMode, Nanos)>,
     /// A SaveWaves dequeue waits for in-flight workgroups of kernels
@@ -186,18 +209,78 @@ impl Hqd {
     fn fetch(&self) -> u64 {
         self.rptr + self.active.len() as u64
     }
-    fn has_dispatchable(&self) -> bool {
-        !self.resume.is_empty()
-            || self
-                .active
-                .iter()
-                .any(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
-    }
+    /// Work the CP can make progress on: launched packets, saved waves,
+    /// workgroups in flight, or unread packets whose header is published.
+    /// A queue blocked on an INVALID header with nothing launched has none.
     fn has_work(&self) -> bool {
         !self.active.is_empty()
             || !self.resume.is_empty()
             || self.inflight > 0
-            || self.rptr != self.wptr
+            || (self.rptr != self.wptr && !self.blocked)
+    }
+}
+
+/// Uniform workgroups of one packet run in lock-step rounds on `width` CUs:
+/// round r runs workgroups `first + r * width ..` and ends at
+/// `start + (r + 1) * cost`. One batch costs the host O(1) events however
+/// many workgroups it covers (the last round's unused CUs are released at
+/// its start; a CU joining a running batch starts at its next round).
+/// Only a packet's last batch has workgroups not yet started.
+#[derive(Clone, Copy, Debug)]
+struct Batch {
+    slot: u32,
+    qgen: u64,
+    id: u64,
+    first: u64,
+    end: u64,
+    width: u32,
+    /// CUs held: `width`, or the last round's workgroups after the shrink.
+    held: u32,
+    start: Nanos,
+    cost: Nanos,
+    gen: u32,
+    live: bool,
+    armed: bool,
+}
+
+impl Batch {
+    fn len(&self) -> u64 {
+        self.end - self.first
+    }
+    fn rounds(&self) -> u64 {
+        self.len().div_ceil(self.width.max(1) as u64)
+    }
+    fn finish(&self) -> Nanos {
+        self.start
+            .saturating_add(self.rounds().saturating_mul(self.cost))
+    }
+    /// Workgroups of the last round.
+    fn last_round(&self) -> u64 {
+        self.len() - (self.rounds() - 1) * self.width as u64
+    }
+    /// At `now`: (workgroups finished, first workgroup not started, ns into
+    /// the current round). Nothing has started while `now <= start`.
+    fn progress(&self, now: Nanos) -> (u64, u64, Nanos) {
+        if now <= self.start {
+            return (0, self.first, 0);
+        }
+        let el = now - self.start;
+        let d = el / self.cost.max(1);
+        let w = self.width as u64;
+        let done = d.saturating_mul(w).min(self.len());
+        let started = d.saturating_add(1).saturating_mul(w).min(self.len());
+        (done, self.first + started, el % self.cost.max(1))
+    }
+    /// A CU given to this batch's packet at `now` can join it.
+    fn joinable(&self, now: Nanos) -> bool {
+        if !self.live {
+            return false;
+        }
+        if now <= self.start {
+            self.held == self.width && self.len() > self.width as u64
+        } else {
+            self.progress(now).1 < self.end
+        }
     }
 }
 
@@ -243,6 +326,13 @@ pub struct SimGpu {
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
+    batches: Vec<Batch>,
+    free_batches: Vec<u32>,
+    /// Batches changed since their timers were armed.
+    dirty_batches: Vec<u32>,
+    /// Per batch: the identified CUs it holds (`held` of them while live;
+    /// a dead batch's list is stale until the index is reused).
+    batch_cus: Vec<Vec<u32>>,
 }
 
 type QResult<T> = Result<T, QueueErrorReason>;
@@ -282,6 +372,10 @@ impl SimGpu {
             scratch2: Vec::new(),
             event_budget: None,
             next_map_mask: None,
+            batches: Vec::new(),
+            free_batches: Vec::new(),
+            dirty_batches: Vec::new(),
+            batch_cus: Vec::new(),
         })
     }
 
@@ -321,6 +415,9 @@ impl SimGpu {
             }
             budget -= 1;
             let Reverse((at, _, timer)) = self.heap.pop().expect("peeked");
+            if self.timer_stale(&timer) {
+                continue; // a re-armed batch's old timer: no model time passes
+            }
             self.now = self.now.max(at);
             self.fire(timer);
         }
@@ -334,6 +431,27 @@ impl SimGpu {
     /// the model then lags wall time instead. Virtual time leaves it unbounded.
     pub fn set_event_budget(&mut self, budget: Option<usize>) {
         self.event_budget = budget;
+    }
+
+    /// Drops stale timers from the top of the heap, so that
+    /// [`PhysGpu::next_deadline`] names a real event.
+    fn purge_stale(&mut self) {
+        while let Some(Reverse((_, _, t))) = self.heap.peek() {
+            if !self.timer_stale(t) {
+                break;
+            }
+            self.heap.pop();
+        }
+    }
+
+    fn timer_stale(&self, timer: &Timer) -> bool {
+        match *timer {
+            Timer::BatchDone { idx, gen } | Timer::BatchShrink { idx, gen } => {
+                let b = &self.batches[idx as usize];
+                !b.live || b.gen != gen
+            }
+            _ => false,
+        }
     }
 
     fn fire(&mut self, timer: Timer) {
@@ -358,6 +476,8 @@ impl SimGpu {
                 }
             }
             Timer::DequeueTimeout { slot, gen } => self.dequeue_timeout(slot, gen),
+            Timer::BatchDone { idx, gen } => self.batch_done(idx, gen),
+            Timer::BatchShrink { idx, gen } => self.batch_shrink(idx, gen),
             Timer::Poll { slot, gen } => {
                 if let Some(q) = self.slots[slot as usize].as_mut() {
                     if q.gen == gen {
@@ -397,20 +517,24 @@ impl SimGpu {
         }
         let was_unmapping = matches!(q.state, HState::Unmapping { .. });
         log::warn!("queue tag {} slot {} error: {}", q.tag, slot, reason);
-        // Kill its in-flight workgroups; free their CUs.
-        let mut freed = 0;
+        // Kill its in-flight workgroups and batches; free every CU the slot
+        // holds (theirs, a save's held waves, a batch cut short by an error).
         if q.inflight > 0 {
             for w in self.wgs.iter_mut() {
                 if w.live && w.slot == slot && w.qgen == q.gen {
                     w.live = false;
-                    freed += 1;
                 }
             }
         }
-        self.parts[p].free_cus += freed;
-        if freed > 0 {
-            release_cus(&mut self.parts[p], slot, false);
+        for (bi, b) in self.batches.iter_mut().enumerate() {
+            if b.live && b.slot == slot && b.qgen == q.gen {
+                b.live = false;
+                self.free_batches.push(bi as u32);
+            }
         }
+        q.held_cus = 0;
+        let freed = release_cus(&mut self.parts[p], slot, false);
+        self.parts[p].free_cus += freed;
         q.inflight = 0;
         q.active.clear();
         q.resume.clear();
@@ -439,6 +563,7 @@ impl SimGpu {
         let poll_ns = self.topo.sim.barrier_poll_ns;
         let now = self.now;
         let mut need_poll = false;
+        let mut header_wait = false;
         {
             let q = self.slots[slot as usize]
                 .as_mut()
@@ -491,8 +616,12 @@ impl SimGpu {
                 if pkt.body == Body::Invalid {
                     // Not published yet: the packet processor waits on the header.
                     need_poll = true;
+                    header_wait = true;
+                    q.blocked = true;
                     break;
                 }
+                q.blocked = false;
+                q.stall_polls = 0;
                 if pkt.header.barrier && q.active.iter().any(|a| !a.complete) {
                     break; // re-pumped when earlier packets complete
                 }
@@ -505,7 +634,15 @@ impl SimGpu {
             if !q.poll_armed {
                 q.poll_armed = true;
                 let gen = q.gen;
-                self.arm(now.saturating_add(poll_ns), Timer::Poll { slot, gen });
+                // A queue waiting only on an unpublished header re-reads it
+                // with a backoff (2^n x barrier_poll_ns, at most 512x): a
+                // stalled queue costs the host little; a doorbell re-reads at once.
+                let mut ns = poll_ns;
+                if header_wait && q.active.is_empty() {
+                    ns = poll_ns.saturating_mul(1 << q.stall_polls.min(9));
+                    q.stall_polls = q.stall_polls.saturating_add(1);
+                }
+                self.arm(now.saturating_add(ns), Timer::Poll { slot, gen });
             }
         }
         self.check_idle(slot);
@@ -515,7 +652,9 @@ impl SimGpu {
     fn check_idle(&mut self, slot: u32) {
         let now = self.now;
         if let Some(q) = self.slots[slot as usize].as_mut() {
-            if q.state == HState::Active && !q.has_work() && !q.idle_reported {
+            if q.state == HState::Active && q.has_work() {
+                q.idle_reported = false;
+            } else if q.state == HState::Active && !q.has_work() && !q.idle_reported {
                 q.idle_reported = true;
                 self.pending.push(GpuEvent::QueueIdle {
                     slot: SlotId(slot),
@@ -542,7 +681,7 @@ impl SimGpu {
                 let s = self.parts[pi].slots[pos];
                 if let Some(q) = self.slots[s as usize].as_ref() {
                     if q.state == HState::Active
-                        && q.has_dispatchable()
+                        && self.dispatchable(q).is_some()
                         && q.mask
                             .as_ref()
                             .is_none_or(|m| m.first_in(&self.parts[pi].free_mask).is_some())
@@ -556,10 +695,432 @@ impl SimGpu {
             self.parts[pi].rr = (pos + 1) % n;
             self.start_one(s);
         }
+        if self.parts[pi].free_cus == 0 {
+            self.rebalance(p);
+        }
+        self.flush_batches();
+    }
+
+    /// CU round robin across batches: when a queue that wants CUs holds
+    /// fewer than an equal split of the partition, the batches of queues
+    /// holding more stop at the end of their current round, whose CUs the
+    /// round robin then hands out again (as freed workgroups' CUs are).
+    fn rebalance(&mut self, p: u32) {
+        let pi = p as usize;
+        let mut want = 0u32;
+        let mut min_held = u32::MAX;
+        for &s in &self.parts[pi].slots {
+            if let Some(q) = self.slots[s as usize].as_ref() {
+                if q.state == HState::Active && self.dispatchable(q).is_some() {
+                    want += 1;
+                    min_held = min_held.min(q.inflight);
+                }
+            }
+        }
+        if want < 2 && min_held > 0 {
+            return;
+        }
+        let share = self.topo.cus_per_partition() / want.max(1);
+        if min_held >= share {
+            return;
+        }
+        let now = self.now;
+        for bi in 0..self.batches.len() as u32 {
+            let b = self.batches[bi as usize];
+            if !b.live || self.slot_part[b.slot as usize] != p {
+                continue;
+            }
+            let Some(q) = self.slots[b.slot as usize].as_mut() else {
+                continue;
+            };
+            if q.inflight <= share || q.gen != b.qgen {
+                continue;
+            }
+            // A batch that starts now runs one round; one that starts later
+            // (the rest of a cut batch) is left alone: its predecessor's CUs
+            // are about to be handed out anyway.
+            if now < b.start {
+                continue;
+            }
+            let started = if now <= b.start {
+                b.first + (b.width as u64).min(b.len())
+            } else {
+                b.progress(now).1
+            };
+            if started >= b.end {
+                continue;
+            }
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.next_wg = a.next_wg.min(started);
+            }
+            self.batches[bi as usize].end = started;
+            self.touch_batch(bi);
+        }
+    }
+
+    /// What a free CU given to queue `q` would run: `Some(None)` a saved
+    /// workgroup, `Some(Some(i))` packet `i` of the window, `None` nothing.
+    fn dispatchable(&self, q: &Hqd) -> Option<Option<usize>> {
+        if !q.resume.is_empty() {
+            return Some(None);
+        }
+        let now = self.now;
+        q.active
+            .iter()
+            .position(|a| match a.work {
+                Work::Dispatch(d) => {
+                    a.next_wg < d.total
+                        || a.batch
+                            .is_some_and(|i| self.batches[i as usize].joinable(now))
+                }
+                _ => false,
+            })
+            .map(Some)
+    }
+
+    /// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
+    /// kernel's own), at least the modelled floor.
+    fn wg_cost(&self, d: &Dispatch) -> Nanos {
+        let mut cost = d.desc.wg_cost_ns;
+        if let Kernarg::Spin { ns } = d.args {
+            if ns != 0 {
+                cost = ns;
+            }
+        }
+        cost.max(self.topo.sim.wg_floor_ns).max(MIN_WG_NS)
+    }
+
+    /// Marks batch `idx` changed: its timers are re-armed by `flush_batches`
+    /// (a batch grown by many CUs in one dispatch pass is armed once).
+    fn touch_batch(&mut self, idx: u32) {
+        let b = &mut self.batches[idx as usize];
+        b.gen = b.gen.wrapping_add(1); // stale timers now miss
+        if b.armed {
+            b.armed = false;
+            self.dirty_batches.push(idx);
+        }
+    }
+
+    fn flush_batches(&mut self) {
+        while let Some(idx) = self.dirty_batches.pop() {
+            let b = self.batches[idx as usize];
+            if !b.live || b.armed {
+                continue;
+            }
+            self.batches[idx as usize].armed = true;
+            self.arm(b.finish(), Timer::BatchDone { idx, gen: b.gen });
+            if b.last_round() < b.held as u64 {
+                let at = b
+                    .start
+                    .saturating_add((b.rounds() - 1).saturating_mul(b.cost));
+                self.arm(at, Timer::BatchShrink { idx, gen: b.gen });
+            }
+        }
+    }
+
+    fn new_batch(&mut self, b: Batch) -> u32 {
+        let idx = if let Some(i) = self.free_batches.pop() {
+            let gen = self.batches[i as usize].gen;
+            self.batches[i as usize] = Batch { gen, ..b };
+            self.batch_cus[i as usize].clear();
+            i
+        } else {
+            self.batches.push(b);
+            self.batch_cus.push(Vec::new());
+            (self.batches.len() - 1) as u32
+        };
+        self.touch_batch(idx);
+        idx
+    }
+
+    /// Takes a free CU of `slot`'s partition inside the queue's effective
+    /// mask for it (`dispatch` chose the queue because one exists).
+    fn take_cu(&mut self, slot: u32) -> u32 {
+        let p = self.slot_part[slot as usize] as usize;
+        let part = &mut self.parts[p];
+        let q = self.slots[slot as usize].as_ref().expect("slot");
+        let cu = match q.mask.as_ref() {
+            Some(m) => m.first_in(&part.free_mask),
+            None => part.free_mask.first_in(&part.free_mask),
+        }
+        .expect("dispatch chose a queue with a free CU in its mask");
+        part.free_mask.remove(cu);
+        part.cu_owner[cu as usize] = slot + 1;
+        cu
+    }
+
+    /// Frees `n` of the identified CUs batch `idx` holds (any `n`: its
+    /// workgroups run in lock-step, so which CUs go back does not matter).
+    fn release_batch_cus(&mut self, idx: u32, n: u32) {
+        let p = self.slot_part[self.batches[idx as usize].slot as usize] as usize;
+        let cus = &mut self.batch_cus[idx as usize];
+        for _ in 0..n {
+            if let Some(cu) = cus.pop() {
+                release_cu(&mut self.parts[p], cu);
+            }
+        }
+    }
+
+    /// Gives one free CU to packet `i` of `slot` as part of a batch: starts
+    /// one, grows one that has not started, or cuts a running one at the end
+    /// of its current round and starts the rest then with this CU.
+    fn start_batched(&mut self, slot: u32, i: usize) {
+        let is_dispatch = self.slots[slot as usize]
+            .as_ref()
+            .and_then(|q| q.active.get(i))
+            .is_some_and(|a| matches!(a.work, Work::Dispatch(_)));
+        if !is_dispatch {
+            return;
+        }
+        let cu = self.take_cu(slot);
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let q = self.slots[slot as usize].as_mut().expect("slot");
+        let qgen = q.gen;
+        let a = &mut q.active[i];
+        let Work::Dispatch(d) = a.work else { return };
+        let id = a.id;
+        let tail = a.batch.filter(|&b| self.batches[b as usize].joinable(now));
+        let created = match tail {
+            None => {
+                let first = a.next_wg;
+                a.next_wg = d.total;
+                Some(Batch {
+                    slot,
+                    qgen,
+                    id,
+                    first,
+                    end: d.total,
+                    width: 1,
+                    held: 1,
+                    start: now,
+                    cost: 0, // set below
+                    gen: 0,
+                    live: true,
+                    armed: true,
+                })
+            }
+            Some(bi) => {
+                let b = &mut self.batches[bi as usize];
+                if now <= b.start && b.held == b.width {
+                    b.width += 1;
+                    b.held += 1;
+                    None
+                } else {
+                    let (_, started, into) = b.progress(now);
+                    // Long workgroups: the CU starts at once (the batches
+                    // then run out of phase: at most two events per round).
+                    // Short ones: it waits for the round end (phases stay
+                    // aligned, one event per join).
+                    let round_end = if b.cost >= JOIN_NOW_NS {
+                        now
+                    } else {
+                        now.saturating_add(b.cost - into)
+                    };
+                    let old_end = b.end;
+                    b.end = started;
+                    let cost = b.cost;
+                    Some(Batch {
+                        slot,
+                        qgen,
+                        id,
+                        first: started,
+                        end: old_end,
+                        width: 1,
+                        held: 1,
+                        start: round_end,
+                        cost,
+                        gen: 0,
+                        live: true,
+                        armed: true,
+                    })
+                }
+            }
+        };
+        a.inflight += 1;
+        q.inflight += 1;
+        self.parts[p].free_cus -= 1;
+        if let Some(bi) = tail {
+            self.touch_batch(bi);
+        }
+        let holder = if let Some(mut b) = created {
+            if b.cost == 0 {
+                b.cost = self.wg_cost(&d);
+            }
+            let idx = self.new_batch(b);
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            q.active[i].batch = Some(idx);
+            idx
+        } else {
+            tail.expect("a batch grown without a tail")
+        };
+        self.batch_cus[holder as usize].push(cu);
+    }
+
+    /// Workgroups of a batch with a memory effect (those past the kernel's
+    /// elements touch nothing): the host applies effects in O(elements).
+    fn effect_wgs(d: &Dispatch) -> u64 {
+        let per = d.items_per_wg.max(1);
+        match d.args {
+            Kernarg::Mark { n, .. } => n as u64,
+            Kernarg::Spin { .. } => 0,
+            Kernarg::Fill { n, .. }
+            | Kernarg::VecAdd { n, .. }
+            | Kernarg::Saxpy { n, .. }
+            | Kernarg::Checksum { n, .. } => (n as u64).div_ceil(per),
+        }
+    }
+
+    /// Applies the effects of workgroups `from..to` of packet `id` of `slot`
+    /// and counts them done.
+    fn batch_effects(&mut self, slot: u32, id: u64, from: u64, to: u64) -> QResult<()> {
+        let q = self.slots[slot as usize].as_mut().expect("batch slot");
+        let Some(a) = q.active.iter_mut().find(|a| a.id == id) else {
+            return Err(QueueErrorReason::BadSavedState("batch of unknown packet"));
+        };
+        let Work::Dispatch(d) = a.work else {
+            return Err(QueueErrorReason::BadSavedState(
+                "batch of non-dispatch packet",
+            ));
+        };
+        a.done_wgs += to - from;
+        self.stats.wgs_completed += to - from;
+        let lim = Self::effect_wgs(&d).min(to);
+        for wg in from..lim {
+            apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
+        }
+        Ok(())
+    }
+
+    fn batch_done(&mut self, idx: u32, gen: u32) {
+        let b = self.batches[idx as usize];
+        if b.gen != gen || !b.live {
+            return;
+        }
+        self.batches[idx as usize].live = false;
+        self.free_batches.push(idx);
+        let slot = b.slot;
+        let p = self.slot_part[slot as usize];
+        self.parts[p as usize].free_cus += b.held;
+        self.release_batch_cus(idx, b.held);
+        let res = (|| {
+            let q = self.slots[slot as usize]
+                .as_mut()
+                .filter(|q| q.gen == b.qgen)
+                .ok_or(QueueErrorReason::BadSavedState("batch of a gone queue"))?;
+            q.inflight -= b.held;
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.inflight -= b.held;
+                if a.batch == Some(idx) {
+                    a.batch = None;
+                }
+            }
+            self.batch_effects(slot, b.id, b.first, b.end)?;
+            let now = self.now;
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            if let Some(i) = q.active.iter().position(|a| a.id == b.id) {
+                let a = &q.active[i];
+                if let Work::Dispatch(d) = a.work {
+                    if a.done_wgs == d.total && a.next_wg == d.total {
+                        complete_packet(
+                            q,
+                            i,
+                            now,
+                            &mut self.pending,
+                            &mut self.stats,
+                            SlotId(slot),
+                        )?;
+                        retire(q, SlotId(slot))?;
+                    }
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            self.fail(slot, e);
+        }
+        self.after_release(slot, p);
+    }
+
+    /// After CUs of `slot` came back: finish a drain, refetch, hand CUs out.
+    fn after_release(&mut self, slot: u32, p: u32) {
+        let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
+            matches!(
+                q.state,
+                HState::Unmapping {
+                    mode: DequeueMode::DrainPipe,
+                    ..
+                }
+            ) && q.inflight == 0
+        });
+        let save_ready = self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.save_waiting && q.inflight == 0);
+        if drain_done {
+            self.finish_unmap(slot);
+        } else if save_ready {
+            self.arm_save_done(slot);
+        } else if self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.state == HState::Active)
+        {
+            self.pump(slot);
+        }
+        self.dispatch(p);
+    }
+
+    /// The last round of a batch starts: its unused CUs go back.
+    fn batch_shrink(&mut self, idx: u32, gen: u32) {
+        let b = self.batches[idx as usize];
+        if b.gen != gen || !b.live {
+            return;
+        }
+        let keep = b.last_round().min(b.held as u64) as u32;
+        let r = b.held - keep;
+        if r == 0 {
+            return;
+        }
+        self.batches[idx as usize].held = keep;
+        let p = self.slot_part[b.slot as usize];
+        self.parts[p as usize].free_cus += r;
+        self.release_batch_cus(idx, r);
+        if let Some(q) = self.slots[b.slot as usize].as_mut() {
+            q.inflight -= r;
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.inflight -= r;
+            }
+        }
+        self.dispatch(p);
+    }
+
+    /// Live batches of the queue in `slot`.
+    fn slot_batches(&self, slot: u32, qgen: u64) -> Vec<u32> {
+        (0..self.batches.len() as u32)
+            .filter(|&i| {
+                let b = &self.batches[i as usize];
+                b.live && b.slot == slot && b.qgen == qgen
+            })
+            .collect()
     }
 
     fn start_one(&mut self, slot: u32) {
         let jitter = self.topo.sim.jitter_permille as u64;
+        if jitter == 0 {
+            let q = self.slots[slot as usize].as_ref().expect("slot");
+            if let Some(Some(i)) = self.dispatchable(q) {
+                // Waves without a save point keep running through a save
+                // (the save waits for them): they run one by one.
+                let preemptible = !matches!(
+                    q.active[i].work,
+                    Work::Dispatch(d) if !d.desc.preemptible()
+                );
+                if preemptible {
+                    self.start_batched(slot, i);
+                    return;
+                }
+            }
+        }
+        let floor = self.topo.sim.wg_floor_ns;
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let q = self.slots[slot as usize].as_mut().expect("slot");
@@ -587,6 +1148,7 @@ impl SimGpu {
                     cost = ns;
                 }
             }
+            cost = cost.max(floor);
             if jitter > 0 && cost > 0 {
                 let extra = self.rng.gen_range(0..=cost.saturating_mul(jitter) / 1000);
                 cost = cost.saturating_add(extra);
@@ -652,30 +1214,7 @@ impl SimGpu {
         if let Err(e) = res {
             self.fail(slot, e);
         }
-        // Drain finished?
-        let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
-            matches!(
-                q.state,
-                HState::Unmapping {
-                    mode: DequeueMode::DrainPipe,
-                    ..
-                }
-            ) && q.inflight == 0
-        });
-        let save_ready = self.slots[slot as usize]
-            .as_ref()
-            .is_some_and(|q| q.save_waiting && q.inflight == 0);
-        if drain_done {
-            self.finish_unmap(slot);
-        } else if save_ready {
-            self.arm_save_done(slot);
-        } else if self.slots[slot as usize]
-            .as_ref()
-            .is_some_and(|q| q.state == HState::Active)
-        {
-            self.pump(slot);
-        }
-        self.dispatch(p);
+        self.after_release(slot, p);
     }
 
     fn complete_wg(&mut self, slot: u32, id: u64, wg: u64) -> QResult<()> {
@@ -761,6 +1300,86 @@ impl SimGpu {
                 });
             }
         }
+    }
+
+    /// DrainPipe: batches stop at the end of their current round (one not
+    /// started gives its CUs back); the rest goes back to the packet.
+    fn drain_batches(&mut self, slot: u32, qgen: u64) {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        for bi in self.slot_batches(slot, qgen) {
+            let b = self.batches[bi as usize];
+            let (_, started, _) = b.progress(now);
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) else {
+                continue;
+            };
+            if started < b.end {
+                a.next_wg = a.next_wg.min(started);
+            }
+            if now <= b.start {
+                a.inflight -= b.held;
+                if a.batch == Some(bi) {
+                    a.batch = None;
+                }
+                q.inflight -= b.held;
+                self.parts[p].free_cus += b.held;
+                self.release_batch_cus(bi, b.held);
+                self.batches[bi as usize].live = false;
+                self.free_batches.push(bi);
+            } else if started < b.end {
+                self.batches[bi as usize].end = started;
+                self.touch_batch(bi);
+            }
+        }
+        self.flush_batches();
+    }
+
+    /// SaveWaves: finished rounds apply their effects; the current round's
+    /// workgroups become saved waves (returned); unstarted workgroups go back
+    /// to the packet; CUs not running a saved wave are freed at once.
+    fn save_batches(&mut self, slot: u32, qgen: u64) -> QResult<Vec<SavedWg>> {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let mut saved = Vec::new();
+        let mut freed = 0;
+        for bi in self.slot_batches(slot, qgen) {
+            let b = self.batches[bi as usize];
+            self.batches[bi as usize].live = false;
+            self.free_batches.push(bi);
+            let (done, started, into) = b.progress(now);
+            let running = started - b.first - done;
+            if let Err(e) = self.batch_effects(slot, b.id, b.first, b.first + done) {
+                // `fail` frees the CUs still held by the slot.
+                self.parts[p].free_cus += freed;
+                return Err(e);
+            }
+            // The CUs of the saved waves stay held (by the slot) until the
+            // dequeue finishes (`finish_unmap`).
+            self.release_batch_cus(bi, b.held - running as u32);
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            q.inflight -= b.held;
+            freed += b.held - running as u32;
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.inflight -= b.held;
+                if started < b.end {
+                    // Only the packet's last batch has unstarted workgroups.
+                    a.next_wg = a.next_wg.min(started);
+                }
+                if a.batch == Some(bi) {
+                    a.batch = None;
+                }
+            }
+            for wg in b.first + done..started {
+                saved.push(SavedWg {
+                    id: b.id,
+                    wg,
+                    remaining: b.cost - into,
+                });
+            }
+        }
+        self.parts[p].free_cus += freed;
+        Ok(saved)
     }
 
     fn finish_unmap(&mut self, slot: u32) {
@@ -892,6 +1511,18 @@ fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
                 Kernarg::Spin { .. } => {}
             }
             sig_check(mem, d.completion_signal)?;
+            let cost = match args {
+                Kernarg::Spin { ns } if ns != 0 => ns,
+                _ => desc.wg_cost_ns,
+            };
+            if cost > MAX_WG_COST_NS || total.checked_mul(cost.max(MIN_WG_NS)).is_none() {
+                return Err(QueueErrorReason::BadDispatch {
+                    why: aql::DispatchError::CostOverflow {
+                        workgroups: total,
+                        wg_cost_ns: cost,
+                    },
+                });
+            }
             (
                 Work::Dispatch(Dispatch {
                     desc,
@@ -925,6 +1556,7 @@ fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
         done_wgs: 0,
         inflight: 0,
         complete: false,
+        batch: None,
     })
 }
 
@@ -1106,6 +1738,8 @@ impl PhysGpu for SimGpu {
             held_cus: 0,
             poll_armed: false,
             idle_reported: false,
+            blocked: false,
+            stall_polls: 0,
             unmap_req: None,
             save_waiting: false,
             guest_mask: None,
@@ -1212,16 +1846,29 @@ impl PhysGpu for SimGpu {
         match mode {
             DequeueMode::DrainPipe => {
                 self.stats.drains += 1;
+                self.drain_batches(s, gen);
+                let q = self.slots[s as usize].as_mut().expect("slot");
                 if q.inflight == 0 {
                     self.finish_unmap(s);
                 }
             }
             DequeueMode::SaveWaves => {
                 self.stats.saves += 1;
+                // Batches first: their finished rounds apply, the round in
+                // flight becomes saved waves.
+                let batch_saved = match self.save_batches(s, gen) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.fail(s, e);
+                        return Ok(());
+                    }
+                };
+                let q = self.slots[s as usize].as_mut().expect("slot");
                 // No allocation and no guest-memory write at the request
-                // (the doorbell -> preemption path): saved waves go to the
-                // front of the restore list in order; the control records
-                // are written when the dequeue finishes (`finish_unmap`).
+                // (the doorbell -> preemption path) beyond the batches' saved
+                // list: saved waves go to the front of the restore list in
+                // order; the control records are written when the dequeue
+                // finishes (`finish_unmap`).
                 let mut n = 0u32;
                 let mut unsaved = 0u32;
                 for w in self.wgs.iter_mut() {
@@ -1247,6 +1894,10 @@ impl PhysGpu for SimGpu {
                         });
                     }
                 }
+                for sw in batch_saved.into_iter().rev() {
+                    q.resume.push_front(sw);
+                    n += 1;
+                }
                 q.resume.make_contiguous()[..n as usize].sort_unstable();
                 q.inflight = unsaved;
                 q.held_cus = n;
@@ -1261,6 +1912,20 @@ impl PhysGpu for SimGpu {
             DequeueMode::ResetWaves => {
                 self.stats.resets += 1;
                 let mut killed = 0u32;
+                // Finished rounds of batches have had their effect.
+                for bi in self.slot_batches(s, gen) {
+                    let b = self.batches[bi as usize];
+                    self.batches[bi as usize].live = false;
+                    self.free_batches.push(bi);
+                    killed += b.held;
+                    let (done, _, _) = b.progress(now);
+                    if let Err(e) = self.batch_effects(s, b.id, b.first, b.first + done) {
+                        // `fail` frees every CU the slot holds.
+                        self.fail(s, e);
+                        return Ok(());
+                    }
+                }
+                let q = self.slots[s as usize].as_mut().expect("slot");
                 for w in self.wgs.iter_mut() {
                     if w.live && w.slot == s && w.qgen == gen {
                         w.live = false;
@@ -1277,6 +1942,7 @@ impl PhysGpu for SimGpu {
                 let mut dup = 0u64;
                 for a in q.active.iter_mut() {
                     a.inflight = 0;
+                    a.batch = None;
                     if !a.complete && matches!(a.work, Work::Dispatch(_)) {
                         dup = dup.saturating_add(a.done_wgs);
                         a.next_wg = 0;
@@ -1372,6 +2038,7 @@ impl PhysGpu for SimGpu {
     fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>) {
         out.append(&mut self.pending);
         self.run_until(now);
+        self.purge_stale();
         out.append(&mut self.pending);
     }
 
@@ -1398,6 +2065,7 @@ impl PhysGpu for SimGpu {
         q.host_mask = host;
         q.mask = effective_mask(q.guest_mask.as_ref(), q.host_mask.as_ref());
         self.stats.cu_mask_changes += 1;
+        self.cut_batches_outside_mask(slot.0);
         let p = self.slot_part[slot.0 as usize];
         self.dispatch(p);
         Ok(())
@@ -1436,7 +2104,48 @@ impl SimGpu {
             .iter()
             .filter(|w| w.live && w.slot == slot.0 && w.qgen == q.gen)
             .map(|w| w.cu)
+            .chain(
+                self.slot_batches(slot.0, q.gen)
+                    .into_iter()
+                    .flat_map(|bi| self.batch_cus[bi as usize].iter().copied()),
+            )
             .collect()
+    }
+
+    /// The queue in `slot` has a new mask: its batches holding a CU outside
+    /// it stop at the end of their current round (as in `rebalance`); the
+    /// round robin then hands their workgroups out again inside the mask.
+    fn cut_batches_outside_mask(&mut self, slot: u32) {
+        let now = self.now;
+        let Some(q) = self.slots[slot as usize].as_ref() else {
+            return;
+        };
+        let (qgen, mask) = (q.gen, q.mask.clone());
+        let Some(mask) = mask else { return };
+        for bi in self.slot_batches(slot, qgen) {
+            if self.batch_cus[bi as usize]
+                .iter()
+                .all(|&cu| mask.contains(cu))
+            {
+                continue;
+            }
+            let b = self.batches[bi as usize];
+            let started = if now <= b.start {
+                b.first + (b.width as u64).min(b.len())
+            } else {
+                b.progress(now).1
+            };
+            if started >= b.end {
+                continue;
+            }
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.next_wg = a.next_wg.min(started);
+            }
+            self.batches[bi as usize].end = started;
+            self.touch_batch(bi);
+        }
+        self.flush_batches();
     }
 }
 
@@ -1459,13 +2168,17 @@ fn release_cu(part: &mut Part, cu: u32) {
 
 /// Frees the CUs held by `slot`: all of them (`saved`: the waves a save
 /// held until the dequeue finished), or those of workgroups just killed.
-fn release_cus(part: &mut Part, slot: u32, _saved: bool) {
+/// Returns how many it freed.
+fn release_cus(part: &mut Part, slot: u32, _saved: bool) -> u32 {
+    let mut n = 0;
     for (cu, o) in part.cu_owner.iter_mut().enumerate() {
         if *o == slot + 1 {
             *o = 0;
             part.free_mask.insert(cu as u32);
+            n += 1;
         }
     }
+    n
 }
 
 #[cfg(test)]

@@ -92,7 +92,12 @@ pub struct SimParams {
     /// Packets a CP may have launched but not retired per queue (prefetch window).
     pub max_active_packets: u32,
     /// Random extra workgroup time, 0..=cost x permille / 1000 (seeded; 0 = none).
+    /// Non-zero jitter turns workgroup batching off (each workgroup is an event).
     pub jitter_permille: u32,
+    /// Modelled per-workgroup dispatch floor (ns): no workgroup takes less
+    /// (wave launch and retire in the SPI/CP; *modelled*, no public
+    /// measurement). A flood of tiny workgroups is then a long kernel.
+    pub wg_floor_ns: u64,
 }
 
 impl Default for SimParams {
@@ -101,6 +106,7 @@ impl Default for SimParams {
             barrier_poll_ns: 2_000,
             max_active_packets: 8,
             jitter_permille: 0,
+            wg_floor_ns: 100,
         }
     }
 }
@@ -243,6 +249,7 @@ impl GpuTopology {
                 1024,
             ),
             ("sim.jitter_permille", self.sim.jitter_permille as u64, 1000),
+            ("sim.wg_floor_ns", self.sim.wg_floor_ns, 1 << 32),
         ];
         for (field, value, max) in max {
             if value > max {

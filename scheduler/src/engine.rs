@@ -1767,6 +1767,17 @@ impl Scheduler {
         }
     }
 
+    /// Forgets the write index last seen for `queue`, so that its next
+    /// doorbell counts as new work even with the same write index. For a
+    /// queue that went idle stalled (write index ahead of an unpublished
+    /// packet): the guest publishes the packet and rings again with the same
+    /// index. Unknown queues are ignored.
+    pub fn forget_doorbell(&mut self, queue: QueueId) {
+        if let Some(q) = self.queues.get_mut(&queue) {
+            q.wptr = None;
+        }
+    }
+
     /// Checks the internal indexes against the queue states (tests).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {

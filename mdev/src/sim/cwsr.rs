@@ -195,6 +195,7 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<Option<u64>>
                 done_wgs,
                 inflight: 0,
                 complete: true,
+                batch: None,
             }
         } else {
             let mut raw = [0u8; PACKET_SIZE];

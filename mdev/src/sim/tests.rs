@@ -1047,6 +1047,12 @@ fn real_time_catch_up_is_bounded_so_callers_get_in_while_the_model_lags() {
     let mut vm = TestVm::new(64 << 20);
     let mut q = vm.queue(&topo, 64, 5);
     let groups = 1_000_000;
+    // Jitter makes every workgroup an event (no batching): the per-event
+    // path is what the budget bounds.
+    let mut topo = topo;
+    topo.sim.jitter_permille = 1;
+    let mut gpu = SimGpu::new(topo.clone(), 0).unwrap();
+    gpu.set_event_budget(Some(256));
     vm.kernel(&mut q, KernelKind::Mark, groups, 1, 1, 0, false);
     let drv = RealTimeDriver::start(gpu, |_| {});
     let req = map_req(&vm, &q, 0, 0);
@@ -1441,10 +1447,11 @@ fn dequeue_record_write_failure_is_a_queue_error() {
 
 // ------------------------------------------------- arithmetic on guest values
 
-/// A Spin kernarg near u64::MAX with jitter on: the workgroup end saturates
-/// instead of overflowing; the host can still reset the queue.
+/// A Spin kernarg near u64::MAX is refused at dispatch (its modelled cost
+/// exceeds the longest workgroup): a queue error naming the cost, not a
+/// corrupt-save error at a later restore.
 #[test]
-fn huge_spin_with_jitter_does_not_overflow() {
+fn huge_spin_is_refused_at_dispatch() {
     let mut topo = GpuTopology::tiny();
     topo.sim.jitter_permille = 1000;
     let (_, mut vm, mut q) = one_queue(topo.clone());
@@ -1453,9 +1460,21 @@ fn huge_spin_with_jitter_does_not_overflow() {
     let ka = packet_ptr(&vm, &q, 40);
     vm.mem.write_u64(ka, u64::MAX - 5).unwrap();
     gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
-    assert_eq!(gpu.query(SlotId(0)).unwrap().inflight_wgs, 4);
-    assert_eq!(gpu.next_deadline(), Some(u64::MAX));
     let mut ev = Vec::new();
+    gpu.advance(0, &mut ev);
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            GpuEvent::QueueError {
+                reason: QueueErrorReason::BadDispatch {
+                    why: abi::aql::DispatchError::CostOverflow { workgroups: 4, .. }
+                },
+                ..
+            }
+        )),
+        "{ev:?}"
+    );
+    assert_eq!(gpu.query(SlotId(0)).unwrap().inflight_wgs, 0);
     gpu.advance(1_000_000, &mut ev);
     gpu.unmap(1_000_000, SlotId(0), DequeueMode::ResetWaves)
         .unwrap();
@@ -1464,7 +1483,8 @@ fn huge_spin_with_jitter_does_not_overflow() {
     assert_eq!(gpu.free_cus(0), 4);
 }
 
-/// Zero-cost workgroups take the 1 ns floor: time advances per workgroup.
+/// Zero-cost workgroups take the modelled floor (`sim.wg_floor_ns`): time
+/// advances per workgroup.
 #[test]
 fn zero_cost_workgroups_take_the_floor() {
     let (mut gpu, mut vm, mut q) = one_queue(GpuTopology::tiny());
@@ -1476,8 +1496,9 @@ fn zero_cost_workgroups_take_the_floor() {
         GpuEvent::PacketCompleted { at, .. } => Some(*at),
         _ => None,
     });
-    // 10 workgroups on 4 CUs at MIN_WG_NS each: 3 rounds.
-    assert_eq!(done, Some(3 * MIN_WG_NS));
+    // 10 workgroups on 4 CUs at the floor each: 3 rounds.
+    let floor = GpuTopology::tiny().sim.wg_floor_ns.max(MIN_WG_NS);
+    assert_eq!(done, Some(3 * floor));
     vm.verify(&q).unwrap();
 }
 
@@ -1882,4 +1903,100 @@ fn a_save_dequeue_writes_its_control_record_when_it_finishes_not_at_the_request(
     assert!(has_work && mqd.has_saved_state());
     assert_eq!(mqd.cntl_stack_offset() as u64, size - rec);
     assert_eq!(magic(&vm), super::cwsr::SAVE_MAGIC);
+}
+
+/// 2^31 uniform workgroups (the floor's cost each) cost the host a handful
+/// of events, not one per workgroup, and take the modelled time exactly.
+#[test]
+fn huge_uniform_dispatch_costs_events_not_workgroups() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut q) = one_queue(topo.clone());
+    let groups: u32 = 1 << 31;
+    vm.kernel(&mut q, KernelKind::Spin, groups, 1, 1, 0, false);
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    let mut steps = 0;
+    let mut now = 0;
+    while let Some(t) = gpu.next_deadline() {
+        now = now.max(t);
+        gpu.advance(now, &mut ev);
+        steps += 1;
+    }
+    assert!(steps < 16, "{steps} steps");
+    assert_eq!(gpu.stats().wgs_completed, groups as u64);
+    let cus = topo.cus_per_partition() as u64;
+    let floor = topo.sim.wg_floor_ns;
+    let done = ev.iter().find_map(|e| match e {
+        GpuEvent::PacketCompleted { at, .. } => Some(*at),
+        _ => None,
+    });
+    assert_eq!(done, Some((groups as u64).div_ceil(cus) * floor));
+}
+
+/// A huge batch saved mid-flight: finished rounds count once, the round in
+/// flight is saved, the rest resumes; the counters come out exactly once.
+#[test]
+fn batch_save_restore_is_exact() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut q) = one_queue(topo.clone());
+    vm.kernel(&mut q, KernelKind::Mark, 100_000, 1, 1000, 3, false);
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    // Save three times at odd phases, resume on other slots.
+    let mut t = 0;
+    for (k, dt) in [(1u32, 3_500_123u64), (2, 7_000_777), (3, 1_234_567)] {
+        t += dt;
+        gpu.advance(t, &mut ev);
+        let slot = SlotId(k - 1);
+        gpu.unmap(t, slot, DequeueMode::SaveWaves).unwrap();
+        t = run_virtual(&mut gpu, t, u64::MAX, &mut ev);
+        let (mqd, has_work, _, _) = unmapped(&ev).unwrap();
+        assert!(has_work && mqd.has_saved_state());
+        ev.clear();
+        q.mqd = mqd;
+        gpu.map(t, map_req(&vm, &q, k, 0)).unwrap();
+    }
+    run_virtual(&mut gpu, t, u64::MAX, &mut ev);
+    assert!(gpu.stats().saved_wgs >= 3);
+    assert_eq!(gpu.stats().wgs_completed, 100_000);
+    vm.verify(&q).unwrap();
+}
+
+/// A write index ahead of an unpublished (INVALID) header: nothing runs, so
+/// the queue is idle (QueueIdle; a drain reports no work). Publishing the
+/// header and ringing again runs it.
+#[test]
+fn stalled_queue_is_idle_until_published() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut q) = one_queue(topo.clone());
+    vm.kernel(&mut q, KernelKind::Mark, 8, 1, 1000, 0, false);
+    let hdr_addr = q.ring;
+    let hdr = vm.mem.read_u32(hdr_addr).unwrap();
+    vm.mem
+        .write(hdr_addr, &abi::aql::INVALID_HEADER.to_le_bytes())
+        .unwrap();
+    gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    gpu.advance(10_000, &mut ev);
+    assert!(
+        ev.iter().any(|e| matches!(e, GpuEvent::QueueIdle { .. })),
+        "{ev:?}"
+    );
+    assert_eq!(gpu.free_cus(0), topo.cus_per_partition());
+    gpu.unmap(10_000, SlotId(0), DequeueMode::DrainPipe)
+        .unwrap();
+    ev.clear();
+    run_virtual(&mut gpu, 10_000, u64::MAX, &mut ev);
+    let (mqd, has_work, _, _) = unmapped(&ev).unwrap();
+    assert!(!has_work, "a stalled queue has no work");
+    q.mqd = mqd;
+    vm.mem.write_u32(hdr_addr, hdr).unwrap();
+    ev.clear();
+    gpu.map(20_000, map_req(&vm, &q, 0, 0)).unwrap();
+    gpu.doorbell(20_000, SlotId(0), q.wptr);
+    run_virtual(&mut gpu, 20_000, u64::MAX, &mut ev);
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e, GpuEvent::PacketCompleted { .. })));
+    vm.verify(&q).unwrap();
 }

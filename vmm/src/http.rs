@@ -483,6 +483,9 @@ pub struct ServerStats {
     pub requests: u64,
     /// Requests refused for framing (400/413/431).
     pub bad: u64,
+    /// `accept(2)` failures (EMFILE and friends): each one also pauses
+    /// accepting until a connection closes or the next [`TICK`].
+    pub accept_errors: u64,
 }
 
 impl HttpServer {
@@ -526,6 +529,7 @@ impl HttpServer {
             handler,
             stop: stop.clone(),
             stats: stats.clone(),
+            accept_paused: false,
         };
         let thread = std::thread::Builder::new()
             .name("hqdmux-api".into())
@@ -575,6 +579,8 @@ struct Loop {
     handler: Arc<dyn Handler>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     stats: Arc<Mutex<ServerStats>>,
+    /// The listener is disarmed after an `accept` error (see `set_accepting`).
+    accept_paused: bool,
 }
 
 fn conn_token(slot: u32, gen: u32) -> u64 {
@@ -615,6 +621,7 @@ impl Loop {
                 next_tick = Instant::now() + TICK;
                 self.handler.tick();
                 self.reap_idle();
+                self.set_accepting(true);
             }
             let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
             s.open = self.conns.len();
@@ -670,7 +677,15 @@ impl Loop {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     // EMFILE and friends: log and try again on the next event.
-                    log::warn!("api: accept: {e}");
+                    // The listener stays readable (level-triggered): stop
+                    // polling it until a connection closes or the next tick,
+                    // else the loop spins and floods the log.
+                    self.stats
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .accept_errors += 1;
+                    log::warn!("api: accept: {e}; not accepting until a connection closes");
+                    self.set_accepting(false);
                     return;
                 }
             }
@@ -685,6 +700,27 @@ impl Loop {
                 EpollEvent::default(),
             );
             self.free.push(slot);
+            drop(c);
+            self.set_accepting(true);
+        }
+    }
+
+    /// Arms or disarms the listener (disarmed after an `accept` error).
+    fn set_accepting(&mut self, on: bool) {
+        if on != self.accept_paused {
+            return;
+        }
+        let set = if on { EventSet::IN } else { EventSet::empty() };
+        if self
+            .epoll
+            .ctl(
+                ControlOperation::Modify,
+                self.listener.as_raw_fd(),
+                EpollEvent::new(set, TOKEN_LISTEN),
+            )
+            .is_ok()
+        {
+            self.accept_paused = !on;
         }
     }
 

@@ -1118,4 +1118,109 @@ mod tests {
         let again = bind(&path, SocketOptions::default());
         assert!(again.is_ok(), "{:?}", again.err());
     }
+
+    /// Everything the server sends on `s` until it closes.
+    fn exchange(path: &Path, bytes: &[u8]) -> String {
+        let mut s = UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(bytes).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn hostile_framing_over_the_socket_gets_answers_then_a_close() {
+        let path = temp_sock("hostile");
+        let server = HttpServer::start(&path, SocketOptions::default(), Arc::new(Echo)).unwrap();
+        // A good request pipelined with a bad one: the good one is answered,
+        // then a 400, then the connection closes; nothing after it is read.
+        let t = exchange(
+            &path,
+            b"GET /a HTTP/1.1\r\n\r\nBAD\r\n\r\nGET /c HTTP/1.1\r\n\r\n",
+        );
+        assert!(t.starts_with("HTTP/1.1 200"), "{t}");
+        assert!(t.contains("\"/a\""), "{t}");
+        assert!(t.contains("HTTP/1.1 400"), "{t}");
+        assert!(!t.contains("\"/c\""), "{t}");
+        // HTTP/1.0 without keep-alive: one answer, then a close.
+        let t = exchange(&path, b"GET /old HTTP/1.0\r\n\r\n");
+        assert!(t.starts_with("HTTP/1.1 200") && t.contains("/old"), "{t}");
+        assert!(t.to_ascii_lowercase().contains("connection: close"), "{t}");
+        // Non-UTF-8 in the target; a path longer than the head cap.
+        let t = exchange(&path, b"GET /\xff\xfe HTTP/1.1\r\n\r\n");
+        assert!(t.starts_with("HTTP/1.1 400"), "{t}");
+        let mut long = b"GET /".to_vec();
+        long.resize(MAX_HEAD * 2, b'a');
+        long.extend_from_slice(b" HTTP/1.1\r\n\r\n");
+        let t = exchange(&path, &long);
+        assert!(t.starts_with("HTTP/1.1 431"), "{t}");
+        // Duplicate equal Content-Length is one length; a body over the cap
+        // is refused before it is read.
+        let t = exchange(
+            &path,
+            b"POST /d HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 2\r\nConnection: close\r\n\r\nab",
+        );
+        assert!(t.contains("\"len\": 2"), "{t}");
+        let t = exchange(
+            &path,
+            b"POST /e HTTP/1.1\r\nContent-Length: 18446744073709551616\r\n\r\n",
+        );
+        assert!(t.starts_with("HTTP/1.1 400"), "{t}");
+        let t = exchange(
+            &path,
+            b"POST /e HTTP/1.1\r\nContent-Length: 18446744073709551615\r\n\r\n",
+        );
+        assert!(t.starts_with("HTTP/1.1 413"), "{t}");
+        assert!(server.stats().bad >= 5);
+    }
+
+    #[test]
+    fn a_client_sending_one_byte_at_a_time_does_not_block_another() {
+        let path = temp_sock("slow");
+        let _server = HttpServer::start(&path, SocketOptions::default(), Arc::new(Echo)).unwrap();
+        let mut slow = UnixStream::connect(&path).unwrap();
+        let req = b"GET /slow HTTP/1.1\r\nConnection: close\r\n\r\n";
+        for (k, b) in req.iter().enumerate() {
+            slow.write_all(&[*b]).unwrap();
+            if k % 8 == 0 {
+                let (st, body) = call(&path, "GET", "/fast", None).unwrap();
+                assert_eq!(st, 200);
+                assert!(String::from_utf8_lossy(&body).contains("/fast"));
+            }
+        }
+        slow.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut out = Vec::new();
+        slow.read_to_end(&mut out).unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("/slow"));
+    }
+
+    #[test]
+    fn the_socket_refuses_a_directory_and_a_symlink_even_to_a_stale_socket() {
+        let path = temp_sock("bind2");
+        std::fs::create_dir(&path).unwrap();
+        assert!(matches!(
+            bind(&path, SocketOptions::default()),
+            Err(BindError::NotASocket(_))
+        ));
+        assert!(check_socket_path(&path).is_err());
+        assert!(path.is_dir(), "the directory is left alone");
+        std::fs::remove_dir(&path).unwrap();
+        // A stale socket elsewhere, reached through a symlink: refused, and
+        // neither the link nor its target is removed.
+        let stale = path.with_file_name("stale.sock");
+        drop(bind(&stale, SocketOptions::default()).unwrap());
+        std::os::unix::fs::symlink(&stale, &path).unwrap();
+        assert!(matches!(
+            bind(&path, SocketOptions::default()),
+            Err(BindError::NotASocket(_))
+        ));
+        assert!(check_socket_path(&path).is_err());
+        assert!(std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(stale.exists());
+    }
 }

@@ -1321,4 +1321,80 @@ mod tests {
             422
         );
     }
+
+    #[test]
+    fn hostile_patches_change_nothing_and_ended_vms_refuse_every_action() {
+        let (ctl, _m) = gpu_fleet();
+        let before = call(&ctl, "GET", "/api/v1/vms/g", "").1;
+        assert_eq!(before["priority"], 5);
+        let refused = [
+            // A valid field beside an invalid one: nothing is applied.
+            "{\"priority\": 15, \"weight\": 0}",
+            "{\"weight\": 1000, \"priority\": 16}",
+            "{\"priority\": 1, \"colour\": 1}",
+            "{\"priority\": -1}",
+            "{\"priority\": 2.0}",
+            "{\"priority\": 1e1}",
+            "{\"priority\": \"3\"}",
+            "{\"priority\": true}",
+            "{\"priority\": null}",
+            "{\"weight\": 1001}",
+            "{\"quantum_ms\": 0}",
+            "{\"quantum_ms\": 10001}",
+            "{\"preempt_timeout_ms\": 0}",
+            "{\"preempt_timeout_ms\": 18446744073709551615}",
+            "{\"preempt_timeout_ms\": 18446744073709551616}",
+            "{\"priority\": 1, \"priority\": 99}",
+            "{}",
+            "{\"priority\": 1",
+        ];
+        for body in refused {
+            let (st, v) = call(&ctl, "PATCH", "/api/v1/vms/g", body);
+            assert_eq!(st, 400, "{body}: {v}");
+            assert!(v["error"].is_string(), "{body}: {v}");
+            let now = call(&ctl, "GET", "/api/v1/vms/g", "").1;
+            assert_eq!(now["priority"], before["priority"], "{body}");
+            assert_eq!(now["weight"], before["weight"], "{body}");
+        }
+        // The range edges are accepted.
+        let (st, v) = call(
+            &ctl,
+            "PATCH",
+            "/api/v1/vms/g",
+            "{\"priority\": 15, \"weight\": 1000, \"quantum_ms\": 10000}",
+        );
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["priority"], 15);
+        assert_eq!(v["weight"], 1000);
+        let (st, v) = call(
+            &ctl,
+            "PATCH",
+            "/api/v1/vms/g",
+            "{\"priority\": 0, \"weight\": 1}",
+        );
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["priority"], 0);
+        // Unknown VM names, including ones no config allows.
+        for name in ["nope", "a%22b", "..", "x\u{7f}"] {
+            for action in ["pause", "resume", "stop"] {
+                let (st, _) = call(&ctl, "POST", &format!("/api/v1/vms/{name}/{action}"), "");
+                assert_eq!(st, 404, "{name} {action}");
+            }
+        }
+        // An ended VM refuses pause, resume, stop and PATCH alike.
+        ctl.ended(0, VmEnd::default());
+        for (m, p, b) in [
+            ("POST", "/api/v1/vms/g/pause", ""),
+            ("POST", "/api/v1/vms/g/resume", ""),
+            ("POST", "/api/v1/vms/g/stop", ""),
+            ("PATCH", "/api/v1/vms/g", "{\"priority\": 3}"),
+        ] {
+            let (st, v) = call(&ctl, m, p, b);
+            assert_eq!(st, 409, "{m} {p}: {v}");
+            assert!(
+                v["error"].as_str().unwrap().contains("exited"),
+                "{m} {p}: {v}"
+            );
+        }
+    }
 }

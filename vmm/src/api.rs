@@ -1397,4 +1397,33 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn deeply_nested_bodies_are_refused_not_a_stack_overflow() {
+        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let depth = 30_000;
+        let toml_body = format!("name = \"n\"\nx = {}", "[".repeat(depth));
+        let json_body = format!("{{\"name\": {}", "[".repeat(depth));
+        for (ct, body) in [
+            ("application/toml", toml_body),
+            ("application/json", json_body.clone()),
+            ("application/toml", format!("x = {}", "{a = ".repeat(depth))),
+        ] {
+            let req = Request {
+                method: "POST".into(),
+                path: "/api/v1/vms".into(),
+                query: None,
+                headers: vec![("content-type".into(), ct.into())],
+                body: body.into_bytes(),
+                keep_alive: true,
+            };
+            let (reply, rx) = Responder::detached();
+            ctl.route(req, reply);
+            let (_, r) = rx.recv().unwrap();
+            assert_eq!(r.status, 400, "{ct}");
+        }
+        let (st, _) = call(&ctl, "PATCH", "/api/v1/vms/a", &json_body);
+        assert_eq!(st, 400);
+        assert_eq!(ctl.len(), 1);
+    }
 }

@@ -463,6 +463,8 @@ struct Conn {
     writing: bool,
     /// The epoll mask registered now.
     mask: EventSet,
+    /// The peer shut its writing side: answer what is buffered, then close.
+    eof: bool,
 }
 
 /// A running HTTP server; stops and removes its socket file on drop.
@@ -671,6 +673,7 @@ impl Loop {
                             last: Instant::now(),
                             writing: false,
                             mask: EventSet::IN,
+                            eof: false,
                         },
                     );
                 }
@@ -758,10 +761,9 @@ impl Loop {
             }
             match c.stream.read(&mut buf) {
                 Ok(0) => {
-                    // Peer closed its side: finish a pending answer first.
-                    if c.pending || !c.out.is_empty() {
-                        c.closing = true;
-                        c.keep_alive = false;
+                    // Peer closed its side: answer what it sent first.
+                    if c.pending || !c.out.is_empty() || !c.inbuf.is_empty() {
+                        c.eof = true;
                         break;
                     }
                     self.close(slot);
@@ -784,7 +786,13 @@ impl Loop {
         let Some(c) = self.conns.get_mut(&slot) else {
             return;
         };
-        if c.pending || !c.out.is_empty() || c.closing || c.inbuf.is_empty() {
+        if c.pending || !c.out.is_empty() || c.closing {
+            return;
+        }
+        if c.inbuf.is_empty() {
+            if c.eof {
+                self.close(slot);
+            }
             return;
         }
         match parse_request(&c.inbuf) {
@@ -806,7 +814,12 @@ impl Loop {
                 }
                 self.interest(slot);
             }
-            Err(ParseError::Incomplete) => {}
+            Err(ParseError::Incomplete) => {
+                if c.eof {
+                    // A truncated request: nothing more will come.
+                    self.close(slot);
+                }
+            }
             Err(e) => {
                 self.stats.lock().unwrap_or_else(|e| e.into_inner()).bad += 1;
                 let mut r = Response::error(e.status(), e.to_string());
@@ -826,7 +839,7 @@ impl Loop {
             return;
         };
         c.pending = false;
-        let keep = c.keep_alive && !resp.close && !c.closing;
+        let keep = c.keep_alive && !resp.close && !c.closing && (!c.eof || !c.inbuf.is_empty());
         c.out = resp.encode(keep);
         if !keep {
             c.closing = true;
@@ -883,7 +896,7 @@ impl Loop {
             return;
         };
         let mut want = EventSet::empty();
-        if !c.pending && !c.writing && c.inbuf.len() < MAX_HEAD + MAX_BODY {
+        if !c.pending && !c.writing && !c.eof && c.inbuf.len() < MAX_HEAD + MAX_BODY {
             want |= EventSet::IN;
         }
         if c.writing {
@@ -1222,5 +1235,23 @@ mod tests {
             .file_type()
             .is_symlink());
         assert!(stale.exists());
+    }
+
+    #[test]
+    fn a_client_that_half_closes_after_its_requests_still_gets_the_answers() {
+        let path = temp_sock("halfclose");
+        let _server = HttpServer::start(&path, SocketOptions::default(), Arc::new(Echo)).unwrap();
+        for _ in 0..20 {
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            s.write_all(b"GET /h1 HTTP/1.1\r\n\r\nGET /later HTTP/1.1\r\n\r\n")
+                .unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).unwrap();
+            let t = String::from_utf8_lossy(&out);
+            assert!(t.contains("/h1"), "{t}");
+            assert!(t.contains("later"), "{t}");
+        }
     }
 }

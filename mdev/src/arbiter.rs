@@ -869,6 +869,7 @@ impl GpuArbiter {
                 let before = c.bind.scheduler().stats().preemptions;
                 let stale_before = c.bind.scheduler().stats().stale_doorbells;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
+                c.tele.doorbell_published(vm, q.0, wptr, now);
                 let stale = c.bind.scheduler().stats().stale_doorbells - stale_before;
                 if stale > 0 {
                     self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale);
@@ -887,7 +888,9 @@ impl GpuArbiter {
                 }
                 clear(c);
                 if let Some(w) = Self::read_wptr(c, v, vhqd, q).filter(|w| *w != wptr) {
-                    c.bind.doorbell(c.gpu.as_mut(), self.now(), q, w, &mut out);
+                    let again = self.now();
+                    c.bind.doorbell(c.gpu.as_mut(), again, q, w, &mut out);
+                    c.tele.doorbell_published(vm, q.0, w, again);
                 }
             }
             None => {
@@ -1185,6 +1188,19 @@ impl GpuArbiter {
             .find(|(id, _)| **id == vm.0)
             .map(|(_, t)| t.queue_errors.clone());
         errors
+    }
+
+    /// VM `vm`'s packet latency (doorbell to completion) since it was
+    /// added: `(p50, p99)` in seconds estimated from the histogram buckets,
+    /// kept after the VM is removed. `None` for a VM the arbiter never had
+    /// or without completions.
+    pub fn vm_packet_latency(&self, vm: VgpuHandle) -> Option<(f64, f64)> {
+        let c = lock(&self.core);
+        let (_, t) = c.tele.vms().find(|(id, _)| **id == vm.0)?;
+        Some((
+            t.packet_latency.quantile(0.5)?,
+            t.packet_latency.quantile(0.99)?,
+        ))
     }
 }
 

@@ -27,6 +27,13 @@ pub const DOORBELL_BUCKETS: &[f64] = &[
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2,
 ];
 
+/// Upper bounds (s) of the packet latency (doorbell to completion)
+/// histogram's buckets.
+pub const PACKET_LATENCY_BUCKETS: &[f64] = &[
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0,
+];
+
 /// A cumulative histogram of durations (seconds), Prometheus style.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Histogram {
@@ -84,6 +91,30 @@ impl Histogram {
                 (b, acc)
             })
             .collect()
+    }
+
+    /// Estimated `q` quantile (0..=1) in seconds, interpolated linearly
+    /// inside the bucket that holds it (the last finite bound for `+Inf`);
+    /// `None` without observations.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * self.count as f64;
+        let mut below = 0u64;
+        let mut lower = 0.0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            let Some(&upper) = self.bounds.get(i) else {
+                return Some(lower);
+            };
+            if c > 0 && (below + c) as f64 >= rank {
+                let frac = ((rank - below as f64) / c as f64).clamp(0.0, 1.0);
+                return Some(lower + (upper - lower) * frac);
+            }
+            below += c;
+            lower = upper;
+        }
+        Some(lower)
     }
 }
 
@@ -197,7 +228,7 @@ pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
             f.preemptions
         );
     }
-    let hists: [(&str, &str, HistOf); 3] = [
+    let hists: [(&str, &str, HistOf); 4] = [
         (
             "hqdmux_vm_cwsr_save_seconds",
             "Time from a CWSR dequeue request of one of the VM's queues to the slot being free (wave save).",
@@ -212,6 +243,11 @@ pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
             "hqdmux_vm_doorbell_to_preemption_seconds",
             "Host time from reading a doorbell of the VM to the binding returning with the preemption(s) it caused handed to the GPU.",
             |v| &v.doorbell_to_preemption,
+        ),
+        (
+            "hqdmux_vm_packet_latency_seconds",
+            "Time from the doorbell that published a packet of the VM to that packet's completion.",
+            |v| &v.packet_latency,
         ),
     ];
     for (name, help, get) in hists {
@@ -296,6 +332,24 @@ pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantile_interpolates_inside_buckets() {
+        let mut h = Histogram::new(&[1e-3, 2e-3]);
+        assert_eq!(h.quantile(0.5), None);
+        for _ in 0..2 {
+            h.observe_ns(500_000); // bucket (0, 1 ms]
+        }
+        for _ in 0..2 {
+            h.observe_ns(1_500_000); // bucket (1 ms, 2 ms]
+        }
+        let p50 = h.quantile(0.5).unwrap();
+        assert!((p50 - 1e-3).abs() < 1e-12, "{p50}");
+        let p75 = h.quantile(0.75).unwrap();
+        assert!((p75 - 1.5e-3).abs() < 1e-12, "{p75}");
+        h.observe_ns(9_000_000_000); // +Inf: reported as the last bound
+        assert_eq!(h.quantile(1.0), Some(2e-3));
+    }
 
     #[test]
     fn histogram_is_cumulative_with_inf_last() {

@@ -4,6 +4,9 @@
 //!
 //! * histograms per VM: CWSR save time, CWSR restore time, host time from a
 //!   doorbell read to the preemption it caused being handed to the GPU;
+//! * per VM, packet latency: from the doorbell that published a packet
+//!   (its write index) to the packet's completion, via a bounded ring of
+//!   `(write index, doorbell time)` per queue ([`Telemetry::doorbell_published`]);
 //! * queue errors per VM by `CP_HQD_ERROR` code;
 //! * the final GPU time and preemptions of VMs that are gone;
 //! * a [`timeline::Recorder`]: spans of queues running, being saved and
@@ -24,10 +27,10 @@ use crate::backend::{
     DequeueMode, GpuEvent, PhysGpu, QueueErrorReason, SlotId as PhysSlot, SlotState,
 };
 use crate::binding::{Binding, Notice};
-use crate::metrics::{Histogram, CWSR_BUCKETS, DOORBELL_BUCKETS};
+use crate::metrics::{Histogram, CWSR_BUCKETS, DOORBELL_BUCKETS, PACKET_LATENCY_BUCKETS};
 use crate::topology::GpuTopology;
 use scheduler::{Nanos, VmId, VmParams, VmStats};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use timeline::{Recorder, RingLimits, SlotRow, SpanKind, Timeline, VmRow};
 
 /// What telemetry keeps for one VM.
@@ -44,6 +47,9 @@ pub struct VmTelemetry {
     /// Host time from a doorbell read to the binding returning with a
     /// preemption it caused.
     pub doorbell_to_preemption: Histogram,
+    /// Time from the doorbell that published a packet of the VM to that
+    /// packet's completion.
+    pub packet_latency: Histogram,
     /// Queue errors by code (`CP_HQD_ERROR` number, or `map_refused`).
     pub queue_errors: BTreeMap<String, u64>,
     /// `(gpu_ns, preemptions)` when the VM was removed.
@@ -69,6 +75,21 @@ pub struct Telemetry {
     /// (the same scheduler decision as a preemption found there).
     recent_maps: Vec<(u32, u32)>,
     seen_preemptions: u64,
+    /// Per queue tag: published packets not yet completed.
+    published: HashMap<u64, Published>,
+}
+
+/// Most doorbells remembered per queue (older ones are coalesced).
+pub const PUBLISHED_RING: usize = 256;
+
+/// Doorbells of one queue whose packets have not all completed: `(write
+/// index read at the doorbell, time of the doorbell)`, write index increasing.
+#[derive(Debug)]
+struct Published {
+    vm: u32,
+    ring: VecDeque<(u64, Nanos)>,
+    /// Highest write index pushed.
+    last_wptr: u64,
 }
 
 /// The owner a notice names (none for `ArmTimer`).
@@ -108,6 +129,7 @@ impl Telemetry {
             marked: vec![None; n],
             recent_maps: Vec::new(),
             seen_preemptions: 0,
+            published: HashMap::new(),
         }
     }
 
@@ -121,6 +143,7 @@ impl Telemetry {
                 cwsr_save: Histogram::new(CWSR_BUCKETS),
                 cwsr_restore: Histogram::new(CWSR_BUCKETS),
                 doorbell_to_preemption: Histogram::new(DOORBELL_BUCKETS),
+                packet_latency: Histogram::new(PACKET_LATENCY_BUCKETS),
                 queue_errors: BTreeMap::new(),
                 final_figures: None,
                 seen_preemptions: 0,
@@ -140,6 +163,7 @@ impl Telemetry {
         if let (Some(v), Some(s)) = (self.vms.get_mut(&vm), stats) {
             v.final_figures = Some((s.gpu_ns, s.preemptions));
         }
+        self.published.retain(|_, p| p.vm != vm);
     }
 
     /// A queue error of `vm` found outside the binding's notices (a bad
@@ -223,6 +247,12 @@ impl Telemetry {
                 };
                 self.rec.begin(now, slot.0, vm, queue.0, kind);
             }
+            Notice::Completed {
+                queue, dispatch_id, ..
+            } => self.packet_completed(now, queue.0, *dispatch_id),
+            Notice::Removed { queue, .. } => {
+                self.published.remove(&queue.0);
+            }
             Notice::QueueError { reason, .. } => self.queue_error(vm, reason),
             Notice::MapRefused { .. } => self.count_error(vm, "map_refused".into()),
             _ => {}
@@ -302,6 +332,53 @@ impl Telemetry {
     /// Partition of each user HQD slot (slot id order).
     pub fn slot_partitions(&self) -> &[u32] {
         &self.slot_part
+    }
+
+    /// A doorbell of `vm`'s queue `queue` (tag) read write index `wptr` at
+    /// `now`. Remembered when the write index moved; the ring keeps at most
+    /// [`PUBLISHED_RING`] doorbells per queue (when full, the newest entry
+    /// takes the new write index and keeps its older time, so latency is
+    /// over- rather than under-estimated). Allocates only on a queue's first
+    /// doorbell.
+    pub fn doorbell_published(&mut self, vm: u32, queue: u64, wptr: u64, now: Nanos) {
+        let p = self.published.entry(queue).or_insert_with(|| Published {
+            vm,
+            ring: VecDeque::with_capacity(PUBLISHED_RING),
+            last_wptr: 0,
+        });
+        if p.vm != vm || wptr <= p.last_wptr {
+            return;
+        }
+        p.last_wptr = wptr;
+        if p.ring.len() >= PUBLISHED_RING {
+            if let Some(back) = p.ring.back_mut() {
+                back.0 = wptr;
+            }
+        } else {
+            p.ring.push_back((wptr, now));
+        }
+    }
+
+    /// Packet `index` of queue `queue` (tag) completed at `now`: records the
+    /// latency from the doorbell covering it (the oldest remembered one whose
+    /// write index is past `index`) and forgets doorbells fully completed.
+    fn packet_completed(&mut self, now: Nanos, queue: u64, index: u64) {
+        let Some(p) = self.published.get_mut(&queue) else {
+            return;
+        };
+        let end = index.saturating_add(1);
+        while p.ring.front().is_some_and(|(w, _)| *w < end) {
+            p.ring.pop_front();
+        }
+        let Some(&(w, at)) = p.ring.front() else {
+            return;
+        };
+        if w == end {
+            p.ring.pop_front();
+        }
+        if let Some(v) = self.vms.get_mut(&p.vm) {
+            v.packet_latency.observe_ns(now.saturating_sub(at));
+        }
     }
 
     /// The timeline recorder.

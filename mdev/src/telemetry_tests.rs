@@ -387,3 +387,79 @@ fn arbiter_metrics_text_and_timeline_after_a_preemption() {
     }
     a.shutdown();
 }
+
+/// Packet latency: each completion is timed from the doorbell whose write
+/// index covers it; completions of unknown queues and stale doorbells (write
+/// index not moved) record nothing; the histogram is exported.
+#[test]
+fn packet_latency_is_timed_from_the_covering_doorbell() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(&topo);
+    rig.vm(3, "lat", 5);
+    let done = |rig: &mut Rig, now: Nanos, q: u64, id: u64| {
+        let n = Notice::Completed {
+            queue: QueueId(q),
+            owner: 3u32,
+            dispatch_id: id,
+            signal: 0,
+        };
+        rig.tele.notice(now, &n, 3, &rig.gpu);
+    };
+    // Doorbell at t=1000 publishes packets 0 and 1; at t=5000 packet 2.
+    rig.tele.doorbell_published(3, 7, 2, 1_000);
+    rig.tele.doorbell_published(3, 7, 2, 2_000); // write index unchanged
+    rig.tele.doorbell_published(3, 7, 3, 5_000);
+    done(&mut rig, 11_000, 7, 0); // 10 us
+    done(&mut rig, 21_000, 7, 1); // 20 us
+    done(&mut rig, 45_000, 7, 2); // 40 us
+    done(&mut rig, 50_000, 9, 0); // unknown queue
+    done(&mut rig, 60_000, 7, 3); // nothing published for it
+    let (_, v) = rig.tele.vms().find(|(id, _)| **id == 3).unwrap();
+    let h = &v.packet_latency;
+    assert_eq!(h.count(), 3);
+    assert!((h.sum() - 70e-6).abs() < 1e-12, "sum {}", h.sum());
+    let p50 = h.quantile(0.5).unwrap();
+    assert!((1e-5..=2.5e-5).contains(&p50), "p50 {p50}");
+    let p99 = h.quantile(0.99).unwrap();
+    assert!((2.5e-5..=5e-5).contains(&p99), "p99 {p99}");
+    let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    assert_eq!(
+        value(&m, "hqdmux_vm_packet_latency_seconds_count", "lat"),
+        3.0
+    );
+    // A removed queue forgets its doorbells.
+    rig.tele.doorbell_published(3, 7, 10, 70_000);
+    let n = Notice::Removed {
+        queue: QueueId(7),
+        owner: 3u32,
+        mqd: Box::default(),
+    };
+    rig.tele.notice(80_000, &n, 3, &rig.gpu);
+    done(&mut rig, 90_000, 7, 5);
+    let (_, v) = rig.tele.vms().find(|(id, _)| **id == 3).unwrap();
+    assert_eq!(v.packet_latency.count(), 3);
+}
+
+/// The published ring is bounded: past its capacity doorbells coalesce into
+/// the newest entry (older time kept), so every packet still gets a latency.
+#[test]
+fn packet_latency_ring_is_bounded() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(&topo);
+    rig.vm(3, "lat", 5);
+    let n = crate::telemetry::PUBLISHED_RING as u64 + 10;
+    for w in 1..=n {
+        rig.tele.doorbell_published(3, 7, w, w * 100);
+    }
+    for id in 0..n {
+        let c = Notice::Completed {
+            queue: QueueId(7),
+            owner: 3u32,
+            dispatch_id: id,
+            signal: 0,
+        };
+        rig.tele.notice(1_000_000, &c, 3, &rig.gpu);
+    }
+    let (_, v) = rig.tele.vms().find(|(id, _)| **id == 3).unwrap();
+    assert_eq!(v.packet_latency.count(), n);
+}

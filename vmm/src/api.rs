@@ -271,6 +271,10 @@ impl FleetControl {
             .zip(self.arbiter.as_ref())
             .and_then(|(h, m)| m.vm_queue_errors(h));
         let guard = live.and_then(|(h, m)| m.guard_status(h));
+        let latency = v
+            .last_vgpu
+            .zip(self.arbiter.as_ref())
+            .and_then(|(h, m)| m.vm_packet_latency(h));
         json!({
             "name": c.name,
             "state": v.state.name(),
@@ -296,6 +300,8 @@ impl FleetControl {
             "guard": guard.map(guard_view),
             "outcome": v.end.as_ref().map(|e| e.outcome.clone()),
             "exit_status": v.end.as_ref().and_then(|e| e.exit_status),
+            "latency_p50_ms": latency.map(|(p50, _)| p50 * 1e3),
+            "latency_p99_ms": latency.map(|(_, p99)| p99 * 1e3),
         })
     }
 
@@ -1217,6 +1223,9 @@ mod tests {
         let (st, v) = call(&ctl, "GET", "/api/v1/vms/g", "");
         assert_eq!(st, 200);
         assert_eq!(v["queue_errors"], 0);
+        for k in ["latency_p50_ms", "latency_p99_ms"] {
+            assert_eq!(v.get(k), Some(&Value::Null), "{k}: no completions yet");
+        }
         assert_eq!(v["quarantined"], false);
         assert_eq!(v["guard"]["max_resets"], 3);
         assert_eq!(v["guard"]["quarantined"], Value::Null);
@@ -1284,6 +1293,7 @@ mod tests {
         let (st, v) = call(&ctl, "GET", "/api/v1/vms/a", "");
         assert_eq!(st, 200);
         assert_eq!(v["queue_errors"], Value::Null);
+        assert_eq!(v["latency_p50_ms"], Value::Null);
         assert_eq!(v["guard"], Value::Null);
         assert_eq!(raw(&ctl, "DELETE", "/api/v1/timeline", None).status, 405);
     }

@@ -93,7 +93,7 @@ fn text(v: &Value) -> String {
 /// The `ps`/`top` table of VM views.
 pub fn table(vms: &[Value]) -> String {
     let mut s = format!(
-        "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>6} {:>4}  {}\n",
+        "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
         "vm",
         "state",
         "gpu",
@@ -104,6 +104,8 @@ pub fn table(vms: &[Value]) -> String {
         "share",
         "preempt",
         "cwsr_ms",
+        "p50_ms",
+        "p99_ms",
         "qerr",
         "quar",
         "outcome"
@@ -119,7 +121,7 @@ pub fn table(vms: &[Value]) -> String {
             None => "-",
         };
         s += &format!(
-            "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>6} {:>4}  {}\n",
+            "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
             text(&v["name"]),
             text(&v["state"]),
             if v["gpu"].as_bool() == Some(true) {
@@ -134,6 +136,8 @@ pub fn table(vms: &[Value]) -> String {
             share,
             text(&v["preemptions"]),
             num(&v["cwsr_time_ms"], 3),
+            num(&v["latency_p50_ms"], 3),
+            num(&v["latency_p99_ms"], 3),
             text(&v["queue_errors"]),
             quarantined,
             text(&v["outcome"]),
@@ -511,7 +515,8 @@ mod tests {
         let t = table(&[
             json!({"name": "a", "state": "running", "gpu": true, "priority": 3, "weight": 2,
                    "quantum_ms": 4.0, "gpu_time_ms": 12.5, "share": 0.25, "preemptions": 1,
-                   "cwsr_time_ms": 0.05, "queue_errors": 7, "quarantined": true, "outcome": null}),
+                   "cwsr_time_ms": 0.05, "latency_p50_ms": 0.125,
+                   "latency_p99_ms": 2.5, "queue_errors": 7, "quarantined": true, "outcome": null}),
             json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0"}),
         ]);
         let lines: Vec<&str> = t.lines().collect();
@@ -519,6 +524,8 @@ mod tests {
         assert!(
             lines[1].starts_with("a ")
                 && lines[1].contains("25.0%")
+                && lines[1].contains(" 0.125 ")
+                && lines[1].contains(" 2.500 ")
                 && lines[1].contains(" 7  YES"),
             "{t}"
         );

@@ -158,4 +158,8 @@ pub mod error {
     /// window): loads are refused with this code until the operator clears
     /// the quarantine. Queues already loaded keep running.
     pub const QUARANTINED: u32 = 23;
+    /// The MQD's CU mask (`compute_static_thread_mgmt_se0..7`) selects no
+    /// CU of the partition: the queue could never run (at load, or at a
+    /// map of an MQD changed since).
+    pub const EMPTY_CU_MASK: u32 = 24;
 }

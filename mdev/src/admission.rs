@@ -64,6 +64,15 @@ pub fn check_mqd(
         }
     }
     check_cwsr(topo, m, mem)?;
+    let cus = crate::backend::CuMask::from_mqd(
+        m,
+        topo.cus_per_xcc,
+        topo.ses_per_xcc,
+        topo.xccs_per_partition(),
+    );
+    if cus.count() == 0 {
+        return Err(QueueErrorReason::EmptyCuMask);
+    }
     if m.read_index().is_none() {
         return Err(QueueErrorReason::BadPointers);
     }
@@ -371,6 +380,17 @@ mod tests {
         m.set_read_index(100); // further apart than the 64-packet ring
         assert_eq!(check(&topo, &mem, &m), Err(R::BadPointers));
         m.set_read_index(136);
+        assert_eq!(check(&topo, &mem, &m), Ok(()));
+    }
+
+    #[test]
+    fn a_cu_mask_that_selects_no_cu_is_refused_and_one_cu_is_enough() {
+        let (topo, mem, mut m) = setup();
+        for dw in abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE {
+            m.dw[dw] = 0;
+        }
+        assert_eq!(check(&topo, &mem, &m), Err(R::EmptyCuMask));
+        m.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[0]] = 1;
         assert_eq!(check(&topo, &mem, &m), Ok(()));
     }
 

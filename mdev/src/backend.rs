@@ -204,6 +204,10 @@ pub enum QueueErrorReason {
         /// How long the dequeue had been waiting (ns).
         waited_ns: u64,
     },
+    /// The MQD's CU mask (`compute_static_thread_mgmt_se*`) selects no CU
+    /// of the partition: the queue could never launch a workgroup.
+    #[error("CU mask selects no CU of the partition (compute_static_thread_mgmt_se* all zero)")]
+    EmptyCuMask,
 }
 
 /// A set of CUs of one partition: bit `x * cus_per_xcc + c` is CU `c` of the

@@ -99,6 +99,7 @@ pub fn error_code(r: &QueueErrorReason) -> u32 {
         BadCwsrLayout { .. } => error::BAD_CWSR_LAYOUT,
         BadSavedState(_) => error::BAD_SAVED_STATE,
         PreemptionTimeout { .. } => error::PREEMPTION_TIMEOUT,
+        EmptyCuMask => error::EMPTY_CU_MASK,
     }
 }
 

@@ -39,8 +39,7 @@ fn a_reset_ending_a_waiting_save_frees_every_cu_once() {
 /// at the map instead of sitting on its slot forever with its kernel never
 /// finishing. Today it hangs silently (only that queue: other slots run).
 #[test]
-#[ignore = "needs a new CP_HQD_ERROR code for an empty CU mask (abi::vgpu::error, docs/vgpu-abi.md: outside the review's ownership)"]
-fn an_all_zero_guest_cu_mask_is_a_queue_error_at_the_map() {
+fn an_all_zero_guest_cu_mask_is_refused_at_the_map() {
     let topo = GpuTopology::tiny();
     let mut gpu = SimGpu::new(topo.clone(), 1).unwrap();
     let mut vm = TestVm::new(64 << 20);
@@ -49,11 +48,22 @@ fn an_all_zero_guest_cu_mask_is_a_queue_error_at_the_map() {
         q.mqd.dw[dw] = 0;
     }
     vm.kernel(&mut q, KernelKind::Mark, 2, 4, 1000, 1, false);
-    gpu.map(0, map_req(&vm, &q, 0, 3)).unwrap();
-    let mut ev = Vec::new();
-    run_virtual(&mut gpu, 0, 10_000_000, &mut ev);
+    // A queue no CU may run would sit on its slot forever: the map is
+    // refused (the binding turns that into a queue error, code 24).
+    let free = gpu.free_cus(0);
+    let r = gpu.map(0, map_req(&vm, &q, 0, 3));
     assert!(
-        ev.iter().any(|e| matches!(e, GpuEvent::QueueError { .. })),
-        "no error for a queue that can never run: {ev:?}"
+        matches!(
+            r,
+            Err(GpuError::BadMqd(
+                crate::backend::QueueErrorReason::EmptyCuMask
+            ))
+        ),
+        "{r:?}"
     );
+    assert_eq!(
+        crate::vgpu::error_code(&crate::backend::QueueErrorReason::EmptyCuMask),
+        abi::vgpu::error::EMPTY_CU_MASK
+    );
+    assert_eq!(gpu.free_cus(0), free);
 }

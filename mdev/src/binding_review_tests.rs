@@ -2,31 +2,13 @@
 //! sharing, dispatch-width scans).
 
 use super::*;
-use crate::backend::SlotId as PhysSlot;
-use scheduler::QueueState;
-
-/// 2 XCCs x 8 CUs (SPX), 2 shader engines per XCC, 4 slots.
-fn topo() -> GpuTopology {
-    GpuTopology {
-        cus_per_xcc: 8,
-        ses_per_xcc: 2,
-        ..GpuTopology::tiny()
-    }
-}
-
-fn phys_slot(rig: &Rig, q: QueueId) -> Option<PhysSlot> {
-    match rig.b.scheduler().queue_state(q) {
-        Some((QueueState::Running | QueueState::MappedIdle, Some(s))) => Some(PhysSlot(s.0)),
-        _ => None,
-    }
-}
 
 /// A high-priority VM whose own (legal) CU mask keeps it on the low CUs of
 /// each XCC must not be given a host reservation of the top CUs only: the
 /// intersection would be empty and its queue would never launch.
 #[test]
 fn a_reservation_never_leaves_the_reserved_queue_without_cus() {
-    let topo = topo();
+    let topo = spx_topo();
     let mut rig = Rig::new(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
     let mut lo = lo_vm.queue(&topo, 64, 0);

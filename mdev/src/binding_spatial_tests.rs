@@ -2,28 +2,10 @@
 //! CU sets carried to the simulated GPU.
 
 use super::*;
-use crate::backend::SlotId as PhysSlot;
-use scheduler::QueueState;
-
-/// 2 XCCs x 8 CUs (SPX), 4 slots.
-fn topo() -> GpuTopology {
-    GpuTopology {
-        cus_per_xcc: 8,
-        ses_per_xcc: 2,
-        ..GpuTopology::tiny()
-    }
-}
-
-fn phys_slot(rig: &Rig, q: QueueId) -> Option<PhysSlot> {
-    match rig.b.scheduler().queue_state(q) {
-        Some((QueueState::Running | QueueState::MappedIdle, Some(s))) => Some(PhysSlot(s.0)),
-        _ => None,
-    }
-}
 
 #[test]
 fn a_narrow_high_vm_gets_its_own_cus_beside_the_lower_vm() {
-    let topo = topo();
+    let topo = spx_topo();
     let mut rig = Rig::new(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
     let mut lo = lo_vm.queue(&topo, 64, 0);
@@ -68,7 +50,7 @@ fn a_narrow_high_vm_gets_its_own_cus_beside_the_lower_vm() {
 
 #[test]
 fn dispatch_widths_are_read_from_the_ring_within_bounds() {
-    let topo = topo();
+    let topo = spx_topo();
     let mut rig = Rig::new(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
     let mut lo = lo_vm.queue(&topo, 64, 0);

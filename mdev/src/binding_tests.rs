@@ -84,6 +84,26 @@ impl Rig {
     }
 }
 
+/// 2 XCCs x 8 CUs (SPX), 2 shader engines per XCC, 4 slots: the topology
+/// of the spatial-sharing and review tests.
+fn spx_topo() -> GpuTopology {
+    GpuTopology {
+        cus_per_xcc: 8,
+        ses_per_xcc: 2,
+        ..GpuTopology::tiny()
+    }
+}
+
+/// The physical slot queue `q` holds while mapped (running or idle).
+fn phys_slot(rig: &Rig, q: QueueId) -> Option<crate::backend::SlotId> {
+    match rig.b.scheduler().queue_state(q) {
+        Some((scheduler::QueueState::Running | scheduler::QueueState::MappedIdle, Some(s))) => {
+            Some(crate::backend::SlotId(s.0))
+        }
+        _ => None,
+    }
+}
+
 fn vm(rig: &mut Rig, id: u32, prio: u8) -> TestVm {
     rig.b
         .add_vm(

@@ -17,12 +17,10 @@
 use abi::kernel::{flags, KernelKind};
 use abi::vgpu::{error, hqd_state, reg, ERROR_VECTOR};
 use mdev::arbiter::{open_backend, GpuArbiter};
-use mdev::mem::{DmaMemory, SparseMemory};
-use mdev::probe::pct;
-use mdev::sim::testkit::TestVm;
+use mdev::probe::{add_guest, hqd_reg, load_hqd, mqd_addr, pct};
 use mdev::topology::GpuTopology;
 use mdev::vgpu::{InterruptSink, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
-use scheduler::{SchedConfig, VmParams};
+use scheduler::SchedConfig;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,10 +30,6 @@ impl InterruptSink for Irq {
     fn raise(&self, v: u16) {
         let _ = self.0.lock().unwrap().send((v, Instant::now()));
     }
-}
-
-fn hr(i: usize, r: usize) -> u64 {
-    (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
 }
 
 /// Waits for vector `v` (10 s at most); returns when it was raised.
@@ -61,43 +55,28 @@ fn sample(timeout: Duration) -> (u64, u64) {
     )
     .unwrap();
     let vm = |name: &str, prio: u8, no_save: bool| {
-        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 34));
-        let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
-        tvm.kernel_flags = if no_save { flags::NO_SAVE_POINT } else { 0 };
-        let mut q = tvm.queue(&topo, 64, 0);
-        let addr = q
-            .mqd
-            .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI);
-        mem.write(addr, &q.mqd.to_bytes()).unwrap();
         let (tx, rx) = channel();
-        let (h, fe) = a
-            .add_vm(
-                name,
-                mem.clone(),
-                VmParams {
-                    priority: prio,
-                    ..Default::default()
-                },
-                Arc::new(Irq(Mutex::new(tx))),
-            )
-            .unwrap();
-        fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR), addr as u32);
-        fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
-        fe.reg_write(hr(0, reg::CP_HQD_ACTIVE), 1);
+        let g = add_guest(&a, name, prio, 1 << 34, 64, Arc::new(Irq(Mutex::new(tx))));
+        let (mut tvm, mut q) = (g.tvm, g.q);
+        tvm.kernel_flags = if no_save { flags::NO_SAVE_POINT } else { 0 };
+        load_hqd(&g.fe, 0, mqd_addr(&q));
         let cost = if no_save { 3_600_000_000_000 } else { 10_000 };
         tvm.kernel(&mut q, KernelKind::Mark, 4, 64, cost, 1, true);
         let s = *q.signals.last().unwrap();
         let mailbox = tvm.alloc(8, 8);
-        mem.write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
+        tvm.mem
+            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
             .unwrap();
-        mem.write(s + SIGNAL_EVENT_ID, &1u32.to_le_bytes()).unwrap();
-        (h, fe, rx)
+        tvm.mem
+            .write(s + SIGNAL_EVENT_ID, &1u32.to_le_bytes())
+            .unwrap();
+        (g.handle, g.fe, rx)
     };
     let (hung, hung_fe, hung_rx) = vm("hung", 2, true);
     a.set_preempt_timeout(hung, timeout).unwrap();
     hung_fe.doorbell_eventfd(0).write(1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while hung_fe.reg_read(hr(0, reg::CP_HQD_STATE)) != hqd_state::ON_HQD {
+    while hung_fe.reg_read(hqd_reg(0, reg::CP_HQD_STATE)) != hqd_state::ON_HQD {
         assert!(Instant::now() < deadline, "hung queue not mapped");
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -107,7 +86,7 @@ fn sample(timeout: Duration) -> (u64, u64) {
     let reset = vector(&hung_rx, ERROR_VECTOR as u16);
     let done = vector(&hi_rx, 0);
     assert_eq!(
-        hung_fe.reg_read(hr(0, reg::CP_HQD_ERROR)),
+        hung_fe.reg_read(hqd_reg(0, reg::CP_HQD_ERROR)),
         error::PREEMPTION_TIMEOUT
     );
     a.remove_vm(hung);

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::mem::SparseMemory;
+use crate::probe::{hqd_reg as hr, load_hqd, mqd_addr};
 use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
 use abi::kernel::KernelKind;
@@ -50,51 +51,26 @@ fn arbiter() -> Arc<GpuArbiter> {
 }
 
 fn guest(a: &GpuArbiter, name: &str, prio: u8, panic_on_raise: bool) -> Guest {
-    let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
-    let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
-    let q = tvm.queue(a.topology(), 64, 0);
-    mem.write(mqd_addr(&q), &q.mqd.to_bytes()).unwrap();
-    let mailbox = tvm.alloc(8, 8);
     let irqs = Arc::new(Irqs {
         panic_on_raise,
         ..Default::default()
     });
-    let (h, fe) = a
-        .add_vm(
-            name,
-            mem,
-            VmParams {
-                priority: prio,
-                ..Default::default()
-            },
-            irqs.clone(),
-        )
-        .unwrap();
+    let g = crate::probe::add_guest(a, name, prio, 1 << 32, 64, irqs.clone());
+    let mut tvm = g.tvm;
+    let mailbox = tvm.alloc(8, 8);
     Guest {
-        h,
-        fe,
+        h: g.handle,
+        fe: g.fe,
         irqs,
         tvm,
-        q,
+        q: g.q,
         mailbox,
     }
 }
 
-fn mqd_addr(q: &GuestQueue) -> u64 {
-    q.mqd
-        .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI)
-}
-
-fn hr(i: usize, r: usize) -> u64 {
-    (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
-}
-
 impl Guest {
     fn load(&self, i: usize, addr: u64) {
-        self.fe.reg_write(hr(i, reg::CP_MQD_BASE_ADDR), addr as u32);
-        self.fe
-            .reg_write(hr(i, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
-        self.fe.reg_write(hr(i, reg::CP_HQD_ACTIVE), 1);
+        load_hqd(&self.fe, i, addr);
     }
     /// A mark kernel whose completion signal is an interrupt signal (mailbox + event id).
     fn kernel(&mut self, groups: u32, cost_ns: u64, seed: u32) -> u64 {
@@ -400,10 +376,7 @@ fn the_arbiter_lock_is_never_held_while_a_front_end_waits_on_a_vm_lock() {
     let (h, fe) = a
         .add_vm("held", mem, VmParams::default(), gate.clone())
         .unwrap();
-    let addr = mqd_addr(&q);
-    fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR), addr as u32);
-    fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
-    fe.reg_write(hr(0, reg::CP_HQD_ACTIVE), 1);
+    load_hqd(&fe, 0, mqd_addr(&q));
     tvm.kernel(&mut q, KernelKind::Mark, 4, 64, 10_000, 1, true);
     let s = *q.signals.last().unwrap();
     tvm.mem

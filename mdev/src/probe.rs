@@ -6,9 +6,11 @@
 
 use crate::arbiter::{open_backend, DoorbellSeen, GpuArbiter};
 use crate::mem::{DmaMemory, SparseMemory};
-use crate::sim::testkit::TestVm;
+use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::topology::GpuTopology;
-use crate::vgpu::{InterruptSink, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use crate::vgpu::{
+    InterruptSink, VgpuFrontEnd, VgpuHandle, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR,
+};
 use abi::kernel::KernelKind;
 use abi::vgpu::{hqd_state, reg};
 use scheduler::{SchedConfig, VmParams};
@@ -32,8 +34,66 @@ pub fn pct(v: &mut [u64], q: f64) -> u64 {
     v[((v.len() as f64 - 1.0) * q).round() as usize]
 }
 
-fn hr(i: usize, r: usize) -> u64 {
+/// MMIO offset of register `r` of vHQD `i` in the vGPU's register window.
+pub fn hqd_reg(i: usize, r: usize) -> u64 {
     (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
+}
+
+/// Guest address of the MQD of `q` (from the MQD's own base address field).
+pub fn mqd_addr(q: &GuestQueue) -> u64 {
+    q.mqd
+        .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI)
+}
+
+/// What a guest driver does to start a queue: points vHQD `i` of `fe` at
+/// the MQD at guest address `addr` and activates it.
+pub fn load_hqd(fe: &VgpuFrontEnd, i: usize, addr: u64) {
+    fe.reg_write(hqd_reg(i, reg::CP_MQD_BASE_ADDR), addr as u32);
+    fe.reg_write(hqd_reg(i, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+    fe.reg_write(hqd_reg(i, reg::CP_HQD_ACTIVE), 1);
+}
+
+/// A VM added to an arbiter by [`add_guest`]: its handle and front end, its
+/// guest memory (in `tvm`) and one queue whose MQD is in that memory.
+pub struct ProbeGuest {
+    /// The arbiter's handle of the VM.
+    pub handle: VgpuHandle,
+    /// The VM's vGPU front end.
+    pub fe: Arc<VgpuFrontEnd>,
+    /// The guest's memory and allocator.
+    pub tvm: TestVm,
+    /// The guest's queue (not loaded into a vHQD yet: see [`load_hqd`]).
+    pub q: GuestQueue,
+}
+
+/// Adds VM `name` at `priority` to `a` over fresh sparse guest memory of
+/// `mem_bytes`, with one queue of `ring_packets` packets whose MQD is
+/// written into that memory; `irq` receives its vectors. Panics if the
+/// arbiter refuses the VM (a measurement and test helper, not a service).
+pub fn add_guest(
+    a: &GpuArbiter,
+    name: &str,
+    priority: u8,
+    mem_bytes: u64,
+    ring_packets: u32,
+    irq: Arc<dyn InterruptSink>,
+) -> ProbeGuest {
+    let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(mem_bytes));
+    let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
+    let q = tvm.queue(a.topology(), ring_packets, 0);
+    mem.write(mqd_addr(&q), &q.mqd.to_bytes()).unwrap();
+    let (handle, fe) = a
+        .add_vm(
+            name,
+            mem,
+            VmParams {
+                priority,
+                ..Default::default()
+            },
+            irq,
+        )
+        .unwrap();
+    ProbeGuest { handle, fe, tvm, q }
 }
 
 /// A host thread blocked in `epoll_wait` on an eventfd, woken on demand:
@@ -109,29 +169,10 @@ pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -
         let _ = seen_tx.lock().unwrap().send(s);
     })));
     let vm = |name: &str, prio: u8| {
-        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 34));
-        let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
-        let q = tvm.queue(&topo, 1024, 0);
-        let addr = q
-            .mqd
-            .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI);
-        mem.write(addr, &q.mqd.to_bytes()).unwrap();
         let (tx, rx) = channel();
-        let (_, fe) = a
-            .add_vm(
-                name,
-                mem,
-                VmParams {
-                    priority: prio,
-                    ..Default::default()
-                },
-                Arc::new(Irq(Mutex::new(tx))),
-            )
-            .unwrap();
-        fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR), addr as u32);
-        fe.reg_write(hr(0, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
-        fe.reg_write(hr(0, reg::CP_HQD_ACTIVE), 1);
-        (fe, tvm, q, rx)
+        let g = add_guest(&a, name, prio, 1 << 34, 1024, Arc::new(Irq(Mutex::new(tx))));
+        load_hqd(&g.fe, 0, mqd_addr(&g.q));
+        (g.fe, g.tvm, g.q, rx)
     };
     let (lo, mut lo_vm, mut lo_q, _lo_rx) = vm("lo", 2);
     let (hi, mut hi_vm, mut hi_q, hi_rx) = vm("hi", 12);
@@ -142,7 +183,7 @@ pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -
     let mut out = Vec::new();
     let wait_state = |fe: &crate::vgpu::VgpuFrontEnd, st: u32| {
         let end = Instant::now() + Duration::from_secs(10);
-        while fe.reg_read(hr(0, reg::CP_HQD_STATE)) != st {
+        while fe.reg_read(hqd_reg(0, reg::CP_HQD_STATE)) != st {
             assert!(Instant::now() < end, "state {st} not reached");
             std::thread::sleep(Duration::from_micros(50));
         }

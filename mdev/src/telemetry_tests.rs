@@ -296,7 +296,6 @@ fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
 fn arbiter_metrics_text_and_timeline_after_a_preemption() {
     use crate::arbiter::{open_backend, GpuArbiter};
     use crate::vgpu::InterruptSink;
-    use abi::vgpu::reg;
     use std::time::{Duration, Instant};
 
     struct NoIrq;
@@ -310,30 +309,11 @@ fn arbiter_metrics_text_and_timeline_after_a_preemption() {
         open_backend(&topo, 1).unwrap(),
     )
     .unwrap();
-    let hr = |r: usize| (reg::HQD_BASE + r) as u64;
     let mut guests = Vec::new();
     for (name, prio, kernels, cost) in [("lo", 2u8, 8u32, 5_000_000u64), ("hi", 12, 2, 20_000)] {
-        let mem: Arc<dyn crate::mem::DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
-        let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
-        let mut q = tvm.queue(&topo, 64, 0);
-        let addr = q
-            .mqd
-            .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI);
-        mem.write(addr, &q.mqd.to_bytes()).unwrap();
-        let (h, fe) = a
-            .add_vm(
-                name,
-                mem,
-                VmParams {
-                    priority: prio,
-                    ..Default::default()
-                },
-                Arc::new(NoIrq),
-            )
-            .unwrap();
-        fe.reg_write(hr(reg::CP_MQD_BASE_ADDR), addr as u32);
-        fe.reg_write(hr(reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
-        fe.reg_write(hr(reg::CP_HQD_ACTIVE), 1);
+        let g = crate::probe::add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrq));
+        let (h, fe, mut tvm, mut q) = (g.handle, g.fe, g.tvm, g.q);
+        crate::probe::load_hqd(&fe, 0, crate::probe::mqd_addr(&q));
         for k in 0..kernels {
             tvm.kernel(&mut q, KernelKind::Mark, 16, 64, cost, k, true);
         }

@@ -1,10 +1,8 @@
 //! The `hqdmux` binary as an operator runs it.
 
-use std::process::Command;
+mod common;
 
-fn hqdmux() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_hqdmux"))
-}
+use common::{hqdmux, refused, run_on, scratch, spawn_on, write_file};
 
 fn root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -12,8 +10,7 @@ fn root() -> std::path::PathBuf {
 
 #[test]
 fn bad_configs_are_rejected_with_file_vm_field_and_reason_and_nothing_runs() {
-    let dir = std::env::temp_dir().join(format!("hqdmux-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("cli");
     let good = "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n";
     let cases = [
         (
@@ -63,13 +60,9 @@ fn bad_configs_are_rejected_with_file_vm_field_and_reason_and_nothing_runs() {
         ),
     ];
     for (file, text, want) in cases {
-        let path = dir.join(file);
-        std::fs::write(&path, text).unwrap();
+        let path = write_file(&dir, file, text);
         for sub in ["run", "check"] {
-            let out = hqdmux()
-                .args([sub, path.to_str().unwrap()])
-                .output()
-                .unwrap();
+            let out = run_on(&[sub], &path);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{sub} {file}: {stderr}");
             assert!(
@@ -83,12 +76,8 @@ fn bad_configs_are_rejected_with_file_vm_field_and_reason_and_nothing_runs() {
             );
         }
     }
-    let out = hqdmux()
-        .args(["run", dir.join("missing.toml").to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml: cannot read"));
+    let out = run_on(&["run"], &dir.join("missing.toml"));
+    assert!(refused(&out).contains("missing.toml: cannot read"));
 }
 
 #[test]
@@ -108,18 +97,12 @@ fn check_prints_the_gpu_topology() {
     ] {
         assert!(stdout.contains(want), "wanted {want:?} in {stdout}");
     }
-    let dir = std::env::temp_dir().join(format!("hqdmux-cli-gpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("cpx.toml");
-    std::fs::write(
-        &path,
+    let path = write_file(
+        &scratch("cli-gpu"),
+        "cpx.toml",
         "[gpu]\npartition_mode = \"CPX\"\n[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\npartition = 5\n",
-    )
-    .unwrap();
-    let out = hqdmux()
-        .args(["check", path.to_str().unwrap()])
-        .output()
-        .unwrap();
+    );
+    let out = run_on(&["check"], &path);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(
@@ -184,20 +167,14 @@ fn timeout_override_stops_a_hung_vm_and_the_run_fails() {
     if !vmm::kvm_or_skip("timeout_override_stops_a_hung_vm_and_the_run_fails") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("hqdmux-cli-timeout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("hang.toml");
     // The file allows a minute; the command line allows 200 ms.
-    std::fs::write(
-        &path,
+    let path = write_file(
+        &scratch("cli-timeout"),
+        "hang.toml",
         "[run]\ntimeout_ms = 60000\n[[vm]]\nname = \"stuck\"\nimage = \"builtin:fault\"\nargs = \"mode=hang\"\n[[vm]]\nname = \"fine\"\nimage = \"builtin:hello\"\n",
-    )
-    .unwrap();
+    );
     let t0 = std::time::Instant::now();
-    let out = hqdmux()
-        .args(["run", "--timeout-ms", "200", path.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = run_on(&["run", "--timeout-ms", "200"], &path);
     assert!(t0.elapsed().as_secs() < 30, "the override applied");
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -276,18 +253,12 @@ fn a_failing_vm_makes_the_run_exit_nonzero() {
     if !vmm::kvm_or_skip("a_failing_vm_makes_the_run_exit_nonzero") {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("hqdmux-cli-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("f.toml");
-    std::fs::write(
-        &path,
+    let path = write_file(
+        &scratch("cli-fail"),
+        "f.toml",
         "[[vm]]\nname = \"x\"\nimage = \"builtin:fault\"\nargs = \"mode=exit code=5\"\n",
-    )
-    .unwrap();
-    let out = hqdmux()
-        .args(["run", "--quiet", path.to_str().unwrap()])
-        .output()
-        .unwrap();
+    );
+    let out = run_on(&["run", "--quiet"], &path);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 1 VMs failed"));
     assert!(String::from_utf8_lossy(&out.stdout).contains("exited with status 5"));
@@ -318,14 +289,6 @@ fn clients_without_a_running_fleet_say_they_cannot_reach_the_socket() {
             "{err}"
         );
     }
-}
-
-/// A fresh temp directory for one test.
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("hqdmux-cli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// Waits for `child` (killing it and failing after `limit`: a hang guard,
@@ -374,17 +337,12 @@ const ENDLESS: &str = "[run]\ntimeout_ms = 600000\n\
 /// Starts `hqdmux run --api-socket` on [`ENDLESS`] and waits until its
 /// control socket answers (every VM is built and started right after).
 fn start_endless(dir: &std::path::Path) -> (std::process::Child, std::path::PathBuf) {
-    let cfg = dir.join("endless.toml");
-    std::fs::write(&cfg, ENDLESS).unwrap();
+    let cfg = write_file(dir, "endless.toml", ENDLESS);
     let sock = dir.join("fleet.sock");
-    let child = hqdmux()
-        .args(["run", "--quiet", "--api-socket"])
-        .arg(&sock)
-        .arg(&cfg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_on(
+        &["run", "--quiet", "--api-socket", sock.to_str().unwrap()],
+        &cfg,
+    );
     let t0 = std::time::Instant::now();
     loop {
         let out = hqdmux()
@@ -421,7 +379,7 @@ fn sigterm_and_sigint_stop_every_vm_print_the_summary_and_remove_the_socket() {
         (libc::SIGTERM, 143, "SIGTERM"),
         (libc::SIGINT, 130, "SIGINT"),
     ] {
-        let dir = temp_dir(&format!("sig{sig}"));
+        let dir = scratch(&format!("cli-sig{sig}"));
         let (child, sock) = start_endless(&dir);
         assert!(sock.exists());
         signal(&child, sig);
@@ -457,7 +415,7 @@ fn a_second_signal_ends_the_process_at_once_without_a_summary() {
     if !vmm::kvm_or_skip("a_second_signal_ends_the_process_at_once_without_a_summary") {
         return;
     }
-    let dir = temp_dir("sig2");
+    let dir = scratch("cli-sig2");
     let (child, _sock) = start_endless(&dir);
     // Two different signals (the same one would merge while pending): the
     // first delivered starts the graceful stop, the second ends the process.
@@ -482,16 +440,9 @@ fn a_gpu_vm_stopped_by_the_run_timeout_says_so_and_keeps_its_gpu_figures() {
     if !vmm::kvm_or_skip("a_gpu_vm_stopped_by_the_run_timeout_says_so_and_keeps_its_gpu_figures") {
         return;
     }
-    let dir = temp_dir("gputimeout");
-    let cfg = dir.join("endless.toml");
-    std::fs::write(&cfg, ENDLESS).unwrap();
-    let child = hqdmux()
-        .args(["run", "--quiet", "--timeout-ms", "1500"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let dir = scratch("cli-gputimeout");
+    let cfg = write_file(&dir, "endless.toml", ENDLESS);
+    let child = spawn_on(&["run", "--quiet", "--timeout-ms", "1500"], &cfg);
     let out = wait_or_kill(child, std::time::Duration::from_secs(60), "run timeout");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
@@ -503,7 +454,7 @@ fn a_gpu_vm_stopped_by_the_run_timeout_says_so_and_keeps_its_gpu_figures() {
 
 #[test]
 fn devices_fifos_and_oversized_images_are_refused_without_reading_them() {
-    let dir = temp_dir("images");
+    let dir = scratch("cli-images");
     let fifo = dir.join("fifo.elf");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo with a valid C string.
@@ -538,20 +489,13 @@ fn devices_fifos_and_oversized_images_are_refused_without_reading_them() {
             "text.elf: not an ELF file (bad magic), first bytes [00, 00, 00, 00]",
         ),
     ] {
-        let cfg = dir.join("fleet.toml");
-        std::fs::write(
-            &cfg,
+        let cfg = write_file(
+            &dir,
+            "fleet.toml",
             format!("[[vm]]\nname = \"v\"\nimage = \"{image}\"\nmemory_mib = {mem}\n"),
-        )
-        .unwrap();
+        );
         for sub in ["check", "run"] {
-            let child = hqdmux()
-                .arg(sub)
-                .arg(&cfg)
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
+            let child = spawn_on(&[sub], &cfg);
             let out = wait_or_kill(child, std::time::Duration::from_secs(30), image);
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{sub} {image}: {stderr}");
@@ -567,16 +511,13 @@ fn devices_fifos_and_oversized_images_are_refused_without_reading_them() {
 
 #[test]
 fn timeout_option_is_validated_as_the_config_field_is() {
-    let dir = temp_dir("timeout0");
-    let cfg = dir.join("zero.toml");
-    std::fs::write(
-        &cfg,
+    let dir = scratch("cli-timeout0");
+    let cfg = write_file(
+        &dir,
+        "zero.toml",
         "[run]\ntimeout_ms = 0\n[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n",
-    )
-    .unwrap();
-    let file = hqdmux().arg("check").arg(&cfg).output().unwrap();
-    assert_eq!(file.status.code(), Some(2));
-    let file_err = String::from_utf8_lossy(&file.stderr);
+    );
+    let file_err = refused(&run_on(&["check"], &cfg));
     let reason = file_err
         .trim()
         .split("field `run.timeout_ms`: ")
@@ -605,13 +546,12 @@ fn timeout_option_is_validated_as_the_config_field_is() {
 
 #[test]
 fn check_refuses_a_fleet_this_host_cannot_start() {
-    let dir = temp_dir("fleet10k");
-    let path = dir.join("10k.toml");
+    let dir = scratch("cli-fleet10k");
     let mut text = String::new();
     for i in 0..10_000 {
         text += &format!("[[vm]]\nname = \"vm{i}\"\nimage = \"builtin:hello\"\n");
     }
-    std::fs::write(&path, &text).unwrap();
+    let path = write_file(&dir, "10k.toml", &text);
     // The prediction the binary must act on, with the limit it will have.
     let cfg = vmm::config::FleetConfig::load(&path).unwrap();
     vmm::config::raise_open_files_limit().unwrap();
@@ -621,7 +561,7 @@ fn check_refuses_a_fleet_this_host_cannot_start() {
     assert_eq!(need.memory_bytes, 10_000 * (16 << 20));
     let expect_refusal = need.open_files > host.open_files
         || host.mem_available.is_some_and(|m| need.memory_bytes > m);
-    let out = hqdmux().arg("check").arg(&path).output().unwrap();
+    let out = run_on(&["check"], &path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if expect_refusal {
         assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -637,7 +577,7 @@ fn check_refuses_a_fleet_this_host_cannot_start() {
             "{stderr}"
         );
         // `run` refuses it the same way, before launching anything.
-        let out = hqdmux().arg("run").arg(&path).output().unwrap();
+        let out = run_on(&["run"], &path);
         assert_eq!(out.status.code(), Some(2));
         assert!(out.stdout.is_empty());
     } else {
@@ -704,17 +644,17 @@ fn images_describes_every_image_and_its_arguments_and_help_mentions_rust_log() {
 
 #[test]
 fn run_refuses_to_replace_a_file_at_the_api_socket_path_before_building_vms() {
-    let dir = temp_dir("sockfile");
-    let cfg = dir.join("f.toml");
-    std::fs::write(&cfg, "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n").unwrap();
-    let precious = dir.join("precious.txt");
-    std::fs::write(&precious, "keep me").unwrap();
-    let out = hqdmux()
-        .args(["run", "--quiet", "--api-socket"])
-        .arg(&precious)
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    let dir = scratch("cli-sockfile");
+    let cfg = write_file(
+        &dir,
+        "f.toml",
+        "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n",
+    );
+    let precious = write_file(&dir, "precious.txt", "keep me");
+    let out = run_on(
+        &["run", "--quiet", "--api-socket", precious.to_str().unwrap()],
+        &cfg,
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -723,17 +663,16 @@ fn run_refuses_to_replace_a_file_at_the_api_socket_path_before_building_vms() {
     );
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
     assert!(String::from_utf8_lossy(&out.stdout).is_empty(), "no VM ran");
-    let out = hqdmux()
-        .args([
+    let out = run_on(
+        &[
             "run",
             "--api-socket-mode",
             "999",
             "--api-socket",
             "/tmp/x.sock",
-        ])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+        ],
+        &cfg,
+    );
     assert_eq!(out.status.code(), Some(2), "a mode that is not octal");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -743,19 +682,14 @@ fn run_json_prints_the_summary_as_json() {
     if !vmm::kvm_or_skip("run_json_prints_the_summary_as_json") {
         return;
     }
-    let dir = temp_dir("runjson");
-    let cfg = dir.join("f.toml");
-    std::fs::write(
-        &cfg,
+    let dir = scratch("cli-runjson");
+    let cfg = write_file(
+        &dir,
+        "f.toml",
         "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n\
          [[vm]]\nname = \"b\"\nimage = \"builtin:hello\"\nargs = \"exit=3\"\n",
-    )
-    .unwrap();
-    let out = hqdmux()
-        .args(["run", "--quiet", "--json"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
+    );
+    let out = run_on(&["run", "--quiet", "--json"], &cfg);
     assert_eq!(out.status.code(), Some(1), "b exits 3");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));

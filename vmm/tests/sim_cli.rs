@@ -1,16 +1,8 @@
 //! `hqdmux sim` as an operator runs it (virtual time, no KVM).
 
-use std::process::Command;
+mod common;
 
-fn hqdmux() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_hqdmux"))
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("hqdmux-sim-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::{assert_ok, hqdmux, refused, scratch, sim, write_file};
 
 const SCENARIO: &str = r#"
 name = "mine"
@@ -37,20 +29,9 @@ wg_cost_us = 1000
 
 #[test]
 fn scenario_file_json_has_one_object_per_policy_with_the_contract_fields() {
-    let d = scratch("json");
-    let f = d.join("mine.toml");
-    std::fs::write(&f, SCENARIO).unwrap();
-    let out = hqdmux()
-        .args(["sim", "--scenario-file"])
-        .arg(&f)
-        .args(["--policy", "all", "--json", "--seed", "3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let f = write_file(&scratch("sim-json"), "mine.toml", SCENARIO);
+    let out = sim(&["--policy", "all", "--json", "--seed", "3"], &f);
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
@@ -89,14 +70,8 @@ fn table_form_and_list() {
     for n in ["seed", "disb-a", "disb-e", "flood", "oversub", "storm"] {
         assert!(s.contains(n), "{s}");
     }
-    let d = scratch("table");
-    let f = d.join("mine.toml");
-    std::fs::write(&f, SCENARIO).unwrap();
-    let out = hqdmux()
-        .args(["sim", "--policy", "hqdmux", "--scenario-file"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let f = write_file(&scratch("sim-table"), "mine.toml", SCENARIO);
+    let out = sim(&["--policy", "hqdmux"], &f);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(
@@ -107,53 +82,37 @@ fn table_form_and_list() {
 
 #[test]
 fn bad_scenarios_and_policies_exit_2_naming_file_field_and_reason() {
-    let d = scratch("bad");
-    let f = d.join("bad.toml");
-    std::fs::write(&f, SCENARIO.replace("priority = 12", "priority = 40")).unwrap();
-    let out = hqdmux()
-        .args(["sim", "--scenario-file"])
-        .arg(&f)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let e = String::from_utf8_lossy(&out.stderr);
+    let f = write_file(
+        &scratch("sim-bad"),
+        "bad.toml",
+        SCENARIO.replace("priority = 12", "priority = 40"),
+    );
+    let e = refused(&sim(&[], &f));
     assert!(
         e.contains("bad.toml: tenant 'svc': field `priority`: 40 is out of range 0..=15"),
         "{e}"
     );
-    let out = hqdmux()
-        .args(["sim", "--scenario", "nosuch"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no built-in scenario 'nosuch'"));
-    let out = hqdmux()
-        .args(["sim", "--policy", "lottery"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy 'lottery'"));
+    for (args, want) in [
+        (
+            ["sim", "--scenario", "nosuch"],
+            "no built-in scenario 'nosuch'",
+        ),
+        (["sim", "--policy", "lottery"], "unknown policy 'lottery'"),
+    ] {
+        let out = hqdmux().args(args).output().unwrap();
+        assert!(refused(&out).contains(want), "{args:?}");
+    }
 }
 
 #[test]
 fn a_sweep_in_a_scenario_file_runs_each_point() {
-    let d = scratch("sweep");
-    let f = d.join("sweep.toml");
     let text = SCENARIO.replace(
         "duration_ms = 300\n",
         "duration_ms = 100\nsweep = { tenant = \"batch\", counts = [1, 3] }\n",
     );
-    std::fs::write(&f, text).unwrap();
-    let out = hqdmux()
-        .args(["sim", "--policy", "hqdmux", "--json", "--scenario-file"])
-        .arg(&f)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let f = write_file(&scratch("sim-sweep"), "sweep.toml", text);
+    let out = sim(&["--policy", "hqdmux", "--json"], &f);
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> = v
         .as_array()
@@ -166,23 +125,13 @@ fn a_sweep_in_a_scenario_file_runs_each_point() {
 
 #[test]
 fn per_vm_section_lists_every_vm_with_units_and_json_carries_it() {
-    let d = scratch("pervm");
-    let f = d.join("mine.toml");
-    std::fs::write(
-        &f,
+    let f = write_file(
+        &scratch("sim-pervm"),
+        "mine.toml",
         SCENARIO.replace("name = \"batch\"", "name = \"batch\"\ncount = 2"),
-    )
-    .unwrap();
-    let out = hqdmux()
-        .args(["sim", "--policy", "hqdmux", "--per-vm", "--scenario-file"])
-        .arg(&f)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
+    let out = sim(&["--policy", "hqdmux", "--per-vm"], &f);
+    assert_ok(&out);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("per VM: scenario mine policy hqdmux"), "{s}");
     assert!(
@@ -194,32 +143,15 @@ fn per_vm_section_lists_every_vm_with_units_and_json_carries_it() {
     }
     assert!(s.contains("jain by level"), "{s}");
     // Without --per-vm: no such section.
-    let out = hqdmux()
-        .args(["sim", "--policy", "hqdmux", "--scenario-file"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out = sim(&["--policy", "hqdmux"], &f);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("per VM"));
-    let out = hqdmux()
-        .args(["sim", "--policy", "hqdmux", "--json", "--scenario-file"])
-        .arg(&f)
-        .output()
-        .unwrap();
+    let out = sim(&["--policy", "hqdmux", "--json"], &f);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let r = &v[0];
-    let names: Vec<&str> = r["vms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let vms = r["vms"].as_array().unwrap();
+    let names: Vec<&str> = vms.iter().map(|v| v["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["svc", "batch-0", "batch-1"]);
-    let share: f64 = r["vms"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["share"].as_f64().unwrap())
-        .sum();
+    let share: f64 = vms.iter().map(|v| v["share"].as_f64().unwrap()).sum();
     assert!((share - 1.0).abs() < 1e-9, "{r}");
     assert!(r["jain_by_level"]["12"].is_null(), "{r}");
     assert!(r["jain_by_level"]["2"].is_number(), "{r}");

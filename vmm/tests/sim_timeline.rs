@@ -1,16 +1,8 @@
 //! `hqdmux sim --timeline` as an operator runs it: one SVG (or JSON) per run.
 
-use std::process::Command;
+mod common;
 
-fn hqdmux() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_hqdmux"))
-}
-
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("hqdmux-simtl-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::{assert_ok, refused, scratch, sim, write_file};
 
 /// The seed scenario's shape, shortened to one inference burst.
 const SCENARIO: &str = r#"
@@ -38,30 +30,15 @@ repeat = 50
 
 #[test]
 fn one_svg_per_policy_naming_every_vm_and_json_on_request() {
-    let d = scratch("svg");
-    let sc = d.join("seedlet.toml");
-    std::fs::write(&sc, SCENARIO).unwrap();
+    let d = scratch("simtl-svg");
+    let sc = write_file(&d, "seedlet.toml", SCENARIO);
     let base = d.join("t.svg");
-    let out = hqdmux()
-        .args(["sim", "--policy", "hqdmux,fifo"])
-        .arg("--scenario-file")
-        .arg(&sc)
-        .output()
-        .unwrap();
     // Not a policy name: refused before anything is written.
-    assert_eq!(out.status.code(), Some(2));
-    let out = hqdmux()
-        .args(["sim", "--policy", "all", "--timeline"])
-        .arg(&base)
-        .arg("--scenario-file")
-        .arg(&sc)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    refused(&sim(&["--policy", "hqdmux,fifo"], &sc));
+    assert_ok(&sim(
+        &["--policy", "all", "--timeline", base.to_str().unwrap()],
+        &sc,
+    ));
     for p in ["hqdmux", "fifo", "poll5ms", "timeslice", "reset"] {
         let f = d.join(format!("t-{p}.svg"));
         let svg = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
@@ -80,25 +57,20 @@ fn one_svg_per_policy_naming_every_vm_and_json_on_request() {
     assert!(!base.exists(), "several policies: no file at PATH itself");
     // Under hqdmux, inference preempts training: the JSON says so.
     let json = d.join("t.json");
-    let out = hqdmux()
-        .args([
-            "sim",
+    // `hqdmux sim --policy hqdmux --timeline-from-ms FROM --timeline t.json`.
+    let window_from = |from_ms: &str| {
+        let timeline = json.to_str().unwrap();
+        let args = [
             "--policy",
             "hqdmux",
             "--timeline-from-ms",
-            "10",
+            from_ms,
             "--timeline",
-        ])
-        .arg(&json)
-        .arg("--scenario-file")
-        .arg(&sc)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+            timeline,
+        ];
+        sim(&args, &sc)
+    };
+    assert_ok(&window_from("10"));
     let t = timeline::Timeline::from_json(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!((t.start_ns, t.end_ns), (10_000_000, 60_000_000));
     let id = |n: &str| t.vms.iter().find(|v| v.name == n).unwrap().id;
@@ -107,21 +79,6 @@ fn one_svg_per_policy_naming_every_vm_and_json_on_request() {
         .iter()
         .any(|p| p.vm == id("training") && p.by_vm == Some(id("inference"))));
     // An empty window is refused.
-    let out = hqdmux()
-        .args([
-            "sim",
-            "--policy",
-            "hqdmux",
-            "--timeline-from-ms",
-            "70",
-            "--timeline",
-        ])
-        .arg(&json)
-        .arg("--scenario-file")
-        .arg(&sc)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("empty window"));
+    assert!(refused(&window_from("70")).contains("empty window"));
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{hqdmux, refused, run_on, scratch, spawn_on, write_file};
+use common::{hqdmux, refused, run_on, scratch, scratch_file, spawn_on, write_file};
 
 fn root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -97,8 +97,8 @@ fn check_prints_the_gpu_topology() {
     ] {
         assert!(stdout.contains(want), "wanted {want:?} in {stdout}");
     }
-    let path = write_file(
-        &scratch("cli-gpu"),
+    let path = scratch_file(
+        "cli-gpu",
         "cpx.toml",
         "[gpu]\npartition_mode = \"CPX\"\n[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\npartition = 5\n",
     );
@@ -168,8 +168,8 @@ fn timeout_override_stops_a_hung_vm_and_the_run_fails() {
         return;
     }
     // The file allows a minute; the command line allows 200 ms.
-    let path = write_file(
-        &scratch("cli-timeout"),
+    let path = scratch_file(
+        "cli-timeout",
         "hang.toml",
         "[run]\ntimeout_ms = 60000\n[[vm]]\nname = \"stuck\"\nimage = \"builtin:fault\"\nargs = \"mode=hang\"\n[[vm]]\nname = \"fine\"\nimage = \"builtin:hello\"\n",
     );
@@ -253,8 +253,8 @@ fn a_failing_vm_makes_the_run_exit_nonzero() {
     if !vmm::kvm_or_skip("a_failing_vm_makes_the_run_exit_nonzero") {
         return;
     }
-    let path = write_file(
-        &scratch("cli-fail"),
+    let path = scratch_file(
+        "cli-fail",
         "f.toml",
         "[[vm]]\nname = \"x\"\nimage = \"builtin:fault\"\nargs = \"mode=exit code=5\"\n",
     );

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{assert_ok, hqdmux, refused, scratch, sim, write_file};
+use common::{assert_ok, hqdmux, refused, scratch_file, sim};
 
 const SCENARIO: &str = r#"
 name = "mine"
@@ -29,7 +29,7 @@ wg_cost_us = 1000
 
 #[test]
 fn scenario_file_json_has_one_object_per_policy_with_the_contract_fields() {
-    let f = write_file(&scratch("sim-json"), "mine.toml", SCENARIO);
+    let f = scratch_file("sim-json", "mine.toml", SCENARIO);
     let out = sim(&["--policy", "all", "--json", "--seed", "3"], &f);
     assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -70,7 +70,7 @@ fn table_form_and_list() {
     for n in ["seed", "disb-a", "disb-e", "flood", "oversub", "storm"] {
         assert!(s.contains(n), "{s}");
     }
-    let f = write_file(&scratch("sim-table"), "mine.toml", SCENARIO);
+    let f = scratch_file("sim-table", "mine.toml", SCENARIO);
     let out = sim(&["--policy", "hqdmux"], &f);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
@@ -82,8 +82,8 @@ fn table_form_and_list() {
 
 #[test]
 fn bad_scenarios_and_policies_exit_2_naming_file_field_and_reason() {
-    let f = write_file(
-        &scratch("sim-bad"),
+    let f = scratch_file(
+        "sim-bad",
         "bad.toml",
         SCENARIO.replace("priority = 12", "priority = 40"),
     );
@@ -110,7 +110,7 @@ fn a_sweep_in_a_scenario_file_runs_each_point() {
         "duration_ms = 300\n",
         "duration_ms = 100\nsweep = { tenant = \"batch\", counts = [1, 3] }\n",
     );
-    let f = write_file(&scratch("sim-sweep"), "sweep.toml", text);
+    let f = scratch_file("sim-sweep", "sweep.toml", text);
     let out = sim(&["--policy", "hqdmux", "--json"], &f);
     assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -125,8 +125,8 @@ fn a_sweep_in_a_scenario_file_runs_each_point() {
 
 #[test]
 fn per_vm_section_lists_every_vm_with_units_and_json_carries_it() {
-    let f = write_file(
-        &scratch("sim-pervm"),
+    let f = scratch_file(
+        "sim-pervm",
         "mine.toml",
         SCENARIO.replace("name = \"batch\"", "name = \"batch\"\ncount = 2"),
     );

@@ -28,6 +28,12 @@ pub fn write_file(dir: &Path, file: &str, text: impl AsRef<[u8]>) -> PathBuf {
     path
 }
 
+/// Writes `text` to `file` in a fresh [`scratch`] directory `tag` and
+/// returns its path.
+pub fn scratch_file(tag: &str, file: &str, text: impl AsRef<[u8]>) -> PathBuf {
+    write_file(&scratch(tag), file, text)
+}
+
 /// Runs `hqdmux ARGS FILE` to completion.
 pub fn run_on(args: &[&str], file: &Path) -> Output {
     hqdmux().args(args).arg(file).output().unwrap()

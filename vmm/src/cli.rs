@@ -41,31 +41,14 @@ pub fn call(
     target: &str,
     body: Option<(&str, Vec<u8>)>,
 ) -> Result<Value, ExitCode> {
-    let r = crate::http::call(
+    let bytes = request(
+        cmd,
         socket,
         method,
         &format!("{}{target}", crate::api::PREFIX),
         body.as_ref().map(|(ct, b)| (*ct, b.as_slice())),
-    );
-    match r {
-        Ok((st, bytes)) => {
-            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            if (200..300).contains(&st) {
-                Ok(v)
-            } else {
-                let why = v["error"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-                eprintln!("hqdmux {cmd}: {why} (HTTP {st})");
-                Err(ExitCode::from(EXIT_REFUSED))
-            }
-        }
-        Err(e) => {
-            eprintln!("hqdmux {cmd}: cannot reach {}: {e}", socket.display());
-            Err(ExitCode::from(EXIT_UNREACHABLE))
-        }
-    }
+    )?;
+    Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
 fn json_body(v: &Value) -> Option<(&'static str, Vec<u8>)> {
@@ -388,7 +371,20 @@ pub fn unquarantine(socket: &Path, vm: &str, as_json: bool) -> ExitCode {
 /// One request outside the JSON answers: the body on 2xx, else the exit
 /// code after printing why.
 fn call_raw(cmd: &str, socket: &Path, target: &str) -> Result<Vec<u8>, ExitCode> {
-    match crate::http::call(socket, "GET", target, None) {
+    request(cmd, socket, "GET", target, None)
+}
+
+/// One HTTP request from command `cmd` to `target` (a full path): the
+/// answer's body on 2xx, else the exit code after printing why (the
+/// answer's `error` field, or its body).
+fn request(
+    cmd: &str,
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<(&str, &[u8])>,
+) -> Result<Vec<u8>, ExitCode> {
+    match crate::http::call(socket, method, target, body) {
         Ok((st, bytes)) if (200..300).contains(&st) => Ok(bytes),
         Ok((st, bytes)) => {
             let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);

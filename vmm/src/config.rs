@@ -972,25 +972,21 @@ mod tests {
         assert_eq!(cfg.gpu.guard.max_resets, 5);
         let eff = cfg.gpu.guard.with(&cfg.vm[0].guard);
         assert_eq!((eff.max_resets, eff.window_ms), (1, 1000));
-        let e = err(&format!("[gpu.guard]\nwindow_ms = 0\n{GOOD}"));
-        assert_eq!(
-            e,
-            "/cfg/fleet.toml: gpu: field `guard.window_ms`: 0 is out of range 1..=86400000 (ms)"
+        assert_err_eq(
+            &format!("[gpu.guard]\nwindow_ms = 0\n{GOOD}"),
+            "/cfg/fleet.toml: gpu: field `guard.window_ms`: 0 is out of range 1..=86400000 (ms)",
         );
-        let e = err(&format!("{GOOD}guard = {{ window_ms = 0 }}\n"));
-        assert_eq!(
-            e,
-            "/cfg/fleet.toml: vm 'a' (vm[0]): field `guard.window_ms`: 0 is out of range 1..=86400000 (ms)"
+        assert_err_eq(
+            &format!("{GOOD}guard = {{ window_ms = 0 }}\n"),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `guard.window_ms`: 0 is out of range 1..=86400000 (ms)",
         );
-        let e = err(&format!("{GOOD}guard = {{ max_reset = 1 }}\n"));
-        assert!(
-            e.contains("vm 'a' (vm[0]): field `guard`: unknown field `max_reset`"),
-            "{e}"
+        assert_err_has(
+            &format!("{GOOD}guard = {{ max_reset = 1 }}\n"),
+            "vm 'a' (vm[0]): field `guard`: unknown field `max_reset`",
         );
-        let e = err(&format!("{GOOD}guard = 3\n"));
-        assert!(
-            e.ends_with("field `guard`: expected a table, found an integer"),
-            "{e}"
+        assert_err_ends(
+            &format!("{GOOD}guard = 3\n"),
+            "field `guard`: expected a table, found an integer",
         );
     }
 
@@ -998,15 +994,13 @@ mod tests {
     fn preempt_timeout_is_read_and_range_checked_naming_the_vm() {
         let cfg = parse(&format!("{GOOD}preempt_timeout_ms = 250\n")).unwrap();
         assert_eq!(cfg.vm[0].preempt_timeout_ms, 250);
-        let e = err(&format!("{GOOD}preempt_timeout_ms = 0\n"));
-        assert_eq!(
-            e,
-            "/cfg/fleet.toml: vm 'a' (vm[0]): field `preempt_timeout_ms`: 0 is out of range 1..=3600000"
+        assert_err_eq(
+            &format!("{GOOD}preempt_timeout_ms = 0\n"),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `preempt_timeout_ms`: 0 is out of range 1..=3600000",
         );
-        let e = err(&format!("{GOOD}preempt_timeout_ms = \"9s\"\n"));
-        assert!(
-            e.ends_with("field `preempt_timeout_ms`: expected an integer, found a string"),
-            "{e}"
+        assert_err_ends(
+            &format!("{GOOD}preempt_timeout_ms = \"9s\"\n"),
+            "field `preempt_timeout_ms`: expected an integer, found a string",
         );
     }
 
@@ -1014,13 +1008,35 @@ mod tests {
         parse(text).unwrap_err().to_string()
     }
 
+    /// Asserts that `text` is refused with exactly the message `want`.
+    fn assert_err_eq(text: &str, want: &str) {
+        assert_eq!(err(text), want);
+    }
+
+    /// Asserts that `text` is refused with a message containing `want`.
+    fn assert_err_has(text: &str, want: &str) {
+        let e = err(text);
+        assert!(e.contains(want), "{e}");
+    }
+
+    /// Asserts that `text` is refused with a message starting with `want`.
+    fn assert_err_starts(text: &str, want: &str) {
+        let e = err(text);
+        assert!(e.starts_with(want), "{e}");
+    }
+
+    /// Asserts that `text` is refused with a message ending with `want`.
+    fn assert_err_ends(text: &str, want: &str) {
+        let e = err(text);
+        assert!(e.ends_with(want), "{e}");
+    }
+
     #[test]
     fn gpu_vms_need_room_for_a_cwsr_area_and_scheduler_section_parses() {
         let gpu = GOOD.replace("args = \"x=1\"", "args = \"x=1\"\n        gpu = true");
-        let e = err(&gpu);
-        assert!(
-            e.starts_with("/cfg/fleet.toml: vm 'a' (vm[0]): field `memory_mib`: 16 MiB is too small for `gpu = true`"),
-            "{e}"
+        assert_err_starts(
+            &gpu,
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `memory_mib`: 16 MiB is too small for `gpu = true`",
         );
         let ok = parse(&format!("{gpu}\n        memory_mib = 256\n")).unwrap();
         assert!(ok.vm[0].gpu);
@@ -1032,10 +1048,9 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.scheduler.policy, scheduler::Policy::Fifo);
-        let e = err(&format!("[scheduler]\naging_ns = 0\n{GOOD}"));
-        assert!(
-            e.starts_with("/cfg/fleet.toml: field `scheduler.aging_ns`: must be > 0"),
-            "{e}"
+        assert_err_starts(
+            &format!("[scheduler]\naging_ns = 0\n{GOOD}"),
+            "/cfg/fleet.toml: field `scheduler.aging_ns`: must be > 0",
         );
         let e = err(&format!("[scheduler]\nquantum = 5\n{GOOD}"));
         assert!(
@@ -1046,59 +1061,63 @@ mod tests {
 
     #[test]
     fn errors_name_file_vm_field_and_reason() {
-        let e = err(&GOOD.replace("priority = 12", "priority = 16"));
-        assert_eq!(
-            e,
-            "/cfg/fleet.toml: vm 'a' (vm[0]): field `priority`: 16 is out of range 0..=15"
+        assert_err_eq(
+            &GOOD.replace("priority = 12", "priority = 16"),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `priority`: 16 is out of range 0..=15",
         );
-        let e = err(&format!("{GOOD}{}", GOOD));
-        assert!(
-            e.contains("vm 'a' (vm[1]): field `name`: duplicate name"),
-            "{e}"
+        assert_err_has(
+            &format!("{GOOD}{}", GOOD),
+            "vm 'a' (vm[1]): field `name`: duplicate name",
         );
-        let e = err(&GOOD.replace("builtin:hello", "builtin:nope"));
-        assert!(e.contains("field `image`: no built-in image 'nope'"), "{e}");
-        let e = err(&GOOD.replace("builtin:hello", "missing.elf"));
-        assert!(e.contains("image file /cfg/missing.elf not found"), "{e}");
-        let e = err(&format!("{GOOD}memory_mib = 1\n"));
-        assert!(e.contains("field `memory_mib`: 1 MiB is too small"), "{e}");
-        let e = err(&format!("{GOOD}weight = 0\n").replace("weight = 3\n", ""));
-        assert!(e.contains("field `weight`: 0 is out of range"), "{e}");
-        let e = err(&format!("{GOOD}vcpus = 0\n"));
-        assert!(e.contains("field `vcpus`"), "{e}");
-        let e = err(&GOOD.replace("name = \"a\"", "name = \"a b\""));
-        assert!(e.contains("field `name`: use only"), "{e}");
-        let e = err("[run]\ntimeout_ms = 5\n");
-        assert!(e.contains("field `vm`: no [[vm]] entries"), "{e}");
+        assert_err_has(
+            &GOOD.replace("builtin:hello", "builtin:nope"),
+            "field `image`: no built-in image 'nope'",
+        );
+        assert_err_has(
+            &GOOD.replace("builtin:hello", "missing.elf"),
+            "image file /cfg/missing.elf not found",
+        );
+        assert_err_has(
+            &format!("{GOOD}memory_mib = 1\n"),
+            "field `memory_mib`: 1 MiB is too small",
+        );
+        assert_err_has(
+            &format!("{GOOD}weight = 0\n").replace("weight = 3\n", ""),
+            "field `weight`: 0 is out of range",
+        );
+        assert_err_has(&format!("{GOOD}vcpus = 0\n"), "field `vcpus`");
+        assert_err_has(
+            &GOOD.replace("name = \"a\"", "name = \"a b\""),
+            "field `name`: use only",
+        );
+        assert_err_has("[run]\ntimeout_ms = 5\n", "field `vm`: no [[vm]] entries");
     }
 
     #[test]
     fn unknown_fields_and_wrong_types_name_the_vm_and_field() {
-        let e = err(&format!("{GOOD}colour = \"red\"\n"));
-        assert!(
-            e.starts_with("/cfg/fleet.toml: vm 'a' (vm[0]): field `colour`: unknown field"),
-            "{e}"
+        assert_err_starts(
+            &format!("{GOOD}colour = \"red\"\n"),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `colour`: unknown field",
         );
-        let e = err(&GOOD.replace("priority = 12", "priority = \"high\""));
-        assert_eq!(
-            e,
-            "/cfg/fleet.toml: vm 'a' (vm[0]): field `priority`: expected an integer, found a string"
+        assert_err_eq(
+            &GOOD.replace("priority = 12", "priority = \"high\""),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `priority`: expected an integer, found a string",
         );
-        let e = err(&GOOD.replace("priority = 12", "priority = -1"));
-        assert!(
-            e.ends_with("field `priority`: -1 is out of range 0..=15"),
-            "{e}"
+        assert_err_ends(
+            &GOOD.replace("priority = 12", "priority = -1"),
+            "field `priority`: -1 is out of range 0..=15",
         );
-        let e = err(&GOOD.replace("image = \"builtin:hello\"", ""));
-        assert!(e.ends_with("field `image`: missing (required)"), "{e}");
+        assert_err_ends(
+            &GOOD.replace("image = \"builtin:hello\"", ""),
+            "field `image`: missing (required)",
+        );
         // Sections other than [[vm]] keep the parser's line and column.
         let e = err(&format!("[gpu]\nbackend = \"cuda\"\n{GOOD}"));
         assert!(
             e.contains("unknown variant `cuda`") && e.contains("line 2"),
             "{e}"
         );
-        let e = err(&format!("{GOOD}\n[extra]\n"));
-        assert!(e.contains("unknown field `extra`"), "{e}");
+        assert_err_has(&format!("{GOOD}\n[extra]\n"), "unknown field `extra`");
     }
 
     #[test]
@@ -1145,12 +1164,18 @@ mod tests {
         assert!(e.starts_with("/cfg/fleet.toml: "), "{e}");
         assert!(e.contains("unknown field `xcc`"), "{e}");
         assert!(e.contains("line 2"), "{e}");
-        let e = err(&format!("[gpu.cwsr]\ntrap = 4\n{GOOD}"));
-        assert!(e.contains("unknown field `trap`"), "{e}");
-        let e = err(&format!("[gpu]\nbackend = \"cuda\"\n{GOOD}"));
-        assert!(e.contains("unknown variant `cuda`"), "{e}");
-        let e = err(&format!("[gpu]\npartition_mode = \"spx\"\n{GOOD}"));
-        assert!(e.contains("unknown variant `spx`"), "{e}");
+        assert_err_has(
+            &format!("[gpu.cwsr]\ntrap = 4\n{GOOD}"),
+            "unknown field `trap`",
+        );
+        assert_err_has(
+            &format!("[gpu]\nbackend = \"cuda\"\n{GOOD}"),
+            "unknown variant `cuda`",
+        );
+        assert_err_has(
+            &format!("[gpu]\npartition_mode = \"spx\"\n{GOOD}"),
+            "unknown variant `spx`",
+        );
     }
 
     #[test]
@@ -1163,20 +1188,17 @@ mod tests {
             "/cfg/fleet.toml: gpu: field `xccs`: 3 XCCs do not split evenly into the 2 \
              partitions of partition_mode DPX (xccs must be a multiple of 2)"
         );
-        let e = err(&format!("[gpu]\ncus_per_xcc = 0\n{GOOD}"));
-        assert_eq!(
-            e,
-            "/cfg/fleet.toml: gpu: field `cus_per_xcc`: must be greater than 0"
+        assert_err_eq(
+            &format!("[gpu]\ncus_per_xcc = 0\n{GOOD}"),
+            "/cfg/fleet.toml: gpu: field `cus_per_xcc`: must be greater than 0",
         );
-        let e = err(&format!("[gpu.sim]\njitter_permille = 2000\n{GOOD}"));
-        assert!(
-            e.contains("gpu: field `sim.jitter_permille`: 2000 exceeds the maximum 1000"),
-            "{e}"
+        assert_err_has(
+            &format!("[gpu.sim]\njitter_permille = 2000\n{GOOD}"),
+            "gpu: field `sim.jitter_permille`: 2000 exceeds the maximum 1000",
         );
-        let e = err(&format!("[gpu]\nreserved_queues_per_pipe = 8\n{GOOD}"));
-        assert!(
-            e.contains("gpu: field `reserved_queues_per_pipe`: 8 of 8"),
-            "{e}"
+        assert_err_has(
+            &format!("[gpu]\nreserved_queues_per_pipe = 8\n{GOOD}"),
+            "gpu: field `reserved_queues_per_pipe`: 8 of 8",
         );
     }
 
@@ -1346,12 +1368,9 @@ mod tests {
             "/cfg/fleet.toml: vm 'a' (vm[0]): field `partition`: 1 is out of range 0..=0 \
              ([gpu] partition_mode SPX has 1 partition)"
         );
-        let e = err(&format!(
-            "[gpu]\npartition_mode = \"QPX\"\n{GOOD}partition = 4\n"
-        ));
-        assert!(
-            e.contains("field `partition`: 4 is out of range 0..=3 ([gpu] partition_mode QPX has 4 partitions)"),
-            "{e}"
+        assert_err_has(
+            &format!("[gpu]\npartition_mode = \"QPX\"\n{GOOD}partition = 4\n"),
+            "field `partition`: 4 is out of range 0..=3 ([gpu] partition_mode QPX has 4 partitions)",
         );
         let cfg = parse(&format!(
             "[gpu]\npartition_mode = \"QPX\"\n{GOOD}partition = 3\n"

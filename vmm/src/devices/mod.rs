@@ -163,6 +163,15 @@ impl BusDevice for SerialDevice {
     }
 }
 
+/// The little-endian value of a port write of up to 4 bytes (a longer
+/// write is cut to its first 4, a shorter one zero-extended).
+fn le_u32_prefix(data: &[u8]) -> u32 {
+    let mut v = [0u8; 4];
+    let n = data.len().min(4);
+    v[..n].copy_from_slice(&data[..n]);
+    u32::from_le_bytes(v)
+}
+
 /// Exit status port.
 pub struct ExitDevice;
 
@@ -171,10 +180,7 @@ impl BusDevice for ExitDevice {
         data.fill(0);
     }
     fn write(&self, _offset: u64, data: &[u8]) -> BusAction {
-        let mut v = [0u8; 4];
-        let n = data.len().min(4);
-        v[..n].copy_from_slice(&data[..n]);
-        BusAction::Exit(u32::from_le_bytes(v))
+        BusAction::Exit(le_u32_prefix(data))
     }
 }
 
@@ -196,13 +202,10 @@ impl BusDevice for CheckpointDevice {
         data.fill(0);
     }
     fn write(&self, _offset: u64, data: &[u8]) -> BusAction {
-        let mut v = [0u8; 4];
-        let n = data.len().min(4);
-        v[..n].copy_from_slice(&data[..n]);
         self.marks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((u32::from_le_bytes(v), Instant::now()));
+            .push((le_u32_prefix(data), Instant::now()));
         BusAction::Continue
     }
 }

@@ -133,6 +133,33 @@ impl DmaMemory for GuestMemoryMmap<()> {
     }
 }
 
+/// A memory whose every access takes one lock, so that a read-modify-write
+/// under it is atomic against every other access.
+trait LockedRmw {
+    /// Replaces the `N` bytes at `gpa` by `f(old)` under the lock; returns `old`.
+    fn rmw<const N: usize>(
+        &self,
+        gpa: u64,
+        f: impl FnOnce([u8; N]) -> [u8; N],
+    ) -> Result<[u8; N], MemError>;
+}
+
+/// [`DmaMemory::fetch_add_u64`] as one read-modify-write under the lock.
+fn locked_fetch_add_u64(m: &impl LockedRmw, gpa: u64, delta: u64) -> Result<u64, MemError> {
+    m.rmw(gpa, |b| {
+        u64::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
+    })
+    .map(u64::from_le_bytes)
+}
+
+/// [`DmaMemory::fetch_add_u32`] as one read-modify-write under the lock.
+fn locked_fetch_add_u32(m: &impl LockedRmw, gpa: u64, delta: u32) -> Result<u32, MemError> {
+    m.rmw(gpa, |b| {
+        u32::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
+    })
+    .map(u32::from_le_bytes)
+}
+
 /// Host-vector memory for tests and the virtual-time harness.
 ///
 /// The vector is allocated zeroed (`calloc`), so untouched pages cost no RAM:
@@ -155,7 +182,9 @@ impl VecMemory {
         let mut g = self.data.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut g)
     }
-    /// Replaces the `N` bytes at `gpa` by `f(old)` under the lock; returns `old`.
+}
+
+impl LockedRmw for VecMemory {
     fn rmw<const N: usize>(
         &self,
         gpa: u64,
@@ -191,17 +220,11 @@ impl DmaMemory for VecMemory {
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
-        self.rmw(gpa, |b| {
-            u64::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
-        })
-        .map(u64::from_le_bytes)
+        locked_fetch_add_u64(self, gpa, delta)
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
-        self.rmw(gpa, |b| {
-            u32::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
-        })
-        .map(u32::from_le_bytes)
+        locked_fetch_add_u32(self, gpa, delta)
     }
 }
 
@@ -227,19 +250,6 @@ impl SparseMemory {
     /// Pages written so far.
     pub fn resident_pages(&self) -> usize {
         self.pages.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-    /// Replaces the `N` bytes at `gpa` by `f(old)` under the lock; returns `old`.
-    fn rmw<const N: usize>(
-        &self,
-        gpa: u64,
-        f: impl FnOnce([u8; N]) -> [u8; N],
-    ) -> Result<[u8; N], MemError> {
-        check(self.size, gpa, N)?;
-        let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
-        let mut old = [0u8; N];
-        sparse_read(&g, gpa, &mut old);
-        sparse_write(&mut g, gpa, &f(old));
-        Ok(old)
     }
 }
 
@@ -273,6 +283,21 @@ fn sparse_write(g: &mut Pages, gpa: u64, buf: &[u8]) {
     }
 }
 
+impl LockedRmw for SparseMemory {
+    fn rmw<const N: usize>(
+        &self,
+        gpa: u64,
+        f: impl FnOnce([u8; N]) -> [u8; N],
+    ) -> Result<[u8; N], MemError> {
+        check(self.size, gpa, N)?;
+        let mut g = self.pages.lock().unwrap_or_else(|e| e.into_inner());
+        let mut old = [0u8; N];
+        sparse_read(&g, gpa, &mut old);
+        sparse_write(&mut g, gpa, &f(old));
+        Ok(old)
+    }
+}
+
 impl DmaMemory for SparseMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         check(self.size, gpa, buf.len())?;
@@ -291,17 +316,11 @@ impl DmaMemory for SparseMemory {
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
-        self.rmw(gpa, |b| {
-            u64::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
-        })
-        .map(u64::from_le_bytes)
+        locked_fetch_add_u64(self, gpa, delta)
     }
     /// Atomic against every other access to this memory (one lock).
     fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
-        self.rmw(gpa, |b| {
-            u32::from_le_bytes(b).wrapping_add(delta).to_le_bytes()
-        })
-        .map(u32::from_le_bytes)
+        locked_fetch_add_u32(self, gpa, delta)
     }
 }
 

@@ -4,25 +4,20 @@
 //! time within 5% of its real use, and not starved by a higher-priority
 //! queue that does no work.
 
-use eval::promises::{check_all, CheckOptions};
-use scheduler::Policy;
+mod common;
+
+use common::{assert_passed, check_hqdmux_seed1};
 
 /// Asserts every target matching `filter` passed, but those whose name
 /// starts with one of `not_kept` (listed in docs/benchmarks.md, "Isolation").
 fn assert_kept(filter: &str, not_kept: &[&str]) {
-    let out = check_all(&CheckOptions {
-        seeds: vec![1],
-        policy: Policy::Hqdmux,
-        filter: Some(filter.into()),
-        exactly_once_ms: None,
-    })
-    .unwrap();
+    let out = check_hqdmux_seed1(filter);
     assert!(!out.is_empty(), "no target matches {filter}");
     for o in out
         .iter()
         .filter(|o| !not_kept.iter().any(|n| o.name.starts_with(n)))
     {
-        assert!(o.pass, "{}: {:?} [{}]", o.name, o.measured, o.target);
+        assert_passed(o);
     }
 }
 

@@ -4,25 +4,20 @@
 //! docs/scheduling.md ("Measured against the promise") and reported by
 //! `cargo run --release -p hqdmux-eval --example promises`.
 
-use eval::promises::{check_all, CheckOptions};
-use scheduler::Policy;
+mod common;
+
+use common::{assert_passed, check_hqdmux_seed1};
 
 /// Runs the checker on the targets whose name contains `filter` and
 /// asserts that every one named in `kept` passed (and that it ran).
 fn assert_kept(filter: &str, kept: &[&str]) {
-    let out = check_all(&CheckOptions {
-        seeds: vec![1],
-        policy: Policy::Hqdmux,
-        filter: Some(filter.into()),
-        exactly_once_ms: None,
-    })
-    .unwrap();
+    let out = check_hqdmux_seed1(filter);
     for name in kept {
         let o = out
             .iter()
             .find(|o| o.name.starts_with(name))
             .unwrap_or_else(|| panic!("{name} not checked: {out:?}"));
-        assert!(o.pass, "{}: {:?} [{}]", o.name, o.measured, o.target);
+        assert_passed(o);
     }
 }
 

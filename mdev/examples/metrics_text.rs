@@ -6,13 +6,8 @@
 //! `cargo run -p hqdmux-mdev --example metrics_text [-- --svg out.svg]`
 
 use abi::kernel::KernelKind;
-use abi::vgpu::reg;
-use mdev::arbiter::{open_backend, GpuArbiter};
-use mdev::mem::{DmaMemory, SparseMemory};
-use mdev::sim::testkit::TestVm;
-use mdev::topology::GpuTopology;
+use mdev::probe::{add_guest, load_hqd, mqd_addr, tiny_arbiter};
 use mdev::vgpu::InterruptSink;
-use scheduler::{SchedConfig, VmParams};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,34 +18,15 @@ impl InterruptSink for NoIrq {
 
 fn main() {
     let svg = std::env::args().skip_while(|a| a != "--svg").nth(1);
-    let topo = GpuTopology::tiny();
-    let a = GpuArbiter::start(
-        topo.clone(),
-        SchedConfig::default(),
-        open_backend(&topo, 1).expect("tiny topology"),
-    )
-    .expect("arbiter");
-    let hr = |r: usize| (reg::HQD_BASE + r) as u64;
+    let a = tiny_arbiter();
     let mut guests = Vec::new();
     for (name, prio, kernels, cost) in [
         ("training", 2u8, 8u32, 2_000_000u64),
         ("inference", 12, 4, 100_000),
     ] {
-        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
-        let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
-        let mut q = tvm.queue(&topo, 64, 0);
-        let addr = q
-            .mqd
-            .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI);
-        mem.write(addr, &q.mqd.to_bytes()).expect("MQD in memory");
-        let params = VmParams {
-            priority: prio,
-            ..Default::default()
-        };
-        let (h, fe) = a.add_vm(name, mem, params, Arc::new(NoIrq)).expect("vm");
-        fe.reg_write(hr(reg::CP_MQD_BASE_ADDR), addr as u32);
-        fe.reg_write(hr(reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
-        fe.reg_write(hr(reg::CP_HQD_ACTIVE), 1);
+        let g = add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrq));
+        let (h, fe, mut tvm, mut q) = (g.handle, g.fe, g.tvm, g.q);
+        load_hqd(&fe, 0, mqd_addr(&q));
         for k in 0..kernels {
             tvm.kernel(&mut q, KernelKind::Mark, 16, 64, cost, k, true);
         }

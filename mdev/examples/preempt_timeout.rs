@@ -16,11 +16,8 @@
 
 use abi::kernel::{flags, KernelKind};
 use abi::vgpu::{error, hqd_state, reg, ERROR_VECTOR};
-use mdev::arbiter::{open_backend, GpuArbiter};
-use mdev::probe::{add_guest, hqd_reg, load_hqd, mqd_addr, pct};
-use mdev::topology::GpuTopology;
+use mdev::probe::{add_guest, hqd_reg, load_hqd, mqd_addr, pct, tiny_arbiter};
 use mdev::vgpu::{InterruptSink, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
-use scheduler::SchedConfig;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,13 +44,7 @@ fn vector(rx: &Receiver<(u16, Instant)>, v: u16) -> Instant {
 
 /// One sample: (reset, hi done) in ns since the high-priority doorbell.
 fn sample(timeout: Duration) -> (u64, u64) {
-    let topo = GpuTopology::tiny();
-    let a = GpuArbiter::start(
-        topo.clone(),
-        SchedConfig::default(),
-        open_backend(&topo, 1).unwrap(),
-    )
-    .unwrap();
+    let a = tiny_arbiter();
     let vm = |name: &str, prio: u8, no_save: bool| {
         let (tx, rx) = channel();
         let g = add_guest(&a, name, prio, 1 << 34, 64, Arc::new(Irq(Mutex::new(tx))));

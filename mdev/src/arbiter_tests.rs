@@ -45,9 +45,7 @@ struct Guest {
 }
 
 fn arbiter() -> Arc<GpuArbiter> {
-    let topo = GpuTopology::tiny();
-    let gpu = open_backend(&topo, 1).unwrap();
-    GpuArbiter::start(topo, SchedConfig::default(), gpu).unwrap()
+    crate::probe::tiny_arbiter()
 }
 
 fn guest(a: &GpuArbiter, name: &str, prio: u8, panic_on_raise: bool) -> Guest {

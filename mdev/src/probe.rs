@@ -53,6 +53,15 @@ pub fn load_hqd(fe: &VgpuFrontEnd, i: usize, addr: u64) {
     fe.reg_write(hqd_reg(i, reg::CP_HQD_ACTIVE), 1);
 }
 
+/// A real-time arbiter over the simulated GPU of [`GpuTopology::tiny`]
+/// (seed 1) with the default scheduler configuration. Panics if it cannot
+/// start (a measurement and test helper).
+pub fn tiny_arbiter() -> Arc<GpuArbiter> {
+    let topo = GpuTopology::tiny();
+    let gpu = open_backend(&topo, 1).unwrap();
+    GpuArbiter::start(topo, SchedConfig::default(), gpu).unwrap()
+}
+
 /// A VM added to an arbiter by [`add_guest`]: its handle and front end, its
 /// guest memory (in `tvm`) and one queue whose MQD is in that memory.
 pub struct ProbeGuest {

@@ -294,7 +294,6 @@ fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
 /// deadline against hangs.)
 #[test]
 fn arbiter_metrics_text_and_timeline_after_a_preemption() {
-    use crate::arbiter::{open_backend, GpuArbiter};
     use crate::vgpu::InterruptSink;
     use std::time::{Duration, Instant};
 
@@ -302,13 +301,7 @@ fn arbiter_metrics_text_and_timeline_after_a_preemption() {
     impl InterruptSink for NoIrq {
         fn raise(&self, _: u16) {}
     }
-    let topo = GpuTopology::tiny();
-    let a = GpuArbiter::start(
-        topo.clone(),
-        SchedConfig::default(),
-        open_backend(&topo, 1).unwrap(),
-    )
-    .unwrap();
+    let a = crate::probe::tiny_arbiter();
     let mut guests = Vec::new();
     for (name, prio, kernels, cost) in [("lo", 2u8, 8u32, 5_000_000u64), ("hi", 12, 2, 20_000)] {
         let g = crate::probe::add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrq));

@@ -8,17 +8,11 @@ use super::*;
 /// intersection would be empty and its queue would never launch.
 #[test]
 fn a_reservation_never_leaves_the_reserved_queue_without_cus() {
-    let topo = spx_topo();
-    let mut rig = Rig::new(topo.clone());
-    let mut lo_vm = vm(&mut rig, 0, 2);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
-    let mut rt_vm = vm(&mut rig, 1, 12);
-    let mut rt = rt_vm.queue(&topo, 64, 0);
-    // CUs 0..3 of each XCC only (CU c is SE c % 2, bit c / 2).
-    rt.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[0]] = 0b11;
-    rt.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[1]] = 0b11;
-    add(&mut rig, &rt_vm, 1, QueueId(1), 1, &rt);
+    let (mut rig, [(mut lo_vm, mut lo), (mut rt_vm, mut rt)]) = spx_lo_hi(|rt| {
+        // CUs 0..3 of each XCC only (CU c is SE c % 2, bit c / 2).
+        rt.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[0]] = 0b11;
+        rt.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[1]] = 0b11;
+    });
     for k in 0..4 {
         lo_vm.kernel(&mut lo, KernelKind::Mark, 32, 64, 1_000_000, k, true);
     }

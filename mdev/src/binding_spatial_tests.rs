@@ -5,14 +5,7 @@ use super::*;
 
 #[test]
 fn a_narrow_high_vm_gets_its_own_cus_beside_the_lower_vm() {
-    let topo = spx_topo();
-    let mut rig = Rig::new(topo.clone());
-    let mut lo_vm = vm(&mut rig, 0, 2);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
-    let mut rt_vm = vm(&mut rig, 1, 12);
-    let mut rt = rt_vm.queue(&topo, 64, 0);
-    add(&mut rig, &rt_vm, 1, QueueId(1), 1, &rt);
+    let (mut rig, [(mut lo_vm, mut lo), (mut rt_vm, mut rt)]) = spx_lo_hi(|_| {});
     // lo: two kernels of 32 workgroups x 1 ms (two rounds of 16 CUs each).
     for k in 0..2 {
         lo_vm.kernel(&mut lo, KernelKind::Mark, 32, 64, 1_000_000, k, true);
@@ -50,14 +43,7 @@ fn a_narrow_high_vm_gets_its_own_cus_beside_the_lower_vm() {
 
 #[test]
 fn dispatch_widths_are_read_from_the_ring_within_bounds() {
-    let topo = spx_topo();
-    let mut rig = Rig::new(topo.clone());
-    let mut lo_vm = vm(&mut rig, 0, 2);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
-    let mut hi_vm = vm(&mut rig, 1, 12);
-    let mut hi = hi_vm.queue(&topo, 64, 0);
-    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    let (mut rig, [(mut lo_vm, mut lo), (mut hi_vm, mut hi)]) = spx_lo_hi(|_| {});
     lo_vm.kernel(&mut lo, KernelKind::Mark, 16, 64, 1_000_000, 0, true);
     rig.doorbell(QueueId(0), lo.wptr);
     // A wide kernel (16 workgroups: the whole GPU) behind a narrow one:

@@ -94,6 +94,22 @@ fn spx_topo() -> GpuTopology {
     }
 }
 
+/// The spatial-sharing rig on [`spx_topo`]: VM 0 at priority 2 and VM 1
+/// at priority 12, each with one 64-packet queue (queue id and owner = the
+/// VM's id), added in that order; `edit_hi` may change VM 1's MQD first.
+fn spx_lo_hi(edit_hi: impl FnOnce(&mut GuestQueue)) -> (Rig, [(TestVm, GuestQueue); 2]) {
+    let topo = spx_topo();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let mut hi = hi_vm.queue(&topo, 64, 0);
+    edit_hi(&mut hi);
+    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    (rig, [(lo_vm, lo), (hi_vm, hi)])
+}
+
 /// The physical slot queue `q` holds while mapped (running or idle).
 fn phys_slot(rig: &Rig, q: QueueId) -> Option<crate::backend::SlotId> {
     match rig.b.scheduler().queue_state(q) {

@@ -377,19 +377,7 @@ impl FleetConfig {
         })?;
         let mut vm = Vec::with_capacity(file.vm.len());
         for (index, t) in file.vm.iter().enumerate() {
-            let v = VmConfig::from_table(t).map_err(|e| ConfigError::Invalid {
-                file: path.to_owned(),
-                place: Place::Vm {
-                    index,
-                    name: t
-                        .get("name")
-                        .and_then(toml::Value::as_str)
-                        .unwrap_or("?")
-                        .to_owned(),
-                },
-                field: e.field,
-                reason: e.reason,
-            })?;
+            let v = vm_entry(t, index, path)?;
             vm.push(v);
         }
         let cfg = FleetConfig {
@@ -908,24 +896,31 @@ impl FleetConfig {
     /// field and the reason. `self` is not changed.
     pub fn check_added_vm(&self, t: &toml::Table, file: &Path) -> Result<VmConfig, ConfigError> {
         let index = self.vm.len();
-        let vm = VmConfig::from_table(t).map_err(|e| ConfigError::Invalid {
-            file: file.to_owned(),
-            place: Place::Vm {
-                index,
-                name: t
-                    .get("name")
-                    .and_then(toml::Value::as_str)
-                    .unwrap_or("?")
-                    .to_owned(),
-            },
-            field: e.field,
-            reason: e.reason,
-        })?;
+        let vm = vm_entry(t, index, file)?;
         let mut all = self.clone();
         all.vm.push(vm.clone());
         all.validate(file)?;
         Ok(vm)
     }
+}
+
+/// VM entry `index` of `file` (a `[[vm]]` table) read and checked on its
+/// own; an error names the file, the entry (by its name, or `?`), the field
+/// and the reason.
+fn vm_entry(t: &toml::Table, index: usize, file: &Path) -> Result<VmConfig, ConfigError> {
+    VmConfig::from_table(t).map_err(|e| ConfigError::Invalid {
+        file: file.to_owned(),
+        place: Place::Vm {
+            index,
+            name: t
+                .get("name")
+                .and_then(toml::Value::as_str)
+                .unwrap_or("?")
+                .to_owned(),
+        },
+        field: e.field,
+        reason: e.reason,
+    })
 }
 
 #[cfg(test)]

@@ -6,28 +6,7 @@ use eval::scenario::Scenario;
 use scheduler::Policy;
 
 /// Two equal always-busy VMs (one counted entry) and a lone VM at priority 9.
-const EQUALS: &str = r#"
-name = "equals"
-duration_ms = 200
-[[tenant]]
-name = "busy"
-count = 2
-priority = 4
-class = "lo"
-arrival = { kind = "closed", outstanding = 2 }
-[[tenant.kernel]]
-workgroups = 304
-wg_cost_us = 1000
-[[tenant]]
-name = "loner"
-priority = 9
-class = "hi"
-sla_us = 1500
-arrival = { kind = "uniform", period_us = 20000, offset_us = 500 }
-[[tenant.kernel]]
-workgroups = 304
-wg_cost_us = 200
-"#;
+const EQUALS: &str = include_str!("scenarios/equals.toml");
 
 #[test]
 fn equal_busy_vms_share_evenly_and_a_lone_level_has_no_jain() {
@@ -63,26 +42,7 @@ fn equal_busy_vms_share_evenly_and_a_lone_level_has_no_jain() {
 fn max_wait_sees_a_low_vm_kept_off_the_gpu() {
     // hqdmux, exclusive: the priority-2 VM waits while the priority-12 VM
     // holds the GPU with back-to-back work for the first 40 ms.
-    let text = r#"
-name = "wait"
-duration_ms = 100
-[[tenant]]
-name = "top"
-priority = 12
-class = "lo"
-arrival = { kind = "bursty", jobs = 40, period_us = 1000000 }
-[[tenant.kernel]]
-workgroups = 304
-wg_cost_us = 1000
-[[tenant]]
-name = "low"
-priority = 2
-class = "lo"
-arrival = { kind = "closed" }
-[[tenant.kernel]]
-workgroups = 304
-wg_cost_us = 100
-"#;
+    let text = include_str!("scenarios/wait.toml");
     let sc = Scenario::parse(text, "wait.toml").unwrap();
     let r = evaluate(&sc, Policy::Hqdmux, 1).unwrap();
     let (top, low) = (&r.vms[0], &r.vms[1]);
@@ -96,27 +56,7 @@ wg_cost_us = 100
 
 #[test]
 fn bursty_arrivals_come_n_at_a_time() {
-    let text = r#"
-name = "bursts"
-duration_ms = 50
-[[tenant]]
-name = "b"
-priority = 5
-queues = 2
-class = "lo"
-arrival = { kind = "bursty", jobs = 3, period_us = 10000, offset_us = 2000 }
-[[tenant.kernel]]
-workgroups = 8
-wg_cost_us = 10
-[[tenant]]
-name = "other"
-priority = 1
-class = "lo"
-arrival = { kind = "uniform", period_us = 25000 }
-[[tenant.kernel]]
-workgroups = 8
-wg_cost_us = 10
-"#;
+    let text = include_str!("scenarios/bursts.toml");
     let sc = Scenario::parse(text, "bursts.toml").unwrap();
     let out = simulate(&sc, Policy::Hqdmux, 1).unwrap();
     let times: Vec<u64> = out
@@ -135,26 +75,7 @@ wg_cost_us = 10
 
 #[test]
 fn exponential_think_time_varies_the_gaps_around_the_mean() {
-    let text = r#"
-name = "think"
-duration_ms = 400
-[[tenant]]
-name = "c"
-priority = 5
-class = "lo"
-arrival = { kind = "closed", think_us = 1000, think_dist = "exponential" }
-[[tenant.kernel]]
-workgroups = 1
-wg_cost_us = 10
-[[tenant]]
-name = "other"
-priority = 1
-class = "lo"
-arrival = { kind = "uniform", period_us = 100000 }
-[[tenant.kernel]]
-workgroups = 1
-wg_cost_us = 10
-"#;
+    let text = include_str!("scenarios/think.toml");
     let sc = Scenario::parse(text, "think.toml").unwrap();
     let out = simulate(&sc, Policy::Hqdmux, 3).unwrap();
     let jobs: Vec<_> = out.jobs.iter().filter(|j| j.tenant == 0).collect();

@@ -204,28 +204,7 @@ fn runs_are_deterministic_for_a_seed() {
 
 #[test]
 fn trace_jobs_arrive_at_exactly_the_listed_times() {
-    let text = r#"
-        name = "trace"
-        duration_ms = 50
-        [[tenant]]
-        name = "replay"
-        priority = 9
-        queues = 2
-        class = "hi"
-        sla_ms = 5
-        arrival = { kind = "trace", times_us = [0, 1500, 1500, 7000, 40000], queue_offset_us = 250 }
-        [[tenant.kernel]]
-        workgroups = 64
-        wg_cost_us = 100
-        [[tenant]]
-        name = "batch"
-        priority = 2
-        class = "lo"
-        arrival = { kind = "closed" }
-        [[tenant.kernel]]
-        workgroups = 304
-        wg_cost_us = 1000
-    "#;
+    let text = include_str!("scenarios/trace.toml");
     let s = Scenario::parse(text, "trace.toml").unwrap();
     let out = simulate(&s, Policy::Hqdmux, 1).unwrap();
     let mut got: Vec<(usize, u64)> = out

@@ -4,28 +4,7 @@ mod common;
 
 use common::{assert_ok, hqdmux, refused, scratch_file, sim};
 
-const SCENARIO: &str = r#"
-name = "mine"
-duration_ms = 300
-[[tenant]]
-name = "svc"
-priority = 12
-class = "hi"
-sla_ms = 5
-arrival = { kind = "uniform", period_us = 20000, offset_us = 1000 }
-[[tenant.kernel]]
-workgroups = 304
-wg_cost_us = 100
-repeat = 4
-[[tenant]]
-name = "batch"
-priority = 2
-class = "lo"
-arrival = { kind = "closed", outstanding = 2 }
-[[tenant.kernel]]
-workgroups = 608
-wg_cost_us = 1000
-"#;
+const SCENARIO: &str = include_str!("scenarios/mine.toml");
 
 #[test]
 fn scenario_file_json_has_one_object_per_policy_with_the_contract_fields() {

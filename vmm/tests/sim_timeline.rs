@@ -5,28 +5,7 @@ mod common;
 use common::{assert_ok, refused, scratch, sim, write_file};
 
 /// The seed scenario's shape, shortened to one inference burst.
-const SCENARIO: &str = r#"
-name = "seedlet"
-duration_ms = 60
-[[tenant]]
-name = "training"
-priority = 3
-class = "lo"
-arrival = { kind = "closed", outstanding = 2 }
-[[tenant.kernel]]
-workgroups = 1216
-wg_cost_us = 2300
-[[tenant]]
-name = "inference"
-priority = 12
-class = "hi"
-sla_ms = 30
-arrival = { kind = "uniform", period_us = 100000, offset_us = 17000 }
-[[tenant.kernel]]
-workgroups = 304
-wg_cost_us = 400
-repeat = 50
-"#;
+const SCENARIO: &str = include_str!("scenarios/seedlet.toml");
 
 #[test]
 fn one_svg_per_policy_naming_every_vm_and_json_on_request() {

@@ -76,6 +76,25 @@ fn check(size: u64, gpa: u64, len: usize) -> Result<(), MemError> {
     }
 }
 
+/// Runs `f` on the host atomic of type `A` at `gpa` of `m` when `gpa` is
+/// aligned to its size and the bytes lie in one region (the guest's vCPUs
+/// see it as one locked read-modify-write); `None` otherwise, for the
+/// caller's read-then-write fallback.
+#[cfg(target_endian = "little")]
+fn with_aligned_atomic<A: vm_memory::AtomicInteger, R>(
+    m: &GuestMemoryMmap<()>,
+    gpa: u64,
+    f: impl FnOnce(&A) -> R,
+) -> Option<R> {
+    let n = std::mem::size_of::<A>();
+    if !gpa.is_multiple_of(n as u64) {
+        return None;
+    }
+    let slice = m.get_slice(GuestAddress(gpa), n).ok()?;
+    let a = slice.get_atomic_ref::<A>(0).ok()?;
+    Some(f(a))
+}
+
 impl DmaMemory for GuestMemoryMmap<()> {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         check(DmaMemory::size(self), gpa, buf.len())?;
@@ -105,12 +124,10 @@ impl DmaMemory for GuestMemoryMmap<()> {
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
         check(DmaMemory::size(self), gpa, 8)?;
         #[cfg(target_endian = "little")]
-        if gpa.is_multiple_of(8) {
-            if let Ok(slice) = self.get_slice(GuestAddress(gpa), 8) {
-                if let Ok(a) = slice.get_atomic_ref::<AtomicU64>(0) {
-                    return Ok(a.fetch_add(delta, Ordering::SeqCst));
-                }
-            }
+        if let Some(old) = with_aligned_atomic(self, gpa, |a: &AtomicU64| {
+            a.fetch_add(delta, Ordering::SeqCst)
+        }) {
+            return Ok(old);
         }
         let v = self.read_u64(gpa)?;
         self.write_u64(gpa, v.wrapping_add(delta))?;
@@ -120,12 +137,10 @@ impl DmaMemory for GuestMemoryMmap<()> {
     fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
         check(DmaMemory::size(self), gpa, 4)?;
         #[cfg(target_endian = "little")]
-        if gpa.is_multiple_of(4) {
-            if let Ok(slice) = self.get_slice(GuestAddress(gpa), 4) {
-                if let Ok(a) = slice.get_atomic_ref::<AtomicU32>(0) {
-                    return Ok(a.fetch_add(delta, Ordering::SeqCst));
-                }
-            }
+        if let Some(old) = with_aligned_atomic(self, gpa, |a: &AtomicU32| {
+            a.fetch_add(delta, Ordering::SeqCst)
+        }) {
+            return Ok(old);
         }
         let v = self.read_u32(gpa)?;
         self.write_u32(gpa, v.wrapping_add(delta))?;

@@ -500,6 +500,13 @@ mod tests {
             ExitCode::from(EXIT_REFUSED)
         );
         assert_eq!(unquarantine(&sock, "b", true), ExitCode::from(EXIT_REFUSED));
+        // `call`: the answer's JSON on 2xx, the refusal's exit code else.
+        let v = call("ps", &sock, "GET", "/vms", None).unwrap();
+        assert_eq!(v["vms"][0]["name"], "a", "{v}");
+        assert_eq!(
+            call("stats", &sock, "GET", "/vms/nosuch", None).unwrap_err(),
+            ExitCode::from(EXIT_REFUSED)
+        );
         drop(server);
         std::fs::remove_dir_all(&dir).ok();
     }

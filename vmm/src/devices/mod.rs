@@ -231,6 +231,18 @@ mod tests {
     }
 
     #[test]
+    fn port_writes_of_any_width_read_as_one_le_u32() {
+        assert_eq!(le_u32_prefix(&[]), 0);
+        assert_eq!(le_u32_prefix(&[0x34, 0x12]), 0x1234, "zero-extended");
+        assert_eq!(
+            le_u32_prefix(&[1, 2, 3, 4, 5, 6, 7, 8]),
+            0x0403_0201,
+            "cut to 4 bytes"
+        );
+        assert_eq!(ExitDevice.write(0, &[9, 0, 0, 0, 1]), BusAction::Exit(9));
+    }
+
+    #[test]
     fn rate_limited_log_counts_what_it_suppresses() {
         let l = RateLimitedLog::new("t".into());
         for _ in 0..100 {

@@ -301,6 +301,36 @@ pub enum Arrival {
     },
 }
 
+impl Arrival {
+    /// The time values (us) of this arrival kind, with their field names.
+    fn times_us(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Arrival::Uniform {
+                period_us,
+                offset_us,
+            }
+            | Arrival::Bursty {
+                period_us,
+                offset_us,
+                ..
+            } => vec![
+                ("arrival.period_us", *period_us),
+                ("arrival.offset_us", *offset_us),
+            ],
+            Arrival::Poisson { mean_us } => vec![("arrival.mean_us", *mean_us)],
+            Arrival::Closed { think_us, .. } => vec![("arrival.think_us", *think_us)],
+            Arrival::Trace {
+                times_us,
+                queue_offset_us,
+            } => vec![
+                ("arrival.times_us", times_us.last().copied().unwrap_or(0)),
+                ("arrival.queue_offset_us", *queue_offset_us),
+            ],
+            Arrival::Flood { .. } => vec![],
+        }
+    }
+}
+
 fn default_flood_depth() -> u32 {
     8
 }
@@ -442,6 +472,15 @@ pub const MAX_JOB_KERNELS: u64 = 512;
 pub const MAX_WORKGROUPS: u32 = 4096;
 /// Most workgroups of one kernel of a `wgflood` tenant (2^31).
 pub const MAX_FLOOD_WORKGROUPS: u32 = 1 << 31;
+/// Longest run (ms of virtual time): one hour.
+pub const MAX_DURATION_MS: u64 = 3_600_000;
+/// Largest time value of an arrival (us): one hour, so that every sum of
+/// times in ns stays far from overflowing.
+pub const MAX_ARRIVAL_US: u64 = MAX_DURATION_MS * 1000;
+/// Most queues of one run (count x queues over every tenant entry).
+pub const MAX_QUEUES: u64 = 4096;
+/// Most modelled time of one workgroup (ns; the simulator's limit).
+pub const MAX_WG_COST_NS: u64 = 1 << 48;
 
 impl Scenario {
     /// A built-in scenario by name.
@@ -538,6 +577,13 @@ impl Scenario {
         if self.duration_ms == 0 {
             return Err(field("scenario", "duration_ms", "must be > 0".into()));
         }
+        if self.duration_ms > MAX_DURATION_MS {
+            return Err(field(
+                "scenario",
+                "duration_ms",
+                format!("{} is out of range 1..={MAX_DURATION_MS}", self.duration_ms),
+            ));
+        }
         if self.tenants.is_empty() {
             return Err(field(
                 "scenario",
@@ -630,11 +676,40 @@ impl Scenario {
                 if k.cost_ns() == 0 {
                     return Err(bad("kernel.wg_cost_us", "must be >= 1".into()));
                 }
+                if k.cost_ns() > MAX_WG_COST_NS {
+                    return Err(bad(
+                        "kernel.wg_cost_us",
+                        format!(
+                            "{} ns is more than 2^48 ns (the model's limit per workgroup)",
+                            k.cost_ns()
+                        ),
+                    ));
+                }
                 if k.repeat == 0 {
                     return Err(bad("kernel.repeat", "must be >= 1".into()));
                 }
             }
+            for (f, us) in t.arrival.times_us() {
+                if us > MAX_ARRIVAL_US {
+                    return Err(bad(
+                        f,
+                        format!("{us} us is out of range (at most {MAX_ARRIVAL_US}, one hour)"),
+                    ));
+                }
+            }
             match &t.arrival {
+                Arrival::Closed { outstanding, .. } if *outstanding as u64 > MAX_JOB_KERNELS => {
+                    return Err(bad(
+                        "arrival.outstanding",
+                        format!("{outstanding} is out of range 1..={MAX_JOB_KERNELS}"),
+                    ))
+                }
+                Arrival::Flood { depth } if *depth as u64 > MAX_JOB_KERNELS => {
+                    return Err(bad(
+                        "arrival.depth",
+                        format!("{depth} is out of range 1..={MAX_JOB_KERNELS}"),
+                    ))
+                }
                 Arrival::Uniform { period_us: 0, .. } => {
                     return Err(bad("arrival.period_us", "must be > 0".into()))
                 }
@@ -786,6 +861,34 @@ impl Scenario {
                     "counts",
                     "must be a non-empty list of values >= 1".into(),
                 ));
+            }
+        }
+        // Every run (each sweep point) must fit: no allocation sized by a
+        // count the file makes up.
+        let queues = |swept: Option<u32>| -> u64 {
+            self.tenants
+                .iter()
+                .map(|t| {
+                    let count = match (&self.sweep, swept) {
+                        (Some(sw), Some(n)) if sw.tenant == t.name => n,
+                        _ => t.count,
+                    };
+                    u64::from(count) * u64::from(t.queues)
+                })
+                .sum()
+        };
+        let too_many = |n: u64| {
+            format!("{n} queues (count x queues summed over every [[tenant]]) exceed {MAX_QUEUES}")
+        };
+        let n = queues(None);
+        if n > MAX_QUEUES {
+            return Err(field("scenario", "count", too_many(n)));
+        }
+        if let Some(sw) = &self.sweep {
+            if let Some(n) = sw.counts.iter().map(|&c| queues(Some(c))).max() {
+                if n > MAX_QUEUES {
+                    return Err(field("sweep", "counts", too_many(n)));
+                }
             }
         }
         Ok(())
@@ -1065,6 +1168,82 @@ wg_cost_us = 10
             err(&trace("times_us = [10], queue_offset_us = 20000")),
             "f.toml: tenant 't': field `arrival.queue_offset_us`: 20000 us is not inside the run (duration_ms = 10)"
         );
+    }
+
+    #[test]
+    fn huge_values_are_errors_not_overflows_or_oom() {
+        const M: &str = "9223372036854775807";
+        let arrival = |a: &str| with("{ kind = \"closed\" }", a);
+        let cases = [
+            (
+                with("duration_ms = 10", &format!("duration_ms = {M}")),
+                "f.toml: scenario: field `duration_ms`: 9223372036854775807 is out of range 1..=3600000",
+            ),
+            (
+                with("priority = 3", "priority = 3\ncount = 4294967295"),
+                "f.toml: scenario: field `count`: 4294967295 queues (count x queues summed over every [[tenant]]) exceed 4096",
+            ),
+            (
+                with("priority = 3", "priority = 3\ncount = 65\nqueues = 64"),
+                "f.toml: scenario: field `count`: 4160 queues (count x queues summed over every [[tenant]]) exceed 4096",
+            ),
+            (
+                with(
+                    "duration_ms = 10",
+                    "duration_ms = 10\nsweep = { tenant = \"t\", counts = [1, 4294967295] }",
+                ),
+                "f.toml: sweep: field `counts`: 4294967295 queues (count x queues summed over every [[tenant]]) exceed 4096",
+            ),
+            (
+                arrival(&format!("{{ kind = \"uniform\", period_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.period_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"uniform\", period_us = 5, offset_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.offset_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"closed\", think_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.think_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"poisson\", mean_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.mean_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"bursty\", jobs = 1, period_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.period_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival("{ kind = \"closed\", outstanding = 4294967295 }"),
+                "f.toml: tenant 't': field `arrival.outstanding`: 4294967295 is out of range 1..=512",
+            ),
+            (
+                arrival("{ kind = \"flood\", depth = 4294967295 }"),
+                "f.toml: tenant 't': field `arrival.depth`: 4294967295 is out of range 1..=512",
+            ),
+            (
+                with("wg_cost_us = 10", &format!("wg_cost_ns = {M}")),
+                "f.toml: tenant 't': field `kernel.wg_cost_us`: 9223372036854775807 ns is more than 2^48 ns (the model's limit per workgroup)",
+            ),
+            (
+                with("wg_cost_us = 10", &format!("wg_cost_us = {M}")),
+                "f.toml: tenant 't': field `kernel.wg_cost_us`: 18446744073709551615 ns is more than 2^48 ns (the model's limit per workgroup)",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(err(&text), want);
+        }
+        // The limits themselves are accepted.
+        for ok in [
+            with("duration_ms = 10", "duration_ms = 3600000"),
+            with("priority = 3", "priority = 3\ncount = 64\nqueues = 64"),
+            arrival("{ kind = \"uniform\", period_us = 3600000000, offset_us = 3600000000 }"),
+            arrival("{ kind = \"flood\", depth = 512 }"),
+            with("wg_cost_us = 10", "wg_cost_ns = 281474976710656"),
+        ] {
+            Scenario::parse(&ok, "f.toml").unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
     }
 
     #[test]

@@ -176,6 +176,12 @@ impl Target {
     }
 }
 
+/// (what, MQD dword edits, expected `CP_HQD_ERROR`).
+type MqdCase = (&'static str, [(usize, u32); 2], u32);
+/// (what, header type, body edits (byte offset, value), write index,
+/// expected `CP_HQD_ERROR`).
+type PacketCase = (&'static str, u8, [(u64, u64); 2], u64, u32);
+
 fn header(typ: u8) -> u16 {
     // Barrier bit, system-scope acquire and release fences.
     u16::from(typ) | 1 << 8 | 2 << 9 | 2 << 11
@@ -363,7 +369,7 @@ fn main(boot: &'static BootInfo) -> u32 {
     let p = |d: usize| r32(pristine + 4 * d as u64);
     let bar0 = regs - abi::pci::REGS_OFFSET;
     let end_lo = |back: u64| (ram_end - back) as u32;
-    let mqd_cases: [(&str, [(usize, u32); 2], u32); 24] = [
+    let mqd_cases: [MqdCase; 24] = [
         ("bad header", [(0, 0), (0, 0)], error::BAD_MQD_HEADER),
         ("not AQL", [(181, 0), (181, 0)], error::NOT_AQL),
         (
@@ -543,7 +549,7 @@ fn main(boot: &'static BootInfo) -> u32 {
     }
     // (what, header type, body edits, write index, expected error)
     let far = ram_end - 8;
-    let packet_cases: [(&str, u8, [(u64, u64); 2], u64, u32); 14] = [
+    let packet_cases: [PacketCase; 14] = [
         (
             "barrier-AND, dependency signal wrapping",
             TYPE_BARRIER_AND,

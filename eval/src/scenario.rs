@@ -479,6 +479,8 @@ pub const MAX_DURATION_MS: u64 = 3_600_000;
 pub const MAX_ARRIVAL_US: u64 = MAX_DURATION_MS * 1000;
 /// Most queues of one run (count x queues over every tenant entry).
 pub const MAX_QUEUES: u64 = 4096;
+/// Most points of a `sweep` (each is a whole run).
+pub const MAX_SWEEP_POINTS: usize = 64;
 /// Most modelled time of one workgroup (ns; the simulator's limit).
 pub const MAX_WG_COST_NS: u64 = 1 << 48;
 
@@ -862,6 +864,16 @@ impl Scenario {
                     "must be a non-empty list of values >= 1".into(),
                 ));
             }
+            if sw.counts.len() > MAX_SWEEP_POINTS {
+                return Err(field(
+                    "sweep",
+                    "counts",
+                    format!(
+                        "{} points exceed {MAX_SWEEP_POINTS} (each is a whole run)",
+                        sw.counts.len()
+                    ),
+                ));
+            }
         }
         // Every run (each sweep point) must fit: no allocation sized by a
         // count the file makes up.
@@ -1234,6 +1246,14 @@ wg_cost_us = 10
         for (text, want) in cases {
             assert_eq!(err(&text), want);
         }
+        let points = vec!["1"; 65].join(", ");
+        assert_eq!(
+            err(&with(
+                "duration_ms = 10",
+                &format!("duration_ms = 10\nsweep = {{ tenant = \"t\", counts = [{points}] }}"),
+            )),
+            "f.toml: sweep: field `counts`: 65 points exceed 64 (each is a whole run)"
+        );
         // The limits themselves are accepted.
         for ok in [
             with("duration_ms = 10", "duration_ms = 3600000"),

@@ -479,6 +479,26 @@ pub const MAX_DURATION_MS: u64 = 3_600_000;
 pub const MAX_ARRIVAL_US: u64 = MAX_DURATION_MS * 1000;
 /// Most queues of one run (count x queues over every tenant entry).
 pub const MAX_QUEUES: u64 = 4096;
+/// Largest scenario file read (bytes): `/dev/zero` or a runaway file is an
+/// error, not a host out of memory.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// The UTF-8 text of `path`, at most [`MAX_FILE_BYTES`].
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_FILE_BYTES} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
 /// Most points of a `sweep` (each is a whole run).
 pub const MAX_SWEEP_POINTS: usize = 64;
 /// Most modelled time of one workgroup (ns; the simulator's limit).
@@ -497,8 +517,7 @@ impl Scenario {
     /// A scenario file.
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
         let file = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|e| ScenarioError::Read(file.clone(), e))?;
+        let text = read_bounded(path).map_err(|e| ScenarioError::Read(file.clone(), e))?;
         Self::parse(&text, &file)
     }
 
@@ -1246,6 +1265,13 @@ wg_cost_us = 10
         for (text, want) in cases {
             assert_eq!(err(&text), want);
         }
+        let e = Scenario::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e, "/dev/zero: cannot read: larger than 16777216 bytes",
+            "an endless file is refused, not read into memory"
+        );
         let points = vec!["1"; 65].join(", ");
         assert_eq!(
             err(&with(

@@ -65,3 +65,34 @@ args = \"kernels=4 wgs=304 cost_us=200 loops=3\"
         good.console
     );
 }
+
+#[test]
+fn a_guest_flooding_console_and_checkpoints_keeps_bounded_host_memory() {
+    if !kvm_or_skip("a_guest_flooding_console_and_checkpoints_keeps_bounded_host_memory") {
+        return;
+    }
+    let dir = scratch_dir("hostile-flood");
+    let toml = "\
+[[vm]]
+name = \"flood\"
+image = \"builtin:hostile\"
+args = \"mode=flood lines=60000 marks=70000\"
+";
+    let report = run(&config(&dir, toml));
+    let v = &report.vms[0];
+    assert_eq!(v.outcome, VmOutcome::Exited(0), "{}", report.summary());
+    // 60000 empty lines cost more than the ~1 MiB kept: the oldest are
+    // dropped and counted, the last line is kept.
+    assert!(v.console.len() < 60_000, "{} lines kept", v.console.len());
+    assert!(
+        v.console[0].contains("earlier console lines dropped"),
+        "{}",
+        v.console[0]
+    );
+    assert_eq!(
+        v.console.last().map(String::as_str),
+        Some("hostile: flood done")
+    );
+    assert_eq!(v.checkpoints.len(), vmm::devices::MAX_CHECKPOINTS);
+    assert_eq!(v.checkpoints[0].0, 1, "rt's entry checkpoint is kept");
+}

@@ -31,6 +31,9 @@
 //!    off and on and both BARs are moved; the registers answer at the new
 //!    BAR0, a 4-byte store to the new doorbell runs the kernel exactly.
 //!
+//! With `mode=flood` it instead floods its console and the checkpoint port
+//! ([`flood`]).
+//!
 //! Every failed expectation prints `hostile: FAIL ...`. Exit status: 0 all
 //! held, 1 some failed, 3 no vGPU, 4 set-up failed.
 #![no_std]
@@ -176,6 +179,22 @@ impl Target {
     }
 }
 
+/// `mode=flood`: `lines=N` (100000) empty console lines and `marks=M`
+/// (100000) checkpoints as fast as the vCPU can write them, then one line
+/// `hostile: flood done`; the host must keep bounded memory for both.
+fn flood(boot: &BootInfo) -> u32 {
+    let lines = boot.arg_u64("lines").unwrap_or(100_000);
+    let marks = boot.arg_u64("marks").unwrap_or(100_000);
+    for _ in 0..lines {
+        rt::io::outb(rt::io::SERIAL_PORT, b'\n');
+    }
+    for i in 0..marks {
+        rt::io::checkpoint(0x1000 | i as u32);
+    }
+    println!("hostile: flood done");
+    0
+}
+
 /// (what, MQD dword edits, expected `CP_HQD_ERROR`).
 type MqdCase = (&'static str, [(usize, u32); 2], u32);
 /// (what, header type, body edits (byte offset, value), write index,
@@ -189,6 +208,9 @@ fn header(typ: u8) -> u16 {
 
 fn main(boot: &'static BootInfo) -> u32 {
     rt::greet(boot);
+    if boot.arg("mode") == Some("flood") {
+        return flood(boot);
+    }
     let mut c = Checks { fails: 0 };
     let ram_end = boot.mem_bytes;
 

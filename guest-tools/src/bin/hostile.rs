@@ -30,6 +30,9 @@
 //! 6. With a queue loaded and a kernel published, memory decoding is turned
 //!    off and on and both BARs are moved; the registers answer at the new
 //!    BAR0, a 4-byte store to the new doorbell runs the kernel exactly.
+//! 7. A kernel is SAVE-dequeued with waves in flight; a reload after one
+//!    byte of its control record was altered must fail with error 18, a
+//!    reload of the unaltered record must resume.
 //!
 //! With `mode=flood` it instead floods its console and the checkpoint port
 //! ([`flood`]).
@@ -159,6 +162,17 @@ impl Target {
         w32(self.reg(reg::CP_MQD_BASE_ADDR_HI), (a >> 32) as u32);
         w32(self.reg(reg::CP_HQD_ACTIVE), 1);
         self.error()
+    }
+    /// Loads the MQD as it is in memory (no restore, no edits).
+    fn reload(&self) -> u32 {
+        w32(self.reg(reg::CP_MQD_BASE_ADDR), self.mqd as u32);
+        w32(self.reg(reg::CP_MQD_BASE_ADDR_HI), (self.mqd >> 32) as u32);
+        w32(self.reg(reg::CP_HQD_ACTIVE), 1);
+        self.error()
+    }
+    /// Waits until the queue is on a physical HQD (false if it never is).
+    fn wait_on_hqd(&self) -> bool {
+        (0..POLLS).any(|_| r32(self.reg(reg::CP_HQD_STATE)) == abi::vgpu::hqd_state::ON_HQD)
     }
     /// Publishes packet 0 (body already in slot 0) with `header`, moves the
     /// write index to `wptr` and rings.
@@ -788,6 +802,51 @@ fn main(boot: &'static BootInfo) -> u32 {
     let wrong = unsafe { Vgpu::counters_differing(counters, 64, 1) };
     c.eq("kernel counters after the BAR moves", wrong.into(), 0);
     c.eq("unload after the BAR moves", moved.unload().into(), 1);
+
+    // ---- 7. a saved control record altered before the reload ------------
+    let Ok(kd_long) = Vgpu::write_kernel_descriptor(
+        &mut alloc,
+        &KernelDescriptor::new(KernelKind::Mark, 1_000_000_000),
+    ) else {
+        return 4;
+    };
+    let Ok(saved) = alloc.alloc(2048, 4096) else {
+        return 4;
+    };
+    let (cwsr, _) = q.cwsr_area();
+    if moved.load(&[], None) == 0 {
+        dispatch(&[(32, kd_long), (56, 0)]);
+        moved.publish(header(TYPE_KERNEL_DISPATCH), 1, 1);
+        c.eq("long kernel on an HQD", moved.wait_on_hqd().into(), 1);
+        w32(moved.reg(reg::CP_HQD_DEQUEUE_REQUEST), 3);
+        c.eq("SAVE dequeue finishes", moved.unload().into(), 1);
+        let off = r32(t.mqd + 4 * 174);
+        let size = r32(t.mqd + 4 * 175);
+        c.eq("a control record was written", (off < size).into(), 1);
+        for d in 0..512u64 {
+            w32(saved + 4 * d, r32(t.mqd + 4 * d));
+        }
+        // One byte of the first packet record (its dispatch id) altered.
+        let at = cwsr + u64::from(off) + 32;
+        let orig = r32(at);
+        w32(at, orig ^ 0xFF);
+        let e = moved.reload();
+        let got = if e != 0 { e } else { moved.wait_error() };
+        c.eq("altered record", got.into(), error::BAD_SAVED_STATE.into());
+        moved.unload();
+        // The unaltered record and MQD resume the saved kernel.
+        w32(at, orig);
+        for d in 0..512u64 {
+            w32(t.mqd + 4 * d, r32(saved + 4 * d));
+        }
+        c.eq("unaltered record reload", moved.reload().into(), 0);
+        c.eq("resumed kernel on an HQD", moved.wait_on_hqd().into(), 1);
+        c.eq("resumed kernel error", moved.error().into(), 0);
+        w32(moved.reg(reg::CP_HQD_DEQUEUE_REQUEST), 2);
+        c.eq("RESET dequeue finishes", moved.unload().into(), 1);
+    } else {
+        c.eq("fresh load before the save", 1, 0);
+    }
     if c.fails == 0 {
         println!("hostile: every attack got the documented answer");
         0

@@ -33,6 +33,8 @@
 //! 7. A kernel is SAVE-dequeued with waves in flight; a reload after one
 //!    byte of its control record was altered must fail with error 18, a
 //!    reload of the unaltered record must resume.
+//! 8. The MSI-X table: every vector masked, then bad widths, an unaligned
+//!    8-byte write, garbage messages and a write past the table.
 //!
 //! With `mode=flood` it instead floods its console and the checkpoint port
 //! ([`flood`]).
@@ -847,6 +849,50 @@ fn main(boot: &'static BootInfo) -> u32 {
     } else {
         c.eq("fresh load before the save", 1, 0);
     }
+    // ---- 8. MSI-X table abuse (every vector masked first) --------------
+    let table = new_bar0 + abi::pci::MSIX_TABLE_OFFSET;
+    let entry = |v: u64, off: u64| table + 16 * v + off;
+    for v in 0..abi::vgpu::NUM_VECTORS as u64 {
+        w32(entry(v, 12), 0xFFFF_FFFF);
+    }
+    c.eq(
+        "vector control reads bit 0 only",
+        r32(entry(3, 12)).into(),
+        1,
+    );
+    let data = r32(entry(3, 8));
+    w16(entry(3, 8), 0xBEEF);
+    w8(entry(3, 9), 0xAA);
+    c.eq(
+        "1- and 2-byte table writes are ignored",
+        r32(entry(3, 8)).into(),
+        data.into(),
+    );
+    let hi = r32(entry(3, 4));
+    w64(entry(3, 4), u64::MAX);
+    c.eq(
+        "an unaligned 8-byte table write is ignored",
+        r32(entry(3, 4)).into(),
+        hi.into(),
+    );
+    // Garbage messages (non-xAPIC address, INIT delivery mode, vector 2) on
+    // masked vectors are stored, never sent.
+    for v in 0..abi::vgpu::NUM_VECTORS as u64 {
+        w64(entry(v, 0), 0xFFFF_FFFF_DEAD_0000);
+        w32(entry(v, 8), 0x0000_0502);
+    }
+    c.eq(
+        "garbage address reads back",
+        r32(entry(5, 0)).into(),
+        0xDEAD_0000,
+    );
+    w32(entry(abi::vgpu::NUM_VECTORS as u64, 0), 1);
+    c.eq(
+        "past the table reads 0",
+        r32(entry(abi::vgpu::NUM_VECTORS as u64, 0)).into(),
+        0,
+    );
+
     if c.fails == 0 {
         println!("hostile: every attack got the documented answer");
         0

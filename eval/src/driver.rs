@@ -51,7 +51,7 @@ pub enum EvalError {
     TooManyJobs(String, usize),
 }
 
-/// Most jobs one run records (about 100 bytes of host memory each).
+/// Most jobs one run records (every arrived job is kept in `RunOutput::jobs`).
 pub const MAX_JOBS: usize = 4_000_000;
 
 /// Raw results of one simulation.

@@ -42,7 +42,17 @@ pub enum EvalError {
     /// Scheduler refused the set-up.
     #[error("scenario '{0}': scheduler: {1}")]
     Sched(String, scheduler::SchedError),
+    /// More jobs arrived than one run records ([`MAX_JOBS`]): an open-loop
+    /// arrival rate far above what the GPU serves, over a long run.
+    #[error(
+        "scenario '{0}': more than {1} jobs arrived (each is recorded): shorten `duration_ms` \
+         or lower the arrival rate"
+    )]
+    TooManyJobs(String, usize),
 }
+
+/// Most jobs one run records (every arrived job is kept in `RunOutput::jobs`).
+pub const MAX_JOBS: usize = 4_000_000;
 
 /// Raw results of one simulation.
 #[derive(Debug, Default, Clone)]
@@ -257,6 +267,8 @@ struct Sim<'a> {
     out: RunOutput,
     /// Timeline recording (`hqdmux sim --timeline`), off by default.
     tele: Option<Telemetry>,
+    /// The run stopped at [`MAX_JOBS`].
+    too_many_jobs: bool,
 }
 
 /// Topology of a scenario: MI300X defaults with its overrides.
@@ -401,6 +413,7 @@ fn simulate_inner(
         track: VmTracker::new(streams_len, vms_len),
         out: RunOutput::default(),
         tele: record.then(|| Telemetry::new(&topo, timeline::RingLimits::UNBOUNDED)),
+        too_many_jobs: false,
     };
     if let Some(t) = &mut sim.tele {
         for (i, name) in sc.vm_names().iter().enumerate() {
@@ -413,6 +426,9 @@ fn simulate_inner(
     }
     sim.first_arrivals();
     sim.run();
+    if sim.too_many_jobs {
+        return Err(EvalError::TooManyJobs(sc.name.clone(), MAX_JOBS));
+    }
     let tl = sim
         .tele
         .as_ref()
@@ -522,6 +538,10 @@ impl Sim<'_> {
                 }
                 self.arrivals.pop();
                 self.arrival(s);
+            }
+            if self.out.jobs.len() > MAX_JOBS {
+                self.too_many_jobs = true;
+                return;
             }
             let mut tick = self.timer.is_some_and(|tm| tm <= self.now);
             while self

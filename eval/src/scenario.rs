@@ -301,6 +301,36 @@ pub enum Arrival {
     },
 }
 
+impl Arrival {
+    /// The time values (us) of this arrival kind, with their field names.
+    fn times_us(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            Arrival::Uniform {
+                period_us,
+                offset_us,
+            }
+            | Arrival::Bursty {
+                period_us,
+                offset_us,
+                ..
+            } => vec![
+                ("arrival.period_us", *period_us),
+                ("arrival.offset_us", *offset_us),
+            ],
+            Arrival::Poisson { mean_us } => vec![("arrival.mean_us", *mean_us)],
+            Arrival::Closed { think_us, .. } => vec![("arrival.think_us", *think_us)],
+            Arrival::Trace {
+                times_us,
+                queue_offset_us,
+            } => vec![
+                ("arrival.times_us", times_us.last().copied().unwrap_or(0)),
+                ("arrival.queue_offset_us", *queue_offset_us),
+            ],
+            Arrival::Flood { .. } => vec![],
+        }
+    }
+}
+
 fn default_flood_depth() -> u32 {
     8
 }
@@ -442,6 +472,37 @@ pub const MAX_JOB_KERNELS: u64 = 512;
 pub const MAX_WORKGROUPS: u32 = 4096;
 /// Most workgroups of one kernel of a `wgflood` tenant (2^31).
 pub const MAX_FLOOD_WORKGROUPS: u32 = 1 << 31;
+/// Longest run (ms of virtual time): one hour.
+pub const MAX_DURATION_MS: u64 = 3_600_000;
+/// Largest time value of an arrival (us): one hour, so that every sum of
+/// times in ns stays far from overflowing.
+pub const MAX_ARRIVAL_US: u64 = MAX_DURATION_MS * 1000;
+/// Most queues of one run (count x queues over every tenant entry).
+pub const MAX_QUEUES: u64 = 4096;
+/// Largest scenario file read (bytes): `/dev/zero` or a runaway file is an
+/// error, not a host out of memory.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// The UTF-8 text of `path`, at most [`MAX_FILE_BYTES`].
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_FILE_BYTES} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
+/// Most points of a `sweep` (each is a whole run).
+pub const MAX_SWEEP_POINTS: usize = 64;
+/// Most modelled time of one workgroup (ns; the simulator's limit).
+pub const MAX_WG_COST_NS: u64 = 1 << 48;
 
 impl Scenario {
     /// A built-in scenario by name.
@@ -456,8 +517,7 @@ impl Scenario {
     /// A scenario file.
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
         let file = path.display().to_string();
-        let text =
-            std::fs::read_to_string(path).map_err(|e| ScenarioError::Read(file.clone(), e))?;
+        let text = read_bounded(path).map_err(|e| ScenarioError::Read(file.clone(), e))?;
         Self::parse(&text, &file)
     }
 
@@ -537,6 +597,13 @@ impl Scenario {
         };
         if self.duration_ms == 0 {
             return Err(field("scenario", "duration_ms", "must be > 0".into()));
+        }
+        if self.duration_ms > MAX_DURATION_MS {
+            return Err(field(
+                "scenario",
+                "duration_ms",
+                format!("{} is out of range 1..={MAX_DURATION_MS}", self.duration_ms),
+            ));
         }
         if self.tenants.is_empty() {
             return Err(field(
@@ -630,11 +697,40 @@ impl Scenario {
                 if k.cost_ns() == 0 {
                     return Err(bad("kernel.wg_cost_us", "must be >= 1".into()));
                 }
+                if k.cost_ns() > MAX_WG_COST_NS {
+                    return Err(bad(
+                        "kernel.wg_cost_us",
+                        format!(
+                            "{} ns is more than 2^48 ns (the model's limit per workgroup)",
+                            k.cost_ns()
+                        ),
+                    ));
+                }
                 if k.repeat == 0 {
                     return Err(bad("kernel.repeat", "must be >= 1".into()));
                 }
             }
+            for (f, us) in t.arrival.times_us() {
+                if us > MAX_ARRIVAL_US {
+                    return Err(bad(
+                        f,
+                        format!("{us} us is out of range (at most {MAX_ARRIVAL_US}, one hour)"),
+                    ));
+                }
+            }
             match &t.arrival {
+                Arrival::Closed { outstanding, .. } if *outstanding as u64 > MAX_JOB_KERNELS => {
+                    return Err(bad(
+                        "arrival.outstanding",
+                        format!("{outstanding} is out of range 1..={MAX_JOB_KERNELS}"),
+                    ))
+                }
+                Arrival::Flood { depth } if *depth as u64 > MAX_JOB_KERNELS => {
+                    return Err(bad(
+                        "arrival.depth",
+                        format!("{depth} is out of range 1..={MAX_JOB_KERNELS}"),
+                    ))
+                }
                 Arrival::Uniform { period_us: 0, .. } => {
                     return Err(bad("arrival.period_us", "must be > 0".into()))
                 }
@@ -786,6 +882,44 @@ impl Scenario {
                     "counts",
                     "must be a non-empty list of values >= 1".into(),
                 ));
+            }
+            if sw.counts.len() > MAX_SWEEP_POINTS {
+                return Err(field(
+                    "sweep",
+                    "counts",
+                    format!(
+                        "{} points exceed {MAX_SWEEP_POINTS} (each is a whole run)",
+                        sw.counts.len()
+                    ),
+                ));
+            }
+        }
+        // Every run (each sweep point) must fit: no allocation sized by a
+        // count the file makes up.
+        let queues = |swept: Option<u32>| -> u64 {
+            self.tenants
+                .iter()
+                .map(|t| {
+                    let count = match (&self.sweep, swept) {
+                        (Some(sw), Some(n)) if sw.tenant == t.name => n,
+                        _ => t.count,
+                    };
+                    u64::from(count) * u64::from(t.queues)
+                })
+                .sum()
+        };
+        let too_many = |n: u64| {
+            format!("{n} queues (count x queues summed over every [[tenant]]) exceed {MAX_QUEUES}")
+        };
+        let n = queues(None);
+        if n > MAX_QUEUES {
+            return Err(field("scenario", "count", too_many(n)));
+        }
+        if let Some(sw) = &self.sweep {
+            if let Some(n) = sw.counts.iter().map(|&c| queues(Some(c))).max() {
+                if n > MAX_QUEUES {
+                    return Err(field("sweep", "counts", too_many(n)));
+                }
             }
         }
         Ok(())
@@ -1065,6 +1199,97 @@ wg_cost_us = 10
             err(&trace("times_us = [10], queue_offset_us = 20000")),
             "f.toml: tenant 't': field `arrival.queue_offset_us`: 20000 us is not inside the run (duration_ms = 10)"
         );
+    }
+
+    #[test]
+    fn huge_values_are_errors_not_overflows_or_oom() {
+        const M: &str = "9223372036854775807";
+        let arrival = |a: &str| with("{ kind = \"closed\" }", a);
+        let cases = [
+            (
+                with("duration_ms = 10", &format!("duration_ms = {M}")),
+                "f.toml: scenario: field `duration_ms`: 9223372036854775807 is out of range 1..=3600000",
+            ),
+            (
+                with("priority = 3", "priority = 3\ncount = 4294967295"),
+                "f.toml: scenario: field `count`: 4294967295 queues (count x queues summed over every [[tenant]]) exceed 4096",
+            ),
+            (
+                with("priority = 3", "priority = 3\ncount = 65\nqueues = 64"),
+                "f.toml: scenario: field `count`: 4160 queues (count x queues summed over every [[tenant]]) exceed 4096",
+            ),
+            (
+                with(
+                    "duration_ms = 10",
+                    "duration_ms = 10\nsweep = { tenant = \"t\", counts = [1, 4294967295] }",
+                ),
+                "f.toml: sweep: field `counts`: 4294967295 queues (count x queues summed over every [[tenant]]) exceed 4096",
+            ),
+            (
+                arrival(&format!("{{ kind = \"uniform\", period_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.period_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"uniform\", period_us = 5, offset_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.offset_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"closed\", think_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.think_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"poisson\", mean_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.mean_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival(&format!("{{ kind = \"bursty\", jobs = 1, period_us = {M} }}")),
+                "f.toml: tenant 't': field `arrival.period_us`: 9223372036854775807 us is out of range (at most 3600000000, one hour)",
+            ),
+            (
+                arrival("{ kind = \"closed\", outstanding = 4294967295 }"),
+                "f.toml: tenant 't': field `arrival.outstanding`: 4294967295 is out of range 1..=512",
+            ),
+            (
+                arrival("{ kind = \"flood\", depth = 4294967295 }"),
+                "f.toml: tenant 't': field `arrival.depth`: 4294967295 is out of range 1..=512",
+            ),
+            (
+                with("wg_cost_us = 10", &format!("wg_cost_ns = {M}")),
+                "f.toml: tenant 't': field `kernel.wg_cost_us`: 9223372036854775807 ns is more than 2^48 ns (the model's limit per workgroup)",
+            ),
+            (
+                with("wg_cost_us = 10", &format!("wg_cost_us = {M}")),
+                "f.toml: tenant 't': field `kernel.wg_cost_us`: 18446744073709551615 ns is more than 2^48 ns (the model's limit per workgroup)",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(err(&text), want);
+        }
+        let e = Scenario::load(Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e, "/dev/zero: cannot read: larger than 16777216 bytes",
+            "an endless file is refused, not read into memory"
+        );
+        let points = vec!["1"; 65].join(", ");
+        assert_eq!(
+            err(&with(
+                "duration_ms = 10",
+                &format!("duration_ms = 10\nsweep = {{ tenant = \"t\", counts = [{points}] }}"),
+            )),
+            "f.toml: sweep: field `counts`: 65 points exceed 64 (each is a whole run)"
+        );
+        // The limits themselves are accepted.
+        for ok in [
+            with("duration_ms = 10", "duration_ms = 3600000"),
+            with("priority = 3", "priority = 3\ncount = 64\nqueues = 64"),
+            arrival("{ kind = \"uniform\", period_us = 3600000000, offset_us = 3600000000 }"),
+            arrival("{ kind = \"flood\", depth = 512 }"),
+            with("wg_cost_us = 10", "wg_cost_ns = 281474976710656"),
+        ] {
+            Scenario::parse(&ok, "f.toml").unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
     }
 
     #[test]

@@ -121,6 +121,28 @@ const INFO: &[(&str, ImageInfo)] = &[
             exit: "`exit` (default 0)",
         },
     ),
+    (
+        "hostile",
+        ImageInfo {
+            summary: "hostile vGPU driver for tests (needs `gpu = true` and one queue's CWSR \
+                      area of RAM): abuses PCI configuration space, every register, every \
+                      doorbell offset and width, broken MQDs, malformed AQL packets, BAR moves \
+                      under a loaded queue and an altered CWSR record, checks each answer \
+                      against docs/vgpu-abi.md (`hostile: FAIL ...` lines), then runs a \
+                      correct kernel",
+            args: &[
+                (
+                    "mode=MODE",
+                    "attack (default): the checks above; flood: print `lines` empty console \
+                     lines and write `marks` checkpoints, then `hostile: flood done`",
+                ),
+                ("lines=N", "mode=flood: console lines (default 100000)"),
+                ("marks=M", "mode=flood: checkpoints (default 100000)"),
+            ],
+            exit: "0 every answer as documented (or flood done); 1 some were not; 3 no vGPU; \
+                   4 set-up failed",
+        },
+    ),
 ];
 
 /// The description of the built-in image `name`, if there is one.

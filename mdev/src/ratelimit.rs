@@ -72,6 +72,13 @@ impl RateLimiter {
         }
     }
 
+    /// Takes the count of lines suppressed since the last logged one (for a
+    /// final line when the VM goes away).
+    pub fn take_pending(&self) -> u64 {
+        let mut st = self.st.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut st.pending)
+    }
+
     /// (lines logged, lines suppressed) so far.
     pub fn counts(&self) -> (u64, u64) {
         let st = self.st.lock().unwrap_or_else(|e| e.into_inner());

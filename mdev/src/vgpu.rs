@@ -176,6 +176,12 @@ fn vhqd_reg(o: u64) -> Option<(usize, usize)> {
     (i < NUM_VHQD).then_some((i, rel % reg::HQD_STRIDE))
 }
 
+impl Drop for VgpuFrontEnd {
+    fn drop(&mut self) {
+        self.flush_log();
+    }
+}
+
 impl VgpuFrontEnd {
     /// A front end for VM `vm` (its memory, interrupt sink and the arbiter's
     /// request channel). Creates one non-blocking eventfd per vHQD doorbell.
@@ -225,6 +231,17 @@ impl VgpuFrontEnd {
     /// never a guest value).
     pub fn doorbell_eventfd(&self, vhqd: usize) -> &EventFd {
         &self.doorbells[vhqd]
+    }
+
+    /// Logs one line with the count of guest-triggered lines suppressed
+    /// since the last one logged (if any) and returns that count; also done
+    /// when the front end is dropped, so the count is never lost.
+    pub fn flush_log(&self) -> u64 {
+        let n = self.logs.take_pending();
+        if n > 0 {
+            log::warn!("vm {}: vGPU: {n} similar lines suppressed", self.name);
+        }
+        n
     }
 
     /// (guest-triggered lines logged, lines suppressed) so far.
@@ -687,5 +704,9 @@ mod tests {
         let (logged, suppressed) = f.log_counts();
         assert!(logged <= 2 * crate::ratelimit::LOG_BURST as u64, "{logged}");
         assert_eq!(logged + suppressed, 201_000);
+        // The lines suppressed since the last logged one are reported once
+        // (at the latest when the front end goes away), not lost.
+        assert!(f.flush_log() > 0);
+        assert_eq!(f.flush_log(), 0);
     }
 }

@@ -273,6 +273,26 @@ impl VmConfig {
     }
 }
 
+/// Largest fleet config read (bytes): `/dev/zero` or a runaway file is an
+/// error, not a host out of memory.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The UTF-8 text of `path`, at most [`MAX_CONFIG_BYTES`].
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
 /// Where a guest image comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageSource {
@@ -362,7 +382,7 @@ impl fmt::Display for Place {
 impl FleetConfig {
     /// Reads, parses and validates a fleet file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = read_bounded(path).map_err(|source| ConfigError::Read {
             file: path.to_owned(),
             source,
         })?;
@@ -939,6 +959,15 @@ mod tests {
         weight = 3
         args = "x=1"
     "#;
+
+    #[test]
+    fn an_endless_config_file_is_refused_not_read_into_memory() {
+        let e = FleetConfig::load(Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/dev/zero: cannot read: larger than 16777216 bytes"
+        );
+    }
 
     #[test]
     fn good_config_gets_defaults() {

@@ -184,7 +184,13 @@ impl BusDevice for ExitDevice {
     }
 }
 
-/// Timestamped guest checkpoints (e.g. code 1 = runtime entered).
+/// Most checkpoints recorded per VM (24 bytes each): later ones are
+/// dropped, so a guest writing the port forever cannot grow host memory
+/// without bound. `builtin:gpu` writes two per submit/wait cycle.
+pub const MAX_CHECKPOINTS: usize = 1 << 16;
+
+/// Timestamped guest checkpoints (e.g. code 1 = runtime entered); the first
+/// [`MAX_CHECKPOINTS`] of a VM are kept.
 #[derive(Default)]
 pub struct CheckpointDevice {
     marks: Arc<Mutex<Vec<(u32, Instant)>>>,
@@ -202,10 +208,13 @@ impl BusDevice for CheckpointDevice {
         data.fill(0);
     }
     fn write(&self, _offset: u64, data: &[u8]) -> BusAction {
-        self.marks
+        let mut marks = self
+            .marks
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push((le_u32_prefix(data), Instant::now()));
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if marks.len() < MAX_CHECKPOINTS {
+            marks.push((le_u32_prefix(data), Instant::now()));
+        }
         BusAction::Continue
     }
 }
@@ -240,6 +249,19 @@ mod tests {
             "cut to 4 bytes"
         );
         assert_eq!(ExitDevice.write(0, &[9, 0, 0, 0, 1]), BusAction::Exit(9));
+    }
+
+    #[test]
+    fn a_guest_writing_checkpoints_forever_keeps_bounded_host_memory() {
+        let marks = Arc::new(Mutex::new(Vec::new()));
+        let d = CheckpointDevice::new(marks.clone());
+        for i in 0..MAX_CHECKPOINTS as u32 + 1000 {
+            assert_eq!(d.write(0, &i.to_le_bytes()), BusAction::Continue);
+        }
+        let m = marks.lock().unwrap();
+        assert_eq!(m.len(), MAX_CHECKPOINTS);
+        assert_eq!(m[0].0, 0, "the first ones are kept");
+        assert_eq!(m[MAX_CHECKPOINTS - 1].0, MAX_CHECKPOINTS as u32 - 1);
     }
 
     #[test]

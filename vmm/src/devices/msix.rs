@@ -24,12 +24,28 @@ pub struct MsiMessage {
     pub data: u32,
 }
 
+impl MsiMessage {
+    /// Whether the message is an ordinary xAPIC interrupt the host sends:
+    /// address `0xFEEx_xxxx` (upper half 0), delivery mode fixed (0) or
+    /// lowest priority (1), vector 16..=255. Anything else (SMI, NMI, INIT,
+    /// a reserved vector, a write to some other address) is refused: the
+    /// vector is not routed and its raises are dropped and counted
+    /// ([`MsixStats::refused`]).
+    pub fn deliverable(&self) -> bool {
+        let delivery_mode = (self.data >> 8) & 0x7;
+        self.address & !0xF_FFFF == 0xFEE0_0000 && delivery_mode <= 1 && self.data & 0xFF >= 16
+    }
+}
+
 /// Where MSI-X messages go: KVM routes + irqfds, or a test double.
 pub trait MsiTarget: Send + Sync {
     /// The message of `vector` changed.
     fn route(&self, vector: u16, msg: MsiMessage);
     /// Sends `vector`'s message (never blocks).
     fn trigger(&self, vector: u16);
+    /// A raise of `vector` was dropped: its message is not deliverable
+    /// ([`MsiMessage::deliverable`]). Default: nothing.
+    fn refused(&self, _vector: u16) {}
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -63,6 +79,9 @@ pub struct MsixStats {
     pub held: u64,
     /// Raises dropped because MSI-X was disabled or the vector does not exist.
     pub dropped: u64,
+    /// Raises dropped because the vector's message is not deliverable
+    /// ([`MsiMessage::deliverable`]).
+    pub refused: u64,
 }
 
 /// The MSI-X table, PBA and message control of one function.
@@ -131,10 +150,11 @@ impl Msix {
         st.control & MSIX_ENABLE != 0 && st.control & MSIX_FUNCTION_MASK == 0
     }
 
-    /// Pending vectors that may fire now; their pending bits are cleared.
-    fn take_deliverable(st: &mut State) -> u64 {
+    /// Pending vectors that may fire now, as (deliverable, refused
+    /// messages); their pending bits are cleared.
+    fn take_deliverable(st: &mut State) -> (u64, u64) {
         if !Self::delivering(st) {
-            return 0;
+            return (0, 0);
         }
         let mut fire = 0;
         for (v, e) in st.entries.iter().enumerate() {
@@ -143,38 +163,50 @@ impl Msix {
             }
         }
         st.pending &= !fire;
-        fire
+        let mut refused = 0;
+        for (v, e) in st.entries.iter().enumerate() {
+            if fire & (1 << v) != 0 && !e.msg.deliverable() {
+                refused |= 1 << v;
+            }
+        }
+        (fire & !refused, refused)
     }
 
-    fn fire_all(&self, mask: u64) {
+    /// Sends the vectors of `fire`; counts those of `refused`.
+    fn fire_all(&self, (fire, refused): (u64, u64)) {
         for v in 0..64 {
-            if mask & (1 << v) != 0 {
+            if fire & (1 << v) != 0 {
                 self.target.trigger(v as u16);
                 self.count(|s| s.fired += 1);
+            }
+            if refused & (1 << v) != 0 {
+                self.target.refused(v as u16);
+                self.count(|s| s.refused += 1);
             }
         }
     }
 
-    /// Raises `vector`: sends it, or sets its pending bit while masked.
+    /// Raises `vector`: sends it, or sets its pending bit while masked
+    /// (a vector whose message is not deliverable is dropped and counted).
     pub fn raise(&self, vector: u16) {
         let v = usize::from(vector);
-        let fire = {
+        let mut pending = 0;
+        let outcome = {
             let mut st = self.lock();
             if v >= st.entries.len() || st.control & MSIX_ENABLE == 0 {
                 None
             } else if Self::delivering(&st) && st.entries[v].control & MSIX_VECTOR_MASKED == 0 {
-                Some(true)
+                Some(st.entries[v].msg.deliverable())
             } else {
                 st.pending |= 1 << v;
+                pending = 1 << v;
                 Some(false)
             }
         };
-        match fire {
-            Some(true) => {
-                self.target.trigger(vector);
-                self.count(|s| s.fired += 1);
-            }
-            Some(false) => self.count(|s| s.held += 1),
+        match outcome {
+            Some(true) => self.fire_all((1 << v, 0)),
+            Some(false) if pending != 0 => self.count(|s| s.held += 1),
+            Some(false) => self.fire_all((0, 1 << v)),
             None => self.count(|s| s.dropped += 1),
         }
     }
@@ -240,6 +272,12 @@ impl Msix {
             Self::take_deliverable(&mut st)
         };
         for (v, msg) in routes {
+            // An undeliverable message is never sent: its route stays inert.
+            let msg = if msg.deliverable() {
+                msg
+            } else {
+                MsiMessage::default()
+            };
             self.target.route(v, msg);
         }
         self.fire_all(fire);
@@ -286,6 +324,8 @@ pub struct KvmMsi {
     irqfds: Vec<EventFd>,
     routes: Mutex<Vec<MsiMessage>>,
     name: String,
+    /// Rate limit of the guest-triggered "message refused" lines.
+    log: mdev::ratelimit::RateLimiter,
 }
 
 impl KvmMsi {
@@ -300,6 +340,7 @@ impl KvmMsi {
             irqfds,
             routes: Mutex::new(vec![MsiMessage::default(); vectors]),
             name: name.to_owned(),
+            log: mdev::ratelimit::RateLimiter::new(),
         };
         k.program(&k.routes.lock().unwrap_or_else(PoisonError::into_inner))?;
         for (v, fd) in k.irqfds.iter().enumerate() {
@@ -345,6 +386,19 @@ impl MsiTarget for KvmMsi {
         *r = msg;
         if let Err(e) = self.program(&routes) {
             log::warn!("{}: MSI-X vector {vector}: {e}", self.name);
+        }
+    }
+
+    fn refused(&self, vector: u16) {
+        if let mdev::ratelimit::Admit::Log { suppressed } =
+            self.log.admit(std::time::Instant::now())
+        {
+            log::warn!(
+                "{}: MSI-X vector {vector}: message is not a fixed or lowest-priority xAPIC \
+                 interrupt (address 0xFEEx_xxxx, vector >= 16): not sent ({suppressed} similar \
+                 lines suppressed)",
+                self.name
+            );
         }
     }
 
@@ -432,9 +486,60 @@ pub(crate) mod tests {
             MsixStats {
                 fired: 3,
                 held: 2,
-                dropped: 2
+                dropped: 2,
+                refused: 0,
             }
         );
+    }
+
+    #[test]
+    fn messages_that_are_not_plain_xapic_interrupts_are_never_sent() {
+        let r = Arc::new(Recorder::default());
+        let m = Msix::new(8, r.clone());
+        m.set_control(MSIX_ENABLE);
+        let bad = [
+            (0xFEE0_0000, 0x0F),         // vector below 16
+            (0xFEE0_0000, 0x200 | 0x40), // SMI
+            (0xFEE0_0000, 0x400 | 0x40), // NMI
+            (0xFEE0_0000, 0x500 | 0x40), // INIT
+            (0xFED0_0000, 0x40),         // not the APIC window
+            (0x0000_1000, 0x40),         // guest RAM
+        ];
+        for (v, (addr, data)) in bad.iter().enumerate() {
+            entry_write(&m, v as u64, *addr, *data, 0);
+            assert_eq!(
+                r.routes.lock().unwrap().last().map(|x| x.1),
+                Some(MsiMessage::default()),
+                "vector {v}: an inert route, never the guest's message"
+            );
+            m.raise(v as u16);
+        }
+        // Held while masked, refused when unmasked.
+        entry_write(&m, 6, 0xFEE0_0000, 0x700, MSIX_VECTOR_MASKED); // ExtINT
+        m.raise(6);
+        assert_eq!(m.pba(), 1 << 6);
+        entry_write(&m, 6, 0xFEE0_0000, 0x700, 0);
+        assert_eq!(m.pba(), 0);
+        // Good messages: fixed and lowest priority.
+        entry_write(&m, 7, 0xFEE0_1000, 0x1_0030, 0);
+        m.raise(7);
+        assert_eq!(
+            *r.fired.lock().unwrap(),
+            vec![7],
+            "only the good vector fired"
+        );
+        let st = m.stats();
+        assert_eq!((st.fired, st.held, st.refused), (1, 1, 7));
+        assert!(MsiMessage {
+            address: 0xFEE0_0000,
+            data: 0x130
+        }
+        .deliverable());
+        assert!(!MsiMessage {
+            address: 0x1_FEE0_0000,
+            data: 0x30
+        }
+        .deliverable());
     }
 
     #[test]

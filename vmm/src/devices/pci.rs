@@ -197,6 +197,9 @@ impl PciFunction for HostBridge {
     }
 }
 
+/// Reserved bits 30:24 of `CONFIG_ADDRESS`.
+const CONFIG_RESERVED: u32 = 0x7F00_0000;
+
 /// PCI bus 0 behind configuration mechanism #1: a bus device on the PIO
 /// bus at 0xCF8, 8 ports (`CONFIG_ADDRESS` 0xCF8..0xCFB, `CONFIG_DATA`
 /// 0xCFC..0xCFF). Function 0 of each device only; other buses and
@@ -243,7 +246,10 @@ impl PciRoot {
         let bus = (a >> 16) & 0xFF;
         let device = (a >> 11) & 0x1F;
         let function = (a >> 8) & 0x7;
-        if a & CONFIG_ENABLE == 0 || bus != 0 || function != 0 {
+        // Bits 30:24 are reserved (some chipsets put extended register
+        // numbers there; this bus has none): such an address selects nothing,
+        // so it never aliases registers 0..0xFF.
+        if a & CONFIG_ENABLE == 0 || a & CONFIG_RESERVED != 0 || bus != 0 || function != 0 {
             return None;
         }
         let d = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
@@ -342,6 +348,15 @@ mod tests {
         );
         root.read(4, &mut b);
         assert_eq!(u32::from_le_bytes(b), u32::MAX);
+        // Reserved bits 30:24 (extended register numbers elsewhere): absent,
+        // never an alias of registers 0..0xFF; writes there change nothing.
+        for bit in 24..31 {
+            root.write(0, &(config_address(0, 0, 0, 0x04) | 1 << bit).to_le_bytes());
+            root.read(4, &mut b);
+            assert_eq!(u32::from_le_bytes(b), u32::MAX, "bit {bit}");
+            root.write(4, &0u16.to_le_bytes());
+        }
+        assert_eq!(rd(&root, 0, 0x04, 2), 0x406, "COMMAND unchanged");
         // CONFIG_ADDRESS reads back; partial writes to it are ignored.
         root.write(0, &0x8000_1234u32.to_le_bytes());
         root.write(0, &[0xAA]);

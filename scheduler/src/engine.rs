@@ -294,6 +294,8 @@ pub struct Scheduler {
     /// `Some(Some(rest))` when a decision stopped after queueing its
     /// preemptions and waits for [`Scheduler::resume`].
     split: Option<Option<ExclusiveTail>>,
+    /// The exclusive decision's list of preempted queues, reused.
+    evict_buf: Vec<QueueId>,
 }
 
 /// What an exclusive decision still has to do after queueing the unmap
@@ -356,6 +358,7 @@ impl Scheduler {
             stats: EngineStats::default(),
             spatial: Default::default(),
             split: None,
+            evict_buf: Vec::new(),
         })
     }
 
@@ -1017,16 +1020,21 @@ impl Scheduler {
             (okey, okey)
         };
         // Preempt every running queue that is not the owner's at that key.
-        let evict: Vec<QueueId> = self.parts[p]
-            .running
-            .iter()
-            .filter(|(_, _, q)| {
-                let qq = &self.queues[q];
-                (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
-                    && !self.spatial_keeps(res, establish, owner, *q)
-            })
-            .map(|e| e.2)
-            .collect();
+        // (In a buffer kept between decisions: no allocation before the
+        // preemptions are handed out.)
+        let mut evict = std::mem::take(&mut self.evict_buf);
+        evict.clear();
+        evict.extend(
+            self.parts[p]
+                .running
+                .iter()
+                .filter(|(_, _, q)| {
+                    let qq = &self.queues[q];
+                    (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
+                        && !self.spatial_keeps(res, establish, owner, *q)
+                })
+                .map(|e| e.2),
+        );
         let mode = self.preempt_mode();
         // The preemptions' actions first; their state changes (which this
         // decision reads only through the partition's `freeing` count,
@@ -1074,6 +1082,7 @@ impl Scheduler {
         for &q in &evict {
             self.unmap_state(q, Reason::Preempt(mode));
         }
+        self.evict_buf = evict;
         // Idle queues of other VMs below the owner's level give their slots
         // back now: a doorbell on a mapped queue starts its work on the GPU
         // at once, and work that may not run would only be saved again

@@ -17,6 +17,11 @@
 //! that carrying them out produces at once (a refused map becomes a queue
 //! error, an unmap of a slot the GPU never loaded completes at once) are
 //! queued behind and handled in arrival order until none is left.
+//! A decision that preempts is split (`Scheduler::handle_split`): its
+//! unmaps, the first actions it emits, are carried out before the scheduler
+//! does its bookkeeping of them and the rest of the decision, which then
+//! emits the remaining actions; the actions and their order are the same as
+//! unsplit (only decisions that change no CU set are split).
 
 use crate::backend::{
     CuMask, DequeueMode, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason,

@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
+mod busy;
 mod spatial_engine;
 
 /// Level of a boosted (aged) queue: above every VM priority.
@@ -201,8 +202,9 @@ struct Partition {
     running: BTreeSet<(u16, Nanos, QueueId)>,
     /// MappedIdle queues, oldest first.
     idle_mapped: BTreeSet<(Nanos, QueueId)>,
-    /// Busy (Ready/Saved/Running) queue counts per level per VM.
-    busy: BTreeMap<u16, BTreeMap<VmId, u32>>,
+    /// Busy (Ready/Saved/Running) queue counts per level per VM (a
+    /// table over the levels with a map's interface: `busy.rs`).
+    busy: busy::BusyLevels,
     /// Queues being dequeued (their slots free soon).
     freeing: usize,
     /// Busy VMs by charged virtual time (fairness floor).

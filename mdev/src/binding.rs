@@ -596,13 +596,20 @@ impl<O: Copy> Binding<O> {
                 while let Some(a) = self.sched.poll_action() {
                     acts.push(a);
                 }
-                for a in acts.drain(..) {
-                    self.action(gpu, now, a, out);
-                }
+                // The decision is finished even if the backend panics here
+                // (the caller may catch it and go on using the binding).
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for a in acts.drain(..) {
+                        self.action(gpu, now, a, out);
+                    }
+                }));
                 if let (Some(t1), Some(c)) = (t1, self.clock.as_mut()) {
                     early_ns = c().saturating_sub(t1);
                 }
                 self.sched.resume();
+                if let Err(panic) = r {
+                    std::panic::resume_unwind(panic);
+                }
             }
             while let Some(a) = self.sched.poll_action() {
                 acts.push(a);

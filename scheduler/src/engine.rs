@@ -652,8 +652,10 @@ impl Scheduler {
 
     /// Handles one event and queues the resulting actions.
     pub fn handle(&mut self, ev: Event) {
-        // A split decision the caller did not resume is finished first.
+        // A split decision the caller did not resume is finished first;
+        // this one is never split.
         self.resume();
+        self.split = None;
         self.handle_event(ev);
     }
 

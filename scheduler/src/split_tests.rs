@@ -319,3 +319,43 @@ fn a_preempting_doorbell_is_split() {
     assert!(w.splits >= 1, "no split decision");
     assert!(w.split.stats().preemptions >= 1);
 }
+
+/// A caller that does not resume a split decision: the next `handle`
+/// finishes it first (the preempted queues are Preempting, the winner's
+/// work follows) and is itself never split.
+#[test]
+fn an_unresumed_split_is_finished_by_the_next_handle() {
+    let (mut w, qs) = Pair::new(SchedConfig::default(), 1, false, &[2, 2, 12, 12]);
+    for i in 0..8 {
+        w.apply(&qs, &Op::Doorbell(i)).unwrap();
+    }
+    w.apply(&qs, &Op::Wait(2_000)).unwrap();
+    let s = &mut w.split;
+    let split = s.handle_split(Event::Doorbell {
+        queue: qs[8],
+        wptr: 1,
+        now: w.now,
+    });
+    assert!(split, "the preempting doorbell was not split");
+    let mut first = Vec::new();
+    drain(s, &mut first);
+    let victims: Vec<QueueId> = first
+        .iter()
+        .map(|a| match a {
+            Action::Unmap { queue, .. } => *queue,
+            a => panic!("before the split: {a:?}"),
+        })
+        .collect();
+    assert!(!victims.is_empty());
+    for q in &victims {
+        assert_eq!(s.queue_state(*q).map(|x| x.0), Some(QueueState::Running));
+    }
+    s.handle(Event::Tick { now: w.now });
+    for q in &victims {
+        assert_eq!(s.queue_state(*q).map(|x| x.0), Some(QueueState::Preempting));
+    }
+    s.check_invariants().unwrap();
+    // Nothing pending: another plain event is handled whole.
+    s.handle(Event::Tick { now: w.now + 1 });
+    s.check_invariants().unwrap();
+}

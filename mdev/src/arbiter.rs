@@ -124,6 +124,9 @@ pub struct DoorbellSeen {
     pub at: Instant,
     /// The scheduler issued at least one preemption for this doorbell.
     pub preempted: bool,
+    /// When the first preemption was handed to the backend (`PhysGpu`'s
+    /// dequeue called), if one was.
+    pub issued: Option<Instant>,
 }
 
 /// Benchmark hook called on the service thread (none in production).
@@ -348,8 +351,15 @@ impl GpuArbiter {
     }
 
     /// Sets (or clears) the doorbell benchmark hook.
+    /// While one is set, the binding stamps when it hands a preemption to
+    /// the backend ([`DoorbellSeen::issued`]).
     pub fn set_doorbell_observer(&self, obs: Option<DoorbellObserver>) {
-        lock(&self.core).observer = obs;
+        let mut c = lock(&self.core);
+        let epoch = self.epoch;
+        c.bind.set_issue_clock(obs.as_ref().map(|_| {
+            Box::new(move || epoch.elapsed().as_nanos() as u64) as crate::binding::DecisionClock
+        }));
+        c.observer = obs;
     }
 
     /// Registers a VM: its memory, scheduling parameters and interrupt sink.
@@ -867,6 +877,7 @@ impl GpuArbiter {
         match Self::read_wptr(c, v, vhqd, q) {
             Some(wptr) => {
                 let before = c.bind.scheduler().stats().preemptions;
+                let _ = c.bind.take_preempt_issued();
                 let stale_before = c.bind.scheduler().stats().stale_doorbells;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
                 c.tele.doorbell_published(vm, q.0, wptr, now);
@@ -879,11 +890,17 @@ impl GpuArbiter {
                     c.tele.doorbell_preempted(vm, ns);
                 }
                 if let Some(obs) = &c.observer {
+                    let at = Instant::now();
+                    let issued = c
+                        .bind
+                        .take_preempt_issued()
+                        .map(|ns| self.epoch + Duration::from_nanos(ns));
                     obs(crate::arbiter::DoorbellSeen {
                         vm: VgpuHandle(vm),
                         vhqd,
-                        at: Instant::now(),
+                        at,
                         preempted: c.bind.scheduler().stats().preemptions > before,
+                        issued,
                     });
                 }
                 clear(c);

@@ -152,11 +152,27 @@ impl Waker {
 /// `samples` high-priority doorbells, each written to the vHQD's doorbell
 /// eventfd (what KVM does for an ioeventfd doorbell) while a low-priority VM
 /// holds the only HQD slot: returns the ns from each `write` to the arbiter
-/// having handed the CWSR preemption to the backend. Samples the floor
-/// (`waker`) between doorbells into `wake`, so both see the same load.
-/// Panics if the arbiter does not react within 10 s (a measurement helper,
-/// not a service).
+/// having handed the CWSR preemption to the backend (the backend's dequeue
+/// called). Samples the floor (`waker`) between doorbells into `wake`, so
+/// both see the same load. Panics if the arbiter does not react within 10 s
+/// (a measurement helper, not a service).
 pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Vec<u64> {
+    doorbell_spans(samples, waker, wake).issued
+}
+
+/// Spans of the preempting doorbells of [`doorbell_spans`], ns from the
+/// eventfd `write`.
+#[derive(Clone, Debug, Default)]
+pub struct DoorbellSpans {
+    /// To the backend's dequeue being called (the preemption issued).
+    pub issued: Vec<u64>,
+    /// To the binding's return from the doorbell (the backend's dequeue
+    /// call and the rest of the scheduler's decision done).
+    pub returned: Vec<u64>,
+}
+
+/// [`doorbell_to_preempt`], with the span to the binding's return too.
+pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> DoorbellSpans {
     // One HQD slot: every high-priority doorbell must preempt.
     let topo = GpuTopology {
         xccs: 1,
@@ -189,7 +205,7 @@ pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -
     lo_vm.kernel(&mut lo_q, KernelKind::Spin, 1 << 20, 64, 1_000_000, 1, true);
     lo.doorbell_eventfd(0).write(1).unwrap();
     let mailbox = hi_vm.alloc(8, 8);
-    let mut out = Vec::new();
+    let mut out = DoorbellSpans::default();
     let wait_state = |fe: &crate::vgpu::VgpuFrontEnd, st: u32| {
         let end = Instant::now() + Duration::from_secs(10);
         while fe.reg_read(hqd_reg(0, reg::CP_HQD_STATE)) != st {
@@ -228,7 +244,9 @@ pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -
             }
         };
         if seen.preempted {
-            out.push((seen.at - t0).as_nanos() as u64);
+            let issued = seen.issued.unwrap_or(seen.at);
+            out.issued.push((issued - t0).as_nanos() as u64);
+            out.returned.push((seen.at - t0).as_nanos() as u64);
         }
         if k % 2 == 1 {
             wake.push(waker.sample());

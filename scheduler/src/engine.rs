@@ -5,6 +5,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
+mod busy;
 mod spatial_engine;
 
 /// Level of a boosted (aged) queue: above every VM priority.
@@ -201,8 +202,9 @@ struct Partition {
     running: BTreeSet<(u16, Nanos, QueueId)>,
     /// MappedIdle queues, oldest first.
     idle_mapped: BTreeSet<(Nanos, QueueId)>,
-    /// Busy (Ready/Saved/Running) queue counts per level per VM.
-    busy: BTreeMap<u16, BTreeMap<VmId, u32>>,
+    /// Busy (Ready/Saved/Running) queue counts per level per VM (a
+    /// table over the levels with a map's interface: `busy.rs`).
+    busy: busy::BusyLevels,
     /// Queues being dequeued (their slots free soon).
     freeing: usize,
     /// Busy VMs by charged virtual time (fairness floor).
@@ -289,6 +291,27 @@ pub struct Scheduler {
     stats: EngineStats,
     /// Spatial sharing with CU masks (`spatial_engine.rs`).
     spatial: crate::spatial::Spatial,
+    /// Split decisions ([`Scheduler::handle_split`]): `None` when the
+    /// caller did not ask for one, `Some(None)` while it may happen,
+    /// `Some(Some(rest))` when a decision stopped after queueing its
+    /// preemptions and waits for [`Scheduler::resume`].
+    split: Option<Option<ExclusiveTail>>,
+    /// The exclusive decision's list of preempted queues, reused.
+    evict_buf: Vec<QueueId>,
+}
+
+/// What an exclusive decision still has to do after queueing the unmap
+/// actions of its preemptions (see [`Scheduler::handle_split`]).
+#[derive(Debug)]
+struct ExclusiveTail {
+    p: usize,
+    owner: Owner,
+    res: Option<crate::spatial::Reservation>,
+    klo: u16,
+    khi: u16,
+    /// Preempted queues (their actions are queued, their state not yet).
+    evict: Vec<QueueId>,
+    mode: UnmapMode,
 }
 
 impl Scheduler {
@@ -336,6 +359,8 @@ impl Scheduler {
             now: 0,
             stats: EngineStats::default(),
             spatial: Default::default(),
+            split: None,
+            evict_buf: Vec::new(),
         })
     }
 
@@ -627,6 +652,16 @@ impl Scheduler {
 
     /// Handles one event and queues the resulting actions.
     pub fn handle(&mut self, ev: Event) {
+        // A split decision the caller did not resume is finished first;
+        // this one is never split.
+        self.resume();
+        self.split = None;
+        self.handle_event(ev);
+    }
+
+    /// [`Scheduler::handle`]; may split the decision when `split` is
+    /// `Some(None)` (see [`Scheduler::handle_split`]).
+    fn handle_event(&mut self, ev: Event) {
         let now = ev.now().max(self.now);
         self.now = now;
         self.stats.events += 1;
@@ -700,10 +735,16 @@ impl Scheduler {
         match part.and_then(|q| self.partition_of(q)) {
             Some(p) if !matches!(ev, Event::Tick { .. }) && !poll => self.decide(p, poll),
             _ => {
+                // One partition's decision may be split, not a sweep.
+                let split = self.split.take();
                 for p in 0..self.parts.len() {
                     self.decide(p, poll);
                 }
+                self.split = split;
             }
+        }
+        if matches!(self.split, Some(Some(_))) {
+            return;
         }
         self.arm_timer();
     }
@@ -731,6 +772,9 @@ impl Scheduler {
             Policy::Hqdmux | Policy::Reset => self.decide_shared(p, true, false),
             Policy::Poll5ms => self.decide_shared(p, poll, true),
             Policy::Fifo => self.decide_shared(p, false, false),
+        }
+        if matches!(self.split, Some(Some(_))) {
+            return;
         }
         self.spatial_sync(p);
     }
@@ -965,6 +1009,7 @@ impl Scheduler {
                 .retain(|w| busy.get(&top).is_some_and(|m| m.contains_key(w)));
         }
         self.parts[p].owner = Some(owner);
+        let prev_res = self.spatial.res.get(p).copied().flatten();
         let (res, establish) = self.spatial_plan(p, owner);
         // The owner's highest busy queue priority at its level runs.
         let okey = self.vms[&owner.vm]
@@ -979,20 +1024,69 @@ impl Scheduler {
             (okey, okey)
         };
         // Preempt every running queue that is not the owner's at that key.
-        let evict: Vec<QueueId> = self.parts[p]
-            .running
-            .iter()
-            .filter(|(_, _, q)| {
-                let qq = &self.queues[q];
-                (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
-                    && !self.spatial_keeps(res, establish, owner, *q)
-            })
-            .map(|e| e.2)
-            .collect();
+        // (In a buffer kept between decisions: no allocation before the
+        // preemptions are handed out.)
+        let mut evict = std::mem::take(&mut self.evict_buf);
+        evict.clear();
+        evict.extend(
+            self.parts[p]
+                .running
+                .iter()
+                .filter(|(_, _, q)| {
+                    let qq = &self.queues[q];
+                    (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
+                        && !self.spatial_keeps(res, establish, owner, *q)
+                })
+                .map(|e| e.2),
+        );
         let mode = self.preempt_mode();
+        // The preemptions' actions first; their state changes (which this
+        // decision reads only through the partition's `freeing` count,
+        // in `place` below) follow, here or, for a split decision, in
+        // `resume` after the caller handed the unmaps to the GPU.
         for &q in &evict {
-            self.unmap(q, mode, Reason::Preempt(mode));
+            self.unmap_action(q, mode);
         }
+        let cont = ExclusiveTail {
+            p,
+            owner,
+            res,
+            klo,
+            khi,
+            evict,
+            mode,
+        };
+        // Split only when nothing but these unmaps is queued and the
+        // decision changes no CU set (the caller applies CU changes before
+        // the actions of a decision: an early unmap must not pass one).
+        if self.split.is_some()
+            && !cont.evict.is_empty()
+            && self.actions.len() == cont.evict.len()
+            && self.spatial.changes.is_empty()
+            && (!self.spatial.enabled() || (res.is_none() && prev_res.is_none()))
+        {
+            self.split = Some(Some(cont));
+            return;
+        }
+        self.exclusive_tail(cont);
+    }
+
+    /// The rest of an exclusive decision after its preemptions' actions
+    /// were queued (see [`Scheduler::handle_split`]).
+    fn exclusive_tail(&mut self, cont: ExclusiveTail) {
+        let ExclusiveTail {
+            p,
+            owner,
+            res,
+            klo,
+            khi,
+            evict,
+            mode,
+        } = cont;
+        for &q in &evict {
+            self.unmap_state(q, Reason::Preempt(mode));
+        }
+        self.evict_buf = evict;
         // Idle queues of other VMs below the owner's level give their slots
         // back now: a doorbell on a mapped queue starts its work on the GPU
         // at once, and work that may not run would only be saved again
@@ -1319,8 +1413,26 @@ impl Scheduler {
     }
 
     fn unmap(&mut self, q: QueueId, mode: UnmapMode, reason: Reason) {
+        self.unmap_action(q, mode);
+        self.unmap_state(q, reason);
+    }
+
+    /// Queues the unmap action of a mapped queue (first half of
+    /// [`Self::unmap`]; it reads nothing the state change writes, so the
+    /// action list is the same whichever half runs first).
+    fn unmap_action(&mut self, q: QueueId, mode: UnmapMode) {
+        let slot = self.queues[&q].slot.expect("unmap of an unmapped queue");
+        self.actions.push_back(Action::Unmap {
+            queue: q,
+            slot,
+            mode,
+        });
+    }
+
+    /// The state change and counters of an unmap whose action is queued
+    /// (second half of [`Self::unmap`]).
+    fn unmap_state(&mut self, q: QueueId, reason: Reason) {
         let qq = self.queues.get_mut(&q).unwrap();
-        let slot = qq.slot.expect("unmap of an unmapped queue");
         let interrupts = qq.state == QueueState::Running && matches!(reason, Reason::Preempt(_));
         qq.reason = Some(reason);
         qq.doorbell_while_unmapping = false;
@@ -1332,11 +1444,6 @@ impl Scheduler {
                 v.stats.preemptions += 1;
             }
         }
-        self.actions.push_back(Action::Unmap {
-            queue: q,
-            slot,
-            mode,
-        });
     }
 
     fn finish_unmap(&mut self, q: QueueId, has_work: bool, save_ns: Nanos) {
@@ -1778,6 +1885,58 @@ impl Scheduler {
         }
     }
 
+    /// Like [`Scheduler::handle`], but a decision that preempts may stop
+    /// right after queueing its unmap actions, before the preempted queues'
+    /// state changes and the rest of the decision (mapping the winner, the
+    /// timer): returns `true` then, and every action queued so far is one
+    /// of those unmaps. The caller carries them out (e.g. hands the CWSR
+    /// saves to the GPU) and then calls [`Scheduler::resume`], which
+    /// queues the rest of the decision's actions; the actions and the
+    /// resulting state are exactly those of [`Scheduler::handle`]. Only an
+    /// exclusive decision of one partition whose CU sets do not change is
+    /// split (a CU change is applied before a decision's unmaps).
+    /// Call `resume` before any other call that changes the scheduler
+    /// (`handle` and `handle_split` resume a pending decision first).
+    pub fn handle_split(&mut self, ev: Event) -> bool {
+        self.resume();
+        self.split = Some(None);
+        self.handle_event(ev);
+        match self.split.take() {
+            Some(Some(rest)) => {
+                self.split = Some(Some(rest));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Finishes a decision split by [`Scheduler::handle_split`] (nothing
+    /// when none is pending).
+    pub fn resume(&mut self) {
+        if let Some(Some(rest)) = self.split.take() {
+            let p = rest.p;
+            self.exclusive_tail(rest);
+            self.spatial_sync(p);
+            self.arm_timer();
+        }
+    }
+
+    /// Can a dispatch width noted with [`Scheduler::note_dispatch_width`]
+    /// change a decision under the current geometry and configuration?
+    /// `false` when spatial sharing is off or no reservation can fit
+    /// (`spatial_max_permille` of an XCC is less than one CU): the caller
+    /// may then note widths after the doorbell's decision instead of before.
+    pub fn dispatch_width_matters(&self) -> bool {
+        let cap = u64::from(self.spatial.cus_per_xcc)
+            * u64::from(self.cfg.spatial_max_permille.min(1000))
+            / 1000;
+        self.spatial.enabled()
+            && self.cfg.policy == Policy::Hqdmux
+            && self.slices()
+            && self.cfg.spatial_max_permille > 0
+            && cap >= 1
+    }
+
     /// Checks the internal indexes against the queue states (tests).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -1938,3 +2097,7 @@ mod queue_hasher_tests {
         assert_ne!(h(QueueId(77)), h(QueueId(78)));
     }
 }
+
+#[cfg(test)]
+#[path = "split_tests.rs"]
+mod split_tests;

@@ -15,15 +15,18 @@
 //!    `mdev/examples/arbiter_wake.rs`): a high-priority VM's doorbell
 //!    eventfd is written (what KVM does when the guest's doorbell store hits
 //!    its ioeventfd) while a low-priority VM holds the only HQD slot; time
-//!    to the arbiter having handed the CWSR preemption to the backend.
+//!    to the arbiter having handed the CWSR preemption to the backend (the
+//!    backend's dequeue called; the span to the binding's return, after
+//!    that call and the rest of the scheduler's decision, is printed too).
 //!    `detect_p99_ratio` = its p99 / the p99 of an eventfd wake-up of an
 //!    idle host thread sampled between the doorbells.
 //! 4. Detection with a guest: an inference VM (priority 12, `builtin:doorbell
 //!    detect=J`: one 304 x 500 us kernel per job) beside a training VM
 //!    (priority 2); each inference job's doorbell preempts training. From
 //!    the host timestamp of the guest's checkpoint 2 (its port write is the
-//!    instruction right before the doorbell store) to the arbiter's doorbell
-//!    observer on its service thread, for the doorbells that issued one.
+//!    instruction right before the doorbell store) to the arbiter's service
+//!    thread having handed the preemption to the backend (the doorbell
+//!    observer's `issued` stamp), for the doorbells that issued one.
 //!    `guest_detect_p99_ratio` = its p99 / the p99 of the floor sampled
 //!    during it. The span also holds the checkpoint's PIO exit, the return
 //!    into the guest and the emulated store, so it overstates detection.
@@ -278,7 +281,8 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>) {
     for t in &submits {
         if let Some(d) = seen.iter().find(|d| d.vm == inference && d.at > *t) {
             if d.preempted {
-                out.push((d.at - *t).as_secs_f64() * 1e6);
+                let issued = d.issued.unwrap_or(d.at);
+                out.push((issued - *t).as_secs_f64() * 1e6);
             }
         }
     }
@@ -361,7 +365,8 @@ fn main() {
 
     let waker = mdev::probe::Waker::start();
     let mut wake = Vec::new();
-    let mut hdet = mdev::probe::doorbell_to_preempt(jobs as usize, &waker, &mut wake);
+    let spans = mdev::probe::doorbell_spans(jobs as usize, &waker, &mut wake);
+    let (mut hdet, mut hret) = (spans.issued, spans.returned);
     let (w50, w99) = (
         mdev::probe::pct(&mut wake, 0.5),
         mdev::probe::pct(&mut wake, 0.99),
@@ -377,6 +382,11 @@ fn main() {
         hdet.len(),
         w50 as f64 / 1e3,
         w99 as f64 / 1e3
+    );
+    println!(
+        "doorbell eventfd -> binding returned (backend's dequeue call and the rest of the decision done): p50 {:.1} us, p99 {:.1} us",
+        mdev::probe::pct(&mut hret, 0.5) as f64 / 1e3,
+        mdev::probe::pct(&mut hret, 0.99) as f64 / 1e3
     );
 
     let cpu = waiting_cpu();

@@ -511,10 +511,8 @@ fn cycle(
         if i == 0 && args.bad == Bad::WgFlood {
             // After the marks (barrier bit): 2^31 one-ns workgroups, waited
             // for as the queue's last completion.
-            let spin = Vgpu::write_kernel_descriptor(
-                alloc,
-                &KernelDescriptor::new(KernelKind::Spin, 1),
-            )?;
+            let spin =
+                Vgpu::write_kernel_descriptor(alloc, &KernelDescriptor::new(KernelKind::Spin, 1))?;
             let signal = Vgpu::new_signal(alloc, 1)?;
             let kernarg = alloc.alloc(64, 64)?;
             // SAFETY: fresh RAM from the allocator (Kernarg::Spin: ns u64 @0,
@@ -657,7 +655,11 @@ fn stall(q: &mut Queue, hold: u32, tally: &mut Tally) {
     io::checkpoint(CHECKPOINT_STALL_END);
     let rptr = q.rptr_reg() as u64;
     if rptr > (wi & 0xFFFF_FFFF) {
-        println!("gpu: stall consumed: read index {} > {}", Dec(rptr), Dec(wi));
+        println!(
+            "gpu: stall consumed: read index {} > {}",
+            Dec(rptr),
+            Dec(wi)
+        );
         tally.stall_consumed = true;
     }
 }

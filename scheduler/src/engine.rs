@@ -938,6 +938,11 @@ impl Scheduler {
                 // least virtual time of the busy VMs, less one minimum run,
                 // and goes first among them).
                 let prev = owner.map(|o| o.vm);
+                // Equals alternate: the previous holder yields to an equal
+                // whose virtual time is within one CWSR save and restore of
+                // its own (a few hundred us of CWSR, charged to whoever was
+                // mapped, must not hand it a second slice in a row).
+                let slack = self.parts[p].aging.save_ns.saturating_mul(2) as u128 * SCALE;
                 let cands = &self.parts[p].busy[&top];
                 // Boosted (aged) queues are served oldest first: aging
                 // bounds waiting, it does not share by weight.
@@ -958,9 +963,11 @@ impl Scheduler {
                         .keys()
                         .min_by_key(|v| {
                             let vv = &self.vms[v];
+                            let held = Some(**v) == prev;
+                            let slack = if held { slack / weight(vv, pol) } else { 0 };
                             (
-                                vtime_now(vv, now, pol),
-                                Some(**v) == prev,
+                                vtime_now(vv, now, pol).saturating_add(slack),
+                                held,
                                 Reverse(vv.entered),
                                 **v,
                             )

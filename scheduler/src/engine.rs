@@ -964,7 +964,9 @@ impl Scheduler {
                         .min_by_key(|v| {
                             let vv = &self.vms[v];
                             let held = Some(**v) == prev;
-                            let slack = if held { slack / weight(vv, pol) } else { 0 };
+                            // Unweighted: the CWSR noise of a weight-1
+                            // equal is as large as anyone's.
+                            let slack = if held { slack } else { 0 };
                             (
                                 vtime_now(vv, now, pol).saturating_add(slack),
                                 held,
@@ -1993,10 +1995,12 @@ fn weight(v: &Vm, pol: Policy) -> u128 {
 ///
 /// Billing (`stats.gpu_ns`) follows the modelled GPU time of the VM's own
 /// work: the part of the period after `bill_from` (see [`billable`]).
-/// Virtual time (fairness) takes the whole period, CWSR included.
+/// Virtual time (fairness) takes the same billed time: CWSR save and
+/// restore are the scheduler's overhead, not the VM's use (a VM preempted
+/// more often must not fall behind for it).
 fn charge(v: &mut Vm, now: Nanos, pol: Policy) {
-    let d = now.saturating_sub(v.active_since);
-    v.stats.gpu_ns += billable(v, now);
+    let d = billable(v, now);
+    v.stats.gpu_ns += d;
     v.vtime += d as u128 * SCALE / weight(v, pol);
     v.active_since = now;
 }
@@ -2013,7 +2017,7 @@ fn billable(v: &Vm, now: Nanos) -> Nanos {
 fn vtime_now(v: &Vm, now: Nanos, pol: Policy) -> u128 {
     let mut t = v.vtime;
     if v.active > 0 {
-        t += now.saturating_sub(v.active_since) as u128 * SCALE / weight(v, pol);
+        t += billable(v, now) as u128 * SCALE / weight(v, pol);
     }
     t
 }

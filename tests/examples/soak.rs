@@ -411,7 +411,8 @@ fn soak(opts: &Opts) -> i32 {
     let mut vms: HashMap<String, Launched> = HashMap::new();
     let mut seq = 0u64;
     let mut next_hostile = 0usize;
-    let mut samples: Vec<(f64, u64, u64, usize)> = Vec::new(); // (s, rss, fds, live)
+    // (s, rss kB, fds, live VMs, VMs ended so far)
+    let mut samples: Vec<(f64, u64, u64, usize, u64)> = Vec::new();
     let mut next_sample = start;
     let mut next_action = start + Duration::from_millis(500);
     let mut ops = Ops::default();
@@ -566,7 +567,14 @@ fn soak(opts: &Opts) -> i32 {
         if now >= next_sample {
             next_sample = now + Duration::from_secs(1);
             let live = vms.values().filter(|l| !l.ended).count();
-            samples.push((start.elapsed().as_secs_f64(), rss_kib(), open_fds(), live));
+            let ended = (vms.len() - live) as u64;
+            samples.push((
+                start.elapsed().as_secs_f64(),
+                rss_kib(),
+                open_fds(),
+                live,
+                ended,
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -740,6 +748,31 @@ fn soak(opts: &Opts) -> i32 {
     println!(
         "host: RSS before {rss_before} kB, first minute {rss_first} kB, last minute {rss_last} kB, peak {rss_peak} kB, at the end (live) {rss_end_live} kB, after the fleet {rss_after} kB; fds before {fds_before}, peak {fds_peak}, end (live) {fds_end_live}, after {fds_after}"
     );
+    // RSS and fds once a minute (and VMs ended by then), to tell growth
+    // per VM from a leak per unit of time.
+    let mut per_min = Vec::new();
+    let mut next_min = 0.0;
+    for smp in &samples {
+        if smp.0 >= next_min {
+            per_min.push(format!(
+                "{:.0}s {} kB {} fds {} VMs",
+                smp.0, smp.1, smp.2, smp.4
+            ));
+            next_min += 60.0;
+        }
+    }
+    println!("host by minute: {}", per_min.join("; "));
+    let ended_between = samples
+        .last()
+        .map_or(0, |l| l.4)
+        .saturating_sub(samples.iter().find(|x| x.0 >= warm).map_or(0, |f| f.4));
+    if ended_between > 0 {
+        println!(
+            "host: RSS growth per VM ended after warm-up {:.1} kB ({} VMs)",
+            (rss_last as f64 - rss_first as f64) / ended_between as f64,
+            ended_between
+        );
+    }
     let by_level: Vec<u64> = LOG_BY_LEVEL
         .iter()
         .map(|c| c.load(Ordering::Relaxed))

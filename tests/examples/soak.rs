@@ -80,6 +80,31 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// Mappings of memfd-backed memory (guest RAM) in this process: how many
+/// and their resident kB (`/proc/self/smaps`).
+fn memfd_mappings() -> (u64, u64) {
+    let Ok(text) = std::fs::read_to_string("/proc/self/smaps") else {
+        return (0, 0);
+    };
+    let (mut n, mut kb, mut inside) = (0, 0, false);
+    for l in text.lines() {
+        let first = l.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            inside = l.contains("/memfd:");
+            n += u64::from(inside);
+        } else if inside {
+            if let Some(v) = l.strip_prefix("Rss:") {
+                kb += v
+                    .split_whitespace()
+                    .next()
+                    .and_then(|x| x.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    (n, kb)
+}
+
 /// Open file descriptors of this process.
 fn open_fds() -> u64 {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64)
@@ -605,6 +630,7 @@ fn soak(opts: &Opts) -> i32 {
         .map(|(_, v)| v)
         .unwrap_or(Value::Null);
     let rss_end_live = rss_kib();
+    let memfd_live = memfd_mappings();
     let fds_end_live = open_fds();
     let _ = request(&sock, "POST", "/api/v1/vms/anchor/stop", None);
     let report = match fleet.join() {
@@ -682,6 +708,7 @@ fn soak(opts: &Opts) -> i32 {
     let unexpected: u64 = totals.values().map(|t| t.unexpected).sum();
     let vms_run: u64 = totals.values().map(|t| t.runs).sum();
     let rss_after = rss_kib();
+    let memfd_after = memfd_mappings();
     let fds_after = open_fds();
     // RSS growth: the last minute's mean against the first minute's
     // (after 10 s of warm-up), with the fleet populated in both.
@@ -762,6 +789,14 @@ fn soak(opts: &Opts) -> i32 {
         }
     }
     println!("host by minute: {}", per_min.join("; "));
+    println!(
+        "host: guest-RAM (memfd) mappings: {} ({} kB resident) at the end with {} VMs live, {} ({} kB) after the fleet",
+        memfd_live.0,
+        memfd_live.1,
+        samples.last().map_or(0, |l| l.3),
+        memfd_after.0,
+        memfd_after.1
+    );
     let ended_between = samples
         .last()
         .map_or(0, |l| l.4)

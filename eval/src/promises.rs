@@ -493,22 +493,31 @@ pub fn check_all(opts: &CheckOptions) -> Result<Vec<Outcome>, EvalError> {
         "iso-dbflood",
         "iso-dbflood-hi",
         "iso-shapes",
+        "iso-wgflood-w4",
+        "iso-wgflood-2good",
+        "iso-wgflood-cost",
     ] {
         for sc in builtin(n).expand() {
-            let checks: Vec<Check> = vec![
-                (
-                    format!("{}: good p50/p99 vs +busy", sc.name),
+            let goods: &[&'static str] = if n == "iso-wgflood-2good" {
+                &["good", "good2"]
+            } else {
+                &["good"]
+            };
+            let mut checks: Vec<Check> = Vec::new();
+            for &g in goods {
+                checks.push((
+                    format!("{}: {g} p50/p99 vs +busy", sc.name),
                     "both <= 1.2x".into(),
-                    Box::new(|c: &Ctx| {
-                        neighbour_latency(&c.report, c.base.as_ref().unwrap(), "good", 1.2)
+                    Box::new(move |c: &Ctx| {
+                        neighbour_latency(&c.report, c.base.as_ref().unwrap(), g, 1.2)
                     }),
-                ),
-                (
-                    format!("{}: good billed vs real", sc.name),
+                ));
+                checks.push((
+                    format!("{}: {g} billed vs real", sc.name),
                     "within 5%".into(),
-                    Box::new(|c: &Ctx| billed_vs_real(&c.run, "good", 0.05)),
-                ),
-            ];
+                    Box::new(move |c: &Ctx| billed_vs_real(&c.run, g, 0.05)),
+                ));
+            }
             plan.push((sc, checks));
         }
     }

@@ -463,6 +463,18 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../scenarios/iso-dbflood-hi.toml"),
     ),
     ("iso-shapes", include_str!("../scenarios/iso-shapes.toml")),
+    (
+        "iso-wgflood-w4",
+        include_str!("../scenarios/iso-wgflood-w4.toml"),
+    ),
+    (
+        "iso-wgflood-2good",
+        include_str!("../scenarios/iso-wgflood-2good.toml"),
+    ),
+    (
+        "iso-wgflood-cost",
+        include_str!("../scenarios/iso-wgflood-cost.toml"),
+    ),
 ];
 
 /// Most kernels in one job (each queue's ring holds this many packets).
@@ -983,8 +995,8 @@ impl Scenario {
 
     /// The baseline of an isolation scenario: every hostile tenant entry
     /// becomes a legitimately busy VM (same count) of the first well-behaved
-    /// entry's priority and job shape, closed loop with 2 jobs in flight.
-    /// Named `NAME+busy`.
+    /// entry's priority and job shape (keeping the hostile entry's weight),
+    /// closed loop with 2 jobs in flight. Named `NAME+busy`.
     pub fn busy_baseline(&self) -> Self {
         let mut s = self.clone();
         s.name = format!("{}+busy", self.name);
@@ -995,7 +1007,6 @@ impl Scenario {
             if t.behaviour.hostile() {
                 t.behaviour = Behaviour::Normal;
                 t.priority = good.priority;
-                t.weight = good.weight;
                 t.queues = 1;
                 t.class = Class::Lo;
                 t.arrival = Arrival::Closed {

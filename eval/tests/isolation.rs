@@ -28,16 +28,11 @@ fn stalled_neighbours_take_nothing() {
 
 #[test]
 fn workgroup_floods_are_long_kernels() {
-    // Not kept: one flooder's p99 (1.84x: the neighbour waits one more
-    // quantum behind a long kernel than behind 1 ms jobs) and the billing
-    // of a neighbour served twice by aging (CWSR overhead dominates).
-    assert_kept(
-        "iso-wgflood",
-        &[
-            "iso-wgflood/flooder=1: good p50/p99",
-            "iso-wgflood-hi: good billed",
-        ],
-    );
+    // Every variant too: flooder weight 4, two good VMs, another width and
+    // cost (once not kept: one flooder's p99 1.84x and the billing of a
+    // neighbour served by aging 1.21x; docs/scheduling.md, "GPU-time
+    // accounting").
+    assert_kept("iso-wgflood", &[]);
 }
 
 #[test]

@@ -94,13 +94,23 @@ const INFO: &[(&str, ImageInfo)] = &[
                      (a signal whose event mailbox address wraps), hang (queue 0 also gets a \
                      kernel without a CWSR save point and 1-hour workgroups, then a SAVE \
                      dequeue: the host resets it after the VM's preempt_timeout_ms, error 22, \
-                     `gpu: error interrupt`); the other queues run and are verified too",
+                     `gpu: error interrupt`), stall (after the loops, queue 0 publishes a \
+                     write index one past an INVALID slot and polls its read index `hold` \
+                     times: it must not move), dbflood (after the loops, `hold` rings of \
+                     queue 0's unchanged write index), wgflood (queue 0 also gets a kernel of \
+                     2^31 one-ns workgroups); stall, dbflood and wgflood expect no queue \
+                     error; the other queues run and are verified too",
                 ),
                 (
                     "die=HOW",
                     "die with GPU work in flight, after ringing the doorbells: triple (triple \
                      fault), exit (exit status 5 without unloading the queues), hang (spin \
-                     until the host stops the VM)",
+                     until the host stops the VM), idle (halt until stopped, no CPU used)",
+                ),
+                (
+                    "hold=H",
+                    "polls or rings of bad=stall and bad=dbflood, and the most polls for a \
+                     late queue error (default 1000, 1..=2^30)",
                 ),
                 (
                     "flood=F",

@@ -95,6 +95,9 @@ struct Queue {
     doorbell_while_unmapping: bool,
     reason: Option<Reason>,
     errored: bool,
+    /// Modelled restore of its last CWSR save (its last save time when it
+    /// was saved with work, else 0): not billed at its next map.
+    restore_ns: Nanos,
 }
 
 #[derive(Clone, Debug)]
@@ -128,6 +131,16 @@ struct Vm {
     paused: bool,
     /// Per-VM slice length overriding the level's quantum.
     quantum_ns: Option<Nanos>,
+    /// Queues Running (billing, see [`charge`]).
+    running_n: u32,
+    /// Billing (`stats.gpu_ns`) starts at this time within an active
+    /// period: after its own restore and after other queues' saves that
+    /// were in flight when it was mapped; `Nanos::MAX` while none of its
+    /// queues is Running (its own saves are not billed).
+    bill_from: Nanos,
+    /// Mapped while a save was in flight in its partition: its billing
+    /// starts when the partition's saves are done.
+    wait_save: bool,
 }
 
 impl Vm {
@@ -219,6 +232,8 @@ struct Partition {
     vms: usize,
     /// Aging batches and their budget.
     aging: AgingBudget,
+    /// VMs whose billing waits for the partition's saves in flight.
+    save_waiters: Vec<VmId>,
 }
 
 /// Aging batches of a partition: the queues due for a boost are boosted
@@ -418,6 +433,9 @@ impl Scheduler {
                 running: BTreeSet::new(),
                 paused: false,
                 quantum_ns: None,
+                running_n: 0,
+                bill_from: Nanos::MAX,
+                wait_save: false,
             },
         );
         Ok(partition)
@@ -466,6 +484,7 @@ impl Scheduler {
                 doorbell_while_unmapping: false,
                 reason: None,
                 errored: false,
+                restore_ns: 0,
             },
         );
         Ok(())
@@ -609,7 +628,7 @@ impl Scheduler {
         self.vms.get(&vm).map(|v| {
             let mut s = v.stats;
             if v.active > 0 {
-                s.gpu_ns += self.now.saturating_sub(v.active_since);
+                s.gpu_ns += billable(v, self.now);
             }
             s
         })
@@ -963,6 +982,11 @@ impl Scheduler {
                 // least virtual time of the busy VMs, less one minimum run,
                 // and goes first among them).
                 let prev = owner.map(|o| o.vm);
+                // Equals alternate: the previous holder yields to an equal
+                // whose virtual time is within one CWSR save and restore of
+                // its own (a few hundred us of CWSR, charged to whoever was
+                // mapped, must not hand it a second slice in a row).
+                let slack = self.parts[p].aging.save_ns.saturating_mul(2) as u128 * SCALE;
                 let cands = &self.parts[p].busy[&top];
                 // Boosted (aged) queues are served oldest first: aging
                 // bounds waiting, it does not share by weight.
@@ -983,9 +1007,13 @@ impl Scheduler {
                         .keys()
                         .min_by_key(|v| {
                             let vv = &self.vms[v];
+                            let held = Some(**v) == prev;
+                            // Unweighted: the CWSR noise of a weight-1
+                            // equal is as large as anyone's.
+                            let slack = if held { slack } else { 0 };
                             (
-                                vtime_now(vv, now, pol),
-                                Some(**v) == prev,
+                                vtime_now(vv, now, pol).saturating_add(slack),
+                                held,
                                 Reverse(vv.entered),
                                 **v,
                             )
@@ -1475,7 +1503,37 @@ impl Scheduler {
             Some(Reason::Preempt(UnmapMode::Save)) if has_work => QueueState::Saved,
             _ => QueueState::Ready,
         };
+        if let Some(qq) = self.queues.get_mut(&q) {
+            qq.restore_ns = if next == QueueState::Saved {
+                save_ns
+            } else {
+                0
+            };
+        }
         self.set_state(q, next);
+        self.release_save_waiters(p);
+    }
+
+    /// When no save is in flight in partition `p` any more, the VMs mapped
+    /// during those saves start being billed (their waves had no CUs).
+    fn release_save_waiters(&mut self, p: usize) {
+        if self.parts[p].freeing > 0 || self.parts[p].save_waiters.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let pol = self.cfg.policy;
+        for vm in std::mem::take(&mut self.parts[p].save_waiters) {
+            if let Some(v) = self.vms.get_mut(&vm) {
+                if v.wait_save && v.active > 0 {
+                    // Nothing billed up to now (its waves had no CUs).
+                    charge(v, now, pol);
+                }
+                v.wait_save = false;
+                if v.running_n > 0 {
+                    v.bill_from = v.bill_from.max(now);
+                }
+            }
+        }
     }
 
     fn forget_queue(&mut self, q: QueueId) {
@@ -1486,6 +1544,13 @@ impl Scheduler {
         let vm = qq.vm;
         if let Some(v) = self.vms.get_mut(&vm) {
             v.queues.remove(&q);
+            if qq.state == QueueState::Running {
+                charge(v, self.now, self.cfg.policy);
+                v.running_n -= 1;
+                if v.running_n == 0 {
+                    v.bill_from = Nanos::MAX;
+                }
+            }
             if matches!(qq.state, QueueState::Running | QueueState::Preempting) {
                 v.active -= 1;
                 if v.active == 0 {
@@ -1571,6 +1636,41 @@ impl Scheduler {
                 best = Some(best.map_or(t, |b| b.min(t)));
             }
             floor = best;
+        }
+        let restore = self.queues[&q].restore_ns;
+        let saves_in_flight = self.parts[part as usize].freeing > 0;
+        let v = self.vms.get_mut(&vm).unwrap();
+        // Billing: only while a queue of the VM is Running, and not during
+        // its own restore or another queue's save in flight at its map.
+        let running = |s| s == QueueState::Running;
+        if running(old) != running(st) {
+            if v.active > 0 {
+                charge(v, now, pol);
+            }
+            if running(st) {
+                if v.running_n == 0 {
+                    let from = if old == QueueState::Saved {
+                        now.saturating_add(restore)
+                    } else {
+                        now
+                    };
+                    v.bill_from = from;
+                    if saves_in_flight {
+                        if !v.wait_save {
+                            v.wait_save = true;
+                            self.parts[part as usize].save_waiters.push(vm);
+                        }
+                    } else {
+                        v.wait_save = false;
+                    }
+                }
+                v.running_n += 1;
+            } else {
+                v.running_n -= 1;
+                if v.running_n == 0 {
+                    v.bill_from = Nanos::MAX;
+                }
+            }
         }
         let v = self.vms.get_mut(&vm).unwrap();
         if active(old) != active(st) {
@@ -2051,17 +2151,32 @@ fn weight(v: &Vm, pol: Policy) -> u128 {
 
 /// Adds the running period since `active_since` to the VM's GPU time and
 /// virtual time, and starts a new period.
+///
+/// Billing (`stats.gpu_ns`) follows the modelled GPU time of the VM's own
+/// work: the part of the period after `bill_from` (see [`billable`]).
+/// Virtual time (fairness) takes the same billed time: CWSR save and
+/// restore are the scheduler's overhead, not the VM's use (a VM preempted
+/// more often must not fall behind for it).
 fn charge(v: &mut Vm, now: Nanos, pol: Policy) {
-    let d = now.saturating_sub(v.active_since);
+    let d = billable(v, now);
     v.stats.gpu_ns += d;
     v.vtime += d as u128 * SCALE / weight(v, pol);
     v.active_since = now;
 }
 
+/// Billed part of the running period `active_since..now`: from
+/// `bill_from` on (not before `active_since`, nothing once past `now`).
+fn billable(v: &Vm, now: Nanos) -> Nanos {
+    if v.wait_save {
+        return 0;
+    }
+    now.saturating_sub(v.active_since.max(v.bill_from).min(now))
+}
+
 fn vtime_now(v: &Vm, now: Nanos, pol: Policy) -> u128 {
     let mut t = v.vtime;
     if v.active > 0 {
-        t += now.saturating_sub(v.active_since) as u128 * SCALE / weight(v, pol);
+        t += billable(v, now) as u128 * SCALE / weight(v, pol);
     }
     t
 }

@@ -1254,7 +1254,10 @@ fn a_vm_that_was_idle_waits_at_most_one_slice_among_equals() {
     // run (lag), not at the slice boundary (often at once).
     let waited = w.max_wait.get(&victim).copied().unwrap_or(0);
     assert!(waited <= 500_000, "victim waited {waited} ns");
-    assert!(w.s.vm_stats(VmId(4)).unwrap().gpu_ns >= 53 * MS / 2);
+    // Billed: its 53+ jobs, less at most one save of the owner it displaced
+    // per job (billing starts when the displaced queue's save is done;
+    // this test world lets work progress during it).
+    assert!(w.s.vm_stats(VmId(4)).unwrap().gpu_ns >= 53 * (MS / 2 - UNMAP_NS));
 }
 
 /// One lower VM of a random fleet: priority, weight, queue count, job size,

@@ -2,10 +2,51 @@
 //! save point is reset after its preemption timeout (error 22 and the error
 //! vector) while a good VM completes exactly; VMs that die during GPU work
 //! (triple fault, exit without unloading, stopped by the host) have their
-//! queues reclaimed and the others lose nothing.
+//! queues reclaimed and the others lose nothing; a guest whose write index
+//! is ahead of an INVALID packet (a stalled queue) is billed nearly nothing
+//! and does not starve a good VM at equal or higher priority; a guest
+//! flooding its doorbell gets few host log lines and the good VM is exact.
 
-use hqdmux_tests::{config, kvm_or_skip, run, scratch_dir};
+use std::sync::Mutex;
+
+use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
 use vmm::vm::VmOutcome;
+
+/// Host log lines of this test binary (every test's), captured.
+static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Info
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            let line = format!("{} {}", r.level(), r.args());
+            LOG.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Installs the capturing logger (once per process).
+fn capture_logs() {
+    static CAPTURE: Capture = Capture;
+    if log::set_logger(&CAPTURE).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+}
+
+/// Captured host log lines that contain `needle`.
+fn log_lines_with(needle: &str) -> Vec<String> {
+    LOG.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|l| l.contains(needle))
+        .cloned()
+        .collect()
+}
 
 /// A VM running the `gpu` guest with one queue.
 fn gpu_vm(name: &str, priority: u8, args: &str, extra: &str) -> String {
@@ -107,5 +148,144 @@ fn vms_dying_during_gpu_work_are_reclaimed_and_the_others_lose_nothing() {
             .any(|l| l == "gpu: 1 queues x 3 kernels x 304 wgs x 2 loops: ok"),
         "{:?}",
         good.console
+    );
+}
+
+/// The good VM of the stall and flood tests: 3 loops of 4 kernels of 304
+/// workgroups of 2 ms (24 ms of GPU work on MI300X's 304 CUs), verified.
+const GOOD: &str = "kernels=4 wgs=304 cost_us=2000 loops=3";
+const GOOD_OK: &str = "gpu: 1 queues x 4 kernels x 304 wgs x 3 loops: ok";
+
+/// A staller at `priority` beside a good VM at 8: the good VM completes
+/// exactly before the staller stops stalling (not starved), the staller
+/// is billed under 1% of its stall and its stalled packet is never
+/// consumed.
+fn stall_beside_good(test: &str, priority: u8) {
+    let dir = scratch_dir(test);
+    // One 1-us mark kernel, then a write index one past it over an INVALID
+    // slot, held for 200k MMIO polls (~2 s here).
+    let toml = [
+        gpu_vm(
+            "staller",
+            priority,
+            "kernels=1 wgs=1 cost_us=1 bad=stall hold=200000",
+            "",
+        ),
+        gpu_vm("good", 8, GOOD, ""),
+    ]
+    .concat();
+    let report = run(&config(&dir, &toml));
+    let (staller, good) = (&report.vms[0], &report.vms[1]);
+    assert_eq!(good.outcome, VmOutcome::Exited(0), "{}", report.summary());
+    assert!(
+        good.console.iter().any(|l| l == GOOD_OK),
+        "{:?}",
+        good.console
+    );
+    assert_eq!(
+        staller.outcome,
+        VmOutcome::Exited(0),
+        "{}: {:?}",
+        report.summary(),
+        staller.console
+    );
+    assert!(
+        staller
+            .console
+            .iter()
+            .any(|l| l == "gpu: 1 queues x 1 kernels x 1 wgs: ok"),
+        "{:?}",
+        staller.console
+    );
+    // Not starved: the good VM's last job completed while the stalled
+    // queue was still loaded and published.
+    assert!(
+        last_checkpoint(good, 3) < last_checkpoint(staller, 4),
+        "the good VM waited for the staller: {}",
+        report.summary()
+    );
+    let billed = |i: usize| report.vm_gpu[i].expect("GPU stats").gpu_ns;
+    let (s, g) = (billed(0), billed(1));
+    // The good VM's 24 ms of work, less at most its CWSR (not billed).
+    assert!(g >= 23_000_000, "good billed {g} ns");
+    // The staller is billed under 1% of the time its stalled queue was
+    // published (from its last job's completion to the end of the polls):
+    // a stalled queue holds no slice and costs nothing (before issue 11 it
+    // was billed as busy for the whole stall).
+    let stall = last_checkpoint(staller, 4) - last_checkpoint(staller, 3);
+    assert!(
+        (s as u128) * 100 < stall.as_nanos(),
+        "staller billed {s} ns over a {stall:?} stall (good {g} ns): {}",
+        report.summary()
+    );
+}
+
+#[test]
+fn a_stalled_queue_at_equal_priority_is_billed_nearly_nothing_and_the_good_vm_is_exact() {
+    let test =
+        "a_stalled_queue_at_equal_priority_is_billed_nearly_nothing_and_the_good_vm_is_exact";
+    if kvm_or_skip(test) {
+        stall_beside_good("iso-stall-eq", 8);
+    }
+}
+
+#[test]
+fn a_stalled_queue_at_higher_priority_does_not_starve_the_good_vm() {
+    if kvm_or_skip("a_stalled_queue_at_higher_priority_does_not_starve_the_good_vm") {
+        stall_beside_good("iso-stall-hi", 12);
+    }
+}
+
+#[test]
+fn a_doorbell_flooder_gets_few_host_log_lines_and_the_good_vm_is_exact() {
+    if !kvm_or_skip("a_doorbell_flooder_gets_few_host_log_lines_and_the_good_vm_is_exact") {
+        return;
+    }
+    capture_logs();
+    let dir = scratch_dir("iso-dbflood");
+    // 200k rings of an unchanged write index, plus 5k writes each to a
+    // doorbell and a register that do not exist.
+    let toml = [
+        gpu_vm(
+            "dbflooder",
+            8,
+            "kernels=1 wgs=1 cost_us=1 bad=dbflood hold=200000 flood=5000",
+            "",
+        ),
+        gpu_vm("good", 8, GOOD, ""),
+    ]
+    .concat();
+    let report = run(&config(&dir, &toml));
+    let (flooder, good) = (&report.vms[0], &report.vms[1]);
+    assert_eq!(good.outcome, VmOutcome::Exited(0), "{}", report.summary());
+    assert!(
+        good.console.iter().any(|l| l == GOOD_OK),
+        "{:?}",
+        good.console
+    );
+    assert_eq!(
+        flooder.outcome,
+        VmOutcome::Exited(0),
+        "{}: {:?}",
+        report.summary(),
+        flooder.console
+    );
+    // The refused accesses were counted, but few were logged.
+    let io = report.vgpu_io[0].expect("vGPU counters");
+    assert!(io.refused >= 10_000, "{io:?}");
+    assert!(io.refused_unlogged >= io.refused - 100, "{io:?}");
+    let lines = log_lines_with("dbflooder");
+    assert!(
+        lines.len() <= 100,
+        "{} host log lines for the flooder: {:?}",
+        lines.len(),
+        &lines[..lines.len().min(20)]
+    );
+    // Billed under 1% of its run (its own work is one 1-us workgroup).
+    let billed = report.vm_gpu[0].expect("GPU stats").gpu_ns;
+    assert!(
+        (billed as u128) * 100 < flooder.run_time.as_nanos(),
+        "flooder billed {billed} ns: {}",
+        report.summary()
     );
 }

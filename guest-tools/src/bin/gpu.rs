@@ -24,17 +24,36 @@
 //! 0, which cannot finish: the host resets the queue after the VM's
 //! `preempt_timeout_ms`, `CP_HQD_ERROR` reads 22 and the error vector
 //! arrives (the line `gpu: error interrupt` is printed when it does).
+//! `bad=stall` (issue 11): after the loops, queue 0 publishes a write index
+//! one past its last packet whose slot holds an INVALID header (the packet
+//! is never written), rings, and polls `CP_HQD_PQ_RPTR` `hold=H` times
+//! (1000; one MMIO exit each, ~10 us here): the read index must not move
+//! past the unpublished packet (else `gpu: stall consumed` and exit 1);
+//! checkpoint 4 when the polling ends.
+//! `bad=dbflood`: after the loops, queue 0's doorbell is rung `hold=H` times
+//! with its current (stale) write index, one MMIO poll every 64 rings.
+//! `bad=wgflood`: queue 0 also gets, after its mark kernels, one `Spin`
+//! kernel of 2^31 workgroups of 1 ns (the host's per-workgroup floor makes
+//! it a long kernel) whose completion is waited for with the marks.
+//! Modes that expect a queue error poll `CP_HQD_ERROR` up to `hold` times
+//! for one that comes after the last completion signal.
+//! These three modes expect no queue error: `...: ok` and exit 0 when the
+//! host neither consumed the stalled slot nor lost a completion.
 //! In `bad=` modes the other queues run normally and are verified too.
-//! `die=triple|exit|hang` (issue 11): after ringing the doorbells (checkpoint
-//! 2) the guest dies with its GPU work in flight: a triple fault, an exit
-//! with status 5 without unloading its queues, or a spin until the host
-//! stops it.
+//! On wrong counters the line also says `(lost L, dup D)`: counters left at
+//! 0 and counters above 1.
+//! `die=triple|exit|hang|idle` (issue 11): after ringing the doorbells
+//! (checkpoint 2) the guest dies with its GPU work in flight: a triple
+//! fault, an exit with status 5 without unloading its queues, a spin until
+//! the host stops it, or (`idle`) halts with interrupts on until stopped
+//! (no CPU used: an anchor VM that keeps a fleet running).
 //! `flood=F` first writes F times to a doorbell that does not exist (BAR2 +
 //! 0x800) and F times to a BAR0 offset with no register (0x1800), then runs
 //! as usual (the host logs a few lines and counts the rest).
 //!
 //! Checkpoints: 2 after all packets of a cycle are written, just before the
-//! doorbells are rung; 3 after the last wait of the cycle (before verifying).
+//! doorbells are rung; 3 after the last wait of the cycle (before verifying);
+//! 4 (`bad=stall`) when the stall polling ends.
 //!
 //! Output: the greeting `hello from NAME (vm ID), args: [ARGS]`, then one
 //! line `gpu: Q queues x N kernels x W wgs[ x L loops]: ok` or
@@ -62,6 +81,7 @@ const BAD_ADDR: u64 = 0xF000_0000_0000;
 
 const CHECKPOINT_SUBMITTED: u32 = 2;
 const CHECKPOINT_DONE: u32 = 3;
+const CHECKPOINT_STALL_END: u32 = 4;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Bad {
@@ -72,6 +92,16 @@ enum Bad {
     Signal,
     Mailbox,
     Hang,
+    Stall,
+    DbFlood,
+    WgFlood,
+}
+
+impl Bad {
+    /// Modes whose hostile input is legal AQL: no queue error is expected.
+    fn expects_error(self) -> bool {
+        !matches!(self, Bad::None | Bad::Stall | Bad::DbFlood | Bad::WgFlood)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -80,12 +110,20 @@ enum Die {
     Triple,
     Exit,
     Spin,
+    Idle,
 }
 
 /// Exit status of `die=exit`.
 const EXIT_DIED: u32 = 5;
 /// Workgroup cost of the `bad=hang` kernel: one hour.
 const HANG_WG_NS: u64 = 3_600_000_000_000;
+
+/// Workgroups of the `bad=wgflood` kernel (2^31).
+const FLOOD_WGS: u32 = 1 << 31;
+/// AQL header of an INVALID packet (type 1).
+const INVALID_HEADER: u32 = 1;
+/// Bytes per AQL packet.
+const PACKET_BYTES: u64 = 64;
 
 /// A completion signal address whose fields wrap the address space.
 const WRAPPING_SIGNAL: u64 = 0xFFFF_FFFF_FFFF_FFC0;
@@ -103,6 +141,7 @@ struct Args {
     bad: Bad,
     flood: u32,
     die: Die,
+    hold: u32,
 }
 
 /// `key=value` as an integer in `[min, max]`, `default` if absent.
@@ -132,6 +171,9 @@ impl Args {
             Some("signal") => Bad::Signal,
             Some("mailbox") => Bad::Mailbox,
             Some("hang") => Bad::Hang,
+            Some("stall") => Bad::Stall,
+            Some("dbflood") => Bad::DbFlood,
+            Some("wgflood") => Bad::WgFlood,
             Some(_) => return Err("bad"),
         };
         let die = match boot.arg("die") {
@@ -139,6 +181,7 @@ impl Args {
             Some("triple") => Die::Triple,
             Some("exit") => Die::Exit,
             Some("hang") => Die::Spin,
+            Some("idle") => Die::Idle,
             Some(_) => return Err("die"),
         };
         Ok(Args {
@@ -152,6 +195,7 @@ impl Args {
             bad,
             flood: num(boot, "flood", 0, 0, 1 << 24)? as u32,
             die,
+            hold: num(boot, "hold", 1000, 1, 1 << 30)? as u32,
         })
     }
 }
@@ -165,6 +209,12 @@ struct Tally {
     wait_failures: u32,
     /// Counters != 1.
     wrong: u64,
+    /// Counters left at 0 (lost effects).
+    lost: u64,
+    /// Counters above 1 (duplicated effects).
+    dup: u64,
+    /// `bad=stall`: the read index moved past the unpublished packet.
+    stall_consumed: bool,
 }
 
 /// Reads `CP_HQD_ERROR` of every live queue; prints, unloads and forgets
@@ -316,8 +366,29 @@ fn main(boot: &'static BootInfo) -> u32 {
             hang_end(q);
         }
     }
-    // A late error (after the last signal) still counts.
+    if failed_so_far(tally) {
+        // Nothing more to try.
+    } else if args.bad == Bad::Stall {
+        if let Some(q) = queues[0].as_mut() {
+            stall(q, args.hold, tally);
+        }
+    } else if args.bad == Bad::DbFlood {
+        if let Some(q) = queues[0].as_ref() {
+            doorbell_flood(q, args.hold);
+        }
+    }
+    // A late error (after the last signal) still counts. The host checks
+    // the doorbell on its own thread: a queue whose packets ran from a map
+    // (e.g. an operator's resume) before the hostile doorbell gets its
+    // error a little after the last signal. Poll for it (bounded).
     reap_errors(&mut queues[..nq], tally);
+    if args.bad.expects_error() && tally.queue_errors == 0 && !failed_so_far(tally) {
+        for _ in 0..args.hold {
+            if reap_errors(&mut queues[..nq], tally) != 0 {
+                break;
+            }
+        }
+    }
     destroy_all(&mut queues);
 
     let failed = tally.queue_errors != 0 || tally.wait_failures != 0;
@@ -332,9 +403,12 @@ fn main(boot: &'static BootInfo) -> u32 {
             print!(" x {} loops", Dec(args.loops as u64));
         }
         if tally.wrong != 0 {
-            println!(": FAILED: {} counters wrong", Dec(tally.wrong));
+            print_wrong(tally);
             EXIT_WRONG
-        } else if args.bad != Bad::None {
+        } else if tally.stall_consumed {
+            println!(": FAILED: stall consumed");
+            EXIT_WRONG
+        } else if args.bad.expects_error() {
             println!(": FAILED: bad= input caused no queue error");
             EXIT_WRONG
         } else {
@@ -345,7 +419,7 @@ fn main(boot: &'static BootInfo) -> u32 {
         if verified_queues > 0 {
             print!("gpu: other {} queues", Dec(verified_queues as u64));
             if tally.wrong != 0 {
-                println!(": FAILED: {} counters wrong", Dec(tally.wrong));
+                print_wrong(tally);
             } else {
                 println!(": ok");
             }
@@ -446,6 +520,19 @@ fn cycle(
             }
             q.submit_one_d(hung, kernarg, MARK_WG_SIZE, w, signal, true)?;
         }
+        if i == 0 && args.bad == Bad::WgFlood {
+            // After the marks (barrier bit): 2^31 one-ns workgroups, waited
+            // for as the queue's last completion.
+            let spin =
+                Vgpu::write_kernel_descriptor(alloc, &KernelDescriptor::new(KernelKind::Spin, 1))?;
+            let signal = Vgpu::new_signal(alloc, 1)?;
+            let kernarg = alloc.alloc(64, 64)?;
+            // SAFETY: fresh RAM from the allocator (Kernarg::Spin: ns u64 @0,
+            // 0 = the descriptor's cost).
+            unsafe { core::ptr::write_volatile(kernarg as *mut u64, 0) };
+            q.submit_one_d(spin, kernarg, 1, FLOOD_WGS, signal, true)?;
+            last[i] = signal;
+        }
         if i == 0 && args.bad == Bad::Wptr {
             // From the write index, not the read index: the host may
             // already have consumed published packets (so a read index read
@@ -513,7 +600,19 @@ fn cycle(
         }
         for &counters in &tab[i * n..(i + 1) * n] {
             // SAFETY: `counters` holds `w` u32 counters from `submit_mark`.
-            tally.wrong += unsafe { Vgpu::counters_differing(counters, w, 1) } as u64;
+            let wrong = unsafe { Vgpu::counters_differing(counters, w, 1) } as u64;
+            if wrong != 0 {
+                tally.wrong += wrong;
+                for k in 0..w as u64 {
+                    // SAFETY: as above, k < w.
+                    let c = unsafe { core::ptr::read_volatile((counters + 4 * k) as *const u32) };
+                    if c == 0 {
+                        tally.lost += 1;
+                    } else if c > 1 {
+                        tally.dup += 1;
+                    }
+                }
+            }
         }
         verified += 1;
     }
@@ -533,6 +632,59 @@ fn hang_end(q: &Queue) {
         rt::irq::halt();
     }
     println!("gpu: error interrupt");
+}
+
+/// Any failure recorded so far?
+fn failed_so_far(tally: &Tally) -> bool {
+    tally.queue_errors != 0 || tally.wait_failures != 0 || tally.wrong != 0
+}
+
+/// Ends a verification line with the wrong-counter figures.
+fn print_wrong(tally: &Tally) {
+    println!(
+        ": FAILED: {} counters wrong (lost {}, dup {})",
+        Dec(tally.wrong),
+        Dec(tally.lost),
+        Dec(tally.dup)
+    );
+}
+
+/// `bad=stall`: publishes a write index one past the last packet, whose
+/// slot holds an INVALID header, rings, and polls the read index `hold`
+/// times; it must never pass the unpublished packet.
+fn stall(q: &mut Queue, hold: u32, tally: &mut Tally) {
+    let wi = q.write_index();
+    let slot = q.ring_addr() + (wi & (q.ring_packets() as u64 - 1)) * PACKET_BYTES;
+    // SAFETY: `slot` is a slot of the queue's own ring (guest RAM).
+    unsafe { core::ptr::write_volatile(slot as *mut u32, INVALID_HEADER) };
+    q.set_write_index(wi + 1);
+    q.ring();
+    for _ in 0..hold {
+        if q.rptr_reg() as u64 > (wi & 0xFFFF_FFFF) || q.error() != 0 {
+            break;
+        }
+    }
+    io::checkpoint(CHECKPOINT_STALL_END);
+    let rptr = q.rptr_reg() as u64;
+    if rptr > (wi & 0xFFFF_FFFF) {
+        println!(
+            "gpu: stall consumed: read index {} > {}",
+            Dec(rptr),
+            Dec(wi)
+        );
+        tally.stall_consumed = true;
+    }
+}
+
+/// `bad=dbflood`: rings the queue's doorbell `hold` times with its current
+/// write index (nothing new), polling the read index every 64 rings.
+fn doorbell_flood(q: &Queue, hold: u32) {
+    for i in 0..hold {
+        q.ring();
+        if i % 64 == 63 {
+            let _ = q.rptr_reg();
+        }
+    }
 }
 
 /// `die=`: ends the guest with its GPU work in flight.
@@ -555,6 +707,12 @@ fn die(how: Die) {
             println!("gpu: dying (spinning until stopped)");
             loop {
                 core::hint::spin_loop();
+            }
+        }
+        Die::Idle => {
+            println!("gpu: idling until stopped");
+            loop {
+                rt::irq::halt();
             }
         }
     }

@@ -433,6 +433,13 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("undershare", include_str!("../scenarios/undershare.toml")),
     ("rt5k", include_str!("../scenarios/rt5k.toml")),
     ("rt200", include_str!("../scenarios/rt200.toml")),
+    // Issue 9 variants with occupancy (docs/scheduling.md).
+    ("rt5k-wide", include_str!("../scenarios/rt5k-wide.toml")),
+    ("rt5k-narrow", include_str!("../scenarios/rt5k-narrow.toml")),
+    ("rt5k-short", include_str!("../scenarios/rt5k-short.toml")),
+    ("rt5k-few", include_str!("../scenarios/rt5k-few.toml")),
+    ("rt1k-8wg", include_str!("../scenarios/rt1k-8wg.toml")),
+    ("rt200-1k", include_str!("../scenarios/rt200-1k.toml")),
     ("aging", include_str!("../scenarios/aging.toml")),
     // Issue 11: a hung (non-preemptible) tenant is reset after its timeout.
     ("hung", include_str!("../scenarios/hung.toml")),

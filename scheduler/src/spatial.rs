@@ -211,7 +211,11 @@ mod tests {
         s.note_occupancy(hi, 5_000, true);
         assert_eq!(s.occ[&hi].solo_ns, 525_000);
         // A co-residence gives both every CU.
-        let r = Some(Reservation { vm: hi, level: 12, k: 0 });
+        let r = Some(Reservation {
+            vm: hi,
+            level: 12,
+            k: 0,
+        });
         assert_eq!(Spatial::set_for(r, hi), CuSet::All);
         assert_eq!(Spatial::set_for(r, lo), CuSet::All);
     }

@@ -167,7 +167,10 @@ mod tests {
         // 4 waves x 128 VGPRs: a quarter of the VGPR file.
         assert_eq!(Footprint::of(256, 128, 0).state_bytes(whole), whole / 4);
         // LDS dominates: 32 KiB of 64.
-        assert_eq!(Footprint::of(64, 8, 32 * 1024).state_bytes(whole), whole / 2);
+        assert_eq!(
+            Footprint::of(64, 8, 32 * 1024).state_bytes(whole),
+            whole / 2
+        );
     }
 
     #[test]

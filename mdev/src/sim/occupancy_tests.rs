@@ -115,7 +115,8 @@ fn a_saved_guest_resumes_with_the_work_it_had_left() {
     let mut ev = Vec::new();
     // 20 us in: 10 us of its 40 us done (half rate).
     gpu.advance(20_000, &mut ev);
-    gpu.unmap(20_000, SlotId(1), DequeueMode::SaveWaves).unwrap();
+    gpu.unmap(20_000, SlotId(1), DequeueMode::SaveWaves)
+        .unwrap();
     let at = run_virtual(&mut gpu, 20_000, 200_000, &mut ev);
     let mqd = ev
         .iter()
@@ -251,5 +252,3 @@ proptest! {
         prop_assert_eq!(gpu.free_cus(0), 16);
     }
 }
-
-

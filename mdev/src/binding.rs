@@ -744,6 +744,9 @@ impl<O: Copy> Binding<O> {
             seen
         };
         let from = from.max(wptr.saturating_sub(WIDTH_SCAN_PACKETS));
+        // Occupancy needs every new packet (a job's solo time is their sum):
+        // not the first doorbell's guess, nor a truncated scan.
+        let complete = seen != u64::MAX && seen <= wptr && from == seen;
         let mut widest = 0u64;
         // Occupancy: solo run time (one workgroup per kernel) and whether
         // every workgroup fits in half a CU (docs/gpu-model.md).
@@ -773,7 +776,9 @@ impl<O: Copy> Binding<O> {
         }
         if widest > 0 {
             self.sched.note_dispatch_width(queue, widest);
-            self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
+            if complete {
+                self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
+            }
         }
     }
 

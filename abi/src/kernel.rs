@@ -11,7 +11,8 @@
 //! | 6 | u16 | kind ([`KernelKind`]) |
 //! | 8 | u64 | cost of one workgroup on one CU, in ns |
 //! | 16 | u32 | flags ([`flags`]; unknown bits are ignored) |
-//! | 20..64 | | reserved, zero |
+//! | 20 | u16 | VGPRs per work-item (0: not given, the workgroup occupies a whole CU; see [`KernelDescriptor::vgprs`]) |
+//! | 22..64 | | reserved, zero |
 //!
 //! Work split: workgroup `i` (linear index over the grid, x fastest) covers
 //! elements `[i*e, min((i+1)*e, n))` where `e` = work-items per workgroup
@@ -103,6 +104,12 @@ pub struct KernelDescriptor {
     pub wg_cost_ns: u64,
     /// Flags ([`flags`]).
     pub flags: u32,
+    /// VGPRs (arch + accumulation) one work-item uses, as a compiler reports
+    /// them: with the workgroup size and the dispatch's group segment (LDS)
+    /// they give the workgroup's share of a CU (occupancy, docs/gpu-model.md
+    /// "Occupancy"). 0 = not given: the workgroup occupies a whole CU (the
+    /// model before occupancy).
+    pub vgprs: u16,
 }
 
 /// Why a descriptor did not decode.
@@ -133,7 +140,13 @@ impl KernelDescriptor {
             kind,
             wg_cost_ns,
             flags: 0,
+            vgprs: 0,
         }
+    }
+    /// The same descriptor with `vgprs` VGPRs per work-item (0: whole CU).
+    pub const fn with_vgprs(mut self, vgprs: u16) -> Self {
+        self.vgprs = vgprs;
+        self
     }
     /// The same descriptor with `flags` ([`flags`]) set.
     pub const fn with_flags(mut self, flags: u32) -> Self {
@@ -153,6 +166,7 @@ impl KernelDescriptor {
         put_u16(&mut b, 6, self.kind as u16);
         put_u64(&mut b, 8, self.wg_cost_ns);
         put_u32(&mut b, 16, self.flags);
+        put_u16(&mut b, 20, self.vgprs);
         b
     }
     /// Decode 64 bytes.
@@ -171,6 +185,7 @@ impl KernelDescriptor {
             kind,
             wg_cost_ns: u64_at(b, 8),
             flags: u32_at(b, 16),
+            vgprs: u16_at(b, 20),
         })
     }
 }
@@ -347,6 +362,17 @@ mod tests {
             KernelDescriptor::decode(&b),
             Err(DescriptorError::BadMagic(_))
         ));
+    }
+
+    #[test]
+    fn vgprs_round_trip_at_offset_20() {
+        let d = KernelDescriptor::new(KernelKind::Spin, 10);
+        assert_eq!(d.vgprs, 0);
+        let v = d.with_vgprs(96);
+        let b = v.encode();
+        assert_eq!(u16_at(&b, 20), 96);
+        assert_eq!(KernelDescriptor::decode(&b), Ok(v));
+        assert_eq!(u16_at(&d.encode(), 20), 0);
     }
 
     #[test]

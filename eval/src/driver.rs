@@ -340,6 +340,7 @@ fn simulate_inner(
                     mem.write(
                         kd,
                         &KernelDescriptor::new(KernelKind::Mark, k.cost_ns())
+                            .with_vgprs(k.vgprs)
                             .with_flags(if k.no_save_point {
                                 abi::kernel::flags::NO_SAVE_POINT
                             } else {
@@ -713,13 +714,18 @@ impl Sim<'_> {
             .mem
             .write(block, &ka[..len])
             .expect("kernarg inside VM memory");
+        let (wg_items, lds) = self.sc.tenants[self.streams[s].tenant]
+            .kernels
+            .get(spec)
+            .map_or((WG_ITEMS, 0), |k| (k.wg_items, k.lds_bytes));
         // 1-item workgroups for grids past the 32-bit work-item limit.
-        let items = if groups as u64 * WG_ITEMS as u64 > u32::MAX as u64 {
+        let items = if groups as u64 * wg_items as u64 > u32::MAX as u64 {
             1
         } else {
-            WG_ITEMS
+            wg_items
         };
-        let d = KernelDispatch::one_d(v.kds[spec], block, items, groups, 0);
+        let mut d = KernelDispatch::one_d(v.kds[spec], block, items, groups, 0);
+        d.group_segment_size = lds;
         // Kernels of a job depend on each other: barrier bit set (in order).
         let wptr = v
             .tvm

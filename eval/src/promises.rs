@@ -15,6 +15,17 @@ use crate::scenario::{Scenario, BUILTIN};
 use mdev::topology::GpuTopology;
 use scheduler::Policy;
 
+/// Built-in variants of the periodic real-time scenarios (issue 9,
+/// occupancy): other best-effort kernel shapes and RT rates and widths.
+pub const RT_VARIANTS: &[&str] = &[
+    "rt5k-wide",
+    "rt5k-narrow",
+    "rt5k-short",
+    "rt5k-few",
+    "rt1k-8wg",
+    "rt200-1k",
+];
+
 /// Outcome of one promise over one or more seeds.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -448,6 +459,34 @@ pub fn check_all(opts: &CheckOptions) -> Result<Vec<Outcome>, EvalError> {
         ];
         plan.push((sc, checks));
     }
+    // Issue 9 variants (occupancy): other best-effort shapes and RT
+    // rates / widths. Best effort is measured against itself alone (a
+    // narrow best-effort kernel cannot fill the GPU even alone).
+    for n in RT_VARIANTS {
+        let sc = builtin(n);
+        let cwsr_us = cwsr_save_restore_ns(&topology(&sc)?) as f64 / 1000.0;
+        let ms = sc.duration_ms;
+        let checks: Vec<Check> = vec![
+            (
+                format!("{n}: rt p99"),
+                format!("<= 1.1x iso + {cwsr_us:.0} us (CWSR)"),
+                Box::new(move |c: &Ctx| hi_p99_bound(&c.report, 1.1, cwsr_us)),
+            ),
+            (
+                format!("{n}: be CU time vs alone"),
+                ">= 0.9".into(),
+                Box::new(|c: &Ctx| {
+                    keeps_alone_share(&c.report, c.alone.as_ref().unwrap(), "be", 0.9)
+                }),
+            ),
+            (
+                format!("{n}: CWSR time"),
+                "<= 10% of the run".into(),
+                Box::new(move |c: &Ctx| cwsr_fraction(&c.report, ms, 0.1)),
+            ),
+        ];
+        plan.push((sc, checks));
+    }
     {
         let sc = builtin("aging");
         let aging = sc.scheduler.clone().unwrap_or_default().aging_ns;
@@ -576,6 +615,7 @@ pub fn check_all(opts: &CheckOptions) -> Result<Vec<Outcome>, EvalError> {
             // The baseline of the tenant a check compares with itself alone.
             let alone_of = ["top", "light"]
                 .into_iter()
+                .chain(RT_VARIANTS.contains(&sc.name.as_str()).then_some("be"))
                 .find(|n| sc.tenants.iter().any(|t| t.name == *n));
             let alone = match alone_of {
                 Some(n) => Some(evaluate_full(&sc.only_tenants(&[n]), opts.policy, seed)?.0),

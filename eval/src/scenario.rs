@@ -367,6 +367,25 @@ pub struct KernelSpec {
     /// is reset (docs/scenarios.md).
     #[serde(default)]
     pub no_save_point: bool,
+    /// Work-items per workgroup (1..=1024, default 64: one wave): the
+    /// dispatch packet's `workgroup_size_x`. With `vgprs` it sizes the
+    /// workgroup's share of a CU (docs/gpu-model.md, "Occupancy").
+    #[serde(default = "default_wg_items")]
+    pub wg_items: u16,
+    /// VGPRs per work-item (0..=512) written into the kernel descriptor;
+    /// 0 (the default) = not given: each workgroup occupies a whole CU, as
+    /// the model did before occupancy. With it, workgroups of different
+    /// queues may share a CU when they fit.
+    #[serde(default)]
+    pub vgprs: u16,
+    /// LDS bytes per workgroup (the packet's `group_segment_size`, at most
+    /// 65536).
+    #[serde(default)]
+    pub lds_bytes: u32,
+}
+
+fn default_wg_items() -> u16 {
+    64
 }
 
 /// Scenario errors, naming the file (or built-in), the place, the field
@@ -444,6 +463,13 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("undershare", include_str!("../scenarios/undershare.toml")),
     ("rt5k", include_str!("../scenarios/rt5k.toml")),
     ("rt200", include_str!("../scenarios/rt200.toml")),
+    // Issue 9 variants with occupancy (docs/scheduling.md).
+    ("rt5k-wide", include_str!("../scenarios/rt5k-wide.toml")),
+    ("rt5k-narrow", include_str!("../scenarios/rt5k-narrow.toml")),
+    ("rt5k-short", include_str!("../scenarios/rt5k-short.toml")),
+    ("rt5k-few", include_str!("../scenarios/rt5k-few.toml")),
+    ("rt1k-8wg", include_str!("../scenarios/rt1k-8wg.toml")),
+    ("rt200-1k", include_str!("../scenarios/rt200-1k.toml")),
     ("aging", include_str!("../scenarios/aging.toml")),
     // Issue 11: a hung (non-preemptible) tenant is reset after its timeout.
     ("hung", include_str!("../scenarios/hung.toml")),
@@ -720,6 +746,24 @@ impl Scenario {
                 }
                 if k.repeat == 0 {
                     return Err(bad("kernel.repeat", "must be >= 1".into()));
+                }
+                if k.wg_items == 0 || k.wg_items > 1024 {
+                    return Err(bad(
+                        "kernel.wg_items",
+                        format!("{} is out of range 1..=1024", k.wg_items),
+                    ));
+                }
+                if k.vgprs > 512 {
+                    return Err(bad(
+                        "kernel.vgprs",
+                        format!("{} is out of range 0..=512", k.vgprs),
+                    ));
+                }
+                if k.lds_bytes > 65536 {
+                    return Err(bad(
+                        "kernel.lds_bytes",
+                        format!("{} is out of range 0..=65536", k.lds_bytes),
+                    ));
                 }
             }
             for (f, us) in t.arrival.times_us() {
@@ -1126,6 +1170,18 @@ wg_cost_us = 10
                 "wg_cost_us = 10\nrepeat = 0",
                 "kernel.repeat",
                 "must be >= 1",
+            ),
+            (
+                "wg_cost_us = 10",
+                "wg_cost_us = 10\nwg_items = 1025",
+                "kernel.wg_items",
+                "1025 is out of range 1..=1024",
+            ),
+            (
+                "wg_cost_us = 10",
+                "wg_cost_us = 10\nvgprs = 513",
+                "kernel.vgprs",
+                "513 is out of range 0..=512",
             ),
             (
                 "wg_cost_us = 10",

@@ -76,3 +76,25 @@ fn latency_targets_kept_on_the_built_ins_and_the_rt_tenant() {
     assert_kept("disb-d", &["disb-d: hi p99", "disb-d: lo retained"]);
     assert_kept("rt5k: rt p99", &["rt5k: rt p99"]);
 }
+
+#[test]
+fn periodic_rt_tenants_keep_latency_best_effort_and_cwsr_targets() {
+    // Issue 9 with occupancy: every target of rt5k, rt200 and their
+    // variants (other best-effort shapes, RT rates and widths).
+    let mut kept = Vec::new();
+    for n in ["rt5k", "rt200"]
+        .into_iter()
+        .chain(eval::promises::RT_VARIANTS.iter().copied())
+    {
+        for t in ["rt p99", "CWSR time"] {
+            kept.push(format!("{n}: {t}"));
+        }
+    }
+    kept.push("rt5k: lo retained".into());
+    kept.push("rt200: lo retained".into());
+    for n in eval::promises::RT_VARIANTS {
+        kept.push(format!("{n}: be CU time vs alone"));
+    }
+    let names: Vec<&str> = kept.iter().map(|s| s.as_str()).collect();
+    assert_kept("rt", &names);
+}

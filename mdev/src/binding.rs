@@ -797,7 +797,13 @@ impl<O: Copy> Binding<O> {
             seen
         };
         let from = from.max(wptr.saturating_sub(WIDTH_SCAN_PACKETS));
+        // Occupancy needs every new packet (a job's solo time is their sum):
+        // not the first doorbell's guess, nor a truncated scan.
+        let complete = seen != u64::MAX && seen <= wptr && from == seen;
         let mut widest = 0u64;
+        // Occupancy: solo run time (one workgroup per kernel) and whether
+        // every workgroup fits in half a CU (docs/gpu-model.md).
+        let (mut solo_ns, mut fits) = (0u64, true);
         for idx in from..wptr {
             let mut raw = [0u8; abi::aql::PACKET_SIZE];
             if r.mem.read(r.mqd.packet_addr(idx), &mut raw).is_err() {
@@ -806,11 +812,26 @@ impl<O: Copy> Binding<O> {
             if let abi::aql::Body::KernelDispatch(d) = abi::aql::Packet::decode(&raw).body {
                 if let Ok(n) = d.validate() {
                     widest = widest.max(n);
+                    match crate::sim::occupancy::read_descriptor(&*r.mem, d.kernel_object) {
+                        Some(kd) => {
+                            solo_ns = solo_ns.saturating_add(kd.wg_cost_ns);
+                            fits &= crate::sim::occupancy::Footprint::of(
+                                d.workgroup_items(),
+                                kd.vgprs,
+                                d.group_segment_size,
+                            )
+                            .at_most_half();
+                        }
+                        None => fits = false,
+                    }
                 }
             }
         }
         if widest > 0 {
             self.sched.note_dispatch_width(queue, widest);
+            if complete {
+                self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
+            }
         }
     }
 

@@ -59,3 +59,44 @@ fn dispatch_widths_are_read_from_the_ring_within_bounds() {
     rig.run(u64::MAX, |_| false);
     lo_vm.verify(&lo).unwrap();
 }
+
+#[test]
+fn a_short_narrow_high_vm_with_small_workgroups_coresides_without_a_save() {
+    let topo = topo();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    lo_vm.kernel_vgprs = 128;
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut rt_vm = vm(&mut rig, 1, 12);
+    rt_vm.kernel_vgprs = 32;
+    let mut rt = rt_vm.queue(&topo, 64, 0);
+    add(&mut rig, &rt_vm, 1, QueueId(1), 1, &rt);
+    // lo: 256-item workgroups at 128 VGPRs (a quarter of a CU), rung twice
+    // (the first doorbell's scan is partial: no occupancy from it).
+    for k in 0..2 {
+        lo_vm.kernel(&mut lo, KernelKind::Mark, 32, 256, 1_000_000, k, true);
+        rig.doorbell(QueueId(0), lo.wptr);
+    }
+    rig.run(100_000, |_| false);
+    for i in 0..20u64 {
+        rig.now = 100_000 + i * 200_000;
+        rt_vm.kernel(&mut rt, KernelKind::Mark, 1, 64, 20_000, i as u32, true);
+        rig.doorbell(QueueId(1), rt.wptr);
+        rig.run(rig.now + 200_000, |_| false);
+        if i > 0 {
+            // From its second doorbell on: co-residence, lo keeps every CU.
+            assert_eq!(rig.b.scheduler().cu_reservation(0), Some((VmId(1), 0)));
+            let s = phys_slot(&rig, QueueId(0)).expect("lo keeps running");
+            assert_eq!(rig.gpu.cu_mask(s).unwrap().count(), 16);
+        }
+    }
+    rig.run(u64::MAX, |_| false);
+    lo_vm.verify(&lo).unwrap();
+    rt_vm.verify(&rt).unwrap();
+    // rt's workgroups ran beside lo's (or on CUs lo left free); lo was
+    // saved at most once (the first rt job, before its occupancy was known).
+    assert_eq!(rig.completions_of(1).len(), 20);
+    assert!(rig.gpu.stats().coresident_wgs > 0);
+    assert!(rig.b.scheduler().vm_stats(VmId(0)).unwrap().preemptions <= 1);
+}

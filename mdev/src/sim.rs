@@ -9,6 +9,7 @@
 //! See `docs/gpu-model.md` for the model, its constants and their sources.
 
 mod cwsr;
+pub mod occupancy;
 mod realtime;
 pub mod testkit;
 
@@ -23,6 +24,7 @@ use abi::kernel::{element_range, Kernarg, KernelDescriptor};
 use abi::le::{put_u32, u32_at};
 use abi::mqd::{self, V9Mqd};
 use abi::queue::AMD_SIGNAL_VALUE;
+use occupancy::Footprint;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cmp::Reverse;
@@ -91,6 +93,9 @@ pub struct SimStats {
     pub escalated_resets: u64,
     /// Host CU-mask changes of mapped slots ([`PhysGpu::set_cu_mask`]).
     pub cu_mask_changes: u64,
+    /// Workgroups launched beside another queue's workgroup on a CU
+    /// (occupancy: both fit the CU and share its throughput).
+    pub coresident_wgs: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -132,6 +137,8 @@ struct Dispatch {
     args: Kernarg,
     total: u64,
     items_per_wg: u64,
+    /// One workgroup's share of a CU (occupancy).
+    fp: Footprint,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -203,6 +210,9 @@ struct Hqd {
     guest_mask: Option<CuMask>,
     host_mask: Option<CuMask>,
     mask: Option<CuMask>,
+    /// Guest workgroups (occupancy) saved by the pending SaveWaves: their
+    /// state is written with the others; they held no CU of their own.
+    saved_guests: u32,
 }
 
 impl Hqd {
@@ -241,6 +251,10 @@ struct Batch {
     gen: u32,
     live: bool,
     armed: bool,
+    /// How far guests (occupancy) have delayed its end: the largest CU
+    /// time guests took from one of its CUs (`Part::cu_debt`); the batch
+    /// (a kernel's barrier) ends as late as its most delayed CU.
+    shifted: Nanos,
 }
 
 impl Batch {
@@ -250,9 +264,12 @@ impl Batch {
     fn rounds(&self) -> u64 {
         self.len().div_ceil(self.width.max(1) as u64)
     }
+    /// When its last round ends: its rounds, then the delay guests caused
+    /// (`shifted`; which workgroups have started stays as the rounds say).
     fn finish(&self) -> Nanos {
         self.start
             .saturating_add(self.rounds().saturating_mul(self.cost))
+            .saturating_add(self.shifted)
     }
     /// Workgroups of the last round.
     fn last_round(&self) -> u64 {
@@ -264,7 +281,18 @@ impl Batch {
         if now <= self.start {
             return (0, self.first, 0);
         }
-        let el = now - self.start;
+        let mut el = now - self.start;
+        // Guests' delay (`shifted`) stretches the last round: it ends at
+        // `finish()`, and its workgroups count as running until then.
+        let last = self
+            .rounds()
+            .saturating_sub(1)
+            .saturating_mul(self.cost.max(1));
+        if self.shifted > 0 && el > last {
+            let span = self.cost.max(1).saturating_add(self.shifted);
+            let x = (el - last).min(span);
+            el = last + (x as u128 * self.cost.max(1) as u128 / span as u128) as u64;
+        }
         let d = el / self.cost.max(1);
         let w = self.width as u64;
         let done = d.saturating_mul(w).min(self.len());
@@ -294,6 +322,10 @@ struct Wg {
     end: Nanos,
     gen: u32,
     live: bool,
+    /// Runs beside another queue's workgroup on `cu` (occupancy), sharing
+    /// it until `shared_until`.
+    guest: bool,
+    shared_until: Nanos,
 }
 
 struct Part {
@@ -304,6 +336,15 @@ struct Part {
     cu_owner: Vec<u32>,
     slots: Vec<u32>,
     rr: usize,
+    /// Per CU: slot + 1 of the queue whose workgroup runs there beside the
+    /// owner's (0: none; occupancy, at most one guest per CU).
+    cu_guest: Vec<u32>,
+    /// Per CU: footprint of the owner's workgroup.
+    cu_fp: Vec<Footprint>,
+    /// Per CU: CU time guests took from the owner's batch on it.
+    cu_debt: Vec<Nanos>,
+    /// Where the next guest search starts (round robin over CUs).
+    guest_rr: usize,
 }
 
 /// The simulated GPU. See the module docs.
@@ -349,6 +390,10 @@ impl SimGpu {
                 cu_owner: vec![0; topo.cus_per_partition() as usize],
                 slots: Vec::new(),
                 rr: 0,
+                cu_guest: vec![0; topo.cus_per_partition() as usize],
+                cu_fp: vec![Footprint::WHOLE; topo.cus_per_partition() as usize],
+                cu_debt: vec![0; topo.cus_per_partition() as usize],
+                guest_rr: 0,
             })
             .collect();
         for (i, s) in slots.iter().enumerate() {
@@ -538,6 +583,7 @@ impl SimGpu {
         q.held_cus = 0;
         let freed = release_cus(&mut self.parts[p], slot, false);
         self.parts[p].free_cus += freed;
+        let freed = freed + release_guests(&mut self.parts[p], slot);
         q.inflight = 0;
         q.active.clear();
         q.resume.clear();
@@ -698,10 +744,174 @@ impl SimGpu {
             self.parts[pi].rr = (pos + 1) % n;
             self.start_one(s);
         }
+        self.place_guests(p);
         if self.parts[pi].free_cus == 0 {
             self.rebalance(p);
         }
         self.flush_batches();
+    }
+
+    /// Occupancy: a queue with a workgroup to launch and no free CU in its
+    /// mask puts it beside another queue's workgroup, on a CU of its mask
+    /// where both fit ([`Footprint::fits_with`]; at most one guest per CU),
+    /// round robin over the slots. A queue's own further workgroups wait
+    /// for its own CUs (its kernels run in lock-step rounds, one workgroup
+    /// per CU), so a lone kernel runs as before.
+    fn place_guests(&mut self, p: u32) {
+        let pi = p as usize;
+        let n = self.parts[pi].slots.len();
+        loop {
+            let mut placed = false;
+            for k in 0..n {
+                let pos = (self.parts[pi].rr + k) % n;
+                let s = self.parts[pi].slots[pos];
+                if self.try_guest(s) {
+                    placed = true;
+                }
+            }
+            if !placed {
+                break;
+            }
+        }
+    }
+
+    /// Launches one workgroup of `slot` as a guest if it has one to launch,
+    /// no free CU in its mask, and a CU of its mask has room beside its
+    /// owner's workgroup. The two share the CU at half rate each
+    /// ([`occupancy::share`]): the owner's workgroup (a batch: its
+    /// lock-step rounds) is delayed by the CU time the guest takes from it.
+    fn try_guest(&mut self, slot: u32) -> bool {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let Some(q) = self.slots[slot as usize].as_ref() else {
+            return false;
+        };
+        if q.state != HState::Active {
+            return false;
+        }
+        let part = &self.parts[p];
+        let has_free = match q.mask.as_ref() {
+            Some(m) => m.first_in(&part.free_mask).is_some(),
+            None => part.free_cus > 0,
+        };
+        if has_free {
+            return false;
+        }
+        // What it would launch next: a saved workgroup, else the next one
+        // of the first packet that has one (as `start_one`).
+        let (id, fp, cost) = if let Some(sw) = q.resume.front() {
+            (sw.id, packet_fp(q, sw.id), sw.remaining)
+        } else {
+            let Some(a) = q
+                .active
+                .iter()
+                .find(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
+            else {
+                return false;
+            };
+            let Work::Dispatch(d) = a.work else {
+                return false;
+            };
+            (a.id, d.fp, self.wg_cost(&d))
+        };
+        if fp == Footprint::WHOLE {
+            return false;
+        }
+        let mut host = None;
+        let ncu = part.cu_owner.len();
+        for k in 0..ncu {
+            // Round robin over CUs, as the dispatcher spreads workgroups.
+            let cu = (part.guest_rr + k) % ncu;
+            let owner = part.cu_owner[cu];
+            if owner == 0
+                || owner == slot + 1
+                || part.cu_guest[cu] != 0
+                || !part.cu_fp[cu].fits_with(fp)
+                || q.mask.as_ref().is_some_and(|m| !m.contains(cu as u32))
+            {
+                continue;
+            }
+            // The owner's running workgroup on it (none: its waves are
+            // being saved, the CU is not running).
+            let hs = owner - 1;
+            let b = (0..self.batches.len()).find(|&bi| {
+                let b = &self.batches[bi];
+                b.live && b.slot == hs && self.batch_cus[bi].contains(&(cu as u32))
+            });
+            if let Some(bi) = b {
+                host = Some((cu as u32, Ok(bi as u32)));
+                break;
+            }
+            let w = self
+                .wgs
+                .iter()
+                .position(|w| w.live && !w.guest && w.slot == hs && w.cu == cu as u32);
+            if let Some(wi) = w {
+                host = Some((cu as u32, Err(wi as u32)));
+                break;
+            }
+        }
+        let Some((cu, h)) = host else {
+            return false;
+        };
+        let (delay, wall) = match h {
+            Ok(bi) => {
+                // The batch's rounds end as late as its most delayed CU.
+                let b = &mut self.batches[bi as usize];
+                let (d, wall) = occupancy::share(cost, b.finish().saturating_sub(now));
+                let debt = &mut self.parts[p].cu_debt[cu as usize];
+                *debt = debt.saturating_add(d);
+                if *debt > b.shifted {
+                    b.shifted = *debt;
+                    self.touch_batch(bi);
+                }
+                (d, wall)
+            }
+            Err(wi) => {
+                let w = &mut self.wgs[wi as usize];
+                let (d, wall) = occupancy::share(cost, w.end.saturating_sub(now));
+                if d > 0 {
+                    w.end = w.end.saturating_add(d);
+                    w.gen = w.gen.wrapping_add(1);
+                    let (end, gen) = (w.end, w.gen);
+                    self.arm(end, Timer::WgDone { idx: wi, gen });
+                }
+                (d, wall)
+            }
+        };
+        let q = self.slots[slot as usize].as_mut().expect("slot");
+        let wg = if q.resume.front().is_some_and(|sw| sw.id == id) {
+            let sw = q.resume.pop_front().expect("front");
+            sw.wg
+        } else {
+            let Some(a) = q.active.iter_mut().find(|a| a.id == id) else {
+                return false;
+            };
+            let wg = a.next_wg;
+            a.next_wg += 1;
+            wg
+        };
+        if let Some(a) = q.active.iter_mut().find(|a| a.id == id) {
+            a.inflight += 1;
+        }
+        q.inflight += 1;
+        let qgen = q.gen;
+        self.parts[p].cu_guest[cu as usize] = slot + 1;
+        self.parts[p].guest_rr = (cu as usize + 1) % self.parts[p].cu_guest.len();
+        self.stats.coresident_wgs += 1;
+        self.push_wg(Wg {
+            slot,
+            cu,
+            qgen,
+            id,
+            wg,
+            end: now.saturating_add(wall),
+            gen: 0,
+            live: true,
+            guest: true,
+            shared_until: now.saturating_add(delay.saturating_mul(2)),
+        });
+        true
     }
 
     /// CU round robin across batches: when a queue that wants CUs holds
@@ -838,7 +1048,7 @@ impl SimGpu {
 
     /// Takes a free CU of `slot`'s partition inside the queue's effective
     /// mask for it (`dispatch` chose the queue because one exists).
-    fn take_cu(&mut self, slot: u32) -> u32 {
+    fn take_cu(&mut self, slot: u32, fp: Footprint) -> u32 {
         let p = self.slot_part[slot as usize] as usize;
         let part = &mut self.parts[p];
         let q = self.slots[slot as usize].as_ref().expect("slot");
@@ -849,19 +1059,26 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
+        part.cu_fp[cu as usize] = fp;
+        part.cu_debt[cu as usize] = 0;
         cu
     }
 
     /// Frees `n` of the identified CUs batch `idx` holds (any `n`: its
     /// workgroups run in lock-step, so which CUs go back does not matter).
-    fn release_batch_cus(&mut self, idx: u32, n: u32) {
+    /// Returns how many are free now (not those with a guest on them).
+    fn release_batch_cus(&mut self, idx: u32, n: u32) -> u32 {
         let p = self.slot_part[self.batches[idx as usize].slot as usize] as usize;
         let cus = &mut self.batch_cus[idx as usize];
+        let mut freed = 0;
         for _ in 0..n {
             if let Some(cu) = cus.pop() {
-                release_cu(&mut self.parts[p], cu);
+                if release_cu(&mut self.parts[p], cu) {
+                    freed += 1;
+                }
             }
         }
+        freed
     }
 
     /// Gives one free CU to packet `i` of `slot` as part of a batch: starts
@@ -872,10 +1089,20 @@ impl SimGpu {
             .as_ref()
             .and_then(|q| q.active.get(i))
             .is_some_and(|a| matches!(a.work, Work::Dispatch(_)));
+        let Some(fp) = self.slots[slot as usize]
+            .as_ref()
+            .and_then(|q| q.active.get(i))
+            .and_then(|a| match a.work {
+                Work::Dispatch(d) => Some(d.fp),
+                _ => None,
+            })
+        else {
+            return;
+        };
         if !is_dispatch {
             return;
         }
-        let cu = self.take_cu(slot);
+        let cu = self.take_cu(slot, fp);
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let q = self.slots[slot as usize].as_mut().expect("slot");
@@ -901,6 +1128,7 @@ impl SimGpu {
                     gen: 0,
                     live: true,
                     armed: true,
+                    shifted: 0,
                 })
             }
             Some(bi) => {
@@ -936,6 +1164,7 @@ impl SimGpu {
                         gen: 0,
                         live: true,
                         armed: true,
+                        shifted: 0,
                     })
                 }
             }
@@ -1004,8 +1233,8 @@ impl SimGpu {
         self.free_batches.push(idx);
         let slot = b.slot;
         let p = self.slot_part[slot as usize];
-        self.parts[p as usize].free_cus += b.held;
-        self.release_batch_cus(idx, b.held);
+        let freed = self.release_batch_cus(idx, b.held);
+        self.parts[p as usize].free_cus += freed;
         let res = (|| {
             let q = self.slots[slot as usize]
                 .as_mut()
@@ -1085,8 +1314,8 @@ impl SimGpu {
         }
         self.batches[idx as usize].held = keep;
         let p = self.slot_part[b.slot as usize];
-        self.parts[p as usize].free_cus += r;
-        self.release_batch_cus(idx, r);
+        let freed = self.release_batch_cus(idx, r);
+        self.parts[p as usize].free_cus += freed;
         if let Some(q) = self.slots[b.slot as usize].as_mut() {
             q.inflight -= r;
             if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
@@ -1168,30 +1397,32 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
+        part.cu_fp[cu as usize] = packet_fp(q, id);
         self.parts[p].free_cus -= 1;
         let end = now.saturating_add(dur);
+        self.push_wg(Wg {
+            slot,
+            cu,
+            qgen,
+            id,
+            wg,
+            end,
+            gen: 0,
+            live: true,
+            guest: false,
+            shared_until: 0,
+        });
+    }
+
+    /// Registers a started workgroup and arms its completion.
+    fn push_wg(&mut self, w: Wg) {
+        let end = w.end;
         let idx = if let Some(i) = self.free_wgs.pop() {
-            let w = &mut self.wgs[i as usize];
-            w.gen = w.gen.wrapping_add(1);
-            w.slot = slot;
-            w.cu = cu;
-            w.qgen = qgen;
-            w.id = id;
-            w.wg = wg;
-            w.end = end;
-            w.live = true;
+            let gen = self.wgs[i as usize].gen.wrapping_add(1);
+            self.wgs[i as usize] = Wg { gen, ..w };
             i
         } else {
-            self.wgs.push(Wg {
-                slot,
-                cu,
-                qgen,
-                id,
-                wg,
-                end,
-                gen: 0,
-                live: true,
-            });
+            self.wgs.push(w);
             (self.wgs.len() - 1) as u32
         };
         let gen = self.wgs[idx as usize].gen;
@@ -1211,8 +1442,12 @@ impl SimGpu {
             return; // killed or saved; its CU was accounted for elsewhere
         }
         let p = self.slot_part[slot as usize];
-        self.parts[p as usize].free_cus += 1;
-        release_cu(&mut self.parts[p as usize], cu);
+        let part = &mut self.parts[p as usize];
+        if self.wgs[idx as usize].guest {
+            release_guest(part, cu);
+        } else if release_cu(part, cu) {
+            part.free_cus += 1;
+        }
         let res = self.complete_wg(slot, id, wg);
         if let Err(e) = res {
             self.fail(slot, e);
@@ -1259,13 +1494,17 @@ impl SimGpu {
             return;
         };
         q.save_waiting = false;
-        let (n, gen) = (q.held_cus, q.gen);
+        // Every saved workgroup's waves are written, guests' too.
+        let (n, gen) = (q.held_cus + std::mem::take(&mut q.saved_guests), q.gen);
         // Sized now, written when the dequeue finishes (`finish_unmap`).
         let bytes = cwsr::save_bytes(q);
         let xccs = self.topo.xccs_per_partition() as u64;
         let busiest = (n as u64).div_ceil(xccs);
         let c = &self.topo.cwsr;
-        let live = bytes.saturating_add(busiest.saturating_mul(c.wg_state_bytes));
+        // Each saved workgroup writes its share of a CU's state (occupancy);
+        // the busiest XCC saves ceil(n / XCCs) of the largest.
+        let per_wg = saved_state_bytes(q, n as usize, c.wg_state_bytes);
+        let live = bytes.saturating_add(busiest.saturating_mul(per_wg));
         let save_ns = c
             .trap_ns
             .saturating_add(live.saturating_mul(1000) / c.save_bytes_per_us);
@@ -1326,8 +1565,8 @@ impl SimGpu {
                     a.batch = None;
                 }
                 q.inflight -= b.held;
-                self.parts[p].free_cus += b.held;
-                self.release_batch_cus(bi, b.held);
+                let freed = self.release_batch_cus(bi, b.held);
+                self.parts[p].free_cus += freed;
                 self.batches[bi as usize].live = false;
                 self.free_batches.push(bi);
             } else if started < b.end {
@@ -1359,10 +1598,9 @@ impl SimGpu {
             }
             // The CUs of the saved waves stay held (by the slot) until the
             // dequeue finishes (`finish_unmap`).
-            self.release_batch_cus(bi, b.held - running as u32);
+            freed += self.release_batch_cus(bi, b.held - running as u32);
             let q = self.slots[slot as usize].as_mut().expect("slot");
             q.inflight -= b.held;
-            freed += b.held - running as u32;
             if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
                 a.inflight -= b.held;
                 if started < b.end {
@@ -1391,8 +1629,8 @@ impl SimGpu {
         let Some(mut q) = self.slots[slot as usize].take() else {
             return;
         };
-        self.parts[p].free_cus += q.held_cus;
-        release_cus(&mut self.parts[p], slot, true);
+        let freed = release_cus(&mut self.parts[p], slot, true);
+        self.parts[p].free_cus += freed;
         let (mode, since) = q.unmap_req.unwrap_or((DequeueMode::DrainPipe, now));
         if !matches!(q.state, HState::Error(_)) {
             // DrainPipe: partially dispatched packets are kept as control
@@ -1532,6 +1770,7 @@ fn decode_work(mem: &dyn DmaMemory, id: u64, pkt: &Packet) -> QResult<Active> {
                     args,
                     total,
                     items_per_wg,
+                    fp: Footprint::of(items_per_wg, desc.vgprs, d.group_segment_size),
                 }),
                 d.completion_signal,
             )
@@ -1748,6 +1987,7 @@ impl PhysGpu for SimGpu {
             guest_mask: None,
             host_mask: self.next_map_mask.take(),
             mask: None,
+            saved_guests: 0,
         };
         let cus = self.topo.cus_per_partition();
         let guest = CuMask::from_mqd(
@@ -1874,6 +2114,7 @@ impl PhysGpu for SimGpu {
                 // finishes (`finish_unmap`).
                 let mut n = 0u32;
                 let mut unsaved = 0u32;
+                let mut guests = 0u32;
                 for w in self.wgs.iter_mut() {
                     if w.live && w.slot == s && w.qgen == gen {
                         // Waves of a kernel without a save point keep
@@ -1890,10 +2131,19 @@ impl PhysGpu for SimGpu {
                         if let Some(a) = q.active.iter_mut().find(|a| a.id == w.id) {
                             a.inflight -= 1;
                         }
+                        // A guest's lane is given back below; its waves are
+                        // saved with the rest (the work it has left, at its
+                        // solo rate).
+                        let remaining = if w.guest {
+                            guests += 1;
+                            occupancy::guest_left(now, w.end, w.shared_until)
+                        } else {
+                            w.end.saturating_sub(now)
+                        };
                         q.resume.push_front(SavedWg {
                             id: w.id,
                             wg: w.wg,
-                            remaining: w.end.saturating_sub(now),
+                            remaining: remaining.max(MIN_WG_NS),
                         });
                     }
                 }
@@ -1903,7 +2153,10 @@ impl PhysGpu for SimGpu {
                 }
                 q.resume.make_contiguous()[..n as usize].sort_unstable();
                 q.inflight = unsaved;
-                q.held_cus = n;
+                // Guests held no CU of their own: their lanes free now.
+                q.held_cus = n - guests;
+                q.saved_guests = guests;
+                release_guests(&mut self.parts[p], s);
                 self.stats.saved_wgs += n as u64;
                 if unsaved > 0 {
                     q.save_waiting = true;
@@ -1936,7 +2189,8 @@ impl PhysGpu for SimGpu {
                     }
                 }
                 self.stats.killed_wgs += killed as u64;
-                release_cus(&mut self.parts[p], s, false);
+                let freed = release_cus(&mut self.parts[p], s, false);
+                release_guests(&mut self.parts[p], s);
                 // Packets that completed out of order (signal decremented, header
                 // INVALID) stay complete: they are kept as Done records, or the
                 // CP would refetch an INVALID header at the next map and wait
@@ -1958,7 +2212,8 @@ impl PhysGpu for SimGpu {
                 // `release_cus` freed every CU of the slot: those of the
                 // killed waves and those a save (escalated to this reset)
                 // held for its saved waves.
-                self.parts[p].free_cus += killed + std::mem::take(&mut q.held_cus);
+                q.held_cus = 0;
+                self.parts[p].free_cus += freed;
                 let t = self.topo.cwsr.trap_ns;
                 // The records are written when the dequeue finishes.
                 self.arm(now.saturating_add(t), Timer::UnmapDone { slot: s, gen });
@@ -2161,23 +2416,78 @@ fn effective_mask(guest: Option<&CuMask>, host: Option<&CuMask>) -> Option<CuMas
     }
 }
 
-/// A live workgroup on `cu` finished: the CU is free.
-fn release_cu(part: &mut Part, cu: u32) {
+/// CWSR state bytes of the largest of the first `n` saved workgroups of
+/// `q` (`whole`: a whole CU's).
+fn saved_state_bytes(q: &Hqd, n: usize, whole: u64) -> u64 {
+    q.resume
+        .iter()
+        .take(n)
+        .map(|sw| packet_fp(q, sw.id).state_bytes(whole))
+        .max()
+        .unwrap_or(whole)
+}
+
+/// Footprint of a workgroup of packet `id` of `q` (a whole CU if unknown).
+fn packet_fp(q: &Hqd, id: u64) -> Footprint {
+    q.active
+        .iter()
+        .find(|a| a.id == id)
+        .and_then(|a| match a.work {
+            Work::Dispatch(d) => Some(d.fp),
+            _ => None,
+        })
+        .unwrap_or(Footprint::WHOLE)
+}
+
+/// A live workgroup on `cu` finished: the CU is free, unless a guest
+/// workgroup still runs on it (it becomes free when the guest leaves).
+/// Returns whether it is free now (the caller counts it).
+fn release_cu(part: &mut Part, cu: u32) -> bool {
     if let Some(o) = part.cu_owner.get_mut(cu as usize) {
         *o = 0;
+        if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
+            return false;
+        }
         part.free_mask.insert(cu);
+        return true;
     }
+    false
 }
 
 /// Frees the CUs held by `slot`: all of them (`saved`: the waves a save
 /// held until the dequeue finished), or those of workgroups just killed.
-/// Returns how many it freed.
+/// Returns how many are free now (a CU with a guest on it is not yet).
 fn release_cus(part: &mut Part, slot: u32, _saved: bool) -> u32 {
     let mut n = 0;
-    for (cu, o) in part.cu_owner.iter_mut().enumerate() {
-        if *o == slot + 1 {
-            *o = 0;
-            part.free_mask.insert(cu as u32);
+    for cu in 0..part.cu_owner.len() {
+        if part.cu_owner[cu] == slot + 1 && release_cu(part, cu as u32) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The guest workgroup on `cu` left: a CU without an owner becomes free
+/// (counted here). Returns whether it did.
+fn release_guest(part: &mut Part, cu: u32) -> bool {
+    let Some(g) = part.cu_guest.get_mut(cu as usize) else {
+        return false;
+    };
+    *g = 0;
+    if part.cu_owner[cu as usize] == 0 && !part.free_mask.contains(cu) {
+        part.free_mask.insert(cu);
+        part.free_cus += 1;
+        return true;
+    }
+    false
+}
+
+/// Every guest lane `slot`'s workgroups hold (killed or saved) is given
+/// back. Returns the CUs that became free.
+fn release_guests(part: &mut Part, slot: u32) -> u32 {
+    let mut n = 0;
+    for cu in 0..part.cu_guest.len() {
+        if part.cu_guest[cu] == slot + 1 && release_guest(part, cu as u32) {
             n += 1;
         }
     }
@@ -2191,6 +2501,9 @@ mod tests;
 
 #[cfg(test)]
 mod cu_mask_tests;
+
+#[cfg(test)]
+mod occupancy_tests;
 
 #[cfg(test)]
 mod review_tests;

@@ -192,6 +192,12 @@ pub struct SchedConfig {
     /// re-ring gap is at most this long (a 5 kHz tenant), so lower work never
     /// lands on its CUs; longer gaps release it when the VM goes idle.
     pub spatial_hold_ns: u64,
+    /// Co-residence (occupancy): a higher-level owner whose recent
+    /// dispatches each fit in half a CU, beside lower work whose dispatches
+    /// do too, shares the lower work's CUs (no reservation, no save) when
+    /// its job's solo run time is at most this long: sharing a CU at most
+    /// doubles it. 0 disables co-residence.
+    pub spatial_coreside_ns: u64,
 }
 
 impl SchedConfig {
@@ -241,6 +247,7 @@ impl Default for SchedConfig {
             spatial_max_permille: 250,
             spatial_headroom_pct: 25,
             spatial_hold_ns: 1_000_000,
+            spatial_coreside_ns: 100_000,
         }
     }
 }

@@ -56,8 +56,21 @@ pub(crate) struct Reservation {
     pub vm: VmId,
     /// Its level when it was sized.
     pub level: u16,
-    /// CUs per XCC it holds (`CuSet::Top(k)`).
+    /// CUs per XCC it holds (`CuSet::Top(k)`); 0: co-residence, the VM
+    /// shares every CU with the lower work (occupancy).
     pub k: u32,
+}
+
+/// What a VM's recent dispatches need of a CU (from
+/// [`crate::Scheduler::note_dispatch_occupancy`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Occupancy {
+    /// Solo run time of the dispatches of its latest doorbell (sum of one
+    /// workgroup's cost per kernel), decaying by 1/8 per shorter one.
+    pub solo_ns: u64,
+    /// Every workgroup of its latest doorbell's dispatches fits in half a
+    /// CU.
+    pub fits: bool,
 }
 
 /// Counters of spatial sharing.
@@ -71,6 +84,9 @@ pub struct SpatialStats {
     /// Decisions in which a high-priority owner's demand did not fit the
     /// spatial cap, so lower work was preempted instead.
     pub fallbacks: u64,
+    /// Decisions in which a higher owner co-resides with lower work (no
+    /// reservation, no save).
+    pub coresidences: u64,
 }
 
 /// Spatial-sharing state of the engine.
@@ -90,6 +106,8 @@ pub(crate) struct Spatial {
     /// CU-set changes of mapped queues for the caller.
     pub changes: VecDeque<(QueueId, SlotId, CuSet)>,
     pub stats: SpatialStats,
+    /// Per VM: occupancy of its recent dispatches.
+    pub occ: BTreeMap<VmId, Occupancy>,
 }
 
 impl Spatial {
@@ -102,6 +120,25 @@ impl Spatial {
     pub fn note(&mut self, vm: VmId, wgs: u64) {
         let w = self.width.entry(vm).or_insert(0);
         *w = wgs.max(*w - *w / 8);
+    }
+
+    /// Records the occupancy of a doorbell's dispatches by `vm`.
+    pub fn note_occupancy(&mut self, vm: VmId, solo_ns: u64, fits: bool) {
+        let o = self.occ.entry(vm).or_default();
+        o.solo_ns = solo_ns.max(o.solo_ns - o.solo_ns / 8);
+        o.fits = fits;
+    }
+
+    /// Can `vm` (the higher owner) share CUs with lower work of `lower`
+    /// VMs: its workgroups and theirs each take at most half a CU, and its
+    /// solo run time is at most `max_ns` (sharing at most doubles it).
+    pub fn can_coreside(&self, vm: VmId, lower: &[VmId], max_ns: u64) -> bool {
+        let ok = |v: &VmId| self.occ.get(v).is_some_and(|o| o.fits);
+        max_ns > 0
+            && !lower.is_empty()
+            && ok(&vm)
+            && self.occ.get(&vm).is_some_and(|o| o.solo_ns <= max_ns)
+            && lower.iter().all(ok)
     }
 
     /// CUs per XCC a VM needs for its widest recent dispatch on each of
@@ -125,6 +162,7 @@ impl Spatial {
     pub fn set_for(r: Option<Reservation>, vm: VmId) -> CuSet {
         match r {
             None => CuSet::All,
+            Some(r) if r.k == 0 => CuSet::All,
             Some(r) if r.vm == vm => CuSet::Top(r.k),
             Some(r) => CuSet::AllBut(r.k),
         }
@@ -149,6 +187,37 @@ mod tests {
         }
         assert!(!CuSet::All.contains(5, 5));
         assert!(!CuSet::All.disjoint(CuSet::Top(1), 4));
+    }
+
+    #[test]
+    fn coresidence_needs_small_workgroups_on_both_sides_and_a_short_job() {
+        let mut s = Spatial::default();
+        let (hi, lo, lo2) = (VmId(1), VmId(2), VmId(3));
+        // Nothing seen: no.
+        assert!(!s.can_coreside(hi, &[lo], 100_000));
+        s.note_occupancy(hi, 5_000, true);
+        s.note_occupancy(lo, 10_000_000, true);
+        assert!(s.can_coreside(hi, &[lo], 100_000));
+        // Disabled, no lower work, or a lower VM not seen / too wide.
+        assert!(!s.can_coreside(hi, &[lo], 0));
+        assert!(!s.can_coreside(hi, &[], 100_000));
+        assert!(!s.can_coreside(hi, &[lo, lo2], 100_000));
+        s.note_occupancy(lo2, 1_000, false);
+        assert!(!s.can_coreside(hi, &[lo, lo2], 100_000));
+        // A job longer than the bound (12 kernels x 50 us): no.
+        s.note_occupancy(hi, 600_000, true);
+        assert!(!s.can_coreside(hi, &[lo], 100_000));
+        // Decays by 1/8 per shorter doorbell.
+        s.note_occupancy(hi, 5_000, true);
+        assert_eq!(s.occ[&hi].solo_ns, 525_000);
+        // A co-residence gives both every CU.
+        let r = Some(Reservation {
+            vm: hi,
+            level: 12,
+            k: 0,
+        });
+        assert_eq!(Spatial::set_for(r, hi), CuSet::All);
+        assert_eq!(Spatial::set_for(r, lo), CuSet::All);
     }
 
     #[test]

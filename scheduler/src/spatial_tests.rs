@@ -159,3 +159,119 @@ proptest! {
         }
     }
 }
+
+/// Co-residence (occupancy): a narrow, short higher VM whose workgroups
+/// and the lower VM's each take at most half a CU shares every CU with the
+/// lower work: no reservation, no save. A lower VM whose workgroups fill a
+/// CU, or a job longer than `spatial_coreside_ns`, gets the reservation
+/// (one save) as before.
+fn coreside_run(rt_solo_ns: u64, rt_fits: bool, lo_fits: bool) -> (World, QueueId, QueueId) {
+    let mut w = spatial_world();
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.s.note_dispatch_width(lo, 304);
+    w.s.note_dispatch_occupancy(lo, 10 * MS, lo_fits);
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    for i in 0..50 {
+        w.s.note_dispatch_width(rt, 1);
+        w.s.note_dispatch_occupancy(rt, rt_solo_ns, rt_fits);
+        w.submit(rt, 20_000);
+        assert_eq!(w.state(rt), QueueState::Running);
+        w.run_until(MS + (i + 1) * 200_000);
+    }
+    (w, lo, rt)
+}
+
+#[test]
+fn a_short_narrow_high_vm_coresides_without_a_save() {
+    let (w, lo, _) = coreside_run(20_000, true, true);
+    assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 0);
+    assert_eq!(w.s.spatial_stats().established, 0);
+    assert!(w.s.spatial_stats().coresidences > 0);
+    assert_eq!(w.state(lo), QueueState::Running);
+    assert_eq!(w.s.slot_cu_set(w.mapped[&lo]), CuSet::All);
+    assert_eq!(w.s.cu_reservation(0), Some((VmId(1), 0)));
+    // The lo VM ran the whole time.
+    assert!(w.gpu_ns(0) >= 10 * MS, "lo got {} ns", w.gpu_ns(0));
+}
+
+#[test]
+fn coresidence_needs_both_sides_small_and_a_short_job() {
+    for (solo, rt_fits, lo_fits) in [
+        (20_000, true, false),
+        (20_000, false, true),
+        (600_000, true, true),
+    ] {
+        let (w, lo, rt) = coreside_run(solo, rt_fits, lo_fits);
+        let what = format!("solo {solo} rt fits {rt_fits} lo fits {lo_fits}");
+        assert_eq!(w.s.spatial_stats().coresidences, 0, "{what}");
+        assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 1, "{what}");
+        assert_eq!(w.s.slot_cu_set(w.mapped[&lo]), CuSet::AllBut(1), "{what}");
+        assert_eq!(w.s.slot_cu_set(w.mapped[&rt]), CuSet::Top(1), "{what}");
+        check_disjoint(&w).unwrap();
+    }
+}
+
+#[test]
+fn coresidence_off_with_a_zero_bound() {
+    let mut w = World::new(
+        SchedConfig {
+            spatial_coreside_ns: 0,
+            ..cfg(Policy::Hqdmux)
+        },
+        slots(1, 2, 4),
+    );
+    w.s.set_cu_geometry(CUS, 8);
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.s.note_dispatch_width(lo, 304);
+    w.s.note_dispatch_occupancy(lo, 10 * MS, true);
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    w.s.note_dispatch_width(rt, 1);
+    w.s.note_dispatch_occupancy(rt, 5_000, true);
+    w.submit(rt, 5_000);
+    assert_eq!(w.s.spatial_stats().coresidences, 0);
+    assert_eq!(w.s.cu_reservation(0), Some((VmId(1), 1)));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Over random shapes and periods: queues of different levels share CUs
+    /// only under a co-residence, and then only when the higher VM's job
+    /// fits the bound and both sides' workgroups take at most half a CU.
+    #[test]
+    fn levels_share_cus_only_when_coresidence_allows(
+        solo in 1_000u64..300_000,
+        rt_fits in any::<bool>(),
+        lo_fits in any::<bool>(),
+        period in 100_000u64..2_000_000,
+        work in 5_000u64..90_000,
+    ) {
+        let mut w = spatial_world();
+        let lo = w.vm(0, 2, 1, 1)[0];
+        let rt = w.vm(1, 12, 1, 1)[0];
+        w.s.note_dispatch_width(lo, 304);
+        w.s.note_dispatch_occupancy(lo, 10 * MS, lo_fits);
+        w.submit(lo, 1000 * MS);
+        w.run_until(MS);
+        let may = rt_fits && lo_fits && solo <= 100_000;
+        for i in 0..20 {
+            w.s.note_dispatch_width(rt, 1);
+            w.s.note_dispatch_occupancy(rt, solo, rt_fits);
+            w.submit(rt, work);
+            for t in [work / 2, period / 2, period] {
+                w.run_until(MS + i * period + t);
+                if !may {
+                    prop_assert!(check_disjoint(&w).is_ok(), "{:?}", check_disjoint(&w));
+                }
+            }
+        }
+        prop_assert_eq!(w.s.spatial_stats().coresidences > 0, may);
+        if may {
+            prop_assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 0);
+        }
+    }
+}

@@ -255,7 +255,22 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<Option<u64>>
     let xccs = topo.xccs_per_partition() as u64;
     let busiest = (nw as u64).div_ceil(xccs);
     let c = &topo.cwsr;
-    let bytes = (total as u64).saturating_add(busiest.saturating_mul(c.wg_state_bytes));
+    // Each workgroup restores its share of a CU's state (occupancy).
+    let per_wg = q
+        .resume
+        .iter()
+        .map(|sw| {
+            q.active
+                .get(sw.id.wrapping_sub(q.rptr) as usize)
+                .and_then(|a| match a.work {
+                    Work::Dispatch(d) => Some(d.fp.state_bytes(c.wg_state_bytes)),
+                    _ => None,
+                })
+                .unwrap_or(c.wg_state_bytes)
+        })
+        .max()
+        .unwrap_or(c.wg_state_bytes);
+    let bytes = (total as u64).saturating_add(busiest.saturating_mul(per_wg));
     Ok(Some(c.restore_ns.saturating_add(
         bytes.saturating_mul(1000) / c.restore_bytes_per_us,
     )))

@@ -60,6 +60,10 @@ pub struct TestVm {
     /// Kernel descriptor flags of the kernels [`TestVm::kernel`] submits
     /// (`abi::kernel::flags`; default 0).
     pub kernel_flags: u32,
+    /// VGPRs per work-item of the kernels [`TestVm::kernel`] submits (0,
+    /// the default: each workgroup occupies a whole CU; see
+    /// `sim::occupancy`).
+    pub kernel_vgprs: u16,
 }
 
 impl TestVm {
@@ -69,6 +73,7 @@ impl TestVm {
             mem: Arc::new(VecMemory::new(size)),
             next: 0x1000,
             kernel_flags: 0,
+            kernel_vgprs: 0,
         }
     }
     /// Use existing memory (e.g. a `GuestMemoryMmap`); allocation starts at `start`.
@@ -77,6 +82,7 @@ impl TestVm {
             mem,
             next: start,
             kernel_flags: 0,
+            kernel_vgprs: 0,
         }
     }
     /// Allocate `size` bytes aligned to `align` (power of two).
@@ -251,6 +257,7 @@ impl TestVm {
                 kd,
                 &KernelDescriptor::new(kind, cost_ns)
                     .with_flags(self.kernel_flags)
+                    .with_vgprs(self.kernel_vgprs)
                     .encode(),
             )
             .unwrap();

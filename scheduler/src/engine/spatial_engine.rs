@@ -27,6 +27,19 @@ impl Scheduler {
         }
     }
 
+    /// The caller read the dispatches newly written to `queue`'s ring (call
+    /// it with [`Scheduler::note_dispatch_width`]): `solo_ns`, their run
+    /// time alone (one workgroup's cost per kernel, summed), and `fits`,
+    /// whether each of their workgroups takes at most half a CU (docs/
+    /// gpu-model.md, "Occupancy"). It decides co-residence. Unknown queues
+    /// are ignored.
+    pub fn note_dispatch_occupancy(&mut self, queue: QueueId, solo_ns: u64, fits: bool) {
+        if let Some(q) = self.queues.get(&queue) {
+            let vm = q.vm;
+            self.spatial.note_occupancy(vm, solo_ns, fits);
+        }
+    }
+
     /// Host CU set of the queue on `slot` (what a map of it must carry).
     pub fn slot_cu_set(&self, slot: SlotId) -> CuSet {
         self.spatial
@@ -79,7 +92,14 @@ impl Scheduler {
         let prev = self.spatial.res[p];
         // Lower work to share the partition with?
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
-        let cand = if owner.level < BOOST_LEVEL && lower {
+        let cand = if owner.level < BOOST_LEVEL && lower && self.spatial_coreside(p, owner) {
+            self.spatial.stats.coresidences += 1;
+            Some(Reservation {
+                vm: owner.vm,
+                level: owner.level,
+                k: 0,
+            })
+        } else if owner.level < BOOST_LEVEL && lower {
             // Its busy queues at its level may each dispatch that wide.
             let queues = self.parts[p]
                 .busy
@@ -108,8 +128,10 @@ impl Scheduler {
         let r = cand.or_else(|| {
             prev.filter(|r| r.vm != owner.vm && r.level > owner.level && self.spatial_held(*r))
         });
+        // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
-            (Some(r), Some(pr)) => pr.vm != r.vm || r.k > pr.k,
+            (Some(r), _) if r.k == 0 => false,
+            (Some(r), Some(pr)) => pr.vm != r.vm || r.k > pr.k || pr.k == 0,
             (Some(_), None) => true,
             _ => false,
         };
@@ -118,6 +140,21 @@ impl Scheduler {
         }
         self.spatial.res[p] = r;
         (r, establish)
+    }
+
+    /// Co-residence (occupancy): may `owner` share partition `p`'s CUs with
+    /// the lower work there (its VMs' busy queues below its level)?
+    fn spatial_coreside(&self, p: usize, owner: Owner) -> bool {
+        let max = self.cfg.spatial_coreside_ns;
+        if max == 0 {
+            return false;
+        }
+        let lower: Vec<VmId> = self.parts[p]
+            .busy
+            .range(..owner.level)
+            .flat_map(|(_, m)| m.keys().copied())
+            .collect();
+        self.spatial.can_coreside(owner.vm, &lower, max)
     }
 
     /// Is a lower-level queue running in `p`?
@@ -172,7 +209,7 @@ impl Scheduler {
     ) -> bool {
         let q = &self.queues[&q];
         matches!(r, Some(r) if r.vm == owner.vm)
-            && !establish
+            && (!establish || r.is_some_and(|r| r.k == 0))
             && q.vm != owner.vm
             && lvl(q.key) < owner.level
     }

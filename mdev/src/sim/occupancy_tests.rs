@@ -1,0 +1,254 @@
+//! Occupancy in the simulator: workgroups of different queues sharing a CU.
+
+use super::occupancy::Footprint;
+use super::testkit::*;
+use super::*;
+use crate::topology::GpuTopology;
+use abi::kernel::KernelKind;
+use proptest::prelude::*;
+use scheduler::CuSet;
+
+/// 2 XCCs x 8 CUs, one partition, no workgroup floor.
+fn topo() -> GpuTopology {
+    let mut t = GpuTopology {
+        xccs: 2,
+        cus_per_xcc: 8,
+        ses_per_xcc: 2,
+        ..Default::default()
+    };
+    t.sim.wg_floor_ns = 0;
+    t
+}
+
+/// Completion time of each packet of queue `tag`, in order.
+fn completions(ev: &[GpuEvent], tag: u64) -> Vec<Nanos> {
+    ev.iter()
+        .filter_map(|e| match e {
+            GpuEvent::PacketCompleted { tag: t, at, .. } if *t == tag => Some(*at),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A long uniform kernel fills the GPU; a small kernel of another queue
+/// arrives. Returns (its completion, the long kernel's, co-resident count).
+fn small_beside_long(long_vgprs: u16, small_vgprs: u16) -> (Nanos, Nanos, u64) {
+    let t = topo();
+    let mut vm = TestVm::new(64 << 20);
+    let mut lo = vm.queue(&t, 64, 5);
+    let mut hi = vm.queue(&t, 64, 5);
+    vm.kernel_vgprs = long_vgprs;
+    vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
+    vm.kernel_vgprs = small_vgprs;
+    vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 5_000, 2, false);
+    let mut gpu = SimGpu::new(t, 1).unwrap();
+    gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    gpu.advance(100_000, &mut ev);
+    gpu.map(100_000, map_req(&vm, &hi, 1, 1)).unwrap();
+    run_virtual(&mut gpu, 100_000, u64::MAX, &mut ev);
+    vm.verify(&lo).unwrap();
+    vm.verify(&hi).unwrap();
+    assert_eq!(gpu.free_cus(0), 16);
+    (
+        completions(&ev, 1)[0],
+        completions(&ev, 0)[0],
+        gpu.stats().coresident_wgs,
+    )
+}
+
+#[test]
+fn a_small_workgroup_shares_a_cu_with_a_long_one() {
+    // Both fit: the 5 us workgroup runs at once at half rate (10 us), the
+    // long kernel loses the 5 us of CU time it gave.
+    let (small, long, n) = small_beside_long(128, 32);
+    assert_eq!(n, 1);
+    assert_eq!(small, 110_000);
+    assert_eq!(long, 1_005_000);
+    // Without occupancy figures (a whole CU each) it waits for a free CU.
+    let (small, long, n) = small_beside_long(0, 32);
+    assert_eq!(n, 0);
+    assert_eq!(small, 1_005_000);
+    assert_eq!(long, 1_000_000);
+    // Too big to fit beside it (4 x 448 + 512 VGPRs > 2048): waits.
+    let (small, _, n) = small_beside_long(448, 512);
+    assert_eq!(n, 0);
+    assert_eq!(small, 1_005_000);
+}
+
+#[test]
+fn a_uniform_kernel_keeps_its_throughput_with_occupancy() {
+    for groups in [5u32, 16, 40, 333] {
+        let mut ends = Vec::new();
+        for vgprs in [0u16, 64] {
+            let t = topo();
+            let mut vm = TestVm::new(64 << 20);
+            let mut q = vm.queue(&t, 64, 5);
+            vm.kernel_vgprs = vgprs;
+            vm.kernel(&mut q, KernelKind::Mark, groups, 64, 30_000, 3, false);
+            vm.kernel(&mut q, KernelKind::Mark, groups, 64, 7_000, 4, true);
+            let mut gpu = SimGpu::new(t, 1).unwrap();
+            gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+            let mut ev = Vec::new();
+            run_virtual(&mut gpu, 0, u64::MAX, &mut ev);
+            vm.verify(&q).unwrap();
+            assert_eq!(gpu.stats().coresident_wgs, 0);
+            ends.push(completions(&ev, 0));
+        }
+        assert_eq!(ends[0], ends[1], "{groups} workgroups");
+    }
+}
+
+#[test]
+fn a_saved_guest_resumes_with_the_work_it_had_left() {
+    let t = topo();
+    let mut vm = TestVm::new(64 << 20);
+    let mut lo = vm.queue(&t, 64, 5);
+    let mut hi = vm.queue(&t, 64, 5);
+    vm.kernel_vgprs = 64;
+    vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
+    vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 40_000, 2, false);
+    let mut gpu = SimGpu::new(t, 1).unwrap();
+    gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
+    gpu.map(0, map_req(&vm, &hi, 1, 1)).unwrap();
+    assert_eq!(gpu.stats().coresident_wgs, 1);
+    let mut ev = Vec::new();
+    // 20 us in: 10 us of its 40 us done (half rate).
+    gpu.advance(20_000, &mut ev);
+    gpu.unmap(20_000, SlotId(1), DequeueMode::SaveWaves)
+        .unwrap();
+    let at = run_virtual(&mut gpu, 20_000, 200_000, &mut ev);
+    let mqd = ev
+        .iter()
+        .find_map(|e| match e {
+            GpuEvent::Unmapped { tag: 1, mqd, .. } => Some(mqd.clone()),
+            _ => None,
+        })
+        .expect("saved");
+    hi.mqd = *mqd;
+    // Restored beside the long kernel again: 30 us left, 60 us shared.
+    let t0 = at.max(gpu.now());
+    gpu.map(t0, map_req(&vm, &hi, 1, 1)).unwrap();
+    ev.clear();
+    run_virtual(&mut gpu, t0, u64::MAX, &mut ev);
+    vm.verify(&lo).unwrap();
+    vm.verify(&hi).unwrap();
+    let done = completions(&ev, 1)[0];
+    let restore = gpu.stats().restore_ns_total;
+    assert_eq!(done, t0 + restore + 60_000, "t0 {t0} restore {restore}");
+    assert_eq!(gpu.free_cus(0), 16);
+}
+
+/// The footprint of a random kernel shape: VGPRs per work-item (0: whole
+/// CU) and work-items.
+fn shape(code: u8) -> (u16, u16) {
+    let v = [0u16, 32, 64, 128, 256][code as usize % 5];
+    let items = [64u16, 256, 512, 1024][(code as usize / 5) % 4];
+    (v, items)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+
+    /// Three queues with random kernel shapes, host masks changed while they
+    /// run and a CWSR save: at most two workgroups share a CU and only when
+    /// their footprints fit it together, a workgroup runs only on a CU of
+    /// its queue's mask, and every effect lands exactly once.
+    #[test]
+    fn coresident_workgroups_fit_their_cu_and_mask(
+        shapes in proptest::collection::vec(0u8..20, 3),
+        sets in proptest::collection::vec(0u8..21, 3),
+        costs in proptest::collection::vec(1u64..200, 3),
+        groups in proptest::collection::vec(1u32..40, 3),
+        save_at in proptest::option::of((0usize..3, 1u64..3000)),
+        starts in proptest::collection::vec(0u64..2000, 3),
+        seed in 0u64..100,
+    ) {
+        let t = topo();
+        let mut vm = TestVm::new(64 << 20);
+        let mut gpu = SimGpu::new(t.clone(), seed).unwrap();
+        let mut qs: Vec<GuestQueue> = (0..3).map(|_| vm.queue(&t, 64, 5)).collect();
+        let mut fps = Vec::new();
+        for (i, q) in qs.iter_mut().enumerate() {
+            let (v, items) = shape(shapes[i]);
+            vm.kernel_vgprs = v;
+            fps.push(Footprint::of(items as u64, v, 0));
+            vm.kernel(q, KernelKind::Mark, groups[i], items, costs[i] * 10, i as u32, false);
+            vm.kernel(q, KernelKind::Mark, groups[i], items, costs[i] * 7, 7 + i as u32, true);
+        }
+        let set_of = |c: u8| match c % 3 {
+            0 => CuSet::All,
+            1 => CuSet::Top(1 + (c as u32 / 3) % 7),
+            _ => CuSet::AllBut(1 + (c as u32 / 3) % 7),
+        };
+        let host = |s: CuSet| CuMask::from_set(s, 8, 2);
+        let mut mapped = [false; 3];
+        let mut save_done = false;
+        let mut now = 0;
+        let mut ev = Vec::new();
+        for _ in 0..100_000 {
+            for i in 0..3 {
+                if !mapped[i] && starts[i] <= now {
+                    let m = host(set_of(sets[i]));
+                    gpu.map_with_cu_mask(now, map_req(&vm, &qs[i], i as u32, i as u64), Some(&m)).unwrap();
+                    mapped[i] = true;
+                }
+            }
+            let mut on: Vec<Vec<usize>> = vec![Vec::new(); 16];
+            for i in 0..3 {
+                if !mapped[i] { continue; }
+                for cu in gpu.running_cus(SlotId(i as u32)) {
+                    prop_assert!(set_of(sets[i]).contains(cu % 8, 8), "queue {i} on CU {cu} outside its mask");
+                    on[cu as usize].push(i);
+                }
+            }
+            for (cu, qs_on) in on.iter().enumerate() {
+                prop_assert!(qs_on.len() <= 2, "CU {cu} runs {qs_on:?}");
+                if let [a, b] = qs_on[..] {
+                    prop_assert!(a != b, "CU {cu} runs two workgroups of queue {a}");
+                    prop_assert!(fps[a].fits_with(fps[b]), "CU {cu}: {:?} and {:?} do not fit", fps[a], fps[b]);
+                }
+            }
+            let next = gpu.next_deadline();
+            let start_due = (0..3).filter(|&i| !mapped[i]).map(|i| starts[i]).min();
+            let save_due = save_at.filter(|_| !save_done).map(|s| s.1);
+            let Some(t_next) = [next, start_due, save_due].into_iter().flatten().min() else { break };
+            now = now.max(t_next);
+            ev.clear();
+            gpu.advance(now, &mut ev);
+            for e in ev.drain(..) {
+                if let GpuEvent::Unmapped { tag, mqd, has_work, .. } = e {
+                    let i = tag as usize;
+                    qs[i].mqd = *mqd;
+                    mapped[i] = false;
+                    if has_work {
+                        let m = host(set_of(sets[i]));
+                        gpu.map_with_cu_mask(now, map_req(&vm, &qs[i], i as u32, i as u64), Some(&m)).unwrap();
+                        mapped[i] = true;
+                    }
+                }
+            }
+            if let (Some((i, at)), false) = (save_at, save_done) {
+                if at <= now {
+                    save_done = true;
+                    if mapped[i] {
+                        gpu.unmap(now, SlotId(i as u32), DequeueMode::SaveWaves).unwrap();
+                    }
+                }
+            }
+        }
+        run_virtual(&mut gpu, now, u64::MAX, &mut ev);
+        for e in ev.drain(..) {
+            if let GpuEvent::Unmapped { tag, mqd, has_work: true, .. } = e {
+                let i = tag as usize;
+                qs[i].mqd = *mqd;
+                gpu.map(now, map_req(&vm, &qs[i], i as u32, i as u64)).unwrap();
+            }
+        }
+        run_virtual(&mut gpu, now, u64::MAX, &mut ev);
+        for q in &qs {
+            prop_assert_eq!(vm.verify(q), Ok(()));
+        }
+        prop_assert_eq!(gpu.free_cus(0), 16);
+    }
+}

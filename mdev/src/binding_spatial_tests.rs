@@ -62,7 +62,7 @@ fn dispatch_widths_are_read_from_the_ring_within_bounds() {
 
 #[test]
 fn a_short_narrow_high_vm_with_small_workgroups_coresides_without_a_save() {
-    let topo = topo();
+    let topo = spx_topo();
     let mut rig = Rig::new(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
     lo_vm.kernel_vgprs = 128;

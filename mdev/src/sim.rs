@@ -2373,6 +2373,11 @@ impl SimGpu {
     /// The queue in `slot` has a new mask: its batches holding a CU outside
     /// it stop at the end of their current round (as in `rebalance`); the
     /// round robin then hands their workgroups out again inside the mask.
+    /// A batch that starts later (the rest of a cut batch, waiting for its
+    /// predecessor's round end) gives all its workgroups and CUs back at
+    /// once: kept, its first round would start after workgroups handed out
+    /// now, and a save in between would find an unstarted workgroup below
+    /// a running one (a saved wave past `next_wg`, refused on restore).
     fn cut_batches_outside_mask(&mut self, slot: u32) {
         let now = self.now;
         let Some(q) = self.slots[slot as usize].as_ref() else {
@@ -2380,6 +2385,7 @@ impl SimGpu {
         };
         let (qgen, mask) = (q.gen, q.mask.clone());
         let Some(mask) = mask else { return };
+        let p = self.slot_part[slot as usize] as usize;
         for bi in self.slot_batches(slot, qgen) {
             if self.batch_cus[bi as usize]
                 .iter()
@@ -2388,6 +2394,22 @@ impl SimGpu {
                 continue;
             }
             let b = self.batches[bi as usize];
+            if now < b.start {
+                let q = self.slots[slot as usize].as_mut().expect("slot");
+                q.inflight -= b.held;
+                if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                    a.next_wg = a.next_wg.min(b.first);
+                    a.inflight -= b.held;
+                    if a.batch == Some(bi) {
+                        a.batch = None;
+                    }
+                }
+                let freed = self.release_batch_cus(bi, b.held);
+                self.parts[p].free_cus += freed;
+                self.batches[bi as usize].live = false;
+                self.free_batches.push(bi);
+                continue;
+            }
             let started = if now <= b.start {
                 b.first + (b.width as u64).min(b.len())
             } else {

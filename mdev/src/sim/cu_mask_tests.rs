@@ -76,8 +76,17 @@ fn a_narrowed_host_mask_applies_to_the_next_launches() {
     vm.verify(&q).unwrap();
 }
 
+/// 48 cases, or `PROPTEST_CASES` when set (an explicit `with_cases`
+/// would override the variable).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     /// Queues with random guest masks and host sets, narrowed and widened
     /// while they run, preempted with CWSR and mapped again: a workgroup
@@ -93,6 +102,35 @@ proptest! {
         groups in proptest::collection::vec(1u32..40, 3),
         seed in 0u64..100,
     ) {
+        check_queues_run_only_on_their_cus(guest, sets, changes, save_at, groups, seed)?;
+    }
+}
+
+/// The shrunk case of a lost effect: queue 2's host mask narrows at 2100
+/// and its CWSR save comes at 2101 (see `queues_run_only_on_their_cus`).
+#[test]
+fn a_save_just_after_a_mask_change_loses_no_effect() {
+    check_queues_run_only_on_their_cus(
+        vec![(1, 8), (9, 1), (9, 8)],
+        vec![4, 0, 0],
+        vec![(2, 8, 2100), (2, 7, 1), (1, 10, 1)],
+        Some((2, 2101)),
+        vec![5, 4, 5],
+        0,
+    )
+    .unwrap();
+}
+
+/// Body of `queues_run_only_on_their_cus` (also run on fixed cases).
+fn check_queues_run_only_on_their_cus(
+    guest: Vec<(u32, u32)>,
+    sets: Vec<u8>,
+    changes: Vec<(usize, u8, u64)>,
+    save_at: Option<(usize, u64)>,
+    groups: Vec<u32>,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    {
         let t = topo();
         let mut vm = TestVm::new(64 << 20);
         let mut gpu = SimGpu::new(t.clone(), seed).unwrap();
@@ -101,16 +139,28 @@ proptest! {
         for (i, q) in qs.iter_mut().enumerate() {
             q.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[0]] = guest[i].0;
             q.mqd.dw[abi::mqd::COMPUTE_STATIC_THREAD_MGMT_SE[1]] = guest[i].1;
-            vm.kernel(q, KernelKind::Mark, groups[i], 4, 700 + 100 * i as u64, i as u32, false);
+            vm.kernel(
+                q,
+                KernelKind::Mark,
+                groups[i],
+                4,
+                700 + 100 * i as u64,
+                i as u32,
+                false,
+            );
             vm.kernel(q, KernelKind::Mark, groups[i], 4, 500, 7 + i as u32, true);
         }
         for (i, q) in qs.iter().enumerate() {
             let m = host(host_set[i]);
-            gpu.map_with_cu_mask(0, map_req(&vm, q, i as u32, i as u64), Some(&m)).unwrap();
+            gpu.map_with_cu_mask(0, map_req(&vm, q, i as u32, i as u64), Some(&m))
+                .unwrap();
         }
         // Per queue: every host mask it had since its map (in-flight
         // workgroups of an older mask finish where they are).
-        let guest_masks: Vec<CuMask> = qs.iter().map(|q| CuMask::from_mqd(&q.mqd, 8, 2, 2)).collect();
+        let guest_masks: Vec<CuMask> = qs
+            .iter()
+            .map(|q| CuMask::from_mqd(&q.mqd, 8, 2, 2))
+            .collect();
         let mut since_map: Vec<Vec<CuSet>> = host_set.iter().map(|s| vec![*s]).collect();
         let mut changes = changes;
         changes.sort_by_key(|c| c.2);
@@ -122,18 +172,27 @@ proptest! {
             // Check the CUs in use.
             let mut all = Vec::new();
             for i in 0..3 {
-                if !mapped[i] { continue; }
+                if !mapped[i] {
+                    continue;
+                }
                 for cu in gpu.running_cus(SlotId(i as u32)) {
-                    prop_assert!(guest_masks[i].contains(cu), "queue {i} on CU {cu} outside its MQD mask");
+                    prop_assert!(
+                        guest_masks[i].contains(cu),
+                        "queue {i} on CU {cu} outside its MQD mask"
+                    );
                     prop_assert!(
                         since_map[i].iter().any(|s| s.contains(cu % 8, 8)),
-                        "queue {i} on CU {cu} outside every host set it had: {:?}", since_map[i]
+                        "queue {i} on CU {cu} outside every host set it had: {:?}",
+                        since_map[i]
                     );
                     all.push((cu, i));
                 }
             }
             all.sort_unstable();
-            prop_assert!(all.windows(2).all(|w| w[0].0 != w[1].0), "a CU runs two workgroups: {all:?}");
+            prop_assert!(
+                all.windows(2).all(|w| w[0].0 != w[1].0),
+                "a CU runs two workgroups: {all:?}"
+            );
             let next = gpu.next_deadline();
             let change_due = changes.first().map(|c| c.2);
             let save_due = save_at.filter(|_| saved.is_none()).map(|s| s.1);
@@ -143,14 +202,22 @@ proptest! {
             ev.clear();
             gpu.advance(now, &mut ev);
             for e in ev.drain(..) {
-                if let GpuEvent::Unmapped { tag, mqd, has_work, .. } = e {
+                if let GpuEvent::Unmapped {
+                    tag, mqd, has_work, ..
+                } = e
+                {
                     let i = tag as usize;
                     qs[i].mqd = *mqd;
                     mapped[i] = false;
                     if has_work {
                         // Map again (restore) with the current host set.
                         let m = host(host_set[i]);
-                        gpu.map_with_cu_mask(now, map_req(&vm, &qs[i], i as u32, i as u64), Some(&m)).unwrap();
+                        gpu.map_with_cu_mask(
+                            now,
+                            map_req(&vm, &qs[i], i as u32, i as u64),
+                            Some(&m),
+                        )
+                        .unwrap();
                         mapped[i] = true;
                         since_map[i] = vec![host_set[i]];
                     }
@@ -160,7 +227,8 @@ proptest! {
                 let (i, code, _) = changes.remove(0);
                 host_set[i] = set_of(code);
                 if mapped[i] {
-                    gpu.set_cu_mask(now, SlotId(i as u32), &host(host_set[i])).unwrap();
+                    gpu.set_cu_mask(now, SlotId(i as u32), &host(host_set[i]))
+                        .unwrap();
                     since_map[i].push(host_set[i]);
                 }
             }
@@ -176,15 +244,23 @@ proptest! {
         for (i, m) in mapped.iter().enumerate() {
             if *m {
                 // Masks may exclude every CU of the guest's: widen to finish.
-                gpu.set_cu_mask(now, SlotId(i as u32), &host(CuSet::All)).unwrap();
+                gpu.set_cu_mask(now, SlotId(i as u32), &host(CuSet::All))
+                    .unwrap();
             }
         }
         run_virtual(&mut gpu, now, u64::MAX, &mut ev);
         for e in ev.drain(..) {
-            if let GpuEvent::Unmapped { tag, mqd, has_work: true, .. } = e {
+            if let GpuEvent::Unmapped {
+                tag,
+                mqd,
+                has_work: true,
+                ..
+            } = e
+            {
                 let i = tag as usize;
                 qs[i].mqd = *mqd;
-                gpu.map(now, map_req(&vm, &qs[i], i as u32, i as u64)).unwrap();
+                gpu.map(now, map_req(&vm, &qs[i], i as u32, i as u64))
+                    .unwrap();
             }
         }
         run_virtual(&mut gpu, now, u64::MAX, &mut ev);
@@ -193,6 +269,7 @@ proptest! {
         }
         prop_assert_eq!(gpu.free_cus(0), 16);
     }
+    Ok(())
 }
 
 /// Lock-step batches under masks: a batch takes only CUs of its queue's

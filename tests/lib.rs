@@ -43,3 +43,56 @@ pub fn last_checkpoint(vm: &vmm::vm::VmReport, code: u32) -> std::time::Instant 
         .unwrap_or_else(|| panic!("vm '{}' never wrote checkpoint {code}", vm.name))
         .1
 }
+
+/// Host log lines of a test binary, captured (tests run in parallel in one
+/// process: filter by VM name).
+pub mod logs {
+    use std::sync::Mutex;
+
+    static LINES: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
+
+    struct Capture;
+
+    impl log::Log for Capture {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.level() <= log::Level::Info
+        }
+        fn log(&self, r: &log::Record) {
+            if self.enabled(r.metadata()) {
+                let line = r.args().to_string();
+                lock().push((r.level(), line));
+            }
+        }
+        fn flush(&self) {}
+    }
+
+    fn lock() -> std::sync::MutexGuard<'static, Vec<(log::Level, String)>> {
+        LINES.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Installs the capturing logger (`Info` and above; once per process).
+    pub fn capture() {
+        static CAPTURE: Capture = Capture;
+        if log::set_logger(&CAPTURE).is_ok() {
+            log::set_max_level(log::LevelFilter::Info);
+        }
+    }
+
+    /// Captured messages at `level` or more severe, in order.
+    pub fn at_least(level: log::Level) -> Vec<String> {
+        lock()
+            .iter()
+            .filter(|(l, _)| *l <= level)
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+
+    /// Captured messages (any captured level) that contain `needle`.
+    pub fn containing(needle: &str) -> Vec<String> {
+        lock()
+            .iter()
+            .filter(|(_, m)| m.contains(needle))
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+}

@@ -3,35 +3,8 @@
 //! ioeventfds) and wait for MSI-X interrupts (`sti; hlt`) on the simulated
 //! GPU, scheduled by priority.
 
-use std::sync::{Mutex, OnceLock};
-
 use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
 use vmm::vm::VmOutcome;
-
-/// Every log line of this test binary (tests run in parallel: filter by VM name).
-struct Capture(Mutex<Vec<String>>);
-
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::Level::Warn
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            self.0.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-fn captured_logs() -> &'static Capture {
-    static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
-    CAPTURE.get_or_init(|| {
-        let c: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
-        log::set_logger(c).expect("no other logger in this test binary");
-        log::set_max_level(log::LevelFilter::Warn);
-        c
-    })
-}
 
 /// A VM running the `gpu` guest; RAM for one CWSR area (~177 MiB on the
 /// default MI300X) per queue.
@@ -115,7 +88,7 @@ fn a_doorbell_and_register_flood_logs_a_few_lines_and_counts_the_rest() {
     if !kvm_or_skip(test) {
         return;
     }
-    let logs = captured_logs();
+    hqdmux_tests::logs::capture();
     let dir = scratch_dir("gpu-flood");
     let flood = 5000;
     let toml = gpu_vm(
@@ -129,13 +102,9 @@ fn a_doorbell_and_register_flood_logs_a_few_lines_and_counts_the_rest() {
     assert!(report.all_succeeded(), "{}", report.summary());
     let io = report.vgpu_io[0].expect("vGPU counters");
     assert_eq!(io.refused, 2 * flood, "every refused write counted: {io:?}");
-    let lines: Vec<String> = logs
-        .0
-        .lock()
-        .unwrap()
-        .iter()
+    let lines: Vec<String> = hqdmux_tests::logs::at_least(log::Level::Warn)
+        .into_iter()
         .filter(|l| l.starts_with("vm flooder: vGPU"))
-        .cloned()
         .collect();
     // At most LOG_LINES_PER_SECOND per started second, plus the final count.
     let limit = vmm::devices::LOG_LINES_PER_SECOND as u64 * secs + 1;

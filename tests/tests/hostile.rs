@@ -5,35 +5,8 @@
 //! `gpu` VM runs beside it and must complete exactly, and the host must stay
 //! up (the run returns a report).
 
-use std::sync::{Mutex, OnceLock};
-
 use hqdmux_tests::{config, kvm_or_skip, run, scratch_dir};
 use vmm::vm::VmOutcome;
-
-/// Every warning (and error) logged by this test binary.
-struct Capture(Mutex<Vec<String>>);
-
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::Level::Warn
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            self.0.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-fn captured_logs() -> &'static Capture {
-    static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
-    CAPTURE.get_or_init(|| {
-        let c: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
-        log::set_logger(c).expect("no other logger in this test binary");
-        log::set_max_level(log::LevelFilter::Warn);
-        c
-    })
-}
 
 #[test]
 fn a_hostile_guest_gets_documented_errors_and_its_neighbour_loses_nothing() {
@@ -61,7 +34,7 @@ gpu = true
 priority = 8
 args = \"kernels=4 wgs=304 cost_us=200 loops=3\"
 ";
-    let logs = captured_logs();
+    hqdmux_tests::logs::capture();
     let report = run(&config(&dir, toml));
     let (hostile, good) = (&report.vms[0], &report.vms[1]);
     let fails: Vec<_> = hostile
@@ -87,7 +60,7 @@ args = \"kernels=4 wgs=304 cost_us=200 loops=3\"
     // Dozens of queue errors and thousands of refused accesses in well
     // under a second: every guest-triggered warning names the VM (and goes
     // through its rate limit), none is a bare per-error line.
-    let lines = logs.0.lock().unwrap().clone();
+    let lines = hqdmux_tests::logs::at_least(log::Level::Warn);
     let bare: Vec<_> = lines.iter().filter(|l| !l.starts_with("vm ")).collect();
     assert!(bare.is_empty(), "warnings not naming a VM: {bare:#?}");
     let mine = lines.iter().filter(|l| l.starts_with("vm hostile")).count();

@@ -7,46 +7,8 @@
 //! and does not starve a good VM at equal or higher priority; a guest
 //! flooding its doorbell gets few host log lines and the good VM is exact.
 
-use std::sync::Mutex;
-
 use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
 use vmm::vm::VmOutcome;
-
-/// Host log lines of this test binary (every test's), captured.
-static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::Level::Info
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            let line = format!("{} {}", r.level(), r.args());
-            LOG.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-        }
-    }
-    fn flush(&self) {}
-}
-
-/// Installs the capturing logger (once per process).
-fn capture_logs() {
-    static CAPTURE: Capture = Capture;
-    if log::set_logger(&CAPTURE).is_ok() {
-        log::set_max_level(log::LevelFilter::Info);
-    }
-}
-
-/// Captured host log lines that contain `needle`.
-fn log_lines_with(needle: &str) -> Vec<String> {
-    LOG.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter(|l| l.contains(needle))
-        .cloned()
-        .collect()
-}
 
 /// A VM running the `gpu` guest with one queue.
 fn gpu_vm(name: &str, priority: u8, args: &str, extra: &str) -> String {
@@ -241,7 +203,7 @@ fn a_doorbell_flooder_gets_few_host_log_lines_and_the_good_vm_is_exact() {
     if !kvm_or_skip("a_doorbell_flooder_gets_few_host_log_lines_and_the_good_vm_is_exact") {
         return;
     }
-    capture_logs();
+    hqdmux_tests::logs::capture();
     let dir = scratch_dir("iso-dbflood");
     // 200k rings of an unchanged write index, plus 5k writes each to a
     // doorbell and a register that do not exist.
@@ -274,7 +236,7 @@ fn a_doorbell_flooder_gets_few_host_log_lines_and_the_good_vm_is_exact() {
     let io = report.vgpu_io[0].expect("vGPU counters");
     assert!(io.refused >= 10_000, "{io:?}");
     assert!(io.refused_unlogged >= io.refused - 100, "{io:?}");
-    let lines = log_lines_with("dbflooder");
+    let lines = hqdmux_tests::logs::containing("dbflooder");
     assert!(
         lines.len() <= 100,
         "{} host log lines for the flooder: {:?}",

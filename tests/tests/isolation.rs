@@ -118,26 +118,18 @@ fn vms_dying_during_gpu_work_are_reclaimed_and_the_others_lose_nothing() {
 const GOOD: &str = "kernels=4 wgs=304 cost_us=2000 loops=3";
 const GOOD_OK: &str = "gpu: 1 queues x 4 kernels x 304 wgs x 3 loops: ok";
 
-/// A staller at `priority` beside a good VM at 8: the good VM completes
-/// exactly before the staller stops stalling (not starved), the staller
-/// is billed under 1% of its stall and its stalled packet is never
-/// consumed.
-fn stall_beside_good(test: &str, priority: u8) {
+/// Runs `hostile` (a `[[vm]]` entry, VM 0) beside the good VM (VM 1, at
+/// priority 8) and checks that both exit 0, the good VM verified its
+/// results exactly and the hostile guest printed `hostile_ok` (if given).
+fn run_beside_good(
+    test: &str,
+    hostile: String,
+    hostile_ok: Option<&str>,
+) -> vmm::fleet::FleetReport {
     let dir = scratch_dir(test);
-    // One 1-us mark kernel, then a write index one past it over an INVALID
-    // slot, held for 200k MMIO polls (~2 s here).
-    let toml = [
-        gpu_vm(
-            "staller",
-            priority,
-            "kernels=1 wgs=1 cost_us=1 bad=stall hold=200000",
-            "",
-        ),
-        gpu_vm("good", 8, GOOD, ""),
-    ]
-    .concat();
+    let toml = [hostile, gpu_vm("good", 8, GOOD, "")].concat();
     let report = run(&config(&dir, &toml));
-    let (staller, good) = (&report.vms[0], &report.vms[1]);
+    let (bad, good) = (&report.vms[0], &report.vms[1]);
     assert_eq!(good.outcome, VmOutcome::Exited(0), "{}", report.summary());
     assert!(
         good.console.iter().any(|l| l == GOOD_OK),
@@ -145,20 +137,33 @@ fn stall_beside_good(test: &str, priority: u8) {
         good.console
     );
     assert_eq!(
-        staller.outcome,
+        bad.outcome,
         VmOutcome::Exited(0),
         "{}: {:?}",
         report.summary(),
-        staller.console
+        bad.console
     );
-    assert!(
-        staller
-            .console
-            .iter()
-            .any(|l| l == "gpu: 1 queues x 1 kernels x 1 wgs: ok"),
-        "{:?}",
-        staller.console
+    if let Some(ok) = hostile_ok {
+        assert!(bad.console.iter().any(|l| l == ok), "{:?}", bad.console);
+    }
+    report
+}
+
+/// A staller at `priority` beside a good VM at 8: the good VM completes
+/// exactly before the staller stops stalling (not starved), the staller
+/// is billed under 1% of its stall and its stalled packet is never
+/// consumed.
+fn stall_beside_good(test: &str, priority: u8) {
+    // One 1-us mark kernel, then a write index one past it over an INVALID
+    // slot, held for 200k MMIO polls (~2 s here).
+    let staller = gpu_vm(
+        "staller",
+        priority,
+        "kernels=1 wgs=1 cost_us=1 bad=stall hold=200000",
+        "",
     );
+    let report = run_beside_good(test, staller, Some("gpu: 1 queues x 1 kernels x 1 wgs: ok"));
+    let (staller, good) = (&report.vms[0], &report.vms[1]);
     // Not starved: the good VM's last job completed while the stalled
     // queue was still loaded and published.
     assert!(
@@ -204,34 +209,16 @@ fn a_doorbell_flooder_gets_few_host_log_lines_and_the_good_vm_is_exact() {
         return;
     }
     hqdmux_tests::logs::capture();
-    let dir = scratch_dir("iso-dbflood");
     // 200k rings of an unchanged write index, plus 5k writes each to a
     // doorbell and a register that do not exist.
-    let toml = [
-        gpu_vm(
-            "dbflooder",
-            8,
-            "kernels=1 wgs=1 cost_us=1 bad=dbflood hold=200000 flood=5000",
-            "",
-        ),
-        gpu_vm("good", 8, GOOD, ""),
-    ]
-    .concat();
-    let report = run(&config(&dir, &toml));
-    let (flooder, good) = (&report.vms[0], &report.vms[1]);
-    assert_eq!(good.outcome, VmOutcome::Exited(0), "{}", report.summary());
-    assert!(
-        good.console.iter().any(|l| l == GOOD_OK),
-        "{:?}",
-        good.console
+    let flooder = gpu_vm(
+        "dbflooder",
+        8,
+        "kernels=1 wgs=1 cost_us=1 bad=dbflood hold=200000 flood=5000",
+        "",
     );
-    assert_eq!(
-        flooder.outcome,
-        VmOutcome::Exited(0),
-        "{}: {:?}",
-        report.summary(),
-        flooder.console
-    );
+    let report = run_beside_good("iso-dbflood", flooder, None);
+    let flooder = &report.vms[0];
     // The refused accesses were counted, but few were logged.
     let io = report.vgpu_io[0].expect("vGPU counters");
     assert!(io.refused >= 10_000, "{io:?}");

@@ -201,7 +201,7 @@ struct Pending {
 /// What a front-end call left for the core.
 enum FollowUp {
     /// A bad signal or mailbox: stop the queue with an error.
-    QueueError(u32, QueueId),
+    QueueError(u32, QueueId, QueueErrorReason),
     /// A front-end call panicked.
     Quarantine(u32),
 }
@@ -621,12 +621,14 @@ impl GpuArbiter {
             c.calls_in_flight = false;
             for f in follow.drain(..) {
                 match f {
-                    FollowUp::QueueError(vm, q) => {
+                    FollowUp::QueueError(vm, q, reason) => {
                         if c.vms.get(vm as usize).and_then(VmSlot::live).is_none() {
                             continue;
                         }
                         let now = self.now();
                         let core = &mut *c;
+                        // The guest saw it (on_error): count it like a GPU one.
+                        core.tele.queue_error(vm, &reason);
                         let mut out = Vec::new();
                         let r = catch_unwind(AssertUnwindSafe(|| {
                             core.bind.queue_error(core.gpu.as_mut(), now, q, &mut out)
@@ -664,7 +666,7 @@ impl GpuArbiter {
                 if let Err(reason) = fe.on_completed(i, dispatch_id, signal) {
                     // A bad signal/mailbox: the queue stops with an error.
                     fe.on_error(i, &reason);
-                    return Some(FollowUp::QueueError(p.vm, queue));
+                    return Some(FollowUp::QueueError(p.vm, queue, reason));
                 }
             }
             FeCall::Error(reason) => fe.on_error(i, &reason),
@@ -838,6 +840,12 @@ impl GpuArbiter {
                 let _ = c
                     .bind
                     .remove_queue(c.gpu.as_mut(), now, q, Some(mode), &mut out);
+            }
+            VgpuRequest::Refused { vhqd, code } => {
+                // Refused by the front end (bad MQD): no queue, counted only.
+                if vhqd < NUM_VHQD && code != 0 {
+                    c.tele.load_refused(vm, code);
+                }
             }
         }
         self.deliver(c, out);
@@ -1224,3 +1232,16 @@ impl GpuArbiter {
 #[cfg(test)]
 #[path = "arbiter_tests.rs"]
 mod tests;
+
+impl GpuArbiter {
+    /// VMs whose telemetry (histograms, queue errors, `/metrics` series) is
+    /// kept: the live ones and at most
+    /// [`crate::telemetry::RETAINED_REMOVED_VMS`] removed ones.
+    pub fn telemetry_vm_count(&self) -> usize {
+        lock(&self.core).tele.vm_count()
+    }
+}
+
+#[cfg(test)]
+#[path = "arbiter_rss_tests.rs"]
+mod rss_tests;

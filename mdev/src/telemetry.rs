@@ -198,9 +198,11 @@ impl Telemetry {
 
     /// A load of `vm` refused by its front end (bad MQD) with
     /// `CP_HQD_ERROR` `code`: the guest saw a queue error the binding never
-    /// did.
-    pub fn load_refused(&mut self, vm: u32, code: u32) {
-        self.count_error(vm, code.to_string());
+    /// did; `n` such refusals at once.
+    pub fn load_refused(&mut self, vm: u32, code: u32, n: u64) {
+        if let Some(v) = self.vms.get_mut(&vm) {
+            *v.queue_errors.entry(code.to_string()).or_insert(0) += n;
+        }
     }
 
     fn count_error(&mut self, vm: u32, code: String) {

@@ -201,7 +201,7 @@ struct Pending {
 /// What a front-end call left for the core.
 enum FollowUp {
     /// A bad signal or mailbox: stop the queue with an error.
-    QueueError(u32, QueueId),
+    QueueError(u32, QueueId, QueueErrorReason),
     /// A front-end call panicked.
     Quarantine(u32),
 }
@@ -229,10 +229,22 @@ struct Core {
 struct Requests {
     tx: Mutex<Sender<(VgpuHandle, VgpuRequest)>>,
     kick: EventFd,
+    /// Loads refused by a front end, `(vm, code)` -> count, not yet in
+    /// telemetry: counted at once (not through the channel) so that a VM
+    /// removed right after its guest saw the error still counts it; taken
+    /// by [`GpuArbiter::count_refused`] under the core lock.
+    refused: Mutex<std::collections::BTreeMap<(u32, u32), u64>>,
 }
 
 impl RequestSink for Requests {
     fn send(&self, vm: VgpuHandle, req: VgpuRequest) {
+        if let VgpuRequest::Refused { code, .. } = req {
+            if code != 0 {
+                let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                *r.entry((vm.0, code)).or_insert(0) += 1;
+            }
+            return;
+        }
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         if tx.send((vm, req)).is_ok() {
             let _ = self.kick.write(1);
@@ -271,6 +283,7 @@ impl GpuArbiter {
         let requests = Arc::new(Requests {
             tx: Mutex::new(tx),
             kick: EventFd::new(EFD_NONBLOCK)?,
+            refused: Mutex::new(Default::default()),
         });
         let epoll = Epoll::new()?;
         epoll.ctl(
@@ -429,6 +442,7 @@ impl GpuArbiter {
             }
         }
         let now = self.now();
+        self.count_refused(&mut c);
         let core = &mut *c;
         let last = core.bind.scheduler().vm_stats(VmId(vm.0));
         core.tele.vm_removed(vm.0, last);
@@ -570,6 +584,7 @@ impl GpuArbiter {
                 armed = None;
             }
             if control {
+                self.count_refused(&mut c);
                 let _ = self.requests.kick.read();
                 while let Ok((vm, req)) = rx.try_recv() {
                     self.per_vm(&mut c, vm.0, |a, core| a.request(core, vm.0, req));
@@ -621,12 +636,14 @@ impl GpuArbiter {
             c.calls_in_flight = false;
             for f in follow.drain(..) {
                 match f {
-                    FollowUp::QueueError(vm, q) => {
+                    FollowUp::QueueError(vm, q, reason) => {
                         if c.vms.get(vm as usize).and_then(VmSlot::live).is_none() {
                             continue;
                         }
                         let now = self.now();
                         let core = &mut *c;
+                        // The guest saw it (on_error): count it like a GPU one.
+                        core.tele.queue_error(vm, &reason);
                         let mut out = Vec::new();
                         let r = catch_unwind(AssertUnwindSafe(|| {
                             core.bind.queue_error(core.gpu.as_mut(), now, q, &mut out)
@@ -664,7 +681,7 @@ impl GpuArbiter {
                 if let Err(reason) = fe.on_completed(i, dispatch_id, signal) {
                     // A bad signal/mailbox: the queue stops with an error.
                     fe.on_error(i, &reason);
-                    return Some(FollowUp::QueueError(p.vm, queue));
+                    return Some(FollowUp::QueueError(p.vm, queue, reason));
                 }
             }
             FeCall::Error(reason) => fe.on_error(i, &reason),
@@ -838,6 +855,12 @@ impl GpuArbiter {
                 let _ = c
                     .bind
                     .remove_queue(c.gpu.as_mut(), now, q, Some(mode), &mut out);
+            }
+            VgpuRequest::Refused { vhqd, code } => {
+                // Refused by the front end (bad MQD): no queue, counted only.
+                if vhqd < NUM_VHQD && code != 0 {
+                    c.tele.load_refused(vm, code, 1);
+                }
             }
         }
         self.deliver(c, out);
@@ -1169,6 +1192,7 @@ impl GpuArbiter {
     /// family is described in `docs/metrics.md`.
     pub fn metrics_text(&self) -> String {
         let mut c = lock(&self.core);
+        self.count_refused(&mut c);
         // As `vm_status`: bring GPU time up to now first.
         let now = self.now();
         let core = &mut *c;
@@ -1198,7 +1222,8 @@ impl GpuArbiter {
         &self,
         vm: VgpuHandle,
     ) -> Option<std::collections::BTreeMap<String, u64>> {
-        let c = lock(&self.core);
+        let mut c = lock(&self.core);
+        self.count_refused(&mut c);
         let errors = c
             .tele
             .vms()
@@ -1224,3 +1249,34 @@ impl GpuArbiter {
 #[cfg(test)]
 #[path = "arbiter_tests.rs"]
 mod tests;
+
+impl GpuArbiter {
+    /// Moves the loads refused by front ends into telemetry.
+    fn count_refused(&self, c: &mut Core) {
+        let taken = {
+            let mut r = self
+                .requests
+                .refused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if r.is_empty() {
+                return;
+            }
+            std::mem::take(&mut *r)
+        };
+        for ((vm, code), n) in taken {
+            c.tele.load_refused(vm, code, n);
+        }
+    }
+
+    /// VMs whose telemetry (histograms, queue errors, `/metrics` series) is
+    /// kept: the live ones and at most
+    /// [`crate::telemetry::RETAINED_REMOVED_VMS`] removed ones.
+    pub fn telemetry_vm_count(&self) -> usize {
+        lock(&self.core).tele.vm_count()
+    }
+}
+
+#[cfg(test)]
+#[path = "arbiter_rss_tests.rs"]
+mod rss_tests;

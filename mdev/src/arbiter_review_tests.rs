@@ -99,6 +99,7 @@ impl RequestSink for SlowLoadSink {
                 "load"
             }
             VgpuRequest::Dequeue { .. } => "dequeue",
+            VgpuRequest::Refused { .. } => "refused",
         };
         lock(&self.order).push(kind);
     }

@@ -77,7 +77,15 @@ pub struct Telemetry {
     seen_preemptions: u64,
     /// Per queue tag: published packets not yet completed.
     published: HashMap<u64, Published>,
+    /// Removed VMs whose figures are still kept, oldest first (at most
+    /// [`RETAINED_REMOVED_VMS`]).
+    removed: VecDeque<u32>,
 }
+
+/// Removed VMs whose figures (histograms, queue errors, `/metrics` series)
+/// telemetry keeps; an older removed VM is forgotten (a long-running fleet
+/// that launches VMs continuously stays bounded).
+pub const RETAINED_REMOVED_VMS: usize = 256;
 
 /// Most doorbells remembered per queue (older ones are coalesced).
 pub const PUBLISHED_RING: usize = 256;
@@ -130,6 +138,7 @@ impl Telemetry {
             recent_maps: Vec::new(),
             seen_preemptions: 0,
             published: HashMap::new(),
+            removed: VecDeque::new(),
         }
     }
 
@@ -164,12 +173,36 @@ impl Telemetry {
             v.final_figures = Some((s.gpu_ns, s.preemptions));
         }
         self.published.retain(|_, p| p.vm != vm);
+        if self.vms.contains_key(&vm) && !self.removed.contains(&vm) {
+            self.removed.push_back(vm);
+        }
+        while self.removed.len() > RETAINED_REMOVED_VMS {
+            if let Some(old) = self.removed.pop_front() {
+                self.vms.remove(&old);
+                self.rec.forget_vm(old);
+            }
+        }
+    }
+
+    /// VMs whose figures are kept: live ones and at most
+    /// [`RETAINED_REMOVED_VMS`] removed ones.
+    pub fn vm_count(&self) -> usize {
+        self.vms.len()
     }
 
     /// A queue error of `vm` found outside the binding's notices (a bad
     /// completion signal or write-pointer address).
     pub fn queue_error(&mut self, vm: u32, reason: &QueueErrorReason) {
         self.count_error(vm, crate::vgpu::error_code(reason).to_string());
+    }
+
+    /// A load of `vm` refused by its front end (bad MQD) with
+    /// `CP_HQD_ERROR` `code`: the guest saw a queue error the binding never
+    /// did; `n` such refusals at once.
+    pub fn load_refused(&mut self, vm: u32, code: u32, n: u64) {
+        if let Some(v) = self.vms.get_mut(&vm) {
+            *v.queue_errors.entry(code.to_string()).or_insert(0) += n;
+        }
     }
 
     fn count_error(&mut self, vm: u32, code: String) {

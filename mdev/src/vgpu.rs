@@ -64,6 +64,15 @@ pub enum VgpuRequest {
         /// Mode.
         mode: DequeueMode,
     },
+    /// The front end refused a load of vHQD `vhqd` itself (bad MQD) with
+    /// `CP_HQD_ERROR` `code`: no queue was made, the arbiter only counts
+    /// the error (telemetry, the API's `queue_errors_by_code`).
+    Refused {
+        /// vHQD.
+        vhqd: usize,
+        /// The error code the guest reads.
+        code: u32,
+    },
 }
 
 /// Where a front end sends its requests (the arbiter's control channel).
@@ -446,6 +455,9 @@ impl VgpuFrontEnd {
             Err((code, why)) => {
                 g.vhqd[i].error = code;
                 self.raise(&mut g, ERROR_VECTOR);
+                // Counted as this VM's queue error like the GPU's.
+                self.requests
+                    .send(self.vm, VgpuRequest::Refused { vhqd: i, code });
                 drop(g);
                 self.guest_log(
                     log::Level::Warn,
@@ -658,7 +670,28 @@ mod tests {
         assert_eq!(f.reg_read(hr(1, reg::CP_HQD_ERROR)), error::BAD_MQD_HEADER);
         f.reg_write(hr(1, reg::CP_HQD_DEQUEUE_REQUEST), 1);
         assert_eq!(f.reg_read(hr(1, reg::CP_HQD_ERROR)), 0);
-        assert!(sink.0.lock().unwrap().is_empty());
+        // No load or dequeue reaches the arbiter: only the two errors, to
+        // be counted.
+        let reqs: Vec<VgpuRequest> = sink
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, r)| r.clone())
+            .collect();
+        assert_eq!(
+            reqs,
+            vec![
+                VgpuRequest::Refused {
+                    vhqd: 0,
+                    code: error::MQD_ADDRESS
+                },
+                VgpuRequest::Refused {
+                    vhqd: 1,
+                    code: error::BAD_MQD_HEADER
+                },
+            ]
+        );
         assert_eq!(
             *irqs.0.lock().unwrap(),
             vec![ERROR_VECTOR as u16, ERROR_VECTOR as u16]

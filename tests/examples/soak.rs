@@ -343,6 +343,20 @@ struct Launched {
     ended: bool,
     paused_until: Option<Instant>,
     quarantined_seen: bool,
+    /// Its view's GPU time and queue errors by code, taken the first time
+    /// it was seen ended (the API keeps only the last ended VMs' views).
+    ended_view: Option<(f64, Vec<(String, u64)>)>,
+}
+
+/// The figures of an ended VM's view the summary uses.
+fn ended_figures(v: &Value) -> (f64, Vec<(String, u64)>) {
+    let errors = v["queue_errors_by_code"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(c, n)| (c.clone(), n.as_u64().unwrap_or(0)))
+        .collect();
+    (v["gpu_time_ms"].as_f64().unwrap_or(0.0), errors)
 }
 
 /// Per-kind totals of the summary.
@@ -453,6 +467,9 @@ fn soak(opts: &Opts) -> i32 {
                 let state = v["state"].as_str().unwrap_or("");
                 if matches!(state, "exited" | "stopped" | "failed") {
                     l.ended = true;
+                    if l.ended_view.is_none() {
+                        l.ended_view = Some(ended_figures(v));
+                    }
                 }
                 if v["quarantined"] == Value::Bool(true) {
                     l.quarantined_seen = true;
@@ -499,6 +516,7 @@ fn soak(opts: &Opts) -> i32 {
                     ended: !added,
                     paused_until: None,
                     quarantined_seen: false,
+                    ended_view: None,
                 },
             );
         }
@@ -629,6 +647,7 @@ fn soak(opts: &Opts) -> i32 {
     let final_views = request(&sock, "GET", "/api/v1/vms", None)
         .map(|(_, v)| v)
         .unwrap_or(Value::Null);
+    let final_views_bytes = final_views.to_string().len();
     let rss_end_live = rss_kib();
     let memfd_live = memfd_mappings();
     let fds_end_live = open_fds();
@@ -660,10 +679,14 @@ fn soak(opts: &Opts) -> i32 {
         let Some(l) = vms.get(&r.name) else { continue };
         let t = totals.entry(l.kind).or_default();
         t.runs += 1;
-        if let Some(v) = views.get(r.name.as_str()) {
-            t.gpu_ms += v["gpu_time_ms"].as_f64().unwrap_or(0.0);
-            for (code, n) in v["queue_errors_by_code"].as_object().into_iter().flatten() {
-                *t.errors_by_code.entry(code.clone()).or_default() += n.as_u64().unwrap_or(0);
+        let figures = l
+            .ended_view
+            .clone()
+            .or_else(|| views.get(r.name.as_str()).map(|v| ended_figures(v)));
+        if let Some((gpu_ms, errors)) = figures {
+            t.gpu_ms += gpu_ms;
+            for (code, n) in errors {
+                *t.errors_by_code.entry(code).or_default() += n;
             }
         }
         if l.quarantined_seen {
@@ -808,6 +831,31 @@ fn soak(opts: &Opts) -> i32 {
             ended_between
         );
     }
+    // What the fleet still holds per VM (its run report) and what the API
+    // answers, to attribute growth.
+    let console_bytes: usize = report
+        .vms
+        .iter()
+        .flat_map(|r| &r.console)
+        .map(|l| l.capacity() + std::mem::size_of::<String>())
+        .sum();
+    let checkpoint_bytes: usize = report
+        .vms
+        .iter()
+        .map(|r| r.checkpoints.capacity() * std::mem::size_of::<(u32, Instant)>())
+        .sum();
+    println!(
+        "host: run report {} VMs: console {} kB, checkpoints {} kB, {} B per VM in all (with the report itself); last GET /api/v1/vms {} kB ({} VMs listed)",
+        report.vms.len(),
+        console_bytes / 1024,
+        checkpoint_bytes / 1024,
+        (console_bytes
+            + checkpoint_bytes
+            + report.vms.len() * std::mem::size_of::<vmm::vm::VmReport>())
+            / report.vms.len().max(1),
+        final_views_bytes / 1024,
+        views.len()
+    );
     let by_level: Vec<u64> = LOG_BY_LEVEL
         .iter()
         .map(|c| c.load(Ordering::Relaxed))

@@ -83,6 +83,12 @@ impl Recorder {
         self.vms.insert(row.id, row);
     }
 
+    /// Forgets VM `id`'s row (an ended VM; spans of it still in the ring
+    /// are then drawn under a plain `vm N` row).
+    pub fn forget_vm(&mut self, id: u32) {
+        self.vms.remove(&id);
+    }
+
     /// The VM row of `id`, if known.
     pub fn vm(&self, id: u32) -> Option<&VmRow> {
         self.vms.get(&id)

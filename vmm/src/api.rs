@@ -21,6 +21,7 @@
 //! field and the reason, and changes nothing. A request is checked whole
 //! before any of it is applied.
 
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -37,6 +38,12 @@ use crate::http::{Handler, Request, Responder, Response};
 
 /// API version prefix.
 pub const PREFIX: &str = "/api/v1";
+
+/// Ended VMs (exited, stopped, failed) whose view the API keeps; an older
+/// ended VM is forgotten: `GET /vms/{name}` answers 404, `GET /vms` no
+/// longer lists it and its name stays taken (docs/operators.md). A fleet
+/// that launches VMs continuously keeps a bounded history.
+pub const RETAINED_ENDED_VMS: usize = 256;
 /// Range of `quantum_ms`.
 pub const QUANTUM_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=10_000;
 /// Range of `preempt_timeout_ms` (as `[[vm]] preempt_timeout_ms`).
@@ -124,6 +131,30 @@ struct VmEntry {
     /// GPU time at the previous sample, and the share over the last interval.
     sample_ns: u64,
     share: Option<f64>,
+    /// Queue errors by code and packet latency `(p50, p99)` taken when it
+    /// ended (the arbiter forgets an old ended VM's figures).
+    ended_errors: Option<BTreeMap<String, u64>>,
+    ended_latency: Option<(f64, f64)>,
+    /// Ended and older than the last [`RETAINED_ENDED_VMS`] ended VMs: not
+    /// listed nor found; its strings are freed.
+    forgotten: bool,
+}
+
+impl VmEntry {
+    fn new(config: VmConfig, vgpu: Option<VgpuHandle>, state: VmState) -> Self {
+        VmEntry {
+            config,
+            vgpu,
+            last_vgpu: vgpu,
+            state,
+            end: None,
+            sample_ns: 0,
+            share: None,
+            ended_errors: None,
+            ended_latency: None,
+            forgotten: false,
+        }
+    }
 }
 
 struct Inner {
@@ -132,6 +163,10 @@ struct Inner {
     fleet: Option<(Sender<FleetCommand>, Arc<EventFd>)>,
     last_sample: Instant,
     interval: Duration,
+    /// Indices of ended VMs still viewable, oldest end first.
+    ended: VecDeque<usize>,
+    /// Names of forgotten VMs (still taken: an added VM cannot reuse one).
+    retired: HashSet<String>,
 }
 
 /// What the API can see and steer; shared by the HTTP server and the fleet.
@@ -157,14 +192,8 @@ impl FleetControl {
             .vm
             .iter()
             .enumerate()
-            .map(|(i, c)| VmEntry {
-                config: c.clone(),
-                vgpu: vgpus.get(i).copied().flatten(),
-                last_vgpu: vgpus.get(i).copied().flatten(),
-                state: VmState::Running,
-                end: None,
-                sample_ns: 0,
-                share: None,
+            .map(|(i, c)| {
+                VmEntry::new(c.clone(), vgpus.get(i).copied().flatten(), VmState::Running)
             })
             .collect();
         FleetControl {
@@ -175,6 +204,8 @@ impl FleetControl {
                 fleet: None,
                 last_sample: Instant::now(),
                 interval: Duration::ZERO,
+                ended: VecDeque::new(),
+                retired: HashSet::new(),
             }),
             started: Instant::now(),
             config_path: cfg.base_dir.join("(api)"),
@@ -199,7 +230,8 @@ impl FleetControl {
 
     /// Records that VM `i` ended (its vGPU is gone), with its final figures.
     pub fn ended(&self, i: usize, end: VmEnd) {
-        if let Some(v) = self.lock().vms.get_mut(i) {
+        let mut inner = self.lock();
+        if let Some(v) = inner.vms.get_mut(i) {
             v.state = if end.stopped {
                 VmState::Stopped
             } else {
@@ -208,6 +240,11 @@ impl FleetControl {
             v.vgpu = None;
             v.share = None;
             v.end = Some(end);
+            if let Some((h, m)) = v.last_vgpu.zip(self.arbiter.as_ref()) {
+                v.ended_errors = m.vm_queue_errors(h);
+                v.ended_latency = m.vm_packet_latency(h);
+            }
+            Self::retire_old(&mut inner, i);
         }
     }
 
@@ -230,6 +267,37 @@ impl FleetControl {
                 exit_status: None,
                 gpu: None,
             });
+        }
+        Self::retire_old(&mut self.lock(), i);
+    }
+
+    /// Notes that VM `i` ended; forgets the oldest ended VMs beyond
+    /// [`RETAINED_ENDED_VMS`] (its view, its config in the API's copy of
+    /// the fleet config; its name stays taken).
+    fn retire_old(inner: &mut Inner, i: usize) {
+        if inner.vms.get(i).is_none_or(|v| v.forgotten) || inner.ended.contains(&i) {
+            return;
+        }
+        inner.ended.push_back(i);
+        while inner.ended.len() > RETAINED_ENDED_VMS {
+            let Some(old) = inner.ended.pop_front() else {
+                break;
+            };
+            let Some(v) = inner.vms.get_mut(old) else {
+                continue;
+            };
+            let name = std::mem::take(&mut v.config.name);
+            v.config.image = String::new();
+            v.config.args = String::new();
+            v.forgotten = true;
+            v.end = None;
+            v.ended_errors = None;
+            v.ended_latency = None;
+            v.last_vgpu = None;
+            if let Some(p) = inner.cfg.vm.iter().position(|c| c.name == name) {
+                inner.cfg.vm.swap_remove(p);
+            }
+            inner.retired.insert(name);
         }
     }
 
@@ -266,15 +334,17 @@ impl FleetControl {
             _ => None,
         };
         let ms = |ns: u64| ns as f64 / 1e6;
-        let queue_errors = v
-            .last_vgpu
-            .zip(self.arbiter.as_ref())
-            .and_then(|(h, m)| m.vm_queue_errors(h));
+        let queue_errors = v.ended_errors.clone().or_else(|| {
+            v.last_vgpu
+                .zip(self.arbiter.as_ref())
+                .and_then(|(h, m)| m.vm_queue_errors(h))
+        });
         let guard = live.and_then(|(h, m)| m.guard_status(h));
-        let latency = v
-            .last_vgpu
-            .zip(self.arbiter.as_ref())
-            .and_then(|(h, m)| m.vm_packet_latency(h));
+        let latency = v.ended_latency.or_else(|| {
+            v.last_vgpu
+                .zip(self.arbiter.as_ref())
+                .and_then(|(h, m)| m.vm_packet_latency(h))
+        });
         json!({
             "name": c.name,
             "state": v.state.name(),
@@ -340,7 +410,7 @@ impl FleetControl {
         inner
             .vms
             .iter()
-            .position(|v| v.config.name == name)
+            .position(|v| !v.forgotten && v.config.name == name)
             .ok_or_else(|| err(404, format!("vm '{name}': no such VM")))
     }
 
@@ -386,7 +456,12 @@ impl FleetControl {
 
     fn list(&self) -> Response {
         let inner = self.lock();
-        let vms: Vec<Value> = inner.vms.iter().map(|v| self.view(v, &inner)).collect();
+        let vms: Vec<Value> = inner
+            .vms
+            .iter()
+            .filter(|v| !v.forgotten)
+            .map(|v| self.view(v, &inner))
+            .collect();
         Response::json(200, &json!({ "vms": vms }))
     }
 
@@ -593,20 +668,23 @@ impl FleetControl {
                 ),
             ));
         }
+        if inner.retired.contains(&config.name) {
+            return reply.send(err(
+                422,
+                format!(
+                    "vm '{}': name: duplicate name: an ended VM (no longer listed) had it",
+                    config.name
+                ),
+            ));
+        }
         let Some((tx, wake)) = inner.fleet.clone() else {
             return reply.send(err(503, format!("vm '{}': no fleet loop", config.name)));
         };
         let index = inner.vms.len();
         inner.cfg.vm.push(config.clone());
-        inner.vms.push(VmEntry {
-            config: config.clone(),
-            vgpu: None,
-            last_vgpu: None,
-            state: VmState::Starting,
-            end: None,
-            sample_ns: 0,
-            share: None,
-        });
+        inner
+            .vms
+            .push(VmEntry::new(config.clone(), None, VmState::Starting));
         log::info!("api: vm '{}': add requested", config.name);
         if tx
             .send(FleetCommand::Add {
@@ -663,7 +741,13 @@ impl FleetControl {
 
     fn fleet(&self) -> Response {
         let inner = self.lock();
-        let count = |s: VmState| inner.vms.iter().filter(|v| v.state == s).count();
+        let count = |s: VmState| {
+            inner
+                .vms
+                .iter()
+                .filter(|v| !v.forgotten && v.state == s)
+                .count()
+        };
         let mut states = Map::new();
         for s in [
             VmState::Starting,
@@ -693,7 +777,8 @@ impl FleetControl {
             200,
             &json!({
                 "uptime_ms": self.started.elapsed().as_secs_f64() * 1e3,
-                "vms": inner.vms.len(),
+                "vms": inner.vms.iter().filter(|v| !v.forgotten).count(),
+                "vms_forgotten": inner.retired.len(),
                 "states": states,
                 "gpu": gpu,
             }),
@@ -1435,5 +1520,84 @@ mod tests {
         let (st, _) = call(&ctl, "PATCH", "/api/v1/vms/a", &json_body);
         assert_eq!(st, 400);
         assert_eq!(ctl.len(), 1);
+    }
+
+    /// A fleet that adds and ends VMs through the API keeps the views of
+    /// the last [`RETAINED_ENDED_VMS`] ended ones (and every live one):
+    /// older ones answer 404, leave `GET /vms` and keep their name taken.
+    #[test]
+    fn only_the_last_ended_vms_are_kept_and_their_names_stay_taken() {
+        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        ctl.connect_fleet(tx, Arc::new(EventFd::new(0).unwrap()));
+        let n = RETAINED_ENDED_VMS + 40;
+        for k in 0..n {
+            let body = format!("{{\"name\": \"v{k}\", \"image\": \"builtin:hello\"}}");
+            let (reply, answers) = Responder::detached();
+            let req = Request {
+                method: "POST".into(),
+                path: "/api/v1/vms".into(),
+                query: None,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: body.into_bytes(),
+                keep_alive: true,
+            };
+            ctl.route(req, reply);
+            // What the fleet loop does: start it, answer, and it ends.
+            let Ok(FleetCommand::Add { index, reply, .. }) = rx.try_recv() else {
+                panic!("no add command for v{k}");
+            };
+            ctl.started(index, None);
+            reply.send(Response::json(201, &ctl.view_of(index).unwrap()));
+            assert_eq!(answers.recv().unwrap().1.status, 201);
+            ctl.ended(
+                index,
+                VmEnd {
+                    outcome: "exited with status 0".into(),
+                    exit_status: Some(0),
+                    ..Default::default()
+                },
+            );
+        }
+        let (st, v) = call(&ctl, "GET", "/api/v1/vms", "");
+        assert_eq!(st, 200);
+        let names: Vec<&str> = v["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        // The live config VM and the last RETAINED_ENDED_VMS ended ones.
+        assert_eq!(names.len(), 1 + RETAINED_ENDED_VMS);
+        assert_eq!(names[0], "a");
+        assert_eq!(names[1], format!("v{}", n - RETAINED_ENDED_VMS));
+        assert_eq!(*names.last().unwrap(), format!("v{}", n - 1));
+        let (st, v) = call(&ctl, "GET", "/api/v1/vms/v0", "");
+        assert_eq!(
+            (st, v["error"].as_str()),
+            (404, Some("vm 'v0': no such VM"))
+        );
+        let (st, v) = call(&ctl, "GET", &format!("/api/v1/vms/v{}", n - 1), "");
+        assert_eq!((st, v["state"].as_str()), (200, Some("exited")));
+        assert_eq!(v["exit_status"], 0);
+        // The name of a forgotten VM is still taken.
+        let (st, v) = call(
+            &ctl,
+            "POST",
+            "/api/v1/vms",
+            "{\"name\": \"v0\", \"image\": \"builtin:hello\"}",
+        );
+        assert_eq!(st, 422, "{v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("duplicate name"),
+            "{v}"
+        );
+        assert!(rx.try_recv().is_err(), "a refused add reached the fleet");
+        let (_, f) = call(&ctl, "GET", "/api/v1/fleet", "");
+        assert_eq!(f["vms"], 1 + RETAINED_ENDED_VMS);
+        assert_eq!(f["vms_forgotten"], 40);
+        assert_eq!(f["states"]["exited"], RETAINED_ENDED_VMS);
+        // The API's copy of the fleet config holds the kept VMs only.
+        assert_eq!(ctl.lock().cfg.vm.len(), 1 + RETAINED_ENDED_VMS);
     }
 }

@@ -315,8 +315,11 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
                 vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
-                let r = vm.stop("VM ended");
+                let mut r = vm.stop("VM ended");
                 control.ended(i, vm_end(&r, vm_gpu[i]));
+                if i >= cfg.vm.len() {
+                    compact_report(&mut r);
+                }
                 reports[i] = Some(r);
                 if let Some(a) = attached[i].take() {
                     vgpu_io[i] = Some(a.detach());
@@ -335,8 +338,11 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         let why = "by the operator";
                         vm.halt(why);
                         vm_gpu[index] = detach_vgpu(&arbiter, vgpus[index].take());
-                        let r = vm.stop(why);
+                        let mut r = vm.stop(why);
                         control.ended(index, vm_end(&r, vm_gpu[index]));
+                        if index >= cfg.vm.len() {
+                            compact_report(&mut r);
+                        }
                         reports[index] = Some(r);
                         if let Some(a) = attached[index].take() {
                             vgpu_io[index] = Some(a.detach());
@@ -516,6 +522,38 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         vm_gpu,
         vgpu_io,
     })
+}
+
+/// Console lines kept in the run's report of an ended VM that was added
+/// through the API (its last lines, with the guest's verdict).
+pub const ADDED_VM_CONSOLE_TAIL: usize = 32;
+
+/// Checkpoints kept in the run's report of an ended VM that was added
+/// through the API (its last ones).
+pub const ADDED_VM_CHECKPOINTS: usize = 256;
+
+/// Shrinks the report of an ended VM added through the API to a compact
+/// summary (a fleet that launches VMs continuously keeps every VM's outcome
+/// and times, not every VM's whole console): the last
+/// [`ADDED_VM_CONSOLE_TAIL`] console lines, preceded by a line saying how
+/// many were dropped, and the last [`ADDED_VM_CHECKPOINTS`] checkpoints.
+pub fn compact_report(r: &mut VmReport) {
+    if r.console.len() > ADDED_VM_CONSOLE_TAIL {
+        let dropped = r.console.len() - ADDED_VM_CONSOLE_TAIL;
+        r.console.drain(..dropped);
+        r.console.insert(
+            0,
+            format!(
+                "[hqdmux: {dropped} earlier console lines not kept (VM added through the API)]"
+            ),
+        );
+    }
+    r.console.shrink_to_fit();
+    if r.checkpoints.len() > ADDED_VM_CHECKPOINTS {
+        let dropped = r.checkpoints.len() - ADDED_VM_CHECKPOINTS;
+        r.checkpoints.drain(..dropped);
+    }
+    r.checkpoints.shrink_to_fit();
 }
 
 /// How a VM ended, for the API.
@@ -822,5 +860,41 @@ mod tests {
         let mut m = dispatch(FleetMonitor::new(done, None, Some(stop)).unwrap());
         assert!(!m.stop_requested);
         assert_eq!(m.take_finished(), vec![1]);
+    }
+
+    #[test]
+    fn a_compact_report_keeps_the_last_lines_and_checkpoints_and_says_what_it_dropped() {
+        let t = Instant::now();
+        let mut r = VmReport {
+            name: "v".into(),
+            outcome: crate::vm::VmOutcome::Exited(0),
+            started: t,
+            entered: None,
+            first_line: None,
+            run_time: Duration::ZERO,
+            console: (0..100).map(|i| format!("line {i}")).collect(),
+            exits: 0,
+            checkpoints: (0..1000u32).map(|i| (2 + i % 2, t)).collect(),
+        };
+        compact_report(&mut r);
+        assert_eq!(r.console.len(), ADDED_VM_CONSOLE_TAIL + 1);
+        assert!(
+            r.console[0].contains("68 earlier console lines"),
+            "{:?}",
+            r.console[0]
+        );
+        assert_eq!(r.console[1], "line 68");
+        assert_eq!(r.console.last().unwrap(), "line 99");
+        assert_eq!(r.checkpoints.len(), ADDED_VM_CHECKPOINTS);
+        assert_eq!(r.spans(2, 3).len(), ADDED_VM_CHECKPOINTS / 2);
+        // A short report is left as it is.
+        let mut short = VmReport {
+            console: vec!["gpu: ok".into()],
+            checkpoints: vec![(2, t), (3, t)],
+            ..r
+        };
+        compact_report(&mut short);
+        assert_eq!(short.console, vec!["gpu: ok".to_string()]);
+        assert_eq!(short.checkpoints.len(), 2);
     }
 }

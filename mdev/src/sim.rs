@@ -275,6 +275,16 @@ impl Batch {
     fn last_round(&self) -> u64 {
         self.len() - (self.rounds() - 1) * self.width as u64
     }
+    /// The first workgroup not started once the round under way at `now`
+    /// has launched (at or before `start`: the first round's workgroups).
+    fn started_by(&self, now: Nanos) -> u64 {
+        if now <= self.start {
+            self.first + (self.width as u64).min(self.len())
+        } else {
+            self.progress(now).1
+        }
+    }
+
     /// At `now`: (workgroups finished, first workgroup not started, ns into
     /// the current round). Nothing has started while `now <= start`.
     fn progress(&self, now: Nanos) -> (u64, u64, Nanos) {
@@ -955,11 +965,7 @@ impl SimGpu {
             if now < b.start {
                 continue;
             }
-            let started = if now <= b.start {
-                b.first + (b.width as u64).min(b.len())
-            } else {
-                b.progress(now).1
-            };
+            let started = b.started_by(now);
             if started >= b.end {
                 continue;
             }
@@ -2410,11 +2416,7 @@ impl SimGpu {
                 self.free_batches.push(bi);
                 continue;
             }
-            let started = if now <= b.start {
-                b.first + (b.width as u64).min(b.len())
-            } else {
-                b.progress(now).1
-            };
+            let started = b.started_by(now);
             if started >= b.end {
                 continue;
             }

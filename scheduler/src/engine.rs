@@ -310,9 +310,41 @@ pub struct Scheduler {
     /// caller did not ask for one, `Some(None)` while it may happen,
     /// `Some(Some(rest))` when a decision stopped after queueing its
     /// preemptions and waits for [`Scheduler::resume`].
-    split: Option<Option<ExclusiveTail>>,
+    split: Option<Option<Split>>,
     /// The exclusive decision's list of preempted queues, reused.
     evict_buf: Vec<QueueId>,
+    /// The doorbell fast path's unmaps, reused (see [`Split::Doorbell`]).
+    early_buf: Vec<(QueueId, SlotId)>,
+    /// Doorbell fast path: decisions taken, and (a bug) decisions whose
+    /// full run did not start with the unmaps handed out early.
+    fast: FastStats,
+}
+
+/// Counters of the doorbell fast path (see [`Scheduler::handle_split`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastStats {
+    /// Preempting doorbells whose unmaps were queued before the decision ran.
+    pub taken: u64,
+    /// Of those, decisions that did not queue the same unmaps first (never
+    /// expected: the queues are adopted as preempted, nothing is lost).
+    pub mismatched: u64,
+}
+
+/// A decision stopped after queueing its preemptions' unmaps.
+#[derive(Debug)]
+enum Split {
+    /// An exclusive decision past its choice of victims.
+    Tail(ExclusiveTail),
+    /// The doorbell fast path: a doorbell that makes a queue of a level
+    /// above every busy one in its partition Ready evicts every running
+    /// queue there (the exclusive decision's outcome, found from a few
+    /// indexes before the event is handled). `resume` handles the event
+    /// whole and drops the unmaps it queues that were handed out already.
+    Doorbell {
+        ev: Event,
+        early: Vec<(QueueId, SlotId)>,
+        mode: UnmapMode,
+    },
 }
 
 /// What an exclusive decision still has to do after queueing the unmap
@@ -376,6 +408,8 @@ impl Scheduler {
             spatial: Default::default(),
             split: None,
             evict_buf: Vec::new(),
+            early_buf: Vec::new(),
+            fast: FastStats::default(),
         })
     }
 
@@ -1093,7 +1127,7 @@ impl Scheduler {
             && self.spatial.changes.is_empty()
             && (!self.spatial.enabled() || (res.is_none() && prev_res.is_none()))
         {
-            self.split = Some(Some(cont));
+            self.split = Some(Some(Split::Tail(cont)));
             return;
         }
         self.exclusive_tail(cont);
@@ -2000,6 +2034,9 @@ impl Scheduler {
     /// (`handle` and `handle_split` resume a pending decision first).
     pub fn handle_split(&mut self, ev: Event) -> bool {
         self.resume();
+        if self.doorbell_fast_path(ev) {
+            return true;
+        }
         self.split = Some(None);
         self.handle_event(ev);
         match self.split.take() {
@@ -2014,12 +2051,149 @@ impl Scheduler {
     /// Finishes a decision split by [`Scheduler::handle_split`] (nothing
     /// when none is pending).
     pub fn resume(&mut self) {
-        if let Some(Some(rest)) = self.split.take() {
-            let p = rest.p;
-            self.exclusive_tail(rest);
-            self.spatial_sync(p);
-            self.arm_timer();
+        match self.split.take() {
+            Some(Some(Split::Tail(rest))) => {
+                let p = rest.p;
+                self.exclusive_tail(rest);
+                self.spatial_sync(p);
+                self.arm_timer();
+            }
+            Some(Some(Split::Doorbell { ev, early, mode })) => {
+                let from = self.actions.len();
+                self.handle_event(ev);
+                for &(queue, slot) in &early {
+                    let a = Action::Unmap { queue, slot, mode };
+                    match self.actions.iter().skip(from).position(|x| *x == a) {
+                        Some(i) => {
+                            self.actions.remove(from + i);
+                        }
+                        None => self.adopt_early_unmap(queue, mode),
+                    }
+                }
+                self.early_buf = early;
+            }
+            _ => {}
         }
+    }
+
+    /// Doorbell fast path counters.
+    pub fn fast_stats(&self) -> FastStats {
+        self.fast
+    }
+
+    /// A queue the fast path unmapped that the full decision did not: it
+    /// is being dequeued all the same, so the scheduler treats it as
+    /// preempted (CWSR loses nothing; it runs again when chosen).
+    fn adopt_early_unmap(&mut self, q: QueueId, mode: UnmapMode) {
+        self.fast.mismatched += 1;
+        debug_assert!(
+            false,
+            "doorbell fast path: {q:?} not unmapped by the decision"
+        );
+        if self.queues.get(&q).is_some_and(|qq| {
+            qq.slot.is_some() && matches!(qq.state, QueueState::Running | QueueState::MappedIdle)
+        }) {
+            self.unmap_state(q, Reason::Preempt(mode));
+        }
+    }
+
+    /// The doorbell fast path of [`Scheduler::handle_split`]: when the
+    /// doorbell makes an idle queue Ready at a VM priority above every
+    /// busy level (and above the slice owner's) of its partition, and
+    /// nothing else can enter the exclusive decision (no idle queue due to
+    /// give its slot back, no aging due, no CU reservation or co-residence
+    /// possible, no action pending), that decision evicts every running
+    /// queue of the partition. Their unmaps are queued without handling
+    /// the event (a handful of index reads on a cold cache, against the
+    /// whole state change and choice); `resume` handles it. The split
+    /// property tests check that the actions and state equal `handle`'s.
+    fn doorbell_fast_path(&mut self, ev: Event) -> bool {
+        let Event::Doorbell { queue, wptr, now } = ev else {
+            return false;
+        };
+        let now = now.max(self.now);
+        if !matches!(self.cfg.policy, Policy::Hqdmux | Policy::Reset)
+            || !self.slices()
+            || !self.actions.is_empty()
+            || !self.spatial.changes.is_empty()
+        {
+            return false;
+        }
+        let Some(q) = self.queues.get(&queue) else {
+            return false;
+        };
+        if q.state != QueueState::Idle || q.errored || q.boosted || q.wptr == Some(wptr) {
+            return false;
+        }
+        let vm = q.vm;
+        let Some(v) = self.vms.get(&vm) else {
+            return false;
+        };
+        if v.paused || v.removed {
+            return false;
+        }
+        let level = v.params.priority as u16;
+        let p = v.partition as usize;
+        let Some(part) = self.parts.get(p) else {
+            return false;
+        };
+        if !part.top().is_some_and(|t| t < level)
+            || part.owner.is_some_and(|o| o.vm == vm || o.level >= level)
+            || part
+                .idle_mapped
+                .first()
+                .is_some_and(|&(since, _)| since.saturating_add(self.cfg.idle_unmap_ns) <= now)
+            || part.aging.batch_since.is_some()
+            || (now >= part.aging.next_batch
+                && part.waiting[..(level as usize).min(16)]
+                    .iter()
+                    .any(|w| w.first().is_some_and(|e| e.0 <= now)))
+            || part.running.is_empty()
+        {
+            return false;
+        }
+        if self.spatial.enabled() && self.spatial.res.get(p).copied().flatten().is_some() {
+            return false;
+        }
+        if self.spatial_on() {
+            let owner = Owner {
+                vm,
+                level,
+                since: now,
+                drained: None,
+            };
+            if self.spatial_coreside(p, owner)
+                || self
+                    .spatial
+                    .size(
+                        vm,
+                        1,
+                        self.cfg.spatial_headroom_pct,
+                        self.cfg.spatial_max_permille,
+                    )
+                    .is_some()
+            {
+                return false;
+            }
+        }
+        let mut early = std::mem::take(&mut self.early_buf);
+        early.clear();
+        for &(_, _, r) in &self.parts[p].running {
+            match self.queues.get(&r) {
+                Some(rq) if rq.vm != vm && rq.slot.is_some() => early.push((r, rq.slot.unwrap())),
+                _ => {
+                    self.early_buf = early;
+                    return false;
+                }
+            }
+        }
+        let mode = self.preempt_mode();
+        for &(queue, slot) in &early {
+            self.actions.push_back(Action::Unmap { queue, slot, mode });
+        }
+        self.fast.taken += 1;
+        self.split = Some(Some(Split::Doorbell { ev, early, mode }));
+        true
     }
 
     /// Can a dispatch width noted with [`Scheduler::note_dispatch_width`]

@@ -27,7 +27,7 @@ mod spatial;
 #[cfg(test)]
 mod tests;
 
-pub use engine::Scheduler;
+pub use engine::{FastStats, Scheduler};
 pub use spatial::{CuSet, SpatialStats};
 
 use serde::Deserialize;

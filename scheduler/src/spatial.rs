@@ -132,13 +132,19 @@ impl Spatial {
     /// Can `vm` (the higher owner) share CUs with lower work of `lower`
     /// VMs: its workgroups and theirs each take at most half a CU, and its
     /// solo run time is at most `max_ns` (sharing at most doubles it).
-    pub fn can_coreside(&self, vm: VmId, lower: &[VmId], max_ns: u64) -> bool {
+    pub fn can_coreside(
+        &self,
+        vm: VmId,
+        lower: impl IntoIterator<Item = VmId>,
+        max_ns: u64,
+    ) -> bool {
         let ok = |v: &VmId| self.occ.get(v).is_some_and(|o| o.fits);
+        let mut lower = lower.into_iter().peekable();
         max_ns > 0
-            && !lower.is_empty()
+            && lower.peek().is_some()
             && ok(&vm)
             && self.occ.get(&vm).is_some_and(|o| o.solo_ns <= max_ns)
-            && lower.iter().all(ok)
+            && lower.all(|v| ok(&v))
     }
 
     /// CUs per XCC a VM needs for its widest recent dispatch on each of
@@ -194,19 +200,19 @@ mod tests {
         let mut s = Spatial::default();
         let (hi, lo, lo2) = (VmId(1), VmId(2), VmId(3));
         // Nothing seen: no.
-        assert!(!s.can_coreside(hi, &[lo], 100_000));
+        assert!(!s.can_coreside(hi, [lo], 100_000));
         s.note_occupancy(hi, 5_000, true);
         s.note_occupancy(lo, 10_000_000, true);
-        assert!(s.can_coreside(hi, &[lo], 100_000));
+        assert!(s.can_coreside(hi, [lo], 100_000));
         // Disabled, no lower work, or a lower VM not seen / too wide.
-        assert!(!s.can_coreside(hi, &[lo], 0));
-        assert!(!s.can_coreside(hi, &[], 100_000));
-        assert!(!s.can_coreside(hi, &[lo, lo2], 100_000));
+        assert!(!s.can_coreside(hi, [lo], 0));
+        assert!(!s.can_coreside(hi, [], 100_000));
+        assert!(!s.can_coreside(hi, [lo, lo2], 100_000));
         s.note_occupancy(lo2, 1_000, false);
-        assert!(!s.can_coreside(hi, &[lo, lo2], 100_000));
+        assert!(!s.can_coreside(hi, [lo, lo2], 100_000));
         // A job longer than the bound (12 kernels x 50 us): no.
         s.note_occupancy(hi, 600_000, true);
-        assert!(!s.can_coreside(hi, &[lo], 100_000));
+        assert!(!s.can_coreside(hi, [lo], 100_000));
         // Decays by 1/8 per shorter doorbell.
         s.note_occupancy(hi, 5_000, true);
         assert_eq!(s.occ[&hi].solo_ns, 525_000);

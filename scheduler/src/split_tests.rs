@@ -253,6 +253,8 @@ proptest! {
         }
         prop_assert_eq!(w.plain.stats(), w.split.stats());
         prop_assert_eq!(w.plain.spatial_stats(), w.split.spatial_stats());
+        prop_assert_eq!(w.split.fast_stats().mismatched, 0);
+        prop_assert_eq!(w.plain.fast_stats(), FastStats::default());
     }
 }
 
@@ -287,6 +289,54 @@ proptest! {
     }
 }
 
+/// The doorbell fast path, exercised: 300 random runs of the priority
+/// policies (with and without CU geometry, so reservations and
+/// co-residence sometimes forbid it) whose doorbells often come from a
+/// level above the busy ones. Every event's actions and the final states
+/// equal the whole decisions', and the fast path was taken many times.
+#[test]
+fn doorbell_fast_path_is_taken_and_equals_whole_decisions() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let (mut taken, mut runs_taken) = (0, 0);
+    for run in 0..300u32 {
+        let ops = prop::collection::vec(op(), 1..200)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        let policy = [Policy::Hqdmux, Policy::Reset][run as usize % 2];
+        let geometry = [None, Some((2, 1)), Some((38, 1))][run as usize % 3];
+        let cfg = SchedConfig {
+            policy,
+            min_run_ns: 100_000,
+            aging_ns: 20_000_000,
+            idle_unmap_ns: [50_000, 5_000_000][run as usize % 2],
+            ..Default::default()
+        };
+        let (mut w, qs) = Pair::with_geometry(cfg, 1 + run % 2, geometry, &[2, 5, 9, 12]);
+        for o in &ops {
+            w.apply(&qs, o).unwrap();
+        }
+        for q in &qs {
+            assert_eq!(w.plain.queue_state(*q), w.split.queue_state(*q));
+        }
+        assert_eq!(w.plain.stats(), w.split.stats());
+        assert_eq!(w.plain.spatial_stats(), w.split.spatial_stats());
+        let f = w.split.fast_stats();
+        assert_eq!(f.mismatched, 0, "run {run}");
+        taken += f.taken;
+        runs_taken += u32::from(f.taken > 0);
+    }
+    assert!(
+        taken >= 150 && runs_taken >= 100,
+        "fast path taken {taken} times in {runs_taken} runs"
+    );
+}
+
 /// An MI300X-like geometry with the default cap needs the widths; a 2-CU
 /// XCC under a 25% cap, or no geometry, does not.
 #[test]
@@ -318,6 +368,15 @@ fn a_preempting_doorbell_is_split() {
     }
     assert!(w.splits >= 1, "no split decision");
     assert!(w.split.stats().preemptions >= 1);
+    // Level 12 above every busy level (2), no reservation possible: the
+    // doorbell fast path queued the unmaps, and the decision agreed.
+    assert_eq!(
+        w.split.fast_stats(),
+        FastStats {
+            taken: 1,
+            mismatched: 0
+        }
+    );
 }
 
 /// A caller that does not resume a split decision: the next `handle`

@@ -71,7 +71,7 @@ impl Scheduler {
             .map(|r| (r.vm, r.k))
     }
 
-    fn spatial_on(&self) -> bool {
+    pub(super) fn spatial_on(&self) -> bool {
         self.spatial.enabled()
             && self.cfg.policy == Policy::Hqdmux
             && self.slices()
@@ -144,17 +144,16 @@ impl Scheduler {
 
     /// Co-residence (occupancy): may `owner` share partition `p`'s CUs with
     /// the lower work there (its VMs' busy queues below its level)?
-    fn spatial_coreside(&self, p: usize, owner: Owner) -> bool {
+    pub(super) fn spatial_coreside(&self, p: usize, owner: Owner) -> bool {
         let max = self.cfg.spatial_coreside_ns;
         if max == 0 {
             return false;
         }
-        let lower: Vec<VmId> = self.parts[p]
+        let lower = self.parts[p]
             .busy
             .range(..owner.level)
-            .flat_map(|(_, m)| m.keys().copied())
-            .collect();
-        self.spatial.can_coreside(owner.vm, &lower, max)
+            .flat_map(|(_, m)| m.keys().copied());
+        self.spatial.can_coreside(owner.vm, lower, max)
     }
 
     /// Is a lower-level queue running in `p`?

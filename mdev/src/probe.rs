@@ -105,8 +105,31 @@ pub fn add_guest(
     ProbeGuest { handle, fe, tvm, q }
 }
 
+/// Pins the calling thread to CPU `cpu` (`None`: every CPU); threads it
+/// creates afterwards inherit the mask. Nothing on a single-CPU host.
+/// Probes place waiters (the arbiter's service thread, the floor's
+/// waiter) on CPU 1 and the writer on CPU 0, so both wake-ups cross CPUs
+/// alike (design.md §6).
+pub fn pin_current(cpu: Option<usize>) {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n < 2 {
+        return;
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays below
+    // CPU_SETSIZE; sched_setaffinity reads the set we pass.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        match cpu {
+            Some(c) => libc::CPU_SET(c.min(n - 1), &mut set),
+            None => (0..n.min(libc::CPU_SETSIZE as usize)).for_each(|c| libc::CPU_SET(c, &mut set)),
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// A host thread blocked in `epoll_wait` on an eventfd, woken on demand:
-/// the floor detection is compared with.
+/// the floor detection is compared with. It runs on CPU 1 (see
+/// [`pin_current`]).
 pub struct Waker {
     fd: Arc<EventFd>,
     rx: std::sync::mpsc::Receiver<Instant>,
@@ -119,6 +142,7 @@ impl Waker {
         let (tx, rx) = channel::<Instant>();
         let f2 = fd.clone();
         std::thread::spawn(move || {
+            pin_current(Some(1));
             let ep = Epoll::new().unwrap();
             ep.ctl(
                 ControlOperation::Add,
@@ -187,7 +211,11 @@ pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Doo
         idle_unmap_ns: 50_000,
         ..Default::default()
     };
+    // The service thread on CPU 1 (it inherits the mask), beside the
+    // floor's waiter; this thread writes the doorbells from CPU 0.
+    pin_current(Some(1));
     let a = GpuArbiter::start(topo.clone(), cfg, open_backend(&topo, 1).unwrap()).unwrap();
+    pin_current(Some(0));
     let (seen_tx, seen_rx) = channel::<DoorbellSeen>();
     let seen_tx = Mutex::new(seen_tx);
     a.set_doorbell_observer(Some(Arc::new(move |s: DoorbellSeen| {
@@ -255,5 +283,6 @@ pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Doo
         while hi_rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
     }
     a.shutdown();
+    pin_current(None);
     out
 }

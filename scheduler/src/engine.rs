@@ -2137,7 +2137,7 @@ impl Scheduler {
         let Some(part) = self.parts.get(p) else {
             return false;
         };
-        if !part.top().is_some_and(|t| t < level)
+        if part.top().is_none_or(|t| t >= level)
             || part.owner.is_some_and(|o| o.vm == vm || o.level >= level)
             || part
                 .idle_mapped

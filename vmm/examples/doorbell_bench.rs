@@ -19,7 +19,8 @@
 //!    backend's dequeue called; the span to the binding's return, after
 //!    that call and the rest of the scheduler's decision, is printed too).
 //!    `detect_p99_ratio` = its p99 / the p99 of an eventfd wake-up of an
-//!    idle host thread sampled between the doorbells.
+//!    idle host thread sampled between the doorbells. The service thread
+//!    and that thread both wait on CPU 1; the writer is on CPU 0.
 //! 4. Detection with a guest: an inference VM (priority 12, `builtin:doorbell
 //!    detect=J`: one 304 x 500 us kernel per job) beside a training VM
 //!    (priority 2); each inference job's doorbell preempts training. From
@@ -58,26 +59,13 @@ use vmm_sys_util::eventfd::EventFd;
 /// the guest assigns from its start).
 const BARE_ADDR: u64 = 0xE000_0000;
 
-/// Pins the calling thread to `cpu` (None: every CPU). Threads it creates
-/// inherit the mask. Measurements pin writers (vCPU threads, the floor's
-/// writer) to CPU 0 and waiters (the arbiter's service thread, the bare
-/// ioeventfd's drain thread, the floor's waiter) to CPU 1, so the bare and
-/// the doorbell path see the same placement (design.md §6).
+/// Pins the calling thread (see [`mdev::probe::pin_current`]): writers
+/// (vCPU threads, the floors' writers) on CPU 0, waiters (the arbiter's
+/// service thread, the bare ioeventfd's drain thread, the floors' waiters)
+/// on CPU 1, so the bare and the doorbell paths see the same placement
+/// (design.md §6).
 fn pin(cpu: Option<usize>) {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if n < 2 {
-        return;
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays in range
-    // (n is at most the CPUs this process may use, cpu < 2 <= n).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        match cpu {
-            Some(c) => libc::CPU_SET(c, &mut set),
-            None => (0..n.min(libc::CPU_SETSIZE as usize)).for_each(|c| libc::CPU_SET(c, &mut set)),
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
+    mdev::probe::pin_current(cpu);
 }
 
 fn pct(v: &mut [f64], q: f64) -> f64 {

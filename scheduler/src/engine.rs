@@ -330,6 +330,20 @@ pub struct FastStats {
     pub mismatched: u64,
 }
 
+/// A doorbell's preemption known before the doorbell is handled (see
+/// [`Scheduler::doorbell_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DoorbellPlan {
+    /// Mode of the victims' unmaps.
+    pub mode: UnmapMode,
+    /// The write index the scheduler last saw for the queue: a doorbell
+    /// with it is stale and preempts nothing.
+    pub seen_wptr: Option<u64>,
+    /// The plan holds for doorbells before this time (an idle slot's
+    /// hysteresis or an aging batch falls due then).
+    pub until: Nanos,
+}
+
 /// A decision stopped after queueing its preemptions' unmaps.
 #[derive(Debug)]
 enum Split {
@@ -2067,7 +2081,7 @@ impl Scheduler {
                         Some(i) => {
                             self.actions.remove(from + i);
                         }
-                        None => self.adopt_early_unmap(queue, mode),
+                        None => self.adopt_unmap(queue, mode),
                     }
                 }
                 self.early_buf = early;
@@ -2081,10 +2095,13 @@ impl Scheduler {
         self.fast
     }
 
-    /// A queue the fast path unmapped that the full decision did not: it
-    /// is being dequeued all the same, so the scheduler treats it as
-    /// preempted (CWSR loses nothing; it runs again when chosen).
-    fn adopt_early_unmap(&mut self, q: QueueId, mode: UnmapMode) {
+    /// An unmap of a mapped queue that the caller handed to the GPU but
+    /// no decision queued (the doorbell fast path's, or a binding's armed
+    /// doorbell whose decision did not agree; never expected, counted in
+    /// [`FastStats::mismatched`]): the queue is being dequeued all the
+    /// same, so the scheduler treats it as preempted (CWSR loses nothing;
+    /// it runs again when chosen).
+    pub fn adopt_unmap(&mut self, q: QueueId, mode: UnmapMode) {
         self.fast.mismatched += 1;
         debug_assert!(
             false,
@@ -2097,13 +2114,8 @@ impl Scheduler {
         }
     }
 
-    /// The doorbell fast path of [`Scheduler::handle_split`]: when the
-    /// doorbell makes an idle queue Ready at a VM priority above every
-    /// busy level (and above the slice owner's) of its partition, and
-    /// nothing else can enter the exclusive decision (no idle queue due to
-    /// give its slot back, no aging due, no CU reservation or co-residence
-    /// possible, no action pending), that decision evicts every running
-    /// queue of the partition. Their unmaps are queued without handling
+    /// The doorbell fast path of [`Scheduler::handle_split`]: see
+    /// [`Scheduler::doorbell_plan`]. The unmaps are queued without handling
     /// the event (a handful of index reads on a cold cache, against the
     /// whole state change and choice); `resume` handles it. The split
     /// property tests check that the actions and state equal `handle`'s.
@@ -2111,49 +2123,93 @@ impl Scheduler {
         let Event::Doorbell { queue, wptr, now } = ev else {
             return false;
         };
+        let mut early = std::mem::take(&mut self.early_buf);
+        match self.doorbell_plan(queue, now, &mut early) {
+            Some(plan) if plan.seen_wptr != Some(wptr) => {
+                for &(queue, slot) in &early {
+                    self.actions.push_back(Action::Unmap {
+                        queue,
+                        slot,
+                        mode: plan.mode,
+                    });
+                }
+                self.fast.taken += 1;
+                self.split = Some(Some(Split::Doorbell {
+                    ev,
+                    early,
+                    mode: plan.mode,
+                }));
+                true
+            }
+            _ => {
+                self.early_buf = early;
+                false
+            }
+        }
+    }
+
+    /// What a doorbell of `queue` at `now` that moves its write index
+    /// (anything but [`DoorbellPlan::seen_wptr`]) preempts, when that is
+    /// known without handling it: the doorbell makes an idle queue Ready
+    /// at a VM priority above every busy level (and above the slice
+    /// owner's) of its partition, and nothing else can enter the
+    /// exclusive decision (no idle queue due to give its slot back, no
+    /// aging due, no CU reservation or co-residence possible, no action
+    /// pending); that decision evicts every running queue of the
+    /// partition. Fills `victims` (queue, slot) in the order their unmaps
+    /// are queued. The answer holds for doorbells before
+    /// [`DoorbellPlan::until`] as long as nothing else reaches the
+    /// scheduler; a caller may hand the unmaps to the GPU before handling
+    /// the doorbell (the decision then queues the same ones first).
+    pub fn doorbell_plan(
+        &self,
+        queue: QueueId,
+        now: Nanos,
+        victims: &mut Vec<(QueueId, SlotId)>,
+    ) -> Option<DoorbellPlan> {
+        victims.clear();
         let now = now.max(self.now);
-        if !matches!(self.cfg.policy, Policy::Hqdmux | Policy::Reset)
+        if self.split.is_some()
+            || !matches!(self.cfg.policy, Policy::Hqdmux | Policy::Reset)
             || !self.slices()
             || !self.actions.is_empty()
             || !self.spatial.changes.is_empty()
         {
-            return false;
+            return None;
         }
-        let Some(q) = self.queues.get(&queue) else {
-            return false;
-        };
-        if q.state != QueueState::Idle || q.errored || q.boosted || q.wptr == Some(wptr) {
-            return false;
+        let q = self.queues.get(&queue)?;
+        if q.state != QueueState::Idle || q.errored || q.boosted {
+            return None;
         }
         let vm = q.vm;
-        let Some(v) = self.vms.get(&vm) else {
-            return false;
-        };
+        let v = self.vms.get(&vm)?;
         if v.paused || v.removed {
-            return false;
+            return None;
         }
         let level = v.params.priority as u16;
         let p = v.partition as usize;
-        let Some(part) = self.parts.get(p) else {
-            return false;
-        };
+        let part = self.parts.get(p)?;
+        // Time conditions: an idle mapped queue due to give its slot back,
+        // or an aging batch due, would enter the decision.
+        let idle_due = part.idle_mapped.first().map_or(Nanos::MAX, |&(since, _)| {
+            since.saturating_add(self.cfg.idle_unmap_ns)
+        });
+        let wait_due = part.waiting[..(level as usize).min(16)]
+            .iter()
+            .filter_map(|w| w.first().map(|e| e.0))
+            .min()
+            .map_or(Nanos::MAX, |d| d.max(part.aging.next_batch));
+        let until = idle_due.min(wait_due);
         if part.top().is_none_or(|t| t >= level)
             || part.owner.is_some_and(|o| o.vm == vm || o.level >= level)
-            || part
-                .idle_mapped
-                .first()
-                .is_some_and(|&(since, _)| since.saturating_add(self.cfg.idle_unmap_ns) <= now)
             || part.aging.batch_since.is_some()
-            || (now >= part.aging.next_batch
-                && part.waiting[..(level as usize).min(16)]
-                    .iter()
-                    .any(|w| w.first().is_some_and(|e| e.0 <= now)))
+            || until <= now
             || part.running.is_empty()
         {
-            return false;
+            return None;
         }
         if self.spatial.enabled() && self.spatial.res.get(p).copied().flatten().is_some() {
-            return false;
+            return None;
         }
         if self.spatial_on() {
             let owner = Owner {
@@ -2173,27 +2229,23 @@ impl Scheduler {
                     )
                     .is_some()
             {
-                return false;
+                return None;
             }
         }
-        let mut early = std::mem::take(&mut self.early_buf);
-        early.clear();
-        for &(_, _, r) in &self.parts[p].running {
+        for &(_, _, r) in &part.running {
             match self.queues.get(&r) {
-                Some(rq) if rq.vm != vm && rq.slot.is_some() => early.push((r, rq.slot.unwrap())),
+                Some(rq) if rq.vm != vm && rq.slot.is_some() => victims.push((r, rq.slot?)),
                 _ => {
-                    self.early_buf = early;
-                    return false;
+                    victims.clear();
+                    return None;
                 }
             }
         }
-        let mode = self.preempt_mode();
-        for &(queue, slot) in &early {
-            self.actions.push_back(Action::Unmap { queue, slot, mode });
-        }
-        self.fast.taken += 1;
-        self.split = Some(Some(Split::Doorbell { ev, early, mode }));
-        true
+        Some(DoorbellPlan {
+            mode: self.preempt_mode(),
+            seen_wptr: q.wptr,
+            until,
+        })
     }
 
     /// Can a dispatch width noted with [`Scheduler::note_dispatch_width`]

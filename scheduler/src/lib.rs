@@ -27,7 +27,7 @@ mod spatial;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{FastStats, Scheduler};
+pub use engine::{DoorbellPlan, FastStats, Scheduler};
 pub use spatial::{CuSet, SpatialStats};
 
 use serde::Deserialize;

@@ -55,6 +55,8 @@ struct Pair {
     splits: usize,
     /// Dispatch widths go to `plain` only.
     widths_to_plain_only: bool,
+    /// Doorbell plans found to hold until a later time.
+    plans_checked: usize,
 }
 
 impl Pair {
@@ -117,8 +119,32 @@ impl Pair {
             timer: None,
             splits: 0,
             widths_to_plain_only: false,
+            plans_checked: 0,
         };
         (pair, qs)
+    }
+
+    /// A doorbell plan made now is the plan at `later` (before its
+    /// `until`, nothing else reaching the scheduler): returns how many
+    /// queues had one.
+    fn plans_hold(&self, qs: &[QueueId], later: Nanos) -> usize {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        let mut n = 0;
+        for &q in qs {
+            let Some(plan) = self.plain.doorbell_plan(q, self.now, &mut a) else {
+                continue;
+            };
+            assert!(!a.is_empty() && plan.until > self.now);
+            let at = later.min(plan.until - 1);
+            assert_eq!(
+                self.plain.doorbell_plan(q, at, &mut b),
+                Some(plan),
+                "{q:?} at {at}"
+            );
+            assert_eq!(a, b);
+            n += 1;
+        }
+        n
     }
 
     /// One event to both; returns what each caller saw.
@@ -204,6 +230,7 @@ impl Pair {
                 }
             }
             Op::Wait(us) => {
+                self.plans_checked += self.plans_hold(qs, self.now + us * 1000);
                 self.now += us * 1000;
                 if self.timer.is_some_and(|t| t <= self.now) {
                     self.timer = None;
@@ -302,7 +329,7 @@ fn doorbell_fast_path_is_taken_and_equals_whole_decisions() {
         Config::default(),
         TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
     );
-    let (mut taken, mut runs_taken) = (0, 0);
+    let (mut taken, mut runs_taken, mut plans) = (0, 0, 0);
     for run in 0..300u32 {
         let ops = prop::collection::vec(op(), 1..200)
             .new_tree(&mut runner)
@@ -330,7 +357,12 @@ fn doorbell_fast_path_is_taken_and_equals_whole_decisions() {
         assert_eq!(f.mismatched, 0, "run {run}");
         taken += f.taken;
         runs_taken += u32::from(f.taken > 0);
+        plans += w.plans_checked;
     }
+    assert!(
+        plans >= 100,
+        "only {plans} doorbell plans checked over time"
+    );
     assert!(
         taken >= 150 && runs_taken >= 100,
         "fast path taken {taken} times in {runs_taken} runs"

@@ -165,6 +165,12 @@ pub struct BindingStats {
     /// Doorbells of a stalled queue whose packet was still unpublished
     /// (not passed to the scheduler).
     pub stalled_doorbells: u64,
+    /// Armed doorbells that handed their unmaps to the GPU before the
+    /// decision ([`Binding::fire_armed`]).
+    pub armed_fired: u64,
+    /// Unmaps of armed doorbells that the decision did not queue (never
+    /// expected; adopted as preemptions).
+    pub armed_mismatched: u64,
 }
 
 /// Default preemption timeout (ns): KFD's `queue_preemption_timeout_ms`, 9000 ms.
@@ -195,6 +201,27 @@ pub struct Binding<O: Copy> {
     /// [`Binding::set_issue_clock`]).
     issue_clock: Option<DecisionClock>,
     preempt_issued: Option<u64>,
+    /// Unmaps an armed doorbell handed to the GPU before its decision
+    /// ([`Binding::fire_armed`]): queue, slot, scheduler mode, whether the
+    /// GPU took it. The decision's own unmaps of them make no second call.
+    early: Vec<(QueueId, PhysSlot, UnmapMode, bool)>,
+}
+
+/// A doorbell's preemption prepared ahead of the doorbell, from a warm
+/// cache (see [`Binding::arm_doorbell`]); handed to the GPU by
+/// [`Binding::fire_armed`] before the doorbell's decision runs.
+#[derive(Clone, Debug, Default)]
+pub struct ArmedDoorbell {
+    plan: Option<scheduler::DoorbellPlan>,
+    victims: Vec<(QueueId, SlotId)>,
+    timeouts: Vec<Option<Nanos>>,
+}
+
+impl ArmedDoorbell {
+    /// Is a preemption prepared?
+    pub fn is_armed(&self) -> bool {
+        self.plan.is_some()
+    }
 }
 
 impl<O: Copy> Binding<O> {
@@ -218,6 +245,7 @@ impl<O: Copy> Binding<O> {
             preempt_timeout: HashMap::new(),
             issue_clock: None,
             preempt_issued: None,
+            early: Vec::new(),
         })
     }
 
@@ -408,8 +436,111 @@ impl<O: Copy> Binding<O> {
             self.note_widths(queue, wptr);
         }
         self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
+        self.settle_early(gpu, now, out);
         if !widths_first {
             self.note_widths(queue, wptr);
+        }
+    }
+
+    /// Prepares the preemption a doorbell of `queue` would cause (see
+    /// [`Scheduler::doorbell_plan`]) into `armed`, for
+    /// [`Binding::fire_armed`]: a caller that sleeps between doorbells
+    /// calls this after its other work, while its cache is warm, so that
+    /// the doorbell hands the CWSR saves to the GPU after a few reads.
+    /// Arms nothing (returns `false`) where the plan could differ from the
+    /// decision: the queue stalled or going away, a victim not on the GPU
+    /// or being removed, or dispatch widths read before the decision.
+    pub fn arm_doorbell(&self, queue: QueueId, now: Nanos, armed: &mut ArmedDoorbell) -> bool {
+        armed.plan = None;
+        armed.timeouts.clear();
+        if !self
+            .queues
+            .get(&queue)
+            .is_some_and(|r| !r.removing && !r.stalled)
+            || self.sched.dispatch_width_matters()
+        {
+            return false;
+        }
+        let Some(plan) = self.sched.doorbell_plan(queue, now, &mut armed.victims) else {
+            return false;
+        };
+        let mode = dequeue_mode(plan.mode);
+        for &(v, slot) in &armed.victims {
+            match self.queues.get(&v) {
+                Some(r) if r.on_gpu && !r.removing && r.slot == Some(slot) => {}
+                _ => return false,
+            }
+            armed.timeouts.push(match mode {
+                DequeueMode::ResetWaves => None,
+                _ => Some(self.queue_preempt_timeout(v)),
+            });
+        }
+        armed.plan = Some(plan);
+        true
+    }
+
+    /// A doorbell of the queue `armed` was prepared for, with write index
+    /// `wptr`, at `now`: hands the prepared unmaps to the GPU unless the
+    /// index is the one the scheduler saw (stale) or the plan expired.
+    /// The caller must not have changed the binding since
+    /// [`Binding::arm_doorbell`], and passes the doorbell to
+    /// [`Binding::doorbell`] right after; its decision queues the same
+    /// unmaps, which reach the GPU only once. Returns whether it fired.
+    pub fn fire_armed(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        armed: &ArmedDoorbell,
+        wptr: u64,
+    ) -> bool {
+        let Some(plan) = armed.plan else {
+            return false;
+        };
+        if plan.seen_wptr == Some(wptr) || now >= plan.until {
+            return false;
+        }
+        if self.preempt_issued.is_none() {
+            if let Some(c) = self.issue_clock.as_mut() {
+                self.preempt_issued = Some(c());
+            }
+        }
+        let mode = dequeue_mode(plan.mode);
+        for (&(q, slot), &timeout) in armed.victims.iter().zip(&armed.timeouts) {
+            let ok = gpu
+                .unmap_within(now, PhysSlot(slot.0), mode, timeout)
+                .is_ok();
+            self.early.push((q, PhysSlot(slot.0), plan.mode, ok));
+        }
+        self.stats.armed_fired += 1;
+        true
+    }
+
+    /// Unmaps an armed doorbell handed to the GPU that its decision did
+    /// not queue (never expected): the scheduler adopts them as
+    /// preemptions and they are carried out as its own.
+    fn settle_early(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
+        while let Some(&(queue, slot, mode, _)) = self.early.first() {
+            self.stats.armed_mismatched += 1;
+            self.sched.adopt_unmap(queue, mode);
+            self.action(
+                gpu,
+                now,
+                Action::Unmap {
+                    queue,
+                    slot: SlotId(slot.0),
+                    mode,
+                },
+                out,
+            );
+            // `action` took the entry (same queue, slot and mode).
+            if self
+                .early
+                .first()
+                .is_some_and(|e| e.0 == queue && e.1 == slot)
+            {
+                self.early.remove(0);
+            }
+            self.pump(gpu, out);
         }
     }
 
@@ -677,6 +808,7 @@ impl<O: Copy> Binding<O> {
                 }
             }
             Action::Unmap { queue, slot, mode } => {
+                let sched_mode = mode;
                 let (on_gpu, mode) = match self.queues.get(&queue) {
                     Some(r) => (
                         r.on_gpu,
@@ -697,11 +829,21 @@ impl<O: Copy> Binding<O> {
                         self.preempt_issued = Some(c());
                     }
                 }
-                if !on_gpu
-                    || gpu
-                        .unmap_within(now, PhysSlot(slot.0), mode, timeout)
-                        .is_err()
-                {
+                let early = self
+                    .early
+                    .iter()
+                    .position(|e| e.0 == queue && e.1 == PhysSlot(slot.0) && e.2 == sched_mode);
+                let reached = match early {
+                    // Handed to the GPU by an armed doorbell: not again.
+                    Some(i) => self.early.swap_remove(i).3,
+                    None => {
+                        on_gpu
+                            && gpu
+                                .unmap_within(now, PhysSlot(slot.0), mode, timeout)
+                                .is_ok()
+                    }
+                };
+                if !on_gpu || !reached {
                     // Never reached the GPU (refused map): done at once.
                     self.slot_freed(queue);
                     if self.slots.get(slot.0 as usize).copied().flatten() == Some(queue) {

@@ -23,7 +23,7 @@
 //! Locks are recovered, never propagated as poison.
 
 use crate::backend::{GpuEvent, PhysGpu, QueueErrorReason};
-use crate::binding::{Binding, Notice};
+use crate::binding::{ArmedDoorbell, Binding, Notice};
 use crate::guard::{GuardConfig, GuardConfigError, GuardEvent, GuardStatus, VmGuard};
 use crate::mem::DmaMemory;
 use crate::telemetry::Telemetry;
@@ -111,6 +111,12 @@ pub struct ArbiterStats {
     pub guard_quarantines: u64,
     /// Queues reset after a preemption timeout.
     pub preempt_timeouts: u64,
+    /// Doorbells whose preemption was prepared at the end of the previous
+    /// service turn and handed to the GPU before the scheduler ran.
+    pub armed_preemptions: u64,
+    /// Prepared unmaps the doorbell's decision did not make (never
+    /// expected; the scheduler adopts them as preemptions).
+    pub armed_mismatched: u64,
 }
 
 /// What a [`DoorbellObserver`] is told after each doorbell the service thread handled.
@@ -224,6 +230,25 @@ struct Core {
     calls_in_flight: bool,
     /// Binding output, reused on the doorbell path (no allocation).
     notices: Vec<Notice<Owner>>,
+    /// The last [`RECENT_DOORBELLS`] vHQDs rung, with the preemption their
+    /// next doorbell causes, prepared at the end of each service turn.
+    recent: Vec<RecentDoorbell>,
+    /// The preparations in `recent` are of the current state: nothing
+    /// changed the core since the end of the last service turn (every
+    /// other mutable lock clears it, see [`GpuArbiter::core`]).
+    armed_valid: bool,
+}
+
+/// How many recently rung vHQDs get their next doorbell's preemption
+/// prepared (the tenants that preempt are the ones that ring).
+const RECENT_DOORBELLS: usize = 8;
+
+/// A recently rung vHQD and its prepared preemption.
+struct RecentDoorbell {
+    vm: u32,
+    vhqd: usize,
+    queue: QueueId,
+    armed: ArmedDoorbell,
 }
 
 struct Requests {
@@ -314,6 +339,8 @@ impl GpuArbiter {
                 calls: Vec::new(),
                 calls_in_flight: false,
                 notices: Vec::new(),
+                recent: Vec::with_capacity(RECENT_DOORBELLS),
+                armed_valid: false,
             }),
             cv: Condvar::new(),
             requests,
@@ -331,7 +358,7 @@ impl GpuArbiter {
 
     /// Stops the service thread (VMs should be removed first). Idempotent.
     pub fn shutdown(&self) {
-        lock(&self.core).stopping = true;
+        self.core().stopping = true;
         let _ = self.requests.kick.write(1);
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
@@ -360,6 +387,8 @@ impl GpuArbiter {
             quarantined_vms: c.quarantined,
             guard_quarantines: c.guard_quarantines,
             preempt_timeouts: c.bind.stats().preempt_timeouts,
+            armed_preemptions: c.bind.stats().armed_fired,
+            armed_mismatched: c.bind.stats().armed_mismatched,
         }
     }
 
@@ -367,7 +396,7 @@ impl GpuArbiter {
     /// While one is set, the binding stamps when it hands a preemption to
     /// the backend ([`DoorbellSeen::issued`]).
     pub fn set_doorbell_observer(&self, obs: Option<DoorbellObserver>) {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         let epoch = self.epoch;
         c.bind.set_issue_clock(obs.as_ref().map(|_| {
             Box::new(move || epoch.elapsed().as_nanos() as u64) as crate::binding::DecisionClock
@@ -384,7 +413,7 @@ impl GpuArbiter {
         params: VmParams,
         irq: Arc<dyn InterruptSink>,
     ) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), ArbiterError> {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         if c.stopping {
             return Err(ArbiterError::Stopped);
         }
@@ -427,7 +456,7 @@ impl GpuArbiter {
     /// front end or memory (released at once if its queues are already gone,
     /// else when the last one is).
     pub fn remove_vm(&self, vm: VgpuHandle) {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         let v = vm.0 as usize;
         if c.vms.get(v).is_none_or(|e| e.removed) {
             return;
@@ -455,7 +484,7 @@ impl GpuArbiter {
         drop(c);
         let _ = self.requests.kick.write(1);
         let deadline = Instant::now() + Duration::from_secs(5);
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         while (c.vms[v].queue.iter().any(|q| q.is_some())
             || !c.calls.is_empty()
             || c.calls_in_flight)
@@ -484,7 +513,7 @@ impl GpuArbiter {
         &self,
         f: impl FnOnce(&mut Binding<Owner>) -> Result<(), SchedError>,
     ) -> Result<(), SchedError> {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         f(&mut c.bind)?;
         let now = self.now();
         let core = &mut *c;
@@ -522,7 +551,7 @@ impl GpuArbiter {
 
     /// A VM's current parameters and accounting (`None` once removed).
     pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
         // Bring the scheduler's clock to now: GPU time then includes the
         // time a queue has been running since the last event (a long kernel
@@ -564,6 +593,10 @@ impl GpuArbiter {
             if c.stopping {
                 return;
             }
+            // The preparations of the last turn hold for this turn's first
+            // doorbell only if nothing locked the core meanwhile; whatever
+            // this turn does, the next turn's are prepared at its end.
+            let mut prepared = std::mem::replace(&mut c.armed_valid, false);
             // Doorbells first: the preemption a high-priority doorbell
             // causes is handed to the backend before control requests and
             // timers of the same turn are served.
@@ -575,7 +608,8 @@ impl GpuArbiter {
                     TOKEN_TIMER => fired = true,
                     t => {
                         let (vm, vhqd) = ((t >> 8) as u32, (t & 0xFF) as usize);
-                        self.per_vm(&mut c, vm, |a, core| a.doorbell(core, vm, vhqd));
+                        self.per_vm(&mut c, vm, |a, core| a.doorbell(core, vm, vhqd, prepared));
+                        prepared = false;
                     }
                 }
             }
@@ -610,8 +644,45 @@ impl GpuArbiter {
                 }
             }
             self.flush(c, &mut spare);
+            // Prepare the next doorbells' preemptions while the cache is
+            // warm (the doorbell path then hands them to the GPU first).
+            let mut c = self.core();
+            self.arm_recent(&mut c);
+            drop(c);
             self.cv.notify_all();
         }
+    }
+
+    /// Prepares the preemption each recently rung vHQD's next doorbell
+    /// would cause (see [`Binding::arm_doorbell`]); forgets vHQDs no longer
+    /// loaded with the same queue.
+    fn arm_recent(&self, c: &mut Core) {
+        if c.armed_valid {
+            return;
+        }
+        let now = self.now();
+        let Core {
+            recent, bind, vms, ..
+        } = c;
+        recent.retain(|r| {
+            vms.get(r.vm as usize)
+                .filter(|s| s.live().is_some())
+                .and_then(|s| s.queue.get(r.vhqd).copied().flatten())
+                == Some(r.queue)
+        });
+        for r in recent.iter_mut() {
+            bind.arm_doorbell(r.queue, now, &mut r.armed);
+        }
+        c.armed_valid = true;
+    }
+
+    /// The core, locked by anyone but the service thread's turn: whatever
+    /// the holder changes, the prepared doorbell preemptions are of an
+    /// older state and are not used until the next turn prepares them.
+    fn core(&self) -> MutexGuard<'_, Core> {
+        let mut c = lock(&self.core);
+        c.armed_valid = false;
+        c
     }
 
     /// Makes the queued front-end calls without the core lock (service
@@ -632,7 +703,7 @@ impl GpuArbiter {
                     Err(_) => follow.push(FollowUp::Quarantine(vm)),
                 }
             }
-            c = lock(&self.core);
+            c = self.core();
             c.calls_in_flight = false;
             for f in follow.drain(..) {
                 match f {
@@ -842,7 +913,7 @@ impl GpuArbiter {
                 s.wptr_poll[vhqd] = wptr_poll;
                 // A doorbell rung before the load was served finds no queue:
                 // look at the write index now.
-                self.doorbell(c, vm, vhqd);
+                self.doorbell(c, vm, vhqd, false);
             }
             VgpuRequest::Dequeue { vhqd, mode } => {
                 let Some(q) = c.vms[v].queue.get(vhqd).copied().flatten() else {
@@ -882,7 +953,12 @@ impl GpuArbiter {
     /// doorbell eventfd is cleared afterwards, then the write index read
     /// again (a doorbell rung in between is not lost). No allocation and no
     /// front-end call on this path.
-    fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize) {
+    ///
+    /// With `armed` (nothing changed since the end of the last turn), a
+    /// preemption prepared for this vHQD ([`Binding::arm_doorbell`]) goes
+    /// to the GPU right after the write index is read, before the
+    /// scheduler hears of the doorbell.
+    fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize, armed: bool) {
         let v = vm as usize;
         let clear = |c: &Core| {
             if let Some(fe) = &c.vms[v].fe {
@@ -899,8 +975,18 @@ impl GpuArbiter {
         let mut out = std::mem::take(&mut c.notices);
         match Self::read_wptr(c, v, vhqd, q) {
             Some(wptr) => {
-                let before = c.bind.scheduler().stats().preemptions;
                 let _ = c.bind.take_preempt_issued();
+                if armed {
+                    let Core {
+                        recent, bind, gpu, ..
+                    } = &mut *c;
+                    if let Some(r) = recent.iter().find(|r| r.vm == vm && r.vhqd == vhqd) {
+                        if r.queue == q {
+                            bind.fire_armed(gpu.as_mut(), now, &r.armed, wptr);
+                        }
+                    }
+                }
+                let before = c.bind.scheduler().stats().preemptions;
                 let stale_before = c.bind.scheduler().stats().stale_doorbells;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
                 c.tele.doorbell_published(vm, q.0, wptr, now);
@@ -946,6 +1032,25 @@ impl GpuArbiter {
         }
         self.deliver_from(c, &mut out);
         c.notices = out;
+        Self::note_recent(c, vm, vhqd, q);
+    }
+
+    /// Keeps vHQD `vhqd` of VM `vm` (loaded with `queue`) among the recently
+    /// rung ones, dropping the least recently added past [`RECENT_DOORBELLS`].
+    fn note_recent(c: &mut Core, vm: u32, vhqd: usize, queue: QueueId) {
+        if let Some(r) = c.recent.iter_mut().find(|r| r.vm == vm && r.vhqd == vhqd) {
+            r.queue = queue;
+            return;
+        }
+        if c.recent.len() >= RECENT_DOORBELLS {
+            c.recent.remove(0);
+        }
+        c.recent.push(RecentDoorbell {
+            vm,
+            vhqd,
+            queue,
+            armed: ArmedDoorbell::default(),
+        });
     }
 
     /// Carries out binding notices in order: bookkeeping here, front-end
@@ -1107,7 +1212,7 @@ impl GpuArbiter {
         {
             return Err(ArbiterError::PreemptTimeout(timeout));
         }
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         if c.vms.get(vm.0 as usize).is_none_or(|e| e.removed) {
             return Err(SchedError::NoVm(VmId(vm.0)).into());
         }
@@ -1147,7 +1252,7 @@ impl GpuArbiter {
     /// when) it is quarantined. `None` once removed or unknown.
     pub fn guard_status(&self, vm: VgpuHandle) -> Option<GuardStatus> {
         let now = self.now();
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
         Some(s.guard.status(now))
     }
@@ -1155,7 +1260,7 @@ impl GpuArbiter {
     /// Lifts VM `vm`'s guard quarantine (loads are accepted again) and
     /// forgets its counts in the window. Returns whether it was quarantined.
     pub fn clear_quarantine(&self, vm: VgpuHandle) -> Result<bool, ArbiterError> {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         let s = c
             .vms
             .get_mut(vm.0 as usize)
@@ -1175,7 +1280,7 @@ impl GpuArbiter {
     /// quarantine stays until cleared.
     pub fn set_guard(&self, vm: VgpuHandle, limits: GuardConfig) -> Result<(), ArbiterError> {
         limits.validate()?;
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         let s = c
             .vms
             .get_mut(vm.0 as usize)
@@ -1191,7 +1296,7 @@ impl GpuArbiter {
     /// /metrics`, content type [`crate::metrics::CONTENT_TYPE`]); every
     /// family is described in `docs/metrics.md`.
     pub fn metrics_text(&self) -> String {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         self.count_refused(&mut c);
         // As `vm_status`: bring GPU time up to now first.
         let now = self.now();
@@ -1222,7 +1327,7 @@ impl GpuArbiter {
         &self,
         vm: VgpuHandle,
     ) -> Option<std::collections::BTreeMap<String, u64>> {
-        let mut c = lock(&self.core);
+        let mut c = self.core();
         self.count_refused(&mut c);
         let errors = c
             .tele

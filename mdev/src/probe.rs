@@ -193,6 +193,8 @@ pub struct DoorbellSpans {
     /// To the binding's return from the doorbell (the backend's dequeue
     /// call and the rest of the scheduler's decision done).
     pub returned: Vec<u64>,
+    /// Doorbells whose preemption was prepared ahead (armed) and fired.
+    pub armed: u64,
 }
 
 /// [`doorbell_to_preempt`], with the span to the binding's return too.
@@ -282,6 +284,7 @@ pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Doo
         // Completion interrupt of the high-priority packet.
         while hi_rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
     }
+    out.armed = a.stats().armed_preemptions;
     a.shutdown();
     pin_current(None);
     out

@@ -358,7 +358,7 @@ fn main() {
     let waker = mdev::probe::Waker::start();
     let mut wake = Vec::new();
     let spans = mdev::probe::doorbell_spans(probes, &waker, &mut wake);
-    let (mut hdet, mut hret) = (spans.issued, spans.returned);
+    let (mut hdet, mut hret, armed) = (spans.issued, spans.returned, spans.armed);
     let (w50, w99) = (
         mdev::probe::pct(&mut wake, 0.5),
         mdev::probe::pct(&mut wake, 0.99),
@@ -368,7 +368,7 @@ fn main() {
         mdev::probe::pct(&mut hdet, 0.99),
     );
     println!(
-        "doorbell eventfd -> preemption issued: p50 {:.1} us, p99 {:.1} us ({} samples); idle-thread eventfd wake-up between them: p50 {:.1} us, p99 {:.1} us",
+        "doorbell eventfd -> preemption issued: p50 {:.1} us, p99 {:.1} us ({} samples, {armed} prepared ahead); idle-thread eventfd wake-up between them: p50 {:.1} us, p99 {:.1} us",
         h50 as f64 / 1e3,
         h99 as f64 / 1e3,
         hdet.len(),

@@ -9,7 +9,7 @@ use crate::scenario::{Arrival, Behaviour, Class, Scenario, ThinkDist};
 use abi::aql::{KernelDispatch, Packet};
 use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
 use mdev::backend::{GpuEvent, PhysGpu};
-use mdev::binding::{Binding, Notice};
+use mdev::binding::{ArmedDoorbell, Binding, Notice};
 use mdev::mem::{DmaMemory, SparseMemory};
 use mdev::sim::testkit::{GuestQueue, TestVm};
 use mdev::sim::SimGpu;
@@ -250,6 +250,9 @@ struct Sim<'a> {
     /// The scheduler <-> GPU binding the VMM's arbiter runs too (owner:
     /// stream index).
     bind: Binding<usize>,
+    /// A doorbell's preemption prepared before it is rung, as the VMM's
+    /// arbiter does for recently rung vHQDs (see [`Sim::ring`]).
+    armed: ArmedDoorbell,
     vms: Vec<VmModel>,
     streams: Vec<Stream>,
     arrivals: BinaryHeap<Reverse<(Nanos, usize)>>,
@@ -396,6 +399,7 @@ fn simulate_inner(
         now: 0,
         gpu,
         bind,
+        armed: ArmedDoorbell::default(),
         vms,
         streams,
         arrivals: BinaryHeap::new(),
@@ -631,9 +635,7 @@ impl Sim<'_> {
             // Rings without work: the doorbell carries the unchanged index.
             let st = &self.streams[s];
             let (queue, wptr) = (st.queue, st.gq.wptr);
-            self.bind
-                .doorbell(&mut self.gpu, self.now, queue, wptr, &mut self.notices);
-            self.handle_notices();
+            self.ring(queue, wptr);
             return;
         }
         for _ in 0..n {
@@ -691,10 +693,23 @@ impl Sim<'_> {
             let (queue, wptr) = (st.queue, st.gq.wptr);
             let on_gpu = self.bind.on_gpu(queue);
             self.track.work(s, on_gpu, self.now);
-            self.bind
-                .doorbell(&mut self.gpu, self.now, queue, wptr, &mut self.notices);
-            self.handle_notices();
+            self.ring(queue, wptr);
         }
+    }
+
+    /// A doorbell of `queue` with write index `wptr`, the way the VMM's
+    /// arbiter serves one: the preemption prepared for it (armed) goes to
+    /// the GPU first, then the binding decides. (In virtual time the
+    /// preparation is made right before; the VMM makes it at the end of
+    /// its previous turn, with nothing changed since.)
+    fn ring(&mut self, queue: QueueId, wptr: u64) {
+        if self.bind.arm_doorbell(queue, self.now, &mut self.armed) {
+            self.bind
+                .fire_armed(&mut self.gpu, self.now, &self.armed, wptr);
+        }
+        self.bind
+            .doorbell(&mut self.gpu, self.now, queue, wptr, &mut self.notices);
+        self.handle_notices();
     }
 
     fn push_kernel(&mut self, s: usize, job: u64, spec: usize, groups: u32, cost_ns: u64) {

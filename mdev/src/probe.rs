@@ -88,6 +88,18 @@ pub fn add_guest(
     irq: Arc<dyn InterruptSink>,
 ) -> ProbeGuest {
     let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(mem_bytes));
+    add_guest_in(a, name, priority, mem, ring_packets, irq)
+}
+
+/// [`add_guest`] over the guest memory `mem`.
+pub fn add_guest_in(
+    a: &GpuArbiter,
+    name: &str,
+    priority: u8,
+    mem: Arc<dyn DmaMemory>,
+    ring_packets: u32,
+    irq: Arc<dyn InterruptSink>,
+) -> ProbeGuest {
     let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
     let q = tvm.queue(a.topology(), ring_packets, 0);
     mem.write(mqd_addr(&q), &q.mqd.to_bytes()).unwrap();
@@ -225,7 +237,12 @@ pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Doo
     })));
     let vm = |name: &str, prio: u8| {
         let (tx, rx) = channel();
-        let g = add_guest(&a, name, prio, 1 << 34, 1024, Arc::new(Irq(Mutex::new(tx))));
+        // Guest memory as the VMM gives it (an mmap of the VM's RAM).
+        let mem: Arc<dyn DmaMemory> = Arc::new(
+            vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(vm_memory::GuestAddress(0), 256 << 20)])
+                .unwrap(),
+        );
+        let g = add_guest_in(&a, name, prio, mem, 1024, Arc::new(Irq(Mutex::new(tx))));
         load_hqd(&g.fe, 0, mqd_addr(&g.q));
         (g.fe, g.tvm, g.q, rx)
     };

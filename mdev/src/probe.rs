@@ -282,8 +282,10 @@ pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Doo
             wake.push(waker.sample());
         }
         while seen_rx.try_recv().is_ok() {}
+        // As in the floor's sample: the clock read right before `write`.
+        let bell = hi.doorbell_eventfd(0);
         let t0 = Instant::now();
-        hi.doorbell_eventfd(0).write(1).unwrap();
+        bell.write(1).unwrap();
         let seen = loop {
             let s = seen_rx.recv_timeout(Duration::from_secs(10)).unwrap();
             if s.vm == hi.handle() {

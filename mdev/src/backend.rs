@@ -490,6 +490,18 @@ impl GpuEvent {
     }
 }
 
+/// What a backend estimates of a kernel dispatch before it runs
+/// ([`PhysGpu::dispatch_estimate`]): the inputs of the scheduler's
+/// co-residence choice (docs/scheduling.md, occupancy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DispatchEstimate {
+    /// Run time of one of its workgroups alone on a CU, ns.
+    pub wg_ns: u64,
+    /// Each workgroup takes at most half a CU (waves, VGPRs and LDS), so
+    /// another queue's workgroup fits beside it.
+    pub half_cu: bool,
+}
+
 /// A physical GPU: HQD slots that run queues from VM memory.
 ///
 /// Time only moves through the `now` arguments (monotonic, never decreasing).
@@ -554,5 +566,19 @@ pub trait PhysGpu: Send {
             Some(m) => self.set_cu_mask(now, slot, m),
             None => Ok(()),
         }
+    }
+    /// The backend's estimate of one kernel dispatch before it runs (a
+    /// scheduling hint, read on the doorbell path: it must be cheap, and it
+    /// reads guest memory only through `mem`, whose every address it must
+    /// treat as hostile). `None` (the default) when the backend cannot
+    /// tell; the scheduler then assumes the dispatch fills its CUs and
+    /// gives it no co-residence.
+    fn dispatch_estimate(
+        &self,
+        mem: &dyn DmaMemory,
+        dispatch: &abi::aql::KernelDispatch,
+    ) -> Option<DispatchEstimate> {
+        let _ = (mem, dispatch);
+        None
     }
 }

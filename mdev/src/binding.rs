@@ -433,12 +433,12 @@ impl<O: Copy> Binding<O> {
         // guest's packets are not read before the preemption is issued).
         let widths_first = self.sched.dispatch_width_matters();
         if widths_first {
-            self.note_widths(queue, wptr);
+            self.note_widths(&*gpu, queue, wptr);
         }
         self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
         self.settle_early(gpu, now, out);
         if !widths_first {
-            self.note_widths(queue, wptr);
+            self.note_widths(&*gpu, queue, wptr);
         }
     }
 
@@ -928,7 +928,7 @@ impl<O: Copy> Binding<O> {
     /// scheduler their widest workgroup count. Guest memory is hostile: an
     /// unreadable or malformed packet is skipped (the GPU reports it when it
     /// fetches it).
-    fn note_widths(&mut self, queue: QueueId, wptr: u64) {
+    fn note_widths(&mut self, gpu: &dyn PhysGpu, queue: QueueId, wptr: u64) {
         let Some(r) = self.queues.get_mut(&queue) else {
             return;
         };
@@ -954,15 +954,11 @@ impl<O: Copy> Binding<O> {
             if let abi::aql::Body::KernelDispatch(d) = abi::aql::Packet::decode(&raw).body {
                 if let Ok(n) = d.validate() {
                     widest = widest.max(n);
-                    match crate::sim::occupancy::read_descriptor(&*r.mem, d.kernel_object) {
-                        Some(kd) => {
-                            solo_ns = solo_ns.saturating_add(kd.wg_cost_ns);
-                            fits &= crate::sim::occupancy::Footprint::of(
-                                d.workgroup_items(),
-                                kd.vgprs,
-                                d.group_segment_size,
-                            )
-                            .at_most_half();
+                    // The backend's estimate (none: no co-residence).
+                    match gpu.dispatch_estimate(&*r.mem, &d) {
+                        Some(e) => {
+                            solo_ns = solo_ns.saturating_add(e.wg_ns);
+                            fits &= e.half_cu;
                         }
                         None => fits = false,
                     }

@@ -100,3 +100,112 @@ fn a_short_narrow_high_vm_with_small_workgroups_coresides_without_a_save() {
     assert!(rig.gpu.stats().coresident_wgs > 0);
     assert!(rig.b.scheduler().vm_stats(VmId(0)).unwrap().preemptions <= 1);
 }
+
+/// The simulator behind a backend that gives no dispatch estimate (the
+/// trait's default), as a real backend may.
+struct NoEstimate(crate::sim::SimGpu);
+
+impl PhysGpu for NoEstimate {
+    fn topology(&self) -> &GpuTopology {
+        self.0.topology()
+    }
+    fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError> {
+        self.0.map(now, req)
+    }
+    fn unmap(&mut self, now: Nanos, slot: PhysSlot, mode: DequeueMode) -> Result<(), GpuError> {
+        self.0.unmap(now, slot, mode)
+    }
+    fn unmap_within(
+        &mut self,
+        now: Nanos,
+        slot: PhysSlot,
+        mode: DequeueMode,
+        timeout: Option<Nanos>,
+    ) -> Result<(), GpuError> {
+        self.0.unmap_within(now, slot, mode, timeout)
+    }
+    fn doorbell(&mut self, now: Nanos, slot: PhysSlot, wptr: u64) {
+        self.0.doorbell(now, slot, wptr)
+    }
+    fn query(&self, slot: PhysSlot) -> Option<crate::backend::SlotStatus> {
+        self.0.query(slot)
+    }
+    fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>) {
+        self.0.advance(now, out)
+    }
+    fn next_deadline(&self) -> Option<Nanos> {
+        self.0.next_deadline()
+    }
+    fn set_cu_mask(&mut self, now: Nanos, slot: PhysSlot, mask: &CuMask) -> Result<(), GpuError> {
+        self.0.set_cu_mask(now, slot, mask)
+    }
+}
+
+/// The co-residence above needs the backend's dispatch estimate: over a
+/// backend without one, the same short, narrow RT tenant is never given
+/// co-residence (its workgroups are assumed to fill their CUs), and both
+/// VMs still run exactly once.
+#[test]
+fn without_a_dispatch_estimate_nothing_coresides() {
+    let topo = spx_topo();
+    let mut gpu = NoEstimate(crate::sim::SimGpu::new(topo.clone(), 7).unwrap());
+    let mut b: Binding<usize> = Binding::new(&topo, SchedConfig::default()).unwrap();
+    let mut mk = |id: u32, prio: u8, vgprs: u16| {
+        b.add_vm(
+            VmId(id),
+            VmParams {
+                priority: prio,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut tvm = TestVm::with_memory(Arc::new(SparseMemory::new(1 << 32)), 0x10_0000);
+        tvm.kernel_vgprs = vgprs;
+        let q = tvm.queue(&topo, 64, 0);
+        b.add_queue(
+            VmId(id),
+            QueueId(id as u64),
+            id as usize,
+            5,
+            q.mqd.clone(),
+            tvm.dyn_mem(),
+        )
+        .unwrap();
+        (tvm, q)
+    };
+    let (mut lo_vm, mut lo) = mk(0, 2, 128);
+    let (mut rt_vm, mut rt) = mk(1, 12, 32);
+    let mut out = Vec::new();
+    let mut now = 0;
+    let run_to =
+        |b: &mut Binding<usize>, gpu: &mut NoEstimate, until: Nanos, now: &mut Nanos| {
+            let mut evs = Vec::new();
+            let mut out = Vec::new();
+            while let Some(t) = gpu.next_deadline().filter(|t| *t <= until) {
+                *now = (*now).max(t);
+                gpu.advance(*now, &mut evs);
+                for ev in evs.drain(..) {
+                    b.gpu_event(gpu, *now, ev, &mut out);
+                }
+                b.tick(gpu, *now, &mut out);
+            }
+            *now = (*now).max(until);
+            b.tick(gpu, *now, &mut out);
+        };
+    for k in 0..2 {
+        lo_vm.kernel(&mut lo, KernelKind::Mark, 32, 256, 1_000_000, k, true);
+        b.doorbell(&mut gpu, now, QueueId(0), lo.wptr, &mut out);
+    }
+    run_to(&mut b, &mut gpu, 100_000, &mut now);
+    for i in 0..10u64 {
+        rt_vm.kernel(&mut rt, KernelKind::Mark, 1, 64, 20_000, i as u32, true);
+        b.doorbell(&mut gpu, now, QueueId(1), rt.wptr, &mut out);
+        assert_ne!(b.scheduler().cu_reservation(0), Some((VmId(1), 0)));
+        run_to(&mut b, &mut gpu, now + 200_000, &mut now);
+    }
+    run_to(&mut b, &mut gpu, u64::MAX - 1, &mut now);
+    lo_vm.verify(&lo).unwrap();
+    rt_vm.verify(&rt).unwrap();
+    assert_eq!(b.scheduler().spatial_stats().coresidences, 0);
+    assert_eq!(gpu.0.stats().coresident_wgs, 0);
+}

@@ -1952,6 +1952,23 @@ impl PhysGpu for SimGpu {
         &self.topo
     }
 
+    /// From the kernel descriptor (its modelled workgroup cost and
+    /// `vgprs`) and the packet's workgroup size and LDS, as the model
+    /// runs it (`sim/occupancy.rs`); `None` when the descriptor is
+    /// unreadable or malformed (the dispatch errs when it runs).
+    fn dispatch_estimate(
+        &self,
+        mem: &dyn DmaMemory,
+        d: &abi::aql::KernelDispatch,
+    ) -> Option<crate::backend::DispatchEstimate> {
+        let kd = occupancy::read_descriptor(mem, d.kernel_object)?;
+        Some(crate::backend::DispatchEstimate {
+            wg_ns: kd.wg_cost_ns,
+            half_cu: occupancy::Footprint::of(d.workgroup_items(), kd.vgprs, d.group_segment_size)
+                .at_most_half(),
+        })
+    }
+
     fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError> {
         self.run_until(now);
         let now = self.now; // behind `now` only when over the event budget

@@ -177,21 +177,20 @@ fn without_a_dispatch_estimate_nothing_coresides() {
     let (mut rt_vm, mut rt) = mk(1, 12, 32);
     let mut out = Vec::new();
     let mut now = 0;
-    let run_to =
-        |b: &mut Binding<usize>, gpu: &mut NoEstimate, until: Nanos, now: &mut Nanos| {
-            let mut evs = Vec::new();
-            let mut out = Vec::new();
-            while let Some(t) = gpu.next_deadline().filter(|t| *t <= until) {
-                *now = (*now).max(t);
-                gpu.advance(*now, &mut evs);
-                for ev in evs.drain(..) {
-                    b.gpu_event(gpu, *now, ev, &mut out);
-                }
-                b.tick(gpu, *now, &mut out);
+    let run_to = |b: &mut Binding<usize>, gpu: &mut NoEstimate, until: Nanos, now: &mut Nanos| {
+        let mut evs = Vec::new();
+        let mut out = Vec::new();
+        while let Some(t) = gpu.next_deadline().filter(|t| *t <= until) {
+            *now = (*now).max(t);
+            gpu.advance(*now, &mut evs);
+            for ev in evs.drain(..) {
+                b.gpu_event(gpu, *now, ev, &mut out);
             }
-            *now = (*now).max(until);
             b.tick(gpu, *now, &mut out);
-        };
+        }
+        *now = (*now).max(until);
+        b.tick(gpu, *now, &mut out);
+    };
     for k in 0..2 {
         lo_vm.kernel(&mut lo, KernelKind::Mark, 32, 256, 1_000_000, k, true);
         b.doorbell(&mut gpu, now, QueueId(0), lo.wptr, &mut out);

@@ -123,7 +123,10 @@ pub fn add_guest_in(
 /// waiter) on CPU 1 and the writer on CPU 0, so both wake-ups cross CPUs
 /// alike (design.md §6).
 pub fn pin_current(cpu: Option<usize>) {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The CPUs online, not `available_parallelism` (which reads this
+    // thread's mask: once pinned to one CPU it would never move again).
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
     if n < 2 {
         return;
     }
@@ -180,7 +183,9 @@ impl Waker {
     pub fn sample(&self) -> u64 {
         let t0 = Instant::now();
         self.fd.write(1).unwrap();
-        let t1 = self.rx.recv().unwrap();
+        // Blocks as the doorbell probe's writer does (on one CPU the woken
+        // thread runs once the writer has blocked).
+        let t1 = self.rx.recv_timeout(Duration::from_secs(10)).unwrap();
         (t1 - t0).as_nanos() as u64
     }
 }
@@ -193,7 +198,7 @@ impl Waker {
 /// both see the same load. Panics if the arbiter does not react within 10 s
 /// (a measurement helper, not a service).
 pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Vec<u64> {
-    doorbell_spans(samples, waker, wake).issued
+    doorbell_spans(samples, waker, wake, 0).issued
 }
 
 /// Spans of the preempting doorbells of [`doorbell_spans`], ns from the
@@ -209,8 +214,15 @@ pub struct DoorbellSpans {
     pub armed: u64,
 }
 
-/// [`doorbell_to_preempt`], with the span to the binding's return too.
-pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> DoorbellSpans {
+/// [`doorbell_to_preempt`], with the span to the binding's return too; the
+/// doorbells and the floor's samples are written from CPU `writer_cpu`
+/// (the waiters are on CPU 1: 0 wakes across CPUs, 1 on the same CPU).
+pub fn doorbell_spans(
+    samples: usize,
+    waker: &Waker,
+    wake: &mut Vec<u64>,
+    writer_cpu: usize,
+) -> DoorbellSpans {
     // One HQD slot: every high-priority doorbell must preempt.
     let topo = GpuTopology {
         xccs: 1,
@@ -226,10 +238,10 @@ pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Doo
         ..Default::default()
     };
     // The service thread on CPU 1 (it inherits the mask), beside the
-    // floor's waiter; this thread writes the doorbells from CPU 0.
+    // floor's waiter; this thread writes the doorbells from `writer_cpu`.
     pin_current(Some(1));
     let a = GpuArbiter::start(topo.clone(), cfg, open_backend(&topo, 1).unwrap()).unwrap();
-    pin_current(Some(0));
+    pin_current(Some(writer_cpu));
     let (seen_tx, seen_rx) = channel::<DoorbellSeen>();
     let seen_tx = Mutex::new(seen_tx);
     a.set_doorbell_observer(Some(Arc::new(move |s: DoorbellSeen| {

@@ -133,6 +133,27 @@ fn vm(rig: &mut Rig, id: u32, prio: u8) -> TestVm {
     TestVm::with_memory(Arc::new(SparseMemory::new(1 << 32)), 0x10_0000)
 }
 
+/// A rig on [`GpuTopology::tiny`] with one VM per entry of `prios` (VM `v`
+/// at `prios[v]`) and six 64-packet queues over the first two VMs (queue
+/// `i` of VM `i % 2`, queue priority `i % 4`; queue id and owner `i`).
+fn six_queues(prios: &[u8]) -> (Rig, Vec<TestVm>, Vec<GuestQueue>) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut vms: Vec<TestVm> = prios
+        .iter()
+        .enumerate()
+        .map(|(v, p)| vm(&mut rig, v as u32, *p))
+        .collect();
+    let mut qs = Vec::new();
+    for i in 0..6usize {
+        let v = i % 2;
+        let gq = vms[v].queue(&topo, 64, (i % 4) as u32);
+        add(&mut rig, &vms[v], v as u32, QueueId(i as u64), i, &gq);
+        qs.push(gq);
+    }
+    (rig, vms, qs)
+}
+
 fn add(rig: &mut Rig, tvm: &TestVm, vm: u32, q: QueueId, owner: usize, gq: &GuestQueue) {
     rig.b
         .add_queue(VmId(vm), q, owner, 5, gq.mqd.clone(), tvm.dyn_mem())
@@ -326,18 +347,7 @@ mod props {
             ops in proptest::collection::vec(op(), 1..40),
         ) {
             let topo = GpuTopology::tiny();
-            let mut rig = Rig::new(topo.clone());
-            let mut vms: Vec<TestVm> = Vec::new();
-            for (v, p) in prios.iter().enumerate() {
-                vms.push(vm(&mut rig, v as u32, *p));
-            }
-            let mut qs = Vec::new();
-            for i in 0..6usize {
-                let v = i % 2;
-                let gq = vms[v].queue(&topo, 64, (i % 4) as u32);
-                add(&mut rig, &vms[v], v as u32, QueueId(i as u64), i, &gq);
-                qs.push(gq);
-            }
+            let (mut rig, mut vms, mut qs) = six_queues(&prios);
             let mut removed = [false; 6];
             for o in ops {
                 match o {
@@ -545,24 +555,7 @@ fn armed_doorbells_log_what_plain_doorbells_log() {
     for run in 0..200u32 {
         let prios: Vec<u8> = vec![(run % 16) as u8, ((run * 7 + 3) % 16) as u8];
         let ops = ops.new_tree(&mut runner).unwrap().current();
-        let topo = GpuTopology::tiny();
-        let mut rigs = Vec::new();
-        for _ in 0..2 {
-            let mut rig = Rig::new(topo.clone());
-            let mut vms: Vec<TestVm> = prios
-                .iter()
-                .enumerate()
-                .map(|(v, p)| vm(&mut rig, v as u32, *p))
-                .collect();
-            let mut qs = Vec::new();
-            for i in 0..6usize {
-                let v = i % 2;
-                let gq = vms[v].queue(&topo, 64, (i % 4) as u32);
-                add(&mut rig, &vms[v], v as u32, QueueId(i as u64), i, &gq);
-                qs.push(gq);
-            }
-            rigs.push((rig, vms, qs));
-        }
+        let mut rigs = [six_queues(&prios), six_queues(&prios)];
         for (armed, (rig, vms, qs)) in rigs.iter_mut().enumerate() {
             let mut slot = ArmedDoorbell::default();
             for &(q, k, ns) in &ops {

@@ -869,16 +869,20 @@ fn soak(opts: &Opts) -> i32 {
         PANICS.load(Ordering::SeqCst),
         host_bugs.len()
     );
+    let mut mismatched = 0;
     if let Some(g) = &report.gpu {
         println!(
-            "gpu: {} completions, {} maps, {} preemptions, {} preemption timeouts, {} stale doorbells, {} guard quarantines",
+            "gpu: {} completions, {} maps, {} preemptions ({} prepared ahead, {} prepared unmaps not decided), {} preemption timeouts, {} stale doorbells, {} guard quarantines",
             g.completions,
             g.maps,
             g.preemptions,
+            g.armed_preemptions,
+            g.armed_mismatched,
             g.preempt_timeouts,
             g.stale_doorbells,
             g.guard_quarantines
         );
+        mismatched = g.armed_mismatched;
     }
     for l in &unexpected_lines {
         println!("unexpected: {l}");
@@ -888,9 +892,9 @@ fn soak(opts: &Opts) -> i32 {
     }
     let growth = rss_last as i64 - rss_first as i64;
     println!(
-        "soak: ok={ok} bad_good={bad_good} lost={lost} dup={dup} unexpected={unexpected} panics={panics} vms={vms_run} rss_growth_kib={growth} fds_growth={}",
+        "soak: ok={ok} bad_good={bad_good} lost={lost} dup={dup} unexpected={unexpected} panics={panics} armed_mismatched={mismatched} vms={vms_run} rss_growth_kib={growth} fds_growth={}",
         fds_after as i64 - fds_before as i64
     );
     let _ = std::fs::remove_dir_all(&dir);
-    i32::from(bad_good + lost + dup + unexpected + panics != 0)
+    i32::from(bad_good + lost + dup + unexpected + panics + mismatched != 0)
 }

@@ -239,8 +239,11 @@ pub fn doorbell_spans(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Doo
         let (tx, rx) = channel();
         // Guest memory as the VMM gives it (an mmap of the VM's RAM).
         let mem: Arc<dyn DmaMemory> = Arc::new(
-            vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(vm_memory::GuestAddress(0), 256 << 20)])
-                .unwrap(),
+            vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(
+                vm_memory::GuestAddress(0),
+                256 << 20,
+            )])
+            .unwrap(),
         );
         let g = add_guest_in(&a, name, prio, mem, 1024, Arc::new(Irq(Mutex::new(tx))));
         load_hqd(&g.fe, 0, mqd_addr(&g.q));

@@ -466,10 +466,13 @@ impl<O: Copy> Binding<O> {
         armed.plan = None;
         armed.timeouts.clear();
         armed.gen = self.gen;
-        if !self
-            .queues
-            .get(&queue)
-            .is_some_and(|r| !r.removing && !r.stalled)
+        // Unmaps fired and not yet settled by a doorbell: nothing more
+        // goes to the GPU ahead of the scheduler.
+        if !self.early.is_empty()
+            || !self
+                .queues
+                .get(&queue)
+                .is_some_and(|r| !r.removing && !r.stalled)
             || self.sched.dispatch_width_matters()
         {
             return false;

@@ -665,3 +665,46 @@ fn a_plan_armed_before_a_change_is_not_fired() {
     rig.run(u64::MAX, |_| false);
     assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
 }
+
+/// Fired unmaps not yet settled by their doorbell: neither the same
+/// preparation nor a new one fires again (the GPU gets one dequeue per
+/// slot), and the doorbell then settles them as one preemption.
+#[test]
+fn fired_unmaps_are_not_fired_twice() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let mut hi = hi_vm.queue(&topo, 64, 0);
+    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(rig.now + 10_000, |_| false);
+    rig.now += 10_000;
+    let victim = phys_slot(&rig, QueueId(0)).expect("low queue mapped");
+    hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
+    let mut armed = ArmedDoorbell::default();
+    assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
+    assert!(rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr));
+    assert!(!rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr));
+    let mut again = ArmedDoorbell::default();
+    assert!(!rig.b.arm_doorbell(QueueId(1), rig.now, &mut again));
+    assert!(!rig.b.fire_armed(&mut rig.gpu, rig.now, &again, hi.wptr));
+    rig.doorbell(QueueId(1), hi.wptr);
+    let s = rig.b.stats();
+    assert_eq!((s.armed_fired, s.armed_mismatched), (1, 0));
+    assert_eq!(rig.b.scheduler().stats().preemptions, 1);
+    assert_eq!(
+        rig.b.scheduler().queue_state(QueueId(0)).map(|s| s.0),
+        Some(scheduler::QueueState::Preempting)
+    );
+    assert!(matches!(
+        rig.gpu.query(victim).map(|s| s.state),
+        Some(crate::backend::SlotState::Unmapping(_))
+    ));
+    rig.run(u64::MAX, |_| false);
+    assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+    assert!(rig.b.scheduler().check_invariants().is_ok());
+}

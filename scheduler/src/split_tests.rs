@@ -550,3 +550,46 @@ fn an_unresumed_split_is_finished_by_the_next_handle() {
     s.handle(Event::Tick { now: w.now + 1 });
     s.check_invariants().unwrap();
 }
+
+/// A plan holds until a lower VM's idle mapped queue is due to give its
+/// slot back: from then on the decision evicts that queue first, so the
+/// plan ends there (`until`) and is not made at or after it.
+#[test]
+fn a_plan_ends_when_an_idle_mapped_queue_falls_due() {
+    let cfg = SchedConfig {
+        idle_unmap_ns: 1_000_000,
+        ..Default::default()
+    };
+    let (mut w, qs) = Pair::new(cfg, 1, false, &[2, 12]);
+    // VM 0's queues 0 and 2 (same queue priority) both run; queue 2 drains.
+    w.apply(&qs, &Op::Doorbell(0)).unwrap();
+    w.apply(&qs, &Op::Doorbell(2)).unwrap();
+    w.apply(&qs, &Op::Idle(2)).unwrap();
+    let s = &w.plain;
+    assert_eq!(
+        s.queue_state(qs[2]).map(|x| x.0),
+        Some(QueueState::MappedIdle)
+    );
+    let idle_since = w.now;
+    let mut victims = Vec::new();
+    let plan = s
+        .doorbell_plan(qs[4], w.now + 1, &mut victims)
+        .expect("VM 1's doorbell preempts VM 0");
+    let slot0 = s.queue_state(qs[0]).unwrap().1.unwrap();
+    assert_eq!(victims, vec![(qs[0], slot0)]);
+    assert_eq!(plan.until, idle_since + 1_000_000);
+    assert_eq!(s.doorbell_plan(qs[4], plan.until, &mut victims), None);
+    // A doorbell at `until` evicts the idle queue before the running one.
+    // (`split` is `plain`'s twin: the same state.)
+    let late = &mut w.split;
+    late.handle(Event::Doorbell {
+        queue: qs[4],
+        wptr: 1,
+        now: plan.until,
+    });
+    let first = late.poll_action();
+    assert!(
+        matches!(first, Some(Action::Unmap { queue, mode: UnmapMode::Drain, .. }) if queue == qs[2]),
+        "{first:?}"
+    );
+}

@@ -243,6 +243,42 @@ struct Core {
 /// prepared (the tenants that preempt are the ones that ring).
 const RECENT_DOORBELLS: usize = 8;
 
+/// How many of the [`RECENT_DOORBELLS`] one VM may hold: a guest ringing
+/// many vHQDs does not push the other tenants' out.
+const RECENT_PER_VM: usize = 2;
+
+/// Moves vHQD `vhqd` of VM `vm` (loaded with `queue`) to the back of
+/// `recent` (most recently rung). A new one takes the place of its VM's
+/// least recently rung past [`RECENT_PER_VM`], else of the least recently
+/// rung past [`RECENT_DOORBELLS`].
+fn note_recent(recent: &mut Vec<RecentDoorbell>, vm: u32, vhqd: usize, queue: QueueId) {
+    let at = recent.iter().position(|r| r.vm == vm && r.vhqd == vhqd);
+    let drop = at.or_else(|| {
+        let mut own = recent.iter().enumerate().filter(|(_, r)| r.vm == vm);
+        let oldest = own.next().map(|e| e.0);
+        if own.count() + 1 >= RECENT_PER_VM {
+            oldest
+        } else {
+            (recent.len() >= RECENT_DOORBELLS).then_some(0)
+        }
+    });
+    let mut r = match drop {
+        Some(i) => recent.remove(i),
+        None => RecentDoorbell {
+            vm,
+            vhqd,
+            queue,
+            armed: ArmedDoorbell::default(),
+        },
+    };
+    if at.is_none() {
+        r.vm = vm;
+        r.vhqd = vhqd;
+    }
+    r.queue = queue;
+    recent.push(r);
+}
+
 /// A recently rung vHQD and its prepared preemption.
 struct RecentDoorbell {
     vm: u32,
@@ -1036,21 +1072,9 @@ impl GpuArbiter {
     }
 
     /// Keeps vHQD `vhqd` of VM `vm` (loaded with `queue`) among the recently
-    /// rung ones, dropping the least recently added past [`RECENT_DOORBELLS`].
+    /// rung ones (see [`note_recent`]).
     fn note_recent(c: &mut Core, vm: u32, vhqd: usize, queue: QueueId) {
-        if let Some(r) = c.recent.iter_mut().find(|r| r.vm == vm && r.vhqd == vhqd) {
-            r.queue = queue;
-            return;
-        }
-        if c.recent.len() >= RECENT_DOORBELLS {
-            c.recent.remove(0);
-        }
-        c.recent.push(RecentDoorbell {
-            vm,
-            vhqd,
-            queue,
-            armed: ArmedDoorbell::default(),
-        });
+        note_recent(&mut c.recent, vm, vhqd, queue);
     }
 
     /// Carries out binding notices in order: bookkeeping here, front-end

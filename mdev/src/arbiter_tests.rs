@@ -616,3 +616,36 @@ fn a_doorbell_storm_past_the_guard_limit_quarantines_until_cleared() {
     a.remove_vm(other.h);
     a.shutdown();
 }
+
+/// The recently rung vHQDs whose next doorbell is armed: one rung again
+/// moves to the back, and a guest ringing many vHQDs holds at most
+/// [`RECENT_PER_VM`] entries, so it cannot push the other tenants' out.
+#[test]
+fn a_guest_ringing_many_vhqds_keeps_its_share_of_the_armed_doorbells() {
+    let mut recent = Vec::new();
+    let keys = |r: &Vec<RecentDoorbell>| r.iter().map(|e| (e.vm, e.vhqd)).collect::<Vec<_>>();
+    // A high-priority tenant (VM 1) rings once.
+    note_recent(&mut recent, 1, 0, QueueId(100));
+    // VM 2 rings all its vHQDs, round after round.
+    for round in 0..3u64 {
+        for vhqd in 0..NUM_VHQD {
+            note_recent(&mut recent, 2, vhqd, QueueId(200 + round));
+        }
+    }
+    assert_eq!(
+        keys(&recent),
+        vec![(1, 0), (2, NUM_VHQD - 2), (2, NUM_VHQD - 1)]
+    );
+    // Other tenants fill the rest; the least recently rung goes first,
+    // and ringing again refreshes an entry (and its queue).
+    for vm in 3..8 {
+        note_recent(&mut recent, vm, 0, QueueId(u64::from(vm)));
+    }
+    assert_eq!(recent.len(), RECENT_DOORBELLS);
+    note_recent(&mut recent, 1, 0, QueueId(101));
+    note_recent(&mut recent, 9, 0, QueueId(9));
+    assert_eq!(recent.len(), RECENT_DOORBELLS);
+    assert!(!keys(&recent).contains(&(2, NUM_VHQD - 2)));
+    let hi = recent.iter().find(|e| e.vm == 1).expect("VM 1 kept");
+    assert_eq!(hi.queue, QueueId(101));
+}

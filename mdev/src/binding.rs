@@ -205,6 +205,10 @@ pub struct Binding<O: Copy> {
     /// ([`Binding::fire_armed`]): queue, slot, scheduler mode, whether the
     /// GPU took it. The decision's own unmaps of them make no second call.
     early: Vec<(QueueId, PhysSlot, UnmapMode, bool)>,
+    /// Bumped by every call that may change what a doorbell decides (or
+    /// that hands unmaps to the GPU): an [`ArmedDoorbell`] prepared at an
+    /// older value is not fired.
+    gen: u64,
 }
 
 /// A doorbell's preemption prepared ahead of the doorbell, from a warm
@@ -215,6 +219,8 @@ pub struct ArmedDoorbell {
     plan: Option<scheduler::DoorbellPlan>,
     victims: Vec<(QueueId, SlotId)>,
     timeouts: Vec<Option<Nanos>>,
+    /// [`Binding`]'s change count when prepared.
+    gen: u64,
 }
 
 impl ArmedDoorbell {
@@ -246,6 +252,7 @@ impl<O: Copy> Binding<O> {
             issue_clock: None,
             preempt_issued: None,
             early: Vec::new(),
+            gen: 0,
         })
     }
 
@@ -268,6 +275,7 @@ impl<O: Copy> Binding<O> {
     /// The scheduler, to change priorities, weights or the policy; follow
     /// with [`Binding::tick`] to apply the change.
     pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+        self.gen += 1;
         &mut self.sched
     }
 
@@ -290,6 +298,7 @@ impl<O: Copy> Binding<O> {
 
     /// Adds a VM to the scheduler.
     pub fn add_vm(&mut self, vm: VmId, params: VmParams) -> Result<(), SchedError> {
+        self.gen += 1;
         self.sched.add_vm(vm, params).map(|_| ())
     }
 
@@ -302,6 +311,7 @@ impl<O: Copy> Binding<O> {
         vm: VmId,
         out: &mut Vec<Notice<O>>,
     ) -> Result<(), SchedError> {
+        self.gen += 1;
         self.sched.remove_vm(vm)?;
         let qs: Vec<QueueId> = self
             .queues
@@ -317,6 +327,7 @@ impl<O: Copy> Binding<O> {
     }
 
     fn mark_removing(&mut self, q: QueueId) {
+        self.gen += 1;
         if let Some(r) = self.queues.get_mut(&q) {
             if !r.removing {
                 r.removing = true;
@@ -335,6 +346,7 @@ impl<O: Copy> Binding<O> {
         mqd: V9Mqd,
         mem: Arc<dyn DmaMemory>,
     ) -> Result<(), SchedError> {
+        self.gen += 1;
         if self.queues.contains_key(&queue) {
             return Err(SchedError::DuplicateQueue(queue));
         }
@@ -453,10 +465,14 @@ impl<O: Copy> Binding<O> {
     pub fn arm_doorbell(&self, queue: QueueId, now: Nanos, armed: &mut ArmedDoorbell) -> bool {
         armed.plan = None;
         armed.timeouts.clear();
-        if !self
-            .queues
-            .get(&queue)
-            .is_some_and(|r| !r.removing && !r.stalled)
+        armed.gen = self.gen;
+        // Unmaps fired and not yet settled by a doorbell: nothing more
+        // goes to the GPU ahead of the scheduler.
+        if !self.early.is_empty()
+            || !self
+                .queues
+                .get(&queue)
+                .is_some_and(|r| !r.removing && !r.stalled)
             || self.sched.dispatch_width_matters()
         {
             return false;
@@ -481,9 +497,10 @@ impl<O: Copy> Binding<O> {
 
     /// A doorbell of the queue `armed` was prepared for, with write index
     /// `wptr`, at `now`: hands the prepared unmaps to the GPU unless the
-    /// index is the one the scheduler saw (stale) or the plan expired.
-    /// The caller must not have changed the binding since
-    /// [`Binding::arm_doorbell`], and passes the doorbell to
+    /// index is the one the scheduler saw (stale), the plan expired, or
+    /// anything reached the binding since [`Binding::arm_doorbell`] (an
+    /// event, a scheduler or queue change, another firing: the plan may
+    /// be of an older state). The caller passes the doorbell to
     /// [`Binding::doorbell`] right after; its decision queues the same
     /// unmaps, which reach the GPU only once. Returns whether it fired.
     pub fn fire_armed(
@@ -496,9 +513,11 @@ impl<O: Copy> Binding<O> {
         let Some(plan) = armed.plan else {
             return false;
         };
-        if plan.seen_wptr == Some(wptr) || now >= plan.until {
+        if plan.seen_wptr == Some(wptr) || now >= plan.until || armed.gen != self.gen {
             return false;
         }
+        // Fired once: the same preparation (or any other) is stale now.
+        self.gen += 1;
         if self.preempt_issued.is_none() {
             if let Some(c) = self.issue_clock.as_mut() {
                 self.preempt_issued = Some(c());
@@ -572,6 +591,7 @@ impl<O: Copy> Binding<O> {
         ev: GpuEvent,
         out: &mut Vec<Notice<O>>,
     ) {
+        self.gen += 1;
         match ev {
             GpuEvent::PacketCompleted {
                 tag,
@@ -704,6 +724,7 @@ impl<O: Copy> Binding<O> {
     }
 
     fn event(&mut self, gpu: &mut dyn PhysGpu, ev: Event, out: &mut Vec<Notice<O>>) {
+        self.gen += 1;
         self.pending.push_back(ev);
         self.pump(gpu, out);
     }
@@ -866,6 +887,7 @@ impl<O: Copy> Binding<O> {
     /// queue ([`QueueErrorReason::PreemptionTimeout`]). Applies to dequeues
     /// requested from now on.
     pub fn set_preempt_timeout(&mut self, vm: VmId, timeout: Nanos) -> Result<(), SchedError> {
+        self.gen += 1;
         if self.sched.vm_params(vm).is_none() {
             return Err(SchedError::NoVm(vm));
         }

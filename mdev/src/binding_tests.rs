@@ -551,13 +551,17 @@ fn armed_doorbells_log_what_plain_doorbells_log() {
         TestRng::from_seed(RngAlgorithm::ChaCha, &[3; 32]),
     );
     let ops = proptest::collection::vec((0..6usize, 1..4u32, 1..600_000u64), 1..40);
-    let mut fired = 0;
+    let mut fired = [0; 2];
     for run in 0..200u32 {
         let prios: Vec<u8> = vec![(run % 16) as u8, ((run * 7 + 3) % 16) as u8];
         let ops = ops.new_tree(&mut runner).unwrap().current();
-        let mut rigs = [six_queues(&prios), six_queues(&prios)];
+        let mut rigs = [six_queues(&prios), six_queues(&prios), six_queues(&prios)];
         for (armed, (rig, vms, qs)) in rigs.iter_mut().enumerate() {
             let mut slot = ArmedDoorbell::default();
+            // Rig 2 arms every queue at the end of each step, as the
+            // arbiter does at the end of a turn; a doorbell fires its
+            // preparation only if nothing reached the binding since.
+            let mut ahead: Vec<ArmedDoorbell> = vec![ArmedDoorbell::default(); 6];
             for &(q, k, ns) in &ops {
                 let v = q % 2;
                 if qs[q].wptr + k as u64 <= qs[q].ring_packets {
@@ -569,11 +573,26 @@ fn armed_doorbells_log_what_plain_doorbells_log() {
                         assert!(slot.is_armed());
                         rig.b.fire_armed(&mut rig.gpu, rig.now, &slot, wptr);
                     }
+                    if armed == 2 {
+                        rig.b.fire_armed(&mut rig.gpu, rig.now, &ahead[q], wptr);
+                    }
                     rig.doorbell(id, wptr);
+                }
+                // Odd runs arm before the step's GPU events and timers
+                // (those preparations are stale if any reached the binding).
+                if armed == 2 && run % 2 == 1 {
+                    for (i, a) in ahead.iter_mut().enumerate() {
+                        rig.b.arm_doorbell(QueueId(i as u64), rig.now, a);
+                    }
                 }
                 let until = rig.now.saturating_add(ns);
                 rig.run(until, |_| false);
                 rig.now = rig.now.max(until);
+                if armed == 2 && run % 2 == 0 {
+                    for (i, a) in ahead.iter_mut().enumerate() {
+                        rig.b.arm_doorbell(QueueId(i as u64), rig.now, a);
+                    }
+                }
             }
             rig.run(u64::MAX, |_| false);
             for (q, gq) in qs.iter().enumerate() {
@@ -581,13 +600,104 @@ fn armed_doorbells_log_what_plain_doorbells_log() {
             }
             assert!(rig.b.scheduler().check_invariants().is_ok());
         }
-        let (plain, armed) = (&rigs[0].0, &rigs[1].0);
-        assert_eq!(plain.log, armed.log, "run {run}");
-        assert_eq!(plain.b.scheduler().stats(), armed.b.scheduler().stats());
-        let s = armed.b.stats();
-        assert_eq!(s.armed_mismatched, 0, "run {run}");
-        assert_eq!(armed.b.scheduler().fast_stats().mismatched, 0);
-        fired += s.armed_fired;
+        let plain = &rigs[0].0;
+        for (i, (armed, ..)) in rigs.iter().enumerate().skip(1) {
+            assert_eq!(plain.log, armed.log, "run {run} rig {i}");
+            assert_eq!(plain.b.scheduler().stats(), armed.b.scheduler().stats());
+            let s = armed.b.stats();
+            assert_eq!(s.armed_mismatched, 0, "run {run}");
+            assert_eq!(armed.b.scheduler().fast_stats().mismatched, 0);
+            fired[i - 1] += s.armed_fired;
+        }
     }
-    assert!(fired >= 40, "armed doorbells fired {fired} times");
+    assert!(
+        fired[0] >= 40 && fired[1] >= 20,
+        "armed doorbells fired {fired:?} times"
+    );
+}
+
+/// A plan armed before something changed the binding is not fired: here
+/// the victim's VM is raised above the doorbell's between arm and ring (a
+/// careless caller; the arbiter re-arms after every change), so the
+/// doorbell preempts nothing and its decision unmaps nothing. Firing the
+/// stale plan would have dequeued the victim behind the scheduler's back.
+#[test]
+fn a_plan_armed_before_a_change_is_not_fired() {
+    // 2 CUs per XCC: dispatch widths never enter a decision.
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let mut hi = hi_vm.queue(&topo, 64, 0);
+    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    // A long kernel of the low VM runs.
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(rig.now + 10_000, |_| false);
+    rig.now += 10_000;
+    let victim = phys_slot(&rig, QueueId(0)).expect("low queue mapped");
+    let mut armed = ArmedDoorbell::default();
+    assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
+    // The operator raises the low VM above the high one.
+    rig.b.scheduler_mut().set_vm_priority(VmId(0), 15).unwrap();
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
+    let fired = rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr);
+    rig.doorbell(QueueId(1), hi.wptr);
+    assert!(!fired, "a stale plan was fired");
+    assert_eq!(rig.b.stats().armed_mismatched, 0);
+    assert_eq!(phys_slot(&rig, QueueId(0)), Some(victim));
+    assert!(matches!(
+        rig.gpu.query(victim).map(|s| s.state),
+        Some(crate::backend::SlotState::Active)
+    ));
+    rig.run(u64::MAX, |_| false);
+    assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+}
+
+/// Fired unmaps not yet settled by their doorbell: neither the same
+/// preparation nor a new one fires again (the GPU gets one dequeue per
+/// slot), and the doorbell then settles them as one preemption.
+#[test]
+fn fired_unmaps_are_not_fired_twice() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let mut hi = hi_vm.queue(&topo, 64, 0);
+    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(rig.now + 10_000, |_| false);
+    rig.now += 10_000;
+    let victim = phys_slot(&rig, QueueId(0)).expect("low queue mapped");
+    hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
+    let mut armed = ArmedDoorbell::default();
+    assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
+    assert!(rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr));
+    assert!(!rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr));
+    let mut again = ArmedDoorbell::default();
+    assert!(!rig.b.arm_doorbell(QueueId(1), rig.now, &mut again));
+    assert!(!rig.b.fire_armed(&mut rig.gpu, rig.now, &again, hi.wptr));
+    rig.doorbell(QueueId(1), hi.wptr);
+    let s = rig.b.stats();
+    assert_eq!((s.armed_fired, s.armed_mismatched), (1, 0));
+    assert_eq!(rig.b.scheduler().stats().preemptions, 1);
+    assert_eq!(
+        rig.b.scheduler().queue_state(QueueId(0)).map(|s| s.0),
+        Some(scheduler::QueueState::Preempting)
+    );
+    assert!(matches!(
+        rig.gpu.query(victim).map(|s| s.state),
+        Some(crate::backend::SlotState::Unmapping(_))
+    ));
+    rig.run(u64::MAX, |_| false);
+    assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+    assert!(rig.b.scheduler().check_invariants().is_ok());
 }

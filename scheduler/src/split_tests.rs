@@ -11,11 +11,25 @@ use std::collections::BTreeMap;
 enum Op {
     Doorbell(usize),
     Idle(usize),
-    FinishUnmap { has_work: bool },
+    FinishUnmap {
+        has_work: bool,
+    },
     Error(usize),
     Width(usize, u64),
     Wait(u64),
     Priority(u32, u8),
+    /// Operator controls, each followed by a tick (as the arbiter's
+    /// `control` does).
+    Pause(u32, bool),
+    Weight(u32, u32),
+    Quantum(u32, Option<u64>),
+    RemoveVm(u32),
+    /// A doorbell with the write index last rung (stale).
+    Stale(usize),
+    /// A doorbell some microseconds after its plan was made.
+    Late(usize, u64),
+    /// The binding's stalled-queue path: the index is forgotten.
+    Forget(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -27,6 +41,13 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0usize..16, 1u64..200).prop_map(|(q, w)| Op::Width(q, w)),
         4 => (1u64..3_000).prop_map(Op::Wait),
         1 => (0u32..4, 0u8..16).prop_map(|(v, p)| Op::Priority(v, p)),
+        1 => (0u32..4, any::<bool>()).prop_map(|(v, p)| Op::Pause(v, p)),
+        1 => (0u32..4, 1u32..8).prop_map(|(v, w)| Op::Weight(v, w)),
+        1 => (0u32..4, prop::option::of(1u64..3_000_000)).prop_map(|(v, q)| Op::Quantum(v, q)),
+        1 => (0u32..16).prop_map(Op::RemoveVm),
+        1 => (0usize..16).prop_map(Op::Stale),
+        3 => (0usize..16, 1u64..3_000).prop_map(|(q, us)| Op::Late(q, us)),
+        1 => (0usize..16).prop_map(Op::Forget),
     ]
 }
 
@@ -147,8 +168,8 @@ impl Pair {
         n
     }
 
-    /// One event to both; returns what each caller saw.
-    fn event(&mut self, ev: Event) -> Result<(), TestCaseError> {
+    /// One event to both; returns the actions it queued.
+    fn event(&mut self, ev: Event) -> Result<Vec<Action>, TestCaseError> {
         let mut a = Vec::new();
         self.plain.handle(ev);
         drain(&mut self.plain, &mut a);
@@ -174,7 +195,7 @@ impl Pair {
         let seen_b: Seen = (b, cu_changes(&mut self.split));
         prop_assert_eq!(&seen_a, &seen_b, "event {:?}", ev);
         self.split.check_invariants().map_err(TestCaseError::fail)?;
-        for act in seen_a.0 {
+        for &act in &seen_a.0 {
             match act {
                 Action::Map { queue, slot } => {
                     self.mapped.insert(queue, slot);
@@ -182,6 +203,46 @@ impl Pair {
                 Action::Unmap { queue, .. } => self.unmapping.push(queue),
                 Action::ArmTimer { at } => self.timer = Some(at),
             }
+        }
+        Ok(seen_a.0)
+    }
+
+    /// A doorbell, checked against the plan made right before it (as a
+    /// binding arms one): a plan for a new write index before its `until`
+    /// names exactly the unmaps the decision queues first.
+    fn doorbell(&mut self, queue: QueueId, wptr: u64) -> Result<(), TestCaseError> {
+        self.late_doorbell(queue, wptr, 0)
+    }
+
+    /// [`Pair::doorbell`] with the plan made `after` ns before the
+    /// doorbell, nothing reaching the scheduler in between (the arbiter
+    /// arms at the end of a turn; a timer due meanwhile is served after
+    /// the next turn's doorbells).
+    fn late_doorbell(
+        &mut self,
+        queue: QueueId,
+        wptr: u64,
+        after: Nanos,
+    ) -> Result<(), TestCaseError> {
+        let mut victims = Vec::new();
+        let plan = self.plain.doorbell_plan(queue, self.now, &mut victims);
+        self.now += after;
+        let now = self.now;
+        let acts = self.event(Event::Doorbell { queue, wptr, now })?;
+        if let Some(plan) = plan.filter(|p| p.seen_wptr != Some(wptr) && now < p.until) {
+            let want: Vec<Action> = victims
+                .iter()
+                .map(|&(queue, slot)| Action::Unmap {
+                    queue,
+                    slot,
+                    mode: plan.mode,
+                })
+                .collect();
+            prop_assert!(
+                acts.len() >= want.len() && acts[..want.len()] == want[..],
+                "plan {plan:?} {want:?}, decision {acts:?}"
+            );
+            self.plans_checked += 1;
         }
         Ok(())
     }
@@ -194,11 +255,7 @@ impl Pair {
                 let w = self.wptr.entry(q).or_insert(0);
                 *w += 1;
                 let wptr = *w;
-                self.event(Event::Doorbell {
-                    queue: q,
-                    wptr,
-                    now,
-                })?;
+                self.doorbell(q, wptr)?;
             }
             Op::Idle(i) => {
                 let q = qs[i % qs.len()];
@@ -242,6 +299,49 @@ impl Pair {
                     let _ = s.set_vm_priority(VmId(v), p);
                 }
                 self.event(Event::Tick { now })?;
+            }
+            Op::Pause(v, p) => {
+                for s in [&mut self.plain, &mut self.split] {
+                    let _ = s.set_vm_paused(VmId(v), p);
+                }
+                self.event(Event::Tick { now })?;
+            }
+            Op::Weight(v, wt) => {
+                for s in [&mut self.plain, &mut self.split] {
+                    let _ = s.set_vm_weight(VmId(v), wt);
+                }
+                self.event(Event::Tick { now })?;
+            }
+            Op::Quantum(v, q) => {
+                for s in [&mut self.plain, &mut self.split] {
+                    let _ = s.set_vm_quantum(VmId(v), q);
+                }
+                self.event(Event::Tick { now })?;
+            }
+            Op::RemoveVm(v) => {
+                // Rare: only VM 0..4 exist, most draws remove nothing.
+                for s in [&mut self.plain, &mut self.split] {
+                    let _ = s.remove_vm(VmId(v));
+                }
+                self.event(Event::Tick { now })?;
+            }
+            Op::Stale(i) => {
+                let q = qs[i % qs.len()];
+                let wptr = self.wptr.get(&q).copied().unwrap_or(0);
+                self.doorbell(q, wptr)?;
+            }
+            Op::Late(i, us) => {
+                let q = qs[i % qs.len()];
+                let w = self.wptr.entry(q).or_insert(0);
+                *w += 1;
+                let wptr = *w;
+                self.late_doorbell(q, wptr, us * 1000)?;
+            }
+            Op::Forget(i) => {
+                let q = qs[i % qs.len()];
+                for s in [&mut self.plain, &mut self.split] {
+                    s.forget_doorbell(q);
+                }
             }
         }
         Ok(())
@@ -449,4 +549,47 @@ fn an_unresumed_split_is_finished_by_the_next_handle() {
     // Nothing pending: another plain event is handled whole.
     s.handle(Event::Tick { now: w.now + 1 });
     s.check_invariants().unwrap();
+}
+
+/// A plan holds until a lower VM's idle mapped queue is due to give its
+/// slot back: from then on the decision evicts that queue first, so the
+/// plan ends there (`until`) and is not made at or after it.
+#[test]
+fn a_plan_ends_when_an_idle_mapped_queue_falls_due() {
+    let cfg = SchedConfig {
+        idle_unmap_ns: 1_000_000,
+        ..Default::default()
+    };
+    let (mut w, qs) = Pair::new(cfg, 1, false, &[2, 12]);
+    // VM 0's queues 0 and 2 (same queue priority) both run; queue 2 drains.
+    w.apply(&qs, &Op::Doorbell(0)).unwrap();
+    w.apply(&qs, &Op::Doorbell(2)).unwrap();
+    w.apply(&qs, &Op::Idle(2)).unwrap();
+    let s = &w.plain;
+    assert_eq!(
+        s.queue_state(qs[2]).map(|x| x.0),
+        Some(QueueState::MappedIdle)
+    );
+    let idle_since = w.now;
+    let mut victims = Vec::new();
+    let plan = s
+        .doorbell_plan(qs[4], w.now + 1, &mut victims)
+        .expect("VM 1's doorbell preempts VM 0");
+    let slot0 = s.queue_state(qs[0]).unwrap().1.unwrap();
+    assert_eq!(victims, vec![(qs[0], slot0)]);
+    assert_eq!(plan.until, idle_since + 1_000_000);
+    assert_eq!(s.doorbell_plan(qs[4], plan.until, &mut victims), None);
+    // A doorbell at `until` evicts the idle queue before the running one.
+    // (`split` is `plain`'s twin: the same state.)
+    let late = &mut w.split;
+    late.handle(Event::Doorbell {
+        queue: qs[4],
+        wptr: 1,
+        now: plan.until,
+    });
+    let first = late.poll_action();
+    assert!(
+        matches!(first, Some(Action::Unmap { queue, mode: UnmapMode::Drain, .. }) if queue == qs[2]),
+        "{first:?}"
+    );
 }

@@ -205,6 +205,8 @@ pub struct Binding<O: Copy> {
     /// ([`Binding::fire_armed`]): queue, slot, scheduler mode, whether the
     /// GPU took it. The decision's own unmaps of them make no second call.
     early: Vec<(QueueId, PhysSlot, UnmapMode, bool)>,
+    /// The queue whose doorbell the unmaps in `early` were fired for.
+    early_for: Option<QueueId>,
     /// Bumped by every call that may change what a doorbell decides (or
     /// that hands unmaps to the GPU): an [`ArmedDoorbell`] prepared at an
     /// older value is not fired.
@@ -221,6 +223,8 @@ pub struct ArmedDoorbell {
     timeouts: Vec<Option<Nanos>>,
     /// [`Binding`]'s change count when prepared.
     gen: u64,
+    /// The queue whose doorbell it is prepared for.
+    queue: Option<QueueId>,
 }
 
 impl ArmedDoorbell {
@@ -252,6 +256,7 @@ impl<O: Copy> Binding<O> {
             issue_clock: None,
             preempt_issued: None,
             early: Vec::new(),
+            early_for: None,
             gen: 0,
         })
     }
@@ -466,6 +471,7 @@ impl<O: Copy> Binding<O> {
         armed.plan = None;
         armed.timeouts.clear();
         armed.gen = self.gen;
+        armed.queue = Some(queue);
         // Unmaps fired and not yet settled by a doorbell: nothing more
         // goes to the GPU ahead of the scheduler.
         if !self.early.is_empty()
@@ -529,6 +535,7 @@ impl<O: Copy> Binding<O> {
                 .unmap_within(now, PhysSlot(slot.0), mode, timeout)
                 .is_ok();
             self.early.push((q, PhysSlot(slot.0), plan.mode, ok));
+            self.early_for = armed.queue;
         }
         self.stats.armed_fired += 1;
         true
@@ -538,8 +545,12 @@ impl<O: Copy> Binding<O> {
     /// not queue (never expected): the scheduler adopts them as
     /// preemptions and they are carried out as its own.
     fn settle_early(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
+        self.early_for = None;
         while let Some(&(queue, slot, mode, _)) = self.early.first() {
             self.stats.armed_mismatched += 1;
+            log::error!(
+                "host bug: a prepared dequeue of {queue:?} on slot {slot:?} was not decided; adopted as a preemption"
+            );
             self.sched.adopt_unmap(queue, mode);
             self.action(
                 gpu,
@@ -724,6 +735,16 @@ impl<O: Copy> Binding<O> {
     }
 
     fn event(&mut self, gpu: &mut dyn PhysGpu, ev: Event, out: &mut Vec<Notice<O>>) {
+        // Fired unmaps belong to the next doorbell of their queue; any
+        // other event first settles them (a caller that fired and then did
+        // not pass the doorbell, e.g. after a panic), so that no later,
+        // unrelated decision takes them for its own unmaps.
+        if !self.early.is_empty()
+            && !matches!(ev, Event::Doorbell { queue, .. } if Some(queue) == self.early_for)
+        {
+            let now = ev.now();
+            self.settle_early(gpu, now, out);
+        }
         self.gen += 1;
         self.pending.push_back(ev);
         self.pump(gpu, out);

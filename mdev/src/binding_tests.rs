@@ -701,3 +701,43 @@ fn fired_unmaps_are_not_fired_twice() {
     assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
     assert!(rig.b.scheduler().check_invariants().is_ok());
 }
+
+/// A caller that fires a prepared preemption and then does not pass the
+/// doorbell (a panic in between, say): the next event of any other kind
+/// settles the fired unmaps first (adopted as preemptions and counted), so
+/// no later decision mistakes them for its own and no queue waits for a
+/// dequeue that already happened; both guests' work still runs exactly once.
+#[test]
+fn fired_unmaps_without_their_doorbell_are_settled_by_the_next_event() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let mut hi = hi_vm.queue(&topo, 64, 0);
+    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(rig.now + 10_000, |_| false);
+    rig.now += 10_000;
+    hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
+    let mut armed = ArmedDoorbell::default();
+    assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
+    assert!(rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr));
+    // No doorbell: a tick comes next.
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    assert_eq!(rig.b.stats().armed_mismatched, 1);
+    assert_eq!(
+        rig.b.scheduler().queue_state(QueueId(0)).map(|s| s.0),
+        Some(scheduler::QueueState::Preempting)
+    );
+    // The doorbell, late: an ordinary one now.
+    rig.doorbell(QueueId(1), hi.wptr);
+    rig.run(u64::MAX, |_| false);
+    assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+    assert!(rig.b.scheduler().check_invariants().is_ok());
+    assert_eq!(rig.b.stats().armed_mismatched, 1);
+}

@@ -2102,11 +2102,9 @@ impl Scheduler {
     /// same, so the scheduler treats it as preempted (CWSR loses nothing;
     /// it runs again when chosen).
     pub fn adopt_unmap(&mut self, q: QueueId, mode: UnmapMode) {
+        // Counted, not asserted: a debug-build panic here would take the
+        // GPU from the VM whose doorbell it was (tests assert the count).
         self.fast.mismatched += 1;
-        debug_assert!(
-            false,
-            "doorbell fast path: {q:?} not unmapped by the decision"
-        );
         if self.queues.get(&q).is_some_and(|qq| {
             qq.slot.is_some() && matches!(qq.state, QueueState::Running | QueueState::MappedIdle)
         }) {

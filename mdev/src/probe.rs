@@ -212,6 +212,8 @@ pub struct DoorbellSpans {
     pub returned: Vec<u64>,
     /// Doorbells whose preemption was prepared ahead (armed) and fired.
     pub armed: u64,
+    /// Prepared unmaps their decision did not make (never expected).
+    pub armed_mismatched: u64,
 }
 
 /// [`doorbell_to_preempt`], with the span to the binding's return too; the
@@ -319,6 +321,7 @@ pub fn doorbell_spans(
         while hi_rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
     }
     out.armed = a.stats().armed_preemptions;
+    out.armed_mismatched = a.stats().armed_mismatched;
     a.shutdown();
     pin_current(None);
     out

@@ -616,6 +616,32 @@ fn armed_doorbells_log_what_plain_doorbells_log() {
     );
 }
 
+/// On [`GpuTopology::tiny`] (2 CUs per XCC: dispatch widths never enter a
+/// decision), VM 0 (priority 2, queue 0) runs a long kernel and VM 1
+/// (priority 12, queue 1) is idle; returns the rig, both VMs with their
+/// queue, and the physical slot the low queue holds.
+fn lo_runs_hi_idle() -> (
+    Rig,
+    (TestVm, GuestQueue),
+    (TestVm, GuestQueue),
+    crate::backend::SlotId,
+) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let hi = hi_vm.queue(&topo, 64, 0);
+    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(rig.now + 10_000, |_| false);
+    rig.now += 10_000;
+    let victim = phys_slot(&rig, QueueId(0)).expect("low queue mapped");
+    (rig, (lo_vm, lo), (hi_vm, hi), victim)
+}
+
 /// A plan armed before something changed the binding is not fired: here
 /// the victim's VM is raised above the doorbell's between arm and ring (a
 /// careless caller; the arbiter re-arms after every change), so the
@@ -623,21 +649,7 @@ fn armed_doorbells_log_what_plain_doorbells_log() {
 /// stale plan would have dequeued the victim behind the scheduler's back.
 #[test]
 fn a_plan_armed_before_a_change_is_not_fired() {
-    // 2 CUs per XCC: dispatch widths never enter a decision.
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut lo_vm = vm(&mut rig, 0, 2);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
-    let mut hi_vm = vm(&mut rig, 1, 12);
-    let mut hi = hi_vm.queue(&topo, 64, 0);
-    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
-    // A long kernel of the low VM runs.
-    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
-    rig.doorbell(QueueId(0), lo.wptr);
-    rig.run(rig.now + 10_000, |_| false);
-    rig.now += 10_000;
-    let victim = phys_slot(&rig, QueueId(0)).expect("low queue mapped");
+    let (mut rig, (lo_vm, lo), (mut hi_vm, mut hi), victim) = lo_runs_hi_idle();
     let mut armed = ArmedDoorbell::default();
     assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
     // The operator raises the low VM above the high one.
@@ -664,19 +676,7 @@ fn a_plan_armed_before_a_change_is_not_fired() {
 /// slot), and the doorbell then settles them as one preemption.
 #[test]
 fn fired_unmaps_are_not_fired_twice() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut lo_vm = vm(&mut rig, 0, 2);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
-    let mut hi_vm = vm(&mut rig, 1, 12);
-    let mut hi = hi_vm.queue(&topo, 64, 0);
-    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
-    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
-    rig.doorbell(QueueId(0), lo.wptr);
-    rig.run(rig.now + 10_000, |_| false);
-    rig.now += 10_000;
-    let victim = phys_slot(&rig, QueueId(0)).expect("low queue mapped");
+    let (mut rig, (lo_vm, lo), (mut hi_vm, mut hi), victim) = lo_runs_hi_idle();
     hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
     let mut armed = ArmedDoorbell::default();
     assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
@@ -709,18 +709,7 @@ fn fired_unmaps_are_not_fired_twice() {
 /// dequeue that already happened; both guests' work still runs exactly once.
 #[test]
 fn fired_unmaps_without_their_doorbell_are_settled_by_the_next_event() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut lo_vm = vm(&mut rig, 0, 2);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
-    let mut hi_vm = vm(&mut rig, 1, 12);
-    let mut hi = hi_vm.queue(&topo, 64, 0);
-    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
-    lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
-    rig.doorbell(QueueId(0), lo.wptr);
-    rig.run(rig.now + 10_000, |_| false);
-    rig.now += 10_000;
+    let (mut rig, (lo_vm, lo), (mut hi_vm, mut hi), _) = lo_runs_hi_idle();
     hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
     let mut armed = ArmedDoorbell::default();
     assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));

@@ -231,12 +231,9 @@ struct Core {
     /// Binding output, reused on the doorbell path (no allocation).
     notices: Vec<Notice<Owner>>,
     /// The last [`RECENT_DOORBELLS`] vHQDs rung, with the preemption their
-    /// next doorbell causes, prepared at the end of each service turn.
+    /// next doorbell causes, prepared at the end of each service turn (a
+    /// preparation older than the binding's last change is not fired).
     recent: Vec<RecentDoorbell>,
-    /// The preparations in `recent` are of the current state: nothing
-    /// changed the core since the end of the last service turn (every
-    /// other mutable lock clears it, see [`GpuArbiter::core`]).
-    armed_valid: bool,
 }
 
 /// How many recently rung vHQDs get their next doorbell's preemption
@@ -376,7 +373,6 @@ impl GpuArbiter {
                 calls_in_flight: false,
                 notices: Vec::new(),
                 recent: Vec::with_capacity(RECENT_DOORBELLS),
-                armed_valid: false,
             }),
             cv: Condvar::new(),
             requests,
@@ -394,7 +390,7 @@ impl GpuArbiter {
 
     /// Stops the service thread (VMs should be removed first). Idempotent.
     pub fn shutdown(&self) {
-        self.core().stopping = true;
+        lock(&self.core).stopping = true;
         let _ = self.requests.kick.write(1);
         if let Some(t) = lock(&self.thread).take() {
             let _ = t.join();
@@ -432,7 +428,7 @@ impl GpuArbiter {
     /// While one is set, the binding stamps when it hands a preemption to
     /// the backend ([`DoorbellSeen::issued`]).
     pub fn set_doorbell_observer(&self, obs: Option<DoorbellObserver>) {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         let epoch = self.epoch;
         c.bind.set_issue_clock(obs.as_ref().map(|_| {
             Box::new(move || epoch.elapsed().as_nanos() as u64) as crate::binding::DecisionClock
@@ -449,7 +445,7 @@ impl GpuArbiter {
         params: VmParams,
         irq: Arc<dyn InterruptSink>,
     ) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), ArbiterError> {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         if c.stopping {
             return Err(ArbiterError::Stopped);
         }
@@ -492,7 +488,7 @@ impl GpuArbiter {
     /// front end or memory (released at once if its queues are already gone,
     /// else when the last one is).
     pub fn remove_vm(&self, vm: VgpuHandle) {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         let v = vm.0 as usize;
         if c.vms.get(v).is_none_or(|e| e.removed) {
             return;
@@ -520,7 +516,7 @@ impl GpuArbiter {
         drop(c);
         let _ = self.requests.kick.write(1);
         let deadline = Instant::now() + Duration::from_secs(5);
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         while (c.vms[v].queue.iter().any(|q| q.is_some())
             || !c.calls.is_empty()
             || c.calls_in_flight)
@@ -549,7 +545,7 @@ impl GpuArbiter {
         &self,
         f: impl FnOnce(&mut Binding<Owner>) -> Result<(), SchedError>,
     ) -> Result<(), SchedError> {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         f(&mut c.bind)?;
         let now = self.now();
         let core = &mut *c;
@@ -587,7 +583,7 @@ impl GpuArbiter {
 
     /// A VM's current parameters and accounting (`None` once removed).
     pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
         // Bring the scheduler's clock to now: GPU time then includes the
         // time a queue has been running since the last event (a long kernel
@@ -629,10 +625,6 @@ impl GpuArbiter {
             if c.stopping {
                 return;
             }
-            // The preparations of the last turn hold for this turn's first
-            // doorbell only if nothing locked the core meanwhile; whatever
-            // this turn does, the next turn's are prepared at its end.
-            let mut prepared = std::mem::replace(&mut c.armed_valid, false);
             // Doorbells first: the preemption a high-priority doorbell
             // causes is handed to the backend before control requests and
             // timers of the same turn are served.
@@ -644,8 +636,7 @@ impl GpuArbiter {
                     TOKEN_TIMER => fired = true,
                     t => {
                         let (vm, vhqd) = ((t >> 8) as u32, (t & 0xFF) as usize);
-                        self.per_vm(&mut c, vm, |a, core| a.doorbell(core, vm, vhqd, prepared));
-                        prepared = false;
+                        self.per_vm(&mut c, vm, |a, core| a.doorbell(core, vm, vhqd));
                     }
                 }
             }
@@ -682,7 +673,7 @@ impl GpuArbiter {
             self.flush(c, &mut spare);
             // Prepare the next doorbells' preemptions while the cache is
             // warm (the doorbell path then hands them to the GPU first).
-            let mut c = self.core();
+            let mut c = lock(&self.core);
             self.arm_recent(&mut c);
             drop(c);
             self.cv.notify_all();
@@ -693,9 +684,6 @@ impl GpuArbiter {
     /// would cause (see [`Binding::arm_doorbell`]); forgets vHQDs no longer
     /// loaded with the same queue.
     fn arm_recent(&self, c: &mut Core) {
-        if c.armed_valid {
-            return;
-        }
         let now = self.now();
         let Core {
             recent, bind, vms, ..
@@ -706,19 +694,9 @@ impl GpuArbiter {
                 .and_then(|s| s.queue.get(r.vhqd).copied().flatten())
                 == Some(r.queue)
         });
-        for r in recent.iter_mut() {
+        for r in recent.iter_mut().filter(|r| !bind.armed_current(&r.armed)) {
             bind.arm_doorbell(r.queue, now, &mut r.armed);
         }
-        c.armed_valid = true;
-    }
-
-    /// The core, locked by anyone but the service thread's turn: whatever
-    /// the holder changes, the prepared doorbell preemptions are of an
-    /// older state and are not used until the next turn prepares them.
-    fn core(&self) -> MutexGuard<'_, Core> {
-        let mut c = lock(&self.core);
-        c.armed_valid = false;
-        c
     }
 
     /// Makes the queued front-end calls without the core lock (service
@@ -739,7 +717,7 @@ impl GpuArbiter {
                     Err(_) => follow.push(FollowUp::Quarantine(vm)),
                 }
             }
-            c = self.core();
+            c = lock(&self.core);
             c.calls_in_flight = false;
             for f in follow.drain(..) {
                 match f {
@@ -949,7 +927,7 @@ impl GpuArbiter {
                 s.wptr_poll[vhqd] = wptr_poll;
                 // A doorbell rung before the load was served finds no queue:
                 // look at the write index now.
-                self.doorbell(c, vm, vhqd, false);
+                self.doorbell(c, vm, vhqd);
             }
             VgpuRequest::Dequeue { vhqd, mode } => {
                 let Some(q) = c.vms[v].queue.get(vhqd).copied().flatten() else {
@@ -990,11 +968,10 @@ impl GpuArbiter {
     /// again (a doorbell rung in between is not lost). No allocation and no
     /// front-end call on this path.
     ///
-    /// With `armed` (nothing changed since the end of the last turn), a
-    /// preemption prepared for this vHQD ([`Binding::arm_doorbell`]) goes
-    /// to the GPU right after the write index is read, before the
-    /// scheduler hears of the doorbell.
-    fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize, armed: bool) {
+    /// A preemption prepared for this vHQD ([`Binding::arm_doorbell`]) with
+    /// nothing changed since goes to the GPU right after the write index
+    /// is read, before the scheduler hears of the doorbell.
+    fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize) {
         let v = vm as usize;
         let clear = |c: &Core| {
             if let Some(fe) = &c.vms[v].fe {
@@ -1012,15 +989,14 @@ impl GpuArbiter {
         match Self::read_wptr(c, v, vhqd, q) {
             Some(wptr) => {
                 let _ = c.bind.take_preempt_issued();
-                if armed {
-                    let Core {
-                        recent, bind, gpu, ..
-                    } = &mut *c;
-                    if let Some(r) = recent.iter().find(|r| r.vm == vm && r.vhqd == vhqd) {
-                        if r.queue == q {
-                            bind.fire_armed(gpu.as_mut(), now, &r.armed, wptr);
-                        }
-                    }
+                let Core {
+                    recent, bind, gpu, ..
+                } = &mut *c;
+                if let Some(r) = recent
+                    .iter()
+                    .find(|r| (r.vm, r.vhqd, r.queue) == (vm, vhqd, q))
+                {
+                    bind.fire_armed(gpu.as_mut(), now, &r.armed, wptr);
                 }
                 let before = c.bind.scheduler().stats().preemptions;
                 let stale_before = c.bind.scheduler().stats().stale_doorbells;
@@ -1068,13 +1044,7 @@ impl GpuArbiter {
         }
         self.deliver_from(c, &mut out);
         c.notices = out;
-        Self::note_recent(c, vm, vhqd, q);
-    }
-
-    /// Keeps vHQD `vhqd` of VM `vm` (loaded with `queue`) among the recently
-    /// rung ones (see [`note_recent`]).
-    fn note_recent(c: &mut Core, vm: u32, vhqd: usize, queue: QueueId) {
-        note_recent(&mut c.recent, vm, vhqd, queue);
+        note_recent(&mut c.recent, vm, vhqd, q);
     }
 
     /// Carries out binding notices in order: bookkeeping here, front-end
@@ -1236,7 +1206,7 @@ impl GpuArbiter {
         {
             return Err(ArbiterError::PreemptTimeout(timeout));
         }
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         if c.vms.get(vm.0 as usize).is_none_or(|e| e.removed) {
             return Err(SchedError::NoVm(VmId(vm.0)).into());
         }
@@ -1276,7 +1246,7 @@ impl GpuArbiter {
     /// when) it is quarantined. `None` once removed or unknown.
     pub fn guard_status(&self, vm: VgpuHandle) -> Option<GuardStatus> {
         let now = self.now();
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
         Some(s.guard.status(now))
     }
@@ -1284,7 +1254,7 @@ impl GpuArbiter {
     /// Lifts VM `vm`'s guard quarantine (loads are accepted again) and
     /// forgets its counts in the window. Returns whether it was quarantined.
     pub fn clear_quarantine(&self, vm: VgpuHandle) -> Result<bool, ArbiterError> {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         let s = c
             .vms
             .get_mut(vm.0 as usize)
@@ -1304,7 +1274,7 @@ impl GpuArbiter {
     /// quarantine stays until cleared.
     pub fn set_guard(&self, vm: VgpuHandle, limits: GuardConfig) -> Result<(), ArbiterError> {
         limits.validate()?;
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         let s = c
             .vms
             .get_mut(vm.0 as usize)
@@ -1320,7 +1290,7 @@ impl GpuArbiter {
     /// /metrics`, content type [`crate::metrics::CONTENT_TYPE`]); every
     /// family is described in `docs/metrics.md`.
     pub fn metrics_text(&self) -> String {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         self.count_refused(&mut c);
         // As `vm_status`: bring GPU time up to now first.
         let now = self.now();
@@ -1351,7 +1321,7 @@ impl GpuArbiter {
         &self,
         vm: VgpuHandle,
     ) -> Option<std::collections::BTreeMap<String, u64>> {
-        let mut c = self.core();
+        let mut c = lock(&self.core);
         self.count_refused(&mut c);
         let errors = c
             .tele

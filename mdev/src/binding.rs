@@ -501,6 +501,12 @@ impl<O: Copy> Binding<O> {
         true
     }
 
+    /// Is `armed` of the binding's current state (nothing changed since
+    /// [`Binding::arm_doorbell`] prepared it)?
+    pub fn armed_current(&self, armed: &ArmedDoorbell) -> bool {
+        armed.gen == self.gen
+    }
+
     /// A doorbell of the queue `armed` was prepared for, with write index
     /// `wptr`, at `now`: hands the prepared unmaps to the GPU unless the
     /// index is the one the scheduler saw (stale), the plan expired, or

@@ -536,12 +536,12 @@ impl<O: Copy> Binding<O> {
             }
         }
         let mode = dequeue_mode(plan.mode);
+        self.early_for = armed.queue;
         for (&(q, slot), &timeout) in armed.victims.iter().zip(&armed.timeouts) {
             let ok = gpu
                 .unmap_within(now, PhysSlot(slot.0), mode, timeout)
                 .is_ok();
             self.early.push((q, PhysSlot(slot.0), plan.mode, ok));
-            self.early_for = armed.queue;
         }
         self.stats.armed_fired += 1;
         true

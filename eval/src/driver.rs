@@ -8,13 +8,13 @@ use crate::report::{jain, percentile, PolicyReport, VmReport};
 use crate::scenario::{Arrival, Behaviour, Class, Scenario, ThinkDist};
 use abi::aql::{KernelDispatch, Packet};
 use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
-use mdev::backend::{GpuEvent, PhysGpu};
+use gpu::backend::{GpuEvent, PhysGpu};
+use gpu::mem::{DmaMemory, SparseMemory};
+use gpu::topology::GpuTopology;
+use gpusim::sim::testkit::{GuestQueue, TestVm};
+use gpusim::SimGpu;
 use mdev::binding::{ArmedDoorbell, Binding, Notice};
-use mdev::mem::{DmaMemory, SparseMemory};
-use mdev::sim::testkit::{GuestQueue, TestVm};
-use mdev::sim::SimGpu;
 use mdev::telemetry::{notice_owner, Telemetry};
-use mdev::topology::GpuTopology;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use scheduler::{Event, Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
@@ -91,7 +91,7 @@ pub struct RunOutput {
     /// Simulated duration (ns).
     pub duration_ns: u64,
     /// The simulator's own counters.
-    pub gpu: mdev::sim::SimStats,
+    pub gpu: gpusim::SimStats,
     /// Per VM, in VM order (tenant entries in file order, `count` each).
     pub vm_runs: Vec<VmRun>,
 }
@@ -761,7 +761,7 @@ impl Sim<'_> {
                 block,
                 n,
                 groups,
-                cost_ns: cost_ns.max(self.gpu.topology().sim.wg_floor_ns),
+                cost_ns: cost_ns.max(self.gpu.params().wg_floor_ns),
             },
         );
     }
@@ -977,14 +977,14 @@ impl Sim<'_> {
 impl Sim<'_> {
     /// Per-VM error counts (issue 11): resets after a preemption timeout
     /// apart from other queue errors.
-    fn note_error(&mut self, stream: usize, reason: &mdev::backend::QueueErrorReason) {
+    fn note_error(&mut self, stream: usize, reason: &gpu::backend::QueueErrorReason) {
         let vm = self.streams[stream].vm;
         let e = &mut self.track.errors;
         if e.len() <= vm {
             e.resize(vm + 1, (0, None, 0));
         }
         match reason {
-            mdev::backend::QueueErrorReason::PreemptionTimeout { .. } => {
+            gpu::backend::QueueErrorReason::PreemptionTimeout { .. } => {
                 e[vm].0 += 1;
                 e[vm].1.get_or_insert(self.now);
             }

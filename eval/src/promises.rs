@@ -12,7 +12,7 @@
 use crate::driver::{evaluate_full, simulate, topology, EvalError, RunOutput, VmRun};
 use crate::report::PolicyReport;
 use crate::scenario::{Scenario, BUILTIN};
-use mdev::topology::GpuTopology;
+use gpu::topology::GpuTopology;
 use scheduler::Policy;
 
 /// Built-in variants of the periodic real-time scenarios (issue 9,

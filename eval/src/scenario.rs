@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use mdev::topology::{GpuTopology, PartitionMode};
+use gpu::topology::{GpuTopology, PartitionMode};
 use scheduler::Policy;
 use serde::Deserialize;
 
@@ -613,16 +613,18 @@ impl Scenario {
                 }
             };
         }
-        t.validate().map_err(|e| {
-            use mdev::topology::TopologyError as E;
-            let field = match &e {
-                E::Zero(f) => *f,
-                E::TooLarge { field, .. } | E::ControlRecordTooLarge { field, .. } => *field,
-                E::PartitionMismatch { .. } => "partition_mode",
-                E::NoUserSlots { .. } => "reserved_queues_per_pipe",
-            };
-            (field, e.to_string())
-        })?;
+        t.validate()
+            .and_then(|()| gpusim::SimParams::default().validate(&t))
+            .map_err(|e| {
+                use gpu::topology::TopologyError as E;
+                let field = match &e {
+                    E::Zero(f) => *f,
+                    E::TooLarge { field, .. } | E::ControlRecordTooLarge { field, .. } => *field,
+                    E::PartitionMismatch { .. } => "partition_mode",
+                    E::NoUserSlots { .. } => "reserved_queues_per_pipe",
+                };
+                (field, e.to_string())
+            })?;
         Ok(t)
     }
 

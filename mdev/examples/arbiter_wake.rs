@@ -9,7 +9,7 @@
 //!   for an ioeventfd doorbell); time from the `write` to the arbiter having
 //!   handed the CWSR preemption to the backend (the doorbell observer).
 //!
-//! `cargo run --release -p hqdmux-mdev --example arbiter_wake [-- SAMPLES]`.
+//! `cargo run --release -p hqdmux-mdev --features probe --example arbiter_wake [-- SAMPLES]`.
 //! The last line reads `detect_p99_ratio=D` (p99 doorbell_to_preempt / p99
 //! eventfd_wake). Figures are host-dependent; nothing here asserts.
 

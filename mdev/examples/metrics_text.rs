@@ -3,7 +3,7 @@
 //! low-priority VM busy with long kernels, a high-priority VM whose
 //! doorbell preempts it (CWSR save, later restore).
 //!
-//! `cargo run -p hqdmux-mdev --example metrics_text [-- --svg out.svg]`
+//! `cargo run -p hqdmux-mdev --features probe --example metrics_text [-- --svg out.svg]`
 
 use abi::kernel::KernelKind;
 use mdev::probe::{add_guest, load_hqd, mqd_addr, tiny_arbiter};

@@ -11,7 +11,7 @@
 //! * `hi_done_ms`: from the doorbell to the high-priority kernel's completion
 //!   vector (it can only run once the hung queue is gone).
 //!
-//! `cargo run --release -p hqdmux-mdev --example preempt_timeout [-- SAMPLES]`.
+//! `cargo run --release -p hqdmux-mdev --features probe --example preempt_timeout [-- SAMPLES]`.
 //! Host figures; nothing here asserts.
 
 use abi::kernel::{flags, KernelKind};

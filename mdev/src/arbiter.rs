@@ -42,26 +42,6 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-/// Simulated-GPU events processed per service-loop turn in real time (about
-/// 0.5 ms of host time at ~120 ns per workgroup): a guest that floods the
-/// model with tiny workgroups makes it lag wall time but cannot keep the
-/// service thread from other VMs' doorbells.
-pub const REALTIME_EVENT_BUDGET: usize = 4096;
-
-/// The backend the `[gpu]` section asks for (`backend = "sim"`).
-pub fn open_backend(
-    topo: &GpuTopology,
-    seed: u64,
-) -> Result<Box<dyn PhysGpu + Send>, TopologyError> {
-    match topo.backend {
-        crate::topology::Backend::Sim => {
-            let mut g = crate::sim::SimGpu::new(topo.clone(), seed)?;
-            g.set_event_budget(Some(REALTIME_EVENT_BUDGET));
-            Ok(Box::new(g))
-        }
-    }
-}
-
 /// Arbiter errors.
 #[derive(Debug, thiserror::Error)]
 pub enum ArbiterError {
@@ -438,6 +418,8 @@ impl GpuArbiter {
 
     /// Registers a VM: its memory, scheduling parameters and interrupt sink.
     /// Returns its handle and its front end (registers, doorbell eventfds).
+    /// Its guard starts with the default limits ([`GuardConfig::default`]);
+    /// the fleet sets its own with [`GpuArbiter::set_guard`].
     pub fn add_vm(
         &self,
         name: &str,
@@ -476,7 +458,7 @@ impl GpuArbiter {
             mqd_addr: [0; NUM_VHQD],
             wptr_poll: [0; NUM_VHQD],
             removed: false,
-            guard: VmGuard::new(self.topo.guard),
+            guard: VmGuard::new(GuardConfig::default()),
             quarantined: false,
         });
         Ok((h, fe))

@@ -50,7 +50,7 @@ fn a_panic_in_the_gpu_path_of_the_service_loop_does_not_stop_the_arbiter() {
     let topo = GpuTopology::tiny();
     let armed = Arc::new(AtomicBool::new(false));
     let gpu = Box::new(PanicOnce {
-        inner: open_backend(&topo, 1).unwrap(),
+        inner: crate::probe::sim_backend(&topo, 1),
         armed: armed.clone(),
     });
     let a = GpuArbiter::start(topo, SchedConfig::default(), gpu).unwrap();

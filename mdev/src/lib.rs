@@ -1,15 +1,12 @@
-//! Mediated virtual GPU and physical GPU backends.
+//! The mediation: per-VM virtual GPUs multiplexed onto one physical GPU.
 //!
-//! This crate holds the **physical GPU side** of hqdmux:
+//! This crate drives a physical GPU only through the contract of
+//! `hqdmux-gpu` ([`gpu::backend::PhysGpu`], [`gpu::mem::DmaMemory`],
+//! [`gpu::topology::GpuTopology`]); it never names a backend. The process
+//! that assembles a fleet (the VMM, the virtual-time harness) picks one
+//! (`hqdmux-gpusim`'s `SimGpu` today) and hands it to the arbiter or the
+//! binding.
 //!
-//! * [`mem`]: [`mem::DmaMemory`], bounds-checked access to one VM's memory
-//!   (guest RAM as `vm_memory::GuestMemoryMmap`, or a host vector in tests).
-//! * [`topology`]: [`topology::GpuTopology`], the `[gpu]` section of the fleet TOML,
-//!   and the list of user HQD slots.
-//! * [`backend`]: [`backend::PhysGpu`], the trait the binding drives (map,
-//!   unmap with a dequeue mode, doorbell, advance the clock).
-//! * [`sim`]: [`sim::SimGpu`], a discrete-event simulated MI300-class GPU
-//!   (command processors, AQL, CUs, CWSR).
 //! * [`binding`]: [`binding::Binding`], the one sans-IO scheduler <-> GPU
 //!   binding (FIFO event order), run by the arbiter in real time and by
 //!   eval in virtual time.
@@ -23,22 +20,26 @@
 //! * [`ratelimit`]: per-VM limiter of guest-triggered log lines.
 //! * [`guard`]: the misbehaving-VM guard (per-VM rate windows of resets,
 //!   queue errors and stale doorbells; quarantine).
-//!
-//! See `docs/gpu-model.md` for what the model covers.
+//! * `probe` (feature `probe`): the arbiter measurement rig of the benches.
 #![deny(missing_docs)]
 
-pub mod admission;
+// The contract's modules, imported at the crate root so this crate's files
+// name them `crate::backend`, `crate::mem`, ... (they lived here before the
+// split). Importers outside use `gpu::...`.
+use gpu::{admission, backend, mem, topology};
+// The simulator, for tests and the probe rig only (a dev-dependency, or the
+// optional dependency of the `probe` feature).
+#[cfg(any(test, feature = "probe"))]
+use gpusim::sim;
+
 pub mod arbiter;
-pub mod backend;
 pub mod binding;
 pub mod guard;
-pub mod mem;
 pub mod metrics;
+#[cfg(any(test, feature = "probe"))]
 pub mod probe;
 pub mod ratelimit;
-pub mod sim;
 pub mod telemetry;
-pub mod topology;
 pub mod vgpu;
 
 /// The timeline model and SVG renderer ([`arbiter::GpuArbiter::timeline`]).

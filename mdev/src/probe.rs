@@ -4,7 +4,8 @@
 //! `mdev/examples/arbiter_wake.rs` and `vmm/examples/doorbell_bench.rs`
 //! (docs/benchmarks.md). Host figures only; nothing here asserts timing.
 
-use crate::arbiter::{open_backend, DoorbellSeen, GpuArbiter};
+use crate::arbiter::{DoorbellSeen, GpuArbiter};
+use crate::backend::PhysGpu;
 use crate::mem::{DmaMemory, SparseMemory};
 use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::topology::GpuTopology;
@@ -26,6 +27,13 @@ impl InterruptSink for Irq {
     fn raise(&self, v: u16) {
         let _ = self.0.lock().unwrap().send(v);
     }
+}
+
+/// The simulated GPU of `topo` for a real-time arbiter (default simulator
+/// knobs, the real-time event budget). Panics on an invalid topology (a
+/// measurement and test helper).
+pub fn sim_backend(topo: &GpuTopology, seed: u64) -> Box<dyn PhysGpu + Send> {
+    gpusim::realtime_backend(topo, &gpusim::SimParams::default(), seed).expect("sim backend")
 }
 
 /// Value at quantile `q` of `v` (sorts `v`; `v` must not be empty).
@@ -58,7 +66,7 @@ pub fn load_hqd(fe: &VgpuFrontEnd, i: usize, addr: u64) {
 /// start (a measurement and test helper).
 pub fn tiny_arbiter() -> Arc<GpuArbiter> {
     let topo = GpuTopology::tiny();
-    let gpu = open_backend(&topo, 1).unwrap();
+    let gpu = sim_backend(&topo, 1);
     GpuArbiter::start(topo, SchedConfig::default(), gpu).unwrap()
 }
 
@@ -242,7 +250,7 @@ pub fn doorbell_spans(
     // The service thread on CPU 1 (it inherits the mask), beside the
     // floor's waiter; this thread writes the doorbells from `writer_cpu`.
     pin_current(Some(1));
-    let a = GpuArbiter::start(topo.clone(), cfg, open_backend(&topo, 1).unwrap()).unwrap();
+    let a = GpuArbiter::start(topo.clone(), cfg, sim_backend(&topo, 1)).unwrap();
     pin_current(Some(writer_cpu));
     let (seen_tx, seen_rx) = channel::<DoorbellSeen>();
     let seen_tx = Mutex::new(seen_tx);

@@ -68,9 +68,9 @@ fn seeds_reach_the_model() {
     assert!(name.ends_with("admitted"));
     let img: [u8; MQD_BYTES] = d[2..].try_into().unwrap();
     let topo = mqd_admission::topology(d[0]);
-    let mem = mdev::mem::SparseMemory::new(1 << (20 + d[1] as u32 % 21));
+    let mem = gpu::mem::SparseMemory::new(1 << (20 + d[1] as u32 % 21));
     assert_eq!(
-        mdev::admission::check_mqd(&topo, &V9Mqd::from_bytes(&img), &mem),
+        gpu::admission::check_mqd(&topo, &V9Mqd::from_bytes(&img), &mem),
         Ok(())
     );
     let mut w = gpu_queue::World::new();

@@ -164,7 +164,7 @@ fn build(toml: &str) -> (Arc<GpuArbiter>, Vec<Built>, FleetConfig) {
             extra_devices: Vec::new(),
         };
         let vm = Vm::create(&kvm, &cpuid, spec).expect("vm");
-        let gpu = attach_vgpu(&m, &vm, vc).expect("vgpu");
+        let gpu = attach_vgpu(&m, &vm, &cfg, vc).expect("vgpu");
         out.push(Built { vm, gpu });
     }
     (m, out, cfg)

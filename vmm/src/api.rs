@@ -1252,7 +1252,7 @@ mod tests {
         )
         .unwrap();
         let m = crate::fleet::start_arbiter(&cfg).unwrap();
-        let mem: Arc<dyn mdev::mem::DmaMemory> = Arc::new(mdev::mem::SparseMemory::new(1 << 30));
+        let mem: Arc<dyn gpu::mem::DmaMemory> = Arc::new(gpu::mem::SparseMemory::new(1 << 30));
         let params = scheduler::VmParams {
             priority: 5,
             ..Default::default()

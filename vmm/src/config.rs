@@ -4,7 +4,7 @@
 //! [run]
 //! timeout_ms = 10000
 //!
-//! [gpu]                    # mdev::topology::GpuTopology; every field optional,
+//! [gpu]                    # GpuConfig (topology, backend, [gpu.sim], [gpu.guard]); every field optional,
 //! backend = "sim"          # defaults describe an MI300X
 //! xccs = 8
 //! partition_mode = "SPX"   # SPX, DPX, QPX or CPX
@@ -28,8 +28,110 @@ use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use mdev::topology::{GpuTopology, PartitionMode, TopologyError};
+use gpu::topology::{GpuTopology, PartitionMode, TopologyError};
 use serde::Deserialize;
+
+/// Which physical GPU backend (`[gpu] backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The simulated GPU (`gpusim::SimGpu`).
+    #[default]
+    Sim,
+}
+
+/// The `[gpu]` section, composed of the parts each crate owns: the hardware
+/// topology (`gpu::topology::GpuTopology`, its fields at the top of the
+/// section, `[gpu.cwsr]`), the backend choice and the simulator's knobs
+/// (`[gpu.sim]`, `gpusim::SimParams`), and the fleet's guard defaults
+/// (`[gpu.guard]`, `mdev::guard::GuardConfig`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "GpuSection")]
+pub struct GpuConfig {
+    /// Backend (`"sim"`).
+    pub backend: Backend,
+    /// Simulator knobs (`[gpu.sim]`; ignored by other backends).
+    pub sim: gpusim::SimParams,
+    /// Misbehaving-VM guard defaults (`[gpu.guard]`; per VM: `[[vm]] guard`).
+    pub guard: mdev::guard::GuardConfig,
+    /// The hardware: XCCs, partition mode, pipes, queues, CUs, `[gpu.cwsr]`.
+    pub topology: GpuTopology,
+}
+
+/// The `[gpu]` section as the file spells it: one flat table (serde's
+/// `flatten` would lose the line of an unknown field). Converted to
+/// [`GpuConfig`]; the conversion names every topology field, so a field
+/// added to [`GpuTopology`] fails to compile here until the file can set it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct GpuSection {
+    backend: Backend,
+    xccs: u32,
+    partition_mode: PartitionMode,
+    pipes_per_xcc: u32,
+    queues_per_pipe: u32,
+    reserved_queues_per_pipe: u32,
+    cus_per_xcc: u32,
+    ses_per_xcc: u32,
+    cwsr: gpu::topology::CwsrModel,
+    sim: gpusim::SimParams,
+    guard: mdev::guard::GuardConfig,
+}
+
+impl Default for GpuSection {
+    fn default() -> Self {
+        let GpuConfig {
+            backend,
+            sim,
+            guard,
+            topology: t,
+        } = GpuConfig::default();
+        GpuSection {
+            backend,
+            xccs: t.xccs,
+            partition_mode: t.partition_mode,
+            pipes_per_xcc: t.pipes_per_xcc,
+            queues_per_pipe: t.queues_per_pipe,
+            reserved_queues_per_pipe: t.reserved_queues_per_pipe,
+            cus_per_xcc: t.cus_per_xcc,
+            ses_per_xcc: t.ses_per_xcc,
+            cwsr: t.cwsr,
+            sim,
+            guard,
+        }
+    }
+}
+
+impl From<GpuSection> for GpuConfig {
+    fn from(f: GpuSection) -> Self {
+        GpuConfig {
+            backend: f.backend,
+            sim: f.sim,
+            guard: f.guard,
+            topology: GpuTopology {
+                xccs: f.xccs,
+                partition_mode: f.partition_mode,
+                pipes_per_xcc: f.pipes_per_xcc,
+                queues_per_pipe: f.queues_per_pipe,
+                reserved_queues_per_pipe: f.reserved_queues_per_pipe,
+                cus_per_xcc: f.cus_per_xcc,
+                ses_per_xcc: f.ses_per_xcc,
+                cwsr: f.cwsr,
+            },
+        }
+    }
+}
+
+impl GpuConfig {
+    /// Checks the topology, then the chosen backend's settings against it
+    /// (the guard is checked on its own). Errors name the field.
+    pub fn validate(&self) -> Result<(), TopologyError> {
+        self.topology.validate()?;
+        match self.backend {
+            Backend::Sim => self.sim.validate(&self.topology),
+        }
+    }
+}
 
 /// Smallest guest RAM: 1 MiB of boot structures plus room for the image.
 pub const MIN_MEMORY_MIB: u64 = 4;
@@ -77,7 +179,7 @@ pub struct FleetConfig {
     /// Run limits.
     pub run: RunConfig,
     /// The physical GPU the VMs share (`[gpu]`; omitted = an MI300X in SPX).
-    pub gpu: GpuTopology,
+    pub gpu: GpuConfig,
     /// Scheduler policy and tunables (`[scheduler]`, docs/scheduling.md).
     pub scheduler: scheduler::SchedConfig,
     /// The VMs, in launch order.
@@ -95,7 +197,7 @@ struct FleetFile {
     #[serde(default)]
     run: RunConfig,
     #[serde(default)]
-    gpu: GpuTopology,
+    gpu: GpuConfig,
     #[serde(default)]
     scheduler: scheduler::SchedConfig,
     #[serde(default)]
@@ -451,7 +553,7 @@ impl FleetConfig {
             }
             Err(e) => return Err(top("scheduler", e.to_string())),
         }
-        let partitions = self.gpu.partitions();
+        let partitions = self.gpu.topology.partitions();
         let mut names = HashSet::new();
         for (index, vm) in self.vm.iter().enumerate() {
             let bad = |field: &str, reason: String| ConfigError::Invalid {
@@ -503,8 +605,8 @@ impl FleetConfig {
             }
             if vm.gpu {
                 // One queue's CWSR area must fit beside the image.
-                let cwsr = u64::from(self.gpu.ctx_save_bytes_per_xcc())
-                    * u64::from(self.gpu.xccs_per_partition());
+                let cwsr = u64::from(self.gpu.topology.ctx_save_bytes_per_xcc())
+                    * u64::from(self.gpu.topology.xccs_per_partition());
                 let need = cwsr.div_ceil(1 << 20) + MIN_MEMORY_MIB;
                 if vm.memory_mib < need {
                     return Err(bad(
@@ -527,7 +629,7 @@ impl FleetConfig {
                         format!(
                             "{p} is out of range 0..={} ([gpu] partition_mode {} has {partitions} partition{})",
                             partitions - 1,
-                            mode_name(self.gpu.partition_mode),
+                            mode_name(self.gpu.topology.partition_mode),
                             if partitions == 1 { "" } else { "s" },
                         ),
                     ));
@@ -714,9 +816,9 @@ impl FleetConfig {
     /// What `hqdmux check` prints about the GPU: backend, XCCs, CUs,
     /// partitioning, user HQD slots, and which VMs are pinned where.
     pub fn gpu_summary(&self) -> String {
-        let g = &self.gpu;
-        let backend = match g.backend {
-            mdev::topology::Backend::Sim => "sim (simulated MI300-class)",
+        let g = &self.gpu.topology;
+        let backend = match self.gpu.backend {
+            Backend::Sim => "sim (simulated MI300-class)",
         };
         let parts = g.partitions();
         let user_per_pipe = g.queues_per_pipe - g.reserved_queues_per_pipe;
@@ -978,7 +1080,7 @@ mod tests {
             (vm.memory_mib, vm.vcpus, vm.priority, vm.weight),
             (16, 1, 12, 3)
         );
-        assert_eq!(cfg.gpu.backend, mdev::topology::Backend::Sim);
+        assert_eq!(cfg.gpu.backend, Backend::Sim);
         assert_eq!(
             vm.image_source(&cfg.base_dir),
             ImageSource::Builtin("hello".into())
@@ -1147,9 +1249,12 @@ mod tests {
     #[test]
     fn gpu_omitted_is_an_mi300x_in_spx() {
         let cfg = parse(GOOD).unwrap();
-        assert_eq!(cfg.gpu, GpuTopology::default());
-        assert_eq!((cfg.gpu.xccs, cfg.gpu.cus_per_xcc), (8, 38));
-        assert_eq!(cfg.gpu.partition_mode, PartitionMode::Spx);
+        assert_eq!(cfg.gpu, GpuConfig::default());
+        assert_eq!(
+            (cfg.gpu.topology.xccs, cfg.gpu.topology.cus_per_xcc),
+            (8, 38)
+        );
+        assert_eq!(cfg.gpu.topology.partition_mode, PartitionMode::Spx);
         assert_eq!(cfg.vm[0].partition, None);
         let s = cfg.gpu_summary();
         assert!(s.contains("8 XCCs x 38 CUs = 304 CUs"), "{s}");
@@ -1167,11 +1272,11 @@ mod tests {
              [gpu.cwsr]\ntrap_ns = 1000\n{GOOD}partition = 7\n"
         ))
         .unwrap();
-        assert_eq!(cfg.gpu.partition_mode, PartitionMode::Cpx);
-        assert_eq!(cfg.gpu.xccs, 8);
-        assert_eq!(cfg.gpu.partitions(), 8);
-        assert_eq!(cfg.gpu.cwsr.trap_ns, 1000);
-        assert_eq!(cfg.gpu.cwsr.save_bytes_per_us, 200_000);
+        assert_eq!(cfg.gpu.topology.partition_mode, PartitionMode::Cpx);
+        assert_eq!(cfg.gpu.topology.xccs, 8);
+        assert_eq!(cfg.gpu.topology.partitions(), 8);
+        assert_eq!(cfg.gpu.topology.cwsr.trap_ns, 1000);
+        assert_eq!(cfg.gpu.topology.cwsr.save_bytes_per_us, 200_000);
         assert_eq!(cfg.vm[0].partition, Some(7));
         let s = cfg.gpu_summary();
         assert!(

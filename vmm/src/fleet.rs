@@ -10,8 +10,8 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
+use gpu::mem::DmaMemory;
 use mdev::arbiter::{ArbiterStats, GpuArbiter};
-use mdev::mem::DmaMemory;
 use mdev::vgpu::VgpuHandle;
 use scheduler::VmParams;
 
@@ -613,7 +613,7 @@ fn build_vm(
         source,
     })?;
     let att = match (vc.gpu, arbiter) {
-        (true, Some(m)) => Some(attach_vgpu(m, &vm, vc)?),
+        (true, Some(m)) => Some(attach_vgpu(m, &vm, cfg, vc)?),
         (true, None) => {
             return Err(FleetError::Gpu(format!(
                 "vm '{}': the fleet has no GPU arbiter",
@@ -625,11 +625,21 @@ fn build_vm(
     Ok((vm, att))
 }
 
+/// The backend the `[gpu]` section asks for (`backend = "sim"`): where the
+/// process picks its GPU (the mediation only knows the `PhysGpu` contract).
+pub fn open_backend(
+    gpu: &crate::config::GpuConfig,
+    seed: u64,
+) -> Result<Box<dyn gpu::backend::PhysGpu + Send>, gpu::topology::TopologyError> {
+    match gpu.backend {
+        crate::config::Backend::Sim => gpusim::realtime_backend(&gpu.topology, &gpu.sim, seed),
+    }
+}
+
 /// Starts the fleet's GPU arbiter with the backend `[gpu]` asks for.
 pub fn start_arbiter(cfg: &FleetConfig) -> Result<Arc<GpuArbiter>, FleetError> {
-    let backend =
-        mdev::arbiter::open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(e.to_string()))?;
-    GpuArbiter::start(cfg.gpu.clone(), cfg.scheduler.clone(), backend)
+    let backend = open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(e.to_string()))?;
+    GpuArbiter::start(cfg.gpu.topology.clone(), cfg.scheduler.clone(), backend)
         .map_err(|e| FleetError::Gpu(e.to_string()))
 }
 
@@ -675,6 +685,7 @@ impl VgpuAttachment {
 pub fn attach_vgpu(
     m: &Arc<GpuArbiter>,
     vm: &Vm,
+    cfg: &FleetConfig,
     vc: &VmConfig,
 ) -> Result<VgpuAttachment, FleetError> {
     let err = |e: String| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
@@ -695,7 +706,7 @@ pub fn attach_vgpu(
         std::time::Duration::from_millis(vc.preempt_timeout_ms),
     )
     .map_err(|e| err(e.to_string()))?;
-    m.set_guard(handle, m.topology().guard.with(&vc.guard))
+    m.set_guard(handle, cfg.gpu.guard.with(&vc.guard))
         .map_err(|e| err(e.to_string()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,

@@ -8,10 +8,10 @@
 use abi::aql::{KernelDispatch, Packet, PACKET_SIZE};
 use abi::kernel::{element_range, Kernarg, KernelDescriptor, KernelKind, KD_SIZE, KERNARG_MAX};
 use abi::queue::AMD_QUEUE_WRITE_DISPATCH_ID;
-use mdev::backend::{DequeueMode, GpuEvent, PhysGpu, SlotId};
-use mdev::sim::testkit::{map_req, GuestQueue, TestVm};
-use mdev::sim::SimGpu;
-use mdev::topology::GpuTopology;
+use gpu::backend::{DequeueMode, GpuEvent, PhysGpu, SlotId};
+use gpu::topology::GpuTopology;
+use gpusim::sim::testkit::{map_req, GuestQueue, TestVm};
+use gpusim::sim::SimGpu;
 
 /// Ring size of the fuzzed queue, in packets.
 pub const RING_PACKETS: u32 = 16;

@@ -1,5 +1,5 @@
 //! Fuzz harness `mqd_admission`: a hostile 2048-byte MQD through
-//! [`mdev::admission::check_mqd`], and an admitted one on to `SimGpu::map`, a
+//! [`gpu::admission::check_mqd`], and an admitted one on to `SimGpu::map`, a
 //! few model steps and a dequeue. Shared by `fuzz/fuzz_targets/mqd_admission.rs`
 //! (libFuzzer) and `mdev/tests/fuzz_corpus.rs` (corpus replay under `cargo test`).
 //!
@@ -9,10 +9,10 @@
 #![allow(dead_code)]
 
 use abi::mqd::{AqlMqdBuilder, V9Mqd, MQD_BYTES};
-use mdev::backend::{DequeueMode, MapRequest, PhysGpu, SlotId};
-use mdev::mem::{DmaMemory, SparseMemory};
-use mdev::sim::SimGpu;
-use mdev::topology::{GpuTopology, PartitionMode};
+use gpu::backend::{DequeueMode, MapRequest, PhysGpu, SlotId};
+use gpu::mem::{DmaMemory, SparseMemory};
+use gpu::topology::{GpuTopology, PartitionMode};
+use gpusim::sim::SimGpu;
 use std::sync::Arc;
 
 /// The topology byte 0 selects.
@@ -49,7 +49,7 @@ pub fn run(data: &[u8]) {
         format!("{mqd:?}").len(),
     );
     let mem = Arc::new(SparseMemory::new(size));
-    let Ok(()) = mdev::admission::check_mqd(&topo, &mqd, mem.as_ref()) else {
+    let Ok(()) = gpu::admission::check_mqd(&topo, &mqd, mem.as_ref()) else {
         return;
     };
     // Admitted: the rules the simulator relies on hold.
@@ -84,7 +84,7 @@ fn gpu_now(gpu: &SimGpu) -> u64 {
 }
 
 /// At most `n` steps of virtual time.
-pub fn step(gpu: &mut SimGpu, out: &mut Vec<mdev::backend::GpuEvent>, n: usize) {
+pub fn step(gpu: &mut SimGpu, out: &mut Vec<gpu::backend::GpuEvent>, n: usize) {
     for _ in 0..n {
         let Some(t) = gpu.next_deadline() else { return };
         let t = t.max(gpu.now());

@@ -28,9 +28,9 @@
 use abi::mqd::{CP_MQD_BASE_ADDR_HI, CP_MQD_BASE_ADDR_LO, MQD_BYTES};
 use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{hqd_state, reg, NUM_VHQD};
-use mdev::arbiter::{open_backend, GpuArbiter};
-use mdev::sim::testkit::{GuestQueue, TestVm};
-use mdev::topology::GpuTopology;
+use gpu::topology::GpuTopology;
+use gpusim::sim::testkit::{GuestQueue, TestVm};
+use mdev::arbiter::GpuArbiter;
 use mdev::vgpu::{InterruptSink, VgpuFrontEnd, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
 use scheduler::{SchedConfig, VmParams};
 use std::sync::{Arc, Condvar, Mutex};
@@ -126,7 +126,7 @@ pub fn run(data: &[u8]) {
 pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
     let mut out = Outcome::default();
     let topo = GpuTopology::tiny();
-    let gpu = open_backend(&topo, 0).expect("backend");
+    let gpu = gpusim::realtime_backend(&topo, &gpusim::SimParams::default(), 0).expect("backend");
     let arb = GpuArbiter::start(topo.clone(), SchedConfig::default(), gpu).expect("arbiter");
     let mut vm = TestVm::new(8 << 20);
     let mut q = vm.queue(&topo, 16, 5);

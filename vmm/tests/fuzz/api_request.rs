@@ -5,8 +5,8 @@
 //! Shared by `fuzz/fuzz_targets/api_request.rs` and `vmm/tests/fuzz_corpus.rs`.
 #![allow(dead_code)]
 
-use mdev::arbiter::{open_backend, GpuArbiter};
-use mdev::topology::GpuTopology;
+use gpu::topology::GpuTopology;
+use mdev::arbiter::GpuArbiter;
 use mdev::vgpu::InterruptSink;
 use scheduler::{SchedConfig, VmParams};
 use std::sync::{Arc, OnceLock};
@@ -24,9 +24,10 @@ fn control() -> &'static FleetControl {
     static CTL: OnceLock<FleetControl> = OnceLock::new();
     CTL.get_or_init(|| {
         let topo = GpuTopology::tiny();
-        let gpu = open_backend(&topo, 0).expect("backend");
+        let gpu =
+            gpusim::realtime_backend(&topo, &gpusim::SimParams::default(), 0).expect("backend");
         let m = GpuArbiter::start(topo, SchedConfig::default(), gpu).expect("arbiter");
-        let mem = Arc::new(mdev::mem::SparseMemory::new(1 << 20));
+        let mem = Arc::new(gpu::mem::SparseMemory::new(1 << 20));
         let (h, _fe) = m
             .add_vm("gpu0", mem, VmParams::default(), Arc::new(NoIrqs))
             .expect("add_vm");

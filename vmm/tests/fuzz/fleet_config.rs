@@ -39,7 +39,7 @@ pub fn run(data: &[u8]) {
             for v in &cfg.vm {
                 assert!(!v.name.is_empty());
                 if let Some(p) = v.partition {
-                    assert!(p < cfg.gpu.partitions());
+                    assert!(p < cfg.gpu.topology.partitions());
                 }
             }
             let _ = cfg.gpu_summary();

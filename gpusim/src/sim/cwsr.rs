@@ -20,6 +20,7 @@
 
 use super::{decode_work, Active, Hqd, QResult, SavedWg, Work};
 use crate::backend::QueueErrorReason;
+use crate::params::{control_record_bytes, SimParams};
 use crate::topology::GpuTopology;
 use abi::aql::{Packet, PACKET_SIZE};
 use abi::le::{put_u16, put_u32, put_u64, u16_at, u32_at, u64_at};
@@ -68,7 +69,7 @@ pub(super) fn save_bytes(q: &mut Hqd) -> u64 {
     if q.active.is_empty() && q.resume.is_empty() {
         return 0;
     }
-    GpuTopology::control_record_bytes(q.active.len() as u32, q.resume.len() as u32)
+    control_record_bytes(q.active.len() as u32, q.resume.len() as u32)
 }
 
 /// Write the queue's dispatch progress; returns the record bytes (0 if none).
@@ -83,8 +84,7 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
         q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
         return Ok(0);
     }
-    let total =
-        GpuTopology::control_record_bytes(q.active.len() as u32, q.resume.len() as u32) as usize;
+    let total = control_record_bytes(q.active.len() as u32, q.resume.len() as u32) as usize;
     if total as u64 > size as u64 {
         return Err(QueueErrorReason::CwsrTooSmall {
             need: total as u64,
@@ -126,7 +126,11 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
 /// if there are saved workgroups to restore, `None` if the records hold only
 /// packet progress (DrainPipe / ResetWaves, or a save with nothing in flight):
 /// with no waves to relaunch the CP takes them as part of the load, at no cost.
-pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<Option<u64>> {
+pub(super) fn read_save(
+    q: &mut Hqd,
+    topo: &GpuTopology,
+    params: &SimParams,
+) -> QResult<Option<u64>> {
     let bad = QueueErrorReason::BadSavedState;
     let size = q.mqd.cntl_stack_size();
     let off = q.mqd.cntl_stack_offset();
@@ -140,7 +144,7 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<Option<u64>>
         })? as u64;
     // Bound the host allocation by the largest record this topology writes
     // before reading anything (the offset is guest-controlled: up to 4 GiB).
-    if total > topo.max_control_record_bytes() {
+    if total > params.max_control_record_bytes(topo) {
         return Err(bad("control stack larger than the largest record"));
     }
     let total = total as usize;
@@ -160,10 +164,10 @@ pub(super) fn read_save(q: &mut Hqd, topo: &GpuTopology) -> QResult<Option<u64>>
     }
     let np = u32_at(&b, 8) as usize;
     let nw = u32_at(&b, 12) as usize;
-    if np > topo.sim.max_active_packets as usize || nw > topo.cus_per_partition() as usize {
+    if np > params.max_active_packets as usize || nw > topo.cus_per_partition() as usize {
         return Err(bad("record counts out of range"));
     }
-    if GpuTopology::control_record_bytes(np as u32, nw as u32) != total as u64 {
+    if control_record_bytes(np as u32, nw as u32) != total as u64 {
         return Err(bad("record counts do not match the stack size"));
     }
     if u64_at(&b, 24) != checksum(&b[HDR..]) {

@@ -1,6 +1,6 @@
 //! Simulated GPU benchmark.
 //!
-//! `cargo run --release -p hqdmux-mdev --example simbench [vms] [queues_per_vm]`
+//! `cargo run --release -p hqdmux-gpusim --example simbench [vms] [queues_per_vm]`
 //!
 //! 1. Virtual time: MI300X topology (SPX, 304 CUs, 24 user slots), `vms` x
 //!    `queues_per_vm` queues (default 64 x 16) of 32 Mark/Spin kernels, a 1 ms
@@ -13,10 +13,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use abi::kernel::KernelKind;
-use mdev::backend::{DequeueMode, GpuEvent, PhysGpu, SlotId};
-use mdev::sim::testkit::{map_req, GuestQueue, TestVm};
-use mdev::sim::{RealTimeDriver, SimGpu};
-use mdev::topology::GpuTopology;
+use gpu::backend::{DequeueMode, GpuEvent, PhysGpu, SlotId};
+use gpu::topology::GpuTopology;
+use gpusim::sim::testkit::{map_req, GuestQueue, TestVm};
+use gpusim::sim::{RealTimeDriver, SimGpu};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

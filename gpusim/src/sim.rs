@@ -18,6 +18,7 @@ pub use realtime::RealTimeDriver;
 
 use crate::backend::*;
 use crate::mem::DmaMemory;
+use crate::params::SimParams;
 use crate::topology::{GpuTopology, TopologyError};
 use abi::aql::{self, Barrier, Body, Packet};
 use abi::kernel::{element_range, Kernarg, KernelDescriptor};
@@ -360,6 +361,7 @@ struct Part {
 /// The simulated GPU. See the module docs.
 pub struct SimGpu {
     topo: GpuTopology,
+    params: SimParams,
     slot_part: Vec<u32>,
     slots: Vec<Option<Hqd>>,
     parts: Vec<Part>,
@@ -389,9 +391,20 @@ pub struct SimGpu {
 type QResult<T> = Result<T, QueueErrorReason>;
 
 impl SimGpu {
-    /// A simulated GPU for `topo`; `seed` drives the optional workgroup jitter.
+    /// A simulated GPU for `topo` with the default [`SimParams`]; `seed`
+    /// drives the optional workgroup jitter.
     pub fn new(topo: GpuTopology, seed: u64) -> Result<Self, TopologyError> {
+        Self::with_params(topo, SimParams::default(), seed)
+    }
+
+    /// A simulated GPU for `topo` with the simulator knobs `params`.
+    pub fn with_params(
+        topo: GpuTopology,
+        params: SimParams,
+        seed: u64,
+    ) -> Result<Self, TopologyError> {
         topo.validate()?;
+        params.validate(&topo)?;
         let slots = topo.user_slots();
         let mut parts: Vec<Part> = (0..topo.partitions())
             .map(|_| Part {
@@ -414,6 +427,7 @@ impl SimGpu {
             slots: slots.iter().map(|_| None).collect(),
             parts,
             topo,
+            params,
             wgs: Vec::new(),
             free_wgs: Vec::new(),
             heap: BinaryHeap::new(),
@@ -432,6 +446,11 @@ impl SimGpu {
             dirty_batches: Vec::new(),
             batch_cus: Vec::new(),
         })
+    }
+
+    /// The simulator knobs.
+    pub fn params(&self) -> &SimParams {
+        &self.params
     }
 
     /// Counters.
@@ -618,8 +637,8 @@ impl SimGpu {
     }
 
     fn pump_inner(&mut self, slot: u32) -> QResult<()> {
-        let max_active = self.topo.sim.max_active_packets as usize;
-        let poll_ns = self.topo.sim.barrier_poll_ns;
+        let max_active = self.params.max_active_packets as usize;
+        let poll_ns = self.params.barrier_poll_ns;
         let now = self.now;
         let mut need_poll = false;
         let mut header_wait = false;
@@ -1006,7 +1025,7 @@ impl SimGpu {
                 cost = ns;
             }
         }
-        cost.max(self.topo.sim.wg_floor_ns).max(MIN_WG_NS)
+        cost.max(self.params.wg_floor_ns).max(MIN_WG_NS)
     }
 
     /// Marks batch `idx` changed: its timers are re-armed by `flush_batches`
@@ -1342,7 +1361,7 @@ impl SimGpu {
     }
 
     fn start_one(&mut self, slot: u32) {
-        let jitter = self.topo.sim.jitter_permille as u64;
+        let jitter = self.params.jitter_permille as u64;
         if jitter == 0 {
             let q = self.slots[slot as usize].as_ref().expect("slot");
             if let Some(Some(i)) = self.dispatchable(q) {
@@ -1358,7 +1377,7 @@ impl SimGpu {
                 }
             }
         }
-        let floor = self.topo.sim.wg_floor_ns;
+        let floor = self.params.wg_floor_ns;
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let q = self.slots[slot as usize].as_mut().expect("slot");
@@ -2047,7 +2066,7 @@ impl PhysGpu for SimGpu {
         }
         let mut restore_ns = None;
         if err.is_none() && q.mqd.has_saved_state() {
-            match cwsr::read_save(&mut q, &self.topo) {
+            match cwsr::read_save(&mut q, &self.topo, &self.params) {
                 Ok(ns) => {
                     self.stats.restores += 1;
                     restore_ns = ns;

@@ -29,7 +29,11 @@ struct World {
 
 impl World {
     fn new(topo: GpuTopology, seed: u64, nq: usize) -> World {
-        let gpu = SimGpu::new(topo.clone(), seed).unwrap();
+        Self::with_params(topo, SimParams::default(), seed, nq)
+    }
+
+    fn with_params(topo: GpuTopology, params: SimParams, seed: u64, nq: usize) -> World {
+        let gpu = SimGpu::with_params(topo.clone(), params, seed).unwrap();
         let mut vm = TestVm::new(64 << 20);
         let qs = (0..nq).map(|_| vm.queue(&topo, 64, 5)).collect();
         let ns = topo.user_slots().len();
@@ -170,7 +174,11 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn run_ops(topo: GpuTopology, seed: u64, ops: &[Op]) -> World {
-    let mut w = World::new(topo, seed, 6);
+    run_ops_with(topo, SimParams::default(), seed, ops)
+}
+
+fn run_ops_with(topo: GpuTopology, params: SimParams, seed: u64, ops: &[Op]) -> World {
+    let mut w = World::with_params(topo, params, seed, 6);
     for q in 0..6 {
         for k in 0..3 {
             w.submit(
@@ -218,13 +226,13 @@ proptest! {
     /// seed draws other jitter: the trace differs (the seed is really used).
     #[test]
     fn virtual_time_is_deterministic(seed in any::<u64>(), ops in proptest::collection::vec(op(), 1..40)) {
-        let mut t = GpuTopology::tiny();
-        t.sim.jitter_permille = 300;
-        let a = run_ops(t.clone(), seed, &ops);
-        let b = run_ops(t.clone(), seed, &ops);
+        let t = GpuTopology::tiny();
+        let p = SimParams { jitter_permille: 300, ..Default::default() };
+        let a = run_ops_with(t.clone(), p.clone(), seed, &ops);
+        let b = run_ops_with(t.clone(), p.clone(), seed, &ops);
         prop_assert_eq!(&a.trace, &b.trace);
         prop_assert_eq!(a.gpu.stats(), b.gpu.stats());
-        let c = run_ops(t, seed.wrapping_add(1), &ops);
+        let c = run_ops_with(t, p, seed.wrapping_add(1), &ops);
         prop_assert_ne!(&a.trace, &c.trace);
         // Jitter only stretches workgroups: the work done is the same.
         prop_assert_eq!(a.gpu.stats().wgs_completed, c.gpu.stats().wgs_completed);
@@ -1049,9 +1057,11 @@ fn real_time_catch_up_is_bounded_so_callers_get_in_while_the_model_lags() {
     let groups = 1_000_000;
     // Jitter makes every workgroup an event (no batching): the per-event
     // path is what the budget bounds.
-    let mut topo = topo;
-    topo.sim.jitter_permille = 1;
-    let mut gpu = SimGpu::new(topo.clone(), 0).unwrap();
+    let p = SimParams {
+        jitter_permille: 1,
+        ..Default::default()
+    };
+    let mut gpu = SimGpu::with_params(topo.clone(), p, 0).unwrap();
     gpu.set_event_budget(Some(256));
     vm.kernel(&mut q, KernelKind::Mark, groups, 1, 1, 0, false);
     let drv = RealTimeDriver::start(gpu, |_| {});
@@ -1452,10 +1462,13 @@ fn dequeue_record_write_failure_is_a_queue_error() {
 /// corrupt-save error at a later restore.
 #[test]
 fn huge_spin_is_refused_at_dispatch() {
-    let mut topo = GpuTopology::tiny();
-    topo.sim.jitter_permille = 1000;
+    let topo = GpuTopology::tiny();
+    let p = SimParams {
+        jitter_permille: 1000,
+        ..Default::default()
+    };
     let (_, mut vm, mut q) = one_queue(topo.clone());
-    let mut gpu = SimGpu::new(topo, 9).unwrap();
+    let mut gpu = SimGpu::with_params(topo, p, 9).unwrap();
     vm.kernel(&mut q, KernelKind::Spin, 4, 1, 1000, 0, false);
     let ka = packet_ptr(&vm, &q, 40);
     vm.mem.write_u64(ka, u64::MAX - 5).unwrap();
@@ -1497,7 +1510,7 @@ fn zero_cost_workgroups_take_the_floor() {
         _ => None,
     });
     // 10 workgroups on 4 CUs at the floor each: 3 rounds.
-    let floor = GpuTopology::tiny().sim.wg_floor_ns.max(MIN_WG_NS);
+    let floor = SimParams::default().wg_floor_ns.max(MIN_WG_NS);
     assert_eq!(done, Some(3 * floor));
     vm.verify(&q).unwrap();
 }
@@ -1925,7 +1938,7 @@ fn huge_uniform_dispatch_costs_events_not_workgroups() {
     assert!(steps < 16, "{steps} steps");
     assert_eq!(gpu.stats().wgs_completed, groups as u64);
     let cus = topo.cus_per_partition() as u64;
-    let floor = topo.sim.wg_floor_ns;
+    let floor = SimParams::default().wg_floor_ns;
     let done = ev.iter().find_map(|e| match e {
         GpuEvent::PacketCompleted { at, .. } => Some(*at),
         _ => None,

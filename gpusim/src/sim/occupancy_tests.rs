@@ -8,16 +8,23 @@ use abi::kernel::KernelKind;
 use proptest::prelude::*;
 use scheduler::CuSet;
 
-/// 2 XCCs x 8 CUs, one partition, no workgroup floor.
+/// 2 XCCs x 8 CUs, one partition.
 fn topo() -> GpuTopology {
-    let mut t = GpuTopology {
+    GpuTopology {
         xccs: 2,
         cus_per_xcc: 8,
         ses_per_xcc: 2,
         ..Default::default()
+    }
+}
+
+/// A simulated GPU on `t` with no workgroup floor.
+fn sim(t: GpuTopology, seed: u64) -> SimGpu {
+    let p = SimParams {
+        wg_floor_ns: 0,
+        ..Default::default()
     };
-    t.sim.wg_floor_ns = 0;
-    t
+    SimGpu::with_params(t, p, seed).unwrap()
 }
 
 /// Completion time of each packet of queue `tag`, in order.
@@ -41,7 +48,7 @@ fn small_beside_long(long_vgprs: u16, small_vgprs: u16) -> (Nanos, Nanos, u64) {
     vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
     vm.kernel_vgprs = small_vgprs;
     vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 5_000, 2, false);
-    let mut gpu = SimGpu::new(t, 1).unwrap();
+    let mut gpu = sim(t, 1);
     gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
     let mut ev = Vec::new();
     gpu.advance(100_000, &mut ev);
@@ -87,7 +94,7 @@ fn a_uniform_kernel_keeps_its_throughput_with_occupancy() {
             vm.kernel_vgprs = vgprs;
             vm.kernel(&mut q, KernelKind::Mark, groups, 64, 30_000, 3, false);
             vm.kernel(&mut q, KernelKind::Mark, groups, 64, 7_000, 4, true);
-            let mut gpu = SimGpu::new(t, 1).unwrap();
+            let mut gpu = sim(t, 1);
             gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
             let mut ev = Vec::new();
             run_virtual(&mut gpu, 0, u64::MAX, &mut ev);
@@ -108,7 +115,7 @@ fn a_saved_guest_resumes_with_the_work_it_had_left() {
     vm.kernel_vgprs = 64;
     vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
     vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 40_000, 2, false);
-    let mut gpu = SimGpu::new(t, 1).unwrap();
+    let mut gpu = sim(t, 1);
     gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
     gpu.map(0, map_req(&vm, &hi, 1, 1)).unwrap();
     assert_eq!(gpu.stats().coresident_wgs, 1);
@@ -166,7 +173,7 @@ proptest! {
     ) {
         let t = topo();
         let mut vm = TestVm::new(64 << 20);
-        let mut gpu = SimGpu::new(t.clone(), seed).unwrap();
+        let mut gpu = sim(t.clone(), seed);
         let mut qs: Vec<GuestQueue> = (0..3).map(|_| vm.queue(&t, 64, 5)).collect();
         let mut fps = Vec::new();
         for (i, q) in qs.iter_mut().enumerate() {

@@ -1,4 +1,6 @@
-//! GPU topology: the `[gpu]` section of the fleet TOML.
+//! GPU topology: the hardware part of the `[gpu]` section of the fleet TOML
+//! (the backend choice, `[gpu.sim]` and `[gpu.guard]` belong to the VMM's
+//! `GpuConfig`, the simulator and the mediation's guard).
 //!
 //! Defaults describe an MI300X (gfx9.4.2/9.4.3 family): 8 XCCs, 38 CUs per XCC
 //! (304 CUs), SPX (one partition over all XCCs), MEC1 with 4 pipes x 8 queues per
@@ -9,15 +11,6 @@
 //! `reserved_queues_per_pipe = 0` for 32, or 1 for 28).
 
 use serde::Deserialize;
-
-/// Which physical GPU backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// The simulated GPU ([`crate::sim::SimGpu`]).
-    #[default]
-    Sim,
-}
 
 /// Compute partition mode: how the XCCs are grouped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
@@ -83,40 +76,10 @@ impl Default for CwsrModel {
     }
 }
 
-/// Simulator-only knobs (ignored by real backends).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SimParams {
-    /// How often a command processor re-checks a blocked barrier packet (ns).
-    pub barrier_poll_ns: u64,
-    /// Packets a CP may have launched but not retired per queue (prefetch window).
-    pub max_active_packets: u32,
-    /// Random extra workgroup time, 0..=cost x permille / 1000 (seeded; 0 = none).
-    /// Non-zero jitter turns workgroup batching off (each workgroup is an event).
-    pub jitter_permille: u32,
-    /// Modelled per-workgroup dispatch floor (ns): no workgroup takes less
-    /// (wave launch and retire in the SPI/CP; *modelled*, no public
-    /// measurement). A flood of tiny workgroups is then a long kernel.
-    pub wg_floor_ns: u64,
-}
-
-impl Default for SimParams {
-    fn default() -> Self {
-        SimParams {
-            barrier_poll_ns: 2_000,
-            max_active_packets: 8,
-            jitter_permille: 0,
-            wg_floor_ns: 100,
-        }
-    }
-}
-
 /// Physical GPU topology and model constants.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuTopology {
-    /// Backend (`"sim"`).
-    pub backend: Backend,
     /// XCCs (compute dies). MI300X: 8.
     pub xccs: u32,
     /// Partition mode (`"SPX"`, `"DPX"`, `"QPX"`, `"CPX"`).
@@ -133,16 +96,11 @@ pub struct GpuTopology {
     pub ses_per_xcc: u32,
     /// CWSR cost model.
     pub cwsr: CwsrModel,
-    /// Simulator knobs.
-    pub sim: SimParams,
-    /// Misbehaving-VM guard defaults (`[gpu.guard]`; per VM: `[[vm]] guard`).
-    pub guard: crate::guard::GuardConfig,
 }
 
 impl Default for GpuTopology {
     fn default() -> Self {
         GpuTopology {
-            backend: Backend::Sim,
             xccs: 8,
             partition_mode: PartitionMode::Spx,
             pipes_per_xcc: 4,
@@ -151,8 +109,6 @@ impl Default for GpuTopology {
             cus_per_xcc: 38,
             ses_per_xcc: 4,
             cwsr: CwsrModel::default(),
-            sim: SimParams::default(),
-            guard: crate::guard::GuardConfig::default(),
         }
     }
 }
@@ -191,9 +147,11 @@ pub enum TopologyError {
         /// Queues per pipe.
         per_pipe: u32,
     },
-    /// The simulator's largest CWSR control record (header + one record per
-    /// active packet + one per CU of the partition) does not fit the control
-    /// stack the gfx9.4.x formula gives one XCC.
+    /// A backend's largest CWSR control record (the simulator's: header +
+    /// one record per active packet + one per CU of the partition) does not
+    /// fit the control stack the gfx9.4.x formula gives one XCC. Returned by
+    /// the backend's own check of its settings against the topology
+    /// (`gpusim::SimParams::validate`), not by [`GpuTopology::validate`].
     #[error(
         "gpu.{field}: the largest CWSR control record ({need} bytes = 32 + 32 x \
          sim.max_active_packets + 24 x CUs per partition) does not fit the \
@@ -243,13 +201,6 @@ impl GpuTopology {
             ("queues_per_pipe", self.queues_per_pipe as u64, 16),
             ("cus_per_xcc", self.cus_per_xcc as u64, 1024),
             ("ses_per_xcc", self.ses_per_xcc as u64, 64),
-            (
-                "sim.max_active_packets",
-                self.sim.max_active_packets as u64,
-                1024,
-            ),
-            ("sim.jitter_permille", self.sim.jitter_permille as u64, 1000),
-            ("sim.wg_floor_ns", self.sim.wg_floor_ns, 1 << 32),
         ];
         for (field, value, max) in max {
             if value > max {
@@ -261,12 +212,6 @@ impl GpuTopology {
         }
         if self.cwsr.restore_bytes_per_us == 0 {
             return Err(TopologyError::Zero("cwsr.restore_bytes_per_us"));
-        }
-        if self.sim.barrier_poll_ns == 0 {
-            return Err(TopologyError::Zero("sim.barrier_poll_ns"));
-        }
-        if self.sim.max_active_packets == 0 {
-            return Err(TopologyError::Zero("sim.max_active_packets"));
         }
         let parts = self.partition_mode.partitions();
         if !self.xccs.is_multiple_of(parts) {
@@ -282,28 +227,7 @@ impl GpuTopology {
                 per_pipe: self.queues_per_pipe,
             });
         }
-        let need = self.max_control_record_bytes();
-        let have = self.ctl_stack_bytes_per_xcc() as u64;
-        if need > have {
-            let one_packet = Self::control_record_bytes(1, self.cus_per_partition());
-            let field = if one_packet <= have {
-                "sim.max_active_packets"
-            } else {
-                "xccs"
-            };
-            return Err(TopologyError::ControlRecordTooLarge { field, need, have });
-        }
         Ok(())
-    }
-    /// Bytes of the simulator's CWSR control record for `packets` packet records
-    /// and `wgs` workgroup records (see `mdev::sim` and docs/gpu-model.md).
-    pub fn control_record_bytes(packets: u32, wgs: u32) -> u64 {
-        32 + 32 * packets as u64 + 24 * wgs as u64
-    }
-    /// Largest control record: every active packet and one saved workgroup per
-    /// CU of the partition. `validate` requires it to fit the control stack.
-    pub fn max_control_record_bytes(&self) -> u64 {
-        Self::control_record_bytes(self.sim.max_active_packets, self.cus_per_partition())
     }
     /// Number of partitions.
     pub fn partitions(&self) -> u32 {
@@ -431,7 +355,7 @@ mod tests {
     #[test]
     fn toml_section() {
         let t: GpuTopology = toml::from_str(
-            "backend = \"sim\"\nxccs = 4\npartition_mode = \"DPX\"\ncus_per_xcc = 8\n[cwsr]\ntrap_ns = 1000\n",
+            "xccs = 4\npartition_mode = \"DPX\"\ncus_per_xcc = 8\n[cwsr]\ntrap_ns = 1000\n",
         )
         .unwrap();
         assert_eq!(t.xccs, 4);
@@ -440,7 +364,8 @@ mod tests {
         assert_eq!(t.cwsr.save_bytes_per_us, 200_000);
         t.validate().unwrap();
         assert!(toml::from_str::<GpuTopology>("xcc = 4").is_err());
-        assert!(toml::from_str::<GpuTopology>("backend = \"kfd\"").is_err());
+        // The backend, simulator knobs and guard belong to other crates.
+        assert!(toml::from_str::<GpuTopology>("backend = \"sim\"").is_err());
     }
 
     #[test]
@@ -472,9 +397,7 @@ mod tests {
             t.validate(),
             Err(TopologyError::NoUserSlots { .. })
         ));
-        // MI300X SPX: 32 + 32*8 + 24*304 = 7584 bytes fit the 12 KiB stack.
         let t = GpuTopology::default();
-        assert_eq!(t.max_control_record_bytes(), 7584);
         assert_eq!(t.ctl_stack_bytes_per_xcc(), 12288);
         assert_eq!(t.ctl_stack_size(), 12288);
         assert_eq!(t.cwsr_size(), 12288 + 38 * 0x95000);
@@ -484,31 +407,6 @@ mod tests {
         // 8 x (cwsr + debug), page aligned.
         let total = 8 * (t.cwsr_size() as u64 + 48640);
         assert_eq!(t.min_cwsr_area_bytes(), total.div_ceil(4096) * 4096);
-        // 32 + 32*155 + 24*304 = 12288 fits exactly; 156 packets do not.
-        let mut t = GpuTopology::default();
-        t.sim.max_active_packets = 155;
-        t.validate().unwrap();
-        t.sim.max_active_packets = 156;
-        assert_eq!(
-            t.validate(),
-            Err(TopologyError::ControlRecordTooLarge {
-                field: "sim.max_active_packets",
-                need: 12320,
-                have: 12288
-            })
-        );
-        assert!(t.validate().unwrap_err().to_string().starts_with(
-            "gpu.sim.max_active_packets: the largest CWSR control record (12320 bytes"
-        ));
-        // 64 XCCs in SPX: the CUs alone overflow XCC 0's stack.
-        let t = GpuTopology {
-            xccs: 64,
-            ..Default::default()
-        };
-        assert!(matches!(
-            t.validate(),
-            Err(TopologyError::ControlRecordTooLarge { field: "xccs", .. })
-        ));
         let t = GpuTopology {
             pipes_per_xcc: 9,
             ..Default::default()

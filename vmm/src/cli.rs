@@ -12,7 +12,13 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::api::types::{
+    ErrorBody, FleetView, PolicyChange, PolicyName, PolicyView, PreemptTimeoutMs, Priority,
+    QuantumMs, VmList, VmUpdate, VmView, Weight,
+};
 
 /// Exit code: the fleet refused.
 pub const EXIT_REFUSED: u8 = 1;
@@ -41,6 +47,18 @@ pub fn call(
     target: &str,
     body: Option<(&str, Vec<u8>)>,
 ) -> Result<Value, ExitCode> {
+    call_as(cmd, socket, method, target, body)
+}
+
+/// [`call`], the answer read as `T` (an answer that is not a `T`: exit 2
+/// after printing why).
+pub fn call_as<T: DeserializeOwned>(
+    cmd: &str,
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<(&str, Vec<u8>)>,
+) -> Result<T, ExitCode> {
     let bytes = request(
         cmd,
         socket,
@@ -48,33 +66,51 @@ pub fn call(
         &format!("{}{target}", crate::api::PREFIX),
         body.as_ref().map(|(ct, b)| (*ct, b.as_slice())),
     )?;
-    Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    serde_json::from_slice(&bytes).map_err(|e| {
+        eprintln!(
+            "hqdmux {cmd}: the fleet answered something unexpected: {}",
+            escape(&e.to_string())
+        );
+        ExitCode::from(EXIT_UNREACHABLE)
+    })
 }
 
-fn json_body(v: &Value) -> Option<(&'static str, Vec<u8>)> {
+fn json_body<T: serde::Serialize>(v: &T) -> Option<(&'static str, Vec<u8>)> {
     Some((
         "application/json",
         serde_json::to_vec(v).unwrap_or_default(),
     ))
 }
 
-fn num(v: &Value, digits: usize) -> String {
-    match v.as_f64() {
+fn num(v: Option<f64>, digits: usize) -> String {
+    match v {
         Some(x) => format!("{x:.digits$}"),
         None => "-".into(),
     }
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        v => v.to_string(),
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| escape(&v.to_string()))
+}
+
+/// `s` with control characters (and backslashes) escaped as Rust writes
+/// them (`\n`, `\u{1b}`): a VM name or an outcome printed on a terminal
+/// cannot move the cursor, clear the screen or ring a bell.
+pub fn escape(s: &str) -> String {
+    if !s.chars().any(|c| c.is_control() || c == '\\') {
+        return s.to_owned();
     }
+    s.chars().flat_map(char::escape_debug).collect::<String>()
+}
+
+/// [`escape`], line feeds kept (a refusal's reason may span lines, as a
+/// TOML error with its caret line does).
+pub fn escape_lines(s: &str) -> String {
+    s.split('\n').map(escape).collect::<Vec<_>>().join("\n")
 }
 
 /// The `ps`/`top` table of VM views.
-pub fn table(vms: &[Value]) -> String {
+pub fn table(vms: &[VmView]) -> String {
     let mut s = format!(
         "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
         "vm",
@@ -94,54 +130,50 @@ pub fn table(vms: &[Value]) -> String {
         "outcome"
     );
     for v in vms {
-        let share = v["share"]
-            .as_f64()
+        let share = v
+            .share
             .map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "-".into());
-        let quarantined = match v["quarantined"].as_bool() {
+        let quarantined = match v.quarantined {
             Some(true) => "YES",
             Some(false) => "no",
             None => "-",
         };
         s += &format!(
             "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
-            text(&v["name"]),
-            text(&v["state"]),
-            if v["gpu"].as_bool() == Some(true) {
-                "yes"
-            } else {
-                "no"
-            },
-            text(&v["priority"]),
-            text(&v["weight"]),
-            num(&v["quantum_ms"], 1),
-            num(&v["gpu_time_ms"], 2),
+            escape(&v.name),
+            v.state.name(),
+            if v.gpu { "yes" } else { "no" },
+            v.priority,
+            v.weight,
+            num(v.quantum_ms, 1),
+            num(v.gpu_time_ms, 2),
             share,
-            text(&v["preemptions"]),
-            num(&v["cwsr_time_ms"], 3),
-            num(&v["latency_p50_ms"], 3),
-            num(&v["latency_p99_ms"], 3),
-            text(&v["queue_errors"]),
+            opt(v.preemptions),
+            num(v.cwsr_time_ms, 3),
+            num(v.latency_p50_ms, 3),
+            num(v.latency_p99_ms, 3),
+            opt(v.queue_errors),
             quarantined,
-            text(&v["outcome"]),
+            opt(v.outcome.as_deref()),
         );
     }
     s
 }
 
-fn print_json(v: &Value) {
+fn print_json<T: serde::Serialize>(v: &T) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 /// `hqdmux ps`.
 pub fn ps(socket: &Path, as_json: bool) -> ExitCode {
-    match call("ps", socket, "GET", "/vms", None) {
+    match call_as::<VmList>("ps", socket, "GET", "/vms", None) {
         Ok(v) if as_json => {
             print_json(&v);
             ExitCode::SUCCESS
         }
         Ok(v) => {
-            print!("{}", table(v["vms"].as_array().map_or(&[][..], |a| a)));
+            print!("{}", table(&v.vms));
             ExitCode::SUCCESS
         }
         Err(c) => c,
@@ -173,7 +205,9 @@ fn key_values(v: &Value, prefix: &str) -> String {
         for (k, x) in m {
             match x {
                 Value::Object(_) => s += &key_values(x, &format!("{prefix}{k}.")),
-                _ => s += &format!("{:<28} {}\n", format!("{prefix}{k}"), text(x)),
+                Value::Null => s += &format!("{:<28} -\n", format!("{prefix}{k}")),
+                Value::String(t) => s += &format!("{:<28} {}\n", format!("{prefix}{k}"), escape(t)),
+                _ => s += &format!("{:<28} {x}\n", escape(&format!("{prefix}{k}"))),
             }
         }
     }
@@ -183,27 +217,28 @@ fn key_values(v: &Value, prefix: &str) -> String {
 /// `hqdmux top`: the VM table every `interval`, or once.
 pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> ExitCode {
     loop {
-        let v = match call("top", socket, "GET", "/vms", None) {
+        let v = match call_as::<VmList>("top", socket, "GET", "/vms", None) {
             Ok(v) => v,
             Err(c) => return c,
         };
-        let f = call("top", socket, "GET", "/fleet", None).unwrap_or(Value::Null);
+        let f = call_as::<FleetView>("top", socket, "GET", "/fleet", None).ok();
         if as_json {
-            println!("{}", json!({"fleet": f, "vms": v["vms"]}));
+            println!("{}", serde_json::json!({"fleet": f, "vms": v.vms}));
         } else {
             let mut out = String::new();
             if !once {
                 // Home and clear: a refreshing screen.
                 out += "\x1b[H\x1b[2J";
             }
+            let gpu = f.as_ref().and_then(|f| f.gpu.as_ref());
             out += &format!(
                 "hqdmux top  policy {}  uptime {} s  completions {}  preemptions {}  (share: of the GPU time of the last interval)\n\n",
-                text(&f["gpu"]["policy"]),
-                num(&json!(f["uptime_ms"].as_f64().map(|x| x / 1e3)), 1),
-                text(&f["gpu"]["completions"]),
-                text(&f["gpu"]["preemptions"]),
+                opt(gpu.map(|g| g.policy.0.name())),
+                num(f.as_ref().map(|f| f.uptime_ms / 1e3), 1),
+                opt(gpu.map(|g| g.completions)),
+                opt(gpu.map(|g| g.preemptions)),
             );
-            out += &table(v["vms"].as_array().map_or(&[][..], |a| a));
+            out += &table(&v.vms);
             print!("{out}");
         }
         if once {
@@ -213,37 +248,29 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
     }
 }
 
-/// Fields of `hqdmux set`.
+/// Fields of `hqdmux set`, checked by the command line parser with the
+/// API's own types.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SetFields {
     /// New priority.
-    pub priority: Option<u32>,
+    pub priority: Option<Priority>,
     /// New weight.
-    pub weight: Option<u32>,
-    /// New slice (ms; 0 = back to the level's quantum).
-    pub quantum_ms: Option<u64>,
+    pub weight: Option<Weight>,
+    /// New slice (`Some(None)`: back to the level's quantum).
+    pub quantum_ms: Option<Option<QuantumMs>>,
     /// New preemption timeout (ms).
-    pub preempt_timeout_ms: Option<u64>,
+    pub preempt_timeout_ms: Option<PreemptTimeoutMs>,
 }
 
 /// `hqdmux set VM ...`.
 pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
-    let mut body = serde_json::Map::new();
-    if let Some(p) = f.priority {
-        body.insert("priority".into(), json!(p));
-    }
-    if let Some(w) = f.weight {
-        body.insert("weight".into(), json!(w));
-    }
-    if let Some(q) = f.quantum_ms {
-        body.insert(
-            "quantum_ms".into(),
-            if q == 0 { Value::Null } else { json!(q) },
-        );
-    }
-    if let Some(t) = f.preempt_timeout_ms {
-        body.insert("preempt_timeout_ms".into(), json!(t));
-    }
+    let body = VmUpdate {
+        priority: f.priority,
+        weight: f.weight,
+        quantum_ms: f.quantum_ms,
+        preempt_timeout_ms: f.preempt_timeout_ms,
+        guard: None,
+    };
     if body.is_empty() {
         eprintln!("hqdmux set: nothing to change (--priority, --weight, --quantum-ms, --preempt-timeout-ms)");
         return ExitCode::from(EXIT_UNREACHABLE);
@@ -253,7 +280,7 @@ pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
         socket,
         "PATCH",
         &format!("/vms/{}", encode_segment(vm)),
-        json_body(&Value::Object(body)),
+        json_body(&body),
         as_json,
     )
 }
@@ -278,7 +305,7 @@ fn one_vm(
     body: Option<(&str, Vec<u8>)>,
     as_json: bool,
 ) -> ExitCode {
-    match call(cmd, socket, method, target, body) {
+    match call_as::<VmView>(cmd, socket, method, target, body) {
         Ok(v) if as_json => {
             print_json(&v);
             ExitCode::SUCCESS
@@ -292,16 +319,16 @@ fn one_vm(
 }
 
 /// `hqdmux policy [P]`.
-pub fn policy(socket: &Path, set: Option<&str>, as_json: bool) -> ExitCode {
+pub fn policy(socket: &Path, set: Option<PolicyName>, as_json: bool) -> ExitCode {
     let r = match set {
-        Some(p) => call(
+        Some(policy) => call_as::<PolicyView>(
             "policy",
             socket,
             "PUT",
             "/policy",
-            json_body(&json!({ "policy": p })),
+            json_body(&PolicyChange { policy }),
         ),
-        None => call("policy", socket, "GET", "/policy", None),
+        None => call_as::<PolicyView>("policy", socket, "GET", "/policy", None),
     };
     match r {
         Ok(v) if as_json => {
@@ -309,7 +336,7 @@ pub fn policy(socket: &Path, set: Option<&str>, as_json: bool) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(v) => {
-            println!("{}", text(&v["policy"]));
+            println!("{}", v.policy.0.name());
             ExitCode::SUCCESS
         }
         Err(c) => c,
@@ -346,7 +373,7 @@ pub fn add(socket: &Path, file: &Path, as_json: bool) -> ExitCode {
 /// `hqdmux unquarantine VM`: lift its guard quarantine (exit 0 also when
 /// it was not quarantined; the answer's `was_quarantined` says which).
 pub fn unquarantine(socket: &Path, vm: &str, as_json: bool) -> ExitCode {
-    match call(
+    match call_as::<VmView>(
         "unquarantine",
         socket,
         "POST",
@@ -358,8 +385,8 @@ pub fn unquarantine(socket: &Path, vm: &str, as_json: bool) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(v) => {
-            if v["was_quarantined"].as_bool() == Some(false) {
-                println!("vm '{vm}' was not quarantined");
+            if v.was_quarantined == Some(false) {
+                println!("vm '{}' was not quarantined", escape(vm));
             }
             print!("{}", table(std::slice::from_ref(&v)));
             ExitCode::SUCCESS
@@ -387,12 +414,10 @@ fn request(
     match crate::http::call(socket, method, target, body) {
         Ok((st, bytes)) if (200..300).contains(&st) => Ok(bytes),
         Ok((st, bytes)) => {
-            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let why = v["error"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-            eprintln!("hqdmux {cmd}: {why} (HTTP {st})");
+            let why = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            eprintln!("hqdmux {cmd}: {} (HTTP {st})", escape_lines(why.trim_end()));
             Err(ExitCode::from(EXIT_REFUSED))
         }
         Err(e) => {
@@ -467,6 +492,7 @@ pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitC
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn metrics_timeline_and_unquarantine_exit_codes_over_a_real_socket() {
@@ -515,15 +541,24 @@ mod tests {
     fn names_are_percent_encoded_and_tables_show_every_vm() {
         assert_eq!(encode_segment("vm-a_1.x"), "vm-a_1.x");
         assert_eq!(encode_segment("a/b c"), "a%2Fb%20c");
-        let t = table(&[
+        let vms: Vec<VmView> = [
             json!({"name": "a", "state": "running", "gpu": true, "priority": 3, "weight": 2,
                    "quantum_ms": 4.0, "gpu_time_ms": 12.5, "share": 0.25, "preemptions": 1,
                    "cwsr_time_ms": 0.05, "latency_p50_ms": 0.125,
                    "latency_p99_ms": 2.5, "queue_errors": 7, "quarantined": true, "outcome": null}),
             json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0"}),
-        ]);
+            json!({"name": "c\u{1b}[2J\u{7}", "state": "failed", "outcome": "x\ny"}),
+        ]
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect();
+        let t = table(&vms);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 3);
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(!t.contains('\u{1b}') && !t.contains('\u{7}'), "{t:?}");
+        assert!(lines[3].starts_with("c\\u{1b}[2J\\u{7} "), "{t}");
+        assert!(lines[3].ends_with("x\\ny"), "{t}");
+        assert_eq!(escape_lines("a\u{7}\nb"), "a\\u{7}\nb");
         assert!(
             lines[1].starts_with("a ")
                 && lines[1].contains("25.0%")

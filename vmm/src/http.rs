@@ -241,7 +241,7 @@ pub struct Response {
 
 impl Response {
     /// A JSON answer.
-    pub fn json(status: u16, v: &serde_json::Value) -> Self {
+    pub fn json<T: serde::Serialize + ?Sized>(status: u16, v: &T) -> Self {
         let mut body = serde_json::to_vec_pretty(v).unwrap_or_default();
         body.push(b'\n');
         Response {

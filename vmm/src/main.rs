@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use vmm::api::types::{PolicyName, PreemptTimeoutMs, Priority, QuantumMs, Weight};
 use vmm::config::{ConfigError, FleetConfig, FleetNeeds, HostLimits};
 use vmm::fleet::{run_fleet, RunOptions};
 use vmm::vm::VmOutcome;
@@ -97,17 +98,17 @@ enum Command {
         /// VM name.
         vm: String,
         /// GPU priority 0..=15 (higher wins).
-        #[arg(long)]
-        priority: Option<u32>,
+        #[arg(long, value_parser = ranged::<Priority>)]
+        priority: Option<Priority>,
         /// Weight 1..=1000 among equal priorities.
-        #[arg(long)]
-        weight: Option<u32>,
+        #[arg(long, value_parser = ranged::<Weight>)]
+        weight: Option<Weight>,
         /// Slice length 1..=10000 ms (0: back to the priority's quantum).
-        #[arg(long)]
-        quantum_ms: Option<u64>,
-        /// Preemption timeout 1..=600000 ms.
-        #[arg(long)]
-        preempt_timeout_ms: Option<u64>,
+        #[arg(long, value_parser = parse_quantum_ms)]
+        quantum_ms: Option<Option<QuantumMs>>,
+        /// Preemption timeout 1..=3600000 ms.
+        #[arg(long, value_parser = ranged::<PreemptTimeoutMs>)]
+        preempt_timeout_ms: Option<PreemptTimeoutMs>,
     },
     /// Pause a VM's GPU work: CWSR-save its queues and hold them.
     Pause(VmArgs),
@@ -120,7 +121,8 @@ enum Command {
         #[command(flatten)]
         c: ClientArgs,
         /// New policy: hqdmux, fifo, poll5ms, timeslice, reset.
-        policy: Option<String>,
+        #[arg(value_parser = parse_policy)]
+        policy: Option<PolicyName>,
     },
     /// Add and start a VM from a file holding one `[[vm]]` entry.
     Add {
@@ -190,6 +192,30 @@ struct VmArgs {
     c: ClientArgs,
     /// VM name.
     vm: String,
+}
+
+/// An integer option read as the API's type `T` reads it (same range, same
+/// reason).
+fn ranged<T: serde::de::DeserializeOwned + Send + Sync + Clone + 'static>(
+    s: &str,
+) -> Result<T, String> {
+    let n: u64 = s
+        .parse()
+        .map_err(|e| format!("expected a non-negative integer: {e}"))?;
+    serde_json::from_value(serde_json::Value::from(n)).map_err(|e| e.to_string())
+}
+
+/// `--quantum-ms`: 0 returns to the priority level's quantum.
+fn parse_quantum_ms(s: &str) -> Result<Option<QuantumMs>, String> {
+    match s {
+        "0" => Ok(None),
+        _ => ranged::<QuantumMs>(s).map(Some),
+    }
+}
+
+/// A policy name.
+fn parse_policy(s: &str) -> Result<PolicyName, String> {
+    serde_json::from_value(serde_json::Value::from(s)).map_err(|e| e.to_string())
 }
 
 /// `--api-socket-mode`: octal permission bits.
@@ -361,7 +387,7 @@ fn main() -> ExitCode {
         Command::Pause(a) => vmm::cli::vm_action(&a.c.api_socket, "pause", &a.vm, a.c.json),
         Command::Resume(a) => vmm::cli::vm_action(&a.c.api_socket, "resume", &a.vm, a.c.json),
         Command::Stop(a) => vmm::cli::vm_action(&a.c.api_socket, "stop", &a.vm, a.c.json),
-        Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy.as_deref(), c.json),
+        Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy, c.json),
         Command::Add { c, file } => vmm::cli::add(&c.api_socket, &file, c.json),
         Command::Unquarantine(a) => vmm::cli::unquarantine(&a.c.api_socket, &a.vm, a.c.json),
         Command::Metrics { api_socket } => vmm::cli::metrics(&api_socket),

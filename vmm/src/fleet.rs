@@ -58,12 +58,23 @@ pub enum FleetError {
         /// Why.
         source: VmError,
     },
-    /// The event loop failed.
+    /// An eventfd or timerfd of the event loop could not be made.
     #[error("event loop: {0}")]
-    EventLoop(String),
+    EventLoop(#[source] std::io::Error),
+    /// The event manager failed.
+    #[error("event loop: {0}")]
+    EventManager(#[source] event_manager::Error),
     /// The mediated GPU could not be set up.
     #[error("gpu: {0}")]
-    Gpu(String),
+    Gpu(#[source] GpuError),
+    /// A VM's vGPU could not be set up.
+    #[error("gpu: vm '{vm}': {source}")]
+    Vgpu {
+        /// VM name.
+        vm: String,
+        /// Why.
+        source: GpuError,
+    },
     /// The control socket could not be opened.
     #[error("api socket {0}: {1}")]
     Api(String, std::io::Error),
@@ -74,6 +85,26 @@ pub enum FleetError {
     /// built: the launch was abandoned before any guest ran.
     #[error("stopped by {0} before any VM started")]
     Stopped(String),
+}
+
+/// Why the mediated GPU or a VM's vGPU could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The `[gpu]` backend could not be opened.
+    #[error("{0}")]
+    Backend(#[from] mdev::topology::TopologyError),
+    /// The arbiter refused.
+    #[error("{0}")]
+    Arbiter(#[from] mdev::arbiter::ArbiterError),
+    /// The vGPU's MSI-X routes could not be set up.
+    #[error("{0}")]
+    Msi(#[from] crate::devices::msix::MsiError),
+    /// The vGPU could not be put on the PCI bus.
+    #[error("{0}")]
+    Pci(#[from] crate::devices::pci::PciError),
+    /// A GPU VM in a fleet without a GPU arbiter.
+    #[error("the fleet has no GPU arbiter")]
+    NoArbiter,
 }
 
 /// The result of a fleet run.
@@ -249,8 +280,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
 
     let control = Arc::new(crate::api::FleetControl::new(arbiter.clone(), cfg, &vgpus));
     let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
-    let cmd_wake =
-        Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| FleetError::EventLoop(e.to_string()))?);
+    let cmd_wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
     control.connect_fleet(cmd_tx, cmd_wake.clone());
     let _api = match &opts.api_socket {
         Some(path) => Some(
@@ -263,10 +293,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     let mut done_fds = Vec::with_capacity(built.len());
     for vm in built {
         let name = vm.spec_name().to_owned();
-        let done = EventFd::new(EFD_NONBLOCK).map_err(|e| FleetError::EventLoop(e.to_string()))?;
-        let done_clone = done
-            .try_clone()
-            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+        let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
+        let done_clone = done.try_clone().map_err(FleetError::EventLoop)?;
         match vm.start(done_clone) {
             Ok(r) => running.push(Some(r)),
             Err(source) => {
@@ -281,11 +309,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     }
 
     let stop_fd = match &opts.stop {
-        Some(s) => Some(
-            s.fd()
-                .try_clone()
-                .map_err(|e| FleetError::EventLoop(e.to_string()))?,
-        ),
+        Some(s) => Some(s.fd().try_clone().map_err(FleetError::EventLoop)?),
         None => None,
     };
     let mut monitor = FleetMonitor::new(
@@ -293,25 +317,19 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         cfg.run.timeout_ms.map(Duration::from_millis),
         stop_fd,
     )?;
-    monitor.commands = Some(
-        cmd_wake
-            .try_clone()
-            .map_err(|e| FleetError::EventLoop(e.to_string()))?,
-    );
+    monitor.commands = Some(cmd_wake.try_clone().map_err(FleetError::EventLoop)?);
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
     let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
     let mut vgpu_io: Vec<Option<VgpuIoStats>> = vec![None; running.len()];
     let mut manager: EventManager<FleetMonitor> =
-        EventManager::new().map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+        EventManager::new().map_err(FleetError::EventManager)?;
     let mut id = manager.add_subscriber(monitor);
     loop {
         // Blocks in epoll_wait until a VM's eventfd or the timeout's timerfd fires.
-        manager
-            .run()
-            .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+        manager.run().map_err(FleetError::EventManager)?;
         let m = manager
             .subscriber_mut(id)
-            .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+            .map_err(FleetError::EventManager)?;
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
                 vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
@@ -379,11 +397,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         opts.echo,
                     )
                     .and_then(|(vm, att)| {
-                        let done = EventFd::new(EFD_NONBLOCK)
-                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
-                        let done2 = done
-                            .try_clone()
-                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                        let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
+                        let done2 = done.try_clone().map_err(FleetError::EventLoop)?;
                         let h = att.as_ref().map(VgpuAttachment::handle);
                         match vm.start(done2) {
                             Ok(r) => Ok((r, att, h, done)),
@@ -431,10 +446,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                             vgpu_io.push(None);
                             vgpus.push(None);
                             attached.push(None);
-                            new_done.push(
-                                EventFd::new(EFD_NONBLOCK)
-                                    .map_err(|e| FleetError::EventLoop(e.to_string()))?,
-                            );
+                            new_done
+                                .push(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
                             log::warn!("api: {e}");
                             control.failed(index, e.to_string());
                             reply.send(crate::http::Response::error(422, e.to_string()));
@@ -447,7 +460,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             // Re-register the monitor with the new VMs' end eventfds.
             let mut m = manager
                 .remove_subscriber(id)
-                .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+                .map_err(FleetError::EventManager)?;
             m.done.extend(new_done.into_iter().map(Some));
             id = manager.add_subscriber(m);
         }
@@ -615,10 +628,10 @@ fn build_vm(
     let att = match (vc.gpu, arbiter) {
         (true, Some(m)) => Some(attach_vgpu(m, &vm, vc)?),
         (true, None) => {
-            return Err(FleetError::Gpu(format!(
-                "vm '{}': the fleet has no GPU arbiter",
-                vc.name
-            )))
+            return Err(FleetError::Vgpu {
+                vm: vc.name.clone(),
+                source: GpuError::NoArbiter,
+            })
         }
         _ => None,
     };
@@ -627,10 +640,10 @@ fn build_vm(
 
 /// Starts the fleet's GPU arbiter with the backend `[gpu]` asks for.
 pub fn start_arbiter(cfg: &FleetConfig) -> Result<Arc<GpuArbiter>, FleetError> {
-    let backend =
-        mdev::arbiter::open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(e.to_string()))?;
+    let backend = mdev::arbiter::open_backend(&cfg.gpu, 1)
+        .map_err(|e| FleetError::Gpu(GpuError::Backend(e)))?;
     GpuArbiter::start(cfg.gpu.clone(), cfg.scheduler.clone(), backend)
-        .map_err(|e| FleetError::Gpu(e.to_string()))
+        .map_err(|e| FleetError::Gpu(GpuError::Arbiter(e)))
 }
 
 /// Shuts the arbiter down when dropped (`GpuArbiter::shutdown` is idempotent).
@@ -677,7 +690,10 @@ pub fn attach_vgpu(
     vm: &Vm,
     vc: &VmConfig,
 ) -> Result<VgpuAttachment, FleetError> {
-    let err = |e: String| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
+    let err = |e: GpuError| FleetError::Vgpu {
+        vm: vc.name.clone(),
+        source: e,
+    };
     let mem: Arc<dyn DmaMemory> = Arc::new(vm.guest_memory().as_ref().clone());
     let params = VmParams {
         priority: vc.priority,
@@ -685,18 +701,18 @@ pub fn attach_vgpu(
         partition: vc.partition,
     };
     let target = KvmMsi::new(vm.vm_fd().clone(), abi::vgpu::NUM_VECTORS, &vc.name)
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     let msix = Arc::new(Msix::new(abi::vgpu::NUM_VECTORS, Arc::new(target)));
     let (handle, fe) = m
         .add_vm(&vc.name, mem, params, msix.clone())
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     m.set_preempt_timeout(
         handle,
         std::time::Duration::from_millis(vc.preempt_timeout_ms),
     )
-    .map_err(|e| err(e.to_string()))?;
+    .map_err(|e| err(e.into()))?;
     m.set_guard(handle, m.topology().guard.with(&vc.guard))
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,
         fe,
@@ -706,7 +722,7 @@ pub fn attach_vgpu(
     ));
     vm.pci()
         .add(abi::pci::VGPU_DEVICE, pci.clone())
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     Ok(VgpuAttachment { pci, handle })
 }
 
@@ -746,9 +762,11 @@ impl FleetMonitor {
     ) -> Result<Self, FleetError> {
         let timer = match timeout {
             Some(t) => {
-                let mut fd = TimerFd::new().map_err(|e| FleetError::EventLoop(e.to_string()))?;
-                fd.reset(t, None)
-                    .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                let io = |e: vmm_sys_util::errno::Error| {
+                    FleetError::EventLoop(std::io::Error::from_raw_os_error(e.errno()))
+                };
+                let mut fd = TimerFd::new().map_err(io)?;
+                fd.reset(t, None).map_err(io)?;
                 Some(fd)
             }
             None => None,

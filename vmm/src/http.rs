@@ -605,6 +605,12 @@ impl Loop {
                 }
             };
             if self.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                // Answers already given (e.g. the stop of the fleet's last
+                // VM) still go out, as far as one non-blocking write takes
+                // them.
+                while let Ok((conn, resp)) = self.rx.try_recv() {
+                    self.answer(conn, resp);
+                }
                 return;
             }
             for ev in &events[..n] {

@@ -28,7 +28,7 @@ pub mod types;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use mdev::arbiter::GpuArbiter;
@@ -135,7 +135,9 @@ struct Inner {
 
 /// What the API can see and steer; shared by the HTTP server and the fleet.
 pub struct FleetControl {
-    arbiter: Option<Arc<GpuArbiter>>,
+    /// Set at the start, or when the first GPU VM is added to a fleet
+    /// that had none.
+    arbiter: OnceLock<Arc<GpuArbiter>>,
     inner: Mutex<Inner>,
     started: Instant,
     config_path: PathBuf,
@@ -156,8 +158,12 @@ impl FleetControl {
                 VmEntry::new(c.clone(), vgpus.get(i).copied().flatten(), VmState::Running)
             })
             .collect();
+        let cell = OnceLock::new();
+        if let Some(m) = arbiter {
+            let _ = cell.set(m);
+        }
         FleetControl {
-            arbiter,
+            arbiter: cell,
             inner: Mutex::new(Inner {
                 vms,
                 cfg: cfg.clone(),
@@ -174,6 +180,12 @@ impl FleetControl {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The fleet's GPU arbiter, started for the first GPU VM added to a
+    /// fleet that had none (a second call changes nothing).
+    pub fn set_arbiter(&self, m: Arc<GpuArbiter>) {
+        let _ = self.arbiter.set(m);
     }
 
     /// Connects the fleet's command channel (stop, add): commands are sent
@@ -200,7 +212,7 @@ impl FleetControl {
             v.vgpu = None;
             v.share = None;
             v.end = Some(end);
-            if let Some((h, m)) = v.last_vgpu.zip(self.arbiter.as_ref()) {
+            if let Some((h, m)) = v.last_vgpu.zip(self.arbiter.get()) {
                 v.ended_errors = m.vm_queue_errors(h);
                 v.ended_latency = m.vm_packet_latency(h);
             }
@@ -279,7 +291,7 @@ impl FleetControl {
 
     fn view(&self, v: &VmEntry, inner: &Inner) -> VmView {
         let c = &v.config;
-        let live = v.vgpu.zip(self.arbiter.as_ref());
+        let live = v.vgpu.zip(self.arbiter.get());
         let status = live.and_then(|(h, m)| m.vm_status(h));
         let controls = live.and_then(|(h, m)| m.vm_controls(h));
         let (priority, weight) = status
@@ -288,7 +300,7 @@ impl FleetControl {
         let stats = status
             .map(|(_, s)| s)
             .or_else(|| v.end.as_ref().and_then(|e| e.gpu));
-        let quantum = match (controls, &self.arbiter, c.gpu) {
+        let quantum = match (controls, self.arbiter.get(), c.gpu) {
             (Some((_, Some(q))), _, _) => Some(q),
             (_, Some(m), true) => Some(m.level_quantum(priority as u8)),
             _ => None,
@@ -296,13 +308,13 @@ impl FleetControl {
         let ms = |ns: u64| ns as f64 / 1e6;
         let queue_errors = v.ended_errors.clone().or_else(|| {
             v.last_vgpu
-                .zip(self.arbiter.as_ref())
+                .zip(self.arbiter.get())
                 .and_then(|(h, m)| m.vm_queue_errors(h))
         });
         let guard = live.and_then(|(h, m)| m.guard_status(h));
         let latency = v.ended_latency.or_else(|| {
             v.last_vgpu
-                .zip(self.arbiter.as_ref())
+                .zip(self.arbiter.get())
                 .and_then(|(h, m)| m.vm_packet_latency(h))
         });
         VmView {
@@ -340,7 +352,7 @@ impl FleetControl {
     /// each got since the previous sample.
     pub fn sample(&self) {
         let mut inner = self.lock();
-        let Some(m) = self.arbiter.clone() else {
+        let Some(m) = self.arbiter.get().cloned() else {
             return;
         };
         let now = Instant::now();
@@ -446,7 +458,7 @@ impl FleetControl {
                 v.state.name()
             )));
         }
-        match (v.vgpu, &self.arbiter) {
+        match (v.vgpu, self.arbiter.get()) {
             (Some(h), Some(m)) => Ok((h, m.clone())),
             _ => Err(ApiError::Conflict(format!(
                 "vm '{name}': {what}: the VM has no vGPU (gpu = false)"
@@ -516,6 +528,15 @@ impl FleetControl {
         let mut inner = self.lock();
         let i = self.find(&inner, name)?;
         let (h, m) = self.live_gpu(&inner.vms[i], what)?;
+        let target = if pause {
+            VmState::Paused
+        } else {
+            VmState::Running
+        };
+        if inner.vms[i].state == target {
+            // Already there: idempotent, nothing changes.
+            return Ok(self.view(&inner.vms[i], &inner));
+        }
         let r = if pause { m.pause_vm(h) } else { m.resume_vm(h) };
         r.map_err(|e| ApiError::Conflict(format!("vm '{name}': {what}: {e}")))?;
         inner.vms[i].state = if pause {
@@ -534,6 +555,10 @@ impl FleetControl {
             Err(e) => return reply.send(e.into()),
         };
         let st = inner.vms[i].state;
+        if matches!(st, VmState::Stopped | VmState::Stopping) {
+            // Already stopped (or being stopped): idempotent.
+            return reply.send(Response::json(200, &self.view(&inner.vms[i], &inner)));
+        }
         if !st.live() {
             return reply.send(
                 ApiError::Conflict(format!("vm '{name}': stop: the VM is {}", st.name())).into(),
@@ -595,12 +620,6 @@ impl FleetControl {
             .cfg
             .check_added_vm(&table, &self.config_path)
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-        if config.gpu && self.arbiter.is_none() {
-            return Err(ApiError::Conflict(format!(
-                "vm '{}': gpu: this fleet has no GPU arbiter (no VM of its config has gpu = true)",
-                config.name
-            )));
-        }
         if inner.retired.contains(&config.name) {
             return Err(ApiError::Unprocessable(format!(
                 "vm '{}': name: duplicate name: an ended VM (no longer listed) had it",
@@ -617,7 +636,7 @@ impl FleetControl {
     fn get_policy(&self) -> PolicyView {
         let p = self
             .arbiter
-            .as_ref()
+            .get()
             .map(|m| m.policy())
             .unwrap_or(self.lock().cfg.scheduler.policy);
         PolicyView {
@@ -634,7 +653,7 @@ impl FleetControl {
         let c: PolicyChange = types::decode_json(req.header("content-type"), &req.body, "policy")?;
         let m = self
             .arbiter
-            .as_ref()
+            .get()
             .ok_or_else(|| ApiError::Conflict("policy: the fleet has no GPU VMs".into()))?;
         m.set_policy(c.policy.0);
         log::info!("api: policy = {}", c.policy.0.name());
@@ -651,7 +670,7 @@ impl FleetControl {
                 (s.name().to_owned(), n)
             })
             .collect();
-        let gpu = self.arbiter.as_ref().map(|m| {
+        let gpu = self.arbiter.get().map(|m| {
             let t = m.topology();
             let s = m.stats();
             GpuView {
@@ -674,7 +693,7 @@ impl FleetControl {
     }
 
     fn metrics(&self) -> Response {
-        match &self.arbiter {
+        match self.arbiter.get() {
             Some(m) => Response::text(200, mdev::metrics::CONTENT_TYPE, m.metrics_text()),
             None => Response::text(
                 200,
@@ -688,7 +707,7 @@ impl FleetControl {
         let (seconds, svg) = timeline_query(req)?;
         let m = self
             .arbiter
-            .as_ref()
+            .get()
             .ok_or_else(|| ApiError::Conflict("timeline: the fleet has no GPU VMs".into()))?;
         let t = m.timeline(Duration::from_secs(seconds));
         Ok(if svg {
@@ -1289,6 +1308,80 @@ mod tests {
                 "{m} {p}: {v}"
             );
         }
+    }
+
+    #[test]
+    fn pause_resume_and_stop_answer_200_when_the_vm_is_already_there() {
+        let (ctl, m) = gpu_fleet();
+        for (action, state) in [
+            ("pause", "paused"),
+            ("pause", "paused"),
+            ("resume", "running"),
+            ("resume", "running"),
+        ] {
+            let (st, v) = call(&ctl, "POST", &format!("/api/v1/vms/g/{action}"), "");
+            assert_eq!(
+                (st, v["state"].as_str()),
+                (200, Some(state)),
+                "{action}: {v}"
+            );
+        }
+        // Stopped (by the operator): a stop is answered with the view, and
+        // without a fleet loop to ask.
+        m.remove_vm(VgpuHandle(0));
+        ctl.ended(
+            0,
+            VmEnd {
+                stopped: true,
+                outcome: "stopped: by the operator".into(),
+                ..Default::default()
+            },
+        );
+        let (st, v) = call(&ctl, "POST", "/api/v1/vms/g/stop", "");
+        assert_eq!((st, v["state"].as_str()), (200, Some("stopped")), "{v}");
+        // Pause of an ended VM is still refused: it cannot be paused.
+        let (st, _) = call(&ctl, "POST", "/api/v1/vms/g/pause", "");
+        assert_eq!(st, 409);
+        m.shutdown();
+    }
+
+    #[test]
+    fn a_fleet_without_a_gpu_passes_a_gpu_vm_to_the_fleet_loop() {
+        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        ctl.connect_fleet(tx, Arc::new(EventFd::new(0).unwrap()));
+        let body =
+            "{\"name\": \"g\", \"image\": \"builtin:gpu\", \"gpu\": true, \"memory_mib\": 256}";
+        let req = Request {
+            method: "POST".into(),
+            path: "/api/v1/vms".into(),
+            query: None,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: body.as_bytes().to_vec(),
+            keep_alive: true,
+        };
+        let (reply, _answers) = Responder::detached();
+        ctl.route(req, reply);
+        let Ok(FleetCommand::Add { config, .. }) = rx.try_recv() else {
+            panic!("the add did not reach the fleet loop");
+        };
+        assert!(config.gpu);
+        // The fleet loop starts the arbiter and hands it over.
+        let cfg = FleetConfig::parse(
+            "[[vm]]\nname = \"g\"\nimage = \"builtin:gpu\"\ngpu = true\nmemory_mib = 256\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap();
+        let m = crate::fleet::start_arbiter(&cfg).unwrap();
+        ctl.set_arbiter(m.clone());
+        let (_, f) = call(&ctl, "GET", "/api/v1/fleet", "");
+        assert_eq!(f["gpu"]["completions"], 0, "{f}");
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", None).status,
+            200,
+            "the timeline is served once the GPU exists"
+        );
+        m.shutdown();
     }
 
     #[test]

@@ -25,6 +25,38 @@ pub const EXIT_REFUSED: u8 = 1;
 /// Exit code: unreachable socket, bad usage.
 pub const EXIT_UNREACHABLE: u8 = 2;
 
+/// `print!` that does not panic: writes to stdout and evaluates to
+/// `Result<(), ExitCode>` ([`write_out`]).
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => {
+        $crate::cli::write_out(&format!($($t)*))
+    };
+}
+
+/// Writes `s` to stdout and flushes it. A reader that went away (EPIPE:
+/// `hqdmux ps | head -1`) ends the command quietly with exit 0 (it read
+/// what it wanted); any other error (ENOSPC: `> /dev/full`) prints one
+/// line on stderr and is exit 2 (an output that cannot be written).
+pub fn write_out(s: &str) -> Result<(), ExitCode> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(s.as_bytes()).and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "hqdmux: cannot write the output: {e}");
+            Err(ExitCode::from(EXIT_UNREACHABLE))
+        }
+    }
+}
+
+/// The exit code of a command that printed `r`: 0, or what [`write_out`]
+/// decided.
+pub fn done(r: Result<(), ExitCode>) -> ExitCode {
+    r.err().unwrap_or(ExitCode::SUCCESS)
+}
+
 /// Percent-encodes a VM name for a URL path segment.
 pub fn encode_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -161,21 +193,18 @@ pub fn table(vms: &[VmView]) -> String {
     s
 }
 
-fn print_json<T: serde::Serialize>(v: &T) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+fn print_json<T: serde::Serialize>(v: &T) -> ExitCode {
+    done(out!(
+        "{}\n",
+        serde_json::to_string_pretty(v).unwrap_or_default()
+    ))
 }
 
 /// `hqdmux ps`.
 pub fn ps(socket: &Path, as_json: bool) -> ExitCode {
     match call_as::<VmList>("ps", socket, "GET", "/vms", None) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            print!("{}", table(&v.vms));
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}", table(&v.vms))),
         Err(c) => c,
     }
 }
@@ -187,14 +216,8 @@ pub fn stats(socket: &Path, vm: Option<&str>, as_json: bool) -> ExitCode {
         None => "/fleet".into(),
     };
     match call("stats", socket, "GET", &target, None) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            print!("{}", key_values(&v, ""));
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}", key_values(&v, ""))),
         Err(c) => c,
     }
 }
@@ -223,7 +246,10 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
         };
         let f = call_as::<FleetView>("top", socket, "GET", "/fleet", None).ok();
         if as_json {
-            println!("{}", serde_json::json!({"fleet": f, "vms": v.vms}));
+            let line = serde_json::json!({"fleet": f, "vms": v.vms});
+            if let Err(c) = out!("{line}\n") {
+                return c;
+            }
         } else {
             let mut out = String::new();
             if !once {
@@ -239,7 +265,9 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
                 opt(gpu.map(|g| g.preemptions)),
             );
             out += &table(&v.vms);
-            print!("{out}");
+            if let Err(c) = out!("{out}") {
+                return c;
+            }
         }
         if once {
             return ExitCode::SUCCESS;
@@ -306,14 +334,8 @@ fn one_vm(
     as_json: bool,
 ) -> ExitCode {
     match call_as::<VmView>(cmd, socket, method, target, body) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            print!("{}", table(std::slice::from_ref(&v)));
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}", table(std::slice::from_ref(&v)))),
         Err(c) => c,
     }
 }
@@ -331,14 +353,8 @@ pub fn policy(socket: &Path, set: Option<PolicyName>, as_json: bool) -> ExitCode
         None => call_as::<PolicyView>("policy", socket, "GET", "/policy", None),
     };
     match r {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            println!("{}", v.policy.0.name());
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}\n", v.policy.0.name())),
         Err(c) => c,
     }
 }
@@ -380,16 +396,14 @@ pub fn unquarantine(socket: &Path, vm: &str, as_json: bool) -> ExitCode {
         &format!("/vms/{}/clear-quarantine", encode_segment(vm)),
         None,
     ) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
         Ok(v) => {
             if v.was_quarantined == Some(false) {
-                println!("vm '{}' was not quarantined", escape(vm));
+                if let Err(c) = out!("vm '{}' was not quarantined\n", escape(vm)) {
+                    return c;
+                }
             }
-            print!("{}", table(std::slice::from_ref(&v)));
-            ExitCode::SUCCESS
+            done(out!("{}", table(std::slice::from_ref(&v))))
         }
         Err(c) => c,
     }
@@ -430,10 +444,7 @@ fn request(
 /// `hqdmux metrics`: print `GET /metrics` (Prometheus text).
 pub fn metrics(socket: &Path) -> ExitCode {
     match call_raw("metrics", socket, "/metrics") {
-        Ok(b) => {
-            print!("{}", String::from_utf8_lossy(&b));
-            ExitCode::SUCCESS
-        }
+        Ok(b) => done(out!("{}", String::from_utf8_lossy(&b))),
         Err(c) => c,
     }
 }
@@ -470,18 +481,15 @@ pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitC
         timeline::render_svg(&t, &Default::default())
     };
     match std::fs::write(out, body) {
-        Ok(()) => {
-            println!(
-                "hqdmux timeline: {} ({} VMs, {} slots, {} spans, {} preemptions, {:.1} s)",
-                out.display(),
-                t.vms.len(),
-                t.slots.len(),
-                t.spans.len(),
-                t.preemptions.len(),
-                t.end_ns.saturating_sub(t.start_ns) as f64 / 1e9
-            );
-            ExitCode::SUCCESS
-        }
+        Ok(()) => done(out!(
+            "hqdmux timeline: {} ({} VMs, {} slots, {} spans, {} preemptions, {:.1} s)\n",
+            out.display(),
+            t.vms.len(),
+            t.slots.len(),
+            t.spans.len(),
+            t.preemptions.len(),
+            t.end_ns.saturating_sub(t.start_ns) as f64 / 1e9
+        )),
         Err(e) => {
             eprintln!("hqdmux timeline: {}: {e}", out.display());
             ExitCode::from(EXIT_UNREACHABLE)

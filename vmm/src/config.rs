@@ -393,7 +393,9 @@ impl FleetConfig {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let file: FleetFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
             file: path.to_owned(),
-            message: one_line(&e.to_string()),
+            // Kept on its lines: the parser points at the column under
+            // the quoted line.
+            message: e.to_string().trim_end().to_owned(),
         })?;
         let mut vm = Vec::with_capacity(file.vm.len());
         for (index, t) in file.vm.iter().enumerate() {

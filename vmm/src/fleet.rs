@@ -125,6 +125,8 @@ pub struct FleetReport {
     pub vm_gpu: Vec<Option<scheduler::VmStats>>,
     /// Per-VM vGPU device counters (config order; `None` without a vGPU).
     pub vgpu_io: Vec<Option<VgpuIoStats>>,
+    /// Per VM: stopped by the operator through the API (not a failure).
+    pub operator_stopped: Vec<bool>,
 }
 
 /// Device-side counters of one VM's vGPU.
@@ -140,9 +142,23 @@ pub struct VgpuIoStats {
 }
 
 impl FleetReport {
-    /// True when every VM exited with status 0.
+    /// True when VM `i` failed: it did not exit with status 0 and was not
+    /// stopped by the operator.
+    pub fn failed(&self, i: usize) -> bool {
+        self.vms.get(i).is_some_and(|v| {
+            !v.outcome.is_success() && !self.operator_stopped.get(i).copied().unwrap_or(false)
+        })
+    }
+
+    /// How many VMs failed ([`failed`](Self::failed)).
+    pub fn failures(&self) -> usize {
+        (0..self.vms.len()).filter(|&i| self.failed(i)).count()
+    }
+
+    /// True when no VM failed: each exited with status 0 or was stopped by
+    /// the operator.
     pub fn all_succeeded(&self) -> bool {
-        self.vms.iter().all(|v| v.outcome.is_success())
+        self.failures() == 0
     }
 
     /// A per-VM summary table. `gpu_ms` is the host-measured time from the
@@ -208,7 +224,8 @@ impl FleetReport {
                 serde_json::json!({
                     "name": v.name,
                     "outcome": v.outcome.to_string(),
-                    "success": v.outcome.is_success(),
+                    "success": !self.failed(i),
+                    "stopped_by_operator": self.operator_stopped.get(i).copied().unwrap_or(false),
                     "exit_status": match v.outcome { crate::vm::VmOutcome::Exited(s) => Some(s), _ => None },
                     "entry_ms": since(v.entered),
                     "line_ms": since(v.first_line),
@@ -252,13 +269,14 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     })?;
     // One GPU arbiter (scheduler + backend + service thread) for the VMs
     // that have a vGPU.
-    let arbiter = if cfg.vm.iter().any(|v| v.gpu) {
+    // A fleet without GPU VMs starts one when the operator adds the first.
+    let mut arbiter = if cfg.vm.iter().any(|v| v.gpu) {
         Some(start_arbiter(cfg)?)
     } else {
         None
     };
     // Stops the arbiter's thread on every return path, early ones included.
-    let _arbiter_guard = ArbiterGuard(arbiter.clone());
+    let mut _arbiter_guard = ArbiterGuard(arbiter.clone());
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
     let mut attached: Vec<Option<VgpuAttachment>> = (0..cfg.vm.len()).map(|_| None).collect();
     // Build everything first: a VM that cannot be built aborts the launch
@@ -289,6 +307,12 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         ),
         None => None,
     };
+    // Dropped before `_api`: a second signal removes the socket until the
+    // server does.
+    let _socket_cleanup = opts
+        .api_socket
+        .as_deref()
+        .map(crate::signals::SocketCleanup::register);
     let mut running = Vec::with_capacity(built.len());
     let mut done_fds = Vec::with_capacity(built.len());
     for vm in built {
@@ -321,6 +345,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
     let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
     let mut vgpu_io: Vec<Option<VgpuIoStats>> = vec![None; running.len()];
+    let mut operator_stopped = vec![false; running.len()];
     let mut manager: EventManager<FleetMonitor> =
         EventManager::new().map_err(FleetError::EventManager)?;
     let mut id = manager.add_subscriber(monitor);
@@ -353,7 +378,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             match cmd {
                 crate::api::FleetCommand::Stop { index, reply } => {
                     if let Some(vm) = running.get_mut(index).and_then(Option::take) {
-                        let why = "by the operator";
+                        let why = OPERATOR_STOP;
+                        operator_stopped[index] = true;
                         vm.halt(why);
                         vm_gpu[index] = detach_vgpu(&arbiter, vgpus[index].take());
                         let mut r = vm.stop(why);
@@ -387,6 +413,18 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         ));
                         continue;
                     }
+                    if config.gpu && arbiter.is_none() {
+                        // The first GPU VM of a fleet that had none.
+                        match start_arbiter(cfg) {
+                            Ok(m) => {
+                                log::info!("gpu: arbiter started for vm '{}'", config.name);
+                                control.set_arbiter(m.clone());
+                                _arbiter_guard = ArbiterGuard(Some(m.clone()));
+                                arbiter = Some(m);
+                            }
+                            Err(e) => log::warn!("api: vm '{}': {e}", config.name),
+                        }
+                    }
                     let added = build_vm(
                         &kvm,
                         &cpuid,
@@ -417,6 +455,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                     match added {
                         Ok((r, att, h, done)) => {
                             running.push(Some(r));
+                            operator_stopped.push(false);
                             reports.push(None);
                             vm_gpu.push(None);
                             vgpu_io.push(None);
@@ -431,6 +470,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         Err(e) => {
                             // Keep the vectors aligned with the API's list.
                             running.push(None);
+                            operator_stopped.push(false);
                             reports.push(Some(VmReport {
                                 name: config.name.clone(),
                                 outcome: crate::vm::VmOutcome::HostError(e.to_string()),
@@ -534,8 +574,13 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         gpu,
         vm_gpu,
         vgpu_io,
+        operator_stopped,
     })
 }
+
+/// The outcome's reason of a VM stopped through the API
+/// (`stopped: by the operator`).
+pub const OPERATOR_STOP: &str = "by the operator";
 
 /// Console lines kept in the run's report of an ended VM that was added
 /// through the API (its last lines, with the guest's verdict).

@@ -9,16 +9,22 @@ use vmm::config::{ConfigError, FleetConfig, FleetNeeds, HostLimits};
 use vmm::fleet::{run_fleet, RunOptions};
 use vmm::vm::VmOutcome;
 
+/// `run`: some VM failed (did not exit 0, was not stopped by the operator).
+const EXIT_VM_FAILED: u8 = 1;
+/// `run`, `check`: the config is invalid or the fleet cannot be launched.
+const EXIT_LAUNCH: u8 = 2;
+
 /// Printed after the top-level `--help`.
 const AFTER_HELP: &str = "\
 Logging: RUST_LOG sets what is logged on stderr (default `info`), e.g.
   RUST_LOG=debug hqdmux run FLEET.toml
   RUST_LOG=warn,vmm::fleet=debug hqdmux run FLEET.toml
-Exit codes: 0 ok; 1 a VM failed (run) or the fleet refused the request
-(ps, stats, top, set, pause, resume, stop, policy, add, unquarantine, metrics,
-timeline); 2 invalid config, bad arguments, the API socket unreachable or an
-output file that cannot be written; 130/143 stopped by SIGINT/SIGTERM.
-Operator guide: docs/operators.md";
+Exit codes: 0 ok; 1 a VM failed (run: it did not exit 0 and was not stopped
+by the operator) or the fleet refused the request (ps, stats, top, set, pause,
+resume, stop, policy, add, unquarantine, metrics, timeline); 2 invalid config,
+a launch that failed, bad arguments, the API socket unreachable or an output
+file that cannot be written; 130/143 stopped by SIGINT/SIGTERM.
+Operator guide (each code once): docs/operators.md#exit-codes";
 
 /// Printed after `run --help`.
 const RUN_AFTER_HELP: &str = "\
@@ -41,10 +47,11 @@ struct Cli {
 enum Command {
     /// Launch every VM of a fleet config, stream their consoles, wait for all
     /// of them (or the run timeout) and print a per-VM summary. Exits 1 if
-    /// any VM did not exit with status 0, 2 if the config is invalid or the
-    /// host cannot start it. SIGINT/SIGTERM stop every VM, print the summary,
-    /// remove the control socket and exit 130/143; a second signal exits at
-    /// once. Summary columns: docs/operators.md.
+    /// any VM failed (did not exit with status 0 and was not stopped by the
+    /// operator), 2 if the config is invalid or the launch failed.
+    /// SIGINT/SIGTERM stop every VM, print the summary, remove the control
+    /// socket and exit 130/143; a second signal exits at once (one line, the
+    /// socket removed). Summary columns: docs/operators.md.
     #[command(after_help = RUN_AFTER_HELP)]
     Run {
         /// Fleet config (TOML), e.g. examples/hello.toml.
@@ -272,7 +279,7 @@ fn main() -> ExitCode {
                 Ok((c, _)) => c,
                 Err(e) => {
                     eprintln!("hqdmux: invalid config: {e}");
-                    return ExitCode::from(2);
+                    return ExitCode::from(EXIT_LAUNCH);
                 }
             };
             if timeout_ms.is_some() {
@@ -288,14 +295,16 @@ fn main() -> ExitCode {
                 },
             ) {
                 Ok(report) => {
-                    if json {
-                        println!(
-                            "{}",
+                    // An unwritable summary (`| head`, `> /dev/full`) does
+                    // not change how the run ended, only what is printed.
+                    let _ = if json {
+                        vmm::out!(
+                            "{}\n",
                             serde_json::to_string_pretty(&report.to_json()).unwrap_or_default()
-                        );
+                        )
                     } else {
-                        print!("{}", report.summary());
-                    }
+                        vmm::out!("{}", report.summary())
+                    };
                     if let (true, Some(sig)) = (report.stop_requested, vmm::signals::received()) {
                         eprintln!(
                             "hqdmux: stopped by {}: {} of {} VMs were still running",
@@ -311,46 +320,42 @@ fn main() -> ExitCode {
                         );
                         return ExitCode::from(vmm::signals::exit_code(sig));
                     }
-                    if report.all_succeeded() {
-                        ExitCode::SUCCESS
-                    } else {
-                        let failed = report
-                            .vms
-                            .iter()
-                            .filter(|v| !v.outcome.is_success())
-                            .count();
-                        eprintln!("hqdmux: {failed} of {} VMs failed", report.vms.len());
-                        ExitCode::from(1)
+                    match report.failures() {
+                        0 => ExitCode::SUCCESS,
+                        failed => {
+                            eprintln!("hqdmux: {failed} of {} VMs failed", report.vms.len());
+                            ExitCode::from(EXIT_VM_FAILED)
+                        }
                     }
                 }
                 Err(e) => {
                     eprintln!("hqdmux: launch failed: {e}");
                     match vmm::signals::received() {
                         Some(sig) => ExitCode::from(vmm::signals::exit_code(sig)),
-                        None => ExitCode::from(1),
+                        None => ExitCode::from(EXIT_LAUNCH),
                     }
                 }
             }
         }
         Command::Check { config } => match load_for_host(&config) {
             Ok((cfg, needs)) => {
-                println!("{}: ok, {} VMs", config.display(), cfg.vm.len());
-                print!("{}", cfg.gpu_summary());
                 let host = HostLimits::probe();
-                println!(
-                    "host: needs about {} open files (limit {}), {} MiB guest RAM (available {})",
+                vmm::cli::done(vmm::out!(
+                    "{}: ok, {} VMs\n{}host: needs about {} open files (limit {}), {} MiB guest RAM (available {})\n",
+                    config.display(),
+                    cfg.vm.len(),
+                    cfg.gpu_summary(),
                     needs.open_files,
                     host.open_files,
                     needs.memory_bytes >> 20,
                     host.mem_available
                         .map(|b| format!("{} MiB", b >> 20))
                         .unwrap_or_else(|| "unknown".into())
-                );
-                ExitCode::SUCCESS
+                ))
             }
             Err(e) => {
                 eprintln!("hqdmux: invalid config: {e}");
-                ExitCode::from(2)
+                ExitCode::from(EXIT_LAUNCH)
             }
         },
         Command::Sim(args) => vmm::simcmd::run(&args),
@@ -397,10 +402,7 @@ fn main() -> ExitCode {
             seconds,
             json,
         } => vmm::cli::timeline(&api_socket, &output, seconds, json),
-        Command::Images => {
-            print!("{}", describe_images());
-            ExitCode::SUCCESS
-        }
+        Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),
     }
 }
 

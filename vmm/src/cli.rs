@@ -237,8 +237,16 @@ fn key_values(v: &Value, prefix: &str) -> String {
     s
 }
 
-/// `hqdmux top`: the VM table every `interval`, or once.
+/// `hqdmux top`: the VM table every `interval`, or once. On a terminal it
+/// is cut to the terminal's size at each refresh, and `q` quits (exit 0);
+/// SIGINT/SIGTERM quit too (130/143), the terminal restored.
 pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> ExitCode {
+    let keys = (!once && !as_json).then(RawStdin::new).flatten();
+    let stop = if once {
+        None
+    } else {
+        crate::signals::install().ok()
+    };
     loop {
         let v = match call_as::<VmList>("top", socket, "GET", "/vms", None) {
             Ok(v) => v,
@@ -265,6 +273,14 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
                 opt(gpu.map(|g| g.preemptions)),
             );
             out += &table(&v.vms);
+            if !once {
+                if let Some((cols, rows)) = terminal_size() {
+                    out = fit(&out, cols, rows);
+                }
+                if keys.is_some() {
+                    out += "(q quits)";
+                }
+            }
             if let Err(c) = out!("{out}") {
                 return c;
             }
@@ -272,7 +288,161 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
         if once {
             return ExitCode::SUCCESS;
         }
-        std::thread::sleep(interval);
+        match wait_for_key(interval, keys.as_ref(), stop.as_ref()) {
+            Wake::Timeout => {}
+            Wake::Quit => {
+                let _ = out!("\n");
+                return ExitCode::SUCCESS;
+            }
+            Wake::Signal(sig) => {
+                drop(keys);
+                let _ = out!("\n");
+                return ExitCode::from(crate::signals::exit_code(sig));
+            }
+        }
+    }
+}
+
+/// `(columns, rows)` of the terminal on stdout, if it is one.
+fn terminal_size() -> Option<(usize, usize)> {
+    // SAFETY: a zeroed winsize is valid; TIOCGWINSZ only writes it.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 1 and a valid pointer to `ws`.
+    let r = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_col > 0 && ws.ws_row > 0)
+        .then(|| (usize::from(ws.ws_col), usize::from(ws.ws_row)))
+}
+
+/// `text` cut to a `cols` x `rows` screen: each line to `cols` characters
+/// (escape sequences at the start of the text apart), at most `rows - 1`
+/// lines (the last row stays for the prompt); lines that do not fit are
+/// counted on the last one.
+pub fn fit(text: &str, cols: usize, rows: usize) -> String {
+    let (prefix, body) = match text.strip_prefix("\x1b[H\x1b[2J") {
+        Some(b) => ("\x1b[H\x1b[2J", b),
+        None => ("", text),
+    };
+    let lines: Vec<&str> = body.lines().collect();
+    let room = rows.saturating_sub(1).max(1);
+    let cut = |l: &str| l.chars().take(cols).collect::<String>();
+    let mut out = String::from(prefix);
+    if lines.len() <= room {
+        for l in &lines {
+            out += &cut(l);
+            out.push('\n');
+        }
+        return out;
+    }
+    let shown = room.saturating_sub(1);
+    for l in &lines[..shown] {
+        out += &cut(l);
+        out.push('\n');
+    }
+    out += &cut(&format!(
+        "... {} more lines (a larger terminal shows them)",
+        lines.len() - shown
+    ));
+    out.push('\n');
+    out
+}
+
+/// Stdin as a terminal in non-canonical, no-echo mode (single key presses
+/// readable at once); restored on drop. `None` when stdin is no terminal.
+struct RawStdin {
+    saved: libc::termios,
+}
+
+impl RawStdin {
+    fn new() -> Option<Self> {
+        // SAFETY: isatty on fd 0; tcgetattr writes a termios into `t`.
+        unsafe {
+            if libc::isatty(0) != 1 {
+                return None;
+            }
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut t) != 0 {
+                return None;
+            }
+            let saved = t;
+            t.c_lflag &= !(libc::ICANON | libc::ECHO);
+            t.c_cc[libc::VMIN] = 1;
+            t.c_cc[libc::VTIME] = 0;
+            if libc::tcsetattr(0, libc::TCSANOW, &t) != 0 {
+                return None;
+            }
+            Some(RawStdin { saved })
+        }
+    }
+}
+
+impl Drop for RawStdin {
+    fn drop(&mut self) {
+        // SAFETY: restores the attributes read in `new`.
+        unsafe {
+            libc::tcsetattr(0, libc::TCSANOW, &self.saved);
+        }
+    }
+}
+
+/// Why [`wait_for_key`] returned.
+enum Wake {
+    Timeout,
+    Quit,
+    Signal(i32),
+}
+
+/// Waits `interval` for `q` on the terminal or a stop signal.
+fn wait_for_key(
+    interval: Duration,
+    keys: Option<&RawStdin>,
+    stop: Option<&crate::signals::StopSignal>,
+) -> Wake {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + interval;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Wake::Timeout;
+        }
+        let mut fds = Vec::with_capacity(2);
+        if keys.is_some() {
+            fds.push(libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if let Some(s) = stop {
+            fds.push(libc::pollfd {
+                fd: s.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n <= 0 {
+            continue; // timeout (checked above) or EINTR
+        }
+        if let Some(s) = stop {
+            if fds.last().is_some_and(|f| f.revents != 0) {
+                return Wake::Signal(s.received().unwrap_or(libc::SIGINT));
+            }
+        }
+        if keys.is_some() && fds[0].revents != 0 {
+            let mut buf = [0u8; 32];
+            // SAFETY: reads at most 32 bytes into `buf`.
+            let got = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+            if got <= 0 {
+                // Stdin closed: wait out the interval without it.
+                std::thread::sleep(left);
+                return Wake::Timeout;
+            }
+            if buf[..got as usize].iter().any(|b| matches!(b, b'q' | b'Q')) {
+                return Wake::Quit;
+            }
+        }
     }
 }
 
@@ -543,6 +713,22 @@ mod tests {
         );
         drop(server);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn top_fits_the_terminal() {
+        let text = "\x1b[H\x1b[2Jheader line that is long\n\nrow1\nrow2\nrow3\n";
+        // Large enough: unchanged.
+        assert_eq!(fit(text, 80, 24), text);
+        // Narrow: every line cut to the width, the clear kept.
+        let f = fit(text, 6, 24);
+        assert!(f.starts_with("\x1b[H\x1b[2Jheader\n\nrow1\n"), "{f:?}");
+        assert!(f.lines().skip(1).all(|l| l.chars().count() <= 6), "{f:?}");
+        // Short: rows - 1 lines, the last says how many are not shown.
+        let f = fit(text, 80, 4);
+        let lines: Vec<&str> = f.lines().collect();
+        assert_eq!(lines.len(), 3, "{f:?}");
+        assert_eq!(lines[2], "... 3 more lines (a larger terminal shows them)");
     }
 
     #[test]

@@ -1086,6 +1086,32 @@ mod tests {
     }
 
     #[test]
+    fn toml_syntax_errors_keep_their_lines_and_caret() {
+        let e = FleetConfig::parse(
+            "[[vm]]\nname = \"a\"\nimage = builtin:hello\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        let lines: Vec<&str> = e.lines().collect();
+        assert!(lines.len() >= 3, "{e}");
+        assert!(
+            lines[0].starts_with("/x/f.toml: TOML parse error at line 3"),
+            "{e}"
+        );
+        let quoted = lines
+            .iter()
+            .position(|l| l.contains("image = builtin:hello"));
+        let caret = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("|") && l.contains('^'));
+        assert!(
+            quoted.zip(caret).is_some_and(|(q, c)| c == q + 1),
+            "the caret is under the quoted line: {e}"
+        );
+    }
+
+    #[test]
     fn errors_name_file_vm_field_and_reason() {
         assert_err_eq(
             &GOOD.replace("priority = 12", "priority = 16"),

@@ -344,6 +344,7 @@ impl FleetControl {
             exit_status: v.end.as_ref().and_then(|e| e.exit_status),
             latency_p50_ms: latency.map(|(p50, _)| p50 * 1e3),
             latency_p99_ms: latency.map(|(_, p99)| p99 * 1e3),
+            latency_limit_ms: latency.map(|_| mdev::telemetry::LATENCY_LIMIT_NS as f64 / 1e6),
             was_quarantined: None,
         }
     }

@@ -121,6 +121,15 @@ fn num(v: Option<f64>, digits: usize) -> String {
     }
 }
 
+/// A latency figure (ms); `>X` when it is at the limit the server resolves
+/// (the latency was at least that).
+fn latency(v: Option<f64>, limit: Option<f64>) -> String {
+    match (v, limit) {
+        (Some(x), Some(l)) if x >= l => format!(">{x:.0}"),
+        _ => num(v, 3),
+    }
+}
+
 fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "-".into(), |v| escape(&v.to_string()))
 }
@@ -183,8 +192,8 @@ pub fn table(vms: &[VmView]) -> String {
             share,
             opt(v.preemptions),
             num(v.cwsr_time_ms, 3),
-            num(v.latency_p50_ms, 3),
-            num(v.latency_p99_ms, 3),
+            latency(v.latency_p50_ms, v.latency_limit_ms),
+            latency(v.latency_p99_ms, v.latency_limit_ms),
             opt(v.queue_errors),
             quarantined,
             opt(v.outcome.as_deref()),
@@ -740,7 +749,9 @@ mod tests {
                    "quantum_ms": 4.0, "gpu_time_ms": 12.5, "share": 0.25, "preemptions": 1,
                    "cwsr_time_ms": 0.05, "latency_p50_ms": 0.125,
                    "latency_p99_ms": 2.5, "queue_errors": 7, "quarantined": true, "outcome": null}),
-            json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0"}),
+            json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0",
+                   "latency_p50_ms": 17600.0, "latency_p99_ms": 2592000000.0,
+                   "latency_limit_ms": 2592000000.0}),
             json!({"name": "c\u{1b}[2J\u{7}", "state": "failed", "outcome": "x\ny"}),
         ]
         .into_iter()
@@ -762,5 +773,9 @@ mod tests {
             "{t}"
         );
         assert!(lines[2].ends_with("exited with status 0"), "{t}");
+        assert!(
+            lines[2].contains(" 17600.000 >2592000000 "),
+            "past the limit: '>': {t}"
+        );
     }
 }

@@ -1086,6 +1086,14 @@ mod tests {
     }
 
     #[test]
+    fn latency_figures_reach_the_longest_run_timeout() {
+        assert_eq!(
+            TIMEOUT_MS_RANGE.end() * 1_000_000,
+            mdev::telemetry::LATENCY_LIMIT_NS
+        );
+    }
+
+    #[test]
     fn toml_syntax_errors_keep_their_lines_and_caret() {
         let e = FleetConfig::parse(
             "[[vm]]\nname = \"a\"\nimage = builtin:hello\n",

@@ -557,6 +557,9 @@ pub struct VmView {
     pub latency_p50_ms: Option<f64>,
     /// 99th percentile packet latency (ms).
     pub latency_p99_ms: Option<f64>,
+    /// The largest latency the two figures resolve (ms, 30 days: the
+    /// longest run timeout); a figure equal to it means "at least".
+    pub latency_limit_ms: Option<f64>,
     /// Only in the answer of `clear-quarantine`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub was_quarantined: Option<bool>,

@@ -35,9 +35,18 @@ completed; gpu_time = GPU time charged to the VM; preempt = preemptions of its
 queues. RUST_LOG sets stderr logging (default `info`, e.g. RUST_LOG=debug).
 Details: docs/operators.md";
 
+/// `--version`: the package version and the git commit it was built from
+/// (`unknown` without git, see build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("HQDMUX_GIT_COMMIT"),
+    ")"
+);
+
 /// hqdmux: KVM VMs sharing a mediated AMD compute GPU by priority.
 #[derive(Parser)]
-#[command(version, about, long_about = None, after_help = AFTER_HELP)]
+#[command(version = VERSION, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -176,6 +185,12 @@ enum Command {
     },
     /// Describe the guest images built into this binary and their `args`.
     Images,
+    /// Print a shell completion script, e.g.
+    /// `hqdmux completions bash > /etc/bash_completion.d/hqdmux`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Evaluate scheduling policies on a scenario in virtual time over the
     /// simulated GPU (no KVM needed): a policy x metric table, or JSON.
     Sim(vmm::simcmd::SimArgs),
@@ -403,6 +418,16 @@ fn main() -> ExitCode {
             json,
         } => vmm::cli::timeline(&api_socket, &output, seconds, json),
         Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "hqdmux",
+                &mut script,
+            );
+            vmm::cli::done(vmm::out!("{}", String::from_utf8_lossy(&script)))
+        }
     }
 }
 

@@ -163,6 +163,39 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
 }
 
 #[test]
+fn version_names_the_commit_and_completions_cover_every_subcommand() {
+    let out = hqdmux().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let v = String::from_utf8_lossy(&out.stdout);
+    // `hqdmux 0.1.0 (commit 0123456789ab)`, or `unknown` without git.
+    let commit = v
+        .trim()
+        .strip_prefix(concat!("hqdmux ", env!("CARGO_PKG_VERSION"), " (commit "))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{v}"
+    );
+    for (shell, marker) in [
+        ("bash", "_hqdmux()"),
+        ("zsh", "#compdef hqdmux"),
+        ("fish", "complete -c hqdmux"),
+    ] {
+        let out = hqdmux().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        for sub in ["run", "unquarantine", "timeline", "completions"] {
+            assert!(script.contains(sub), "{shell} completes {sub}");
+        }
+    }
+    let out = hqdmux().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "unknown shell");
+}
+
+#[test]
 fn timeout_override_stops_a_hung_vm_and_the_run_fails() {
     if !vmm::kvm_or_skip("timeout_override_stops_a_hung_vm_and_the_run_fails") {
         return;

@@ -823,26 +823,7 @@ fn vm_table(req: &Request) -> Result<toml::Table, ApiError> {
         std::str::from_utf8(&req.body).map_err(|_| ApiError::invalid("vm", "body is not UTF-8"))?;
     if ct.starts_with("application/json") {
         let m: serde_json::Map<String, Value> = types::decode_json(Some(ct), &req.body, "vm")?;
-        let mut t = toml::Table::new();
-        for (k, v) in m {
-            let tv = match v {
-                Value::String(s) => toml::Value::String(s),
-                Value::Bool(b) => toml::Value::Boolean(b),
-                Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64().unwrap_or(0)),
-                Value::Number(n) => {
-                    return Err(ApiError::Unprocessable(format!(
-                        "vm: field `{k}`: {n} is not an integer in range"
-                    )))
-                }
-                other => {
-                    return Err(ApiError::Unprocessable(format!(
-                        "vm: field `{k}`: unsupported value {other}"
-                    )))
-                }
-            };
-            t.insert(k, tv);
-        }
-        return Ok(t);
+        return json_table(m, "");
     }
     if !(ct.starts_with("application/toml") || ct.starts_with("text/")) {
         return Err(ApiError::MediaType {
@@ -860,6 +841,33 @@ fn vm_table(req: &Request) -> Result<toml::Table, ApiError> {
         },
         _ => Ok(t),
     }
+}
+
+/// A JSON object as the TOML table a config file would hold (strings,
+/// booleans, integers and tables of them: `guard = {...}`); `at` prefixes
+/// the field names in errors. Nesting is bounded by the JSON reader's.
+fn json_table(m: serde_json::Map<String, Value>, at: &str) -> Result<toml::Table, ApiError> {
+    let mut t = toml::Table::new();
+    for (k, v) in m {
+        let tv = match v {
+            Value::String(s) => toml::Value::String(s),
+            Value::Bool(b) => toml::Value::Boolean(b),
+            Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64().unwrap_or(0)),
+            Value::Number(n) => {
+                return Err(ApiError::Unprocessable(format!(
+                    "vm: field `{at}{k}`: {n} is not an integer in range"
+                )))
+            }
+            Value::Object(o) => toml::Value::Table(json_table(o, &format!("{at}{k}."))?),
+            other => {
+                return Err(ApiError::Unprocessable(format!(
+                    "vm: field `{at}{k}`: unsupported value {other}"
+                )))
+            }
+        };
+        t.insert(k, tv);
+    }
+    Ok(t)
 }
 
 /// The HTTP handler of a fleet.
@@ -1221,6 +1229,19 @@ mod tests {
         assert_eq!(t["priority"].as_integer(), Some(3));
         let t = vm_table(&req("application/json", "{\"name\": \"z\", \"gpu\": true}")).unwrap();
         assert_eq!(t["gpu"].as_bool(), Some(true));
+        let t = vm_table(&req(
+            "application/json",
+            "{\"name\": \"z\", \"guard\": {\"max_resets\": 2}}",
+        ))
+        .unwrap();
+        assert_eq!(t["guard"]["max_resets"].as_integer(), Some(2));
+        let e = vm_table(&req(
+            "application/json",
+            "{\"guard\": {\"window_ms\": [1]}}",
+        ))
+        .unwrap_err();
+        assert_eq!(e.status(), 422);
+        assert!(e.to_string().contains("`guard.window_ms`"), "{e}");
         assert!(vm_table(&req(
             "application/toml",
             "[[vm]]\nname=\"a\"\n[[vm]]\nname=\"b\"\n"

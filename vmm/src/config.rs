@@ -143,7 +143,9 @@ pub struct VmConfig {
 }
 
 /// The keys of a `[[vm]]` entry.
-const VM_FIELDS: [&str; 11] = [
+/// The fields of a `[[vm]]` entry (the API's `VmEntry` schema has exactly
+/// these).
+pub const VM_FIELDS: [&str; 11] = [
     "name",
     "image",
     "memory_mib",

@@ -778,6 +778,17 @@ mod tests {
             sorted(&fields::<GpuView>())
         );
 
+        // A VM entry has the fields of a config file's `[[vm]]`.
+        assert_eq!(
+            names(&s["VmEntry"]["properties"]),
+            sorted(&crate::config::VM_FIELDS)
+        );
+        assert_eq!(names(&s["VmEntry"]["required"]), ["image", "name"]);
+        assert_eq!(
+            names(&s["VmEntry"]["properties"]["guard"]["properties"]),
+            sorted(&fields::<GuardUpdate>())
+        );
+
         // Answers: what is written is exactly what is required (the
         // optional `was_quarantined` apart).
         let written = |v: Value| names(&v);

@@ -1314,16 +1314,15 @@ impl GpuArbiter {
     }
 
     /// VM `vm`'s packet latency (doorbell to completion) since it was
-    /// added: `(p50, p99)` in seconds estimated from the histogram buckets,
-    /// kept after the VM is removed. `None` for a VM the arbiter never had
-    /// or without completions.
+    /// added: `(p50, p99)` in seconds (1% precision, up to
+    /// [`crate::telemetry::LATENCY_LIMIT_NS`]), kept after the VM is
+    /// removed. `None` for a VM the arbiter never had or without
+    /// completions.
     pub fn vm_packet_latency(&self, vm: VgpuHandle) -> Option<(f64, f64)> {
         let c = lock(&self.core);
         let (_, t) = c.tele.vms().find(|(id, _)| **id == vm.0)?;
-        Some((
-            t.packet_latency.quantile(0.5)?,
-            t.packet_latency.quantile(0.99)?,
-        ))
+        let s = &t.packet_latency_sketch;
+        Some((s.quantile(0.5)?, s.quantile(0.99)?))
     }
 }
 

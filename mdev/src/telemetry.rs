@@ -33,6 +33,100 @@ use scheduler::{Nanos, VmId, VmParams, VmStats};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use timeline::{Recorder, RingLimits, SlotRow, SpanKind, Timeline, VmRow};
 
+/// The largest latency [`LatencySketch`] resolves: 30 days, the longest run
+/// timeout (`vmm::config::TIMEOUT_MS_RANGE`). A longer one is reported as
+/// this (read "at least").
+pub const LATENCY_LIMIT_NS: u64 = 30 * 24 * 3600 * 1_000_000_000;
+
+/// Latency quantiles without the Prometheus histogram's top bucket (5 s):
+/// an HDR histogram with two significant digits (1% precision) from 1 ns
+/// to [`LATENCY_LIMIT_NS`], growing with the largest latency seen (a few
+/// KiB for latencies up to seconds).
+#[derive(Clone, Debug)]
+pub struct LatencySketch {
+    h: hdrhistogram::Histogram<u64>,
+    /// Observations past [`LATENCY_LIMIT_NS`].
+    over: u64,
+}
+
+impl Default for LatencySketch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencySketch {
+    /// An empty sketch.
+    pub fn new() -> Self {
+        LatencySketch {
+            // Two significant digits is a valid precision: this cannot fail.
+            h: hdrhistogram::Histogram::new(2).expect("sigfig 2 is valid"),
+            over: 0,
+        }
+    }
+
+    /// Records one latency.
+    pub fn record_ns(&mut self, ns: u64) {
+        if ns > LATENCY_LIMIT_NS {
+            self.over += 1;
+        }
+        // Clamped into the range, so the (auto-resizing) record succeeds.
+        let _ = self.h.record(ns.clamp(1, LATENCY_LIMIT_NS));
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.h.len()
+    }
+
+    /// The `q` quantile in seconds (`None` without observations); a
+    /// quantile past [`LATENCY_LIMIT_NS`] is that limit.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let n = self.h.len();
+        if n == 0 {
+            return None;
+        }
+        let q = q.clamp(0.0, 1.0);
+        if self.over > 0 && q * n as f64 > (n - self.over) as f64 {
+            return Some(LATENCY_LIMIT_NS as f64 / 1e9);
+        }
+        let ns = self.h.value_at_quantile(q).min(LATENCY_LIMIT_NS);
+        Some(ns as f64 / 1e9)
+    }
+}
+
+#[cfg(test)]
+mod sketch_tests {
+    use super::*;
+
+    /// The case: p50 17.6 s was shown as 5000 ms by the buckets.
+    #[test]
+    fn quantiles_past_the_buckets_are_kept_and_past_the_limit_said() {
+        let mut s = LatencySketch::new();
+        assert_eq!(s.quantile(0.5), None);
+        let mut h = Histogram::new(PACKET_LATENCY_BUCKETS);
+        for ns in [17_600_000_000u64, 17_600_000_000, 17_600_000_000, 1_000_000] {
+            s.record_ns(ns);
+            h.observe_ns(ns);
+        }
+        assert_eq!(h.quantile(0.5), Some(5.0), "the buckets stop at 5 s");
+        let p50 = s.quantile(0.5).unwrap();
+        assert!((p50 - 17.6).abs() <= 17.6 * 0.01, "{p50}");
+        let p0 = s.quantile(0.0).unwrap();
+        assert!((p0 - 1e-3).abs() <= 1e-5, "{p0}");
+        // Past the limit: reported as the limit, below it unchanged.
+        for _ in 0..4 {
+            s.record_ns(LATENCY_LIMIT_NS + 1);
+        }
+        let limit = LATENCY_LIMIT_NS as f64 / 1e9;
+        assert_eq!(s.quantile(0.99), Some(limit));
+        assert!(s.quantile(0.25).unwrap() < limit);
+        assert_eq!(s.count(), 8);
+        s.record_ns(0);
+        assert_eq!(s.count(), 9, "0 ns counts (as 1 ns)");
+    }
+}
+
 /// What telemetry keeps for one VM.
 #[derive(Clone, Debug)]
 pub struct VmTelemetry {
@@ -50,6 +144,8 @@ pub struct VmTelemetry {
     /// Time from the doorbell that published a packet of the VM to that
     /// packet's completion.
     pub packet_latency: Histogram,
+    /// The same latencies for quantiles without a top bucket.
+    pub packet_latency_sketch: LatencySketch,
     /// Queue errors by code (`CP_HQD_ERROR` number, or `map_refused`).
     pub queue_errors: BTreeMap<String, u64>,
     /// `(gpu_ns, preemptions)` when the VM was removed.
@@ -153,6 +249,7 @@ impl Telemetry {
                 cwsr_restore: Histogram::new(CWSR_BUCKETS),
                 doorbell_to_preemption: Histogram::new(DOORBELL_BUCKETS),
                 packet_latency: Histogram::new(PACKET_LATENCY_BUCKETS),
+                packet_latency_sketch: LatencySketch::new(),
                 queue_errors: BTreeMap::new(),
                 final_figures: None,
                 seen_preemptions: 0,
@@ -411,6 +508,7 @@ impl Telemetry {
         }
         if let Some(v) = self.vms.get_mut(&p.vm) {
             v.packet_latency.observe_ns(now.saturating_sub(at));
+            v.packet_latency_sketch.record_ns(now.saturating_sub(at));
         }
     }
 

@@ -282,8 +282,12 @@ fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
     let (st, v) = req(&sock, "POST", "/api/v1/vms/idle/stop", None);
     assert_eq!((st, v["state"].as_str()), (200, Some("stopped")), "{v}");
     assert_eq!(v["outcome"], "stopped: by the operator");
-    let (st, _) = req(&sock, "POST", "/api/v1/vms/idle/stop", None);
-    assert_eq!(st, 409, "already stopped");
+    let (st, v) = req(&sock, "POST", "/api/v1/vms/idle/stop", None);
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (200, Some("stopped")),
+        "already stopped: idempotent: {v}"
+    );
 
     // Add a VM (TOML body), it runs and exits; its status is kept.
     let body = "[[vm]]\nname = \"late\"\nimage = \"builtin:hello\"\nmemory_mib = 8\n";
@@ -455,5 +459,52 @@ fn the_operator_sees_a_guard_quarantine_and_queue_errors_over_http_and_clears_it
     let report = fleet.join().unwrap();
     assert_eq!(report.vms.len(), 2, "{}", report.summary());
     assert!(!sock.exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_fleet_without_gpu_vms_adds_one_and_operator_stops_are_no_failure() {
+    let test = "a_fleet_without_gpu_vms_adds_one_and_operator_stops_are_no_failure";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let dir = scratch_dir("api-lazy-gpu");
+    let toml = "[[vm]]\nname = \"idle\"\nimage = \"builtin:fault\"\nargs = \"mode=hang\"\n";
+    let (sock, fleet) = start(&dir, toml);
+    let (_, f) = req(&sock, "GET", "/api/v1/fleet", None);
+    assert!(f["gpu"].is_null(), "no GPU yet: {f}");
+    let (st, _) = req(&sock, "GET", "/api/v1/timeline", None);
+    assert_eq!(st, 409, "no GPU yet");
+
+    // The first GPU VM starts the arbiter; its kernels run and check.
+    let body = gpu_vm("late-gpu", 3, "kernels=2 wgs=64 cost_us=1000 loops=2");
+    let (st, v) = send(
+        &sock,
+        &format!(
+            "POST /api/v1/vms HTTP/1.1\r\nContent-Type: application/toml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["gpu"], true, "{v}");
+    let done = wait_vm(&sock, "late-gpu", "never ended", |v| v["state"] == "exited");
+    assert_eq!(done["exit_status"], 0, "{done}");
+    assert!(done["gpu_time_ms"].as_f64().unwrap() > 0.0, "{done}");
+    let (_, f) = req(&sock, "GET", "/api/v1/fleet", None);
+    assert!(f["gpu"]["completions"].as_u64().unwrap() > 0, "{f}");
+    let text = metrics(&sock);
+    assert!(
+        metric(&text, "hqdmux_vm_gpu_busy_seconds_total", "late-gpu") > 0.0,
+        "{text}"
+    );
+
+    // Stopping the last VM ends the run, which did not fail.
+    let (st, v) = req(&sock, "POST", "/api/v1/vms/idle/stop", None);
+    assert_eq!((st, v["state"].as_str()), (200, Some("stopped")), "{v}");
+    let report = fleet.join().unwrap();
+    assert_eq!(report.vms.len(), 2, "{}", report.summary());
+    assert_eq!(report.operator_stopped, [true, false]);
+    assert!(report.all_succeeded(), "{}", report.summary());
+    assert!(report.gpu.is_some_and(|g| g.completions > 0));
     std::fs::remove_dir_all(&dir).ok();
 }

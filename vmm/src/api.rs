@@ -18,23 +18,31 @@
 //! | `GET /metrics` | Prometheus text exposition of the GPU |
 //!
 //! Every error is `{"error": "..."}` with a 4xx status naming the VM, the
-//! field and the reason, and changes nothing. A request is checked whole
-//! before any of it is applied.
+//! field and the reason, and changes nothing. A request is read whole into
+//! its type ([`types`]) and checked before any of it is applied; every
+//! refusal is an [`ApiError`], whose status is chosen in one place
+//! ([`ApiError::status`]).
+
+pub mod types;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use mdev::arbiter::GpuArbiter;
-use mdev::guard::{GuardEvent, GuardOverride, GuardStatus};
 use mdev::vgpu::VgpuHandle;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{FleetConfig, VmConfig, PRIORITY_RANGE, WEIGHT_RANGE};
+use crate::config::{FleetConfig, VmConfig};
 use crate::http::{Handler, Request, Responder, Response};
+pub use types::{
+    ApiError, FleetView, GpuView, GuardView, PolicyChange, PolicyName, PolicyView, VmList, VmState,
+    VmUpdate, VmView,
+};
+pub use types::{PREEMPT_TIMEOUT_MS_RANGE, QUANTUM_MS_RANGE};
 
 /// API version prefix.
 pub const PREFIX: &str = "/api/v1";
@@ -44,50 +52,6 @@ pub const PREFIX: &str = "/api/v1";
 /// longer lists it and its name stays taken (docs/operators.md). A fleet
 /// that launches VMs continuously keeps a bounded history.
 pub const RETAINED_ENDED_VMS: usize = 256;
-/// Range of `quantum_ms`.
-pub const QUANTUM_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=10_000;
-/// Range of `preempt_timeout_ms` (as `[[vm]] preempt_timeout_ms`).
-pub const PREEMPT_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> =
-    mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE;
-
-/// Life-cycle state of a VM as the API shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VmState {
-    /// Added through the API, being built.
-    Starting,
-    /// vCPUs running.
-    Running,
-    /// vCPUs running, GPU work held (CWSR-saved) until resume.
-    Paused,
-    /// A stop was asked for and is in progress.
-    Stopping,
-    /// Stopped by the operator, the run timeout or a signal.
-    Stopped,
-    /// The guest ended by itself (exit status, fault, ...).
-    Exited,
-    /// Could not be built or started.
-    Failed,
-}
-
-impl VmState {
-    /// Name in the API.
-    pub fn name(self) -> &'static str {
-        match self {
-            VmState::Starting => "starting",
-            VmState::Running => "running",
-            VmState::Paused => "paused",
-            VmState::Stopping => "stopping",
-            VmState::Stopped => "stopped",
-            VmState::Exited => "exited",
-            VmState::Failed => "failed",
-        }
-    }
-
-    fn live(self) -> bool {
-        matches!(self, VmState::Running | VmState::Paused)
-    }
-}
-
 /// How a VM ended, as the fleet reports it to the API.
 #[derive(Debug, Clone, Default)]
 pub struct VmEnd {
@@ -171,14 +135,12 @@ struct Inner {
 
 /// What the API can see and steer; shared by the HTTP server and the fleet.
 pub struct FleetControl {
-    arbiter: Option<Arc<GpuArbiter>>,
+    /// Set at the start, or when the first GPU VM is added to a fleet
+    /// that had none.
+    arbiter: OnceLock<Arc<GpuArbiter>>,
     inner: Mutex<Inner>,
     started: Instant,
     config_path: PathBuf,
-}
-
-fn err(status: u16, msg: impl Into<String>) -> Response {
-    Response::error(status, msg)
 }
 
 impl FleetControl {
@@ -196,8 +158,12 @@ impl FleetControl {
                 VmEntry::new(c.clone(), vgpus.get(i).copied().flatten(), VmState::Running)
             })
             .collect();
+        let cell = OnceLock::new();
+        if let Some(m) = arbiter {
+            let _ = cell.set(m);
+        }
         FleetControl {
-            arbiter,
+            arbiter: cell,
             inner: Mutex::new(Inner {
                 vms,
                 cfg: cfg.clone(),
@@ -214,6 +180,12 @@ impl FleetControl {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The fleet's GPU arbiter, started for the first GPU VM added to a
+    /// fleet that had none (a second call changes nothing).
+    pub fn set_arbiter(&self, m: Arc<GpuArbiter>) {
+        let _ = self.arbiter.set(m);
     }
 
     /// Connects the fleet's command channel (stop, add): commands are sent
@@ -240,7 +212,7 @@ impl FleetControl {
             v.vgpu = None;
             v.share = None;
             v.end = Some(end);
-            if let Some((h, m)) = v.last_vgpu.zip(self.arbiter.as_ref()) {
+            if let Some((h, m)) = v.last_vgpu.zip(self.arbiter.get()) {
                 v.ended_errors = m.vm_queue_errors(h);
                 v.ended_latency = m.vm_packet_latency(h);
             }
@@ -312,14 +284,14 @@ impl FleetControl {
     }
 
     /// The view of VM `i` (`None`: no such index).
-    pub fn view_of(&self, i: usize) -> Option<Value> {
+    pub fn view_of(&self, i: usize) -> Option<VmView> {
         let inner = self.lock();
         inner.vms.get(i).map(|v| self.view(v, &inner))
     }
 
-    fn view(&self, v: &VmEntry, inner: &Inner) -> Value {
+    fn view(&self, v: &VmEntry, inner: &Inner) -> VmView {
         let c = &v.config;
-        let live = v.vgpu.zip(self.arbiter.as_ref());
+        let live = v.vgpu.zip(self.arbiter.get());
         let status = live.and_then(|(h, m)| m.vm_status(h));
         let controls = live.and_then(|(h, m)| m.vm_controls(h));
         let (priority, weight) = status
@@ -328,7 +300,7 @@ impl FleetControl {
         let stats = status
             .map(|(_, s)| s)
             .or_else(|| v.end.as_ref().and_then(|e| e.gpu));
-        let quantum = match (controls, &self.arbiter, c.gpu) {
+        let quantum = match (controls, self.arbiter.get(), c.gpu) {
             (Some((_, Some(q))), _, _) => Some(q),
             (_, Some(m), true) => Some(m.level_quantum(priority as u8)),
             _ => None,
@@ -336,50 +308,52 @@ impl FleetControl {
         let ms = |ns: u64| ns as f64 / 1e6;
         let queue_errors = v.ended_errors.clone().or_else(|| {
             v.last_vgpu
-                .zip(self.arbiter.as_ref())
+                .zip(self.arbiter.get())
                 .and_then(|(h, m)| m.vm_queue_errors(h))
         });
         let guard = live.and_then(|(h, m)| m.guard_status(h));
         let latency = v.ended_latency.or_else(|| {
             v.last_vgpu
-                .zip(self.arbiter.as_ref())
+                .zip(self.arbiter.get())
                 .and_then(|(h, m)| m.vm_packet_latency(h))
         });
-        json!({
-            "name": c.name,
-            "state": v.state.name(),
-            "gpu": c.gpu,
-            "image": c.image,
-            "priority": priority,
-            "weight": weight,
-            "quantum_ms": quantum.map(|q| q.as_secs_f64() * 1e3),
-            "quantum_override": controls.is_some_and(|(_, q)| q.is_some()),
-            "preempt_timeout_ms": live
+        VmView {
+            name: c.name.clone(),
+            state: v.state,
+            gpu: c.gpu,
+            image: c.image.clone(),
+            priority,
+            weight,
+            quantum_ms: quantum.map(|q| q.as_secs_f64() * 1e3),
+            quantum_override: controls.is_some_and(|(_, q)| q.is_some()),
+            preempt_timeout_ms: live
                 .and_then(|(h, m)| m.preempt_timeout(h))
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(c.preempt_timeout_ms),
-            "gpu_time_ms": stats.map(|s| ms(s.gpu_ns)),
-            "share": v.share,
-            "share_interval_ms": if v.share.is_some() { Some(inner.interval.as_secs_f64() * 1e3) } else { None },
-            "maps": stats.map(|s| s.maps),
-            "preemptions": stats.map(|s| s.preemptions),
-            "cwsr_time_ms": stats.map(|s| ms(s.save_ns)),
-            "queue_errors": queue_errors.as_ref().map(|q| q.values().sum::<u64>()),
-            "queue_errors_by_code": queue_errors,
-            "quarantined": guard.map(|g| g.quarantined.is_some()),
-            "guard": guard.map(guard_view),
-            "outcome": v.end.as_ref().map(|e| e.outcome.clone()),
-            "exit_status": v.end.as_ref().and_then(|e| e.exit_status),
-            "latency_p50_ms": latency.map(|(p50, _)| p50 * 1e3),
-            "latency_p99_ms": latency.map(|(_, p99)| p99 * 1e3),
-        })
+            gpu_time_ms: stats.map(|s| ms(s.gpu_ns)),
+            share: v.share,
+            share_interval_ms: v.share.map(|_| inner.interval.as_secs_f64() * 1e3),
+            maps: stats.map(|s| s.maps),
+            preemptions: stats.map(|s| s.preemptions),
+            cwsr_time_ms: stats.map(|s| ms(s.save_ns)),
+            queue_errors: queue_errors.as_ref().map(|q| q.values().sum::<u64>()),
+            queue_errors_by_code: queue_errors,
+            quarantined: guard.map(|g| g.quarantined.is_some()),
+            guard: guard.map(GuardView::from),
+            outcome: v.end.as_ref().map(|e| e.outcome.clone()),
+            exit_status: v.end.as_ref().and_then(|e| e.exit_status),
+            latency_p50_ms: latency.map(|(p50, _)| p50 * 1e3),
+            latency_p99_ms: latency.map(|(_, p99)| p99 * 1e3),
+            latency_limit_ms: latency.map(|_| mdev::telemetry::LATENCY_LIMIT_NS as f64 / 1e6),
+            was_quarantined: None,
+        }
     }
 
     /// Samples every live VM's GPU time: the share of the fleet's GPU time
     /// each got since the previous sample.
     pub fn sample(&self) {
         let mut inner = self.lock();
-        let Some(m) = self.arbiter.clone() else {
+        let Some(m) = self.arbiter.get().cloned() else {
             return;
         };
         let now = Instant::now();
@@ -406,182 +380,132 @@ impl FleetControl {
         inner.last_sample = now;
     }
 
-    fn find(&self, inner: &Inner, name: &str) -> Result<usize, Response> {
+    fn find(&self, inner: &Inner, name: &str) -> Result<usize, ApiError> {
         inner
             .vms
             .iter()
             .position(|v| !v.forgotten && v.config.name == name)
-            .ok_or_else(|| err(404, format!("vm '{name}': no such VM")))
+            .ok_or_else(|| ApiError::NoVm(name.to_owned()))
     }
 
     /// Routes one request. Each route is one match arm; routes outside
     /// `/api/v1` (e.g. `GET /metrics`) go in the first match.
     pub fn route(&self, req: Request, reply: Responder) {
-        match (req.method.as_str(), req.path.as_str()) {
-            ("GET", "/metrics") => return reply.send(self.metrics()),
-            (m, "/metrics") => {
-                return reply.send(
-                    err(405, format!("method {m} not allowed on /metrics"))
-                        .with_header("Allow", "GET".into()),
-                )
-            }
-            _ => {}
+        let m = req.method.as_str();
+        if req.path == "/metrics" {
+            return reply.send(match m {
+                "GET" => self.metrics(),
+                _ => ApiError::Method {
+                    method: m.to_owned(),
+                    path: req.path.clone(),
+                    allow: "GET",
+                }
+                .into(),
+            });
         }
         let Some(rest) = req.path.strip_prefix(PREFIX) else {
-            return reply.send(err(404, format!("no such path '{}'", req.path)));
+            return reply.send(ApiError::NoPath(req.path.clone()).into());
         };
         let segs: Vec<&str> = rest.split('/').skip(1).collect();
-        let m = req.method.as_str();
         let r = match (m, segs.as_slice()) {
-            ("GET", ["vms"]) => self.list(),
+            ("GET", ["vms"]) => ok(Ok(self.list())),
             ("POST", ["vms"]) => return self.add(&req, reply),
-            ("GET", ["vms", name]) => self.get(name),
-            ("PATCH", ["vms", name]) => self.patch(name, &req),
-            ("POST", ["vms", name, "pause"]) => self.pause(name, true),
-            ("POST", ["vms", name, "resume"]) => self.pause(name, false),
+            ("GET", ["vms", name]) => ok(self.get(name)),
+            ("PATCH", ["vms", name]) => ok(self.patch(name, &req)),
+            ("POST", ["vms", name, "pause"]) => ok(self.pause(name, true)),
+            ("POST", ["vms", name, "resume"]) => ok(self.pause(name, false)),
             ("POST", ["vms", name, "stop"]) => return self.stop(name, reply),
-            ("GET", ["policy"]) => self.get_policy(),
-            ("PUT", ["policy"]) => self.put_policy(&req),
-            ("GET", ["fleet"]) => self.fleet(),
-            ("POST", ["vms", name, "clear-quarantine"]) => self.clear_quarantine(name),
+            ("GET", ["policy"]) => ok(Ok(self.get_policy())),
+            ("PUT", ["policy"]) => ok(self.put_policy(&req)),
+            ("GET", ["fleet"]) => ok(Ok(self.fleet())),
+            ("POST", ["vms", name, "clear-quarantine"]) => ok(self.clear_quarantine(name)),
             ("GET", ["timeline"]) => self.timeline(&req),
-            (_, p) => match allowed(p) {
-                Some(allow) => err(405, format!("method {m} not allowed on {}", req.path))
-                    .with_header("Allow", allow.into()),
-                None => err(404, format!("no such path '{}'", req.path)),
-            },
+            (_, p) => Err(match allowed(p) {
+                Some(allow) => ApiError::Method {
+                    method: m.to_owned(),
+                    path: req.path.clone(),
+                    allow,
+                },
+                None => ApiError::NoPath(req.path.clone()),
+            }),
         };
-        reply.send(r)
+        reply.send(r.unwrap_or_else(Response::from))
     }
 
-    fn list(&self) -> Response {
+    fn list(&self) -> VmList {
         let inner = self.lock();
-        let vms: Vec<Value> = inner
-            .vms
-            .iter()
-            .filter(|v| !v.forgotten)
-            .map(|v| self.view(v, &inner))
-            .collect();
-        Response::json(200, &json!({ "vms": vms }))
-    }
-
-    fn get(&self, name: &str) -> Response {
-        let inner = self.lock();
-        match self.find(&inner, name) {
-            Ok(i) => Response::json(200, &self.view(&inner.vms[i], &inner)),
-            Err(r) => r,
+        VmList {
+            vms: inner
+                .vms
+                .iter()
+                .filter(|v| !v.forgotten)
+                .map(|v| self.view(v, &inner))
+                .collect(),
         }
+    }
+
+    fn get(&self, name: &str) -> Result<VmView, ApiError> {
+        let inner = self.lock();
+        let i = self.find(&inner, name)?;
+        Ok(self.view(&inner.vms[i], &inner))
     }
 
     /// The VM's live vGPU, or the reason there is none (409).
-    fn live_gpu(&self, v: &VmEntry, what: &str) -> Result<(VgpuHandle, Arc<GpuArbiter>), Response> {
+    fn live_gpu(&self, v: &VmEntry, what: &str) -> Result<(VgpuHandle, Arc<GpuArbiter>), ApiError> {
         let name = &v.config.name;
         if !v.state.live() {
-            return Err(err(
-                409,
-                format!("vm '{name}': {what}: the VM is {}", v.state.name()),
-            ));
+            return Err(ApiError::Conflict(format!(
+                "vm '{name}': {what}: the VM is {}",
+                v.state.name()
+            )));
         }
-        match (v.vgpu, &self.arbiter) {
+        match (v.vgpu, self.arbiter.get()) {
             (Some(h), Some(m)) => Ok((h, m.clone())),
-            _ => Err(err(
-                409,
-                format!("vm '{name}': {what}: the VM has no vGPU (gpu = false)"),
-            )),
+            _ => Err(ApiError::Conflict(format!(
+                "vm '{name}': {what}: the VM has no vGPU (gpu = false)"
+            ))),
         }
     }
 
-    fn patch(&self, name: &str, req: &Request) -> Response {
-        let body = match json_object(req) {
-            Ok(b) => b,
-            Err(r) => return r,
-        };
+    fn patch(&self, name: &str, req: &Request) -> Result<VmView, ApiError> {
+        let place = format!("vm '{name}'");
         let inner = self.lock();
-        let i = match self.find(&inner, name) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
+        let i = self.find(&inner, name)?;
+        // Read and check the whole body before applying anything.
+        let u: VmUpdate = types::decode_json(req.header("content-type"), &req.body, &place)?;
+        u.check(name)?;
         let v = &inner.vms[i];
-        // Check everything before applying anything.
-        let mut priority = None;
-        let mut weight = None;
-        let mut quantum: Option<Option<u64>> = None;
-        let mut timeout = None;
-        let mut guard: Option<GuardOverride> = None;
-        for (k, val) in &body {
-            let bad = |reason: String| err(400, format!("vm '{name}': {k}: {reason}"));
-            let int = |range: std::ops::RangeInclusive<u64>| -> Result<u64, Response> {
-                match val.as_u64() {
-                    Some(x) if range.contains(&x) => Ok(x),
-                    Some(x) => Err(bad(format!(
-                        "{x} is out of range {}..={}",
-                        range.start(),
-                        range.end()
-                    ))),
-                    None => Err(bad(format!("expected an integer, found {val}"))),
-                }
-            };
-            let r = match k.as_str() {
-                "priority" => {
-                    int(u64::from(*PRIORITY_RANGE.start())..=u64::from(*PRIORITY_RANGE.end()))
-                        .map(|x| priority = Some(x as u8))
-                }
-                "weight" => int(u64::from(*WEIGHT_RANGE.start())..=u64::from(*WEIGHT_RANGE.end()))
-                    .map(|x| weight = Some(x as u32)),
-                "quantum_ms" if val.is_null() => {
-                    quantum = Some(None);
-                    Ok(())
-                }
-                "quantum_ms" => int(QUANTUM_MS_RANGE).map(|x| quantum = Some(Some(x))),
-                "preempt_timeout_ms" => int(PREEMPT_TIMEOUT_MS_RANGE).map(|x| timeout = Some(x)),
-                "guard" => guard_override(val)
-                    .map(|g| guard = Some(g))
-                    .map_err(&bad),
-                _ => Err(bad(
-                    "unknown field (known: priority, weight, quantum_ms, preempt_timeout_ms, guard)"
-                        .into(),
-                )),
-            };
-            if let Err(r) = r {
-                return r;
-            }
-        }
-        if body.is_empty() {
-            return err(400, format!("vm '{name}': empty change (fields: priority, weight, quantum_ms, preempt_timeout_ms)"));
-        }
-        let (h, m) = match self.live_gpu(v, body.keys().next().map_or("", |k| k.as_str())) {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
+        let (h, m) = self.live_gpu(v, u.first_field())?;
         // The guard's new limits: the VM's current ones with the given
         // fields replaced, validated whole before anything is applied.
-        let guard = match guard {
+        let guard = match u.guard {
             Some(o) => {
-                let Some(st) = m.guard_status(h) else {
-                    return err(409, format!("vm '{name}': guard: the VM has ended"));
-                };
-                let limits = st.limits.with(&o);
-                if let Err(e) = limits.validate() {
-                    return err(400, format!("vm '{name}': {e}"));
-                }
+                let st = m.guard_status(h).ok_or_else(|| {
+                    ApiError::Conflict(format!("vm '{name}': guard: the VM has ended"))
+                })?;
+                let limits = st.limits.with(&o.to_override());
+                limits
+                    .validate()
+                    .map_err(|e| ApiError::invalid(&place, e.to_string()))?;
                 Some(limits)
             }
             None => None,
         };
         let applied = (|| {
-            if let Some(p) = priority {
-                m.set_priority(h, p)
+            if let Some(p) = u.priority {
+                m.set_priority(h, p.0)
                     .map_err(|e| ("priority", e.to_string()))?;
             }
-            if let Some(w) = weight {
-                m.set_weight(h, w).map_err(|e| ("weight", e.to_string()))?;
+            if let Some(w) = u.weight {
+                m.set_weight(h, w.0)
+                    .map_err(|e| ("weight", e.to_string()))?;
             }
-            if let Some(q) = quantum {
-                m.set_quantum(h, q.map(Duration::from_millis))
+            if let Some(q) = u.quantum_ms {
+                m.set_quantum(h, q.map(|q| Duration::from_millis(q.0)))
                     .map_err(|e| ("quantum_ms", e.to_string()))?;
             }
-            if let Some(t) = timeout {
-                m.set_preempt_timeout(h, Duration::from_millis(t))
+            if let Some(t) = u.preempt_timeout_ms {
+                m.set_preempt_timeout(h, Duration::from_millis(t.0))
                     .map_err(|e| ("preempt_timeout_ms", e.to_string()))?;
             }
             if let Some(g) = guard {
@@ -591,51 +515,59 @@ impl FleetControl {
         })();
         if let Err((field, e)) = applied {
             // Only a VM removed meanwhile gets here.
-            return err(409, format!("vm '{name}': {field}: {e}"));
+            return Err(ApiError::Conflict(format!("vm '{name}': {field}: {e}")));
         }
-        log::info!("api: vm '{name}': changed {}", Value::Object(body));
-        Response::json(200, &self.view(&inner.vms[i], &inner))
+        log::info!(
+            "api: vm '{name}': changed {}",
+            serde_json::to_string(&u).unwrap_or_default()
+        );
+        Ok(self.view(&inner.vms[i], &inner))
     }
 
-    fn pause(&self, name: &str, pause: bool) -> Response {
+    fn pause(&self, name: &str, pause: bool) -> Result<VmView, ApiError> {
         let what = if pause { "pause" } else { "resume" };
         let mut inner = self.lock();
-        let i = match self.find(&inner, name) {
-            Ok(i) => i,
-            Err(r) => return r,
+        let i = self.find(&inner, name)?;
+        let (h, m) = self.live_gpu(&inner.vms[i], what)?;
+        let target = if pause {
+            VmState::Paused
+        } else {
+            VmState::Running
         };
-        let (h, m) = match self.live_gpu(&inner.vms[i], what) {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
-        let r = if pause { m.pause_vm(h) } else { m.resume_vm(h) };
-        if let Err(e) = r {
-            return err(409, format!("vm '{name}': {what}: {e}"));
+        if inner.vms[i].state == target {
+            // Already there: idempotent, nothing changes.
+            return Ok(self.view(&inner.vms[i], &inner));
         }
+        let r = if pause { m.pause_vm(h) } else { m.resume_vm(h) };
+        r.map_err(|e| ApiError::Conflict(format!("vm '{name}': {what}: {e}")))?;
         inner.vms[i].state = if pause {
             VmState::Paused
         } else {
             VmState::Running
         };
         log::info!("api: vm '{name}': {what}d");
-        Response::json(200, &self.view(&inner.vms[i], &inner))
+        Ok(self.view(&inner.vms[i], &inner))
     }
 
     fn stop(&self, name: &str, reply: Responder) {
         let mut inner = self.lock();
         let i = match self.find(&inner, name) {
             Ok(i) => i,
-            Err(r) => return reply.send(r),
+            Err(e) => return reply.send(e.into()),
         };
         let st = inner.vms[i].state;
+        if matches!(st, VmState::Stopped | VmState::Stopping) {
+            // Already stopped (or being stopped): idempotent.
+            return reply.send(Response::json(200, &self.view(&inner.vms[i], &inner)));
+        }
         if !st.live() {
-            return reply.send(err(
-                409,
-                format!("vm '{name}': stop: the VM is {}", st.name()),
-            ));
+            return reply.send(
+                ApiError::Conflict(format!("vm '{name}': stop: the VM is {}", st.name())).into(),
+            );
         }
         let Some((tx, wake)) = inner.fleet.clone() else {
-            return reply.send(err(503, format!("vm '{name}': stop: no fleet loop")));
+            return reply
+                .send(ApiError::Unavailable(format!("vm '{name}': stop: no fleet loop")).into());
         };
         inner.vms[i].state = VmState::Stopping;
         log::info!("api: vm '{name}': stop requested");
@@ -644,41 +576,18 @@ impl FleetControl {
             let FleetCommand::Stop { reply, .. } = e.0 else {
                 return;
             };
-            return reply.send(err(503, format!("vm '{name}': stop: the fleet is ending")));
+            return reply.send(
+                ApiError::Unavailable(format!("vm '{name}': stop: the fleet is ending")).into(),
+            );
         }
         let _ = wake.write(1);
     }
 
     fn add(&self, req: &Request, reply: Responder) {
-        let table = match vm_table(req) {
-            Ok(t) => t,
-            Err(r) => return reply.send(r),
-        };
         let mut inner = self.lock();
-        let config = match inner.cfg.check_added_vm(&table, &self.config_path) {
-            Ok(c) => c,
-            Err(e) => return reply.send(err(422, e.to_string())),
-        };
-        if config.gpu && self.arbiter.is_none() {
-            return reply.send(err(
-                409,
-                format!(
-                    "vm '{}': gpu: this fleet has no GPU arbiter (no VM of its config has gpu = true)",
-                    config.name
-                ),
-            ));
-        }
-        if inner.retired.contains(&config.name) {
-            return reply.send(err(
-                422,
-                format!(
-                    "vm '{}': name: duplicate name: an ended VM (no longer listed) had it",
-                    config.name
-                ),
-            ));
-        }
-        let Some((tx, wake)) = inner.fleet.clone() else {
-            return reply.send(err(503, format!("vm '{}': no fleet loop", config.name)));
+        let (config, tx, wake) = match self.check_add(&inner, req) {
+            Ok(x) => x,
+            Err(e) => return reply.send(e.into()),
         };
         let index = inner.vms.len();
         inner.cfg.vm.push(config.clone());
@@ -700,93 +609,92 @@ impl FleetControl {
         }
     }
 
-    fn get_policy(&self) -> Response {
-        let names: Vec<&str> = scheduler::Policy::ALL.iter().map(|p| p.name()).collect();
+    /// The VM entry of a `POST /vms`, checked against the fleet, and the
+    /// fleet loop's channel.
+    fn check_add(
+        &self,
+        inner: &Inner,
+        req: &Request,
+    ) -> Result<(VmConfig, Sender<FleetCommand>, Arc<EventFd>), ApiError> {
+        let table = vm_table(req)?;
+        let config = inner
+            .cfg
+            .check_added_vm(&table, &self.config_path)
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        if inner.retired.contains(&config.name) {
+            return Err(ApiError::Unprocessable(format!(
+                "vm '{}': name: duplicate name: an ended VM (no longer listed) had it",
+                config.name
+            )));
+        }
+        let (tx, wake) = inner
+            .fleet
+            .clone()
+            .ok_or_else(|| ApiError::Unavailable(format!("vm '{}': no fleet loop", config.name)))?;
+        Ok((config, tx, wake))
+    }
+
+    fn get_policy(&self) -> PolicyView {
         let p = self
             .arbiter
-            .as_ref()
+            .get()
             .map(|m| m.policy())
             .unwrap_or(self.lock().cfg.scheduler.policy);
-        Response::json(200, &json!({ "policy": p.name(), "policies": names }))
-    }
-
-    fn put_policy(&self, req: &Request) -> Response {
-        let body = match json_object(req) {
-            Ok(b) => b,
-            Err(r) => return r,
-        };
-        if let Some(k) = body.keys().find(|k| *k != "policy") {
-            return err(400, format!("policy: {k}: unknown field (known: policy)"));
-        }
-        let Some(name) = body.get("policy").and_then(Value::as_str) else {
-            return err(400, "policy: policy: missing (a string)");
-        };
-        let Some(p) = scheduler::Policy::from_name(name) else {
-            let names: Vec<&str> = scheduler::Policy::ALL.iter().map(|p| p.name()).collect();
-            return err(
-                400,
-                format!(
-                    "policy: unknown policy '{name}' (one of: {})",
-                    names.join(", ")
-                ),
-            );
-        };
-        let Some(m) = &self.arbiter else {
-            return err(409, "policy: the fleet has no GPU VMs");
-        };
-        m.set_policy(p);
-        log::info!("api: policy = {name}");
-        self.get_policy()
-    }
-
-    fn fleet(&self) -> Response {
-        let inner = self.lock();
-        let count = |s: VmState| {
-            inner
-                .vms
+        PolicyView {
+            policy: PolicyName(p),
+            policies: scheduler::Policy::ALL
                 .iter()
-                .filter(|v| !v.forgotten && v.state == s)
-                .count()
-        };
-        let mut states = Map::new();
-        for s in [
-            VmState::Starting,
-            VmState::Running,
-            VmState::Paused,
-            VmState::Stopping,
-            VmState::Stopped,
-            VmState::Exited,
-            VmState::Failed,
-        ] {
-            states.insert(s.name().into(), json!(count(s)));
+                .copied()
+                .map(PolicyName)
+                .collect(),
         }
-        let gpu = self.arbiter.as_ref().map(|m| {
+    }
+
+    fn put_policy(&self, req: &Request) -> Result<PolicyView, ApiError> {
+        let c: PolicyChange = types::decode_json(req.header("content-type"), &req.body, "policy")?;
+        let m = self
+            .arbiter
+            .get()
+            .ok_or_else(|| ApiError::Conflict("policy: the fleet has no GPU VMs".into()))?;
+        m.set_policy(c.policy.0);
+        log::info!("api: policy = {}", c.policy.0.name());
+        Ok(self.get_policy())
+    }
+
+    fn fleet(&self) -> FleetView {
+        let inner = self.lock();
+        let listed = || inner.vms.iter().filter(|v| !v.forgotten);
+        let states = VmState::ALL
+            .iter()
+            .map(|s| {
+                let n = listed().filter(|v| v.state == *s).count() as u64;
+                (s.name().to_owned(), n)
+            })
+            .collect();
+        let gpu = self.arbiter.get().map(|m| {
             let t = m.topology();
             let s = m.stats();
-            json!({
-                "policy": m.policy().name(),
-                "xccs": t.xccs,
-                "partitions": t.partitions(),
-                "completions": s.completions,
-                "maps": s.maps,
-                "preemptions": s.preemptions,
-                "quarantined_vms": s.quarantined_vms,
-            })
+            GpuView {
+                policy: PolicyName(m.policy()),
+                xccs: t.xccs,
+                partitions: t.partitions(),
+                completions: s.completions,
+                maps: s.maps,
+                preemptions: s.preemptions,
+                quarantined_vms: s.quarantined_vms,
+            }
         });
-        Response::json(
-            200,
-            &json!({
-                "uptime_ms": self.started.elapsed().as_secs_f64() * 1e3,
-                "vms": inner.vms.iter().filter(|v| !v.forgotten).count(),
-                "vms_forgotten": inner.retired.len(),
-                "states": states,
-                "gpu": gpu,
-            }),
-        )
+        FleetView {
+            uptime_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            vms: listed().count() as u64,
+            vms_forgotten: inner.retired.len() as u64,
+            states,
+            gpu,
+        }
     }
 
     fn metrics(&self) -> Response {
-        match &self.arbiter {
+        match self.arbiter.get() {
             Some(m) => Response::text(200, mdev::metrics::CONTENT_TYPE, m.metrics_text()),
             None => Response::text(
                 200,
@@ -796,16 +704,14 @@ impl FleetControl {
         }
     }
 
-    fn timeline(&self, req: &Request) -> Response {
-        let (seconds, svg) = match timeline_query(req) {
-            Ok(q) => q,
-            Err(r) => return r,
-        };
-        let Some(m) = &self.arbiter else {
-            return err(409, "timeline: the fleet has no GPU VMs");
-        };
+    fn timeline(&self, req: &Request) -> Result<Response, ApiError> {
+        let (seconds, svg) = timeline_query(req)?;
+        let m = self
+            .arbiter
+            .get()
+            .ok_or_else(|| ApiError::Conflict("timeline: the fleet has no GPU VMs".into()))?;
         let t = m.timeline(Duration::from_secs(seconds));
-        if svg {
+        Ok(if svg {
             Response::text(
                 200,
                 "image/svg+xml",
@@ -813,28 +719,27 @@ impl FleetControl {
             )
         } else {
             Response::text(200, "application/json", t.to_json())
-        }
+        })
     }
 
-    fn clear_quarantine(&self, name: &str) -> Response {
+    fn clear_quarantine(&self, name: &str) -> Result<VmView, ApiError> {
         let inner = self.lock();
-        let i = match self.find(&inner, name) {
-            Ok(i) => i,
-            Err(r) => return r,
-        };
-        let (h, m) = match self.live_gpu(&inner.vms[i], "clear-quarantine") {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
-        let was = match m.clear_quarantine(h) {
-            Ok(w) => w,
-            Err(e) => return err(409, format!("vm '{name}': clear-quarantine: {e}")),
-        };
+        let i = self.find(&inner, name)?;
+        let (h, m) = self.live_gpu(&inner.vms[i], "clear-quarantine")?;
+        let was = m
+            .clear_quarantine(h)
+            .map_err(|e| ApiError::Conflict(format!("vm '{name}': clear-quarantine: {e}")))?;
         log::info!("api: vm '{name}': clear-quarantine (was quarantined: {was})");
-        let mut v = self.view(&inner.vms[i], &inner);
-        v["was_quarantined"] = json!(was);
-        Response::json(200, &v)
+        Ok(VmView {
+            was_quarantined: Some(was),
+            ..self.view(&inner.vms[i], &inner)
+        })
     }
+}
+
+/// A 200 answer of `v`.
+fn ok<T: serde::Serialize>(v: Result<T, ApiError>) -> Result<Response, ApiError> {
+    v.map(|v| Response::json(200, &v))
 }
 
 /// Range of `seconds` of `GET /api/v1/timeline`.
@@ -842,75 +747,8 @@ pub const TIMELINE_SECONDS_RANGE: std::ops::RangeInclusive<u64> = 1..=120;
 /// `seconds` of `GET /api/v1/timeline` when not given.
 pub const TIMELINE_DEFAULT_SECONDS: u64 = 10;
 
-/// Name of a guard count in the API.
-fn guard_event_name(e: GuardEvent) -> &'static str {
-    match e {
-        GuardEvent::Reset => "resets",
-        GuardEvent::QueueError => "queue_errors",
-        GuardEvent::StaleDoorbell => "stale_doorbells",
-    }
-}
-
-/// The `guard` object of a VM view.
-fn guard_view(g: GuardStatus) -> Value {
-    json!({
-        "window_ms": g.limits.window_ms,
-        "max_resets": g.limits.max_resets,
-        "max_queue_errors": g.limits.max_queue_errors,
-        "max_stale_doorbells": g.limits.max_stale_doorbells,
-        "resets": g.resets,
-        "queue_errors": g.queue_errors,
-        "stale_doorbells": g.stale_doorbells,
-        "total_resets": g.totals[0],
-        "total_queue_errors": g.totals[1],
-        "total_stale_doorbells": g.totals[2],
-        "quarantined": g.quarantined.map(|t| json!({
-            "reason": t.to_string(),
-            "what": guard_event_name(t.what),
-            "count": t.count,
-            "limit": t.limit,
-            "since_ms": t.at as f64 / 1e6,
-        })),
-    })
-}
-
-/// A `guard` object of a PATCH body: some of `window_ms`, `max_resets`,
-/// `max_queue_errors`, `max_stale_doorbells` (ranges checked by
-/// [`mdev::guard::GuardConfig::validate`] once merged).
-fn guard_override(v: &Value) -> Result<GuardOverride, String> {
-    let Value::Object(m) = v else {
-        return Err(format!("expected an object, found {v}"));
-    };
-    let mut o = GuardOverride::default();
-    for (k, x) in m {
-        let n = x
-            .as_u64()
-            .ok_or_else(|| format!("{k}: expected an integer, found {x}"))?;
-        let small =
-            || u32::try_from(n).map_err(|_| format!("{k}: {n} is out of range 0..={}", u32::MAX));
-        match k.as_str() {
-            "window_ms" => o.window_ms = Some(n),
-            "max_resets" => o.max_resets = Some(small()?),
-            "max_queue_errors" => o.max_queue_errors = Some(small()?),
-            "max_stale_doorbells" => o.max_stale_doorbells = Some(small()?),
-            _ => {
-                return Err(format!(
-                    "{k}: unknown field (known: window_ms, max_resets, max_queue_errors, max_stale_doorbells)"
-                ))
-            }
-        }
-    }
-    if m.is_empty() {
-        return Err(
-            "empty object (fields: window_ms, max_resets, max_queue_errors, max_stale_doorbells)"
-                .into(),
-        );
-    }
-    Ok(o)
-}
-
 /// The query of `GET /api/v1/timeline`: `(seconds, svg)`.
-fn timeline_query(req: &Request) -> Result<(u64, bool), Response> {
+fn timeline_query(req: &Request) -> Result<(u64, bool), ApiError> {
     let mut seconds = TIMELINE_DEFAULT_SECONDS;
     let mut svg = req
         .header("accept")
@@ -928,10 +766,10 @@ fn timeline_query(req: &Request) -> Result<(u64, bool), Response> {
                 seconds = match v.parse::<u64>() {
                     Ok(n) if TIMELINE_SECONDS_RANGE.contains(&n) => n,
                     _ => {
-                        return Err(err(
-                            400,
+                        return Err(ApiError::invalid(
+                            "timeline: seconds",
                             format!(
-                                "timeline: seconds: '{v}' is not an integer in {}..={}",
+                                "'{v}' is not an integer in {}..={}",
                                 TIMELINE_SECONDS_RANGE.start(),
                                 TIMELINE_SECONDS_RANGE.end()
                             ),
@@ -944,17 +782,17 @@ fn timeline_query(req: &Request) -> Result<(u64, bool), Response> {
                     "json" => false,
                     "svg" => true,
                     _ => {
-                        return Err(err(
-                            400,
-                            format!("timeline: format: '{v}' is not one of json, svg"),
+                        return Err(ApiError::invalid(
+                            "timeline: format",
+                            format!("'{v}' is not one of json, svg"),
                         ))
                     }
                 }
             }
             _ => {
-                return Err(err(
-                    400,
-                    format!("timeline: {k}: unknown query parameter (known: seconds, format)"),
+                return Err(ApiError::invalid(
+                    format!("timeline: {k}"),
+                    "unknown query parameter (known: seconds, format)",
                 ))
             }
         }
@@ -975,76 +813,61 @@ fn allowed(p: &[&str]) -> Option<&'static str> {
     }
 }
 
-/// The body as a JSON object (400 otherwise).
-fn json_object(req: &Request) -> Result<Map<String, Value>, Response> {
-    if let Some(ct) = req.header("content-type") {
-        if !ct.starts_with("application/json") {
-            return Err(err(
-                415,
-                format!("expected Content-Type application/json, got '{ct}'"),
-            ));
-        }
-    }
-    match serde_json::from_slice::<Value>(&req.body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(v) => Err(err(400, format!("expected a JSON object, found {v}"))),
-        Err(e) => Err(err(400, format!("invalid JSON: {e}"))),
-    }
-}
-
 /// The body of `POST /vms` as one `[[vm]]` table: TOML (`[[vm]]` header
-/// optional) or JSON (an object of the same fields).
-fn vm_table(req: &Request) -> Result<toml::Table, Response> {
+/// optional) or JSON (an object of the same fields). The fields are read
+/// by the fleet config's own reader ([`FleetConfig::check_added_vm`]), so
+/// an added VM is checked exactly as a config file's.
+fn vm_table(req: &Request) -> Result<toml::Table, ApiError> {
     let ct = req.header("content-type").unwrap_or("application/toml");
-    let text = std::str::from_utf8(&req.body).map_err(|_| err(400, "body is not UTF-8"))?;
+    let text =
+        std::str::from_utf8(&req.body).map_err(|_| ApiError::invalid("vm", "body is not UTF-8"))?;
     if ct.starts_with("application/json") {
-        let v: Value =
-            serde_json::from_str(text).map_err(|e| err(400, format!("invalid JSON: {e}")))?;
-        let Value::Object(m) = v else {
-            return Err(err(400, "expected a JSON object of [[vm]] fields"));
-        };
-        let mut t = toml::Table::new();
-        for (k, v) in m {
-            let tv = match v {
-                Value::String(s) => toml::Value::String(s),
-                Value::Bool(b) => toml::Value::Boolean(b),
-                Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64().unwrap_or(0)),
-                Value::Number(n) => {
-                    return Err(err(
-                        422,
-                        format!("vm: field `{k}`: {n} is not an integer in range"),
-                    ))
-                }
-                other => {
-                    return Err(err(
-                        422,
-                        format!("vm: field `{k}`: unsupported value {other}"),
-                    ))
-                }
-            };
-            t.insert(k, tv);
-        }
-        return Ok(t);
+        let m: serde_json::Map<String, Value> = types::decode_json(Some(ct), &req.body, "vm")?;
+        return json_table(m, "");
     }
     if !(ct.starts_with("application/toml") || ct.starts_with("text/")) {
-        return Err(err(
-            415,
-            format!("expected Content-Type application/toml or application/json, got '{ct}'"),
-        ));
+        return Err(ApiError::MediaType {
+            expected: "application/toml or application/json",
+            got: ct.to_owned(),
+        });
     }
     let t: toml::Table = toml::from_str(text).map_err(|e| {
-        err(
-            400,
-            format!("invalid TOML: {}", e.to_string().replace('\n', " ")),
-        )
+        ApiError::invalid("vm", format!("invalid TOML: {}", e.to_string().trim_end()))
     })?;
     match t.get("vm") {
         Some(toml::Value::Array(a)) if t.len() == 1 => match a.as_slice() {
             [toml::Value::Table(one)] => Ok(one.clone()),
-            _ => Err(err(400, "expected exactly one [[vm]] entry")),
+            _ => Err(ApiError::invalid("vm", "expected exactly one [[vm]] entry")),
         },
         _ => Ok(t),
     }
+}
+
+/// A JSON object as the TOML table a config file would hold (strings,
+/// booleans, integers and tables of them: `guard = {...}`); `at` prefixes
+/// the field names in errors. Nesting is bounded by the JSON reader's.
+fn json_table(m: serde_json::Map<String, Value>, at: &str) -> Result<toml::Table, ApiError> {
+    let mut t = toml::Table::new();
+    for (k, v) in m {
+        let tv = match v {
+            Value::String(s) => toml::Value::String(s),
+            Value::Bool(b) => toml::Value::Boolean(b),
+            Value::Number(n) if n.is_i64() => toml::Value::Integer(n.as_i64().unwrap_or(0)),
+            Value::Number(n) => {
+                return Err(ApiError::Unprocessable(format!(
+                    "vm: field `{at}{k}`: {n} is not an integer in range"
+                )))
+            }
+            Value::Object(o) => toml::Value::Table(json_table(o, &format!("{at}{k}."))?),
+            other => {
+                return Err(ApiError::Unprocessable(format!(
+                    "vm: field `{at}{k}`: unsupported value {other}"
+                )))
+            }
+        };
+        t.insert(k, tv);
+    }
+    Ok(t)
 }
 
 /// The HTTP handler of a fleet.
@@ -1143,7 +966,7 @@ mod tests {
                 "/api/v1/vms/a",
                 "{\"weight\": \"x\"}",
                 400,
-                "vm 'a': weight: expected an integer",
+                "vm 'a': weight: invalid type: string",
             ),
             (
                 "PATCH",
@@ -1333,10 +1156,13 @@ mod tests {
             ("{\"guard\": {\"window_ms\": 0}}", "guard.window_ms"),
             (
                 "{\"guard\": {\"max_resets\": -1}}",
-                "guard: max_resets: expected an integer",
+                "guard.max_resets: invalid value",
             ),
-            ("{\"guard\": {\"bogus\": 1}}", "guard: bogus: unknown field"),
-            ("{\"guard\": 3}", "guard: expected an object"),
+            ("{\"guard\": {\"bogus\": 1}}", "guard.bogus: unknown field"),
+            (
+                "{\"guard\": 3}",
+                "guard: invalid type: integer `3`, expected struct",
+            ),
             ("{\"guard\": {}, \"priority\": 9}", "guard: empty object"),
         ] {
             let (st, v) = call(&ctl, "PATCH", "/api/v1/vms/g", body);
@@ -1403,16 +1229,29 @@ mod tests {
         assert_eq!(t["priority"].as_integer(), Some(3));
         let t = vm_table(&req("application/json", "{\"name\": \"z\", \"gpu\": true}")).unwrap();
         assert_eq!(t["gpu"].as_bool(), Some(true));
+        let t = vm_table(&req(
+            "application/json",
+            "{\"name\": \"z\", \"guard\": {\"max_resets\": 2}}",
+        ))
+        .unwrap();
+        assert_eq!(t["guard"]["max_resets"].as_integer(), Some(2));
+        let e = vm_table(&req(
+            "application/json",
+            "{\"guard\": {\"window_ms\": [1]}}",
+        ))
+        .unwrap_err();
+        assert_eq!(e.status(), 422);
+        assert!(e.to_string().contains("`guard.window_ms`"), "{e}");
         assert!(vm_table(&req(
             "application/toml",
             "[[vm]]\nname=\"a\"\n[[vm]]\nname=\"b\"\n"
         ))
         .is_err());
-        assert_eq!(vm_table(&req("image/png", "x")).unwrap_err().status, 415);
+        assert_eq!(vm_table(&req("image/png", "x")).unwrap_err().status(), 415);
         assert_eq!(
             vm_table(&req("application/json", "{\"weight\": 1.5}"))
                 .unwrap_err()
-                .status,
+                .status(),
             422
         );
     }
@@ -1491,6 +1330,80 @@ mod tests {
                 "{m} {p}: {v}"
             );
         }
+    }
+
+    #[test]
+    fn pause_resume_and_stop_answer_200_when_the_vm_is_already_there() {
+        let (ctl, m) = gpu_fleet();
+        for (action, state) in [
+            ("pause", "paused"),
+            ("pause", "paused"),
+            ("resume", "running"),
+            ("resume", "running"),
+        ] {
+            let (st, v) = call(&ctl, "POST", &format!("/api/v1/vms/g/{action}"), "");
+            assert_eq!(
+                (st, v["state"].as_str()),
+                (200, Some(state)),
+                "{action}: {v}"
+            );
+        }
+        // Stopped (by the operator): a stop is answered with the view, and
+        // without a fleet loop to ask.
+        m.remove_vm(VgpuHandle(0));
+        ctl.ended(
+            0,
+            VmEnd {
+                stopped: true,
+                outcome: "stopped: by the operator".into(),
+                ..Default::default()
+            },
+        );
+        let (st, v) = call(&ctl, "POST", "/api/v1/vms/g/stop", "");
+        assert_eq!((st, v["state"].as_str()), (200, Some("stopped")), "{v}");
+        // Pause of an ended VM is still refused: it cannot be paused.
+        let (st, _) = call(&ctl, "POST", "/api/v1/vms/g/pause", "");
+        assert_eq!(st, 409);
+        m.shutdown();
+    }
+
+    #[test]
+    fn a_fleet_without_a_gpu_passes_a_gpu_vm_to_the_fleet_loop() {
+        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        ctl.connect_fleet(tx, Arc::new(EventFd::new(0).unwrap()));
+        let body =
+            "{\"name\": \"g\", \"image\": \"builtin:gpu\", \"gpu\": true, \"memory_mib\": 256}";
+        let req = Request {
+            method: "POST".into(),
+            path: "/api/v1/vms".into(),
+            query: None,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: body.as_bytes().to_vec(),
+            keep_alive: true,
+        };
+        let (reply, _answers) = Responder::detached();
+        ctl.route(req, reply);
+        let Ok(FleetCommand::Add { config, .. }) = rx.try_recv() else {
+            panic!("the add did not reach the fleet loop");
+        };
+        assert!(config.gpu);
+        // The fleet loop starts the arbiter and hands it over.
+        let cfg = FleetConfig::parse(
+            "[[vm]]\nname = \"g\"\nimage = \"builtin:gpu\"\ngpu = true\nmemory_mib = 256\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap();
+        let m = crate::fleet::start_arbiter(&cfg).unwrap();
+        ctl.set_arbiter(m.clone());
+        let (_, f) = call(&ctl, "GET", "/api/v1/fleet", "");
+        assert_eq!(f["gpu"]["completions"], 0, "{f}");
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", None).status,
+            200,
+            "the timeline is served once the GPU exists"
+        );
+        m.shutdown();
     }
 
     #[test]

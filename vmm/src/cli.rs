@@ -12,12 +12,50 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::api::types::{
+    ErrorBody, FleetView, PolicyChange, PolicyName, PolicyView, PreemptTimeoutMs, Priority,
+    QuantumMs, VmList, VmUpdate, VmView, Weight,
+};
 
 /// Exit code: the fleet refused.
 pub const EXIT_REFUSED: u8 = 1;
 /// Exit code: unreachable socket, bad usage.
 pub const EXIT_UNREACHABLE: u8 = 2;
+
+/// `print!` that does not panic: writes to stdout and evaluates to
+/// `Result<(), ExitCode>` ([`write_out`]).
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => {
+        $crate::cli::write_out(&format!($($t)*))
+    };
+}
+
+/// Writes `s` to stdout and flushes it. A reader that went away (EPIPE:
+/// `hqdmux ps | head -1`) ends the command quietly with exit 0 (it read
+/// what it wanted); any other error (ENOSPC: `> /dev/full`) prints one
+/// line on stderr and is exit 2 (an output that cannot be written).
+pub fn write_out(s: &str) -> Result<(), ExitCode> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(s.as_bytes()).and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(ExitCode::SUCCESS),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "hqdmux: cannot write the output: {e}");
+            Err(ExitCode::from(EXIT_UNREACHABLE))
+        }
+    }
+}
+
+/// The exit code of a command that printed `r`: 0, or what [`write_out`]
+/// decided.
+pub fn done(r: Result<(), ExitCode>) -> ExitCode {
+    r.err().unwrap_or(ExitCode::SUCCESS)
+}
 
 /// Percent-encodes a VM name for a URL path segment.
 pub fn encode_segment(s: &str) -> String {
@@ -41,6 +79,18 @@ pub fn call(
     target: &str,
     body: Option<(&str, Vec<u8>)>,
 ) -> Result<Value, ExitCode> {
+    call_as(cmd, socket, method, target, body)
+}
+
+/// [`call`], the answer read as `T` (an answer that is not a `T`: exit 2
+/// after printing why).
+pub fn call_as<T: DeserializeOwned>(
+    cmd: &str,
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<(&str, Vec<u8>)>,
+) -> Result<T, ExitCode> {
     let bytes = request(
         cmd,
         socket,
@@ -48,33 +98,60 @@ pub fn call(
         &format!("{}{target}", crate::api::PREFIX),
         body.as_ref().map(|(ct, b)| (*ct, b.as_slice())),
     )?;
-    Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    serde_json::from_slice(&bytes).map_err(|e| {
+        eprintln!(
+            "hqdmux {cmd}: the fleet answered something unexpected: {}",
+            escape(&e.to_string())
+        );
+        ExitCode::from(EXIT_UNREACHABLE)
+    })
 }
 
-fn json_body(v: &Value) -> Option<(&'static str, Vec<u8>)> {
+fn json_body<T: serde::Serialize>(v: &T) -> Option<(&'static str, Vec<u8>)> {
     Some((
         "application/json",
         serde_json::to_vec(v).unwrap_or_default(),
     ))
 }
 
-fn num(v: &Value, digits: usize) -> String {
-    match v.as_f64() {
+fn num(v: Option<f64>, digits: usize) -> String {
+    match v {
         Some(x) => format!("{x:.digits$}"),
         None => "-".into(),
     }
 }
 
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        v => v.to_string(),
+/// A latency figure (ms); `>X` when it is at the limit the server resolves
+/// (the latency was at least that).
+fn latency(v: Option<f64>, limit: Option<f64>) -> String {
+    match (v, limit) {
+        (Some(x), Some(l)) if x >= l => format!(">{x:.0}"),
+        _ => num(v, 3),
     }
 }
 
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| escape(&v.to_string()))
+}
+
+/// `s` with control characters (and backslashes) escaped as Rust writes
+/// them (`\n`, `\u{1b}`): a VM name or an outcome printed on a terminal
+/// cannot move the cursor, clear the screen or ring a bell.
+pub fn escape(s: &str) -> String {
+    if !s.chars().any(|c| c.is_control() || c == '\\') {
+        return s.to_owned();
+    }
+    s.chars().flat_map(char::escape_debug).collect::<String>()
+}
+
+/// [`escape`], line feeds kept (a refusal's reason may span lines, as a
+/// TOML error with its caret line does).
+pub fn escape_lines(s: &str) -> String {
+    s.split('\n').map(escape).collect::<Vec<_>>().join("\n")
+}
+
 /// The `ps`/`top` table of VM views.
-pub fn table(vms: &[Value]) -> String {
+pub fn table(vms: &[VmView]) -> String {
     let mut s = format!(
         "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
         "vm",
@@ -94,56 +171,49 @@ pub fn table(vms: &[Value]) -> String {
         "outcome"
     );
     for v in vms {
-        let share = v["share"]
-            .as_f64()
+        let share = v
+            .share
             .map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "-".into());
-        let quarantined = match v["quarantined"].as_bool() {
+        let quarantined = match v.quarantined {
             Some(true) => "YES",
             Some(false) => "no",
             None => "-",
         };
         s += &format!(
             "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
-            text(&v["name"]),
-            text(&v["state"]),
-            if v["gpu"].as_bool() == Some(true) {
-                "yes"
-            } else {
-                "no"
-            },
-            text(&v["priority"]),
-            text(&v["weight"]),
-            num(&v["quantum_ms"], 1),
-            num(&v["gpu_time_ms"], 2),
+            escape(&v.name),
+            v.state.name(),
+            if v.gpu { "yes" } else { "no" },
+            v.priority,
+            v.weight,
+            num(v.quantum_ms, 1),
+            num(v.gpu_time_ms, 2),
             share,
-            text(&v["preemptions"]),
-            num(&v["cwsr_time_ms"], 3),
-            num(&v["latency_p50_ms"], 3),
-            num(&v["latency_p99_ms"], 3),
-            text(&v["queue_errors"]),
+            opt(v.preemptions),
+            num(v.cwsr_time_ms, 3),
+            latency(v.latency_p50_ms, v.latency_limit_ms),
+            latency(v.latency_p99_ms, v.latency_limit_ms),
+            opt(v.queue_errors),
             quarantined,
-            text(&v["outcome"]),
+            opt(v.outcome.as_deref()),
         );
     }
     s
 }
 
-fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+fn print_json<T: serde::Serialize>(v: &T) -> ExitCode {
+    done(out!(
+        "{}\n",
+        serde_json::to_string_pretty(v).unwrap_or_default()
+    ))
 }
 
 /// `hqdmux ps`.
 pub fn ps(socket: &Path, as_json: bool) -> ExitCode {
-    match call("ps", socket, "GET", "/vms", None) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            print!("{}", table(v["vms"].as_array().map_or(&[][..], |a| a)));
-            ExitCode::SUCCESS
-        }
+    match call_as::<VmList>("ps", socket, "GET", "/vms", None) {
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}", table(&v.vms))),
         Err(c) => c,
     }
 }
@@ -155,14 +225,8 @@ pub fn stats(socket: &Path, vm: Option<&str>, as_json: bool) -> ExitCode {
         None => "/fleet".into(),
     };
     match call("stats", socket, "GET", &target, None) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            print!("{}", key_values(&v, ""));
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}", key_values(&v, ""))),
         Err(c) => c,
     }
 }
@@ -173,77 +237,247 @@ fn key_values(v: &Value, prefix: &str) -> String {
         for (k, x) in m {
             match x {
                 Value::Object(_) => s += &key_values(x, &format!("{prefix}{k}.")),
-                _ => s += &format!("{:<28} {}\n", format!("{prefix}{k}"), text(x)),
+                Value::Null => s += &format!("{:<28} -\n", format!("{prefix}{k}")),
+                Value::String(t) => s += &format!("{:<28} {}\n", format!("{prefix}{k}"), escape(t)),
+                _ => s += &format!("{:<28} {x}\n", escape(&format!("{prefix}{k}"))),
             }
         }
     }
     s
 }
 
-/// `hqdmux top`: the VM table every `interval`, or once.
+/// `hqdmux top`: the VM table every `interval`, or once. On a terminal it
+/// is cut to the terminal's size at each refresh, and `q` quits (exit 0);
+/// SIGINT/SIGTERM quit too (130/143), the terminal restored.
 pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> ExitCode {
+    let keys = (!once && !as_json).then(RawStdin::new).flatten();
+    let stop = if once {
+        None
+    } else {
+        crate::signals::install().ok()
+    };
     loop {
-        let v = match call("top", socket, "GET", "/vms", None) {
+        let v = match call_as::<VmList>("top", socket, "GET", "/vms", None) {
             Ok(v) => v,
             Err(c) => return c,
         };
-        let f = call("top", socket, "GET", "/fleet", None).unwrap_or(Value::Null);
+        let f = call_as::<FleetView>("top", socket, "GET", "/fleet", None).ok();
         if as_json {
-            println!("{}", json!({"fleet": f, "vms": v["vms"]}));
+            let line = serde_json::json!({"fleet": f, "vms": v.vms});
+            if let Err(c) = out!("{line}\n") {
+                return c;
+            }
         } else {
             let mut out = String::new();
             if !once {
                 // Home and clear: a refreshing screen.
                 out += "\x1b[H\x1b[2J";
             }
+            let gpu = f.as_ref().and_then(|f| f.gpu.as_ref());
             out += &format!(
                 "hqdmux top  policy {}  uptime {} s  completions {}  preemptions {}  (share: of the GPU time of the last interval)\n\n",
-                text(&f["gpu"]["policy"]),
-                num(&json!(f["uptime_ms"].as_f64().map(|x| x / 1e3)), 1),
-                text(&f["gpu"]["completions"]),
-                text(&f["gpu"]["preemptions"]),
+                opt(gpu.map(|g| g.policy.0.name())),
+                num(f.as_ref().map(|f| f.uptime_ms / 1e3), 1),
+                opt(gpu.map(|g| g.completions)),
+                opt(gpu.map(|g| g.preemptions)),
             );
-            out += &table(v["vms"].as_array().map_or(&[][..], |a| a));
-            print!("{out}");
+            out += &table(&v.vms);
+            if !once {
+                if let Some((cols, rows)) = terminal_size() {
+                    out = fit(&out, cols, rows);
+                }
+                if keys.is_some() {
+                    out += "(q quits)";
+                }
+            }
+            if let Err(c) = out!("{out}") {
+                return c;
+            }
         }
         if once {
             return ExitCode::SUCCESS;
         }
-        std::thread::sleep(interval);
+        match wait_for_key(interval, keys.as_ref(), stop.as_ref()) {
+            Wake::Timeout => {}
+            Wake::Quit => {
+                let _ = out!("\n");
+                return ExitCode::SUCCESS;
+            }
+            Wake::Signal(sig) => {
+                drop(keys);
+                let _ = out!("\n");
+                return ExitCode::from(crate::signals::exit_code(sig));
+            }
+        }
     }
 }
 
-/// Fields of `hqdmux set`.
+/// `(columns, rows)` of the terminal on stdout, if it is one.
+fn terminal_size() -> Option<(usize, usize)> {
+    // SAFETY: a zeroed winsize is valid; TIOCGWINSZ only writes it.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 1 and a valid pointer to `ws`.
+    let r = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_col > 0 && ws.ws_row > 0)
+        .then(|| (usize::from(ws.ws_col), usize::from(ws.ws_row)))
+}
+
+/// `text` cut to a `cols` x `rows` screen: each line to `cols` characters
+/// (escape sequences at the start of the text apart), at most `rows - 1`
+/// lines (the last row stays for the prompt); lines that do not fit are
+/// counted on the last one.
+pub fn fit(text: &str, cols: usize, rows: usize) -> String {
+    let (prefix, body) = match text.strip_prefix("\x1b[H\x1b[2J") {
+        Some(b) => ("\x1b[H\x1b[2J", b),
+        None => ("", text),
+    };
+    let lines: Vec<&str> = body.lines().collect();
+    let room = rows.saturating_sub(1).max(1);
+    let cut = |l: &str| l.chars().take(cols).collect::<String>();
+    let mut out = String::from(prefix);
+    if lines.len() <= room {
+        for l in &lines {
+            out += &cut(l);
+            out.push('\n');
+        }
+        return out;
+    }
+    let shown = room.saturating_sub(1);
+    for l in &lines[..shown] {
+        out += &cut(l);
+        out.push('\n');
+    }
+    out += &cut(&format!(
+        "... {} more lines (a larger terminal shows them)",
+        lines.len() - shown
+    ));
+    out.push('\n');
+    out
+}
+
+/// Stdin as a terminal in non-canonical, no-echo mode (single key presses
+/// readable at once); restored on drop. `None` when stdin is no terminal.
+struct RawStdin {
+    saved: libc::termios,
+}
+
+impl RawStdin {
+    fn new() -> Option<Self> {
+        // SAFETY: isatty on fd 0; tcgetattr writes a termios into `t`.
+        unsafe {
+            if libc::isatty(0) != 1 {
+                return None;
+            }
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut t) != 0 {
+                return None;
+            }
+            let saved = t;
+            t.c_lflag &= !(libc::ICANON | libc::ECHO);
+            t.c_cc[libc::VMIN] = 1;
+            t.c_cc[libc::VTIME] = 0;
+            if libc::tcsetattr(0, libc::TCSANOW, &t) != 0 {
+                return None;
+            }
+            Some(RawStdin { saved })
+        }
+    }
+}
+
+impl Drop for RawStdin {
+    fn drop(&mut self) {
+        // SAFETY: restores the attributes read in `new`.
+        unsafe {
+            libc::tcsetattr(0, libc::TCSANOW, &self.saved);
+        }
+    }
+}
+
+/// Why [`wait_for_key`] returned.
+enum Wake {
+    Timeout,
+    Quit,
+    Signal(i32),
+}
+
+/// Waits `interval` for `q` on the terminal or a stop signal.
+fn wait_for_key(
+    interval: Duration,
+    keys: Option<&RawStdin>,
+    stop: Option<&crate::signals::StopSignal>,
+) -> Wake {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + interval;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Wake::Timeout;
+        }
+        let mut fds = Vec::with_capacity(2);
+        if keys.is_some() {
+            fds.push(libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if let Some(s) = stop {
+            fds.push(libc::pollfd {
+                fd: s.fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n <= 0 {
+            continue; // timeout (checked above) or EINTR
+        }
+        if let Some(s) = stop {
+            if fds.last().is_some_and(|f| f.revents != 0) {
+                return Wake::Signal(s.received().unwrap_or(libc::SIGINT));
+            }
+        }
+        if keys.is_some() && fds[0].revents != 0 {
+            let mut buf = [0u8; 32];
+            // SAFETY: reads at most 32 bytes into `buf`.
+            let got = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+            if got <= 0 {
+                // Stdin closed: wait out the interval without it.
+                std::thread::sleep(left);
+                return Wake::Timeout;
+            }
+            if buf[..got as usize].iter().any(|b| matches!(b, b'q' | b'Q')) {
+                return Wake::Quit;
+            }
+        }
+    }
+}
+
+/// Fields of `hqdmux set`, checked by the command line parser with the
+/// API's own types.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SetFields {
     /// New priority.
-    pub priority: Option<u32>,
+    pub priority: Option<Priority>,
     /// New weight.
-    pub weight: Option<u32>,
-    /// New slice (ms; 0 = back to the level's quantum).
-    pub quantum_ms: Option<u64>,
+    pub weight: Option<Weight>,
+    /// New slice (`Some(None)`: back to the level's quantum).
+    pub quantum_ms: Option<Option<QuantumMs>>,
     /// New preemption timeout (ms).
-    pub preempt_timeout_ms: Option<u64>,
+    pub preempt_timeout_ms: Option<PreemptTimeoutMs>,
 }
 
 /// `hqdmux set VM ...`.
 pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
-    let mut body = serde_json::Map::new();
-    if let Some(p) = f.priority {
-        body.insert("priority".into(), json!(p));
-    }
-    if let Some(w) = f.weight {
-        body.insert("weight".into(), json!(w));
-    }
-    if let Some(q) = f.quantum_ms {
-        body.insert(
-            "quantum_ms".into(),
-            if q == 0 { Value::Null } else { json!(q) },
-        );
-    }
-    if let Some(t) = f.preempt_timeout_ms {
-        body.insert("preempt_timeout_ms".into(), json!(t));
-    }
+    let body = VmUpdate {
+        priority: f.priority,
+        weight: f.weight,
+        quantum_ms: f.quantum_ms,
+        preempt_timeout_ms: f.preempt_timeout_ms,
+        guard: None,
+    };
     if body.is_empty() {
         eprintln!("hqdmux set: nothing to change (--priority, --weight, --quantum-ms, --preempt-timeout-ms)");
         return ExitCode::from(EXIT_UNREACHABLE);
@@ -253,7 +487,7 @@ pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
         socket,
         "PATCH",
         &format!("/vms/{}", encode_segment(vm)),
-        json_body(&Value::Object(body)),
+        json_body(&body),
         as_json,
     )
 }
@@ -278,40 +512,28 @@ fn one_vm(
     body: Option<(&str, Vec<u8>)>,
     as_json: bool,
 ) -> ExitCode {
-    match call(cmd, socket, method, target, body) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            print!("{}", table(std::slice::from_ref(&v)));
-            ExitCode::SUCCESS
-        }
+    match call_as::<VmView>(cmd, socket, method, target, body) {
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}", table(std::slice::from_ref(&v)))),
         Err(c) => c,
     }
 }
 
 /// `hqdmux policy [P]`.
-pub fn policy(socket: &Path, set: Option<&str>, as_json: bool) -> ExitCode {
+pub fn policy(socket: &Path, set: Option<PolicyName>, as_json: bool) -> ExitCode {
     let r = match set {
-        Some(p) => call(
+        Some(policy) => call_as::<PolicyView>(
             "policy",
             socket,
             "PUT",
             "/policy",
-            json_body(&json!({ "policy": p })),
+            json_body(&PolicyChange { policy }),
         ),
-        None => call("policy", socket, "GET", "/policy", None),
+        None => call_as::<PolicyView>("policy", socket, "GET", "/policy", None),
     };
     match r {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            println!("{}", text(&v["policy"]));
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
+        Ok(v) => done(out!("{}\n", v.policy.0.name())),
         Err(c) => c,
     }
 }
@@ -346,23 +568,21 @@ pub fn add(socket: &Path, file: &Path, as_json: bool) -> ExitCode {
 /// `hqdmux unquarantine VM`: lift its guard quarantine (exit 0 also when
 /// it was not quarantined; the answer's `was_quarantined` says which).
 pub fn unquarantine(socket: &Path, vm: &str, as_json: bool) -> ExitCode {
-    match call(
+    match call_as::<VmView>(
         "unquarantine",
         socket,
         "POST",
         &format!("/vms/{}/clear-quarantine", encode_segment(vm)),
         None,
     ) {
-        Ok(v) if as_json => {
-            print_json(&v);
-            ExitCode::SUCCESS
-        }
+        Ok(v) if as_json => print_json(&v),
         Ok(v) => {
-            if v["was_quarantined"].as_bool() == Some(false) {
-                println!("vm '{vm}' was not quarantined");
+            if v.was_quarantined == Some(false) {
+                if let Err(c) = out!("vm '{}' was not quarantined\n", escape(vm)) {
+                    return c;
+                }
             }
-            print!("{}", table(std::slice::from_ref(&v)));
-            ExitCode::SUCCESS
+            done(out!("{}", table(std::slice::from_ref(&v))))
         }
         Err(c) => c,
     }
@@ -387,12 +607,10 @@ fn request(
     match crate::http::call(socket, method, target, body) {
         Ok((st, bytes)) if (200..300).contains(&st) => Ok(bytes),
         Ok((st, bytes)) => {
-            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let why = v["error"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-            eprintln!("hqdmux {cmd}: {why} (HTTP {st})");
+            let why = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            eprintln!("hqdmux {cmd}: {} (HTTP {st})", escape_lines(why.trim_end()));
             Err(ExitCode::from(EXIT_REFUSED))
         }
         Err(e) => {
@@ -405,10 +623,7 @@ fn request(
 /// `hqdmux metrics`: print `GET /metrics` (Prometheus text).
 pub fn metrics(socket: &Path) -> ExitCode {
     match call_raw("metrics", socket, "/metrics") {
-        Ok(b) => {
-            print!("{}", String::from_utf8_lossy(&b));
-            ExitCode::SUCCESS
-        }
+        Ok(b) => done(out!("{}", String::from_utf8_lossy(&b))),
         Err(c) => c,
     }
 }
@@ -445,18 +660,15 @@ pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitC
         timeline::render_svg(&t, &Default::default())
     };
     match std::fs::write(out, body) {
-        Ok(()) => {
-            println!(
-                "hqdmux timeline: {} ({} VMs, {} slots, {} spans, {} preemptions, {:.1} s)",
-                out.display(),
-                t.vms.len(),
-                t.slots.len(),
-                t.spans.len(),
-                t.preemptions.len(),
-                t.end_ns.saturating_sub(t.start_ns) as f64 / 1e9
-            );
-            ExitCode::SUCCESS
-        }
+        Ok(()) => done(out!(
+            "hqdmux timeline: {} ({} VMs, {} slots, {} spans, {} preemptions, {:.1} s)\n",
+            out.display(),
+            t.vms.len(),
+            t.slots.len(),
+            t.spans.len(),
+            t.preemptions.len(),
+            t.end_ns.saturating_sub(t.start_ns) as f64 / 1e9
+        )),
         Err(e) => {
             eprintln!("hqdmux timeline: {}: {e}", out.display());
             ExitCode::from(EXIT_UNREACHABLE)
@@ -467,6 +679,7 @@ pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitC
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn metrics_timeline_and_unquarantine_exit_codes_over_a_real_socket() {
@@ -512,18 +725,45 @@ mod tests {
     }
 
     #[test]
+    fn top_fits_the_terminal() {
+        let text = "\x1b[H\x1b[2Jheader line that is long\n\nrow1\nrow2\nrow3\n";
+        // Large enough: unchanged.
+        assert_eq!(fit(text, 80, 24), text);
+        // Narrow: every line cut to the width, the clear kept.
+        let f = fit(text, 6, 24);
+        assert!(f.starts_with("\x1b[H\x1b[2Jheader\n\nrow1\n"), "{f:?}");
+        assert!(f.lines().skip(1).all(|l| l.chars().count() <= 6), "{f:?}");
+        // Short: rows - 1 lines, the last says how many are not shown.
+        let f = fit(text, 80, 4);
+        let lines: Vec<&str> = f.lines().collect();
+        assert_eq!(lines.len(), 3, "{f:?}");
+        assert_eq!(lines[2], "... 3 more lines (a larger terminal shows them)");
+    }
+
+    #[test]
     fn names_are_percent_encoded_and_tables_show_every_vm() {
         assert_eq!(encode_segment("vm-a_1.x"), "vm-a_1.x");
         assert_eq!(encode_segment("a/b c"), "a%2Fb%20c");
-        let t = table(&[
+        let vms: Vec<VmView> = [
             json!({"name": "a", "state": "running", "gpu": true, "priority": 3, "weight": 2,
                    "quantum_ms": 4.0, "gpu_time_ms": 12.5, "share": 0.25, "preemptions": 1,
                    "cwsr_time_ms": 0.05, "latency_p50_ms": 0.125,
                    "latency_p99_ms": 2.5, "queue_errors": 7, "quarantined": true, "outcome": null}),
-            json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0"}),
-        ]);
+            json!({"name": "b", "state": "exited", "gpu": false, "outcome": "exited with status 0",
+                   "latency_p50_ms": 17600.0, "latency_p99_ms": 2592000000.0,
+                   "latency_limit_ms": 2592000000.0}),
+            json!({"name": "c\u{1b}[2J\u{7}", "state": "failed", "outcome": "x\ny"}),
+        ]
+        .into_iter()
+        .map(|v| serde_json::from_value(v).unwrap())
+        .collect();
+        let t = table(&vms);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 3);
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(!t.contains('\u{1b}') && !t.contains('\u{7}'), "{t:?}");
+        assert!(lines[3].starts_with("c\\u{1b}[2J\\u{7} "), "{t}");
+        assert!(lines[3].ends_with("x\\ny"), "{t}");
+        assert_eq!(escape_lines("a\u{7}\nb"), "a\\u{7}\nb");
         assert!(
             lines[1].starts_with("a ")
                 && lines[1].contains("25.0%")
@@ -533,5 +773,9 @@ mod tests {
             "{t}"
         );
         assert!(lines[2].ends_with("exited with status 0"), "{t}");
+        assert!(
+            lines[2].contains(" 17600.000 >2592000000 "),
+            "past the limit: '>': {t}"
+        );
     }
 }

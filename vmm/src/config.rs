@@ -245,7 +245,9 @@ pub struct VmConfig {
 }
 
 /// The keys of a `[[vm]]` entry.
-const VM_FIELDS: [&str; 11] = [
+/// The fields of a `[[vm]]` entry (the API's `VmEntry` schema has exactly
+/// these).
+pub const VM_FIELDS: [&str; 11] = [
     "name",
     "image",
     "memory_mib",
@@ -495,7 +497,9 @@ impl FleetConfig {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let file: FleetFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
             file: path.to_owned(),
-            message: one_line(&e.to_string()),
+            // Kept on its lines: the parser points at the column under
+            // the quoted line.
+            message: e.to_string().trim_end().to_owned(),
         })?;
         let mut vm = Vec::with_capacity(file.vm.len());
         for (index, t) in file.vm.iter().enumerate() {
@@ -1182,6 +1186,40 @@ mod tests {
         assert!(
             e.contains("/cfg/fleet.toml") && e.contains("unknown field `quantum`"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn latency_figures_reach_the_longest_run_timeout() {
+        assert_eq!(
+            TIMEOUT_MS_RANGE.end() * 1_000_000,
+            mdev::telemetry::LATENCY_LIMIT_NS
+        );
+    }
+
+    #[test]
+    fn toml_syntax_errors_keep_their_lines_and_caret() {
+        let e = FleetConfig::parse(
+            "[[vm]]\nname = \"a\"\nimage = builtin:hello\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        let lines: Vec<&str> = e.lines().collect();
+        assert!(lines.len() >= 3, "{e}");
+        assert!(
+            lines[0].starts_with("/x/f.toml: TOML parse error at line 3"),
+            "{e}"
+        );
+        let quoted = lines
+            .iter()
+            .position(|l| l.contains("image = builtin:hello"));
+        let caret = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("|") && l.contains('^'));
+        assert!(
+            quoted.zip(caret).is_some_and(|(q, c)| c == q + 1),
+            "the caret is under the quoted line: {e}"
         );
     }
 

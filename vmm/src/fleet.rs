@@ -58,12 +58,23 @@ pub enum FleetError {
         /// Why.
         source: VmError,
     },
-    /// The event loop failed.
+    /// An eventfd or timerfd of the event loop could not be made.
     #[error("event loop: {0}")]
-    EventLoop(String),
+    EventLoop(#[source] std::io::Error),
+    /// The event manager failed.
+    #[error("event loop: {0}")]
+    EventManager(#[source] event_manager::Error),
     /// The mediated GPU could not be set up.
     #[error("gpu: {0}")]
-    Gpu(String),
+    Gpu(#[source] GpuError),
+    /// A VM's vGPU could not be set up.
+    #[error("gpu: vm '{vm}': {source}")]
+    Vgpu {
+        /// VM name.
+        vm: String,
+        /// Why.
+        source: GpuError,
+    },
     /// The control socket could not be opened.
     #[error("api socket {0}: {1}")]
     Api(String, std::io::Error),
@@ -74,6 +85,26 @@ pub enum FleetError {
     /// built: the launch was abandoned before any guest ran.
     #[error("stopped by {0} before any VM started")]
     Stopped(String),
+}
+
+/// Why the mediated GPU or a VM's vGPU could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// The `[gpu]` backend could not be opened.
+    #[error("{0}")]
+    Backend(#[from] gpu::topology::TopologyError),
+    /// The arbiter refused.
+    #[error("{0}")]
+    Arbiter(#[from] mdev::arbiter::ArbiterError),
+    /// The vGPU's MSI-X routes could not be set up.
+    #[error("{0}")]
+    Msi(#[from] crate::devices::msix::MsiError),
+    /// The vGPU could not be put on the PCI bus.
+    #[error("{0}")]
+    Pci(#[from] crate::devices::pci::PciError),
+    /// A GPU VM in a fleet without a GPU arbiter.
+    #[error("the fleet has no GPU arbiter")]
+    NoArbiter,
 }
 
 /// The result of a fleet run.
@@ -94,6 +125,8 @@ pub struct FleetReport {
     pub vm_gpu: Vec<Option<scheduler::VmStats>>,
     /// Per-VM vGPU device counters (config order; `None` without a vGPU).
     pub vgpu_io: Vec<Option<VgpuIoStats>>,
+    /// Per VM: stopped by the operator through the API (not a failure).
+    pub operator_stopped: Vec<bool>,
 }
 
 /// Device-side counters of one VM's vGPU.
@@ -109,9 +142,23 @@ pub struct VgpuIoStats {
 }
 
 impl FleetReport {
-    /// True when every VM exited with status 0.
+    /// True when VM `i` failed: it did not exit with status 0 and was not
+    /// stopped by the operator.
+    pub fn failed(&self, i: usize) -> bool {
+        self.vms.get(i).is_some_and(|v| {
+            !v.outcome.is_success() && !self.operator_stopped.get(i).copied().unwrap_or(false)
+        })
+    }
+
+    /// How many VMs failed ([`failed`](Self::failed)).
+    pub fn failures(&self) -> usize {
+        (0..self.vms.len()).filter(|&i| self.failed(i)).count()
+    }
+
+    /// True when no VM failed: each exited with status 0 or was stopped by
+    /// the operator.
     pub fn all_succeeded(&self) -> bool {
-        self.vms.iter().all(|v| v.outcome.is_success())
+        self.failures() == 0
     }
 
     /// A per-VM summary table. `gpu_ms` is the host-measured time from the
@@ -177,7 +224,8 @@ impl FleetReport {
                 serde_json::json!({
                     "name": v.name,
                     "outcome": v.outcome.to_string(),
-                    "success": v.outcome.is_success(),
+                    "success": !self.failed(i),
+                    "stopped_by_operator": self.operator_stopped.get(i).copied().unwrap_or(false),
                     "exit_status": match v.outcome { crate::vm::VmOutcome::Exited(s) => Some(s), _ => None },
                     "entry_ms": since(v.entered),
                     "line_ms": since(v.first_line),
@@ -221,13 +269,14 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     })?;
     // One GPU arbiter (scheduler + backend + service thread) for the VMs
     // that have a vGPU.
-    let arbiter = if cfg.vm.iter().any(|v| v.gpu) {
+    // A fleet without GPU VMs starts one when the operator adds the first.
+    let mut arbiter = if cfg.vm.iter().any(|v| v.gpu) {
         Some(start_arbiter(cfg)?)
     } else {
         None
     };
     // Stops the arbiter's thread on every return path, early ones included.
-    let _arbiter_guard = ArbiterGuard(arbiter.clone());
+    let mut _arbiter_guard = ArbiterGuard(arbiter.clone());
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
     let mut attached: Vec<Option<VgpuAttachment>> = (0..cfg.vm.len()).map(|_| None).collect();
     // Build everything first: a VM that cannot be built aborts the launch
@@ -249,8 +298,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
 
     let control = Arc::new(crate::api::FleetControl::new(arbiter.clone(), cfg, &vgpus));
     let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
-    let cmd_wake =
-        Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| FleetError::EventLoop(e.to_string()))?);
+    let cmd_wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
     control.connect_fleet(cmd_tx, cmd_wake.clone());
     let _api = match &opts.api_socket {
         Some(path) => Some(
@@ -259,14 +307,18 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         ),
         None => None,
     };
+    // Dropped before `_api`: a second signal removes the socket until the
+    // server does.
+    let _socket_cleanup = opts
+        .api_socket
+        .as_deref()
+        .map(crate::signals::SocketCleanup::register);
     let mut running = Vec::with_capacity(built.len());
     let mut done_fds = Vec::with_capacity(built.len());
     for vm in built {
         let name = vm.spec_name().to_owned();
-        let done = EventFd::new(EFD_NONBLOCK).map_err(|e| FleetError::EventLoop(e.to_string()))?;
-        let done_clone = done
-            .try_clone()
-            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+        let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
+        let done_clone = done.try_clone().map_err(FleetError::EventLoop)?;
         match vm.start(done_clone) {
             Ok(r) => running.push(Some(r)),
             Err(source) => {
@@ -281,11 +333,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     }
 
     let stop_fd = match &opts.stop {
-        Some(s) => Some(
-            s.fd()
-                .try_clone()
-                .map_err(|e| FleetError::EventLoop(e.to_string()))?,
-        ),
+        Some(s) => Some(s.fd().try_clone().map_err(FleetError::EventLoop)?),
         None => None,
     };
     let mut monitor = FleetMonitor::new(
@@ -293,25 +341,20 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         cfg.run.timeout_ms.map(Duration::from_millis),
         stop_fd,
     )?;
-    monitor.commands = Some(
-        cmd_wake
-            .try_clone()
-            .map_err(|e| FleetError::EventLoop(e.to_string()))?,
-    );
+    monitor.commands = Some(cmd_wake.try_clone().map_err(FleetError::EventLoop)?);
     let mut reports: Vec<Option<VmReport>> = (0..running.len()).map(|_| None).collect();
     let mut vm_gpu: Vec<Option<scheduler::VmStats>> = vec![None; running.len()];
     let mut vgpu_io: Vec<Option<VgpuIoStats>> = vec![None; running.len()];
+    let mut operator_stopped = vec![false; running.len()];
     let mut manager: EventManager<FleetMonitor> =
-        EventManager::new().map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+        EventManager::new().map_err(FleetError::EventManager)?;
     let mut id = manager.add_subscriber(monitor);
     loop {
         // Blocks in epoll_wait until a VM's eventfd or the timeout's timerfd fires.
-        manager
-            .run()
-            .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+        manager.run().map_err(FleetError::EventManager)?;
         let m = manager
             .subscriber_mut(id)
-            .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+            .map_err(FleetError::EventManager)?;
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
                 vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
@@ -335,7 +378,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             match cmd {
                 crate::api::FleetCommand::Stop { index, reply } => {
                     if let Some(vm) = running.get_mut(index).and_then(Option::take) {
-                        let why = "by the operator";
+                        let why = OPERATOR_STOP;
+                        operator_stopped[index] = true;
                         vm.halt(why);
                         vm_gpu[index] = detach_vgpu(&arbiter, vgpus[index].take());
                         let mut r = vm.stop(why);
@@ -369,6 +413,18 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         ));
                         continue;
                     }
+                    if config.gpu && arbiter.is_none() {
+                        // The first GPU VM of a fleet that had none.
+                        match start_arbiter(cfg) {
+                            Ok(m) => {
+                                log::info!("gpu: arbiter started for vm '{}'", config.name);
+                                control.set_arbiter(m.clone());
+                                _arbiter_guard = ArbiterGuard(Some(m.clone()));
+                                arbiter = Some(m);
+                            }
+                            Err(e) => log::warn!("api: vm '{}': {e}", config.name),
+                        }
+                    }
                     let added = build_vm(
                         &kvm,
                         &cpuid,
@@ -379,11 +435,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         opts.echo,
                     )
                     .and_then(|(vm, att)| {
-                        let done = EventFd::new(EFD_NONBLOCK)
-                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
-                        let done2 = done
-                            .try_clone()
-                            .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                        let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
+                        let done2 = done.try_clone().map_err(FleetError::EventLoop)?;
                         let h = att.as_ref().map(VgpuAttachment::handle);
                         match vm.start(done2) {
                             Ok(r) => Ok((r, att, h, done)),
@@ -402,6 +455,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                     match added {
                         Ok((r, att, h, done)) => {
                             running.push(Some(r));
+                            operator_stopped.push(false);
                             reports.push(None);
                             vm_gpu.push(None);
                             vgpu_io.push(None);
@@ -416,6 +470,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         Err(e) => {
                             // Keep the vectors aligned with the API's list.
                             running.push(None);
+                            operator_stopped.push(false);
                             reports.push(Some(VmReport {
                                 name: config.name.clone(),
                                 outcome: crate::vm::VmOutcome::HostError(e.to_string()),
@@ -431,10 +486,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                             vgpu_io.push(None);
                             vgpus.push(None);
                             attached.push(None);
-                            new_done.push(
-                                EventFd::new(EFD_NONBLOCK)
-                                    .map_err(|e| FleetError::EventLoop(e.to_string()))?,
-                            );
+                            new_done
+                                .push(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
                             log::warn!("api: {e}");
                             control.failed(index, e.to_string());
                             reply.send(crate::http::Response::error(422, e.to_string()));
@@ -447,7 +500,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             // Re-register the monitor with the new VMs' end eventfds.
             let mut m = manager
                 .remove_subscriber(id)
-                .map_err(|e| FleetError::EventLoop(format!("{e:?}")))?;
+                .map_err(FleetError::EventManager)?;
             m.done.extend(new_done.into_iter().map(Some));
             id = manager.add_subscriber(m);
         }
@@ -521,8 +574,13 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         gpu,
         vm_gpu,
         vgpu_io,
+        operator_stopped,
     })
 }
+
+/// The outcome's reason of a VM stopped through the API
+/// (`stopped: by the operator`).
+pub const OPERATOR_STOP: &str = "by the operator";
 
 /// Console lines kept in the run's report of an ended VM that was added
 /// through the API (its last lines, with the guest's verdict).
@@ -615,10 +673,10 @@ fn build_vm(
     let att = match (vc.gpu, arbiter) {
         (true, Some(m)) => Some(attach_vgpu(m, &vm, cfg, vc)?),
         (true, None) => {
-            return Err(FleetError::Gpu(format!(
-                "vm '{}': the fleet has no GPU arbiter",
-                vc.name
-            )))
+            return Err(FleetError::Vgpu {
+                vm: vc.name.clone(),
+                source: GpuError::NoArbiter,
+            })
         }
         _ => None,
     };
@@ -638,9 +696,9 @@ pub fn open_backend(
 
 /// Starts the fleet's GPU arbiter with the backend `[gpu]` asks for.
 pub fn start_arbiter(cfg: &FleetConfig) -> Result<Arc<GpuArbiter>, FleetError> {
-    let backend = open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(e.to_string()))?;
+    let backend = open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(GpuError::Backend(e)))?;
     GpuArbiter::start(cfg.gpu.topology.clone(), cfg.scheduler.clone(), backend)
-        .map_err(|e| FleetError::Gpu(e.to_string()))
+        .map_err(|e| FleetError::Gpu(GpuError::Arbiter(e)))
 }
 
 /// Shuts the arbiter down when dropped (`GpuArbiter::shutdown` is idempotent).
@@ -688,7 +746,10 @@ pub fn attach_vgpu(
     cfg: &FleetConfig,
     vc: &VmConfig,
 ) -> Result<VgpuAttachment, FleetError> {
-    let err = |e: String| FleetError::Gpu(format!("vm '{}': {e}", vc.name));
+    let err = |e: GpuError| FleetError::Vgpu {
+        vm: vc.name.clone(),
+        source: e,
+    };
     let mem: Arc<dyn DmaMemory> = Arc::new(vm.guest_memory().as_ref().clone());
     let params = VmParams {
         priority: vc.priority,
@@ -696,18 +757,18 @@ pub fn attach_vgpu(
         partition: vc.partition,
     };
     let target = KvmMsi::new(vm.vm_fd().clone(), abi::vgpu::NUM_VECTORS, &vc.name)
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     let msix = Arc::new(Msix::new(abi::vgpu::NUM_VECTORS, Arc::new(target)));
     let (handle, fe) = m
         .add_vm(&vc.name, mem, params, msix.clone())
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     m.set_preempt_timeout(
         handle,
         std::time::Duration::from_millis(vc.preempt_timeout_ms),
     )
-    .map_err(|e| err(e.to_string()))?;
+    .map_err(|e| err(e.into()))?;
     m.set_guard(handle, cfg.gpu.guard.with(&vc.guard))
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,
         fe,
@@ -717,7 +778,7 @@ pub fn attach_vgpu(
     ));
     vm.pci()
         .add(abi::pci::VGPU_DEVICE, pci.clone())
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(e.into()))?;
     Ok(VgpuAttachment { pci, handle })
 }
 
@@ -757,9 +818,11 @@ impl FleetMonitor {
     ) -> Result<Self, FleetError> {
         let timer = match timeout {
             Some(t) => {
-                let mut fd = TimerFd::new().map_err(|e| FleetError::EventLoop(e.to_string()))?;
-                fd.reset(t, None)
-                    .map_err(|e| FleetError::EventLoop(e.to_string()))?;
+                let io = |e: vmm_sys_util::errno::Error| {
+                    FleetError::EventLoop(std::io::Error::from_raw_os_error(e.errno()))
+                };
+                let mut fd = TimerFd::new().map_err(io)?;
+                fd.reset(t, None).map_err(io)?;
                 Some(fd)
             }
             None => None,

@@ -241,7 +241,7 @@ pub struct Response {
 
 impl Response {
     /// A JSON answer.
-    pub fn json(status: u16, v: &serde_json::Value) -> Self {
+    pub fn json<T: serde::Serialize + ?Sized>(status: u16, v: &T) -> Self {
         let mut body = serde_json::to_vec_pretty(v).unwrap_or_default();
         body.push(b'\n');
         Response {
@@ -605,6 +605,12 @@ impl Loop {
                 }
             };
             if self.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                // Answers already given (e.g. the stop of the fleet's last
+                // VM) still go out, as far as one non-blocking write takes
+                // them.
+                while let Ok((conn, resp)) = self.rx.try_recv() {
+                    self.answer(conn, resp);
+                }
                 return;
             }
             for ev in &events[..n] {

@@ -4,20 +4,27 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use vmm::api::types::{PolicyName, PreemptTimeoutMs, Priority, QuantumMs, Weight};
 use vmm::config::{ConfigError, FleetConfig, FleetNeeds, HostLimits};
 use vmm::fleet::{run_fleet, RunOptions};
 use vmm::vm::VmOutcome;
+
+/// `run`: some VM failed (did not exit 0, was not stopped by the operator).
+const EXIT_VM_FAILED: u8 = 1;
+/// `run`, `check`: the config is invalid or the fleet cannot be launched.
+const EXIT_LAUNCH: u8 = 2;
 
 /// Printed after the top-level `--help`.
 const AFTER_HELP: &str = "\
 Logging: RUST_LOG sets what is logged on stderr (default `info`), e.g.
   RUST_LOG=debug hqdmux run FLEET.toml
   RUST_LOG=warn,vmm::fleet=debug hqdmux run FLEET.toml
-Exit codes: 0 ok; 1 a VM failed (run) or the fleet refused the request
-(ps, stats, top, set, pause, resume, stop, policy, add, unquarantine, metrics,
-timeline); 2 invalid config, bad arguments, the API socket unreachable or an
-output file that cannot be written; 130/143 stopped by SIGINT/SIGTERM.
-Operator guide: docs/operators.md";
+Exit codes: 0 ok; 1 a VM failed (run: it did not exit 0 and was not stopped
+by the operator) or the fleet refused the request (ps, stats, top, set, pause,
+resume, stop, policy, add, unquarantine, metrics, timeline); 2 invalid config,
+a launch that failed, bad arguments, the API socket unreachable or an output
+file that cannot be written; 130/143 stopped by SIGINT/SIGTERM.
+Operator guide (each code once): docs/operators.md#exit-codes";
 
 /// Printed after `run --help`.
 const RUN_AFTER_HELP: &str = "\
@@ -28,9 +35,18 @@ completed; gpu_time = GPU time charged to the VM; preempt = preemptions of its
 queues. RUST_LOG sets stderr logging (default `info`, e.g. RUST_LOG=debug).
 Details: docs/operators.md";
 
+/// `--version`: the package version and the git commit it was built from
+/// (`unknown` without git, see build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("HQDMUX_GIT_COMMIT"),
+    ")"
+);
+
 /// hqdmux: KVM VMs sharing a mediated AMD compute GPU by priority.
 #[derive(Parser)]
-#[command(version, about, long_about = None, after_help = AFTER_HELP)]
+#[command(version = VERSION, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,10 +56,11 @@ struct Cli {
 enum Command {
     /// Launch every VM of a fleet config, stream their consoles, wait for all
     /// of them (or the run timeout) and print a per-VM summary. Exits 1 if
-    /// any VM did not exit with status 0, 2 if the config is invalid or the
-    /// host cannot start it. SIGINT/SIGTERM stop every VM, print the summary,
-    /// remove the control socket and exit 130/143; a second signal exits at
-    /// once. Summary columns: docs/operators.md.
+    /// any VM failed (did not exit with status 0 and was not stopped by the
+    /// operator), 2 if the config is invalid or the launch failed.
+    /// SIGINT/SIGTERM stop every VM, print the summary, remove the control
+    /// socket and exit 130/143; a second signal exits at once (one line, the
+    /// socket removed). Summary columns: docs/operators.md.
     #[command(after_help = RUN_AFTER_HELP)]
     Run {
         /// Fleet config (TOML), e.g. examples/hello.toml.
@@ -97,17 +114,17 @@ enum Command {
         /// VM name.
         vm: String,
         /// GPU priority 0..=15 (higher wins).
-        #[arg(long)]
-        priority: Option<u32>,
+        #[arg(long, value_parser = ranged::<Priority>)]
+        priority: Option<Priority>,
         /// Weight 1..=1000 among equal priorities.
-        #[arg(long)]
-        weight: Option<u32>,
+        #[arg(long, value_parser = ranged::<Weight>)]
+        weight: Option<Weight>,
         /// Slice length 1..=10000 ms (0: back to the priority's quantum).
-        #[arg(long)]
-        quantum_ms: Option<u64>,
-        /// Preemption timeout 1..=600000 ms.
-        #[arg(long)]
-        preempt_timeout_ms: Option<u64>,
+        #[arg(long, value_parser = parse_quantum_ms)]
+        quantum_ms: Option<Option<QuantumMs>>,
+        /// Preemption timeout 1..=3600000 ms.
+        #[arg(long, value_parser = ranged::<PreemptTimeoutMs>)]
+        preempt_timeout_ms: Option<PreemptTimeoutMs>,
     },
     /// Pause a VM's GPU work: CWSR-save its queues and hold them.
     Pause(VmArgs),
@@ -120,7 +137,8 @@ enum Command {
         #[command(flatten)]
         c: ClientArgs,
         /// New policy: hqdmux, fifo, poll5ms, timeslice, reset.
-        policy: Option<String>,
+        #[arg(value_parser = parse_policy)]
+        policy: Option<PolicyName>,
     },
     /// Add and start a VM from a file holding one `[[vm]]` entry.
     Add {
@@ -167,6 +185,12 @@ enum Command {
     },
     /// Describe the guest images built into this binary and their `args`.
     Images,
+    /// Print a shell completion script, e.g.
+    /// `hqdmux completions bash > /etc/bash_completion.d/hqdmux`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
     /// Evaluate scheduling policies on a scenario in virtual time over the
     /// simulated GPU (no KVM needed): a policy x metric table, or JSON.
     Sim(vmm::simcmd::SimArgs),
@@ -190,6 +214,30 @@ struct VmArgs {
     c: ClientArgs,
     /// VM name.
     vm: String,
+}
+
+/// An integer option read as the API's type `T` reads it (same range, same
+/// reason).
+fn ranged<T: serde::de::DeserializeOwned + Send + Sync + Clone + 'static>(
+    s: &str,
+) -> Result<T, String> {
+    let n: u64 = s
+        .parse()
+        .map_err(|e| format!("expected a non-negative integer: {e}"))?;
+    serde_json::from_value(serde_json::Value::from(n)).map_err(|e| e.to_string())
+}
+
+/// `--quantum-ms`: 0 returns to the priority level's quantum.
+fn parse_quantum_ms(s: &str) -> Result<Option<QuantumMs>, String> {
+    match s {
+        "0" => Ok(None),
+        _ => ranged::<QuantumMs>(s).map(Some),
+    }
+}
+
+/// A policy name.
+fn parse_policy(s: &str) -> Result<PolicyName, String> {
+    serde_json::from_value(serde_json::Value::from(s)).map_err(|e| e.to_string())
 }
 
 /// `--api-socket-mode`: octal permission bits.
@@ -246,7 +294,7 @@ fn main() -> ExitCode {
                 Ok((c, _)) => c,
                 Err(e) => {
                     eprintln!("hqdmux: invalid config: {e}");
-                    return ExitCode::from(2);
+                    return ExitCode::from(EXIT_LAUNCH);
                 }
             };
             if timeout_ms.is_some() {
@@ -262,14 +310,16 @@ fn main() -> ExitCode {
                 },
             ) {
                 Ok(report) => {
-                    if json {
-                        println!(
-                            "{}",
+                    // An unwritable summary (`| head`, `> /dev/full`) does
+                    // not change how the run ended, only what is printed.
+                    let _ = if json {
+                        vmm::out!(
+                            "{}\n",
                             serde_json::to_string_pretty(&report.to_json()).unwrap_or_default()
-                        );
+                        )
                     } else {
-                        print!("{}", report.summary());
-                    }
+                        vmm::out!("{}", report.summary())
+                    };
                     if let (true, Some(sig)) = (report.stop_requested, vmm::signals::received()) {
                         eprintln!(
                             "hqdmux: stopped by {}: {} of {} VMs were still running",
@@ -285,46 +335,42 @@ fn main() -> ExitCode {
                         );
                         return ExitCode::from(vmm::signals::exit_code(sig));
                     }
-                    if report.all_succeeded() {
-                        ExitCode::SUCCESS
-                    } else {
-                        let failed = report
-                            .vms
-                            .iter()
-                            .filter(|v| !v.outcome.is_success())
-                            .count();
-                        eprintln!("hqdmux: {failed} of {} VMs failed", report.vms.len());
-                        ExitCode::from(1)
+                    match report.failures() {
+                        0 => ExitCode::SUCCESS,
+                        failed => {
+                            eprintln!("hqdmux: {failed} of {} VMs failed", report.vms.len());
+                            ExitCode::from(EXIT_VM_FAILED)
+                        }
                     }
                 }
                 Err(e) => {
                     eprintln!("hqdmux: launch failed: {e}");
                     match vmm::signals::received() {
                         Some(sig) => ExitCode::from(vmm::signals::exit_code(sig)),
-                        None => ExitCode::from(1),
+                        None => ExitCode::from(EXIT_LAUNCH),
                     }
                 }
             }
         }
         Command::Check { config } => match load_for_host(&config) {
             Ok((cfg, needs)) => {
-                println!("{}: ok, {} VMs", config.display(), cfg.vm.len());
-                print!("{}", cfg.gpu_summary());
                 let host = HostLimits::probe();
-                println!(
-                    "host: needs about {} open files (limit {}), {} MiB guest RAM (available {})",
+                vmm::cli::done(vmm::out!(
+                    "{}: ok, {} VMs\n{}host: needs about {} open files (limit {}), {} MiB guest RAM (available {})\n",
+                    config.display(),
+                    cfg.vm.len(),
+                    cfg.gpu_summary(),
                     needs.open_files,
                     host.open_files,
                     needs.memory_bytes >> 20,
                     host.mem_available
                         .map(|b| format!("{} MiB", b >> 20))
                         .unwrap_or_else(|| "unknown".into())
-                );
-                ExitCode::SUCCESS
+                ))
             }
             Err(e) => {
                 eprintln!("hqdmux: invalid config: {e}");
-                ExitCode::from(2)
+                ExitCode::from(EXIT_LAUNCH)
             }
         },
         Command::Sim(args) => vmm::simcmd::run(&args),
@@ -361,7 +407,7 @@ fn main() -> ExitCode {
         Command::Pause(a) => vmm::cli::vm_action(&a.c.api_socket, "pause", &a.vm, a.c.json),
         Command::Resume(a) => vmm::cli::vm_action(&a.c.api_socket, "resume", &a.vm, a.c.json),
         Command::Stop(a) => vmm::cli::vm_action(&a.c.api_socket, "stop", &a.vm, a.c.json),
-        Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy.as_deref(), c.json),
+        Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy, c.json),
         Command::Add { c, file } => vmm::cli::add(&c.api_socket, &file, c.json),
         Command::Unquarantine(a) => vmm::cli::unquarantine(&a.c.api_socket, &a.vm, a.c.json),
         Command::Metrics { api_socket } => vmm::cli::metrics(&api_socket),
@@ -371,9 +417,16 @@ fn main() -> ExitCode {
             seconds,
             json,
         } => vmm::cli::timeline(&api_socket, &output, seconds, json),
-        Command::Images => {
-            print!("{}", describe_images());
-            ExitCode::SUCCESS
+        Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "hqdmux",
+                &mut script,
+            );
+            vmm::cli::done(vmm::out!("{}", String::from_utf8_lossy(&script)))
         }
     }
 }

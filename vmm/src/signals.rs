@@ -8,17 +8,21 @@
 //! socket and the process exits `128 + signal` (130 for SIGINT, 143 for
 //! SIGTERM, the shell convention). A second SIGINT or SIGTERM while the fleet
 //! is stopping ends the process at once with the same code (`_exit`, no
-//! summary, the socket may be left behind).
+//! summary): it removes the API socket registered with [`SocketCleanup`]
+//! and prints one line on stderr first.
 //!
 //! The handler only does async-signal-safe work: an atomic compare-exchange,
-//! `write(2)` on the eventfd and, for the second signal, `_exit(2)`. It
-//! saves and restores `errno`. The vCPU kick signal (`SIGRTMIN`, see
+//! `write(2)` on the eventfd and, for the second signal, `unlink(2)`,
+//! `write(2)` on stderr and `_exit(2)`. It saves and restores `errno`. The vCPU kick signal (`SIGRTMIN`, see
 //! `vm.rs`) is a different signal and is left alone; a SIGINT/SIGTERM that
 //! lands on a vCPU thread interrupts `KVM_RUN` with `EINTR`, which the vCPU
 //! loop already retries.
 
+use std::ffi::CString;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::sync::Arc;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -27,6 +31,41 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
 /// The eventfd the handler writes (-1: none installed).
 static STOP_FD: AtomicI32 = AtomicI32::new(-1);
+/// The API socket a second signal removes (null: none).
+static SOCKET: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Registers the API socket file for removal by a second signal (which
+/// ends the process before the server can remove it); unregistered on
+/// drop. Drop it before the server, which then removes the file itself.
+#[derive(Debug)]
+pub struct SocketCleanup(());
+
+impl SocketCleanup {
+    /// Registers `path`.
+    pub fn register(path: &Path) -> Self {
+        if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
+            // Never freed: the handler may read it at any moment (one
+            // path per fleet run).
+            SOCKET.store(c.into_raw(), Ordering::SeqCst);
+        }
+        SocketCleanup(())
+    }
+}
+
+impl Drop for SocketCleanup {
+    fn drop(&mut self) {
+        SOCKET.store(std::ptr::null_mut(), Ordering::SeqCst);
+    }
+}
+
+/// The line a second signal prints before the process ends.
+pub fn second_signal_line(signal: i32) -> &'static [u8] {
+    match signal {
+        libc::SIGINT => b"hqdmux: second SIGINT: exiting at once, no summary\n",
+        libc::SIGTERM => b"hqdmux: second SIGTERM: exiting at once, no summary\n",
+        _ => b"hqdmux: second signal: exiting at once, no summary\n",
+    }
+}
 
 /// Handles to the stop request: an eventfd written on the first SIGINT or
 /// SIGTERM. Cloning shares the same eventfd.
@@ -106,9 +145,20 @@ extern "C" fn on_signal(sig: libc::c_int) {
         .compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
         .is_err()
     {
-        // Second signal: no graceful path, end now.
-        // SAFETY: _exit is async-signal-safe.
-        unsafe { libc::_exit(i32::from(exit_code(sig))) };
+        // Second signal: no graceful path, end now, without leaving the
+        // socket behind.
+        let path = SOCKET.load(Ordering::SeqCst);
+        let line = second_signal_line(sig);
+        // SAFETY: unlink, write and _exit are async-signal-safe; `path` is
+        // null or a NUL-terminated string that is never freed; `line` is
+        // static.
+        unsafe {
+            if !path.is_null() {
+                libc::unlink(path);
+            }
+            libc::write(2, line.as_ptr().cast(), line.len());
+            libc::_exit(i32::from(exit_code(sig)));
+        }
     }
     let fd = STOP_FD.load(Ordering::SeqCst);
     if fd >= 0 {

@@ -167,12 +167,14 @@ pub fn run(args: &SimArgs) -> ExitCode {
     if args.list {
         for (name, _) in BUILTIN {
             let s = Scenario::builtin(name).expect("built-in scenarios parse");
-            println!(
-                "{name:<14} {} VMs, {} queues: {}",
+            if let Err(c) = crate::out!(
+                "{name:<14} {} VMs, {} queues: {}\n",
                 s.vm_count(),
                 s.queue_count(),
                 s.description
-            );
+            ) {
+                return c;
+            }
         }
         return ExitCode::SUCCESS;
     }
@@ -211,18 +213,16 @@ pub fn run(args: &SimArgs) -> ExitCode {
             }
         }
     }
-    if args.json {
-        println!(
-            "{}",
+    crate::cli::done(if args.json {
+        crate::out!(
+            "{}\n",
             serde_json::to_string_pretty(&rows).expect("report serialises")
-        );
+        )
+    } else if args.per_vm {
+        crate::out!("{}{}", table(&rows), per_vm_table(&rows))
     } else {
-        print!("{}", table(&rows));
-        if args.per_vm {
-            print!("{}", per_vm_table(&rows));
-        }
-    }
-    ExitCode::SUCCESS
+        crate::out!("{}", table(&rows))
+    })
 }
 
 #[cfg(test)]

@@ -163,6 +163,39 @@ fn help_lists_subcommands_and_each_has_its_own_help() {
 }
 
 #[test]
+fn version_names_the_commit_and_completions_cover_every_subcommand() {
+    let out = hqdmux().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let v = String::from_utf8_lossy(&out.stdout);
+    // `hqdmux 0.1.0 (commit 0123456789ab)`, or `unknown` without git.
+    let commit = v
+        .trim()
+        .strip_prefix(concat!("hqdmux ", env!("CARGO_PKG_VERSION"), " (commit "))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(
+        commit == "unknown"
+            || (commit.len() == 12 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+        "{v}"
+    );
+    for (shell, marker) in [
+        ("bash", "_hqdmux()"),
+        ("zsh", "#compdef hqdmux"),
+        ("fish", "complete -c hqdmux"),
+    ] {
+        let out = hqdmux().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains(marker), "{shell}: {script}");
+        for sub in ["run", "unquarantine", "timeline", "completions"] {
+            assert!(script.contains(sub), "{shell} completes {sub}");
+        }
+    }
+    let out = hqdmux().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "unknown shell");
+}
+
+#[test]
 fn timeout_override_stops_a_hung_vm_and_the_run_fails() {
     if !vmm::kvm_or_skip("timeout_override_stops_a_hung_vm_and_the_run_fails") {
         return;
@@ -416,7 +449,7 @@ fn a_second_signal_ends_the_process_at_once_without_a_summary() {
         return;
     }
     let dir = scratch("cli-sig2");
-    let (child, _sock) = start_endless(&dir);
+    let (child, sock) = start_endless(&dir);
     // Two different signals (the same one would merge while pending): the
     // first delivered starts the graceful stop, the second ends the process.
     signal(&child, libc::SIGTERM);
@@ -432,6 +465,119 @@ fn a_second_signal_ends_the_process_at_once_without_a_summary() {
         !stdout.contains("gpu_time"),
         "no summary after the second signal: {stdout}"
     );
+    // One line says so, and the socket is gone all the same.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("hqdmux: second SIG"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stderr}");
+    assert!(said[0].ends_with("exiting at once, no summary"), "{stderr}");
+    assert!(!sock.exists(), "the second signal removed the socket");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A stdout whose reader is gone: every write fails with EPIPE.
+fn broken_pipe() -> std::process::Stdio {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two new descriptors; the read end is closed at
+    // once, the write end is owned by the returned Stdio.
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+        libc::close(fds[0]);
+        std::process::Stdio::from(std::os::fd::OwnedFd::from_raw_fd(fds[1]))
+    }
+}
+
+/// `hqdmux ARGS --api-socket SOCK`.
+fn client(args: &[&str], sock: &std::path::Path) -> std::process::Output {
+    hqdmux()
+        .args(args)
+        .args(["--api-socket", sock.to_str().unwrap()])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn operator_stops_are_not_failures_stop_and_pause_are_idempotent_and_closed_outputs_do_not_panic() {
+    if !vmm::kvm_or_skip("operator_stops_are_not_failures_stop_and_pause_are_idempotent_and_closed_outputs_do_not_panic") {
+        return;
+    }
+    let dir = scratch("cli-lifecycle");
+    let (child, sock) = start_endless(&dir);
+    let s = sock.to_str().unwrap();
+
+    // A reader that went away (`| head`): quiet, exit 0, no panic.
+    for args in [
+        vec!["ps", "--json"],
+        vec!["ps"],
+        vec!["stats"],
+        vec!["top", "--once"],
+    ] {
+        let out = hqdmux()
+            .args(&args)
+            .args(["--api-socket", s])
+            .stdout(broken_pipe())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+    // A full disk: one line, exit 2, no panic.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = hqdmux()
+        .args(["ps", "--api-socket", s])
+        .stdout(full)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("hqdmux: cannot write the output: "),
+        "{stderr}"
+    );
+
+    // Pause, resume and stop twice: the second asks for the state the VM
+    // is in and is answered 200 too (exit 0).
+    for action in ["pause", "pause", "resume", "resume"] {
+        let out = client(&[action, "trainer", "--json"], &sock);
+        assert_eq!(out.status.code(), Some(0), "{action}: {out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let want = if action == "pause" {
+            "paused"
+        } else {
+            "running"
+        };
+        assert_eq!(v["state"], want, "{action}: {v}");
+    }
+    for _ in 0..2 {
+        let out = client(&["stop", "stuck", "--json"], &sock);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["state"], "stopped", "{v}");
+        assert_eq!(v["outcome"], "stopped: by the operator", "{v}");
+    }
+    // Stopping the last VM ends the run; operator stops are no failure.
+    let out = client(&["stop", "trainer"], &sock);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = wait_or_kill(child, std::time::Duration::from_secs(60), "last stop");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    for vm in ["stuck", "trainer"] {
+        assert!(
+            row(&stdout, vm).ends_with("stopped: by the operator"),
+            "{stdout}"
+        );
+    }
+    assert!(!stderr.contains("failed"), "{stderr}");
+    assert!(!sock.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -655,7 +801,7 @@ fn run_refuses_to_replace_a_file_at_the_api_socket_path_before_building_vms() {
         &["run", "--quiet", "--api-socket", precious.to_str().unwrap()],
         &cfg,
     );
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "a launch that failed");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("exists and is not a socket; refusing to replace it"),

@@ -1,0 +1,987 @@
+//! The bodies of the operator API as serde types, shared by the HTTP server
+//! ([`crate::api`]), the CLI ([`crate::cli`]) and the OpenAPI document
+//! (docs/api/openapi.json, checked against these types by the tests below),
+//! and the one error type of the API with its HTTP status.
+//!
+//! Requests are read whole into their type before anything is applied:
+//! every field of an update is optional (firecracker's partial update), an
+//! unknown, repeated, `null` (where `null` means nothing) or out-of-range
+//! field refuses the whole body, and the error names the field.
+
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::config::{PRIORITY_RANGE, WEIGHT_RANGE};
+
+/// Range of `quantum_ms` (a per-VM slice, ms).
+pub const QUANTUM_MS_RANGE: RangeInclusive<u64> = 1..=10_000;
+/// Range of `preempt_timeout_ms` (as `[[vm]] preempt_timeout_ms`).
+pub const PREEMPT_TIMEOUT_MS_RANGE: RangeInclusive<u64> = mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE;
+
+/// An error of the API: what was refused and why. Its HTTP status is
+/// [`ApiError::status`], the one place statuses are chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// No route has this path (404).
+    #[error("no such path '{0}'")]
+    NoPath(String),
+    /// The path exists, not with this method (405, `Allow` header).
+    #[error("method {method} not allowed on {path}")]
+    Method {
+        /// The method asked for.
+        method: String,
+        /// The path.
+        path: String,
+        /// The methods the path has.
+        allow: &'static str,
+    },
+    /// No VM has this name (404).
+    #[error("vm '{0}': no such VM")]
+    NoVm(String),
+    /// The body is not of the expected media type (415).
+    #[error("expected Content-Type {expected}, got '{got}'")]
+    MediaType {
+        /// What the route reads.
+        expected: &'static str,
+        /// What the request said.
+        got: String,
+    },
+    /// The body or query is not what the route reads (400): `place` names
+    /// the VM or the resource and the field.
+    #[error("{place}: {reason}")]
+    Invalid {
+        /// `vm 'NAME': FIELD`, `policy: FIELD`, `timeline: PARAM`, ...
+        place: String,
+        /// Why.
+        reason: String,
+    },
+    /// The request is valid but the VM or fleet cannot do it now (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// A VM entry the fleet's config refuses (422).
+    #[error("{0}")]
+    Unprocessable(String),
+    /// The fleet is ending or has no event loop (503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A host error (500).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::NoPath(_) | ApiError::NoVm(_) => 404,
+            ApiError::Method { .. } => 405,
+            ApiError::MediaType { .. } => 415,
+            ApiError::Invalid { .. } => 400,
+            ApiError::Conflict(_) => 409,
+            ApiError::Unprocessable(_) => 422,
+            ApiError::Unavailable(_) => 503,
+            ApiError::Internal(_) => 500,
+        }
+    }
+
+    /// A 400 naming `place` (e.g. `vm 'a': priority`).
+    pub fn invalid(place: impl Into<String>, reason: impl Into<String>) -> Self {
+        ApiError::Invalid {
+            place: place.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<ApiError> for crate::http::Response {
+    fn from(e: ApiError) -> Self {
+        let r = crate::http::Response::json(
+            e.status(),
+            &ErrorBody {
+                error: e.to_string(),
+            },
+        );
+        match e {
+            ApiError::Method { allow, .. } => r.with_header("Allow", allow.into()),
+            _ => r,
+        }
+    }
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// What was refused and why (VM, field, reason).
+    pub error: String,
+}
+
+/// Reads a JSON body into `T`; an error names `place` (the VM or
+/// resource), the field's path in the body and the reason.
+pub fn decode_json<T: DeserializeOwned>(
+    content_type: Option<&str>,
+    body: &[u8],
+    place: &str,
+) -> Result<T, ApiError> {
+    if let Some(ct) = content_type {
+        if !ct.starts_with("application/json") {
+            return Err(ApiError::MediaType {
+                expected: "application/json",
+                got: ct.to_owned(),
+            });
+        }
+    }
+    // Every body is an object (serde would read a struct from an array too).
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        None => {
+            return Err(ApiError::invalid(
+                place,
+                "empty body (expected a JSON object)",
+            ))
+        }
+        Some(_) => {
+            let shown = String::from_utf8_lossy(&body[..body.len().min(40)]).into_owned();
+            return Err(ApiError::invalid(
+                place,
+                format!("expected a JSON object, found {}", shown.trim()),
+            ));
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let r: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    let r = r
+        .map_err(|e| (e.path().to_string(), e.into_inner()))
+        .and_then(|v| de.end().map(|()| v).map_err(|e| (String::new(), e)));
+    r.map_err(|(path, inner)| {
+        let reason = strip_position(&inner.to_string());
+        match inner.classify() {
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                ApiError::invalid(place, format!("invalid JSON: {inner}"))
+            }
+            _ if path == "." || path.is_empty() => ApiError::invalid(place, reason),
+            _ => ApiError::invalid(format!("{place}: {path}"), reason),
+        }
+    })
+}
+
+/// `msg at line L column C` (serde_json's form) without the position.
+fn strip_position(s: &str) -> String {
+    match s.rsplit_once(" at line ") {
+        Some((head, tail)) if tail.split(" column ").all(|n| n.parse::<u64>().is_ok()) => {
+            head.to_owned()
+        }
+        _ => s.to_owned(),
+    }
+}
+
+/// Integers with a range, checked when read.
+macro_rules! ranged {
+    ($(#[$m:meta])* $name:ident, $t:ty, $range:expr) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(pub $t);
+
+        impl $name {
+            /// The accepted values.
+            pub fn range() -> RangeInclusive<u64> {
+                let r = $range;
+                u64::from(*r.start())..=u64::from(*r.end())
+            }
+
+            /// `v` if it is in [`Self::range`], else why not.
+            pub fn new(v: u64) -> Result<Self, String> {
+                let r = Self::range();
+                if !r.contains(&v) {
+                    return Err(format!("{v} is out of range {}..={}", r.start(), r.end()));
+                }
+                <$t>::try_from(v)
+                    .map($name)
+                    .map_err(|_| format!("{v} is out of range"))
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                self.0.serialize(s)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let v = u64::deserialize(d)?;
+                $name::new(v).map_err(D::Error::custom)
+            }
+        }
+    };
+}
+
+ranged!(
+    /// A GPU priority (higher wins), in [`PRIORITY_RANGE`].
+    Priority,
+    u8,
+    PRIORITY_RANGE
+);
+ranged!(
+    /// A weight among VMs of equal priority, in [`WEIGHT_RANGE`].
+    Weight,
+    u32,
+    WEIGHT_RANGE
+);
+ranged!(
+    /// A per-VM slice (ms), in [`QUANTUM_MS_RANGE`].
+    QuantumMs,
+    u64,
+    QUANTUM_MS_RANGE
+);
+ranged!(
+    /// A preemption timeout (ms), in [`PREEMPT_TIMEOUT_MS_RANGE`].
+    PreemptTimeoutMs,
+    u64,
+    PREEMPT_TIMEOUT_MS_RANGE
+);
+
+/// A field that, when present, must hold a `T` (`null` is refused as `T`
+/// refuses it): for `#[serde(default, deserialize_with = "present")]`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A field that, when present, is a `T` or `null` (`Some(None)`): for
+/// `#[serde(default, deserialize_with = "nullable")]`.
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// `PATCH /api/v1/vms/{name}`: a full or partial update of a live VM's
+/// scheduling. Every field is optional; at least one is given; the whole
+/// body is checked (here and by [`VmUpdate::check`]) before any of it
+/// applies.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmUpdate {
+    /// New GPU priority.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub priority: Option<Priority>,
+    /// New weight.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub weight: Option<Weight>,
+    /// New slice: `Some(None)` (`null`) returns to the priority level's.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub quantum_ms: Option<Option<QuantumMs>>,
+    /// New preemption timeout.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub preempt_timeout_ms: Option<PreemptTimeoutMs>,
+    /// Guard limits to replace (the others are kept).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub guard: Option<GuardUpdate>,
+}
+
+impl VmUpdate {
+    /// Field names, for error messages.
+    pub const FIELDS: &'static str = "priority, weight, quantum_ms, preempt_timeout_ms, guard";
+
+    /// True when no field is given.
+    pub fn is_empty(&self) -> bool {
+        *self == VmUpdate::default()
+    }
+
+    /// What serde cannot check: at least one field, and a `guard` with at
+    /// least one limit. `vm` names the VM in the error.
+    pub fn check(&self, vm: &str) -> Result<(), ApiError> {
+        if self.is_empty() {
+            return Err(ApiError::invalid(
+                format!("vm '{vm}'"),
+                format!("empty change (fields: {})", Self::FIELDS),
+            ));
+        }
+        if self.guard.is_some_and(|g| g.is_empty()) {
+            return Err(ApiError::invalid(
+                format!("vm '{vm}': guard"),
+                format!("empty object (fields: {})", GuardUpdate::FIELDS),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The first field given (names what a refusal of the whole update
+    /// was about).
+    pub fn first_field(&self) -> &'static str {
+        if self.priority.is_some() {
+            "priority"
+        } else if self.weight.is_some() {
+            "weight"
+        } else if self.quantum_ms.is_some() {
+            "quantum_ms"
+        } else if self.preempt_timeout_ms.is_some() {
+            "preempt_timeout_ms"
+        } else {
+            "guard"
+        }
+    }
+}
+
+/// Some guard limits of a [`VmUpdate`] (ranges checked by
+/// [`mdev::guard::GuardConfig::validate`] once merged with the VM's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardUpdate {
+    /// Sliding window (ms).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub window_ms: Option<u64>,
+    /// Resets tolerated per window.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_resets: Option<u32>,
+    /// Other queue errors tolerated per window.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_queue_errors: Option<u32>,
+    /// Stale doorbells tolerated per window.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_stale_doorbells: Option<u32>,
+}
+
+impl GuardUpdate {
+    /// Field names, for error messages.
+    pub const FIELDS: &'static str = "window_ms, max_resets, max_queue_errors, max_stale_doorbells";
+
+    /// True when no limit is given.
+    pub fn is_empty(&self) -> bool {
+        *self == GuardUpdate::default()
+    }
+
+    /// As the guard's override type.
+    pub fn to_override(self) -> mdev::guard::GuardOverride {
+        mdev::guard::GuardOverride {
+            window_ms: self.window_ms,
+            max_resets: self.max_resets,
+            max_queue_errors: self.max_queue_errors,
+            max_stale_doorbells: self.max_stale_doorbells,
+        }
+    }
+}
+
+/// A scheduling policy by its API name (`hqdmux`, `fifo`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyName(pub scheduler::Policy);
+
+impl PolicyName {
+    /// Every policy's name, comma-separated.
+    pub fn all() -> String {
+        scheduler::Policy::ALL
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl Serialize for PolicyName {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for PolicyName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        scheduler::Policy::from_name(&s)
+            .map(PolicyName)
+            .ok_or_else(|| {
+                D::Error::custom(format!(
+                    "unknown policy '{s}' (one of: {})",
+                    PolicyName::all()
+                ))
+            })
+    }
+}
+
+/// `GET /api/v1/policy`, and the answer of `PUT`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyView {
+    /// The policy in force.
+    pub policy: PolicyName,
+    /// Every policy.
+    pub policies: Vec<PolicyName>,
+}
+
+/// `PUT /api/v1/policy`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyChange {
+    /// The new policy.
+    pub policy: PolicyName,
+}
+
+/// Life-cycle state of a VM as the API shows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VmState {
+    /// Added through the API, being built.
+    #[default]
+    Starting,
+    /// vCPUs running.
+    Running,
+    /// vCPUs running, GPU work held (CWSR-saved) until resume.
+    Paused,
+    /// A stop was asked for and is in progress.
+    Stopping,
+    /// Stopped by the operator, the run timeout or a signal.
+    Stopped,
+    /// The guest ended by itself (exit status, fault, ...).
+    Exited,
+    /// Could not be built or started.
+    Failed,
+}
+
+impl VmState {
+    /// Every state, in life-cycle order.
+    pub const ALL: [VmState; 7] = [
+        VmState::Starting,
+        VmState::Running,
+        VmState::Paused,
+        VmState::Stopping,
+        VmState::Stopped,
+        VmState::Exited,
+        VmState::Failed,
+    ];
+
+    /// Name in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            VmState::Starting => "starting",
+            VmState::Running => "running",
+            VmState::Paused => "paused",
+            VmState::Stopping => "stopping",
+            VmState::Stopped => "stopped",
+            VmState::Exited => "exited",
+            VmState::Failed => "failed",
+        }
+    }
+
+    /// Running or paused (its vCPUs run).
+    pub fn live(self) -> bool {
+        matches!(self, VmState::Running | VmState::Paused)
+    }
+}
+
+/// One VM as `GET /api/v1/vms/{name}` shows it. Every field is always
+/// written (`null` when unknown); read leniently (a missing field is its
+/// default) so that a client keeps working with an older server.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VmView {
+    /// VM name.
+    pub name: String,
+    /// Life-cycle state.
+    pub state: VmState,
+    /// It has a vGPU.
+    pub gpu: bool,
+    /// Its `image`.
+    pub image: String,
+    /// GPU priority.
+    pub priority: u32,
+    /// Weight.
+    pub weight: u32,
+    /// Slice (ms): the per-VM override, else its level's quantum.
+    pub quantum_ms: Option<f64>,
+    /// `quantum_ms` is a per-VM override.
+    pub quantum_override: bool,
+    /// Preemption timeout (ms).
+    pub preempt_timeout_ms: u64,
+    /// GPU time charged (ms).
+    pub gpu_time_ms: Option<f64>,
+    /// Fraction of the fleet's GPU time over the last sample interval.
+    pub share: Option<f64>,
+    /// That interval (ms).
+    pub share_interval_ms: Option<f64>,
+    /// Queue maps.
+    pub maps: Option<u64>,
+    /// Preemptions of its queues.
+    pub preemptions: Option<u64>,
+    /// CWSR save time (ms).
+    pub cwsr_time_ms: Option<f64>,
+    /// Queue errors since it was added.
+    pub queue_errors: Option<u64>,
+    /// Queue errors by code.
+    pub queue_errors_by_code: Option<BTreeMap<String, u64>>,
+    /// Quarantined by the guard (null without a live vGPU).
+    pub quarantined: Option<bool>,
+    /// Its guard (null without a live vGPU).
+    pub guard: Option<GuardView>,
+    /// How it ended.
+    pub outcome: Option<String>,
+    /// Exit status, when the guest exited.
+    pub exit_status: Option<u32>,
+    /// Median packet latency (ms).
+    pub latency_p50_ms: Option<f64>,
+    /// 99th percentile packet latency (ms).
+    pub latency_p99_ms: Option<f64>,
+    /// The largest latency the two figures resolve (ms, 30 days: the
+    /// longest run timeout); a figure equal to it means "at least".
+    pub latency_limit_ms: Option<f64>,
+    /// Only in the answer of `clear-quarantine`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub was_quarantined: Option<bool>,
+}
+
+/// `GET /api/v1/vms`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VmList {
+    /// Every listed VM (config order, then added VMs).
+    pub vms: Vec<VmView>,
+}
+
+/// The guard of a live vGPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GuardView {
+    /// Sliding window (ms).
+    pub window_ms: u64,
+    /// Resets tolerated per window.
+    pub max_resets: u32,
+    /// Other queue errors tolerated per window.
+    pub max_queue_errors: u32,
+    /// Stale doorbells tolerated per window.
+    pub max_stale_doorbells: u32,
+    /// Resets in the window.
+    pub resets: u64,
+    /// Other queue errors in the window.
+    pub queue_errors: u64,
+    /// Stale doorbells in the window.
+    pub stale_doorbells: u64,
+    /// Resets since the VM was added.
+    pub total_resets: u64,
+    /// Queue errors since the VM was added.
+    pub total_queue_errors: u64,
+    /// Stale doorbells since the VM was added.
+    pub total_stale_doorbells: u64,
+    /// Why and since when it is quarantined.
+    pub quarantined: Option<QuarantineView>,
+}
+
+/// A guard quarantine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QuarantineView {
+    /// As the log line.
+    pub reason: String,
+    /// The count past its limit: `resets`, `queue_errors`, `stale_doorbells`.
+    pub what: String,
+    /// The count.
+    pub count: u64,
+    /// The limit.
+    pub limit: u32,
+    /// When (ms on the arbiter's clock).
+    pub since_ms: f64,
+}
+
+impl From<mdev::guard::GuardStatus> for GuardView {
+    fn from(g: mdev::guard::GuardStatus) -> Self {
+        use mdev::guard::GuardEvent;
+        GuardView {
+            window_ms: g.limits.window_ms,
+            max_resets: g.limits.max_resets,
+            max_queue_errors: g.limits.max_queue_errors,
+            max_stale_doorbells: g.limits.max_stale_doorbells,
+            resets: g.resets,
+            queue_errors: g.queue_errors,
+            stale_doorbells: g.stale_doorbells,
+            total_resets: g.totals[0],
+            total_queue_errors: g.totals[1],
+            total_stale_doorbells: g.totals[2],
+            quarantined: g.quarantined.map(|t| QuarantineView {
+                reason: t.to_string(),
+                what: match t.what {
+                    GuardEvent::Reset => "resets",
+                    GuardEvent::QueueError => "queue_errors",
+                    GuardEvent::StaleDoorbell => "stale_doorbells",
+                }
+                .into(),
+                count: t.count,
+                limit: t.limit,
+                since_ms: t.at as f64 / 1e6,
+            }),
+        }
+    }
+}
+
+/// `GET /api/v1/fleet`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FleetView {
+    /// Since the API started (ms).
+    pub uptime_ms: f64,
+    /// VMs listed by `GET /api/v1/vms`.
+    pub vms: u64,
+    /// Ended VMs no longer listed.
+    pub vms_forgotten: u64,
+    /// Listed VMs per state name.
+    pub states: BTreeMap<String, u64>,
+    /// The GPU (null without GPU VMs).
+    pub gpu: Option<GpuView>,
+}
+
+/// The GPU of [`FleetView`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    /// Scheduling policy.
+    pub policy: PolicyName,
+    /// XCCs.
+    pub xccs: u32,
+    /// Compute partitions.
+    pub partitions: u32,
+    /// Packets completed.
+    pub completions: u64,
+    /// Queue maps.
+    pub maps: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// VMs quarantined now.
+    pub quarantined_vms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::Visitor;
+    use serde_json::{json, Value};
+
+    /// The field names serde reads for `T` (what `#[derive(Deserialize)]`
+    /// hands to `deserialize_struct`).
+    fn fields<T: DeserializeOwned>() -> Vec<&'static str> {
+        struct Probe(Vec<&'static str>);
+        #[derive(Debug)]
+        struct Done;
+        impl std::fmt::Display for Done {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("done")
+            }
+        }
+        impl std::error::Error for Done {}
+        impl serde::de::Error for Done {
+            fn custom<M: std::fmt::Display>(_: M) -> Self {
+                Done
+            }
+        }
+        impl<'de> Deserializer<'de> for &mut Probe {
+            type Error = Done;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Done> {
+                Err(Done)
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Done> {
+                self.0.extend_from_slice(fields);
+                Err(Done)
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+                bytes byte_buf option unit unit_struct newtype_struct seq tuple
+                tuple_struct map enum identifier ignored_any
+            }
+        }
+        let mut p = Probe(Vec::new());
+        let _ = T::deserialize(&mut p);
+        p.0
+    }
+
+    fn doc() -> Value {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/api/openapi.json");
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
+    fn names(v: &Value) -> Vec<String> {
+        let mut n: Vec<String> = match v {
+            Value::Object(m) => m.keys().cloned().collect(),
+            Value::Array(a) => a.iter().map(|x| x.as_str().unwrap().to_owned()).collect(),
+            _ => Vec::new(),
+        };
+        n.sort();
+        n
+    }
+
+    fn sorted(v: &[&str]) -> Vec<String> {
+        let mut n: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+        n.sort();
+        n
+    }
+
+    /// Every body type's fields are the properties of its schema in
+    /// docs/api/openapi.json; an answer type writes every required one
+    /// (and no other); a request type requires what its schema requires.
+    #[test]
+    fn the_openapi_document_matches_the_types() {
+        let d = doc();
+        let s = &d["components"]["schemas"];
+        let check = |schema: &str, fields: Vec<&'static str>| {
+            assert_eq!(
+                names(&s[schema]["properties"]),
+                sorted(&fields),
+                "schema {schema}: properties vs the type's fields"
+            );
+            assert_eq!(s[schema]["additionalProperties"], false, "{schema}");
+        };
+        check("Vm", fields::<VmView>());
+        check("VmList", fields::<VmList>());
+        check("Guard", fields::<GuardView>());
+        check("Quarantine", fields::<QuarantineView>());
+        check("Fleet", fields::<FleetView>());
+        check("Policy", fields::<PolicyView>());
+        check("PolicyChange", fields::<PolicyChange>());
+        check("VmPatch", fields::<VmUpdate>());
+        check("GuardPatch", fields::<GuardUpdate>());
+        check("Error", fields::<ErrorBody>());
+        assert_eq!(
+            names(&s["Fleet"]["properties"]["gpu"]["properties"]),
+            sorted(&fields::<GpuView>())
+        );
+
+        // A VM entry has the fields of a config file's `[[vm]]`.
+        assert_eq!(
+            names(&s["VmEntry"]["properties"]),
+            sorted(&crate::config::VM_FIELDS)
+        );
+        assert_eq!(names(&s["VmEntry"]["required"]), ["image", "name"]);
+        assert_eq!(
+            names(&s["VmEntry"]["properties"]["guard"]["properties"]),
+            sorted(&fields::<GuardUpdate>())
+        );
+
+        // Answers: what is written is exactly what is required (the
+        // optional `was_quarantined` apart).
+        let written = |v: Value| names(&v);
+        let mut vm = written(serde_json::to_value(VmView::default()).unwrap());
+        assert_eq!(vm, names(&s["Vm"]["required"]));
+        let with = VmView {
+            was_quarantined: Some(true),
+            ..Default::default()
+        };
+        vm = written(serde_json::to_value(with).unwrap());
+        assert!(vm.contains(&"was_quarantined".to_string()));
+        let g = GuardView {
+            quarantined: Some(QuarantineView::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            written(serde_json::to_value(&g).unwrap()),
+            names(&s["Guard"]["required"])
+        );
+        assert_eq!(
+            written(serde_json::to_value(QuarantineView::default()).unwrap()),
+            names(&s["Quarantine"]["required"])
+        );
+        let gpu = GpuView {
+            policy: PolicyName(scheduler::Policy::ALL[0]),
+            xccs: 1,
+            partitions: 1,
+            completions: 0,
+            maps: 0,
+            preemptions: 0,
+            quarantined_vms: 0,
+        };
+        let f = FleetView {
+            gpu: Some(gpu.clone()),
+            ..Default::default()
+        };
+        assert_eq!(
+            written(serde_json::to_value(&f).unwrap()),
+            names(&s["Fleet"]["required"])
+        );
+        assert_eq!(
+            written(serde_json::to_value(&gpu).unwrap()),
+            names(&s["Fleet"]["properties"]["gpu"]["required"])
+        );
+        // Requests: the schema requires exactly what serde requires.
+        assert!(s["VmPatch"]["required"].is_null());
+        assert!(s["GuardPatch"]["required"].is_null());
+        assert!(serde_json::from_value::<VmUpdate>(json!({})).is_ok());
+        assert_eq!(names(&s["PolicyChange"]["required"]), ["policy"]);
+        assert!(serde_json::from_value::<PolicyChange>(json!({})).is_err());
+        // The policy names are the scheduler's.
+        let all: Vec<Value> = scheduler::Policy::ALL
+            .iter()
+            .map(|p| json!(p.name()))
+            .collect();
+        assert_eq!(s["PolicyName"]["enum"], Value::Array(all));
+        let states: Vec<Value> = VmState::ALL.iter().map(|v| json!(v.name())).collect();
+        assert_eq!(s["Vm"]["properties"]["state"]["enum"], Value::Array(states));
+        // Ranges are the types' ranges.
+        for (schema, field, range) in [
+            ("VmPatch", "priority", Priority::range()),
+            ("VmPatch", "weight", Weight::range()),
+            ("VmPatch", "quantum_ms", QuantumMs::range()),
+            ("VmPatch", "preempt_timeout_ms", PreemptTimeoutMs::range()),
+            ("Vm", "priority", Priority::range()),
+            ("Vm", "weight", Weight::range()),
+            ("VmEntry", "priority", Priority::range()),
+            ("VmEntry", "weight", Weight::range()),
+            ("VmEntry", "preempt_timeout_ms", PreemptTimeoutMs::range()),
+        ] {
+            let p = &s[schema]["properties"][field];
+            assert_eq!(p["minimum"], json!(range.start()), "{schema}.{field}");
+            if schema != "Vm" || field != "preempt_timeout_ms" {
+                assert_eq!(p["maximum"], json!(range.end()), "{schema}.{field}");
+            }
+        }
+    }
+
+    /// The refusal of `body` as an update of VM `a` (`Err`: accepted).
+    fn update(body: &str) -> Result<ApiError, VmUpdate> {
+        match decode_json::<VmUpdate>(Some("application/json"), body.as_bytes(), "vm 'a'")
+            .and_then(|u| u.check("a").map(|_| u))
+        {
+            Ok(u) => Err(u),
+            Err(e) => Ok(e),
+        }
+    }
+
+    #[test]
+    fn an_update_is_read_whole_and_a_refusal_names_the_field() {
+        let u = update(r#"{"priority": 15, "weight": 1000, "quantum_ms": null}"#).unwrap_err();
+        assert_eq!(u.priority, Some(Priority(15)));
+        assert_eq!(u.weight, Some(Weight(1000)));
+        assert_eq!(u.quantum_ms, Some(None));
+        assert_eq!(u.first_field(), "priority");
+        let u = update(r#"{"guard": {"max_resets": 2}}"#).unwrap_err();
+        assert_eq!(u.guard.unwrap().max_resets, Some(2));
+        for (body, want) in [
+            (
+                r#"{"priority": 16}"#,
+                "vm 'a': priority: 16 is out of range 0..=15",
+            ),
+            (
+                r#"{"weight": 0, "priority": 1}"#,
+                "vm 'a': weight: 0 is out of range 1..=1000",
+            ),
+            (r#"{"weight": "x"}"#, "vm 'a': weight: invalid type: string"),
+            (r#"{"priority": 2.0}"#, "vm 'a': priority: invalid type"),
+            (r#"{"priority": -1}"#, "vm 'a': priority: invalid value"),
+            (
+                r#"{"priority": null}"#,
+                "vm 'a': priority: invalid type: null",
+            ),
+            (r#"{"colour": 1}"#, "unknown field `colour`"),
+            (
+                r#"{"priority": 1, "priority": 2}"#,
+                "duplicate field `priority`",
+            ),
+            (
+                r#"{"quantum_ms": 0}"#,
+                "vm 'a': quantum_ms: 0 is out of range",
+            ),
+            (
+                r#"{"preempt_timeout_ms": 18446744073709551616}"#,
+                "vm 'a': preempt_timeout_ms: invalid type: floating point",
+            ),
+            (r#"{"guard": 3}"#, "vm 'a': guard: invalid type: integer"),
+            (
+                r#"{"guard": {"max_resets": -1}}"#,
+                "vm 'a': guard.max_resets: invalid value",
+            ),
+            (
+                r#"{"guard": {"bogus": 1}}"#,
+                "vm 'a': guard.bogus: unknown field `bogus`",
+            ),
+            (r#"{"guard": {}}"#, "vm 'a': guard: empty object"),
+            ("{}", "vm 'a': empty change"),
+            ("[1]", "vm 'a': expected a JSON object, found [1]"),
+            ("", "vm 'a': empty body"),
+            (r#"{"priority": 1"#, "vm 'a': invalid JSON"),
+            (r#"{"priority": 1} x"#, "vm 'a': invalid JSON"),
+        ] {
+            let e = update(body).unwrap_or_else(|u| panic!("{body}: accepted as {u:?}"));
+            assert_eq!(e.status(), 400, "{body}: {e}");
+            assert!(e.to_string().contains(want), "{body}: {e}");
+            if !want.contains("invalid JSON") {
+                assert!(!e.to_string().contains(" at line "), "{body}: {e}");
+            }
+        }
+        let e = decode_json::<VmUpdate>(Some("text/plain"), b"{}", "vm 'a'").unwrap_err();
+        assert_eq!(e.status(), 415);
+    }
+
+    #[test]
+    fn a_policy_change_names_the_known_policies() {
+        let p: PolicyChange = serde_json::from_str(r#"{"policy": "fifo"}"#).unwrap();
+        assert_eq!(p.policy.0.name(), "fifo");
+        let e = decode_json::<PolicyChange>(None, br#"{"policy": "lottery"}"#, "policy")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "policy: policy: unknown policy 'lottery' (one of: hqdmux, fifo, poll5ms, timeslice, reset)"
+        );
+        assert_eq!(
+            serde_json::to_value(PolicyChange { policy: p.policy }).unwrap(),
+            json!({"policy": "fifo"})
+        );
+    }
+
+    #[test]
+    fn every_error_has_one_status() {
+        let r: crate::http::Response = ApiError::Method {
+            method: "DELETE".into(),
+            path: "/x".into(),
+            allow: "GET",
+        }
+        .into();
+        assert_eq!(r.status, 405);
+        let b: ErrorBody = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(b.error, "method DELETE not allowed on /x");
+        for (e, st) in [
+            (ApiError::NoVm("a".into()), 404),
+            (ApiError::NoPath("/".into()), 404),
+            (ApiError::invalid("x", "y"), 400),
+            (ApiError::Conflict("c".into()), 409),
+            (ApiError::Unprocessable("u".into()), 422),
+            (ApiError::Unavailable("u".into()), 503),
+            (ApiError::Internal("i".into()), 500),
+        ] {
+            assert_eq!(e.status(), st, "{e}");
+            let r: crate::http::Response = e.into();
+            assert_eq!(r.status, st);
+        }
+    }
+}

@@ -228,7 +228,7 @@ fn main(boot: &'static BootInfo) -> u32 {
         return flood(boot);
     }
     let mut c = Checks { fails: 0 };
-    let ram_end = boot.mem_bytes;
+    let ram_end = boot.ram_end();
 
     // ---- 1. PCI configuration space ----------------------------------
     let Some(dev) = (0..32u8).find(|&d| {

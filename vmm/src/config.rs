@@ -946,6 +946,10 @@ fn vm_entry(t: &toml::Table, index: usize, file: &Path) -> Result<VmConfig, Conf
     })
 }
 
+/// docs/config.md checked against this parser.
+#[cfg(test)]
+mod reference_tests;
+
 #[cfg(test)]
 mod tests {
     use super::*;

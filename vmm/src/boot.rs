@@ -566,6 +566,23 @@ mod tests {
             use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
             let got: Vec<_> = m.iter().map(|r| (r.start_addr().0, r.len())).collect();
             assert_eq!(got, regions, "{what}");
+            use std::os::fd::AsRawFd;
+            let files: Vec<(i32, u64)> = m
+                .iter()
+                .map(|r| {
+                    let f = r.file_offset().expect("memfd-backed");
+                    (f.file().as_raw_fd(), f.start())
+                })
+                .collect();
+            assert!(
+                files.windows(2).all(|w| w[0].0 == w[1].0),
+                "{what}: one memfd"
+            );
+            assert_eq!(
+                files.get(1).map(|f| f.1),
+                (l.high > 0).then_some(MMIO_BASE),
+                "{what}: RAM above the hole is the memfd from 3 GiB"
+            );
             m.write_obj(0xabcd_u64, GuestAddress(l.top() - 8)).unwrap();
             assert_eq!(
                 m.read_obj::<u64>(GuestAddress(l.top() - 8)).unwrap(),

@@ -152,15 +152,19 @@ pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, Vm
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(bytes)
         .map_err(|e| VmError::Memory(format!("ftruncate: {e}")))?;
+    // One descriptor shared by both regions (docs/operators.md counts one
+    // memfd per VM).
+    let file = Arc::new(file);
     let mut ranges = Vec::new();
     let mut offset = 0u64;
     for (gpa, size) in boot::RamLayout::new(bytes).regions() {
-        let f = file
-            .try_clone()
-            .map_err(|e| VmError::Memory(format!("dup memfd: {e}")))?;
         let size = usize::try_from(size)
             .map_err(|_| VmError::Memory(format!("{size} bytes do not fit the host")))?;
-        ranges.push((GuestAddress(gpa), size, Some(FileOffset::new(f, offset))));
+        ranges.push((
+            GuestAddress(gpa),
+            size,
+            Some(FileOffset::from_arc(file.clone(), offset)),
+        ));
         offset += size as u64;
     }
     GuestMemoryMmap::from_ranges_with_files(ranges).map_err(|e| VmError::Memory(e.to_string()))

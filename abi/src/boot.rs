@@ -87,7 +87,9 @@ pub struct BootInfo {
     pub vm_id: u32,
     /// Number of vCPUs.
     pub vcpus: u32,
-    /// Guest RAM size in bytes, RAM spans `[0, mem_bytes)`.
+    /// Guest RAM size in bytes (all of it, both sides of the MMIO hole). Up
+    /// to 3 GiB it spans `[0, mem_bytes)`; a bigger RAM ends at 3 GiB and
+    /// goes on from 4 GiB: the memory map says where it is.
     pub mem_bytes: u64,
     /// First free, page-aligned address after the loaded image.
     pub image_end: u64,
@@ -207,6 +209,18 @@ impl BootInfo {
         &self.mem_map[..(self.mem_map_count as usize).min(MAX_MEM_REGIONS)]
     }
 
+    /// End of the highest RAM region of the map (free, boot or image; the
+    /// MMIO hole is not RAM): `mem_bytes` when all RAM lies below the hole,
+    /// `4 GiB + mem_bytes - 3 GiB` when part of it lies above (docs/boot.md).
+    pub fn ram_end(&self) -> u64 {
+        self.regions()
+            .iter()
+            .filter(|r| r.kind != region_kind::MMIO)
+            .map(|r| r.base.saturating_add(r.size))
+            .max()
+            .unwrap_or(self.mem_bytes)
+    }
+
     /// The largest free RAM region (`region_kind::RAM`), if any.
     pub fn largest_free_ram(&self) -> Option<MemRegion> {
         self.regions()
@@ -218,9 +232,11 @@ impl BootInfo {
 }
 
 /// The memory map of a VM with `mem_bytes` of RAM and an image loaded at
-/// `image_base..image_end`: boot structures below `boot_end`, the image, free
-/// RAM after it, and the MMIO hole `[mmio_base, mmio_end)`. Returns the
-/// entries and their count.
+/// `image_base..image_end`, RAM split around the MMIO hole `[mmio_base,
+/// mmio_end)` as on a PC: the first `min(mem_bytes, mmio_base)` bytes at 0
+/// (boot structures below `boot_end`, the image, free RAM after it), the
+/// hole, and the rest of the RAM (if any) from `mmio_end` up. Returns the
+/// entries (ascending, non-overlapping) and their count.
 pub fn memory_map(
     mem_bytes: u64,
     boot_end: u64,
@@ -242,11 +258,14 @@ pub fn memory_map(
             n += 1;
         }
     };
-    push(0, boot_end.min(mem_bytes), region_kind::BOOT);
-    push(boot_end, image_base.min(mem_bytes), region_kind::RAM);
-    push(image_base, image_end.min(mem_bytes), region_kind::IMAGE);
-    push(image_end, mem_bytes, region_kind::RAM);
+    let low = mem_bytes.min(mmio_base);
+    push(0, boot_end.min(low), region_kind::BOOT);
+    push(boot_end, image_base.min(low), region_kind::RAM);
+    push(image_base, image_end.min(low), region_kind::IMAGE);
+    push(image_end.max(image_base), low, region_kind::RAM);
     push(mmio_base, mmio_end, region_kind::MMIO);
+    let high = mem_bytes - low;
+    push(mmio_end, mmio_end.saturating_add(high), region_kind::RAM);
     (map, n)
 }
 
@@ -284,6 +303,74 @@ mod tests {
             assert!(w[0].base + w[0].size <= w[1].base, "{w:?}");
         }
         assert_eq!((map[3].base, map[3].size), (0x14_0000, mem - 0x14_0000));
+    }
+
+    #[test]
+    fn ram_is_split_around_the_mmio_hole() {
+        extern crate std;
+        use std::vec::Vec;
+        const G: u64 = 1 << 30;
+        const M: u64 = 1 << 20;
+        let (hole, hole_end) = (3 * G, 4 * G);
+        let image_end = 0x14_0000;
+        for mem in [
+            M,
+            3 * G - M,
+            3 * G,
+            3 * G + M,
+            3 * G + G / 2,
+            4 * G,
+            16 * G,
+            64 * G,
+        ] {
+            let (map, n) = memory_map(mem, 0x9000, 0x10_0000, image_end, hole, hole_end);
+            let map = &map[..n];
+            let ram: Vec<_> = map.iter().filter(|r| r.kind != region_kind::MMIO).collect();
+            let total: u64 = ram.iter().map(|r| r.size).sum();
+            assert_eq!(total, mem, "{mem:#x}: the RAM regions hold all the RAM");
+            for w in map.windows(2) {
+                assert!(w[0].base + w[0].size <= w[1].base, "{mem:#x}: {w:?}");
+            }
+            for r in &ram {
+                let end = r.base + r.size;
+                assert!(
+                    end <= hole || r.base >= hole_end,
+                    "{mem:#x}: {r:?} in the hole"
+                );
+            }
+            let low_end = ram
+                .iter()
+                .filter(|r| r.base < hole)
+                .map(|r| r.base + r.size)
+                .max();
+            assert_eq!(low_end, Some(mem.min(hole)), "{mem:#x}");
+            let high: Vec<_> = ram.iter().filter(|r| r.base >= hole_end).collect();
+            if mem > hole {
+                assert_eq!(high.len(), 1, "{mem:#x}");
+                assert_eq!((high[0].base, high[0].size), (hole_end, mem - hole));
+                assert_eq!(high[0].kind, region_kind::RAM);
+            } else {
+                assert!(high.is_empty(), "{mem:#x}: nothing above the hole");
+            }
+            let mmio: Vec<_> = map.iter().filter(|r| r.kind == region_kind::MMIO).collect();
+            assert_eq!(mmio.len(), 1);
+            assert_eq!((mmio[0].base, mmio[0].size), (hole, G));
+            let mut b: BootInfo = unsafe { core::mem::zeroed() };
+            b.mem_bytes = mem;
+            b.mem_map[..n].copy_from_slice(map);
+            b.mem_map_count = n as u32;
+            let want_end = if mem > hole { mem + G } else { mem };
+            assert_eq!(b.ram_end(), want_end, "{mem:#x}");
+            let largest = b.largest_free_ram().unwrap();
+            if mem > 4 * G {
+                assert_eq!(
+                    largest.base, hole_end,
+                    "{mem:#x}: the big RAM is above the hole"
+                );
+            } else if mem > 2 * M {
+                assert_eq!(largest.base, image_end, "{mem:#x}: the RAM after the image");
+            }
+        }
     }
 
     #[test]

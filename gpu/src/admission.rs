@@ -209,6 +209,58 @@ mod tests {
         assert!(text.starts_with("ring size 73786976294838206464 bytes (QUEUE_SIZE 63)"));
     }
 
+    /// RAM split around a hole (a VM with RAM above 4 GiB, scaled down):
+    /// a queue wholly above the hole is admitted, one touching the hole is not.
+    #[test]
+    fn a_queue_above_the_hole_is_admitted_and_one_in_the_hole_is_not() {
+        use vm_memory::{GuestAddress, GuestMemoryMmap};
+        let topo = GpuTopology::tiny();
+        let (low, hole_end) = (MEM, 2 * MEM);
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), low as usize),
+            (GuestAddress(hole_end), MEM as usize),
+        ])
+        .unwrap();
+        let mqd = |base: u64| {
+            AqlMqdBuilder {
+                mqd_addr: base + 0x1000,
+                ring_base: base + RING,
+                ring_packets: 64,
+                amd_queue: base + AMDQ,
+                eop_base: base + 0x4000,
+                ..Default::default()
+            }
+            .cwsr_for(base + CTX, topo.cus_per_xcc, topo.ses_per_xcc)
+            .build()
+        };
+        assert_eq!(
+            check_mqd(&topo, &mqd(hole_end), &mem),
+            Ok(()),
+            "above the hole"
+        );
+        assert_eq!(check_mqd(&topo, &mqd(0), &mem), Ok(()), "below the hole");
+        let mut m = mqd(hole_end);
+        m.set64(mqd::CP_HQD_PQ_BASE_LO, mqd::CP_HQD_PQ_BASE_HI, low >> 8);
+        assert_eq!(
+            check_mqd(&topo, &m, &mem),
+            Err(R::RingOutOfRange { addr: low }),
+            "a ring in the hole"
+        );
+        // A CWSR area that starts in RAM below the hole and runs into it.
+        let mut m = mqd(hole_end);
+        let cb = low - 0x1000;
+        m.set64(
+            mqd::CP_HQD_CTX_SAVE_BASE_ADDR_LO,
+            mqd::CP_HQD_CTX_SAVE_BASE_ADDR_HI,
+            cb,
+        );
+        assert_eq!(
+            check_mqd(&topo, &m, &mem),
+            Err(R::CwsrOutOfRange { addr: cb }),
+            "a CWSR area across the hole"
+        );
+    }
+
     #[test]
     fn ring_and_pointers_in_memory() {
         let (topo, mem, mut m) = setup();

@@ -119,6 +119,15 @@ impl DmaMemory for GuestMemoryMmap<()> {
             self.last_addr().0 + 1
         }
     }
+    /// Inside one region or several adjacent ones: a range that touches a
+    /// hole between regions (the MMIO hole of a VM with RAM above 4 GiB)
+    /// is not memory.
+    fn contains(&self, gpa: u64, len: u64) -> bool {
+        gpa.checked_add(len)
+            .is_some_and(|end| end <= DmaMemory::size(self))
+            && (len == 0
+                || usize::try_from(len).is_ok_and(|n| self.check_range(GuestAddress(gpa), n)))
+    }
     /// A host atomic `fetch_add` when `gpa` is 8-byte aligned (the guest's
     /// vCPUs see it as one locked RMW); otherwise a read then a write.
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
@@ -342,6 +351,47 @@ impl DmaMemory for SparseMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RAM split around a hole, as a VM with RAM above 4 GiB has it (scaled
+    /// down: 64 KiB, a 64 KiB hole, 64 KiB).
+    #[test]
+    fn guest_memory_with_a_hole_refuses_the_hole() {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 0x1_0000),
+            (GuestAddress(0x2_0000), 0x1_0000),
+        ])
+        .unwrap();
+        assert_eq!(DmaMemory::size(&m), 0x3_0000, "highest address + 1");
+        for (gpa, len, inside) in [
+            (0, 0x1_0000, true),
+            (0xfff8, 8, true),
+            (0xfffc, 8, false), // runs into the hole
+            (0x1_0000, 8, false),
+            (0x1_fff8, 16, false), // from the hole into high RAM
+            (0x2_0000, 0x1_0000, true),
+            (0x2_fff8, 8, true),
+            (0x2_fffc, 8, false), // past the end
+            (0, 0x3_0000, false), // across the hole
+        ] {
+            assert_eq!(
+                DmaMemory::contains(&m, gpa, len),
+                inside,
+                "{gpa:#x}+{len:#x}"
+            );
+            let mut buf = vec![0u8; len as usize];
+            assert_eq!(
+                DmaMemory::read(&m, gpa, &mut buf).is_ok(),
+                inside,
+                "{gpa:#x}"
+            );
+            assert_eq!(DmaMemory::write(&m, gpa, &buf).is_ok(), inside, "{gpa:#x}");
+        }
+        m.write_u64(0x2_0008, 41).unwrap();
+        assert_eq!(m.fetch_add_u64(0x2_0008, 1).unwrap(), 41);
+        assert_eq!(m.read_u64(0x2_0008).unwrap(), 42, "high RAM is memory");
+        assert!(m.fetch_add_u64(0x1_0008, 1).is_err(), "the hole is not");
+        assert!(m.fetch_add_u32(0x1_0000, 1).is_err());
+    }
 
     fn exercise(m: &dyn DmaMemory) {
         let sz = m.size();

@@ -244,7 +244,9 @@ pub struct Alloc {
 }
 
 impl Alloc {
-    /// The largest free RAM region of the memory map (page aligned).
+    /// The largest free RAM region of the memory map (page aligned): the
+    /// RAM after the image, or, in a VM with more than 4 GiB of RAM, the RAM
+    /// above the MMIO hole (from 4 GiB; docs/boot.md).
     pub fn new(boot: &BootInfo) -> Alloc {
         match boot.largest_free_ram() {
             Some(r) => Alloc::with_range(r.base, r.base + r.size),

@@ -183,8 +183,9 @@ fn bad_configs_are_rejected_with_file_vm_field_and_reason() {
             ),
         ),
         (
-            vm("big", "builtin:hello", "").replace("memory_mib = 8", "memory_mib = 4096"),
-            "vm 'big' (vm[0]): field `memory_mib`: 4096 MiB is too large (maximum 3072 MiB)".into(),
+            vm("big", "builtin:hello", "").replace("memory_mib = 8", "memory_mib = 65537"),
+            "vm 'big' (vm[0]): field `memory_mib`: 65537 MiB is too large (maximum 65536 MiB)"
+                .into(),
         ),
         (
             good.clone() + &vm("p", "builtin:hello", "") + "priority = 300\n",

@@ -10,14 +10,90 @@ pub const GDT_ADDR: u64 = 0x500;
 /// PML4; PDPT at +0x1000; four page directories after it (identity map 0..4 GiB, 2 MiB pages).
 pub const PML4_ADDR: u64 = 0x1000;
 pub use abi::boot::{BOOT_INFO_ADDR, BOOT_MAGIC, BOOT_VERSION, MAX_DEVICES};
-/// End of the boot structures (GDT, page tables, boot-info page).
+/// End of the boot structures (GDT, page tables, boot-info page) of a VM
+/// whose RAM lies below the MMIO hole; with RAM above 4 GiB one page
+/// directory per GiB follows ([`RamLayout::boot_end`]).
 pub const BOOT_END: u64 = BOOT_INFO_ADDR + 0x1000;
+/// The page directories of the identity map above 4 GiB, one 4 KiB page
+/// per GiB, from here (right after the boot-info page).
+pub const HIGH_PD_ADDR: u64 = BOOT_END;
 /// Where images are loaded (their ELF physical addresses must be at or above).
 pub const IMAGE_BASE: u64 = 0x10_0000;
-/// Device MMIO hole: guest RAM ends at or below it.
+/// Device MMIO hole `[3 GiB, 4 GiB)`: RAM below it ends here, the rest of
+/// the RAM starts at [`MMIO_END`] (as on a PC).
 pub const MMIO_BASE: u64 = 3 << 30;
-/// End of the MMIO hole and of the identity map.
+/// End of the MMIO hole, where RAM beyond the first 3 GiB starts.
 pub const MMIO_END: u64 = 4 << 30;
+/// Most guest RAM: 64 GiB. A design limit, from two facts: the boot
+/// identity map uses 2 MiB pages, so each GiB of address space above 4 GiB
+/// takes one 4 KiB page directory in low memory after the boot-info block
+/// (61 of them for 64 GiB of RAM, whose top is 65 GiB: `[0x9000, 0x46000)`,
+/// well below the image at 1 MiB); and the top, 65 GiB, is below 2^39, the
+/// narrowest guest physical-address width KVM offers on current x86-64
+/// hosts (the guest CPUID's width is also checked when a VM is built).
+pub const MAX_RAM_BYTES: u64 = 64 << 30;
+
+/// Guest RAM split around the MMIO hole: `low` bytes at 0 (at most
+/// [`MMIO_BASE`]) and `high` bytes from [`MMIO_END`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RamLayout {
+    /// RAM below the hole, `[0, low)`.
+    pub low: u64,
+    /// RAM above the hole, `[MMIO_END, MMIO_END + high)`.
+    pub high: u64,
+}
+
+impl RamLayout {
+    /// The layout of `mem_bytes` of RAM.
+    pub fn new(mem_bytes: u64) -> Self {
+        let low = mem_bytes.min(MMIO_BASE);
+        RamLayout {
+            low,
+            high: mem_bytes - low,
+        }
+    }
+
+    /// All RAM bytes.
+    pub fn total(&self) -> u64 {
+        self.low + self.high
+    }
+
+    /// The RAM ranges as (guest address, bytes), ascending, non-empty.
+    pub fn regions(&self) -> impl Iterator<Item = (u64, u64)> {
+        [(0, self.low), (MMIO_END, self.high)]
+            .into_iter()
+            .filter(|r| r.1 > 0)
+    }
+
+    /// One past the highest RAM address.
+    pub fn top(&self) -> u64 {
+        if self.high > 0 {
+            MMIO_END.saturating_add(self.high)
+        } else {
+            self.low
+        }
+    }
+
+    /// True when `gpa` is RAM.
+    pub fn is_ram(&self, gpa: u64) -> bool {
+        gpa < self.low || (gpa >= MMIO_END && gpa - MMIO_END < self.high)
+    }
+
+    /// GiB of address space the boot page tables identity-map: `[0, 4 GiB)`
+    /// always (RAM, hole, LAPIC), then every GiB holding RAM.
+    pub fn mapped_gib(&self) -> u64 {
+        self.top().div_ceil(1 << 30).max(4)
+    }
+
+    /// End of the boot structures: the boot-info page, then the page
+    /// directories for GiB 4 and up.
+    pub fn boot_end(&self) -> u64 {
+        HIGH_PD_ADDR + 0x1000 * (self.mapped_gib() - 4)
+    }
+}
+
+// The page directories of the largest VM end below the image.
+const _: () = assert!(HIGH_PD_ADDR + 0x1000 * ((MAX_RAM_BYTES + (1 << 30)) >> 30) <= IMAGE_BASE);
 
 /// Device kinds in the boot-info device table.
 pub use abi::boot::device_kind;
@@ -58,14 +134,15 @@ pub enum BootError {
     /// The ELF loader refused the image.
     #[error("cannot load ELF image: {0}")]
     Elf(#[from] linux_loader::loader::Error),
-    /// The image's entry or its end (with .bss) lies outside guest RAM above 1 MiB.
+    /// The image's entry or its end (with .bss) lies outside the RAM
+    /// between 1 MiB and the MMIO hole.
     #[error("image [entry {entry:#x}, end {end:#x}) does not fit in guest RAM [{IMAGE_BASE:#x}, {mem:#x})")]
     Entry {
         /// ELF entry.
         entry: u64,
         /// End of the loaded image including .bss.
         end: u64,
-        /// RAM size.
+        /// End of the RAM below the MMIO hole.
         mem: u64,
     },
     /// Writing boot structures into guest memory failed.
@@ -76,7 +153,8 @@ pub enum BootError {
     Info(&'static str),
 }
 
-/// Loads `elf` at its physical addresses (>= 1 MiB); returns (entry, image_end).
+/// Loads `elf` at its physical addresses (>= 1 MiB, in the RAM below the
+/// MMIO hole); returns (entry, image_end).
 pub fn load_image(
     mem: &GuestMemoryMmap,
     elf: &[u8],
@@ -90,11 +168,12 @@ pub fn load_image(
     )?;
     let entry = res.kernel_load.0;
     let mem_end = elf_mem_end(elf).max(res.kernel_end);
-    if !(IMAGE_BASE..mem_bytes).contains(&entry) || mem_end > mem_bytes {
+    let low = RamLayout::new(mem_bytes).low;
+    if !(IMAGE_BASE..low).contains(&entry) || mem_end > low {
         return Err(BootError::Entry {
             entry,
             end: mem_end,
-            mem: mem_bytes,
+            mem: low,
         });
     }
     let end = (mem_end + 0xfff) & !0xfff;
@@ -144,9 +223,10 @@ fn elf_loads(elf: &[u8]) -> Result<(u64, Vec<(u64, u64)>), String> {
 
 /// Checks that `elf` is an image this VMM can boot in `mem_bytes` of RAM: a
 /// little-endian ELF64 for x86_64 whose entry and loadable segments lie in
-/// `[1 MiB, mem_bytes)`. The error says why not (config validation reports it
-/// as the VM's `image` field).
+/// `[1 MiB, end of the RAM below the MMIO hole)`. The error says why not
+/// (config validation reports it as the VM's `image` field).
 pub fn check_elf(elf: &[u8], mem_bytes: u64) -> Result<(), String> {
+    let mem_bytes = RamLayout::new(mem_bytes).low;
     let (entry, loads) = elf_loads(elf)?;
     if loads.is_empty() {
         return Err("no loadable segment".into());
@@ -175,6 +255,15 @@ fn elf_mem_end(elf: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
+/// Guest address of the page directory that maps GiB `g` of the identity map.
+pub fn page_directory_addr(g: u64) -> u64 {
+    if g < 4 {
+        PML4_ADDR + 0x1000 * (2 + g)
+    } else {
+        HIGH_PD_ADDR + 0x1000 * (g - 4)
+    }
+}
+
 /// Writes GDT, identity-mapping page tables and the boot-info block.
 pub fn write_boot_structures(
     mem: &GuestMemoryMmap,
@@ -185,18 +274,25 @@ pub fn write_boot_structures(
     for (i, entry) in gdt().iter().enumerate() {
         mem.write_obj(*entry, GuestAddress(GDT_ADDR + 8 * i as u64))?;
     }
-    // PML4[0] -> PDPT; PDPT[0..4] -> PD0..PD3; each PD maps 1 GiB in 2 MiB pages.
+    // PML4[0] -> PDPT; PDPT[g] -> the page directory of GiB g (GiB 0..4 at
+    // 0x3000.., GiB 4.. after the boot-info page); each maps 1 GiB in 2 MiB
+    // pages.
+    let layout = RamLayout::new(mem_bytes);
     let pdpt = PML4_ADDR + 0x1000;
     mem.write_obj(pdpt | 0x3, GuestAddress(PML4_ADDR))?;
-    for g in 0..4u64 {
-        let pd = pdpt + 0x1000 * (1 + g);
+    for g in 0..layout.mapped_gib() {
+        let pd = page_directory_addr(g);
         mem.write_obj(pd | 0x3, GuestAddress(pdpt + 8 * g))?;
-        for i in 0..512u64 {
-            let phys = (g << 30) | (i << 21);
-            // present | writable | 2 MiB page; uncached above RAM (MMIO hole).
-            let cache = if phys >= mem_bytes { 0x18 } else { 0 };
-            mem.write_obj(phys | 0x83 | cache, GuestAddress(pd + 8 * i))?;
+        let mut entries = [0u64; 512];
+        for (i, e) in entries.iter_mut().enumerate() {
+            let phys = (g << 30) | ((i as u64) << 21);
+            // present | writable | 2 MiB page; uncached outside RAM (the
+            // MMIO hole, and past the end of RAM).
+            let cache = if layout.is_ram(phys) { 0 } else { 0x18 };
+            *e = phys | 0x83 | cache;
         }
+        let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
+        mem.write_slice(&bytes, GuestAddress(pd))?;
     }
     write_boot_info(mem, params, mem_bytes, image_end)
 }
@@ -234,8 +330,9 @@ fn write_boot_info(
         mem.write_obj(d.base, at(base + 8))?;
         mem.write_obj(d.size, at(base + 16))?;
     }
+    let boot_end = RamLayout::new(mem_bytes).boot_end();
     let (map, n) = abi::boot::memory_map(
-        mem_bytes, BOOT_END, IMAGE_BASE, image_end, MMIO_BASE, MMIO_END,
+        mem_bytes, boot_end, IMAGE_BASE, image_end, MMIO_BASE, MMIO_END,
     );
     mem.write_obj(n as u32, at(MEM_MAP_COUNT))?;
     for (i, r) in map[..n].iter().enumerate() {
@@ -398,6 +495,183 @@ mod tests {
         let long = "x".repeat(1025);
         let p = BootParams { args: &long, ..p };
         assert!(write_boot_structures(&m, &p, 4 << 20, 0).is_err());
+    }
+
+    /// Walks the boot page tables for `va`: (physical address, PDE flags).
+    fn translate(m: &GuestMemoryMmap, va: u64) -> Option<(u64, u64)> {
+        let pml4: u64 = m.read_obj(GuestAddress(PML4_ADDR + 8 * (va >> 39))).ok()?;
+        if pml4 & 1 == 0 {
+            return None;
+        }
+        let pdpte: u64 = m
+            .read_obj(GuestAddress((pml4 & !0xfff) + 8 * ((va >> 30) & 511)))
+            .ok()?;
+        if pdpte & 1 == 0 {
+            return None;
+        }
+        let pde: u64 = m
+            .read_obj(GuestAddress((pdpte & !0xfff) + 8 * ((va >> 21) & 511)))
+            .ok()?;
+        (pde & 0x81 == 0x81).then_some((
+            (pde & !0x1f_ffff & !(1 << 63)) | (va & 0x1f_ffff),
+            pde & 0xfff,
+        ))
+    }
+
+    #[test]
+    fn ram_layout_around_the_mmio_hole_from_1_mib_to_the_maximum() {
+        const G: u64 = 1 << 30;
+        const M: u64 = 1 << 20;
+        let image_end = IMAGE_BASE + 0x1000;
+        for mem_bytes in [
+            M,
+            16 * M,
+            3 * G - 2 * M,
+            3 * G,
+            3 * G + 2 * M,
+            3 * G + G / 2,
+            4 * G,
+            16 * G,
+            MAX_RAM_BYTES,
+        ] {
+            let l = RamLayout::new(mem_bytes);
+            let what = format!("{} MiB", mem_bytes >> 20);
+            assert_eq!(l.total(), mem_bytes, "{what}");
+            assert_eq!(l.low, mem_bytes.min(MMIO_BASE), "{what}");
+            assert_eq!(l.high, mem_bytes.saturating_sub(MMIO_BASE), "{what}");
+            let regions: Vec<_> = l.regions().collect();
+            if mem_bytes > MMIO_BASE {
+                assert_eq!(
+                    regions,
+                    vec![(0, MMIO_BASE), (MMIO_END, mem_bytes - MMIO_BASE)]
+                );
+                assert_eq!(
+                    l.top(),
+                    mem_bytes + G,
+                    "{what}: the hole moves RAM up by 1 GiB"
+                );
+            } else {
+                assert_eq!(regions, vec![(0, mem_bytes)]);
+                assert_eq!(l.top(), mem_bytes);
+            }
+            assert!(
+                l.boot_end() <= IMAGE_BASE,
+                "{what}: page directories below the image"
+            );
+            assert!(!l.is_ram(MMIO_BASE) && !l.is_ram(MMIO_END - 1) && !l.is_ram(l.top()));
+            assert!(l.is_ram(0) && l.is_ram(l.top() - 1));
+
+            // The guest memory has the same regions, backed by one memfd.
+            let m = crate::vm::create_guest_memory("layout-test", mem_bytes).unwrap();
+            use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+            let got: Vec<_> = m.iter().map(|r| (r.start_addr().0, r.len())).collect();
+            assert_eq!(got, regions, "{what}");
+            use std::os::fd::AsRawFd;
+            let files: Vec<(i32, u64)> = m
+                .iter()
+                .map(|r| {
+                    let f = r.file_offset().expect("memfd-backed");
+                    (f.file().as_raw_fd(), f.start())
+                })
+                .collect();
+            assert!(
+                files.windows(2).all(|w| w[0].0 == w[1].0),
+                "{what}: one memfd"
+            );
+            assert_eq!(
+                files.get(1).map(|f| f.1),
+                (l.high > 0).then_some(MMIO_BASE),
+                "{what}: RAM above the hole is the memfd from 3 GiB"
+            );
+            m.write_obj(0xabcd_u64, GuestAddress(l.top() - 8)).unwrap();
+            assert_eq!(
+                m.read_obj::<u64>(GuestAddress(l.top() - 8)).unwrap(),
+                0xabcd
+            );
+            assert!(
+                m.read_obj::<u64>(GuestAddress(MMIO_BASE)).is_err(),
+                "the hole is not RAM"
+            );
+
+            let p = BootParams {
+                vm_id: 0,
+                vcpus: 1,
+                name: "big",
+                args: "",
+                devices: &[],
+            };
+            write_boot_structures(&m, &p, mem_bytes, image_end).unwrap();
+            // Identity map: RAM cached, the hole (BARs, LAPIC) uncached.
+            let mut probes = vec![
+                0,
+                IMAGE_BASE,
+                l.low - 1,
+                MMIO_BASE,
+                0xFEE0_00B0,
+                MMIO_END - 1,
+            ];
+            if l.high > 0 {
+                probes.extend([MMIO_END, MMIO_END + l.high / 2, l.top() - 1]);
+            }
+            for va in probes {
+                let (pa, flags) =
+                    translate(&m, va).unwrap_or_else(|| panic!("{what}: {va:#x} unmapped"));
+                assert_eq!(pa, va, "{what}: identity");
+                // Cacheability is per 2 MiB page: that of the page's start.
+                let page = va & !0x1f_ffff;
+                assert_eq!(
+                    flags & 0x18 == 0,
+                    l.is_ram(page),
+                    "{what}: {va:#x} cache {flags:#x}"
+                );
+            }
+            // Nothing is mapped past the last GiB holding RAM (or 4 GiB).
+            let first_unmapped = l.mapped_gib() * G;
+            assert!(translate(&m, first_unmapped).is_none(), "{what}");
+            assert_eq!(first_unmapped, l.top().div_ceil(G).max(4) * G);
+
+            // The boot-info memory map says the same.
+            let mut raw = [0u8; boot_info::SIZE];
+            m.read_slice(&mut raw, GuestAddress(BOOT_INFO_ADDR))
+                .unwrap();
+            // SAFETY: BootInfo is repr(C) plain integers and arrays.
+            let info: abi::boot::BootInfo =
+                unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+            assert!(info.is_valid());
+            assert_eq!(info.mem_bytes, mem_bytes);
+            assert_eq!(info.ram_end(), l.top(), "{what}");
+            use abi::boot::region_kind::*;
+            let map = info.regions();
+            assert_eq!(
+                (map[0].kind, map[0].base, map[0].size),
+                (BOOT, 0, l.boot_end().min(l.low))
+            );
+            let ram: u64 = map.iter().filter(|r| r.kind != MMIO).map(|r| r.size).sum();
+            assert_eq!(ram, mem_bytes, "{what}: the map holds all the RAM");
+            let high: Vec<_> = map.iter().filter(|r| r.base >= MMIO_END).collect();
+            assert_eq!(high.len(), usize::from(l.high > 0), "{what}");
+            if let Some(h) = high.first() {
+                assert_eq!((h.kind, h.base, h.size), (RAM, MMIO_END, l.high));
+            }
+            // The high page directories are inside the boot region.
+            if l.high > 0 {
+                let last_pd = page_directory_addr(l.mapped_gib() - 1);
+                assert!(last_pd + 0x1000 <= l.boot_end());
+                assert!(l.mapped_gib() <= 65, "the maximum maps 65 GiB");
+            }
+        }
+    }
+
+    #[test]
+    fn images_must_lie_below_the_hole() {
+        let elf = images::builtin("hello").unwrap();
+        assert!(check_elf(elf, 16 << 30).is_ok());
+        let (_, loads) = elf_loads(elf).unwrap();
+        let end = loads.iter().map(|l| l.1).max().unwrap();
+        assert!(
+            check_elf(elf, end - 1).is_err(),
+            "RAM smaller than the image"
+        );
     }
 
     #[test]

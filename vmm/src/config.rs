@@ -135,8 +135,10 @@ impl GpuConfig {
 
 /// Smallest guest RAM: 1 MiB of boot structures plus room for the image.
 pub const MIN_MEMORY_MIB: u64 = 4;
-/// Largest guest RAM: RAM must stay below the 3 GiB MMIO hole.
-pub const MAX_MEMORY_MIB: u64 = crate::boot::MMIO_BASE >> 20;
+/// Largest guest RAM (65536 MiB = 64 GiB): [`crate::boot::MAX_RAM_BYTES`],
+/// which says where the limit comes from. RAM beyond the first 3 GiB lies
+/// above the MMIO hole, from 4 GiB (docs/boot.md).
+pub const MAX_MEMORY_MIB: u64 = crate::boot::MAX_RAM_BYTES >> 20;
 /// Most vCPUs per VM.
 pub const MAX_VCPUS: u8 = 8;
 /// Longest argument string (bytes), as the boot-info block holds it.
@@ -219,7 +221,8 @@ pub struct VmConfig {
     pub name: String,
     /// `builtin:NAME` or a path to a static x86_64 ELF loaded at 1 MiB.
     pub image: String,
-    /// Guest RAM in MiB (default 16).
+    /// Guest RAM in MiB (default 16, range 4..=65536; beyond 3072 the rest
+    /// lies above the MMIO hole, from 4 GiB).
     pub memory_mib: u64,
     /// Number of vCPUs (default 1; vCPU 0 runs the program).
     pub vcpus: u8,
@@ -1049,6 +1052,10 @@ fn vm_entry(t: &toml::Table, index: usize, file: &Path) -> Result<VmConfig, Conf
     })
 }
 
+/// docs/config.md checked against this parser.
+#[cfg(test)]
+mod reference_tests;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1244,6 +1251,16 @@ mod tests {
         assert_err_has(
             &format!("{GOOD}memory_mib = 1\n"),
             "field `memory_mib`: 1 MiB is too small",
+        );
+        // RAM above the 3 GiB MMIO hole is fine up to 64 GiB.
+        for mib in [3072, 3584, 4096, 16384, MAX_MEMORY_MIB] {
+            let cfg = parse(&format!("{GOOD}memory_mib = {mib}\n")).unwrap();
+            assert_eq!(cfg.vm[0].memory_mib, mib);
+        }
+        assert_eq!(MAX_MEMORY_MIB, 65536);
+        assert_err_has(
+            &format!("{GOOD}memory_mib = 65537\n"),
+            "field `memory_mib`: 65537 MiB is too large (maximum 65536 MiB)",
         );
         assert_err_has(
             &format!("{GOOD}weight = 0\n").replace("weight = 3\n", ""),

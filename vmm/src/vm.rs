@@ -135,7 +135,9 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId, VmError> {
         .map_err(kvm_err("get_supported_cpuid"))
 }
 
-/// Creates memfd-backed guest RAM of `bytes` at guest address 0.
+/// Creates memfd-backed guest RAM of `bytes`, split around the MMIO hole
+/// ([`boot::RamLayout`]): the first 3 GiB at guest address 0, the rest at
+/// 4 GiB (file offset 3 GiB). Pages are allocated on first touch.
 pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, VmError> {
     let cname = std::ffi::CString::new(format!("hqdmux-{name}")).unwrap_or_default();
     // SAFETY: memfd_create with a valid C string; the fd is owned by `File` below.
@@ -150,12 +152,33 @@ pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, Vm
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(bytes)
         .map_err(|e| VmError::Memory(format!("ftruncate: {e}")))?;
-    GuestMemoryMmap::from_ranges_with_files([(
-        GuestAddress(0),
-        bytes as usize,
-        Some(FileOffset::new(file, 0)),
-    )])
-    .map_err(|e| VmError::Memory(e.to_string()))
+    // One descriptor shared by both regions (docs/operators.md counts one
+    // memfd per VM).
+    let file = Arc::new(file);
+    let mut ranges = Vec::new();
+    let mut offset = 0u64;
+    for (gpa, size) in boot::RamLayout::new(bytes).regions() {
+        let size = usize::try_from(size)
+            .map_err(|_| VmError::Memory(format!("{size} bytes do not fit the host")))?;
+        ranges.push((
+            GuestAddress(gpa),
+            size,
+            Some(FileOffset::from_arc(file.clone(), offset)),
+        ));
+        offset += size as u64;
+    }
+    GuestMemoryMmap::from_ranges_with_files(ranges).map_err(|e| VmError::Memory(e.to_string()))
+}
+
+/// The guest physical-address width of `cpuid` (leaf 0x80000008, EAX bits
+/// 7:0), if the leaf is there.
+pub fn guest_phys_bits(cpuid: &CpuId) -> Option<u32> {
+    cpuid
+        .as_slice()
+        .iter()
+        .find(|e| e.function == 0x8000_0008)
+        .map(|e| e.eax & 0xff)
+        .filter(|b| *b > 0)
 }
 
 impl Vm {
@@ -168,21 +191,34 @@ impl Vm {
         vm_fd
             .create_irq_chip()
             .map_err(kvm_err("create_irq_chip"))?;
+        let layout = boot::RamLayout::new(spec.mem_bytes);
+        if let Some(bits) = guest_phys_bits(cpuid) {
+            if bits < 64 && layout.top() > 1u64 << bits {
+                return Err(VmError::Memory(format!(
+                    "{} MiB of RAM ends at {:#x}, beyond the {bits}-bit guest physical addresses of this host",
+                    spec.mem_bytes >> 20,
+                    layout.top()
+                )));
+            }
+        }
         let mem = create_guest_memory(&spec.name, spec.mem_bytes)?;
-        let host = mem
-            .get_host_address(GuestAddress(0))
-            .map_err(|e| VmError::Memory(e.to_string()))?;
-        let region = kvm_userspace_memory_region {
-            slot: 0,
-            guest_phys_addr: 0,
-            memory_size: spec.mem_bytes,
-            userspace_addr: host as u64,
-            flags: 0,
-        };
-        // SAFETY: the region maps `mem`, which outlives the VM fd's use (kept in `Vm`
-        // and in every vCPU thread until they are joined).
-        unsafe { vm_fd.set_user_memory_region(region) }
-            .map_err(kvm_err("set_user_memory_region"))?;
+        for (slot, (gpa, size)) in layout.regions().enumerate() {
+            let host = mem
+                .get_host_address(GuestAddress(gpa))
+                .map_err(|e| VmError::Memory(e.to_string()))?;
+            let region = kvm_userspace_memory_region {
+                slot: slot as u32,
+                guest_phys_addr: gpa,
+                memory_size: size,
+                userspace_addr: host as u64,
+                flags: 0,
+            };
+            // SAFETY: the region maps part of `mem` (one of its mmaps, whole),
+            // which outlives the VM fd's use (kept in `Vm` and in every vCPU
+            // thread until they are joined).
+            unsafe { vm_fd.set_user_memory_region(region) }
+                .map_err(kvm_err("set_user_memory_region"))?;
+        }
 
         let (entry, image_end) = boot::load_image(&mem, &spec.elf, spec.mem_bytes)?;
         let mut devices = vec![

@@ -67,7 +67,7 @@
 
 use abi::kernel::{KernelDescriptor, KernelKind};
 use rt::gpu::{Alloc, Error, Queue, Vgpu, WaitResult, MARK_WG_SIZE, MAX_VHQD};
-use rt::num::Dec;
+use rt::num::{Dec, Hex};
 use rt::{io, print, println, BootInfo};
 
 const EXIT_OK: u32 = 0;
@@ -289,7 +289,7 @@ fn main(boot: &'static BootInfo) -> u32 {
     let need = gpu.queue_bytes(ring_packets) * args.queues as u64;
     if args.verbose {
         println!(
-            "gpu: vGPU at PCI 00:{}.0: {} vhqds, {} xccs x {} cus x {} ses, cwsr {} KiB/queue, need {} MiB of {} MiB free",
+            "gpu: vGPU at PCI 00:{}.0: {} vhqds, {} xccs x {} cus x {} ses, cwsr {} KiB/queue, need {} MiB of {} MiB free from {}",
             Dec(gpu.pci_device as u64),
             Dec(gpu.num_vhqd as u64),
             Dec(gpu.xccs as u64),
@@ -297,7 +297,8 @@ fn main(boot: &'static BootInfo) -> u32 {
             Dec(gpu.ses_per_xcc as u64),
             Dec(gpu.cwsr_bytes() >> 10),
             Dec(need >> 20),
-            Dec(alloc.remaining() >> 20)
+            Dec(alloc.remaining() >> 20),
+            Hex(alloc.next())
         );
     }
     if need > alloc.remaining() {

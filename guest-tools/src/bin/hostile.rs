@@ -228,7 +228,7 @@ fn main(boot: &'static BootInfo) -> u32 {
         return flood(boot);
     }
     let mut c = Checks { fails: 0 };
-    let ram_end = boot.mem_bytes;
+    let ram_end = boot.ram_end();
 
     // ---- 1. PCI configuration space ----------------------------------
     let Some(dev) = (0..32u8).find(|&d| {
@@ -406,7 +406,10 @@ fn main(boot: &'static BootInfo) -> u32 {
     };
     let p = |d: usize| r32(pristine + 4 * d as u64);
     let bar0 = regs - abi::pci::REGS_OFFSET;
+    // An address `back` bytes before the end of RAM, as MQD lo and hi dwords
+    // (RAM may end above 4 GiB).
     let end_lo = |back: u64| (ram_end - back) as u32;
+    let end_hi = |back: u64| ((ram_end - back) >> 32) as u32;
     let mqd_cases: [MqdCase; 24] = [
         ("bad header", [(0, 0), (0, 0)], error::BAD_MQD_HEADER),
         ("not AQL", [(181, 0), (181, 0)], error::NOT_AQL),
@@ -442,7 +445,7 @@ fn main(boot: &'static BootInfo) -> u32 {
         ),
         (
             "wptr poll address past RAM",
-            [(141, end_lo(4)), (142, 0)],
+            [(141, end_lo(4)), (142, end_hi(4))],
             error::POINTER_ADDR_OUT_OF_RANGE,
         ),
         (
@@ -477,7 +480,7 @@ fn main(boot: &'static BootInfo) -> u32 {
         ),
         (
             "CWSR area straddling the end of RAM",
-            [(171, end_lo(4096)), (172, 0)],
+            [(171, end_lo(4096)), (172, end_hi(4096))],
             error::CWSR_OUT_OF_RANGE,
         ),
         (

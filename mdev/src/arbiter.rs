@@ -451,14 +451,10 @@ impl GpuArbiter {
         }
         let idx = c.vms.len() as u32;
         let h = VgpuHandle(idx);
-        let fe = Arc::new(VgpuFrontEnd::new(
-            h,
-            name,
-            &self.topo,
-            mem.clone(),
-            irq,
-            self.requests.clone(),
-        )?);
+        let mut fe =
+            VgpuFrontEnd::new(h, name, &self.topo, mem.clone(), irq, self.requests.clone())?;
+        fe.set_load_check(c.gpu.load_check());
+        let fe = Arc::new(fe);
         for i in 0..NUM_VHQD {
             self.epoll.ctl(
                 ControlOperation::Add,

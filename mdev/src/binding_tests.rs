@@ -730,3 +730,143 @@ fn fired_unmaps_without_their_doorbell_are_settled_by_the_next_event() {
     assert!(rig.b.scheduler().check_invariants().is_ok());
     assert_eq!(rig.b.stats().armed_mismatched, 1);
 }
+
+/// Pushes a barrier-AND on `dep` (a signal at 1) with a completion signal,
+/// then `groups` Mark workgroups of `cost` ns: the queue blocks until `dep`
+/// reads 0.
+fn barrier_then_mark(tvm: &mut TestVm, gq: &mut GuestQueue, dep: u64, groups: u32, cost: u64) {
+    let sig = tvm.signal();
+    tvm.push(
+        gq,
+        &abi::aql::Packet::barrier_and(
+            abi::aql::Barrier {
+                dep_signal: [dep, 0, 0, 0, 0],
+                completion_signal: sig,
+            },
+            false,
+        ),
+    );
+    gq.signals.push(sig);
+    tvm.kernel(gq, KernelKind::Mark, groups, 64, cost, 3, false);
+}
+
+/// Issue 21: a queue blocked on an unmet barrier (the guest's CPU will
+/// meet it, much later) is idle to the scheduler: it leaves its slot after
+/// the idle hysteresis, is billed nothing for the block while a busy
+/// neighbour of the same priority is billed its run, and is re-checked off
+/// the GPU with a backoff whose count over a long block is bounded by
+/// `log2(MAX / MIN) + 1 + block / MAX`. Once the dependency reads 0 it
+/// resumes at the next re-check and each workgroup runs exactly once.
+#[test]
+fn barrier_blocked_queue_is_released_unbilled_and_resumes_at_a_recheck() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut bad_vm = vm(&mut rig, 0, 8);
+    let mut good_vm = vm(&mut rig, 1, 8);
+    let mut bq = bad_vm.queue(&topo, 64, 0);
+    let mut gq = good_vm.queue(&topo, 256, 0);
+    add(&mut rig, &bad_vm, 0, QueueId(0), 0, &bq);
+    add(&mut rig, &good_vm, 1, QueueId(1), 1, &gq);
+    let dep = bad_vm.signal();
+    barrier_then_mark(&mut bad_vm, &mut bq, dep, 8, 10_000);
+    rig.doorbell(QueueId(0), bq.wptr);
+    // The neighbour: 100 kernels of 1 ms each.
+    for k in 0..100 {
+        good_vm.kernel(&mut gq, KernelKind::Mark, 4, 64, 1_000_000, k, false);
+    }
+    rig.doorbell(QueueId(1), gq.wptr);
+    let block: Nanos = 10_000_000_000; // 10 s of virtual time
+    rig.run(block, |_| false);
+    assert_eq!(rig.completions_of(1).len(), 100);
+    good_vm.verify(&gq).unwrap();
+    assert!(
+        rig.log.iter().any(|n| matches!(
+            n,
+            Notice::Unmapped {
+                owner: 0,
+                has_work: false,
+                ..
+            }
+        )),
+        "the blocked queue left its slot"
+    );
+    assert!(!rig.b.on_gpu(QueueId(0)));
+    assert!(rig.completions_of(0).is_empty());
+    let bad = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    let good = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
+    // Billed at most the idle hysteresis, nothing for the 10 s block.
+    let hyst = SchedConfig::default().idle_unmap_ns;
+    assert!(
+        bad <= hyst,
+        "blocked VM billed {bad} ns (hysteresis {hyst})"
+    );
+    assert!(good >= 100_000_000, "busy neighbour billed {good} ns");
+    // Re-checks off the GPU: backed off, bounded per capped interval.
+    let rechecks = rig.b.stats().barrier_rechecks;
+    let steps = (BARRIER_RECHECK_MAX_NS / BARRIER_RECHECK_MIN_NS).ilog2() as u64 + 1;
+    let bound = steps + block / BARRIER_RECHECK_MAX_NS + 1;
+    assert!(rechecks <= bound, "{rechecks} re-checks > {bound}");
+    assert!(rechecks >= steps, "{rechecks}: the queue is re-checked");
+    // The sim watched it only while it held the slot.
+    let polls = rig.gpu.stats().blocked_polls;
+    assert!(polls < 64, "{polls} GPU re-checks of a blocked queue");
+    // The guest's CPU meets the dependency: the next re-check runs it.
+    bad_vm.mem.write_u64(dep + 8, 0).unwrap();
+    let t0 = rig.now;
+    rig.run(u64::MAX, |_| false);
+    assert_eq!(rig.completions_of(0), vec![0, 1]);
+    bad_vm.verify(&bq).unwrap();
+    let first = rig
+        .log
+        .iter()
+        .position(|n| matches!(n, Notice::Completed { owner: 0, .. }))
+        .unwrap();
+    assert!(first > 0);
+    assert!(rig.now <= t0 + BARRIER_RECHECK_MAX_NS + 10_000_000);
+    assert_eq!(rig.b.stats().stall_wakes, 1);
+}
+
+/// A queue blocked on another VM's completion signal, off the GPU, is woken
+/// by that completion (not by its re-check): its barrier completes in the
+/// same instant, and each of its workgroups runs exactly once. A doorbell
+/// while the barrier is unmet does not reach the scheduler.
+#[test]
+fn barrier_blocked_queue_wakes_on_the_completion_that_meets_it() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut a_vm = vm(&mut rig, 0, 8);
+    let mut b_vm = vm(&mut rig, 1, 8);
+    let mut aq = a_vm.queue(&topo, 64, 0);
+    add(&mut rig, &a_vm, 0, QueueId(0), 0, &aq);
+    // The producer: a second queue of VM 0 (signals live in its memory).
+    let mut pq = a_vm.queue(&topo, 64, 0);
+    add(&mut rig, &a_vm, 0, QueueId(2), 2, &pq);
+    let bq = b_vm.queue(&topo, 64, 0);
+    add(&mut rig, &b_vm, 1, QueueId(1), 1, &bq);
+    let dep = a_vm.signal();
+    barrier_then_mark(&mut a_vm, &mut aq, dep, 4, 10_000);
+    rig.doorbell(QueueId(0), aq.wptr);
+    rig.run(2_000_000_000, |_| false);
+    assert!(!rig.b.on_gpu(QueueId(0)), "released after the hysteresis");
+    rig.doorbell(QueueId(0), aq.wptr);
+    assert_eq!(rig.b.stats().stalled_doorbells, 1);
+    let before = rig.b.stats().barrier_rechecks;
+    a_vm.kernel(&mut pq, KernelKind::Mark, 2, 64, 50_000, 9, false);
+    let psig = *pq.signals.last().unwrap();
+    // The barrier (slot 0) now waits on the producer's completion signal.
+    a_vm.mem.write_u64(aq.ring + 8, psig).unwrap();
+    rig.doorbell(QueueId(2), pq.wptr);
+    rig.run(u64::MAX, |_| false);
+    let done = |owner: usize| {
+        rig.log
+            .iter()
+            .position(|n| matches!(n, Notice::Completed { owner: o, .. } if *o == owner))
+            .unwrap()
+    };
+    assert!(done(2) < done(0));
+    assert_eq!(rig.completions_of(0), vec![0, 1]);
+    a_vm.verify(&aq).unwrap();
+    a_vm.verify(&pq).unwrap();
+    assert!(rig.b.stats().barrier_rechecks <= before + 1);
+    assert_eq!(rig.b.stats().stall_wakes, 1);
+}

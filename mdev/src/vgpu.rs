@@ -176,6 +176,8 @@ pub struct VgpuFrontEnd {
     requests: Arc<dyn RequestSink>,
     logs: RateLimiter,
     quarantined: AtomicBool,
+    /// The checks a load must pass ([`VgpuFrontEnd::set_load_check`]).
+    load_check: crate::backend::LoadCheck,
 }
 
 /// Offset within the register window -> (vHQD index, register).
@@ -217,7 +219,17 @@ impl VgpuFrontEnd {
             requests,
             logs: RateLimiter::new(),
             quarantined: AtomicBool::new(false),
+            load_check: check_mqd,
         })
+    }
+
+    /// Sets the checks a load must pass before it is accepted (the GPU's
+    /// [`crate::backend::PhysGpu::load_check`]; default: the static
+    /// admission rules). A load that fails them is refused: the vHQD stays
+    /// unloaded with the error code, nothing reaches the arbiter but the
+    /// refusal (counted for the guard), nothing is written back.
+    pub fn set_load_check(&mut self, check: crate::backend::LoadCheck) {
+        self.load_check = check;
     }
 
     /// The VM's handle.
@@ -426,7 +438,7 @@ impl VgpuFrontEnd {
             .is_some_and(|_| self.mem.read(base, &mut b).is_ok());
         let result = if in_memory {
             let mqd = V9Mqd::from_bytes(&b);
-            check_mqd(&self.topo, &mqd, self.mem.as_ref())
+            (self.load_check)(&self.topo, &mqd, self.mem.as_ref())
                 .map(|()| mqd)
                 .map_err(|r| (error_code(&r), r.to_string()))
         } else {

@@ -299,7 +299,15 @@ impl RequestSink for Requests {
         if let VgpuRequest::Refused { code, .. } = req {
             if code != 0 {
                 let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                let first = r.is_empty();
                 *r.entry((vm.0, code)).or_insert(0) += 1;
+                drop(r);
+                // The service thread counts them for the guard: woken by
+                // the first of a batch only (a flood of refused loads
+                // costs it one wake-up per batch, not one per load).
+                if first {
+                    let _ = self.kick.write(1);
+                }
             }
             return;
         }
@@ -1243,6 +1251,7 @@ impl GpuArbiter {
     pub fn guard_status(&self, vm: VgpuHandle) -> Option<GuardStatus> {
         let now = self.now();
         let mut c = lock(&self.core);
+        self.count_refused(&mut c);
         let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
         Some(s.guard.status(now))
     }
@@ -1361,6 +1370,11 @@ impl GpuArbiter {
         };
         for ((vm, code), n) in taken {
             c.tele.load_refused(vm, code, n);
+            // A refused load is a queue error for the guard (issue 21),
+            // except the refusals the guard or a device loss caused.
+            if code != error::QUARANTINED && code != error::DEVICE_LOST {
+                self.guard_note(c, vm, GuardEvent::QueueError, n);
+            }
         }
     }
 

@@ -214,6 +214,8 @@ struct Hqd {
     /// An unmet barrier-AND/OR holds back the rest of the ring (as of the
     /// last pump; kept while a dequeue trims the barrier from the window).
     barrier_blocked: bool,
+    /// `map` refused it (a load-class error): it never ran.
+    refused_at_map: bool,
     /// Re-checks since the queue blocked (an unpublished header or an unmet
     /// barrier with nothing else to run): the poll backs off.
     stall_polls: u32,
@@ -2115,6 +2117,7 @@ impl PhysGpu for SimGpu {
             blocked: false,
             stall_polls: 0,
             barrier_blocked: false,
+            refused_at_map: false,
             unmap_req: None,
             save_waiting: false,
             guest_mask: None,
@@ -2168,6 +2171,7 @@ impl PhysGpu for SimGpu {
         if restore_ns.is_some() {
             q.state = HState::Restoring;
         }
+        q.refused_at_map = err.is_some();
         self.slots[s as usize] = Some(q);
         if let Some(e) = err {
             self.fail(s, e);
@@ -2207,8 +2211,15 @@ impl PhysGpu for SimGpu {
                 q.unmap_req = Some((mode, now));
                 q.active.clear();
                 q.resume.clear();
-                // Keep has_work false for errored queues.
-                q.rptr = q.wptr;
+                // A run-time error drops the queue's unread packets (the
+                // write-back reads rptr = wptr). A load refused at the map
+                // (the queue never ran: a record or write index changed
+                // after the front end accepted the load) keeps the read
+                // index and control-stack offset it was loaded with, so
+                // that a repaired MQD reloads and loses no work.
+                if !q.refused_at_map {
+                    q.rptr = q.wptr;
+                }
                 self.finish_unmap(s);
                 return Ok(());
             }

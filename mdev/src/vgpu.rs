@@ -754,4 +754,112 @@ mod tests {
         assert!(f.flush_log() > 0);
         assert_eq!(f.flush_log(), 0);
     }
+
+    /// Issue 21, error 18: a load whose control record is corrupt is
+    /// refused at load (the vHQD stays unloaded, nothing reaches the
+    /// arbiter but the refusal, nothing is written back); the guest clears
+    /// the error, repairs the record, reloads, and every workgroup of the
+    /// interrupted kernel runs exactly once.
+    #[test]
+    fn a_corrupt_control_record_is_refused_at_load_and_the_repaired_one_resumes_exactly_once() {
+        use crate::backend::{GpuEvent, PhysGpu, SlotId};
+        use crate::sim::testkit::{map_req, run_virtual, TestVm};
+        use crate::sim::SimGpu;
+        use abi::kernel::KernelKind;
+        let topo = GpuTopology::tiny();
+        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+        let sink = Arc::new(Sink::default());
+        let irqs = Arc::new(Irqs::default());
+        let mut f = VgpuFrontEnd::new(
+            VgpuHandle(0),
+            "t",
+            &topo,
+            mem.clone(),
+            irqs.clone(),
+            sink.clone(),
+        )
+        .unwrap();
+        let mut gpu = SimGpu::new(topo.clone(), 1).unwrap();
+        f.set_load_check(gpu.load_check());
+        let mut vm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let mut q = vm.queue(&topo, 64, 0);
+        vm.kernel(&mut q, KernelKind::Mark, 64, 64, 100_000, 1, false);
+        // Run part of the kernel, then save it with waves in flight.
+        gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+        let mut ev = Vec::new();
+        run_virtual(&mut gpu, 0, 150_000, &mut ev);
+        gpu.unmap(150_000, SlotId(0), DequeueMode::SaveWaves)
+            .unwrap();
+        run_virtual(&mut gpu, 150_000, 10_000_000, &mut ev);
+        let saved = ev
+            .iter()
+            .find_map(|e| match e {
+                GpuEvent::Unmapped { mqd, .. } => Some((**mqd).clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(saved.has_saved_state());
+        let done_before = gpu.stats().wgs_completed;
+        assert!(done_before > 0 && done_before < 64, "{done_before}");
+        // The guest's MQD as the write-back left it.
+        let mqd_at = vm.alloc(4096, 4096);
+        mem.write(mqd_at, &saved.to_bytes()).unwrap();
+        // Corrupt the record's checksum.
+        let rec = saved.ctx_save_base() + saved.cntl_stack_offset() as u64;
+        let mut byte = [0u8; 1];
+        mem.read(rec + 24, &mut byte).unwrap();
+        mem.write(rec + 24, &[byte[0] ^ 0x5A]).unwrap();
+        f.reg_write(hr(2, reg::CP_MQD_BASE_ADDR), mqd_at as u32);
+        f.reg_write(hr(2, reg::CP_MQD_BASE_ADDR_HI), (mqd_at >> 32) as u32);
+        f.reg_write(hr(2, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ERROR)), error::BAD_SAVED_STATE);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ACTIVE)), 0);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_STATE)), hqd_state::UNLOADED);
+        assert_eq!(
+            *irqs.0.lock().unwrap(),
+            vec![ERROR_VECTOR as u16],
+            "the error vector, once"
+        );
+        let reqs = |sink: &Sink| -> Vec<VgpuRequest> {
+            sink.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, r)| r.clone())
+                .collect()
+        };
+        assert_eq!(
+            reqs(&sink),
+            vec![VgpuRequest::Refused {
+                vhqd: 2,
+                code: error::BAD_SAVED_STATE
+            }]
+        );
+        // Nothing written back: the guest MQD is as it was.
+        let mut b = [0u8; MQD_BYTES];
+        mem.read(mqd_at, &mut b).unwrap();
+        assert_eq!(b, saved.to_bytes());
+        // The documented recovery: clear the error (a dequeue request on
+        // the unloaded vHQD), repair the record, reload.
+        f.reg_write(hr(2, reg::CP_HQD_DEQUEUE_REQUEST), 1);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ERROR)), 0);
+        mem.write(rec + 24, &byte).unwrap();
+        f.reg_write(hr(2, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ERROR)), 0);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ACTIVE)), 1);
+        let loaded = reqs(&sink)
+            .into_iter()
+            .find_map(|r| match r {
+                VgpuRequest::Load { vhqd: 2, mqd, .. } => Some(*mqd),
+                _ => None,
+            })
+            .expect("the repaired load reaches the arbiter");
+        q.mqd = loaded;
+        gpu.map(20_000_000, map_req(&vm, &q, 0, 0)).unwrap();
+        ev.clear();
+        run_virtual(&mut gpu, 20_000_000, 100_000_000, &mut ev);
+        assert!(!ev.iter().any(|e| matches!(e, GpuEvent::QueueError { .. })));
+        vm.verify(&q).unwrap();
+        assert_eq!(gpu.stats().wgs_completed, 64);
+    }
 }

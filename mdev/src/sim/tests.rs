@@ -2161,3 +2161,55 @@ fn blocked_queue_unmaps_without_work_and_resumes_exactly_once() {
     assert_eq!(vm.read_index(&a), 3);
     assert_eq!(gpu.stats().wgs_completed, 16);
 }
+
+/// Issue 21, error 18 at map (a record corrupted after the load was
+/// accepted): the queue stops with 18 and its dequeue writes back the read
+/// index and control-stack offset it was loaded with, so that the repaired
+/// record reloads and every workgroup runs exactly once.
+#[test]
+fn error_18_at_map_loses_no_work_and_the_repaired_record_resumes_exactly_once() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut a) = one_queue(topo.clone());
+    vm.kernel(&mut a, KernelKind::Mark, 64, 64, 100_000, 1, false);
+    gpu.map(0, map_req(&vm, &a, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, 150_000, &mut ev);
+    gpu.unmap(150_000, SlotId(0), DequeueMode::SaveWaves)
+        .unwrap();
+    run_virtual(&mut gpu, 150_000, 10_000_000, &mut ev);
+    let (saved, has_work, _, _) = unmapped(&ev).unwrap();
+    assert!(has_work && saved.has_saved_state());
+    let rec = saved.ctx_save_base() + saved.cntl_stack_offset() as u64;
+    let mut byte = [0u8; 1];
+    vm.mem.read(rec + 24, &mut byte).unwrap();
+    vm.mem.write(rec + 24, &[byte[0] ^ 1]).unwrap();
+    assert_eq!(
+        validate_load(&topo, &saved, &*vm.mem),
+        Err(QueueErrorReason::BadSavedState("checksum mismatch"))
+    );
+    a.mqd = saved.clone();
+    ev.clear();
+    gpu.map(20_000_000, map_req(&vm, &a, 0, 0)).unwrap();
+    run_virtual(&mut gpu, 20_000_000, 21_000_000, &mut ev);
+    assert!(ev.iter().any(|e| matches!(
+        e,
+        GpuEvent::QueueError {
+            reason: QueueErrorReason::BadSavedState(_),
+            ..
+        }
+    )));
+    gpu.unmap(21_000_000, SlotId(0), DequeueMode::ResetWaves)
+        .unwrap();
+    run_virtual(&mut gpu, 21_000_000, 22_000_000, &mut ev);
+    let (back, _, _, _) = unmapped(&ev).unwrap();
+    assert_eq!(back.read_index(), saved.read_index());
+    assert_eq!(back.cntl_stack_offset(), saved.cntl_stack_offset());
+    vm.mem.write(rec + 24, &byte).unwrap();
+    assert_eq!(validate_load(&topo, &back, &*vm.mem), Ok(()));
+    a.mqd = back;
+    ev.clear();
+    gpu.map(30_000_000, map_req(&vm, &a, 0, 0)).unwrap();
+    run_virtual(&mut gpu, 30_000_000, 100_000_000, &mut ev);
+    vm.verify(&a).unwrap();
+    assert_eq!(gpu.stats().wgs_completed, 64);
+}

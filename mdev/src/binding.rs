@@ -239,6 +239,45 @@ fn packet_can_run(mem: &dyn DmaMemory, addr: u64) -> bool {
     }
 }
 
+/// Escalation of repeated preemption timeouts (issue 21): each timeout
+/// of a VM's dequeue remembered within `window_ns` divides that VM's
+/// preemption timeout by `2^shift`, down to `floor_ns` (never above the
+/// VM's own timeout), so that a VM whose preemptions keep timing out loses
+/// the right to hold the GPU that long; the guard's quarantine
+/// (`crate::guard`) is the next step. With the VM's timeout `T`, the `k`-th
+/// timeout within a window (k = 0, 1, ...) waits at most
+/// `max(T / 2^(shift k), floor)`: over any interval no longer than the
+/// window, a neighbour waits on the VM's preemptions at most
+/// `T / (1 - 2^-shift) + m * floor` (`m` timeouts at the floor), whatever
+/// the VM does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HangEscalation {
+    /// How long a timeout is remembered (ns); 0 disables escalation.
+    pub window_ns: Nanos,
+    /// Each remembered timeout divides the timeout by `2^shift`.
+    pub shift: u32,
+    /// Lowest escalated timeout (ns).
+    pub floor_ns: Nanos,
+}
+
+impl Default for HangEscalation {
+    /// 10 minutes, divide by 4, at least 100 ms: with KFD's 9 s the
+    /// timeouts run 9 s, 2.25 s, 562 ms, 141 ms, 100 ms...; the waits
+    /// over any 10 minutes sum to at most 12 s plus 100 ms per further
+    /// timeout.
+    fn default() -> Self {
+        HangEscalation {
+            window_ns: 600_000_000_000,
+            shift: 2,
+            floor_ns: 100_000_000,
+        }
+    }
+}
+
+/// Most timeouts remembered per VM for the escalation (older ones are
+/// forgotten first; the timeout is at its floor long before).
+const MAX_REMEMBERED_HANGS: usize = 64;
+
 /// Default preemption timeout (ns): KFD's `queue_preemption_timeout_ms`, 9000 ms.
 pub const DEFAULT_PREEMPT_TIMEOUT_NS: Nanos = 9_000_000_000;
 
@@ -263,6 +302,9 @@ pub struct Binding<O: Copy> {
     /// Per-VM preemption timeout (ns); VMs not listed use
     /// [`DEFAULT_PREEMPT_TIMEOUT_NS`].
     preempt_timeout: HashMap<VmId, Nanos>,
+    /// Times of each VM's recent preemption timeouts (escalation).
+    hangs: HashMap<VmId, VecDeque<Nanos>>,
+    escalation: HangEscalation,
     /// Stamps the first preemption handed to the GPU (benchmarks; see
     /// [`Binding::set_issue_clock`]).
     issue_clock: Option<DecisionClock>,
@@ -324,6 +366,8 @@ impl<O: Copy> Binding<O> {
             decision_ns: Vec::new(),
             acts: Vec::new(),
             preempt_timeout: HashMap::new(),
+            hangs: HashMap::new(),
+            escalation: HangEscalation::default(),
             issue_clock: None,
             preempt_issued: None,
             early: Vec::new(),
@@ -569,7 +613,7 @@ impl<O: Copy> Binding<O> {
             }
             armed.timeouts.push(match mode {
                 DequeueMode::ResetWaves => None,
-                _ => Some(self.queue_preempt_timeout(v)),
+                _ => Some(self.queue_preempt_timeout(v, now)),
             });
         }
         armed.plan = Some(plan);
@@ -1069,7 +1113,7 @@ impl<O: Copy> Binding<O> {
                 // preemption timeout (a reset is what ends one that did not).
                 let timeout = match mode {
                     DequeueMode::ResetWaves => None,
-                    _ => Some(self.queue_preempt_timeout(queue)),
+                    _ => Some(self.queue_preempt_timeout(queue, now)),
                 };
                 if on_gpu && mode != DequeueMode::DrainPipe && self.preempt_issued.is_none() {
                     if let Some(c) = self.issue_clock.as_mut() {
@@ -1141,11 +1185,51 @@ impl<O: Copy> Binding<O> {
         )
     }
 
-    fn queue_preempt_timeout(&self, queue: QueueId) -> Nanos {
-        self.queues
-            .get(&queue)
-            .and_then(|r| self.preempt_timeout.get(&r.vm).copied())
-            .unwrap_or(DEFAULT_PREEMPT_TIMEOUT_NS)
+    fn queue_preempt_timeout(&self, queue: QueueId, now: Nanos) -> Nanos {
+        match self.queues.get(&queue) {
+            Some(r) => self.effective_timeout(r.vm, now),
+            None => DEFAULT_PREEMPT_TIMEOUT_NS,
+        }
+    }
+
+    /// VM `vm`'s timeout as escalated at `now` (see [`HangEscalation`]).
+    fn effective_timeout(&self, vm: VmId, now: Nanos) -> Nanos {
+        let base = self
+            .preempt_timeout
+            .get(&vm)
+            .copied()
+            .unwrap_or(DEFAULT_PREEMPT_TIMEOUT_NS);
+        let e = self.escalation;
+        if e.window_ns == 0 {
+            return base;
+        }
+        let since = now.saturating_sub(e.window_ns);
+        let n = self
+            .hangs
+            .get(&vm)
+            .map_or(0, |h| h.iter().filter(|&&t| t > since).count()) as u64;
+        let shift = n.saturating_mul(e.shift as u64);
+        let t = if shift >= 64 { 0 } else { base >> shift };
+        t.max(e.floor_ns.min(base)).max(1)
+    }
+
+    /// VM `vm`'s preemption timeout in force at `now`: its own
+    /// ([`Binding::preempt_timeout`]) shortened by its recent timeouts
+    /// ([`HangEscalation`]). `None` for an unknown VM.
+    pub fn effective_preempt_timeout(&self, vm: VmId, now: Nanos) -> Option<Nanos> {
+        self.sched.vm_params(vm)?;
+        Some(self.effective_timeout(vm, now))
+    }
+
+    /// Sets how repeated preemption timeouts shorten a VM's timeout.
+    pub fn set_hang_escalation(&mut self, e: HangEscalation) {
+        self.gen += 1;
+        self.escalation = e;
+    }
+
+    /// How repeated preemption timeouts shorten a VM's timeout.
+    pub fn hang_escalation(&self) -> HangEscalation {
+        self.escalation
     }
 
     /// A dequeue of `queue` in `slot` did not finish in time: reset only
@@ -1169,6 +1253,17 @@ impl<O: Copy> Binding<O> {
         }
         self.stats.preempt_timeouts += 1;
         self.stats.queue_errors += 1;
+        // Escalation: the VM's next dequeues get a shorter timeout.
+        let window = self.escalation.window_ns;
+        let h = self.hangs.entry(r.vm).or_default();
+        while h
+            .front()
+            .is_some_and(|&t| t <= now.saturating_sub(window) || h.len() >= MAX_REMEMBERED_HANGS)
+        {
+            h.pop_front();
+        }
+        h.push_back(now);
+        self.gen += 1;
         out.push(Notice::QueueError {
             queue,
             owner: r.owner,

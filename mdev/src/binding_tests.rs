@@ -870,3 +870,132 @@ fn barrier_blocked_queue_wakes_on_the_completion_that_meets_it() {
     assert!(rig.b.stats().barrier_rechecks <= before + 1);
     assert_eq!(rig.b.stats().stall_wakes, 1);
 }
+
+/// What runs beside the good VM in [`beside`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Neighbour {
+    /// Nothing.
+    None,
+    /// A legitimately busy VM: long kernels with save points.
+    Busy,
+    /// A VM that runs an unpreemptable (`NO_SAVE_POINT`) kernel that never
+    /// ends, and submits another after each preemption-timeout reset (a
+    /// guest reloading its queue).
+    Hang,
+}
+
+/// Virtual time: a good VM (priority 8, `kernels` kernels of 2 x 100 ms
+/// workgroups, two kernels at a time on the 4 CUs: 50 ms each alone)
+/// beside `n` (priority 8). Returns when the good VM's last kernel
+/// completed, the neighbour's preemption timeouts, and the good VM's
+/// stalls: the sum of the gaps between its completions longer than 1 s.
+fn beside(n: Neighbour, escalation: HangEscalation, kernels: u32) -> (Nanos, u64, Nanos) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    rig.b.set_hang_escalation(escalation);
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..kernels {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    let mut next_id = 100u64;
+    let mut submit = |rig: &mut Rig, bad_vm: &mut TestVm| {
+        let mut q = bad_vm.queue(&topo, 64, 0);
+        let id = QueueId(next_id);
+        next_id += 1;
+        add(rig, bad_vm, 1, id, 1, &q);
+        match n {
+            Neighbour::None => {}
+            Neighbour::Busy => {
+                for k in 0..60 {
+                    bad_vm.kernel(&mut q, KernelKind::Spin, 2, 64, 1_000_000_000, k, false);
+                }
+            }
+            Neighbour::Hang => {
+                bad_vm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+                bad_vm.kernel(&mut q, KernelKind::Spin, 4, 64, 1 << 47, 0, false);
+            }
+        }
+        rig.doorbell(id, q.wptr);
+        id
+    };
+    let mut bad = submit(&mut rig, &mut bad_vm);
+    let (mut last, mut stalls, mut done) = (0, 0, 0u32);
+    while done < kernels {
+        rig.log.clear();
+        rig.run(u64::MAX, |n| {
+            matches!(
+                n,
+                Notice::QueueError { owner: 1, .. }
+                    | Notice::Removed { owner: 1, .. }
+                    | Notice::Completed { owner: 0, .. }
+            )
+        });
+        let mut progressed = false;
+        for k in 0..rig.log.len() {
+            match rig.log[k] {
+                Notice::Completed { owner: 0, .. } => {
+                    done += 1;
+                    progressed = true;
+                    let gap = rig.now - last;
+                    if gap > 1_000_000_000 {
+                        stalls += gap;
+                    }
+                    last = rig.now;
+                }
+                Notice::QueueError { owner: 1, .. } => {
+                    // The guest sees error 22 and dequeues its vHQD ...
+                    progressed = true;
+                    let mut out = Vec::new();
+                    rig.b
+                        .remove_queue(&mut rig.gpu, rig.now, bad, None, &mut out)
+                        .unwrap();
+                    rig.take(out);
+                }
+                Notice::Removed { owner: 1, .. } => {
+                    // ... then reloads it with another hanging kernel.
+                    progressed = true;
+                    bad = submit(&mut rig, &mut bad_vm);
+                }
+                _ => {}
+            }
+        }
+        assert!(progressed, "the good VM stalled at {}", rig.now);
+    }
+    good_vm.verify(&good).unwrap();
+    (rig.now, rig.b.stats().preempt_timeouts, stalls)
+}
+
+/// Issue 21, bounded harm from repeated hangs (virtual time): beside a VM
+/// that re-hangs an unpreemptable kernel after every reset, the good VM's
+/// stalls sum to at most the escalation's bound (`T / (1 - 2^-shift) + m *
+/// floor`, [`HangEscalation`]) and its run takes at most its run beside a
+/// legitimately busy VM plus that bound; without escalation every hang
+/// costs the full timeout and the bound does not hold.
+#[test]
+fn repeated_hangs_cost_a_neighbour_a_bounded_time() {
+    let esc = HangEscalation::default();
+    let (alone, _, s0) = beside(Neighbour::None, esc, 1000);
+    let (busy, _, s1) = beside(Neighbour::Busy, esc, 1000);
+    let (hung, m, stalls) = beside(Neighbour::Hang, esc, 1000);
+    let t = DEFAULT_PREEMPT_TIMEOUT_NS;
+    let bound = t + t / 3 + m * esc.floor_ns;
+    println!(
+        "alone {alone} busy {busy} hang {hung} ns; stalls {s0} {s1} {stalls}, {m} timeouts, bound {bound}"
+    );
+    assert_eq!((s0, s1), (0, 0), "no stall alone or beside a busy VM");
+    assert!(m >= 2, "the neighbour kept re-hanging: {m}");
+    assert!(stalls <= bound, "stalls {stalls} > bound {bound}");
+    assert!(hung <= busy + bound, "{hung} > {busy} + {bound}");
+    // Without escalation the same guest costs the full timeout each time.
+    let off = HangEscalation {
+        window_ns: 0,
+        ..esc
+    };
+    let (hung_off, m_off, stalls_off) = beside(Neighbour::Hang, off, 1000);
+    println!("no escalation: {hung_off} ns, stalls {stalls_off}, {m_off} timeouts");
+    assert!(stalls_off > bound, "{stalls_off}");
+}

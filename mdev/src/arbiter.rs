@@ -977,10 +977,14 @@ impl GpuArbiter {
     /// is read, before the scheduler hears of the doorbell.
     fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize) {
         let v = vm as usize;
-        let clear = |c: &Core| {
-            if let Some(fe) = &c.vms[v].fe {
-                let _ = fe.doorbell_eventfd(vhqd).read();
-            }
+        // Reads (and resets) the doorbell's eventfd: the number of guest
+        // writes folded into this wake-up (KVM signals 1 per write).
+        let clear = |c: &Core| -> u64 {
+            c.vms[v]
+                .fe
+                .as_ref()
+                .and_then(|fe| fe.doorbell_eventfd(vhqd).read().ok())
+                .unwrap_or(0)
         };
         let Some(q) = c.vms[v].queue[vhqd] else {
             clear(c);
@@ -1003,13 +1007,15 @@ impl GpuArbiter {
                     bind.fire_armed(gpu.as_mut(), now, &r.armed, wptr);
                 }
                 let before = c.bind.scheduler().stats().preemptions;
-                let stale_before = c.bind.scheduler().stats().stale_doorbells;
+                let stale_before =
+                    c.bind.scheduler().stats().stale_doorbells + c.bind.stats().stalled_doorbells;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
                 c.tele.doorbell_published(vm, q.0, wptr, now);
-                let stale = c.bind.scheduler().stats().stale_doorbells - stale_before;
-                if stale > 0 {
-                    self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale);
-                }
+                // Doorbells that moved nothing: the scheduler's stale ones
+                // and those of a queue stalled on a packet it cannot run.
+                let stale = c.bind.scheduler().stats().stale_doorbells
+                    + c.bind.stats().stalled_doorbells
+                    - stale_before;
                 if c.bind.scheduler().stats().preemptions > before {
                     let ns = read_at.elapsed().as_nanos() as u64;
                     c.tele.doorbell_preempted(vm, ns);
@@ -1028,7 +1034,12 @@ impl GpuArbiter {
                         issued,
                     });
                 }
-                clear(c);
+                let writes = clear(c);
+                if stale > 0 {
+                    // Counted per guest write, not per wake-up: every write
+                    // folded into a wake-up that moved nothing moved nothing.
+                    self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale.max(writes));
+                }
                 if let Some(w) = Self::read_wptr(c, v, vhqd, q).filter(|w| *w != wptr) {
                     let again = self.now();
                     c.bind.doorbell(c.gpu.as_mut(), again, q, w, &mut out);

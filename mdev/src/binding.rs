@@ -324,6 +324,10 @@ pub struct Binding<O: Copy> {
     sched_timer: Option<Nanos>,
     /// The last deadline handed out in a [`Notice::ArmTimer`].
     armed_at: Option<Nanos>,
+    /// Some queue may have a barrier re-check (`QueueRec::recheck`): set
+    /// when one is scheduled, cleared when a scan finds none, so that the
+    /// scans cost nothing while no queue is blocked off the GPU.
+    any_recheck: bool,
 }
 
 /// A doorbell's preemption prepared ahead of the doorbell, from a warm
@@ -375,6 +379,7 @@ impl<O: Copy> Binding<O> {
             gen: 0,
             sched_timer: None,
             armed_at: None,
+            any_recheck: false,
         })
     }
 
@@ -545,6 +550,13 @@ impl<O: Copy> Binding<O> {
             return;
         }
         let stalled = r.stalled;
+        if !r.on_gpu && r.slot.is_none() && r.mqd.read_index().is_some_and(|rp| wptr <= rp) {
+            // Off the GPU with nothing to run (an empty ring: a fresh load,
+            // a re-ring after its work is done): no work for the scheduler,
+            // so an idle VM's load/unload churn preempts nobody (issue 21).
+            self.stats.stalled_doorbells += 1;
+            return;
+        }
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
             gpu.doorbell(now, PhysSlot(slot.0), wptr);
         }
@@ -717,6 +729,9 @@ impl<O: Copy> Binding<O> {
     /// due: a met barrier wakes its queue; an unmet one doubles its
     /// interval (up to the cap) and waits for the next grid instant.
     fn recheck_barriers(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
+        if !self.any_recheck {
+            return;
+        }
         let due: Vec<QueueId> = self
             .queues
             .iter()
@@ -734,6 +749,21 @@ impl<O: Copy> Binding<O> {
                 }
             }
         }
+    }
+
+    /// The earliest barrier re-check scheduled (clears `any_recheck` when
+    /// there is none).
+    fn next_recheck(&mut self) -> Option<Nanos> {
+        if !self.any_recheck {
+            return None;
+        }
+        let t = self
+            .queues
+            .values()
+            .filter_map(|r| r.recheck.map(|(at, _)| at))
+            .min();
+        self.any_recheck = t.is_some();
+        t
     }
 
     /// A stalled queue can run again (what it waited on changed): tell the
@@ -767,11 +797,7 @@ impl<O: Copy> Binding<O> {
     /// Hands out the earlier of the scheduler's timer and the next barrier
     /// re-check, when it changed.
     fn rearm(&mut self, out: &mut Vec<Notice<O>>) {
-        let recheck = self
-            .queues
-            .values()
-            .filter_map(|r| r.recheck.map(|(at, _)| at))
-            .min();
+        let recheck = self.next_recheck();
         let at = match (self.sched_timer, recheck) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -841,7 +867,7 @@ impl<O: Copy> Binding<O> {
                         self.wake(gpu, now, queue, out);
                     }
                 }
-                if signal != 0 {
+                if signal != 0 && self.any_recheck {
                     // The completion wrote a signal: off-GPU queues blocked on
                     // a barrier may wait on it (the GPU re-checks its own).
                     let blocked: Vec<QueueId> = self
@@ -888,6 +914,7 @@ impl<O: Copy> Binding<O> {
                         if barrier_at(&*r.mem, &r.mqd).is_some() {
                             let iv = BARRIER_RECHECK_MIN_NS;
                             r.recheck = Some((next_grid(now, iv), iv));
+                            self.any_recheck = true;
                         }
                     }
                     self.slot_freed(queue);
@@ -1150,11 +1177,7 @@ impl<O: Copy> Binding<O> {
             }
             Action::ArmTimer { at } => {
                 self.sched_timer = Some(at);
-                let at = self
-                    .queues
-                    .values()
-                    .filter_map(|r| r.recheck.map(|(t, _)| t))
-                    .fold(at, Nanos::min);
+                let at = self.next_recheck().map_or(at, |t| t.min(at));
                 self.armed_at = Some(at);
                 out.push(Notice::ArmTimer { at });
             }

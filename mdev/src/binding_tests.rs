@@ -999,3 +999,45 @@ fn repeated_hangs_cost_a_neighbour_a_bounded_time() {
     println!("no escalation: {hung_off} ns, stalls {stalls_off}, {m_off} timeouts");
     assert!(stalls_off > bound, "{stalls_off}");
 }
+
+/// Issue 21: an idle high-priority VM that loads and unloads empty queues
+/// (each load rings with the write index equal to the read index) preempts
+/// nobody: the busy low-priority VM keeps the GPU, its kernels exact.
+#[test]
+fn load_churn_of_an_idle_vm_preempts_nobody() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    for k in 0..4 {
+        lo_vm.kernel(&mut lo, KernelKind::Mark, 8, 64, 1_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(100_000, |_| false);
+    let before = rig.b.scheduler().stats().preemptions;
+    let empty = hi_vm.queue(&topo, 64, 0);
+    for k in 0..50u64 {
+        let q = QueueId(100 + k);
+        add(&mut rig, &hi_vm, 1, q, 1, &empty);
+        rig.doorbell(q, 0);
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(
+                &mut rig.gpu,
+                rig.now,
+                q,
+                Some(DequeueMode::DrainPipe),
+                &mut out,
+            )
+            .unwrap();
+        rig.take(out);
+        let t = rig.now + 100_000;
+        rig.run(t, |_| false);
+    }
+    assert_eq!(rig.b.scheduler().stats().preemptions, before);
+    rig.run(u64::MAX, |_| false);
+    assert_eq!(rig.completions_of(0), vec![0, 1, 2, 3]);
+    lo_vm.verify(&lo).unwrap();
+}

@@ -502,6 +502,11 @@ pub struct DispatchEstimate {
     pub half_cu: bool,
 }
 
+/// Checks an MQD before its load is accepted ([`PhysGpu::load_check`]).
+pub type LoadCheck = std::sync::Arc<
+    dyn Fn(&GpuTopology, &V9Mqd, &dyn DmaMemory) -> Result<(), QueueErrorReason> + Send + Sync,
+>;
+
 /// A physical GPU: HQD slots that run queues from VM memory.
 ///
 /// Time only moves through the `now` arguments (monotonic, never decreasing).
@@ -551,6 +556,14 @@ pub trait PhysGpu: Send {
     fn set_cu_mask(&mut self, now: Nanos, slot: SlotId, mask: &CuMask) -> Result<(), GpuError> {
         let _ = (now, slot, mask);
         Ok(())
+    }
+    /// The checks a load of an MQD must pass before the front end accepts
+    /// it (on the vCPU thread, from guest memory, nothing changed): every
+    /// reason [`PhysGpu::map`] would refuse the queue for at once, so that
+    /// a load it would refuse never becomes active (docs/vgpu-abi.md,
+    /// "Error codes"). The default is the static admission rules.
+    fn load_check(&self) -> LoadCheck {
+        std::sync::Arc::new(crate::admission::check_mqd)
     }
     /// [`PhysGpu::map`] with a host CU mask in force before its first
     /// workgroup launches.

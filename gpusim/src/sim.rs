@@ -97,7 +97,21 @@ pub struct SimStats {
     /// Workgroups launched beside another queue's workgroup on a CU
     /// (occupancy: both fit the CU and share its throughput).
     pub coresident_wgs: u64,
+    /// Re-checks of a blocked queue (an unmet barrier or an unpublished
+    /// header with nothing else to run): backed off, so their number over a
+    /// block grows with the logarithm of its length up to the cap
+    /// ([`BLOCKED_POLL_MAX_SHIFT`]), then by one per capped interval.
+    pub blocked_polls: u64,
+    /// Blocked queues re-checked at once because another queue's
+    /// completion wrote a signal ([`SimGpu`] wakes barrier waiters).
+    pub barrier_wakes: u64,
+    /// Completion signals decremented.
+    pub signals_decremented: u64,
 }
+
+/// A blocked queue's re-check interval doubles from `barrier_poll_ns` up to
+/// `barrier_poll_ns << BLOCKED_POLL_MAX_SHIFT` (512x: 1.024 ms by default).
+pub const BLOCKED_POLL_MAX_SHIFT: u32 = 9;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Timer {
@@ -198,7 +212,13 @@ struct Hqd {
     /// CP waits on it. With nothing launched the queue is not consuming CUs
     /// and counts as idle (progress-based busy).
     blocked: bool,
-    /// Header polls since the queue blocked (the poll backs off).
+    /// An unmet barrier-AND/OR holds back the rest of the ring (as of the
+    /// last pump; kept while a dequeue trims the barrier from the window).
+    barrier_blocked: bool,
+    /// `map` refused it (a load-class error): it never ran.
+    refused_at_map: bool,
+    /// Re-checks since the queue blocked (an unpublished header or an unmet
+    /// barrier with nothing else to run): the poll backs off.
     stall_polls: u32,
     /// Dequeue requested: mode and request time.
     unmap_req: Option<(DequeueMode, Nanos)>,
@@ -220,14 +240,26 @@ impl Hqd {
     fn fetch(&self) -> u64 {
         self.rptr + self.active.len() as u64
     }
-    /// Work the CP can make progress on: launched packets, saved waves,
-    /// workgroups in flight, or unread packets whose header is published.
-    /// A queue blocked on an INVALID header with nothing launched has none.
+    /// Work the CP can make progress on: launched dispatches not finished,
+    /// saved waves, workgroups in flight, or unread packets whose header is
+    /// published and not held back by a barrier packet. A queue blocked on
+    /// an INVALID header or on an unmet barrier-AND/OR, with nothing else
+    /// launched, has none (progress-based busy, issue 21).
     fn has_work(&self) -> bool {
-        !self.active.is_empty()
-            || !self.resume.is_empty()
+        !self.resume.is_empty()
             || self.inflight > 0
-            || (self.rptr != self.wptr && !self.blocked)
+            || self
+                .active
+                .iter()
+                .any(|a| !a.complete && !matches!(a.work, Work::And(_) | Work::Or(_)))
+            || (self.fetch() != self.wptr && !self.blocked && !self.barrier_blocked)
+    }
+
+    /// A barrier packet of the window is not complete: later packets wait.
+    fn barrier_pending(&self) -> bool {
+        self.active
+            .iter()
+            .any(|a| !a.complete && matches!(a.work, Work::And(_) | Work::Or(_)))
     }
 }
 
@@ -493,7 +525,11 @@ impl SimGpu {
                 continue; // a re-armed batch's old timer: no model time passes
             }
             self.now = self.now.max(at);
+            let written = self.stats.signals_decremented;
             self.fire(timer);
+            if self.stats.signals_decremented != written {
+                self.wake_barrier_waiters();
+            }
         }
         self.now = self.now.max(t);
     }
@@ -641,7 +677,6 @@ impl SimGpu {
         let poll_ns = self.params.barrier_poll_ns;
         let now = self.now;
         let mut need_poll = false;
-        let mut header_wait = false;
         {
             let q = self.slots[slot as usize]
                 .as_mut()
@@ -658,6 +693,7 @@ impl SimGpu {
                         if let Work::And(b) | Work::Or(b) = a.work {
                             let is_and = matches!(a.work, Work::And(_));
                             if barrier_satisfied(&*q.mem, &b, is_and)? {
+                                q.stall_polls = 0;
                                 complete_packet(
                                     q,
                                     i,
@@ -694,7 +730,6 @@ impl SimGpu {
                 if pkt.body == Body::Invalid {
                     // Not published yet: the packet processor waits on the header.
                     need_poll = true;
-                    header_wait = true;
                     q.blocked = true;
                     break;
                 }
@@ -707,24 +742,56 @@ impl SimGpu {
                 q.active.push_back(act);
             }
         }
+        {
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            q.barrier_blocked = q.barrier_pending();
+        }
         if need_poll {
             let q = self.slots[slot as usize].as_mut().expect("slot");
             if !q.poll_armed {
                 q.poll_armed = true;
                 let gen = q.gen;
-                // A queue waiting only on an unpublished header re-reads it
-                // with a backoff (2^n x barrier_poll_ns, at most 512x): a
-                // stalled queue costs the host little; a doorbell re-reads at once.
+                // A blocked queue (waiting only on an unpublished header or
+                // an unmet barrier) re-reads with a backoff (2^n x
+                // barrier_poll_ns, at most 512x): watching it costs the
+                // host little however long it blocks; a doorbell, or a
+                // completion of another queue that writes a signal,
+                // re-reads at once.
                 let mut ns = poll_ns;
-                if header_wait && q.active.is_empty() {
-                    ns = poll_ns.saturating_mul(1 << q.stall_polls.min(9));
+                if !q.has_work() {
+                    ns = poll_ns.saturating_mul(1 << q.stall_polls.min(BLOCKED_POLL_MAX_SHIFT));
                     q.stall_polls = q.stall_polls.saturating_add(1);
+                    self.stats.blocked_polls += 1;
                 }
                 self.arm(now.saturating_add(ns), Timer::Poll { slot, gen });
             }
         }
         self.check_idle(slot);
         Ok(())
+    }
+
+    /// A completion wrote a signal: re-check at once every active queue
+    /// waiting on a barrier (its dependency may be that signal) instead of
+    /// at its backed-off poll. Barriers completed here write signals too:
+    /// repeat while they do (each round completes at least one packet).
+    fn wake_barrier_waiters(&mut self) {
+        for _ in 0..64 {
+            let written = self.stats.signals_decremented;
+            for slot in 0..self.slots.len() as u32 {
+                let waiting = self.slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|q| q.state == HState::Active && q.barrier_pending());
+                if waiting {
+                    self.stats.barrier_wakes += 1;
+                    self.pump(slot);
+                    let p = self.slot_part[slot as usize];
+                    self.dispatch(p);
+                }
+            }
+            if self.stats.signals_decremented == written {
+                break;
+            }
+        }
     }
 
     fn check_idle(&mut self, slot: u32) {
@@ -1657,6 +1724,9 @@ impl SimGpu {
         let freed = release_cus(&mut self.parts[p], slot, true);
         self.parts[p].free_cus += freed;
         let (mode, since) = q.unmap_req.unwrap_or((DequeueMode::DrainPipe, now));
+        // Before the records trim the window: an unmet barrier at its tail
+        // (dropped from the records, refetched at the next map) is no work.
+        let had_work = q.has_work();
         if !matches!(q.state, HState::Error(_)) {
             // DrainPipe: partially dispatched packets are kept as control
             // records. ResetWaves: packets that completed out of order are.
@@ -1677,7 +1747,7 @@ impl SimGpu {
         q.mqd.dw[mqd::CP_HQD_DEQUEUE_REQUEST] = 0;
         q.mqd.set_read_index(q.rptr);
         q.mqd.set_write_index(q.wptr);
-        let has_work = !matches!(q.state, HState::Error(_)) && q.has_work();
+        let has_work = !matches!(q.state, HState::Error(_)) && had_work;
         self.pending.push(GpuEvent::Unmapped {
             slot: SlotId(slot),
             tag: q.tag,
@@ -1848,6 +1918,7 @@ fn complete_packet(
         let err = QueueErrorReason::SignalOutOfRange { addr: a.signal };
         let va = addr_add(a.signal, AMD_SIGNAL_VALUE as u64, err)?;
         q.mem.fetch_add_u64(va, u64::MAX).map_err(|_| err)?;
+        stats.signals_decremented += 1;
     }
     let addr = q.mqd.packet_addr(id);
     q.mem
@@ -1966,7 +2037,49 @@ fn apply_effect(
     Ok(())
 }
 
+/// Everything [`SimGpu`]'s `map` refuses a queue for at once, checked
+/// without a slot (the front end's load check, [`PhysGpu::load_check`]):
+/// the admission rules, the write index at the poll address (readable, not
+/// behind the MQD's, at most one ring ahead of the read index: errors 5, 8,
+/// 7) and, if the MQD has saved state, its control record (error 18 and the
+/// layout errors), read and validated as the restore will.
+pub fn validate_load(
+    topo: &GpuTopology,
+    params: &SimParams,
+    m: &V9Mqd,
+    mem: &dyn DmaMemory,
+) -> Result<(), QueueErrorReason> {
+    crate::admission::check_mqd(topo, m, mem)?;
+    let rptr = m.read_index().ok_or(QueueErrorReason::BadPointers)?;
+    let mut wptr = m.write_index();
+    let pa = m.wptr_poll_addr();
+    if pa != 0 {
+        match mem.read_u64(pa) {
+            Ok(w) if w >= wptr => wptr = w,
+            Ok(w) => return Err(QueueErrorReason::WptrBackwards { old: wptr, new: w }),
+            Err(_) => return Err(QueueErrorReason::PointerAddrOutOfRange { addr: pa }),
+        }
+    }
+    let ring_packets = m.ring_packets();
+    if wptr > wptr_limit(rptr, ring_packets) {
+        return Err(QueueErrorReason::WptrBeyondRing {
+            wptr,
+            rptr,
+            size: ring_packets,
+        });
+    }
+    if m.has_saved_state() {
+        cwsr::parse_save(m, mem, topo, params, rptr, wptr)?;
+    }
+    Ok(())
+}
+
 impl PhysGpu for SimGpu {
+    fn load_check(&self) -> crate::backend::LoadCheck {
+        let params = self.params.clone();
+        std::sync::Arc::new(move |topo, m, mem| validate_load(topo, &params, m, mem))
+    }
+
     fn topology(&self) -> &GpuTopology {
         &self.topo
     }
@@ -2024,6 +2137,8 @@ impl PhysGpu for SimGpu {
             idle_reported: false,
             blocked: false,
             stall_polls: 0,
+            barrier_blocked: false,
+            refused_at_map: false,
             unmap_req: None,
             save_waiting: false,
             guest_mask: None,
@@ -2077,6 +2192,7 @@ impl PhysGpu for SimGpu {
         if restore_ns.is_some() {
             q.state = HState::Restoring;
         }
+        q.refused_at_map = err.is_some();
         self.slots[s as usize] = Some(q);
         if let Some(e) = err {
             self.fail(s, e);
@@ -2116,8 +2232,15 @@ impl PhysGpu for SimGpu {
                 q.unmap_req = Some((mode, now));
                 q.active.clear();
                 q.resume.clear();
-                // Keep has_work false for errored queues.
-                q.rptr = q.wptr;
+                // A run-time error drops the queue's unread packets (the
+                // write-back reads rptr = wptr). A load refused at the map
+                // (the queue never ran: a record or write index changed
+                // after the front end accepted the load) keeps the read
+                // index and control-stack offset it was loaded with, so
+                // that a repaired MQD reloads and loses no work.
+                if !q.refused_at_map {
+                    q.rptr = q.wptr;
+                }
                 self.finish_unmap(s);
                 return Ok(());
             }
@@ -2312,9 +2435,15 @@ impl PhysGpu for SimGpu {
         q.wptr = wptr;
         q.mqd.set_write_index(wptr);
         if q.state == HState::Active {
+            // A doorbell re-reads a blocked queue at once, with a fresh backoff.
+            q.stall_polls = 0;
+            let written = self.stats.signals_decremented;
             self.pump(s);
             let p = self.slot_part[s as usize];
             self.dispatch(p);
+            if self.stats.signals_decremented != written {
+                self.wake_barrier_waiters();
+            }
         }
     }
 

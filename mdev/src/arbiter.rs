@@ -279,7 +279,15 @@ impl RequestSink for Requests {
         if let VgpuRequest::Refused { code, .. } = req {
             if code != 0 {
                 let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                let first = r.is_empty();
                 *r.entry((vm.0, code)).or_insert(0) += 1;
+                drop(r);
+                // The service thread counts them for the guard: woken by
+                // the first of a batch only (a flood of refused loads
+                // costs it one wake-up per batch, not one per load).
+                if first {
+                    let _ = self.kick.write(1);
+                }
             }
             return;
         }
@@ -433,14 +441,10 @@ impl GpuArbiter {
         }
         let idx = c.vms.len() as u32;
         let h = VgpuHandle(idx);
-        let fe = Arc::new(VgpuFrontEnd::new(
-            h,
-            name,
-            &self.topo,
-            mem.clone(),
-            irq,
-            self.requests.clone(),
-        )?);
+        let mut fe =
+            VgpuFrontEnd::new(h, name, &self.topo, mem.clone(), irq, self.requests.clone())?;
+        fe.set_load_check(c.gpu.load_check());
+        let fe = Arc::new(fe);
         for i in 0..NUM_VHQD {
             self.epoll.ctl(
                 ControlOperation::Add,
@@ -955,10 +959,14 @@ impl GpuArbiter {
     /// is read, before the scheduler hears of the doorbell.
     fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize) {
         let v = vm as usize;
-        let clear = |c: &Core| {
-            if let Some(fe) = &c.vms[v].fe {
-                let _ = fe.doorbell_eventfd(vhqd).read();
-            }
+        // Reads (and resets) the doorbell's eventfd: the number of guest
+        // writes folded into this wake-up (KVM signals 1 per write).
+        let clear = |c: &Core| -> u64 {
+            c.vms[v]
+                .fe
+                .as_ref()
+                .and_then(|fe| fe.doorbell_eventfd(vhqd).read().ok())
+                .unwrap_or(0)
         };
         let Some(q) = c.vms[v].queue[vhqd] else {
             clear(c);
@@ -981,13 +989,15 @@ impl GpuArbiter {
                     bind.fire_armed(gpu.as_mut(), now, &r.armed, wptr);
                 }
                 let before = c.bind.scheduler().stats().preemptions;
-                let stale_before = c.bind.scheduler().stats().stale_doorbells;
+                let stale_before =
+                    c.bind.scheduler().stats().stale_doorbells + c.bind.stats().stalled_doorbells;
                 c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
                 c.tele.doorbell_published(vm, q.0, wptr, now);
-                let stale = c.bind.scheduler().stats().stale_doorbells - stale_before;
-                if stale > 0 {
-                    self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale);
-                }
+                // Doorbells that moved nothing: the scheduler's stale ones
+                // and those of a queue stalled on a packet it cannot run.
+                let stale = c.bind.scheduler().stats().stale_doorbells
+                    + c.bind.stats().stalled_doorbells
+                    - stale_before;
                 if c.bind.scheduler().stats().preemptions > before {
                     let ns = read_at.elapsed().as_nanos() as u64;
                     c.tele.doorbell_preempted(vm, ns);
@@ -1006,7 +1016,12 @@ impl GpuArbiter {
                         issued,
                     });
                 }
-                clear(c);
+                let writes = clear(c);
+                if stale > 0 {
+                    // Counted per guest write, not per wake-up: every write
+                    // folded into a wake-up that moved nothing moved nothing.
+                    self.guard_note(c, vm, GuardEvent::StaleDoorbell, stale.max(writes));
+                }
                 if let Some(w) = Self::read_wptr(c, v, vhqd, q).filter(|w| *w != wptr) {
                     let again = self.now();
                     c.bind.doorbell(c.gpu.as_mut(), again, q, w, &mut out);
@@ -1229,6 +1244,7 @@ impl GpuArbiter {
     pub fn guard_status(&self, vm: VgpuHandle) -> Option<GuardStatus> {
         let now = self.now();
         let mut c = lock(&self.core);
+        self.count_refused(&mut c);
         let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
         Some(s.guard.status(now))
     }
@@ -1346,6 +1362,11 @@ impl GpuArbiter {
         };
         for ((vm, code), n) in taken {
             c.tele.load_refused(vm, code, n);
+            // A refused load is a queue error for the guard (issue 21),
+            // except the refusals the guard or a device loss caused.
+            if code != error::QUARANTINED && code != error::DEVICE_LOST {
+                self.guard_note(c, vm, GuardEvent::QueueError, n);
+            }
         }
     }
 

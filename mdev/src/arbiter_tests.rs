@@ -674,3 +674,38 @@ fn preempting_doorbells_through_the_service_thread_never_mismatch() {
     assert_eq!(wake.len(), 20);
     eprintln!("prepared ahead: {} of 20 (a host-timing figure)", spans.armed);
 }
+
+/// Issue 21: loads the front end refuses count toward the guard (as queue
+/// errors): past the limit the VM is quarantined, the neighbour is not.
+#[test]
+fn refused_loads_count_toward_the_guard() {
+    let a = arbiter();
+    let g = guest(&a, "refused", 5, false);
+    let other = guest(&a, "other", 5, false);
+    a.set_guard(
+        g.h,
+        crate::guard::GuardConfig {
+            max_queue_errors: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // An MQD address with nothing valid there: error 1 (bad header).
+    for k in 0..3 {
+        g.load(1, 0x1000);
+        assert_eq!(
+            g.fe.reg_read(hr(1, reg::CP_HQD_ERROR)),
+            abi::vgpu::error::BAD_MQD_HEADER
+        );
+        let st = a.guard_status(g.h).unwrap();
+        assert_eq!(st.totals[1], k + 1);
+    }
+    let t = a
+        .guard_status(g.h)
+        .unwrap()
+        .quarantined
+        .expect("quarantined");
+    assert_eq!((t.what, t.count, t.limit), (GuardEvent::QueueError, 3, 2));
+    assert!(a.guard_status(other.h).unwrap().quarantined.is_none());
+    a.shutdown();
+}

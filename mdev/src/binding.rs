@@ -147,10 +147,25 @@ struct QueueRec<O> {
     /// Write index up to which its packets were read for their dispatch
     /// width (spatial sharing).
     seen_wptr: u64,
-    /// Went idle with its write index ahead of an unpublished packet: a
-    /// doorbell with the same index counts once that packet is published.
+    /// Went idle with its write index ahead of a packet it cannot run yet
+    /// (an unpublished header, or a barrier-AND/OR whose dependencies are
+    /// unmet): a doorbell counts once that packet can run.
     stalled: bool,
+    /// Off the GPU and stalled on an unmet barrier: when to re-check its
+    /// dependencies next and the current interval (doubling from
+    /// [`BARRIER_RECHECK_MIN_NS`] to [`BARRIER_RECHECK_MAX_NS`]).
+    recheck: Option<(Nanos, Nanos)>,
 }
+
+/// First re-check of a queue that left the GPU blocked on an unmet barrier
+/// whose dependency no completion and no doorbell met (the guest's CPU
+/// wrote it): ~1 ms after it left.
+pub const BARRIER_RECHECK_MIN_NS: Nanos = 1 << 20;
+/// Longest interval between re-checks of such a queue (~16.8 ms). Intervals
+/// are powers of two on a common grid, so the re-checks of every blocked
+/// queue at the cap fall on the same instants: one timer wake-up per
+/// interval however many queues are blocked.
+pub const BARRIER_RECHECK_MAX_NS: Nanos = 1 << 24;
 
 /// Counters kept by the binding.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -162,7 +177,8 @@ pub struct BindingStats {
     /// Dequeues that did not finish within their VM's preemption timeout
     /// (each reset its queue with [`QueueErrorReason::PreemptionTimeout`]).
     pub preempt_timeouts: u64,
-    /// Doorbells of a stalled queue whose packet was still unpublished
+    /// Doorbells of a stalled queue whose packet still could not run
+    /// (unpublished, or a barrier with unmet dependencies)
     /// (not passed to the scheduler).
     pub stalled_doorbells: u64,
     /// Armed doorbells that handed their unmaps to the GPU before the
@@ -171,7 +187,96 @@ pub struct BindingStats {
     /// Unmaps of armed doorbells that the decision did not queue (never
     /// expected; adopted as preemptions).
     pub armed_mismatched: u64,
+    /// Re-checks of off-GPU queues blocked on a barrier (backed off: at
+    /// most `log2(MAX / MIN) + 1` plus one per [`BARRIER_RECHECK_MAX_NS`]
+    /// of a block, per queue).
+    pub barrier_rechecks: u64,
+    /// Stalled queues woken because what they waited on changed (a
+    /// completion's signal write, a re-check, the GPU resolving it).
+    pub stall_wakes: u64,
 }
+
+/// The next instant after `now` on the grid of `interval` (a power of two):
+/// re-checks with the same interval coincide.
+fn next_grid(now: Nanos, interval: Nanos) -> Nanos {
+    let iv = interval.max(1);
+    (now / iv).saturating_add(1).saturating_mul(iv)
+}
+
+/// The barrier-AND/OR packet at the MQD's read index, if that is one.
+fn barrier_at(mem: &dyn DmaMemory, mqd: &V9Mqd) -> Option<(abi::aql::Barrier, bool)> {
+    let mut raw = [0u8; abi::aql::PACKET_SIZE];
+    mem.read(mqd.packet_addr(mqd.read_index()?), &mut raw)
+        .ok()?;
+    match abi::aql::Packet::decode(&raw).body {
+        abi::aql::Body::BarrierAnd(b) => Some((b, true)),
+        abi::aql::Body::BarrierOr(b) => Some((b, false)),
+        _ => None,
+    }
+}
+
+/// Whether the packet at `addr` can run now: published (not INVALID) and,
+/// for a barrier-AND/OR, its dependencies met (a signal value of 0; an
+/// unreadable signal counts as met, so that the GPU reports the error).
+fn packet_can_run(mem: &dyn DmaMemory, addr: u64) -> bool {
+    let mut raw = [0u8; abi::aql::PACKET_SIZE];
+    if mem.read(addr, &mut raw).is_err() {
+        return false;
+    }
+    let met = |s: u64| {
+        s.checked_add(abi::queue::AMD_SIGNAL_VALUE as u64)
+            .and_then(|a| mem.read_u64(a).ok())
+            .is_none_or(|v| v == 0)
+    };
+    match abi::aql::Packet::decode(&raw).body {
+        abi::aql::Body::Invalid => false,
+        abi::aql::Body::BarrierAnd(b) => b.dep_signal.iter().filter(|&&s| s != 0).all(|&s| met(s)),
+        abi::aql::Body::BarrierOr(b) => {
+            let mut used = b.dep_signal.iter().filter(|&&s| s != 0).peekable();
+            used.peek().is_none() || used.any(|&s| met(s))
+        }
+        _ => true,
+    }
+}
+
+/// Escalation of repeated preemption timeouts (issue 21): each timeout
+/// of a VM's dequeue remembered within `window_ns` divides that VM's
+/// preemption timeout by `2^shift`, down to `floor_ns` (never above the
+/// VM's own timeout), so that a VM whose preemptions keep timing out loses
+/// the right to hold the GPU that long; the guard's quarantine
+/// (`crate::guard`) is the next step. With the VM's timeout `T`, the `k`-th
+/// timeout within a window (k = 0, 1, ...) waits at most
+/// `max(T / 2^(shift k), floor)`: over any interval no longer than the
+/// window, a neighbour waits on the VM's preemptions at most
+/// `T / (1 - 2^-shift) + m * floor` (`m` timeouts at the floor), whatever
+/// the VM does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HangEscalation {
+    /// How long a timeout is remembered (ns); 0 disables escalation.
+    pub window_ns: Nanos,
+    /// Each remembered timeout divides the timeout by `2^shift`.
+    pub shift: u32,
+    /// Lowest escalated timeout (ns).
+    pub floor_ns: Nanos,
+}
+
+impl Default for HangEscalation {
+    /// 10 minutes, divide by 4, at least 100 ms: with KFD's 9 s the
+    /// timeouts run 9 s, 2.25 s, 562 ms, 141 ms, 100 ms...; the waits
+    /// over any 10 minutes sum to at most 12 s plus 100 ms per further
+    /// timeout.
+    fn default() -> Self {
+        HangEscalation {
+            window_ns: 600_000_000_000,
+            shift: 2,
+            floor_ns: 100_000_000,
+        }
+    }
+}
+
+/// Most timeouts remembered per VM for the escalation (older ones are
+/// forgotten first; the timeout is at its floor long before).
+const MAX_REMEMBERED_HANGS: usize = 64;
 
 /// Default preemption timeout (ns): KFD's `queue_preemption_timeout_ms`, 9000 ms.
 pub const DEFAULT_PREEMPT_TIMEOUT_NS: Nanos = 9_000_000_000;
@@ -197,6 +302,9 @@ pub struct Binding<O: Copy> {
     /// Per-VM preemption timeout (ns); VMs not listed use
     /// [`DEFAULT_PREEMPT_TIMEOUT_NS`].
     preempt_timeout: HashMap<VmId, Nanos>,
+    /// Times of each VM's recent preemption timeouts (escalation).
+    hangs: HashMap<VmId, VecDeque<Nanos>>,
+    escalation: HangEscalation,
     /// Stamps the first preemption handed to the GPU (benchmarks; see
     /// [`Binding::set_issue_clock`]).
     issue_clock: Option<DecisionClock>,
@@ -211,6 +319,15 @@ pub struct Binding<O: Copy> {
     /// that hands unmaps to the GPU): an [`ArmedDoorbell`] prepared at an
     /// older value is not fired.
     gen: u64,
+    /// The scheduler's last timer request not yet due (merged with the
+    /// barrier re-checks into one [`Notice::ArmTimer`]).
+    sched_timer: Option<Nanos>,
+    /// The last deadline handed out in a [`Notice::ArmTimer`].
+    armed_at: Option<Nanos>,
+    /// Some queue may have a barrier re-check (`QueueRec::recheck`): set
+    /// when one is scheduled, cleared when a scan finds none, so that the
+    /// scans cost nothing while no queue is blocked off the GPU.
+    any_recheck: bool,
 }
 
 /// A doorbell's preemption prepared ahead of the doorbell, from a warm
@@ -253,11 +370,16 @@ impl<O: Copy> Binding<O> {
             decision_ns: Vec::new(),
             acts: Vec::new(),
             preempt_timeout: HashMap::new(),
+            hangs: HashMap::new(),
+            escalation: HangEscalation::default(),
             issue_clock: None,
             preempt_issued: None,
             early: Vec::new(),
             early_for: None,
             gen: 0,
+            sched_timer: None,
+            armed_at: None,
+            any_recheck: false,
         })
     }
 
@@ -369,6 +491,7 @@ impl<O: Copy> Binding<O> {
                 removing: false,
                 seen_wptr: u64::MAX,
                 stalled: false,
+                recheck: None,
             },
         );
         Ok(())
@@ -427,18 +550,26 @@ impl<O: Copy> Binding<O> {
             return;
         }
         let stalled = r.stalled;
+        if !r.on_gpu && r.slot.is_none() && r.mqd.read_index().is_some_and(|rp| wptr <= rp) {
+            // Off the GPU with nothing to run (an empty ring: a fresh load,
+            // a re-ring after its work is done): no work for the scheduler,
+            // so an idle VM's load/unload churn preempts nobody (issue 21).
+            self.stats.stalled_doorbells += 1;
+            return;
+        }
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
             gpu.doorbell(now, PhysSlot(slot.0), wptr);
         }
         if stalled {
             if !self.stall_published(gpu, queue) {
-                // Still waiting on an unpublished packet: no work to
-                // schedule (progress-based busy).
+                // Still waiting on an unpublished packet or an unmet
+                // barrier: no work to schedule (progress-based busy).
                 self.stats.stalled_doorbells += 1;
                 return;
             }
             if let Some(r) = self.queues.get_mut(&queue) {
                 r.stalled = false;
+                r.recheck = None;
                 // The same write index again: read the now published packet
                 // for its dispatch width.
                 r.seen_wptr = u64::MAX;
@@ -494,7 +625,7 @@ impl<O: Copy> Binding<O> {
             }
             armed.timeouts.push(match mode {
                 DequeueMode::ResetWaves => None,
-                _ => Some(self.queue_preempt_timeout(v)),
+                _ => Some(self.queue_preempt_timeout(v, now)),
             });
         }
         armed.plan = Some(plan);
@@ -583,7 +714,100 @@ impl<O: Copy> Binding<O> {
     /// The timer fired, or the caller changed something through
     /// [`Binding::scheduler_mut`].
     pub fn tick(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
+        if self.sched_timer.is_some_and(|t| t <= now) {
+            self.sched_timer = None;
+        }
+        if self.armed_at.is_some_and(|t| t <= now) {
+            self.armed_at = None;
+        }
+        self.recheck_barriers(gpu, now, out);
         self.event(gpu, Event::Tick { now }, out);
+        self.rearm(out);
+    }
+
+    /// Re-checks the off-GPU queues blocked on a barrier whose re-check is
+    /// due: a met barrier wakes its queue; an unmet one doubles its
+    /// interval (up to the cap) and waits for the next grid instant.
+    fn recheck_barriers(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
+        if !self.any_recheck {
+            return;
+        }
+        let due: Vec<QueueId> = self
+            .queues
+            .iter()
+            .filter(|(_, r)| r.recheck.is_some_and(|(at, _)| at <= now))
+            .map(|(q, _)| *q)
+            .collect();
+        for queue in due {
+            self.stats.barrier_rechecks += 1;
+            if self.stall_published(&*gpu, queue) {
+                self.wake(gpu, now, queue, out);
+            } else if let Some(r) = self.queues.get_mut(&queue) {
+                if let Some((_, iv)) = r.recheck {
+                    let iv = iv.saturating_mul(2).min(BARRIER_RECHECK_MAX_NS);
+                    r.recheck = Some((next_grid(now, iv), iv));
+                }
+            }
+        }
+    }
+
+    /// The earliest barrier re-check scheduled (clears `any_recheck` when
+    /// there is none).
+    fn next_recheck(&mut self) -> Option<Nanos> {
+        if !self.any_recheck {
+            return None;
+        }
+        let t = self
+            .queues
+            .values()
+            .filter_map(|r| r.recheck.map(|(at, _)| at))
+            .min();
+        self.any_recheck = t.is_some();
+        t
+    }
+
+    /// A stalled queue can run again (what it waited on changed): tell the
+    /// scheduler as a doorbell would.
+    fn wake(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        queue: QueueId,
+        out: &mut Vec<Notice<O>>,
+    ) {
+        let Some(r) = self.queues.get_mut(&queue) else {
+            return;
+        };
+        if r.removing || !r.stalled {
+            return;
+        }
+        r.stalled = false;
+        r.recheck = None;
+        r.seen_wptr = u64::MAX;
+        let wptr = match (r.slot, r.on_gpu) {
+            (Some(s), true) => gpu.query(PhysSlot(s.0)).map(|st| st.wptr),
+            _ => None,
+        }
+        .unwrap_or_else(|| r.mqd.write_index());
+        self.stats.stall_wakes += 1;
+        self.sched.forget_doorbell(queue);
+        self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
+    }
+
+    /// Hands out the earlier of the scheduler's timer and the next barrier
+    /// re-check, when it changed.
+    fn rearm(&mut self, out: &mut Vec<Notice<O>>) {
+        let recheck = self.next_recheck();
+        let at = match (self.sched_timer, recheck) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(at) = at {
+            if self.armed_at != Some(at) {
+                self.armed_at = Some(at);
+                out.push(Notice::ArmTimer { at });
+            }
+        }
     }
 
     /// Reports that queue `queue` stopped on an error found outside the GPU
@@ -608,6 +832,17 @@ impl<O: Copy> Binding<O> {
         ev: GpuEvent,
         out: &mut Vec<Notice<O>>,
     ) {
+        self.gpu_event_inner(gpu, now, ev, out);
+        self.rearm(out);
+    }
+
+    fn gpu_event_inner(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        ev: GpuEvent,
+        out: &mut Vec<Notice<O>>,
+    ) {
         self.gen += 1;
         match ev {
             GpuEvent::PacketCompleted {
@@ -625,6 +860,27 @@ impl<O: Copy> Binding<O> {
                         dispatch_id,
                         signal,
                     });
+                    // A stalled queue on the GPU completed a packet: the GPU
+                    // resolved what it waited on (a barrier's re-check, a
+                    // header published without a doorbell).
+                    if r.stalled {
+                        self.wake(gpu, now, queue, out);
+                    }
+                }
+                if signal != 0 && self.any_recheck {
+                    // The completion wrote a signal: off-GPU queues blocked on
+                    // a barrier may wait on it (the GPU re-checks its own).
+                    let blocked: Vec<QueueId> = self
+                        .queues
+                        .iter()
+                        .filter(|(_, r)| r.recheck.is_some())
+                        .map(|(q, _)| *q)
+                        .collect();
+                    for q in blocked {
+                        if self.stall_published(&*gpu, q) {
+                            self.wake(gpu, now, q, out);
+                        }
+                    }
                 }
             }
             GpuEvent::QueueIdle { tag, slot, .. } => {
@@ -651,6 +907,16 @@ impl<O: Copy> Binding<O> {
                 }
                 if let Some(r) = self.queues.get_mut(&queue) {
                     r.mqd = (*mqd).clone();
+                    r.recheck = None;
+                    if r.stalled && !r.removing && !has_work {
+                        // Off the GPU, nobody polls it: re-check a blocked
+                        // barrier with a backoff (a header needs a doorbell).
+                        if barrier_at(&*r.mem, &r.mqd).is_some() {
+                            let iv = BARRIER_RECHECK_MIN_NS;
+                            r.recheck = Some((next_grid(now, iv), iv));
+                            self.any_recheck = true;
+                        }
+                    }
                     self.slot_freed(queue);
                     let owner = self.queues[&queue].owner;
                     out.push(Notice::Unmapped {
@@ -670,6 +936,12 @@ impl<O: Copy> Binding<O> {
                     },
                     out,
                 );
+                // A barrier met since the GPU last looked: runnable at once.
+                if self.queues.get(&queue).is_some_and(|r| r.recheck.is_some())
+                    && self.stall_published(&*gpu, queue)
+                {
+                    self.wake(gpu, now, queue, out);
+                }
             }
             GpuEvent::DequeueTimedOut {
                 slot,
@@ -722,9 +994,7 @@ impl<O: Copy> Binding<O> {
             _ => r.mqd.read_index(),
         };
         let Some(rptr) = rptr else { return false };
-        let mut h = [0u8; 2];
-        r.mem.read(r.mqd.packet_addr(rptr), &mut h).is_ok()
-            && u16::from_le_bytes(h) & 0xff != abi::aql::TYPE_INVALID as u16
+        packet_can_run(&*r.mem, r.mqd.packet_addr(rptr))
     }
 
     fn slot_freed(&mut self, queue: QueueId) {
@@ -870,7 +1140,7 @@ impl<O: Copy> Binding<O> {
                 // preemption timeout (a reset is what ends one that did not).
                 let timeout = match mode {
                     DequeueMode::ResetWaves => None,
-                    _ => Some(self.queue_preempt_timeout(queue)),
+                    _ => Some(self.queue_preempt_timeout(queue, now)),
                 };
                 if on_gpu && mode != DequeueMode::DrainPipe && self.preempt_issued.is_none() {
                     if let Some(c) = self.issue_clock.as_mut() {
@@ -905,7 +1175,12 @@ impl<O: Copy> Binding<O> {
                     });
                 }
             }
-            Action::ArmTimer { at } => out.push(Notice::ArmTimer { at }),
+            Action::ArmTimer { at } => {
+                self.sched_timer = Some(at);
+                let at = self.next_recheck().map_or(at, |t| t.min(at));
+                self.armed_at = Some(at);
+                out.push(Notice::ArmTimer { at });
+            }
         }
     }
 
@@ -933,11 +1208,51 @@ impl<O: Copy> Binding<O> {
         )
     }
 
-    fn queue_preempt_timeout(&self, queue: QueueId) -> Nanos {
-        self.queues
-            .get(&queue)
-            .and_then(|r| self.preempt_timeout.get(&r.vm).copied())
-            .unwrap_or(DEFAULT_PREEMPT_TIMEOUT_NS)
+    fn queue_preempt_timeout(&self, queue: QueueId, now: Nanos) -> Nanos {
+        match self.queues.get(&queue) {
+            Some(r) => self.effective_timeout(r.vm, now),
+            None => DEFAULT_PREEMPT_TIMEOUT_NS,
+        }
+    }
+
+    /// VM `vm`'s timeout as escalated at `now` (see [`HangEscalation`]).
+    fn effective_timeout(&self, vm: VmId, now: Nanos) -> Nanos {
+        let base = self
+            .preempt_timeout
+            .get(&vm)
+            .copied()
+            .unwrap_or(DEFAULT_PREEMPT_TIMEOUT_NS);
+        let e = self.escalation;
+        if e.window_ns == 0 {
+            return base;
+        }
+        let since = now.saturating_sub(e.window_ns);
+        let n = self
+            .hangs
+            .get(&vm)
+            .map_or(0, |h| h.iter().filter(|&&t| t > since).count()) as u64;
+        let shift = n.saturating_mul(e.shift as u64);
+        let t = if shift >= 64 { 0 } else { base >> shift };
+        t.max(e.floor_ns.min(base)).max(1)
+    }
+
+    /// VM `vm`'s preemption timeout in force at `now`: its own
+    /// ([`Binding::preempt_timeout`]) shortened by its recent timeouts
+    /// ([`HangEscalation`]). `None` for an unknown VM.
+    pub fn effective_preempt_timeout(&self, vm: VmId, now: Nanos) -> Option<Nanos> {
+        self.sched.vm_params(vm)?;
+        Some(self.effective_timeout(vm, now))
+    }
+
+    /// Sets how repeated preemption timeouts shorten a VM's timeout.
+    pub fn set_hang_escalation(&mut self, e: HangEscalation) {
+        self.gen += 1;
+        self.escalation = e;
+    }
+
+    /// How repeated preemption timeouts shorten a VM's timeout.
+    pub fn hang_escalation(&self) -> HangEscalation {
+        self.escalation
     }
 
     /// A dequeue of `queue` in `slot` did not finish in time: reset only
@@ -961,6 +1276,17 @@ impl<O: Copy> Binding<O> {
         }
         self.stats.preempt_timeouts += 1;
         self.stats.queue_errors += 1;
+        // Escalation: the VM's next dequeues get a shorter timeout.
+        let window = self.escalation.window_ns;
+        let h = self.hangs.entry(r.vm).or_default();
+        while h
+            .front()
+            .is_some_and(|&t| t <= now.saturating_sub(window) || h.len() >= MAX_REMEMBERED_HANGS)
+        {
+            h.pop_front();
+        }
+        h.push_back(now);
+        self.gen += 1;
         out.push(Notice::QueueError {
             queue,
             owner: r.owner,

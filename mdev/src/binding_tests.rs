@@ -730,3 +730,314 @@ fn fired_unmaps_without_their_doorbell_are_settled_by_the_next_event() {
     assert!(rig.b.scheduler().check_invariants().is_ok());
     assert_eq!(rig.b.stats().armed_mismatched, 1);
 }
+
+/// Pushes a barrier-AND on `dep` (a signal at 1) with a completion signal,
+/// then `groups` Mark workgroups of `cost` ns: the queue blocks until `dep`
+/// reads 0.
+fn barrier_then_mark(tvm: &mut TestVm, gq: &mut GuestQueue, dep: u64, groups: u32, cost: u64) {
+    let sig = tvm.signal();
+    tvm.push(
+        gq,
+        &abi::aql::Packet::barrier_and(
+            abi::aql::Barrier {
+                dep_signal: [dep, 0, 0, 0, 0],
+                completion_signal: sig,
+            },
+            false,
+        ),
+    );
+    gq.signals.push(sig);
+    tvm.kernel(gq, KernelKind::Mark, groups, 64, cost, 3, false);
+}
+
+/// Issue 21: a queue blocked on an unmet barrier (the guest's CPU will
+/// meet it, much later) is idle to the scheduler: it leaves its slot after
+/// the idle hysteresis, is billed nothing for the block while a busy
+/// neighbour of the same priority is billed its run, and is re-checked off
+/// the GPU with a backoff whose count over a long block is bounded by
+/// `log2(MAX / MIN) + 1 + block / MAX`. Once the dependency reads 0 it
+/// resumes at the next re-check and each workgroup runs exactly once.
+#[test]
+fn barrier_blocked_queue_is_released_unbilled_and_resumes_at_a_recheck() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut bad_vm = vm(&mut rig, 0, 8);
+    let mut good_vm = vm(&mut rig, 1, 8);
+    let mut bq = bad_vm.queue(&topo, 64, 0);
+    let mut gq = good_vm.queue(&topo, 256, 0);
+    add(&mut rig, &bad_vm, 0, QueueId(0), 0, &bq);
+    add(&mut rig, &good_vm, 1, QueueId(1), 1, &gq);
+    let dep = bad_vm.signal();
+    barrier_then_mark(&mut bad_vm, &mut bq, dep, 8, 10_000);
+    rig.doorbell(QueueId(0), bq.wptr);
+    // The neighbour: 100 kernels of 1 ms each.
+    for k in 0..100 {
+        good_vm.kernel(&mut gq, KernelKind::Mark, 4, 64, 1_000_000, k, false);
+    }
+    rig.doorbell(QueueId(1), gq.wptr);
+    let block: Nanos = 10_000_000_000; // 10 s of virtual time
+    rig.run(block, |_| false);
+    assert_eq!(rig.completions_of(1).len(), 100);
+    good_vm.verify(&gq).unwrap();
+    assert!(
+        rig.log.iter().any(|n| matches!(
+            n,
+            Notice::Unmapped {
+                owner: 0,
+                has_work: false,
+                ..
+            }
+        )),
+        "the blocked queue left its slot"
+    );
+    assert!(!rig.b.on_gpu(QueueId(0)));
+    assert!(rig.completions_of(0).is_empty());
+    let bad = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    let good = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
+    // Billed at most the idle hysteresis, nothing for the 10 s block.
+    let hyst = SchedConfig::default().idle_unmap_ns;
+    assert!(
+        bad <= hyst,
+        "blocked VM billed {bad} ns (hysteresis {hyst})"
+    );
+    assert!(good >= 100_000_000, "busy neighbour billed {good} ns");
+    // Re-checks off the GPU: backed off, bounded per capped interval.
+    let rechecks = rig.b.stats().barrier_rechecks;
+    let steps = (BARRIER_RECHECK_MAX_NS / BARRIER_RECHECK_MIN_NS).ilog2() as u64 + 1;
+    let bound = steps + block / BARRIER_RECHECK_MAX_NS + 1;
+    assert!(rechecks <= bound, "{rechecks} re-checks > {bound}");
+    assert!(rechecks >= steps, "{rechecks}: the queue is re-checked");
+    // The sim watched it only while it held the slot.
+    let polls = rig.gpu.stats().blocked_polls;
+    assert!(polls < 64, "{polls} GPU re-checks of a blocked queue");
+    // The guest's CPU meets the dependency: the next re-check runs it.
+    bad_vm.mem.write_u64(dep + 8, 0).unwrap();
+    let t0 = rig.now;
+    rig.run(u64::MAX, |_| false);
+    assert_eq!(rig.completions_of(0), vec![0, 1]);
+    bad_vm.verify(&bq).unwrap();
+    let first = rig
+        .log
+        .iter()
+        .position(|n| matches!(n, Notice::Completed { owner: 0, .. }))
+        .unwrap();
+    assert!(first > 0);
+    assert!(rig.now <= t0 + BARRIER_RECHECK_MAX_NS + 10_000_000);
+    assert_eq!(rig.b.stats().stall_wakes, 1);
+}
+
+/// A queue blocked on another VM's completion signal, off the GPU, is woken
+/// by that completion (not by its re-check): its barrier completes in the
+/// same instant, and each of its workgroups runs exactly once. A doorbell
+/// while the barrier is unmet does not reach the scheduler.
+#[test]
+fn barrier_blocked_queue_wakes_on_the_completion_that_meets_it() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut a_vm = vm(&mut rig, 0, 8);
+    let mut b_vm = vm(&mut rig, 1, 8);
+    let mut aq = a_vm.queue(&topo, 64, 0);
+    add(&mut rig, &a_vm, 0, QueueId(0), 0, &aq);
+    // The producer: a second queue of VM 0 (signals live in its memory).
+    let mut pq = a_vm.queue(&topo, 64, 0);
+    add(&mut rig, &a_vm, 0, QueueId(2), 2, &pq);
+    let bq = b_vm.queue(&topo, 64, 0);
+    add(&mut rig, &b_vm, 1, QueueId(1), 1, &bq);
+    let dep = a_vm.signal();
+    barrier_then_mark(&mut a_vm, &mut aq, dep, 4, 10_000);
+    rig.doorbell(QueueId(0), aq.wptr);
+    rig.run(2_000_000_000, |_| false);
+    assert!(!rig.b.on_gpu(QueueId(0)), "released after the hysteresis");
+    rig.doorbell(QueueId(0), aq.wptr);
+    assert_eq!(rig.b.stats().stalled_doorbells, 1);
+    let before = rig.b.stats().barrier_rechecks;
+    a_vm.kernel(&mut pq, KernelKind::Mark, 2, 64, 50_000, 9, false);
+    let psig = *pq.signals.last().unwrap();
+    // The barrier (slot 0) now waits on the producer's completion signal.
+    a_vm.mem.write_u64(aq.ring + 8, psig).unwrap();
+    rig.doorbell(QueueId(2), pq.wptr);
+    rig.run(u64::MAX, |_| false);
+    let done = |owner: usize| {
+        rig.log
+            .iter()
+            .position(|n| matches!(n, Notice::Completed { owner: o, .. } if *o == owner))
+            .unwrap()
+    };
+    assert!(done(2) < done(0));
+    assert_eq!(rig.completions_of(0), vec![0, 1]);
+    a_vm.verify(&aq).unwrap();
+    a_vm.verify(&pq).unwrap();
+    assert!(rig.b.stats().barrier_rechecks <= before + 1);
+    assert_eq!(rig.b.stats().stall_wakes, 1);
+}
+
+/// What runs beside the good VM in [`beside`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Neighbour {
+    /// Nothing.
+    None,
+    /// A legitimately busy VM: long kernels with save points.
+    Busy,
+    /// A VM that runs an unpreemptable (`NO_SAVE_POINT`) kernel that never
+    /// ends, and submits another after each preemption-timeout reset (a
+    /// guest reloading its queue).
+    Hang,
+}
+
+/// Virtual time: a good VM (priority 8, `kernels` kernels of 2 x 100 ms
+/// workgroups, two kernels at a time on the 4 CUs: 50 ms each alone)
+/// beside `n` (priority 8). Returns when the good VM's last kernel
+/// completed, the neighbour's preemption timeouts, and the good VM's
+/// stalls: the sum of the gaps between its completions longer than 1 s.
+fn beside(n: Neighbour, escalation: HangEscalation, kernels: u32) -> (Nanos, u64, Nanos) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    rig.b.set_hang_escalation(escalation);
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..kernels {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    let mut next_id = 100u64;
+    let mut submit = |rig: &mut Rig, bad_vm: &mut TestVm| {
+        let mut q = bad_vm.queue(&topo, 64, 0);
+        let id = QueueId(next_id);
+        next_id += 1;
+        add(rig, bad_vm, 1, id, 1, &q);
+        match n {
+            Neighbour::None => {}
+            Neighbour::Busy => {
+                for k in 0..60 {
+                    bad_vm.kernel(&mut q, KernelKind::Spin, 2, 64, 1_000_000_000, k, false);
+                }
+            }
+            Neighbour::Hang => {
+                bad_vm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+                bad_vm.kernel(&mut q, KernelKind::Spin, 4, 64, 1 << 47, 0, false);
+            }
+        }
+        rig.doorbell(id, q.wptr);
+        id
+    };
+    let mut bad = submit(&mut rig, &mut bad_vm);
+    let (mut last, mut stalls, mut done) = (0, 0, 0u32);
+    while done < kernels {
+        rig.log.clear();
+        rig.run(u64::MAX, |n| {
+            matches!(
+                n,
+                Notice::QueueError { owner: 1, .. }
+                    | Notice::Removed { owner: 1, .. }
+                    | Notice::Completed { owner: 0, .. }
+            )
+        });
+        let mut progressed = false;
+        for k in 0..rig.log.len() {
+            match rig.log[k] {
+                Notice::Completed { owner: 0, .. } => {
+                    done += 1;
+                    progressed = true;
+                    let gap = rig.now - last;
+                    if gap > 1_000_000_000 {
+                        stalls += gap;
+                    }
+                    last = rig.now;
+                }
+                Notice::QueueError { owner: 1, .. } => {
+                    // The guest sees error 22 and dequeues its vHQD ...
+                    progressed = true;
+                    let mut out = Vec::new();
+                    rig.b
+                        .remove_queue(&mut rig.gpu, rig.now, bad, None, &mut out)
+                        .unwrap();
+                    rig.take(out);
+                }
+                Notice::Removed { owner: 1, .. } => {
+                    // ... then reloads it with another hanging kernel.
+                    progressed = true;
+                    bad = submit(&mut rig, &mut bad_vm);
+                }
+                _ => {}
+            }
+        }
+        assert!(progressed, "the good VM stalled at {}", rig.now);
+    }
+    good_vm.verify(&good).unwrap();
+    (rig.now, rig.b.stats().preempt_timeouts, stalls)
+}
+
+/// Issue 21, bounded harm from repeated hangs (virtual time): beside a VM
+/// that re-hangs an unpreemptable kernel after every reset, the good VM's
+/// stalls sum to at most the escalation's bound (`T / (1 - 2^-shift) + m *
+/// floor`, [`HangEscalation`]) and its run takes at most its run beside a
+/// legitimately busy VM plus that bound; without escalation every hang
+/// costs the full timeout and the bound does not hold.
+#[test]
+fn repeated_hangs_cost_a_neighbour_a_bounded_time() {
+    let esc = HangEscalation::default();
+    let (alone, _, s0) = beside(Neighbour::None, esc, 1000);
+    let (busy, _, s1) = beside(Neighbour::Busy, esc, 1000);
+    let (hung, m, stalls) = beside(Neighbour::Hang, esc, 1000);
+    let t = DEFAULT_PREEMPT_TIMEOUT_NS;
+    let bound = t + t / 3 + m * esc.floor_ns;
+    println!(
+        "alone {alone} busy {busy} hang {hung} ns; stalls {s0} {s1} {stalls}, {m} timeouts, bound {bound}"
+    );
+    assert_eq!((s0, s1), (0, 0), "no stall alone or beside a busy VM");
+    assert!(m >= 2, "the neighbour kept re-hanging: {m}");
+    assert!(stalls <= bound, "stalls {stalls} > bound {bound}");
+    assert!(hung <= busy + bound, "{hung} > {busy} + {bound}");
+    // Without escalation the same guest costs the full timeout each time.
+    let off = HangEscalation {
+        window_ns: 0,
+        ..esc
+    };
+    let (hung_off, m_off, stalls_off) = beside(Neighbour::Hang, off, 1000);
+    println!("no escalation: {hung_off} ns, stalls {stalls_off}, {m_off} timeouts");
+    assert!(stalls_off > bound, "{stalls_off}");
+}
+
+/// Issue 21: an idle high-priority VM that loads and unloads empty queues
+/// (each load rings with the write index equal to the read index) preempts
+/// nobody: the busy low-priority VM keeps the GPU, its kernels exact.
+#[test]
+fn load_churn_of_an_idle_vm_preempts_nobody() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut lo_vm = vm(&mut rig, 0, 2);
+    let mut hi_vm = vm(&mut rig, 1, 12);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    for k in 0..4 {
+        lo_vm.kernel(&mut lo, KernelKind::Mark, 8, 64, 1_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(100_000, |_| false);
+    let before = rig.b.scheduler().stats().preemptions;
+    let empty = hi_vm.queue(&topo, 64, 0);
+    for k in 0..50u64 {
+        let q = QueueId(100 + k);
+        add(&mut rig, &hi_vm, 1, q, 1, &empty);
+        rig.doorbell(q, 0);
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(
+                &mut rig.gpu,
+                rig.now,
+                q,
+                Some(DequeueMode::DrainPipe),
+                &mut out,
+            )
+            .unwrap();
+        rig.take(out);
+        let t = rig.now + 100_000;
+        rig.run(t, |_| false);
+    }
+    assert_eq!(rig.b.scheduler().stats().preemptions, before);
+    rig.run(u64::MAX, |_| false);
+    assert_eq!(rig.completions_of(0), vec![0, 1, 2, 3]);
+    lo_vm.verify(&lo).unwrap();
+}

@@ -176,6 +176,8 @@ pub struct VgpuFrontEnd {
     requests: Arc<dyn RequestSink>,
     logs: RateLimiter,
     quarantined: AtomicBool,
+    /// The checks a load must pass ([`VgpuFrontEnd::set_load_check`]).
+    load_check: crate::backend::LoadCheck,
 }
 
 /// Offset within the register window -> (vHQD index, register).
@@ -217,7 +219,17 @@ impl VgpuFrontEnd {
             requests,
             logs: RateLimiter::new(),
             quarantined: AtomicBool::new(false),
+            load_check: std::sync::Arc::new(check_mqd),
         })
+    }
+
+    /// Sets the checks a load must pass before it is accepted (the GPU's
+    /// [`crate::backend::PhysGpu::load_check`]; default: the static
+    /// admission rules). A load that fails them is refused: the vHQD stays
+    /// unloaded with the error code, nothing reaches the arbiter but the
+    /// refusal (counted for the guard), nothing is written back.
+    pub fn set_load_check(&mut self, check: crate::backend::LoadCheck) {
+        self.load_check = check;
     }
 
     /// The VM's handle.
@@ -426,7 +438,7 @@ impl VgpuFrontEnd {
             .is_some_and(|_| self.mem.read(base, &mut b).is_ok());
         let result = if in_memory {
             let mqd = V9Mqd::from_bytes(&b);
-            check_mqd(&self.topo, &mqd, self.mem.as_ref())
+            (self.load_check)(&self.topo, &mqd, self.mem.as_ref())
                 .map(|()| mqd)
                 .map_err(|r| (error_code(&r), r.to_string()))
         } else {
@@ -741,5 +753,113 @@ mod tests {
         // (at the latest when the front end goes away), not lost.
         assert!(f.flush_log() > 0);
         assert_eq!(f.flush_log(), 0);
+    }
+
+    /// Issue 21, error 18: a load whose control record is corrupt is
+    /// refused at load (the vHQD stays unloaded, nothing reaches the
+    /// arbiter but the refusal, nothing is written back); the guest clears
+    /// the error, repairs the record, reloads, and every workgroup of the
+    /// interrupted kernel runs exactly once.
+    #[test]
+    fn a_corrupt_control_record_is_refused_at_load_and_the_repaired_one_resumes_exactly_once() {
+        use crate::backend::{GpuEvent, PhysGpu, SlotId};
+        use crate::sim::testkit::{map_req, run_virtual, TestVm};
+        use crate::sim::SimGpu;
+        use abi::kernel::KernelKind;
+        let topo = GpuTopology::tiny();
+        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+        let sink = Arc::new(Sink::default());
+        let irqs = Arc::new(Irqs::default());
+        let mut f = VgpuFrontEnd::new(
+            VgpuHandle(0),
+            "t",
+            &topo,
+            mem.clone(),
+            irqs.clone(),
+            sink.clone(),
+        )
+        .unwrap();
+        let mut gpu = SimGpu::new(topo.clone(), 1).unwrap();
+        f.set_load_check(gpu.load_check());
+        let mut vm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let mut q = vm.queue(&topo, 64, 0);
+        vm.kernel(&mut q, KernelKind::Mark, 64, 64, 100_000, 1, false);
+        // Run part of the kernel, then save it with waves in flight.
+        gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
+        let mut ev = Vec::new();
+        run_virtual(&mut gpu, 0, 150_000, &mut ev);
+        gpu.unmap(150_000, SlotId(0), DequeueMode::SaveWaves)
+            .unwrap();
+        run_virtual(&mut gpu, 150_000, 10_000_000, &mut ev);
+        let saved = ev
+            .iter()
+            .find_map(|e| match e {
+                GpuEvent::Unmapped { mqd, .. } => Some((**mqd).clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(saved.has_saved_state());
+        let done_before = gpu.stats().wgs_completed;
+        assert!(done_before > 0 && done_before < 64, "{done_before}");
+        // The guest's MQD as the write-back left it.
+        let mqd_at = vm.alloc(4096, 4096);
+        mem.write(mqd_at, &saved.to_bytes()).unwrap();
+        // Corrupt the record's checksum.
+        let rec = saved.ctx_save_base() + saved.cntl_stack_offset() as u64;
+        let mut byte = [0u8; 1];
+        mem.read(rec + 24, &mut byte).unwrap();
+        mem.write(rec + 24, &[byte[0] ^ 0x5A]).unwrap();
+        f.reg_write(hr(2, reg::CP_MQD_BASE_ADDR), mqd_at as u32);
+        f.reg_write(hr(2, reg::CP_MQD_BASE_ADDR_HI), (mqd_at >> 32) as u32);
+        f.reg_write(hr(2, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ERROR)), error::BAD_SAVED_STATE);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ACTIVE)), 0);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_STATE)), hqd_state::UNLOADED);
+        assert_eq!(
+            *irqs.0.lock().unwrap(),
+            vec![ERROR_VECTOR as u16],
+            "the error vector, once"
+        );
+        let reqs = |sink: &Sink| -> Vec<VgpuRequest> {
+            sink.0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, r)| r.clone())
+                .collect()
+        };
+        assert_eq!(
+            reqs(&sink),
+            vec![VgpuRequest::Refused {
+                vhqd: 2,
+                code: error::BAD_SAVED_STATE
+            }]
+        );
+        // Nothing written back: the guest MQD is as it was.
+        let mut b = [0u8; MQD_BYTES];
+        mem.read(mqd_at, &mut b).unwrap();
+        assert_eq!(b, saved.to_bytes());
+        // The documented recovery: clear the error (a dequeue request on
+        // the unloaded vHQD), repair the record, reload.
+        f.reg_write(hr(2, reg::CP_HQD_DEQUEUE_REQUEST), 1);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ERROR)), 0);
+        mem.write(rec + 24, &byte).unwrap();
+        f.reg_write(hr(2, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ERROR)), 0);
+        assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ACTIVE)), 1);
+        let loaded = reqs(&sink)
+            .into_iter()
+            .find_map(|r| match r {
+                VgpuRequest::Load { vhqd: 2, mqd, .. } => Some(*mqd),
+                _ => None,
+            })
+            .expect("the repaired load reaches the arbiter");
+        q.mqd = loaded;
+        gpu.map(20_000_000, map_req(&vm, &q, 0, 0)).unwrap();
+        ev.clear();
+        run_virtual(&mut gpu, 20_000_000, 100_000_000, &mut ev);
+        assert!(!ev.iter().any(|e| matches!(e, GpuEvent::QueueError { .. })));
+        vm.verify(&q).unwrap();
+        assert_eq!(gpu.stats().wgs_completed, 64);
     }
 }

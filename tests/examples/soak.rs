@@ -1,7 +1,8 @@
 //! Soak (issue 11, item 7; not in CI): a KVM fleet for N minutes mixing
 //! well-behaved `builtin:gpu` guests that verify every workgroup counter
 //! exactly, hostile guests (a stalled queue, a doorbell flooder, a
-//! workgroup flooder, a hung non-preemptible kernel, bad ring / kernarg /
+//! workgroup flooder, a hung non-preemptible kernel, queues blocked on
+//! barriers nobody meets for seconds (issue 21), bad ring / kernarg /
 //! write-index / signal / mailbox addresses, guests that triple-fault or
 //! exit with work in flight), live operator changes through the HTTP API
 //! (priority, weight, quantum, preemption-timeout PATCHes, pause/resume,
@@ -155,9 +156,10 @@ enum Kind {
     BadMailbox,
     Triple,
     Exit,
+    Barrier,
 }
 
-const HOSTILE: [Kind; 11] = [
+const HOSTILE: [Kind; 12] = [
     Kind::Stall,
     Kind::DbFlood,
     Kind::WgFlood,
@@ -169,6 +171,7 @@ const HOSTILE: [Kind; 11] = [
     Kind::BadMailbox,
     Kind::Triple,
     Kind::Exit,
+    Kind::Barrier,
 ];
 
 impl Kind {
@@ -186,6 +189,7 @@ impl Kind {
             Kind::BadMailbox => "bad-mailbox",
             Kind::Triple => "triple",
             Kind::Exit => "exit",
+            Kind::Barrier => "barrier",
         }
     }
 
@@ -246,7 +250,20 @@ impl Kind {
                 "kernels=2 wgs=304 cost_us=100000 die=exit".into(),
                 String::new(),
             ),
+            // Its own image and arguments (below).
+            Kind::Barrier => (String::new(), String::new()),
         };
+        if self == Kind::Barrier {
+            // The hostile guest, not `gpu`: queues blocked on barriers its
+            // CPU meets after a while (no doorbell), each kernel behind
+            // them verified exactly.
+            return format!(
+                "name = \"{name}\"\nimage = \"builtin:hostile\"\nmemory_mib = 2048\ngpu = true\npriority = {}\nargs = \"mode=barrier queues={} wgs=64 ms={}\"\n",
+                rng.range(2, 12),
+                rng.range(1, 8),
+                rng.range(500, 5000)
+            );
+        }
         format!(
             "name = \"{name}\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\npriority = {}\nargs = \"{args}\"\n{extra}",
             rng.range(2, 12)
@@ -256,7 +273,7 @@ impl Kind {
     /// Whether a VM of this kind that ended by itself ended as expected.
     fn expected(self, outcome: &VmOutcome) -> bool {
         match self {
-            Kind::Good | Kind::Stall | Kind::DbFlood | Kind::WgFlood => {
+            Kind::Good | Kind::Stall | Kind::DbFlood | Kind::WgFlood | Kind::Barrier => {
                 *outcome == VmOutcome::Exited(0)
             }
             Kind::Hang

@@ -84,7 +84,8 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
         q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
         return Ok(0);
     }
-    let total = control_record_bytes(q.active.len() as u32, q.resume.len() as u32) as usize;
+    let total =
+        control_record_bytes(q.active.len() as u32, q.resume.len() as u32) as usize;
     if total as u64 > size as u64 {
         return Err(QueueErrorReason::CwsrTooSmall {
             need: total as u64,
@@ -131,125 +132,9 @@ pub(super) fn read_save(
     topo: &GpuTopology,
     params: &SimParams,
 ) -> QResult<Option<u64>> {
-    let bad = QueueErrorReason::BadSavedState;
     let size = q.mqd.cntl_stack_size();
-    let off = q.mqd.cntl_stack_offset();
-    // off <= size is checked at map; checked again (never trust, never panic).
-    let total = size
-        .checked_sub(off)
-        .ok_or(QueueErrorReason::BadCwsrLayout {
-            cntl_stack_offset: off,
-            cntl_stack_size: size,
-            ctx_save_size: q.mqd.ctx_save_size(),
-        })? as u64;
-    // Bound the host allocation by the largest record this topology writes
-    // before reading anything (the offset is guest-controlled: up to 4 GiB).
-    if total > params.max_control_record_bytes(topo) {
-        return Err(bad("control stack larger than the largest record"));
-    }
-    let total = total as usize;
-    if total < HDR {
-        return Err(bad("control stack shorter than its header"));
-    }
-    let base = q.mqd.ctx_save_base();
-    let mut b = vec![0u8; total];
-    q.mem
-        .read(base.saturating_add(off as u64), &mut b)
-        .map_err(|_| QueueErrorReason::CwsrOutOfRange { addr: base })?;
-    if u32_at(&b, 0) != SAVE_MAGIC {
-        return Err(bad("bad magic"));
-    }
-    if u16_at(&b, 4) != SAVE_VERSION {
-        return Err(bad("bad version"));
-    }
-    let np = u32_at(&b, 8) as usize;
-    let nw = u32_at(&b, 12) as usize;
-    if np > params.max_active_packets as usize || nw > topo.cus_per_partition() as usize {
-        return Err(bad("record counts out of range"));
-    }
-    if control_record_bytes(np as u32, nw as u32) != total as u64 {
-        return Err(bad("record counts do not match the stack size"));
-    }
-    if u64_at(&b, 24) != checksum(&b[HDR..]) {
-        return Err(bad("checksum mismatch"));
-    }
-    if u64_at(&b, 16) != q.rptr {
-        return Err(bad("saved rptr differs from the MQD"));
-    }
-    if q.rptr.saturating_add(np as u64) > q.wptr {
-        return Err(bad("saved packets beyond the write index"));
-    }
-    let mut active = VecDeque::with_capacity(np);
-    let mut o = HDR;
-    for i in 0..np {
-        let id = u64_at(&b, o);
-        let next_wg = u64_at(&b, o + 8);
-        let done_wgs = u64_at(&b, o + 16);
-        let flags = u32_at(&b, o + 24);
-        o += PKT;
-        if id != q.rptr + i as u64 || flags > 1 || done_wgs > next_wg {
-            return Err(bad("malformed packet record"));
-        }
-        let a = if flags == 1 {
-            Active {
-                id,
-                work: Work::Done,
-                signal: 0,
-                next_wg,
-                done_wgs,
-                inflight: 0,
-                complete: true,
-                batch: None,
-            }
-        } else {
-            let mut raw = [0u8; PACKET_SIZE];
-            let addr = q.mqd.packet_addr(id);
-            q.mem
-                .read(addr, &mut raw)
-                .map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
-            let mut a = decode_work(&*q.mem, id, &Packet::decode(&raw))?;
-            match a.work {
-                Work::Dispatch(d) if next_wg <= d.total => {}
-                Work::And(_) | Work::Or(_) if next_wg == 0 && done_wgs == 0 => {}
-                _ => return Err(bad("packet record does not match the ring")),
-            }
-            a.next_wg = next_wg;
-            a.done_wgs = done_wgs;
-            a
-        };
-        active.push_back(a);
-    }
-    let mut resume = Vec::with_capacity(nw);
-    let mut per_packet = vec![0u64; np];
-    for _ in 0..nw {
-        let w = SavedWg {
-            id: u64_at(&b, o),
-            wg: u64_at(&b, o + 8),
-            remaining: u64_at(&b, o + 16),
-        };
-        o += WG;
-        let k = w.id.wrapping_sub(q.rptr) as usize;
-        let Some(a) = active.get(k) else {
-            return Err(bad("workgroup of unknown packet"));
-        };
-        if a.complete || w.wg >= a.next_wg || w.remaining > MAX_REMAINING {
-            return Err(bad("malformed workgroup record"));
-        }
-        per_packet[k] += 1;
-        resume.push(w);
-    }
-    resume.sort_unstable();
-    if resume
-        .windows(2)
-        .any(|p| p[0].id == p[1].id && p[0].wg == p[1].wg)
-    {
-        return Err(bad("duplicate workgroup record"));
-    }
-    for (a, n) in active.iter().zip(&per_packet) {
-        if !a.complete && a.done_wgs + n != a.next_wg {
-            return Err(bad("workgroup accounting does not add up"));
-        }
-    }
+    let (active, resume, total) = parse_save(&q.mqd, &*q.mem, topo, params, q.rptr, q.wptr)?;
+    let nw = resume.len();
     q.active = active;
     q.resume = resume.into();
     q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
@@ -278,4 +163,136 @@ pub(super) fn read_save(
     Ok(Some(c.restore_ns.saturating_add(
         bytes.saturating_mul(1000) / c.restore_bytes_per_us,
     )))
+}
+
+/// Reads and validates the control record of `m` (a queue at `rptr`,
+/// written up to `wptr`) without changing anything: the packet window, the
+/// saved workgroups (sorted) and the record's size. Anything wrong is
+/// [`QueueErrorReason::BadSavedState`] (or a layout / range error).
+pub(super) fn parse_save(
+    m: &abi::mqd::V9Mqd,
+    mem: &dyn crate::mem::DmaMemory,
+    topo: &GpuTopology,
+    params: &SimParams,
+    rptr: u64,
+    wptr: u64,
+) -> QResult<(VecDeque<Active>, Vec<SavedWg>, usize)> {
+    let bad = QueueErrorReason::BadSavedState;
+    let size = m.cntl_stack_size();
+    let off = m.cntl_stack_offset();
+    // off <= size is checked at map; checked again (never trust, never panic).
+    let total = size
+        .checked_sub(off)
+        .ok_or(QueueErrorReason::BadCwsrLayout {
+            cntl_stack_offset: off,
+            cntl_stack_size: size,
+            ctx_save_size: m.ctx_save_size(),
+        })? as u64;
+    // Bound the host allocation by the largest record this topology writes
+    // before reading anything (the offset is guest-controlled: up to 4 GiB).
+    if total > params.max_control_record_bytes(topo) {
+        return Err(bad("control stack larger than the largest record"));
+    }
+    let total = total as usize;
+    if total < HDR {
+        return Err(bad("control stack shorter than its header"));
+    }
+    let base = m.ctx_save_base();
+    let mut b = vec![0u8; total];
+    mem.read(base.saturating_add(off as u64), &mut b)
+        .map_err(|_| QueueErrorReason::CwsrOutOfRange { addr: base })?;
+    if u32_at(&b, 0) != SAVE_MAGIC {
+        return Err(bad("bad magic"));
+    }
+    if u16_at(&b, 4) != SAVE_VERSION {
+        return Err(bad("bad version"));
+    }
+    let np = u32_at(&b, 8) as usize;
+    let nw = u32_at(&b, 12) as usize;
+    if np > params.max_active_packets as usize || nw > topo.cus_per_partition() as usize {
+        return Err(bad("record counts out of range"));
+    }
+    if control_record_bytes(np as u32, nw as u32) != total as u64 {
+        return Err(bad("record counts do not match the stack size"));
+    }
+    if u64_at(&b, 24) != checksum(&b[HDR..]) {
+        return Err(bad("checksum mismatch"));
+    }
+    if u64_at(&b, 16) != rptr {
+        return Err(bad("saved rptr differs from the MQD"));
+    }
+    if rptr.saturating_add(np as u64) > wptr {
+        return Err(bad("saved packets beyond the write index"));
+    }
+    let mut active = VecDeque::with_capacity(np);
+    let mut o = HDR;
+    for i in 0..np {
+        let id = u64_at(&b, o);
+        let next_wg = u64_at(&b, o + 8);
+        let done_wgs = u64_at(&b, o + 16);
+        let flags = u32_at(&b, o + 24);
+        o += PKT;
+        if id != rptr + i as u64 || flags > 1 || done_wgs > next_wg {
+            return Err(bad("malformed packet record"));
+        }
+        let a = if flags == 1 {
+            Active {
+                id,
+                work: Work::Done,
+                signal: 0,
+                next_wg,
+                done_wgs,
+                inflight: 0,
+                complete: true,
+                batch: None,
+            }
+        } else {
+            let mut raw = [0u8; PACKET_SIZE];
+            let addr = m.packet_addr(id);
+            mem.read(addr, &mut raw)
+                .map_err(|_| QueueErrorReason::RingOutOfRange { addr })?;
+            let mut a = decode_work(mem, id, &Packet::decode(&raw))?;
+            match a.work {
+                Work::Dispatch(d) if next_wg <= d.total => {}
+                Work::And(_) | Work::Or(_) if next_wg == 0 && done_wgs == 0 => {}
+                _ => return Err(bad("packet record does not match the ring")),
+            }
+            a.next_wg = next_wg;
+            a.done_wgs = done_wgs;
+            a
+        };
+        active.push_back(a);
+    }
+    let mut resume = Vec::with_capacity(nw);
+    let mut per_packet = vec![0u64; np];
+    for _ in 0..nw {
+        let w = SavedWg {
+            id: u64_at(&b, o),
+            wg: u64_at(&b, o + 8),
+            remaining: u64_at(&b, o + 16),
+        };
+        o += WG;
+        let k = w.id.wrapping_sub(rptr) as usize;
+        let Some(a) = active.get(k) else {
+            return Err(bad("workgroup of unknown packet"));
+        };
+        if a.complete || w.wg >= a.next_wg || w.remaining > MAX_REMAINING {
+            return Err(bad("malformed workgroup record"));
+        }
+        per_packet[k] += 1;
+        resume.push(w);
+    }
+    resume.sort_unstable();
+    if resume
+        .windows(2)
+        .any(|p| p[0].id == p[1].id && p[0].wg == p[1].wg)
+    {
+        return Err(bad("duplicate workgroup record"));
+    }
+    for (a, n) in active.iter().zip(&per_packet) {
+        if !a.complete && a.done_wgs + n != a.next_wg {
+            return Err(bad("workgroup accounting does not add up"));
+        }
+    }
+    Ok((active, resume, total))
 }

@@ -2013,3 +2013,216 @@ fn stalled_queue_is_idle_until_published() {
         .any(|e| matches!(e, GpuEvent::PacketCompleted { .. })));
     vm.verify(&q).unwrap();
 }
+
+// ------------------------------------------- blocked queues (issue 21)
+
+/// A queue whose next packet is a barrier-AND on a signal nobody writes
+/// (the guest's CPU will, later): it has no work (idle, not active), its
+/// re-checks back off to one per capped interval, and it resumes once the
+/// signal reads 0, its kernel's workgroups each run exactly once.
+#[test]
+fn unmet_barrier_is_idle_and_rechecked_with_backoff() {
+    let topo = GpuTopology::tiny();
+    let poll = SimParams::default().barrier_poll_ns;
+    let cap = poll << BLOCKED_POLL_MAX_SHIFT;
+    let (mut gpu, mut vm, mut a) = one_queue(topo.clone());
+    let dep = vm.signal();
+    let sig = vm.signal();
+    vm.push(
+        &mut a,
+        &Packet::barrier_and(
+            Barrier {
+                dep_signal: [dep, 0, 0, 0, 0],
+                completion_signal: sig,
+            },
+            false,
+        ),
+    );
+    a.signals.push(sig);
+    vm.kernel(&mut a, KernelKind::Mark, 8, 1, 1_000, 0, false);
+    gpu.map(0, map_req(&vm, &a, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    // A long block, in virtual time: 10 s.
+    let block = 10_000_000_000u64;
+    run_virtual(&mut gpu, 0, block, &mut ev);
+    assert!(
+        ev.iter()
+            .any(|e| matches!(e, GpuEvent::QueueIdle { tag: 0, .. })),
+        "a queue blocked on an unmet barrier is idle: {ev:?}"
+    );
+    assert_eq!(gpu.stats().wgs_completed, 0);
+    let st = gpu.query(SlotId(0)).unwrap();
+    assert_eq!((st.rptr, st.inflight_wgs), (0, 0));
+    // Backoff: the first BLOCKED_POLL_MAX_SHIFT + 1 re-checks reach the
+    // cap, then one per capped interval (at most; the re-check cost per
+    // second is bounded, whatever the length of the block).
+    let polls = gpu.stats().blocked_polls;
+    let bound = BLOCKED_POLL_MAX_SHIFT as u64 + 2 + block / cap;
+    assert!(polls <= bound, "{polls} re-checks > {bound}");
+    // Without backoff it would have been block / poll (5 million).
+    assert!(polls < block / poll / 400, "{polls}");
+    // The guest's CPU meets the dependency: the next re-check (within one
+    // capped interval) resolves the barrier and the kernel runs once.
+    vm.mem.write_u64(dep + 8, 0).unwrap();
+    let before = gpu.stats().blocked_polls;
+    ev.clear();
+    run_virtual(&mut gpu, block, block + cap + 20_000, &mut ev);
+    let done = ev
+        .iter()
+        .find(|e| {
+            matches!(
+                e,
+                GpuEvent::PacketCompleted {
+                    tag: 0,
+                    dispatch_id: 0,
+                    ..
+                }
+            )
+        })
+        .expect("barrier completed")
+        .at();
+    assert!(done <= block + cap, "resolved at {done}");
+    assert!(gpu.stats().blocked_polls - before <= 1);
+    vm.verify(&a).unwrap();
+    assert_eq!(vm.read_index(&a), 2);
+}
+
+/// A barrier waiting on another queue's completion signal is re-checked
+/// when that completion writes the signal, not at its backed-off poll: it
+/// completes at the very time the other queue's packet does.
+#[test]
+fn barrier_wakes_on_other_queues_completion() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut a) = one_queue(topo.clone());
+    let mut b = vm.queue(&topo, 64, 5);
+    // 3.001 ms of work: the waiter's poll is at its cap by then.
+    vm.kernel(&mut b, KernelKind::Spin, 1, 1, 3_001_000, 0, false);
+    let dep = b.signals[0];
+    let sig = vm.signal();
+    vm.push(
+        &mut a,
+        &Packet::barrier_and(
+            Barrier {
+                dep_signal: [dep, 0, 0, 0, 0],
+                completion_signal: sig,
+            },
+            false,
+        ),
+    );
+    a.signals.push(sig);
+    vm.kernel(&mut a, KernelKind::Mark, 4, 1, 100, 0, false);
+    gpu.map(0, map_req(&vm, &a, 0, 0)).unwrap();
+    gpu.map(0, map_req(&vm, &b, 1, 1)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, 1_000_000_000, &mut ev);
+    let at = |tag: u64, id: u64| {
+        ev.iter()
+            .find(|e| {
+                matches!(e, GpuEvent::PacketCompleted { tag: t, dispatch_id: d, .. }
+                    if *t == tag && *d == id)
+            })
+            .unwrap()
+            .at()
+    };
+    assert_eq!(
+        at(0, 0),
+        at(1, 0),
+        "the barrier resolves with its dependency"
+    );
+    assert!(gpu.stats().barrier_wakes >= 1);
+    vm.verify(&a).unwrap();
+    vm.verify(&b).unwrap();
+}
+
+/// A blocked queue dequeued (the scheduler's idle eviction) reports no work
+/// and writes back the barrier's index: reloaded after the dependency is
+/// met, every workgroup runs exactly once.
+#[test]
+fn blocked_queue_unmaps_without_work_and_resumes_exactly_once() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut a) = one_queue(topo.clone());
+    vm.kernel(&mut a, KernelKind::Mark, 8, 1, 1_000, 1, false);
+    let dep = vm.signal();
+    let sig = vm.signal();
+    vm.push(
+        &mut a,
+        &Packet::barrier_or(
+            Barrier {
+                dep_signal: [dep, 0, 0, 0, 0],
+                completion_signal: sig,
+            },
+            false,
+        ),
+    );
+    a.signals.push(sig);
+    vm.kernel(&mut a, KernelKind::Mark, 8, 1, 1_000, 2, false);
+    gpu.map(0, map_req(&vm, &a, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, 1_000_000, &mut ev);
+    gpu.unmap(1_000_000, SlotId(0), DequeueMode::SaveWaves)
+        .unwrap();
+    run_virtual(&mut gpu, 1_000_000, 2_000_000, &mut ev);
+    let (mqd, has_work, _, _) = unmapped(&ev).expect("unmapped");
+    assert!(!has_work, "blocked on a barrier: no work");
+    assert_eq!(mqd.read_index(), Some(1), "the barrier is next");
+    vm.mem.write_u64(dep + 8, 0).unwrap();
+    a.mqd = mqd;
+    ev.clear();
+    gpu.map(2_000_000, map_req(&vm, &a, 0, 0)).unwrap();
+    run_virtual(&mut gpu, 2_000_000, 3_000_000, &mut ev);
+    vm.verify(&a).unwrap();
+    assert_eq!(vm.read_index(&a), 3);
+    assert_eq!(gpu.stats().wgs_completed, 16);
+}
+
+/// Issue 21, error 18 at map (a record corrupted after the load was
+/// accepted): the queue stops with 18 and its dequeue writes back the read
+/// index and control-stack offset it was loaded with, so that the repaired
+/// record reloads and every workgroup runs exactly once.
+#[test]
+fn error_18_at_map_loses_no_work_and_the_repaired_record_resumes_exactly_once() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut a) = one_queue(topo.clone());
+    vm.kernel(&mut a, KernelKind::Mark, 64, 64, 100_000, 1, false);
+    gpu.map(0, map_req(&vm, &a, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, 150_000, &mut ev);
+    gpu.unmap(150_000, SlotId(0), DequeueMode::SaveWaves)
+        .unwrap();
+    run_virtual(&mut gpu, 150_000, 10_000_000, &mut ev);
+    let (saved, has_work, _, _) = unmapped(&ev).unwrap();
+    assert!(has_work && saved.has_saved_state());
+    let rec = saved.ctx_save_base() + saved.cntl_stack_offset() as u64;
+    let mut byte = [0u8; 1];
+    vm.mem.read(rec + 24, &mut byte).unwrap();
+    vm.mem.write(rec + 24, &[byte[0] ^ 1]).unwrap();
+    assert_eq!(
+        validate_load(&topo, &SimParams::default(), &saved, &*vm.mem),
+        Err(QueueErrorReason::BadSavedState("checksum mismatch"))
+    );
+    a.mqd = saved.clone();
+    ev.clear();
+    gpu.map(20_000_000, map_req(&vm, &a, 0, 0)).unwrap();
+    run_virtual(&mut gpu, 20_000_000, 21_000_000, &mut ev);
+    assert!(ev.iter().any(|e| matches!(
+        e,
+        GpuEvent::QueueError {
+            reason: QueueErrorReason::BadSavedState(_),
+            ..
+        }
+    )));
+    gpu.unmap(21_000_000, SlotId(0), DequeueMode::ResetWaves)
+        .unwrap();
+    run_virtual(&mut gpu, 21_000_000, 22_000_000, &mut ev);
+    let (back, _, _, _) = unmapped(&ev).unwrap();
+    assert_eq!(back.read_index(), saved.read_index());
+    assert_eq!(back.cntl_stack_offset(), saved.cntl_stack_offset());
+    vm.mem.write(rec + 24, &byte).unwrap();
+    assert_eq!(validate_load(&topo, &SimParams::default(), &back, &*vm.mem), Ok(()));
+    a.mqd = back;
+    ev.clear();
+    gpu.map(30_000_000, map_req(&vm, &a, 0, 0)).unwrap();
+    run_virtual(&mut gpu, 30_000_000, 100_000_000, &mut ev);
+    vm.verify(&a).unwrap();
+    assert_eq!(gpu.stats().wgs_completed, 64);
+}

@@ -37,7 +37,8 @@
 //!    8-byte write, garbage messages and a write past the table.
 //!
 //! With `mode=flood` it instead floods its console and the checkpoint port
-//! ([`flood`]).
+//! ([`flood`]); with `mode=barrier` it blocks queues on barriers nobody
+//! meets for a while, then meets them itself ([`barrier`], issue 21).
 //!
 //! Every failed expectation prints `hostile: FAIL ...`. Exit status: 0 all
 //! held, 1 some failed, 3 no vGPU, 4 set-up failed.
@@ -72,6 +73,10 @@ fn r32(a: u64) -> u32 {
 fn w32(a: u64, v: u32) {
     // SAFETY: as `r32`.
     unsafe { write_volatile(a as *mut u32, v) }
+}
+fn r64(a: u64) -> u64 {
+    // SAFETY: as `r32`, 8-byte aligned.
+    unsafe { read_volatile(a as *const u64) }
 }
 fn w64(a: u64, v: u64) {
     // SAFETY: as `r32`, 8-byte aligned.
@@ -195,6 +200,129 @@ impl Target {
     }
 }
 
+/// LAPIC timer vector: the last of `rt::irq`'s 16 vectors (the vGPU uses
+/// the first `NUM_VECTORS`).
+const TIMER_VECTOR: u8 = rt::irq::VECTOR_BASE + 15;
+
+/// Sleeps about `ms` milliseconds in `hlt` (no host CPU): the LAPIC timer,
+/// one-shot, divide by 1, in chunks of at most 1 s (it counts at 1 GHz
+/// under KVM, docs/boot.md).
+fn sleep_ms(ms: u64) {
+    let bit = 1u64 << (TIMER_VECTOR - rt::irq::VECTOR_BASE);
+    let mut left = ms;
+    while left > 0 {
+        let chunk = left.min(1000);
+        left -= chunk;
+        rt::irq::take(bit);
+        rt::irq::lapic_write(0x3E0, 0xB); // divide by 1
+        rt::irq::lapic_write(0x320, u32::from(TIMER_VECTOR)); // one-shot, unmasked
+        rt::irq::lapic_write(0x380, (chunk * 1_000_000) as u32);
+        while rt::irq::take(bit) == 0 {
+            rt::irq::halt();
+        }
+    }
+}
+
+/// `mode=barrier` (issue 21): loads `queues=N` (1..=8, default 1) vHQDs,
+/// each with a barrier-AND on a signal of its own (value 1) followed by a
+/// `mark` kernel of `wgs=W` (304) workgroups, and rings them; nobody meets
+/// the barriers for `ms=M` (5000) milliseconds, while the vCPU sleeps. Then
+/// the CPU meets them (stores 0, rings no doorbell: the host's re-check
+/// must find it; checkpoint 0x21 when blocked, 0x22 when released), waits for every kernel by interrupt and checks that each
+/// workgroup ran exactly once. Prints `hostile: barrier ok`; exit 0, 1 a
+/// kernel wrong or a queue error, 3 no vGPU, 4 set-up failed.
+fn barrier(boot: &BootInfo) -> u32 {
+    let n = boot.arg_u64("queues").unwrap_or(1).clamp(1, 8) as u32;
+    let wgs = boot.arg_u64("wgs").unwrap_or(304).clamp(1, 1 << 20) as u32;
+    let ms = boot.arg_u64("ms").unwrap_or(5000);
+    let Some(mut gpu) = Vgpu::probe(boot) else {
+        println!("hostile: no vGPU");
+        return 3;
+    };
+    let mut alloc = Alloc::new(boot);
+    let Ok(kd) =
+        Vgpu::write_kernel_descriptor(&mut alloc, &KernelDescriptor::new(KernelKind::Mark, 1000))
+    else {
+        return 4;
+    };
+    // Per queue: dependency, completion signal and counters addresses, in
+    // fresh (zero) RAM: no table on the stack (docs/boot.md, SSE).
+    let Ok(table) = alloc.alloc(3 * 8 * 8, 64) else {
+        return 4;
+    };
+    let at = |k: u64, i: u32| table + 64 * k + 8 * u64::from(i);
+    for i in 0..n {
+        let Ok(mut q) = gpu.create_queue(&mut alloc, i, 64, 0) else {
+            println!("hostile: cannot create queue {}", Dec(i.into()));
+            return 4;
+        };
+        let Ok(dep) = Vgpu::new_signal(&mut alloc, 1) else {
+            return 4;
+        };
+        // The barrier-AND packet: body first (every byte), then the header.
+        let idx = q.write_index();
+        let slot = q.ring_addr() + (idx % u64::from(q.ring_packets())) * 64;
+        w32(slot + 4, 0);
+        w64(slot + 8, dep);
+        let mut off = 16;
+        while off < 64 {
+            w64(slot + off, 0);
+            off += 8;
+        }
+        w32(slot, u32::from(header(TYPE_BARRIER_AND)));
+        q.set_write_index(idx + 1);
+        let Ok((signal, counters)) = q.submit_mark(&mut alloc, kd, wgs, false) else {
+            return 4;
+        };
+        q.ring();
+        w64(at(0, i), dep);
+        w64(at(1, i), signal);
+        w64(at(2, i), counters);
+    }
+    println!(
+        "hostile: {} queues blocked on barriers for {} ms",
+        Dec(n.into()),
+        Dec(ms)
+    );
+    rt::io::checkpoint(0x21);
+    sleep_ms(ms);
+    rt::io::checkpoint(0x22);
+    let mut fails = 0;
+    for i in 0..n {
+        // The dependency's value (+8) to 0: a plain CPU store, no doorbell.
+        w64(r64(at(0, i)) + 8, 0);
+    }
+    for i in 0..n {
+        let (signal, counters) = (r64(at(1, i)), r64(at(2, i)));
+        // SAFETY: `signal` comes from submit_mark.
+        if unsafe { gpu.wait(i, signal) } != rt::gpu::WaitResult::Done {
+            println!(
+                "hostile: FAIL queue {} error {}",
+                Dec(i.into()),
+                Dec(gpu.hqd_error(i).into())
+            );
+            fails += 1;
+            continue;
+        }
+        // SAFETY: `counters` holds `wgs` u32 counters of this program.
+        let wrong = unsafe { Vgpu::counters_differing(counters, wgs, 1) };
+        if wrong != 0 {
+            println!(
+                "hostile: FAIL queue {}: {} workgroups not run exactly once",
+                Dec(i.into()),
+                Dec(wrong.into())
+            );
+            fails += 1;
+        }
+    }
+    if fails == 0 {
+        println!("hostile: barrier ok");
+        0
+    } else {
+        1
+    }
+}
+
 /// `mode=flood`: `lines=N` (100000) empty console lines and `marks=M`
 /// (100000) checkpoints as fast as the vCPU can write them, then one line
 /// `hostile: flood done`; the host must keep bounded memory for both.
@@ -226,6 +354,9 @@ fn main(boot: &'static BootInfo) -> u32 {
     rt::greet(boot);
     if boot.arg("mode") == Some("flood") {
         return flood(boot);
+    }
+    if boot.arg("mode") == Some("barrier") {
+        return barrier(boot);
     }
     let mut c = Checks { fails: 0 };
     let ram_end = boot.ram_end();

@@ -55,9 +55,9 @@ fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
 fn tables() -> Vec<(&'static str, &'static [&'static str])> {
     vec![
         ("run", fields::<RunConfig>()),
-        ("gpu", fields::<GpuTopology>()),
-        ("gpu.cwsr", fields::<mdev::topology::CwsrModel>()),
-        ("gpu.sim", fields::<mdev::topology::SimParams>()),
+        ("gpu", fields::<GpuSection>()),
+        ("gpu.cwsr", fields::<gpu::topology::CwsrModel>()),
+        ("gpu.sim", fields::<gpusim::SimParams>()),
         ("gpu.guard", fields::<mdev::guard::GuardConfig>()),
         ("scheduler", fields::<scheduler::SchedConfig>()),
         ("vm", &VM_FIELDS),

@@ -194,19 +194,17 @@ impl VgpuPci {
     fn remap(&self) {
         let mut cur = lock(&self.mapped);
         let want = self.wanted();
-        if want.bar0 != cur.bar0 {
+        let (bar0, bar2) = (want.bar0 != cur.bar0, want.bar2 != cur.bar2);
+        // Every BAR leaving its place goes first, then the BARs are placed:
+        // a BAR refused because it overlapped the other one is placed as
+        // soon as the other moves away (issue 21: BAR0 retried before
+        // BAR2 left stayed off the bus).
+        if bar0 {
             if let Some(old) = cur.bar0.take() {
                 self.mmio.remove(old);
             }
-            if let Some(new) = want.bar0 {
-                match self.mmio.insert(new, BAR0_SIZE, self.bar0.clone()) {
-                    Ok(()) => cur.bar0 = Some(new),
-                    Err(e) => self.bar2.log.warn(format_args!("BAR0 at {new:#x}: {e}")),
-                }
-            }
-            log::debug!("vm {}: vGPU BAR0 at {:x?}", self.name, cur.bar0);
         }
-        if want.bar2 != cur.bar2 {
+        if bar2 {
             if let Some(old) = cur.bar2.take() {
                 self.mmio.remove(old);
                 for i in 0..NUM_VHQD {
@@ -219,6 +217,17 @@ impl VgpuPci {
                     }
                 }
             }
+        }
+        if bar0 {
+            if let Some(new) = want.bar0 {
+                match self.mmio.insert(new, BAR0_SIZE, self.bar0.clone()) {
+                    Ok(()) => cur.bar0 = Some(new),
+                    Err(e) => self.bar2.log.warn(format_args!("BAR0 at {new:#x}: {e}")),
+                }
+            }
+            log::debug!("vm {}: vGPU BAR0 at {:x?}", self.name, cur.bar0);
+        }
+        if bar2 {
             if let Some(new) = want.bar2 {
                 match self.mmio.insert(new, BAR2_SIZE, self.bar2.clone()) {
                     Ok(()) => {
@@ -526,6 +535,45 @@ mod tests {
         assert_eq!(r.dev.mapping(), Mapping::default());
         assert!(r.ioev.0.lock().unwrap().is_empty());
         assert!(r.mmio.resolve(0xC000_0000).is_none());
+    }
+
+    /// Issue 21: BAR0 placed over BAR2 stays off the bus only while they
+    /// overlap; once BAR2 moves away BAR0 is decoded (and the other way
+    /// round).
+    #[test]
+    fn a_bar_placed_over_the_other_is_decoded_once_the_other_moves_away() {
+        let r = rig();
+        r.wr(0x10, &0xC000_0000u32.to_le_bytes());
+        r.wr(0x18, &0xC000_4000u32.to_le_bytes());
+        r.wr(0x04, &COMMAND_MEMORY.to_le_bytes());
+        // BAR0 over BAR2 (BAR0's 16 KiB cover BAR2's page).
+        r.wr(0x10, &0xC000_4000u32.to_le_bytes());
+        assert_eq!(r.dev.mapping().bar0, None);
+        assert_eq!(r.dev.mapping().bar2, Some(0xC000_4000));
+        // BAR2 moves away: BAR0 is placed, BAR2 at its new address.
+        r.wr(0x18, &0xD000_0000u32.to_le_bytes());
+        assert_eq!(
+            r.dev.mapping(),
+            Mapping {
+                bar0: Some(0xC000_4000),
+                bar2: Some(0xD000_0000)
+            }
+        );
+        let mut b = [0u8; 4];
+        assert!(r.mmio.read(0xC000_4104, &mut b));
+        let want: Vec<u64> = (0..NUM_VHQD as u64).map(|i| 0xD000_0000 + 8 * i).collect();
+        assert_eq!(*r.ioev.0.lock().unwrap(), want);
+        // And BAR2 over BAR0, then BAR0 moves away.
+        r.wr(0x18, &0xC000_5000u32.to_le_bytes());
+        assert_eq!(r.dev.mapping().bar2, None);
+        r.wr(0x10, &0xE000_0000u32.to_le_bytes());
+        assert_eq!(
+            r.dev.mapping(),
+            Mapping {
+                bar0: Some(0xE000_0000),
+                bar2: Some(0xC000_5000)
+            }
+        );
     }
 
     #[test]

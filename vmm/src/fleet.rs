@@ -75,16 +75,13 @@ pub enum FleetError {
         /// Why.
         source: GpuError,
     },
-    /// The control socket could not be opened.
-    #[error("api socket {0}: {1}")]
-    Api(String, std::io::Error),
     /// The API socket path is taken (a file, or a live fleet's socket).
     #[error("api socket {0}")]
     ApiBind(crate::http::BindError),
     /// A stop request (SIGINT/SIGTERM) arrived while the VMs were being
     /// built: the launch was abandoned before any guest ran.
-    #[error("stopped by {0} before any VM started")]
-    Stopped(String),
+    #[error("stopped by {} before any VM started", crate::signals::name(*.0))]
+    Stopped(i32),
 }
 
 /// Why the mediated GPU or a VM's vGPU could not be set up.
@@ -286,7 +283,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         // Building thousands of VMs takes a while: honour a signal now
         // rather than after every VM was built and started.
         if let Some(sig) = opts.stop.as_ref().and_then(|s| s.received()) {
-            return Err(FleetError::Stopped(crate::signals::name(sig)));
+            return Err(FleetError::Stopped(sig));
         }
         let (vm, att) = build_vm(&kvm, &cpuid, arbiter.as_ref(), cfg, vc, id, opts.echo)?;
         if let Some(a) = att {

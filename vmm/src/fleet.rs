@@ -15,6 +15,7 @@ use mdev::mem::DmaMemory;
 use mdev::vgpu::VgpuHandle;
 use scheduler::VmParams;
 
+use crate::api::ApiError;
 use crate::config::{FleetConfig, ImageSource, VmConfig};
 use crate::devices::msix::{KvmMsi, Msix};
 use crate::devices::vgpu::VgpuPci;
@@ -404,10 +405,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                     if index != running.len() {
                         log::error!("api: add of vm index {index} out of order");
                         control.failed(index, "host error: out of order".into());
-                        reply.send(crate::http::Response::error(
-                            500,
-                            "internal error: add out of order",
-                        ));
+                        reply.send(ApiError::Internal("add out of order".into()).into());
                         continue;
                     }
                     if config.gpu && arbiter.is_none() {
@@ -487,7 +485,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                                 .push(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
                             log::warn!("api: {e}");
                             control.failed(index, e.to_string());
-                            reply.send(crate::http::Response::error(422, e.to_string()));
+                            reply.send(ApiError::Unprocessable(e.to_string()).into());
                         }
                     }
                 }
@@ -515,7 +513,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                 reply
             }
         };
-        reply.send(crate::http::Response::error(503, "the fleet is ending"));
+        reply.send(ApiError::Unavailable("the fleet is ending".into()).into());
     }
     let (timed_out, stop_requested) = manager
         .subscriber_mut(id)

@@ -15,6 +15,7 @@ use mdev::arbiter::{ArbiterStats, GpuArbiter};
 use mdev::vgpu::VgpuHandle;
 use scheduler::VmParams;
 
+use crate::api::ApiError;
 use crate::config::{FleetConfig, ImageSource, VmConfig};
 use crate::devices::msix::{KvmMsi, Msix};
 use crate::devices::vgpu::VgpuPci;
@@ -75,16 +76,13 @@ pub enum FleetError {
         /// Why.
         source: GpuError,
     },
-    /// The control socket could not be opened.
-    #[error("api socket {0}: {1}")]
-    Api(String, std::io::Error),
     /// The API socket path is taken (a file, or a live fleet's socket).
     #[error("api socket {0}")]
     ApiBind(crate::http::BindError),
     /// A stop request (SIGINT/SIGTERM) arrived while the VMs were being
     /// built: the launch was abandoned before any guest ran.
-    #[error("stopped by {0} before any VM started")]
-    Stopped(String),
+    #[error("stopped by {} before any VM started", crate::signals::name(*.0))]
+    Stopped(i32),
 }
 
 /// Why the mediated GPU or a VM's vGPU could not be set up.
@@ -286,7 +284,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         // Building thousands of VMs takes a while: honour a signal now
         // rather than after every VM was built and started.
         if let Some(sig) = opts.stop.as_ref().and_then(|s| s.received()) {
-            return Err(FleetError::Stopped(crate::signals::name(sig)));
+            return Err(FleetError::Stopped(sig));
         }
         let (vm, att) = build_vm(&kvm, &cpuid, arbiter.as_ref(), cfg, vc, id, opts.echo)?;
         if let Some(a) = att {
@@ -407,10 +405,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                     if index != running.len() {
                         log::error!("api: add of vm index {index} out of order");
                         control.failed(index, "host error: out of order".into());
-                        reply.send(crate::http::Response::error(
-                            500,
-                            "internal error: add out of order",
-                        ));
+                        reply.send(ApiError::Internal("add out of order".into()).into());
                         continue;
                     }
                     if config.gpu && arbiter.is_none() {
@@ -490,7 +485,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                                 .push(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
                             log::warn!("api: {e}");
                             control.failed(index, e.to_string());
-                            reply.send(crate::http::Response::error(422, e.to_string()));
+                            reply.send(ApiError::Unprocessable(e.to_string()).into());
                         }
                     }
                 }
@@ -518,7 +513,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                 reply
             }
         };
-        reply.send(crate::http::Response::error(503, "the fleet is ending"));
+        reply.send(ApiError::Unavailable("the fleet is ending".into()).into());
     }
     let (timed_out, stop_requested) = manager
         .subscriber_mut(id)

@@ -121,7 +121,7 @@ enum Command {
         weight: Option<Weight>,
         /// Slice length 1..=10000 ms (0: back to the priority's quantum).
         #[arg(long, value_parser = parse_quantum_ms)]
-        quantum_ms: Option<Option<QuantumMs>>,
+        quantum_ms: Option<QuantumArg>,
         /// Preemption timeout 1..=3600000 ms.
         #[arg(long, value_parser = ranged::<PreemptTimeoutMs>)]
         preempt_timeout_ms: Option<PreemptTimeoutMs>,
@@ -228,12 +228,17 @@ fn ranged<T: serde::de::DeserializeOwned + Send + Sync + Clone + 'static>(
 }
 
 /// `--quantum-ms`: 0 returns to the priority level's quantum.
-fn parse_quantum_ms(s: &str) -> Result<Option<QuantumMs>, String> {
+fn parse_quantum_ms(s: &str) -> Result<QuantumArg, String> {
     match s {
-        "0" => Ok(None),
-        _ => ranged::<QuantumMs>(s).map(Some),
+        "0" => Ok(QuantumArg(None)),
+        _ => ranged::<QuantumMs>(s).map(|q| QuantumArg(Some(q))),
     }
 }
+
+/// `--quantum-ms`: a slice, or `None` (0) for the priority level's quantum
+/// (a type of its own: clap reads `Option<Option<_>>` as an optional value).
+#[derive(Clone, Copy, Debug)]
+struct QuantumArg(Option<QuantumMs>);
 
 /// A policy name.
 fn parse_policy(s: &str) -> Result<PolicyName, String> {
@@ -399,7 +404,7 @@ fn main() -> ExitCode {
             vmm::cli::SetFields {
                 priority,
                 weight,
-                quantum_ms,
+                quantum_ms: quantum_ms.map(|q| q.0),
                 preempt_timeout_ms,
             },
             c.json,

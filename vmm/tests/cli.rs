@@ -324,6 +324,63 @@ fn clients_without_a_running_fleet_say_they_cannot_reach_the_socket() {
     }
 }
 
+#[test]
+fn values_the_api_refuses_are_refused_by_the_command_line_with_the_same_reason() {
+    for (args, want) in [
+        (
+            vec!["set", "a", "--priority", "16"],
+            "'16' for '--priority <PRIORITY>': 16 is out of range 0..=15",
+        ),
+        (
+            vec!["set", "a", "--weight", "0"],
+            "'0' for '--weight <WEIGHT>': 0 is out of range 1..=1000",
+        ),
+        (
+            vec!["set", "a", "--quantum-ms", "10001"],
+            "10001 is out of range 1..=10000",
+        ),
+        (
+            vec!["set", "a", "--preempt-timeout-ms", "0"],
+            "0 is out of range 1..=3600000",
+        ),
+        (
+            vec!["set", "a", "--weight=-1"],
+            "expected a non-negative integer",
+        ),
+        (
+            vec!["policy", "lottery"],
+            "unknown policy 'lottery' (one of: hqdmux, fifo, poll5ms, timeslice, reset)",
+        ),
+    ] {
+        let out = hqdmux()
+            .args(&args)
+            .args(["--api-socket", "/nonexistent/hqdmux.sock"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            !err.contains("cannot reach"),
+            "refused before any request: {err}"
+        );
+    }
+    // `--quantum-ms 0` (back to the level's quantum) is a valid value: it
+    // gets as far as the socket.
+    let out = hqdmux()
+        .args([
+            "set",
+            "a",
+            "--quantum-ms",
+            "0",
+            "--api-socket",
+            "/nonexistent/hqdmux.sock",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"));
+}
+
 /// Waits for `child` (killing it and failing after `limit`: a hang guard,
 /// not a performance assertion).
 fn wait_or_kill(
@@ -542,6 +599,20 @@ fn operator_stops_are_not_failures_stop_and_pause_are_idempotent_and_closed_outp
         stderr.starts_with("hqdmux: cannot write the output: "),
         "{stderr}"
     );
+
+    // `set` sends a typed update: values, and `--quantum-ms 0` as `null`.
+    for (args, prio, over) in [
+        (vec!["--priority", "4", "--quantum-ms", "8"], 4, true),
+        (vec!["--weight", "3", "--quantum-ms", "0"], 4, false),
+    ] {
+        let mut a = vec!["set", "trainer", "--json"];
+        a.extend(args);
+        let out = client(&a, &sock);
+        assert_eq!(out.status.code(), Some(0), "{a:?}: {out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["priority"], prio, "{v}");
+        assert_eq!(v["quantum_override"], over, "{v}");
+    }
 
     // Pause, resume and stop twice: the second asks for the state the VM
     // is in and is answered 200 too (exit 0).

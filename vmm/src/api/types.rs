@@ -884,6 +884,20 @@ mod tests {
         assert_eq!(u.weight, Some(Weight(1000)));
         assert_eq!(u.quantum_ms, Some(None));
         assert_eq!(u.first_field(), "priority");
+        // What the CLI sends for `set --quantum-ms 0 --weight 3`.
+        let sent = VmUpdate {
+            weight: Some(Weight(3)),
+            quantum_ms: Some(None),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&sent).unwrap(),
+            json!({"weight": 3, "quantum_ms": null})
+        );
+        assert_eq!(
+            update(&serde_json::to_string(&sent).unwrap()).unwrap_err(),
+            sent
+        );
         let u = update(r#"{"guard": {"max_resets": 2}}"#).unwrap_err();
         assert_eq!(u.guard.unwrap().max_resets, Some(2));
         for (body, want) in [

@@ -77,13 +77,30 @@ impl Server {
         s
     }
 
-    fn metrics(&self) -> String {
+    fn get(&self, path: &str) -> String {
         let mut c = UnixStream::connect(&self.api).unwrap();
-        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n")
-            .unwrap();
+        write!(
+            c,
+            "GET {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut out = String::new();
         c.read_to_string(&mut out).unwrap();
         out
+    }
+
+    fn metrics(&self) -> String {
+        self.get("/metrics")
+    }
+
+    /// GPU packets completed (`GET /api/v1/fleet`).
+    fn completions(&self) -> u64 {
+        let r = self.get("/api/v1/fleet");
+        let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        v["gpu"]["completions"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{r}"))
     }
 
     /// SIGTERM; the server's closing report.
@@ -185,15 +202,43 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         ),
     ));
     assert!(again.all_succeeded(), "{}", again.summary());
+    // Every packet completed exactly once: 4 + 2 x 25 + 1.
+    assert_eq!(srv.completions(), 55);
+    // A VM stopped mid-kernel (the run timeout) loses its queues; the
+    // other vGPU's VM is untouched and the stopped one's vGPU takes a new VM.
+    let cut = run(&config(
+        &dir,
+        &[
+            "[run]\ntimeout_ms = 300\n".to_string(),
+            remote_vm(
+                "training",
+                "training.sock",
+                "kernels=4 wgs=1216 cost_us=50000",
+            ),
+        ]
+        .concat(),
+    ));
+    assert!(cut.timed_out && !cut.all_succeeded(), "{}", cut.summary());
+    let after = run(&config(
+        &dir,
+        &[
+            remote_vm("training", "training.sock", "kernels=1 wgs=64 cost_us=100"),
+            remote_vm(
+                "inference",
+                "inference.sock",
+                "kernels=1 wgs=64 cost_us=100",
+            ),
+        ]
+        .concat(),
+    ));
+    assert!(after.all_succeeded(), "{}", after.summary());
     let out = srv.stop();
     assert!(
-        out.contains("SERVED inference connections=2 dropped=0"),
+        out.contains("SERVED inference connections=3 dropped=0"),
         "{out}"
     );
     assert!(
-        out.contains("SERVED training connections=1 dropped=0"),
+        out.contains("SERVED training connections=3 dropped=0"),
         "{out}"
     );
-    // Every packet completed exactly once: 4 + 2 x 25 + 1.
-    assert!(out.contains("SERVED gpu completions=55"), "{out}");
 }

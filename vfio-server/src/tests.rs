@@ -489,3 +489,37 @@ fn a_taken_socket_path_is_refused_and_a_stale_one_replaced() {
     drop(s);
     let _ = std::fs::remove_file(&p);
 }
+
+#[test]
+fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "codes", 8, ServerOptions::default());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    let direct = mdev::probe::add_guest(&a, "direct", 8, MEM, 64, Arc::new(Irqs::new()));
+    let good = g.q.mqd.to_bytes();
+    let mut wrong_ring = good.to_vec();
+    // The ring base (dwords CP_HQD_PQ_BASE lo/hi) far outside guest memory.
+    let base = 4 * abi::mqd::CP_HQD_PQ_BASE_LO;
+    wrong_ring[base..base + 8].copy_from_slice(&(1u64 << 50 >> 8).to_le_bytes());
+    let cases: [(&str, u64, Option<Vec<u8>>); 3] = [
+        ("zeroed MQD", 0x3000_0000, Some(vec![0u8; good.len()])),
+        ("ring outside memory", 0x3000_1000, Some(wrong_ring)),
+        ("MQD across the end of memory", MEM - 16, None),
+    ];
+    for (i, (what, addr, bytes)) in cases.into_iter().enumerate() {
+        if let Some(b) = bytes {
+            g.tvm.mem.write(addr, &b).unwrap();
+            direct.tvm.mem.write(addr, &b).unwrap();
+        }
+        let vhqd = i + 1;
+        g.wr(hqd_reg(vhqd, reg::CP_MQD_BASE_ADDR), addr as u32);
+        g.wr(hqd_reg(vhqd, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+        g.wr(hqd_reg(vhqd, reg::CP_HQD_ACTIVE), 1);
+        mdev::probe::load_hqd(&direct.fe, vhqd, addr);
+        let over = g.rd(hqd_reg(vhqd, reg::CP_HQD_ERROR));
+        let inside = direct.fe.reg_read(hqd_reg(vhqd, reg::CP_HQD_ERROR));
+        assert_ne!(inside, 0, "{what}");
+        assert_eq!(over, inside, "{what}");
+    }
+    srv.stop();
+}

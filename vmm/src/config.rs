@@ -1075,6 +1075,27 @@ mod tests {
     }
 
     #[test]
+    fn a_vm_attaches_to_a_vgpu_socket_with_a_gpu_table() {
+        let remote = GOOD.replace(
+            "args = \"x=1\"",
+            "args = \"x=1\"\n        gpu = { socket = \"vgpu.sock\" }",
+        );
+        let c = parse(&remote).unwrap();
+        assert!(!c.vm[0].gpu, "not on this fleet's GPU");
+        assert_eq!(c.vm[0].gpu_socket.as_deref(), Some(Path::new("vgpu.sock")));
+        for bad in [
+            "gpu = { socket = \"\" }",
+            "gpu = { path = \"x\" }",
+            "gpu = { socket = \"x\", priority = 3 }",
+            "gpu = { socket = 3 }",
+            "gpu = \"x\"",
+        ] {
+            let t = GOOD.replace("args = \"x=1\"", &format!("args = \"x=1\"\n        {bad}"));
+            assert!(err(&t).contains("field `gpu`"), "{bad}: {}", err(&t));
+        }
+    }
+
+    #[test]
     fn gpu_vms_need_room_for_a_cwsr_area_and_scheduler_section_parses() {
         let gpu = GOOD.replace("args = \"x=1\"", "args = \"x=1\"\n        gpu = true");
         assert_err_starts(

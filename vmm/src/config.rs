@@ -19,6 +19,8 @@
 //! partition = 0            # optional: pin to a GPU partition
 //! args = "exit=0"
 //! preempt_timeout_ms = 9000 # optional: reset a queue whose dequeue takes longer
+//! gpu = true               # optional: a vGPU on this fleet's GPU, or
+//!                          # gpu = { socket = "vgpu.sock" }: one `hqdmux serve` serves
 //! ```
 //!
 //! Every error names the file, the section or VM (name and index), the field

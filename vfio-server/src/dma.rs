@@ -250,8 +250,12 @@ impl DmaMemory for MappedMemory {
         let Ok(n) = usize::try_from(len) else {
             return false;
         };
-        gpa.checked_add(len).is_some()
-            && (n == 0 || self.snapshot().check_range(GuestAddress(gpa), n))
+        let mem = self.snapshot();
+        match gpa.checked_add(len) {
+            None => false,
+            Some(end) if n == 0 => end <= DmaMemory::size(&*mem),
+            Some(_) => mem.check_range(GuestAddress(gpa), n),
+        }
     }
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
         self.snapshot().fetch_add_u64(gpa, delta)
@@ -292,6 +296,8 @@ mod tests {
         assert!(m.contains(0x10_0000, 0x4000));
         assert!(!m.contains(0x10_0000, 0x4001));
         assert!(!m.contains(u64::MAX, 2));
+        assert!(m.contains(0x10_4000, 0), "an empty range at the end");
+        assert!(!m.contains(0x10_4001, 0), "an empty range past the end");
         // The fd sees the guest's bytes (offset 0x2000 backs 0x10_2000).
         m.write_u32(0x10_2000, 7).unwrap();
         let mut b = [0u8; 4];

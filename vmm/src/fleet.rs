@@ -727,6 +727,16 @@ pub fn attach_vgpu(
     })
 }
 
+impl Drop for VgpuAttachment {
+    /// A remote vGPU's connection and relay thread end with the attachment
+    /// even when it is never detached (a launch aborted after it was built).
+    fn drop(&mut self) {
+        if let Some(r) = &self.remote {
+            r.close();
+        }
+    }
+}
+
 /// Puts on PCI bus 0 a vGPU that `hqdmux serve` (or any vfio-user server
 /// of this device) serves on `socket`: the same PCI function as
 /// [`attach_vgpu`]'s, whose registers and doorbells go over the socket

@@ -204,8 +204,21 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
     assert!(again.all_succeeded(), "{}", again.summary());
     // Every packet completed exactly once: 4 + 2 x 25 + 1.
     assert_eq!(srv.completions(), 55);
-    // A VM stopped mid-kernel (the run timeout) loses its queues; the
-    // other vGPU's VM is untouched and the stopped one's vGPU takes a new VM.
+    // A VM stopped mid-kernel (its fleet's run timeout) loses its queues
+    // while another process's VM on the other vGPU keeps running: that one
+    // completes every kernel exactly once (its guest checks), and the
+    // stopped one's vGPU then takes a new VM.
+    let other = {
+        let cfg = config(
+            &dir,
+            &remote_vm(
+                "inference",
+                "inference.sock",
+                "kernels=2 wgs=304 cost_us=500 loops=10",
+            ),
+        );
+        std::thread::spawn(move || run(&cfg))
+    };
     let cut = run(&config(
         &dir,
         &[
@@ -219,6 +232,8 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         .concat(),
     ));
     assert!(cut.timed_out && !cut.all_succeeded(), "{}", cut.summary());
+    let other = other.join().unwrap();
+    assert!(other.all_succeeded(), "{}", other.summary());
     let after = run(&config(
         &dir,
         &[
@@ -234,7 +249,7 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
     assert!(after.all_succeeded(), "{}", after.summary());
     let out = srv.stop();
     assert!(
-        out.contains("SERVED inference connections=3 dropped=0"),
+        out.contains("SERVED inference connections=4 dropped=0"),
         "{out}"
     );
     assert!(

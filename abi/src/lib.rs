@@ -8,6 +8,8 @@
 //! * [`queue`]: ROCr `amd_queue_t` and `amd_signal_t` offsets (`amd_hsa_queue.h`, `amd_hsa_signal.h`).
 //! * [`kernel`]: hqdmux's own 64-byte kernel descriptor and built-in simulated kernels.
 //! * [`boot`]: the boot-info block the VMM writes for the guest (docs/boot.md).
+//! * [`config_space`]: a PCI type-0 config space with write masks and the vGPU's
+//!   own, shared by the VMM's PCI function and the vfio-user server.
 //! * [`pci`]: the vGPU's PCI identity, BARs and MSI-X layout (docs/vgpu-abi.md).
 //! * [`vgpu`]: the guest-visible virtual GPU's registers and codes (docs/vgpu-abi.md).
 #![no_std]
@@ -15,6 +17,7 @@
 
 pub mod aql;
 pub mod boot;
+pub mod config_space;
 pub mod kernel;
 pub mod mqd;
 pub mod pci;

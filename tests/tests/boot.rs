@@ -213,7 +213,7 @@ fn bad_configs_are_rejected_with_file_vm_field_and_reason() {
         ),
         (
             good.clone() + "gpu = \"yes\"\n",
-            "vm 'good' (vm[0]): field `gpu`: expected true or false, found a string".into(),
+            "vm 'good' (vm[0]): field `gpu`: expected true, false or { socket = \"PATH\" }, found a string".into(),
         ),
         (
             format!("[gpu]\npartition_mode = \"DPX\"\nxccs = 3\n{good}"),

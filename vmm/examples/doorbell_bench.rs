@@ -184,7 +184,7 @@ fn run(m: &Arc<GpuArbiter>, built: Vec<Built>, wait_for: usize) -> Vec<VmReport>
     done_fds[wait_for].read().unwrap();
     let mut reports = Vec::new();
     for (r, gpu) in running {
-        let h = gpu.handle();
+        let h = gpu.handle().expect("an in-process vGPU");
         let report = r.stop("bench done");
         m.remove_vm(h);
         gpu.detach();
@@ -252,7 +252,7 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>) {
         );
     let (m, built, _) = build(&toml);
     m.set_doorbell_observer(Some(observer));
-    let inference = built[1].gpu.handle();
+    let inference = built[1].gpu.handle().expect("an in-process vGPU");
     let reports = run(&m, built, 1);
     done.store(true, Ordering::SeqCst);
     let floor = floor.join().unwrap();

@@ -19,6 +19,8 @@
 //! partition = 0            # optional: pin to a GPU partition
 //! args = "exit=0"
 //! preempt_timeout_ms = 9000 # optional: reset a queue whose dequeue takes longer
+//! gpu = true               # optional: a vGPU on this fleet's GPU, or
+//!                          # gpu = { socket = "vgpu.sock" }: one `hqdmux serve` serves
 //! ```
 //!
 //! Every error names the file, the section or VM (name and index), the field
@@ -236,8 +238,12 @@ pub struct VmConfig {
     pub partition: Option<u32>,
     /// Argument string passed to the guest.
     pub args: String,
-    /// Give the VM a mediated virtual GPU (docs/vgpu-abi.md).
+    /// Give the VM a mediated virtual GPU (docs/vgpu-abi.md) on this
+    /// fleet's GPU (`gpu = true`).
     pub gpu: bool,
+    /// Or attach the VM to a vGPU another process serves over vfio-user
+    /// (`gpu = { socket = "PATH" }`, `hqdmux serve`; relative to the file).
+    pub gpu_socket: Option<PathBuf>,
     /// Preemption timeout (ms): a dequeue of one of the VM's queues that
     /// has not finished this long after the request resets that queue
     /// (error 22). Default 9000 as KFD's `queue_preemption_timeout_ms`;
@@ -322,13 +328,27 @@ impl VmConfig {
                 reason: "missing (required)".into(),
             })
         };
-        let gpu = match t.get("gpu") {
-            None => false,
-            Some(toml::Value::Boolean(b)) => *b,
+        let (gpu, gpu_socket) = match t.get("gpu") {
+            None => (false, None),
+            Some(toml::Value::Boolean(b)) => (*b, None),
+            Some(toml::Value::Table(g)) => match (g.get("socket"), g.len()) {
+                (Some(toml::Value::String(s)), 1) if !s.is_empty() => {
+                    (false, Some(PathBuf::from(s)))
+                }
+                _ => {
+                    return Err(FieldError {
+                        field: "gpu".into(),
+                        reason: "expected { socket = \"PATH\" } (a vfio-user vGPU)".into(),
+                    })
+                }
+            },
             Some(v) => {
                 return Err(FieldError {
                     field: "gpu".into(),
-                    reason: format!("expected true or false, found {}", type_name(v)),
+                    reason: format!(
+                        "expected true, false or {{ socket = \"PATH\" }}, found {}",
+                        type_name(v)
+                    ),
                 })
             }
         };
@@ -352,6 +372,7 @@ impl VmConfig {
             partition: int("partition", 0, u32::MAX as i64)?.map(|p| p as u32),
             args: string("args")?.unwrap_or_default(),
             gpu,
+            gpu_socket,
             preempt_timeout_ms: int(
                 "preempt_timeout_ms",
                 *mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE.start() as i64,
@@ -1166,6 +1187,27 @@ mod tests {
     fn assert_err_ends(text: &str, want: &str) {
         let e = err(text);
         assert!(e.ends_with(want), "{e}");
+    }
+
+    #[test]
+    fn a_vm_attaches_to_a_vgpu_socket_with_a_gpu_table() {
+        let remote = GOOD.replace(
+            "args = \"x=1\"",
+            "args = \"x=1\"\n        gpu = { socket = \"vgpu.sock\" }",
+        );
+        let c = parse(&remote).unwrap();
+        assert!(!c.vm[0].gpu, "not on this fleet's GPU");
+        assert_eq!(c.vm[0].gpu_socket.as_deref(), Some(Path::new("vgpu.sock")));
+        for bad in [
+            "gpu = { socket = \"\" }",
+            "gpu = { path = \"x\" }",
+            "gpu = { socket = \"x\", priority = 3 }",
+            "gpu = { socket = 3 }",
+            "gpu = \"x\"",
+        ] {
+            let t = GOOD.replace("args = \"x=1\"", &format!("args = \"x=1\"\n        {bad}"));
+            assert!(err(&t).contains("field `gpu`"), "{bad}: {}", err(&t));
+        }
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub enum GpuError {
     /// The vGPU could not be put on the PCI bus.
     #[error("{0}")]
     Pci(#[from] crate::devices::pci::PciError),
+    /// The vfio-user server of a `gpu = { socket }` VM refused or failed.
+    #[error("{0}")]
+    Remote(#[from] crate::devices::vfio_client::VfioClientError),
     /// A GPU VM in a fleet without a GPU arbiter.
     #[error("the fleet has no GPU arbiter")]
     NoArbiter,
@@ -288,7 +291,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         }
         let (vm, att) = build_vm(&kvm, &cpuid, arbiter.as_ref(), cfg, vc, id, opts.echo)?;
         if let Some(a) = att {
-            vgpus[id] = Some(a.handle());
+            vgpus[id] = a.handle();
             attached[id] = Some(a);
         }
         built.push(vm);
@@ -432,12 +435,12 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                     .and_then(|(vm, att)| {
                         let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
                         let done2 = done.try_clone().map_err(FleetError::EventLoop)?;
-                        let h = att.as_ref().map(VgpuAttachment::handle);
+                        let h = att.as_ref().and_then(VgpuAttachment::handle);
                         match vm.start(done2) {
                             Ok(r) => Ok((r, att, h, done)),
                             Err(source) => {
                                 if let Some(a) = att {
-                                    detach_vgpu(&arbiter, Some(a.handle()));
+                                    detach_vgpu(&arbiter, a.handle());
                                     a.detach();
                                 }
                                 Err(FleetError::Build {
@@ -666,6 +669,12 @@ fn build_vm(
         source,
     })?;
     let att = match (vc.gpu, arbiter) {
+        _ if vc.gpu_socket.is_some() => Some(attach_remote_vgpu(
+            &vm,
+            vc,
+            &cfg.base_dir
+                .join(vc.gpu_socket.as_deref().unwrap_or(std::path::Path::new(""))),
+        )?),
         (true, Some(m)) => Some(attach_vgpu(m, &vm, cfg, vc)?),
         (true, None) => {
             return Err(FleetError::Vgpu {
@@ -707,22 +716,29 @@ impl Drop for ArbiterGuard {
     }
 }
 
-/// A VM's vGPU: its PCI function (BARs, ioeventfds, MSI-X) on the arbiter.
+/// A VM's vGPU: its PCI function (BARs, ioeventfds, MSI-X) on the
+/// fleet's arbiter, or on a vGPU server's socket.
 pub struct VgpuAttachment {
     pci: Arc<VgpuPci>,
-    handle: VgpuHandle,
+    handle: Option<VgpuHandle>,
+    remote: Option<Arc<crate::devices::vfio_client::VfioBackend>>,
 }
 
 impl VgpuAttachment {
-    /// The arbiter's handle of the VM.
-    pub fn handle(&self) -> VgpuHandle {
+    /// The fleet arbiter's handle of the VM (`None` for a vGPU served by
+    /// another process).
+    pub fn handle(&self) -> Option<VgpuHandle> {
         self.handle
     }
 
     /// Takes the BARs off the bus and the ioeventfds out of KVM (after the
-    /// VM's vCPUs stopped); returns the device counters.
+    /// VM's vCPUs stopped), closes a vfio-user connection (the server then
+    /// releases the vGPU's queues); returns the device counters.
     pub fn detach(self) -> VgpuIoStats {
         self.pci.detach();
+        if let Some(r) = &self.remote {
+            r.close();
+        }
         VgpuIoStats {
             msix: self.pci.msix().stats(),
             refused: self.pci.bad_accesses(),
@@ -774,7 +790,62 @@ pub fn attach_vgpu(
     vm.pci()
         .add(abi::pci::VGPU_DEVICE, pci.clone())
         .map_err(|e| err(e.into()))?;
-    Ok(VgpuAttachment { pci, handle })
+    Ok(VgpuAttachment {
+        pci,
+        handle: Some(handle),
+        remote: None,
+    })
+}
+
+impl Drop for VgpuAttachment {
+    /// A remote vGPU's connection and relay thread end with the attachment
+    /// even when it is never detached (a launch aborted after it was built).
+    fn drop(&mut self) {
+        if let Some(r) = &self.remote {
+            r.close();
+        }
+    }
+}
+
+/// Puts on PCI bus 0 a vGPU that `hqdmux serve` (or any vfio-user server
+/// of this device) serves on `socket`: the same PCI function as
+/// [`attach_vgpu`]'s, whose registers and doorbells go over the socket
+/// ([`crate::devices::vfio_client`]).
+pub fn attach_remote_vgpu(
+    vm: &Vm,
+    vc: &VmConfig,
+    socket: &std::path::Path,
+) -> Result<VgpuAttachment, FleetError> {
+    let err = |e: GpuError| FleetError::Vgpu {
+        vm: vc.name.clone(),
+        source: e,
+    };
+    let target = KvmMsi::new(vm.vm_fd().clone(), abi::vgpu::NUM_VECTORS, &vc.name)
+        .map_err(|e| err(e.into()))?;
+    let msix = Arc::new(Msix::new(abi::vgpu::NUM_VECTORS, Arc::new(target)));
+    let remote = crate::devices::vfio_client::VfioBackend::connect(
+        &vc.name,
+        socket,
+        &vm.guest_memory(),
+        msix.clone(),
+    )
+    .map_err(|e| err(e.into()))?;
+    let pci = Arc::new(VgpuPci::new(
+        &vc.name,
+        remote.clone(),
+        msix,
+        vm.mmio_bus(),
+        vm.vm_fd().clone(),
+    ));
+    if let Err(e) = vm.pci().add(abi::pci::VGPU_DEVICE, pci.clone()) {
+        remote.close();
+        return Err(err(e.into()));
+    }
+    Ok(VgpuAttachment {
+        pci,
+        handle: None,
+        remote: Some(remote),
+    })
 }
 
 /// Removes a VM's vGPU from the arbiter; returns its final GPU accounting.

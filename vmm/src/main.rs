@@ -85,6 +85,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Own the GPU and serve each `[[vgpu]]` of DEVICES.toml as a vfio-user
+    /// device on its socket (Cloud Hypervisor `--user-device`, QEMU
+    /// `vfio-user-pci`, or a `[[vm]] gpu = { socket = ... }` of `hqdmux run`)
+    /// until SIGINT/SIGTERM; a vGPU takes a new VMM after one disconnects.
+    /// Exits 2 if the file is invalid or a socket is taken, 130/143 when stopped.
+    Serve {
+        /// Devices file (TOML): `[gpu]`, `[scheduler]`, `[[vgpu]]` entries
+        /// (name, socket, priority, weight, partition, quantum_ms,
+        /// preempt_timeout_ms, guard).
+        config: PathBuf,
+        /// Serve the operator API (metrics, timeline, stats, policy) on this Unix socket.
+        #[arg(long, value_name = "PATH")]
+        api_socket: Option<PathBuf>,
+        /// Permission bits of the API socket file, octal.
+        #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
+        api_socket_mode: u32,
+    },
     /// List the VMs of a running fleet: state, priority, weight, slice, GPU
     /// time, share of the last interval, preemptions, CWSR time, outcome.
     Ps(ClientArgs),
@@ -278,6 +295,51 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve {
+            config,
+            api_socket,
+            api_socket_mode,
+        } => {
+            let stop = match vmm::signals::install() {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    eprintln!("hqdmux: cannot install SIGINT/SIGTERM handlers: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let cfg = match vmm::serve::DevicesConfig::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("hqdmux: invalid config: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let opts = vmm::serve::ServeOptions {
+                api_socket,
+                api_socket_mode: Some(api_socket_mode),
+                stop,
+            };
+            match vmm::serve::run_serve(&cfg, opts) {
+                Ok(r) => {
+                    for (name, s) in &r.vgpus {
+                        println!(
+                            "vgpu {name}: {} connections, {} doorbells, {} resets, {} error replies, {} dropped",
+                            s.connections, s.doorbells, s.resets, s.error_replies, s.dropped
+                        );
+                    }
+                    println!(
+                        "gpu: {} packets completed, {} maps, {} preemptions",
+                        r.gpu.completions, r.gpu.maps, r.gpu.preemptions
+                    );
+                    let sig = vmm::signals::received().unwrap_or(libc_sigterm());
+                    ExitCode::from(vmm::signals::exit_code(sig))
+                }
+                Err(e) => {
+                    eprintln!("hqdmux: serve: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Run {
             config,
             quiet,
@@ -459,4 +521,10 @@ fn describe_images() -> String {
         }
     }
     s
+}
+
+/// SIGTERM's number (the exit code of a serve run that ended without a
+/// recorded signal).
+fn libc_sigterm() -> i32 {
+    15
 }

@@ -4,6 +4,7 @@
 
 pub mod msix;
 pub mod pci;
+pub mod vfio_client;
 pub mod vgpu;
 
 use std::sync::{Arc, Mutex};

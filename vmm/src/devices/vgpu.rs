@@ -19,8 +19,8 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
 use abi::pci::{
-    cfg, BAR0_SIZE, BAR2_SIZE, CAP_ID_MSIX, COMMAND_MEMORY, DOORBELL_STRIDE, MSIX_CAP_OFFSET,
-    MSIX_ENTRY_SIZE, MSIX_PBA_OFFSET, MSIX_TABLE_OFFSET, REGS_SIZE,
+    cfg, BAR0_SIZE, BAR2_SIZE, COMMAND_MEMORY, DOORBELL_STRIDE, MSIX_CAP_OFFSET, MSIX_ENTRY_SIZE,
+    MSIX_PBA_OFFSET, MSIX_TABLE_OFFSET, REGS_SIZE,
 };
 use abi::vgpu::{NUM_VECTORS, NUM_VHQD};
 
@@ -73,30 +73,14 @@ impl IoEvents for VmFd {
 
 /// The PCI identity of the vGPU (`abi::pci`).
 pub fn identity() -> Identity {
-    Identity {
-        vendor: abi::pci::VENDOR_ID,
-        device: abi::pci::DEVICE_ID,
-        class: abi::pci::CLASS,
-        subclass: abi::pci::SUBCLASS,
-        prog_if: abi::pci::PROG_IF,
-        revision: abi::pci::REVISION,
-        subsystem_vendor: abi::pci::SUBSYSTEM_VENDOR_ID,
-        subsystem: abi::pci::SUBSYSTEM_ID,
-    }
+    abi::config_space::vgpu_identity()
 }
 
-/// The vGPU's config space: identity, BAR0 16 KiB, BAR2 4 KiB, MSI-X
-/// capability at 0x40 (table BIR 0 at 0x2000, PBA BIR 0 at 0x3000).
+/// The vGPU's config space ([`abi::config_space::vgpu_config_space`], the
+/// same builder the vfio-user server uses): identity, BAR0 16 KiB, BAR2
+/// 4 KiB, MSI-X capability at 0x40 (table BIR 0 at 0x2000, PBA BIR 0 at 0x3000).
 pub fn config_space() -> ConfigSpace {
-    let mut c = ConfigSpace::new(identity());
-    c.add_memory_bar(0, BAR0_SIZE as u32);
-    c.add_memory_bar(2, BAR2_SIZE as u32);
-    c.add_capability(
-        usize::from(MSIX_CAP_OFFSET),
-        u32::from(CAP_ID_MSIX) | (NUM_VECTORS as u32 - 1) << 16,
-        &[MSIX_TABLE_OFFSET as u32, MSIX_PBA_OFFSET as u32],
-    );
-    c
+    abi::config_space::vgpu_config_space()
 }
 
 /// Where the BARs are live (None: not decoded).

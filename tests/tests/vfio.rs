@@ -1,0 +1,259 @@
+//! End-to-end over vfio-user (issue 19): `hqdmux serve` in a separate
+//! process owns the GPU and serves two vGPUs of different priorities; two
+//! `builtin:gpu` guests in hqdmux's own VMM attach to them over their
+//! sockets, run their kernels, and the lower one is preempted.
+//!
+//! The server process is this test binary re-run on the
+//! `serve_child_process` test with `HQDMUX_SERVE_CHILD` set (it serves until
+//! SIGTERM). Waits have deadlines against hangs; nothing asserts on time.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
+
+const CHILD_ENV: &str = "HQDMUX_SERVE_CHILD";
+
+/// Not a test on its own: the server side when re-run with [`CHILD_ENV`].
+#[test]
+fn serve_child_process() {
+    let Ok(devices) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let stop = vmm::signals::install().expect("signal handlers");
+    let cfg = vmm::serve::DevicesConfig::load(Path::new(&devices)).expect("devices file");
+    let api = Path::new(&devices).with_file_name("api.sock");
+    let r = vmm::serve::run_serve(
+        &cfg,
+        vmm::serve::ServeOptions {
+            api_socket: Some(api),
+            api_socket_mode: None,
+            stop: Some(stop),
+        },
+    )
+    .expect("serve");
+    for (name, s) in &r.vgpus {
+        println!(
+            "SERVED {name} connections={} dropped={}",
+            s.connections, s.dropped
+        );
+    }
+    println!("SERVED gpu completions={}", r.gpu.completions);
+    std::process::exit(0);
+}
+
+struct Server {
+    child: Option<Child>,
+    api: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path, vgpus: &str) -> Server {
+        let devices = dir.join("devices.toml");
+        std::fs::write(&devices, vgpus).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "serve_child_process",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, &devices)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let s = Server {
+            child: Some(child),
+            api: dir.join("api.sock"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while UnixStream::connect(&s.api).is_err() {
+            assert!(Instant::now() < deadline, "serve did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s
+    }
+
+    fn get(&self, path: &str) -> String {
+        let mut c = UnixStream::connect(&self.api).unwrap();
+        write!(
+            c,
+            "GET {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    fn metrics(&self) -> String {
+        self.get("/metrics")
+    }
+
+    /// GPU packets completed (`GET /api/v1/fleet`).
+    fn completions(&self) -> u64 {
+        let r = self.get("/api/v1/fleet");
+        let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        v["gpu"]["completions"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{r}"))
+    }
+
+    /// SIGTERM; the server's closing report.
+    fn stop(mut self) -> String {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: kill with the pid of our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "{out}");
+        out
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A `builtin:gpu` VM attached to the vGPU at `socket`.
+fn remote_vm(name: &str, socket: &str, args: &str) -> String {
+    format!(
+        "[[vm]]\nname = \"{name}\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = {{ socket = \"{socket}\" }}\nargs = \"{args}\"\n"
+    )
+}
+
+fn metric(text: &str, name: &str, vm: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{vm=\"{vm}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempted() {
+    if !kvm_or_skip(
+        "two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempted",
+    ) {
+        return;
+    }
+    let dir = scratch_dir("vfio-two");
+    let srv = Server::start(
+        &dir,
+        "[[vgpu]]\nname = \"training\"\nsocket = \"training.sock\"\npriority = 2\n\
+         [[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n",
+    );
+    // As in gpu.rs's preemption test: training holds ~800 ms of whole-GPU
+    // work in 50 ms workgroups; inference's 25 short jobs land while it runs.
+    let toml = [
+        remote_vm(
+            "training",
+            "training.sock",
+            "kernels=4 wgs=1216 cost_us=50000",
+        ),
+        remote_vm(
+            "inference",
+            "inference.sock",
+            "kernels=2 wgs=304 cost_us=500 loops=25",
+        ),
+    ]
+    .concat();
+    let report = run(&config(&dir, &toml));
+    assert!(report.all_succeeded(), "{}", report.summary());
+    for (v, want) in [
+        (0, "gpu: 1 queues x 4 kernels x 1216 wgs: ok"),
+        (1, "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok"),
+    ] {
+        assert!(
+            report.vms[v].console.iter().any(|l| l == want),
+            "{:?}",
+            report.vms[v].console
+        );
+    }
+    assert!(report.gpu.is_none(), "no GPU in the VMM's process");
+    let m = srv.metrics();
+    assert!(
+        metric(&m, "hqdmux_vm_preemptions_total", "training") >= 1.0,
+        "training preempted:\n{m}"
+    );
+    assert_eq!(metric(&m, "hqdmux_vm_preemptions_total", "inference"), 0.0);
+    let done = |i: usize| last_checkpoint(&report.vms[i], 3);
+    assert!(done(1) < done(0), "{}", report.summary());
+    // The vGPU outlives its VM: the next VM on the same socket runs too.
+    let again = run(&config(
+        &dir,
+        &remote_vm(
+            "inference",
+            "inference.sock",
+            "kernels=1 wgs=64 cost_us=100",
+        ),
+    ));
+    assert!(again.all_succeeded(), "{}", again.summary());
+    // Every packet completed exactly once: 4 + 2 x 25 + 1.
+    assert_eq!(srv.completions(), 55);
+    // A VM stopped mid-kernel (its fleet's run timeout) loses its queues
+    // while another process's VM on the other vGPU keeps running: that one
+    // completes every kernel exactly once (its guest checks), and the
+    // stopped one's vGPU then takes a new VM.
+    let other = {
+        let cfg = config(
+            &dir,
+            &remote_vm(
+                "inference",
+                "inference.sock",
+                "kernels=2 wgs=304 cost_us=500 loops=10",
+            ),
+        );
+        std::thread::spawn(move || run(&cfg))
+    };
+    let cut = run(&config(
+        &dir,
+        &[
+            "[run]\ntimeout_ms = 300\n".to_string(),
+            remote_vm(
+                "training",
+                "training.sock",
+                "kernels=4 wgs=1216 cost_us=50000",
+            ),
+        ]
+        .concat(),
+    ));
+    assert!(cut.timed_out && !cut.all_succeeded(), "{}", cut.summary());
+    let other = other.join().unwrap();
+    assert!(other.all_succeeded(), "{}", other.summary());
+    let after = run(&config(
+        &dir,
+        &[
+            remote_vm("training", "training.sock", "kernels=1 wgs=64 cost_us=100"),
+            remote_vm(
+                "inference",
+                "inference.sock",
+                "kernels=1 wgs=64 cost_us=100",
+            ),
+        ]
+        .concat(),
+    ));
+    assert!(after.all_succeeded(), "{}", after.summary());
+    let out = srv.stop();
+    assert!(
+        out.contains("SERVED inference connections=4 dropped=0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("SERVED training connections=3 dropped=0"),
+        "{out}"
+    );
+}

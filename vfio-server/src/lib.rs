@@ -1,0 +1,853 @@
+//! The vGPU as a vfio-user device (issue 19): one Unix socket per vGPU,
+//! served against the fleet's [`GpuArbiter`].
+//!
+//! A [`VgpuServer`] owns one vGPU: its socket, its scheduling parameters
+//! and, while a client (a VMM) is connected, its registration with the
+//! arbiter. Each connection gets a fresh front end over a [`MappedMemory`]
+//! (the client's DMA_MAPs) and an [`Irqs`] (the client's SET_IRQS
+//! eventfds); when the client goes away, or is killed mid-kernel, the vGPU
+//! is removed from the arbiter as a dying VM is (its queues reset-unmapped)
+//! and the socket accepts the next connection.
+//!
+//! What the client sees:
+//! * the PCI config space from [`abi::config_space::vgpu_config_space`],
+//!   the builder the in-VMM device uses;
+//! * BAR0 registers (32-bit accesses to the front end), BAR2 doorbells
+//!   (a write at `8 * i` signals vHQD `i`'s doorbell eventfd, as KVM's
+//!   ioeventfd does in the VMM), MSI-X vectors through SET_IRQS eventfds
+//!   with mask/unmask and pending bits ([`irq`]);
+//! * DMA_MAP/UNMAP of guest memory ([`dma`]); DEVICE_RESET (queues released
+//!   as on a disconnect, config space back to reset values).
+//!
+//! Every message is checked before it is acted on (its size against its
+//! command, every range, every fd); a bad one gets an error reply, an
+//! unrecoverable one (a size the stream cannot be resynchronised after)
+//! ends that connection. Each vGPU is served by its own thread with a
+//! bounded send time, so a client that stops reading loses its own
+//! connection and costs the other vGPUs nothing.
+#![deny(missing_docs)]
+
+pub mod dma;
+pub mod irq;
+pub mod wire;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use abi::config_space::{read_from_dword, vgpu_config_space, ConfigSpace};
+use abi::pci::{
+    BAR0_SIZE, BAR2_SIZE, MSIX_CAP_OFFSET, MSIX_ENABLE, MSIX_FUNCTION_MASK, MSIX_PBA_OFFSET,
+    REGS_SIZE,
+};
+use mdev::arbiter::GpuArbiter;
+use mdev::guard::GuardConfig;
+use mdev::ratelimit::{Admit, RateLimiter};
+use mdev::vgpu::{VgpuFrontEnd, VgpuHandle};
+use scheduler::VmParams;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+pub use dma::MappedMemory;
+pub use irq::Irqs;
+use wire::{cmd, Header};
+
+/// What one vGPU is: its name and the knobs a fleet VM has.
+#[derive(Clone, Debug)]
+pub struct VgpuSpec {
+    /// Name (metrics and timelines label the vGPU by it).
+    pub name: String,
+    /// Priority, weight, partition.
+    pub params: VmParams,
+    /// Preemption timeout.
+    pub preempt_timeout: Duration,
+    /// The vGPU's guard limits (the `[gpu.guard]` defaults with its own
+    /// overrides applied).
+    pub guard: GuardConfig,
+    /// Time slice (`None`: the level's).
+    pub quantum: Option<Duration>,
+}
+
+/// Server options.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerOptions {
+    /// How long a reply may wait for a client that does not read before
+    /// the connection is dropped.
+    pub send_timeout: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            send_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Errors setting a vGPU server up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The socket path is taken by something that is not a stale socket.
+    #[error("socket {0}: the path exists (a live server, or not a socket)")]
+    PathTaken(PathBuf),
+    /// I/O on the socket.
+    #[error("socket {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+/// Counters of one vGPU server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Error replies sent.
+    pub error_replies: u64,
+    /// Connections ended by the server (unrecoverable message, a client
+    /// that did not read its replies).
+    pub dropped: u64,
+    /// Doorbell writes forwarded.
+    pub doorbells: u64,
+    /// Resets.
+    pub resets: u64,
+}
+
+/// One vGPU served on one socket.
+pub struct VgpuServer {
+    spec: Mutex<VgpuSpec>,
+    arbiter: Arc<GpuArbiter>,
+    listener: UnixListener,
+    path: PathBuf,
+    stop: EventFd,
+    opts: ServerOptions,
+    active: Mutex<Option<UnixStream>>,
+    handle: Mutex<Option<VgpuHandle>>,
+    stats: Mutex<ServerStats>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Binds `path`, replacing a stale socket (one nobody listens on).
+fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        let stale = md.file_type().is_socket()
+            && UnixStream::connect(path)
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        if !stale {
+            return Err(ServeError::PathTaken(path.into()));
+        }
+        std::fs::remove_file(path).map_err(|e| ServeError::Io(path.into(), e))?;
+    }
+    let l = UnixListener::bind(path).map_err(|e| ServeError::Io(path.into(), e))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| ServeError::Io(path.into(), e))?;
+    Ok(l)
+}
+
+impl VgpuServer {
+    /// Binds the vGPU's socket at `path` (mode 0600; a stale socket there
+    /// is replaced). Serve it with [`VgpuServer::spawn`].
+    pub fn bind(
+        path: &Path,
+        spec: VgpuSpec,
+        arbiter: Arc<GpuArbiter>,
+        opts: ServerOptions,
+    ) -> Result<Arc<Self>, ServeError> {
+        let listener = bind(path)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| ServeError::Io(path.into(), e))?;
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(|e| ServeError::Io(path.into(), e))?;
+        Ok(Arc::new(VgpuServer {
+            spec: Mutex::new(spec),
+            arbiter,
+            listener,
+            path: path.into(),
+            stop,
+            opts,
+            active: Mutex::new(None),
+            handle: Mutex::new(None),
+            stats: Mutex::new(ServerStats::default()),
+        }))
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The vGPU's spec.
+    pub fn spec(&self) -> VgpuSpec {
+        lock(&self.spec).clone()
+    }
+
+    /// The arbiter's handle of the vGPU while a client is connected.
+    pub fn handle(&self) -> Option<VgpuHandle> {
+        *lock(&self.handle)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ServerStats {
+        *lock(&self.stats)
+    }
+
+    fn count(&self, f: impl FnOnce(&mut ServerStats)) {
+        f(&mut lock(&self.stats));
+    }
+
+    /// Serves connections one after another on a thread of its own until
+    /// [`VgpuServer::stop`].
+    pub fn spawn(self: &Arc<Self>) -> std::io::Result<JoinHandle<()>> {
+        let me = self.clone();
+        let name = format!("vfio-{}", lock(&self.spec).name);
+        std::thread::Builder::new()
+            .name(name.chars().take(15).collect())
+            .spawn(move || me.run())
+    }
+
+    /// Ends the current connection (its vGPU leaves the arbiter) and the
+    /// accept loop; removes the socket file.
+    pub fn stop(&self) {
+        let _ = self.stop.write(1);
+        if let Some(s) = lock(&self.active).as_ref() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn stopping(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.stop.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout.
+        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    }
+
+    /// Waits for a connection or the stop request.
+    fn accept(&self) -> Option<UnixStream> {
+        loop {
+            let mut p = [
+                libc::pollfd {
+                    fd: self.listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.stop.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return None;
+            }
+            if p[1].revents != 0 {
+                return None;
+            }
+            match self.listener.accept() {
+                Ok((s, _)) => return Some(s),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => {
+                    log::warn!("vgpu {}: accept: {e}", lock(&self.spec).name);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        while let Some(stream) = self.accept() {
+            let name = lock(&self.spec).name.clone();
+            if let Err(e) = self.serve(stream) {
+                log::warn!("vgpu {name}: {e}");
+            }
+            if self.stopping() {
+                break;
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    /// Serves one client until it goes away; then releases its queues.
+    fn serve(&self, stream: UnixStream) -> Result<(), ServeError> {
+        let io = |e| ServeError::Io(self.path.clone(), e);
+        stream.set_nonblocking(false).map_err(io)?;
+        stream
+            .set_write_timeout(Some(self.opts.send_timeout))
+            .map_err(io)?;
+        *lock(&self.active) = Some(stream.try_clone().map_err(io)?);
+        if self.stopping() {
+            *lock(&self.active) = None;
+            return Ok(());
+        }
+        self.count(|s| s.connections += 1);
+        let spec = self.spec();
+        log::info!("vgpu {}: client connected", spec.name);
+        let mut conn = match Conn::open(self, stream, &spec) {
+            Ok(c) => c,
+            Err(e) => {
+                *lock(&self.active) = None;
+                log::warn!("vgpu {}: cannot register with the GPU: {e}", spec.name);
+                return Ok(());
+            }
+        };
+        let end = conn.run();
+        conn.close();
+        *lock(&self.active) = None;
+        match end {
+            End::Closed => log::info!("vgpu {}: client disconnected", spec.name),
+            End::Dropped(why) => {
+                self.count(|s| s.dropped += 1);
+                log::warn!("vgpu {}: connection dropped: {why}", spec.name);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a connection ended.
+enum End {
+    Closed,
+    Dropped(String),
+}
+
+/// One client connection: the vGPU registered with the arbiter.
+struct Conn<'a> {
+    srv: &'a VgpuServer,
+    stream: UnixStream,
+    mem: Arc<MappedMemory>,
+    irqs: Arc<Irqs>,
+    fe: Arc<VgpuFrontEnd>,
+    handle: VgpuHandle,
+    cfg: ConfigSpace,
+    msix_control: u16,
+    log: RateLimiter,
+}
+
+/// The MSI-X message control sits in bytes 2..4 of the capability's first dword.
+const MSIX_CONTROL: usize = MSIX_CAP_OFFSET as usize + 2;
+
+type Reply = Result<Vec<u8>, u32>;
+
+fn einval<T>() -> Result<T, u32> {
+    Err(libc::EINVAL as u32)
+}
+
+impl<'a> Conn<'a> {
+    fn open(srv: &'a VgpuServer, stream: UnixStream, spec: &VgpuSpec) -> Result<Self, String> {
+        let mem = Arc::new(MappedMemory::new());
+        let irqs = Arc::new(Irqs::new());
+        let (handle, fe) = register(&srv.arbiter, spec, &mem, &irqs)?;
+        *lock(&srv.handle) = Some(handle);
+        Ok(Conn {
+            srv,
+            stream,
+            mem,
+            irqs,
+            fe,
+            handle,
+            cfg: vgpu_config_space(),
+            msix_control: 0,
+            log: RateLimiter::new(),
+        })
+    }
+
+    /// The client is gone: its queues are released as a dying VM's are.
+    fn close(&mut self) {
+        *lock(&self.srv.handle) = None;
+        self.srv.arbiter.remove_vm(self.handle);
+        self.irqs.clear();
+        self.mem.unmap_all();
+    }
+
+    fn warn(&self, args: std::fmt::Arguments<'_>) {
+        if let Admit::Log { suppressed } = self.log.admit(Instant::now()) {
+            log::warn!(
+                "vgpu {}: {args} ({suppressed} similar lines suppressed)",
+                self.fe.name()
+            );
+        }
+    }
+
+    /// Reads a header (and the fds that came with it); None at EOF.
+    fn read_header(&mut self) -> std::io::Result<Option<(Header, Vec<File>)>> {
+        let mut hb = [0u8; wire::HEADER];
+        let mut fds: [RawFd; wire::MAX_FDS] = [-1; wire::MAX_FDS];
+        let mut iov = [libc::iovec {
+            iov_base: hb.as_mut_ptr().cast(),
+            iov_len: hb.len(),
+        }];
+        // SAFETY: the iovec points at `hb`, which outlives the call; `fds`
+        // has room for MAX_FDS descriptors.
+        let (n, nfds) = unsafe { self.stream.recv_with_fds(&mut iov, &mut fds) }
+            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+        // SAFETY: the first `nfds` entries are descriptors just received and
+        // owned by nobody else.
+        let files: Vec<File> = fds[..nfds.min(wire::MAX_FDS)]
+            .iter()
+            .map(|fd| unsafe { File::from_raw_fd(*fd) })
+            .collect();
+        if n == 0 {
+            return Ok(None);
+        }
+        if n < wire::HEADER {
+            self.stream.read_exact(&mut hb[n..])?;
+        }
+        Ok(Some((Header::decode(&hb), files)))
+    }
+
+    fn send(&mut self, h: &Header, body: &[u8]) -> std::io::Result<()> {
+        let mut buf = Vec::with_capacity(wire::HEADER + body.len());
+        buf.extend_from_slice(&h.encode());
+        buf.extend_from_slice(body);
+        self.stream.write_all(&buf)
+    }
+
+    fn run(&mut self) -> End {
+        loop {
+            let (h, fds) = match self.read_header() {
+                Ok(Some(x)) => x,
+                Ok(None) => return End::Closed,
+                Err(e) => return End::Dropped(format!("read: {e}")),
+            };
+            let size = h.size as usize;
+            if !(wire::HEADER..=wire::MAX_MESSAGE).contains(&size) {
+                // The body's end is unknown: the stream cannot be resynchronised.
+                let _ = self.send_error(&h, libc::EINVAL as u32);
+                return End::Dropped(format!(
+                    "message size {size} outside {}..={}",
+                    wire::HEADER,
+                    wire::MAX_MESSAGE
+                ));
+            }
+            let mut body = vec![0u8; size - wire::HEADER];
+            if let Err(e) = self.stream.read_exact(&mut body) {
+                return End::Dropped(format!("read: {e}"));
+            }
+            let res = if h.flags & wire::TYPE_MASK != wire::TYPE_COMMAND {
+                einval()
+            } else {
+                self.dispatch(h.command, &body, fds)
+            };
+            let sent = match res {
+                Ok(_) if h.flags & wire::FLAG_NO_REPLY != 0 => Ok(()),
+                Ok(reply) => {
+                    let rh = Header {
+                        id: h.id,
+                        command: h.command,
+                        size: (wire::HEADER + reply.len()) as u32,
+                        flags: wire::TYPE_REPLY,
+                        error: 0,
+                    };
+                    self.send(&rh, &reply)
+                }
+                Err(errno) => {
+                    self.warn(format_args!(
+                        "command {} ({} bytes) refused: errno {errno}",
+                        h.command, h.size
+                    ));
+                    self.send_error(&h, errno)
+                }
+            };
+            if let Err(e) = sent {
+                return End::Dropped(format!("reply not taken: {e}"));
+            }
+        }
+    }
+
+    fn send_error(&mut self, h: &Header, errno: u32) -> std::io::Result<()> {
+        self.srv.count(|s| s.error_replies += 1);
+        let rh = Header {
+            id: h.id,
+            command: h.command,
+            size: wire::HEADER as u32,
+            flags: wire::TYPE_REPLY | wire::FLAG_ERROR,
+            error: errno,
+        };
+        self.send(&rh, &[])
+    }
+
+    fn dispatch(&mut self, command: u16, b: &[u8], fds: Vec<File>) -> Reply {
+        if !fds.is_empty() && !matches!(command, cmd::DMA_MAP | cmd::DEVICE_SET_IRQS) {
+            return einval();
+        }
+        match command {
+            cmd::VERSION => {
+                if b.len() < 4 {
+                    return einval();
+                }
+                let mut r = Vec::new();
+                r.extend_from_slice(&0u16.to_le_bytes());
+                r.extend_from_slice(&0u16.to_le_bytes());
+                r.extend_from_slice(wire::SERVER_CAPABILITIES.as_bytes());
+                r.push(0);
+                Ok(r)
+            }
+            cmd::DEVICE_GET_INFO => {
+                if b.len() != 16 {
+                    return einval();
+                }
+                let mut r = Vec::with_capacity(16);
+                r.extend_from_slice(&16u32.to_le_bytes());
+                r.extend_from_slice(
+                    &(wire::DEVICE_FLAGS_PCI | wire::DEVICE_FLAGS_RESET).to_le_bytes(),
+                );
+                r.extend_from_slice(&wire::NUM_REGIONS.to_le_bytes());
+                r.extend_from_slice(&wire::NUM_IRQS.to_le_bytes());
+                Ok(r)
+            }
+            cmd::DEVICE_GET_REGION_INFO => {
+                if b.len() != 32 {
+                    return einval();
+                }
+                let index = wire::u32_at(b, 8);
+                if index >= wire::NUM_REGIONS {
+                    return einval();
+                }
+                let size = region_size(index);
+                let flags = if size > 0 {
+                    wire::REGION_FLAG_READ | wire::REGION_FLAG_WRITE
+                } else {
+                    0
+                };
+                let mut r = Vec::with_capacity(32);
+                r.extend_from_slice(&32u32.to_le_bytes());
+                r.extend_from_slice(&flags.to_le_bytes());
+                r.extend_from_slice(&index.to_le_bytes());
+                r.extend_from_slice(&0u32.to_le_bytes());
+                r.extend_from_slice(&size.to_le_bytes());
+                r.extend_from_slice(&0u64.to_le_bytes());
+                Ok(r)
+            }
+            cmd::DEVICE_GET_IRQ_INFO => {
+                if b.len() != 16 {
+                    return einval();
+                }
+                let index = wire::u32_at(b, 8);
+                if index >= wire::NUM_IRQS {
+                    return einval();
+                }
+                let (flags, count) = if index == wire::IRQ_MSIX {
+                    (
+                        wire::IRQ_INFO_EVENTFD | wire::IRQ_INFO_NORESIZE,
+                        abi::vgpu::NUM_VECTORS as u32,
+                    )
+                } else {
+                    (wire::IRQ_INFO_EVENTFD, 0)
+                };
+                let mut r = Vec::with_capacity(16);
+                r.extend_from_slice(&16u32.to_le_bytes());
+                r.extend_from_slice(&flags.to_le_bytes());
+                r.extend_from_slice(&index.to_le_bytes());
+                r.extend_from_slice(&count.to_le_bytes());
+                Ok(r)
+            }
+            cmd::DEVICE_SET_IRQS => self.set_irqs(b, fds),
+            cmd::REGION_READ => {
+                if b.len() != 16 {
+                    return einval();
+                }
+                let (offset, region, count) =
+                    (wire::u64_at(b, 0), wire::u32_at(b, 8), wire::u32_at(b, 12));
+                let mut data = [0u8; wire::MAX_ACCESS as usize];
+                let n = access_len(region, offset, count)?;
+                self.region_read(region, offset, &mut data[..n]);
+                let mut r = b.to_vec();
+                r.extend_from_slice(&data[..n]);
+                Ok(r)
+            }
+            cmd::REGION_WRITE => {
+                if b.len() < 16 {
+                    return einval();
+                }
+                let (offset, region, count) =
+                    (wire::u64_at(b, 0), wire::u32_at(b, 8), wire::u32_at(b, 12));
+                let n = access_len(region, offset, count)?;
+                if b.len() != 16 + n {
+                    return einval();
+                }
+                self.region_write(region, offset, &b[16..]);
+                Ok(b[..16].to_vec())
+            }
+            cmd::DMA_MAP => {
+                if b.len() != 32 || fds.len() > 1 {
+                    return einval();
+                }
+                let (offset, address, size) =
+                    (wire::u64_at(b, 8), wire::u64_at(b, 16), wire::u64_at(b, 24));
+                self.mem
+                    .map(fds.into_iter().next(), offset, address, size)
+                    .map_err(|e| {
+                        self.warn(format_args!("DMA_MAP refused: {e}"));
+                        e.errno()
+                    })?;
+                Ok(Vec::new())
+            }
+            cmd::DMA_UNMAP => {
+                if b.len() != 24 {
+                    return einval();
+                }
+                let (flags, address, size) =
+                    (wire::u32_at(b, 4), wire::u64_at(b, 8), wire::u64_at(b, 16));
+                if flags & wire::DMA_UNMAP_DIRTY != 0 {
+                    return Err(libc::ENOTSUP as u32);
+                }
+                if flags & wire::DMA_UNMAP_ALL != 0 {
+                    self.mem.unmap_all();
+                } else {
+                    self.mem.unmap(address, size).map_err(|e| e.errno())?;
+                }
+                Ok(b.to_vec())
+            }
+            cmd::DEVICE_RESET => {
+                if !b.is_empty() {
+                    return einval();
+                }
+                self.reset().map(|_| Vec::new())
+            }
+            cmd::DEVICE_GET_REGION_IO_FDS | cmd::DMA_READ | cmd::DMA_WRITE | cmd::DIRTY_PAGES => {
+                Err(libc::ENOTSUP as u32)
+            }
+            _ => Err(libc::ENOSYS as u32),
+        }
+    }
+
+    fn set_irqs(&mut self, b: &[u8], fds: Vec<File>) -> Reply {
+        use wire::*;
+        if b.len() != 20 {
+            return einval();
+        }
+        let (flags, index, start, count) =
+            (u32_at(b, 4), u32_at(b, 8), u32_at(b, 12), u32_at(b, 16));
+        let data = flags & (IRQ_SET_DATA_NONE | IRQ_SET_DATA_BOOL | IRQ_SET_DATA_EVENTFD);
+        let action = flags & (IRQ_SET_ACTION_MASK | IRQ_SET_ACTION_UNMASK | IRQ_SET_ACTION_TRIGGER);
+        if !data.is_power_of_two() || !action.is_power_of_two() || flags & !0x3F != 0 {
+            return einval();
+        }
+        if data == IRQ_SET_DATA_BOOL {
+            return Err(libc::ENOTSUP as u32);
+        }
+        if data != IRQ_SET_DATA_EVENTFD && !fds.is_empty() {
+            return einval();
+        }
+        if index >= NUM_IRQS {
+            return einval();
+        }
+        if index != IRQ_MSIX {
+            // No other interrupt exists: only "disable all" is accepted.
+            return if count == 0 && data == IRQ_SET_DATA_NONE {
+                Ok(Vec::new())
+            } else {
+                einval()
+            };
+        }
+        let n = abi::vgpu::NUM_VECTORS as u32;
+        if start.checked_add(count).is_none_or(|end| end > n) {
+            return einval();
+        }
+        let bits = if count == 0 {
+            0
+        } else {
+            ((1u64 << count) - 1) << start
+        };
+        match (action, data) {
+            (IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) => {
+                if fds.len() != count as usize {
+                    return einval();
+                }
+                self.irqs
+                    .set_eventfds(start as usize, fds)
+                    .map_err(|_| libc::EINVAL as u32)?;
+            }
+            (IRQ_SET_ACTION_TRIGGER, _) if count == 0 => self.irqs.clear(),
+            (IRQ_SET_ACTION_TRIGGER, _) => {
+                for v in start..start + count {
+                    mdev::vgpu::InterruptSink::raise(&*self.irqs, v as u16);
+                }
+            }
+            (IRQ_SET_ACTION_MASK, IRQ_SET_DATA_NONE) => self.irqs.set_masked(bits, true),
+            (IRQ_SET_ACTION_UNMASK, IRQ_SET_DATA_NONE) => self.irqs.set_masked(bits, false),
+            _ => return einval(),
+        }
+        Ok(Vec::new())
+    }
+
+    /// DEVICE_RESET: the queues go as on a disconnect; the vGPU comes back
+    /// with fresh registers and config space. DMA mappings and eventfds stay
+    /// (they are the VMM's, not the guest's).
+    fn reset(&mut self) -> Result<(), u32> {
+        self.srv.count(|s| s.resets += 1);
+        *lock(&self.srv.handle) = None;
+        self.srv.arbiter.remove_vm(self.handle);
+        let spec = self.srv.spec();
+        let (handle, fe) =
+            register(&self.srv.arbiter, &spec, &self.mem, &self.irqs).map_err(|e| {
+                log::warn!("vgpu {}: reset: {e}", spec.name);
+                libc::EIO as u32
+            })?;
+        self.handle = handle;
+        self.fe = fe;
+        *lock(&self.srv.handle) = Some(handle);
+        self.cfg = vgpu_config_space();
+        self.msix_control = 0;
+        Ok(())
+    }
+
+    fn region_read(&self, region: u32, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        match region {
+            wire::REGION_CONFIG => {
+                let off = offset as usize;
+                let mut d = self.cfg.dword(off);
+                if off & !3 == usize::from(MSIX_CAP_OFFSET) {
+                    d = (d & 0xFFFF) | u32::from(self.msix_control()) << 16;
+                }
+                read_from_dword(d, off, data);
+            }
+            wire::REGION_BAR0 if offset < REGS_SIZE => {
+                if data.len() == 4 && offset.is_multiple_of(4) {
+                    data.copy_from_slice(&self.fe.reg_read(offset).to_le_bytes());
+                } else {
+                    self.fe.guest_log(
+                        log::Level::Warn,
+                        format_args!(
+                            "{}-byte register read at {offset:#x} (32-bit aligned only)",
+                            data.len()
+                        ),
+                    );
+                    data.fill(0xFF);
+                }
+            }
+            wire::REGION_BAR0 if (MSIX_PBA_OFFSET..MSIX_PBA_OFFSET + 8).contains(&offset) => {
+                let b = self.irqs.pending().to_le_bytes();
+                let s = (offset - MSIX_PBA_OFFSET) as usize;
+                for (i, d) in data.iter_mut().enumerate() {
+                    *d = b.get(s + i).copied().unwrap_or(0);
+                }
+            }
+            _ => {} // MSI-X table (the VMM's), BAR2, holes: zeros
+        }
+    }
+
+    fn msix_control(&self) -> u16 {
+        (self.msix_control & (MSIX_ENABLE | MSIX_FUNCTION_MASK))
+            | (abi::vgpu::NUM_VECTORS as u16 - 1)
+    }
+
+    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) {
+        match region {
+            wire::REGION_CONFIG => {
+                let off = offset as usize;
+                if !abi::config_space::access_ok(off, data.len()) {
+                    return;
+                }
+                let end = off + data.len();
+                if off < MSIX_CONTROL + 2 && end > MSIX_CONTROL {
+                    let mut ctl = self.msix_control.to_le_bytes();
+                    for (i, b) in data.iter().enumerate() {
+                        if let Some(j) = (off + i).checked_sub(MSIX_CONTROL).filter(|j| *j < 2) {
+                            ctl[j] = *b;
+                        }
+                    }
+                    self.msix_control =
+                        u16::from_le_bytes(ctl) & (MSIX_ENABLE | MSIX_FUNCTION_MASK);
+                    return;
+                }
+                self.cfg.write(off, data);
+            }
+            wire::REGION_BAR0 if offset < REGS_SIZE => match <[u8; 4]>::try_from(data) {
+                Ok(b) if offset.is_multiple_of(4) => {
+                    self.fe.reg_write(offset, u32::from_le_bytes(b))
+                }
+                _ => self.fe.guest_log(
+                    log::Level::Warn,
+                    format_args!(
+                        "{}-byte register write at {offset:#x} ignored (32-bit aligned only)",
+                        data.len()
+                    ),
+                ),
+            },
+            wire::REGION_BAR0 => self.fe.guest_log(
+                log::Level::Debug,
+                format_args!(
+                    "write to BAR0 offset {offset:#x} ignored (the MSI-X table is the VMM's)"
+                ),
+            ),
+            wire::REGION_BAR2 => {
+                self.srv.count(|s| s.doorbells += 1);
+                self.fe.doorbell_write(offset);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Bytes of region `index` (0: not implemented).
+fn region_size(index: u32) -> u64 {
+    match index {
+        wire::REGION_BAR0 => BAR0_SIZE,
+        wire::REGION_BAR2 => BAR2_SIZE,
+        wire::REGION_CONFIG => abi::config_space::CONFIG_BYTES as u64,
+        _ => 0,
+    }
+}
+
+/// Checks a region access: 1, 2, 4 or 8 bytes inside an implemented region.
+fn access_len(region: u32, offset: u64, count: u32) -> Result<usize, u32> {
+    let size = if region < wire::NUM_REGIONS {
+        region_size(region)
+    } else {
+        0
+    };
+    if !matches!(count, 1 | 2 | 4 | 8)
+        || offset
+            .checked_add(u64::from(count))
+            .is_none_or(|e| e > size)
+    {
+        return einval();
+    }
+    Ok(count as usize)
+}
+
+fn register(
+    a: &Arc<GpuArbiter>,
+    spec: &VgpuSpec,
+    mem: &Arc<MappedMemory>,
+    irqs: &Arc<Irqs>,
+) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), String> {
+    let (h, fe) = a
+        .add_vm(&spec.name, mem.clone(), spec.params, irqs.clone())
+        .map_err(|e| e.to_string())?;
+    let setup = || -> Result<(), String> {
+        a.set_preempt_timeout(h, spec.preempt_timeout)
+            .map_err(|e| e.to_string())?;
+        a.set_guard(h, spec.guard)
+            .map_err(|e| e.to_string())?;
+        if spec.quantum.is_some() {
+            a.set_quantum(h, spec.quantum).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    };
+    if let Err(e) = setup() {
+        a.remove_vm(h);
+        return Err(e);
+    }
+    Ok((h, fe))
+}
+
+#[cfg(test)]
+mod tests;

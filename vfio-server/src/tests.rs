@@ -1,0 +1,525 @@
+//! The server against an in-process client: the `vfio_user` crate's client
+//! for the VMM's side of a normal session, raw messages for hostile ones.
+//! Waits have a deadline against hangs; nothing asserts on durations.
+
+use super::*;
+use abi::kernel::KernelKind;
+use abi::queue::AMD_SIGNAL_VALUE;
+use abi::vgpu::{reg, NUM_VECTORS, VGPU_ID_VALUE};
+use gpu::mem::DmaMemory;
+use mdev::probe::{hqd_reg, mqd_addr, tiny_arbiter};
+use gpusim::sim::testkit::{GuestQueue, TestVm};
+use mdev::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use std::os::fd::AsRawFd;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+const MEM: u64 = 1 << 32;
+
+fn sock(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("hqdmux-vfio-{}-{tag}.sock", std::process::id()))
+}
+
+fn spec(name: &str, priority: u8) -> VgpuSpec {
+    VgpuSpec {
+        name: name.into(),
+        params: VmParams {
+            priority,
+            ..Default::default()
+        },
+        preempt_timeout: Duration::from_millis(500),
+        guard: mdev::guard::GuardConfig::default(),
+        quantum: None,
+    }
+}
+
+fn memfd(len: u64) -> File {
+    // SAFETY: the name is a valid C string; the fd returned is ours.
+    let fd = unsafe { libc::memfd_create(c"guest".as_ptr(), 0) };
+    assert!(fd >= 0);
+    // SAFETY: fd is a fresh, owned descriptor.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(len).unwrap();
+    f
+}
+
+fn wait(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: no progress");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A guest behind a vfio-user client: its RAM is a memfd the client maps
+/// into the server, which it also reads and writes itself (as a VMM does).
+struct Guest {
+    client: vfio_user::Client,
+    tvm: TestVm,
+    q: GuestQueue,
+    vectors: Vec<EventFd>,
+    mailbox: u64,
+}
+
+impl Guest {
+    fn attach(path: &Path, topo: &gpu::topology::GpuTopology) -> Guest {
+        let mut client = vfio_user::Client::new(path).unwrap();
+        let ram = memfd(MEM);
+        client.dma_map(0, 0, MEM, ram.as_raw_fd()).unwrap();
+        let gm = GuestMemoryMmap::<()>::from_ranges_with_files([(
+            GuestAddress(0),
+            MEM as usize,
+            Some(FileOffset::new(ram, 0)),
+        )])
+        .unwrap();
+        let mem: Arc<dyn DmaMemory> = Arc::new(gm);
+        let mut tvm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let q = tvm.queue(topo, 64, 0);
+        mem.write(mqd_addr(&q), &q.mqd.to_bytes()).unwrap();
+        let mailbox = tvm.alloc(8, 8);
+        let vectors: Vec<EventFd> = (0..NUM_VECTORS)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        let fds: Vec<RawFd> = vectors.iter().map(|e| e.as_raw_fd()).collect();
+        client
+            .set_irqs(
+                wire::IRQ_MSIX,
+                wire::IRQ_SET_DATA_EVENTFD | wire::IRQ_SET_ACTION_TRIGGER,
+                0,
+                NUM_VECTORS as u32,
+                &fds,
+            )
+            .unwrap();
+        Guest {
+            client,
+            tvm,
+            q,
+            vectors,
+            mailbox,
+        }
+    }
+
+    fn rd(&mut self, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        self.client
+            .region_read(wire::REGION_BAR0, off, &mut b)
+            .unwrap();
+        u32::from_le_bytes(b)
+    }
+
+    fn wr(&mut self, off: u64, v: u32) {
+        self.client
+            .region_write(wire::REGION_BAR0, off, &v.to_le_bytes())
+            .unwrap();
+    }
+
+    fn load(&mut self, i: usize) {
+        let a = mqd_addr(&self.q);
+        self.wr(hqd_reg(i, reg::CP_MQD_BASE_ADDR), a as u32);
+        self.wr(hqd_reg(i, reg::CP_MQD_BASE_ADDR_HI), (a >> 32) as u32);
+        self.wr(hqd_reg(i, reg::CP_HQD_ACTIVE), 1);
+    }
+
+    fn kernel(&mut self, groups: u32, cost_ns: u64, seed: u32) -> u64 {
+        let w = self.tvm.kernel(
+            &mut self.q,
+            KernelKind::Mark,
+            groups,
+            64,
+            cost_ns,
+            seed,
+            true,
+        );
+        let s = *self.q.signals.last().unwrap();
+        self.tvm
+            .mem
+            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, self.mailbox)
+            .unwrap();
+        self.tvm
+            .mem
+            .write(s + SIGNAL_EVENT_ID, &(1000 + seed).to_le_bytes())
+            .unwrap();
+        w
+    }
+
+    fn ring(&mut self, i: usize, wptr: u64) {
+        self.client
+            .region_write(wire::REGION_BAR2, 8 * i as u64, &wptr.to_le_bytes())
+            .unwrap();
+    }
+
+    fn done(&self) -> bool {
+        let s = *self.q.signals.last().unwrap();
+        (self.tvm.mem.read_u64(s + AMD_SIGNAL_VALUE as u64).unwrap() as i64) <= 0
+    }
+}
+
+fn serve(a: &Arc<GpuArbiter>, tag: &str, prio: u8, opts: ServerOptions) -> Arc<VgpuServer> {
+    let s = VgpuServer::bind(&sock(tag), spec(tag, prio), a.clone(), opts).unwrap();
+    s.spawn().unwrap();
+    s
+}
+
+#[test]
+fn a_guest_runs_kernels_over_vfio_user_and_takes_its_interrupts() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "run", 8, ServerOptions::default());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    // Config space: the in-VMM device's identity and capability.
+    let mut id = [0u8; 4];
+    g.client
+        .region_read(wire::REGION_CONFIG, 0, &mut id)
+        .unwrap();
+    assert_eq!(u32::from_le_bytes(id), 0x0FD0_1002);
+    let mut cap = [0u8; 4];
+    g.client
+        .region_read(wire::REGION_CONFIG, 0x40, &mut cap)
+        .unwrap();
+    assert_eq!(u32::from_le_bytes(cap) & 0xFF, 0x11, "MSI-X");
+    assert_eq!(g.client.region(wire::REGION_BAR0).unwrap().size, BAR0_SIZE);
+    assert_eq!(g.client.region(wire::REGION_BAR2).unwrap().size, BAR2_SIZE);
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    g.load(0);
+    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ACTIVE)), 1);
+    let mut w = 0;
+    for k in 0..3 {
+        w = g.kernel(8, 20_000, k);
+    }
+    g.ring(0, w);
+    wait("kernels", || g.done());
+    g.tvm.verify(&g.q).unwrap();
+    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
+    // Completions raised vector 0 through the SET_IRQS eventfd.
+    let mut seen = 0;
+    wait("vector 0", || {
+        seen += g.vectors[0].read().unwrap_or(0);
+        seen >= 1
+    });
+    assert!(srv.stats().doorbells >= 1);
+    // A queue pointed outside every DMA mapping is a queue error, as in a VM.
+    g.client.dma_unmap(0, MEM).unwrap();
+    g.wr(hqd_reg(1, reg::CP_MQD_BASE_ADDR), 0x1000);
+    g.wr(hqd_reg(1, reg::CP_MQD_BASE_ADDR_HI), 0);
+    g.wr(hqd_reg(1, reg::CP_HQD_ACTIVE), 1);
+    assert_ne!(g.rd(hqd_reg(1, reg::CP_HQD_ERROR)), 0);
+    srv.stop();
+}
+
+/// Sends one raw message; returns the reply header and body.
+fn raw(s: &mut UnixStream, command: u16, body: &[u8], size: Option<u32>) -> (Header, Vec<u8>) {
+    let h = Header {
+        id: 7,
+        command,
+        size: size.unwrap_or((wire::HEADER + body.len()) as u32),
+        flags: 0,
+        error: 0,
+    };
+    s.write_all(&h.encode()).unwrap();
+    s.write_all(body).unwrap();
+    let mut hb = [0u8; wire::HEADER];
+    s.read_exact(&mut hb).unwrap();
+    let r = Header::decode(&hb);
+    let mut rb = vec![0u8; r.size as usize - wire::HEADER];
+    s.read_exact(&mut rb).unwrap();
+    (r, rb)
+}
+
+fn is_error(h: &Header, errno: i32) -> bool {
+    h.flags & wire::FLAG_ERROR != 0 && h.error == errno as u32
+}
+
+fn access(offset: u64, region: u32, count: u32) -> Vec<u8> {
+    let mut b = offset.to_le_bytes().to_vec();
+    b.extend_from_slice(&region.to_le_bytes());
+    b.extend_from_slice(&count.to_le_bytes());
+    b
+}
+
+#[test]
+fn hostile_messages_get_errors_and_cost_the_other_vgpu_nothing() {
+    let a = tiny_arbiter();
+    let bad = serve(&a, "bad", 8, ServerOptions::default());
+    let good = serve(&a, "good", 8, ServerOptions::default());
+    let mut g = Guest::attach(good.path(), a.topology());
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    // Unknown and unsupported commands.
+    assert!(is_error(&raw(&mut s, 99, &[], None).0, libc::ENOSYS));
+    assert!(is_error(
+        &raw(&mut s, cmd::DMA_READ, &[0; 24], None).0,
+        libc::ENOTSUP
+    ));
+    // Sizes that do not fit the command.
+    assert!(is_error(
+        &raw(&mut s, cmd::DEVICE_GET_INFO, &[0; 3], None).0,
+        libc::EINVAL
+    ));
+    assert!(is_error(
+        &raw(&mut s, cmd::REGION_READ, &[0; 15], None).0,
+        libc::EINVAL
+    ));
+    let mut w = access(0, wire::REGION_BAR0, 4);
+    w.extend_from_slice(&[1, 2]); // says 4 bytes, carries 2
+    assert!(is_error(
+        &raw(&mut s, cmd::REGION_WRITE, &w, None).0,
+        libc::EINVAL
+    ));
+    // Accesses outside a region, of a bad size, to a missing region.
+    for (off, region, count) in [
+        (BAR0_SIZE - 2, wire::REGION_BAR0, 4),
+        (0, wire::REGION_BAR0, 0),
+        (0, wire::REGION_BAR0, 16),
+        (u64::MAX - 1, wire::REGION_BAR2, 4),
+        (0, 4, 4),
+        (0, u32::MAX, 4),
+    ] {
+        let (h, _) = raw(&mut s, cmd::REGION_READ, &access(off, region, count), None);
+        assert!(is_error(&h, libc::EINVAL), "{off:#x} {region} {count}");
+    }
+    // DMA maps past the end of the fd, overlapping, without an fd.
+    let ram = memfd(0x4000);
+    let map = |off: u64, addr: u64, size: u64| {
+        let mut b = 32u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        for v in [off, addr, size] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut m = Header {
+            id: 1,
+            command: cmd::DMA_MAP,
+            size: (wire::HEADER + b.len()) as u32,
+            flags: 0,
+            error: 0,
+        }
+        .encode()
+        .to_vec();
+        m.extend_from_slice(&b);
+        m
+    };
+    let send_map = |s: &mut UnixStream, m: &[u8]| -> Header {
+        s.send_with_fd(m, ram.as_raw_fd()).unwrap();
+        let mut hb = [0u8; wire::HEADER];
+        s.read_exact(&mut hb).unwrap();
+        Header::decode(&hb)
+    };
+    assert!(
+        is_error(&send_map(&mut s, &map(0x2000, 0, 0x4000)), libc::EINVAL),
+        "past the end"
+    );
+    assert_eq!(send_map(&mut s, &map(0, 0, 0x4000)).flags, wire::TYPE_REPLY);
+    assert!(
+        is_error(&send_map(&mut s, &map(0, 0x3000, 0x1000)), libc::EEXIST),
+        "overlap"
+    );
+    assert!(is_error(
+        &raw(&mut s, cmd::DMA_MAP, &map(0, 0x8000, 0x1000)[16..], None).0,
+        libc::ENOTSUP
+    ));
+    // SET_IRQS: a range past the vectors, fds that are not eventfds.
+    let irqs = |start: u32, count: u32| {
+        let mut b = 20u32.to_le_bytes().to_vec();
+        for v in [
+            wire::IRQ_SET_DATA_EVENTFD | wire::IRQ_SET_ACTION_TRIGGER,
+            wire::IRQ_MSIX,
+            start,
+            count,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    };
+    assert!(is_error(
+        &raw(&mut s, cmd::DEVICE_SET_IRQS, &irqs(8, 2), None).0,
+        libc::EINVAL
+    ));
+    assert!(is_error(
+        &raw(&mut s, cmd::DEVICE_SET_IRQS, &irqs(u32::MAX, 2), None).0,
+        libc::EINVAL
+    ));
+    {
+        let mut m = Header {
+            id: 2,
+            command: cmd::DEVICE_SET_IRQS,
+            size: 36,
+            flags: 0,
+            error: 0,
+        }
+        .encode()
+        .to_vec();
+        m.extend_from_slice(&irqs(0, 1));
+        s.send_with_fd(&m[..], ram.as_raw_fd()).unwrap();
+        let mut hb = [0u8; wire::HEADER];
+        s.read_exact(&mut hb).unwrap();
+        assert!(
+            is_error(&Header::decode(&hb), libc::EINVAL),
+            "a memfd is not an eventfd"
+        );
+    }
+    // The connection still works after all that.
+    let (h, b) = raw(
+        &mut s,
+        cmd::REGION_READ,
+        &access(0, wire::REGION_CONFIG, 4),
+        None,
+    );
+    assert_eq!(h.flags, wire::TYPE_REPLY);
+    assert_eq!(&b[16..], &0x0FD0_1002u32.to_le_bytes());
+    // A size the stream cannot be resynchronised after ends the connection.
+    let h = Header {
+        id: 9,
+        command: cmd::VERSION,
+        size: 3,
+        flags: 0,
+        error: 0,
+    };
+    s.write_all(&h.encode()).unwrap();
+    let mut hb = [0u8; wire::HEADER];
+    s.read_exact(&mut hb).unwrap();
+    assert!(is_error(&Header::decode(&hb), libc::EINVAL));
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "closed");
+    wait("dropped", || {
+        bad.stats().dropped == 1 && bad.handle().is_none()
+    });
+    // The other vGPU was never disturbed.
+    g.load(0);
+    let w = g.kernel(4, 10_000, 1);
+    g.ring(0, w);
+    wait("kernels", || g.done());
+    g.tvm.verify(&g.q).unwrap();
+    assert_eq!(good.stats().error_replies, 0);
+    assert!(bad.stats().error_replies >= 15);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn a_client_that_stops_reading_loses_its_connection_and_nothing_else() {
+    let a = tiny_arbiter();
+    let opts = ServerOptions {
+        send_timeout: Duration::from_millis(50),
+    };
+    let stuck = serve(&a, "stuck", 8, opts);
+    let good = serve(&a, "ok", 8, opts);
+    let mut s = UnixStream::connect(stuck.path()).unwrap();
+    s.set_nonblocking(true).unwrap();
+    // Requests forever, replies never read: the socket buffers fill.
+    let msg = {
+        let mut m = Header {
+            id: 1,
+            command: cmd::REGION_READ,
+            size: 32,
+            flags: 0,
+            error: 0,
+        }
+        .encode()
+        .to_vec();
+        m.extend_from_slice(&access(0, wire::REGION_CONFIG, 4));
+        m
+    };
+    let mut g = Guest::attach(good.path(), a.topology());
+    loop {
+        match s.write(&msg) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if stuck.stats().dropped == 1 {
+                    break;
+                }
+                // Meanwhile the other vGPU serves as usual.
+                assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => break, // the server closed it
+        }
+    }
+    wait("dropped", || stuck.stats().dropped == 1);
+    // The vGPU takes the next client.
+    let mut g2 = Guest::attach(stuck.path(), a.topology());
+    assert_eq!(g2.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    assert_eq!(stuck.stats().connections, 2);
+    stuck.stop();
+    good.stop();
+}
+
+#[test]
+fn a_client_killed_mid_kernel_releases_its_queues_and_the_vgpu_takes_a_new_one() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "reboot", 8, ServerOptions::default());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    g.load(0);
+    let w = g.kernel(64, 2_000_000, 1); // long enough to be running
+    g.ring(0, w);
+    wait("on the GPU", || a.stats().maps >= 1);
+    let first = srv.handle().unwrap();
+    drop(g); // the VMM dies
+    wait("released", || srv.handle().is_none());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    wait("registered", || srv.handle().is_some());
+    assert_ne!(srv.handle(), Some(first), "a new registration");
+    g.load(0);
+    let w = g.kernel(4, 10_000, 2);
+    g.ring(0, w);
+    wait("kernels", || g.done());
+    g.tvm.verify(&g.q).unwrap();
+    // Reset: queues released, registers back to reset values.
+    g.client.reset().unwrap();
+    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ACTIVE)), 0);
+    assert_eq!(srv.stats().resets, 1);
+    srv.stop();
+}
+
+#[test]
+fn a_taken_socket_path_is_refused_and_a_stale_one_replaced() {
+    let a = tiny_arbiter();
+    let p = sock("taken");
+    std::fs::write(&p, b"x").unwrap();
+    assert!(matches!(
+        VgpuServer::bind(&p, spec("t", 1), a.clone(), ServerOptions::default()),
+        Err(ServeError::PathTaken(_))
+    ));
+    std::fs::remove_file(&p).unwrap();
+    drop(UnixListener::bind(&p).unwrap()); // a stale socket file stays
+    let s = VgpuServer::bind(&p, spec("t", 1), a, ServerOptions::default()).unwrap();
+    assert!(
+        matches!(
+            VgpuServer::bind(&p, spec("t2", 1), tiny_arbiter(), ServerOptions::default()),
+            Err(ServeError::PathTaken(_))
+        ),
+        "a live server's socket"
+    );
+    drop(s);
+    let _ = std::fs::remove_file(&p);
+}
+
+#[test]
+fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "codes", 8, ServerOptions::default());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    let direct = mdev::probe::add_guest(&a, "direct", 8, MEM, 64, Arc::new(Irqs::new()));
+    let good = g.q.mqd.to_bytes();
+    let mut wrong_ring = good.to_vec();
+    // The ring base (dwords CP_HQD_PQ_BASE lo/hi) far outside guest memory.
+    let base = 4 * abi::mqd::CP_HQD_PQ_BASE_LO;
+    wrong_ring[base..base + 8].copy_from_slice(&(1u64 << 50 >> 8).to_le_bytes());
+    let cases: [(&str, u64, Option<Vec<u8>>); 3] = [
+        ("zeroed MQD", 0x3000_0000, Some(vec![0u8; good.len()])),
+        ("ring outside memory", 0x3000_1000, Some(wrong_ring)),
+        ("MQD across the end of memory", MEM - 16, None),
+    ];
+    for (i, (what, addr, bytes)) in cases.into_iter().enumerate() {
+        if let Some(b) = bytes {
+            g.tvm.mem.write(addr, &b).unwrap();
+            direct.tvm.mem.write(addr, &b).unwrap();
+        }
+        let vhqd = i + 1;
+        g.wr(hqd_reg(vhqd, reg::CP_MQD_BASE_ADDR), addr as u32);
+        g.wr(hqd_reg(vhqd, reg::CP_MQD_BASE_ADDR_HI), (addr >> 32) as u32);
+        g.wr(hqd_reg(vhqd, reg::CP_HQD_ACTIVE), 1);
+        mdev::probe::load_hqd(&direct.fe, vhqd, addr);
+        let over = g.rd(hqd_reg(vhqd, reg::CP_HQD_ERROR));
+        let inside = direct.fe.reg_read(hqd_reg(vhqd, reg::CP_HQD_ERROR));
+        assert_ne!(inside, 0, "{what}");
+        assert_eq!(over, inside, "{what}");
+    }
+    srv.stop();
+}

@@ -1,0 +1,384 @@
+//! The vfio-user doorbell against hqdmux's ioeventfd doorbell and a bare
+//! Unix-socket round trip, measured in one run (docs/benchmarks.md,
+//! "Doorbells over vfio-user"):
+//!
+//! 1. Host round trips (a host thread, no guest): a bare Unix-socket round
+//!    trip of the shape of a vfio-user REGION_WRITE (32 bytes out, 32 back,
+//!    to an echo thread), and a real BAR2 REGION_WRITE to an `hqdmux serve`
+//!    vGPU server (`vfio_server::VgpuServer` on this process's arbiter).
+//! 2. Guest write cost, as a VMM that traps BAR2 (Cloud Hypervisor's
+//!    vfio-user client) pays it: the `doorbell` guest alternates rounds of
+//!    `n` 64-bit stores to a trapped address and to its own vGPU doorbell
+//!    (KVM ioeventfd). Run A: the trapped address forwards each store to the
+//!    server as a BAR2 REGION_WRITE from the vCPU thread (MMIO exit + socket
+//!    round trip). Run B: the trapped address does a bare socket round trip
+//!    instead. `vfio_doorbell_ratio` = median over A's rounds of (trapped
+//!    cost / ioeventfd cost of the same round); `vfio_vs_socket` = A's
+//!    trapped p50 / B's trapped p50.
+//! 3. Detection over vfio-user, hqdmux's own VMM as the client: an
+//!    inference VM (priority 12, `builtin:doorbell detect=J`) attached over
+//!    vfio-user (ioeventfd -> relay thread -> REGION_WRITE -> the server's
+//!    thread -> the front end's doorbell eventfd -> the arbiter) beside an
+//!    in-process training VM (priority 2): guest checkpoint 2 (right before
+//!    the doorbell store) -> the arbiter having issued the preemption.
+//!    `vfio_detect_p99_ratio` = its p99 / the p99 of an eventfd wake-up of
+//!    an idle host thread sampled during it (as doorbell_bench's
+//!    `guest_detect_p99_ratio`, which is the in-process figure).
+//!
+//! `cargo run --release -p hqdmux --example vfio_doorbell_bench [N=2000] [ROUNDS=20] [JOBS=100] [SAMPLES=5000]`
+//! Last line: `vfio_doorbell_ratio=R vfio_vs_socket=S vfio_detect_p99_ratio=D`.
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::Kvm;
+use mdev::arbiter::{DoorbellObserver, DoorbellSeen, GpuArbiter};
+use vfio_server::{ServerOptions, VgpuServer, VgpuSpec};
+use vmm::bus::{BusAction, BusDevice};
+use vmm::config::FleetConfig;
+use vmm::fleet::{attach_remote_vgpu, attach_vgpu, start_arbiter, VgpuAttachment};
+use vmm::vm::{Vm, VmReport, VmSpec};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+/// The trapped "doorbell" the guest's bare rounds write (MMIO hole).
+const TRAP_ADDR: u64 = 0xE000_0000;
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+fn sock(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "hqdmux-vfio-bench-{}-{tag}.sock",
+        std::process::id()
+    ))
+}
+
+/// A vGPU server for `name` on `a`.
+fn server(a: &Arc<GpuArbiter>, name: &str, priority: u8) -> Arc<VgpuServer> {
+    let s = VgpuServer::bind(
+        &sock(name),
+        VgpuSpec {
+            name: name.into(),
+            params: scheduler::VmParams {
+                priority,
+                ..Default::default()
+            },
+            preempt_timeout: Duration::from_secs(9),
+            guard: Default::default(),
+            quantum: None,
+        },
+        a.clone(),
+        ServerOptions::default(),
+    )
+    .expect("bind");
+    s.spawn().expect("serve");
+    s
+}
+
+/// One end of a socket pair whose other end echoes 32-byte messages.
+fn echo() -> UnixStream {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    std::thread::spawn(move || {
+        let mut m = [0u8; 32];
+        while b.read_exact(&mut m).is_ok() {
+            if b.write_all(&m).is_err() {
+                return;
+            }
+        }
+    });
+    a
+}
+
+fn round_trip(s: &mut UnixStream) {
+    let mut m = [0u8; 32];
+    s.write_all(&m).unwrap();
+    s.read_exact(&mut m).unwrap();
+}
+
+/// What the trapped address does with each guest store.
+enum Trap {
+    /// A BAR2 REGION_WRITE (doorbell 0) to a vGPU server.
+    Vfio(Mutex<vfio_user::Client>),
+    /// A bare socket round trip.
+    Socket(Mutex<UnixStream>),
+}
+
+impl BusDevice for Trap {
+    fn read(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+    fn write(&self, _offset: u64, data: &[u8]) -> BusAction {
+        match self {
+            Trap::Vfio(c) => c.lock().unwrap().region_write(2, 0, data).unwrap(),
+            Trap::Socket(s) => round_trip(&mut s.lock().unwrap()),
+        }
+        BusAction::Continue
+    }
+}
+
+fn vm(name: &str, image: &str, prio: u8, gpu: &str, args: &str) -> String {
+    format!(
+        "[[vm]]\nname = \"{name}\"\nimage = \"builtin:{image}\"\nmemory_mib = 256\ngpu = {gpu}\npriority = {prio}\nargs = \"{args}\"\n"
+    )
+}
+
+/// Builds the VMs of `toml` (in-process vGPUs on `m`, or over sockets),
+/// starts them, waits for VM `wait_for` to end, stops all; the reports and
+/// the in-process vGPUs' handles.
+fn run(
+    m: &Arc<GpuArbiter>,
+    toml: &str,
+    wait_for: usize,
+    trap: Option<Arc<Trap>>,
+) -> (Vec<VmReport>, Vec<Option<mdev::vgpu::VgpuHandle>>) {
+    let cfg = FleetConfig::parse(toml, Path::new("/")).expect("config");
+    let kvm = Kvm::new().expect("kvm");
+    let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");
+    let mut built: Vec<(Vm, VgpuAttachment)> = Vec::new();
+    for (id, vc) in cfg.vm.iter().enumerate() {
+        let image = vc.image.strip_prefix("builtin:").expect("builtin image");
+        let spec = VmSpec {
+            id: id as u32,
+            name: vc.name.clone(),
+            elf: images::builtin(image).expect("image").into(),
+            mem_bytes: vc.memory_mib << 20,
+            vcpus: 1,
+            args: vc.args.clone(),
+            echo: false,
+            extra_devices: Vec::new(),
+        };
+        let vm = Vm::create(&kvm, &cpuid, spec).expect("vm");
+        let gpu = match &vc.gpu_socket {
+            Some(p) => attach_remote_vgpu(&vm, vc, p).expect("remote vgpu"),
+            None => attach_vgpu(m, &vm, &cfg, vc).expect("vgpu"),
+        };
+        if let (0, Some(t)) = (id, &trap) {
+            vm.mmio_bus().insert(TRAP_ADDR, 8, t.clone()).expect("trap");
+        }
+        built.push((vm, gpu));
+    }
+    let handles = built.iter().map(|(_, g)| g.handle()).collect();
+    let mut running = Vec::new();
+    let mut done = Vec::new();
+    for (v, gpu) in built {
+        let d = EventFd::new(0).unwrap();
+        running.push((v.start(d.try_clone().unwrap()).expect("start"), gpu));
+        done.push(d);
+    }
+    done[wait_for].read().unwrap();
+    let mut out = Vec::new();
+    for (r, gpu) in running {
+        let report = r.stop("bench done");
+        if let Some(h) = gpu.handle() {
+            m.remove_vm(h);
+        }
+        gpu.detach();
+        out.push(report);
+    }
+    (out, handles)
+}
+
+/// (trapped, ioeventfd) ns per write, per round.
+fn write_costs(m: &Arc<GpuArbiter>, trap: Trap, n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
+    let toml = vm(
+        "bell",
+        "doorbell",
+        7,
+        "true",
+        &format!("bare={TRAP_ADDR:#x} n={n} rounds={rounds}"),
+    );
+    let r = &run(m, &toml, 0, Some(Arc::new(trap))).0[0];
+    assert!(r.outcome.is_success(), "{}: {:?}", r.outcome, r.console);
+    let per = |a, b| -> Vec<f64> {
+        r.spans(a, b)
+            .iter()
+            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
+            .collect()
+    };
+    (per(10, 11), per(12, 13))
+}
+
+/// Wake-ups (us) of an idle host thread in epoll on an eventfd, one every
+/// 200 us until `until`.
+fn floor(until: Arc<AtomicBool>) -> Vec<f64> {
+    let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let f2 = fd.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Instant>();
+    let h = std::thread::spawn(move || {
+        let ep = Epoll::new().unwrap();
+        ep.ctl(
+            ControlOperation::Add,
+            f2.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, 0),
+        )
+        .unwrap();
+        let mut ev = [EpollEvent::default(); 1];
+        loop {
+            if ep.wait(-1, &mut ev).unwrap_or(0) == 0 {
+                continue;
+            }
+            let now = Instant::now();
+            let _ = f2.read();
+            if tx.send(now).is_err() {
+                return;
+            }
+        }
+    });
+    let mut out = Vec::new();
+    while !until.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_micros(200));
+        let t0 = Instant::now();
+        fd.write(1).unwrap();
+        let t1 = rx.recv().unwrap();
+        out.push((t1 - t0).as_secs_f64() * 1e6);
+    }
+    drop(rx);
+    fd.write(1).unwrap();
+    let _ = h.join();
+    out
+}
+
+fn main() {
+    if !vmm::kvm_available() {
+        eprintln!("vfio_doorbell_bench: /dev/kvm is not available");
+        std::process::exit(1);
+    }
+    let arg = |i: usize, d: u64| {
+        std::env::args()
+            .nth(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, rounds, jobs, samples) = (arg(1, 2000), arg(2, 20), arg(3, 100), arg(4, 5000));
+    let cfg = FleetConfig::parse(&vm("x", "gpu", 0, "true", ""), Path::new("/")).unwrap();
+    let m = start_arbiter(&cfg).expect("arbiter");
+
+    // 1. Host round trips.
+    let mut s = echo();
+    let mut bare: Vec<f64> = (0..samples)
+        .map(|_| {
+            let t = Instant::now();
+            round_trip(&mut s);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    let host_srv = server(&m, "host", 7);
+    let mut c = vfio_user::Client::new(host_srv.path()).expect("client");
+    let mut rw: Vec<f64> = (0..samples)
+        .map(|_| {
+            let t = Instant::now();
+            c.region_write(2, 0, &[0u8; 8]).unwrap();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    drop(c);
+    println!(
+        "host round trip ({samples} samples): bare Unix socket p50 {:.1} us p99 {:.1} us; vfio-user BAR2 REGION_WRITE p50 {:.1} us p99 {:.1} us",
+        pct(&mut bare, 0.5),
+        pct(&mut bare, 0.99),
+        pct(&mut rw, 0.5),
+        pct(&mut rw, 0.99)
+    );
+
+    // 2. Guest write costs.
+    let a_srv = server(&m, "trap", 7);
+    let client = vfio_user::Client::new(a_srv.path()).expect("client");
+    let (mut a_trap, a_bell) = write_costs(&m, Trap::Vfio(Mutex::new(client)), n, rounds);
+    let (mut b_trap, b_bell) = write_costs(&m, Trap::Socket(Mutex::new(echo())), n, rounds);
+    let mut ra: Vec<f64> = a_trap.iter().zip(&a_bell).map(|(t, b)| t / b).collect();
+    let mut rb: Vec<f64> = b_trap.iter().zip(&b_bell).map(|(t, b)| t / b).collect();
+    let mut bells: Vec<f64> = a_bell.iter().chain(&b_bell).copied().collect();
+    let (at50, bt50, bl50) = (
+        pct(&mut a_trap, 0.5),
+        pct(&mut b_trap, 0.5),
+        pct(&mut bells, 0.5),
+    );
+    let ratio = pct(&mut ra, 0.5);
+    println!(
+        "guest write, ns per write over {rounds} rounds x {n}: trapped vfio-user doorbell p50 {at50:.0}, trapped bare socket round trip p50 {bt50:.0}, ioeventfd vGPU doorbell p50 {bl50:.0}; per-round ratio to the ioeventfd doorbell: vfio-user p50 {ratio:.1}, bare socket p50 {:.1}",
+        pct(&mut rb, 0.5)
+    );
+    let vs_socket = at50 / bt50;
+
+    // 3. Detection over vfio-user (hqdmux's VMM as the client).
+    let inf_srv = server(&m, "inference", 12);
+    let seen: Arc<Mutex<Vec<DoorbellSeen>>> = Arc::default();
+    let s2 = seen.clone();
+    let observer: DoorbellObserver = Arc::new(move |d| s2.lock().unwrap().push(d));
+    m.set_doorbell_observer(Some(observer));
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = stop.clone();
+    let fl = std::thread::spawn(move || floor(st));
+    let toml = vm(
+        "training",
+        "gpu",
+        2,
+        "true",
+        "kernels=64 wgs=1216 cost_us=20000",
+    ) + &vm(
+        "inference",
+        "doorbell",
+        12,
+        &format!("{{ socket = \"{}\" }}", inf_srv.path().display()),
+        &format!("detect={jobs} wgs=304 cost_us=500"),
+    );
+    let (reports, handles) = run(&m, &toml, 1, None);
+    stop.store(true, Ordering::SeqCst);
+    let mut fl = fl.join().unwrap();
+    let inf = &reports[1];
+    assert!(
+        inf.outcome.is_success(),
+        "{}: {:?}",
+        inf.outcome,
+        inf.console
+    );
+    let seen = seen.lock().unwrap();
+    // The inference vGPU's handle is the server's: every doorbell the
+    // observer saw that is not training's.
+    let training = handles[0];
+    let mut det = Vec::new();
+    let submits: Vec<Instant> = inf
+        .checkpoints
+        .iter()
+        .filter(|c| c.0 == 2)
+        .map(|c| c.1)
+        .collect();
+    for t in &submits {
+        if let Some(d) = seen.iter().find(|d| Some(d.vm) != training && d.at > *t) {
+            if d.preempted {
+                det.push((d.issued.unwrap_or(d.at) - *t).as_secs_f64() * 1e6);
+            }
+        }
+    }
+    assert!(!det.is_empty(), "no preempting doorbell over vfio-user");
+    let (d50, d99) = (pct(&mut det, 0.5), pct(&mut det, 0.99));
+    let (f50, f99) = (pct(&mut fl, 0.5), pct(&mut fl, 0.99));
+    println!(
+        "vfio-user high-priority doorbell (guest checkpoint) -> preemption issued: p50 {d50:.1} us, p99 {d99:.1} us ({} of {} jobs preempted); eventfd floor meanwhile p50 {f50:.1} us p99 {f99:.1} us",
+        det.len(),
+        submits.len()
+    );
+    host_srv.stop();
+    a_srv.stop();
+    inf_srv.stop();
+    m.shutdown();
+    println!(
+        "load average at the end: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "vfio_doorbell_ratio={ratio:.1} vfio_vs_socket={vs_socket:.2} vfio_detect_p99_ratio={:.2}",
+        d99 / f99
+    );
+}

@@ -1,0 +1,399 @@
+//! `hqdmux serve DEVICES.toml`: a daemon that owns the GPU (`[gpu]`) and its
+//! arbiter and serves each `[[vgpu]]` entry as a vfio-user device on its
+//! own Unix socket (docs/operators.md, "Serving vGPUs over vfio-user"),
+//! until SIGINT/SIGTERM.
+//!
+//! A vGPU outlives its VMM: a VMM that disconnects, or dies mid-kernel,
+//! has its queues released as a dying VM's are, and the socket takes the
+//! next connection (a VM reboot).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mdev::arbiter::GpuArbiter;
+use scheduler::VmParams;
+use serde::Deserialize;
+use vfio_server::{ServerOptions, ServerStats, VgpuServer, VgpuSpec};
+
+use crate::config::{ConfigError, FleetConfig, Place, PRIORITY_RANGE, WEIGHT_RANGE};
+
+/// Slice lengths a `[[vgpu]]` may ask for (ms), as `hqdmux set --quantum-ms`.
+pub const QUANTUM_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=10_000;
+
+/// One `[[vgpu]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VgpuEntry {
+    /// Unique name (metrics and timelines label the vGPU by it).
+    pub name: String,
+    /// The vfio-user socket (relative paths resolve against the file's directory).
+    pub socket: PathBuf,
+    /// GPU priority 0..=15, higher wins (default 0).
+    #[serde(default)]
+    pub priority: u32,
+    /// Share among equal priorities, 1..=1000 (default 1).
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// GPU partition (none: the scheduler picks).
+    #[serde(default)]
+    pub partition: Option<u32>,
+    /// Preemption timeout (ms), as a fleet VM's.
+    #[serde(default = "default_preempt")]
+    pub preempt_timeout_ms: u64,
+    /// Time slice (ms; none: the priority level's quantum).
+    #[serde(default)]
+    pub quantum_ms: Option<u64>,
+    /// Per-vGPU override of `[gpu.guard]` limits.
+    #[serde(default)]
+    pub guard: mdev::guard::GuardOverride,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn default_preempt() -> u64 {
+    mdev::arbiter::DEFAULT_PREEMPT_TIMEOUT_MS
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DevicesFile {
+    #[serde(default)]
+    gpu: crate::config::GpuConfig,
+    #[serde(default)]
+    scheduler: scheduler::SchedConfig,
+    #[serde(default)]
+    vgpu: Vec<VgpuEntry>,
+}
+
+/// A parsed and checked devices file.
+#[derive(Debug, Clone)]
+pub struct DevicesConfig {
+    /// The GPU (`[gpu]` as in fleet files: topology, backend, simulator
+    /// knobs, guard defaults).
+    pub gpu: crate::config::GpuConfig,
+    /// Scheduler policy and tunables.
+    pub scheduler: scheduler::SchedConfig,
+    /// The vGPUs (sockets resolved).
+    pub vgpu: Vec<VgpuEntry>,
+}
+
+impl DevicesConfig {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.into(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and checks `text` as if read from `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let f: DevicesFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: path.into(),
+            message: e.to_string().replace('\n', " "),
+        })?;
+        let bad = |index: usize, name: &str, field: &str, reason: String| ConfigError::Invalid {
+            file: path.into(),
+            place: Place::Vm {
+                index,
+                name: name.into(),
+            },
+            field: field.into(),
+            reason,
+        };
+        f.gpu.validate().map_err(|e| ConfigError::Invalid {
+            file: path.into(),
+            place: Place::Gpu,
+            field: "gpu".into(),
+            reason: e.to_string(),
+        })?;
+        if f.vgpu.is_empty() {
+            return Err(ConfigError::Invalid {
+                file: path.into(),
+                place: Place::Top,
+                field: "vgpu".into(),
+                reason: "no [[vgpu]] entry".into(),
+            });
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut out = Vec::with_capacity(f.vgpu.len());
+        for (i, mut v) in f.vgpu.into_iter().enumerate() {
+            let n = v.name.clone();
+            let range = |field: &str, val: u64, r: std::ops::RangeInclusive<u64>| {
+                if r.contains(&val) {
+                    Ok(())
+                } else {
+                    Err(bad(
+                        i,
+                        &n,
+                        field,
+                        format!("{val} is out of range {}..={}", r.start(), r.end()),
+                    ))
+                }
+            };
+            let wide =
+                |r: &std::ops::RangeInclusive<u32>| u64::from(*r.start())..=u64::from(*r.end());
+            range("priority", u64::from(v.priority), wide(&PRIORITY_RANGE))?;
+            range("weight", u64::from(v.weight), wide(&WEIGHT_RANGE))?;
+            range(
+                "preempt_timeout_ms",
+                v.preempt_timeout_ms,
+                mdev::arbiter::PREEMPT_TIMEOUT_MS_RANGE,
+            )?;
+            if let Some(q) = v.quantum_ms {
+                range("quantum_ms", q, QUANTUM_MS_RANGE)?;
+            }
+            if let Some(p) = v.partition {
+                range(
+                    "partition",
+                    u64::from(p),
+                    0..=u64::from(f.gpu.topology.partitions()) - 1,
+                )?;
+            }
+            if n.is_empty() || out.iter().any(|o: &VgpuEntry| o.name == n) {
+                return Err(bad(i, &n, "name", "empty or not unique".into()));
+            }
+            v.socket = base.join(&v.socket);
+            if out.iter().any(|o: &VgpuEntry| o.socket == v.socket) {
+                return Err(bad(i, &n, "socket", "not unique".into()));
+            }
+            out.push(v);
+        }
+        Ok(DevicesConfig {
+            gpu: f.gpu,
+            scheduler: f.scheduler,
+            vgpu: out,
+        })
+    }
+}
+
+impl VgpuEntry {
+    /// The server's view of the entry, its guard over the `[gpu.guard]`
+    /// defaults `guard`.
+    pub fn spec(&self, guard: &mdev::guard::GuardConfig) -> VgpuSpec {
+        VgpuSpec {
+            name: self.name.clone(),
+            params: VmParams {
+                priority: self.priority as u8,
+                weight: self.weight,
+                partition: self.partition,
+            },
+            preempt_timeout: Duration::from_millis(self.preempt_timeout_ms),
+            guard: guard.with(&self.guard),
+            quantum: self.quantum_ms.map(Duration::from_millis),
+        }
+    }
+}
+
+/// Options of a serve run.
+#[derive(Default)]
+pub struct ServeOptions {
+    /// Serve the operator API (metrics, timeline, stats, policy) here.
+    pub api_socket: Option<PathBuf>,
+    /// Permission bits of the API socket (`None`: 0600).
+    pub api_socket_mode: Option<u32>,
+    /// Ends the run when readable (SIGINT/SIGTERM).
+    pub stop: Option<crate::signals::StopSignal>,
+}
+
+/// Serve failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The GPU could not be set up.
+    #[error("gpu: {0}")]
+    Gpu(String),
+    /// A vGPU's socket.
+    #[error("vgpu '{0}': {1}")]
+    Socket(String, vfio_server::ServeError),
+    /// The API socket.
+    #[error("api socket: {0}")]
+    Api(crate::http::BindError),
+    /// Waiting for the stop request failed.
+    #[error("{0}")]
+    Io(std::io::Error),
+}
+
+/// What a serve run did, per vGPU (config order).
+#[derive(Debug)]
+pub struct ServeReport {
+    /// (name, counters).
+    pub vgpus: Vec<(String, ServerStats)>,
+    /// The arbiter's counters at the end.
+    pub gpu: mdev::arbiter::ArbiterStats,
+}
+
+/// Stops the servers and the arbiter on every return path.
+struct Running {
+    arbiter: Arc<GpuArbiter>,
+    servers: Vec<(Arc<VgpuServer>, Option<std::thread::JoinHandle<()>>)>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for (s, _) in &self.servers {
+            s.stop();
+        }
+        for (_, t) in self.servers.iter_mut() {
+            if let Some(t) = t.take() {
+                let _ = t.join();
+            }
+        }
+        self.arbiter.shutdown();
+    }
+}
+
+/// Runs the daemon until `opts.stop` fires (or forever without one).
+pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport, ServeError> {
+    let backend =
+        crate::fleet::open_backend(&cfg.gpu, 1).map_err(|e| ServeError::Gpu(e.to_string()))?;
+    let arbiter = GpuArbiter::start(cfg.gpu.topology.clone(), cfg.scheduler.clone(), backend)
+        .map_err(|e| ServeError::Gpu(e.to_string()))?;
+    let mut run = Running {
+        arbiter: arbiter.clone(),
+        servers: Vec::new(),
+    };
+    for v in &cfg.vgpu {
+        let s = VgpuServer::bind(
+            &v.socket,
+            v.spec(&cfg.gpu.guard),
+            arbiter.clone(),
+            ServerOptions::default(),
+        )
+        .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
+        let t = s.spawn().map_err(|e| {
+            ServeError::Socket(
+                v.name.clone(),
+                vfio_server::ServeError::Io(v.socket.clone(), e),
+            )
+        })?;
+        log::info!(
+            "vgpu '{}': serving vfio-user on {} (priority {}, weight {})",
+            v.name,
+            v.socket.display(),
+            v.priority,
+            v.weight
+        );
+        run.servers.push((s, Some(t)));
+    }
+    let _api = match &opts.api_socket {
+        Some(path) => {
+            // The fleet API over the daemon's arbiter: metrics, timeline,
+            // stats and policy (vGPUs are not VMs of a fleet: `ps` lists none).
+            let fleet = FleetConfig {
+                run: Default::default(),
+                gpu: cfg.gpu.clone(),
+                scheduler: cfg.scheduler.clone(),
+                vm: Vec::new(),
+                base_dir: PathBuf::from("."),
+            };
+            let ctl = Arc::new(crate::api::FleetControl::new(
+                Some(arbiter.clone()),
+                &fleet,
+                &[],
+            ));
+            Some(
+                crate::api::serve(path, opts.api_socket_mode.unwrap_or(0o600), ctl)
+                    .map_err(ServeError::Api)?,
+            )
+        }
+        None => None,
+    };
+    match &opts.stop {
+        Some(stop) => wait_readable(stop.fd()).map_err(ServeError::Io)?,
+        None => loop {
+            std::thread::park();
+        },
+    }
+    log::info!("serve: stopping");
+    let vgpus = run
+        .servers
+        .iter()
+        .map(|(s, _)| (s.spec().name, s.stats()))
+        .collect();
+    let gpu = arbiter.stats();
+    drop(run);
+    Ok(ServeReport { vgpus, gpu })
+}
+
+fn wait_readable(fd: &vmm_sys_util::eventfd::EventFd) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, -1) };
+        if n > 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if n < 0 && e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_devices_file_is_checked_like_a_fleet_file() {
+        let p = Path::new("/etc/hqdmux/devices.toml");
+        let c = DevicesConfig::parse(
+            "[[vgpu]]\nname = \"hi\"\nsocket = \"hi.sock\"\npriority = 12\nquantum_ms = 5\n\
+             [[vgpu]]\nname = \"lo\"\nsocket = \"/run/lo.sock\"\nweight = 3\nguard = { max_resets = 5 }\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(c.vgpu.len(), 2);
+        assert_eq!(c.vgpu[0].socket, Path::new("/etc/hqdmux/hi.sock"));
+        assert_eq!(c.vgpu[1].socket, Path::new("/run/lo.sock"));
+        let s = c.vgpu[0].spec(&c.gpu.guard);
+        assert_eq!(s.params.priority, 12);
+        assert_eq!(s.quantum, Some(Duration::from_millis(5)));
+        assert_eq!(
+            s.preempt_timeout,
+            Duration::from_millis(mdev::arbiter::DEFAULT_PREEMPT_TIMEOUT_MS)
+        );
+        assert_eq!(c.vgpu[1].spec(&c.gpu.guard).params.weight, 3);
+        assert_eq!(c.vgpu[1].guard.max_resets, Some(5));
+        for (text, field) in [
+            ("[[vgpu]]\nname='a'\nsocket='s'\npriority=16", "priority"),
+            ("[[vgpu]]\nname='a'\nsocket='s'\nweight=0", "weight"),
+            ("[[vgpu]]\nname='a'\nsocket='s'\nquantum_ms=0", "quantum_ms"),
+            (
+                "[[vgpu]]\nname='a'\nsocket='s'\npreempt_timeout_ms=0",
+                "preempt_timeout_ms",
+            ),
+            (
+                "[[vgpu]]\nname='a'\nsocket='s'\n[[vgpu]]\nname='a'\nsocket='t'",
+                "name",
+            ),
+            (
+                "[[vgpu]]\nname='a'\nsocket='s'\n[[vgpu]]\nname='b'\nsocket='s'",
+                "socket",
+            ),
+            ("[[vgpu]]\nname='a'\nsocket='s'\npartition=9", "partition"),
+        ] {
+            match DevicesConfig::parse(text, p) {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            DevicesConfig::parse("[[vgpu]]\nname='a'\nsocket='s'\nimage='x'", p),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(matches!(
+            DevicesConfig::parse("", p),
+            Err(ConfigError::Invalid { .. })
+        ));
+    }
+}

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
 mod busy;
+mod gaps;
 mod spatial_engine;
 
 /// Level of a boosted (aged) queue: above every VM priority.
@@ -55,6 +56,15 @@ const SCALE: u128 = 1 << 16;
 /// Shortest anticipation grace (a re-ring gap measured as 0 still gets it).
 const MIN_GRACE_NS: Nanos = 10_000;
 
+/// Cost-aware hold: a switch (CWSR save of the lower work that takes the
+/// partition, and its restore) is worth this many times its duration in
+/// idle GPU time. Giving the partition away at every gap of a closed loop
+/// costs one save and restore per cycle (CWSR time) and delays the owner's
+/// next job by one save: CWSR <= 10% of the run and the owner >= 95% of
+/// its time alone both need a cycle of at least 10 x (save + restore)
+/// (docs/scheduling.md, "Cost-aware hold").
+const HOLD_SWITCH_FACTOR: u64 = 10;
+
 /// Aging budget: boosted (aged) work, plus the CWSR it causes, takes at most
 /// `1 / AGING_SHARE_INV` of a partition's time (a batch of boosts lasting
 /// `b` is followed by `(b + save and restore) x (AGING_SHARE_INV - 1)` of
@@ -98,6 +108,9 @@ struct Queue {
     /// Modelled restore of its last CWSR save (its last save time when it
     /// was saved with work, else 0): not billed at its next map.
     restore_ns: Nanos,
+    /// Counted in its VM's `demand` (Ready, Saved, Running, or being
+    /// preempted with work; not an idle queue giving its slot back).
+    wants: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -121,6 +134,15 @@ struct Vm {
     idle_at: Nanos,
     /// Moving average of its re-ring gap (idle to busy again), ns.
     gap_ewma: Nanos,
+    /// Distribution of its re-ring gaps (cost-aware hold, `gaps.rs`):
+    /// from the end of its demand (no queue Ready, Saved, Running or
+    /// being preempted with work) to its next demand. (`gap_ewma` also
+    /// counts an idle queue's slot hand-back as demand.)
+    gaps: gaps::GapHist,
+    /// Queues counted as demand (see `Queue::wants`).
+    demand: u32,
+    /// When its demand last ended (`None`: never had any).
+    demand_idle_at: Option<Nanos>,
     removed: bool,
     /// Its Ready/Saved queues, highest key first, then oldest.
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,
@@ -186,6 +208,11 @@ struct Owner {
     /// Since when the owner has had no busy queue at its level
     /// (anticipation grace running).
     drained: Option<Nanos>,
+    /// Cost-aware hold computed when it drained (from its gap
+    /// distribution and the partition's switch cost), ns.
+    hold: Nanos,
+    /// The hold held lower work off (billed to the owner when it ends).
+    cost_held: bool,
 }
 
 /// A slice owner displaced by a higher level, resumed with the rest of its
@@ -250,6 +277,9 @@ struct AgingBudget {
     /// Last dequeue (CWSR save) time seen in the partition: a batch is
     /// charged one save and one restore of the work it displaced.
     save_ns: Nanos,
+    /// Moving average (1/4) of the partition's CWSR saves that saved
+    /// something (> 0 ns): the switch cost of the cost-aware hold.
+    save_ewma: Nanos,
 }
 
 impl Partition {
@@ -521,6 +551,9 @@ impl Scheduler {
                 entered: 0,
                 idle_at: 0,
                 gap_ewma: 0,
+                gaps: Default::default(),
+                demand: 0,
+                demand_idle_at: None,
                 removed: false,
                 ready: BTreeSet::new(),
                 running: BTreeSet::new(),
@@ -578,6 +611,7 @@ impl Scheduler {
                 reason: None,
                 errored: false,
                 restore_ns: 0,
+                wants: false,
             },
         );
         Ok(())
@@ -996,16 +1030,28 @@ impl Scheduler {
         // doorbell then needs no CWSR of someone else's work).
         if let Some(o) = owner.as_mut() {
             if self.vm_busy_at(p, o.vm, o.level) {
+                self.end_hold(o);
                 o.drained = None;
             } else if o.level < BOOST_LEVEL
                 && self.vms.contains_key(&o.vm)
                 && top.is_none_or(|t| t <= o.level)
             {
-                let d = *o.drained.get_or_insert(now);
-                if now < d.saturating_add(self.grace(o.vm)) {
+                if o.drained.is_none() {
+                    o.drained = Some(now);
+                    o.hold = self.cost_hold_at_drain(p, o.vm);
+                    o.cost_held = false;
+                }
+                let d = o.drained.unwrap_or(now);
+                let cost = self.cost_hold(p, o);
+                if now < d.saturating_add(self.grace(o.vm).max(cost)) {
+                    o.cost_held |= cost > 0;
                     self.parts[p].owner = owner;
                     return;
                 }
+                self.end_hold(o);
+            } else if o.drained.is_some() {
+                // A higher level ends the hold.
+                self.end_hold(o);
             }
         }
         let Some(top) = top else {
@@ -1067,6 +1113,8 @@ impl Scheduler {
                     level: top,
                     since: now - k.used,
                     drained: None,
+                    hold: 0,
+                    cost_held: false,
                 }
             } else {
                 // Least weighted GPU time wins (stride scheduling). Ties: the
@@ -1118,6 +1166,8 @@ impl Scheduler {
                     level: top,
                     since: now,
                     drained: None,
+                    hold: 0,
+                    cost_held: false,
                 }
             }
         };
@@ -1357,6 +1407,65 @@ impl Scheduler {
         }
     }
 
+    /// The cost-aware hold of a slice owner `vm` of partition `p` whose
+    /// queues just drained: from its re-ring gap distribution, the idle
+    /// time worth holding rather than switching, a switch being worth
+    /// [`HOLD_SWITCH_FACTOR`] x (save + restore) of idle time, with the
+    /// moving average of the partition's CWSR saves as the save and the
+    /// restore (0 before any save was seen: nothing to weigh).
+    fn cost_hold_at_drain(&self, p: usize, vm: VmId) -> Nanos {
+        if !self.cfg.policy.uses_priority() || self.cfg.anticipation_ns == 0 {
+            return 0;
+        }
+        let switch = self.parts[p].aging.save_ewma.saturating_mul(2);
+        self.vms.get(&vm).map_or(0, |v| {
+            v.gaps.hold_ns(switch.saturating_mul(HOLD_SWITCH_FACTOR))
+        })
+    }
+
+    /// The cost-aware hold of owner `o` as it applies now: only against
+    /// lower work (equals share by slices and keep the anticipation
+    /// grace), and not while the owner's CU reservation or co-residence
+    /// lets the lower work run beside it (no switch to save).
+    fn cost_hold(&self, p: usize, o: &Owner) -> Nanos {
+        if o.hold == 0 || o.level >= BOOST_LEVEL {
+            return 0;
+        }
+        if self.parts[p].top().is_none_or(|t| t >= o.level) {
+            return 0;
+        }
+        if self
+            .spatial
+            .res
+            .get(p)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r.vm == o.vm)
+        {
+            return 0;
+        }
+        o.hold
+    }
+
+    /// The owner's hold ends (it re-rang, its hold ran out, or a higher
+    /// level came): time it held the partition idle against lower work
+    /// is billed to it, as GPU time and virtual time.
+    fn end_hold(&mut self, o: &mut Owner) {
+        let Some(d) = o.drained else { return };
+        if !o.cost_held {
+            return;
+        }
+        o.cost_held = false;
+        let held = self.now.min(d.saturating_add(o.hold)).saturating_sub(d);
+        let pol = self.cfg.policy;
+        if let Some(v) = self.vms.get_mut(&o.vm) {
+            v.stats.gpu_ns += held;
+            v.stats.held_ns += held;
+            v.vtime += held as u128 * SCALE / weight(v, pol);
+        }
+        self.sync_vt(o.vm);
+    }
+
     /// Lag-based eligibility among equals (in the style of EEVDF): is there
     /// a VM of the owner's level that woke during the owner's slice and is
     /// behind the owner by at least one minimum run of weighted GPU time?
@@ -1471,7 +1580,8 @@ impl Scheduler {
                 {
                     if let Some(o) = p.owner {
                         if let Some(d) = o.drained {
-                            let until = d.saturating_add(self.grace(o.vm));
+                            let hold = self.grace(o.vm).max(self.cost_hold(pi, &o));
+                            let until = d.saturating_add(hold);
                             if until > now {
                                 add(TimerKind::Grace, until);
                             }
@@ -1641,7 +1751,15 @@ impl Scheduler {
             v.stats.save_ns += save_ns;
         }
         if matches!(reason, Some(Reason::Preempt(_))) && has_work {
-            self.parts[p].aging.save_ns = save_ns;
+            let a = &mut self.parts[p].aging;
+            a.save_ns = save_ns;
+            if save_ns > 0 {
+                a.save_ewma = if a.save_ewma == 0 {
+                    save_ns
+                } else {
+                    (a.save_ewma.saturating_mul(3) / 4).saturating_add(save_ns / 4)
+                };
+            }
         }
         let next = match reason {
             Some(Reason::Remove) => {
@@ -1696,6 +1814,12 @@ impl Scheduler {
         let vm = qq.vm;
         if let Some(v) = self.vms.get_mut(&vm) {
             v.queues.remove(&q);
+            if qq.wants {
+                v.demand -= 1;
+                if v.demand == 0 {
+                    v.demand_idle_at = Some(self.now);
+                }
+            }
             if qq.state == QueueState::Running {
                 charge(v, self.now, self.cfg.policy);
                 v.running_n -= 1;
@@ -1754,6 +1878,26 @@ impl Scheduler {
         qq.state = st;
         qq.since = now;
         let vm = qq.vm;
+        let wants = is_demand(st)
+            || (st == QueueState::Preempting && matches!(qq.reason, Some(Reason::Preempt(_))));
+        let wanted = std::mem::replace(&mut qq.wants, wants);
+        if wants != wanted {
+            if let Some(v) = self.vms.get_mut(&vm) {
+                if wants {
+                    v.demand += 1;
+                    if v.demand == 1 {
+                        if let Some(t) = v.demand_idle_at {
+                            v.gaps.note(now.saturating_sub(t));
+                        }
+                    }
+                } else {
+                    v.demand -= 1;
+                    if v.demand == 0 {
+                        v.demand_idle_at = Some(now);
+                    }
+                }
+            }
+        }
         let active = |s| matches!(s, QueueState::Running | QueueState::Preempting);
         // Demand for the fairness clamp (a queue being dequeued still wants
         // the GPU back).
@@ -1851,6 +1995,7 @@ impl Scheduler {
             v.entered = now;
             let gap = now.saturating_sub(v.idle_at);
             v.gap_ewma = (v.gap_ewma.saturating_mul(3) / 4).saturating_add(gap / 4);
+
             woke = true;
         }
         if busy(old) && !busy(st) && v.busy == 0 {
@@ -2319,6 +2464,8 @@ impl Scheduler {
                 level,
                 since: now,
                 drained: None,
+                hold: 0,
+                cost_held: false,
             };
             if self.spatial_coreside(p, owner)
                 || self

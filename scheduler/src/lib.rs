@@ -369,6 +369,9 @@ pub struct VmStats {
     pub save_ns: Nanos,
     /// Maps of its queues.
     pub maps: u64,
+    /// Time it held its partition idle against lower work (cost-aware
+    /// hold, docs/scheduling.md); included in `gpu_ns`.
+    pub held_ns: Nanos,
 }
 
 /// Bad control operation.

@@ -1669,3 +1669,6 @@ mod spatial_review_tests;
 
 #[path = "timer_tests.rs"]
 mod timer_tests;
+
+#[path = "hold_tests.rs"]
+mod hold_tests;

@@ -72,6 +72,14 @@ const HOLD_SWITCH_FACTOR: u64 = 10;
 /// whatever the number of starved VMs below it.
 const AGING_SHARE_INV: u64 = 32;
 
+/// A preemption's dequeue longer than this many typical CWSR saves of its
+/// partition waited for non-preemptible waves: the excess is billed to the
+/// VM and counted in the aging budget ([`Scheduler::save_wait`]). A save's
+/// own time varies with the state saved (a quarter-CU workgroup writes a
+/// quarter of a CU's state, 68 vs 242 us for save and restore in the
+/// simulator), well within the factor.
+const SAVE_WAIT_FACTOR: u64 = 8;
+
 /// Longest aging batch: boosted queues run at most this long in a row.
 const AGING_BATCH_NS: Nanos = 2_000_000;
 
@@ -280,6 +288,10 @@ struct AgingBudget {
     /// Moving average (1/4) of the partition's CWSR saves that saved
     /// something (> 0 ns): the switch cost of the cost-aware hold.
     save_ewma: Nanos,
+    /// Typical CWSR save of the partition: moving average (1/4) of the
+    /// preemptions' dequeues no longer than [`SAVE_WAIT_FACTOR`] times it
+    /// (see [`Scheduler::save_wait`]).
+    save_typ: Nanos,
 }
 
 impl Partition {
@@ -1750,6 +1762,11 @@ impl Scheduler {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.stats.save_ns += save_ns;
         }
+        let wait = if matches!(reason, Some(Reason::Preempt(_))) {
+            self.save_wait(p, q, save_ns)
+        } else {
+            0
+        };
         if matches!(reason, Some(Reason::Preempt(_))) && has_work {
             let a = &mut self.parts[p].aging;
             a.save_ns = save_ns;
@@ -1774,14 +1791,66 @@ impl Scheduler {
             _ => QueueState::Ready,
         };
         if let Some(qq) = self.queues.get_mut(&q) {
+            // The restore is a CWSR restore: as long as the save, without
+            // the wait for non-preemptible waves.
             qq.restore_ns = if next == QueueState::Saved {
-                save_ns
+                save_ns - wait
             } else {
                 0
             };
         }
         self.set_state(q, next);
         self.release_save_waiters(p);
+    }
+
+    /// A preemption's dequeue of `q` took `save_ns`: the part beyond
+    /// [`SAVE_WAIT_FACTOR`] x the partition's typical CWSR save is a wait
+    /// for the queue's own non-preemptible waves (kernels without a save
+    /// point finish their in-flight workgroups first; the flag is
+    /// guest-written). That wait is billed to the queue's VM (GPU time and
+    /// virtual time, `VmStats::save_wait_ns`) — its waves ran on the GPU —
+    /// and, when the VM is below the partition's top level (its work held
+    /// higher work off), counted in the aging budget like a batch's cost
+    /// (the next batch waits `AGING_SHARE_INV - 1` times it longer).
+    /// Returns the wait. Saves within the factor update the typical save
+    /// (moving average, 1/4); longer ones never do, so no guest can raise
+    /// it by making its saves slow.
+    fn save_wait(&mut self, p: usize, q: QueueId, save_ns: Nanos) -> Nanos {
+        let a = &mut self.parts[p].aging;
+        let typ = a.save_typ;
+        let cap = typ.saturating_mul(SAVE_WAIT_FACTOR);
+        if typ == 0 || save_ns <= cap {
+            if save_ns > 0 {
+                a.save_typ = if typ == 0 {
+                    save_ns
+                } else {
+                    (typ.saturating_mul(3) / 4).saturating_add(save_ns / 4)
+                };
+            }
+            return 0;
+        }
+        let wait = save_ns - cap;
+        let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) else {
+            return wait;
+        };
+        let pol = self.cfg.policy;
+        let mut below_top = false;
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.stats.gpu_ns += wait;
+            v.stats.save_wait_ns += wait;
+            v.vtime += wait as u128 * SCALE / weight(v, pol);
+            let level = v.params.priority as u16;
+            below_top = self.parts[p].top().is_some_and(|t| t > level);
+        }
+        self.sync_vt(vm);
+        if below_top && self.cfg.policy.uses_priority() {
+            let a = &mut self.parts[p].aging;
+            a.next_batch = a
+                .next_batch
+                .max(self.now)
+                .saturating_add(wait.saturating_mul(AGING_SHARE_INV - 1));
+        }
+        wait
     }
 
     /// When no save is in flight in partition `p` any more, the VMs mapped

@@ -372,6 +372,9 @@ pub struct VmStats {
     /// Time it held its partition idle against lower work (cost-aware
     /// hold, docs/scheduling.md); included in `gpu_ns`.
     pub held_ns: Nanos,
+    /// Time its preempted queues' dequeues waited for their own
+    /// non-preemptible waves (beyond a CWSR save); included in `gpu_ns`.
+    pub save_wait_ns: Nanos,
 }
 
 /// Bad control operation.

@@ -1672,3 +1672,6 @@ mod timer_tests;
 
 #[path = "hold_tests.rs"]
 mod hold_tests;
+
+#[path = "save_wait_tests.rs"]
+mod save_wait_tests;

@@ -238,6 +238,9 @@ struct Partition {
     /// Free slots per pipe (pipe order of the slot list).
     free: Vec<BTreeSet<SlotId>>,
     nfree: usize,
+    /// Slots of the partition (the most queues that run at once; the
+    /// largest aging batch).
+    nslots: usize,
     next_pipe: usize,
     /// Ready/Saved queues, highest level first, then oldest (queue
     /// priorities do not order queues of different VMs).
@@ -491,6 +494,7 @@ impl Scheduler {
             let part = &mut parts[s.partition as usize];
             part.free[pi].insert(SlotId(i as u32));
             part.nfree += 1;
+            part.nslots += 1;
         }
         Ok(Scheduler {
             cfg,
@@ -978,13 +982,24 @@ impl Scheduler {
         let Some(top) = part.busy.range(..BOOST_LEVEL).next_back().map(|e| *e.0) else {
             return;
         };
-        let due: Vec<QueueId> = part.waiting[..top as usize]
-            .iter()
-            .flat_map(|w| w.iter().take_while(|e| e.0 <= now).map(|e| e.1))
-            .collect();
-        if due.is_empty() {
+        // At most one slot's worth of queues per batch, the longest
+        // overdue first: no more can run at once, and the batch's cost
+        // (one re-index per queue, at its start and its end) then stays
+        // bounded by the slots, not by the starved queues (`tick` p99 at
+        // 256 vMQDs was 44-48 us from batches of hundreds of queues).
+        let cap = part.nslots.max(1);
+        let mut cand: Vec<(Nanos, QueueId)> = Vec::new();
+        for w in &part.waiting[..top as usize] {
+            cand.extend(w.iter().take_while(|e| e.0 <= now).take(cap).copied());
+        }
+        if cand.is_empty() {
             return;
         }
+        if cand.len() > cap {
+            cand.select_nth_unstable(cap - 1);
+            cand.truncate(cap);
+        }
+        let due: Vec<QueueId> = cand.into_iter().map(|e| e.1).collect();
         part.aging.batch_since = Some(now);
         part.aging.batch = due.clone();
         for q in due {

@@ -139,3 +139,37 @@ proptest! {
         }
     }
 }
+
+/// Decision cost (issue 18, `tick` p99): an aging batch boosts at most the
+/// partition's slots' worth of queues (the longest overdue first), however
+/// many are due, so its start and end re-index a bounded number.
+#[test]
+fn an_aging_batch_boosts_at_most_the_partitions_slots() {
+    let c = SchedConfig {
+        aging_ns: 10 * MS,
+        ..cfg(Policy::Hqdmux)
+    };
+    let mut w = World::new(c, slots(1, 2, 2));
+    let top = w.vm(0, 15, 1, 1)[0];
+    w.submit(top, 10_000_000 * MS);
+    for id in 1..=5 {
+        for q in w.vm(id, 2, 1, 4) {
+            w.submit(q, 10_000_000 * MS);
+        }
+    }
+    // 20 queues are due after age_wait(2) = 5 ms; the first batch starts
+    // then and lasts at most 2 ms.
+    w.run_until(6 * MS);
+    let first = w.s.stats().boosts;
+    assert!(
+        (1..=4).contains(&first),
+        "{first} queues boosted in one batch"
+    );
+    // Every starved queue is served in later batches all the same.
+    w.run_until(3_000 * MS);
+    for q in w.work.keys().copied().collect::<Vec<_>>() {
+        if q != top {
+            assert!(w.maps.iter().any(|(_, m)| *m == q), "{q:?} never ran");
+        }
+    }
+}

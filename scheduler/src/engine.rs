@@ -80,6 +80,16 @@ const AGING_SHARE_INV: u64 = 32;
 /// simulator), well within the factor.
 const SAVE_WAIT_FACTOR: u64 = 8;
 
+/// A dequeue no longer than this is never taken for a wait: four times the
+/// longest CWSR save and restore the simulator models (242 us for a whole
+/// partition of full-CU workgroups). Saves of different VMs' work differ
+/// (a VM of 1-ns workgroups saves in a few us, one of full-CU workgroups
+/// in ~121 us), so the typical save of the partition alone would take
+/// the second's ordinary saves for waits. A wait shorter than this goes
+/// unbilled: at most this much per preemption, whose rate the policy
+/// bounds (slices, lag holds, aging batches).
+const SAVE_WAIT_FLOOR_NS: Nanos = 1_000_000;
+
 /// Longest aging batch: boosted queues run at most this long in a row.
 const AGING_BATCH_NS: Nanos = 2_000_000;
 
@@ -1819,7 +1829,8 @@ impl Scheduler {
     }
 
     /// A preemption's dequeue of `q` took `save_ns`: the part beyond
-    /// [`SAVE_WAIT_FACTOR`] x the partition's typical CWSR save is a wait
+    /// [`SAVE_WAIT_FACTOR`] x the partition's typical CWSR save (and
+    /// beyond [`SAVE_WAIT_FLOOR_NS`]) is a wait
     /// for the queue's own non-preemptible waves (kernels without a save
     /// point finish their in-flight workgroups first; the flag is
     /// guest-written). That wait is billed to the queue's VM (GPU time and
@@ -1833,7 +1844,7 @@ impl Scheduler {
     fn save_wait(&mut self, p: usize, q: QueueId, save_ns: Nanos) -> Nanos {
         let a = &mut self.parts[p].aging;
         let typ = a.save_typ;
-        let cap = typ.saturating_mul(SAVE_WAIT_FACTOR);
+        let cap = typ.saturating_mul(SAVE_WAIT_FACTOR).max(SAVE_WAIT_FLOOR_NS);
         if typ == 0 || save_ns <= cap {
             if save_ns > 0 {
                 a.save_typ = if typ == 0 {

@@ -173,7 +173,9 @@ pub struct SchedConfig {
     /// Anticipation cap: a slice owner whose queues all drain keeps the
     /// partition against its equals and lower levels for a grace of twice its
     /// recent re-ring gap (at least 10 us), when that is at most this long;
-    /// 0 disables. Priority policies only.
+    /// against lower work only, it holds longer when its gap distribution
+    /// makes a CWSR switch cost more than the idle time (the cost-aware
+    /// hold, docs/scheduling.md). 0 disables both. Priority policies only.
     pub anticipation_ns: u64,
     /// A mapped queue idle this long gives its slot back (DRAIN).
     pub idle_unmap_ns: u64,

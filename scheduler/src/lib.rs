@@ -173,7 +173,9 @@ pub struct SchedConfig {
     /// Anticipation cap: a slice owner whose queues all drain keeps the
     /// partition against its equals and lower levels for a grace of twice its
     /// recent re-ring gap (at least 10 us), when that is at most this long;
-    /// 0 disables. Priority policies only.
+    /// against lower work only, it holds longer when its gap distribution
+    /// makes a CWSR switch cost more than the idle time (the cost-aware
+    /// hold, docs/scheduling.md). 0 disables both. Priority policies only.
     pub anticipation_ns: u64,
     /// A mapped queue idle this long gives its slot back (DRAIN).
     pub idle_unmap_ns: u64,
@@ -369,6 +371,12 @@ pub struct VmStats {
     pub save_ns: Nanos,
     /// Maps of its queues.
     pub maps: u64,
+    /// Time it held its partition idle against lower work (cost-aware
+    /// hold, docs/scheduling.md); included in `gpu_ns`.
+    pub held_ns: Nanos,
+    /// Time its preempted queues' dequeues waited for their own
+    /// non-preemptible waves (beyond a CWSR save); included in `gpu_ns`.
+    pub save_wait_ns: Nanos,
 }
 
 /// Bad control operation.

@@ -38,6 +38,24 @@ struct World {
     /// Closed-loop queues: job size; a new job is rung the moment the last
     /// one completes (one outstanding job, the queue drains between jobs).
     closed: BTreeMap<QueueId, Nanos>,
+    /// Think time of closed-loop queues (absent: the next job is rung at
+    /// the completion).
+    think: BTreeMap<QueueId, Nanos>,
+    /// Closed-loop submissions due after a think time: (time, queue).
+    arrivals: std::collections::BTreeSet<(Nanos, QueueId)>,
+    /// Timer events delivered (`Event::Tick`).
+    ticks: u64,
+    /// Events of any kind delivered.
+    events: u64,
+    /// Fail the run when more ticks than this arrive in one virtual ms
+    /// (a timer storm would otherwise run for hours in a debug build).
+    tick_limit_per_ms: Option<u64>,
+    /// Ticks per virtual ms (index: ms since 0).
+    ticks_in_ms: BTreeMap<Nanos, u64>,
+    /// Closed-loop queues whose think time is exponential (mean `think`).
+    think_exp: std::collections::BTreeSet<QueueId>,
+    /// State of the think-time generator (xorshift; deterministic).
+    rng: u64,
 }
 
 fn slots(parts: u32, pipes: u32, queues: u32) -> Vec<SlotDesc> {
@@ -79,7 +97,35 @@ impl World {
             maps: Vec::new(),
             pending: Vec::new(),
             closed: BTreeMap::new(),
+            think: BTreeMap::new(),
+            arrivals: Default::default(),
+            ticks: 0,
+            events: 0,
+            tick_limit_per_ms: None,
+            ticks_in_ms: BTreeMap::new(),
+            think_exp: Default::default(),
+            rng: 0x9E37_79B9_7F4A_7C15,
         }
+    }
+
+    /// Next think time of `q` (fixed, or exponential with that mean).
+    fn think_of(&mut self, q: QueueId, mean: Nanos) -> Nanos {
+        if !self.think_exp.contains(&q) {
+            return mean;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let u = ((self.rng >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        (-(u.ln()) * mean as f64) as Nanos
+    }
+
+    /// A closed loop whose next job is rung `think` ns after a completion.
+    fn closed_loop_think(&mut self, q: QueueId, job: Nanos, think: Nanos) {
+        if think > 0 {
+            self.think.insert(q, think);
+        }
+        self.closed_loop(q, job);
     }
 
     /// Makes `q` a closed-loop tenant with jobs of `job` ns, and rings the
@@ -127,6 +173,20 @@ impl World {
     }
 
     fn event(&mut self, ev: Event) {
+        self.events += 1;
+        if let Event::Tick { now } = ev {
+            self.ticks += 1;
+            let n = self.ticks_in_ms.entry(now / MS).or_default();
+            *n += 1;
+            if let Some(limit) = self.tick_limit_per_ms {
+                assert!(
+                    *n <= limit,
+                    "timer storm: {} ticks in virtual ms {} (limit {limit})",
+                    *n,
+                    now / MS
+                );
+            }
+        }
         self.s.handle(ev);
         self.last_actions.clear();
         while let Some(a) = self.s.poll_action() {
@@ -282,6 +342,9 @@ impl World {
             for &t in self.unmapping.values() {
                 next = next.min(t);
             }
+            if let Some(&(t, _)) = self.arrivals.first() {
+                next = next.min(t);
+            }
             for q in self.work.keys() {
                 if self.running(q) {
                     next = next.min(self.now + self.work[q]);
@@ -305,7 +368,13 @@ impl World {
                         now: next,
                     });
                     if let Some(&job) = self.closed.get(&q) {
-                        self.submit(q, job);
+                        match self.think.get(&q).copied() {
+                            Some(mean) => {
+                                let t = self.think_of(q, mean);
+                                self.arrivals.insert((next + t, q));
+                            }
+                            None => self.submit(q, job),
+                        }
                     }
                 }
             }
@@ -327,6 +396,14 @@ impl World {
                     save_ns: UNMAP_NS,
                     now: next,
                 });
+            }
+            while let Some(&(t, q)) = self.arrivals.first() {
+                if t > next {
+                    break;
+                }
+                self.arrivals.pop_first();
+                let job = self.closed[&q];
+                self.submit(q, job);
             }
             if self.timer.is_some_and(|t| t <= next) {
                 self.timer = None;
@@ -1589,3 +1666,12 @@ proptest! {
 
 #[path = "spatial_review_tests.rs"]
 mod spatial_review_tests;
+
+#[path = "timer_tests.rs"]
+mod timer_tests;
+
+#[path = "hold_tests.rs"]
+mod hold_tests;
+
+#[path = "save_wait_tests.rs"]
+mod save_wait_tests;

@@ -1,0 +1,83 @@
+//! Anticipation and the cost-aware hold (docs/scheduling.md): how long a
+//! slice owner whose queues drained keeps the partition, and the billing of
+//! the time it holds it idle against lower work.
+
+use super::*;
+
+impl Scheduler {
+    /// Anticipation grace of a VM: twice its re-ring gap (at least
+    /// [`MIN_GRACE_NS`]) when that fits in `anticipation_ns`, else 0.
+    pub(super) fn grace(&self, vm: VmId) -> Nanos {
+        if !self.cfg.policy.uses_priority() || self.cfg.anticipation_ns == 0 {
+            return 0;
+        }
+        let g = self
+            .vms
+            .get(&vm)
+            .map_or(0, |v| v.gap_ewma.saturating_mul(2).max(MIN_GRACE_NS));
+        if g <= self.cfg.anticipation_ns {
+            g
+        } else {
+            0
+        }
+    }
+
+    /// The cost-aware hold of a slice owner `vm` of partition `p` whose
+    /// queues just drained: from its re-ring gap distribution, the idle
+    /// time worth holding rather than switching, a switch being worth
+    /// [`HOLD_SWITCH_FACTOR`] x (save + restore) of idle time, with the
+    /// moving average of the partition's CWSR saves as the save and the
+    /// restore (0 before any save was seen: nothing to weigh).
+    pub(super) fn cost_hold_at_drain(&self, p: usize, vm: VmId) -> Nanos {
+        if !self.cfg.policy.uses_priority() || self.cfg.anticipation_ns == 0 {
+            return 0;
+        }
+        let switch = self.parts[p].aging.save_ewma.saturating_mul(2);
+        self.vms.get(&vm).map_or(0, |v| {
+            v.gaps.hold_ns(switch.saturating_mul(HOLD_SWITCH_FACTOR))
+        })
+    }
+
+    /// The cost-aware hold of owner `o` as it applies now: only against
+    /// lower work (equals share by slices and keep the anticipation
+    /// grace), and not while the owner's CU reservation or co-residence
+    /// lets the lower work run beside it (no switch to save).
+    pub(super) fn cost_hold(&self, p: usize, o: &Owner) -> Nanos {
+        if o.hold == 0 || o.level >= BOOST_LEVEL {
+            return 0;
+        }
+        if self.parts[p].top().is_none_or(|t| t >= o.level) {
+            return 0;
+        }
+        if self
+            .spatial
+            .res
+            .get(p)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r.vm == o.vm)
+        {
+            return 0;
+        }
+        o.hold
+    }
+
+    /// The owner's hold ends (it re-rang, its hold ran out, or a higher
+    /// level came): time it held the partition idle against lower work
+    /// is billed to it, as GPU time and virtual time.
+    pub(super) fn end_hold(&mut self, o: &mut Owner) {
+        let Some(d) = o.drained else { return };
+        if !o.cost_held {
+            return;
+        }
+        o.cost_held = false;
+        let held = self.now.min(d.saturating_add(o.hold)).saturating_sub(d);
+        let pol = self.cfg.policy;
+        if let Some(v) = self.vms.get_mut(&o.vm) {
+            v.stats.gpu_ns += held;
+            v.stats.held_ns += held;
+            v.vtime += held as u128 * SCALE / weight(v, pol);
+        }
+        self.sync_vt(o.vm);
+    }
+}

@@ -1,0 +1,91 @@
+//! The shared (co-running) decision: `corun_equals`, non-exclusive mode
+//! and the fifo and poll5ms baselines (docs/scheduling.md).
+
+use super::*;
+
+impl Scheduler {
+    /// Shared (co-running) mode: ready queues fill slots, by level and then
+    /// age across VMs, by queue priority within a VM. With `preempt`,
+    /// lower-level running queues make room for higher ones (and, in
+    /// exclusive mode, do not co-run with them). `only_top`: map only queues
+    /// of the top busy level, and of each VM only its highest busy queue
+    /// priority (lower ones of that VM are preempted at once).
+    pub(super) fn decide_shared(&mut self, p: usize, preempt: bool, only_top: bool) {
+        let now = self.now;
+        let mode = self.preempt_mode();
+        let top = self.parts[p].top().unwrap_or(0);
+        let prio = self.cfg.policy.uses_priority();
+        if preempt && self.cfg.exclusive {
+            let low: Vec<QueueId> = self.parts[p]
+                .running
+                .iter()
+                .filter(|&&(l, since, q)| {
+                    (l < top && since + self.cfg.min_run_ns <= now)
+                        || (only_top && prio && self.below_own_top(q))
+                })
+                .map(|e| e.2)
+                .collect();
+            for q in low {
+                self.unmap(q, mode, Reason::Preempt(mode));
+            }
+        }
+        // At most this many can be placed or make a victim now.
+        let reach = self.parts[p].nfree + self.parts[p].running.len() + 1;
+        // (With `only_top`, queues below their VM's best busy queue wait
+        // and do not count against `reach`.)
+        let ready: Vec<(u16, QueueId)> = self.parts[p]
+            .ready
+            .iter()
+            .map(|(l, _, q)| (l.0, *q))
+            .take_while(|(l, _)| !only_top || *l >= top)
+            .filter(|(_, q)| !(only_top && prio && self.below_own_top(*q)))
+            .take(reach)
+            .collect();
+        let mut left = self.parts[p].ready.len();
+        for (level, q) in ready {
+            // The slot goes to this queue's VM; within the VM, to its best
+            // ready queue at this level.
+            let vm = self.queues[&q].vm;
+            // (With `only_top`, the filter above left only VMs whose best
+            // ready queue is at their top busy key; mapping one keeps it so.)
+            let Some((key, q)) = self.vms[&vm].best_ready_at(level) else {
+                continue;
+            };
+            if self.place(p, q, left) {
+                left -= 1;
+                continue;
+            }
+            if self.parts[p].freeing >= left {
+                break;
+            }
+            // No slot: take one from lower work (or, for fifo, round robin).
+            let fifo = self.cfg.policy == Policy::Fifo;
+            let own_lower = self.vms[&vm]
+                .running
+                .first()
+                .filter(|e| prio && e.0 < key)
+                .map(|e| e.2);
+            match self.parts[p].running.first().copied() {
+                Some((l, since, v))
+                    if preempt && l < level && since + self.cfg.min_run_ns <= now =>
+                {
+                    self.unmap(v, mode, Reason::Preempt(mode));
+                }
+                Some((_, since, v)) if fifo && since + self.queue_slice(v) <= now => {
+                    self.unmap(v, mode, Reason::Preempt(mode));
+                }
+                _ => match own_lower {
+                    // Queue priority preempts within the VM, at once.
+                    Some(v) if preempt => self.unmap(v, mode, Reason::Preempt(mode)),
+                    _ => break,
+                },
+            }
+        }
+    }
+
+    /// Is a running queue below the highest busy queue priority of its VM?
+    pub(super) fn below_own_top(&self, q: QueueId) -> bool {
+        let q = &self.queues[&q];
+        self.vms[&q.vm].top_key().is_some_and(|t| q.key < t)
+    }
+}

@@ -1,0 +1,251 @@
+//! Slot bookkeeping: maps, unmaps and their completion, the billing of
+//! saves (waits for non-preemptible waves, saves in flight) and queues and
+//! VMs forgotten.
+
+use super::*;
+
+impl Scheduler {
+    pub(super) fn map(&mut self, q: QueueId, slot: SlotId) {
+        self.slot_owner[slot.0 as usize] = Some(q);
+        self.spatial_on_map(slot);
+        let qq = self.queues.get_mut(&q).unwrap();
+        qq.slot = Some(slot);
+        let vm = qq.vm;
+        self.set_state(q, QueueState::Running);
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.stats.maps += 1;
+        }
+        self.stats.maps += 1;
+        self.actions.push_back(Action::Map { queue: q, slot });
+    }
+
+    pub(super) fn evict(&mut self, q: QueueId) {
+        self.stats.evictions += 1;
+        self.unmap(q, UnmapMode::Drain, Reason::Evict);
+    }
+
+    pub(super) fn unmap(&mut self, q: QueueId, mode: UnmapMode, reason: Reason) {
+        self.unmap_action(q, mode);
+        self.unmap_state(q, reason);
+    }
+
+    /// Queues the unmap action of a mapped queue (first half of
+    /// [`Self::unmap`]; it reads nothing the state change writes, so the
+    /// action list is the same whichever half runs first).
+    pub(super) fn unmap_action(&mut self, q: QueueId, mode: UnmapMode) {
+        let slot = self.queues[&q].slot.expect("unmap of an unmapped queue");
+        self.actions.push_back(Action::Unmap {
+            queue: q,
+            slot,
+            mode,
+        });
+    }
+
+    /// The state change and counters of an unmap whose action is queued
+    /// (second half of [`Self::unmap`]).
+    pub(super) fn unmap_state(&mut self, q: QueueId, reason: Reason) {
+        let qq = self.queues.get_mut(&q).unwrap();
+        let interrupts = qq.state == QueueState::Running && matches!(reason, Reason::Preempt(_));
+        qq.reason = Some(reason);
+        qq.doorbell_while_unmapping = false;
+        let vm = qq.vm;
+        self.set_state(q, QueueState::Preempting);
+        if interrupts {
+            self.stats.preemptions += 1;
+            if let Some(v) = self.vms.get_mut(&vm) {
+                v.stats.preemptions += 1;
+            }
+        }
+    }
+
+    pub(super) fn finish_unmap(&mut self, q: QueueId, has_work: bool, save_ns: Nanos) {
+        let qq = self.queues.get_mut(&q).unwrap();
+        let slot = qq.slot.take().unwrap();
+        let reason = qq.reason.take();
+        let work = has_work || qq.doorbell_while_unmapping;
+        let vm = qq.vm;
+        let errored = qq.errored;
+        self.slot_owner[slot.0 as usize] = None;
+        let p = self.slots[slot.0 as usize].partition as usize;
+        self.parts[p].free[self.slot_pipe[slot.0 as usize]].insert(slot);
+        self.parts[p].nfree += 1;
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.stats.save_ns += save_ns;
+        }
+        let wait = if matches!(reason, Some(Reason::Preempt(_))) {
+            self.save_wait(p, q, save_ns)
+        } else {
+            0
+        };
+        if matches!(reason, Some(Reason::Preempt(_))) && has_work {
+            let a = &mut self.parts[p].aging;
+            a.save_ns = save_ns;
+            if save_ns > 0 {
+                a.save_ewma = if a.save_ewma == 0 {
+                    save_ns
+                } else {
+                    (a.save_ewma.saturating_mul(3) / 4).saturating_add(save_ns / 4)
+                };
+            }
+        }
+        let next = match reason {
+            Some(Reason::Remove) => {
+                self.set_state(q, QueueState::Idle);
+                self.forget_queue(q);
+                return;
+            }
+            _ if errored => QueueState::Error,
+            Some(Reason::Error) => QueueState::Error,
+            _ if !work => QueueState::Idle,
+            Some(Reason::Preempt(UnmapMode::Save)) if has_work => QueueState::Saved,
+            _ => QueueState::Ready,
+        };
+        if let Some(qq) = self.queues.get_mut(&q) {
+            // The restore is a CWSR restore: as long as the save, without
+            // the wait for non-preemptible waves.
+            qq.restore_ns = if next == QueueState::Saved {
+                save_ns - wait
+            } else {
+                0
+            };
+        }
+        self.set_state(q, next);
+        self.release_save_waiters(p);
+    }
+
+    /// A preemption's dequeue of `q` took `save_ns`: the part beyond
+    /// [`SAVE_WAIT_FACTOR`] x the partition's typical CWSR save (and
+    /// beyond [`SAVE_WAIT_FLOOR_NS`]) is a wait
+    /// for the queue's own non-preemptible waves (kernels without a save
+    /// point finish their in-flight workgroups first; the flag is
+    /// guest-written). That wait is billed to the queue's VM (GPU time and
+    /// virtual time, `VmStats::save_wait_ns`) — its waves ran on the GPU —
+    /// and, when the VM is below the partition's top level (its work held
+    /// higher work off), counted in the aging budget like a batch's cost
+    /// (the next batch waits `AGING_SHARE_INV - 1` times it longer).
+    /// Returns the wait. Saves within the factor update the typical save
+    /// (moving average, 1/4); longer ones never do, so no guest can raise
+    /// it by making its saves slow.
+    pub(super) fn save_wait(&mut self, p: usize, q: QueueId, save_ns: Nanos) -> Nanos {
+        let a = &mut self.parts[p].aging;
+        let typ = a.save_typ;
+        let cap = typ.saturating_mul(SAVE_WAIT_FACTOR).max(SAVE_WAIT_FLOOR_NS);
+        if typ == 0 || save_ns <= cap {
+            if save_ns > 0 {
+                a.save_typ = if typ == 0 {
+                    save_ns
+                } else {
+                    (typ.saturating_mul(3) / 4).saturating_add(save_ns / 4)
+                };
+            }
+            return 0;
+        }
+        let wait = save_ns - cap;
+        let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) else {
+            return wait;
+        };
+        let pol = self.cfg.policy;
+        let mut below_top = false;
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.stats.gpu_ns += wait;
+            v.stats.save_wait_ns += wait;
+            v.vtime += wait as u128 * SCALE / weight(v, pol);
+            let level = v.params.priority as u16;
+            below_top = self.parts[p].top().is_some_and(|t| t > level);
+        }
+        self.sync_vt(vm);
+        if below_top && self.cfg.policy.uses_priority() {
+            let a = &mut self.parts[p].aging;
+            a.next_batch = a
+                .next_batch
+                .max(self.now)
+                .saturating_add(wait.saturating_mul(AGING_SHARE_INV - 1));
+        }
+        wait
+    }
+
+    /// When no save is in flight in partition `p` any more, the VMs mapped
+    /// during those saves start being billed (their waves had no CUs).
+    pub(super) fn release_save_waiters(&mut self, p: usize) {
+        if self.parts[p].freeing > 0 || self.parts[p].save_waiters.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let pol = self.cfg.policy;
+        for vm in std::mem::take(&mut self.parts[p].save_waiters) {
+            if let Some(v) = self.vms.get_mut(&vm) {
+                if v.wait_save && v.active > 0 {
+                    // Nothing billed up to now (its waves had no CUs).
+                    charge(v, now, pol);
+                }
+                v.wait_save = false;
+                if v.running_n > 0 {
+                    v.bill_from = v.bill_from.max(now);
+                }
+            }
+        }
+    }
+
+    pub(super) fn forget_queue(&mut self, q: QueueId) {
+        self.unindex(q);
+        let Some(qq) = self.queues.remove(&q) else {
+            return;
+        };
+        let vm = qq.vm;
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.queues.remove(&q);
+            if qq.wants {
+                v.demand -= 1;
+                if v.demand == 0 {
+                    v.demand_idle_at = Some(self.now);
+                }
+            }
+            if qq.state == QueueState::Running {
+                charge(v, self.now, self.cfg.policy);
+                v.running_n -= 1;
+                if v.running_n == 0 {
+                    v.bill_from = Nanos::MAX;
+                }
+            }
+            if matches!(qq.state, QueueState::Running | QueueState::Preempting) {
+                v.active -= 1;
+                if v.active == 0 {
+                    charge(v, self.now, self.cfg.policy);
+                }
+            }
+            if matches!(
+                qq.state,
+                QueueState::Ready
+                    | QueueState::Saved
+                    | QueueState::Running
+                    | QueueState::Preempting
+            ) {
+                v.busy -= 1;
+            }
+        }
+        self.drop_vm_if_done(vm);
+    }
+
+    pub(super) fn drop_vm_if_done(&mut self, vm: VmId) {
+        self.sync_vt(vm);
+        if self
+            .vms
+            .get(&vm)
+            .is_some_and(|v| v.removed && v.queues.is_empty())
+        {
+            let v = self.vms.remove(&vm).unwrap();
+            self.parts[v.partition as usize].vms -= 1;
+            if let Some(k) = v.vt_key {
+                self.parts[v.partition as usize].vt.remove(&(k, vm));
+            }
+            self.parts[v.partition as usize].woken.retain(|w| *w != vm);
+            self.spatial.width.remove(&vm);
+            self.spatial.occ.remove(&vm);
+            for p in &mut self.parts {
+                if p.owner.is_some_and(|o| o.vm == vm) {
+                    p.owner = None;
+                }
+            }
+        }
+    }
+}

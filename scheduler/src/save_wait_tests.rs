@@ -1,0 +1,133 @@
+//! Non-preemptible waves (issue 18): a preemption's dequeue that waits for
+//! the queue's own waves (kernels without a save point) is billed to its
+//! VM, beyond a typical CWSR save, and a guest cannot raise the typical
+//! save by making its saves slow.
+
+use crate::*;
+
+fn sched() -> Scheduler {
+    let slots = (0..4)
+        .map(|q| SlotDesc {
+            partition: 0,
+            pipe: 0,
+            queue: q,
+        })
+        .collect();
+    let mut s = Scheduler::new(SchedConfig::default(), slots).unwrap();
+    s.add_vm(
+        VmId(1),
+        VmParams {
+            priority: 12,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.add_vm(
+        VmId(2),
+        VmParams {
+            priority: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
+    s.add_queue(VmId(2), QueueId(2), 0).unwrap();
+    s
+}
+
+/// Handles `ev`; answers drains of idle queues at once. Returns whether
+/// the low queue was preempted with a save.
+fn step(s: &mut Scheduler, ev: Event) -> bool {
+    s.handle(ev);
+    let mut saved = false;
+    while let Some(a) = s.poll_action() {
+        match a {
+            Action::Unmap {
+                queue,
+                mode: UnmapMode::Drain,
+                ..
+            } => s.handle(Event::Unmapped {
+                queue,
+                has_work: false,
+                save_ns: 0,
+                now: ev.now(),
+            }),
+            Action::Unmap {
+                queue: QueueId(2),
+                mode: UnmapMode::Save,
+                ..
+            } => saved = true,
+            _ => {}
+        }
+    }
+    saved
+}
+
+/// The low queue runs from `t`; the top one preempts it at `t + 1 ms`; its
+/// dequeue takes `save`; the top drains at once. Returns the time after.
+fn cycle(s: &mut Scheduler, t: Nanos, wptr: u64, save: Nanos) -> Nanos {
+    let queue = QueueId(2);
+    step(
+        s,
+        Event::Doorbell {
+            queue,
+            wptr,
+            now: t,
+        },
+    );
+    let t = t + 1_000_000;
+    let queue = QueueId(1);
+    let saved = step(
+        s,
+        Event::Doorbell {
+            queue,
+            wptr,
+            now: t,
+        },
+    );
+    assert!(saved, "the low queue was not preempted at {t}");
+    step(s, Event::QueueIdle { queue, now: t + 10 });
+    let t = t + save;
+    let queue = QueueId(2);
+    let (has_work, save_ns) = (false, save);
+    step(
+        s,
+        Event::Unmapped {
+            queue,
+            has_work,
+            save_ns,
+            now: t,
+        },
+    );
+    t + 5_000_000
+}
+
+#[test]
+fn a_save_that_waits_for_its_own_waves_is_billed() {
+    let mut s = sched();
+    // Ten ordinary saves of 100 us: the typical save.
+    let mut t = 0;
+    for i in 1..=10 {
+        t = cycle(&mut s, t, i, 100_000);
+    }
+    let before = s.vm_stats(VmId(2)).unwrap();
+    assert_eq!(before.save_wait_ns, 0);
+    // A 20 ms dequeue: the part beyond 8 typical saves (at least 1 ms) is
+    // a wait.
+    t = cycle(&mut s, t, 11, 20_000_000);
+    let after = s.vm_stats(VmId(2)).unwrap();
+    assert_eq!(after.save_wait_ns, 20_000_000 - 1_000_000);
+    assert!(after.gpu_ns >= before.gpu_ns + after.save_wait_ns);
+    // Many slow saves do not make slow saves typical: each one is billed.
+    for i in 12..=40 {
+        t = cycle(&mut s, t, i, 20_000_000);
+    }
+    let last = s.vm_stats(VmId(2)).unwrap();
+    assert_eq!(last.save_wait_ns, 30 * (20_000_000 - 1_000_000));
+    // An ordinary save of another kind of work, a few times the typical
+    // one but under the floor, is not a wait.
+    cycle(&mut s, t, 41, 600_000);
+    assert_eq!(s.vm_stats(VmId(2)).unwrap().save_wait_ns, last.save_wait_ns);
+    // The top VM is never billed for the low VM's waits.
+    assert_eq!(s.vm_stats(VmId(1)).unwrap().save_wait_ns, 0);
+}

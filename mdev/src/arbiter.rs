@@ -1219,6 +1219,19 @@ impl GpuArbiter {
         c.bind.preempt_timeout(VmId(vm.0)).map(Duration::from_nanos)
     }
 
+    /// VM `vm`'s preemption timeout in force now: its own
+    /// ([`GpuArbiter::preempt_timeout`]) shortened by its recent
+    /// preemption timeouts (`crate::binding::HangEscalation`, issue 21).
+    /// `None` once removed or unknown.
+    pub fn effective_preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
+        let now = self.now();
+        let c = lock(&self.core);
+        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.bind
+            .effective_preempt_timeout(VmId(vm.0), now)
+            .map(Duration::from_nanos)
+    }
+
     // ---- misbehaving-VM guard (issue 11) ---------------------------------
 
     /// Counts a guard event of VM `vm`; past a limit, quarantines it (one

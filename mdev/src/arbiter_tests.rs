@@ -709,3 +709,19 @@ fn refused_loads_count_toward_the_guard() {
     assert!(a.guard_status(other.h).unwrap().quarantined.is_none());
     a.shutdown();
 }
+
+/// Issue 21: a VM's effective preemption timeout is its own until one of
+/// its dequeues times out.
+#[test]
+fn the_effective_preemption_timeout_starts_as_the_vms_own() {
+    let a = arbiter();
+    let g = guest(&a, "t", 5, false);
+    a.set_preempt_timeout(g.h, Duration::from_millis(1234))
+        .unwrap();
+    assert_eq!(
+        a.effective_preempt_timeout(g.h),
+        Some(Duration::from_millis(1234))
+    );
+    assert_eq!(a.effective_preempt_timeout(VgpuHandle(99)), None);
+    a.shutdown();
+}

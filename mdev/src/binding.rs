@@ -440,6 +440,7 @@ impl<O: Copy> Binding<O> {
     ) -> Result<(), SchedError> {
         self.gen += 1;
         self.sched.remove_vm(vm)?;
+        self.hangs.remove(&vm);
         let qs: Vec<QueueId> = self
             .queues
             .iter()

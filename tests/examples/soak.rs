@@ -2,7 +2,8 @@
 //! well-behaved `builtin:gpu` guests that verify every workgroup counter
 //! exactly, hostile guests (a stalled queue, a doorbell flooder, a
 //! workgroup flooder, a hung non-preemptible kernel, queues blocked on
-//! barriers nobody meets for seconds (issue 21), bad ring / kernarg /
+//! barriers nobody meets for seconds and a guest re-submitting an
+//! unpreemptable kernel after every reset (issue 21), bad ring / kernarg /
 //! write-index / signal / mailbox addresses, guests that triple-fault or
 //! exit with work in flight), live operator changes through the HTTP API
 //! (priority, weight, quantum, preemption-timeout PATCHes, pause/resume,
@@ -157,9 +158,10 @@ enum Kind {
     Triple,
     Exit,
     Barrier,
+    Rehang,
 }
 
-const HOSTILE: [Kind; 12] = [
+const HOSTILE: [Kind; 13] = [
     Kind::Stall,
     Kind::DbFlood,
     Kind::WgFlood,
@@ -172,6 +174,7 @@ const HOSTILE: [Kind; 12] = [
     Kind::Triple,
     Kind::Exit,
     Kind::Barrier,
+    Kind::Rehang,
 ];
 
 impl Kind {
@@ -190,6 +193,7 @@ impl Kind {
             Kind::Triple => "triple",
             Kind::Exit => "exit",
             Kind::Barrier => "barrier",
+            Kind::Rehang => "rehang",
         }
     }
 
@@ -250,8 +254,8 @@ impl Kind {
                 "kernels=2 wgs=304 cost_us=100000 die=exit".into(),
                 String::new(),
             ),
-            // Its own image and arguments (below).
-            Kind::Barrier => (String::new(), String::new()),
+            // Their own image and arguments (below).
+            Kind::Barrier | Kind::Rehang => (String::new(), String::new()),
         };
         if self == Kind::Barrier {
             // The hostile guest, not `gpu`: queues blocked on barriers its
@@ -264,6 +268,16 @@ impl Kind {
                 rng.range(500, 5000)
             );
         }
+        if self == Kind::Rehang {
+            // Re-submits an unpreemptable kernel after every reset until
+            // the guard refuses its reload or 0.5-5 s pass.
+            return format!(
+                "name = \"{name}\"\nimage = \"builtin:hostile\"\nmemory_mib = 512\ngpu = true\npriority = {}\npreempt_timeout_ms = {}\nargs = \"mode=rehang wgs=64 ms={}\"\n",
+                rng.range(2, 12),
+                rng.range(50, 400),
+                rng.range(500, 5000)
+            );
+        }
         format!(
             "name = \"{name}\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\npriority = {}\nargs = \"{args}\"\n{extra}",
             rng.range(2, 12)
@@ -273,9 +287,12 @@ impl Kind {
     /// Whether a VM of this kind that ended by itself ended as expected.
     fn expected(self, outcome: &VmOutcome) -> bool {
         match self {
-            Kind::Good | Kind::Stall | Kind::DbFlood | Kind::WgFlood | Kind::Barrier => {
-                *outcome == VmOutcome::Exited(0)
-            }
+            Kind::Good
+            | Kind::Stall
+            | Kind::DbFlood
+            | Kind::WgFlood
+            | Kind::Barrier
+            | Kind::Rehang => *outcome == VmOutcome::Exited(0),
             Kind::Hang
             | Kind::BadRing
             | Kind::BadKernarg
@@ -565,7 +582,7 @@ fn soak(opts: &Opts) -> i32 {
                 let path = format!("/api/v1/vms/{n}");
                 match rng.range(0, 9) {
                     0..=3 => {
-                        let timeout = if kind == Kind::Hang {
+                        let timeout = if matches!(kind, Kind::Hang | Kind::Rehang) {
                             rng.range(50, 500)
                         } else {
                             rng.range(2000, 9000)

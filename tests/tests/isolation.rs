@@ -8,7 +8,9 @@
 //! flooding its doorbell gets few host log lines and the good VM is exact;
 //! a guest whose queues are blocked on barriers nobody meets (issue 21) is
 //! billed nearly nothing, does not starve the good VM, and resumes exactly
-//! once its CPU meets them without a doorbell.
+//! once its CPU meets them without a doorbell; a guest that re-submits an
+//! unpreemptable kernel after every preemption-timeout reset is stopped by
+//! the guard and the good VM is exact.
 
 use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
 use vmm::vm::VmOutcome;
@@ -283,4 +285,49 @@ fn a_queue_blocked_on_a_barrier_at_higher_priority_does_not_starve_the_good_vm()
     if kvm_or_skip(test) {
         barrier_beside_good("iso-barrier-hi", 1, 12);
     }
+}
+
+/// Issue 21: a VM that re-submits an unpreemptable kernel after every
+/// preemption-timeout reset (hostile `mode=rehang`, `preempt_timeout_ms =
+/// 300`) beside the good VM at equal priority: the good VM completes
+/// exactly; the VM gets at most the guard's `max_resets` + 1 (default 4)
+/// resets in its 60 s window, and is quarantined (its reload refused with
+/// 23) if it reaches that many.
+#[test]
+fn a_vm_re_hanging_unpreemptable_kernels_is_bounded_and_the_good_vm_is_exact() {
+    let test = "a_vm_re_hanging_unpreemptable_kernels_is_bounded_and_the_good_vm_is_exact";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let rehang = "[[vm]]\nname = \"rehang\"\nimage = \"builtin:hostile\"\nmemory_mib = 512\ngpu = true\npriority = 8\npreempt_timeout_ms = 300\nargs = \"mode=rehang wgs=304 ms=15000\"\n".to_string();
+    let dir = scratch_dir("iso-rehang");
+    let toml = [
+        rehang,
+        gpu_vm("good", 8, "kernels=4 wgs=304 cost_us=2000 loops=60", ""),
+    ]
+    .concat();
+    let report = run(&config(&dir, &toml));
+    let (bad, good) = (&report.vms[0], &report.vms[1]);
+    assert_eq!(good.outcome, VmOutcome::Exited(0), "{}", report.summary());
+    assert!(
+        good.console
+            .iter()
+            .any(|l| l == "gpu: 1 queues x 4 kernels x 304 wgs x 60 loops: ok"),
+        "{:?}",
+        good.console
+    );
+    assert_eq!(bad.outcome, VmOutcome::Exited(0), "{:?}", bad.console);
+    let line = bad
+        .console
+        .iter()
+        .find_map(|l| l.strip_prefix("hostile: rehang "))
+        .unwrap_or_else(|| panic!("{:?}", bad.console));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let resets: u64 = words[0].parse().unwrap();
+    let quarantined = words[3] == "1";
+    let gpu = report.gpu.expect("arbiter stats");
+    println!("rehang: {line}\n{}", report.summary());
+    assert_eq!(gpu.preempt_timeouts, resets, "{}", report.summary());
+    assert!((1..=4).contains(&resets), "{line}: {}", report.summary());
+    assert_eq!(quarantined, resets == 4, "{line}");
 }

@@ -38,7 +38,9 @@
 //!
 //! With `mode=flood` it instead floods its console and the checkpoint port
 //! ([`flood`]); with `mode=barrier` it blocks queues on barriers nobody
-//! meets for a while, then meets them itself ([`barrier`], issue 21).
+//! meets for a while, then meets them itself ([`barrier`], issue 21); with
+//! `mode=rehang` it re-submits an unpreemptable kernel after every
+//! preemption-timeout reset ([`rehang`], issue 21).
 //!
 //! Every failed expectation prints `hostile: FAIL ...`. Exit status: 0 all
 //! held, 1 some failed, 3 no vGPU, 4 set-up failed.
@@ -323,6 +325,102 @@ fn barrier(boot: &BootInfo) -> u32 {
     }
 }
 
+/// `mode=rehang` (issue 21): loads vHQD 0 with a `mark` kernel of `wgs=W`
+/// (304) workgroups of an hour each whose waves have no save point, and
+/// every time the host resets it (error 22: a preemption timed out)
+/// dequeues and reloads the written-back MQD, which restarts the kernel: it
+/// hangs again. After `ms=M` (10000) milliseconds, or when a reload is
+/// refused with 23 (the guard's quarantine), it stops: a RESET dequeue if
+/// loaded, then `hostile: rehang N resets, quarantined Q` and exit 0; exit 1
+/// on any other error code, 3 no vGPU, 4 set-up failed.
+fn rehang(boot: &BootInfo) -> u32 {
+    let wgs = boot.arg_u64("wgs").unwrap_or(304).clamp(1, 1 << 20) as u32;
+    let ms = boot.arg_u64("ms").unwrap_or(10_000);
+    let Some(mut gpu) = Vgpu::probe(boot) else {
+        println!("hostile: no vGPU");
+        return 3;
+    };
+    let mut alloc = Alloc::new(boot);
+    let hour = 3_600_000_000_000;
+    let Ok(kd) = Vgpu::write_kernel_descriptor(
+        &mut alloc,
+        &KernelDescriptor::new(KernelKind::Mark, hour)
+            .with_flags(abi::kernel::flags::NO_SAVE_POINT),
+    ) else {
+        return 4;
+    };
+    let Ok(mut q) = gpu.create_queue(&mut alloc, 0, 64, 0) else {
+        return 4;
+    };
+    if q.submit_mark(&mut alloc, kd, wgs, false).is_err() {
+        return 4;
+    }
+    q.ring();
+    let mqd = q.mqd_addr();
+    let regs = gpu.regs_base();
+    let hqd = |r: usize| regs + (reg::HQD_BASE + r) as u64;
+    let err_bit = 1u64 << abi::vgpu::ERROR_VECTOR;
+    let timer_bit = 1u64 << (TIMER_VECTOR - rt::irq::VECTOR_BASE);
+    // The deadline: one LAPIC timer chunk after another (at most 1 s each).
+    let mut left = ms;
+    let arm = |left: &mut u64| {
+        let chunk = (*left).min(1000);
+        *left -= chunk;
+        rt::irq::lapic_write(0x3E0, 0xB);
+        rt::irq::lapic_write(0x320, u32::from(TIMER_VECTOR));
+        rt::irq::lapic_write(0x380, (chunk * 1_000_000) as u32);
+    };
+    arm(&mut left);
+    let (mut resets, mut quarantined) = (0u64, false);
+    loop {
+        if rt::irq::take(timer_bit) != 0 {
+            if left == 0 {
+                break;
+            }
+            arm(&mut left);
+        }
+        if rt::irq::take(err_bit) != 0 {
+            let e = r32(hqd(reg::CP_HQD_ERROR));
+            if e == 0 {
+                continue;
+            }
+            if e == error::QUARANTINED {
+                // A reload refused by the guard (after the vCPU's write).
+                quarantined = true;
+                break;
+            }
+            if e != error::PREEMPTION_TIMEOUT {
+                println!("hostile: FAIL rehang: error {}", Dec(e.into()));
+                return 1;
+            }
+            resets += 1;
+            // Dequeue the stopped queue (at once), clear the error, reload.
+            w32(hqd(reg::CP_HQD_DEQUEUE_REQUEST), 1);
+            while r32(hqd(reg::CP_HQD_ACTIVE)) & 1 == 1 {
+                core::hint::spin_loop();
+            }
+            w32(hqd(reg::CP_HQD_DEQUEUE_REQUEST), 1);
+            w32(hqd(reg::CP_MQD_BASE_ADDR), mqd as u32);
+            w32(hqd(reg::CP_MQD_BASE_ADDR_HI), (mqd >> 32) as u32);
+            w32(hqd(reg::CP_HQD_ACTIVE), 1);
+            continue;
+        }
+        rt::irq::halt();
+    }
+    if r32(hqd(reg::CP_HQD_ACTIVE)) & 1 == 1 {
+        w32(hqd(reg::CP_HQD_DEQUEUE_REQUEST), 2);
+        while r32(hqd(reg::CP_HQD_ACTIVE)) & 1 == 1 {
+            core::hint::spin_loop();
+        }
+    }
+    println!(
+        "hostile: rehang {} resets, quarantined {}",
+        Dec(resets),
+        Dec(quarantined.into())
+    );
+    0
+}
+
 /// `mode=flood`: `lines=N` (100000) empty console lines and `marks=M`
 /// (100000) checkpoints as fast as the vCPU can write them, then one line
 /// `hostile: flood done`; the host must keep bounded memory for both.
@@ -357,6 +455,9 @@ fn main(boot: &'static BootInfo) -> u32 {
     }
     if boot.arg("mode") == Some("barrier") {
         return barrier(boot);
+    }
+    if boot.arg("mode") == Some("rehang") {
+        return rehang(boot);
     }
     let mut c = Checks { fails: 0 };
     let ram_end = boot.ram_end();

@@ -4,7 +4,7 @@
 //! simulated GPU executes, saves and restores. Every completed kernel's
 //! counters are checked: 0 = a lost effect, >1 = a duplicated one.
 
-use crate::report::{jain, percentile, PolicyReport, VmReport};
+use crate::report::{jain, percentile, PolicyReport, VmGpuReport};
 use crate::scenario::{Arrival, Behaviour, Class, Scenario, ThinkDist};
 use abi::aql::{KernelDispatch, Packet};
 use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
@@ -996,7 +996,7 @@ impl Sim<'_> {
 /// The per-VM rows and the Jain index per priority level of a run (over
 /// CU time / weight of every VM at the level, as `jain_index`: the work a VM
 /// received, whatever the scheduler charged).
-pub fn vm_reports(run: &RunOutput) -> (Vec<VmReport>, BTreeMap<u8, Option<f64>>) {
+pub fn vm_reports(run: &RunOutput) -> (Vec<VmGpuReport>, BTreeMap<u8, Option<f64>>) {
     let total: f64 = run.vm_runs.iter().map(|v| v.gpu_ns as f64).sum();
     let us = |ns: u64| ns as f64 / 1000.0;
     let rows = run
@@ -1005,7 +1005,7 @@ pub fn vm_reports(run: &RunOutput) -> (Vec<VmReport>, BTreeMap<u8, Option<f64>>)
         .map(|v| {
             let mut lat = v.latency_ns.clone();
             lat.sort_unstable();
-            VmReport {
+            VmGpuReport {
                 name: v.name.clone(),
                 priority: v.priority,
                 weight: v.weight,

@@ -23,16 +23,13 @@
 //! emits the remaining actions; the actions and their order are the same as
 //! unsplit (only decisions that change no CU set are split).
 
-use crate::backend::{
-    CuMask, DequeueMode, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason,
-    SlotId as PhysSlot,
-};
+use crate::backend::{CuMask, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason};
 use crate::mem::DmaMemory;
 use crate::topology::GpuTopology;
 use abi::mqd::V9Mqd;
 use scheduler::{
-    Action, Event, Nanos, QueueId, SchedConfig, SchedError, Scheduler, SlotDesc, SlotId, UnmapMode,
-    VmId, VmParams,
+    Action, DequeueMode, Event, Nanos, QueueId, SchedConfig, SchedError, Scheduler, SlotDesc,
+    SlotId, VmId, VmParams,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -50,15 +47,6 @@ pub fn slot_descs(topo: &GpuTopology) -> Vec<SlotDesc> {
             queue: s.queue,
         })
         .collect()
-}
-
-/// The GPU dequeue mode of a scheduler unmap mode.
-pub fn dequeue_mode(m: UnmapMode) -> DequeueMode {
-    match m {
-        UnmapMode::Drain => DequeueMode::DrainPipe,
-        UnmapMode::Save => DequeueMode::SaveWaves,
-        UnmapMode::Reset => DequeueMode::ResetWaves,
-    }
 }
 
 /// What the caller must do after a binding call.
@@ -204,7 +192,7 @@ pub struct Binding<O: Copy> {
     /// Unmaps an armed doorbell handed to the GPU before its decision
     /// ([`Binding::fire_armed`]): queue, slot, scheduler mode, whether the
     /// GPU took it. The decision's own unmaps of them make no second call.
-    early: Vec<(QueueId, PhysSlot, UnmapMode, bool)>,
+    early: Vec<(QueueId, SlotId, DequeueMode, bool)>,
     /// The queue whose doorbell the unmaps in `early` were fired for.
     early_for: Option<QueueId>,
     /// Bumped by every call that may change what a doorbell decides (or
@@ -428,7 +416,7 @@ impl<O: Copy> Binding<O> {
         }
         let stalled = r.stalled;
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
-            gpu.doorbell(now, PhysSlot(slot.0), wptr);
+            gpu.doorbell(now, slot, wptr);
         }
         if stalled {
             if !self.stall_published(gpu, queue) {
@@ -486,7 +474,7 @@ impl<O: Copy> Binding<O> {
         let Some(plan) = self.sched.doorbell_plan(queue, now, &mut armed.victims) else {
             return false;
         };
-        let mode = dequeue_mode(plan.mode);
+        let mode = plan.mode;
         for &(v, slot) in &armed.victims {
             match self.queues.get(&v) {
                 Some(r) if r.on_gpu && !r.removing && r.slot == Some(slot) => {}
@@ -535,13 +523,11 @@ impl<O: Copy> Binding<O> {
                 self.preempt_issued = Some(c());
             }
         }
-        let mode = dequeue_mode(plan.mode);
+        let mode = plan.mode;
         self.early_for = armed.queue;
         for (&(q, slot), &timeout) in armed.victims.iter().zip(&armed.timeouts) {
-            let ok = gpu
-                .unmap_within(now, PhysSlot(slot.0), mode, timeout)
-                .is_ok();
-            self.early.push((q, PhysSlot(slot.0), plan.mode, ok));
+            let ok = gpu.unmap_within(now, slot, mode, timeout).is_ok();
+            self.early.push((q, slot, plan.mode, ok));
         }
         self.stats.armed_fired += 1;
         true
@@ -558,16 +544,7 @@ impl<O: Copy> Binding<O> {
                 "host bug: a prepared dequeue of {queue:?} on slot {slot:?} was not decided; adopted as a preemption"
             );
             self.sched.adopt_unmap(queue, mode);
-            self.action(
-                gpu,
-                now,
-                Action::Unmap {
-                    queue,
-                    slot: SlotId(slot.0),
-                    mode,
-                },
-                out,
-            );
+            self.action(gpu, now, Action::Unmap { queue, slot, mode }, out);
             // `action` took the entry (same queue, slot and mode).
             if self
                 .early
@@ -699,7 +676,7 @@ impl<O: Copy> Binding<O> {
         &mut self,
         gpu: &dyn PhysGpu,
         queue: QueueId,
-        slot: Option<PhysSlot>,
+        slot: Option<SlotId>,
         mqd: Option<&V9Mqd>,
     ) {
         let behind = match (slot, mqd) {
@@ -718,7 +695,7 @@ impl<O: Copy> Binding<O> {
             return false;
         };
         let rptr = match (r.slot, r.on_gpu) {
-            (Some(s), true) => gpu.query(PhysSlot(s.0)).map(|st| st.rptr),
+            (Some(s), true) => gpu.query(s).map(|st| st.rptr),
             _ => r.mqd.read_index(),
         };
         let Some(rptr) = rptr else { return false };
@@ -815,7 +792,7 @@ impl<O: Copy> Binding<O> {
                     return;
                 };
                 let req = MapRequest {
-                    slot: PhysSlot(slot.0),
+                    slot,
                     tag: queue.0,
                     mqd: r.mqd.clone(),
                     mem: r.mem.clone(),
@@ -858,13 +835,8 @@ impl<O: Copy> Binding<O> {
             Action::Unmap { queue, slot, mode } => {
                 let sched_mode = mode;
                 let (on_gpu, mode) = match self.queues.get(&queue) {
-                    Some(r) => (
-                        r.on_gpu,
-                        r.exit_mode
-                            .filter(|_| r.removing)
-                            .unwrap_or(dequeue_mode(mode)),
-                    ),
-                    None => (false, dequeue_mode(mode)),
+                    Some(r) => (r.on_gpu, r.exit_mode.filter(|_| r.removing).unwrap_or(mode)),
+                    None => (false, mode),
                 };
                 // Every dequeue but a reset must finish within the VM's
                 // preemption timeout (a reset is what ends one that did not).
@@ -880,16 +852,11 @@ impl<O: Copy> Binding<O> {
                 let early = self
                     .early
                     .iter()
-                    .position(|e| e.0 == queue && e.1 == PhysSlot(slot.0) && e.2 == sched_mode);
+                    .position(|e| e.0 == queue && e.1 == slot && e.2 == sched_mode);
                 let reached = match early {
                     // Handed to the GPU by an armed doorbell: not again.
                     Some(i) => self.early.swap_remove(i).3,
-                    None => {
-                        on_gpu
-                            && gpu
-                                .unmap_within(now, PhysSlot(slot.0), mode, timeout)
-                                .is_ok()
-                    }
+                    None => on_gpu && gpu.unmap_within(now, slot, mode, timeout).is_ok(),
                 };
                 if !on_gpu || !reached {
                     // Never reached the GPU (refused map): done at once.
@@ -949,7 +916,7 @@ impl<O: Copy> Binding<O> {
         gpu: &mut dyn PhysGpu,
         now: Nanos,
         queue: QueueId,
-        slot: PhysSlot,
+        slot: SlotId,
         waited_ns: Nanos,
         out: &mut Vec<Notice<O>>,
     ) {
@@ -1063,7 +1030,7 @@ impl<O: Copy> Binding<O> {
             let mask = self
                 .usable_host_mask(&*gpu, queue, self.sched.slot_cu_set(slot))
                 .unwrap_or_else(|| CuMask::all(t.cus_per_partition()));
-            if let Err(e) = gpu.set_cu_mask(now, PhysSlot(slot.0), &mask) {
+            if let Err(e) = gpu.set_cu_mask(now, slot, &mask) {
                 log::debug!("CU mask of queue {queue:?} on slot {slot:?}: {e}");
             }
         }

@@ -69,7 +69,7 @@ const AGING_BATCH_NS: Nanos = 2_000_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
     /// Preempted with work left.
-    Preempt(UnmapMode),
+    Preempt(DequeueMode),
     /// Idle queue gives its slot back.
     Evict,
     /// Queue error: the slot is reclaimed, the queue stays in error.
@@ -178,8 +178,9 @@ impl Vm {
     }
 }
 
+/// The VM owning a partition's time slice at a priority level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Owner {
+struct SliceOwner {
     vm: VmId,
     level: u16,
     since: Nanos,
@@ -223,8 +224,8 @@ struct Partition {
     /// Busy VMs by charged virtual time (fairness floor).
     vt: BTreeSet<(u128, VmId)>,
     /// VM holding the partition's exclusive slice.
-    owner: Option<Owner>,
-    /// Owner displaced by a higher level.
+    owner: Option<SliceOwner>,
+    /// Slice owner displaced by a higher level.
     parked: Option<Parked>,
     /// VMs that became busy since the last owner choice (a parked owner
     /// does not resume ahead of an equal that woke meanwhile).
@@ -335,7 +336,7 @@ pub struct FastStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DoorbellPlan {
     /// Mode of the victims' unmaps.
-    pub mode: UnmapMode,
+    pub mode: DequeueMode,
     /// The write index the scheduler last saw for the queue: a doorbell
     /// with it is stale and preempts nothing.
     pub seen_wptr: Option<u64>,
@@ -357,7 +358,7 @@ enum Split {
     Doorbell {
         ev: Event,
         early: Vec<(QueueId, SlotId)>,
-        mode: UnmapMode,
+        mode: DequeueMode,
     },
 }
 
@@ -366,13 +367,13 @@ enum Split {
 #[derive(Debug)]
 struct ExclusiveTail {
     p: usize,
-    owner: Owner,
+    owner: SliceOwner,
     res: Option<crate::spatial::Reservation>,
     klo: u16,
     khi: u16,
     /// Preempted queues (their actions are queued, their state not yet).
     evict: Vec<QueueId>,
-    mode: UnmapMode,
+    mode: DequeueMode,
 }
 
 impl Scheduler {
@@ -506,7 +507,7 @@ impl Scheduler {
     /// queue priority). It orders (and preempts) queues of the same VM only:
     /// between VMs, VM priority and weight decide.
     pub fn add_queue(&mut self, vm: VmId, queue: QueueId, prio: u8) -> Result<(), SchedError> {
-        if prio > 15 {
+        if prio > MAX_PRIORITY {
             return Err(SchedError::Priority(prio));
         }
         if self.queues.contains_key(&queue) {
@@ -544,7 +545,7 @@ impl Scheduler {
         let q = self.queues.get(&queue).ok_or(SchedError::NoQueue(queue))?;
         match q.state {
             QueueState::Running | QueueState::MappedIdle => {
-                self.unmap(queue, UnmapMode::Reset, Reason::Remove);
+                self.unmap(queue, DequeueMode::ResetWaves, Reason::Remove);
             }
             QueueState::Preempting => {
                 self.queues.get_mut(&queue).unwrap().reason = Some(Reason::Remove);
@@ -556,7 +557,7 @@ impl Scheduler {
 
     /// Changes a VM's priority (applies at the next event).
     pub fn set_vm_priority(&mut self, vm: VmId, priority: u8) -> Result<(), SchedError> {
-        if priority > 15 {
+        if priority > MAX_PRIORITY {
             return Err(SchedError::Priority(priority));
         }
         self.rekey_vm(vm, |v| v.params.priority = priority)
@@ -565,7 +566,7 @@ impl Scheduler {
     /// Changes a queue's own priority (0..=15; orders queues within its VM;
     /// applies at the next event). KFD's UPDATE_QUEUE does this on bare metal.
     pub fn set_queue_priority(&mut self, queue: QueueId, prio: u8) -> Result<(), SchedError> {
-        if prio > 15 {
+        if prio > MAX_PRIORITY {
             return Err(SchedError::Priority(prio));
         }
         if !self.queues.contains_key(&queue) {
@@ -577,8 +578,8 @@ impl Scheduler {
 
     /// Changes a VM's weight (applies at the next event).
     pub fn set_vm_weight(&mut self, vm: VmId, weight: u32) -> Result<(), SchedError> {
-        if weight == 0 {
-            return Err(SchedError::Weight);
+        if !WEIGHT_RANGE.contains(&weight) {
+            return Err(SchedError::Weight(weight));
         }
         let now = self.now;
         let v = self.vms.get_mut(&vm).ok_or(SchedError::NoVm(vm))?;
@@ -781,7 +782,7 @@ impl Scheduler {
                     q.errored = true;
                     match q.state {
                         QueueState::Running | QueueState::MappedIdle => {
-                            self.unmap(queue, UnmapMode::Reset, Reason::Error)
+                            self.unmap(queue, DequeueMode::ResetWaves, Reason::Error)
                         }
                         QueueState::Preempting => {
                             if q.reason != Some(Reason::Remove) {
@@ -932,11 +933,11 @@ impl Scheduler {
         q.max(self.cfg.min_run_ns).max(1)
     }
 
-    fn preempt_mode(&self) -> UnmapMode {
+    fn preempt_mode(&self) -> DequeueMode {
         if self.cfg.policy == Policy::Reset {
-            UnmapMode::Reset
+            DequeueMode::ResetWaves
         } else {
-            UnmapMode::Save
+            DequeueMode::SaveWaves
         }
     }
 
@@ -1017,7 +1018,7 @@ impl Scheduler {
                 self.parts[p].parked = None;
             }
             if let Some(k) = resume {
-                Owner {
+                SliceOwner {
                     vm: k.vm,
                     level: top,
                     since: now - k.used,
@@ -1068,7 +1069,7 @@ impl Scheduler {
                         })
                         .unwrap()
                 };
-                Owner {
+                SliceOwner {
                     vm,
                     level: top,
                     since: now,
@@ -1323,7 +1324,7 @@ impl Scheduler {
     /// re-rings within its anticipation grace keeps its virtual time and is
     /// rarely that far behind, so slices among always-busy equals stay
     /// whole.)
-    fn lag_waker(&self, p: usize, o: Owner, top: u16) -> bool {
+    fn lag_waker(&self, p: usize, o: SliceOwner, top: u16) -> bool {
         self.lag_ready_at(p, o, top).is_some_and(|t| t <= self.now)
     }
 
@@ -1339,7 +1340,7 @@ impl Scheduler {
     /// When the first woken VM becomes eligible against the owner (see
     /// [`Self::lag_waker`]): the owner's virtual time grows while it runs.
     /// `None`: no woken VM can be.
-    fn lag_ready_at(&self, p: usize, o: Owner, top: u16) -> Option<Nanos> {
+    fn lag_ready_at(&self, p: usize, o: SliceOwner, top: u16) -> Option<Nanos> {
         if top >= BOOST_LEVEL || o.level != top || !self.cfg.policy.uses_priority() {
             return None;
         }
@@ -1485,10 +1486,10 @@ impl Scheduler {
 
     fn evict(&mut self, q: QueueId) {
         self.stats.evictions += 1;
-        self.unmap(q, UnmapMode::Drain, Reason::Evict);
+        self.unmap(q, DequeueMode::DrainPipe, Reason::Evict);
     }
 
-    fn unmap(&mut self, q: QueueId, mode: UnmapMode, reason: Reason) {
+    fn unmap(&mut self, q: QueueId, mode: DequeueMode, reason: Reason) {
         self.unmap_action(q, mode);
         self.unmap_state(q, reason);
     }
@@ -1496,7 +1497,7 @@ impl Scheduler {
     /// Queues the unmap action of a mapped queue (first half of
     /// [`Self::unmap`]; it reads nothing the state change writes, so the
     /// action list is the same whichever half runs first).
-    fn unmap_action(&mut self, q: QueueId, mode: UnmapMode) {
+    fn unmap_action(&mut self, q: QueueId, mode: DequeueMode) {
         let slot = self.queues[&q].slot.expect("unmap of an unmapped queue");
         self.actions.push_back(Action::Unmap {
             queue: q,
@@ -1548,7 +1549,7 @@ impl Scheduler {
             _ if errored => QueueState::Error,
             Some(Reason::Error) => QueueState::Error,
             _ if !work => QueueState::Idle,
-            Some(Reason::Preempt(UnmapMode::Save)) if has_work => QueueState::Saved,
+            Some(Reason::Preempt(DequeueMode::SaveWaves)) if has_work => QueueState::Saved,
             _ => QueueState::Ready,
         };
         if let Some(qq) = self.queues.get_mut(&q) {
@@ -1975,9 +1976,11 @@ impl Scheduler {
             p.woken.retain(|w| *w != vm);
             for q in qs {
                 match self.queues[&q].state {
-                    QueueState::Running => {
-                        self.unmap(q, UnmapMode::Save, Reason::Preempt(UnmapMode::Save))
-                    }
+                    QueueState::Running => self.unmap(
+                        q,
+                        DequeueMode::SaveWaves,
+                        Reason::Preempt(DequeueMode::SaveWaves),
+                    ),
                     QueueState::MappedIdle => self.evict(q),
                     _ => {}
                 }
@@ -2101,7 +2104,7 @@ impl Scheduler {
     /// [`FastStats::mismatched`]): the queue is being dequeued all the
     /// same, so the scheduler treats it as preempted (CWSR loses nothing;
     /// it runs again when chosen).
-    pub fn adopt_unmap(&mut self, q: QueueId, mode: UnmapMode) {
+    pub fn adopt_unmap(&mut self, q: QueueId, mode: DequeueMode) {
         // Counted, not asserted: a debug-build panic here would take the
         // GPU from the VM whose doorbell it was (tests assert the count).
         self.fast.mismatched += 1;
@@ -2210,7 +2213,7 @@ impl Scheduler {
             return None;
         }
         if self.spatial_on() {
-            let owner = Owner {
+            let owner = SliceOwner {
                 vm,
                 level,
                 since: now,
@@ -2343,11 +2346,11 @@ fn is_demand(st: QueueState) -> bool {
 }
 
 fn check_params(p: &VmParams, parts: u32) -> Result<(), SchedError> {
-    if p.priority > 15 {
+    if p.priority > MAX_PRIORITY {
         return Err(SchedError::Priority(p.priority));
     }
-    if p.weight == 0 {
-        return Err(SchedError::Weight);
+    if !WEIGHT_RANGE.contains(&p.weight) {
+        return Err(SchedError::Weight(p.weight));
     }
     match p.partition {
         Some(x) if x >= parts => Err(SchedError::Partition(x, parts)),

@@ -17,7 +17,7 @@ use mdev::binding::{ArmedDoorbell, Binding, Notice};
 use mdev::telemetry::{notice_owner, Telemetry};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use scheduler::{Event, Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
+use scheduler::{Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -572,7 +572,7 @@ impl Sim<'_> {
     /// entry, and/or a new policy (take effect at the tick that follows).
     fn apply_change(&mut self, c: &crate::scenario::Change) {
         if let Some(p) = c.policy {
-            self.bind.scheduler_mut().set_policy(p);
+            self.bind.set_policy(p);
             log::debug!("t={} ns: policy {}", self.now, p.name());
         }
         let Some(name) = &c.tenant else { return };
@@ -582,16 +582,10 @@ impl Sim<'_> {
             }
             let vm = VmId(i as u32);
             if let Some(p) = c.priority {
-                self.bind
-                    .scheduler_mut()
-                    .set_vm_priority(vm, p)
-                    .expect("validated change");
+                self.bind.set_vm_priority(vm, p).expect("validated change");
             }
             if let Some(w) = c.weight {
-                self.bind
-                    .scheduler_mut()
-                    .set_vm_weight(vm, w)
-                    .expect("validated change");
+                self.bind.set_vm_weight(vm, w).expect("validated change");
             }
             log::debug!("t={} ns: vm {i} ({name}) changed", self.now);
         }
@@ -927,9 +921,7 @@ impl Sim<'_> {
     /// scheduler's GPU-time accounting up to `end` (its actions are not
     /// carried out: the run is over).
     fn vm_runs(&mut self, end: Nanos) -> Vec<VmRun> {
-        let sched = self.bind.scheduler_mut();
-        sched.handle(Event::Tick { now: end });
-        while sched.poll_action().is_some() {}
+        self.bind.close_books(end);
         self.track.finish(end);
         let mut max_wait = vec![0; self.vms.len()];
         for (s, st) in self.streams.iter().enumerate() {

@@ -28,8 +28,8 @@ use crate::mem::DmaMemory;
 use crate::topology::GpuTopology;
 use abi::mqd::V9Mqd;
 use scheduler::{
-    Action, DequeueMode, Event, Nanos, QueueId, SchedConfig, SchedError, Scheduler, SlotDesc,
-    SlotId, VmId, VmParams,
+    Action, DequeueMode, Event, Nanos, Policy, QueueId, SchedConfig, SchedError, Scheduler,
+    SlotDesc, SlotId, VmId, VmParams,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -201,6 +201,17 @@ pub struct Binding<O: Copy> {
     gen: u64,
 }
 
+/// What a doorbell did ([`Binding::doorbell`]), so that callers need not
+/// compare scheduler counters around it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DoorbellOutcome {
+    /// Doorbells the scheduler dropped as stale (the write index it had
+    /// already seen): 0 or 1.
+    pub stale: u64,
+    /// Its decision preempted at least one queue.
+    pub preempted: bool,
+}
+
 /// A doorbell's preemption prepared ahead of the doorbell, from a warm
 /// cache (see [`Binding::arm_doorbell`]); handed to the GPU by
 /// [`Binding::fire_armed`] before the doorbell's decision runs.
@@ -260,16 +271,54 @@ impl<O: Copy> Binding<O> {
         &self.decision_ns
     }
 
-    /// The scheduler (read-only).
+    /// The scheduler (read-only: stats, parameters, configuration). Every
+    /// change goes through the binding's own methods.
     pub fn scheduler(&self) -> &Scheduler {
         &self.sched
     }
 
-    /// The scheduler, to change priorities, weights or the policy; follow
-    /// with [`Binding::tick`] to apply the change.
-    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+    /// The scheduler, for a change: the one place the binding's change
+    /// count is bumped for control changes, so an [`ArmedDoorbell`]
+    /// prepared before it is never fired.
+    fn sched_mut(&mut self) -> &mut Scheduler {
         self.gen += 1;
         &mut self.sched
+    }
+
+    /// Changes a VM's priority; follow with [`Binding::tick`] to apply it.
+    pub fn set_vm_priority(&mut self, vm: VmId, priority: u8) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_priority(vm, priority)
+    }
+
+    /// Changes a VM's weight; follow with [`Binding::tick`] to apply it.
+    pub fn set_vm_weight(&mut self, vm: VmId, weight: u32) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_weight(vm, weight)
+    }
+
+    /// Pauses or resumes a VM; follow with [`Binding::tick`] to apply it.
+    pub fn set_vm_paused(&mut self, vm: VmId, paused: bool) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_paused(vm, paused)
+    }
+
+    /// Sets a VM's slice length (`None`: its priority's quantum); follow
+    /// with [`Binding::tick`] to apply it.
+    pub fn set_vm_quantum(&mut self, vm: VmId, quantum: Option<Nanos>) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_quantum(vm, quantum)
+    }
+
+    /// Changes the policy (mapped queues stay mapped until it decides
+    /// otherwise); follow with [`Binding::tick`] to apply it.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.sched_mut().set_policy(policy);
+    }
+
+    /// Ends a run at `now`: a last tick brings the scheduler's accounting
+    /// (GPU time per VM) up to `now`; the actions it decides are dropped
+    /// and the GPU is not called (the run is over).
+    pub fn close_books(&mut self, now: Nanos) {
+        let sched = self.sched_mut();
+        sched.handle(Event::Tick { now });
+        while sched.poll_action().is_some() {}
     }
 
     /// Counters.
@@ -399,8 +448,26 @@ impl<O: Copy> Binding<O> {
     }
 
     /// Doorbell with the write index read from the queue's poll address: the
-    /// GPU hears it if the queue is loaded, then the scheduler.
+    /// GPU hears it if the queue is loaded, then the scheduler. Returns what
+    /// it did (stale, preempted).
     pub fn doorbell(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        queue: QueueId,
+        wptr: u64,
+        out: &mut Vec<Notice<O>>,
+    ) -> DoorbellOutcome {
+        let before = self.sched.stats();
+        self.doorbell_inner(gpu, now, queue, wptr, out);
+        let after = self.sched.stats();
+        DoorbellOutcome {
+            stale: after.stale_doorbells - before.stale_doorbells,
+            preempted: after.preemptions > before.preemptions,
+        }
+    }
+
+    fn doorbell_inner(
         &mut self,
         gpu: &mut dyn PhysGpu,
         now: Nanos,
@@ -557,8 +624,8 @@ impl<O: Copy> Binding<O> {
         }
     }
 
-    /// The timer fired, or the caller changed something through
-    /// [`Binding::scheduler_mut`].
+    /// The timer fired, or the caller changed something through a control
+    /// method ([`Binding::set_vm_priority`], ...).
     pub fn tick(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
         self.event(gpu, Event::Tick { now }, out);
     }

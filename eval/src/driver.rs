@@ -4,7 +4,7 @@
 //! simulated GPU executes, saves and restores. Every completed kernel's
 //! counters are checked: 0 = a lost effect, >1 = a duplicated one.
 
-use crate::report::{jain, percentile, PolicyReport, VmReport};
+use crate::report::{jain, percentile, PolicyReport, VmGpuReport};
 use crate::scenario::{Arrival, Behaviour, Class, Scenario, ThinkDist};
 use abi::aql::{KernelDispatch, Packet};
 use abi::kernel::{Kernarg, KernelDescriptor, KernelKind};
@@ -17,7 +17,7 @@ use mdev::binding::{ArmedDoorbell, Binding, Notice};
 use mdev::telemetry::{notice_owner, Telemetry};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use scheduler::{Event, Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
+use scheduler::{Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -572,7 +572,7 @@ impl Sim<'_> {
     /// entry, and/or a new policy (take effect at the tick that follows).
     fn apply_change(&mut self, c: &crate::scenario::Change) {
         if let Some(p) = c.policy {
-            self.bind.scheduler_mut().set_policy(p);
+            self.bind.set_policy(p);
             log::debug!("t={} ns: policy {}", self.now, p.name());
         }
         let Some(name) = &c.tenant else { return };
@@ -582,16 +582,10 @@ impl Sim<'_> {
             }
             let vm = VmId(i as u32);
             if let Some(p) = c.priority {
-                self.bind
-                    .scheduler_mut()
-                    .set_vm_priority(vm, p)
-                    .expect("validated change");
+                self.bind.set_vm_priority(vm, p).expect("validated change");
             }
             if let Some(w) = c.weight {
-                self.bind
-                    .scheduler_mut()
-                    .set_vm_weight(vm, w)
-                    .expect("validated change");
+                self.bind.set_vm_weight(vm, w).expect("validated change");
             }
             log::debug!("t={} ns: vm {i} ({name}) changed", self.now);
         }
@@ -927,9 +921,7 @@ impl Sim<'_> {
     /// scheduler's GPU-time accounting up to `end` (its actions are not
     /// carried out: the run is over).
     fn vm_runs(&mut self, end: Nanos) -> Vec<VmRun> {
-        let sched = self.bind.scheduler_mut();
-        sched.handle(Event::Tick { now: end });
-        while sched.poll_action().is_some() {}
+        self.bind.close_books(end);
         self.track.finish(end);
         let mut max_wait = vec![0; self.vms.len()];
         for (s, st) in self.streams.iter().enumerate() {
@@ -996,7 +988,7 @@ impl Sim<'_> {
 /// The per-VM rows and the Jain index per priority level of a run (over
 /// CU time / weight of every VM at the level, as `jain_index`: the work a VM
 /// received, whatever the scheduler charged).
-pub fn vm_reports(run: &RunOutput) -> (Vec<VmReport>, BTreeMap<u8, Option<f64>>) {
+pub fn vm_reports(run: &RunOutput) -> (Vec<VmGpuReport>, BTreeMap<u8, Option<f64>>) {
     let total: f64 = run.vm_runs.iter().map(|v| v.gpu_ns as f64).sum();
     let us = |ns: u64| ns as f64 / 1000.0;
     let rows = run
@@ -1005,7 +997,7 @@ pub fn vm_reports(run: &RunOutput) -> (Vec<VmReport>, BTreeMap<u8, Option<f64>>)
         .map(|v| {
             let mut lat = v.latency_ns.clone();
             lat.sort_unstable();
-            VmReport {
+            VmGpuReport {
                 name: v.name.clone(),
                 priority: v.priority,
                 weight: v.weight,

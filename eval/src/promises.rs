@@ -806,10 +806,10 @@ pub fn hung_outcomes(seeds: &[u64], policy: Policy) -> Result<Vec<Outcome>, Eval
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::VmReport;
+    use crate::report::VmGpuReport;
 
-    fn vm(name: &str, priority: u8, weight: u32, cu: f64) -> VmReport {
-        VmReport {
+    fn vm(name: &str, priority: u8, weight: u32, cu: f64) -> VmGpuReport {
+        VmGpuReport {
             name: name.into(),
             priority,
             weight,
@@ -818,7 +818,7 @@ mod tests {
         }
     }
 
-    fn report(vms: Vec<VmReport>) -> PolicyReport {
+    fn report(vms: Vec<VmGpuReport>) -> PolicyReport {
         PolicyReport {
             vms,
             ..Default::default()

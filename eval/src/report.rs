@@ -59,7 +59,7 @@ pub struct PolicyReport {
     /// Host wall time for the run, ms.
     pub host_ms: f64,
     /// One row per VM, in VM order (tenant entries in file order).
-    pub vms: Vec<VmReport>,
+    pub vms: Vec<VmGpuReport>,
     /// VM priority -> Jain's index over the CU time / weight of that
     /// level's VMs (`None` below two VMs). JSON: keys are strings.
     pub jain_by_level: BTreeMap<u8, Option<f64>>,
@@ -67,7 +67,7 @@ pub struct PolicyReport {
 
 /// What one VM got in a run. JSON field names are a contract.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct VmReport {
+pub struct VmGpuReport {
     /// The tenant's name; `NAME-i` for the i-th (from 0) VM of an entry
     /// with `count` > 1.
     pub name: String,
@@ -276,7 +276,7 @@ mod tests {
             scenario: "s".into(),
             policy: "p".into(),
             vms: vec![
-                VmReport {
+                VmGpuReport {
                     name: "a".into(),
                     priority: 3,
                     weight: 1,
@@ -288,7 +288,7 @@ mod tests {
                     p99_us: Some(900.0),
                     max_wait_us: 12.0,
                 },
-                VmReport {
+                VmGpuReport {
                     name: "b-1".into(),
                     priority: 12,
                     weight: 2,

@@ -5,6 +5,12 @@
 use std::path::Path;
 
 use gpu::topology::{GpuTopology, PartitionMode};
+use scheduler::{PRIORITY_RANGE, WEIGHT_RANGE};
+
+/// "`v` is out of range lo..=hi".
+fn out_of_range<T: std::fmt::Display>(v: T, r: &std::ops::RangeInclusive<T>) -> String {
+    format!("{v} is out of range {}..={}", r.start(), r.end())
+}
 use scheduler::Policy;
 use serde::Deserialize;
 
@@ -201,12 +207,20 @@ fn quantum_overrides(sched: &toml::Table) -> Result<Vec<(usize, u64)>, (&'static
     };
     let mut out = Vec::new();
     for (k, v) in t {
-        let p = k.parse::<u8>().ok().filter(|p| *p <= 15).ok_or_else(|| {
-            (
-                QUANTUM_BY_PRIORITY,
-                format!("key '{k}' is not a VM priority 0..=15"),
-            )
-        })?;
+        let p = k
+            .parse::<u8>()
+            .ok()
+            .filter(|p| PRIORITY_RANGE.contains(p))
+            .ok_or_else(|| {
+                (
+                    QUANTUM_BY_PRIORITY,
+                    format!(
+                        "key '{k}' is not a VM priority {}..={}",
+                        PRIORITY_RANGE.start(),
+                        PRIORITY_RANGE.end()
+                    ),
+                )
+            })?;
         let q = v.as_integer().ok_or_else(|| {
             (
                 QUANTUM_BY_PRIORITY,
@@ -676,20 +690,20 @@ impl Scenario {
                     "another [[tenant]] has this name (changes and sweeps name tenants)".into(),
                 ));
             }
-            if t.priority > 15 {
-                return Err(bad(
-                    "priority",
-                    format!("{} is out of range 0..=15", t.priority),
-                ));
+            if !PRIORITY_RANGE.contains(&t.priority) {
+                return Err(bad("priority", out_of_range(t.priority, &PRIORITY_RANGE)));
             }
-            if t.queue_priority > 15 {
+            if !PRIORITY_RANGE.contains(&t.queue_priority) {
                 return Err(bad(
                     "queue_priority",
-                    format!("{} is out of range 0..=15", t.queue_priority),
+                    out_of_range(t.queue_priority, &PRIORITY_RANGE),
                 ));
             }
             if t.weight == 0 {
                 return Err(bad("weight", "must be >= 1".into()));
+            }
+            if !WEIGHT_RANGE.contains(&t.weight) {
+                return Err(bad("weight", out_of_range(t.weight, &WEIGHT_RANGE)));
             }
             if t.count == 0 {
                 return Err(bad("count", "must be >= 1".into()));
@@ -919,11 +933,14 @@ impl Scenario {
                 }
                 _ => {}
             }
-            if let Some(p) = c.priority.filter(|p| *p > 15) {
-                return Err(bad("priority", format!("{p} is out of range 0..=15")));
+            if let Some(p) = c.priority.filter(|p| !PRIORITY_RANGE.contains(p)) {
+                return Err(bad("priority", out_of_range(p, &PRIORITY_RANGE)));
             }
             if c.weight == Some(0) {
                 return Err(bad("weight", "must be >= 1".into()));
+            }
+            if let Some(w) = c.weight.filter(|w| !WEIGHT_RANGE.contains(w)) {
+                return Err(bad("weight", out_of_range(w, &WEIGHT_RANGE)));
             }
         }
         if let Some(sw) = &self.sweep {
@@ -1136,6 +1153,12 @@ wg_cost_us = 10
                 "priority = 3\nweight = 0",
                 "weight",
                 "must be >= 1",
+            ),
+            (
+                "priority = 3",
+                "priority = 3\nweight = 1001",
+                "weight",
+                "1001 is out of range 1..=1000",
             ),
             (
                 "priority = 3",

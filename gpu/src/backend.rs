@@ -12,36 +12,11 @@ pub use abi::kernel::DescriptorError;
 use abi::mqd::V9Mqd;
 use std::sync::Arc;
 
-/// Nanoseconds since an arbitrary epoch (the backend's clock).
-pub type Nanos = u64;
-
-/// Index into [`GpuTopology::user_slots`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SlotId(pub u32);
-
-/// How to dequeue an HQD (`CP_HQD_DEQUEUE_REQUEST` values).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum DequeueMode {
-    /// Stop fetching, let in-flight workgroups finish, then go inactive.
-    DrainPipe = 1,
-    /// Kill in-flight workgroups; the interrupted packets restart from scratch later.
-    ResetWaves = 2,
-    /// CWSR: save in-flight waves to the context save area; resume exactly later.
-    SaveWaves = 3,
-}
-
-impl DequeueMode {
-    /// From the register value.
-    pub fn from_u32(v: u32) -> Option<Self> {
-        match v {
-            1 => Some(DequeueMode::DrainPipe),
-            2 => Some(DequeueMode::ResetWaves),
-            3 => Some(DequeueMode::SaveWaves),
-            _ => None,
-        }
-    }
-}
+/// The vocabulary shared with the scheduler, defined once there: the time
+/// type (nanoseconds on the caller's clock), the HQD slot id (index into
+/// [`GpuTopology::user_slots`], the same list the scheduler is given) and
+/// the dequeue mode.
+pub use scheduler::{DequeueMode, Nanos, SlotId};
 
 /// Load a queue into a slot.
 #[derive(Clone)]

@@ -545,19 +545,19 @@ impl GpuArbiter {
 
     /// Changes a VM's priority live (applies at once).
     pub fn set_priority(&self, vm: VgpuHandle, priority: u8) -> Result<(), SchedError> {
-        self.control(|b| b.scheduler_mut().set_vm_priority(VmId(vm.0), priority))
+        self.control(|b| b.set_vm_priority(VmId(vm.0), priority))
     }
 
     /// Changes a VM's weight live (applies at once).
     pub fn set_weight(&self, vm: VgpuHandle, weight: u32) -> Result<(), SchedError> {
-        self.control(|b| b.scheduler_mut().set_vm_weight(VmId(vm.0), weight))
+        self.control(|b| b.set_vm_weight(VmId(vm.0), weight))
     }
 
     /// Changes the scheduling policy live (applies at once; mapped queues
     /// stay mapped until the new policy decides otherwise).
     pub fn set_policy(&self, policy: Policy) {
         let _ = self.control(|b| {
-            b.scheduler_mut().set_policy(policy);
+            b.set_policy(policy);
             Ok(())
         });
     }
@@ -988,17 +988,12 @@ impl GpuArbiter {
                 {
                     bind.fire_armed(gpu.as_mut(), now, &r.armed, wptr);
                 }
-                let before = c.bind.scheduler().stats().preemptions;
-                let stale_before =
-                    c.bind.scheduler().stats().stale_doorbells + c.bind.stats().stalled_doorbells;
-                c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
+                let rung = c.bind.doorbell(c.gpu.as_mut(), now, q, wptr, &mut out);
                 c.tele.doorbell_published(vm, q.0, wptr, now);
                 // Doorbells that moved nothing: the scheduler's stale ones
                 // and those of a queue stalled on a packet it cannot run.
-                let stale = c.bind.scheduler().stats().stale_doorbells
-                    + c.bind.stats().stalled_doorbells
-                    - stale_before;
-                if c.bind.scheduler().stats().preemptions > before {
+                let stale = rung.stale;
+                if rung.preempted {
                     let ns = read_at.elapsed().as_nanos() as u64;
                     c.tele.doorbell_preempted(vm, ns);
                 }
@@ -1012,7 +1007,7 @@ impl GpuArbiter {
                         vm: VgpuHandle(vm),
                         vhqd,
                         at,
-                        preempted: c.bind.scheduler().stats().preemptions > before,
+                        preempted: rung.preempted,
                         issued,
                     });
                 }
@@ -1138,21 +1133,21 @@ impl GpuArbiter {
     /// nothing.
     pub fn pause_vm(&self, vm: VgpuHandle) -> Result<(), SchedError> {
         self.live(vm)?;
-        self.control(|b| b.scheduler_mut().set_vm_paused(VmId(vm.0), true))
+        self.control(|b| b.set_vm_paused(VmId(vm.0), true))
     }
 
     /// Resumes a paused VM: its saved queues are eligible again (restored
     /// exactly where they stopped).
     pub fn resume_vm(&self, vm: VgpuHandle) -> Result<(), SchedError> {
         self.live(vm)?;
-        self.control(|b| b.scheduler_mut().set_vm_paused(VmId(vm.0), false))
+        self.control(|b| b.set_vm_paused(VmId(vm.0), false))
     }
 
     /// Sets the VM's slice length (`None`: its priority level's quantum).
     pub fn set_quantum(&self, vm: VgpuHandle, quantum: Option<Duration>) -> Result<(), SchedError> {
         self.live(vm)?;
         let ns = quantum.map(|d| d.as_nanos().min(u128::from(u64::MAX)) as Nanos);
-        self.control(|b| b.scheduler_mut().set_vm_quantum(VmId(vm.0), ns))
+        self.control(|b| b.set_vm_quantum(VmId(vm.0), ns))
     }
 
     /// The VM's pause state and slice override (`None` once removed).

@@ -23,16 +23,13 @@
 //! emits the remaining actions; the actions and their order are the same as
 //! unsplit (only decisions that change no CU set are split).
 
-use crate::backend::{
-    CuMask, DequeueMode, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason,
-    SlotId as PhysSlot,
-};
+use crate::backend::{CuMask, GpuError, GpuEvent, MapRequest, PhysGpu, QueueErrorReason};
 use crate::mem::DmaMemory;
 use crate::topology::GpuTopology;
 use abi::mqd::V9Mqd;
 use scheduler::{
-    Action, Event, Nanos, QueueId, SchedConfig, SchedError, Scheduler, SlotDesc, SlotId, UnmapMode,
-    VmId, VmParams,
+    Action, DequeueMode, Event, Nanos, Policy, QueueId, SchedConfig, SchedError, Scheduler,
+    SlotDesc, SlotId, VmId, VmParams,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -50,15 +47,6 @@ pub fn slot_descs(topo: &GpuTopology) -> Vec<SlotDesc> {
             queue: s.queue,
         })
         .collect()
-}
-
-/// The GPU dequeue mode of a scheduler unmap mode.
-pub fn dequeue_mode(m: UnmapMode) -> DequeueMode {
-    match m {
-        UnmapMode::Drain => DequeueMode::DrainPipe,
-        UnmapMode::Save => DequeueMode::SaveWaves,
-        UnmapMode::Reset => DequeueMode::ResetWaves,
-    }
 }
 
 /// What the caller must do after a binding call.
@@ -312,7 +300,7 @@ pub struct Binding<O: Copy> {
     /// Unmaps an armed doorbell handed to the GPU before its decision
     /// ([`Binding::fire_armed`]): queue, slot, scheduler mode, whether the
     /// GPU took it. The decision's own unmaps of them make no second call.
-    early: Vec<(QueueId, PhysSlot, UnmapMode, bool)>,
+    early: Vec<(QueueId, SlotId, DequeueMode, bool)>,
     /// The queue whose doorbell the unmaps in `early` were fired for.
     early_for: Option<QueueId>,
     /// Bumped by every call that may change what a doorbell decides (or
@@ -328,6 +316,18 @@ pub struct Binding<O: Copy> {
     /// when one is scheduled, cleared when a scan finds none, so that the
     /// scans cost nothing while no queue is blocked off the GPU.
     any_recheck: bool,
+}
+
+/// What a doorbell did ([`Binding::doorbell`]), so that callers need not
+/// compare scheduler counters around it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DoorbellOutcome {
+    /// Doorbells that moved nothing: dropped by the scheduler as stale (the
+    /// write index it had already seen), or rung for a queue stalled on a
+    /// packet it cannot run: 0 or 1.
+    pub stale: u64,
+    /// Its decision preempted at least one queue.
+    pub preempted: bool,
 }
 
 /// A doorbell's preemption prepared ahead of the doorbell, from a warm
@@ -394,16 +394,54 @@ impl<O: Copy> Binding<O> {
         &self.decision_ns
     }
 
-    /// The scheduler (read-only).
+    /// The scheduler (read-only: stats, parameters, configuration). Every
+    /// change goes through the binding's own methods.
     pub fn scheduler(&self) -> &Scheduler {
         &self.sched
     }
 
-    /// The scheduler, to change priorities, weights or the policy; follow
-    /// with [`Binding::tick`] to apply the change.
-    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+    /// The scheduler, for a change: the one place the binding's change
+    /// count is bumped for control changes, so an [`ArmedDoorbell`]
+    /// prepared before it is never fired.
+    fn sched_mut(&mut self) -> &mut Scheduler {
         self.gen += 1;
         &mut self.sched
+    }
+
+    /// Changes a VM's priority; follow with [`Binding::tick`] to apply it.
+    pub fn set_vm_priority(&mut self, vm: VmId, priority: u8) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_priority(vm, priority)
+    }
+
+    /// Changes a VM's weight; follow with [`Binding::tick`] to apply it.
+    pub fn set_vm_weight(&mut self, vm: VmId, weight: u32) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_weight(vm, weight)
+    }
+
+    /// Pauses or resumes a VM; follow with [`Binding::tick`] to apply it.
+    pub fn set_vm_paused(&mut self, vm: VmId, paused: bool) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_paused(vm, paused)
+    }
+
+    /// Sets a VM's slice length (`None`: its priority's quantum); follow
+    /// with [`Binding::tick`] to apply it.
+    pub fn set_vm_quantum(&mut self, vm: VmId, quantum: Option<Nanos>) -> Result<(), SchedError> {
+        self.sched_mut().set_vm_quantum(vm, quantum)
+    }
+
+    /// Changes the policy (mapped queues stay mapped until it decides
+    /// otherwise); follow with [`Binding::tick`] to apply it.
+    pub fn set_policy(&mut self, policy: Policy) {
+        self.sched_mut().set_policy(policy);
+    }
+
+    /// Ends a run at `now`: a last tick brings the scheduler's accounting
+    /// (GPU time per VM) up to `now`; the actions it decides are dropped
+    /// and the GPU is not called (the run is over).
+    pub fn close_books(&mut self, now: Nanos) {
+        let sched = self.sched_mut();
+        sched.handle(Event::Tick { now });
+        while sched.poll_action().is_some() {}
     }
 
     /// Counters.
@@ -535,8 +573,28 @@ impl<O: Copy> Binding<O> {
     }
 
     /// Doorbell with the write index read from the queue's poll address: the
-    /// GPU hears it if the queue is loaded, then the scheduler.
+    /// GPU hears it if the queue is loaded, then the scheduler. Returns what
+    /// it did (stale, preempted).
     pub fn doorbell(
+        &mut self,
+        gpu: &mut dyn PhysGpu,
+        now: Nanos,
+        queue: QueueId,
+        wptr: u64,
+        out: &mut Vec<Notice<O>>,
+    ) -> DoorbellOutcome {
+        let before = self.sched.stats();
+        let stalled_before = self.stats.stalled_doorbells;
+        self.doorbell_inner(gpu, now, queue, wptr, out);
+        let after = self.sched.stats();
+        DoorbellOutcome {
+            stale: (after.stale_doorbells - before.stale_doorbells)
+                + (self.stats.stalled_doorbells - stalled_before),
+            preempted: after.preemptions > before.preemptions,
+        }
+    }
+
+    fn doorbell_inner(
         &mut self,
         gpu: &mut dyn PhysGpu,
         now: Nanos,
@@ -559,7 +617,7 @@ impl<O: Copy> Binding<O> {
             return;
         }
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
-            gpu.doorbell(now, PhysSlot(slot.0), wptr);
+            gpu.doorbell(now, slot, wptr);
         }
         if stalled {
             if !self.stall_published(gpu, queue) {
@@ -618,7 +676,7 @@ impl<O: Copy> Binding<O> {
         let Some(plan) = self.sched.doorbell_plan(queue, now, &mut armed.victims) else {
             return false;
         };
-        let mode = dequeue_mode(plan.mode);
+        let mode = plan.mode;
         for &(v, slot) in &armed.victims {
             match self.queues.get(&v) {
                 Some(r) if r.on_gpu && !r.removing && r.slot == Some(slot) => {}
@@ -667,13 +725,11 @@ impl<O: Copy> Binding<O> {
                 self.preempt_issued = Some(c());
             }
         }
-        let mode = dequeue_mode(plan.mode);
+        let mode = plan.mode;
         self.early_for = armed.queue;
         for (&(q, slot), &timeout) in armed.victims.iter().zip(&armed.timeouts) {
-            let ok = gpu
-                .unmap_within(now, PhysSlot(slot.0), mode, timeout)
-                .is_ok();
-            self.early.push((q, PhysSlot(slot.0), plan.mode, ok));
+            let ok = gpu.unmap_within(now, slot, mode, timeout).is_ok();
+            self.early.push((q, slot, plan.mode, ok));
         }
         self.stats.armed_fired += 1;
         true
@@ -690,16 +746,7 @@ impl<O: Copy> Binding<O> {
                 "host bug: a prepared dequeue of {queue:?} on slot {slot:?} was not decided; adopted as a preemption"
             );
             self.sched.adopt_unmap(queue, mode);
-            self.action(
-                gpu,
-                now,
-                Action::Unmap {
-                    queue,
-                    slot: SlotId(slot.0),
-                    mode,
-                },
-                out,
-            );
+            self.action(gpu, now, Action::Unmap { queue, slot, mode }, out);
             // `action` took the entry (same queue, slot and mode).
             if self
                 .early
@@ -712,8 +759,8 @@ impl<O: Copy> Binding<O> {
         }
     }
 
-    /// The timer fired, or the caller changed something through
-    /// [`Binding::scheduler_mut`].
+    /// The timer fired, or the caller changed something through a control
+    /// method ([`Binding::set_vm_priority`], ...).
     pub fn tick(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, out: &mut Vec<Notice<O>>) {
         if self.sched_timer.is_some_and(|t| t <= now) {
             self.sched_timer = None;
@@ -786,7 +833,7 @@ impl<O: Copy> Binding<O> {
         r.recheck = None;
         r.seen_wptr = u64::MAX;
         let wptr = match (r.slot, r.on_gpu) {
-            (Some(s), true) => gpu.query(PhysSlot(s.0)).map(|st| st.wptr),
+            (Some(s), true) => gpu.query(s).map(|st| st.wptr),
             _ => None,
         }
         .unwrap_or_else(|| r.mqd.write_index());
@@ -972,7 +1019,7 @@ impl<O: Copy> Binding<O> {
         &mut self,
         gpu: &dyn PhysGpu,
         queue: QueueId,
-        slot: Option<PhysSlot>,
+        slot: Option<SlotId>,
         mqd: Option<&V9Mqd>,
     ) {
         let behind = match (slot, mqd) {
@@ -991,7 +1038,7 @@ impl<O: Copy> Binding<O> {
             return false;
         };
         let rptr = match (r.slot, r.on_gpu) {
-            (Some(s), true) => gpu.query(PhysSlot(s.0)).map(|st| st.rptr),
+            (Some(s), true) => gpu.query(s).map(|st| st.rptr),
             _ => r.mqd.read_index(),
         };
         let Some(rptr) = rptr else { return false };
@@ -1086,7 +1133,7 @@ impl<O: Copy> Binding<O> {
                     return;
                 };
                 let req = MapRequest {
-                    slot: PhysSlot(slot.0),
+                    slot,
                     tag: queue.0,
                     mqd: r.mqd.clone(),
                     mem: r.mem.clone(),
@@ -1129,13 +1176,8 @@ impl<O: Copy> Binding<O> {
             Action::Unmap { queue, slot, mode } => {
                 let sched_mode = mode;
                 let (on_gpu, mode) = match self.queues.get(&queue) {
-                    Some(r) => (
-                        r.on_gpu,
-                        r.exit_mode
-                            .filter(|_| r.removing)
-                            .unwrap_or(dequeue_mode(mode)),
-                    ),
-                    None => (false, dequeue_mode(mode)),
+                    Some(r) => (r.on_gpu, r.exit_mode.filter(|_| r.removing).unwrap_or(mode)),
+                    None => (false, mode),
                 };
                 // Every dequeue but a reset must finish within the VM's
                 // preemption timeout (a reset is what ends one that did not).
@@ -1151,16 +1193,11 @@ impl<O: Copy> Binding<O> {
                 let early = self
                     .early
                     .iter()
-                    .position(|e| e.0 == queue && e.1 == PhysSlot(slot.0) && e.2 == sched_mode);
+                    .position(|e| e.0 == queue && e.1 == slot && e.2 == sched_mode);
                 let reached = match early {
                     // Handed to the GPU by an armed doorbell: not again.
                     Some(i) => self.early.swap_remove(i).3,
-                    None => {
-                        on_gpu
-                            && gpu
-                                .unmap_within(now, PhysSlot(slot.0), mode, timeout)
-                                .is_ok()
-                    }
+                    None => on_gpu && gpu.unmap_within(now, slot, mode, timeout).is_ok(),
                 };
                 if !on_gpu || !reached {
                     // Never reached the GPU (refused map): done at once.
@@ -1265,7 +1302,7 @@ impl<O: Copy> Binding<O> {
         gpu: &mut dyn PhysGpu,
         now: Nanos,
         queue: QueueId,
-        slot: PhysSlot,
+        slot: SlotId,
         waited_ns: Nanos,
         out: &mut Vec<Notice<O>>,
     ) {
@@ -1390,7 +1427,7 @@ impl<O: Copy> Binding<O> {
             let mask = self
                 .usable_host_mask(&*gpu, queue, self.sched.slot_cu_set(slot))
                 .unwrap_or_else(|| CuMask::all(t.cus_per_partition()));
-            if let Err(e) = gpu.set_cu_mask(now, PhysSlot(slot.0), &mask) {
+            if let Err(e) = gpu.set_cu_mask(now, slot, &mask) {
                 log::debug!("CU mask of queue {queue:?} on slot {slot:?}: {e}");
             }
         }

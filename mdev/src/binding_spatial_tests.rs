@@ -112,22 +112,22 @@ impl PhysGpu for NoEstimate {
     fn map(&mut self, now: Nanos, req: MapRequest) -> Result<(), GpuError> {
         self.0.map(now, req)
     }
-    fn unmap(&mut self, now: Nanos, slot: PhysSlot, mode: DequeueMode) -> Result<(), GpuError> {
+    fn unmap(&mut self, now: Nanos, slot: SlotId, mode: DequeueMode) -> Result<(), GpuError> {
         self.0.unmap(now, slot, mode)
     }
     fn unmap_within(
         &mut self,
         now: Nanos,
-        slot: PhysSlot,
+        slot: SlotId,
         mode: DequeueMode,
         timeout: Option<Nanos>,
     ) -> Result<(), GpuError> {
         self.0.unmap_within(now, slot, mode, timeout)
     }
-    fn doorbell(&mut self, now: Nanos, slot: PhysSlot, wptr: u64) {
+    fn doorbell(&mut self, now: Nanos, slot: SlotId, wptr: u64) {
         self.0.doorbell(now, slot, wptr)
     }
-    fn query(&self, slot: PhysSlot) -> Option<crate::backend::SlotStatus> {
+    fn query(&self, slot: SlotId) -> Option<crate::backend::SlotStatus> {
         self.0.query(slot)
     }
     fn advance(&mut self, now: Nanos, out: &mut Vec<GpuEvent>) {
@@ -136,7 +136,7 @@ impl PhysGpu for NoEstimate {
     fn next_deadline(&self) -> Option<Nanos> {
         self.0.next_deadline()
     }
-    fn set_cu_mask(&mut self, now: Nanos, slot: PhysSlot, mask: &CuMask) -> Result<(), GpuError> {
+    fn set_cu_mask(&mut self, now: Nanos, slot: SlotId, mask: &CuMask) -> Result<(), GpuError> {
         self.0.set_cu_mask(now, slot, mask)
     }
 }

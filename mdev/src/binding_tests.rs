@@ -642,6 +642,70 @@ fn lo_runs_hi_idle() -> (
     (rig, (lo_vm, lo), (hi_vm, hi), victim)
 }
 
+/// A doorbell says what it did: the high VM's doorbell preempts the low
+/// queue; ringing it again with the same write index is stale and decides
+/// nothing.
+#[test]
+fn a_doorbell_reports_whether_it_preempted_or_was_stale() {
+    let (mut rig, (lo_vm, lo), (mut hi_vm, mut hi), _victim) = lo_runs_hi_idle();
+    hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
+    let mut out = Vec::new();
+    let rung = rig
+        .b
+        .doorbell(&mut rig.gpu, rig.now, QueueId(1), hi.wptr, &mut out);
+    rig.take(out);
+    assert_eq!(
+        rung,
+        DoorbellOutcome {
+            stale: 0,
+            preempted: true
+        }
+    );
+    assert_eq!(rig.b.scheduler().stats().preemptions, 1);
+    let mut out = Vec::new();
+    let again = rig
+        .b
+        .doorbell(&mut rig.gpu, rig.now, QueueId(1), hi.wptr, &mut out);
+    rig.take(out);
+    assert_eq!(
+        again,
+        DoorbellOutcome {
+            stale: 1,
+            preempted: false
+        }
+    );
+    rig.run(u64::MAX, |_| false);
+    assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+}
+
+/// Every control method of the binding makes a prepared doorbell stale
+/// (the change count lives where every change passes).
+#[test]
+fn every_control_change_makes_an_armed_plan_stale() {
+    type Change = fn(&mut Binding<usize>);
+    let changes: [(&str, Change); 6] = [
+        ("priority", |b| b.set_vm_priority(VmId(0), 3).unwrap()),
+        ("weight", |b| b.set_vm_weight(VmId(0), 2).unwrap()),
+        ("pause", |b| b.set_vm_paused(VmId(0), false).unwrap()),
+        ("quantum", |b| {
+            b.set_vm_quantum(VmId(0), Some(1_000_000)).unwrap()
+        }),
+        ("policy", |b| b.set_policy(scheduler::Policy::Hqdmux)),
+        ("books", |b| b.close_books(0)),
+    ];
+    for (name, change) in changes {
+        let (mut rig, _, _, _) = lo_runs_hi_idle();
+        let mut armed = ArmedDoorbell::default();
+        assert!(
+            rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed),
+            "{name}"
+        );
+        assert!(rig.b.armed_current(&armed), "{name}");
+        change(&mut rig.b);
+        assert!(!rig.b.armed_current(&armed), "{name}: still current");
+    }
+}
+
 /// A plan armed before something changed the binding is not fired: here
 /// the victim's VM is raised above the doorbell's between arm and ring (a
 /// careless caller; the arbiter re-arms after every change), so the
@@ -653,7 +717,7 @@ fn a_plan_armed_before_a_change_is_not_fired() {
     let mut armed = ArmedDoorbell::default();
     assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
     // The operator raises the low VM above the high one.
-    rig.b.scheduler_mut().set_vm_priority(VmId(0), 15).unwrap();
+    rig.b.set_vm_priority(VmId(0), 15).unwrap();
     let mut out = Vec::new();
     rig.b.tick(&mut rig.gpu, rig.now, &mut out);
     rig.take(out);

@@ -23,9 +23,7 @@
 //! 4. [`Telemetry::after`] after each batch of binding calls and after the
 //!    GPU advanced (finds finished restores and new preemptions).
 
-use crate::backend::{
-    DequeueMode, GpuEvent, PhysGpu, QueueErrorReason, SlotId as PhysSlot, SlotState,
-};
+use crate::backend::{DequeueMode, GpuEvent, PhysGpu, QueueErrorReason, SlotId, SlotState};
 use crate::binding::{Binding, Notice};
 use crate::metrics::{Histogram, CWSR_BUCKETS, DOORBELL_BUCKETS, PACKET_LATENCY_BUCKETS};
 use crate::topology::GpuTopology;
@@ -366,7 +364,7 @@ impl Telemetry {
                 self.marked[s] = None;
                 self.recent_maps.push((self.slot_part[s], vm));
                 let restoring = gpu
-                    .query(PhysSlot(slot.0))
+                    .query(*slot)
                     .is_some_and(|st| st.tag == queue.0 && st.state == SlotState::Restoring);
                 let kind = if restoring {
                     self.restore_start[s] = Some(now);
@@ -401,7 +399,7 @@ impl Telemetry {
                 continue;
             };
             let still = gpu
-                .query(PhysSlot(s as u32))
+                .query(SlotId(s as u32))
                 .is_some_and(|st| st.tag == q && st.state == SlotState::Restoring);
             if !still {
                 self.restore_start[s] = None;
@@ -439,7 +437,7 @@ impl Telemetry {
                     continue;
                 }
                 let unmapping = gpu
-                    .query(PhysSlot(s as u32))
+                    .query(SlotId(s as u32))
                     .is_some_and(|st| st.tag == q && matches!(st.state, SlotState::Unmapping(_)));
                 if unmapping {
                     let part = self.slot_part[s];

@@ -108,7 +108,7 @@ const AGING_BATCH_NS: Nanos = 2_000_000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
     /// Preempted with work left.
-    Preempt(UnmapMode),
+    Preempt(DequeueMode),
     /// Idle queue gives its slot back.
     Evict,
     /// Queue error: the slot is reclaimed, the queue stays in error.
@@ -230,7 +230,7 @@ impl Vm {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Owner {
+struct SliceOwner {
     vm: VmId,
     level: u16,
     since: Nanos,
@@ -282,7 +282,7 @@ struct Partition {
     /// Busy VMs by charged virtual time (fairness floor).
     vt: BTreeSet<(u128, VmId)>,
     /// VM holding the partition's exclusive slice.
-    owner: Option<Owner>,
+    owner: Option<SliceOwner>,
     /// Owner displaced by a higher level.
     parked: Option<Parked>,
     /// VMs that became busy since the last owner choice (a parked owner
@@ -409,7 +409,7 @@ pub struct FastStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DoorbellPlan {
     /// Mode of the victims' unmaps.
-    pub mode: UnmapMode,
+    pub mode: DequeueMode,
     /// The write index the scheduler last saw for the queue: a doorbell
     /// with it is stale and preempts nothing.
     pub seen_wptr: Option<u64>,
@@ -431,7 +431,7 @@ enum Split {
     Doorbell {
         ev: Event,
         early: Vec<(QueueId, SlotId)>,
-        mode: UnmapMode,
+        mode: DequeueMode,
     },
 }
 
@@ -440,13 +440,13 @@ enum Split {
 #[derive(Debug)]
 struct ExclusiveTail {
     p: usize,
-    owner: Owner,
+    owner: SliceOwner,
     res: Option<crate::spatial::Reservation>,
     klo: u16,
     khi: u16,
     /// Preempted queues (their actions are queued, their state not yet).
     evict: Vec<QueueId>,
-    mode: UnmapMode,
+    mode: DequeueMode,
 }
 
 impl Scheduler {
@@ -676,7 +676,7 @@ impl Scheduler {
                     q.errored = true;
                     match q.state {
                         QueueState::Running | QueueState::MappedIdle => {
-                            self.unmap(queue, UnmapMode::Reset, Reason::Error)
+                            self.unmap(queue, DequeueMode::ResetWaves, Reason::Error)
                         }
                         QueueState::Preempting => {
                             if q.reason != Some(Reason::Remove) {
@@ -822,11 +822,11 @@ fn is_demand(st: QueueState) -> bool {
 }
 
 fn check_params(p: &VmParams, parts: u32) -> Result<(), SchedError> {
-    if p.priority > 15 {
+    if p.priority > MAX_PRIORITY {
         return Err(SchedError::Priority(p.priority));
     }
-    if p.weight == 0 {
-        return Err(SchedError::Weight);
+    if !WEIGHT_RANGE.contains(&p.weight) {
+        return Err(SchedError::Weight(p.weight));
     }
     match p.partition {
         Some(x) if x >= parts => Err(SchedError::Partition(x, parts)),

@@ -35,6 +35,15 @@ use serde::Deserialize;
 /// Nanoseconds on the caller's clock.
 pub type Nanos = u64;
 
+/// Highest VM or queue priority (KFD's queue priorities are 0..=15).
+pub const MAX_PRIORITY: u8 = 15;
+/// VM and queue priorities, higher wins. The scheduler refuses others;
+/// config, API, CLI and scenarios check against this range.
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<u8> = 0..=MAX_PRIORITY;
+/// Weights among VMs of equal priority. The scheduler refuses others;
+/// config, API, CLI and scenarios check against this range.
+pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
+
 /// A VM (tenant).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VmId(pub u32);
@@ -112,15 +121,33 @@ impl Policy {
     }
 }
 
-/// How a slot is unloaded (maps to the HQD dequeue request).
+/// How a slot is unloaded: the HQD dequeue request (`CP_HQD_DEQUEUE_REQUEST`
+/// values), chosen by the scheduler (or the guest) and carried out by the
+/// GPU backend (`gpu::backend::PhysGpu::unmap`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum UnmapMode {
-    /// DRAIN_PIPE: let in-flight work finish (used for idle queues).
-    Drain,
-    /// SAVE_WAVES: CWSR, resume exactly later.
-    Save,
-    /// RESET_WAVES: kill in-flight waves; interrupted kernels re-run.
-    Reset,
+#[repr(u32)]
+pub enum DequeueMode {
+    /// DRAIN_PIPE: stop fetching, let in-flight workgroups finish, then go
+    /// inactive (used for idle queues).
+    DrainPipe = 1,
+    /// RESET_WAVES: kill in-flight waves; the interrupted packets restart
+    /// from scratch later.
+    ResetWaves = 2,
+    /// SAVE_WAVES: CWSR, save in-flight waves to the context save area;
+    /// resume exactly later.
+    SaveWaves = 3,
+}
+
+impl DequeueMode {
+    /// From the register value.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(DequeueMode::DrainPipe),
+            2 => Some(DequeueMode::ResetWaves),
+            3 => Some(DequeueMode::SaveWaves),
+            _ => None,
+        }
+    }
 }
 
 /// Per-VM scheduling parameters.
@@ -331,7 +358,7 @@ pub enum Action {
         /// Its slot.
         slot: SlotId,
         /// Dequeue mode.
-        mode: UnmapMode,
+        mode: DequeueMode,
     },
     /// Deliver [`Event::Tick`] at (or after) `at`; replaces any earlier timer.
     ArmTimer {
@@ -394,12 +421,20 @@ pub enum SchedError {
     /// No such queue.
     #[error("no queue {0:?}")]
     NoQueue(QueueId),
-    /// Priority out of 0..=15.
-    #[error("priority {0} is out of range 0..=15")]
+    /// Priority out of [`PRIORITY_RANGE`].
+    #[error(
+        "priority {0} is out of range {lo}..={hi}",
+        lo = PRIORITY_RANGE.start(),
+        hi = PRIORITY_RANGE.end()
+    )]
     Priority(u8),
-    /// Weight 0.
-    #[error("weight must be at least 1")]
-    Weight,
+    /// Weight out of [`WEIGHT_RANGE`].
+    #[error(
+        "weight {0} is out of range {lo}..={hi}",
+        lo = WEIGHT_RANGE.start(),
+        hi = WEIGHT_RANGE.end()
+    )]
+    Weight(u32),
     /// Partition out of range.
     #[error("partition {0} does not exist ({1} partitions)")]
     Partition(u32, u32),

@@ -44,7 +44,7 @@ fn step(s: &mut Scheduler, ev: Event) -> bool {
         match a {
             Action::Unmap {
                 queue,
-                mode: UnmapMode::Drain,
+                mode: DequeueMode::DrainPipe,
                 ..
             } => s.handle(Event::Unmapped {
                 queue,
@@ -54,7 +54,7 @@ fn step(s: &mut Scheduler, ev: Event) -> bool {
             }),
             Action::Unmap {
                 queue: QueueId(2),
-                mode: UnmapMode::Save,
+                mode: DequeueMode::SaveWaves,
                 ..
             } => saved = true,
             _ => {}

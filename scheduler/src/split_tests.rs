@@ -183,7 +183,7 @@ impl Pair {
                 b.iter().all(|a| matches!(
                     a,
                     Action::Unmap {
-                        mode: UnmapMode::Save | UnmapMode::Reset,
+                        mode: DequeueMode::SaveWaves | DequeueMode::ResetWaves,
                         ..
                     }
                 )),
@@ -589,7 +589,7 @@ fn a_plan_ends_when_an_idle_mapped_queue_falls_due() {
     });
     let first = late.poll_action();
     assert!(
-        matches!(first, Some(Action::Unmap { queue, mode: UnmapMode::Drain, .. }) if queue == qs[2]),
+        matches!(first, Some(Action::Unmap { queue, mode: DequeueMode::DrainPipe, .. }) if queue == qs[2]),
         "{first:?}"
     );
 }

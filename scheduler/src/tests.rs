@@ -686,7 +686,7 @@ fn reset_policy_unmaps_with_reset_waves() {
         acts.contains(&Action::Unmap {
             queue: QueueId(0),
             slot: SlotId(0),
-            mode: UnmapMode::Reset
+            mode: DequeueMode::ResetWaves
         }),
         "{acts:?}"
     );
@@ -741,7 +741,27 @@ fn bad_control_operations_are_typed_errors() {
         s.add_queue(VmId(0), QueueId(0), 0),
         Err(SchedError::DuplicateQueue(QueueId(0)))
     );
-    assert_eq!(s.set_vm_weight(VmId(0), 0), Err(SchedError::Weight));
+    assert_eq!(s.set_vm_weight(VmId(0), 0), Err(SchedError::Weight(0)));
+    // The limits config, API, CLI and scenarios check are the ones enforced.
+    let top = *WEIGHT_RANGE.end();
+    s.set_vm_weight(VmId(0), top).unwrap();
+    assert_eq!(
+        s.set_vm_weight(VmId(0), top + 1),
+        Err(SchedError::Weight(top + 1))
+    );
+    assert_eq!(
+        SchedError::Weight(top + 1).to_string(),
+        "weight 1001 is out of range 1..=1000"
+    );
+    let bad = VmParams {
+        weight: top + 1,
+        ..Default::default()
+    };
+    assert_eq!(s.add_vm(VmId(5), bad), Err(SchedError::Weight(top + 1)));
+    assert_eq!(
+        SchedError::Priority(MAX_PRIORITY + 1).to_string(),
+        "priority 16 is out of range 0..=15"
+    );
     assert_eq!(
         s.remove_queue(QueueId(7)),
         Err(SchedError::NoQueue(QueueId(7)))
@@ -1254,8 +1274,8 @@ proptest! {
         }
         for a in &acts {
             if let Action::Unmap { mode, .. } = a {
-                let want = if to == Policy::Reset { UnmapMode::Reset } else { UnmapMode::Save };
-                prop_assert!(*mode == want || *mode == UnmapMode::Drain, "{:?} under {:?}", a, to);
+                let want = if to == Policy::Reset { DequeueMode::ResetWaves } else { DequeueMode::SaveWaves };
+                prop_assert!(*mode == want || *mode == DequeueMode::DrainPipe, "{:?} under {:?}", a, to);
             }
         }
         for part in 0..parts {
@@ -1493,7 +1513,7 @@ fn pause_saves_the_running_queues_and_holds_them_until_resume() {
     let before = w.s.vm_stats(VmId(0)).unwrap().preemptions;
     w.s.set_policy(Policy::Reset);
     w.s.set_vm_paused(VmId(0), true).unwrap();
-    let modes: Vec<UnmapMode> = std::iter::from_fn(|| w.s.poll_action())
+    let modes: Vec<DequeueMode> = std::iter::from_fn(|| w.s.poll_action())
         .filter_map(|a| match a {
             Action::Unmap { queue, slot, mode } => {
                 w.unmapping.insert(queue, w.now + UNMAP_NS);
@@ -1503,7 +1523,7 @@ fn pause_saves_the_running_queues_and_holds_them_until_resume() {
             _ => None,
         })
         .collect();
-    assert_eq!(modes, vec![UnmapMode::Save; 2]);
+    assert_eq!(modes, vec![DequeueMode::SaveWaves; 2]);
     w.s.set_policy(Policy::Hqdmux);
     w.event(Event::Tick { now: w.now });
     assert_eq!(w.s.vm_paused(VmId(0)), Some(true));

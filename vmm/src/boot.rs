@@ -100,18 +100,8 @@ pub use abi::boot::device_kind;
 /// Byte offsets in the boot-info block (shared with the guests).
 pub use abi::boot::offset as boot_info;
 
-/// A device as described to the guest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceEntry {
-    /// A [`device_kind`] value.
-    pub kind: u32,
-    /// Interrupt vector, 0 for none.
-    pub vector: u32,
-    /// I/O port or MMIO address.
-    pub base: u64,
-    /// Window size in bytes.
-    pub size: u64,
-}
+/// A device as described to the guest (the boot-info format's own entry).
+pub use abi::boot::DeviceEntry;
 
 /// What the guest is told at entry.
 #[derive(Debug, Clone)]
@@ -448,6 +438,7 @@ mod tests {
             vector: 0,
             base: 0x3f8,
             size: 8,
+            reserved: 0,
         }];
         let p = BootParams {
             vm_id: 7,

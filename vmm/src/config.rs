@@ -145,10 +145,9 @@ pub const MAX_MEMORY_MIB: u64 = crate::boot::MAX_RAM_BYTES >> 20;
 pub const MAX_VCPUS: u8 = 8;
 /// Longest argument string (bytes), as the boot-info block holds it.
 pub const MAX_ARGS_LEN: usize = 1024;
-/// GPU priorities (higher wins).
-pub const PRIORITY_RANGE: std::ops::RangeInclusive<u32> = 0..=15;
-/// Weights among VMs of equal priority.
-pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
+/// GPU priorities (higher wins) and weights among VMs of equal priority:
+/// the scheduler's, which enforces them.
+pub use scheduler::{PRIORITY_RANGE, WEIGHT_RANGE};
 /// Longest VM name (bytes).
 pub const MAX_NAME_LEN: usize = 64;
 /// Run timeouts (`[run] timeout_ms` and `hqdmux run --timeout-ms`), in

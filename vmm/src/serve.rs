@@ -135,10 +135,16 @@ impl DevicesConfig {
                     ))
                 }
             };
-            let wide =
-                |r: &std::ops::RangeInclusive<u32>| u64::from(*r.start())..=u64::from(*r.end());
-            range("priority", u64::from(v.priority), wide(&PRIORITY_RANGE))?;
-            range("weight", u64::from(v.weight), wide(&WEIGHT_RANGE))?;
+            range(
+                "priority",
+                u64::from(v.priority),
+                u64::from(*PRIORITY_RANGE.start())..=u64::from(*PRIORITY_RANGE.end()),
+            )?;
+            range(
+                "weight",
+                u64::from(v.weight),
+                u64::from(*WEIGHT_RANGE.start())..=u64::from(*WEIGHT_RANGE.end()),
+            )?;
             range(
                 "preempt_timeout_ms",
                 v.preempt_timeout_ms,

@@ -227,18 +227,21 @@ impl Vm {
                 vector: 0,
                 base: devices::SERIAL_PORT,
                 size: 8,
+                reserved: 0,
             },
             DeviceEntry {
                 kind: boot::device_kind::EXIT,
                 vector: 0,
                 base: devices::EXIT_PORT,
                 size: 4,
+                reserved: 0,
             },
             DeviceEntry {
                 kind: boot::device_kind::CHECKPOINT,
                 vector: 0,
                 base: devices::CHECKPOINT_PORT,
                 size: 4,
+                reserved: 0,
             },
         ];
         devices.extend(spec.extra_devices.iter().copied());

@@ -66,7 +66,7 @@ impl Scheduler {
     /// queue priority). It orders (and preempts) queues of the same VM only:
     /// between VMs, VM priority and weight decide.
     pub fn add_queue(&mut self, vm: VmId, queue: QueueId, prio: u8) -> Result<(), SchedError> {
-        if prio > 15 {
+        if prio > MAX_PRIORITY {
             return Err(SchedError::Priority(prio));
         }
         if self.queues.contains_key(&queue) {
@@ -105,7 +105,7 @@ impl Scheduler {
         let q = self.queues.get(&queue).ok_or(SchedError::NoQueue(queue))?;
         match q.state {
             QueueState::Running | QueueState::MappedIdle => {
-                self.unmap(queue, UnmapMode::Reset, Reason::Remove);
+                self.unmap(queue, DequeueMode::ResetWaves, Reason::Remove);
             }
             QueueState::Preempting => {
                 self.queues.get_mut(&queue).unwrap().reason = Some(Reason::Remove);
@@ -117,7 +117,7 @@ impl Scheduler {
 
     /// Changes a VM's priority (applies at the next event).
     pub fn set_vm_priority(&mut self, vm: VmId, priority: u8) -> Result<(), SchedError> {
-        if priority > 15 {
+        if priority > MAX_PRIORITY {
             return Err(SchedError::Priority(priority));
         }
         self.rekey_vm(vm, |v| v.params.priority = priority)
@@ -126,7 +126,7 @@ impl Scheduler {
     /// Changes a queue's own priority (0..=15; orders queues within its VM;
     /// applies at the next event). KFD's UPDATE_QUEUE does this on bare metal.
     pub fn set_queue_priority(&mut self, queue: QueueId, prio: u8) -> Result<(), SchedError> {
-        if prio > 15 {
+        if prio > MAX_PRIORITY {
             return Err(SchedError::Priority(prio));
         }
         if !self.queues.contains_key(&queue) {
@@ -138,8 +138,8 @@ impl Scheduler {
 
     /// Changes a VM's weight (applies at the next event).
     pub fn set_vm_weight(&mut self, vm: VmId, weight: u32) -> Result<(), SchedError> {
-        if weight == 0 {
-            return Err(SchedError::Weight);
+        if !WEIGHT_RANGE.contains(&weight) {
+            return Err(SchedError::Weight(weight));
         }
         let now = self.now;
         let v = self.vms.get_mut(&vm).ok_or(SchedError::NoVm(vm))?;
@@ -233,7 +233,7 @@ impl Scheduler {
             for q in qs {
                 match self.queues[&q].state {
                     QueueState::Running => {
-                        self.unmap(q, UnmapMode::Save, Reason::Preempt(UnmapMode::Save))
+                        self.unmap(q, DequeueMode::SaveWaves, Reason::Preempt(DequeueMode::SaveWaves))
                     }
                     QueueState::MappedIdle => self.evict(q),
                     _ => {}

@@ -21,11 +21,11 @@ impl Scheduler {
         q.max(self.cfg.min_run_ns).max(1)
     }
 
-    pub(super) fn preempt_mode(&self) -> UnmapMode {
+    pub(super) fn preempt_mode(&self) -> DequeueMode {
         if self.cfg.policy == Policy::Reset {
-            UnmapMode::Reset
+            DequeueMode::ResetWaves
         } else {
-            UnmapMode::Save
+            DequeueMode::SaveWaves
         }
     }
 
@@ -118,7 +118,7 @@ impl Scheduler {
                 self.parts[p].parked = None;
             }
             if let Some(k) = resume {
-                Owner {
+                SliceOwner {
                     vm: k.vm,
                     level: top,
                     since: now - k.used,
@@ -171,7 +171,7 @@ impl Scheduler {
                         })
                         .unwrap()
                 };
-                Owner {
+                SliceOwner {
                     vm,
                     level: top,
                     since: now,
@@ -326,7 +326,7 @@ impl Scheduler {
     /// re-rings within its anticipation grace keeps its virtual time and is
     /// rarely that far behind, so slices among always-busy equals stay
     /// whole.)
-    pub(super) fn lag_waker(&self, p: usize, o: Owner, top: u16) -> bool {
+    pub(super) fn lag_waker(&self, p: usize, o: SliceOwner, top: u16) -> bool {
         self.lag_ready_at(p, o, top).is_some_and(|t| t <= self.now)
     }
 
@@ -342,7 +342,7 @@ impl Scheduler {
     /// When the first woken VM becomes eligible against the owner (see
     /// [`Self::lag_waker`]): the owner's virtual time grows while it runs.
     /// `None`: no woken VM can be.
-    pub(super) fn lag_ready_at(&self, p: usize, o: Owner, top: u16) -> Option<Nanos> {
+    pub(super) fn lag_ready_at(&self, p: usize, o: SliceOwner, top: u16) -> Option<Nanos> {
         if top >= BOOST_LEVEL || o.level != top || !self.cfg.policy.uses_priority() {
             return None;
         }

@@ -71,7 +71,7 @@ impl Scheduler {
     /// [`FastStats::mismatched`]): the queue is being dequeued all the
     /// same, so the scheduler treats it as preempted (CWSR loses nothing;
     /// it runs again when chosen).
-    pub fn adopt_unmap(&mut self, q: QueueId, mode: UnmapMode) {
+    pub fn adopt_unmap(&mut self, q: QueueId, mode: DequeueMode) {
         // Counted, not asserted: a debug-build panic here would take the
         // GPU from the VM whose doorbell it was (tests assert the count).
         self.fast.mismatched += 1;
@@ -180,7 +180,7 @@ impl Scheduler {
             return None;
         }
         if self.spatial_on() {
-            let owner = Owner {
+            let owner = SliceOwner {
                 vm,
                 level,
                 since: now,

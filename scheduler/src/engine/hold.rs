@@ -42,7 +42,7 @@ impl Scheduler {
     /// lower work (equals share by slices and keep the anticipation
     /// grace), and not while the owner's CU reservation or co-residence
     /// lets the lower work run beside it (no switch to save).
-    pub(super) fn cost_hold(&self, p: usize, o: &Owner) -> Nanos {
+    pub(super) fn cost_hold(&self, p: usize, o: &SliceOwner) -> Nanos {
         if o.hold == 0 || o.level >= BOOST_LEVEL {
             return 0;
         }
@@ -65,7 +65,7 @@ impl Scheduler {
     /// The owner's hold ends (it re-rang, its hold ran out, or a higher
     /// level came): time it held the partition idle against lower work
     /// is billed to it, as GPU time and virtual time.
-    pub(super) fn end_hold(&mut self, o: &mut Owner) {
+    pub(super) fn end_hold(&mut self, o: &mut SliceOwner) {
         let Some(d) = o.drained else { return };
         if !o.cost_held {
             return;

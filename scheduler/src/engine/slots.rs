@@ -21,10 +21,10 @@ impl Scheduler {
 
     pub(super) fn evict(&mut self, q: QueueId) {
         self.stats.evictions += 1;
-        self.unmap(q, UnmapMode::Drain, Reason::Evict);
+        self.unmap(q, DequeueMode::DrainPipe, Reason::Evict);
     }
 
-    pub(super) fn unmap(&mut self, q: QueueId, mode: UnmapMode, reason: Reason) {
+    pub(super) fn unmap(&mut self, q: QueueId, mode: DequeueMode, reason: Reason) {
         self.unmap_action(q, mode);
         self.unmap_state(q, reason);
     }
@@ -32,7 +32,7 @@ impl Scheduler {
     /// Queues the unmap action of a mapped queue (first half of
     /// [`Self::unmap`]; it reads nothing the state change writes, so the
     /// action list is the same whichever half runs first).
-    pub(super) fn unmap_action(&mut self, q: QueueId, mode: UnmapMode) {
+    pub(super) fn unmap_action(&mut self, q: QueueId, mode: DequeueMode) {
         let slot = self.queues[&q].slot.expect("unmap of an unmapped queue");
         self.actions.push_back(Action::Unmap {
             queue: q,
@@ -97,7 +97,7 @@ impl Scheduler {
             _ if errored => QueueState::Error,
             Some(Reason::Error) => QueueState::Error,
             _ if !work => QueueState::Idle,
-            Some(Reason::Preempt(UnmapMode::Save)) if has_work => QueueState::Saved,
+            Some(Reason::Preempt(DequeueMode::SaveWaves)) if has_work => QueueState::Saved,
             _ => QueueState::Ready,
         };
         if let Some(qq) = self.queues.get_mut(&q) {

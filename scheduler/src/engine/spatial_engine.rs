@@ -2,7 +2,7 @@
 //! sharing"): which VM of a partition holds a CU reservation, which lower
 //! queues keep running beside it, and the host CU set of every mapped queue.
 
-use super::{lvl, Owner, Scheduler, BOOST_LEVEL};
+use super::{lvl, Scheduler, SliceOwner, BOOST_LEVEL};
 use crate::spatial::{Reservation, Spatial};
 use crate::{CuSet, Nanos, Policy, QueueId, SlotId, SpatialStats, VmId};
 
@@ -82,7 +82,11 @@ impl Scheduler {
     /// owner's own when its demand fits, else a higher VM's that is held
     /// across its short idle gaps. Returns it and whether it is new (lower
     /// work may sit on its CUs: it is saved once).
-    pub(super) fn spatial_plan(&mut self, p: usize, owner: Owner) -> (Option<Reservation>, bool) {
+    pub(super) fn spatial_plan(
+        &mut self,
+        p: usize,
+        owner: SliceOwner,
+    ) -> (Option<Reservation>, bool) {
         if !self.spatial_on() {
             if let Some(r) = self.spatial.res.get_mut(p) {
                 *r = None;
@@ -144,7 +148,7 @@ impl Scheduler {
 
     /// Co-residence (occupancy): may `owner` share partition `p`'s CUs with
     /// the lower work there (its VMs' busy queues below its level)?
-    pub(super) fn spatial_coreside(&self, p: usize, owner: Owner) -> bool {
+    pub(super) fn spatial_coreside(&self, p: usize, owner: SliceOwner) -> bool {
         let max = self.cfg.spatial_coreside_ns;
         if max == 0 {
             return false;
@@ -203,7 +207,7 @@ impl Scheduler {
         &self,
         r: Option<Reservation>,
         establish: bool,
-        owner: Owner,
+        owner: SliceOwner,
         q: QueueId,
     ) -> bool {
         let q = &self.queues[&q];
@@ -215,7 +219,7 @@ impl Scheduler {
 
     /// With a reservation of the owner, the VM it displaced (parked) maps
     /// its waiting queues of its top key again, beside the owner.
-    pub(super) fn spatial_beside(&mut self, p: usize, r: Option<Reservation>, owner: Owner) {
+    pub(super) fn spatial_beside(&mut self, p: usize, r: Option<Reservation>, owner: SliceOwner) {
         let Some(r) = r.filter(|r| r.vm == owner.vm) else {
             return;
         };

@@ -74,10 +74,13 @@ enum Command {
         timeout_ms: Option<u64>,
         /// Serve the operator HTTP/JSON API on this Unix socket while the
         /// fleet runs (steer it with `hqdmux ps|set|pause|...`, or curl
-        /// --unix-socket; docs/api/openapi.json). Refuses to replace
-        /// anything but a dead fleet's socket; removed on exit.
+        /// --unix-socket; docs/api/openapi.json). Without PATH (put it after
+        /// the config): the default socket the client commands use,
+        /// $XDG_RUNTIME_DIR/hqdmux/api.sock, or /run/hqdmux/api.sock as
+        /// root. Without the option: no API. Refuses to replace anything but
+        /// a dead fleet's socket; removed on exit.
         #[arg(long, value_name = "PATH")]
-        api_socket: Option<PathBuf>,
+        api_socket: Option<Option<PathBuf>>,
         /// Permission bits of the API socket file, octal.
         #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
         api_socket_mode: u32,
@@ -95,9 +98,10 @@ enum Command {
         /// (name, socket, priority, weight, partition, quantum_ms,
         /// preempt_timeout_ms, guard).
         config: PathBuf,
-        /// Serve the operator API (metrics, timeline, stats, policy) on this Unix socket.
+        /// Serve the operator API (metrics, timeline, stats, policy) on this
+        /// Unix socket; without PATH, on the default socket (as `run`).
         #[arg(long, value_name = "PATH")]
-        api_socket: Option<PathBuf>,
+        api_socket: Option<Option<PathBuf>>,
         /// Permission bits of the API socket file, octal.
         #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
         api_socket_mode: u32,
@@ -171,18 +175,18 @@ enum Command {
     /// Print the fleet's Prometheus metrics (`GET /metrics`, text format;
     /// families in docs/metrics.md).
     Metrics {
-        /// The `--api-socket` path of `hqdmux run`.
+        /// The `--api-socket` path of `hqdmux run` (default as for `ps`).
         #[arg(long, value_name = "PATH")]
-        api_socket: PathBuf,
+        api_socket: Option<PathBuf>,
     },
     /// Save the HQD-slot timeline of the last N seconds of a running fleet:
     /// a Gantt chart per slot and per VM, coloured by VM, preemptions and
     /// CWSR marked (SVG, rendered here), or its JSON model (`-o x.json` or
     /// `--json`).
     Timeline {
-        /// The `--api-socket` path of `hqdmux run`.
+        /// The `--api-socket` path of `hqdmux run` (default as for `ps`).
         #[arg(long, value_name = "PATH")]
-        api_socket: PathBuf,
+        api_socket: Option<PathBuf>,
         /// Output file (.svg, or .json for the JSON model).
         #[arg(long, short, value_name = "FILE")]
         output: PathBuf,
@@ -216,9 +220,10 @@ enum Command {
 /// Options of every API client command.
 #[derive(clap::Args)]
 struct ClientArgs {
-    /// The `--api-socket` path of `hqdmux run`.
+    /// The `--api-socket` path of `hqdmux run` (default:
+    /// $XDG_RUNTIME_DIR/hqdmux/api.sock, or /run/hqdmux/api.sock as root).
     #[arg(long, value_name = "PATH")]
-    api_socket: PathBuf,
+    api_socket: Option<PathBuf>,
     /// Print the API's JSON answer instead of a table.
     #[arg(long)]
     json: bool,
@@ -314,6 +319,13 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            let api_socket = match vmm::cli::server_socket(api_socket) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("hqdmux serve: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let opts = vmm::serve::ServeOptions {
                 api_socket,
                 api_socket_mode: Some(api_socket_mode),
@@ -367,6 +379,13 @@ fn main() -> ExitCode {
             if timeout_ms.is_some() {
                 cfg.run.timeout_ms = timeout_ms;
             }
+            let api_socket = match vmm::cli::server_socket(api_socket) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("hqdmux run: {e}");
+                    return ExitCode::from(EXIT_LAUNCH);
+                }
+            };
             match run_fleet(
                 &cfg,
                 RunOptions {
@@ -441,18 +460,22 @@ fn main() -> ExitCode {
             }
         },
         Command::Sim(args) => vmm::simcmd::run(&args),
-        Command::Ps(c) => vmm::cli::ps(&c.api_socket, c.json),
-        Command::Stats { c, vm } => vmm::cli::stats(&c.api_socket, vm.as_deref(), c.json),
+        Command::Ps(c) => with_socket("ps", c.api_socket, |s| vmm::cli::ps(&s, c.json)),
+        Command::Stats { c, vm } => with_socket("stats", c.api_socket, |s| {
+            vmm::cli::stats(&s, vm.as_deref(), c.json)
+        }),
         Command::Top {
             c,
             once,
             interval_ms,
-        } => vmm::cli::top(
-            &c.api_socket,
-            once,
-            std::time::Duration::from_millis(interval_ms),
-            c.json,
-        ),
+        } => with_socket("top", c.api_socket, |s| {
+            vmm::cli::top(
+                &s,
+                once,
+                std::time::Duration::from_millis(interval_ms),
+                c.json,
+            )
+        }),
         Command::Set {
             c,
             vm,
@@ -460,30 +483,48 @@ fn main() -> ExitCode {
             weight,
             quantum_ms,
             preempt_timeout_ms,
-        } => vmm::cli::set(
-            &c.api_socket,
-            &vm,
-            vmm::cli::SetFields {
-                priority,
-                weight,
-                quantum_ms: quantum_ms.map(|q| q.0),
-                preempt_timeout_ms,
-            },
-            c.json,
-        ),
-        Command::Pause(a) => vmm::cli::vm_action(&a.c.api_socket, "pause", &a.vm, a.c.json),
-        Command::Resume(a) => vmm::cli::vm_action(&a.c.api_socket, "resume", &a.vm, a.c.json),
-        Command::Stop(a) => vmm::cli::vm_action(&a.c.api_socket, "stop", &a.vm, a.c.json),
-        Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy, c.json),
-        Command::Add { c, file } => vmm::cli::add(&c.api_socket, &file, c.json),
-        Command::Unquarantine(a) => vmm::cli::unquarantine(&a.c.api_socket, &a.vm, a.c.json),
-        Command::Metrics { api_socket } => vmm::cli::metrics(&api_socket),
+        } => with_socket("set", c.api_socket, |s| {
+            vmm::cli::set(
+                &s,
+                &vm,
+                vmm::cli::SetFields {
+                    priority,
+                    weight,
+                    quantum_ms: quantum_ms.map(|q| q.0),
+                    preempt_timeout_ms,
+                },
+                c.json,
+            )
+        }),
+        Command::Pause(a) => with_socket("pause", a.c.api_socket, |s| {
+            vmm::cli::vm_action(&s, "pause", &a.vm, a.c.json)
+        }),
+        Command::Resume(a) => with_socket("resume", a.c.api_socket, |s| {
+            vmm::cli::vm_action(&s, "resume", &a.vm, a.c.json)
+        }),
+        Command::Stop(a) => with_socket("stop", a.c.api_socket, |s| {
+            vmm::cli::vm_action(&s, "stop", &a.vm, a.c.json)
+        }),
+        Command::Policy { c, policy } => with_socket("policy", c.api_socket, |s| {
+            vmm::cli::policy(&s, policy, c.json)
+        }),
+        Command::Add { c, file } => {
+            with_socket("add", c.api_socket, |s| vmm::cli::add(&s, &file, c.json))
+        }
+        Command::Unquarantine(a) => with_socket("unquarantine", a.c.api_socket, |s| {
+            vmm::cli::unquarantine(&s, &a.vm, a.c.json)
+        }),
+        Command::Metrics { api_socket } => {
+            with_socket("metrics", api_socket, |s| vmm::cli::metrics(&s))
+        }
         Command::Timeline {
             api_socket,
             output,
             seconds,
             json,
-        } => vmm::cli::timeline(&api_socket, &output, seconds, json),
+        } => with_socket("timeline", api_socket, |s| {
+            vmm::cli::timeline(&s, &output, seconds, json)
+        }),
         Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),
         Command::Completions { shell } => {
             let mut script = Vec::new();
@@ -495,6 +536,14 @@ fn main() -> ExitCode {
             );
             vmm::cli::done(vmm::out!("{}", String::from_utf8_lossy(&script)))
         }
+    }
+}
+
+/// Runs client command `cmd` on its socket (`given`, else the default).
+fn with_socket(cmd: &str, given: Option<PathBuf>, f: impl FnOnce(PathBuf) -> ExitCode) -> ExitCode {
+    match vmm::cli::client_socket(cmd, given) {
+        Ok(s) => f(s),
+        Err(c) => c,
     }
 }
 

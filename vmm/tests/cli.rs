@@ -325,6 +325,47 @@ fn clients_without_a_running_fleet_say_they_cannot_reach_the_socket() {
 }
 
 #[test]
+fn clients_without_api_socket_use_the_default_and_name_it_when_nothing_listens() {
+    let dir = scratch("xdg");
+    let xdg = dir.join("run");
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let expected = vmm::cli::default_api_socket_for(euid, Some(xdg.as_os_str())).unwrap();
+    if std::os::unix::net::UnixStream::connect(&expected).is_ok() {
+        eprintln!("a fleet serves {}: skipped", expected.display());
+        return;
+    }
+    for args in [vec!["ps"], vec!["metrics"], vec!["stop", "a"]] {
+        let out = hqdmux()
+            .args(&args)
+            .env("XDG_RUNTIME_DIR", &xdg)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "hqdmux {}: cannot reach {}: ",
+                args[0],
+                expected.display()
+            )) && err.contains("hqdmux run FLEET.toml --api-socket"),
+            "{err}"
+        );
+    }
+    if euid != 0 {
+        // A user without XDG_RUNTIME_DIR is told to set it or name a socket.
+        let out = hqdmux()
+            .arg("ps")
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("XDG_RUNTIME_DIR"));
+    }
+}
+
+#[test]
 fn values_the_api_refuses_are_refused_by_the_command_line_with_the_same_reason() {
     for (args, want) in [
         (

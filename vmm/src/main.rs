@@ -19,6 +19,7 @@ const AFTER_HELP: &str = "\
 Logging: RUST_LOG sets what is logged on stderr (default `info`), e.g.
   RUST_LOG=debug hqdmux run FLEET.toml
   RUST_LOG=warn,vmm::fleet=debug hqdmux run FLEET.toml
+  hqdmux --log-format json serve DEVICES.toml   (one JSON object per line)
 Exit codes: 0 ok; 1 a VM failed (run: it did not exit 0 and was not stopped
 by the operator) or the fleet refused the request (ps, stats, top, set, pause,
 resume, stop, policy, add, unquarantine, metrics, timeline); 2 invalid config,
@@ -48,6 +49,10 @@ const VERSION: &str = concat!(
 #[derive(Parser)]
 #[command(version = VERSION, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
+    /// Log lines on stderr as text, or as one JSON object per line (`ts`,
+    /// `level`, `target`, `msg`, and `vm` when the line is about one).
+    #[arg(long, global = true, value_enum, default_value_t = vmm::logfmt::LogFormat::Text)]
+    log_format: vmm::logfmt::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -297,8 +302,8 @@ fn load_for_host(config: &std::path::Path) -> Result<(FleetConfig, FleetNeeds), 
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    vmm::logfmt::init(cli.log_format);
     match cli.command {
         Command::Serve {
             config,

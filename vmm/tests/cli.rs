@@ -959,3 +959,58 @@ fn run_json_prints_the_summary_as_json() {
     assert!(v["vms"][0]["run_ms"].as_f64().unwrap() > 0.0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--log-format json` (a global option, before or after the subcommand):
+/// every stderr line of `serve` is one JSON object with `ts`, `level`,
+/// `target`, `msg`, and `vm` for a line about a vGPU.
+#[test]
+fn json_logs_are_one_object_per_line_naming_the_vm() {
+    use std::io::BufRead;
+    let dir = scratch("jsonlog");
+    let devices = write_file(
+        &dir,
+        "devices.toml",
+        "[[vgpu]]\nname = \"alpha\"\nsocket = \"alpha.sock\"\npriority = 2\n",
+    );
+    for args in [
+        vec!["--log-format", "json", "serve"],
+        vec!["serve", "--log-format", "json"],
+    ] {
+        let mut child = hqdmux()
+            .args(&args)
+            .arg(&devices)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        // Blocks until the daemon logs that it serves the vGPU.
+        let mut seen = Vec::new();
+        let serving = loop {
+            let line = lines.next().expect("serve logs before it ends").unwrap();
+            let v: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            for key in ["ts", "level", "target", "msg"] {
+                assert!(v[key].is_string(), "{key} in {line}");
+            }
+            let ts = v["ts"].as_str().unwrap();
+            assert!(ts.ends_with('Z') && ts.contains('T'), "RFC 3339 UTC: {ts}");
+            seen.push(line.clone());
+            if v["msg"].as_str().unwrap().contains("serving vfio-user") {
+                break v;
+            }
+        };
+        assert_eq!(serving["level"], "INFO", "{seen:?}");
+        assert_eq!(serving["vm"], "alpha", "{seen:?}");
+        signal(&child, libc::SIGTERM);
+        // The rest, up to the end, is JSON too.
+        for line in lines {
+            let line = line.unwrap();
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&line).is_ok(),
+                "{line}"
+            );
+        }
+        assert_eq!(child.wait().unwrap().code(), Some(143));
+    }
+}

@@ -16,10 +16,10 @@ use std::io::Write;
 /// How log lines are written on stderr.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
-    /// env_logger's text: `[ts LEVEL target] msg`.
+    /// Text lines: [ts LEVEL target] msg
     #[default]
     Text,
-    /// One JSON object per line ([`json_line`]).
+    /// One JSON object per line: ts, level, target, msg, vm
     Json,
 }
 

@@ -217,6 +217,14 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+    /// Print the manual page (roff) of hqdmux, or of one subcommand, e.g.
+    /// `hqdmux man > /usr/local/share/man/man1/hqdmux.1` or
+    /// `hqdmux man run | man -l -`.
+    Man {
+        /// A subcommand (its page is `hqdmux-SUBCOMMAND(1)`); none: the
+        /// main page, which lists every subcommand.
+        subcommand: Option<String>,
+    },
     /// Evaluate scheduling policies on a scenario in virtual time over the
     /// simulated GPU (no KVM needed): a policy x metric table, or JSON.
     Sim(vmm::simcmd::SimArgs),
@@ -530,6 +538,7 @@ fn main() -> ExitCode {
         } => with_socket("timeline", api_socket, |s| {
             vmm::cli::timeline(&s, &output, seconds, json)
         }),
+        Command::Man { subcommand } => man_page(subcommand.as_deref()),
         Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),
         Command::Completions { shell } => {
             let mut script = Vec::new();
@@ -550,6 +559,42 @@ fn with_socket(cmd: &str, given: Option<PathBuf>, f: impl FnOnce(PathBuf) -> Exi
         Ok(s) => f(s),
         Err(c) => c,
     }
+}
+
+/// `hqdmux man [SUBCOMMAND]`: the roff page rendered from the clap
+/// definition (`clap_mangen`); exit 2 for an unknown subcommand.
+fn man_page(sub: Option<&str>) -> ExitCode {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let (page, title) = match sub {
+        None => (cmd, "hqdmux".to_owned()),
+        Some(name) => match cmd.find_subcommand(name) {
+            Some(c) => {
+                // clap names are `&'static str` (no `string` feature): one
+                // small leak in a process about to exit.
+                let page: &'static str = Box::leak(format!("hqdmux-{name}").into_boxed_str());
+                (
+                    c.clone()
+                        .name(page)
+                        .bin_name(format!("hqdmux {name}"))
+                        .version(VERSION),
+                    page.to_owned(),
+                )
+            }
+            None => {
+                eprintln!(
+                    "hqdmux man: no subcommand '{}' (hqdmux --help lists them)",
+                    vmm::cli::escape(name)
+                );
+                return ExitCode::from(EXIT_LAUNCH);
+            }
+        },
+    };
+    let mut roff = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(page).title(title).render(&mut roff) {
+        eprintln!("hqdmux man: {e}");
+        return ExitCode::from(EXIT_LAUNCH);
+    }
+    vmm::cli::done(vmm::out!("{}", String::from_utf8_lossy(&roff)))
 }
 
 /// `hqdmux images`: each built-in image, what it does, its `args` keys and

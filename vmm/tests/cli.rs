@@ -1014,3 +1014,49 @@ fn json_logs_are_one_object_per_line_naming_the_vm() {
         assert_eq!(child.wait().unwrap().code(), Some(143));
     }
 }
+
+/// `hqdmux man`: a roff page from the clap definition naming every
+/// subcommand `--help` lists; `hqdmux man SUB` is that subcommand's page.
+#[test]
+fn the_man_page_lists_every_subcommand_and_each_has_a_page() {
+    let out = hqdmux().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.len() >= 18, "{commands:?}");
+    let out = hqdmux().arg("man").output().unwrap();
+    assert!(out.status.success());
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.contains(".TH hqdmux 1"), "{page}");
+    for section in [".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS", ".SH SUBCOMMANDS"] {
+        assert!(page.contains(section), "{section}");
+    }
+    // roff escapes '-' as '\-'.
+    assert!(page.contains("\\-\\-log\\-format"), "{page}");
+    for sub in &commands {
+        let name = sub.replace('-', "\\-");
+        assert!(
+            page.contains(&format!("hqdmux\\-{name}(1)")),
+            "{sub} in the page"
+        );
+        let out = hqdmux().args(["man", sub]).output().unwrap();
+        assert!(out.status.success(), "man {sub}");
+        let sub_page = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            sub_page.contains(&format!(".TH hqdmux-{sub} 1")),
+            "{sub}: {sub_page}"
+        );
+    }
+    let out = hqdmux().args(["man", "run"]).output().unwrap();
+    let run = String::from_utf8_lossy(&out.stdout);
+    assert!(run.contains("\\-\\-api\\-socket") && run.contains("\\-\\-timeout\\-ms"));
+    let out = hqdmux().args(["man", "nosuch"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no subcommand 'nosuch'"));
+}

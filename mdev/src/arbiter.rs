@@ -1296,6 +1296,13 @@ impl GpuArbiter {
     /// /metrics`, content type [`crate::metrics::CONTENT_TYPE`]); every
     /// family is described in `docs/metrics.md`.
     pub fn metrics_text(&self) -> String {
+        self.metrics_text_with(&crate::metrics::MetricsInfo::local())
+    }
+
+    /// [`GpuArbiter::metrics_text`] with the process's device labels, build
+    /// and VM states (`info`); adds `gpu_compute_partition_type`, each VM's
+    /// quarantine and guard counts.
+    pub fn metrics_text_with(&self, info: &crate::metrics::MetricsInfo) -> String {
         let mut c = lock(&self.core);
         self.count_refused(&mut c);
         // As `vm_status`: bring GPU time up to now first.
@@ -1304,7 +1311,27 @@ impl GpuArbiter {
         let mut out = Vec::new();
         core.bind.tick(core.gpu.as_mut(), now, &mut out);
         self.deliver(core, out);
-        let text = crate::metrics::render(&c.tele, &c.bind);
+        let guard = c
+            .vms
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let quarantine =
+                    crate::metrics::QuarantineReason::of(s.quarantined, s.guard.trip());
+                let f = crate::metrics::VmGuardFigures {
+                    quarantine,
+                    guard_totals: s.guard.totals(),
+                };
+                (i as u32, f)
+            })
+            .collect();
+        let ctx = crate::metrics::RenderContext {
+            info,
+            partition_type: crate::metrics::partition_type(self.topo.partition_mode),
+            guard: &guard,
+            guard_quarantines: c.guard_quarantines,
+        };
+        let text = crate::metrics::render_with(&c.tele, &c.bind, &ctx);
         drop(c);
         let _ = self.requests.kick.write(1);
         text

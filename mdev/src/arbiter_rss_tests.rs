@@ -88,6 +88,21 @@ fn every_queue_error_the_guest_sees_is_counted_once_by_code() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(exported, 2.0, "{text}");
+    // The guard counted both; below its limits, no quarantine.
+    let guard_errors = text
+        .lines()
+        .find(|l| {
+            l.starts_with("hqdmux_vm_guard_events_total{vm=\"hostile\"")
+                && l.contains("event=\"queue_error\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(guard_errors, Some(2.0), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("hqdmux_vm_quarantined{vm=\"hostile\"")
+                && l.ends_with("reason=\"none\"} 0")),
+        "{text}"
+    );
     a.remove_vm(g.handle);
     a.shutdown();
 }

@@ -286,6 +286,16 @@ impl VmGuard {
         Some(t)
     }
 
+    /// Why the VM is quarantined (`None` when it is not).
+    pub fn trip(&self) -> Option<Trip> {
+        self.quarantine
+    }
+
+    /// Events since the VM was added: resets, queue errors, stale doorbells.
+    pub fn totals(&self) -> [u64; 3] {
+        self.totals
+    }
+
     /// Whether the VM is quarantined.
     pub fn quarantined(&self) -> bool {
         self.quarantine.is_some()

@@ -2,14 +2,19 @@
 //!
 //! Names live in the `hqdmux_` namespace and follow the AMD
 //! device-metrics-exporter's conventions: snake-case names, one metric
-//! family per quantity, per-device labels (`gpu_partition_id`) plus the
-//! VM's name as `vm`; counters end in `_total`, times are seconds.
+//! family per quantity, the exporter's device labels (`gpu_id`,
+//! `gpu_compute_partition_type`, `hostname`, and `gpu_partition_id` where a
+//! series is about one partition: [`MetricsInfo`]) plus the VM's name as
+//! `vm`, so series join with the exporter's on those labels; counters end
+//! in `_total`, times are seconds.
 //! `docs/metrics.md` lists every family. The HTTP route `GET /metrics`
 //! returns [`crate::arbiter::GpuArbiter::metrics_text`] with content type
 //! [`CONTENT_TYPE`].
 
 use crate::binding::Binding;
+use crate::guard::{GuardEvent, Trip};
 use crate::telemetry::Telemetry;
+use crate::topology::PartitionMode;
 use scheduler::SlotId;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -118,6 +123,134 @@ impl Histogram {
     }
 }
 
+/// What the process knows beyond the GPU's telemetry: the device labels
+/// every series carries and the figures only the VMM has (build, VM
+/// states). The arbiter adds `gpu_compute_partition_type` from its
+/// topology.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsInfo {
+    /// `gpu_id`: the GPU's index on the host (0: one GPU per process today).
+    pub gpu_id: u32,
+    /// `hostname`.
+    pub hostname: String,
+    /// `hqdmux_build_info{version}`.
+    pub version: String,
+    /// `hqdmux_build_info{commit}` (`unknown` when not built from git).
+    pub commit: String,
+    /// `hqdmux_vm_state`: each VM's life-cycle state (one of `states`) by
+    /// its id at the arbiter (`VgpuHandle`'s number); VMs absent here get no
+    /// state series.
+    pub vm_states: BTreeMap<u32, &'static str>,
+    /// Every state `hqdmux_vm_state` enumerates (one series per state).
+    pub states: &'static [&'static str],
+}
+
+impl MetricsInfo {
+    /// GPU 0 of this host (its hostname), this crate's version, commit
+    /// `unknown`, no VM states.
+    pub fn local() -> Self {
+        MetricsInfo {
+            gpu_id: 0,
+            hostname: hostname(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            commit: "unknown".to_owned(),
+            vm_states: BTreeMap::new(),
+            states: &[],
+        }
+    }
+}
+
+/// This host's name (`gethostname`), `unknown` if it cannot be read.
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at
+    // most that many bytes.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(s) if !s.is_empty() => s.to_owned(),
+        _ => "unknown".into(),
+    }
+}
+
+/// The `gpu_compute_partition_type` label of a partition mode, as AMD's
+/// exporter writes it.
+pub fn partition_type(mode: PartitionMode) -> &'static str {
+    match mode {
+        PartitionMode::Spx => "SPX",
+        PartitionMode::Dpx => "DPX",
+        PartitionMode::Qpx => "QPX",
+        PartitionMode::Cpx => "CPX",
+    }
+}
+
+/// Why a VM's vGPU is quarantined, as the `reason` label of
+/// `hqdmux_vm_quarantined` (a small fixed set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuarantineReason {
+    /// Not quarantined (`none`, value 0).
+    None,
+    /// The guard tripped on preemption-timeout resets (`guard_resets`).
+    GuardResets,
+    /// The guard tripped on queue errors (`guard_queue_errors`).
+    GuardQueueErrors,
+    /// The guard tripped on stale doorbells (`guard_stale_doorbells`).
+    GuardStaleDoorbells,
+    /// A host bug while serving the VM (`host_bug`).
+    HostBug,
+}
+
+impl QuarantineReason {
+    /// From the arbiter's state: a host-bug quarantine first, then the
+    /// guard's trip.
+    pub fn of(host_bug: bool, trip: Option<Trip>) -> Self {
+        match (host_bug, trip.map(|t| t.what)) {
+            (true, _) => QuarantineReason::HostBug,
+            (false, Some(GuardEvent::Reset)) => QuarantineReason::GuardResets,
+            (false, Some(GuardEvent::QueueError)) => QuarantineReason::GuardQueueErrors,
+            (false, Some(GuardEvent::StaleDoorbell)) => QuarantineReason::GuardStaleDoorbells,
+            (false, None) => QuarantineReason::None,
+        }
+    }
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            QuarantineReason::None => "none",
+            QuarantineReason::GuardResets => "guard_resets",
+            QuarantineReason::GuardQueueErrors => "guard_queue_errors",
+            QuarantineReason::GuardStaleDoorbells => "guard_stale_doorbells",
+            QuarantineReason::HostBug => "host_bug",
+        }
+    }
+}
+
+/// What the arbiter knows of one VM beyond telemetry (by VM id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmGuardFigures {
+    /// Quarantine and why.
+    pub quarantine: QuarantineReason,
+    /// Guard events since the VM was added: resets, queue errors, stale
+    /// doorbells (`GuardStatus::totals`).
+    pub guard_totals: [u64; 3],
+}
+
+/// Everything [`render_with`] prints beyond telemetry and the binding.
+#[derive(Clone, Debug)]
+pub struct RenderContext<'a> {
+    /// Device labels, build and VM states.
+    pub info: &'a MetricsInfo,
+    /// `gpu_compute_partition_type`.
+    pub partition_type: &'static str,
+    /// Per VM id: quarantine and guard counts (VMs absent: no such series).
+    pub guard: &'a BTreeMap<u32, VmGuardFigures>,
+    /// Quarantines by the guard since start (the GPU's counter).
+    pub guard_quarantines: u64,
+}
+
 /// Escapes a label value (backslash, double quote, line feed).
 pub fn label_value(v: &str) -> String {
     let mut o = String::with_capacity(v.len());
@@ -167,9 +300,46 @@ pub struct VmFigures<'a> {
     pub preemptions: u64,
 }
 
-/// Renders the exposition of `tele` plus the scheduler's live figures from
-/// `bind` (VM ids are the binding's `VmId`s).
+/// [`render_with`] for GPU 0 of this host ([`MetricsInfo::local`]), the
+/// partition type read from the slots' partitions, no guard figures.
 pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
+    let parts = tele
+        .slot_partitions()
+        .iter()
+        .copied()
+        .max()
+        .map_or(1, |m| m + 1);
+    let mode = match parts {
+        2 => PartitionMode::Dpx,
+        4 => PartitionMode::Qpx,
+        8 => PartitionMode::Cpx,
+        _ => PartitionMode::Spx,
+    };
+    render_with(
+        tele,
+        bind,
+        &RenderContext {
+            info: &MetricsInfo::local(),
+            partition_type: partition_type(mode),
+            guard: &BTreeMap::new(),
+            guard_quarantines: 0,
+        },
+    )
+}
+
+/// Renders the exposition of `tele` plus the scheduler's live figures from
+/// `bind` (VM ids are the binding's `VmId`s) and what `ctx` adds: device
+/// labels on every series, `hqdmux_build_info`, `hqdmux_vm_state`,
+/// `hqdmux_vm_quarantined` and the guard's counters.
+pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderContext) -> String {
+    let info = ctx.info;
+    // The exporter's device labels but the partition, on every series.
+    let dev = format!(
+        "gpu_id=\"{}\",gpu_compute_partition_type=\"{}\",hostname=\"{}\"",
+        info.gpu_id,
+        ctx.partition_type,
+        label_value(&info.hostname)
+    );
     let sched = bind.scheduler();
     let mut rows = Vec::new();
     for (id, v) in tele.vms() {
@@ -194,12 +364,35 @@ pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
     }
     let labels = |f: &VmFigures| {
         format!(
-            "vm=\"{}\",gpu_partition_id=\"{}\"",
+            "vm=\"{}\",gpu_id=\"{}\",gpu_partition_id=\"{}\",gpu_compute_partition_type=\"{}\",hostname=\"{}\"",
             label_value(f.name),
-            f.partition
+            info.gpu_id,
+            f.partition,
+            ctx.partition_type,
+            label_value(&info.hostname)
+        )
+    };
+    let part_labels = |p: u32| {
+        format!(
+            "gpu_id=\"{}\",gpu_partition_id=\"{p}\",gpu_compute_partition_type=\"{}\",hostname=\"{}\"",
+            info.gpu_id,
+            ctx.partition_type,
+            label_value(&info.hostname)
         )
     };
     let mut b = String::new();
+    family(
+        &mut b,
+        "hqdmux_build_info",
+        "gauge",
+        "Always 1: the hqdmux version and git commit serving these metrics.",
+    );
+    let _ = writeln!(
+        b,
+        "hqdmux_build_info{{version=\"{}\",commit=\"{}\",{dev}}} 1",
+        label_value(&info.version),
+        label_value(&info.commit)
+    );
     family(
         &mut b,
         "hqdmux_vm_gpu_busy_seconds_total",
@@ -315,7 +508,7 @@ pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
         "User HQD slots of the partition holding a VM's queue.",
     );
     for (p, n) in &used {
-        let _ = writeln!(b, "hqdmux_hqd_slots_in_use{{gpu_partition_id=\"{p}\"}} {n}");
+        let _ = writeln!(b, "hqdmux_hqd_slots_in_use{{{}}} {n}", part_labels(*p));
     }
     family(
         &mut b,
@@ -324,8 +517,75 @@ pub fn render<O: Copy>(tele: &Telemetry, bind: &Binding<O>) -> String {
         "User HQD slots of the partition.",
     );
     for (p, n) in &total {
-        let _ = writeln!(b, "hqdmux_hqd_slots{{gpu_partition_id=\"{p}\"}} {n}");
+        let _ = writeln!(b, "hqdmux_hqd_slots{{{}}} {n}", part_labels(*p));
     }
+    // The VMM's life-cycle state: one series per state, 1 for the current
+    // one (a Prometheus enum).
+    family(
+        &mut b,
+        "hqdmux_vm_state",
+        "gauge",
+        "The VM's life-cycle state: 1 for the series of its current state, 0 for the others.",
+    );
+    for (id, f) in &rows {
+        let Some(cur) = info.vm_states.get(id) else {
+            continue;
+        };
+        let l = labels(f);
+        for st in info.states {
+            let _ = writeln!(
+                b,
+                "hqdmux_vm_state{{{l},state=\"{st}\"}} {}",
+                u8::from(st == cur)
+            );
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_vm_quarantined",
+        "gauge",
+        "1 while the VM's vGPU is quarantined (reason: guard_resets, guard_queue_errors, guard_stale_doorbells, host_bug), else 0 (reason none).",
+    );
+    for (id, f) in &rows {
+        if let Some(g) = ctx.guard.get(id) {
+            let q = g.quarantine;
+            let _ = writeln!(
+                b,
+                "hqdmux_vm_quarantined{{{},reason=\"{}\"}} {}",
+                labels(f),
+                q.label(),
+                u8::from(q != QuarantineReason::None)
+            );
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_vm_guard_events_total",
+        "counter",
+        "Events the misbehaving-VM guard counted for the VM since it was added, by event: reset (preemption-timeout resets), queue_error, stale_doorbell.",
+    );
+    for (id, f) in &rows {
+        if let Some(g) = ctx.guard.get(id) {
+            let l = labels(f);
+            for (ev, n) in ["reset", "queue_error", "stale_doorbell"]
+                .iter()
+                .zip(g.guard_totals)
+            {
+                let _ = writeln!(b, "hqdmux_vm_guard_events_total{{{l},event=\"{ev}\"}} {n}");
+            }
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_guard_quarantines_total",
+        "counter",
+        "Quarantines made by the misbehaving-VM guard on this GPU since start.",
+    );
+    let _ = writeln!(
+        b,
+        "hqdmux_guard_quarantines_total{{{dev}}} {}",
+        ctx.guard_quarantines
+    );
     b
 }
 

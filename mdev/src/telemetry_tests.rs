@@ -436,3 +436,190 @@ fn packet_latency_ring_is_bounded() {
     let (_, v) = rig.tele.vms().find(|(id, _)| **id == 3).unwrap();
     assert_eq!(v.packet_latency.count(), n);
 }
+
+/// Every series carries the labels AMD's device-metrics-exporter joins on;
+/// build info, the VM state enum, quarantine and guard counters come from
+/// the render context.
+#[test]
+fn series_join_the_exporter_labels_and_carry_state_quarantine_and_guard() {
+    use crate::metrics::{
+        render_with, MetricsInfo, QuarantineReason, RenderContext, VmGuardFigures,
+    };
+    let (rig, _qs) = scenario();
+    let mut info = MetricsInfo::local();
+    info.hostname = "node-7".into();
+    info.version = "9.9.9".into();
+    info.commit = "abc123".into();
+    info.states = &["running", "paused", "stopped"];
+    info.vm_states.insert(0, "paused");
+    let mut guard = BTreeMap::new();
+    guard.insert(
+        0,
+        VmGuardFigures {
+            quarantine: QuarantineReason::None,
+            guard_totals: [0, 0, 0],
+        },
+    );
+    guard.insert(
+        1,
+        VmGuardFigures {
+            quarantine: QuarantineReason::GuardQueueErrors,
+            guard_totals: [1, 5, 7],
+        },
+    );
+    let ctx = RenderContext {
+        info: &info,
+        partition_type: "CPX",
+        guard: &guard,
+        guard_quarantines: 1,
+    };
+    let m = parse(&render_with(&rig.tele, &rig.b, &ctx));
+    for (n, l, _) in &m {
+        assert_eq!(l.get("gpu_id").map(String::as_str), Some("0"), "{n}");
+        assert_eq!(l.get("hostname").map(String::as_str), Some("node-7"), "{n}");
+        assert_eq!(
+            l.get("gpu_compute_partition_type").map(String::as_str),
+            Some("CPX"),
+            "{n}"
+        );
+        if n.starts_with("hqdmux_vm_") || n.starts_with("hqdmux_hqd_") {
+            assert!(l.contains_key("gpu_partition_id"), "{n}");
+        }
+    }
+    let build: Vec<_> = m
+        .iter()
+        .filter(|(n, _, _)| n == "hqdmux_build_info")
+        .collect();
+    assert_eq!(build.len(), 1);
+    assert_eq!(build[0].1["version"], "9.9.9");
+    assert_eq!(build[0].1["commit"], "abc123");
+    assert_eq!(build[0].2, 1.0);
+    // The state enum: one series per state, 1 for the current; none for a
+    // VM without a known state.
+    let states: Vec<_> = m
+        .iter()
+        .filter(|(n, _, _)| n == "hqdmux_vm_state")
+        .map(|(_, l, v)| (l["vm"].clone(), l["state"].clone(), *v))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("training".into(), "running".into(), 0.0),
+            ("training".into(), "paused".into(), 1.0),
+            ("training".into(), "stopped".into(), 0.0),
+        ]
+    );
+    let quarantined = |vm: &str| {
+        m.iter()
+            .filter(|(n, l, _)| n == "hqdmux_vm_quarantined" && l["vm"] == vm)
+            .map(|(_, l, v)| (l["reason"].clone(), *v))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(quarantined("training"), vec![("none".into(), 0.0)]);
+    assert_eq!(
+        quarantined("inference"),
+        vec![("guard_queue_errors".into(), 1.0)]
+    );
+    let guard_event = |vm: &str, ev: &str| {
+        m.iter()
+            .find(|(n, l, _)| {
+                n == "hqdmux_vm_guard_events_total" && l["vm"] == vm && l["event"] == ev
+            })
+            .map(|(_, _, v)| *v)
+    };
+    assert_eq!(guard_event("inference", "reset"), Some(1.0));
+    assert_eq!(guard_event("inference", "queue_error"), Some(5.0));
+    assert_eq!(guard_event("inference", "stale_doorbell"), Some(7.0));
+    assert_eq!(guard_event("training", "queue_error"), Some(0.0));
+    assert!(m
+        .iter()
+        .any(|(n, _, v)| n == "hqdmux_guard_quarantines_total" && *v == 1.0));
+    // Without a context (`render`): the partition type comes from the slots.
+    let plain = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    assert!(plain
+        .iter()
+        .all(|(_, l, _)| l["gpu_compute_partition_type"] == "SPX"));
+}
+
+#[test]
+fn quarantine_reasons_name_the_trip_and_host_bugs_first() {
+    use crate::guard::{GuardEvent, Trip};
+    use crate::metrics::QuarantineReason as Q;
+    let trip = |what| Trip {
+        what,
+        count: 3,
+        limit: 2,
+        window_ms: 1000,
+        at: 0,
+    };
+    assert_eq!(Q::of(false, None), Q::None);
+    assert_eq!(Q::of(true, None), Q::HostBug);
+    assert_eq!(Q::of(true, Some(trip(GuardEvent::Reset))), Q::HostBug);
+    assert_eq!(Q::of(false, Some(trip(GuardEvent::Reset))), Q::GuardResets);
+    assert_eq!(
+        Q::of(false, Some(trip(GuardEvent::StaleDoorbell))).label(),
+        "guard_stale_doorbells"
+    );
+    assert_eq!(Q::None.label(), "none");
+}
+
+/// `promtool check metrics` (Debian's `prometheus` package) accepts the
+/// exposition with every family present; skipped where promtool is not
+/// installed.
+#[test]
+fn exposition_is_promtool_clean() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let (mut rig, qs) = scenario();
+    rig.doorbell(QueueId(0), qs[0].1.wptr);
+    rig.run(300_000);
+    rig.doorbell(QueueId(1), qs[1].1.wptr);
+    rig.run(u64::MAX);
+    let mut info = crate::metrics::MetricsInfo::local();
+    info.states = &["running", "stopped"];
+    info.vm_states.insert(0, "running");
+    info.vm_states.insert(1, "stopped");
+    let guard = [0u32, 1]
+        .into_iter()
+        .map(|id| {
+            let f = crate::metrics::VmGuardFigures {
+                quarantine: crate::metrics::QuarantineReason::HostBug,
+                guard_totals: [id.into(), 2, 3],
+            };
+            (id, f)
+        })
+        .collect();
+    let text = crate::metrics::render_with(
+        &rig.tele,
+        &rig.b,
+        &crate::metrics::RenderContext {
+            info: &info,
+            partition_type: "SPX",
+            guard: &guard,
+            guard_quarantines: 0,
+        },
+    );
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        eprintln!("promtool not installed: skipped (apt-get install prometheus)");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -52,6 +52,11 @@ pub const PREFIX: &str = "/api/v1";
 /// longer lists it and its name stays taken (docs/operators.md). A fleet
 /// that launches VMs continuously keeps a bounded history.
 pub const RETAINED_ENDED_VMS: usize = 256;
+
+/// `hqdmux_vm_state`'s `state` values: [`VmState::ALL`]'s names, in order.
+const VM_STATE_NAMES: [&str; 7] = [
+    "starting", "running", "paused", "stopping", "stopped", "exited", "failed",
+];
 /// How a VM ended, as the fleet reports it to the API.
 #[derive(Debug, Clone, Default)]
 pub struct VmEnd {
@@ -693,9 +698,29 @@ impl FleetControl {
         }
     }
 
+    /// The device labels (GPU 0: one GPU per process), build and each GPU
+    /// VM's state for `/metrics`.
+    fn metrics_info(&self) -> mdev::metrics::MetricsInfo {
+        let mut info = mdev::metrics::MetricsInfo::local();
+        info.commit = env!("HQDMUX_GIT_COMMIT").to_owned();
+        info.version = env!("CARGO_PKG_VERSION").to_owned();
+        info.states = &VM_STATE_NAMES;
+        let inner = self.lock();
+        for v in inner.vms.iter().filter(|v| !v.forgotten) {
+            if let Some(h) = v.last_vgpu {
+                info.vm_states.insert(h.0, v.state.name());
+            }
+        }
+        info
+    }
+
     fn metrics(&self) -> Response {
         match self.arbiter.get() {
-            Some(m) => Response::text(200, mdev::metrics::CONTENT_TYPE, m.metrics_text()),
+            Some(m) => Response::text(
+                200,
+                mdev::metrics::CONTENT_TYPE,
+                m.metrics_text_with(&self.metrics_info()),
+            ),
             None => Response::text(
                 200,
                 mdev::metrics::CONTENT_TYPE,
@@ -1092,6 +1117,40 @@ mod tests {
         assert_eq!(r.content_type, mdev::metrics::CONTENT_TYPE);
         let text = String::from_utf8(r.body).unwrap();
         assert!(text.contains("vm=\"g\""), "{text}");
+        // Joinable with AMD's exporter; build, state and guard series.
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            for label in [
+                "gpu_id=\"0\"",
+                "gpu_compute_partition_type=\"",
+                "hostname=\"",
+            ] {
+                assert!(l.contains(label), "{label} missing: {l}");
+            }
+        }
+        let commit = format!("commit=\"{}\"", env!("HQDMUX_GIT_COMMIT"));
+        assert!(
+            text.lines().any(|l| l.starts_with("hqdmux_build_info{")
+                && l.contains(&commit)
+                && l.ends_with(" 1")),
+            "{text}"
+        );
+        let state = |st: &str| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("hqdmux_vm_state{vm=\"g\"")
+                        && l.contains(&format!("state=\"{st}\""))
+                })
+                .and_then(|l| l.rsplit_once(' '))
+                .map(|(_, v)| v.to_owned())
+        };
+        assert_eq!(state("running").as_deref(), Some("1"), "{text}");
+        assert_eq!(state("paused").as_deref(), Some("0"), "{text}");
+        assert!(text.contains("hqdmux_vm_quarantined{vm=\"g\""), "{text}");
+        assert!(text.contains("reason=\"none\"} 0"), "{text}");
+        assert_eq!(
+            VM_STATE_NAMES.to_vec(),
+            VmState::ALL.iter().map(|s| s.name()).collect::<Vec<_>>()
+        );
         assert_eq!(raw(&ctl, "POST", "/metrics", None).status, 405);
 
         let r = raw(&ctl, "GET", "/api/v1/timeline", Some("seconds=5"));

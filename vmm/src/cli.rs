@@ -614,10 +614,102 @@ fn request(
             Err(ExitCode::from(EXIT_REFUSED))
         }
         Err(e) => {
-            eprintln!("hqdmux {cmd}: cannot reach {}: {e}", socket.display());
+            let hint = match e.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                    "; no fleet listens there (start one with `hqdmux run FLEET.toml \
+                     --api-socket`, or name its socket with --api-socket PATH)"
+                }
+                _ => "",
+            };
+            eprintln!(
+                "hqdmux {cmd}: cannot reach {}: {e}{hint}",
+                escape(&socket.display().to_string())
+            );
             Err(ExitCode::from(EXIT_UNREACHABLE))
         }
     }
+}
+
+/// The default API socket: `/run/hqdmux/api.sock` for root (effective uid
+/// 0, whatever `XDG_RUNTIME_DIR` says: a root shell and a systemd service
+/// agree), else `$XDG_RUNTIME_DIR/hqdmux/api.sock`; an error naming the
+/// variable when a non-root user has no (absolute) `XDG_RUNTIME_DIR`.
+pub fn default_api_socket_for(
+    euid: u32,
+    xdg_runtime_dir: Option<&std::ffi::OsStr>,
+) -> Result<std::path::PathBuf, String> {
+    if euid == 0 {
+        return Ok(std::path::PathBuf::from("/run/hqdmux/api.sock"));
+    }
+    match xdg_runtime_dir.map(Path::new) {
+        Some(d) if d.is_absolute() => Ok(d.join("hqdmux").join("api.sock")),
+        _ => Err(
+            "no default API socket: XDG_RUNTIME_DIR is not set to an absolute path \
+                  (set it, or pass --api-socket PATH)"
+                .into(),
+        ),
+    }
+}
+
+/// [`default_api_socket_for`] this process (its effective uid and
+/// environment).
+pub fn default_api_socket() -> Result<std::path::PathBuf, String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    default_api_socket_for(euid, std::env::var_os("XDG_RUNTIME_DIR").as_deref())
+}
+
+/// The socket a client command `cmd` talks to: `given`, else the default
+/// ([`default_api_socket`]); exit 2 after one line when there is none.
+pub fn client_socket(
+    cmd: &str,
+    given: Option<std::path::PathBuf>,
+) -> Result<std::path::PathBuf, ExitCode> {
+    match given {
+        Some(p) => Ok(p),
+        None => default_api_socket().map_err(|e| {
+            eprintln!("hqdmux {cmd}: {e}");
+            ExitCode::from(EXIT_UNREACHABLE)
+        }),
+    }
+}
+
+/// The socket `run`/`serve` serve the API on: none without
+/// `--api-socket`, `PATH` for `--api-socket PATH`, the default
+/// ([`default_api_socket`]) for a bare `--api-socket`, its directory created
+/// (mode 0755: the socket's own mode guards it) when missing.
+pub fn server_socket(
+    given: Option<Option<std::path::PathBuf>>,
+) -> Result<Option<std::path::PathBuf>, String> {
+    server_socket_with(given, default_api_socket)
+}
+
+/// [`server_socket`] with the default given by `default`.
+pub fn server_socket_with(
+    given: Option<Option<std::path::PathBuf>>,
+    default: impl FnOnce() -> Result<std::path::PathBuf, String>,
+) -> Result<Option<std::path::PathBuf>, String> {
+    let path = match given {
+        None => return Ok(None),
+        Some(Some(p)) => return Ok(Some(p)),
+        Some(None) => default()?,
+    };
+    if let Some(dir) = path.parent() {
+        if !dir.is_dir() {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .and_then(|()| {
+                    // Whatever the umask: other users' clients may look in.
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                })
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+    }
+    Ok(Some(path))
 }
 
 /// `hqdmux metrics`: print `GET /metrics` (Prometheus text).
@@ -680,6 +772,53 @@ pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitC
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_default_api_socket_is_per_user_or_system_wide_for_root() {
+        let xdg = std::env::temp_dir().join(format!("hqdmux-xdg-{}", std::process::id()));
+        assert_eq!(
+            default_api_socket_for(1000, Some(xdg.as_os_str())).unwrap(),
+            xdg.join("hqdmux/api.sock")
+        );
+        // Root: the system path whatever XDG_RUNTIME_DIR says.
+        for x in [Some(xdg.as_os_str()), None] {
+            assert_eq!(
+                default_api_socket_for(0, x).unwrap(),
+                Path::new("/run/hqdmux/api.sock")
+            );
+        }
+        for bad in [
+            None,
+            Some(std::ffi::OsStr::new("")),
+            Some(std::ffi::OsStr::new("rel")),
+        ] {
+            let e = default_api_socket_for(1000, bad).unwrap_err();
+            assert!(
+                e.contains("XDG_RUNTIME_DIR") && e.contains("--api-socket"),
+                "{e}"
+            );
+        }
+        // Serving: an explicit path as given, none without the option.
+        assert_eq!(server_socket(None).unwrap(), None);
+        let p = xdg.join("x.sock");
+        assert_eq!(server_socket(Some(Some(p.clone()))).unwrap(), Some(p));
+        assert_eq!(
+            client_socket("ps", Some(xdg.join("y.sock"))).unwrap(),
+            xdg.join("y.sock")
+        );
+        // A bare `--api-socket`: the default, its directory created.
+        let _ = std::fs::remove_dir_all(&xdg);
+        let def = default_api_socket_for(1000, Some(xdg.as_os_str())).unwrap();
+        let got = server_socket_with(Some(None), || Ok(def.clone())).unwrap();
+        assert_eq!(got.as_deref(), Some(def.as_path()));
+        let dir = xdg.join("hqdmux");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755, "{mode:o}");
+        let e = server_socket_with(Some(None), || Err("none".into())).unwrap_err();
+        assert_eq!(e, "none");
+        let _ = std::fs::remove_dir_all(&xdg);
+    }
 
     #[test]
     fn metrics_timeline_and_unquarantine_exit_codes_over_a_real_socket() {

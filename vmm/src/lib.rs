@@ -10,6 +10,7 @@ pub mod console;
 pub mod devices;
 pub mod fleet;
 pub mod http;
+pub mod logfmt;
 pub mod serve;
 pub mod signals;
 pub mod simcmd;

@@ -19,6 +19,7 @@ const AFTER_HELP: &str = "\
 Logging: RUST_LOG sets what is logged on stderr (default `info`), e.g.
   RUST_LOG=debug hqdmux run FLEET.toml
   RUST_LOG=warn,vmm::fleet=debug hqdmux run FLEET.toml
+  hqdmux --log-format json serve DEVICES.toml   (one JSON object per line)
 Exit codes: 0 ok; 1 a VM failed (run: it did not exit 0 and was not stopped
 by the operator) or the fleet refused the request (ps, stats, top, set, pause,
 resume, stop, policy, add, unquarantine, metrics, timeline); 2 invalid config,
@@ -48,6 +49,10 @@ const VERSION: &str = concat!(
 #[derive(Parser)]
 #[command(version = VERSION, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
+    /// Log lines on stderr as text, or as one JSON object per line (`ts`,
+    /// `level`, `target`, `msg`, and `vm` when the line is about one).
+    #[arg(long, global = true, value_enum, default_value_t = vmm::logfmt::LogFormat::Text)]
+    log_format: vmm::logfmt::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -74,10 +79,13 @@ enum Command {
         timeout_ms: Option<u64>,
         /// Serve the operator HTTP/JSON API on this Unix socket while the
         /// fleet runs (steer it with `hqdmux ps|set|pause|...`, or curl
-        /// --unix-socket; docs/api/openapi.json). Refuses to replace
-        /// anything but a dead fleet's socket; removed on exit.
+        /// --unix-socket; docs/api/openapi.json). Without PATH (put it after
+        /// the config): the default socket the client commands use,
+        /// $XDG_RUNTIME_DIR/hqdmux/api.sock, or /run/hqdmux/api.sock as
+        /// root. Without the option: no API. Refuses to replace anything but
+        /// a dead fleet's socket; removed on exit.
         #[arg(long, value_name = "PATH")]
-        api_socket: Option<PathBuf>,
+        api_socket: Option<Option<PathBuf>>,
         /// Permission bits of the API socket file, octal.
         #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
         api_socket_mode: u32,
@@ -95,9 +103,10 @@ enum Command {
         /// (name, socket, priority, weight, partition, quantum_ms,
         /// preempt_timeout_ms, guard).
         config: PathBuf,
-        /// Serve the operator API (metrics, timeline, stats, policy) on this Unix socket.
+        /// Serve the operator API (metrics, timeline, stats, policy) on this
+        /// Unix socket; without PATH, on the default socket (as `run`).
         #[arg(long, value_name = "PATH")]
-        api_socket: Option<PathBuf>,
+        api_socket: Option<Option<PathBuf>>,
         /// Permission bits of the API socket file, octal.
         #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
         api_socket_mode: u32,
@@ -171,18 +180,18 @@ enum Command {
     /// Print the fleet's Prometheus metrics (`GET /metrics`, text format;
     /// families in docs/metrics.md).
     Metrics {
-        /// The `--api-socket` path of `hqdmux run`.
+        /// The `--api-socket` path of `hqdmux run` (default as for `ps`).
         #[arg(long, value_name = "PATH")]
-        api_socket: PathBuf,
+        api_socket: Option<PathBuf>,
     },
     /// Save the HQD-slot timeline of the last N seconds of a running fleet:
     /// a Gantt chart per slot and per VM, coloured by VM, preemptions and
     /// CWSR marked (SVG, rendered here), or its JSON model (`-o x.json` or
     /// `--json`).
     Timeline {
-        /// The `--api-socket` path of `hqdmux run`.
+        /// The `--api-socket` path of `hqdmux run` (default as for `ps`).
         #[arg(long, value_name = "PATH")]
-        api_socket: PathBuf,
+        api_socket: Option<PathBuf>,
         /// Output file (.svg, or .json for the JSON model).
         #[arg(long, short, value_name = "FILE")]
         output: PathBuf,
@@ -208,6 +217,14 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+    /// Print the manual page (roff) of hqdmux, or of one subcommand, e.g.
+    /// `hqdmux man > /usr/local/share/man/man1/hqdmux.1` or
+    /// `hqdmux man run | man -l -`.
+    Man {
+        /// A subcommand (its page is `hqdmux-SUBCOMMAND(1)`); none: the
+        /// main page, which lists every subcommand.
+        subcommand: Option<String>,
+    },
     /// Evaluate scheduling policies on a scenario in virtual time over the
     /// simulated GPU (no KVM needed): a policy x metric table, or JSON.
     Sim(vmm::simcmd::SimArgs),
@@ -216,9 +233,10 @@ enum Command {
 /// Options of every API client command.
 #[derive(clap::Args)]
 struct ClientArgs {
-    /// The `--api-socket` path of `hqdmux run`.
+    /// The `--api-socket` path of `hqdmux run` (default:
+    /// $XDG_RUNTIME_DIR/hqdmux/api.sock, or /run/hqdmux/api.sock as root).
     #[arg(long, value_name = "PATH")]
-    api_socket: PathBuf,
+    api_socket: Option<PathBuf>,
     /// Print the API's JSON answer instead of a table.
     #[arg(long)]
     json: bool,
@@ -292,8 +310,8 @@ fn load_for_host(config: &std::path::Path) -> Result<(FleetConfig, FleetNeeds), 
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    vmm::logfmt::init(cli.log_format);
     match cli.command {
         Command::Serve {
             config,
@@ -311,6 +329,13 @@ fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("hqdmux: invalid config: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let api_socket = match vmm::cli::server_socket(api_socket) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("hqdmux serve: {e}");
                     return ExitCode::from(2);
                 }
             };
@@ -367,6 +392,13 @@ fn main() -> ExitCode {
             if timeout_ms.is_some() {
                 cfg.run.timeout_ms = timeout_ms;
             }
+            let api_socket = match vmm::cli::server_socket(api_socket) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("hqdmux run: {e}");
+                    return ExitCode::from(EXIT_LAUNCH);
+                }
+            };
             match run_fleet(
                 &cfg,
                 RunOptions {
@@ -441,18 +473,22 @@ fn main() -> ExitCode {
             }
         },
         Command::Sim(args) => vmm::simcmd::run(&args),
-        Command::Ps(c) => vmm::cli::ps(&c.api_socket, c.json),
-        Command::Stats { c, vm } => vmm::cli::stats(&c.api_socket, vm.as_deref(), c.json),
+        Command::Ps(c) => with_socket("ps", c.api_socket, |s| vmm::cli::ps(&s, c.json)),
+        Command::Stats { c, vm } => with_socket("stats", c.api_socket, |s| {
+            vmm::cli::stats(&s, vm.as_deref(), c.json)
+        }),
         Command::Top {
             c,
             once,
             interval_ms,
-        } => vmm::cli::top(
-            &c.api_socket,
-            once,
-            std::time::Duration::from_millis(interval_ms),
-            c.json,
-        ),
+        } => with_socket("top", c.api_socket, |s| {
+            vmm::cli::top(
+                &s,
+                once,
+                std::time::Duration::from_millis(interval_ms),
+                c.json,
+            )
+        }),
         Command::Set {
             c,
             vm,
@@ -460,30 +496,49 @@ fn main() -> ExitCode {
             weight,
             quantum_ms,
             preempt_timeout_ms,
-        } => vmm::cli::set(
-            &c.api_socket,
-            &vm,
-            vmm::cli::SetFields {
-                priority,
-                weight,
-                quantum_ms: quantum_ms.map(|q| q.0),
-                preempt_timeout_ms,
-            },
-            c.json,
-        ),
-        Command::Pause(a) => vmm::cli::vm_action(&a.c.api_socket, "pause", &a.vm, a.c.json),
-        Command::Resume(a) => vmm::cli::vm_action(&a.c.api_socket, "resume", &a.vm, a.c.json),
-        Command::Stop(a) => vmm::cli::vm_action(&a.c.api_socket, "stop", &a.vm, a.c.json),
-        Command::Policy { c, policy } => vmm::cli::policy(&c.api_socket, policy, c.json),
-        Command::Add { c, file } => vmm::cli::add(&c.api_socket, &file, c.json),
-        Command::Unquarantine(a) => vmm::cli::unquarantine(&a.c.api_socket, &a.vm, a.c.json),
-        Command::Metrics { api_socket } => vmm::cli::metrics(&api_socket),
+        } => with_socket("set", c.api_socket, |s| {
+            vmm::cli::set(
+                &s,
+                &vm,
+                vmm::cli::SetFields {
+                    priority,
+                    weight,
+                    quantum_ms: quantum_ms.map(|q| q.0),
+                    preempt_timeout_ms,
+                },
+                c.json,
+            )
+        }),
+        Command::Pause(a) => with_socket("pause", a.c.api_socket, |s| {
+            vmm::cli::vm_action(&s, "pause", &a.vm, a.c.json)
+        }),
+        Command::Resume(a) => with_socket("resume", a.c.api_socket, |s| {
+            vmm::cli::vm_action(&s, "resume", &a.vm, a.c.json)
+        }),
+        Command::Stop(a) => with_socket("stop", a.c.api_socket, |s| {
+            vmm::cli::vm_action(&s, "stop", &a.vm, a.c.json)
+        }),
+        Command::Policy { c, policy } => with_socket("policy", c.api_socket, |s| {
+            vmm::cli::policy(&s, policy, c.json)
+        }),
+        Command::Add { c, file } => {
+            with_socket("add", c.api_socket, |s| vmm::cli::add(&s, &file, c.json))
+        }
+        Command::Unquarantine(a) => with_socket("unquarantine", a.c.api_socket, |s| {
+            vmm::cli::unquarantine(&s, &a.vm, a.c.json)
+        }),
+        Command::Metrics { api_socket } => {
+            with_socket("metrics", api_socket, |s| vmm::cli::metrics(&s))
+        }
         Command::Timeline {
             api_socket,
             output,
             seconds,
             json,
-        } => vmm::cli::timeline(&api_socket, &output, seconds, json),
+        } => with_socket("timeline", api_socket, |s| {
+            vmm::cli::timeline(&s, &output, seconds, json)
+        }),
+        Command::Man { subcommand } => man_page(subcommand.as_deref()),
         Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),
         Command::Completions { shell } => {
             let mut script = Vec::new();
@@ -496,6 +551,50 @@ fn main() -> ExitCode {
             vmm::cli::done(vmm::out!("{}", String::from_utf8_lossy(&script)))
         }
     }
+}
+
+/// Runs client command `cmd` on its socket (`given`, else the default).
+fn with_socket(cmd: &str, given: Option<PathBuf>, f: impl FnOnce(PathBuf) -> ExitCode) -> ExitCode {
+    match vmm::cli::client_socket(cmd, given) {
+        Ok(s) => f(s),
+        Err(c) => c,
+    }
+}
+
+/// `hqdmux man [SUBCOMMAND]`: the roff page rendered from the clap
+/// definition (`clap_mangen`); exit 2 for an unknown subcommand.
+fn man_page(sub: Option<&str>) -> ExitCode {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let (page, title) = match sub {
+        None => (cmd, "hqdmux".to_owned()),
+        Some(name) => match cmd.find_subcommand(name) {
+            Some(c) => {
+                // clap names are `&'static str` (no `string` feature): one
+                // small leak in a process about to exit.
+                let page: &'static str = Box::leak(format!("hqdmux-{name}").into_boxed_str());
+                (
+                    c.clone()
+                        .name(page)
+                        .bin_name(format!("hqdmux {name}"))
+                        .version(VERSION),
+                    page.to_owned(),
+                )
+            }
+            None => {
+                eprintln!(
+                    "hqdmux man: no subcommand '{}' (hqdmux --help lists them)",
+                    vmm::cli::escape(name)
+                );
+                return ExitCode::from(EXIT_LAUNCH);
+            }
+        },
+    };
+    let mut roff = Vec::new();
+    if let Err(e) = clap_mangen::Man::new(page).title(title).render(&mut roff) {
+        eprintln!("hqdmux man: {e}");
+        return ExitCode::from(EXIT_LAUNCH);
+    }
+    vmm::cli::done(vmm::out!("{}", String::from_utf8_lossy(&roff)))
 }
 
 /// `hqdmux images`: each built-in image, what it does, its `args` keys and

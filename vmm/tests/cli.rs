@@ -325,6 +325,47 @@ fn clients_without_a_running_fleet_say_they_cannot_reach_the_socket() {
 }
 
 #[test]
+fn clients_without_api_socket_use_the_default_and_name_it_when_nothing_listens() {
+    let dir = scratch("xdg");
+    let xdg = dir.join("run");
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let expected = vmm::cli::default_api_socket_for(euid, Some(xdg.as_os_str())).unwrap();
+    if std::os::unix::net::UnixStream::connect(&expected).is_ok() {
+        eprintln!("a fleet serves {}: skipped", expected.display());
+        return;
+    }
+    for args in [vec!["ps"], vec!["metrics"], vec!["stop", "a"]] {
+        let out = hqdmux()
+            .args(&args)
+            .env("XDG_RUNTIME_DIR", &xdg)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(
+            err.starts_with(&format!(
+                "hqdmux {}: cannot reach {}: ",
+                args[0],
+                expected.display()
+            )) && err.contains("hqdmux run FLEET.toml --api-socket"),
+            "{err}"
+        );
+    }
+    if euid != 0 {
+        // A user without XDG_RUNTIME_DIR is told to set it or name a socket.
+        let out = hqdmux()
+            .arg("ps")
+            .env_remove("XDG_RUNTIME_DIR")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("XDG_RUNTIME_DIR"));
+    }
+}
+
+#[test]
 fn values_the_api_refuses_are_refused_by_the_command_line_with_the_same_reason() {
     for (args, want) in [
         (
@@ -917,4 +958,105 @@ fn run_json_prints_the_summary_as_json() {
     assert_eq!(v["all_succeeded"], false);
     assert!(v["vms"][0]["run_ms"].as_f64().unwrap() > 0.0);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--log-format json` (a global option, before or after the subcommand):
+/// every stderr line of `serve` is one JSON object with `ts`, `level`,
+/// `target`, `msg`, and `vm` for a line about a vGPU.
+#[test]
+fn json_logs_are_one_object_per_line_naming_the_vm() {
+    use std::io::BufRead;
+    let dir = scratch("jsonlog");
+    let devices = write_file(
+        &dir,
+        "devices.toml",
+        "[[vgpu]]\nname = \"alpha\"\nsocket = \"alpha.sock\"\npriority = 2\n",
+    );
+    for args in [
+        vec!["--log-format", "json", "serve"],
+        vec!["serve", "--log-format", "json"],
+    ] {
+        let mut child = hqdmux()
+            .args(&args)
+            .arg(&devices)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        // Blocks until the daemon logs that it serves the vGPU.
+        let mut seen = Vec::new();
+        let serving = loop {
+            let line = lines.next().expect("serve logs before it ends").unwrap();
+            let v: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            for key in ["ts", "level", "target", "msg"] {
+                assert!(v[key].is_string(), "{key} in {line}");
+            }
+            let ts = v["ts"].as_str().unwrap();
+            assert!(ts.ends_with('Z') && ts.contains('T'), "RFC 3339 UTC: {ts}");
+            seen.push(line.clone());
+            if v["msg"].as_str().unwrap().contains("serving vfio-user") {
+                break v;
+            }
+        };
+        assert_eq!(serving["level"], "INFO", "{seen:?}");
+        assert_eq!(serving["vm"], "alpha", "{seen:?}");
+        signal(&child, libc::SIGTERM);
+        // The rest, up to the end, is JSON too.
+        for line in lines {
+            let line = line.unwrap();
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&line).is_ok(),
+                "{line}"
+            );
+        }
+        assert_eq!(child.wait().unwrap().code(), Some(143));
+    }
+}
+
+/// `hqdmux man`: a roff page from the clap definition naming every
+/// subcommand `--help` lists; `hqdmux man SUB` is that subcommand's page.
+#[test]
+fn the_man_page_lists_every_subcommand_and_each_has_a_page() {
+    let out = hqdmux().arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.len() >= 18, "{commands:?}");
+    let out = hqdmux().arg("man").output().unwrap();
+    assert!(out.status.success());
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.contains(".TH hqdmux 1"), "{page}");
+    for section in [".SH NAME", ".SH SYNOPSIS", ".SH OPTIONS", ".SH SUBCOMMANDS"] {
+        assert!(page.contains(section), "{section}");
+    }
+    // roff escapes '-' as '\-'.
+    assert!(page.contains("\\-\\-log\\-format"), "{page}");
+    for sub in &commands {
+        let name = sub.replace('-', "\\-");
+        assert!(
+            page.contains(&format!("hqdmux\\-{name}(1)")),
+            "{sub} in the page"
+        );
+        let out = hqdmux().args(["man", sub]).output().unwrap();
+        assert!(out.status.success(), "man {sub}");
+        let sub_page = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            sub_page.contains(&format!(".TH hqdmux-{sub} 1")),
+            "{sub}: {sub_page}"
+        );
+    }
+    let out = hqdmux().args(["man", "run"]).output().unwrap();
+    let run = String::from_utf8_lossy(&out.stdout);
+    assert!(run.contains("\\-\\-api\\-socket") && run.contains("\\-\\-timeout\\-ms"));
+    let out = hqdmux().args(["man", "nosuch"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no subcommand 'nosuch'"));
 }

@@ -1,24 +1,31 @@
 //! Guest memory as the client shares it with DMA_MAP: a [`DmaMemory`] over
 //! the mapped fds that follows every map and unmap.
 //!
-//! Each DMA_MAP is checked before anything is mapped: a fd of at least
-//! `offset + size` bytes, a page-aligned offset and size, a guest range that
+//! Each DMA_MAP is checked before anything is mapped: a shmem or
+//! hugetlbfs fd (memfd, /dev/shm, hugetlbfs; anything else is refused) of
+//! at least `offset + size` bytes, a page-aligned offset and size, a guest range that
 //! does not wrap and overlaps no other mapping, at most [`MAX_MAPPINGS`]
 //! mappings. An access outside every mapping (or across a hole) fails with
 //! [`MemError::OutOfRange`], which the front end turns into a queue error as
 //! it does for an in-VMM guest. An unmapped region stays mapped in the
 //! server until the last access that started before the unmap has ended
 //! (each access holds a snapshot of the mapping set).
+//!
+//! A fd sealed with `F_SEAL_SHRINK` (QEMU's memory-backend-memfd seals by
+//! default) is mmapped into the server. An unsealed one (Cloud Hypervisor
+//! creates its guest RAM memfd without `MFD_ALLOW_SEALING`) is read and
+//! written with `pread`/`pwrite`: the client could shrink it at any time,
+//! and a mapping of a shrunk fd kills the server with SIGBUS on the next
+//! access; through the fd, an access past its end is a [`MemError`] (a
+//! queue error for that vGPU). Atomics on such a mapping are atomic
+//! against the GPU, not against the client's own CPU writes.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, RwLock};
 
 use gpu::mem::{DmaMemory, MemError};
-use vm_memory::{
-    FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
-    GuestRegionMmap,
-};
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
 /// Most DMA mappings one client may hold.
 pub const MAX_MAPPINGS: usize = 256;
@@ -74,6 +81,10 @@ pub enum DmaError {
         /// Size.
         size: u64,
     },
+    /// The fd is not shmem or hugetlbfs (memfd, a file on /dev/shm or
+    /// hugetlbfs): one whose pages could wait on I/O is refused.
+    #[error("the fd is not a memfd, tmpfs or hugetlbfs file")]
+    NotShmem,
     /// mmap failed (e.g. a read-only fd).
     #[error("mmap: {0}")]
     Mmap(String),
@@ -102,18 +113,94 @@ fn page_size() -> u64 {
     }
 }
 
+/// `F_SEAL_SHRINK` (the fd cannot get shorter).
+const SEAL_SHRINK: i32 = 0x0002;
+
+/// The seals of `f`; `None` if it cannot carry any (not shmem/hugetlbfs).
+fn seals(f: &File) -> Option<i32> {
+    // SAFETY: fcntl on an fd we own; no pointers.
+    let s = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
+    (s >= 0).then_some(s)
+}
+
+/// How one mapping is reached.
+enum Backing {
+    /// Mapped into the server (the fd is sealed against shrinking, so a
+    /// page of the mapping can never vanish): a memory of this one region.
+    Mapped(GuestMemoryMmap<()>),
+    /// Read and written with `pread`/`pwrite` (the client may shrink the
+    /// fd: a mapping of it would SIGBUS the server; a short read is a
+    /// [`MemError`] instead). Atomics take `lock`.
+    File {
+        file: File,
+        offset: u64,
+        lock: std::sync::Mutex<()>,
+    },
+}
+
+/// One DMA mapping: guest `[start, start + len)`.
+struct Region {
+    start: u64,
+    len: u64,
+    backing: Backing,
+}
+
+impl Region {
+    fn last(&self) -> u64 {
+        self.start + (self.len - 1)
+    }
+
+    fn has(&self, gpa: u64) -> bool {
+        self.start <= gpa && gpa <= self.last()
+    }
+
+    /// Bytes from `gpa` to the region's end (`gpa` inside).
+    fn room(&self, gpa: u64) -> u64 {
+        self.last() - gpa + 1
+    }
+
+    fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        match &self.backing {
+            Backing::Mapped(m) => m.read(gpa, buf),
+            Backing::File { file, offset, .. } => {
+                use std::os::unix::fs::FileExt;
+                file.read_exact_at(buf, offset + (gpa - self.start))
+                    .map_err(|_| MemError::OutOfRange {
+                        gpa,
+                        len: buf.len() as u64,
+                    })
+            }
+        }
+    }
+
+    fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
+        match &self.backing {
+            Backing::Mapped(m) => m.write(gpa, buf),
+            Backing::File { file, offset, .. } => {
+                let at = offset + (gpa - self.start);
+                // Never grow the fd: a write past its (shrunk) end fails.
+                let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+                let err = MemError::OutOfRange {
+                    gpa,
+                    len: buf.len() as u64,
+                };
+                if at.checked_add(buf.len() as u64).is_none_or(|e| e > len) {
+                    return Err(err);
+                }
+                use std::os::unix::fs::FileExt;
+                file.write_all_at(buf, at).map_err(|_| err)
+            }
+        }
+    }
+}
+
 /// The mappings of one client; an empty set until the first DMA_MAP.
 #[derive(Default)]
 pub struct MappedMemory {
-    set: RwLock<Set>,
+    set: RwLock<Arc<Vec<Arc<Region>>>>,
 }
 
-/// The regions (sorted by address) and the memory made of them.
-#[derive(Default)]
-struct Set {
-    regions: Vec<Arc<GuestRegionMmap<()>>>,
-    mem: Arc<GuestMemoryMmap<()>>,
-}
+type Snapshot = Arc<Vec<Arc<Region>>>;
 
 impl MappedMemory {
     /// No mappings.
@@ -121,17 +208,22 @@ impl MappedMemory {
         Self::default()
     }
 
-    fn snapshot(&self) -> Arc<GuestMemoryMmap<()>> {
-        self.set
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .mem
-            .clone()
+    fn snapshot(&self) -> Snapshot {
+        self.set.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Number of mappings.
     pub fn mappings(&self) -> usize {
-        self.snapshot().num_regions()
+        self.snapshot().len()
+    }
+
+    /// Number of mappings reached with `pread`/`pwrite` (their fd is not
+    /// sealed against shrinking).
+    pub fn unsealed_mappings(&self) -> usize {
+        self.snapshot()
+            .iter()
+            .filter(|r| matches!(r.backing, Backing::File { .. }))
+            .count()
     }
 
     /// DMA_MAP: guest `[address, address + size)` is `fd` from `offset`.
@@ -150,6 +242,12 @@ impl MappedMemory {
         if !offset.is_multiple_of(page) || !size.is_multiple_of(page) {
             return Err(DmaError::Unaligned { offset, size });
         }
+        // Only shmem/hugetlbfs (memfd, /dev/shm, hugetlbfs files): their
+        // pages never wait on I/O another process controls (a FUSE file
+        // would let the client stall the arbiter thread on a page fault).
+        let Some(seals) = seals(&fd) else {
+            return Err(DmaError::NotShmem);
+        };
         // SAFETY: fstat writes a stat struct we own; the fd is open.
         let len = unsafe {
             let mut st: libc::stat = std::mem::zeroed();
@@ -163,32 +261,43 @@ impl MappedMemory {
             return Err(DmaError::PastEnd { len, offset, size });
         }
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
-        if set.regions.len() >= MAX_MAPPINGS {
+        if set.len() >= MAX_MAPPINGS {
             return Err(DmaError::TooMany);
         }
         let last = address + (size - 1);
-        if set
-            .regions
-            .iter()
-            .any(|r| r.start_addr().0 <= last && address <= r.last_addr().0)
-        {
+        if set.iter().any(|r| r.start <= last && address <= r.last()) {
             return Err(DmaError::Overlap { address, size });
         }
-        let region = GuestRegionMmap::<()>::from_range(
-            GuestAddress(address),
-            size as usize,
-            Some(FileOffset::new(fd, offset)),
-        )
-        .map_err(|e| DmaError::Mmap(e.to_string()))?;
-        let mut regions = set.regions.clone();
-        regions.push(Arc::new(region));
-        regions.sort_by_key(|r| r.start_addr());
-        let mem = GuestMemoryMmap::from_arc_regions(regions.clone())
+        let backing = if seals & SEAL_SHRINK != 0 {
+            let region = GuestRegionMmap::<()>::from_range(
+                GuestAddress(address),
+                size as usize,
+                Some(FileOffset::new(fd, offset)),
+            )
             .map_err(|e| DmaError::Mmap(e.to_string()))?;
-        *set = Set {
-            regions,
-            mem: Arc::new(mem),
+            let mem = GuestMemoryMmap::from_regions(vec![region])
+                .map_err(|e| DmaError::Mmap(e.to_string()))?;
+            Backing::Mapped(mem)
+        } else {
+            // SAFETY: fcntl on an fd we own; no pointers.
+            let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+            if fl < 0 || fl & libc::O_ACCMODE != libc::O_RDWR {
+                return Err(DmaError::Mmap("the fd is not open read-write".into()));
+            }
+            Backing::File {
+                file: fd,
+                offset,
+                lock: std::sync::Mutex::new(()),
+            }
         };
+        let mut regions: Vec<Arc<Region>> = set.iter().cloned().collect();
+        regions.push(Arc::new(Region {
+            start: address,
+            len: size,
+            backing,
+        }));
+        regions.sort_by_key(|r| r.start);
+        *set = Arc::new(regions);
         Ok(())
     }
 
@@ -203,8 +312,8 @@ impl MappedMemory {
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
         let mut keep = Vec::new();
         let mut removed = 0;
-        for r in &set.regions {
-            let (s, e) = (r.start_addr().0, r.last_addr().0);
+        for r in set.iter() {
+            let (s, e) = (r.start, r.last());
             if s >= address && e <= last {
                 removed += 1;
             } else if s <= last && address <= e {
@@ -216,52 +325,113 @@ impl MappedMemory {
         if removed == 0 {
             return Err(nm);
         }
-        let mem = Arc::new(rebuild(keep.clone()));
-        *set = Set { regions: keep, mem };
+        *set = Arc::new(keep);
         Ok(removed)
     }
 
     /// DMA_UNMAP with the "all" flag, and a client's end: no mappings left.
     pub fn unmap_all(&self) {
-        *self.set.write().unwrap_or_else(|e| e.into_inner()) = Set::default();
+        *self.set.write().unwrap_or_else(|e| e.into_inner()) = Arc::default();
     }
 }
 
-fn rebuild(regions: Vec<Arc<GuestRegionMmap<()>>>) -> GuestMemoryMmap<()> {
-    if regions.is_empty() {
-        return GuestMemoryMmap::default();
+/// Walks `[gpa, gpa + len)` over contiguous mappings of `set`: calls `f`
+/// with each piece (region, address, offset in the access, length).
+fn walk(
+    set: &[Arc<Region>],
+    gpa: u64,
+    len: usize,
+    mut f: impl FnMut(&Region, u64, usize, usize) -> Result<(), MemError>,
+) -> Result<(), MemError> {
+    let oor = MemError::OutOfRange {
+        gpa,
+        len: len as u64,
+    };
+    if len == 0 {
+        return if gpa <= size_of(set) {
+            Ok(())
+        } else {
+            Err(oor)
+        };
     }
-    // The regions come from a valid, sorted set: they stay valid.
-    GuestMemoryMmap::from_arc_regions(regions).unwrap_or_default()
+    gpa.checked_add(len as u64 - 1).ok_or(oor.clone())?;
+    let mut done = 0usize;
+    while done < len {
+        let at = gpa + done as u64;
+        let r = set.iter().find(|r| r.has(at)).ok_or(oor.clone())?;
+        let n = usize::try_from(r.room(at))
+            .unwrap_or(usize::MAX)
+            .min(len - done);
+        f(r, at, done, n).map_err(|_| oor.clone())?;
+        done += n;
+    }
+    Ok(())
+}
+
+fn size_of(set: &[Arc<Region>]) -> u64 {
+    set.last().map_or(0, |r| r.last() + 1)
+}
+
+impl MappedMemory {
+    /// The region holding all of `[gpa, gpa + n)` (atomics cannot span two).
+    fn one(set: &[Arc<Region>], gpa: u64, n: u64) -> Result<Arc<Region>, MemError> {
+        set.iter()
+            .find(|r| r.has(gpa) && r.room(gpa) >= n)
+            .cloned()
+            .ok_or(MemError::OutOfRange { gpa, len: n })
+    }
 }
 
 impl DmaMemory for MappedMemory {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        self.snapshot().read(gpa, buf)
+        let set = self.snapshot();
+        walk(&set, gpa, buf.len(), |r, at, off, n| {
+            r.read(at, &mut buf[off..off + n])
+        })
     }
     fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
-        self.snapshot().write(gpa, buf)
+        let set = self.snapshot();
+        walk(&set, gpa, buf.len(), |r, at, off, n| {
+            r.write(at, &buf[off..off + n])
+        })
     }
     fn size(&self) -> u64 {
-        DmaMemory::size(&*self.snapshot())
+        size_of(&self.snapshot())
     }
     /// Inside one run of contiguous mappings (a hole is outside).
     fn contains(&self, gpa: u64, len: u64) -> bool {
         let Ok(n) = usize::try_from(len) else {
             return false;
         };
-        let mem = self.snapshot();
-        match gpa.checked_add(len) {
-            None => false,
-            Some(end) if n == 0 => end <= DmaMemory::size(&*mem),
-            Some(_) => mem.check_range(GuestAddress(gpa), n),
-        }
+        walk(&self.snapshot(), gpa, n, |_, _, _, _| Ok(())).is_ok()
     }
     fn fetch_add_u64(&self, gpa: u64, delta: u64) -> Result<u64, MemError> {
-        self.snapshot().fetch_add_u64(gpa, delta)
+        let r = Self::one(&self.snapshot(), gpa, 8)?;
+        match &r.backing {
+            Backing::Mapped(m) => m.fetch_add_u64(gpa, delta),
+            Backing::File { lock, .. } => {
+                let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                let mut b = [0u8; 8];
+                r.read(gpa, &mut b)?;
+                let v = u64::from_le_bytes(b);
+                r.write(gpa, &v.wrapping_add(delta).to_le_bytes())?;
+                Ok(v)
+            }
+        }
     }
     fn fetch_add_u32(&self, gpa: u64, delta: u32) -> Result<u32, MemError> {
-        self.snapshot().fetch_add_u32(gpa, delta)
+        let r = Self::one(&self.snapshot(), gpa, 4)?;
+        match &r.backing {
+            Backing::Mapped(m) => m.fetch_add_u32(gpa, delta),
+            Backing::File { lock, .. } => {
+                let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
+                let mut b = [0u8; 4];
+                r.read(gpa, &mut b)?;
+                let v = u32::from_le_bytes(b);
+                r.write(gpa, &v.wrapping_add(delta).to_le_bytes())?;
+                Ok(v)
+            }
+        }
     }
 }
 
@@ -359,14 +529,82 @@ mod tests {
         m.unmap_all();
         assert!(m.read_u32(0x10_2000).is_err());
         // A read-only fd cannot back a writable mapping.
-        let path = std::env::temp_dir().join(format!("vfio-ro-{}", std::process::id()));
-        std::fs::write(&path, vec![0u8; 4096]).unwrap();
-        let ro = File::open(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let ro = File::open(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
         assert!(matches!(
             m.map(Some(ro), 0, 0, 0x1000),
             Err(DmaError::Mmap(_))
         ));
+        // Neither can anything that is not shmem: a pipe, a directory.
+        let mut p = [0i32; 2];
+        // SAFETY: pipe writes two fds into `p`.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: both fds are fresh and owned here.
+        let (r, w) = unsafe {
+            (
+                <File as std::os::fd::FromRawFd>::from_raw_fd(p[0]),
+                <File as std::os::fd::FromRawFd>::from_raw_fd(p[1]),
+            )
+        };
+        assert_eq!(m.map(Some(r), 0, 0, 0x1000), Err(DmaError::NotShmem));
+        drop(w);
+        let dir = File::open("/").unwrap();
+        assert_eq!(m.map(Some(dir), 0, 0, 0x1000), Err(DmaError::NotShmem));
+        assert_eq!(m.mappings(), 0);
+    }
+
+    /// A memfd of `len` bytes sealed against shrinking.
+    fn sealed_memfd(len: u64) -> File {
+        // SAFETY: the name is a valid C string; the fd returned is ours.
+        let fd = unsafe { libc::memfd_create(c"s".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(fd >= 0);
+        // SAFETY: fd is a fresh, owned descriptor.
+        let f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        f.set_len(len).unwrap();
+        // SAFETY: fcntl on an fd we own.
+        assert_eq!(
+            unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
+            0
+        );
+        f
+    }
+
+    #[test]
+    fn a_shrunk_fd_is_a_mem_error_not_a_sigbus() {
+        let m = MappedMemory::new();
+        let f = memfd(0x4000);
+        m.map(Some(f.try_clone().unwrap()), 0, 0x10_0000, 0x4000)
+            .unwrap();
+        assert_eq!(m.unsealed_mappings(), 1, "unsealed: pread/pwrite");
+        m.write_u64(0x10_3000, 5).unwrap();
+        assert_eq!(m.fetch_add_u64(0x10_3000, 2).unwrap(), 5);
+        assert_eq!(m.read_u64(0x10_3000).unwrap(), 7);
+        // The client shrinks its fd under the mapping.
+        f.set_len(0x1000).unwrap();
+        let oor = |gpa, len| MemError::OutOfRange { gpa, len };
+        assert_eq!(m.read_u64(0x10_3000), Err(oor(0x10_3000, 8)));
+        assert_eq!(m.write_u64(0x10_3000, 1), Err(oor(0x10_3000, 8)));
+        assert_eq!(m.fetch_add_u32(0x10_3000, 1), Err(oor(0x10_3000, 4)));
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            0x1000,
+            "a write never grows it"
+        );
+        m.write_u32(0x10_0000, 9).unwrap();
+        assert_eq!(
+            m.read_u32(0x10_0000).unwrap(),
+            9,
+            "what is left still works"
+        );
+        // A sealed fd is mapped, and cannot be shrunk at all.
+        let s = sealed_memfd(0x2000);
+        m.map(Some(s.try_clone().unwrap()), 0, 0x20_0000, 0x2000)
+            .unwrap();
+        assert_eq!((m.mappings(), m.unsealed_mappings()), (2, 1));
+        assert!(s.set_len(0x1000).is_err());
+        m.write_u64(0x20_1FF8, 3).unwrap();
+        assert_eq!(m.fetch_add_u64(0x20_1FF8, 1).unwrap(), 3);
+        // An atomic across two mappings is refused.
+        assert!(m.fetch_add_u64(0x10_3FFC, 1).is_err());
     }
 
     #[test]

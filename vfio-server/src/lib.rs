@@ -835,8 +835,7 @@ fn register(
     let setup = || -> Result<(), String> {
         a.set_preempt_timeout(h, spec.preempt_timeout)
             .map_err(|e| e.to_string())?;
-        a.set_guard(h, spec.guard)
-            .map_err(|e| e.to_string())?;
+        a.set_guard(h, spec.guard).map_err(|e| e.to_string())?;
         if spec.quantum.is_some() {
             a.set_quantum(h, spec.quantum).map_err(|e| e.to_string())?;
         }

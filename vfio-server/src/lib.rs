@@ -51,7 +51,6 @@ use mdev::ratelimit::{Admit, RateLimiter};
 use mdev::vgpu::{VgpuFrontEnd, VgpuHandle};
 use scheduler::VmParams;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 pub use dma::MappedMemory;
 pub use irq::Irqs;
@@ -383,31 +382,70 @@ impl<'a> Conn<'a> {
         }
     }
 
-    /// Reads a header (and the fds that came with it); None at EOF.
-    fn read_header(&mut self) -> std::io::Result<Option<(Header, Vec<File>)>> {
+    /// Reads a header (and the fds that came with it); None at EOF. More
+    /// than [`wire::MAX_FDS`] fds are all closed and reported as `Err(())`
+    /// in place of the fds: the message is still read (the stream stays in
+    /// step) and refused.
+    #[allow(clippy::type_complexity)]
+    fn read_header(&mut self) -> std::io::Result<Option<(Header, Result<Vec<File>, ()>)>> {
         let mut hb = [0u8; wire::HEADER];
-        let mut fds: [RawFd; wire::MAX_FDS] = [-1; wire::MAX_FDS];
-        let mut iov = [libc::iovec {
+        // Room for MAX_FDS descriptors (u64 for the cmsghdr's alignment).
+        const SPACE: usize = 64 + 4 * wire::MAX_FDS;
+        let mut cbuf = [0u64; SPACE / 8];
+        let mut iov = libc::iovec {
             iov_base: hb.as_mut_ptr().cast(),
             iov_len: hb.len(),
-        }];
-        // SAFETY: the iovec points at `hb`, which outlives the call; `fds`
-        // has room for MAX_FDS descriptors.
-        let (n, nfds) = unsafe { self.stream.recv_with_fds(&mut iov, &mut fds) }
-            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-        // SAFETY: the first `nfds` entries are descriptors just received and
-        // owned by nobody else.
-        let files: Vec<File> = fds[..nfds.min(wire::MAX_FDS)]
-            .iter()
-            .map(|fd| unsafe { File::from_raw_fd(*fd) })
-            .collect();
+        };
+        // SAFETY: zeroed msghdr is valid; the pointers set below outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE((4 * wire::MAX_FDS) as u32) } as _;
+        let n = loop {
+            // SAFETY: msg points at live buffers of the lengths it states;
+            // MSG_CMSG_CLOEXEC keeps received fds out of children.
+            let n =
+                unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        let mut files = Vec::new();
+        // SAFETY: the control buffer was filled by recvmsg; CMSG_* walk it
+        // within msg_controllen, and every fd in an SCM_RIGHTS message is
+        // new and owned by nobody else.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c);
+                    let len = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                    for i in 0..len / 4 {
+                        let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                        files.push(File::from_raw_fd(fd));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        let fds = if msg.msg_flags & libc::MSG_CTRUNC != 0 || files.len() > wire::MAX_FDS {
+            Err(()) // `files` drops here: every fd that came is closed
+        } else {
+            Ok(files)
+        };
         if n == 0 {
             return Ok(None);
         }
         if n < wire::HEADER {
             self.stream.read_exact(&mut hb[n..])?;
         }
-        Ok(Some((Header::decode(&hb), files)))
+        Ok(Some((Header::decode(&hb), fds)))
     }
 
     fn send(&mut self, h: &Header, body: &[u8]) -> std::io::Result<()> {
@@ -438,10 +476,10 @@ impl<'a> Conn<'a> {
             if let Err(e) = self.stream.read_exact(&mut body) {
                 return End::Dropped(format!("read: {e}"));
             }
-            let res = if h.flags & wire::TYPE_MASK != wire::TYPE_COMMAND {
-                einval()
-            } else {
-                self.dispatch(h.command, &body, fds)
+            let res = match fds {
+                _ if h.flags & wire::TYPE_MASK != wire::TYPE_COMMAND => einval(),
+                Err(()) => Err(libc::E2BIG as u32),
+                Ok(fds) => self.dispatch(h.command, &body, fds),
             };
             let sent = match res {
                 Ok(_) if h.flags & wire::FLAG_NO_REPLY != 0 => Ok(()),

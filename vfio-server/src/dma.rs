@@ -41,8 +41,8 @@ pub enum DmaError {
         /// Size.
         size: u64,
     },
-    /// Offset or size not a multiple of the page size.
-    #[error("offset {offset:#x} or size {size:#x} is not page aligned")]
+    /// Offset, size or guest address not a multiple of the page size.
+    #[error("offset {offset:#x}, size {size:#x} or the address is not page aligned")]
     Unaligned {
         /// File offset.
         offset: u64,
@@ -239,7 +239,10 @@ impl MappedMemory {
             return Err(DmaError::BadRange { address, size });
         }
         let page = page_size();
-        if !offset.is_multiple_of(page) || !size.is_multiple_of(page) {
+        if !offset.is_multiple_of(page)
+            || !size.is_multiple_of(page)
+            || !address.is_multiple_of(page)
+        {
             return Err(DmaError::Unaligned { offset, size });
         }
         // Only shmem/hugetlbfs (memfd, /dev/shm, hugetlbfs files): their
@@ -354,15 +357,15 @@ fn walk(
             Err(oor)
         };
     }
-    gpa.checked_add(len as u64 - 1).ok_or(oor.clone())?;
+    gpa.checked_add(len as u64 - 1).ok_or(oor)?;
     let mut done = 0usize;
     while done < len {
         let at = gpa + done as u64;
-        let r = set.iter().find(|r| r.has(at)).ok_or(oor.clone())?;
+        let r = set.iter().find(|r| r.has(at)).ok_or(oor)?;
         let n = usize::try_from(r.room(at))
             .unwrap_or(usize::MAX)
             .min(len - done);
-        f(r, at, done, n).map_err(|_| oor.clone())?;
+        f(r, at, done, n).map_err(|_| oor)?;
         done += n;
     }
     Ok(())
@@ -490,6 +493,10 @@ mod tests {
         ));
         assert!(matches!(
             m.map(g(), 1, 0x20_0000, 0x1000),
+            Err(DmaError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            m.map(g(), 0, 0x20_0800, 0x1000),
             Err(DmaError::Unaligned { .. })
         ));
         assert!(matches!(

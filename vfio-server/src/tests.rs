@@ -12,6 +12,7 @@ use mdev::probe::{hqd_reg, mqd_addr, tiny_arbiter};
 use mdev::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
 use std::os::fd::AsRawFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 const MEM: u64 = 1 << 32;
 
@@ -54,6 +55,7 @@ fn wait(what: &str, mut done: impl FnMut() -> bool) {
 /// into the server, which it also reads and writes itself (as a VMM does).
 struct Guest {
     client: vfio_user::Client,
+    ram: File,
     tvm: TestVm,
     q: GuestQueue,
     vectors: Vec<EventFd>,
@@ -68,7 +70,7 @@ impl Guest {
         let gm = GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(0),
             MEM as usize,
-            Some(FileOffset::new(ram, 0)),
+            Some(FileOffset::new(ram.try_clone().unwrap(), 0)),
         )])
         .unwrap();
         let mem: Arc<dyn DmaMemory> = Arc::new(gm);
@@ -91,6 +93,7 @@ impl Guest {
             .unwrap();
         Guest {
             client,
+            ram,
             tvm,
             q,
             vectors,
@@ -523,3 +526,5 @@ fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
     }
     srv.stop();
 }
+
+mod hostile;

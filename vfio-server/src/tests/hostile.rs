@@ -1,0 +1,439 @@
+//! Hostile clients, each beside a well-behaved vGPU on the same arbiter
+//! that must keep running its kernels exactly once (`TestVm::verify`).
+
+use super::*;
+
+/// The good vGPU runs `n` more kernels, each verified (marks exactly once).
+fn good_runs(g: &mut Guest, seed: u32) {
+    let w = g.kernel(4, 10_000, seed);
+    g.ring(0, w);
+    wait("good kernels", || g.done());
+    g.tvm.verify(&g.q).unwrap();
+    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
+}
+
+fn pair(tag: &str) -> (Arc<GpuArbiter>, Arc<VgpuServer>, Arc<VgpuServer>, Guest) {
+    let a = tiny_arbiter();
+    let bad = serve(&a, &format!("{tag}-bad"), 8, ServerOptions::default());
+    let good = serve(&a, &format!("{tag}-good"), 8, ServerOptions::default());
+    let mut g = Guest::attach(good.path(), a.topology());
+    g.load(0);
+    good_runs(&mut g, 1);
+    (a, bad, good, g)
+}
+
+fn header(id: u16, command: u16, size: u32, flags: u32) -> Vec<u8> {
+    Header {
+        id,
+        command,
+        size,
+        flags,
+        error: 0,
+    }
+    .encode()
+    .to_vec()
+}
+
+fn reply(s: &mut UnixStream) -> (Header, Vec<u8>) {
+    let mut hb = [0u8; wire::HEADER];
+    s.read_exact(&mut hb).unwrap();
+    let r = Header::decode(&hb);
+    let mut rb = vec![0u8; r.size as usize - wire::HEADER];
+    s.read_exact(&mut rb).unwrap();
+    (r, rb)
+}
+
+/// A message with `fds` attached; returns the reply.
+fn with_fds(s: &mut UnixStream, m: &[u8], fds: &[RawFd]) -> (Header, Vec<u8>) {
+    s.send_with_fds(&[m], fds).unwrap();
+    reply(s)
+}
+
+fn dma_map_msg(off: u64, addr: u64, size: u64) -> Vec<u8> {
+    let mut m = header(1, cmd::DMA_MAP, 48, 0);
+    m.extend_from_slice(&32u32.to_le_bytes());
+    m.extend_from_slice(&3u32.to_le_bytes());
+    for v in [off, addr, size] {
+        m.extend_from_slice(&v.to_le_bytes());
+    }
+    m
+}
+
+fn set_irqs_msg(flags: u32, index: u32, start: u32, count: u32) -> Vec<u8> {
+    let mut m = header(2, cmd::DEVICE_SET_IRQS, 36, 0);
+    for v in [20, flags, index, start, count] {
+        m.extend_from_slice(&v.to_le_bytes());
+    }
+    m
+}
+
+fn closed(s: &mut UnixStream) -> bool {
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).is_ok()
+}
+
+#[test]
+fn bad_framing_ends_only_that_connection() {
+    let (_a, bad, good, mut g) = pair("frame");
+    // Sizes the stream cannot be resynchronised after: an error, then EOF.
+    for (i, size) in [0u32, 15, 4097, u32::MAX].into_iter().enumerate() {
+        let mut s = UnixStream::connect(bad.path()).unwrap();
+        s.write_all(&header(3, cmd::VERSION, size, 0)).unwrap();
+        let (h, _) = reply(&mut s);
+        assert!(is_error(&h, libc::EINVAL), "size {size}");
+        assert_eq!(h.id, 3);
+        assert!(closed(&mut s));
+        wait("dropped", || bad.stats().dropped == i as u64 + 1);
+        good_runs(&mut g, 10 + i as u32);
+    }
+    // A truncated header, then the client goes: the connection just ends.
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    s.write_all(&header(3, cmd::VERSION, 20, 0)[..7]).unwrap();
+    drop(s);
+    wait("released", || {
+        bad.stats().connections == 5 && bad.handle().is_none()
+    });
+    // A length larger than the body sent, then a half-close: EOF mid-body.
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    s.write_all(&header(3, cmd::DEVICE_GET_INFO, 32, 0))
+        .unwrap();
+    s.write_all(&[0; 5]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closed(&mut s));
+    wait("released", || {
+        bad.stats().connections == 6 && bad.handle().is_none()
+    });
+    good_runs(&mut g, 20);
+    // Replies sent as commands, unknown types, ids echoed, NO_REPLY kept.
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    for flags in [
+        wire::TYPE_REPLY,
+        2,
+        0xF,
+        wire::TYPE_REPLY | wire::FLAG_ERROR,
+    ] {
+        s.write_all(&header(0xFFFF, cmd::DEVICE_RESET, 16, flags))
+            .unwrap();
+        let (h, _) = reply(&mut s);
+        assert!(is_error(&h, libc::EINVAL), "flags {flags:#x}");
+        assert_eq!(h.id, 0xFFFF);
+    }
+    assert_eq!(bad.stats().resets, 0, "a reply is never acted on");
+    let mut m = header(5, cmd::DEVICE_GET_INFO, 32, wire::FLAG_NO_REPLY);
+    m.extend_from_slice(&[0; 16]);
+    s.write_all(&m).unwrap();
+    let mut m = header(6, cmd::DEVICE_GET_INFO, 32, 0);
+    m.extend_from_slice(&[0; 16]);
+    s.write_all(&m).unwrap();
+    let (h, _) = reply(&mut s);
+    assert_eq!((h.id, h.flags), (6, wire::TYPE_REPLY), "no reply to id 5");
+    // Zero-length bodies where one is needed, bodies where none is.
+    for c in [
+        cmd::VERSION,
+        cmd::DMA_MAP,
+        cmd::DMA_UNMAP,
+        cmd::DEVICE_GET_INFO,
+        cmd::DEVICE_GET_REGION_INFO,
+        cmd::DEVICE_GET_IRQ_INFO,
+        cmd::DEVICE_SET_IRQS,
+        cmd::REGION_READ,
+        cmd::REGION_WRITE,
+    ] {
+        let (h, _) = raw(&mut s, c, &[], None);
+        assert!(h.flags & wire::FLAG_ERROR != 0, "command {c}");
+    }
+    let (h, _) = raw(&mut s, cmd::DEVICE_RESET, &[0; 4], None);
+    assert!(is_error(&h, libc::EINVAL));
+    for c in [0u16, 15, 0xFFFF] {
+        assert!(is_error(&raw(&mut s, c, &[0; 8], None).0, libc::ENOSYS));
+    }
+    // Huge counts.
+    for (off, region, count) in [
+        (0, wire::REGION_BAR0, u32::MAX),
+        (u64::MAX, wire::REGION_CONFIG, 1),
+        (0, wire::REGION_CONFIG, 3),
+    ] {
+        let (h, _) = raw(&mut s, cmd::REGION_READ, &access(off, region, count), None);
+        assert!(is_error(&h, libc::EINVAL), "{off:#x} {region} {count}");
+    }
+    good_runs(&mut g, 21);
+    assert_eq!(good.stats().error_replies, 0);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn fd_abuse_and_hostile_dma_maps_get_errors() {
+    let (_a, bad, good, mut g) = pair("fds");
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    let ram = memfd(0x4000);
+    // Fds with a command that takes none; more than MAX_FDS at once.
+    let many: Vec<RawFd> = (0..wire::MAX_FDS + 4).map(|_| ram.as_raw_fd()).collect();
+    let mut m = header(1, cmd::DEVICE_GET_INFO, 32, 0);
+    m.extend_from_slice(&[0; 16]);
+    for n in [1, wire::MAX_FDS, wire::MAX_FDS + 4] {
+        let r = with_fds(&mut s, &m, &many[..n]);
+        assert!(
+            r.0.flags & wire::FLAG_ERROR != 0 || n > wire::MAX_FDS,
+            "{n} fds"
+        );
+    }
+    // Two fds with one map.
+    let (h, _) = with_fds(&mut s, &dma_map_msg(0, 0, 0x1000), &many[..2]);
+    assert!(is_error(&h, libc::EINVAL));
+    // Not shmem: a pipe, a directory; shmem with no size.
+    let (pr, _pw) = std::io::pipe().unwrap();
+    let dir = File::open("/").unwrap();
+    let empty = memfd(0);
+    for fd in [pr.as_raw_fd(), dir.as_raw_fd(), empty.as_raw_fd()] {
+        let (h, _) = with_fds(&mut s, &dma_map_msg(0, 0, 0x1000), &[fd]);
+        assert!(is_error(&h, libc::EINVAL), "fd {fd}");
+    }
+    // Past the end, wrapping, unaligned, zero size.
+    for (off, addr, size) in [
+        (0x1000, 0, 0x4000),
+        (!0xFFFu64, 0, 0x1000),
+        (0, !0xFFFu64, 0x2000),
+        (0x800, 0, 0x1000),
+        (0, 0x800, 0x1000),
+        (0, 0, 0x800),
+        (0, 0, 0),
+    ] {
+        let (h, _) = with_fds(&mut s, &dma_map_msg(off, addr, size), &[ram.as_raw_fd()]);
+        assert!(is_error(&h, libc::EINVAL), "{off:#x} {addr:#x} {size:#x}");
+    }
+    // 256 maps, then the 257th is refused; overlaps too.
+    for i in 0..dma::MAX_MAPPINGS as u64 {
+        let (h, _) = with_fds(&mut s, &dma_map_msg(0, i << 20, 0x1000), &[ram.as_raw_fd()]);
+        assert_eq!(h.flags, wire::TYPE_REPLY, "map {i}");
+    }
+    let (h, _) = with_fds(&mut s, &dma_map_msg(0, 1 << 40, 0x1000), &[ram.as_raw_fd()]);
+    assert!(is_error(&h, libc::ENOSPC));
+    let mut un = 24u32.to_le_bytes().to_vec();
+    un.extend_from_slice(&0u32.to_le_bytes());
+    un.extend_from_slice(&(3u64 << 20).to_le_bytes());
+    un.extend_from_slice(&0x1000u64.to_le_bytes());
+    assert_eq!(
+        raw(&mut s, cmd::DMA_UNMAP, &un, None).0.flags,
+        wire::TYPE_REPLY
+    );
+    let (h, _) = with_fds(
+        &mut s,
+        &dma_map_msg(0, (4 << 20) - 0x1000, 0x2000),
+        &[ram.as_raw_fd()],
+    );
+    assert!(is_error(&h, libc::EEXIST), "overlap");
+    good_runs(&mut g, 2);
+    // The connection still serves.
+    let (h, _) = raw(
+        &mut s,
+        cmd::REGION_READ,
+        &access(0, wire::REGION_CONFIG, 4),
+        None,
+    );
+    assert_eq!(h.flags, wire::TYPE_REPLY);
+    assert_eq!(bad.stats().dropped, 0);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn hostile_set_irqs_and_region_edges_get_errors() {
+    let (_a, bad, good, mut g) = pair("irqs");
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    let efd = EventFd::new(EFD_NONBLOCK).unwrap();
+    let (pr, _pw) = std::io::pipe().unwrap();
+    let trig = wire::IRQ_SET_DATA_EVENTFD | wire::IRQ_SET_ACTION_TRIGGER;
+    let n = NUM_VECTORS as u32;
+    for (flags, index, start, count, fds) in [
+        (trig, wire::NUM_IRQS, 0, 1, vec![efd.as_raw_fd()]),
+        (trig, u32::MAX, 0, 1, vec![efd.as_raw_fd()]),
+        (trig, wire::IRQ_MSIX, n, 1, vec![efd.as_raw_fd()]),
+        (trig, wire::IRQ_MSIX, u32::MAX, 1, vec![efd.as_raw_fd()]),
+        (trig, wire::IRQ_MSIX, 0, u32::MAX, vec![efd.as_raw_fd()]),
+        (trig, wire::IRQ_MSIX, 0, 2, vec![efd.as_raw_fd()]),
+        (trig, wire::IRQ_MSIX, 0, 1, vec![pr.as_raw_fd()]),
+        (trig, wire::IRQ_MSIX, 0, 1, vec![]),
+        (
+            wire::IRQ_SET_DATA_NONE | wire::IRQ_SET_ACTION_TRIGGER,
+            wire::IRQ_MSIX,
+            0,
+            1,
+            vec![efd.as_raw_fd()],
+        ),
+        (trig | 1 << 6, wire::IRQ_MSIX, 0, 1, vec![efd.as_raw_fd()]),
+        (
+            trig | wire::IRQ_SET_ACTION_MASK,
+            wire::IRQ_MSIX,
+            0,
+            1,
+            vec![efd.as_raw_fd()],
+        ),
+        (
+            wire::IRQ_SET_DATA_NONE | wire::IRQ_SET_ACTION_MASK,
+            wire::IRQ_MSIX,
+            0,
+            n + 1,
+            vec![],
+        ),
+        (trig, 0, 0, 1, vec![efd.as_raw_fd()]),
+    ] {
+        let (h, _) = with_fds(&mut s, &set_irqs_msg(flags, index, start, count), &fds);
+        assert!(
+            is_error(&h, libc::EINVAL),
+            "{flags:#x} {index} {start} {count}"
+        );
+    }
+    let (h, _) = raw(
+        &mut s,
+        cmd::DEVICE_SET_IRQS,
+        &set_irqs_msg(
+            wire::IRQ_SET_DATA_BOOL | wire::IRQ_SET_ACTION_TRIGGER,
+            2,
+            0,
+            1,
+        )[16..],
+        None,
+    );
+    assert!(is_error(&h, libc::ENOTSUP));
+    // Masking every vector at once is legal.
+    let m = set_irqs_msg(
+        wire::IRQ_SET_DATA_NONE | wire::IRQ_SET_ACTION_MASK,
+        wire::IRQ_MSIX,
+        0,
+        n,
+    );
+    assert_eq!(
+        raw(&mut s, cmd::DEVICE_SET_IRQS, &m[16..], None).0.flags,
+        wire::TYPE_REPLY
+    );
+    // Region edges: the last bytes of each region are served, one past is refused.
+    for (region, size) in [
+        (wire::REGION_BAR0, BAR0_SIZE),
+        (wire::REGION_BAR2, BAR2_SIZE),
+        (wire::REGION_CONFIG, abi::config_space::CONFIG_BYTES as u64),
+    ] {
+        for count in [1u32, 2, 4, 8] {
+            let ok = raw(
+                &mut s,
+                cmd::REGION_READ,
+                &access(size - u64::from(count), region, count),
+                None,
+            );
+            assert_eq!(ok.0.flags, wire::TYPE_REPLY, "{region} {count}");
+            assert_eq!(ok.1.len(), 16 + count as usize);
+            let over = raw(
+                &mut s,
+                cmd::REGION_READ,
+                &access(size - u64::from(count) + 1, region, count),
+                None,
+            );
+            assert!(is_error(&over.0, libc::EINVAL), "{region} {count}");
+            let mut w = access(size - u64::from(count), region, count);
+            w.extend(std::iter::repeat_n(0xFFu8, count as usize));
+            let ok = raw(&mut s, cmd::REGION_WRITE, &w, None);
+            assert_eq!(ok.0.flags, wire::TYPE_REPLY, "write {region} {count}");
+        }
+    }
+    // Misaligned register and config accesses inside the regions.
+    for (off, region, count) in [
+        (1, wire::REGION_BAR0, 4),
+        (3, wire::REGION_CONFIG, 4),
+        (2, wire::REGION_BAR0, 8),
+    ] {
+        let r = raw(&mut s, cmd::REGION_READ, &access(off, region, count), None);
+        assert_eq!(r.0.flags, wire::TYPE_REPLY);
+    }
+    good_runs(&mut g, 3);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn silent_half_closed_and_storming_clients_cost_nothing() {
+    let (a, bad, good, mut g) = pair("storm");
+    // Connects and never speaks: its own vGPU waits, the other runs.
+    let silent = UnixStream::connect(bad.path()).unwrap();
+    wait("registered", || bad.handle().is_some());
+    good_runs(&mut g, 2);
+    // Half-closes: the server sees the end and releases the vGPU.
+    silent.shutdown(std::net::Shutdown::Write).unwrap();
+    wait("released", || bad.handle().is_none());
+    drop(silent);
+    // A reconnect storm: every connection registers and leaves again.
+    let vms = a.stats();
+    for _ in 0..200 {
+        drop(UnixStream::connect(bad.path()).unwrap());
+    }
+    wait("storm served", || {
+        bad.stats().connections == 201 && bad.handle().is_none()
+    });
+    let _ = vms;
+    good_runs(&mut g, 3);
+    // Then a real guest attaches to the stormed vGPU and runs.
+    let mut b = Guest::attach(bad.path(), a.topology());
+    b.load(0);
+    good_runs(&mut b, 4);
+    good_runs(&mut g, 5);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn unmapping_a_loaded_queues_memory_is_its_queue_error_only() {
+    let (_a, bad, good, mut g) = pair("unmap");
+    let mut b = Guest::attach(bad.path(), _a.topology());
+    b.load(0);
+    good_runs(&mut b, 1);
+    // The client takes the memory away under the loaded queue, then rings.
+    b.client.dma_unmap(0, MEM).unwrap();
+    let w = b.kernel(4, 10_000, 2);
+    b.ring(0, w);
+    wait("queue error", || b.rd(hqd_reg(0, reg::CP_HQD_ERROR)) != 0);
+    good_runs(&mut g, 2);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn a_shrunk_memfd_is_a_queue_error_not_a_sigbus() {
+    let (_a, bad, good, mut g) = pair("shrink");
+    let mut b = Guest::attach(bad.path(), _a.topology());
+    b.load(0);
+    good_runs(&mut b, 1);
+    // The client shrinks its (unsealed) RAM memfd under the mapping: the
+    // queue's ring and MQD are past the new end.
+    let f = b.ram.try_clone().unwrap();
+    let w = b.kernel(4, 10_000, 2);
+    f.set_len(0x1000).unwrap();
+    b.ring(0, w);
+    wait("queue error", || b.rd(hqd_reg(0, reg::CP_HQD_ERROR)) != 0);
+    // The daemon (this process) lives; the other vGPU runs on.
+    good_runs(&mut g, 2);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn a_client_that_blocks_its_eventfd_stalls_nobody_else() {
+    let (_a, bad, good, mut g) = pair("efd");
+    let mut b = Guest::attach(bad.path(), _a.topology());
+    b.load(0);
+    // The client makes its vector-0 eventfd blocking again (O_NONBLOCK is
+    // on the description it shares with the server) and fills its counter.
+    let fd = b.vectors[0].as_raw_fd();
+    // SAFETY: fcntl on an fd the test owns; no pointers.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
+    }
+    b.vectors[0].write(u64::MAX - 1).unwrap();
+    let w = b.kernel(4, 10_000, 1);
+    b.ring(0, w);
+    wait("bad kernels", || b.done());
+    // The completion interrupt cannot be sent; the other vGPU still runs.
+    good_runs(&mut g, 2);
+    good_runs(&mut g, 3);
+    bad.stop();
+    good.stop();
+}

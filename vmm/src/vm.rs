@@ -137,11 +137,14 @@ pub fn supported_cpuid(kvm: &Kvm) -> Result<CpuId, VmError> {
 
 /// Creates memfd-backed guest RAM of `bytes`, split around the MMIO hole
 /// ([`boot::RamLayout`]): the first 3 GiB at guest address 0, the rest at
-/// 4 GiB (file offset 3 GiB). Pages are allocated on first touch.
+/// 4 GiB (file offset 3 GiB). Pages are allocated on first touch. The
+/// memfd is sealed against shrinking and growing, so a vfio-user server
+/// given it (DMA_MAP) can map it safely (docs/vgpu-abi.md).
 pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, VmError> {
     let cname = std::ffi::CString::new(format!("hqdmux-{name}")).unwrap_or_default();
     // SAFETY: memfd_create with a valid C string; the fd is owned by `File` below.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(VmError::Memory(format!(
             "memfd_create: {}",
@@ -152,6 +155,20 @@ pub fn create_guest_memory(name: &str, bytes: u64) -> Result<GuestMemoryMmap, Vm
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(bytes)
         .map_err(|e| VmError::Memory(format!("ftruncate: {e}")))?;
+    // SAFETY: fcntl on the fd `file` owns; no pointers.
+    if unsafe {
+        libc::fcntl(
+            fd,
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
+    } != 0
+    {
+        return Err(VmError::Memory(format!(
+            "F_ADD_SEALS: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
     // One descriptor shared by both regions (docs/operators.md counts one
     // memfd per VM).
     let file = Arc::new(file);

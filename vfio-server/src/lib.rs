@@ -113,6 +113,9 @@ pub struct ServerStats {
     pub doorbells: u64,
     /// Resets.
     pub resets: u64,
+    /// Registrations with the arbiter (a connection's first message, and
+    /// each reset).
+    pub registrations: u64,
 }
 
 /// One vGPU served on one socket.
@@ -296,6 +299,24 @@ impl VgpuServer {
         self.count(|s| s.connections += 1);
         let spec = self.spec();
         log::info!("vgpu {}: client connected", spec.name);
+        // The vGPU registers with the arbiter at the client's first byte: a
+        // client that connects and leaves (or never speaks) costs the
+        // arbiter nothing (each registration takes a slot for good).
+        let mut b = [0u8; 1];
+        let n = loop {
+            // SAFETY: recv into a 1-byte buffer we own; MSG_PEEK leaves the
+            // byte (and any fds) in the socket.
+            let n =
+                unsafe { libc::recv(stream.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK) };
+            if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                break n;
+            }
+        };
+        if n <= 0 {
+            *lock(&self.active) = None;
+            log::info!("vgpu {}: client left before its first message", spec.name);
+            return Ok(());
+        }
         let mut conn = match Conn::open(self, stream, &spec) {
             Ok(c) => c,
             Err(e) => {
@@ -351,6 +372,7 @@ impl<'a> Conn<'a> {
         let mem = Arc::new(MappedMemory::new());
         let irqs = Arc::new(Irqs::new());
         let (handle, fe) = register(&srv.arbiter, spec, &mem, &irqs)?;
+        srv.count(|s| s.registrations += 1);
         *lock(&srv.handle) = Some(handle);
         Ok(Conn {
             srv,
@@ -737,6 +759,7 @@ impl<'a> Conn<'a> {
                 log::warn!("vgpu {}: reset: {e}", spec.name);
                 libc::EIO as u32
             })?;
+        self.srv.count(|s| s.registrations += 1);
         self.handle = handle;
         self.fe = fe;
         *lock(&self.srv.handle) = Some(handle);

@@ -354,21 +354,39 @@ fn silent_half_closed_and_storming_clients_cost_nothing() {
     let (a, bad, good, mut g) = pair("storm");
     // Connects and never speaks: its own vGPU waits, the other runs.
     let silent = UnixStream::connect(bad.path()).unwrap();
-    wait("registered", || bad.handle().is_some());
+    wait("accepted", || bad.stats().connections == 1);
     good_runs(&mut g, 2);
-    // Half-closes: the server sees the end and releases the vGPU.
+    assert_eq!(bad.handle(), None, "registered only at its first byte");
+    assert_eq!(bad.stats().registrations, 0);
+    // Half-closes: the server sees the end and takes the next client.
     silent.shutdown(std::net::Shutdown::Write).unwrap();
-    wait("released", || bad.handle().is_none());
     drop(silent);
+    // Speaks, then half-closes: registered, then released.
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    let (h, _) = raw(
+        &mut s,
+        cmd::REGION_READ,
+        &access(0, wire::REGION_CONFIG, 4),
+        None,
+    );
+    assert_eq!(h.flags, wire::TYPE_REPLY);
+    assert!(bad.handle().is_some());
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closed(&mut s));
+    wait("released", || bad.handle().is_none());
     // A reconnect storm: every connection registers and leaves again.
-    let vms = a.stats();
+    let before = bad.stats().registrations;
     for _ in 0..200 {
         drop(UnixStream::connect(bad.path()).unwrap());
     }
     wait("storm served", || {
-        bad.stats().connections == 201 && bad.handle().is_none()
+        bad.stats().connections == 202 && bad.handle().is_none()
     });
-    let _ = vms;
+    assert_eq!(
+        bad.stats().registrations,
+        before,
+        "no byte, no registration"
+    );
     good_runs(&mut g, 3);
     // Then a real guest attaches to the stormed vGPU and runs.
     let mut b = Guest::attach(bad.path(), a.topology());

@@ -85,6 +85,10 @@ pub enum DmaError {
     /// hugetlbfs): one whose pages could wait on I/O is refused.
     #[error("the fd is not a memfd, tmpfs or hugetlbfs file")]
     NotShmem,
+    /// A hugetlbfs fd not sealed against shrinking: it could not be mapped
+    /// safely, and hugetlbfs has no `pwrite`.
+    #[error("a hugetlbfs fd must be sealed with F_SEAL_SHRINK")]
+    UnsealedHugetlb,
     /// mmap failed (e.g. a read-only fd).
     #[error("mmap: {0}")]
     Mmap(String),
@@ -121,6 +125,16 @@ fn seals(f: &File) -> Option<i32> {
     // SAFETY: fcntl on an fd we own; no pointers.
     let s = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) };
     (s >= 0).then_some(s)
+}
+
+/// Is `f` on hugetlbfs?
+fn is_hugetlbfs(f: &File) -> bool {
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    // SAFETY: fstatfs writes a statfs struct we own; the fd is open.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::fstatfs(f.as_raw_fd(), &mut st) == 0 && st.f_type as i64 == HUGETLBFS_MAGIC
+    }
 }
 
 /// How one mapping is reached.
@@ -282,6 +296,9 @@ impl MappedMemory {
                 .map_err(|e| DmaError::Mmap(e.to_string()))?;
             Backing::Mapped(mem)
         } else {
+            if is_hugetlbfs(&fd) {
+                return Err(DmaError::UnsealedHugetlb);
+            }
             // SAFETY: fcntl on an fd we own; no pointers.
             let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
             if fl < 0 || fl & libc::O_ACCMODE != libc::O_RDWR {
@@ -612,6 +629,27 @@ mod tests {
         assert_eq!(m.fetch_add_u64(0x20_1FF8, 1).unwrap(), 3);
         // An atomic across two mappings is refused.
         assert!(m.fetch_add_u64(0x10_3FFC, 1).is_err());
+    }
+
+    #[test]
+    fn an_unsealed_hugetlbfs_fd_is_refused() {
+        // SAFETY: the name is a valid C string; the fd returned is ours.
+        let fd = unsafe { libc::memfd_create(c"h".as_ptr(), libc::MFD_HUGETLB) };
+        if fd < 0 {
+            eprintln!("no hugetlbfs memfd here: skipped");
+            return;
+        }
+        // SAFETY: fd is a fresh, owned descriptor.
+        let f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if f.set_len(2 << 20).is_err() {
+            eprintln!("hugetlbfs memfd cannot be sized here: skipped");
+            return;
+        }
+        let m = MappedMemory::new();
+        assert_eq!(
+            m.map(Some(f), 0, 0, 2 << 20),
+            Err(DmaError::UnsealedHugetlb)
+        );
     }
 
     #[test]

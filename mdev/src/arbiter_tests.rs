@@ -669,10 +669,17 @@ fn preempting_doorbells_through_the_service_thread_never_mismatch() {
     let mut wake = Vec::new();
     let spans = crate::probe::doorbell_spans(20, &waker, &mut wake, 0);
     assert_eq!(spans.issued.len(), 20, "every doorbell preempts");
-    assert!(spans.armed <= 20, "{} firings for 20 doorbells", spans.armed);
+    assert!(
+        spans.armed <= 20,
+        "{} firings for 20 doorbells",
+        spans.armed
+    );
     assert_eq!(spans.armed_mismatched, 0);
     assert_eq!(wake.len(), 20);
-    eprintln!("prepared ahead: {} of 20 (a host-timing figure)", spans.armed);
+    eprintln!(
+        "prepared ahead: {} of 20 (a host-timing figure)",
+        spans.armed
+    );
 }
 
 /// Issue 21: loads the front end refuses count toward the guard (as queue

@@ -84,8 +84,7 @@ pub(super) fn write_save(q: &mut Hqd, _topo: &GpuTopology) -> QResult<u64> {
         q.mqd.dw[mqd::CP_HQD_CNTL_STACK_OFFSET] = size;
         return Ok(0);
     }
-    let total =
-        control_record_bytes(q.active.len() as u32, q.resume.len() as u32) as usize;
+    let total = control_record_bytes(q.active.len() as u32, q.resume.len() as u32) as usize;
     if total as u64 > size as u64 {
         return Err(QueueErrorReason::CwsrTooSmall {
             need: total as u64,

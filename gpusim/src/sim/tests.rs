@@ -2218,7 +2218,10 @@ fn error_18_at_map_loses_no_work_and_the_repaired_record_resumes_exactly_once() 
     assert_eq!(back.read_index(), saved.read_index());
     assert_eq!(back.cntl_stack_offset(), saved.cntl_stack_offset());
     vm.mem.write(rec + 24, &byte).unwrap();
-    assert_eq!(validate_load(&topo, &SimParams::default(), &back, &*vm.mem), Ok(()));
+    assert_eq!(
+        validate_load(&topo, &SimParams::default(), &back, &*vm.mem),
+        Ok(())
+    );
     a.mqd = back;
     ev.clear();
     gpu.map(30_000_000, map_req(&vm, &a, 0, 0)).unwrap();

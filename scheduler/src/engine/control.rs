@@ -232,9 +232,11 @@ impl Scheduler {
             p.woken.retain(|w| *w != vm);
             for q in qs {
                 match self.queues[&q].state {
-                    QueueState::Running => {
-                        self.unmap(q, DequeueMode::SaveWaves, Reason::Preempt(DequeueMode::SaveWaves))
-                    }
+                    QueueState::Running => self.unmap(
+                        q,
+                        DequeueMode::SaveWaves,
+                        Reason::Preempt(DequeueMode::SaveWaves),
+                    ),
                     QueueState::MappedIdle => self.evict(q),
                     _ => {}
                 }

@@ -579,10 +579,11 @@ fn a_doorbell_storm_past_the_guard_limit_quarantines_until_cleared() {
     }
     let st = a.guard_status(g.h).unwrap();
     let t = st.quarantined.unwrap();
-    assert_eq!(
-        (t.what, t.count, t.limit),
-        (GuardEvent::StaleDoorbell, 3, 2)
-    );
+    // Stale doorbells count per guest write: writes that coalesced in the
+    // eventfd under load arrive together, so the trip count is past the
+    // limit by one or more (how many is host timing).
+    assert_eq!((t.what, t.limit), (GuardEvent::StaleDoorbell, 2));
+    assert!(t.count > t.limit, "tripped at {} of {}", t.count, t.limit);
     assert_eq!(a.stats().guard_quarantines, 1);
     assert!(a.guard_status(other.h).unwrap().quarantined.is_none());
     // The loaded queue unloads; a new load is refused with error 23.

@@ -583,7 +583,7 @@ fn a_doorbell_storm_past_the_guard_limit_quarantines_until_cleared() {
     // eventfd under load arrive together, so the trip count is past the
     // limit by one or more (how many is host timing).
     assert_eq!((t.what, t.limit), (GuardEvent::StaleDoorbell, 2));
-    assert!(t.count > t.limit, "tripped at {} of {}", t.count, t.limit);
+    assert!(t.count > u64::from(t.limit), "tripped at {} of {}", t.count, t.limit);
     assert_eq!(a.stats().guard_quarantines, 1);
     assert!(a.guard_status(other.h).unwrap().quarantined.is_none());
     // The loaded queue unloads; a new load is refused with error 23.

@@ -4,9 +4,10 @@
 //!
 //! `cargo run --release -p hqdmux-eval --example promise_fuzz -- [--seed S]
 //! [--count N] [--family top|ladder|equals|light|rt|hostile] [--policy NAME]
-//! [--host-bound MS_PER_MS] [--shrink N] [--out DIR] [--quiet] [--dump]`
+//! [--host-bound MS_PER_MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S]`
 //!
-//! `--dump` prints the scenario files of the seeds without running them.
+//! `--max-seconds S` stops starting new scenarios after S s of wall time
+//! (the summary covers the scenarios run). `--dump` prints the scenario files of the seeds without running them.
 //!
 //! Scenario i uses seed S + i (printed with every failure). Each failing
 //! scenario prints its violations; the first `--shrink` (default 3)
@@ -26,7 +27,7 @@ use std::time::Instant;
 fn usage(e: &str) -> ExitCode {
     eprintln!(
         "promise_fuzz: {e}\nusage: promise_fuzz [--seed S] [--count N] [--family NAME] \
-         [--policy NAME] [--host-bound MS] [--shrink N] [--out DIR] [--quiet] [--dump]"
+         [--policy NAME] [--host-bound MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S]"
     );
     ExitCode::from(2)
 }
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
     let mut out_dir: Option<std::path::PathBuf> = None;
     let mut quiet = false;
     let mut dump = false;
+    let mut max_s: Option<f64> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--quiet" {
@@ -86,6 +88,10 @@ fn main() -> ExitCode {
                 Err(_) => return usage(&format!("--host-bound: '{v}' is not a number")),
             },
             "--out" => out_dir = Some(v.into()),
+            "--max-seconds" => match v.parse::<f64>() {
+                Ok(x) => max_s = Some(x),
+                Err(_) => return usage(&format!("--max-seconds: '{v}' is not a number")),
+            },
             _ => return usage(&format!("unknown argument '{a}'")),
         }
     }
@@ -105,6 +111,13 @@ fn main() -> ExitCode {
     let mut sum = Summary::default();
     let mut shrunk: BTreeMap<&'static str, usize> = BTreeMap::new();
     for s in seed..seed.saturating_add(count) {
+        if max_s.is_some_and(|m| t0.elapsed().as_secs_f64() > m) {
+            println!(
+                "stopped after {:.0} s (--max-seconds)",
+                t0.elapsed().as_secs_f64()
+            );
+            break;
+        }
         let g = generate(s, family);
         let v = match check(&g, &opts) {
             Ok(v) => v,

@@ -37,7 +37,10 @@ pub const KNOWN_FAILING: &[&str] = &[
     "latency-edge",
     "many-vms",
     "aging-long-job",
+    "starved-levels",
+    "weights-skew",
     "rt-wide",
+    "rt-whole-cu",
     "strict-shapes",
 ];
 
@@ -785,9 +788,12 @@ pub fn classes(g: &Generated) -> Vec<&'static str> {
         c.push("many-vms");
     }
     if g.family == Family::Light {
+        // Jobs outside 0.5-5 ms, or longer than half the level's quantum
+        // (a job longer than the slice is sliced with its equals).
+        let q = sc.scheduler.clone().unwrap_or_default().quantum_ns[top as usize];
         let edge = |t: &Tenant| {
             let j = job_ns(t, cus);
-            !(500_000..=5_000_000).contains(&j)
+            !(500_000..=5_000_000).contains(&j) || j > q / 2
         };
         if sc.tenants.iter().any(edge) {
             c.push("latency-edge");
@@ -800,6 +806,26 @@ pub fn classes(g: &Generated) -> Vec<&'static str> {
     {
         c.push("aging-long-job");
     }
+    // Lower VMs at two or more priorities below the top (of the whole
+    // GPU: a conservative stand-in for "of their partition").
+    let mut lower: Vec<u8> = sc
+        .tenants
+        .iter()
+        .filter(|t| t.priority < top && t.behaviour == Behaviour::Normal)
+        .map(|t| t.priority)
+        .collect();
+    lower.sort_unstable();
+    lower.dedup();
+    if lower.len() >= 2 {
+        c.push("starved-levels");
+    }
+    if matches!(g.family, Family::Equals | Family::Light) {
+        let w = sc.tenants.iter().map(|t| t.weight);
+        let (lo, hi) = (w.clone().min().unwrap_or(1), w.max().unwrap_or(1));
+        if hi >= 4 * lo {
+            c.push("weights-skew");
+        }
+    }
     if g.family == Family::Rt {
         // Wider than the reservation cap (a quarter of each XCC).
         let cap = cus / 4;
@@ -809,6 +835,16 @@ pub fn classes(g: &Generated) -> Vec<&'static str> {
             .any(|t| t.class == Class::Hi && t.kernels.iter().any(|k| k.workgroups as u64 > cap))
         {
             c.push("rt-wide");
+        }
+        // Best effort of whole-CU workgroups (no VGPRs declared): the RT
+        // cannot co-reside, and a CU reservation costs lock-step kernels a
+        // whole round (a conflict of RT latency with best effort retained).
+        if sc
+            .tenants
+            .iter()
+            .any(|t| t.class == Class::Lo && t.kernels.iter().any(|k| k.vgprs == 0))
+        {
+            c.push("rt-whole-cu");
         }
     }
     if g.family == Family::Ladder {
@@ -1383,46 +1419,70 @@ fn candidates(g: &Generated) -> Vec<Scenario> {
     out
 }
 
-/// Shrinks a failing scenario: keeps applying the first reduction
-/// ([`candidates`]: drop a tenant entry or the changes, halve the run,
-/// a count, queues, outstanding jobs, drop kernels and repeats) after
-/// which promise item `item` still fails, up to `budget` checks. Returns
-/// the smallest failing scenario found and its verdict.
+/// Shrinks a scenario for which `fails` returns `Some`: keeps applying
+/// the first reduction ([`candidates`]: drop a tenant entry or the
+/// changes, halve the run, a count, queues, outstanding jobs, drop kernels
+/// and repeats) after which it still fails, up to `budget` tries. Returns
+/// the smallest failing scenario found with what `fails` said of it, or
+/// `None` when `g` itself does not fail.
+pub fn shrink_by<T, E>(
+    g: &Generated,
+    budget: usize,
+    mut fails: impl FnMut(&Generated) -> Result<Option<T>, E>,
+) -> Result<Option<(Generated, T)>, E> {
+    let Some(mut found) = fails(g)? else {
+        return Ok(None);
+    };
+    let mut cur = g.clone();
+    let mut tries = 0;
+    'outer: while tries < budget {
+        for s in candidates(&cur) {
+            if tries >= budget {
+                break 'outer;
+            }
+            tries += 1;
+            if s.tenants.is_empty() {
+                continue;
+            }
+            let cand = Generated {
+                scenario: s,
+                ..cur.clone()
+            };
+            if let Some(f) = fails(&cand)? {
+                cur = cand;
+                found = f;
+                continue 'outer;
+            }
+        }
+        break;
+    }
+    Ok(Some((cur, found)))
+}
+
+/// [`shrink_by`] on promise item `item` (at most `budget` checks and
+/// about a minute of host time): the smallest scenario found that still
+/// breaks it, renamed `fuzz-SEED-ITEM`, and its verdict (`g`'s own when
+/// `g` does not break it).
 pub fn shrink(
     g: &Generated,
     item: &str,
     opts: &FuzzOptions,
     budget: usize,
 ) -> Result<(Generated, Verdict), EvalError> {
-    let mut cur = g.clone();
-    let mut verdict = check(&cur, opts)?;
-    let mut tries = 0;
-    // At most a minute of host time.
-    let mut spent = verdict.host_ns;
+    let mut spent = 0u64;
     let limit = 60_000_000_000u64;
-    'outer: while tries < budget {
-        for s in candidates(&cur) {
-            if tries >= budget || spent > limit {
-                break 'outer;
-            }
-            tries += 1;
-            let cand = Generated {
-                scenario: s,
-                ..cur.clone()
-            };
-            if cand.scenario.tenants.is_empty() {
-                continue;
-            }
-            let v = check(&cand, opts)?;
-            spent += v.host_ns;
-            if v.violations.iter().any(|x| x.item == item) {
-                cur = cand;
-                verdict = v;
-                continue 'outer;
-            }
+    let r = shrink_by(g, budget, |c| {
+        if spent > limit {
+            return Ok(None);
         }
-        break;
-    }
+        let v = check(c, opts)?;
+        spent += v.host_ns;
+        Ok(v.violations.iter().any(|x| x.item == item).then_some(v))
+    })?;
+    let (mut cur, verdict) = match r {
+        Some(x) => x,
+        None => (g.clone(), check(g, opts)?),
+    };
     cur.scenario.name = format!("fuzz-{}-{}", g.seed, item);
     Ok((cur, verdict))
 }
@@ -1729,20 +1789,47 @@ mod tests {
     }
 
     #[test]
-    fn a_broken_scenario_shrinks_and_stays_broken() {
-        // A top VM over many lower VMs with a tight quantum: find a seed of
-        // the Top family whose check fails, shrink it, and check the shrunk
-        // file still fails the same item and parses.
-        let opts = FuzzOptions::default();
-        let mut g = generate(3, Some(Family::Top));
-        // Force a failure the check must see: a violated cost bound via a
-        // tiny decision budget is not configurable, so use the item 1
-        // check with a top VM that has no save points beneath a lower VM
-        // whose workgroups outlast the run.
-        g.scenario.duration_ms = 60;
-        let v = check(&g, &opts).unwrap();
-        assert!(v.decisions_per_virtual_ms > 0.0);
-        let text = to_toml(&g.scenario);
-        assert!(Scenario::parse(&text, "x.toml").is_ok());
+    fn shrinking_keeps_the_failure_and_drops_what_it_does_not_need() {
+        // "Fails" while a tenant named top and two queues of lo1 remain.
+        let g = (0..)
+            .map(|s| generate(s, Some(Family::Top)))
+            .find(|g| {
+                g.scenario.tenants.len() >= 3
+                    && g.scenario
+                        .tenants
+                        .iter()
+                        .any(|t| t.name == "lo1" && t.queues >= 4)
+            })
+            .unwrap();
+        let fails = |c: &Generated| -> Result<Option<u32>, ()> {
+            let q = c
+                .scenario
+                .tenants
+                .iter()
+                .find(|t| t.name == "lo1")
+                .map(|t| t.queues);
+            Ok(q.filter(|q| *q >= 2))
+        };
+        let (small, q) = shrink_by(&g, 200, fails).unwrap().unwrap();
+        let names: Vec<&str> = small
+            .scenario
+            .tenants
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(names, ["top", "lo1"], "the others are dropped");
+        assert!(
+            (2..4).contains(&q),
+            "queues halved while it still fails: {q}"
+        );
+        assert!(small.scenario.duration_ms < 100, "the run is halved down");
+        assert!(small.scenario.changes.is_empty());
+        // Not failing: nothing to shrink.
+        assert!(shrink_by(&g, 10, |_| Ok::<Option<()>, ()>(None))
+            .unwrap()
+            .is_none());
+        // The shrunk scenario is still a valid file.
+        let text = to_toml(&small.scenario);
+        assert_eq!(to_toml(&Scenario::parse(&text, "s.toml").unwrap()), text);
     }
 }

@@ -256,7 +256,7 @@ fn gen_kernels(
         out.push(KernelSpec {
             workgroups: wgs as u32,
             wg_cost_us: cost_ns / 1000,
-            wg_cost_ns: (cost_ns % 1000 != 0).then_some(cost_ns),
+            wg_cost_ns: (!cost_ns.is_multiple_of(1000)).then_some(cost_ns),
             repeat,
             no_save_point: rng.gen_bool(nsp),
             wg_items,

@@ -4,9 +4,10 @@
 //!
 //! `cargo run --release -p hqdmux-eval --example promise_fuzz -- [--seed S]
 //! [--count N] [--family top|ladder|equals|light|rt|hostile] [--policy NAME]
-//! [--host-bound MS_PER_MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S]`
+//! [--host-bound MS_PER_MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE]`
 //!
-//! `--max-seconds S` stops starting new scenarios after S s of wall time
+//! `--file FILE --family NAME --count 1` checks (and shrinks) a scenario
+//! file as that family instead of generated ones. `--max-seconds S` stops starting new scenarios after S s of wall time
 //! (the summary covers the scenarios run). `--dump` prints the scenario files of the seeds without running them.
 //!
 //! Scenario i uses seed S + i (printed with every failure). Each failing
@@ -27,7 +28,7 @@ use std::time::Instant;
 fn usage(e: &str) -> ExitCode {
     eprintln!(
         "promise_fuzz: {e}\nusage: promise_fuzz [--seed S] [--count N] [--family NAME] \
-         [--policy NAME] [--host-bound MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S]"
+         [--policy NAME] [--host-bound MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE]"
     );
     ExitCode::from(2)
 }
@@ -44,6 +45,7 @@ fn main() -> ExitCode {
     let mut quiet = false;
     let mut dump = false;
     let mut max_s: Option<f64> = None;
+    let mut file: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--quiet" {
@@ -88,6 +90,7 @@ fn main() -> ExitCode {
                 Err(_) => return usage(&format!("--host-bound: '{v}' is not a number")),
             },
             "--out" => out_dir = Some(v.into()),
+            "--file" => file = Some(v.into()),
             "--max-seconds" => match v.parse::<f64>() {
                 Ok(x) => max_s = Some(x),
                 Err(_) => return usage(&format!("--max-seconds: '{v}' is not a number")),
@@ -118,7 +121,21 @@ fn main() -> ExitCode {
             );
             break;
         }
-        let g = generate(s, family);
+        let g = match &file {
+            // A scenario file, checked (and shrunk) as family `--family`.
+            Some(f) => match eval::scenario::Scenario::load(f) {
+                Ok(sc) => eval::fuzz::Generated {
+                    seed: sc.seed,
+                    family: family.unwrap_or(Family::Top),
+                    scenario: sc,
+                },
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            },
+            None => generate(s, family),
+        };
         let v = match check(&g, &opts) {
             Ok(v) => v,
             Err(e) => {

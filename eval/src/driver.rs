@@ -94,6 +94,12 @@ pub struct RunOutput {
     pub gpu: gpusim::SimStats,
     /// Per VM, in VM order (tenant entries in file order, `count` each).
     pub vm_runs: Vec<VmRun>,
+    /// Host wall time of this simulation alone (set-up, run and figures;
+    /// not the isolated baselines `evaluate` adds), ns.
+    pub host_ns: u64,
+    /// Timer expiries the driver delivered to the binding (`Tick` events
+    /// for an armed deadline; live changes not counted).
+    pub timer_ticks: u64,
 }
 
 /// What one VM got in a run.
@@ -129,6 +135,8 @@ pub struct VmRun {
     pub first_reset_ns: Option<Nanos>,
     /// Its other queue errors.
     pub queue_errors: u64,
+    /// The partition the scheduler placed it in.
+    pub partition: u32,
 }
 
 /// Per-queue readiness (work seen, no slot) and per-VM latencies, fed from
@@ -200,6 +208,8 @@ pub struct JobRecord {
     pub tenant: usize,
     /// Stream (queue) index over the whole run.
     pub stream: usize,
+    /// VM index (VM order, as `RunOutput::vm_runs`).
+    pub vm: usize,
     /// Arrival time (virtual ns).
     pub arrival_ns: Nanos,
     /// Arrival to completion of its last kernel (`None`: unfinished).
@@ -302,6 +312,7 @@ fn simulate_inner(
     seed: u64,
     record: bool,
 ) -> Result<(RunOutput, Option<timeline::Timeline>), EvalError> {
+    let started = Instant::now();
     let topo = topology(sc)?;
     let cfg = SchedConfig {
         policy,
@@ -438,7 +449,9 @@ fn simulate_inner(
         .tele
         .as_ref()
         .map(|t| t.timeline(sim.now, None, &sim.bind));
-    Ok((sim.finish(&topo), tl))
+    let mut out = sim.finish(&topo);
+    out.host_ns = started.elapsed().as_nanos() as u64;
+    Ok((out, tl))
 }
 
 impl Sim<'_> {
@@ -549,6 +562,9 @@ impl Sim<'_> {
                 return;
             }
             let mut tick = self.timer.is_some_and(|tm| tm <= self.now);
+            if tick {
+                self.out.timer_ticks += 1;
+            }
             while self
                 .changes
                 .last()
@@ -647,6 +663,7 @@ impl Sim<'_> {
         self.out.jobs.push(JobRecord {
             tenant: self.streams[s].tenant,
             stream: s,
+            vm: self.streams[s].vm,
             arrival_ns: self.now,
             latency_ns: None,
         });
@@ -960,6 +977,7 @@ impl Sim<'_> {
                     preempt_resets: self.track.errors.get(i).map_or(0, |e| e.0),
                     first_reset_ns: self.track.errors.get(i).and_then(|e| e.1),
                     queue_errors: self.track.errors.get(i).map_or(0, |e| e.2),
+                    partition: self.bind.scheduler().vm_partition(id).unwrap_or(0),
                 }
             })
             .collect()
@@ -1034,6 +1052,16 @@ fn read_counters(mem: &dyn DmaMemory, k: &Kern) -> Vec<u32> {
     b.chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+/// `x` per millisecond of a run of `duration_ns` virtual ns (0 for an
+/// empty run).
+pub fn per_virtual_ms(x: f64, duration_ns: u64) -> f64 {
+    if duration_ns == 0 {
+        0.0
+    } else {
+        x / (duration_ns as f64 / 1e6)
+    }
 }
 
 /// Runs `sc` under `policy` (and its hi tenants alone, for the isolated
@@ -1111,6 +1139,8 @@ pub fn evaluate_full(
         workgroups: run.workgroups,
         decision_p99_ns: percentile(&dec, 0.99).unwrap_or(0) as f64,
         host_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        host_ms_per_virtual_ms: per_virtual_ms(run.host_ns as f64 / 1e6, run.duration_ns),
+        decisions_per_virtual_ms: per_virtual_ms(run.decision_ns.len() as f64, run.duration_ns),
         vms,
         jain_by_level,
     };

@@ -2,6 +2,7 @@
 //! run over the simulated GPU, reported as JSON or a table.
 
 pub mod driver;
+pub mod fuzz;
 pub mod promises;
 pub mod report;
 pub mod scenario;

@@ -56,8 +56,15 @@ pub struct PolicyReport {
     pub workgroups: u64,
     /// Scheduler decision cost per event, p99, in ns (host time).
     pub decision_p99_ns: f64,
-    /// Host wall time for the run, ms.
+    /// Host wall time for the run, ms (with the isolated baseline run).
     pub host_ms: f64,
+    /// Host wall ms the simulation of this run alone (not its isolated
+    /// baseline) spent per ms of virtual time: the simulation's cost.
+    pub host_ms_per_virtual_ms: f64,
+    /// Scheduler decisions (events handled by the engine) per ms of
+    /// virtual time: the same cost in virtual terms, independent of the
+    /// host's speed and load.
+    pub decisions_per_virtual_ms: f64,
     /// One row per VM, in VM order (tenant entries in file order).
     pub vms: Vec<VmGpuReport>,
     /// VM priority -> Jain's index over the CU time / weight of that

@@ -1,17 +1,17 @@
 //! Issue 11: hostile tenants (stall, wgflood, dbflood) beside a well-behaved
-//! VM, through the promise checker (seed 1): the neighbour's p50/p99 within
+//! VM, through the promise checker (seeds 1-3): the neighbour's p50/p99 within
 //! 1.2x of its figures next to a legitimately busy equal VM, its billed GPU
 //! time within 5% of its real use, and not starved by a higher-priority
 //! queue that does no work.
 
 mod common;
 
-use common::{assert_passed, check_hqdmux_seed1};
+use common::{assert_passed, check_hqdmux_seeds};
 
 /// Asserts every target matching `filter` passed, but those whose name
 /// starts with one of `not_kept` (listed in docs/benchmarks.md, "Isolation").
 fn assert_kept(filter: &str, not_kept: &[&str]) {
-    let out = check_hqdmux_seed1(filter);
+    let out = check_hqdmux_seeds(filter);
     assert!(!out.is_empty(), "no target matches {filter}");
     for o in out
         .iter()

@@ -187,6 +187,7 @@ fn runs_are_deterministic_for_a_seed() {
     let s = shortened("disb-c", 500);
     let strip = |mut r: PolicyReport| {
         r.host_ms = 0.0;
+        r.host_ms_per_virtual_ms = 0.0;
         r.decision_p99_ns = 0.0;
         r
     };

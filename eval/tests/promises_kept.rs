@@ -1,17 +1,17 @@
 //! The promises of docs/scheduling.md that the hqdmux policy keeps today,
-//! asserted through the promise checker (`eval::promises`, seed 1), so a
+//! asserted through the promise checker (`eval::promises`, seeds 1-3), so a
 //! change that breaks one fails here. The ones not yet kept are listed in
 //! docs/scheduling.md ("Measured against the promise") and reported by
 //! `cargo run --release -p hqdmux-eval --example promises`.
 
 mod common;
 
-use common::{assert_passed, check_hqdmux_seed1};
+use common::{assert_passed, check_hqdmux_seeds};
 
 /// Runs the checker on the targets whose name contains `filter` and
 /// asserts that every one named in `kept` passed (and that it ran).
 fn assert_kept(filter: &str, kept: &[&str]) {
-    let out = check_hqdmux_seed1(filter);
+    let out = check_hqdmux_seeds(filter);
     for name in kept {
         let o = out
             .iter()

@@ -199,10 +199,11 @@ pub fn run(args: &SimArgs) -> ExitCode {
             match evaluate(sc, *p, seed) {
                 Ok(r) => {
                     log::debug!(
-                        "{} / {}: {:.0} ms host time",
+                        "{} / {}: {:.0} ms host time, {:.3} host ms per virtual ms",
                         r.scenario,
                         r.policy,
-                        r.host_ms
+                        r.host_ms,
+                        r.host_ms_per_virtual_ms
                     );
                     rows.push(r);
                 }

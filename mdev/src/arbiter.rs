@@ -83,7 +83,9 @@ pub struct ArbiterStats {
     pub preemptions: u64,
     /// Scheduler maps.
     pub maps: u64,
-    /// Doorbells that did not move the write pointer (no scheduler decision).
+    /// Doorbells that moved nothing (no scheduler decision): the write
+    /// pointer the scheduler had already seen, or a queue off the GPU with
+    /// nothing new to run (the binding's stalled doorbells).
     pub stale_doorbells: u64,
     /// VMs quarantined after a host bug while serving them.
     pub quarantined_vms: u64,
@@ -403,7 +405,7 @@ impl GpuArbiter {
             completions: c.bind.stats().completions,
             preemptions: s.preemptions,
             maps: s.maps,
-            stale_doorbells: s.stale_doorbells,
+            stale_doorbells: s.stale_doorbells + c.bind.stats().stalled_doorbells,
             quarantined_vms: c.quarantined,
             guard_quarantines: c.guard_quarantines,
             preempt_timeouts: c.bind.stats().preempt_timeouts,

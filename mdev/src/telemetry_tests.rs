@@ -305,15 +305,22 @@ fn arbiter_metrics_text_and_timeline_after_a_preemption() {
     let mut guests = Vec::new();
     for (name, prio, kernels, cost) in [("lo", 2u8, 8u32, 5_000_000u64), ("hi", 12, 2, 20_000)] {
         let g = crate::probe::add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrq));
-        let (h, fe, mut tvm, mut q) = (g.handle, g.fe, g.tvm, g.q);
-        crate::probe::load_hqd(&fe, 0, crate::probe::mqd_addr(&q));
-        for k in 0..kernels {
-            tvm.kernel(&mut q, KernelKind::Mark, 16, 64, cost, k, true);
-        }
-        guests.push((h, fe, tvm, q));
+        guests.push((g.handle, g.fe, g.tvm, g.q, kernels, cost));
     }
+    // Before any load: nothing preempted yet. (A queue loaded with packets
+    // already published runs without a doorbell, so this is read first.)
     let m0 = parse(&a.metrics_text());
     assert_eq!(value(&m0, "hqdmux_vm_preemptions_total", "lo"), 0.0);
+    let guests: Vec<_> = guests
+        .into_iter()
+        .map(|(h, fe, mut tvm, mut q, kernels, cost)| {
+            crate::probe::load_hqd(&fe, 0, crate::probe::mqd_addr(&q));
+            for k in 0..kernels {
+                tvm.kernel(&mut q, KernelKind::Mark, 16, 64, cost, k, true);
+            }
+            (h, fe, tvm, q)
+        })
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(60);
     guests[0].1.doorbell_eventfd(0).write(1).unwrap();
     while a.stats().maps == 0 {

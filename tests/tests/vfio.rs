@@ -156,42 +156,65 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         "[[vgpu]]\nname = \"training\"\nsocket = \"training.sock\"\npriority = 2\n\
          [[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n",
     );
-    // As in gpu.rs's preemption test: training holds ~800 ms of whole-GPU
-    // work in 50 ms workgroups; inference's 25 short jobs land while it runs.
-    let toml = [
-        remote_vm(
-            "training",
-            "training.sock",
-            "kernels=4 wgs=1216 cost_us=50000",
-        ),
-        remote_vm(
+    // Training (~1.6 s of whole-GPU work in 50 ms workgroups) is started
+    // first and seen on the GPU by the server before inference's VM starts,
+    // so inference's 25 short jobs land while it runs whatever the host load
+    // (both VMs are in this process's VMM, the GPU in the server's).
+    let training = {
+        let cfg = config(
+            &dir,
+            &remote_vm(
+                "training",
+                "training.sock",
+                "kernels=8 wgs=1216 cost_us=50000",
+            ),
+        );
+        std::thread::spawn(move || run(&cfg))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(
+        &srv.metrics(),
+        "hqdmux_vm_gpu_busy_seconds_total",
+        "training",
+    ) <= 0.0
+    {
+        assert!(Instant::now() < deadline, "training never reached the GPU");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let inference = run(&config(
+        &dir,
+        &remote_vm(
             "inference",
             "inference.sock",
             "kernels=2 wgs=304 cost_us=500 loops=25",
         ),
-    ]
-    .concat();
-    let report = run(&config(&dir, &toml));
-    assert!(report.all_succeeded(), "{}", report.summary());
-    for (v, want) in [
-        (0, "gpu: 1 queues x 4 kernels x 1216 wgs: ok"),
-        (1, "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok"),
+    ));
+    let training = training.join().unwrap();
+    for (r, want) in [
+        (&training, "gpu: 1 queues x 8 kernels x 1216 wgs: ok"),
+        (
+            &inference,
+            "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok",
+        ),
     ] {
+        assert!(r.all_succeeded(), "{}", r.summary());
+        assert!(r.gpu.is_none(), "no GPU in the VMM's process");
         assert!(
-            report.vms[v].console.iter().any(|l| l == want),
+            r.vms[0].console.iter().any(|l| l == want),
             "{:?}",
-            report.vms[v].console
+            r.vms[0].console
         );
     }
-    assert!(report.gpu.is_none(), "no GPU in the VMM's process");
     let m = srv.metrics();
     assert!(
         metric(&m, "hqdmux_vm_preemptions_total", "training") >= 1.0,
         "training preempted:\n{m}"
     );
     assert_eq!(metric(&m, "hqdmux_vm_preemptions_total", "inference"), 0.0);
-    let done = |i: usize| last_checkpoint(&report.vms[i], 3);
-    assert!(done(1) < done(0), "{}", report.summary());
+    assert!(
+        last_checkpoint(&inference.vms[0], 3) < last_checkpoint(&training.vms[0], 3),
+        "inference finished first"
+    );
     // The vGPU outlives its VM: the next VM on the same socket runs too.
     let again = run(&config(
         &dir,
@@ -202,8 +225,8 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         ),
     ));
     assert!(again.all_succeeded(), "{}", again.summary());
-    // Every packet completed exactly once: 4 + 2 x 25 + 1.
-    assert_eq!(srv.completions(), 55);
+    // Every packet completed exactly once: 8 + 2 x 25 + 1.
+    assert_eq!(srv.completions(), 59);
     // A VM stopped mid-kernel (its fleet's run timeout) loses its queues
     // while another process's VM on the other vGPU keeps running: that one
     // completes every kernel exactly once (its guest checks), and the

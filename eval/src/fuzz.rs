@@ -17,7 +17,7 @@
 //! the rest while the generator keeps producing every class.
 
 use crate::driver::{evaluate_full, per_virtual_ms, topology, EvalError, RunOutput};
-use crate::promises::cwsr_save_restore_ns;
+use crate::promises::{cu_of, cwsr_save_restore_ns};
 use crate::report::PolicyReport;
 use crate::scenario::{
     Arrival, Behaviour, Change, Class, GpuOverride, KernelSpec, Scenario, Tenant, ThinkDist,
@@ -884,20 +884,6 @@ pub fn classes(g: &Generated) -> Vec<&'static str> {
 }
 
 // ---- checks ------------------------------------------------------------------
-
-/// CU time (CU-us) of the VMs of tenant entry `name`.
-fn cu_of(r: &PolicyReport, name: &str) -> f64 {
-    r.vms
-        .iter()
-        .filter(|v| {
-            v.name == name
-                || v.name
-                    .strip_prefix(name)
-                    .is_some_and(|s| s.starts_with('-'))
-        })
-        .map(|v| v.cu_time_us)
-        .sum()
-}
 
 /// Per VM: the longest time it had a job waiting (arrived, not completed)
 /// without completing any job, ns (to the end of the run for one still

@@ -69,8 +69,9 @@ pub fn cwsr_save_restore_ns(topo: &GpuTopology) -> u64 {
     per(c.trap_ns, c.save_bytes_per_us) + per(c.restore_ns, c.restore_bytes_per_us)
 }
 
-/// CU time (CU-us) of the VMs of `r` whose name is `name` or `name-i`.
-fn cu_of(r: &PolicyReport, name: &str) -> f64 {
+/// CU time (CU-us) of the VMs of `r` whose name is `name` or `name-i`
+/// (one tenant entry's VMs).
+pub(crate) fn cu_of(r: &PolicyReport, name: &str) -> f64 {
     r.vms
         .iter()
         .filter(|v| {

@@ -700,9 +700,14 @@ pub fn open_backend(
 
 /// Starts the fleet's GPU arbiter with the backend `[gpu]` asks for.
 pub fn start_arbiter(cfg: &FleetConfig) -> Result<Arc<GpuArbiter>, FleetError> {
-    let backend = open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(GpuError::Backend(e)))?;
-    GpuArbiter::start(cfg.gpu.topology.clone(), cfg.scheduler.clone(), backend)
-        .map_err(|e| FleetError::Gpu(GpuError::Arbiter(e)))
+    let backend =
+        open_backend(cfg.first_gpu(), 1).map_err(|e| FleetError::Gpu(GpuError::Backend(e)))?;
+    GpuArbiter::start(
+        cfg.first_gpu().topology.clone(),
+        cfg.scheduler.clone(),
+        backend,
+    )
+    .map_err(|e| FleetError::Gpu(GpuError::Arbiter(e)))
 }
 
 /// Shuts the arbiter down when dropped (`GpuArbiter::shutdown` is idempotent).
@@ -778,7 +783,7 @@ pub fn attach_vgpu(
         std::time::Duration::from_millis(vc.preempt_timeout_ms),
     )
     .map_err(|e| err(e.into()))?;
-    m.set_guard(handle, cfg.gpu.guard.with(&vc.guard))
+    m.set_guard(handle, cfg.first_gpu().guard.with(&vc.guard))
         .map_err(|e| err(e.into()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,

@@ -291,7 +291,8 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
             // stats and policy (vGPUs are not VMs of a fleet: `ps` lists none).
             let fleet = FleetConfig {
                 run: Default::default(),
-                gpu: cfg.gpu.clone(),
+                gpus: vec![cfg.gpu.clone()],
+                gpu_entries: false,
                 scheduler: cfg.scheduler.clone(),
                 vm: Vec::new(),
                 base_dir: PathBuf::from("."),

@@ -35,11 +35,11 @@ pub fn run(data: &[u8]) {
         Ok(cfg) => {
             // What validation promises the launcher.
             assert!(!cfg.vm.is_empty());
-            assert!(cfg.gpu.validate().is_ok());
+            assert!(cfg.first_gpu().validate().is_ok());
             for v in &cfg.vm {
                 assert!(!v.name.is_empty());
                 if let Some(p) = v.partition {
-                    assert!(p < cfg.gpu.topology.partitions());
+                    assert!(p < cfg.first_gpu().topology.partitions());
                 }
             }
             let _ = cfg.gpu_summary();

@@ -838,7 +838,11 @@ mod tests {
             Path::new("/x/f.toml"),
         )
         .unwrap();
-        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(None, &cfg, &[None]));
+        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(
+            std::sync::Arc::new(crate::fleet::FleetGpus::new(&cfg)),
+            &cfg,
+            &[None],
+        ));
         let sock = dir.join("api.sock");
         let server = crate::api::serve(&sock, 0o600, ctl).unwrap();
         assert_eq!(metrics(&sock), ExitCode::SUCCESS);

@@ -298,7 +298,7 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
                 base_dir: PathBuf::from("."),
             };
             let ctl = Arc::new(crate::api::FleetControl::new(
-                Some(arbiter.clone()),
+                Arc::new(crate::fleet::FleetGpus::single(0, arbiter.clone())),
                 &fleet,
                 &[],
             ));

@@ -1238,6 +1238,137 @@ mod tests {
     }
 
     #[test]
+    fn merged_expositions_have_each_family_once_and_every_gpus_samples() {
+        let a = "# HELP x_total X.\n# TYPE x_total counter\nx_total{gpu_id=\"0\"} 1\n\
+                 # HELP h H.\n# TYPE h histogram\nh_bucket{gpu_id=\"0\",le=\"+Inf\"} 2\nh_sum{gpu_id=\"0\"} 3\nh_count{gpu_id=\"0\"} 2\nsame 1\n";
+        let b = a.replace("gpu_id=\"0\"", "gpu_id=\"1\"");
+        let m = merge_expositions(&[a.to_owned(), b]);
+        assert_eq!(m.matches("# HELP x_total").count(), 1, "{m}");
+        assert_eq!(m.matches("# TYPE h histogram").count(), 1, "{m}");
+        let lines: Vec<&str> = m.lines().collect();
+        // A family's samples follow its header, GPU 0's then GPU 1's.
+        let at = |l: &str| lines.iter().position(|x| *x == l).unwrap();
+        assert!(at("# TYPE x_total counter") < at("x_total{gpu_id=\"0\"} 1"));
+        assert_eq!(
+            at("x_total{gpu_id=\"1\"} 1"),
+            at("x_total{gpu_id=\"0\"} 1") + 1
+        );
+        assert!(at("h_count{gpu_id=\"1\"} 2") < at("# HELP h H.") + 10);
+        assert!(at("h_count{gpu_id=\"1\"} 2") > at("# HELP h H."));
+        assert_eq!(m.matches("same 1").count(), 1, "{m}");
+        assert_eq!(merge_expositions(&[a.to_owned()]), a);
+    }
+
+    /// Two GPUs, VM `a` on GPU 0 and `b` on GPU 1, each registered with
+    /// its own GPU's arbiter.
+    fn two_gpu_fleet() -> (FleetControl, FleetConfig) {
+        let cfg = FleetConfig::parse(
+            "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\npartition_mode = \"DPX\"\n\
+             [[vm]]\nname = \"a\"\nimage = \"builtin:gpu\"\ngpu = true\ngpu_id = 0\nmemory_mib = 256\n\
+             [[vm]]\nname = \"b\"\nimage = \"builtin:gpu\"\ngpu = true\nmemory_mib = 256\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap();
+        assert_eq!(cfg.vm[1].gpu_id, Some(1), "placed on the empty GPU");
+        let gpus = Arc::new(crate::fleet::FleetGpus::new(&cfg));
+        let mut hs = Vec::new();
+        for v in &cfg.vm {
+            let m = gpus.start(&cfg, v.gpu_id.unwrap()).unwrap();
+            let mem: Arc<dyn gpu::mem::DmaMemory> = Arc::new(gpu::mem::SparseMemory::new(1 << 30));
+            let (h, _fe) = m
+                .add_vm(&v.name, mem, Default::default(), Arc::new(NoIrq))
+                .unwrap();
+            hs.push(Some(h));
+        }
+        (FleetControl::new(gpus, &cfg, &hs), cfg)
+    }
+
+    #[test]
+    fn two_gpus_each_carry_their_gpu_id_in_metrics_and_the_api() {
+        let (ctl, cfg) = two_gpu_fleet();
+        let g0 = ctl.gpus().get(0).unwrap().clone();
+        let g1 = ctl.gpus().get(1).unwrap().clone();
+        assert!(!Arc::ptr_eq(&g0, &g1), "one arbiter per GPU");
+        let text = String::from_utf8(raw(&ctl, "GET", "/metrics", None).body).unwrap();
+        let vm_lines = |vm: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.contains(&format!("vm=\"{vm}\"")))
+                .map(String::from)
+                .collect()
+        };
+        assert!(
+            !vm_lines("a").is_empty() && !vm_lines("b").is_empty(),
+            "{text}"
+        );
+        assert!(
+            vm_lines("a").iter().all(|l| l.contains("gpu_id=\"0\"")),
+            "{text}"
+        );
+        assert!(
+            vm_lines("b").iter().all(|l| l.contains("gpu_id=\"1\"")),
+            "{text}"
+        );
+        assert!(
+            vm_lines("b").iter().all(|l| !l.contains("gpu_partition_id")
+                || l.contains("gpu_compute_partition_type=\"DPX\"")),
+            "{text}"
+        );
+        // One HELP per family although two GPUs wrote it.
+        let mut helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
+        let n = helps.len();
+        helps.dedup();
+        assert_eq!(helps.len(), n, "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("hqdmux_hqd_slots{gpu_id=\"1\"")),
+            "{text}"
+        );
+        // The API: each VM's GPU, each GPU's view.
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/b", "");
+        assert_eq!(v["gpu_id"], 1, "{v}");
+        assert!(
+            v["placement"].as_str().unwrap().starts_with("auto: gpu 1"),
+            "{v}"
+        );
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/a", "");
+        assert_eq!(v["gpu_id"], 0, "{v}");
+        assert_eq!(v["placement"], "gpu_id = 0", "{v}");
+        let (_, f) = call(&ctl, "GET", "/api/v1/fleet", "");
+        let ids: Vec<u64> = f["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["gpu_id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, [0, 1], "{f}");
+        assert_eq!(f["gpus"][1]["gpu_compute_partition_type"], "DPX", "{f}");
+        assert_eq!(f["gpus"][1]["partitions"], 2, "{f}");
+        // Timelines per GPU; an unknown GPU is refused.
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=1")).status,
+            200
+        );
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=7")).status,
+            409
+        );
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=x")).status,
+            400
+        );
+        // A policy change reaches every GPU.
+        let (st, _) = call(&ctl, "PUT", "/api/v1/policy", "{\"policy\":\"fifo\"}");
+        assert_eq!(st, 200);
+        assert_eq!(
+            (g0.policy(), g1.policy()),
+            (scheduler::Policy::Fifo, scheduler::Policy::Fifo)
+        );
+        drop(cfg);
+        g0.shutdown();
+        g1.shutdown();
+    }
+
+    #[test]
     fn metrics_timeline_and_guard_are_served() {
         let (ctl, m) = gpu_fleet();
         let r = raw(&ctl, "GET", "/metrics", None);

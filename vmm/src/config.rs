@@ -622,6 +622,61 @@ impl FleetConfig {
         Ok(cfg)
     }
 
+    /// Checks the GPU entries: at least one, at most [`MAX_GPUS`], unique
+    /// ids below it, each topology and guard valid (`hqdmux serve`'s
+    /// devices file shares this). Errors name the entry and field.
+    pub fn validate_gpus(&self, file: &Path) -> Result<(), ConfigError> {
+        let top = |field: &str, reason: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            place: Place::Top,
+            field: field.into(),
+            reason,
+        };
+        if self.gpus.is_empty() {
+            return Err(top(
+                "gpu",
+                "no [[gpu]] entries (omit `gpu` for one MI300X)".into(),
+            ));
+        }
+        if self.gpus.len() > MAX_GPUS as usize {
+            return Err(top(
+                "gpu",
+                format!("{} [[gpu]] entries, at most {MAX_GPUS}", self.gpus.len()),
+            ));
+        }
+        for (index, g) in self.gpus.iter().enumerate() {
+            let bad = |field: String, reason: String| ConfigError::Invalid {
+                file: file.to_owned(),
+                place: self.gpu_place(index),
+                field,
+                reason,
+            };
+            if g.id >= MAX_GPUS {
+                return Err(bad(
+                    "id".into(),
+                    format!("{} is out of range 0..={}", g.id, MAX_GPUS - 1),
+                ));
+            }
+            if let Some(first) = self.gpus[..index].iter().position(|o| o.id == g.id) {
+                return Err(bad(
+                    "id".into(),
+                    format!(
+                        "duplicate id {}: gpu[{first}] has it (each [[gpu]] needs its own id)",
+                        g.id
+                    ),
+                ));
+            }
+            if let Err(e) = g.validate() {
+                let (field, reason) = topology_error(&e);
+                return Err(bad(field.into(), reason));
+            }
+            if let Err(e) = g.guard.validate() {
+                return Err(bad(format!("guard.{}", e.field), e.reason));
+            }
+        }
+        Ok(())
+    }
+
     /// The GPU with id `id`.
     pub fn gpu(&self, id: u32) -> Option<&GpuConfig> {
         self.gpus.iter().find(|g| g.id == id)
@@ -672,48 +727,7 @@ impl FleetConfig {
         if let Some(ms) = self.run.timeout_ms {
             check_timeout_ms(ms).map_err(|reason| top("run.timeout_ms", reason))?;
         }
-        if self.gpus.is_empty() {
-            return Err(top(
-                "gpu",
-                "no [[gpu]] entries (omit `gpu` for one MI300X)".into(),
-            ));
-        }
-        if self.gpus.len() > MAX_GPUS as usize {
-            return Err(top(
-                "gpu",
-                format!("{} [[gpu]] entries, at most {MAX_GPUS}", self.gpus.len()),
-            ));
-        }
-        for (index, g) in self.gpus.iter().enumerate() {
-            let bad = |field: String, reason: String| ConfigError::Invalid {
-                file: file.to_owned(),
-                place: self.gpu_place(index),
-                field,
-                reason,
-            };
-            if g.id >= MAX_GPUS {
-                return Err(bad(
-                    "id".into(),
-                    format!("{} is out of range 0..={}", g.id, MAX_GPUS - 1),
-                ));
-            }
-            if let Some(first) = self.gpus[..index].iter().position(|o| o.id == g.id) {
-                return Err(bad(
-                    "id".into(),
-                    format!(
-                        "duplicate id {}: gpu[{first}] has it (each [[gpu]] needs its own id)",
-                        g.id
-                    ),
-                ));
-            }
-            if let Err(e) = g.validate() {
-                let (field, reason) = topology_error(&e);
-                return Err(bad(field.into(), reason));
-            }
-            if let Err(e) = g.guard.validate() {
-                return Err(bad(format!("guard.{}", e.field), e.reason));
-            }
-        }
+        self.validate_gpus(file)?;
         match self.scheduler.validate() {
             Ok(()) => {}
             Err(scheduler::SchedError::Config { field, reason }) => {

@@ -802,7 +802,7 @@ impl FleetGpus {
 }
 
 /// The fleet's counters: the sum over its GPUs (`None` without any).
-fn sum_stats<'a>(it: impl Iterator<Item = &'a ArbiterStats>) -> Option<ArbiterStats> {
+pub(crate) fn sum_stats<'a>(it: impl Iterator<Item = &'a ArbiterStats>) -> Option<ArbiterStats> {
     let mut total: Option<ArbiterStats> = None;
     for s in it {
         let t = total.get_or_insert_with(ArbiterStats::default);

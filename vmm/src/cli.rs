@@ -184,7 +184,12 @@ pub fn table(vms: &[VmView]) -> String {
             "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
             escape(&v.name),
             v.state.name(),
-            if v.gpu { "yes" } else { "no" },
+            // The VM's GPU id; `yes` for a vGPU served by another process.
+            match (v.gpu_id, v.gpu) {
+                (Some(id), _) => id.to_string(),
+                (None, true) => "yes".into(),
+                (None, false) => "no".into(),
+            },
             v.priority,
             v.weight,
             num(v.quantum_ms, 1),
@@ -916,6 +921,17 @@ mod tests {
             "{t}"
         );
         assert!(lines[2].ends_with("exited with status 0"), "{t}");
+        // The gpu column names the VM's GPU.
+        let on1: VmView =
+            serde_json::from_value(json!({"name": "g", "gpu": true, "gpu_id": 1})).unwrap();
+        let t1 = table(&[on1]);
+        assert!(
+            t1.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("g                starting    1 "),
+            "{t1}"
+        );
         assert!(
             lines[2].contains(" 17600.000 >2592000000 "),
             "past the limit: '>': {t}"

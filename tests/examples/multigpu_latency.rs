@@ -1,14 +1,17 @@
 //! Does a saturated GPU 0 delay a VM on GPU 1? (issue 20)
 //!
-//! A fleet with two `[[gpu]]` entries. A probe VM on GPU 1 runs short jobs
-//! (one kernel of 304 workgroups of 2 ms, 40 times) and its job latency is
+//! A fleet with two `[[gpu]]` entries. A probe VM (priority 2) runs jobs
+//! of one kernel of 304 workgroups of 20 ms (20 ms of the whole GPU), 40
+//! times, and its job latency is
 //! the host-measured time from its "submitted" checkpoint (2) to its
 //! "completed" one (3). Three cases, each run `--reps` times alternately:
 //!
 //! - `idle`: the probe alone (GPU 0 has no VM);
 //! - `other-gpu`: GPU 0 saturated by a training VM (priority 2, whole-GPU
 //!   kernels) preempted again and again by a burst VM (priority 12);
-//! - `same-gpu` (control): the same load on the probe's own GPU.
+//! - `same-gpu` (control): the same load on the probe's own GPU, where the
+//!   probe shares the training VM's priority level (weighted slices) and
+//!   waits for the burst VM.
 //!
 //! Prints the median over repetitions of each case's p50 and p90 job
 //! latency and the ratios to `idle`: isolation between GPUs shows as
@@ -29,7 +32,7 @@ fn gpu_vm(name: &str, gpu_id: u32, priority: u8, args: &str) -> String {
     )
 }
 
-const PROBE: &str = "kernels=1 wgs=304 cost_us=2000 loops=40";
+const PROBE: &str = "kernels=1 wgs=304 cost_us=20000 loops=40";
 const PROBE_OK: &str = "gpu: 1 queues x 1 kernels x 304 wgs x 40 loops: ok";
 
 /// One run: the probe on `probe_gpu`, the load on GPU 0 if `load`.
@@ -39,11 +42,11 @@ fn once(probe_gpu: u32, load: bool) -> Vec<Duration> {
     let mut toml = String::from("[[gpu]]\nid = 0\n[[gpu]]\nid = 1\n");
     if load {
         // The load outlasts the probe; the run timeout ends it.
-        toml += "[run]\ntimeout_ms = 6000\n";
+        toml += "[run]\ntimeout_ms = 10000\n";
         toml += &gpu_vm("train", 0, 2, "kernels=4 wgs=1216 cost_us=100000 loops=100");
         toml += &gpu_vm("burst", 0, 12, "kernels=2 wgs=304 cost_us=500 loops=100000");
     }
-    toml += &gpu_vm("probe", probe_gpu, 8, PROBE);
+    toml += &gpu_vm("probe", probe_gpu, 2, PROBE);
     let report = run(&config(&dir, &toml));
     let _ = std::fs::remove_dir_all(&dir);
     let probe = report.vms.iter().find(|v| v.name == "probe").unwrap();
@@ -72,10 +75,10 @@ fn main() {
         return;
     }
     let mut args = std::env::args().skip(1);
-    let mut reps = 3;
+    let mut reps = 5;
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--reps" => reps = args.next().and_then(|n| n.parse().ok()).unwrap_or(3),
+            "--reps" => reps = args.next().and_then(|n| n.parse().ok()).unwrap_or(5),
             _ => {
                 eprintln!("usage: multigpu_latency [--reps N]");
                 std::process::exit(2);

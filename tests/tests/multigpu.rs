@@ -230,6 +230,16 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
             .map(|(_, s)| *s)
             .unwrap_or_else(|| panic!("no GPU {id}: {:?}", report.gpus))
     };
+    // The run's report names each VM's GPU and each GPU's counters.
+    let on: Vec<Option<u32>> = ["train", "burst", "solo", "late"]
+        .iter()
+        .map(|n| report.vm_gpu_id[by(n)])
+        .collect();
+    assert_eq!(on, [Some(0), Some(0), Some(1), Some(1)]);
+    let j = report.to_json();
+    assert_eq!(j["vms"][by("late")]["gpu_id"], 1, "{j}");
+    assert_eq!(j["gpus"][1]["gpu_id"], 1, "{j}");
+    assert_eq!(j["gpus"][1]["preemptions"], 0, "{j}");
     assert!(stats(0).preemptions > 0, "{:?}", report.gpus);
     assert_eq!(stats(1).preemptions, 0, "{:?}", report.gpus);
     for vm in ["solo", "late"] {

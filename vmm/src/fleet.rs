@@ -124,6 +124,9 @@ pub struct FleetReport {
     pub gpu: Option<ArbiterStats>,
     /// Each started GPU's counters, by `gpu_id`, in file order.
     pub gpus: Vec<(u32, ArbiterStats)>,
+    /// Each VM's GPU (config order, then added VMs; `None` without a vGPU
+    /// on this fleet's GPUs).
+    pub vm_gpu_id: Vec<Option<u32>>,
     /// Per-VM GPU accounting at the moment its vGPU was detached (config
     /// order; `None` for VMs without `gpu = true`).
     pub vm_gpu: Vec<Option<scheduler::VmStats>>,
@@ -227,6 +230,7 @@ impl FleetReport {
                 let g = self.vm_gpu.get(i).copied().flatten();
                 serde_json::json!({
                     "name": v.name,
+                    "gpu_id": self.vm_gpu_id.get(i).copied().flatten(),
                     "outcome": v.outcome.to_string(),
                     "success": !self.failed(i),
                     "stopped_by_operator": self.operator_stopped.get(i).copied().unwrap_or(false),
@@ -255,6 +259,14 @@ impl FleetReport {
                 "stale_doorbells": s.stale_doorbells,
                 "quarantined_vms": s.quarantined_vms,
             })),
+            "gpus": self.gpus.iter().map(|(id, s)| serde_json::json!({
+                "gpu_id": id,
+                "completions": s.completions,
+                "maps": s.maps,
+                "preemptions": s.preemptions,
+                "stale_doorbells": s.stale_doorbells,
+                "quarantined_vms": s.quarantined_vms,
+            })).collect::<Vec<_>>(),
         })
     }
 }
@@ -578,6 +590,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         stop_requested,
         gpu,
         gpus: per_gpu,
+        vm_gpu_id: gpu_of,
         vm_gpu,
         vgpu_io,
         operator_stopped,

@@ -776,15 +776,19 @@ impl FleetControl {
 
     fn timeline(&self, req: &Request) -> Result<Response, ApiError> {
         let (seconds, svg, gpu_id) = timeline_query(req)?;
-        let m =
-            match gpu_id {
-                Some(id) => self.gpus.get(id).ok_or_else(|| {
+        let (id, m) = match gpu_id {
+            Some(id) => (
+                id,
+                self.gpus.get(id).ok_or_else(|| {
                     ApiError::Conflict(format!("timeline: GPU {id} has no VMs (or no such GPU)"))
                 })?,
-                None => self.gpus.started().next().map(|(_, m)| m).ok_or_else(|| {
+            ),
+            None => {
+                self.gpus.started().next().ok_or_else(|| {
                     ApiError::Conflict("timeline: the fleet has no GPU VMs".into())
-                })?,
-            };
+                })?
+            }
+        };
         let t = m.timeline(Duration::from_secs(seconds));
         Ok(if svg {
             Response::text(
@@ -793,7 +797,14 @@ impl FleetControl {
                 timeline::render_svg(&t, &Default::default()),
             )
         } else {
-            Response::text(200, "application/json", t.to_json())
+            // The model with the GPU it is of, first.
+            let json = t.to_json();
+            let body = match json.strip_prefix('{') {
+                Some(rest) if rest.trim_start().starts_with('}') => format!("{{\"gpu_id\":{id}}}"),
+                Some(rest) => format!("{{\"gpu_id\":{id},{rest}"),
+                None => json,
+            };
+            Response::text(200, "application/json", body)
         })
     }
 
@@ -1344,10 +1355,21 @@ mod tests {
         assert_eq!(f["gpus"][1]["gpu_compute_partition_type"], "DPX", "{f}");
         assert_eq!(f["gpus"][1]["partitions"], 2, "{f}");
         // Timelines per GPU; an unknown GPU is refused.
-        assert_eq!(
-            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=1")).status,
-            200
-        );
+        for id in [0u64, 1] {
+            let r = raw(
+                &ctl,
+                "GET",
+                "/api/v1/timeline",
+                Some(&format!("gpu_id={id}")),
+            );
+            assert_eq!(r.status, 200);
+            let t: Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(t["gpu_id"], id, "{t}");
+            assert!(t["slots"].is_array(), "{t}");
+        }
+        let t: Value =
+            serde_json::from_slice(&raw(&ctl, "GET", "/api/v1/timeline", None).body).unwrap();
+        assert_eq!(t["gpu_id"], 0, "the first GPU by default: {t}");
         assert_eq!(
             raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=7")).status,
             409

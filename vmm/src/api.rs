@@ -14,8 +14,8 @@
 //! | `GET /api/v1/policy`, `PUT /api/v1/policy` | the fleet's scheduling policy |
 //! | `GET /api/v1/fleet` | policy, GPU, totals |
 //! | `POST /api/v1/vms/{name}/clear-quarantine` | lift its guard quarantine (200 with the view and `was_quarantined`) |
-//! | `GET /api/v1/timeline?seconds=N&format=json\|svg` | the HQD-slot timeline of the last N (1..=120) s |
-//! | `GET /metrics` | Prometheus text exposition of the GPU |
+//! | `GET /api/v1/timeline?seconds=N&format=json\|svg&gpu_id=G` | GPU G's (default: the first with VMs) HQD-slot timeline of the last N (1..=120) s |
+//! | `GET /metrics` | Prometheus text exposition of every GPU (each series labelled with its `gpu_id`) |
 //!
 //! Every error is `{"error": "..."}` with a 4xx status naming the VM, the
 //! field and the reason, and changes nothing. A request is read whole into

@@ -750,10 +750,18 @@ pub fn metrics(socket: &Path) -> ExitCode {
 
 /// `hqdmux timeline -o OUT`: fetch the last `seconds` of the live fleet's
 /// timeline as JSON, check it, and write it as SVG (rendered here) or, for
-/// an `OUT` ending in `.json` or with `as_json`, as JSON.
-pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitCode {
+/// an `OUT` ending in `.json` or with `as_json`, as JSON. `gpu_id`: which
+/// GPU (none: the first with VMs).
+pub fn timeline(
+    socket: &Path,
+    out: &Path,
+    seconds: u64,
+    as_json: bool,
+    gpu_id: Option<u32>,
+) -> ExitCode {
+    let gpu = gpu_id.map(|g| format!("&gpu_id={g}")).unwrap_or_default();
     let target = format!(
-        "{}/timeline?seconds={seconds}&format=json",
+        "{}/timeline?seconds={seconds}&format=json{gpu}",
         crate::api::PREFIX
     );
     let bytes = match call_raw("timeline", socket, &target) {

@@ -864,7 +864,7 @@ mod tests {
         let out = dir.join("t.svg");
         let unreachable = ExitCode::from(EXIT_UNREACHABLE);
         assert_eq!(metrics(&nowhere), unreachable);
-        assert_eq!(timeline(&nowhere, &out, 5, false), unreachable);
+        assert_eq!(timeline(&nowhere, &out, 5, false, None), unreachable);
         assert_eq!(unquarantine(&nowhere, "a", false), unreachable);
 
         // A fleet without GPU VMs: metrics answer, the timeline is refused
@@ -883,7 +883,7 @@ mod tests {
         let server = crate::api::serve(&sock, 0o600, ctl).unwrap();
         assert_eq!(metrics(&sock), ExitCode::SUCCESS);
         assert_eq!(
-            timeline(&sock, &out, 5, false),
+            timeline(&sock, &out, 5, false, None),
             ExitCode::from(EXIT_REFUSED)
         );
         assert!(!out.exists());

@@ -698,19 +698,21 @@ impl FleetConfig {
     /// Places every `gpu = true` VM without a `gpu_id`, in file order,
     /// with [`place_vm`] against the VMs placed before it.
     fn place_all(&mut self) {
-        for i in 0..self.vm.len() {
-            if !self.vm[i].gpu {
+        let mut loads = GpuLoads::new(&self.gpus);
+        for vm in self.vm.iter_mut() {
+            if !vm.gpu {
                 continue;
             }
-            let p = match self.vm[i].gpu_id {
+            let p = match vm.gpu_id {
                 Some(id) => Placement {
                     gpu_id: id,
                     reason: format!("gpu_id = {id}"),
                 },
-                None => place_vm(&self.gpus, &self.vm[..i], &self.vm[i]),
+                None => loads.choose(vm),
             };
-            self.vm[i].gpu_id = Some(p.gpu_id);
-            self.vm[i].placement = Some(p.reason);
+            vm.gpu_id = Some(p.gpu_id);
+            vm.placement = Some(p.reason);
+            loads.add(vm);
         }
     }
 
@@ -932,22 +934,112 @@ pub struct Placement {
     pub reason: String,
 }
 
-/// One candidate GPU's load as [`place_vm`] sees it.
-struct GpuLoad {
-    id: u32,
-    cus: u64,
-    /// Sum of the weights of the VMs already on it at the VM's priority or above.
-    weight_above: u64,
-    /// VMs already on it (any priority).
-    vms: u64,
+/// Levels a VM priority can take (`PRIORITY_RANGE`, 0-based).
+const LEVELS: usize = scheduler::MAX_PRIORITY as usize + 1;
+
+/// The GPUs' loads as placement sees them: per GPU, the sum of the weights
+/// of the VMs on it at each priority, and their count. Built once and
+/// updated as VMs are placed, so placing n VMs on G GPUs costs
+/// O(n x G x levels), not O(n^2).
+struct GpuLoads {
+    /// Per GPU: id, CUs, partitions.
+    gpus: Vec<(u32, u64, u32)>,
+    /// Per GPU and priority: the sum of the weights there.
+    weight_at: Vec<[u64; LEVELS]>,
+    /// Per GPU: VMs on it.
+    vms: Vec<u64>,
 }
 
-impl GpuLoad {
-    /// The new VM's entitled CUs here if every VM demands: strict priority
-    /// gives lower levels nothing of its share, equal and higher levels
-    /// split by weight (docs/scheduling.md), `cus x w / (W + w)`.
-    fn entitled(&self, w: u64) -> u64 {
-        self.cus.saturating_mul(w) / self.weight_above.saturating_add(w).max(1)
+impl GpuLoads {
+    fn new(gpus: &[GpuConfig]) -> Self {
+        GpuLoads {
+            gpus: gpus
+                .iter()
+                .map(|g| {
+                    let t = &g.topology;
+                    (
+                        g.id,
+                        u64::from(t.xccs) * u64::from(t.cus_per_xcc),
+                        t.partitions(),
+                    )
+                })
+                .collect(),
+            weight_at: vec![[0; LEVELS]; gpus.len()],
+            vms: vec![0; gpus.len()],
+        }
+    }
+
+    /// Counts `vm` on its GPU (a `gpu = true` VM with its `gpu_id` set).
+    fn add(&mut self, vm: &VmConfig) {
+        let Some(i) = vm
+            .gpu_id
+            .filter(|_| vm.gpu)
+            .and_then(|id| self.gpus.iter().position(|g| g.0 == id))
+        else {
+            return;
+        };
+        self.vms[i] += 1;
+        let level = usize::from(vm.priority).min(LEVELS - 1);
+        self.weight_at[i][level] = self.weight_at[i][level].saturating_add(u64::from(vm.weight));
+    }
+
+    /// See [`place_vm`].
+    fn choose(&self, vm: &VmConfig) -> Placement {
+        let level = usize::from(vm.priority).min(LEVELS - 1);
+        let w = u64::from(vm.weight.max(1));
+        // (index, CUs, weight at or above the VM's priority, VMs).
+        let cands: Vec<(usize, u64, u64, u64)> = self
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| vm.partition.is_none_or(|p| p < g.2))
+            .map(|(i, g)| {
+                let above = self.weight_at[i][level..]
+                    .iter()
+                    .fold(0u64, |a, x| a.saturating_add(*x));
+                (i, g.1, above, self.vms[i])
+            })
+            .collect();
+        // Larger cus*w/(W+w) first: compare a.cus*(Wb+w) with b.cus*(Wa+w).
+        let better = |a: &(usize, u64, u64, u64), b: &(usize, u64, u64, u64)| {
+            let lhs = u128::from(a.1) * u128::from(b.2.saturating_add(w));
+            let rhs = u128::from(b.1) * u128::from(a.2.saturating_add(w));
+            lhs > rhs || (lhs == rhs && a.3 < b.3)
+        };
+        let mut best: Option<&(usize, u64, u64, u64)> = None;
+        for c in &cands {
+            if best.is_none_or(|b| better(c, b)) {
+                best = Some(c);
+            }
+        }
+        let Some(best) = best else {
+            // Validation guarantees a candidate; stay total anyway.
+            return Placement {
+                gpu_id: self.gpus.first().map_or(0, |g| g.0),
+                reason: "no GPU has the VM's partition; the first GPU".into(),
+            };
+        };
+        let figures: Vec<String> = cands
+            .iter()
+            .map(|&(i, cus, above, n)| {
+                format!(
+                    "gpu {} {}/{cus} CUs (weight {above} at >= {}, {n} VM{})",
+                    self.gpus[i].0,
+                    cus.saturating_mul(w) / above.saturating_add(w).max(1),
+                    vm.priority,
+                    if n == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        let id = self.gpus[best.0].0;
+        Placement {
+            gpu_id: id,
+            reason: format!(
+                "auto: gpu {id}, the largest entitlement at priority {} weight {w}: {}",
+                vm.priority,
+                figures.join("; ")
+            ),
+        }
     }
 }
 
@@ -965,73 +1057,11 @@ pub fn place_vm<'a>(
     placed: impl IntoIterator<Item = &'a VmConfig>,
     vm: &VmConfig,
 ) -> Placement {
-    let mut loads: Vec<GpuLoad> = gpus
-        .iter()
-        .filter(|g| vm.partition.is_none_or(|p| p < g.topology.partitions()))
-        .map(|g| GpuLoad {
-            id: g.id,
-            cus: u64::from(g.topology.xccs) * u64::from(g.topology.cus_per_xcc),
-            weight_above: 0,
-            vms: 0,
-        })
-        .collect();
+    let mut loads = GpuLoads::new(gpus);
     for o in placed {
-        let Some(l) = o
-            .gpu_id
-            .filter(|_| o.gpu)
-            .and_then(|id| loads.iter_mut().find(|l| l.id == id))
-        else {
-            continue;
-        };
-        l.vms += 1;
-        if o.priority >= vm.priority {
-            l.weight_above = l.weight_above.saturating_add(u64::from(o.weight));
-        }
+        loads.add(o);
     }
-    let w = u64::from(vm.weight.max(1));
-    // Larger cus*w/(W+w) first: compare a.cus*(Wb+w) with b.cus*(Wa+w).
-    let better = |a: &GpuLoad, b: &GpuLoad| {
-        let lhs = u128::from(a.cus) * u128::from(b.weight_above + w);
-        let rhs = u128::from(b.cus) * u128::from(a.weight_above + w);
-        lhs > rhs || (lhs == rhs && a.vms < b.vms)
-    };
-    let mut best: Option<&GpuLoad> = None;
-    for l in &loads {
-        if best.is_none_or(|b| better(l, b)) {
-            best = Some(l);
-        }
-    }
-    let Some(best) = best else {
-        // Validation guarantees a candidate; stay total anyway.
-        return Placement {
-            gpu_id: gpus.first().map_or(0, |g| g.id),
-            reason: "no GPU has the VM's partition; the first GPU".into(),
-        };
-    };
-    let figures: Vec<String> = loads
-        .iter()
-        .map(|l| {
-            format!(
-                "gpu {} {}/{} CUs (weight {} at >= {}, {} VM{})",
-                l.id,
-                l.entitled(w),
-                l.cus,
-                l.weight_above,
-                vm.priority,
-                l.vms,
-                if l.vms == 1 { "" } else { "s" }
-            )
-        })
-        .collect();
-    let id = best.id;
-    Placement {
-        gpu_id: id,
-        reason: format!(
-            "auto: gpu {id}, the largest entitlement at priority {} weight {w}: {}",
-            vm.priority,
-            figures.join("; ")
-        ),
-    }
+    loads.choose(vm)
 }
 
 /// Why an image file was refused ([`read_image_file`]).
@@ -2175,6 +2205,37 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.vm[1].gpu_id, Some(1), "{:?}", c.vm[1].placement);
+    }
+
+    #[test]
+    fn many_equal_vms_spread_evenly_and_priorities_are_balanced_per_level() {
+        // 8 equal GPUs, 160 VMs alternating priority 9 and 3: each GPU gets
+        // 10 of each level (weight at or above each level balanced).
+        let vms: String = (0..160)
+            .map(|i| {
+                gvm(
+                    &format!("v{i}"),
+                    &format!("priority = {}", if i % 2 == 0 { 9 } else { 3 }),
+                )
+            })
+            .collect();
+        let c = parse(&multi(8, "", &vms)).unwrap();
+        for id in 0..8 {
+            for prio in [9, 3] {
+                let n =
+                    c.vm.iter()
+                        .filter(|v| v.gpu_id == Some(id) && v.priority == prio)
+                        .count();
+                assert_eq!(n, 10, "gpu {id} priority {prio}");
+            }
+        }
+        // The file's incremental placement is the one place_vm gives
+        // against the VMs before each.
+        for i in [0, 1, 17, 159] {
+            let p = place_vm(&c.gpus, &c.vm[..i], &c.vm[i]);
+            assert_eq!(Some(p.gpu_id), c.vm[i].gpu_id, "vm {i}");
+            assert_eq!(Some(p.reason), c.vm[i].placement, "vm {i}");
+        }
     }
 
     #[test]

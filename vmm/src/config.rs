@@ -1019,12 +1019,23 @@ impl GpuLoads {
                 reason: "no GPU has the VM's partition; the first GPU".into(),
             };
         };
-        let figures: Vec<String> = cands
+        // One entry per distinct load, naming every GPU that has it.
+        let mut groups: Vec<((u64, u64, u64), Vec<u32>)> = Vec::new();
+        for &(i, cus, above, n) in &cands {
+            let id = self.gpus[i].0;
+            match groups.iter_mut().find(|g| g.0 == (cus, above, n)) {
+                Some(g) => g.1.push(id),
+                None => groups.push(((cus, above, n), vec![id])),
+            }
+        }
+        let figures: Vec<String> = groups
             .iter()
-            .map(|&(i, cus, above, n)| {
+            .map(|&((cus, above, n), ref ids)| {
+                let names: Vec<String> = ids.iter().map(u32::to_string).collect();
                 format!(
-                    "gpu {} {}/{cus} CUs (weight {above} at >= {}, {n} VM{})",
-                    self.gpus[i].0,
+                    "gpu{} {} {}/{cus} CUs (weight {above} at >= {}, {n} VM{})",
+                    if ids.len() == 1 { "" } else { "s" },
+                    names.join(","),
                     cus.saturating_mul(w) / above.saturating_add(w).max(1),
                     vm.priority,
                     if n == 1 { "" } else { "s" }

@@ -642,13 +642,15 @@ impl FleetControl {
             .cfg
             .check_added_vm(&table, &self.config_path)
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-        // Its GPU: `gpu_id` as given, else placed against the VMs running.
+        // Its GPU: `gpu_id` as given, else placed against the VMs running
+        // or starting.
         inner.cfg.place_added(
             &mut config,
             inner
                 .vms
                 .iter()
-                .filter(|v| !v.forgotten && v.state.live())
+                // Starting counts: an add still being built is on its GPU.
+                .filter(|v| !v.forgotten && (v.state.live() || v.state == VmState::Starting))
                 .map(|v| &v.config),
         );
         if inner.retired.contains(&config.name) {
@@ -1292,6 +1294,54 @@ mod tests {
             hs.push(Some(h));
         }
         (FleetControl::new(gpus, &cfg, &hs), cfg)
+    }
+
+    #[test]
+    fn added_vms_are_placed_against_running_and_starting_vms() {
+        let (ctl, _cfg) = two_gpu_fleet();
+        let (tx, rx) = std::sync::mpsc::channel();
+        ctl.connect_fleet(tx, Arc::new(EventFd::new(0).unwrap()));
+        let add = |name: &str, extra: &str| -> VmConfig {
+            let body = format!(
+                "{{\"name\": \"{name}\", \"image\": \"builtin:gpu\", \"gpu\": true, \"memory_mib\": 256{extra}}}"
+            );
+            let req = Request {
+                method: "POST".into(),
+                path: "/api/v1/vms".into(),
+                query: None,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: body.into_bytes(),
+                keep_alive: true,
+            };
+            let (reply, _answers) = Responder::detached();
+            ctl.route(req, reply);
+            let Ok(FleetCommand::Add { config, .. }) = rx.try_recv() else {
+                panic!("the add of {name} did not reach the fleet loop");
+            };
+            *config
+        };
+        // a (GPU 0) and b (GPU 1) weigh the same: the first GPU.
+        let c = add("c", "");
+        assert_eq!(c.gpu_id, Some(0), "{:?}", c.placement);
+        // c is still starting (not built yet) but already on GPU 0.
+        let d = add("d", "");
+        assert_eq!(d.gpu_id, Some(1), "{:?}", d.placement);
+        assert!(d
+            .placement
+            .unwrap()
+            .contains("gpu 0 101/304 CUs (weight 2 at >= 0, 2 VMs)"));
+        // gpu_id as given wins over the load.
+        let e = add("e", ", \"gpu_id\": 0");
+        assert_eq!(
+            (e.gpu_id, e.placement.as_deref()),
+            (Some(0), Some("gpu_id = 0"))
+        );
+        // The view of a VM being added already names its GPU.
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/d", "");
+        assert_eq!(v["gpu_id"], 1, "{v}");
+        for (_, m) in ctl.gpus().started() {
+            m.shutdown();
+        }
     }
 
     #[test]

@@ -184,7 +184,12 @@ pub fn table(vms: &[VmView]) -> String {
             "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
             escape(&v.name),
             v.state.name(),
-            if v.gpu { "yes" } else { "no" },
+            // The VM's GPU id; `yes` for a vGPU served by another process.
+            match (v.gpu_id, v.gpu) {
+                (Some(id), _) => id.to_string(),
+                (None, true) => "yes".into(),
+                (None, false) => "no".into(),
+            },
             v.priority,
             v.weight,
             num(v.quantum_ms, 1),
@@ -200,6 +205,35 @@ pub fn table(vms: &[VmView]) -> String {
         );
     }
     s
+}
+
+/// `top`'s header: policy, uptime, completions and preemptions summed
+/// over the GPUs, then one line per GPU when there are several.
+fn top_header(f: Option<&FleetView>, gpu: Option<&crate::api::GpuView>) -> String {
+    let gpus = f.map_or(&[][..], |f| f.gpus.as_slice());
+    let sum = |x: fn(&crate::api::GpuView) -> u64| {
+        if gpus.is_empty() {
+            gpu.map(x)
+        } else {
+            Some(gpus.iter().map(x).sum())
+        }
+    };
+    let mut out = format!(
+        "hqdmux top  policy {}  uptime {} s  completions {}  preemptions {}  (share: of the GPU time of the last interval)\n",
+        opt(gpu.map(|g| g.policy.0.name())),
+        num(f.map(|f| f.uptime_ms / 1e3), 1),
+        opt(sum(|g| g.completions)),
+        opt(sum(|g| g.preemptions)),
+    );
+    if gpus.len() > 1 {
+        for g in gpus {
+            out += &format!(
+                "  gpu {:<2} {} vms {:<3} completions {:<8} preemptions {}\n",
+                g.gpu_id, g.gpu_compute_partition_type, g.vms, g.completions, g.preemptions
+            );
+        }
+    }
+    out + "\n"
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> ExitCode {
@@ -274,13 +308,7 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
                 out += "\x1b[H\x1b[2J";
             }
             let gpu = f.as_ref().and_then(|f| f.gpu.as_ref());
-            out += &format!(
-                "hqdmux top  policy {}  uptime {} s  completions {}  preemptions {}  (share: of the GPU time of the last interval)\n\n",
-                opt(gpu.map(|g| g.policy.0.name())),
-                num(f.as_ref().map(|f| f.uptime_ms / 1e3), 1),
-                opt(gpu.map(|g| g.completions)),
-                opt(gpu.map(|g| g.preemptions)),
-            );
+            out += &top_header(f.as_ref(), gpu);
             out += &table(&v.vms);
             if !once {
                 if let Some((cols, rows)) = terminal_size() {
@@ -722,10 +750,18 @@ pub fn metrics(socket: &Path) -> ExitCode {
 
 /// `hqdmux timeline -o OUT`: fetch the last `seconds` of the live fleet's
 /// timeline as JSON, check it, and write it as SVG (rendered here) or, for
-/// an `OUT` ending in `.json` or with `as_json`, as JSON.
-pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitCode {
+/// an `OUT` ending in `.json` or with `as_json`, as JSON. `gpu_id`: which
+/// GPU (none: the first with VMs).
+pub fn timeline(
+    socket: &Path,
+    out: &Path,
+    seconds: u64,
+    as_json: bool,
+    gpu_id: Option<u32>,
+) -> ExitCode {
+    let gpu = gpu_id.map(|g| format!("&gpu_id={g}")).unwrap_or_default();
     let target = format!(
-        "{}/timeline?seconds={seconds}&format=json",
+        "{}/timeline?seconds={seconds}&format=json{gpu}",
         crate::api::PREFIX
     );
     let bytes = match call_raw("timeline", socket, &target) {
@@ -828,7 +864,7 @@ mod tests {
         let out = dir.join("t.svg");
         let unreachable = ExitCode::from(EXIT_UNREACHABLE);
         assert_eq!(metrics(&nowhere), unreachable);
-        assert_eq!(timeline(&nowhere, &out, 5, false), unreachable);
+        assert_eq!(timeline(&nowhere, &out, 5, false, None), unreachable);
         assert_eq!(unquarantine(&nowhere, "a", false), unreachable);
 
         // A fleet without GPU VMs: metrics answer, the timeline is refused
@@ -838,12 +874,16 @@ mod tests {
             Path::new("/x/f.toml"),
         )
         .unwrap();
-        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(None, &cfg, &[None]));
+        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(
+            std::sync::Arc::new(crate::fleet::FleetGpus::new(&cfg)),
+            &cfg,
+            &[None],
+        ));
         let sock = dir.join("api.sock");
         let server = crate::api::serve(&sock, 0o600, ctl).unwrap();
         assert_eq!(metrics(&sock), ExitCode::SUCCESS);
         assert_eq!(
-            timeline(&sock, &out, 5, false),
+            timeline(&sock, &out, 5, false, None),
             ExitCode::from(EXIT_REFUSED)
         );
         assert!(!out.exists());
@@ -912,6 +952,47 @@ mod tests {
             "{t}"
         );
         assert!(lines[2].ends_with("exited with status 0"), "{t}");
+        // top's header sums the GPUs and lists each when there are several.
+        let g = |id: u32, c: u64| crate::api::GpuView {
+            gpu_id: id,
+            policy: PolicyName(scheduler::Policy::Hqdmux),
+            xccs: 8,
+            partitions: 1,
+            gpu_compute_partition_type: "SPX".into(),
+            vms: 1,
+            completions: c,
+            maps: 0,
+            preemptions: c / 10,
+            quarantined_vms: 0,
+        };
+        let f = FleetView {
+            gpu: Some(g(0, 100)),
+            gpus: vec![g(0, 100), g(1, 20)],
+            ..Default::default()
+        };
+        let h = top_header(Some(&f), f.gpu.as_ref());
+        assert!(h.contains("completions 120  preemptions 12 "), "{h}");
+        assert!(h.contains("\n  gpu 1  SPX vms 1   completions 20 "), "{h}");
+        let one = FleetView {
+            gpus: vec![g(0, 100)],
+            ..f.clone()
+        };
+        let h1 = top_header(Some(&one), one.gpu.as_ref());
+        assert!(
+            h1.ends_with("interval)\n\n") && !h1.contains("  gpu "),
+            "{h1}"
+        );
+        // The gpu column names the VM's GPU.
+        let on1: VmView =
+            serde_json::from_value(json!({"name": "g", "gpu": true, "gpu_id": 1})).unwrap();
+        let t1 = table(&[on1]);
+        assert!(
+            t1.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("g                starting    1 "),
+            "{t1}"
+        );
         assert!(
             lines[2].contains(" 17600.000 >2592000000 "),
             "past the limit: '>': {t}"

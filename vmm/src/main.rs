@@ -201,6 +201,9 @@ enum Command {
         /// Write the JSON model whatever the file name.
         #[arg(long)]
         json: bool,
+        /// Which GPU's timeline (`[[gpu]] id`; default: the first GPU with VMs).
+        #[arg(long, value_name = "ID", value_parser = clap::value_parser!(u32).range(0..64))]
+        gpu_id: Option<u32>,
     },
     /// Check a fleet config without launching anything: fields, images
     /// (regular ELF files no larger than the VM's RAM) and whether this host
@@ -535,8 +538,9 @@ fn main() -> ExitCode {
             output,
             seconds,
             json,
+            gpu_id,
         } => with_socket("timeline", api_socket, |s| {
-            vmm::cli::timeline(&s, &output, seconds, json)
+            vmm::cli::timeline(&s, &output, seconds, json, gpu_id)
         }),
         Command::Man { subcommand } => man_page(subcommand.as_deref()),
         Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),

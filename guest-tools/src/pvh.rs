@@ -344,10 +344,17 @@ fn build_boot_info(boot: &mut BootInfo, cmdline: u64, map: u64, entries: u32) {
         regions.add(b.max(tables_end), end, region_kind::RAM);
     }
     // The MMIO hole: from the end of the RAM below 4 GiB (rounded up to
-    // 256 MiB, at least 2 GiB) to 4 GiB. Only used for BARs that nothing
-    // assigned; the local APIC page and above stay out of it (`MmioAlloc`).
+    // 256 MiB, at least 2 GiB) to the next entry of the start-info map (a
+    // reserved range such as Cloud Hypervisor's PCI MMCONFIG window), or
+    // 4 GiB. Only used for BARs that nothing assigned; the local APIC page
+    // and above stay out of it (`MmioAlloc`).
     let hole = ((low_ram_end + 0xFFF_FFFF) & !0xFFF_FFFF).max(2 * GIB);
-    regions.add(hole, 4 * GIB, region_kind::MMIO);
+    let hole_end = (0..entries)
+        .map(|i| e820(map, i).base)
+        .filter(|&b| b >= hole && b < 4 * GIB)
+        .min()
+        .unwrap_or(4 * GIB);
+    regions.add(hole, hole_end, region_kind::MMIO);
     let ram = regions.ram;
     regions.boot.mem_bytes = ram;
     sort_regions(regions.boot);

@@ -16,13 +16,11 @@
 
 use core::ptr::{addr_of_mut, read_unaligned, read_volatile, write_volatile};
 
-use crate::boot::{device_kind, region_kind, BootInfo, DeviceEntry, MemRegion};
+use crate::boot::{device_kind, BootInfo, DeviceEntry, MemRegion};
 use crate::io::{self, inb, outb, outw};
 
-/// `hvm_start_info.magic` (`XEN_HVM_START_MAGIC_VALUE`).
-pub const START_MAGIC: u32 = 0x336e_c578;
-/// ELF note type of the 32-bit PVH entry point (`XEN_ELFNOTE_PHYS32_ENTRY`).
-pub const XEN_ELFNOTE_PHYS32_ENTRY: u32 = 18;
+use abi::pvh::{E820Entry, E820_RAM};
+pub use abi::pvh::{START_MAGIC, XEN_ELFNOTE_PHYS32_ENTRY};
 /// QEMU `isa-debug-exit` default port: a write of `v` ends QEMU with
 /// status `(v << 1) | 1`.
 pub const ISA_DEBUG_EXIT_PORT: u16 = 0x501;
@@ -32,9 +30,6 @@ pub const FALLBACK_SLEEP_PORT: u16 = 0x600;
 /// Sleep type written for S5 when the DSDT has no `_S5_` package we can read
 /// (Cloud Hypervisor's value).
 pub const FALLBACK_S5_TYPE: u8 = 5;
-/// Page directories for RAM above 4 GiB: RAM is mapped up to 64 GiB, as in
-/// hqdmux's own VMM; RAM beyond is left out of the memory map.
-const MAX_HIGH_GIB: u64 = 60;
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
 /// Uncached, present, writable, 2 MiB page.
@@ -201,27 +196,16 @@ fn rd8(addr: u64) -> u8 {
     unsafe { read_volatile(addr as *const u8) }
 }
 
-/// One `hvm_start_info` memory-map entry (`hvm_memmap_table_entry`).
-#[derive(Clone, Copy)]
-struct E820 {
-    base: u64,
-    size: u64,
-    kind: u32,
-}
-
-/// E820 type of usable RAM.
-const E820_RAM: u32 = 1;
 /// Entries of the start-info memory map read (more are ignored).
-const MAX_E820: u32 = 32;
+const MAX_E820: usize = 32;
 
-fn e820(map: u64, i: u32) -> E820 {
-    let e = map + u64::from(i) * 24;
-    E820 {
-        base: rd64(e),
-        size: rd64(e + 8),
-        kind: rd32(e + 16),
-    }
-}
+/// The start info's memory map, copied (in `.bss`: a table on the stack
+/// would be zeroed with SSE stores the emulator lacks).
+static mut E820: [E820Entry; MAX_E820] = [E820Entry {
+    base: 0,
+    size: 0,
+    kind: 0,
+}; MAX_E820];
 
 /// Builds the boot-info block from `hvm_start_info` at `start_info` and runs
 /// the program. Called by the PVH stub in long mode with a stack and `.bss`
@@ -244,7 +228,7 @@ extern "C" fn rt_pvh_entry(start_info: u32) -> ! {
         unsafe { RSDP = rd64(si + 32) };
     }
     let (map, entries) = if version >= 1 {
-        (rd64(si + 40), rd32(si + 48).min(MAX_E820))
+        (rd64(si + 40), (rd32(si + 48) as usize).min(MAX_E820))
     } else {
         (0, 0)
     };
@@ -255,15 +239,24 @@ extern "C" fn rt_pvh_entry(start_info: u32) -> ! {
         );
         power_off(0xFD);
     }
-    // SAFETY: PVH_BOOT is written only here, before the program runs.
+    // SAFETY: E820 and PVH_BOOT are written only here, before the program
+    // runs (single-threaded).
+    let e820 = unsafe { &mut *addr_of_mut!(E820) };
+    for (i, e) in e820.iter_mut().take(entries).enumerate() {
+        let at = map + i as u64 * 24;
+        e.base = rd64(at);
+        e.size = rd64(at + 8);
+        e.kind = rd32(at + 16);
+    }
+    // SAFETY: as above.
     let boot = unsafe { &mut *addr_of_mut!(PVH_BOOT) };
-    build_boot_info(boot, cmdline, map, entries);
+    build_boot_info(boot, cmdline, &e820[..entries]);
     crate::rt_entry(boot)
 }
 
 /// Fills `boot` from the start info's command line and memory map, and maps
 /// the RAM above 4 GiB it lists (page directories right after the image).
-fn build_boot_info(boot: &mut BootInfo, cmdline: u64, map: u64, entries: u32) {
+fn build_boot_info(boot: &mut BootInfo, cmdline: u64, e820: &[E820Entry]) {
     boot.magic = crate::boot::BOOT_MAGIC;
     boot.version = crate::boot::BOOT_VERSION;
     boot.vcpus = 1;
@@ -280,10 +273,11 @@ fn build_boot_info(boot: &mut BootInfo, cmdline: u64, map: u64, entries: u32) {
             boot.args[n] = b;
             n += 1;
         }
-        // Keep whole UTF-8 only: a cut multibyte character would make `args()`
-        // empty; the runtime's arguments are ASCII `key=value` words.
-        while n > 0 && core::str::from_utf8(&boot.args[..n]).is_err() {
-            n -= 1;
+        // Keep the valid UTF-8 prefix only: a cut multibyte character or a
+        // stray byte would make `args()` empty; the runtime's arguments are
+        // ASCII `key=value` words.
+        if let Err(e) = core::str::from_utf8(&boot.args[..n]) {
+            n = e.valid_up_to();
         }
         boot.args_len = n as u32;
     }
@@ -299,116 +293,23 @@ fn build_boot_info(boot: &mut BootInfo, cmdline: u64, map: u64, entries: u32) {
     // The linker symbol marks the end of the image (stack and boot page
     // tables included).
     let last = core::ptr::addr_of!(__image_end) as u64;
-    let image_base = 0x10_0000u64;
     let image_end = (last + 0xFFF) & !0xFFF;
-
     // RAM above 4 GiB needs page directories: one per GiB, after the image.
-    let mut high_end = 0u64;
-    let mut low_ram_end = 0u64;
-    for i in 0..entries {
-        let e = e820(map, i);
-        if e.kind != E820_RAM {
-            continue;
-        }
-        let end = e.base.saturating_add(e.size);
-        if end > 4 * GIB {
-            high_end = high_end.max(end.min((4 + MAX_HIGH_GIB) * GIB));
-        }
-        if e.base < 4 * GIB {
-            low_ram_end = low_ram_end.max(end.min(4 * GIB));
-        }
-    }
-    let high_gibs = high_end.saturating_sub(4 * GIB).div_ceil(GIB);
+    let high_gibs = abi::pvh::high_gibs(e820);
     let tables_end = image_end + high_gibs * 4096;
     boot.image_end = tables_end;
-    set_page_tables(map, entries, image_end, high_gibs);
-
-    let mut regions = Regions {
-        boot,
-        full: false,
-        ram: 0,
-    };
-    for i in 0..entries {
-        let e = e820(map, i);
-        if e.kind != E820_RAM {
-            continue;
-        }
-        let (b, end) = (
-            e.base,
-            e.base.saturating_add(e.size).min((4 + MAX_HIGH_GIB) * GIB),
-        );
-        // Below 1 MiB: the start info, command line and firmware tables.
-        regions.add(b, end.min(image_base), region_kind::BOOT);
-        regions.add(b.max(image_base), end.min(image_end), region_kind::IMAGE);
-        regions.add(b.max(image_end), end.min(tables_end), region_kind::BOOT);
-        regions.add(b.max(tables_end), end, region_kind::RAM);
+    set_page_tables(e820, image_end, high_gibs);
+    let info = abi::pvh::pvh_memory_map(e820, image_end, tables_end, &mut boot.mem_map);
+    if info.truncated {
+        crate::println!("rt: PVH memory map too long; the rest is left unused");
     }
-    // The MMIO hole: from the end of the RAM below 4 GiB (rounded up to
-    // 256 MiB, at least 2 GiB) to the next entry of the start-info map (a
-    // reserved range such as Cloud Hypervisor's PCI MMCONFIG window), or
-    // 4 GiB. Only used for BARs that nothing assigned; the local APIC page
-    // and above stay out of it (`MmioAlloc`).
-    let hole = ((low_ram_end + 0xFFF_FFFF) & !0xFFF_FFFF).max(2 * GIB);
-    let hole_end = (0..entries)
-        .map(|i| e820(map, i).base)
-        .filter(|&b| b >= hole && b < 4 * GIB)
-        .min()
-        .unwrap_or(4 * GIB);
-    regions.add(hole, hole_end, region_kind::MMIO);
-    let ram = regions.ram;
-    regions.boot.mem_bytes = ram;
-    sort_regions(regions.boot);
-}
-
-/// Appends memory-map entries to the boot block, dropping what does not fit.
-struct Regions<'a> {
-    boot: &'a mut BootInfo,
-    full: bool,
-    ram: u64,
-}
-
-impl Regions<'_> {
-    fn add(&mut self, base: u64, end: u64, kind: u32) {
-        if end <= base {
-            return;
-        }
-        let n = self.boot.mem_map_count as usize;
-        if n >= self.boot.mem_map.len() {
-            if !self.full {
-                crate::println!("rt: PVH memory map too long; the rest is left unused");
-                self.full = true;
-            }
-            return;
-        }
-        if kind != region_kind::MMIO {
-            self.ram += end - base;
-        }
-        self.boot.mem_map[n] = MemRegion {
-            base,
-            size: end - base,
-            kind,
-            reserved: 0,
-        };
-        self.boot.mem_map_count += 1;
-    }
-}
-
-/// Insertion sort of the memory map by base (the runtime expects it ascending).
-fn sort_regions(boot: &mut BootInfo) {
-    let n = boot.mem_map_count as usize;
-    for i in 1..n {
-        let mut j = i;
-        while j > 0 && boot.mem_map[j - 1].base > boot.mem_map[j].base {
-            boot.mem_map.swap(j - 1, j);
-            j -= 1;
-        }
-    }
+    boot.mem_map_count = info.count as u32;
+    boot.mem_bytes = info.ram_bytes;
 }
 
 /// True when `[base, base + 2 MiB)` overlaps RAM of the start-info map.
-fn is_ram(map: u64, entries: u32, base: u64) -> bool {
-    (0..entries).any(|i| {
-        let e = e820(map, i);
+fn is_ram(e820: &[E820Entry], base: u64) -> bool {
+    e820.iter().any(|e| {
         e.kind == E820_RAM && e.base < base + 2 * MIB && base < e.base.saturating_add(e.size)
     })
 }
@@ -416,28 +317,20 @@ fn is_ram(map: u64, entries: u32, base: u64) -> bool {
 /// Marks the low 4 GiB cached where RAM is and uncached elsewhere, adds the
 /// page directories for `high_gibs` GiB from 4 GiB at `pd_base`, and reloads
 /// `CR3`.
-fn set_page_tables(map: u64, entries: u32, pd_base: u64, high_gibs: u64) {
+fn set_page_tables(e820: &[E820Entry], pd_base: u64, high_gibs: u64) {
     // SAFETY: the stub's tables: PML4, PDPT, four page directories; only
     // this single-threaded boot code touches them.
     let t = unsafe { &mut *addr_of_mut!(__pvh_tables) };
     for i in 0..2048u64 {
         let base = i * 2 * MIB;
-        let flags = if is_ram(map, entries, base) {
-            PDE_WB
-        } else {
-            PDE_UC
-        };
+        let flags = if is_ram(e820, base) { PDE_WB } else { PDE_UC };
         t[1024 + i as usize] = base | flags;
     }
     for g in 0..high_gibs {
         let pd = pd_base + g * 4096;
         for i in 0..512u64 {
             let base = (4 + g) * GIB + i * 2 * MIB;
-            let flags = if is_ram(map, entries, base) {
-                PDE_WB
-            } else {
-                PDE_UC
-            };
+            let flags = if is_ram(e820, base) { PDE_WB } else { PDE_UC };
             // SAFETY: the page directories lie in RAM after the image that the
             // memory map reports as boot structures; nothing else uses it.
             unsafe { write_volatile((pd + i * 8) as *mut u64, base | flags) };
@@ -488,30 +381,16 @@ fn find_table(rsdp: u64, sig: &[u8; 4]) -> Option<u64> {
     None
 }
 
-/// `SLP_TYPa` of the DSDT's `_S5_` package: `Name(_S5_, Package(){ N, ...})`.
+/// `SLP_TYPa` of the DSDT's `_S5_` package (`abi::pvh::s5_sleep_type`).
 fn s5_type(dsdt: u64) -> Option<u8> {
     if dsdt == 0 || dsdt >= 4 * GIB || rd32(dsdt) != u32::from_le_bytes(*b"DSDT") {
         return None;
     }
-    let len = u64::from(rd32(dsdt + 4)).min(1 << 20);
-    let name = u32::from_le_bytes(*b"_S5_");
-    let mut p = dsdt + 36;
-    while p + 8 <= dsdt + len {
-        if rd32(p) == name && rd8(p + 4) == 0x12 {
-            // PackageOp, PkgLength (bits 7:6 of its lead byte = extra bytes),
-            // NumElements, then the first element.
-            let lead = rd8(p + 5);
-            let q = p + 6 + u64::from(lead >> 6) + 1;
-            return match rd8(q) {
-                0x00 => Some(0),
-                0x01 => Some(1),
-                0x0A => Some(rd8(q + 1)),
-                _ => None,
-            };
-        }
-        p += 1;
-    }
-    None
+    let len = u64::from(rd32(dsdt + 4)).clamp(36, 1 << 20);
+    // SAFETY: the firmware's DSDT, below 4 GiB (identity mapped), `len`
+    // bytes as its header says (capped at 1 MiB).
+    let table = unsafe { core::slice::from_raw_parts(dsdt as *const u8, len as usize) };
+    abi::pvh::s5_sleep_type(table)
 }
 
 /// The S5 register and sleep type from the ACPI tables, if readable.

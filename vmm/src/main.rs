@@ -646,7 +646,9 @@ fn write_image(name: &str, path: &Path) -> ExitCode {
 /// exit statuses.
 fn describe_images() -> String {
     let mut s = String::from(
-        "Built-in guest images (image = \"builtin:NAME\"; args = \"key=value key=value\"):\n",
+        "Built-in guest images (image = \"builtin:NAME\"; args = \"key=value key=value\"):\n\
+         (each also boots in Cloud Hypervisor and QEMU through its PVH entry, the args as\n\
+         the kernel command line: hqdmux images --write builtin:NAME -o FILE)\n",
     );
     for name in images::names() {
         s += &format!("\nbuiltin:{name}\n");

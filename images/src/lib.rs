@@ -1,6 +1,10 @@
 //! Guest images built from `guest-tools/` at compile time and embedded here.
 //!
-//! A fleet config names one as `image = "builtin:NAME"`.
+//! A fleet config names one as `image = "builtin:NAME"`. Every image also
+//! carries a PVH entry note ([`elf::pvh_entry`]), so the file that
+//! `hqdmux images --write` writes boots in Cloud Hypervisor and QEMU.
+
+pub mod elf;
 
 include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
 

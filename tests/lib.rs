@@ -96,3 +96,95 @@ pub mod logs {
             .collect()
     }
 }
+
+/// A fleet running in a background thread with its operator API, for tests
+/// that must order events between VMs by what the host saw (a VM's queue on
+/// the GPU) instead of by how long guests take: every wait is on a state
+/// the API reports, with a deadline only as a hang guard.
+pub struct LiveFleet {
+    /// The API socket.
+    pub sock: PathBuf,
+    fleet: std::thread::JoinHandle<FleetReport>,
+}
+
+impl LiveFleet {
+    /// Launches `toml` (parsed as `dir/fleet.toml`) with its API on a
+    /// socket of its own in `dir` and waits for the socket.
+    pub fn start(dir: &Path, toml: &str) -> LiveFleet {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let sock = dir.join(format!("live-fleet-{n}.sock"));
+        assert!(!sock.exists(), "{} is taken", sock.display());
+        let cfg = config(dir, toml);
+        let opts = RunOptions {
+            api_socket: Some(sock.clone()),
+            ..Default::default()
+        };
+        let fleet = std::thread::spawn(move || run_fleet(&cfg, opts).expect("fleet launches"));
+        let t0 = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            assert!(t0.elapsed().as_secs() < 120, "no API socket");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        LiveFleet { sock, fleet }
+    }
+
+    /// One API request; panics unless it answers `want`.
+    pub fn api(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+        want: u16,
+    ) -> serde_json::Value {
+        let (st, v) =
+            vmm::api::request(&self.sock, method, path, body.as_ref()).expect("API request");
+        assert_eq!(st, want, "{method} {path}: {v}");
+        v
+    }
+
+    /// Polls VM `name`'s view until `cond` holds (hang guard: 300 s).
+    pub fn wait_vm(
+        &self,
+        name: &str,
+        what: &str,
+        cond: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let t0 = std::time::Instant::now();
+        loop {
+            let v = self.api("GET", &format!("/api/v1/vms/{name}"), None, 200);
+            if cond(&v) {
+                return v;
+            }
+            assert!(t0.elapsed().as_secs() < 300, "{name}: {what}: {v}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until VM `name` has a queue mapped on the GPU.
+    pub fn wait_on_gpu(&self, name: &str) {
+        self.wait_vm(name, "never reached the GPU", |v| {
+            v["maps"].as_u64().is_some_and(|m| m > 0)
+        });
+    }
+
+    /// Waits until VM `name` has ended; returns its view.
+    pub fn wait_ended(&self, name: &str) -> serde_json::Value {
+        self.wait_vm(name, "never ended", |v| !v["outcome"].is_null())
+    }
+
+    /// Adds a VM from a JSON `[[vm]]` entry (`POST /api/v1/vms`).
+    pub fn add(&self, entry: serde_json::Value) {
+        self.api("POST", "/api/v1/vms", Some(entry), 201);
+    }
+
+    /// Stops VM `name` as an operator would (not a failure).
+    pub fn stop(&self, name: &str) {
+        self.api("POST", &format!("/api/v1/vms/{name}/stop"), None, 200);
+    }
+
+    /// Waits for the fleet to end (every VM ended or stopped).
+    pub fn join(self) -> FleetReport {
+        self.fleet.join().expect("fleet thread")
+    }
+}

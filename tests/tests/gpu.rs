@@ -3,7 +3,7 @@
 //! ioeventfds) and wait for MSI-X interrupts (`sti; hlt`) on the simulated
 //! GPU, scheduled by priority.
 
-use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir};
+use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir, LiveFleet};
 use vmm::vm::VmOutcome;
 
 /// A VM running the `gpu` guest; RAM for one CWSR area (~177 MiB on the
@@ -17,6 +17,14 @@ fn gpu_vm(name: &str, priority: u8, args: &str) -> String {
     format!(
         "[[vm]]\nname = \"{name}\"\nimage = \"builtin:gpu\"\nmemory_mib = {mib}\ngpu = true\npriority = {priority}\nargs = \"{args}\"\n"
     )
+}
+
+/// [`gpu_vm`] as the JSON body of `POST /api/v1/vms`.
+fn gpu_vm_json(name: &str, priority: u8, args: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": name, "image": "builtin:gpu", "memory_mib": 256,
+        "gpu": true, "priority": priority, "args": args,
+    })
 }
 
 #[test]
@@ -295,29 +303,40 @@ fn a_high_priority_vm_preempts_a_low_priority_one() {
         return;
     }
     let dir = scratch_dir("gpu-prio");
-    // Guests start together and nothing orders their first doorbells, so
-    // the margins carry the test: training holds ~800 ms of whole-GPU work
-    // in 50 ms workgroups; inference's 25 short jobs take ~375 ms of
-    // emulated guest time, so many of them land while training runs even
-    // when training's first doorbell comes ~200 ms late (a loaded host:
-    // 10 jobs once all ended before training started).
-    let toml = [
-        gpu_vm("training", 2, "kernels=4 wgs=1216 cost_us=50000"),
-        gpu_vm("inference", 12, "kernels=2 wgs=304 cost_us=500 loops=25"),
-    ]
-    .concat();
-    let report = run(&config(&dir, &toml));
-    assert!(report.all_succeeded(), "{}", report.summary());
-    let training = report.vm_gpu[0].expect("training GPU accounting");
-    assert!(
-        training.preemptions >= 1,
-        "inference preempted training: {}",
-        report.summary()
+    // Training's workgroups (1000 s each, with save points) never end on
+    // their own: once the host sees its queue on the GPU, inference (added
+    // then, at priority 12) can only run by preempting it, however slowly
+    // either guest runs on a loaded host. The operator stops training once
+    // inference is done (an operator stop is not a failure).
+    let fleet = LiveFleet::start(
+        &dir,
+        &gpu_vm("training", 2, "kernels=1 wgs=1216 cost_us=1000000000"),
     );
-    // Inference (submitted while training runs) finishes first: its last
-    // completion checkpoint precedes training's.
-    let done = |i: usize| last_checkpoint(&report.vms[i], 3);
-    assert!(done(1) < done(0), "{}", report.summary());
+    fleet.wait_on_gpu("training");
+    fleet.add(gpu_vm_json(
+        "inference",
+        12,
+        "kernels=2 wgs=304 cost_us=500 loops=25",
+    ));
+    let inference = fleet.wait_ended("inference");
+    let training = fleet.wait_vm("training", "still running", |v| v["outcome"].is_null());
+    assert!(
+        training["preemptions"].as_u64().is_some_and(|p| p >= 1),
+        "inference preempted training: {training}"
+    );
+    assert_eq!(inference["preemptions"].as_u64(), Some(0), "{inference}");
+    fleet.stop("training");
+    let report = fleet.join();
+    assert!(report.all_succeeded(), "{}", report.summary());
+    assert!(
+        report.vms[1]
+            .console
+            .iter()
+            .any(|l| l == "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok"),
+        "{:?}",
+        report.vms[1].console
+    );
+    assert_eq!(report.operator_stopped, vec![true, false]);
 }
 
 #[test]
@@ -327,82 +346,70 @@ fn an_operator_raises_a_waiting_vm_over_the_control_socket_and_it_preempts() {
         return;
     }
     let dir = scratch_dir("gpu-ctl");
-    let sock = dir.join("api.sock");
-    // Left alone, `late` (priority 1) cannot preempt `training` (priority 2):
-    // in the default exclusive mode it waits for training's ~800 ms of 50 ms
-    // workgroups, and training is never preempted. Once training holds a
-    // slot the operator raises `late` to 12 over the control socket. `late`'s
-    // 20 short jobs take ~300 ms of emulated guest time: it cannot finish
-    // before training gets its slot, and once raised it ends well before
-    // training does.
-    let toml = [
-        gpu_vm("training", 2, "kernels=4 wgs=1216 cost_us=50000"),
-        gpu_vm("late", 1, "kernels=2 wgs=304 cost_us=500 loops=20"),
-    ]
-    .concat();
-    let cfg = config(&dir, &toml);
-    let opts = vmm::fleet::RunOptions {
-        echo: false,
-        api_socket: Some(sock.clone()),
-        ..Default::default()
-    };
-    let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
-    let t0 = std::time::Instant::now();
-    let api =
-        |m: &str, p: &str, b: Option<serde_json::Value>| vmm::api::request(&sock, m, p, b.as_ref());
-    loop {
-        assert!(t0.elapsed().as_secs() < 20, "training never got a slot");
-        if let Ok((200, v)) = api("GET", "/api/v1/vms/training", None) {
-            if v["maps"].as_u64().is_some_and(|m| m > 0) {
-                break;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    let (st, v) = api("GET", "/api/v1/policy", None).unwrap();
-    assert_eq!((st, v["policy"].as_str()), (200, Some("hqdmux")));
-    let (st, bad) = api(
+    // `training` (priority 2) runs 1000-s workgroups with save points that
+    // never end on their own. `late` (priority 1) is added once the host
+    // sees training on the GPU: left alone it could wait forever (the
+    // default exclusive mode never lets priority 1 preempt 2, and aging is
+    // pushed out of the run). The operator raises `late` to 12 over the
+    // control socket, so late can only finish by preempting training,
+    // whatever either guest's speed; then the operator stops training.
+    let toml = "[scheduler]\naging_ns = 600000000000\n\n".to_string()
+        + &gpu_vm("training", 2, "kernels=1 wgs=1216 cost_us=1000000000");
+    let fleet = LiveFleet::start(&dir, &toml);
+    fleet.wait_on_gpu("training");
+    fleet.add(gpu_vm_json(
+        "late",
+        1,
+        "kernels=2 wgs=304 cost_us=500 loops=20",
+    ));
+    let v = fleet.api("GET", "/api/v1/policy", None, 200);
+    assert_eq!(v["policy"].as_str(), Some("hqdmux"));
+    let bad = fleet.api(
         "PATCH",
         "/api/v1/vms/late",
         Some(serde_json::json!({"priority": 16})),
-    )
-    .unwrap();
-    assert_eq!(st, 400);
+        400,
+    );
     assert_eq!(
         bad["error"],
         "vm 'late': priority: 16 is out of range 0..=15"
     );
-    let (st, ok) = api(
-        "PATCH",
-        "/api/v1/vms/late",
-        Some(serde_json::json!({"priority": 12})),
-    )
-    .unwrap();
-    assert_eq!((st, ok["priority"].as_u64()), (200, Some(12)));
-    let (_, list) = api("GET", "/api/v1/vms", None).unwrap();
+    let list = fleet.api("GET", "/api/v1/vms", None, 200);
     let late = &list["vms"][1];
     assert_eq!(
         (
             late["name"].as_str(),
-            late["state"].as_str(),
-            late["gpu"].as_bool()
+            late["priority"].as_u64(),
+            late["gpu"].as_bool(),
+            late["gpu_time_ms"].as_f64().unwrap_or(0.0),
         ),
-        (Some("late"), Some("running"), Some(true)),
-        "{list}"
+        (Some("late"), Some(1), Some(true), 0.0),
+        "late has had no GPU time while training holds the GPU: {list}"
     );
-    let report = fleet.join().unwrap();
+    let ok = fleet.api(
+        "PATCH",
+        "/api/v1/vms/late",
+        Some(serde_json::json!({"priority": 12})),
+        200,
+    );
+    assert_eq!(ok["priority"].as_u64(), Some(12));
+    fleet.wait_ended("late");
+    let training = fleet.wait_vm("training", "still running", |v| v["outcome"].is_null());
+    assert!(
+        training["preemptions"].as_u64().is_some_and(|p| p >= 1),
+        "the raised VM preempted training: {training}"
+    );
+    fleet.stop("training");
+    let sock = fleet.sock.clone();
+    let report = fleet.join();
     assert!(report.all_succeeded(), "{}", report.summary());
     assert!(!sock.exists(), "socket removed when the fleet ends");
-    let training = report.vm_gpu[0].expect("training GPU accounting");
     assert!(
-        training.preemptions >= 1,
-        "the raised VM preempted training: {}",
-        report.summary()
-    );
-    let done = |i: usize| last_checkpoint(&report.vms[i], 3);
-    assert!(
-        done(1) < done(0),
-        "raised VM finished first: {}",
-        report.summary()
+        report.vms[1]
+            .console
+            .iter()
+            .any(|l| l == "gpu: 1 queues x 2 kernels x 304 wgs x 20 loops: ok"),
+        "{:?}",
+        report.vms[1].console
     );
 }

@@ -466,7 +466,7 @@ const ENDLESS: &str = "[run]\ntimeout_ms = 600000\n\
     args = \"kernels=4 wgs=1216 cost_us=200000 loops=1000\"\n";
 
 /// Starts `hqdmux run --api-socket` on [`ENDLESS`] and waits until its
-/// control socket answers (every VM is built and started right after).
+/// control socket answers and `trainer` has been charged GPU time.
 fn start_endless(dir: &std::path::Path) -> (std::process::Child, std::path::PathBuf) {
     let cfg = write_file(dir, "endless.toml", ENDLESS);
     let sock = dir.join("fleet.sock");
@@ -476,22 +476,31 @@ fn start_endless(dir: &std::path::Path) -> (std::process::Child, std::path::Path
     );
     let t0 = std::time::Instant::now();
     loop {
+        // Wait until the GPU guest has been charged GPU time (its kernels
+        // are on the GPU): a state the host reports, not a guess of how
+        // long the guest takes to boot.
         let out = hqdmux()
-            .args(["ps", "--api-socket", sock.to_str().unwrap()])
+            .args(["ps", "--json", "--api-socket", sock.to_str().unwrap()])
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if out.status.success() && text.contains("trainer") {
+        let charged = out.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&out.stdout).is_ok_and(|v| {
+                v["vms"].as_array().is_some_and(|vms| {
+                    vms.iter().any(|vm| {
+                        vm["name"] == "trainer"
+                            && vm["gpu_time_ms"].as_f64().is_some_and(|t| t > 0.0)
+                    })
+                })
+            });
+        if charged {
             break;
         }
         assert!(
-            t0.elapsed().as_secs() < 60,
-            "the fleet never served its socket"
+            t0.elapsed().as_secs() < 120,
+            "the fleet never served its socket or never ran trainer's kernels"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    // Let the GPU guest submit its first kernels.
-    std::thread::sleep(std::time::Duration::from_millis(500));
     (child, sock)
 }
 
@@ -537,7 +546,8 @@ fn sigterm_and_sigint_stop_every_vm_print_the_summary_and_remove_the_socket() {
             "{stderr}"
         );
         assert!(!sock.exists(), "{name}: the control socket was removed");
-        std::fs::remove_dir_all(&dir).unwrap();
+        // Scratch clean-up only: a failure here is no failure of the test.
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

@@ -418,6 +418,9 @@ pub struct SimGpu {
     /// Per batch: the identified CUs it holds (`held` of them while live;
     /// a dead batch's list is stale until the index is reused).
     batch_cus: Vec<Vec<u32>>,
+    /// CU time of completed workgroups per tag, not yet taken
+    /// ([`PhysGpu::take_cu_time`]); bounded by the tags mapped.
+    cu_credit: std::collections::HashMap<u64, u64>,
 }
 
 type QResult<T> = Result<T, QueueErrorReason>;
@@ -477,6 +480,7 @@ impl SimGpu {
             free_batches: Vec::new(),
             dirty_batches: Vec::new(),
             batch_cus: Vec::new(),
+            cu_credit: std::collections::HashMap::new(),
         })
     }
 
@@ -1086,13 +1090,7 @@ impl SimGpu {
     /// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
     /// kernel's own), at least the modelled floor.
     fn wg_cost(&self, d: &Dispatch) -> Nanos {
-        let mut cost = d.desc.wg_cost_ns;
-        if let Kernarg::Spin { ns } = d.args {
-            if ns != 0 {
-                cost = ns;
-            }
-        }
-        cost.max(self.params.wg_floor_ns).max(MIN_WG_NS)
+        wg_cost(&self.params, d)
     }
 
     /// Marks batch `idx` changed: its timers are re-armed by `flush_batches`
@@ -1309,6 +1307,8 @@ impl SimGpu {
         };
         a.done_wgs += to - from;
         self.stats.wgs_completed += to - from;
+        let (tag, cost) = (q.tag, wg_cost(&self.params, &d));
+        credit(&mut self.cu_credit, tag, (to - from).saturating_mul(cost));
         let lim = Self::effect_wgs(&d).min(to);
         for wg in from..lim {
             apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
@@ -1568,6 +1568,7 @@ impl SimGpu {
         };
         apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
         self.stats.wgs_completed += 1;
+        credit(&mut self.cu_credit, q.tag, wg_cost(&self.params, &d));
         if a.done_wgs == d.total && a.next_wg == d.total {
             complete_packet(q, i, now, &mut self.pending, &mut self.stats, SlotId(slot))?;
             retire(q, SlotId(slot))?;
@@ -1765,6 +1766,24 @@ impl SimGpu {
 
 /// Highest write index a queue may publish: one ring ahead of the read index,
 /// and never past a dword position that overflows `CP_HQD_PQ_WPTR`.
+/// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
+/// kernel's own), at least the modelled floor.
+fn wg_cost(params: &SimParams, d: &Dispatch) -> Nanos {
+    let mut cost = d.desc.wg_cost_ns;
+    if let Kernarg::Spin { ns } = d.args {
+        if ns != 0 {
+            cost = ns;
+        }
+    }
+    cost.max(params.wg_floor_ns).max(MIN_WG_NS)
+}
+
+/// Adds `ns` of CU time to `tag`'s credit.
+fn credit(c: &mut std::collections::HashMap<u64, u64>, tag: u64, ns: u64) {
+    let e = c.entry(tag).or_insert(0);
+    *e = e.saturating_add(ns);
+}
+
 fn wptr_limit(rptr: u64, ring_packets: u64) -> u64 {
     rptr.saturating_add(ring_packets).min(MAX_INDEX)
 }
@@ -2082,6 +2101,12 @@ impl PhysGpu for SimGpu {
 
     fn topology(&self) -> &GpuTopology {
         &self.topo
+    }
+
+    /// Workgroups x their modelled cost (the descriptor's, as
+    /// [`SimGpu`] runs them without jitter), credited as they complete.
+    fn take_cu_time(&mut self, out: &mut Vec<(u64, u64)>) {
+        out.extend(self.cu_credit.drain());
     }
 
     /// From the kernel descriptor (its modelled workgroup cost and

@@ -316,6 +316,14 @@ fn save_restore_keeps_progress_and_models_latency() {
     assert_eq!(done, t0 + restore + 600 + 1000);
     vm.verify(&q).unwrap();
     assert_eq!(vm.read_index(&q), 1);
+    // CU time: 6 workgroups x 1000 ns, the 4 saved ones counted once.
+    let mut cu = Vec::new();
+    gpu.take_cu_time(&mut cu);
+    let total: u64 = cu.iter().map(|(t, ns)| if *t == 7 { *ns } else { 0 }).sum();
+    assert_eq!(total, 6 * 1000, "{cu:?}");
+    cu.clear();
+    gpu.take_cu_time(&mut cu);
+    assert!(cu.is_empty(), "taken once");
 }
 
 #[test]

@@ -369,6 +369,10 @@ struct Wg {
     /// it until `shared_until`.
     guest: bool,
     shared_until: Nanos,
+    /// The work (ns at its solo rate) it started with: its cost, or what a
+    /// saved workgroup had left. Credited as CU time when it completes; a
+    /// save credits the part done ([`PhysGpu::take_cu_time`]).
+    work: Nanos,
 }
 
 struct Part {
@@ -1010,6 +1014,7 @@ impl SimGpu {
             live: true,
             guest: true,
             shared_until: now.saturating_add(delay.saturating_mul(2)),
+            work: cost,
         });
         true
     }
@@ -1503,6 +1508,7 @@ impl SimGpu {
             live: true,
             guest: false,
             shared_until: 0,
+            work: dur,
         });
     }
 
@@ -1527,7 +1533,7 @@ impl SimGpu {
             return;
         }
         let live = w.live;
-        let (slot, id, wg, cu) = (w.slot, w.id, w.wg, w.cu);
+        let (slot, id, wg, cu, work) = (w.slot, w.id, w.wg, w.cu, w.work);
         self.free_wgs.push(idx);
         self.wgs[idx as usize].live = false;
         if !live {
@@ -1539,6 +1545,9 @@ impl SimGpu {
             release_guest(part, cu);
         } else if release_cu(part, cu) {
             part.free_cus += 1;
+        }
+        if let Some(q) = self.slots[slot as usize].as_ref() {
+            credit(&mut self.cu_credit, q.tag, work);
         }
         let res = self.complete_wg(slot, id, wg);
         if let Err(e) = res {
@@ -1568,7 +1577,6 @@ impl SimGpu {
         };
         apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
         self.stats.wgs_completed += 1;
-        credit(&mut self.cu_credit, q.tag, wg_cost(&self.params, &d));
         if a.done_wgs == d.total && a.next_wg == d.total {
             complete_packet(q, i, now, &mut self.pending, &mut self.stats, SlotId(slot))?;
             retire(q, SlotId(slot))?;
@@ -1688,6 +1696,10 @@ impl SimGpu {
                 // `fail` frees the CUs still held by the slot.
                 self.parts[p].free_cus += freed;
                 return Err(e);
+            }
+            // The current round's part done is CU time received.
+            if let Some(q) = self.slots[slot as usize].as_ref() {
+                credit(&mut self.cu_credit, q.tag, running.saturating_mul(into));
             }
             // The CUs of the saved waves stay held (by the slot) until the
             // dequeue finishes (`finish_unmap`).
@@ -2330,10 +2342,14 @@ impl PhysGpu for SimGpu {
                         } else {
                             w.end.saturating_sub(now)
                         };
+                        let remaining = remaining.max(MIN_WG_NS);
+                        // The part done is CU time received (the rest is
+                        // credited when the restored workgroup completes).
+                        credit(&mut self.cu_credit, q.tag, w.work.saturating_sub(remaining));
                         q.resume.push_front(SavedWg {
                             id: w.id,
                             wg: w.wg,
-                            remaining: remaining.max(MIN_WG_NS),
+                            remaining,
                         });
                     }
                 }

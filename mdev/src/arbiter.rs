@@ -224,6 +224,8 @@ struct Core {
 /// The promise's figures of one VM ([`GpuArbiter::vm_promise`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VmPromise {
+    /// When they were read (ns on the arbiter's clock).
+    pub at_ns: Nanos,
     /// Cumulative counters.
     pub counters: crate::telemetry::PromiseCounters,
     /// Its compute partition.
@@ -868,6 +870,7 @@ impl GpuArbiter {
             })
             .collect();
         Some(VmPromise {
+            at_ns: now,
             counters: t.promise,
             partition,
             preempted_by,

@@ -634,6 +634,8 @@ fn exposition_is_promtool_clean() {
     info.states = &["running", "stopped"];
     info.vm_states.insert(0, "running");
     info.vm_states.insert(1, "stopped");
+    info.promise.insert(0, (4.0 / 7.0, 0.5));
+    info.promise.insert(1, (3.0 / 7.0, 0.5));
     let guard = [0u32, 1]
         .into_iter()
         .map(|id| {
@@ -654,6 +656,9 @@ fn exposition_is_promtool_clean() {
             guard_quarantines: 0,
         },
     );
+    for fam in ["hqdmux_vm_entitled_share{", "hqdmux_vm_received_share{"] {
+        assert_eq!(text.matches(fam).count(), 2, "{fam}");
+    }
     let child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

@@ -122,20 +122,20 @@ fn entitlement_matches_the_water_filling_and_the_window_check_holds() {
         toml += &gpu_vm(name, 4, w, BUSY);
     }
     toml += &gpu_vm("below", 2, 1, BUSY);
-    // One batch of 4 x 100 ms of the whole GPU above everyone, then idle
+    // One batch of 8 x 100 ms of the whole GPU above everyone, then idle
     // (halted, vGPU kept): demanding for part of any long window.
-    toml += &gpu_vm("burst", 6, 1, "kernels=4 wgs=304 cost_us=100000 die=idle");
+    toml += &gpu_vm("burst", 6, 1, "kernels=8 wgs=304 cost_us=100000 die=idle");
     let (sock, fleet) = start(&dir, &toml);
     let names = ["w1", "w2", "w4", "below", "burst"];
 
-    // The window starts once the burst has begun (its demand then falls
-    // inside the window whatever the host's speed: 0.4 s of GPU work in
-    // 5 s) and every VM is live.
-    let first = wait_list(&sock, "the burst starts", |l| {
+    // The window starts at a read that finds the burst demanding (part of
+    // its demand then falls inside the window whatever the host's speed: at
+    // most 0.8 s of GPU work in 5 s) and every VM live.
+    let first = wait_list(&sock, "the burst demanding", |l| {
         names
             .iter()
             .all(|n| l.vms.iter().any(|v| v.name == *n && v.promise.is_some()))
-            && promise_of(l, "burst").cu_time_ms > 0.0
+            && promise_of(l, "burst").demanding
     });
     std::thread::sleep(Duration::from_secs(5));
     let second = vms(&sock);

@@ -356,7 +356,7 @@ impl FleetControl {
             latency_p50_ms: latency.map(|(p50, _)| p50 * 1e3),
             latency_p99_ms: latency.map(|(_, p99)| p99 * 1e3),
             latency_limit_ms: latency.map(|_| mdev::telemetry::LATENCY_LIMIT_NS as f64 / 1e6),
-            promise: self.promise_view(v),
+            promise: self.promise_view(v, status),
             was_quarantined: None,
         }
     }
@@ -440,12 +440,16 @@ impl FleetControl {
         }
     }
 
-    /// The promise view of a live VM.
-    fn promise_view(&self, v: &VmEntry) -> Option<PromiseView> {
+    /// The promise view of a live VM whose `status` was just read.
+    fn promise_view(
+        &self,
+        v: &VmEntry,
+        status: Option<(scheduler::VmParams, scheduler::VmStats)>,
+    ) -> Option<PromiseView> {
         let m = self.arbiter.get()?;
         let h = v.vgpu?;
+        let (params, stats) = status?;
         let p = m.vm_promise(h)?;
-        let (params, stats) = m.vm_status(h)?;
         let ms = |ns: u64| ns as f64 / 1e6;
         let c = &p.counters;
         let verdict = v.verdict.as_ref();

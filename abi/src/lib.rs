@@ -21,6 +21,7 @@ pub mod config_space;
 pub mod kernel;
 pub mod mqd;
 pub mod pci;
+pub mod pvh;
 pub mod queue;
 pub mod vgpu;
 

@@ -1,4 +1,21 @@
 //! Port I/O: serial console, exit port and checkpoint port (docs/boot.md).
+//! Under PVH boot in another VMM (`crate::pvh`) there is neither exit nor
+//! checkpoint port: checkpoints are skipped and [`exit`] powers off.
+
+use core::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once by the PVH entry; `.bss` (false) under hqdmux's own VMM.
+static PVH: AtomicBool = AtomicBool::new(false);
+
+/// Marks this boot as a PVH boot (no hqdmux exit or checkpoint port).
+pub(crate) fn set_pvh() {
+    PVH.store(true, Ordering::Relaxed);
+}
+
+/// True when the guest was started through its PVH entry.
+pub fn is_pvh() -> bool {
+    PVH.load(Ordering::Relaxed)
+}
 
 /// COM1 base port (16550 UART).
 pub const SERIAL_PORT: u16 = 0x3f8;
@@ -19,6 +36,26 @@ pub fn outb(port: u16, value: u8) {
     unsafe {
         core::arch::asm!("out dx, al", in("dx") port, in("al") value, options(nomem, nostack, preserves_flags))
     }
+}
+
+/// Writes two bytes to an I/O port.
+#[inline]
+pub fn outw(port: u16, value: u16) {
+    // SAFETY: as `outb`.
+    unsafe {
+        core::arch::asm!("out dx, ax", in("dx") port, in("ax") value, options(nomem, nostack, preserves_flags))
+    }
+}
+
+/// Reads one byte from an I/O port.
+#[inline]
+pub fn inb(port: u16) -> u8 {
+    let v: u8;
+    // SAFETY: as `outb`.
+    unsafe {
+        core::arch::asm!("in al, dx", in("dx") port, out("al") v, options(nomem, nostack, preserves_flags))
+    }
+    v
 }
 
 /// Writes four bytes to an I/O port.
@@ -43,11 +80,18 @@ pub fn inl(port: u16) -> u32 {
 
 /// Records a timestamped checkpoint on the host.
 pub fn checkpoint(code: u32) {
+    if is_pvh() {
+        return;
+    }
     outl(CHECKPOINT_PORT, code);
 }
 
-/// Ends the VM with `status` (0 = success). Never returns.
+/// Ends the VM with `status` (0 = success). Never returns. Under PVH boot
+/// the status is printed and the VM powers off ([`crate::pvh::power_off`]).
 pub fn exit(status: u32) -> ! {
+    if is_pvh() {
+        crate::pvh::power_off(status);
+    }
     outl(EXIT_PORT, status);
     loop {
         // SAFETY: only reached if the VMM ignored the exit write.

@@ -8,6 +8,9 @@
 //! halts with interrupts off. Output goes to the 16550 serial port at 0x3f8, and the
 //! program's return value is written to the exit port, which ends the VM.
 //!
+//! The image also has a PVH entry (`pvh`) for Cloud Hypervisor and QEMU,
+//! which builds the same boot-info block from `hvm_start_info`.
+//!
 //! Integer-only: the nested KVM here emulates guest instructions and has no
 //! scalar SSE, so no `f32`/`f64` anywhere in guest code.
 #![no_std]
@@ -19,6 +22,7 @@ pub mod irq;
 mod mem;
 pub mod num;
 pub mod pci;
+pub mod pvh;
 
 pub use boot::BootInfo;
 

@@ -75,6 +75,15 @@ impl MmioAlloc {
         MmioAlloc { next: base, end }
     }
 
+    /// Moves the allocator past `[base, base + size)` when that range lies
+    /// at or after its next free address (a BAR placed by someone else).
+    pub fn reserve(&mut self, base: u64, size: u64) {
+        let end = base.saturating_add(size);
+        if end > self.next && base < self.end {
+            self.next = end;
+        }
+    }
+
     /// `size` bytes (a power of two) aligned to `size`.
     pub fn alloc(&mut self, size: u64) -> Option<u64> {
         let start = self.next.checked_add(size - 1)? & !(size - 1);
@@ -86,8 +95,11 @@ impl MmioAlloc {
     }
 }
 
-/// Sizes memory BAR `n` of `device` (write all ones, read the mask back),
-/// assigns it from `hole` and returns (base, size). Decoding must be off.
+/// Sizes memory BAR `n` of `device` (write all ones, read the mask back)
+/// and returns (base, size). A BAR the VMM or firmware already placed
+/// (non-zero, aligned to its size, below the local APIC: Cloud Hypervisor,
+/// QEMU's SeaBIOS) keeps its address, and `hole` skips past it; a BAR at 0
+/// (hqdmux's own VMM) is assigned from `hole`. Decoding must be off.
 pub fn assign_bar(device: u8, n: u8, hole: &mut MmioAlloc) -> Result<(u64, u64), PciError> {
     let off = cfg::BAR0 as u8 + 4 * n;
     let old = read32(device, off);
@@ -99,6 +111,12 @@ pub fn assign_bar(device: u8, n: u8, hole: &mut MmioAlloc) -> Result<(u64, u64),
         return Err(PciError::NotMemory32);
     }
     let size = u64::from(!(mask & !0xF)) + 1;
+    let placed = u64::from(old & !0xF);
+    if placed != 0 && placed & (size - 1) == 0 && placed + size <= abi::pci::LAPIC_BASE {
+        write32(device, off, old);
+        hole.reserve(placed, size);
+        return Ok((placed, size));
+    }
     let base = hole.alloc(size).ok_or(PciError::NoSpace)?;
     write32(device, off, base as u32);
     Ok((base, size))

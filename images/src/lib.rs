@@ -1,6 +1,10 @@
 //! Guest images built from `guest-tools/` at compile time and embedded here.
 //!
-//! A fleet config names one as `image = "builtin:NAME"`.
+//! A fleet config names one as `image = "builtin:NAME"`. Every image also
+//! carries a PVH entry note ([`elf::pvh_entry`]), so the file that
+//! `hqdmux images --write` writes boots in Cloud Hypervisor and QEMU.
+
+pub mod elf;
 
 include!(concat!(env!("OUT_DIR"), "/builtin.rs"));
 
@@ -144,13 +148,27 @@ const INFO: &[(&str, ImageInfo)] = &[
                 (
                     "mode=MODE",
                     "attack (default): the checks above; flood: print `lines` empty console \
-                     lines and write `marks` checkpoints, then `hostile: flood done`",
+                     lines and write `marks` checkpoints, then `hostile: flood done`; \
+                     barrier: load `queues` vHQDs whose first packet is a barrier-AND on a \
+                     signal nobody meets for `ms`, then meet it and check each kernel ran \
+                     exactly once (`hostile: barrier ok`); rehang: load a kernel of \
+                     hour-long workgroups without a save point and reload it after every \
+                     reset (error 22) for `ms`, or until a reload is refused with 23 \
+                     (`hostile: rehang N resets, quarantined Q`)",
                 ),
                 ("lines=N", "mode=flood: console lines (default 100000)"),
                 ("marks=M", "mode=flood: checkpoints (default 100000)"),
+                ("queues=N", "mode=barrier: blocked vHQDs (default 1, 1..=8)"),
+                ("wgs=W", "mode=barrier and rehang: workgroups per kernel (default 304)"),
+                (
+                    "ms=M",
+                    "mode=barrier: how long the barriers stay unmet (default 5000); \
+                     mode=rehang: how long it keeps re-hanging (default 10000)",
+                ),
             ],
-            exit: "0 every answer as documented (or flood done); 1 some were not; 3 no vGPU; \
-                   4 set-up failed",
+            exit: "0 every answer as documented (or flood done, barrier ok, rehang done); 1 \
+                   some were not (barrier: a kernel wrong or a queue error; rehang: an error \
+                   other than 22 or 23); 3 no vGPU; 4 set-up failed",
         },
     ),
 ];

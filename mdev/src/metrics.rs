@@ -129,7 +129,7 @@ impl Histogram {
 /// topology.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MetricsInfo {
-    /// `gpu_id`: the GPU's index on the host (0: one GPU per process today).
+    /// `gpu_id`: the GPU's index on the host (its `[[gpu]] id`; 0 for one `[gpu]`).
     pub gpu_id: u32,
     /// `hostname`.
     pub hostname: String,
@@ -151,7 +151,7 @@ pub struct MetricsInfo {
 }
 
 impl MetricsInfo {
-    /// GPU 0 of this host (its hostname), this crate's version, commit
+    /// GPU 0 of this host (its hostname; callers set `gpu_id`), this crate's version, commit
     /// `unknown`, no VM states.
     pub fn local() -> Self {
         MetricsInfo {

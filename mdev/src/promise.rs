@@ -7,8 +7,8 @@
 //! (`vmm::api`), the `hqdmux_vm_entitled_share` metric and `hqdmux promise`
 //! all come from here, so the live check is the same arithmetic everywhere.
 //!
-//! Everything is per compute partition: a VM only ever uses its partition,
-//! whose capacity is 1. Shares are fractions of the compute the partition's
+//! Everything is per compute partition of one GPU: a VM only ever uses
+//! its partition, whose capacity is 1. Shares are fractions of the compute the partition's
 //! VMs received in the window (CU time, see [`WindowSample::cu_ns`]), so
 //! CWSR save and restore, charged to nobody, do not count against anyone.
 
@@ -31,6 +31,8 @@ pub const AGING_LIMIT: f64 = 1.0 / 32.0;
 /// What a VM asks of its partition.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Claim {
+    /// The GPU (`gpu_id`).
+    pub gpu: u32,
     /// Compute partition.
     pub partition: u32,
     /// VM priority (higher first).
@@ -50,10 +52,10 @@ pub struct Claim {
 /// `min(1, total demand)`.
 pub fn water_fill(claims: &[Claim]) -> Vec<f64> {
     let mut out = vec![0.0; claims.len()];
-    let mut by_part: BTreeMap<u32, BTreeMap<u8, Vec<usize>>> = BTreeMap::new();
+    let mut by_part: BTreeMap<(u32, u32), BTreeMap<u8, Vec<usize>>> = BTreeMap::new();
     for (i, c) in claims.iter().enumerate() {
         by_part
-            .entry(c.partition)
+            .entry((c.gpu, c.partition))
             .or_default()
             .entry(c.priority)
             .or_default()
@@ -116,6 +118,8 @@ fn fill_level(claims: &[Claim], members: &[usize], cap: f64, out: &mut [f64]) ->
 pub struct WindowSample {
     /// VM name.
     pub name: String,
+    /// The GPU (`gpu_id`).
+    pub gpu: u32,
     /// Compute partition.
     pub partition: u32,
     /// Priority at the end of the window.
@@ -177,6 +181,8 @@ impl Demand {
 pub struct Verdict {
     /// VM name.
     pub name: String,
+    /// The GPU (`gpu_id`).
+    pub gpu: u32,
     /// Compute partition.
     pub partition: u32,
     /// How it demanded.
@@ -205,11 +211,11 @@ pub struct Verdict {
 /// checked here). Receiving more than the entitlement breaks no promise of
 /// that VM (another VM's shortfall shows it).
 pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
-    let mut cu_total: BTreeMap<u32, u128> = BTreeMap::new();
-    let mut slot_total: BTreeMap<u32, u128> = BTreeMap::new();
+    let mut cu_total: BTreeMap<(u32, u32), u128> = BTreeMap::new();
+    let mut slot_total: BTreeMap<(u32, u32), u128> = BTreeMap::new();
     for s in samples {
-        *cu_total.entry(s.partition).or_default() += u128::from(s.cu_ns);
-        *slot_total.entry(s.partition).or_default() += u128::from(s.gpu_ns);
+        *cu_total.entry((s.gpu, s.partition)).or_default() += u128::from(s.cu_ns);
+        *slot_total.entry((s.gpu, s.partition)).or_default() += u128::from(s.gpu_ns);
     }
     let frac = |x: u64, tot: Option<&u128>| match tot {
         Some(&t) if t > 0 => x as f64 / t as f64,
@@ -217,7 +223,7 @@ pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
     };
     let got: Vec<f64> = samples
         .iter()
-        .map(|s| frac(s.cu_ns, cu_total.get(&s.partition)))
+        .map(|s| frac(s.cu_ns, cu_total.get(&(s.gpu, s.partition))))
         .collect();
     let demand: Vec<Demand> = samples
         .iter()
@@ -228,6 +234,7 @@ pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
         .zip(&got)
         .zip(&demand)
         .map(|((s, &g), d)| Claim {
+            gpu: s.gpu,
             partition: s.partition,
             priority: s.priority,
             weight: s.weight,
@@ -248,7 +255,11 @@ pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
             let excess_below: f64 = samples
                 .iter()
                 .enumerate()
-                .filter(|(j, o)| o.partition == s.partition && o.priority < s.priority && *j != i)
+                .filter(|(j, o)| {
+                    (o.gpu, o.partition) == (s.gpu, s.partition)
+                        && o.priority < s.priority
+                        && *j != i
+                })
                 .map(|(j, _)| (got[j] - entitled[j]).max(0.0))
                 .sum();
             let slice = if s.window_ns > 0 {
@@ -295,12 +306,13 @@ pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
             };
             Verdict {
                 name: s.name.clone(),
+                gpu: s.gpu,
                 partition: s.partition,
                 demand: demand[i],
                 demanding,
                 entitled: e,
                 got: got[i],
-                got_slot: frac(s.gpu_ns, slot_total.get(&s.partition)),
+                got_slot: frac(s.gpu_ns, slot_total.get(&(s.gpu, s.partition))),
                 tolerance,
                 held,
                 why,
@@ -316,6 +328,7 @@ mod tests {
 
     fn claim(partition: u32, priority: u8, weight: u32, demand: Option<f64>) -> Claim {
         Claim {
+            gpu: 0,
             partition,
             priority,
             weight,
@@ -353,14 +366,18 @@ mod tests {
         let c = [claim(0, 9, 1, Some(0.3)), claim(0, 1, 1, None)];
         let e = water_fill(&c);
         assert!((e[0] - 0.3).abs() < 1e-12 && (e[1] - 0.7).abs() < 1e-12);
-        // Partitions are independent.
+        // Partitions are independent, and so are GPUs.
         let c = [claim(0, 9, 1, None), claim(1, 1, 1, None)];
         assert_eq!(water_fill(&c), vec![1.0, 1.0]);
+        let mut other = claim(0, 1, 1, None);
+        other.gpu = 1;
+        assert_eq!(water_fill(&[claim(0, 9, 1, None), other]), vec![1.0, 1.0]);
     }
 
     fn sample(name: &str, prio: u8, weight: u32, demanding: u64, cu: u64) -> WindowSample {
         WindowSample {
             name: name.into(),
+            gpu: 0,
             partition: 0,
             priority: prio,
             weight,

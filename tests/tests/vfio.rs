@@ -42,6 +42,9 @@ fn serve_child_process() {
         );
     }
     println!("SERVED gpu completions={}", r.gpu.completions);
+    for (id, g) in &r.gpus {
+        println!("SERVED gpu {id} completions={}", g.completions);
+    }
     std::process::exit(0);
 }
 
@@ -279,4 +282,61 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         out.contains("SERVED training connections=3 dropped=0"),
         "{out}"
     );
+}
+
+/// `hqdmux serve` with two `[[gpu]]` entries (issue 20): each vGPU is
+/// served by its own GPU's arbiter, its series carry that GPU's id, and
+/// each GPU completed exactly its own VM's packets.
+#[test]
+fn a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu() {
+    if !kvm_or_skip("a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu") {
+        return;
+    }
+    let dir = scratch_dir("vfio-two-gpus");
+    let srv = Server::start(
+        &dir,
+        "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\npartition_mode = \"DPX\"\n\
+         [[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\ngpu_id = 0\n\
+         [[vgpu]]\nname = \"b\"\nsocket = \"b.sock\"\ngpu_id = 1\n",
+    );
+    let r = run(&config(
+        &dir,
+        &[
+            remote_vm("a", "a.sock", "kernels=2 wgs=304 cost_us=500 loops=2"),
+            remote_vm("b", "b.sock", "kernels=3 wgs=152 cost_us=500 loops=2"),
+        ]
+        .concat(),
+    ));
+    assert!(r.all_succeeded(), "{}", r.summary());
+    let m = srv.metrics();
+    let gpu_of = |vm: &str| -> Vec<String> {
+        m.lines()
+            .filter(|l| !l.starts_with('#') && l.contains(&format!("vm=\"{vm}\"")))
+            .filter_map(|l| {
+                let (_, rest) = l.split_once("gpu_id=\"")?;
+                Some(rest.split_once('"')?.0.to_owned())
+            })
+            .collect()
+    };
+    let (a, b) = (gpu_of("a"), gpu_of("b"));
+    assert!(!a.is_empty() && a.iter().all(|g| g == "0"), "{m}");
+    assert!(!b.is_empty() && b.iter().all(|g| g == "1"), "{m}");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("hqdmux_hqd_slots{gpu_id=\"1\",gpu_partition_id=\"1\""))
+            && m.contains("gpu_compute_partition_type=\"DPX\""),
+        "GPU 1 in DPX:\n{m}"
+    );
+    let out = srv.stop();
+    let done = |id: u32| -> u64 {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("SERVED gpu {id} completions=")))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no GPU {id}: {out}"))
+    };
+    // Each GPU completed its own VM's kernels: 2 x 2 on GPU 0, 3 x 2 on
+    // GPU 1 (plus each guest's own mark packets, on its own GPU).
+    let (g0, g1) = (done(0), done(1));
+    assert!(g0 >= 4 && g1 >= 6, "{out}");
+    assert!(g1 > g0, "b submits more than a: {out}");
 }

@@ -44,7 +44,11 @@ fn main() {
         .map(|i| format!("[[vm]]\nname = \"vm{i}\"\nimage = \"builtin:hello\"\n"))
         .collect();
     let cfg = vmm::config::FleetConfig::parse(&toml, std::path::Path::new("/x/f.toml")).unwrap();
-    let ctl = Arc::new(vmm::api::FleetControl::new(None, &cfg, &[None; 4]));
+    let ctl = Arc::new(vmm::api::FleetControl::new(
+        Arc::new(vmm::fleet::FleetGpus::new(&cfg)),
+        &cfg,
+        &[None; 4],
+    ));
     let dir = std::env::temp_dir().join(format!("hqdmux-api-idle-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("api.sock");

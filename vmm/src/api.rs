@@ -14,8 +14,8 @@
 //! | `GET /api/v1/policy`, `PUT /api/v1/policy` | the fleet's scheduling policy |
 //! | `GET /api/v1/fleet` | policy, GPU, totals |
 //! | `POST /api/v1/vms/{name}/clear-quarantine` | lift its guard quarantine (200 with the view and `was_quarantined`) |
-//! | `GET /api/v1/timeline?seconds=N&format=json\|svg` | the HQD-slot timeline of the last N (1..=120) s |
-//! | `GET /metrics` | Prometheus text exposition of the GPU |
+//! | `GET /api/v1/timeline?seconds=N&format=json\|svg&gpu_id=G` | GPU G's (default: the first with VMs) HQD-slot timeline of the last N (1..=120) s |
+//! | `GET /metrics` | Prometheus text exposition of every GPU (each series labelled with its `gpu_id`) |
 //!
 //! Every error is `{"error": "..."}` with a 4xx status naming the VM, the
 //! field and the reason, and changes nothing. A request is read whole into
@@ -28,7 +28,7 @@ pub mod types;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mdev::arbiter::GpuArbiter;
@@ -146,9 +146,9 @@ struct Inner {
 
 /// What the API can see and steer; shared by the HTTP server and the fleet.
 pub struct FleetControl {
-    /// Set at the start, or when the first GPU VM is added to a fleet
-    /// that had none.
-    arbiter: OnceLock<Arc<GpuArbiter>>,
+    /// The fleet's GPUs: one arbiter each, started with the first VM on
+    /// it (at launch or when added); a VM only reaches its own GPU's.
+    gpus: Arc<crate::fleet::FleetGpus>,
     inner: Mutex<Inner>,
     started: Instant,
     config_path: PathBuf,
@@ -157,7 +157,7 @@ pub struct FleetControl {
 impl FleetControl {
     /// Control over `cfg`'s VMs (config order) with their vGPU handles.
     pub fn new(
-        arbiter: Option<Arc<GpuArbiter>>,
+        gpus: Arc<crate::fleet::FleetGpus>,
         cfg: &FleetConfig,
         vgpus: &[Option<VgpuHandle>],
     ) -> Self {
@@ -169,12 +169,8 @@ impl FleetControl {
                 VmEntry::new(c.clone(), vgpus.get(i).copied().flatten(), VmState::Running)
             })
             .collect();
-        let cell = OnceLock::new();
-        if let Some(m) = arbiter {
-            let _ = cell.set(m);
-        }
         FleetControl {
-            arbiter: cell,
+            gpus,
             inner: Mutex::new(Inner {
                 vms,
                 cfg: cfg.clone(),
@@ -193,10 +189,16 @@ impl FleetControl {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The fleet's GPU arbiter, started for the first GPU VM added to a
-    /// fleet that had none (a second call changes nothing).
-    pub fn set_arbiter(&self, m: Arc<GpuArbiter>) {
-        let _ = self.arbiter.set(m);
+    /// The fleet's GPUs (the fleet loop starts a GPU's arbiter here for
+    /// the first VM added to it).
+    pub fn gpus(&self) -> &Arc<crate::fleet::FleetGpus> {
+        &self.gpus
+    }
+
+    /// The arbiter of the GPU the VM `c` is on (`None`: no vGPU on this
+    /// fleet's GPUs, or its GPU not started).
+    fn arb_of(&self, c: &VmConfig) -> Option<&Arc<GpuArbiter>> {
+        self.gpus.of(c.gpu_id.filter(|_| c.gpu))
     }
 
     /// Connects the fleet's command channel (stop, add): commands are sent
@@ -223,7 +225,10 @@ impl FleetControl {
             v.vgpu = None;
             v.share = None;
             v.end = Some(end);
-            if let Some((h, m)) = v.last_vgpu.zip(self.arbiter.get()) {
+            if let Some((h, m)) = v
+                .last_vgpu
+                .zip(self.gpus.of(v.config.gpu_id.filter(|_| v.config.gpu)))
+            {
                 v.ended_errors = m.vm_queue_errors(h);
                 v.ended_latency = m.vm_packet_latency(h);
             }
@@ -302,7 +307,8 @@ impl FleetControl {
 
     fn view(&self, v: &VmEntry, inner: &Inner) -> VmView {
         let c = &v.config;
-        let live = v.vgpu.zip(self.arbiter.get());
+        let arb = self.arb_of(c);
+        let live = v.vgpu.zip(arb);
         let status = live.and_then(|(h, m)| m.vm_status(h));
         let controls = live.and_then(|(h, m)| m.vm_controls(h));
         let (priority, weight) = status
@@ -311,27 +317,28 @@ impl FleetControl {
         let stats = status
             .map(|(_, s)| s)
             .or_else(|| v.end.as_ref().and_then(|e| e.gpu));
-        let quantum = match (controls, self.arbiter.get(), c.gpu) {
+        let quantum = match (controls, arb, c.gpu) {
             (Some((_, Some(q))), _, _) => Some(q),
             (_, Some(m), true) => Some(m.level_quantum(priority as u8)),
             _ => None,
         };
         let ms = |ns: u64| ns as f64 / 1e6;
-        let queue_errors = v.ended_errors.clone().or_else(|| {
-            v.last_vgpu
-                .zip(self.arbiter.get())
-                .and_then(|(h, m)| m.vm_queue_errors(h))
-        });
+        let queue_errors = v
+            .ended_errors
+            .clone()
+            .or_else(|| v.last_vgpu.zip(arb).and_then(|(h, m)| m.vm_queue_errors(h)));
         let guard = live.and_then(|(h, m)| m.guard_status(h));
         let latency = v.ended_latency.or_else(|| {
             v.last_vgpu
-                .zip(self.arbiter.get())
+                .zip(arb)
                 .and_then(|(h, m)| m.vm_packet_latency(h))
         });
         VmView {
             name: c.name.clone(),
             state: v.state,
             gpu: c.gpu,
+            gpu_id: c.gpu_id.filter(|_| c.gpu),
+            placement: c.placement.clone().filter(|_| c.gpu),
             image: c.image.clone(),
             priority,
             weight,
@@ -361,46 +368,56 @@ impl FleetControl {
         }
     }
 
-    /// Samples every live VM's GPU time: the share of the fleet's GPU time
-    /// each got since the previous sample.
+    /// Samples every live VM's GPU time: the share of its GPU's time
+    /// (summed over that GPU's VMs) each got since the previous sample.
     pub fn sample(&self) {
         let mut inner = self.lock();
-        let Some(m) = self.arbiter.get().cloned() else {
+        if self.gpus.started().next().is_none() {
             return;
-        };
+        }
         let now = Instant::now();
         let mut deltas = Vec::with_capacity(inner.vms.len());
+        let mut totals: BTreeMap<u32, u64> = BTreeMap::new();
         for v in inner.vms.iter_mut() {
-            let ns = v.vgpu.and_then(|h| m.vm_status(h)).map(|(_, s)| s.gpu_ns);
-            match ns {
-                Some(ns) => {
-                    deltas.push(Some(ns.saturating_sub(v.sample_ns)));
+            let on = v.config.gpu_id.filter(|_| v.config.gpu);
+            let ns = v
+                .vgpu
+                .zip(self.gpus.of(on))
+                .and_then(|(h, m)| m.vm_status(h))
+                .map(|(_, s)| s.gpu_ns);
+            match (ns, on) {
+                (Some(ns), Some(id)) => {
+                    let d = ns.saturating_sub(v.sample_ns);
+                    *totals.entry(id).or_default() += d;
+                    deltas.push(Some((id, d)));
                     v.sample_ns = ns;
                 }
-                None => deltas.push(None),
+                _ => deltas.push(None),
             }
         }
-        let total: u64 = deltas.iter().flatten().sum();
         for (v, d) in inner.vms.iter_mut().zip(&deltas) {
             v.share = match d {
-                Some(d) if total > 0 => Some(*d as f64 / total as f64),
-                Some(_) => Some(0.0),
+                Some((id, d)) => match totals.get(id).copied().unwrap_or(0) {
+                    0 => Some(0.0),
+                    total => Some(*d as f64 / total as f64),
+                },
                 None => None,
             };
         }
         inner.interval = now - inner.last_sample;
         inner.last_sample = now;
-        Self::sample_promise(&mut inner, &m);
+        self.sample_promise(&mut inner);
     }
 
     /// The promise over the interval since the previous sample: every live
     /// GPU VM's counters are differenced and checked together
     /// ([`mdev::promise::check_window`]).
-    fn sample_promise(inner: &mut Inner, m: &GpuArbiter) {
+    fn sample_promise(&self, inner: &mut Inner) {
         let mut idx = Vec::new();
         let mut samples = Vec::new();
         for (i, v) in inner.vms.iter_mut().enumerate() {
-            let Some(h) = v.vgpu else {
+            let on = v.config.gpu_id.filter(|_| v.config.gpu);
+            let (Some(h), Some(m), Some(gpu)) = (v.vgpu, self.gpus.of(on), on) else {
                 v.promise_prev = None;
                 v.verdict = None;
                 continue;
@@ -419,6 +436,7 @@ impl FleetControl {
                 idx.push(i);
                 samples.push(mdev::promise::WindowSample {
                     name: v.config.name.clone(),
+                    gpu,
                     partition: p.partition,
                     priority: params.priority,
                     weight: params.weight,
@@ -431,12 +449,9 @@ impl FleetControl {
                 });
             }
         }
-        for (i, verdict) in idx.into_iter().zip(mdev::promise::check_window(&samples)) {
-            let window_ms = samples
-                .iter()
-                .find(|s| s.name == verdict.name)
-                .map_or(0.0, |s| s.window_ns as f64 / 1e6);
-            inner.vms[i].verdict = Some((verdict, window_ms));
+        let verdicts = mdev::promise::check_window(&samples);
+        for ((i, verdict), s) in idx.into_iter().zip(verdicts).zip(&samples) {
+            inner.vms[i].verdict = Some((verdict, s.window_ns as f64 / 1e6));
         }
     }
 
@@ -446,7 +461,7 @@ impl FleetControl {
         v: &VmEntry,
         status: Option<(scheduler::VmParams, scheduler::VmStats)>,
     ) -> Option<PromiseView> {
-        let m = self.arbiter.get()?;
+        let m = self.arb_of(&v.config)?;
         let h = v.vgpu?;
         let (params, stats) = status?;
         let p = m.vm_promise(h)?;
@@ -556,7 +571,7 @@ impl FleetControl {
                 v.state.name()
             )));
         }
-        match (v.vgpu, self.arbiter.get()) {
+        match (v.vgpu, self.arb_of(&v.config)) {
             (Some(h), Some(m)) => Ok((h, m.clone())),
             _ => Err(ApiError::Conflict(format!(
                 "vm '{name}': {what}: the VM has no vGPU (gpu = false)"
@@ -714,10 +729,21 @@ impl FleetControl {
         req: &Request,
     ) -> Result<(VmConfig, Sender<FleetCommand>, Arc<EventFd>), ApiError> {
         let table = vm_table(req)?;
-        let config = inner
+        let mut config = inner
             .cfg
             .check_added_vm(&table, &self.config_path)
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        // Its GPU: `gpu_id` as given, else placed against the VMs running
+        // or starting.
+        inner.cfg.place_added(
+            &mut config,
+            inner
+                .vms
+                .iter()
+                // Starting counts: an add still being built is on its GPU.
+                .filter(|v| !v.forgotten && (v.state.live() || v.state == VmState::Starting))
+                .map(|v| &v.config),
+        );
         if inner.retired.contains(&config.name) {
             return Err(ApiError::Unprocessable(format!(
                 "vm '{}': name: duplicate name: an ended VM (no longer listed) had it",
@@ -733,9 +759,10 @@ impl FleetControl {
 
     fn get_policy(&self) -> PolicyView {
         let p = self
-            .arbiter
-            .get()
-            .map(|m| m.policy())
+            .gpus
+            .started()
+            .next()
+            .map(|(_, m)| m.policy())
             .unwrap_or(self.lock().cfg.scheduler.policy);
         PolicyView {
             policy: PolicyName(p),
@@ -749,11 +776,15 @@ impl FleetControl {
 
     fn put_policy(&self, req: &Request) -> Result<PolicyView, ApiError> {
         let c: PolicyChange = types::decode_json(req.header("content-type"), &req.body, "policy")?;
-        let m = self
-            .arbiter
-            .get()
-            .ok_or_else(|| ApiError::Conflict("policy: the fleet has no GPU VMs".into()))?;
-        m.set_policy(c.policy.0);
+        if self.gpus.started().next().is_none() {
+            return Err(ApiError::Conflict(
+                "policy: the fleet has no GPU VMs".into(),
+            ));
+        }
+        // One policy for the fleet: every GPU's scheduler.
+        for (_, m) in self.gpus.started() {
+            m.set_policy(c.policy.0);
+        }
         log::info!("api: policy = {}", c.policy.0.name());
         Ok(self.get_policy())
     }
@@ -768,68 +799,92 @@ impl FleetControl {
                 (s.name().to_owned(), n)
             })
             .collect();
-        let gpu = self.arbiter.get().map(|m| {
-            let t = m.topology();
-            let s = m.stats();
-            GpuView {
-                policy: PolicyName(m.policy()),
-                xccs: t.xccs,
-                partitions: t.partitions(),
-                completions: s.completions,
-                maps: s.maps,
-                preemptions: s.preemptions,
-                quarantined_vms: s.quarantined_vms,
-            }
-        });
+        let gpus: Vec<GpuView> = self
+            .gpus
+            .started()
+            .map(|(id, m)| {
+                let t = m.topology();
+                let s = m.stats();
+                GpuView {
+                    gpu_id: id,
+                    policy: PolicyName(m.policy()),
+                    xccs: t.xccs,
+                    partitions: t.partitions(),
+                    gpu_compute_partition_type: mdev::metrics::partition_type(t.partition_mode)
+                        .to_owned(),
+                    vms: listed()
+                        .filter(|v| v.state.live() && v.config.gpu && v.config.gpu_id == Some(id))
+                        .count() as u64,
+                    completions: s.completions,
+                    maps: s.maps,
+                    preemptions: s.preemptions,
+                    quarantined_vms: s.quarantined_vms,
+                }
+            })
+            .collect();
         FleetView {
             uptime_ms: self.started.elapsed().as_secs_f64() * 1e3,
             vms: listed().count() as u64,
             vms_forgotten: inner.retired.len() as u64,
             states,
-            gpu,
+            gpu: gpus.first().cloned(),
+            gpus,
         }
     }
 
-    /// The device labels (GPU 0: one GPU per process), build and each GPU
-    /// VM's state for `/metrics`.
-    fn metrics_info(&self) -> mdev::metrics::MetricsInfo {
+    /// GPU `gpu_id`'s device labels, build and the state of each VM on
+    /// it for `/metrics`.
+    fn metrics_info(&self, gpu_id: u32) -> mdev::metrics::MetricsInfo {
         let mut info = mdev::metrics::MetricsInfo::local();
+        info.gpu_id = gpu_id;
         info.commit = env!("HQDMUX_GIT_COMMIT").to_owned();
         info.version = env!("CARGO_PKG_VERSION").to_owned();
         info.states = &VM_STATE_NAMES;
         let inner = self.lock();
         for v in inner.vms.iter().filter(|v| !v.forgotten) {
-            if let Some(h) = v.last_vgpu {
-                info.vm_states.insert(h.0, v.state.name());
-            }
-            if let (Some(h), Some((x, _))) = (v.vgpu, &v.verdict) {
-                info.promise.insert(h.0, (x.entitled, x.got));
+            if v.config.gpu && v.config.gpu_id == Some(gpu_id) {
+                if let Some(h) = v.last_vgpu {
+                    info.vm_states.insert(h.0, v.state.name());
+                }
+                if let (Some(h), Some((x, _))) = (v.vgpu, &v.verdict) {
+                    info.promise.insert(h.0, (x.entitled, x.got));
+                }
             }
         }
         info
     }
 
     fn metrics(&self) -> Response {
-        match self.arbiter.get() {
-            Some(m) => Response::text(
-                200,
-                mdev::metrics::CONTENT_TYPE,
-                m.metrics_text_with(&self.metrics_info()),
-            ),
-            None => Response::text(
+        let texts: Vec<String> = self
+            .gpus
+            .started()
+            .map(|(id, m)| m.metrics_text_with(&self.metrics_info(id)))
+            .collect();
+        if texts.is_empty() {
+            return Response::text(
                 200,
                 mdev::metrics::CONTENT_TYPE,
                 "# hqdmux: this fleet has no GPU arbiter (no VM has gpu = true)\n".into(),
-            ),
+            );
         }
+        Response::text(200, mdev::metrics::CONTENT_TYPE, merge_expositions(&texts))
     }
 
     fn timeline(&self, req: &Request) -> Result<Response, ApiError> {
-        let (seconds, svg) = timeline_query(req)?;
-        let m = self
-            .arbiter
-            .get()
-            .ok_or_else(|| ApiError::Conflict("timeline: the fleet has no GPU VMs".into()))?;
+        let (seconds, svg, gpu_id) = timeline_query(req)?;
+        let (id, m) = match gpu_id {
+            Some(id) => (
+                id,
+                self.gpus.get(id).ok_or_else(|| {
+                    ApiError::Conflict(format!("timeline: GPU {id} has no VMs (or no such GPU)"))
+                })?,
+            ),
+            None => {
+                self.gpus.started().next().ok_or_else(|| {
+                    ApiError::Conflict("timeline: the fleet has no GPU VMs".into())
+                })?
+            }
+        };
         let t = m.timeline(Duration::from_secs(seconds));
         Ok(if svg {
             Response::text(
@@ -838,7 +893,14 @@ impl FleetControl {
                 timeline::render_svg(&t, &Default::default()),
             )
         } else {
-            Response::text(200, "application/json", t.to_json())
+            // The model with the GPU it is of, first.
+            let json = t.to_json();
+            let body = match json.strip_prefix('{') {
+                Some(rest) if rest.trim_start().starts_with('}') => format!("{{\"gpu_id\":{id}}}"),
+                Some(rest) => format!("{{\"gpu_id\":{id},{rest}"),
+                None => json,
+            };
+            Response::text(200, "application/json", body)
         })
     }
 
@@ -867,9 +929,11 @@ pub const TIMELINE_SECONDS_RANGE: std::ops::RangeInclusive<u64> = 1..=120;
 /// `seconds` of `GET /api/v1/timeline` when not given.
 pub const TIMELINE_DEFAULT_SECONDS: u64 = 10;
 
-/// The query of `GET /api/v1/timeline`: `(seconds, svg)`.
-fn timeline_query(req: &Request) -> Result<(u64, bool), ApiError> {
+/// The query of `GET /api/v1/timeline`: `(seconds, svg, gpu_id)` (no
+/// `gpu_id`: the first GPU with VMs).
+fn timeline_query(req: &Request) -> Result<(u64, bool, Option<u32>), ApiError> {
     let mut seconds = TIMELINE_DEFAULT_SECONDS;
+    let mut gpu_id = None;
     let mut svg = req
         .header("accept")
         .is_some_and(|a| a.contains("image/svg+xml") && !a.contains("application/json"));
@@ -897,6 +961,20 @@ fn timeline_query(req: &Request) -> Result<(u64, bool), ApiError> {
                     }
                 }
             }
+            "gpu_id" => {
+                gpu_id = match v.parse::<u32>() {
+                    Ok(n) if n < crate::config::MAX_GPUS => Some(n),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "timeline: gpu_id",
+                            format!(
+                                "'{v}' is not an integer in 0..={}",
+                                crate::config::MAX_GPUS - 1
+                            ),
+                        ))
+                    }
+                }
+            }
             "format" => {
                 svg = match v {
                     "json" => false,
@@ -912,12 +990,63 @@ fn timeline_query(req: &Request) -> Result<(u64, bool), ApiError> {
             _ => {
                 return Err(ApiError::invalid(
                     format!("timeline: {k}"),
-                    "unknown query parameter (known: seconds, format)",
+                    "unknown query parameter (known: seconds, format, gpu_id)",
                 ))
             }
         }
     }
-    Ok((seconds, svg))
+    Ok((seconds, svg, gpu_id))
+}
+
+/// One Prometheus text exposition from several GPUs' (each a complete
+/// exposition of the same families): each family's `# HELP` and `# TYPE`
+/// once, then its samples from every GPU in turn (their `gpu_id` labels
+/// differ). A sample line that repeats exactly (a series without a GPU
+/// label, such as `hqdmux_build_info`) is kept once.
+pub fn merge_expositions(texts: &[String]) -> String {
+    // Family name -> (header lines, sample lines), in first-seen order.
+    let mut order: Vec<String> = Vec::new();
+    let mut families: BTreeMap<String, (Vec<&str>, Vec<&str>)> = BTreeMap::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    for text in texts {
+        let mut current = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line
+                .strip_prefix("# HELP ")
+                .or_else(|| line.strip_prefix("# TYPE "))
+            {
+                let name = rest.split_whitespace().next().unwrap_or("").to_owned();
+                if !families.contains_key(&name) {
+                    order.push(name.clone());
+                }
+                let f = families.entry(name.clone()).or_default();
+                if !f.0.contains(&line) && f.1.is_empty() {
+                    f.0.push(line);
+                }
+                current = name;
+            } else if line.starts_with('#') || line.is_empty() {
+                continue;
+            } else {
+                if !seen.insert(line) {
+                    continue;
+                }
+                if !families.contains_key(&current) {
+                    order.push(current.clone());
+                }
+                families.entry(current.clone()).or_default().1.push(line);
+            }
+        }
+    }
+    let mut out = String::new();
+    for name in order {
+        if let Some((head, samples)) = families.get(&name) {
+            for l in head.iter().chain(samples) {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// Methods of a known path (for 405), `None` for unknown paths.
@@ -1066,7 +1195,11 @@ mod tests {
 
     #[test]
     fn refusals_name_the_vm_the_field_and_the_reason_and_change_nothing() {
-        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let ctl = FleetControl::new(
+            Arc::new(crate::fleet::FleetGpus::new(&fleet())),
+            &fleet(),
+            &[None],
+        );
         let (st, v) = call(&ctl, "GET", "/api/v1/vms", "");
         assert_eq!(st, 200);
         assert_eq!(v["vms"][0]["name"], "a");
@@ -1201,7 +1334,204 @@ mod tests {
             ..Default::default()
         };
         let (h, _fe) = m.add_vm("g", mem, params, Arc::new(NoIrq)).unwrap();
-        (FleetControl::new(Some(m.clone()), &cfg, &[Some(h)]), m)
+        (
+            FleetControl::new(
+                Arc::new(crate::fleet::FleetGpus::single(0, m.clone())),
+                &cfg,
+                &[Some(h)],
+            ),
+            m,
+        )
+    }
+
+    #[test]
+    fn merged_expositions_have_each_family_once_and_every_gpus_samples() {
+        let a = "# HELP x_total X.\n# TYPE x_total counter\nx_total{gpu_id=\"0\"} 1\n\
+                 # HELP h H.\n# TYPE h histogram\nh_bucket{gpu_id=\"0\",le=\"+Inf\"} 2\nh_sum{gpu_id=\"0\"} 3\nh_count{gpu_id=\"0\"} 2\nsame 1\n";
+        let b = a.replace("gpu_id=\"0\"", "gpu_id=\"1\"");
+        let m = merge_expositions(&[a.to_owned(), b]);
+        assert_eq!(m.matches("# HELP x_total").count(), 1, "{m}");
+        assert_eq!(m.matches("# TYPE h histogram").count(), 1, "{m}");
+        let lines: Vec<&str> = m.lines().collect();
+        // A family's samples follow its header, GPU 0's then GPU 1's.
+        let at = |l: &str| lines.iter().position(|x| *x == l).unwrap();
+        assert!(at("# TYPE x_total counter") < at("x_total{gpu_id=\"0\"} 1"));
+        assert_eq!(
+            at("x_total{gpu_id=\"1\"} 1"),
+            at("x_total{gpu_id=\"0\"} 1") + 1
+        );
+        assert!(at("h_count{gpu_id=\"1\"} 2") < at("# HELP h H.") + 10);
+        assert!(at("h_count{gpu_id=\"1\"} 2") > at("# HELP h H."));
+        assert_eq!(m.matches("same 1").count(), 1, "{m}");
+        assert_eq!(merge_expositions(&[a.to_owned()]), a);
+    }
+
+    /// Two GPUs, VM `a` on GPU 0 and `b` on GPU 1, each registered with
+    /// its own GPU's arbiter.
+    fn two_gpu_fleet() -> (FleetControl, FleetConfig) {
+        let cfg = FleetConfig::parse(
+            "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\npartition_mode = \"DPX\"\n\
+             [[vm]]\nname = \"a\"\nimage = \"builtin:gpu\"\ngpu = true\ngpu_id = 0\nmemory_mib = 256\n\
+             [[vm]]\nname = \"b\"\nimage = \"builtin:gpu\"\ngpu = true\nmemory_mib = 256\n",
+            Path::new("/x/f.toml"),
+        )
+        .unwrap();
+        assert_eq!(cfg.vm[1].gpu_id, Some(1), "placed on the empty GPU");
+        let gpus = Arc::new(crate::fleet::FleetGpus::new(&cfg));
+        let mut hs = Vec::new();
+        for v in &cfg.vm {
+            let m = gpus.start(&cfg, v.gpu_id.unwrap()).unwrap();
+            let mem: Arc<dyn gpu::mem::DmaMemory> = Arc::new(gpu::mem::SparseMemory::new(1 << 30));
+            let (h, _fe) = m
+                .add_vm(&v.name, mem, Default::default(), Arc::new(NoIrq))
+                .unwrap();
+            hs.push(Some(h));
+        }
+        (FleetControl::new(gpus, &cfg, &hs), cfg)
+    }
+
+    #[test]
+    fn added_vms_are_placed_against_running_and_starting_vms() {
+        let (ctl, _cfg) = two_gpu_fleet();
+        let (tx, rx) = std::sync::mpsc::channel();
+        ctl.connect_fleet(tx, Arc::new(EventFd::new(0).unwrap()));
+        let add = |name: &str, extra: &str| -> VmConfig {
+            let body = format!(
+                "{{\"name\": \"{name}\", \"image\": \"builtin:gpu\", \"gpu\": true, \"memory_mib\": 256{extra}}}"
+            );
+            let req = Request {
+                method: "POST".into(),
+                path: "/api/v1/vms".into(),
+                query: None,
+                headers: vec![("content-type".into(), "application/json".into())],
+                body: body.into_bytes(),
+                keep_alive: true,
+            };
+            let (reply, _answers) = Responder::detached();
+            ctl.route(req, reply);
+            let Ok(FleetCommand::Add { config, .. }) = rx.try_recv() else {
+                panic!("the add of {name} did not reach the fleet loop");
+            };
+            *config
+        };
+        // a (GPU 0) and b (GPU 1) weigh the same: the first GPU.
+        let c = add("c", "");
+        assert_eq!(c.gpu_id, Some(0), "{:?}", c.placement);
+        // c is still starting (not built yet) but already on GPU 0.
+        let d = add("d", "");
+        assert_eq!(d.gpu_id, Some(1), "{:?}", d.placement);
+        assert!(d
+            .placement
+            .unwrap()
+            .contains("gpu 0 101/304 CUs (weight 2 at >= 0, 2 VMs)"));
+        // gpu_id as given wins over the load.
+        let e = add("e", ", \"gpu_id\": 0");
+        assert_eq!(
+            (e.gpu_id, e.placement.as_deref()),
+            (Some(0), Some("gpu_id = 0"))
+        );
+        // The view of a VM being added already names its GPU.
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/d", "");
+        assert_eq!(v["gpu_id"], 1, "{v}");
+        for (_, m) in ctl.gpus().started() {
+            m.shutdown();
+        }
+    }
+
+    #[test]
+    fn two_gpus_each_carry_their_gpu_id_in_metrics_and_the_api() {
+        let (ctl, cfg) = two_gpu_fleet();
+        let g0 = ctl.gpus().get(0).unwrap().clone();
+        let g1 = ctl.gpus().get(1).unwrap().clone();
+        assert!(!Arc::ptr_eq(&g0, &g1), "one arbiter per GPU");
+        let text = String::from_utf8(raw(&ctl, "GET", "/metrics", None).body).unwrap();
+        let vm_lines = |vm: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.contains(&format!("vm=\"{vm}\"")))
+                .map(String::from)
+                .collect()
+        };
+        assert!(
+            !vm_lines("a").is_empty() && !vm_lines("b").is_empty(),
+            "{text}"
+        );
+        assert!(
+            vm_lines("a").iter().all(|l| l.contains("gpu_id=\"0\"")),
+            "{text}"
+        );
+        assert!(
+            vm_lines("b").iter().all(|l| l.contains("gpu_id=\"1\"")),
+            "{text}"
+        );
+        assert!(
+            vm_lines("b").iter().all(|l| !l.contains("gpu_partition_id")
+                || l.contains("gpu_compute_partition_type=\"DPX\"")),
+            "{text}"
+        );
+        // One HELP per family although two GPUs wrote it.
+        let mut helps: Vec<&str> = text.lines().filter(|l| l.starts_with("# HELP ")).collect();
+        let n = helps.len();
+        helps.dedup();
+        assert_eq!(helps.len(), n, "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("hqdmux_hqd_slots{gpu_id=\"1\"")),
+            "{text}"
+        );
+        // The API: each VM's GPU, each GPU's view.
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/b", "");
+        assert_eq!(v["gpu_id"], 1, "{v}");
+        assert!(
+            v["placement"].as_str().unwrap().starts_with("auto: gpu 1"),
+            "{v}"
+        );
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/a", "");
+        assert_eq!(v["gpu_id"], 0, "{v}");
+        assert_eq!(v["placement"], "gpu_id = 0", "{v}");
+        let (_, f) = call(&ctl, "GET", "/api/v1/fleet", "");
+        let ids: Vec<u64> = f["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["gpu_id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, [0, 1], "{f}");
+        assert_eq!(f["gpus"][1]["gpu_compute_partition_type"], "DPX", "{f}");
+        assert_eq!(f["gpus"][1]["partitions"], 2, "{f}");
+        // Timelines per GPU; an unknown GPU is refused.
+        for id in [0u64, 1] {
+            let r = raw(
+                &ctl,
+                "GET",
+                "/api/v1/timeline",
+                Some(&format!("gpu_id={id}")),
+            );
+            assert_eq!(r.status, 200);
+            let t: Value = serde_json::from_slice(&r.body).unwrap();
+            assert_eq!(t["gpu_id"], id, "{t}");
+            assert!(t["slots"].is_array(), "{t}");
+        }
+        let t: Value =
+            serde_json::from_slice(&raw(&ctl, "GET", "/api/v1/timeline", None).body).unwrap();
+        assert_eq!(t["gpu_id"], 0, "the first GPU by default: {t}");
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=7")).status,
+            409
+        );
+        assert_eq!(
+            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=x")).status,
+            400
+        );
+        // A policy change reaches every GPU.
+        let (st, _) = call(&ctl, "PUT", "/api/v1/policy", "{\"policy\":\"fifo\"}");
+        assert_eq!(st, 200);
+        assert_eq!(
+            (g0.policy(), g1.policy()),
+            (scheduler::Policy::Fifo, scheduler::Policy::Fifo)
+        );
+        drop(cfg);
+        g0.shutdown();
+        g1.shutdown();
     }
 
     #[test]
@@ -1343,7 +1673,11 @@ mod tests {
 
     #[test]
     fn without_a_gpu_metrics_answer_and_timeline_and_clear_quarantine_refuse() {
-        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let ctl = FleetControl::new(
+            Arc::new(crate::fleet::FleetGpus::new(&fleet())),
+            &fleet(),
+            &[None],
+        );
         let r = raw(&ctl, "GET", "/metrics", None);
         assert_eq!(r.status, 200);
         assert!(String::from_utf8(r.body).unwrap().starts_with('#'));
@@ -1523,7 +1857,11 @@ mod tests {
 
     #[test]
     fn a_fleet_without_a_gpu_passes_a_gpu_vm_to_the_fleet_loop() {
-        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let ctl = FleetControl::new(
+            Arc::new(crate::fleet::FleetGpus::new(&fleet())),
+            &fleet(),
+            &[None],
+        );
         let (tx, rx) = std::sync::mpsc::channel();
         ctl.connect_fleet(tx, Arc::new(EventFd::new(0).unwrap()));
         let body =
@@ -1548,8 +1886,7 @@ mod tests {
             Path::new("/x/f.toml"),
         )
         .unwrap();
-        let m = crate::fleet::start_arbiter(&cfg).unwrap();
-        ctl.set_arbiter(m.clone());
+        let m = ctl.gpus().start(&cfg, 0).unwrap();
         let (_, f) = call(&ctl, "GET", "/api/v1/fleet", "");
         assert_eq!(f["gpu"]["completions"], 0, "{f}");
         assert_eq!(
@@ -1562,7 +1899,11 @@ mod tests {
 
     #[test]
     fn deeply_nested_bodies_are_refused_not_a_stack_overflow() {
-        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let ctl = FleetControl::new(
+            Arc::new(crate::fleet::FleetGpus::new(&fleet())),
+            &fleet(),
+            &[None],
+        );
         let depth = 30_000;
         let toml_body = format!("name = \"n\"\nx = {}", "[".repeat(depth));
         let json_body = format!("{{\"name\": {}", "[".repeat(depth));
@@ -1594,7 +1935,11 @@ mod tests {
     /// older ones answer 404, leave `GET /vms` and keep their name taken.
     #[test]
     fn only_the_last_ended_vms_are_kept_and_their_names_stay_taken() {
-        let ctl = FleetControl::new(None, &fleet(), &[None]);
+        let ctl = FleetControl::new(
+            Arc::new(crate::fleet::FleetGpus::new(&fleet())),
+            &fleet(),
+            &[None],
+        );
         let (tx, rx) = std::sync::mpsc::channel();
         ctl.connect_fleet(tx, Arc::new(EventFd::new(0).unwrap()));
         let n = RETAINED_ENDED_VMS + 40;

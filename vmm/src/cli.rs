@@ -186,7 +186,12 @@ pub fn table(vms: &[VmView]) -> String {
             "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>12} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
             escape(&v.name),
             v.state.name(),
-            if v.gpu { "yes" } else { "no" },
+            // The VM's GPU id; `yes` for a vGPU served by another process.
+            match (v.gpu_id, v.gpu) {
+                (Some(id), _) => id.to_string(),
+                (None, true) => "yes".into(),
+                (None, false) => "no".into(),
+            },
             v.priority,
             v.weight,
             num(v.quantum_ms, 1),
@@ -237,11 +242,12 @@ pub fn window_samples(first: &VmList, second: &VmList) -> Vec<WindowSample> {
             continue;
         };
         let Some(pa) = &a.promise else { continue };
-        if pa.partition != pb.partition || pb.at_ms < pa.at_ms {
+        if pa.partition != pb.partition || a.gpu_id != b.gpu_id || pb.at_ms < pa.at_ms {
             continue;
         }
         out.push(WindowSample {
             name: b.name.clone(),
+            gpu: b.gpu_id.unwrap_or(0),
             partition: pb.partition,
             priority: u8::try_from(b.priority).unwrap_or(u8::MAX),
             weight: b.weight,
@@ -264,13 +270,14 @@ pub fn promise_check(first: &VmList, second: &VmList) -> Vec<Verdict> {
 /// The table `hqdmux promise` prints.
 pub fn promise_table(v: &[Verdict]) -> String {
     let mut s = format!(
-        "{:<16} {:>4} {:<10} {:>9} {:>8} {:>6} {:>8} {:>5}  {}\n",
-        "vm", "part", "demand", "demanding", "entitled", "got", "got_slot", "held", "why"
+        "{:<16} {:>3} {:>4} {:<10} {:>9} {:>8} {:>6} {:>8} {:>5}  {}\n",
+        "vm", "gpu", "part", "demand", "demanding", "entitled", "got", "got_slot", "held", "why"
     );
     for x in v {
         s += &format!(
-            "{:<16} {:>4} {:<10} {:>8.0}% {:>7.1}% {:>5.1}% {:>7.1}% {:>5}  {}\n",
+            "{:<16} {:>3} {:>4} {:<10} {:>8.0}% {:>7.1}% {:>5.1}% {:>7.1}% {:>5}  {}\n",
             escape(&x.name),
+            x.gpu,
             x.partition,
             x.demand.name(),
             x.demanding * 100.0,
@@ -307,6 +314,7 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
             .map(|x| {
                 serde_json::json!({
                     "vm": x.name,
+                    "gpu_id": x.gpu,
                     "partition": x.partition,
                     "demand": x.demand,
                     "demanding": x.demanding,
@@ -347,6 +355,35 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
         Ok(()) if broken > 0 => ExitCode::from(EXIT_BROKEN),
         Ok(()) => ExitCode::SUCCESS,
     }
+}
+
+/// `top`'s header: policy, uptime, completions and preemptions summed
+/// over the GPUs, then one line per GPU when there are several.
+fn top_header(f: Option<&FleetView>, gpu: Option<&crate::api::GpuView>) -> String {
+    let gpus = f.map_or(&[][..], |f| f.gpus.as_slice());
+    let sum = |x: fn(&crate::api::GpuView) -> u64| {
+        if gpus.is_empty() {
+            gpu.map(x)
+        } else {
+            Some(gpus.iter().map(x).sum())
+        }
+    };
+    let mut out = format!(
+        "hqdmux top  policy {}  uptime {} s  completions {}  preemptions {}  (share: of the GPU time of the last interval)\n",
+        opt(gpu.map(|g| g.policy.0.name())),
+        num(f.map(|f| f.uptime_ms / 1e3), 1),
+        opt(sum(|g| g.completions)),
+        opt(sum(|g| g.preemptions)),
+    );
+    if gpus.len() > 1 {
+        for g in gpus {
+            out += &format!(
+                "  gpu {:<2} {} vms {:<3} completions {:<8} preemptions {}\n",
+                g.gpu_id, g.gpu_compute_partition_type, g.vms, g.completions, g.preemptions
+            );
+        }
+    }
+    out + "\n"
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> ExitCode {
@@ -421,13 +458,7 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
                 out += "\x1b[H\x1b[2J";
             }
             let gpu = f.as_ref().and_then(|f| f.gpu.as_ref());
-            out += &format!(
-                "hqdmux top  policy {}  uptime {} s  completions {}  preemptions {}  (share: of the GPU time of the last interval)\n\n",
-                opt(gpu.map(|g| g.policy.0.name())),
-                num(f.as_ref().map(|f| f.uptime_ms / 1e3), 1),
-                opt(gpu.map(|g| g.completions)),
-                opt(gpu.map(|g| g.preemptions)),
-            );
+            out += &top_header(f.as_ref(), gpu);
             out += &table(&v.vms);
             if !once {
                 if let Some((cols, rows)) = terminal_size() {
@@ -869,10 +900,18 @@ pub fn metrics(socket: &Path) -> ExitCode {
 
 /// `hqdmux timeline -o OUT`: fetch the last `seconds` of the live fleet's
 /// timeline as JSON, check it, and write it as SVG (rendered here) or, for
-/// an `OUT` ending in `.json` or with `as_json`, as JSON.
-pub fn timeline(socket: &Path, out: &Path, seconds: u64, as_json: bool) -> ExitCode {
+/// an `OUT` ending in `.json` or with `as_json`, as JSON. `gpu_id`: which
+/// GPU (none: the first with VMs).
+pub fn timeline(
+    socket: &Path,
+    out: &Path,
+    seconds: u64,
+    as_json: bool,
+    gpu_id: Option<u32>,
+) -> ExitCode {
+    let gpu = gpu_id.map(|g| format!("&gpu_id={g}")).unwrap_or_default();
     let target = format!(
-        "{}/timeline?seconds={seconds}&format=json",
+        "{}/timeline?seconds={seconds}&format=json{gpu}",
         crate::api::PREFIX
     );
     let bytes = match call_raw("timeline", socket, &target) {
@@ -975,7 +1014,7 @@ mod tests {
         let out = dir.join("t.svg");
         let unreachable = ExitCode::from(EXIT_UNREACHABLE);
         assert_eq!(metrics(&nowhere), unreachable);
-        assert_eq!(timeline(&nowhere, &out, 5, false), unreachable);
+        assert_eq!(timeline(&nowhere, &out, 5, false, None), unreachable);
         assert_eq!(unquarantine(&nowhere, "a", false), unreachable);
 
         // A fleet without GPU VMs: metrics answer, the timeline is refused
@@ -985,12 +1024,16 @@ mod tests {
             Path::new("/x/f.toml"),
         )
         .unwrap();
-        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(None, &cfg, &[None]));
+        let ctl = std::sync::Arc::new(crate::api::FleetControl::new(
+            std::sync::Arc::new(crate::fleet::FleetGpus::new(&cfg)),
+            &cfg,
+            &[None],
+        ));
         let sock = dir.join("api.sock");
         let server = crate::api::serve(&sock, 0o600, ctl).unwrap();
         assert_eq!(metrics(&sock), ExitCode::SUCCESS);
         assert_eq!(
-            timeline(&sock, &out, 5, false),
+            timeline(&sock, &out, 5, false, None),
             ExitCode::from(EXIT_REFUSED)
         );
         assert!(!out.exists());
@@ -1110,6 +1153,47 @@ mod tests {
             "{t}"
         );
         assert!(lines[2].ends_with("exited with status 0"), "{t}");
+        // top's header sums the GPUs and lists each when there are several.
+        let g = |id: u32, c: u64| crate::api::GpuView {
+            gpu_id: id,
+            policy: PolicyName(scheduler::Policy::Hqdmux),
+            xccs: 8,
+            partitions: 1,
+            gpu_compute_partition_type: "SPX".into(),
+            vms: 1,
+            completions: c,
+            maps: 0,
+            preemptions: c / 10,
+            quarantined_vms: 0,
+        };
+        let f = FleetView {
+            gpu: Some(g(0, 100)),
+            gpus: vec![g(0, 100), g(1, 20)],
+            ..Default::default()
+        };
+        let h = top_header(Some(&f), f.gpu.as_ref());
+        assert!(h.contains("completions 120  preemptions 12 "), "{h}");
+        assert!(h.contains("\n  gpu 1  SPX vms 1   completions 20 "), "{h}");
+        let one = FleetView {
+            gpus: vec![g(0, 100)],
+            ..f.clone()
+        };
+        let h1 = top_header(Some(&one), one.gpu.as_ref());
+        assert!(
+            h1.ends_with("interval)\n\n") && !h1.contains("  gpu "),
+            "{h1}"
+        );
+        // The gpu column names the VM's GPU.
+        let on1: VmView =
+            serde_json::from_value(json!({"name": "g", "gpu": true, "gpu_id": 1})).unwrap();
+        let t1 = table(&[on1]);
+        assert!(
+            t1.lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("g                starting    1 "),
+            "{t1}"
+        );
         assert!(
             lines[2].contains(" 17600.000 >2592000000 "),
             "past the limit: '>': {t}"

@@ -50,6 +50,10 @@ pub enum Backend {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(from = "GpuSection")]
 pub struct GpuConfig {
+    /// The GPU's index on the host (`id`, default 0): the `gpu_id` VMs are
+    /// placed on and every metric and API object carries (AMD's
+    /// device-metrics-exporter numbers GPUs the same way).
+    pub id: u32,
     /// Backend (`"sim"`).
     pub backend: Backend,
     /// Simulator knobs (`[gpu.sim]`; ignored by other backends).
@@ -67,6 +71,7 @@ pub struct GpuConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, default)]
 struct GpuSection {
+    id: u32,
     backend: Backend,
     xccs: u32,
     partition_mode: PartitionMode,
@@ -83,12 +88,14 @@ struct GpuSection {
 impl Default for GpuSection {
     fn default() -> Self {
         let GpuConfig {
+            id,
             backend,
             sim,
             guard,
             topology: t,
         } = GpuConfig::default();
         GpuSection {
+            id,
             backend,
             xccs: t.xccs,
             partition_mode: t.partition_mode,
@@ -107,6 +114,7 @@ impl Default for GpuSection {
 impl From<GpuSection> for GpuConfig {
     fn from(f: GpuSection) -> Self {
         GpuConfig {
+            id: f.id,
             backend: f.backend,
             sim: f.sim,
             guard: f.guard,
@@ -176,13 +184,21 @@ pub fn check_timeout_ms(ms: u64) -> Result<(), String> {
     }
 }
 
-/// A whole run: VMs, GPU and run limits.
+/// Most physical GPUs per host (`[[gpu]]` entries); `id`s are below it.
+pub const MAX_GPUS: u32 = 64;
+
+/// A whole run: VMs, GPUs and run limits.
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
     /// Run limits.
     pub run: RunConfig,
-    /// The physical GPU the VMs share (`[gpu]`; omitted = an MI300X in SPX).
-    pub gpu: GpuConfig,
+    /// The physical GPUs the VMs share, in file order: one `[gpu]` table
+    /// (omitted = one MI300X in SPX, id 0) or `[[gpu]]` entries with
+    /// unique `id`s. Each gets its own backend, arbiter and service thread.
+    pub gpus: Vec<GpuConfig>,
+    /// True when the file wrote `[[gpu]]` entries (errors then name the
+    /// entry as `gpu[i] (id N)`).
+    pub gpu_entries: bool,
     /// Scheduler policy and tunables (`[scheduler]`, docs/scheduling.md).
     pub scheduler: scheduler::SchedConfig,
     /// The VMs, in launch order.
@@ -200,11 +216,53 @@ struct FleetFile {
     #[serde(default)]
     run: RunConfig,
     #[serde(default)]
-    gpu: GpuConfig,
+    gpu: GpuList,
     #[serde(default)]
     scheduler: scheduler::SchedConfig,
     #[serde(default)]
     vm: Vec<toml::Table>,
+}
+
+/// The `gpu` key as written: one `[gpu]` table or an array of `[[gpu]]`
+/// tables, each read as a [`GpuConfig`] (so errors keep the parser's line).
+#[derive(Debug, Clone)]
+pub(crate) struct GpuList {
+    pub(crate) gpus: Vec<GpuConfig>,
+    pub(crate) array: bool,
+}
+
+impl Default for GpuList {
+    fn default() -> Self {
+        GpuList {
+            gpus: vec![GpuConfig::default()],
+            array: false,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for GpuList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{self, MapAccess, SeqAccess, Visitor};
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = GpuList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a [gpu] table or [[gpu]] entries")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<GpuList, A::Error> {
+                let g = GpuConfig::deserialize(de::value::MapAccessDeserializer::new(a))?;
+                Ok(GpuList {
+                    gpus: vec![g],
+                    array: false,
+                })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, a: A) -> Result<GpuList, A::Error> {
+                let gpus = Vec::<GpuConfig>::deserialize(de::value::SeqAccessDeserializer::new(a))?;
+                Ok(GpuList { gpus, array: true })
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Limits of one run.
@@ -240,6 +298,14 @@ pub struct VmConfig {
     /// Give the VM a mediated virtual GPU (docs/vgpu-abi.md) on this
     /// fleet's GPU (`gpu = true`).
     pub gpu: bool,
+    /// The physical GPU (`[[gpu]] id`) of a `gpu = true` VM: as written
+    /// (`gpu_id = N`), or, when omitted, the one placement chose when the
+    /// file was read or the VM added ([`place_vm`]). `None` for VMs without
+    /// a vGPU on this fleet. A VM stays on its GPU (no migration).
+    pub gpu_id: Option<u32>,
+    /// Why the VM is on `gpu_id`: `"gpu_id = N"` when written, else the
+    /// automatic placement's reason (what `check` and the log print).
+    pub placement: Option<String>,
     /// Or attach the VM to a vGPU another process serves over vfio-user
     /// (`gpu = { socket = "PATH" }`, `hqdmux serve`; relative to the file).
     pub gpu_socket: Option<PathBuf>,
@@ -255,7 +321,7 @@ pub struct VmConfig {
 /// The keys of a `[[vm]]` entry.
 /// The fields of a `[[vm]]` entry (the API's `VmEntry` schema has exactly
 /// these).
-pub const VM_FIELDS: [&str; 11] = [
+pub const VM_FIELDS: [&str; 12] = [
     "name",
     "image",
     "memory_mib",
@@ -265,6 +331,7 @@ pub const VM_FIELDS: [&str; 11] = [
     "partition",
     "args",
     "gpu",
+    "gpu_id",
     "preempt_timeout_ms",
     "guard",
 ];
@@ -371,6 +438,8 @@ impl VmConfig {
             partition: int("partition", 0, u32::MAX as i64)?.map(|p| p as u32),
             args: string("args")?.unwrap_or_default(),
             gpu,
+            gpu_id: int("gpu_id", 0, i64::from(MAX_GPUS) - 1)?.map(|g| g as u32),
+            placement: None,
             gpu_socket,
             preempt_timeout_ms: int(
                 "preempt_timeout_ms",
@@ -487,6 +556,13 @@ pub enum Place {
     Top,
     /// The `[gpu]` section (fields of its sub-tables as `cwsr.trap_ns`).
     Gpu,
+    /// `[[gpu]]` entry number `index` with id `id`.
+    GpuEntry {
+        /// Position in the file, 0-based.
+        index: usize,
+        /// Its `id` field.
+        id: u32,
+    },
     /// `[[vm]]` number `index` named `name`.
     Vm {
         /// Position in the file, 0-based.
@@ -501,6 +577,7 @@ impl fmt::Display for Place {
         match self {
             Place::Top => Ok(()),
             Place::Gpu => write!(f, "gpu: "),
+            Place::GpuEntry { index, id } => write!(f, "gpu[{index}] (id {id}): "),
             Place::Vm { index, name } => write!(f, "vm '{name}' (vm[{index}]): "),
         }
     }
@@ -529,9 +606,10 @@ impl FleetConfig {
             let v = vm_entry(t, index, path)?;
             vm.push(v);
         }
-        let cfg = FleetConfig {
+        let mut cfg = FleetConfig {
             run: file.run,
-            gpu: file.gpu,
+            gpus: file.gpu.gpus,
+            gpu_entries: file.gpu.array,
             scheduler: file.scheduler,
             vm,
             base_dir: path
@@ -540,7 +618,102 @@ impl FleetConfig {
                 .unwrap_or_else(|| PathBuf::from(".")),
         };
         cfg.validate(path)?;
+        cfg.place_all();
         Ok(cfg)
+    }
+
+    /// Checks the GPU entries: at least one, at most [`MAX_GPUS`], unique
+    /// ids below it, each topology and guard valid (`hqdmux serve`'s
+    /// devices file shares this). Errors name the entry and field.
+    pub fn validate_gpus(&self, file: &Path) -> Result<(), ConfigError> {
+        let top = |field: &str, reason: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            place: Place::Top,
+            field: field.into(),
+            reason,
+        };
+        if self.gpus.is_empty() {
+            return Err(top(
+                "gpu",
+                "no [[gpu]] entries (omit `gpu` for one MI300X)".into(),
+            ));
+        }
+        if self.gpus.len() > MAX_GPUS as usize {
+            return Err(top(
+                "gpu",
+                format!("{} [[gpu]] entries, at most {MAX_GPUS}", self.gpus.len()),
+            ));
+        }
+        for (index, g) in self.gpus.iter().enumerate() {
+            let bad = |field: String, reason: String| ConfigError::Invalid {
+                file: file.to_owned(),
+                place: self.gpu_place(index),
+                field,
+                reason,
+            };
+            if g.id >= MAX_GPUS {
+                return Err(bad(
+                    "id".into(),
+                    format!("{} is out of range 0..={}", g.id, MAX_GPUS - 1),
+                ));
+            }
+            if let Some(first) = self.gpus[..index].iter().position(|o| o.id == g.id) {
+                return Err(bad(
+                    "id".into(),
+                    format!(
+                        "duplicate id {}: gpu[{first}] has it (each [[gpu]] needs its own id)",
+                        g.id
+                    ),
+                ));
+            }
+            if let Err(e) = g.validate() {
+                let (field, reason) = topology_error(&e);
+                return Err(bad(field.into(), reason));
+            }
+            if let Err(e) = g.guard.validate() {
+                return Err(bad(format!("guard.{}", e.field), e.reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// The GPU with id `id`.
+    pub fn gpu(&self, id: u32) -> Option<&GpuConfig> {
+        self.gpus.iter().find(|g| g.id == id)
+    }
+
+    /// The first GPU (the only one of a `[gpu]` table).
+    pub fn first_gpu(&self) -> &GpuConfig {
+        &self.gpus[0]
+    }
+
+    /// Where an error about GPU entry `index` is.
+    fn gpu_place(&self, index: usize) -> Place {
+        match (self.gpu_entries, self.gpus.get(index)) {
+            (true, Some(g)) => Place::GpuEntry { index, id: g.id },
+            _ => Place::Gpu,
+        }
+    }
+
+    /// Places every `gpu = true` VM without a `gpu_id`, in file order,
+    /// with [`place_vm`] against the VMs placed before it.
+    fn place_all(&mut self) {
+        let mut loads = GpuLoads::new(&self.gpus);
+        for vm in self.vm.iter_mut() {
+            if !vm.gpu {
+                continue;
+            }
+            let p = match vm.gpu_id {
+                Some(id) => Placement {
+                    gpu_id: id,
+                    reason: format!("gpu_id = {id}"),
+                },
+                None => loads.choose(vm),
+            };
+            vm.gpu_id = Some(p.gpu_id);
+            vm.placement = Some(p.reason);
+            loads.add(vm);
+        }
     }
 
     fn validate(&self, file: &Path) -> Result<(), ConfigError> {
@@ -556,23 +729,7 @@ impl FleetConfig {
         if let Some(ms) = self.run.timeout_ms {
             check_timeout_ms(ms).map_err(|reason| top("run.timeout_ms", reason))?;
         }
-        if let Err(e) = self.gpu.validate() {
-            let (field, reason) = topology_error(&e);
-            return Err(ConfigError::Invalid {
-                file: file.to_owned(),
-                place: Place::Gpu,
-                field: field.into(),
-                reason,
-            });
-        }
-        if let Err(e) = self.gpu.guard.validate() {
-            return Err(ConfigError::Invalid {
-                file: file.to_owned(),
-                place: Place::Gpu,
-                field: format!("guard.{}", e.field),
-                reason: e.reason,
-            });
-        }
+        self.validate_gpus(file)?;
         match self.scheduler.validate() {
             Ok(()) => {}
             Err(scheduler::SchedError::Config { field, reason }) => {
@@ -580,7 +737,6 @@ impl FleetConfig {
             }
             Err(e) => return Err(top("scheduler", e.to_string())),
         }
-        let partitions = self.gpu.topology.partitions();
         let mut names = HashSet::new();
         for (index, vm) in self.vm.iter().enumerate() {
             let bad = |field: &str, reason: String| ConfigError::Invalid {
@@ -630,10 +786,45 @@ impl FleetConfig {
                     ),
                 ));
             }
+            // The GPUs the VM may be placed on: the one it names, or all.
+            let candidates: Vec<&GpuConfig> = match vm.gpu_id {
+                Some(id) => {
+                    if !vm.gpu {
+                        return Err(bad(
+                            "gpu_id",
+                            format!(
+                                "gpu_id = {id} needs `gpu = true` (a vGPU on this fleet's GPU {id})"
+                            ),
+                        ));
+                    }
+                    match self.gpu(id) {
+                        Some(g) => vec![g],
+                        None => {
+                            let ids: Vec<String> =
+                                self.gpus.iter().map(|g| g.id.to_string()).collect();
+                            return Err(bad(
+                                "gpu_id",
+                                format!(
+                                    "no GPU with id {id} (this file's GPUs: {})",
+                                    ids.join(", ")
+                                ),
+                            ));
+                        }
+                    }
+                }
+                None => self.gpus.iter().collect(),
+            };
             if vm.gpu {
-                // One queue's CWSR area must fit beside the image.
-                let cwsr = u64::from(self.gpu.topology.ctx_save_bytes_per_xcc())
-                    * u64::from(self.gpu.topology.xccs_per_partition());
+                // One queue's CWSR area must fit beside the image, on
+                // whichever candidate GPU needs the most.
+                let cwsr = candidates
+                    .iter()
+                    .map(|g| {
+                        u64::from(g.topology.ctx_save_bytes_per_xcc())
+                            * u64::from(g.topology.xccs_per_partition())
+                    })
+                    .max()
+                    .unwrap_or(0);
                 let need = cwsr.div_ceil(1 << 20) + MIN_MEMORY_MIB;
                 if vm.memory_mib < need {
                     return Err(bad(
@@ -646,17 +837,41 @@ impl FleetConfig {
                     ));
                 }
             }
-            if let Err(e) = self.gpu.guard.with(&vm.guard).validate() {
-                return Err(bad(&format!("guard.{}", e.field), e.reason));
+            for g in &candidates {
+                if let Err(e) = g.guard.with(&vm.guard).validate() {
+                    return Err(bad(&format!("guard.{}", e.field), e.reason));
+                }
             }
             if let Some(p) = vm.partition {
-                if p >= partitions {
+                // Pinned: the partition must exist on the named GPU, or on
+                // at least one GPU when placement chooses.
+                if !candidates.iter().any(|g| p < g.topology.partitions()) {
+                    let g = candidates[0];
+                    let partitions = g.topology.partitions();
+                    let on = match (vm.gpu_id, self.gpu_entries) {
+                        (Some(id), _) => format!("GPU {id}'s"),
+                        (None, true) => "every [[gpu]] entry's; the largest".into(),
+                        (None, false) => "[gpu]".into(),
+                    };
+                    let partitions = if vm.gpu_id.is_none() {
+                        candidates
+                            .iter()
+                            .map(|g| g.topology.partitions())
+                            .max()
+                            .unwrap_or(partitions)
+                    } else {
+                        partitions
+                    };
+                    let mode = candidates
+                        .iter()
+                        .find(|g| g.topology.partitions() == partitions)
+                        .map_or(g.topology.partition_mode, |g| g.topology.partition_mode);
                     return Err(bad(
                         "partition",
                         format!(
-                            "{p} is out of range 0..={} ([gpu] partition_mode {} has {partitions} partition{})",
+                            "{p} is out of range 0..={} ({on} partition_mode {} has {partitions} partition{})",
                             partitions - 1,
-                            mode_name(self.gpu.topology.partition_mode),
+                            mode_name(mode),
                             if partitions == 1 { "" } else { "s" },
                         ),
                     ));
@@ -708,6 +923,156 @@ impl FleetConfig {
         }
         Ok(())
     }
+}
+
+/// Which GPU a VM is on and why ([`place_vm`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The chosen GPU's `id`.
+    pub gpu_id: u32,
+    /// One line saying why (each candidate's figures).
+    pub reason: String,
+}
+
+/// Levels a VM priority can take (`PRIORITY_RANGE`, 0-based).
+const LEVELS: usize = scheduler::MAX_PRIORITY as usize + 1;
+
+/// The GPUs' loads as placement sees them: per GPU, the sum of the weights
+/// of the VMs on it at each priority, and their count. Built once and
+/// updated as VMs are placed, so placing n VMs on G GPUs costs
+/// O(n x G x levels), not O(n^2).
+struct GpuLoads {
+    /// Per GPU: id, CUs, partitions.
+    gpus: Vec<(u32, u64, u32)>,
+    /// Per GPU and priority: the sum of the weights there.
+    weight_at: Vec<[u64; LEVELS]>,
+    /// Per GPU: VMs on it.
+    vms: Vec<u64>,
+}
+
+impl GpuLoads {
+    fn new(gpus: &[GpuConfig]) -> Self {
+        GpuLoads {
+            gpus: gpus
+                .iter()
+                .map(|g| {
+                    let t = &g.topology;
+                    (
+                        g.id,
+                        u64::from(t.xccs) * u64::from(t.cus_per_xcc),
+                        t.partitions(),
+                    )
+                })
+                .collect(),
+            weight_at: vec![[0; LEVELS]; gpus.len()],
+            vms: vec![0; gpus.len()],
+        }
+    }
+
+    /// Counts `vm` on its GPU (a `gpu = true` VM with its `gpu_id` set).
+    fn add(&mut self, vm: &VmConfig) {
+        let Some(i) = vm
+            .gpu_id
+            .filter(|_| vm.gpu)
+            .and_then(|id| self.gpus.iter().position(|g| g.0 == id))
+        else {
+            return;
+        };
+        self.vms[i] += 1;
+        let level = usize::from(vm.priority).min(LEVELS - 1);
+        self.weight_at[i][level] = self.weight_at[i][level].saturating_add(u64::from(vm.weight));
+    }
+
+    /// See [`place_vm`].
+    fn choose(&self, vm: &VmConfig) -> Placement {
+        let level = usize::from(vm.priority).min(LEVELS - 1);
+        let w = u64::from(vm.weight.max(1));
+        // (index, CUs, weight at or above the VM's priority, VMs).
+        let cands: Vec<(usize, u64, u64, u64)> = self
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| vm.partition.is_none_or(|p| p < g.2))
+            .map(|(i, g)| {
+                let above = self.weight_at[i][level..]
+                    .iter()
+                    .fold(0u64, |a, x| a.saturating_add(*x));
+                (i, g.1, above, self.vms[i])
+            })
+            .collect();
+        // Larger cus*w/(W+w) first: compare a.cus*(Wb+w) with b.cus*(Wa+w).
+        let better = |a: &(usize, u64, u64, u64), b: &(usize, u64, u64, u64)| {
+            let lhs = u128::from(a.1) * u128::from(b.2.saturating_add(w));
+            let rhs = u128::from(b.1) * u128::from(a.2.saturating_add(w));
+            lhs > rhs || (lhs == rhs && a.3 < b.3)
+        };
+        let mut best: Option<&(usize, u64, u64, u64)> = None;
+        for c in &cands {
+            if best.is_none_or(|b| better(c, b)) {
+                best = Some(c);
+            }
+        }
+        let Some(best) = best else {
+            // Validation guarantees a candidate; stay total anyway.
+            return Placement {
+                gpu_id: self.gpus.first().map_or(0, |g| g.0),
+                reason: "no GPU has the VM's partition; the first GPU".into(),
+            };
+        };
+        // One entry per distinct load, naming every GPU that has it.
+        let mut groups: Vec<((u64, u64, u64), Vec<u32>)> = Vec::new();
+        for &(i, cus, above, n) in &cands {
+            let id = self.gpus[i].0;
+            match groups.iter_mut().find(|g| g.0 == (cus, above, n)) {
+                Some(g) => g.1.push(id),
+                None => groups.push(((cus, above, n), vec![id])),
+            }
+        }
+        let figures: Vec<String> = groups
+            .iter()
+            .map(|&((cus, above, n), ref ids)| {
+                let names: Vec<String> = ids.iter().map(u32::to_string).collect();
+                format!(
+                    "gpu{} {} {}/{cus} CUs (weight {above} at >= {}, {n} VM{})",
+                    if ids.len() == 1 { "" } else { "s" },
+                    names.join(","),
+                    cus.saturating_mul(w) / above.saturating_add(w).max(1),
+                    vm.priority,
+                    if n == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        let id = self.gpus[best.0].0;
+        Placement {
+            gpu_id: id,
+            reason: format!(
+                "auto: gpu {id}, the largest entitlement at priority {} weight {w}: {}",
+                vm.priority,
+                figures.join("; ")
+            ),
+        }
+    }
+}
+
+/// Automatic placement of a `gpu = true` VM written without `gpu_id`:
+/// among the GPUs that have its partition (when pinned), the one where its
+/// entitlement is the largest if every VM demands, `CUs x w / (W + w)` with
+/// `W` the sum of the weights of the VMs already on that GPU at the VM's
+/// priority or above (lower priorities do not take from it). On identical
+/// GPUs this is the GPU with the least weight at or above its priority.
+/// Ties go to the GPU with fewer VMs, then to the first in file order.
+/// `placed` are the VMs already on a GPU (their `gpu_id` set); others are
+/// ignored. Integer arithmetic, exact comparison.
+pub fn place_vm<'a>(
+    gpus: &[GpuConfig],
+    placed: impl IntoIterator<Item = &'a VmConfig>,
+    vm: &VmConfig,
+) -> Placement {
+    let mut loads = GpuLoads::new(gpus);
+    for o in placed {
+        loads.add(o);
+    }
+    loads.choose(vm)
 }
 
 /// Why an image file was refused ([`read_image_file`]).
@@ -840,35 +1205,20 @@ pub fn mode_name(mode: PartitionMode) -> &'static str {
 }
 
 impl FleetConfig {
-    /// What `hqdmux check` prints about the GPU: backend, XCCs, CUs,
-    /// partitioning, user HQD slots, and which VMs are pinned where.
+    /// What `hqdmux check` prints about the GPUs: for each, backend, XCCs,
+    /// CUs, partitioning and user HQD slots (lines prefixed `gpu:` for a
+    /// `[gpu]` table, `gpu N:` for `[[gpu]]` entries); then which VMs are
+    /// pinned to a partition, and where each GPU VM was placed and why.
     pub fn gpu_summary(&self) -> String {
-        let g = &self.gpu.topology;
-        let backend = match self.gpu.backend {
-            Backend::Sim => "sim (simulated MI300-class)",
-        };
-        let parts = g.partitions();
-        let user_per_pipe = g.queues_per_pipe - g.reserved_queues_per_pipe;
-        let mut s = format!(
-            "gpu: backend {backend}\n\
-             gpu: {} XCCs x {} CUs = {} CUs\n\
-             gpu: partition mode {}: {parts} partition{} of {} XCC{} ({} CUs each)\n\
-             gpu: user HQD slots: {} ({parts} partition{} x {} pipes x {user_per_pipe} queues; \
-             {} of {} queues per pipe reserved for kernel queues)\n",
-            g.xccs,
-            g.cus_per_xcc,
-            g.xccs * g.cus_per_xcc,
-            mode_name(g.partition_mode),
-            if parts == 1 { "" } else { "s" },
-            g.xccs_per_partition(),
-            if g.xccs_per_partition() == 1 { "" } else { "s" },
-            g.cus_per_partition(),
-            g.user_slots().len(),
-            if parts == 1 { "" } else { "s" },
-            g.pipes_per_xcc,
-            g.reserved_queues_per_pipe,
-            g.queues_per_pipe,
-        );
+        let mut s = String::new();
+        for g in &self.gpus {
+            let prefix = if self.gpu_entries {
+                format!("gpu {}", g.id)
+            } else {
+                "gpu".into()
+            };
+            s += &gpu_lines(&prefix, g);
+        }
         let pinned: Vec<String> = self
             .vm
             .iter()
@@ -877,8 +1227,45 @@ impl FleetConfig {
         if !pinned.is_empty() {
             s += &format!("gpu: pinned VMs (vm->partition): {}\n", pinned.join(", "));
         }
+        if self.gpus.len() > 1 {
+            for v in &self.vm {
+                if let (Some(id), Some(why)) = (v.gpu_id, &v.placement) {
+                    s += &format!("placement: vm '{}' on gpu {id} ({why})\n", v.name);
+                }
+            }
+        }
         s
     }
+}
+
+/// One GPU's lines of [`FleetConfig::gpu_summary`].
+fn gpu_lines(prefix: &str, gpu: &GpuConfig) -> String {
+    let g = &gpu.topology;
+    let backend = match gpu.backend {
+        Backend::Sim => "sim (simulated MI300-class)",
+    };
+    let parts = g.partitions();
+    let user_per_pipe = g.queues_per_pipe - g.reserved_queues_per_pipe;
+    format!(
+        "{prefix}: backend {backend}\n\
+         {prefix}: {} XCCs x {} CUs = {} CUs\n\
+         {prefix}: partition mode {}: {parts} partition{} of {} XCC{} ({} CUs each)\n\
+         {prefix}: user HQD slots: {} ({parts} partition{} x {} pipes x {user_per_pipe} queues; \
+         {} of {} queues per pipe reserved for kernel queues)\n",
+        g.xccs,
+        g.cus_per_xcc,
+        g.xccs * g.cus_per_xcc,
+        mode_name(g.partition_mode),
+        if parts == 1 { "" } else { "s" },
+        g.xccs_per_partition(),
+        if g.xccs_per_partition() == 1 { "" } else { "s" },
+        g.cus_per_partition(),
+        g.user_slots().len(),
+        if parts == 1 { "" } else { "s" },
+        g.pipes_per_xcc,
+        g.reserved_queues_per_pipe,
+        g.queues_per_pipe,
+    )
 }
 
 /// Open files `hqdmux run` holds for the whole process, whatever the fleet:
@@ -1051,6 +1438,24 @@ impl FleetConfig {
         all.validate(file)?;
         Ok(vm)
     }
+
+    /// Puts an added `gpu = true` VM on a GPU: its `gpu_id` if written,
+    /// else [`place_vm`] against `live` (the fleet's VMs still running).
+    /// Sets `vm.gpu_id` and `vm.placement`.
+    pub fn place_added<'a>(&self, vm: &mut VmConfig, live: impl IntoIterator<Item = &'a VmConfig>) {
+        if !vm.gpu {
+            return;
+        }
+        let p = match vm.gpu_id {
+            Some(id) => Placement {
+                gpu_id: id,
+                reason: format!("gpu_id = {id}"),
+            },
+            None => place_vm(&self.gpus, live, vm),
+        };
+        vm.gpu_id = Some(p.gpu_id);
+        vm.placement = Some(p.reason);
+    }
 }
 
 /// VM entry `index` of `file` (a `[[vm]]` table) read and checked on its
@@ -1111,7 +1516,7 @@ mod tests {
             (vm.memory_mib, vm.vcpus, vm.priority, vm.weight),
             (16, 1, 12, 3)
         );
-        assert_eq!(cfg.gpu.backend, Backend::Sim);
+        assert_eq!(cfg.first_gpu().backend, Backend::Sim);
         assert_eq!(
             vm.image_source(&cfg.base_dir),
             ImageSource::Builtin("hello".into())
@@ -1126,8 +1531,8 @@ mod tests {
             "[gpu.guard]\nmax_resets = 5\nwindow_ms = 1000\n{GOOD}guard = {{ max_resets = 1 }}\n"
         ))
         .unwrap();
-        assert_eq!(cfg.gpu.guard.max_resets, 5);
-        let eff = cfg.gpu.guard.with(&cfg.vm[0].guard);
+        assert_eq!(cfg.first_gpu().guard.max_resets, 5);
+        let eff = cfg.first_gpu().guard.with(&cfg.vm[0].guard);
         assert_eq!((eff.max_resets, eff.window_ms), (1, 1000));
         assert_err_eq(
             &format!("[gpu.guard]\nwindow_ms = 0\n{GOOD}"),
@@ -1345,12 +1750,15 @@ mod tests {
     #[test]
     fn gpu_omitted_is_an_mi300x_in_spx() {
         let cfg = parse(GOOD).unwrap();
-        assert_eq!(cfg.gpu, GpuConfig::default());
+        assert_eq!(cfg.gpus, vec![GpuConfig::default()]);
         assert_eq!(
-            (cfg.gpu.topology.xccs, cfg.gpu.topology.cus_per_xcc),
+            (
+                cfg.first_gpu().topology.xccs,
+                cfg.first_gpu().topology.cus_per_xcc
+            ),
             (8, 38)
         );
-        assert_eq!(cfg.gpu.topology.partition_mode, PartitionMode::Spx);
+        assert_eq!(cfg.first_gpu().topology.partition_mode, PartitionMode::Spx);
         assert_eq!(cfg.vm[0].partition, None);
         let s = cfg.gpu_summary();
         assert!(s.contains("8 XCCs x 38 CUs = 304 CUs"), "{s}");
@@ -1368,11 +1776,11 @@ mod tests {
              [gpu.cwsr]\ntrap_ns = 1000\n{GOOD}partition = 7\n"
         ))
         .unwrap();
-        assert_eq!(cfg.gpu.topology.partition_mode, PartitionMode::Cpx);
-        assert_eq!(cfg.gpu.topology.xccs, 8);
-        assert_eq!(cfg.gpu.topology.partitions(), 8);
-        assert_eq!(cfg.gpu.topology.cwsr.trap_ns, 1000);
-        assert_eq!(cfg.gpu.topology.cwsr.save_bytes_per_us, 200_000);
+        assert_eq!(cfg.first_gpu().topology.partition_mode, PartitionMode::Cpx);
+        assert_eq!(cfg.first_gpu().topology.xccs, 8);
+        assert_eq!(cfg.first_gpu().topology.partitions(), 8);
+        assert_eq!(cfg.first_gpu().topology.cwsr.trap_ns, 1000);
+        assert_eq!(cfg.first_gpu().topology.cwsr.save_bytes_per_us, 200_000);
         assert_eq!(cfg.vm[0].partition, Some(7));
         let s = cfg.gpu_summary();
         assert!(
@@ -1602,5 +2010,275 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(cfg.vm[0].partition, Some(3));
+    }
+
+    /// `n` `[[gpu]]` entries with ids 0..n, then `vms`.
+    fn multi(n: u32, extra: &str, vms: &str) -> String {
+        let mut t = String::new();
+        for id in 0..n {
+            t += &format!("[[gpu]]\nid = {id}\n{extra}\n");
+        }
+        t + vms
+    }
+
+    fn gvm(name: &str, more: &str) -> String {
+        format!(
+            "[[vm]]\nname = \"{name}\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n{more}\n"
+        )
+    }
+
+    #[test]
+    fn gpu_entries_each_have_an_id_and_their_own_topology() {
+        let text = format!(
+            "[[gpu]]\nid = 0\n[[gpu]]\nid = 3\npartition_mode = \"CPX\"\n[gpu.cwsr]\ntrap_ns = 7\n{}{}",
+            gvm("a", "gpu_id = 3\npartition = 7"),
+            gvm("b", "gpu_id = 0")
+        );
+        let c = parse(&text).unwrap();
+        assert!(c.gpu_entries);
+        assert_eq!(c.gpus.len(), 2);
+        assert_eq!(
+            c.gpu(3).unwrap().topology.partition_mode,
+            PartitionMode::Cpx
+        );
+        assert_eq!(c.gpu(3).unwrap().topology.cwsr.trap_ns, 7);
+        assert_eq!(c.gpu(0).unwrap().topology.cwsr.trap_ns, 5000);
+        assert_eq!(c.vm[0].gpu_id, Some(3));
+        assert_eq!(c.vm[0].placement.as_deref(), Some("gpu_id = 3"));
+        let s = c.gpu_summary();
+        assert!(s.contains("gpu 3: partition mode CPX: 8 partitions"), "{s}");
+        assert!(s.contains("gpu 0: partition mode SPX"), "{s}");
+        assert!(s.contains("placement: vm 'b' on gpu 0 (gpu_id = 0)"), "{s}");
+        // A single [gpu] table is GPU 0, as before.
+        let one = parse(&gvm("a", "")).unwrap();
+        assert!(!one.gpu_entries);
+        assert_eq!(one.vm[0].gpu_id, Some(0));
+        // A VM without a vGPU is on no GPU.
+        assert_eq!(parse(GOOD).unwrap().vm[0].gpu_id, None);
+    }
+
+    #[test]
+    fn hostile_gpu_entries_are_refused_naming_the_entry_and_field() {
+        assert_err_eq(
+            &multi(1, "", &gvm("a", ""))
+                .replace("[[gpu]]\nid = 0", "[[gpu]]\nid = 0\n[[gpu]]\nid = 0"),
+            "/cfg/fleet.toml: gpu[1] (id 0): field `id`: duplicate id 0: gpu[0] has it \
+             (each [[gpu]] needs its own id)",
+        );
+        // Two entries without ids are both 0.
+        assert_err_has(
+            &format!("[[gpu]]\n[[gpu]]\n{}", gvm("a", "")),
+            "gpu[1] (id 0): field `id`: duplicate id 0",
+        );
+        assert_err_eq(
+            &format!("[[gpu]]\nid = 64\n{}", gvm("a", "")),
+            "/cfg/fleet.toml: gpu[0] (id 64): field `id`: 64 is out of range 0..=63",
+        );
+        let e = err(&format!("[[gpu]]\nid = -1\n{}", gvm("a", "")));
+        assert!(
+            e.starts_with("/cfg/fleet.toml: ") && e.contains("line 2"),
+            "{e}"
+        );
+        assert_err_eq(
+            &format!("gpu = []\n{}", gvm("a", "")),
+            "/cfg/fleet.toml: field `gpu`: no [[gpu]] entries (omit `gpu` for one MI300X)",
+        );
+        let many = multi(65, "", &gvm("a", ""));
+        assert_err_has(&many, "field `gpu`: 65 [[gpu]] entries, at most 64");
+        // The topology of one entry is checked, naming it.
+        assert_err_eq(
+            &multi(2, "", &gvm("a", "")).replace("id = 1\n", "id = 1\ncus_per_xcc = 0\n"),
+            "/cfg/fleet.toml: gpu[1] (id 1): field `cus_per_xcc`: must be greater than 0",
+        );
+        // Unknown fields keep the parser's line inside an entry.
+        let e = err(&multi(2, "", &gvm("a", "")).replace("id = 1\n", "id = 1\nxcc = 2\n"));
+        assert!(
+            e.contains("unknown field `xcc`") && e.contains("line 6"),
+            "{e}"
+        );
+        assert_err_has(
+            &format!("gpu = 3\n{}", gvm("a", "")),
+            "a [gpu] table or [[gpu]] entries",
+        );
+    }
+
+    #[test]
+    fn vm_placement_is_checked_against_the_gpus() {
+        let two = |vm: &str| multi(2, "", vm);
+        assert_err_eq(
+            &two(&gvm("a", "gpu_id = 5")),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `gpu_id`: no GPU with id 5 (this file's GPUs: 0, 1)",
+        );
+        assert_err_eq(
+            &two(&gvm("a", "gpu_id = 64")),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `gpu_id`: 64 is out of range 0..=63",
+        );
+        assert_err_ends(
+            &two(&gvm("a", "gpu_id = \"1\"")),
+            "field `gpu_id`: expected an integer, found a string",
+        );
+        assert_err_eq(
+            &two(&format!("{GOOD}gpu_id = 1\n")),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `gpu_id`: gpu_id = 1 needs `gpu = true` \
+             (a vGPU on this fleet's GPU 1)",
+        );
+        // The partition must be on the named GPU ...
+        let mixed = "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\npartition_mode = \"QPX\"\n";
+        assert_err_eq(
+            &format!("{mixed}{}", gvm("a", "gpu_id = 0\npartition = 2")),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `partition`: 2 is out of range 0..=0 \
+             (GPU 0's partition_mode SPX has 1 partition)",
+        );
+        let c = parse(&format!("{mixed}{}", gvm("a", "gpu_id = 1\npartition = 2"))).unwrap();
+        assert_eq!((c.vm[0].gpu_id, c.vm[0].partition), (Some(1), Some(2)));
+        // ... or, without gpu_id, on some GPU: placement only looks there.
+        let c = parse(&format!("{mixed}{}", gvm("a", "partition = 3"))).unwrap();
+        assert_eq!(c.vm[0].gpu_id, Some(1));
+        assert_err_has(
+            &format!("{mixed}{}", gvm("a", "partition = 4")),
+            "field `partition`: 4 is out of range 0..=3",
+        );
+        // The CWSR area of the named GPU decides the least RAM: a small GPU
+        // takes a small VM, the default MI300X does not.
+        let small = "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\nxccs = 1\ncus_per_xcc = 4\n";
+        let vm = "[[vm]]\nname = \"a\"\nimage = \"builtin:gpu\"\nmemory_mib = 16\ngpu = true\n";
+        assert!(parse(&format!("{small}{vm}gpu_id = 1\n")).is_ok());
+        assert_err_has(
+            &format!("{small}{vm}gpu_id = 0\n"),
+            "too small for `gpu = true`",
+        );
+        assert_err_has(&format!("{small}{vm}"), "too small for `gpu = true`");
+    }
+
+    #[test]
+    fn automatic_placement_takes_the_gpu_with_the_least_weight_at_or_above_the_priority() {
+        // Two equal GPUs: a heavy high-priority VM on 0; a high-priority VM
+        // goes to 1, and then a low-priority VM goes where the weight above
+        // it is least.
+        let text = multi(
+            2,
+            "",
+            &[
+                gvm("big", "gpu_id = 0\npriority = 8\nweight = 4"),
+                gvm("hi", "priority = 8\nweight = 1"),
+                gvm("lo", "priority = 2\nweight = 1"),
+                gvm("lo2", "priority = 2\nweight = 1"),
+            ]
+            .concat(),
+        );
+        let c = parse(&text).unwrap();
+        let on: Vec<Option<u32>> = c.vm.iter().map(|v| v.gpu_id).collect();
+        assert_eq!(on, [Some(0), Some(1), Some(1), Some(1)]);
+        let why = c.vm[1].placement.as_deref().unwrap();
+        assert!(
+            why.starts_with("auto: gpu 1, the largest entitlement at priority 8 weight 1: ")
+                && why.contains("gpu 0 60/304 CUs (weight 4 at >= 8, 1 VM)")
+                && why.contains("gpu 1 304/304 CUs (weight 0 at >= 8, 0 VMs)"),
+            "{why}"
+        );
+        // lo2: at >= 2, gpu 0 has 4 and gpu 1 has 2: gpu 1 (152 vs 60 CUs).
+        assert!(
+            c.vm[3]
+                .placement
+                .as_deref()
+                .unwrap()
+                .contains("gpu 1 101/304"),
+            "{:?}",
+            c.vm[3].placement
+        );
+        // Equal load: the GPU with fewer VMs, then the first.
+        let c = parse(&multi(
+            3,
+            "",
+            &[
+                gvm("x", "gpu_id = 1\npriority = 1"),
+                gvm("y", "priority = 9"),
+                gvm("z", "priority = 9"),
+            ]
+            .concat(),
+        ))
+        .unwrap();
+        assert_eq!(c.vm[1].gpu_id, Some(0));
+        assert_eq!(c.vm[2].gpu_id, Some(2));
+        // A larger GPU wins at equal weight: entitlement is in CUs.
+        let c = parse(&format!(
+            "[[gpu]]\nid = 0\nxccs = 4\n[[gpu]]\nid = 1\n{}{}",
+            gvm("a", "gpu_id = 1"),
+            gvm("b", "")
+        ))
+        .unwrap();
+        // gpu 0: 152 x 1/1 = 152 CUs; gpu 1: 304 x 1/2 = 152 CUs: equal, fewer VMs wins.
+        assert_eq!(c.vm[1].gpu_id, Some(0));
+        let c = parse(&format!(
+            "[[gpu]]\nid = 0\nxccs = 2\n[[gpu]]\nid = 1\n{}{}",
+            gvm("a", "gpu_id = 1"),
+            gvm("b", "")
+        ))
+        .unwrap();
+        assert_eq!(c.vm[1].gpu_id, Some(1), "{:?}", c.vm[1].placement);
+    }
+
+    #[test]
+    fn many_equal_vms_spread_evenly_and_priorities_are_balanced_per_level() {
+        // 8 equal GPUs, 160 VMs alternating priority 9 and 3: each GPU gets
+        // 10 of each level (weight at or above each level balanced).
+        let vms: String = (0..160)
+            .map(|i| {
+                gvm(
+                    &format!("v{i}"),
+                    &format!("priority = {}", if i % 2 == 0 { 9 } else { 3 }),
+                )
+            })
+            .collect();
+        let c = parse(&multi(8, "", &vms)).unwrap();
+        for id in 0..8 {
+            for prio in [9, 3] {
+                let n =
+                    c.vm.iter()
+                        .filter(|v| v.gpu_id == Some(id) && v.priority == prio)
+                        .count();
+                assert_eq!(n, 10, "gpu {id} priority {prio}");
+            }
+        }
+        // The file's incremental placement is the one place_vm gives
+        // against the VMs before each.
+        for i in [0, 1, 17, 159] {
+            let p = place_vm(&c.gpus, &c.vm[..i], &c.vm[i]);
+            assert_eq!(Some(p.gpu_id), c.vm[i].gpu_id, "vm {i}");
+            assert_eq!(Some(p.reason), c.vm[i].placement, "vm {i}");
+        }
+    }
+
+    #[test]
+    fn added_vms_are_placed_against_the_live_vms() {
+        let c = parse(&multi(2, "", &gvm("a", "gpu_id = 0\nweight = 5"))).unwrap();
+        let t: toml::Table = toml::from_str(&gvm("n", "").replace("[[vm]]\n", "")).unwrap();
+        let mut v = c.check_added_vm(&t, Path::new("/api")).unwrap();
+        assert_eq!(v.gpu_id, None);
+        c.place_added(&mut v, c.vm.iter());
+        assert_eq!(v.gpu_id, Some(1));
+        // With 'a' gone (not live), GPU 0 is as good and has fewer VMs... equal: the first.
+        let mut v2 = c.check_added_vm(&t, Path::new("/api")).unwrap();
+        c.place_added(&mut v2, std::iter::empty());
+        assert_eq!(v2.gpu_id, Some(0));
+        // An unknown gpu_id is refused like the file's.
+        let bad: toml::Table =
+            toml::from_str(&gvm("n", "gpu_id = 2").replace("[[vm]]\n", "")).unwrap();
+        let e = c
+            .check_added_vm(&bad, Path::new("/api"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("field `gpu_id`: no GPU with id 2"), "{e}");
+    }
+
+    #[test]
+    fn the_eight_gpu_example_parses_with_one_vm_per_gpu() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mi300x-8gpu.toml");
+        let c = FleetConfig::load(&path).unwrap();
+        assert_eq!(c.gpus.len(), 8);
+        let mut on: Vec<u32> = c.vm.iter().filter_map(|v| v.gpu_id).collect();
+        on.sort_unstable();
+        on.dedup();
+        assert_eq!(on, (0..8).collect::<Vec<_>>());
     }
 }

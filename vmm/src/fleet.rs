@@ -119,8 +119,14 @@ pub struct FleetReport {
     pub timed_out: bool,
     /// True if a stop request ([`RunOptions::stop`]) ended the run.
     pub stop_requested: bool,
-    /// Mediated-GPU counters, when some VM had `gpu = true`.
+    /// Mediated-GPU counters summed over the GPUs, when some VM had
+    /// `gpu = true`.
     pub gpu: Option<ArbiterStats>,
+    /// Each started GPU's counters, by `gpu_id`, in file order.
+    pub gpus: Vec<(u32, ArbiterStats)>,
+    /// Each VM's GPU (config order, then added VMs; `None` without a vGPU
+    /// on this fleet's GPUs).
+    pub vm_gpu_id: Vec<Option<u32>>,
     /// Per-VM GPU accounting at the moment its vGPU was detached (config
     /// order; `None` for VMs without `gpu = true`).
     pub vm_gpu: Vec<Option<scheduler::VmStats>>,
@@ -224,6 +230,7 @@ impl FleetReport {
                 let g = self.vm_gpu.get(i).copied().flatten();
                 serde_json::json!({
                     "name": v.name,
+                    "gpu_id": self.vm_gpu_id.get(i).copied().flatten(),
                     "outcome": v.outcome.to_string(),
                     "success": !self.failed(i),
                     "stopped_by_operator": self.operator_stopped.get(i).copied().unwrap_or(false),
@@ -252,6 +259,14 @@ impl FleetReport {
                 "stale_doorbells": s.stale_doorbells,
                 "quarantined_vms": s.quarantined_vms,
             })),
+            "gpus": self.gpus.iter().map(|(id, s)| serde_json::json!({
+                "gpu_id": id,
+                "completions": s.completions,
+                "maps": s.maps,
+                "preemptions": s.preemptions,
+                "stale_doorbells": s.stale_doorbells,
+                "quarantined_vms": s.quarantined_vms,
+            })).collect::<Vec<_>>(),
         })
     }
 }
@@ -268,16 +283,24 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         vm: "(all)".into(),
         source,
     })?;
-    // One GPU arbiter (scheduler + backend + service thread) for the VMs
-    // that have a vGPU.
-    // A fleet without GPU VMs starts one when the operator adds the first.
-    let mut arbiter = if cfg.vm.iter().any(|v| v.gpu) {
-        Some(start_arbiter(cfg)?)
-    } else {
-        None
-    };
-    // Stops the arbiter's thread on every return path, early ones included.
-    let mut _arbiter_guard = ArbiterGuard(arbiter.clone());
+    // One GPU arbiter (scheduler + backend + service thread) per physical
+    // GPU that has a VM; a GPU without one starts its arbiter when the
+    // operator adds the first VM placed on it.
+    let gpus = Arc::new(FleetGpus::new(cfg));
+    // Stops the arbiters' threads on every return path, early ones included.
+    let _arbiter_guard = ArbiterGuard(gpus.clone());
+    for g in &cfg.gpus {
+        if cfg.vm.iter().any(|v| v.gpu && v.gpu_id == Some(g.id)) {
+            gpus.start(cfg, g.id)?;
+        }
+    }
+    // Each VM's GPU (`None`: no vGPU on this fleet's GPUs).
+    let mut gpu_of: Vec<Option<u32>> = cfg.vm.iter().map(|v| v.gpu_id.filter(|_| v.gpu)).collect();
+    for v in &cfg.vm {
+        if let (Some(id), Some(why)) = (v.gpu_id.filter(|_| v.gpu), &v.placement) {
+            log::info!("vm '{}': on gpu {id} ({why})", v.name);
+        }
+    }
     let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
     let mut attached: Vec<Option<VgpuAttachment>> = (0..cfg.vm.len()).map(|_| None).collect();
     // Build everything first: a VM that cannot be built aborts the launch
@@ -289,7 +312,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         if let Some(sig) = opts.stop.as_ref().and_then(|s| s.received()) {
             return Err(FleetError::Stopped(sig));
         }
-        let (vm, att) = build_vm(&kvm, &cpuid, arbiter.as_ref(), cfg, vc, id, opts.echo)?;
+        let (vm, att) = build_vm(&kvm, &cpuid, &gpus, cfg, vc, id, opts.echo)?;
         if let Some(a) = att {
             vgpus[id] = a.handle();
             attached[id] = Some(a);
@@ -297,7 +320,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         built.push(vm);
     }
 
-    let control = Arc::new(crate::api::FleetControl::new(arbiter.clone(), cfg, &vgpus));
+    let control = Arc::new(crate::api::FleetControl::new(gpus.clone(), cfg, &vgpus));
     let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
     let cmd_wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
     control.connect_fleet(cmd_tx, cmd_wake.clone());
@@ -358,7 +381,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             .map_err(FleetError::EventManager)?;
         for i in m.take_finished() {
             if let Some(vm) = running[i].take() {
-                vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
+                vm_gpu[i] = detach_vgpu(gpus.of(gpu_of[i]), vgpus[i].take());
                 let mut r = vm.stop("VM ended");
                 control.ended(i, vm_end(&r, vm_gpu[i]));
                 if i >= cfg.vm.len() {
@@ -382,7 +405,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         let why = OPERATOR_STOP;
                         operator_stopped[index] = true;
                         vm.halt(why);
-                        vm_gpu[index] = detach_vgpu(&arbiter, vgpus[index].take());
+                        vm_gpu[index] = detach_vgpu(gpus.of(gpu_of[index]), vgpus[index].take());
                         let mut r = vm.stop(why);
                         control.ended(index, vm_end(&r, vm_gpu[index]));
                         if index >= cfg.vm.len() {
@@ -411,45 +434,39 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                         reply.send(ApiError::Internal("add out of order".into()).into());
                         continue;
                     }
-                    if config.gpu && arbiter.is_none() {
-                        // The first GPU VM of a fleet that had none.
-                        match start_arbiter(cfg) {
-                            Ok(m) => {
-                                log::info!("gpu: arbiter started for vm '{}'", config.name);
-                                control.set_arbiter(m.clone());
-                                _arbiter_guard = ArbiterGuard(Some(m.clone()));
-                                arbiter = Some(m);
+                    let on = config.gpu_id.filter(|_| config.gpu);
+                    if let Some(id) = on.filter(|id| gpus.get(*id).is_none()) {
+                        // The first VM on a GPU that had none.
+                        match gpus.start(cfg, id) {
+                            Ok(_) => {
+                                log::info!("gpu {id}: arbiter started for vm '{}'", config.name)
                             }
                             Err(e) => log::warn!("api: vm '{}': {e}", config.name),
                         }
                     }
-                    let added = build_vm(
-                        &kvm,
-                        &cpuid,
-                        arbiter.as_ref(),
-                        cfg,
-                        &config,
-                        index,
-                        opts.echo,
-                    )
-                    .and_then(|(vm, att)| {
-                        let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
-                        let done2 = done.try_clone().map_err(FleetError::EventLoop)?;
-                        let h = att.as_ref().and_then(VgpuAttachment::handle);
-                        match vm.start(done2) {
-                            Ok(r) => Ok((r, att, h, done)),
-                            Err(source) => {
-                                if let Some(a) = att {
-                                    detach_vgpu(&arbiter, a.handle());
-                                    a.detach();
+                    if let (Some(id), Some(why)) = (on, &config.placement) {
+                        log::info!("vm '{}': on gpu {id} ({why})", config.name);
+                    }
+                    gpu_of.push(on);
+                    let added = build_vm(&kvm, &cpuid, &gpus, cfg, &config, index, opts.echo)
+                        .and_then(|(vm, att)| {
+                            let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
+                            let done2 = done.try_clone().map_err(FleetError::EventLoop)?;
+                            let h = att.as_ref().and_then(VgpuAttachment::handle);
+                            match vm.start(done2) {
+                                Ok(r) => Ok((r, att, h, done)),
+                                Err(source) => {
+                                    if let Some(a) = att {
+                                        detach_vgpu(gpus.of(on), a.handle());
+                                        a.detach();
+                                    }
+                                    Err(FleetError::Build {
+                                        vm: config.name.clone(),
+                                        source,
+                                    })
                                 }
-                                Err(FleetError::Build {
-                                    vm: config.name.clone(),
-                                    source,
-                                })
                             }
-                        }
-                    });
+                        });
                     match added {
                         Ok((r, att, h, done)) => {
                             running.push(Some(r));
@@ -541,7 +558,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         if let Some(vm) = vm {
             // Release vCPUs blocked in a vGPU wait before joining them; the
             // detach returns the VM's GPU figures up to now.
-            vm_gpu[i] = detach_vgpu(&arbiter, vgpus[i].take());
+            vm_gpu[i] = detach_vgpu(gpus.of(gpu_of[i]), vgpus[i].take());
             let r = vm.stop(&why);
             control.ended(i, vm_end(&r, vm_gpu[i]));
             reports[i] = Some(r);
@@ -550,17 +567,19 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             }
         }
     }
-    let gpu = arbiter.as_ref().map(|m| m.stats());
-    if let Some(m) = &arbiter {
+    let mut per_gpu = Vec::new();
+    for (id, m) in gpus.started() {
         let s = m.stats();
         log::info!(
-            "gpu: {} packets completed, {} maps, {} preemptions",
+            "gpu {id}: {} packets completed, {} maps, {} preemptions",
             s.completions,
             s.maps,
             s.preemptions
         );
         m.shutdown();
+        per_gpu.push((id, s));
     }
+    let gpu = sum_stats(per_gpu.iter().map(|(_, s)| s));
     Ok(FleetReport {
         launched,
         vms: reports
@@ -570,6 +589,8 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         timed_out,
         stop_requested,
         gpu,
+        gpus: per_gpu,
+        vm_gpu_id: gpu_of,
         vm_gpu,
         vgpu_io,
         operator_stopped,
@@ -631,7 +652,7 @@ fn vm_end(r: &VmReport, gpu: Option<scheduler::VmStats>) -> crate::api::VmEnd {
 fn build_vm(
     kvm: &Kvm,
     cpuid: &kvm_bindings::CpuId,
-    arbiter: Option<&Arc<GpuArbiter>>,
+    gpus: &FleetGpus,
     cfg: &FleetConfig,
     vc: &VmConfig,
     id: usize,
@@ -668,6 +689,7 @@ fn build_vm(
         vm: vc.name.clone(),
         source,
     })?;
+    let arbiter = gpus.of(vc.gpu_id.filter(|_| vc.gpu));
     let att = match (vc.gpu, arbiter) {
         _ if vc.gpu_socket.is_some() => Some(attach_remote_vgpu(
             &vm,
@@ -698,19 +720,125 @@ pub fn open_backend(
     }
 }
 
-/// Starts the fleet's GPU arbiter with the backend `[gpu]` asks for.
+/// Starts an arbiter for the fleet's first GPU (`[gpu]`) with the backend
+/// it asks for.
 pub fn start_arbiter(cfg: &FleetConfig) -> Result<Arc<GpuArbiter>, FleetError> {
-    let backend = open_backend(&cfg.gpu, 1).map_err(|e| FleetError::Gpu(GpuError::Backend(e)))?;
-    GpuArbiter::start(cfg.gpu.topology.clone(), cfg.scheduler.clone(), backend)
+    start_gpu_arbiter(cfg.first_gpu(), &cfg.scheduler)
+}
+
+/// Starts one GPU's arbiter (its backend, scheduler and service thread).
+/// The simulator's seed is the GPU's id, so two simulated GPUs differ.
+pub fn start_gpu_arbiter(
+    g: &crate::config::GpuConfig,
+    sched: &scheduler::SchedConfig,
+) -> Result<Arc<GpuArbiter>, FleetError> {
+    let backend =
+        open_backend(g, 1 + u64::from(g.id)).map_err(|e| FleetError::Gpu(GpuError::Backend(e)))?;
+    GpuArbiter::start(g.topology.clone(), sched.clone(), backend)
         .map_err(|e| FleetError::Gpu(GpuError::Arbiter(e)))
 }
 
-/// Shuts the arbiter down when dropped (`GpuArbiter::shutdown` is idempotent).
-struct ArbiterGuard(Option<Arc<GpuArbiter>>);
+/// The fleet's physical GPUs: one arbiter (scheduler, backend, service
+/// thread) per `[[gpu]]` entry, started for the first VM placed on it and
+/// never replaced. Shared by the fleet loop and the API; a VM's queues only
+/// ever reach its own GPU's arbiter.
+pub struct FleetGpus {
+    ids: Vec<u32>,
+    arbiters: Vec<std::sync::OnceLock<Arc<GpuArbiter>>>,
+}
+
+impl FleetGpus {
+    /// `cfg`'s GPUs, none started.
+    pub fn new(cfg: &FleetConfig) -> Self {
+        let ids: Vec<u32> = cfg.gpus.iter().map(|g| g.id).collect();
+        FleetGpus {
+            arbiters: ids.iter().map(|_| Default::default()).collect(),
+            ids,
+        }
+    }
+
+    /// One GPU `id` with its arbiter `m` already started (`hqdmux serve`,
+    /// tests).
+    pub fn single(id: u32, m: Arc<GpuArbiter>) -> Self {
+        let cell = std::sync::OnceLock::new();
+        let _ = cell.set(m);
+        FleetGpus {
+            ids: vec![id],
+            arbiters: vec![cell],
+        }
+    }
+
+    /// Starts GPU `id`'s arbiter (its entry in `cfg`) unless it runs.
+    pub fn start(&self, cfg: &FleetConfig, id: u32) -> Result<Arc<GpuArbiter>, FleetError> {
+        let (i, g) = self
+            .ids
+            .iter()
+            .position(|&x| x == id)
+            .zip(cfg.gpu(id))
+            .ok_or(FleetError::Gpu(GpuError::NoArbiter))?;
+        if let Some(m) = self.arbiters[i].get() {
+            return Ok(m.clone());
+        }
+        let m = start_gpu_arbiter(g, &cfg.scheduler)?;
+        match self.arbiters[i].set(m.clone()) {
+            Ok(()) => Ok(m),
+            Err(_) => {
+                m.shutdown();
+                Ok(self.arbiters[i].get().cloned().expect("set"))
+            }
+        }
+    }
+
+    /// GPU `id`'s arbiter, if started.
+    pub fn get(&self, id: u32) -> Option<&Arc<GpuArbiter>> {
+        let i = self.ids.iter().position(|&x| x == id)?;
+        self.arbiters[i].get()
+    }
+
+    /// The arbiter of a VM on GPU `id` (`None`: no GPU, or not started).
+    pub fn of(&self, id: Option<u32>) -> Option<&Arc<GpuArbiter>> {
+        id.and_then(|id| self.get(id))
+    }
+
+    /// Every started arbiter with its GPU id, in file order.
+    pub fn started(&self) -> impl Iterator<Item = (u32, &Arc<GpuArbiter>)> {
+        self.ids
+            .iter()
+            .zip(&self.arbiters)
+            .filter_map(|(id, a)| a.get().map(|m| (*id, m)))
+    }
+
+    /// Every GPU id, in file order.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+}
+
+/// The fleet's counters: the sum over its GPUs (`None` without any).
+pub(crate) fn sum_stats<'a>(it: impl Iterator<Item = &'a ArbiterStats>) -> Option<ArbiterStats> {
+    let mut total: Option<ArbiterStats> = None;
+    for s in it {
+        let t = total.get_or_insert_with(ArbiterStats::default);
+        t.completions += s.completions;
+        t.preemptions += s.preemptions;
+        t.maps += s.maps;
+        t.stale_doorbells += s.stale_doorbells;
+        t.quarantined_vms += s.quarantined_vms;
+        t.guard_quarantines += s.guard_quarantines;
+        t.preempt_timeouts += s.preempt_timeouts;
+        t.armed_preemptions += s.armed_preemptions;
+        t.armed_mismatched += s.armed_mismatched;
+    }
+    total
+}
+
+/// Shuts every started arbiter down when dropped (`GpuArbiter::shutdown`
+/// is idempotent).
+struct ArbiterGuard(Arc<FleetGpus>);
 
 impl Drop for ArbiterGuard {
     fn drop(&mut self) {
-        if let Some(m) = &self.0 {
+        for (_, m) in self.0.started() {
             m.shutdown();
         }
     }
@@ -778,7 +906,11 @@ pub fn attach_vgpu(
         std::time::Duration::from_millis(vc.preempt_timeout_ms),
     )
     .map_err(|e| err(e.into()))?;
-    m.set_guard(handle, cfg.gpu.guard.with(&vc.guard))
+    let gpu = vc
+        .gpu_id
+        .and_then(|id| cfg.gpu(id))
+        .unwrap_or(cfg.first_gpu());
+    m.set_guard(handle, gpu.guard.with(&vc.guard))
         .map_err(|e| err(e.into()))?;
     let pci = Arc::new(VgpuPci::new(
         &vc.name,
@@ -848,9 +980,9 @@ pub fn attach_remote_vgpu(
     })
 }
 
-/// Removes a VM's vGPU from the arbiter; returns its final GPU accounting.
-fn detach_vgpu(m: &Option<Arc<GpuArbiter>>, h: Option<VgpuHandle>) -> Option<scheduler::VmStats> {
-    let (m, h) = (m.as_ref()?, h?);
+/// Removes a VM's vGPU from its GPU's arbiter; returns its final GPU accounting.
+fn detach_vgpu(m: Option<&Arc<GpuArbiter>>, h: Option<VgpuHandle>) -> Option<scheduler::VmStats> {
+    let (m, h) = (m?, h?);
     let stats = m.vm_status(h).map(|(_, s)| s);
     m.remove_vm(h);
     stats

@@ -1,6 +1,6 @@
 //! The `hqdmux` command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -215,6 +215,9 @@ enum Command {
         /// Write the JSON model whatever the file name.
         #[arg(long)]
         json: bool,
+        /// Which GPU's timeline (`[[gpu]] id`; default: the first GPU with VMs).
+        #[arg(long, value_name = "ID", value_parser = clap::value_parser!(u32).range(0..64))]
+        gpu_id: Option<u32>,
     },
     /// Check a fleet config without launching anything: fields, images
     /// (regular ELF files no larger than the VM's RAM) and whether this host
@@ -223,8 +226,18 @@ enum Command {
         /// Fleet config (TOML).
         config: PathBuf,
     },
-    /// Describe the guest images built into this binary and their `args`.
-    Images,
+    /// Describe the guest images built into this binary and their `args`;
+    /// with `--write builtin:NAME -o FILE`, write that image as an ELF file
+    /// that Cloud Hypervisor (`--kernel FILE --cmdline "ARGS"`) and QEMU
+    /// (`-kernel FILE -append "ARGS"`) boot through its PVH entry.
+    Images {
+        /// The built-in image to write, `builtin:NAME` (or just `NAME`).
+        #[arg(long, value_name = "builtin:NAME", requires = "output")]
+        write: Option<String>,
+        /// Where `--write` puts the image (replaced if it exists).
+        #[arg(long, short, value_name = "FILE", requires = "write")]
+        output: Option<PathBuf>,
+    },
     /// Print a shell completion script, e.g.
     /// `hqdmux completions bash > /etc/bash_completion.d/hqdmux`.
     Completions {
@@ -574,11 +587,16 @@ fn main() -> ExitCode {
             output,
             seconds,
             json,
+            gpu_id,
         } => with_socket("timeline", api_socket, |s| {
-            vmm::cli::timeline(&s, &output, seconds, json)
+            vmm::cli::timeline(&s, &output, seconds, json, gpu_id)
         }),
         Command::Man { subcommand } => man_page(subcommand.as_deref()),
-        Command::Images => vmm::cli::done(vmm::out!("{}", describe_images())),
+        Command::Images {
+            write: Some(name),
+            output: Some(path),
+        } => write_image(&name, &path),
+        Command::Images { .. } => vmm::cli::done(vmm::out!("{}", describe_images())),
         Command::Completions { shell } => {
             let mut script = Vec::new();
             clap_complete::generate(
@@ -636,11 +654,44 @@ fn man_page(sub: Option<&str>) -> ExitCode {
     vmm::cli::done(vmm::out!("{}", String::from_utf8_lossy(&roff)))
 }
 
+/// `hqdmux images --write builtin:NAME -o FILE`: writes the embedded ELF
+/// (checked to carry its PVH entry note) to `path`; exit 2 on an unknown
+/// name or a file that cannot be written.
+fn write_image(name: &str, path: &Path) -> ExitCode {
+    let bare = name.strip_prefix("builtin:").unwrap_or(name);
+    let Some(elf) = images::builtin(bare) else {
+        let known: Vec<_> = images::names().map(|n| format!("builtin:{n}")).collect();
+        eprintln!(
+            "hqdmux images: no built-in image {name:?} (built in: {})",
+            known.join(", ")
+        );
+        return ExitCode::from(EXIT_LAUNCH);
+    };
+    let pvh = match images::elf::pvh_entry(elf) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("hqdmux images: builtin:{bare} is not PVH-bootable: {e}");
+            return ExitCode::from(EXIT_LAUNCH);
+        }
+    };
+    if let Err(e) = std::fs::write(path, elf) {
+        eprintln!("hqdmux images: cannot write {}: {e}", path.display());
+        return ExitCode::from(EXIT_LAUNCH);
+    }
+    vmm::cli::done(vmm::out!(
+        "wrote builtin:{bare} to {} ({} bytes, PVH entry {pvh:#x})\n",
+        path.display(),
+        elf.len()
+    ))
+}
+
 /// `hqdmux images`: each built-in image, what it does, its `args` keys and
 /// exit statuses.
 fn describe_images() -> String {
     let mut s = String::from(
-        "Built-in guest images (image = \"builtin:NAME\"; args = \"key=value key=value\"):\n",
+        "Built-in guest images (image = \"builtin:NAME\"; args = \"key=value key=value\"):\n\
+         (each also boots in Cloud Hypervisor and QEMU through its PVH entry, the args as\n\
+         the kernel command line: hqdmux images --write builtin:NAME -o FILE)\n",
     );
     for name in images::names() {
         s += &format!("\nbuiltin:{name}\n");

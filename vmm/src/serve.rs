@@ -38,6 +38,9 @@ pub struct VgpuEntry {
     /// GPU partition (none: the scheduler picks).
     #[serde(default)]
     pub partition: Option<u32>,
+    /// The physical GPU (`[[gpu]] id`, default 0) whose arbiter serves it.
+    #[serde(default)]
+    pub gpu_id: u32,
     /// Preemption timeout (ms), as a fleet VM's.
     #[serde(default = "default_preempt")]
     pub preempt_timeout_ms: u64,
@@ -61,7 +64,7 @@ fn default_preempt() -> u64 {
 #[serde(deny_unknown_fields)]
 struct DevicesFile {
     #[serde(default)]
-    gpu: crate::config::GpuConfig,
+    gpu: crate::config::GpuList,
     #[serde(default)]
     scheduler: scheduler::SchedConfig,
     #[serde(default)]
@@ -71,9 +74,12 @@ struct DevicesFile {
 /// A parsed and checked devices file.
 #[derive(Debug, Clone)]
 pub struct DevicesConfig {
-    /// The GPU (`[gpu]` as in fleet files: topology, backend, simulator
-    /// knobs, guard defaults).
+    /// The first GPU (the only one of a `[gpu]` table: topology, backend,
+    /// simulator knobs, guard defaults, as in fleet files).
     pub gpu: crate::config::GpuConfig,
+    /// Every GPU (`[gpu]` or `[[gpu]]` entries, checked as a fleet file's);
+    /// each `[[vgpu]]` names one by `gpu_id`.
+    pub gpus: Vec<crate::config::GpuConfig>,
     /// Scheduler policy and tunables.
     pub scheduler: scheduler::SchedConfig,
     /// The vGPUs (sockets resolved).
@@ -105,12 +111,17 @@ impl DevicesConfig {
             field: field.into(),
             reason,
         };
-        f.gpu.validate().map_err(|e| ConfigError::Invalid {
-            file: path.into(),
-            place: Place::Gpu,
-            field: "gpu".into(),
-            reason: e.to_string(),
-        })?;
+        // The GPUs are checked exactly as a fleet file's (ids, topology,
+        // guard), through a fleet of them.
+        let gpus = FleetConfig {
+            run: Default::default(),
+            gpus: f.gpu.gpus,
+            gpu_entries: f.gpu.array,
+            scheduler: f.scheduler.clone(),
+            vm: Vec::new(),
+            base_dir: PathBuf::from("."),
+        };
+        gpus.validate_gpus(path)?;
         if f.vgpu.is_empty() {
             return Err(ConfigError::Invalid {
                 file: path.into(),
@@ -153,11 +164,24 @@ impl DevicesConfig {
             if let Some(q) = v.quantum_ms {
                 range("quantum_ms", q, QUANTUM_MS_RANGE)?;
             }
+            let Some(g) = gpus.gpu(v.gpu_id) else {
+                let ids: Vec<String> = gpus.gpus.iter().map(|g| g.id.to_string()).collect();
+                return Err(bad(
+                    i,
+                    &n,
+                    "gpu_id",
+                    format!(
+                        "no GPU with id {} (this file's GPUs: {})",
+                        v.gpu_id,
+                        ids.join(", ")
+                    ),
+                ));
+            };
             if let Some(p) = v.partition {
                 range(
                     "partition",
                     u64::from(p),
-                    0..=u64::from(f.gpu.topology.partitions()) - 1,
+                    0..=u64::from(g.topology.partitions()) - 1,
                 )?;
             }
             if n.is_empty() || out.iter().any(|o: &VgpuEntry| o.name == n) {
@@ -170,7 +194,8 @@ impl DevicesConfig {
             out.push(v);
         }
         Ok(DevicesConfig {
-            gpu: f.gpu,
+            gpu: gpus.gpus[0].clone(),
+            gpus: gpus.gpus,
             scheduler: f.scheduler,
             vgpu: out,
         })
@@ -228,13 +253,15 @@ pub enum ServeError {
 pub struct ServeReport {
     /// (name, counters).
     pub vgpus: Vec<(String, ServerStats)>,
-    /// The arbiter's counters at the end.
+    /// The arbiters' counters at the end, summed over the GPUs.
     pub gpu: mdev::arbiter::ArbiterStats,
+    /// Each serving GPU's counters by `gpu_id`.
+    pub gpus: Vec<(u32, mdev::arbiter::ArbiterStats)>,
 }
 
-/// Stops the servers and the arbiter on every return path.
+/// Stops the servers and the arbiters on every return path.
 struct Running {
-    arbiter: Arc<GpuArbiter>,
+    arbiters: Arc<crate::fleet::FleetGpus>,
     servers: Vec<(Arc<VgpuServer>, Option<std::thread::JoinHandle<()>>)>,
 }
 
@@ -248,28 +275,35 @@ impl Drop for Running {
                 let _ = t.join();
             }
         }
-        self.arbiter.shutdown();
+        for (_, m) in self.arbiters.started() {
+            m.shutdown();
+        }
     }
 }
 
 /// Runs the daemon until `opts.stop` fires (or forever without one).
 pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport, ServeError> {
-    let backend =
-        crate::fleet::open_backend(&cfg.gpu, 1).map_err(|e| ServeError::Gpu(e.to_string()))?;
-    let arbiter = GpuArbiter::start(cfg.gpu.topology.clone(), cfg.scheduler.clone(), backend)
-        .map_err(|e| ServeError::Gpu(e.to_string()))?;
+    // The GPUs as a fleet's: one arbiter per GPU that serves a vGPU.
+    let fleet = FleetConfig {
+        run: Default::default(),
+        gpus: cfg.gpus.clone(),
+        gpu_entries: cfg.gpus.len() > 1,
+        scheduler: cfg.scheduler.clone(),
+        vm: Vec::new(),
+        base_dir: PathBuf::from("."),
+    };
+    let gpus = Arc::new(crate::fleet::FleetGpus::new(&fleet));
     let mut run = Running {
-        arbiter: arbiter.clone(),
+        arbiters: gpus.clone(),
         servers: Vec::new(),
     };
     for v in &cfg.vgpu {
-        let s = VgpuServer::bind(
-            &v.socket,
-            v.spec(&cfg.gpu.guard),
-            arbiter.clone(),
-            ServerOptions::default(),
-        )
-        .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
+        let arbiter: Arc<GpuArbiter> = gpus
+            .start(&fleet, v.gpu_id)
+            .map_err(|e| ServeError::Gpu(format!("gpu {}: {e}", v.gpu_id)))?;
+        let guard = fleet.gpu(v.gpu_id).map_or(cfg.gpu.guard, |g| g.guard);
+        let s = VgpuServer::bind(&v.socket, v.spec(&guard), arbiter, ServerOptions::default())
+            .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
         let t = s.spawn().map_err(|e| {
             ServeError::Socket(
                 v.name.clone(),
@@ -277,9 +311,10 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
             )
         })?;
         log::info!(
-            "vgpu '{}': serving vfio-user on {} (priority {}, weight {})",
+            "vgpu '{}': serving vfio-user on {} (gpu {}, priority {}, weight {})",
             v.name,
             v.socket.display(),
+            v.gpu_id,
             v.priority,
             v.weight
         );
@@ -289,18 +324,7 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         Some(path) => {
             // The fleet API over the daemon's arbiter: metrics, timeline,
             // stats and policy (vGPUs are not VMs of a fleet: `ps` lists none).
-            let fleet = FleetConfig {
-                run: Default::default(),
-                gpu: cfg.gpu.clone(),
-                scheduler: cfg.scheduler.clone(),
-                vm: Vec::new(),
-                base_dir: PathBuf::from("."),
-            };
-            let ctl = Arc::new(crate::api::FleetControl::new(
-                Some(arbiter.clone()),
-                &fleet,
-                &[],
-            ));
+            let ctl = Arc::new(crate::api::FleetControl::new(gpus.clone(), &fleet, &[]));
             Some(
                 crate::api::serve(path, opts.api_socket_mode.unwrap_or(0o600), ctl)
                     .map_err(ServeError::Api)?,
@@ -320,9 +344,15 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         .iter()
         .map(|(s, _)| (s.spec().name, s.stats()))
         .collect();
-    let gpu = arbiter.stats();
+    let per_gpu: Vec<(u32, mdev::arbiter::ArbiterStats)> =
+        gpus.started().map(|(id, m)| (id, m.stats())).collect();
+    let gpu = crate::fleet::sum_stats(per_gpu.iter().map(|(_, s)| s)).unwrap_or_default();
     drop(run);
-    Ok(ServeReport { vgpus, gpu })
+    Ok(ServeReport {
+        vgpus,
+        gpu,
+        gpus: per_gpu,
+    })
 }
 
 fn wait_readable(fd: &vmm_sys_util::eventfd::EventFd) -> std::io::Result<()> {
@@ -401,5 +431,54 @@ mod tests {
             DevicesConfig::parse("", p),
             Err(ConfigError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn vgpus_name_their_gpu_among_the_gpu_entries() {
+        let p = Path::new("/etc/hqdmux/devices.toml");
+        let gpus = "[[gpu]]\nid = 0\n[[gpu]]\nid = 4\npartition_mode = \"CPX\"\n";
+        let c = DevicesConfig::parse(
+            &format!(
+                "{gpus}[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\n\
+                 [[vgpu]]\nname = \"b\"\nsocket = \"b.sock\"\ngpu_id = 4\npartition = 7\n"
+            ),
+            p,
+        )
+        .unwrap();
+        assert_eq!(c.gpus.len(), 2);
+        assert_eq!((c.vgpu[0].gpu_id, c.vgpu[1].gpu_id), (0, 4));
+        // The partition is checked against the vGPU's own GPU.
+        let e = DevicesConfig::parse(
+            &format!("{gpus}[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\npartition = 7\n"),
+            p,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("field `partition`: 7 is out of range 0..=0"),
+            "{e}"
+        );
+        let e = DevicesConfig::parse(
+            &format!("{gpus}[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\ngpu_id = 1\n"),
+            p,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "/etc/hqdmux/devices.toml: vm 'a' (vm[0]): field `gpu_id`: no GPU with id 1 \
+             (this file's GPUs: 0, 4)"
+        );
+        // Duplicate GPU ids are refused as in a fleet file.
+        let e = DevicesConfig::parse(
+            "[[gpu]]\n[[gpu]]\n[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\n",
+            p,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("gpu[1] (id 0): field `id`: duplicate id 0"),
+            "{e}"
+        );
     }
 }

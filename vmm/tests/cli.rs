@@ -863,6 +863,65 @@ fn check_refuses_a_fleet_this_host_cannot_start() {
 }
 
 #[test]
+fn images_write_puts_a_pvh_bootable_elf_in_the_file_and_refuses_unknown_names() {
+    let dir = scratch("images-write");
+    let file = dir.join("gpu.elf");
+    let out = hqdmux()
+        .args(["images", "--write", "builtin:gpu", "-o"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = std::fs::read(&file).unwrap();
+    assert_eq!(
+        written,
+        images::builtin("gpu").unwrap(),
+        "the embedded bytes"
+    );
+    // Parsed from the file: the PVH note names the 32-bit stub (cli; cld),
+    // and the own-VMM entry stays at 1 MiB.
+    let pvh = images::elf::pvh_entry(&written).unwrap();
+    assert_eq!(
+        images::elf::bytes_at(&written, pvh, 2),
+        Some(&[0xFA, 0xFC][..])
+    );
+    assert_eq!(images::elf::entry(&written), Ok(0x10_0000));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&format!("PVH entry {pvh:#x}")), "{stdout}");
+    // A bare name works too; an unknown one and a missing -o are usage errors.
+    let out = hqdmux()
+        .args(["images", "--write", "hello", "-o"])
+        .arg(dir.join("hello.elf"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let out = hqdmux()
+        .args(["images", "--write", "builtin:nope", "-o"])
+        .arg(dir.join("nope.elf"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("builtin:hello"));
+    assert!(!dir.join("nope.elf").exists());
+    let out = hqdmux()
+        .args(["images", "--write", "builtin:gpu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "--write needs -o");
+    let out = hqdmux()
+        .args(["images", "--write", "builtin:gpu", "-o"])
+        .arg(dir.join("no-such-dir/gpu.elf"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "unwritable path");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn images_describes_every_image_and_its_arguments_and_help_mentions_rust_log() {
     let out = hqdmux().arg("images").output().unwrap();
     assert!(out.status.success());

@@ -518,6 +518,12 @@ pub struct VmView {
     pub state: VmState,
     /// It has a vGPU.
     pub gpu: bool,
+    /// The physical GPU its vGPU is on (`[[gpu]] id`; null without a vGPU
+    /// on this fleet's GPUs). A VM never moves.
+    pub gpu_id: Option<u32>,
+    /// Why it is on `gpu_id`: `gpu_id = N` as written, or the automatic
+    /// placement's reason.
+    pub placement: Option<String>,
     /// Its `image`.
     pub image: String,
     /// GPU priority.
@@ -711,19 +717,32 @@ pub struct FleetView {
     pub vms_forgotten: u64,
     /// Listed VMs per state name.
     pub states: BTreeMap<String, u64>,
-    /// The GPU (null without GPU VMs).
+    /// The first GPU with VMs (null without GPU VMs); every GPU is in `gpus`.
     pub gpu: Option<GpuView>,
+    /// Every GPU with a running arbiter, in config order.
+    #[serde(default)]
+    pub gpus: Vec<GpuView>,
 }
 
 /// The GPU of [`FleetView`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuView {
+    /// The GPU's id (`[[gpu]] id`, metrics' `gpu_id`).
+    #[serde(default)]
+    pub gpu_id: u32,
     /// Scheduling policy.
     pub policy: PolicyName,
     /// XCCs.
     pub xccs: u32,
     /// Compute partitions.
     pub partitions: u32,
+    /// Its partition mode as AMD's exporter labels it
+    /// (`gpu_compute_partition_type`: `SPX`, `DPX`, `QPX`, `CPX`).
+    #[serde(default)]
+    pub gpu_compute_partition_type: String,
+    /// Running or paused VMs on it.
+    #[serde(default)]
+    pub vms: u64,
     /// Packets completed.
     pub completions: u64,
     /// Queue maps.
@@ -873,9 +892,12 @@ mod tests {
             names(&s["Quarantine"]["required"])
         );
         let gpu = GpuView {
+            gpu_id: 0,
             policy: PolicyName(scheduler::Policy::ALL[0]),
             xccs: 1,
             partitions: 1,
+            gpu_compute_partition_type: "SPX".into(),
+            vms: 0,
             completions: 0,
             maps: 0,
             preemptions: 0,

@@ -37,7 +37,11 @@ fn control() -> &'static FleetControl {
             std::path::Path::new("/fuzz/fleet.toml"),
         )
         .expect("config");
-        FleetControl::new(Some(m), &cfg, &[Some(h), None])
+        FleetControl::new(
+            Arc::new(vmm::fleet::FleetGpus::single(0, m)),
+            &cfg,
+            &[Some(h), None],
+        )
     })
 }
 

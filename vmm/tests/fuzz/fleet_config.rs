@@ -35,11 +35,19 @@ pub fn run(data: &[u8]) {
         Ok(cfg) => {
             // What validation promises the launcher.
             assert!(!cfg.vm.is_empty());
-            assert!(cfg.gpu.validate().is_ok());
+            assert!(!cfg.gpus.is_empty());
+            for (i, g) in cfg.gpus.iter().enumerate() {
+                assert!(g.validate().is_ok());
+                assert!(cfg.gpus[..i].iter().all(|o| o.id != g.id), "unique ids");
+            }
             for v in &cfg.vm {
                 assert!(!v.name.is_empty());
-                if let Some(p) = v.partition {
-                    assert!(p < cfg.gpu.topology.partitions());
+                // Every vGPU VM is placed on a GPU of the file, and a
+                // pinned partition exists on that GPU.
+                let gpu = v.gpu_id.and_then(|id| cfg.gpu(id));
+                assert_eq!(v.gpu, gpu.is_some(), "{v:?}");
+                if let (Some(p), Some(g)) = (v.partition, gpu) {
+                    assert!(p < g.topology.partitions());
                 }
             }
             let _ = cfg.gpu_summary();
@@ -54,7 +62,7 @@ pub fn run(data: &[u8]) {
 /// Seed inputs: the example fleets and a few refused ones.
 pub fn seeds() -> Vec<(String, Vec<u8>)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut v: Vec<(String, Vec<u8>)> = ["hello", "gpu"]
+    let mut v: Vec<(String, Vec<u8>)> = ["hello", "gpu", "mi300x-8gpu"]
         .iter()
         .map(|n| {
             let text = std::fs::read(root.join(format!("examples/{n}.toml"))).unwrap();
@@ -74,6 +82,14 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
         (
             "duplicate-name",
             "[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n",
+        ),
+        (
+            "gpu-entries",
+            "[[gpu]]\nid = 0\n[[gpu]]\nid = 3\npartition_mode = \"CPX\"\n[[vm]]\nname = \"a\"\nimage = \"builtin:gpu\"\ngpu = true\nmemory_mib = 256\npartition = 5\n[[vm]]\nname = \"b\"\nimage = \"builtin:gpu\"\ngpu = true\nmemory_mib = 256\ngpu_id = 0\n",
+        ),
+        (
+            "gpu-entries-duplicate-id",
+            "[[gpu]]\nid = 1\n[[gpu]]\nid = 1\n[[vm]]\nname = \"a\"\nimage = \"builtin:gpu\"\ngpu = true\nmemory_mib = 256\ngpu_id = 9\n",
         ),
         (
             "bad-gpu",

@@ -429,6 +429,12 @@ mod tests {
         assert_eq!(v[1].entitled, 0.0);
         let robbed = [sample("hi", 5, 1, W, 800), sample("lo", 1, 1, W, 200)];
         assert!(!check_window(&robbed)[0].held);
+        // Two GPUs are two capacities: partition 0 of each is its own.
+        let mut other = sample("b", 4, 1, W, 100);
+        other.gpu = 1;
+        let v = check_window(&[sample("a", 4, 1, W, 300), other]);
+        assert_eq!((v[0].entitled, v[1].entitled), (1.0, 1.0));
+        assert_eq!((v[0].got, v[1].got), (1.0, 1.0));
     }
 
     fn claims() -> impl Strategy<Value = Vec<Claim>> {

@@ -555,6 +555,15 @@ pub trait PhysGpu: Send {
             None => Ok(()),
         }
     }
+    /// Moves the compute done since the last call into `out`, as `(tag,
+    /// CU ns)` pairs: per queue, the CU time of the workgroups that
+    /// completed (workgroups x their modelled run time alone on a CU), the
+    /// compute a VM received (docs/scheduling.md, the promise). Several
+    /// pairs may name one tag. The default (a backend that cannot tell)
+    /// reports nothing.
+    fn take_cu_time(&mut self, out: &mut Vec<(u64, u64)>) {
+        let _ = out;
+    }
     /// The backend's estimate of one kernel dispatch before it runs (a
     /// scheduling hint, read on the doorbell path: it must be cheap, and it
     /// reads guest memory only through `mem`, whose every address it must

@@ -369,6 +369,10 @@ struct Wg {
     /// it until `shared_until`.
     guest: bool,
     shared_until: Nanos,
+    /// The work (ns at its solo rate) it started with: its cost, or what a
+    /// saved workgroup had left. Credited as CU time when it completes; a
+    /// save credits the part done ([`PhysGpu::take_cu_time`]).
+    work: Nanos,
 }
 
 struct Part {
@@ -418,6 +422,9 @@ pub struct SimGpu {
     /// Per batch: the identified CUs it holds (`held` of them while live;
     /// a dead batch's list is stale until the index is reused).
     batch_cus: Vec<Vec<u32>>,
+    /// CU time of completed workgroups per tag, not yet taken
+    /// ([`PhysGpu::take_cu_time`]); bounded by the tags mapped.
+    cu_credit: std::collections::HashMap<u64, u64>,
 }
 
 type QResult<T> = Result<T, QueueErrorReason>;
@@ -477,6 +484,7 @@ impl SimGpu {
             free_batches: Vec::new(),
             dirty_batches: Vec::new(),
             batch_cus: Vec::new(),
+            cu_credit: std::collections::HashMap::new(),
         })
     }
 
@@ -1006,6 +1014,7 @@ impl SimGpu {
             live: true,
             guest: true,
             shared_until: now.saturating_add(delay.saturating_mul(2)),
+            work: cost,
         });
         true
     }
@@ -1086,13 +1095,7 @@ impl SimGpu {
     /// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
     /// kernel's own), at least the modelled floor.
     fn wg_cost(&self, d: &Dispatch) -> Nanos {
-        let mut cost = d.desc.wg_cost_ns;
-        if let Kernarg::Spin { ns } = d.args {
-            if ns != 0 {
-                cost = ns;
-            }
-        }
-        cost.max(self.params.wg_floor_ns).max(MIN_WG_NS)
+        wg_cost(&self.params, d)
     }
 
     /// Marks batch `idx` changed: its timers are re-armed by `flush_batches`
@@ -1309,6 +1312,8 @@ impl SimGpu {
         };
         a.done_wgs += to - from;
         self.stats.wgs_completed += to - from;
+        let (tag, cost) = (q.tag, wg_cost(&self.params, &d));
+        credit(&mut self.cu_credit, tag, (to - from).saturating_mul(cost));
         let lim = Self::effect_wgs(&d).min(to);
         for wg in from..lim {
             apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
@@ -1503,6 +1508,7 @@ impl SimGpu {
             live: true,
             guest: false,
             shared_until: 0,
+            work: dur,
         });
     }
 
@@ -1527,7 +1533,7 @@ impl SimGpu {
             return;
         }
         let live = w.live;
-        let (slot, id, wg, cu) = (w.slot, w.id, w.wg, w.cu);
+        let (slot, id, wg, cu, work) = (w.slot, w.id, w.wg, w.cu, w.work);
         self.free_wgs.push(idx);
         self.wgs[idx as usize].live = false;
         if !live {
@@ -1539,6 +1545,9 @@ impl SimGpu {
             release_guest(part, cu);
         } else if release_cu(part, cu) {
             part.free_cus += 1;
+        }
+        if let Some(q) = self.slots[slot as usize].as_ref() {
+            credit(&mut self.cu_credit, q.tag, work);
         }
         let res = self.complete_wg(slot, id, wg);
         if let Err(e) = res {
@@ -1688,6 +1697,10 @@ impl SimGpu {
                 self.parts[p].free_cus += freed;
                 return Err(e);
             }
+            // The current round's part done is CU time received.
+            if let Some(q) = self.slots[slot as usize].as_ref() {
+                credit(&mut self.cu_credit, q.tag, running.saturating_mul(into));
+            }
             // The CUs of the saved waves stay held (by the slot) until the
             // dequeue finishes (`finish_unmap`).
             freed += self.release_batch_cus(bi, b.held - running as u32);
@@ -1765,6 +1778,24 @@ impl SimGpu {
 
 /// Highest write index a queue may publish: one ring ahead of the read index,
 /// and never past a dword position that overflows `CP_HQD_PQ_WPTR`.
+/// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
+/// kernel's own), at least the modelled floor.
+fn wg_cost(params: &SimParams, d: &Dispatch) -> Nanos {
+    let mut cost = d.desc.wg_cost_ns;
+    if let Kernarg::Spin { ns } = d.args {
+        if ns != 0 {
+            cost = ns;
+        }
+    }
+    cost.max(params.wg_floor_ns).max(MIN_WG_NS)
+}
+
+/// Adds `ns` of CU time to `tag`'s credit.
+fn credit(c: &mut std::collections::HashMap<u64, u64>, tag: u64, ns: u64) {
+    let e = c.entry(tag).or_insert(0);
+    *e = e.saturating_add(ns);
+}
+
 fn wptr_limit(rptr: u64, ring_packets: u64) -> u64 {
     rptr.saturating_add(ring_packets).min(MAX_INDEX)
 }
@@ -2084,6 +2115,12 @@ impl PhysGpu for SimGpu {
         &self.topo
     }
 
+    /// Workgroups x their modelled cost (the descriptor's, as
+    /// [`SimGpu`] runs them without jitter), credited as they complete.
+    fn take_cu_time(&mut self, out: &mut Vec<(u64, u64)>) {
+        out.extend(self.cu_credit.drain());
+    }
+
     /// From the kernel descriptor (its modelled workgroup cost and
     /// `vgprs`) and the packet's workgroup size and LDS, as the model
     /// runs it (`sim/occupancy.rs`); `None` when the descriptor is
@@ -2305,10 +2342,14 @@ impl PhysGpu for SimGpu {
                         } else {
                             w.end.saturating_sub(now)
                         };
+                        let remaining = remaining.max(MIN_WG_NS);
+                        // The part done is CU time received (the rest is
+                        // credited when the restored workgroup completes).
+                        credit(&mut self.cu_credit, q.tag, w.work.saturating_sub(remaining));
                         q.resume.push_front(SavedWg {
                             id: w.id,
                             wg: w.wg,
-                            remaining: remaining.max(MIN_WG_NS),
+                            remaining,
                         });
                     }
                 }

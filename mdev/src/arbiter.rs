@@ -32,6 +32,7 @@ use crate::vgpu::{InterruptSink, RequestSink, VgpuFrontEnd, VgpuHandle, VgpuRequ
 use abi::mqd::V9Mqd;
 use abi::vgpu::{error, NUM_VHQD};
 use scheduler::{Nanos, Policy, QueueId, SchedConfig, SchedError, VmId, VmParams};
+use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -216,6 +217,21 @@ struct Core {
     /// next doorbell causes, prepared at the end of each service turn (a
     /// preparation older than the binding's last change is not fired).
     recent: Vec<RecentDoorbell>,
+    /// CU time taken from the backend, reused.
+    cu_buf: Vec<(u64, u64)>,
+}
+
+/// The promise's figures of one VM ([`GpuArbiter::vm_promise`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmPromise {
+    /// When they were read (ns on the arbiter's clock).
+    pub at_ns: Nanos,
+    /// Cumulative counters.
+    pub counters: crate::telemetry::PromiseCounters,
+    /// Its compute partition.
+    pub partition: u32,
+    /// Preemptions of its queues by VM name.
+    pub preempted_by: Vec<(String, u64)>,
 }
 
 /// How many recently rung vHQDs get their next doorbell's preemption
@@ -363,6 +379,7 @@ impl GpuArbiter {
                 calls_in_flight: false,
                 notices: Vec::new(),
                 recent: Vec::with_capacity(RECENT_DOORBELLS),
+                cu_buf: Vec::new(),
             }),
             cv: Condvar::new(),
             requests,
@@ -782,6 +799,7 @@ impl GpuArbiter {
             // Events it appended before the panic did happen: deliver them.
             log::error!("arbiter: host bug: GPU backend panicked in advance; continuing");
         }
+        Self::take_cu_time(c);
         let mut out = Vec::new();
         for ev in buf.drain(..) {
             let tag = QueueId(ev.tag());
@@ -811,6 +829,52 @@ impl GpuArbiter {
             }
         }
         self.deliver(c, out);
+    }
+
+    /// Moves the backend's CU time into telemetry (by the queues' VMs).
+    fn take_cu_time(c: &mut Core) {
+        let mut buf = std::mem::take(&mut c.cu_buf);
+        c.gpu.take_cu_time(&mut buf);
+        for (tag, ns) in buf.drain(..) {
+            if let Some(vm) = c.bind.queue_vm(QueueId(tag)) {
+                c.tele.cu_time(vm.0, ns);
+            }
+        }
+        c.cu_buf = buf;
+    }
+
+    /// The promise's counters of a live VM, brought to now (CU time taken
+    /// from the backend, demand sampled), with its partition and the VMs
+    /// that preempted it (name, count); `None` for a VM the arbiter does
+    /// not have live.
+    pub fn vm_promise(&self, vm: VgpuHandle) -> Option<VmPromise> {
+        let mut c = lock(&self.core);
+        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        let now = self.now();
+        let core = &mut *c;
+        Self::take_cu_time(core);
+        core.tele.sample_demand(now, &core.bind, true);
+        let partition = core.bind.scheduler().vm_partition(VmId(vm.0))?;
+        let (_, t) = core.tele.vms().find(|(id, _)| **id == vm.0)?;
+        let names: BTreeMap<u32, String> = core
+            .tele
+            .vms()
+            .map(|(id, v)| (*id, v.name.clone()))
+            .collect();
+        let preempted_by = t
+            .preempted_by
+            .iter()
+            .map(|(id, n)| {
+                let name = names.get(id).cloned().unwrap_or_else(|| format!("vm{id}"));
+                (name, *n)
+            })
+            .collect();
+        Some(VmPromise {
+            at_ns: now,
+            counters: t.promise,
+            partition,
+            preempted_by,
+        })
     }
 
     /// Runs `f` for VM `vm`; a panic quarantines that VM only.

@@ -28,10 +28,10 @@ use crate::mem::DmaMemory;
 use crate::topology::GpuTopology;
 use abi::mqd::V9Mqd;
 use scheduler::{
-    Action, DequeueMode, Event, Nanos, Policy, QueueId, SchedConfig, SchedError, Scheduler,
-    SlotDesc, SlotId, VmId, VmParams,
+    Action, DequeueMode, Event, Nanos, Policy, QueueId, QueueState, SchedConfig, SchedError,
+    Scheduler, SlotDesc, SlotId, VmId, VmParams,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 /// Most packets read per doorbell for their dispatch width.
@@ -565,6 +565,41 @@ impl<O: Copy> Binding<O> {
     /// dequeue not finished).
     pub fn on_gpu(&self, queue: QueueId) -> bool {
         self.queues.get(&queue).is_some_and(|r| r.on_gpu)
+    }
+
+    /// The VM a queue belongs to.
+    pub fn queue_vm(&self, queue: QueueId) -> Option<VmId> {
+        self.queues.get(&queue).map(|r| r.vm)
+    }
+
+    /// Per VM with queues, whether it is demanding now (a queue with work
+    /// it could run: ready, saved, running or being preempted) and whether
+    /// it is waiting for a slot (a queue ready or saved, none running);
+    /// `out` is cleared first. The promise's demand (docs/scheduling.md).
+    pub fn demand_states(&self, out: &mut BTreeMap<VmId, (bool, bool)>) {
+        out.clear();
+        for (q, r) in &self.queues {
+            let Some((st, _)) = self.sched.queue_state(*q) else {
+                continue;
+            };
+            let e = out.entry(r.vm).or_insert((false, false));
+            match st {
+                QueueState::Ready | QueueState::Saved => {
+                    e.0 = true;
+                    e.1 = true;
+                }
+                QueueState::Running | QueueState::Preempting => e.0 = true,
+                QueueState::Idle | QueueState::MappedIdle | QueueState::Error => {}
+            }
+        }
+        // Waiting only while none of its queues runs.
+        for (q, r) in &self.queues {
+            if let Some((QueueState::Running, _)) = self.sched.queue_state(*q) {
+                if let Some(e) = out.get_mut(&r.vm) {
+                    e.1 = false;
+                }
+            }
+        }
     }
 
     /// The queue's shadow MQD.

@@ -18,6 +18,7 @@
 //! * [`telemetry`]: per-VM counters, histograms and the HQD-slot timeline
 //!   recorder, fed from binding notices; [`metrics`]: their Prometheus text.
 //! * [`ratelimit`]: per-VM limiter of guest-triggered log lines.
+//! * [`promise`]: the water-filling of the promise and its per-window check.
 //! * [`guard`]: the misbehaving-VM guard (per-VM rate windows of resets,
 //!   queue errors and stale doorbells; quarantine).
 //! * `probe` (feature `probe`): the arbiter measurement rig of the benches.
@@ -38,6 +39,7 @@ pub mod guard;
 pub mod metrics;
 #[cfg(any(test, feature = "probe"))]
 pub mod probe;
+pub mod promise;
 pub mod ratelimit;
 pub mod telemetry;
 pub mod vgpu;

@@ -143,6 +143,11 @@ pub struct MetricsInfo {
     pub vm_states: BTreeMap<u32, &'static str>,
     /// Every state `hqdmux_vm_state` enumerates (one series per state).
     pub states: &'static [&'static str],
+    /// `hqdmux_vm_entitled_share` and `hqdmux_vm_received_share`: each
+    /// VM's `(entitled, received)` fraction of its partition's compute over
+    /// the VMM's last sample interval ([`crate::promise`]), by VM id; VMs
+    /// absent here get no such series.
+    pub promise: BTreeMap<u32, (f64, f64)>,
 }
 
 impl MetricsInfo {
@@ -156,6 +161,7 @@ impl MetricsInfo {
             commit: "unknown".to_owned(),
             vm_states: BTreeMap::new(),
             states: &[],
+            promise: BTreeMap::new(),
         }
     }
 }
@@ -586,7 +592,90 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
         "hqdmux_guard_quarantines_total{{{dev}}} {}",
         ctx.guard_quarantines
     );
+    render_promise(&mut b, tele, bind, &rows, &labels, info);
     b
+}
+
+/// The promise's families (docs/scheduling.md, "The promise, live").
+fn render_promise<O: Copy>(
+    b: &mut String,
+    tele: &Telemetry,
+    bind: &Binding<O>,
+    rows: &[(u32, VmFigures)],
+    labels: &dyn Fn(&VmFigures) -> String,
+    info: &MetricsInfo,
+) {
+    let sched = bind.scheduler();
+    let vms: BTreeMap<u32, &crate::telemetry::VmTelemetry> =
+        tele.vms().map(|(id, v)| (*id, v)).collect();
+    let stats = |id: u32| sched.vm_stats(scheduler::VmId(id));
+    type Pick = fn(&crate::telemetry::VmTelemetry, Option<scheduler::VmStats>) -> Option<f64>;
+    let counters: [(&str, &str, Pick); 7] = [
+        (
+            "hqdmux_vm_cu_seconds_total",
+            "Compute the VM received: CU time of its completed workgroups (CU x seconds), the measure of the promise.",
+            |v, _| Some(v.promise.cu_ns as f64 / 1e9),
+        ),
+        (
+            "hqdmux_vm_demanding_seconds_total",
+            "Time the VM had work it could run (a queue ready, saved or running).",
+            |v, _| Some(v.promise.demanding_ns as f64 / 1e9),
+        ),
+        (
+            "hqdmux_vm_wait_seconds_total",
+            "Time the VM had a queue ready or saved and none running: waiting for an HQD slot.",
+            |v, _| Some(v.promise.wait_ns as f64 / 1e9),
+        ),
+        (
+            "hqdmux_vm_cwsr_seconds_total",
+            "Dequeue (CWSR save or drain) time of the VM's queues, charged to nobody.",
+            |_, s| s.map(|s| s.save_ns as f64 / 1e9),
+        ),
+        (
+            "hqdmux_vm_aging_boosts_total",
+            "Times one of the VM's queues was boosted by aging above every priority.",
+            |_, s| s.map(|s| s.aging_boosts as f64),
+        ),
+        (
+            "hqdmux_vm_preemptions_caused_total",
+            "Preemptions of other VMs' queues made to start one of this VM's queues.",
+            |v, _| Some(v.promise.preemptions_caused as f64),
+        ),
+        (
+            "hqdmux_vm_preemptions_by_aging_total",
+            "Preemptions of the VM's queues made for a queue boosted by aging.",
+            |v, _| Some(v.promise.preempted_by_aging as f64),
+        ),
+    ];
+    for (name, help, pick) in counters {
+        family(b, name, "counter", help);
+        for (id, f) in rows {
+            let Some(v) = vms.get(id) else { continue };
+            if let Some(x) = pick(v, stats(*id)) {
+                let _ = writeln!(b, "{name}{{{}}} {}", labels(f), fmt_f64(x));
+            }
+        }
+    }
+    for (name, help, i) in [
+        (
+            "hqdmux_vm_entitled_share",
+            "The VM's entitlement under the demands of the last sample interval: its fraction of its partition's compute by the water-filling of the promise (strict priority across levels, weighted max-min within).",
+            0,
+        ),
+        (
+            "hqdmux_vm_received_share",
+            "The VM's fraction of its partition's compute (CU time) over the last sample interval.",
+            1,
+        ),
+    ] {
+        family(b, name, "gauge", help);
+        for (id, f) in rows {
+            if let Some(&(e, g)) = info.promise.get(id) {
+                let x = if i == 0 { e } else { g };
+                let _ = writeln!(b, "{name}{{{}}} {}", labels(f), fmt_f64(x));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

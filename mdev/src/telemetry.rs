@@ -27,7 +27,7 @@ use crate::backend::{DequeueMode, GpuEvent, PhysGpu, QueueErrorReason, SlotId, S
 use crate::binding::{Binding, Notice};
 use crate::metrics::{Histogram, CWSR_BUCKETS, DOORBELL_BUCKETS, PACKET_LATENCY_BUCKETS};
 use crate::topology::GpuTopology;
-use scheduler::{Nanos, VmId, VmParams, VmStats};
+use scheduler::{Nanos, QueueId, VmId, VmParams, VmStats, PRIORITY_RANGE};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use timeline::{Recorder, RingLimits, SlotRow, SpanKind, Timeline, VmRow};
 
@@ -125,6 +125,34 @@ mod sketch_tests {
     }
 }
 
+/// The promise's counters of one VM (docs/scheduling.md, "The promise"),
+/// cumulative since it was added; `hqdmux promise` and the API's
+/// `entitled vs got` take their differences over a window
+/// ([`crate::promise::check_window`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromiseCounters {
+    /// Compute received: CU time of its completed workgroups (CU x ns,
+    /// [`crate::backend::PhysGpu::take_cu_time`]).
+    pub cu_ns: u64,
+    /// Time it was demanding (a queue with work it could run).
+    pub demanding_ns: u64,
+    /// Time it had a queue ready or saved and none running (waiting for a
+    /// slot).
+    pub wait_ns: u64,
+    /// Preemptions of other VMs' queues its queue starts caused.
+    pub preemptions_caused: u64,
+    /// Preemptions of its queues made for a queue boosted by aging.
+    pub preempted_by_aging: u64,
+    /// Demanding at the last sample.
+    pub demanding: bool,
+    /// Waiting at the last sample.
+    pub waiting: bool,
+}
+
+/// Demand states are sampled at most this often (ns) on the event path
+/// (a scan of the binding's queues); reads settle them to the moment.
+pub const DEMAND_SAMPLE_NS: Nanos = 250_000;
+
 /// What telemetry keeps for one VM.
 #[derive(Clone, Debug)]
 pub struct VmTelemetry {
@@ -148,6 +176,11 @@ pub struct VmTelemetry {
     pub queue_errors: BTreeMap<String, u64>,
     /// `(gpu_ns, preemptions)` when the VM was removed.
     pub final_figures: Option<(u64, u64)>,
+    /// The promise's counters.
+    pub promise: PromiseCounters,
+    /// Preemptions of its queues by preempting VM (telemetry id), where
+    /// the preemptor is known.
+    pub preempted_by: BTreeMap<u32, u64>,
     seen_preemptions: u64,
 }
 
@@ -165,9 +198,14 @@ pub struct Telemetry {
     /// VM that preempted it (if known); the mark is placed at the dequeue
     /// request when the dequeue finishes.
     marked: Vec<Option<(u64, Option<u32>)>>,
-    /// Queue starts `(partition, vm)` since the last [`Telemetry::after`]
-    /// (the same scheduler decision as a preemption found there).
-    recent_maps: Vec<(u32, u32)>,
+    /// Queue starts `(partition, vm, queue)` since the last
+    /// [`Telemetry::after`] (the same scheduler decision as a preemption
+    /// found there).
+    recent_maps: Vec<(u32, u32, u64)>,
+    /// When demand states were last sampled.
+    demand_at: Option<Nanos>,
+    /// Reused by the demand sampling.
+    demand_buf: BTreeMap<VmId, (bool, bool)>,
     seen_preemptions: u64,
     /// Per queue tag: published packets not yet completed.
     published: HashMap<u64, Published>,
@@ -230,6 +268,8 @@ impl Telemetry {
             restore_start: vec![None; n],
             marked: vec![None; n],
             recent_maps: Vec::new(),
+            demand_at: None,
+            demand_buf: BTreeMap::new(),
             seen_preemptions: 0,
             published: HashMap::new(),
             removed: VecDeque::new(),
@@ -250,6 +290,8 @@ impl Telemetry {
                 packet_latency_sketch: LatencySketch::new(),
                 queue_errors: BTreeMap::new(),
                 final_figures: None,
+                promise: PromiseCounters::default(),
+                preempted_by: BTreeMap::new(),
                 seen_preemptions: 0,
             },
         );
@@ -362,7 +404,7 @@ impl Telemetry {
                 }
                 self.on_slot[s] = Some((queue.0, vm));
                 self.marked[s] = None;
-                self.recent_maps.push((self.slot_part[s], vm));
+                self.recent_maps.push((self.slot_part[s], vm, queue.0));
                 let restoring = gpu
                     .query(*slot)
                     .is_some_and(|st| st.tag == queue.0 && st.state == SlotState::Restoring);
@@ -387,9 +429,51 @@ impl Telemetry {
         }
     }
 
+    /// `ns` of CU time of `vm`'s completed workgroups.
+    pub fn cu_time(&mut self, vm: u32, ns: u64) {
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.promise.cu_ns = v.promise.cu_ns.saturating_add(ns);
+        }
+    }
+
+    /// Brings the demand counters to `now` (each VM's state since the last
+    /// sample counts up to `now`) and samples the states anew from `bind`;
+    /// unless `force`, only when [`DEMAND_SAMPLE_NS`] passed since the last
+    /// sample.
+    pub fn sample_demand<O: Copy>(&mut self, now: Nanos, bind: &Binding<O>, force: bool) {
+        let dt = match self.demand_at {
+            Some(t) if !force && now < t.saturating_add(DEMAND_SAMPLE_NS) => return,
+            Some(t) => now.saturating_sub(t),
+            None => 0,
+        };
+        self.demand_at = Some(now);
+        bind.demand_states(&mut self.demand_buf);
+        for (id, v) in self.vms.iter_mut() {
+            let p = &mut v.promise;
+            if p.demanding {
+                p.demanding_ns = p.demanding_ns.saturating_add(dt);
+            }
+            if p.waiting {
+                p.wait_ns = p.wait_ns.saturating_add(dt);
+            }
+            let (d, w) = if v.final_figures.is_some() {
+                (false, false)
+            } else {
+                self.demand_buf
+                    .get(&VmId(*id))
+                    .copied()
+                    .unwrap_or((false, false))
+            };
+            p.demanding = d;
+            p.waiting = w;
+        }
+    }
+
     /// After binding calls or a GPU advance, at `now`: ends finished
-    /// restores and marks the preemptions the scheduler issued.
+    /// restores, marks the preemptions the scheduler issued and samples
+    /// demand ([`Telemetry::sample_demand`]).
     pub fn after<O: Copy>(&mut self, now: Nanos, bind: &Binding<O>, gpu: &dyn PhysGpu) {
+        self.sample_demand(now, bind, false);
         for s in 0..self.restore_start.len() {
             let Some(t0) = self.restore_start[s] else {
                 continue;
@@ -419,6 +503,7 @@ impl Telemetry {
         }
         self.seen_preemptions = total;
         let ids: Vec<u32> = self.vms.keys().copied().collect();
+        let mut causes: Vec<(u32, u32, bool)> = Vec::new();
         for vm in ids {
             let Some(st) = sched.vm_stats(VmId(vm)) else {
                 continue;
@@ -443,11 +528,29 @@ impl Telemetry {
                     let part = self.slot_part[s];
                     let by = recent
                         .iter()
-                        .find(|(p, v)| *p == part && *v != vm)
-                        .map(|(_, v)| *v);
-                    self.marked[s] = Some((q, by));
+                        .find(|(p, v, _)| *p == part && *v != vm)
+                        .map(|(_, v, bq)| (*v, *bq));
+                    if let Some((b, bq)) = by {
+                        // Level above every priority: boosted by aging.
+                        let aged = sched
+                            .queue_level(QueueId(bq))
+                            .is_some_and(|l| l > u16::from(*PRIORITY_RANGE.end()));
+                        causes.push((vm, b, aged));
+                    }
+                    self.marked[s] = Some((q, by.map(|(b, _)| b)));
                     new -= 1;
                 }
+            }
+        }
+        for (victim, by, aged) in causes {
+            if let Some(v) = self.vms.get_mut(&victim) {
+                *v.preempted_by.entry(by).or_insert(0) += 1;
+                if aged {
+                    v.promise.preempted_by_aging += 1;
+                }
+            }
+            if let Some(b) = self.vms.get_mut(&by) {
+                b.promise.preemptions_caused += 1;
             }
         }
     }

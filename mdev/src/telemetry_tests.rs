@@ -72,6 +72,12 @@ impl Rig {
             };
             self.now = self.now.max(t);
             self.gpu.advance(self.now, &mut evs);
+            let mut cu = Vec::new();
+            self.gpu.take_cu_time(&mut cu);
+            for (tag, ns) in cu {
+                let vm = self.b.queue_vm(QueueId(tag)).expect("queue of a VM");
+                self.tele.cu_time(vm.0, ns);
+            }
             let mut out = Vec::new();
             for ev in evs.drain(..) {
                 self.tele.gpu_event(&ev);
@@ -235,6 +241,48 @@ fn preemption_save_and_restore_are_recorded_and_exposed() {
     assert!(m
         .iter()
         .any(|(n, l, _)| n == "hqdmux_hqd_slots" && l["gpu_partition_id"] == "0"));
+}
+
+/// The promise's counters: CU time is exactly the completed workgroups x
+/// their cost, demand covers the work, the preemption names its maker.
+#[test]
+fn promise_counters_cu_time_demand_and_who_preempted() {
+    let (mut rig, qs) = scenario();
+    rig.doorbell(QueueId(0), qs[0].1.wptr);
+    rig.run(300_000);
+    rig.doorbell(QueueId(1), qs[1].1.wptr);
+    rig.run(u64::MAX);
+    rig.tele.sample_demand(rig.now, &rig.b, true);
+    let of = |id: u32| {
+        rig.tele
+            .vms()
+            .find(|(i, _)| **i == id)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    let (train, infer) = (of(0), of(1));
+    // 4 kernels x 16 workgroups x 200 us; 2 x 4 x 20 us.
+    assert_eq!(train.promise.cu_ns, 4 * 16 * 200_000);
+    assert_eq!(infer.promise.cu_ns, 2 * 4 * 20_000);
+    // Training had work for at least its run on the 4 CUs (sampled every
+    // DEMAND_SAMPLE_NS), never more than the whole run; nothing is left.
+    let work = 4 * 16 * 200_000 / 4;
+    assert!(train.promise.demanding_ns + 2 * DEMAND_SAMPLE_NS >= work);
+    assert!(train.promise.demanding_ns <= rig.now);
+    assert!(train.promise.wait_ns <= train.promise.demanding_ns);
+    assert!(!train.promise.demanding && !infer.promise.demanding);
+    // Inference's start preempted training, not by aging.
+    assert_eq!(train.preempted_by.get(&1), Some(&1));
+    assert_eq!(infer.promise.preemptions_caused, 1);
+    assert_eq!(train.promise.preempted_by_aging, 0);
+    let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    assert_eq!(value(&m, "hqdmux_vm_cu_seconds_total", "training"), 0.0128);
+    assert_eq!(
+        value(&m, "hqdmux_vm_preemptions_caused_total", "inference"),
+        1.0
+    );
+    assert!(value(&m, "hqdmux_vm_demanding_seconds_total", "training") > 0.0);
+    assert!(value(&m, "hqdmux_vm_cwsr_seconds_total", "training") > 0.0);
 }
 
 #[test]
@@ -586,6 +634,8 @@ fn exposition_is_promtool_clean() {
     info.states = &["running", "stopped"];
     info.vm_states.insert(0, "running");
     info.vm_states.insert(1, "stopped");
+    info.promise.insert(0, (4.0 / 7.0, 0.5));
+    info.promise.insert(1, (3.0 / 7.0, 0.5));
     let guard = [0u32, 1]
         .into_iter()
         .map(|id| {
@@ -606,6 +656,9 @@ fn exposition_is_promtool_clean() {
             guard_quarantines: 0,
         },
     );
+    for fam in ["hqdmux_vm_entitled_share{", "hqdmux_vm_received_share{"] {
+        assert_eq!(text.matches(fam).count(), 2, "{fam}");
+    }
     let child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

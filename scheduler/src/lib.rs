@@ -404,6 +404,9 @@ pub struct VmStats {
     /// Time its preempted queues' dequeues waited for their own
     /// non-preemptible waves (beyond a CWSR save); included in `gpu_ns`.
     pub save_wait_ns: Nanos,
+    /// Times one of its queues was boosted by aging (docs/scheduling.md,
+    /// "Aging").
+    pub aging_boosts: u64,
 }
 
 /// Bad control operation.

@@ -172,4 +172,12 @@ fn an_aging_batch_boosts_at_most_the_partitions_slots() {
             assert!(w.maps.iter().any(|(_, m)| *m == q), "{q:?} never ran");
         }
     }
+    // Boosts are counted per VM too: the top VM never needs one, each
+    // starved VM got some, and they add up to the engine's count.
+    let per_vm: Vec<u64> = (0..=5u32)
+        .map(|id| w.s.vm_stats(VmId(id)).unwrap().aging_boosts)
+        .collect();
+    assert_eq!(per_vm[0], 0);
+    assert!(per_vm[1..].iter().all(|b| *b > 0), "{per_vm:?}");
+    assert_eq!(per_vm.iter().sum::<u64>(), w.s.stats().boosts);
 }

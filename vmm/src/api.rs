@@ -39,8 +39,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::config::{FleetConfig, VmConfig};
 use crate::http::{Handler, Request, Responder, Response};
 pub use types::{
-    ApiError, FleetView, GpuView, GuardView, PolicyChange, PolicyName, PolicyView, VmList, VmState,
-    VmUpdate, VmView,
+    ApiError, FleetView, GpuView, GuardView, PolicyChange, PolicyName, PolicyView, PromiseView,
+    VmList, VmState, VmUpdate, VmView,
 };
 pub use types::{PREEMPT_TIMEOUT_MS_RANGE, QUANTUM_MS_RANGE};
 
@@ -100,6 +100,10 @@ struct VmEntry {
     /// GPU time at the previous sample, and the share over the last interval.
     sample_ns: u64,
     share: Option<f64>,
+    /// The promise's counters at the previous sample `(promise, gpu_ns)`,
+    /// and the check of the last interval.
+    promise_prev: Option<(mdev::arbiter::VmPromise, u64)>,
+    verdict: Option<(mdev::promise::Verdict, f64)>,
     /// Queue errors by code and packet latency `(p50, p99)` taken when it
     /// ended (the arbiter forgets an old ended VM's figures).
     ended_errors: Option<BTreeMap<String, u64>>,
@@ -119,6 +123,8 @@ impl VmEntry {
             end: None,
             sample_ns: 0,
             share: None,
+            promise_prev: None,
+            verdict: None,
             ended_errors: None,
             ended_latency: None,
             forgotten: false,
@@ -357,6 +363,7 @@ impl FleetControl {
             latency_p50_ms: latency.map(|(p50, _)| p50 * 1e3),
             latency_p99_ms: latency.map(|(_, p99)| p99 * 1e3),
             latency_limit_ms: latency.map(|_| mdev::telemetry::LATENCY_LIMIT_NS as f64 / 1e6),
+            promise: self.promise_view(v, status),
             was_quarantined: None,
         }
     }
@@ -399,6 +406,90 @@ impl FleetControl {
         }
         inner.interval = now - inner.last_sample;
         inner.last_sample = now;
+        self.sample_promise(&mut inner);
+    }
+
+    /// The promise over the interval since the previous sample: every live
+    /// GPU VM's counters are differenced and checked together
+    /// ([`mdev::promise::check_window`]).
+    fn sample_promise(&self, inner: &mut Inner) {
+        let mut idx = Vec::new();
+        let mut samples = Vec::new();
+        for (i, v) in inner.vms.iter_mut().enumerate() {
+            let on = v.config.gpu_id.filter(|_| v.config.gpu);
+            let (Some(h), Some(m), Some(gpu)) = (v.vgpu, self.gpus.of(on), on) else {
+                v.promise_prev = None;
+                v.verdict = None;
+                continue;
+            };
+            let (Some(p), Some((params, stats))) = (m.vm_promise(h), m.vm_status(h)) else {
+                v.promise_prev = None;
+                v.verdict = None;
+                continue;
+            };
+            if let Some((old, old_gpu)) = v.promise_prev.replace((p.clone(), stats.gpu_ns)) {
+                let (a, b) = (&old.counters, &p.counters);
+                let quantum = match m.vm_controls(h) {
+                    Some((_, Some(q))) => q,
+                    _ => m.level_quantum(params.priority),
+                };
+                idx.push(i);
+                samples.push(mdev::promise::WindowSample {
+                    name: v.config.name.clone(),
+                    gpu,
+                    partition: p.partition,
+                    priority: params.priority,
+                    weight: params.weight,
+                    quantum_ns: quantum.as_nanos() as u64,
+                    window_ns: p.at_ns.saturating_sub(old.at_ns),
+                    demanding_ns: b.demanding_ns.saturating_sub(a.demanding_ns),
+                    wait_ns: b.wait_ns.saturating_sub(a.wait_ns),
+                    cu_ns: b.cu_ns.saturating_sub(a.cu_ns),
+                    gpu_ns: stats.gpu_ns.saturating_sub(old_gpu),
+                });
+            }
+        }
+        let verdicts = mdev::promise::check_window(&samples);
+        for ((i, verdict), s) in idx.into_iter().zip(verdicts).zip(&samples) {
+            inner.vms[i].verdict = Some((verdict, s.window_ns as f64 / 1e6));
+        }
+    }
+
+    /// The promise view of a live VM whose `status` was just read.
+    fn promise_view(
+        &self,
+        v: &VmEntry,
+        status: Option<(scheduler::VmParams, scheduler::VmStats)>,
+    ) -> Option<PromiseView> {
+        let m = self.arb_of(&v.config)?;
+        let h = v.vgpu?;
+        let (params, stats) = status?;
+        let p = m.vm_promise(h)?;
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let c = &p.counters;
+        let verdict = v.verdict.as_ref();
+        Some(PromiseView {
+            at_ms: ms(p.at_ns),
+            partition: p.partition,
+            demanding: c.demanding,
+            demand: verdict.map(|(x, _)| x.demand),
+            entitled_share: verdict.map(|(x, _)| x.entitled),
+            got_share: verdict.map(|(x, _)| x.got),
+            got_slot_share: verdict.map(|(x, _)| x.got_slot),
+            held: verdict.map(|(x, _)| x.held),
+            why: verdict.map(|(x, _)| x.why.clone()),
+            interval_ms: verdict.map(|(_, w)| *w),
+            level_quantum_ms: m.level_quantum(params.priority).as_secs_f64() * 1e3,
+            cu_time_ms: ms(c.cu_ns),
+            demanding_ms: ms(c.demanding_ns),
+            wait_ms: ms(c.wait_ns),
+            cwsr_time_ms: ms(stats.save_ns),
+            aging_boosts: stats.aging_boosts,
+            preemptions_suffered: stats.preemptions,
+            preempted_by_aging: c.preempted_by_aging,
+            preemptions_caused: c.preemptions_caused,
+            preempted_by: p.preempted_by.into_iter().collect(),
+        })
     }
 
     fn find(&self, inner: &Inner, name: &str) -> Result<usize, ApiError> {
@@ -754,6 +845,9 @@ impl FleetControl {
             if v.config.gpu && v.config.gpu_id == Some(gpu_id) {
                 if let Some(h) = v.last_vgpu {
                     info.vm_states.insert(h.0, v.state.name());
+                }
+                if let (Some(h), Some((x, _))) = (v.vgpu, &v.verdict) {
+                    info.promise.insert(h.0, (x.entitled, x.got));
                 }
             }
         }

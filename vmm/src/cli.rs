@@ -1,5 +1,5 @@
 //! The operator CLI on the HTTP API (`hqdmux ps|stats|top|set|pause|resume|
-//! stop|policy|add|unquarantine|metrics|timeline --api-socket PATH`). Every command prints a table (or,
+//! stop|policy|add|unquarantine|metrics|timeline|promise --api-socket PATH`). Every command prints a table (or,
 //! with `--json`, the API's JSON answer) and returns its exit code:
 //!
 //! | code | meaning |
@@ -17,8 +17,9 @@ use serde_json::Value;
 
 use crate::api::types::{
     ErrorBody, FleetView, PolicyChange, PolicyName, PolicyView, PreemptTimeoutMs, Priority,
-    QuantumMs, VmList, VmUpdate, VmView, Weight,
+    PromiseView, QuantumMs, VmList, VmUpdate, VmView, Weight,
 };
+use mdev::promise::{check_window, Demand, Verdict, WindowSample};
 
 /// Exit code: the fleet refused.
 pub const EXIT_REFUSED: u8 = 1;
@@ -153,7 +154,7 @@ pub fn escape_lines(s: &str) -> String {
 /// The `ps`/`top` table of VM views.
 pub fn table(vms: &[VmView]) -> String {
     let mut s = format!(
-        "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
+        "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>12} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
         "vm",
         "state",
         "gpu",
@@ -162,6 +163,7 @@ pub fn table(vms: &[VmView]) -> String {
         "slice_ms",
         "gpu_time_ms",
         "share",
+        "entitled/got",
         "preempt",
         "cwsr_ms",
         "p50_ms",
@@ -181,7 +183,7 @@ pub fn table(vms: &[VmView]) -> String {
             None => "-",
         };
         s += &format!(
-            "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
+            "{:<16} {:<9} {:>3} {:>4} {:>6} {:>8} {:>11} {:>6} {:>12} {:>7} {:>9} {:>8} {:>8} {:>6} {:>4}  {}\n",
             escape(&v.name),
             v.state.name(),
             // The VM's GPU id; `yes` for a vGPU served by another process.
@@ -195,6 +197,7 @@ pub fn table(vms: &[VmView]) -> String {
             num(v.quantum_ms, 1),
             num(v.gpu_time_ms, 2),
             share,
+            entitled_vs_got(v.promise.as_ref()),
             opt(v.preemptions),
             num(v.cwsr_time_ms, 3),
             latency(v.latency_p50_ms, v.latency_limit_ms),
@@ -205,6 +208,153 @@ pub fn table(vms: &[VmView]) -> String {
         );
     }
     s
+}
+
+/// The `entitled/got` cell: percentages of the partition's compute over
+/// the last interval; `L` marks a demand-limited VM, `!` a VM whose
+/// promise did not hold, `-` before the first interval.
+pub fn entitled_vs_got(p: Option<&PromiseView>) -> String {
+    let Some(p) = p else { return "-".into() };
+    match (p.entitled_share, p.got_share) {
+        (Some(e), Some(g)) => {
+            let flag = match (p.demand, p.held) {
+                (_, Some(false)) => "!",
+                (Some(Demand::Limited), _) => "L",
+                _ => "",
+            };
+            format!("{:.0}/{:.0}%{flag}", e * 100.0, g * 100.0)
+        }
+        _ => "-".into(),
+    }
+}
+
+/// Exit code of `hqdmux promise`: the promise did not hold for some VM.
+pub const EXIT_BROKEN: u8 = 1;
+
+/// The window samples of the VMs live in both reads (by name, same
+/// partition), from the differences of their promise counters.
+pub fn window_samples(first: &VmList, second: &VmList) -> Vec<WindowSample> {
+    let ns = |ms: f64| (ms.max(0.0) * 1e6).round() as u64;
+    let mut out = Vec::new();
+    for b in &second.vms {
+        let Some(pb) = &b.promise else { continue };
+        let Some(a) = first.vms.iter().find(|a| a.name == b.name) else {
+            continue;
+        };
+        let Some(pa) = &a.promise else { continue };
+        if pa.partition != pb.partition || a.gpu_id != b.gpu_id || pb.at_ms < pa.at_ms {
+            continue;
+        }
+        out.push(WindowSample {
+            name: b.name.clone(),
+            gpu: b.gpu_id.unwrap_or(0),
+            partition: pb.partition,
+            priority: u8::try_from(b.priority).unwrap_or(u8::MAX),
+            weight: b.weight,
+            quantum_ns: ns(b.quantum_ms.unwrap_or(pb.level_quantum_ms)),
+            window_ns: ns(pb.at_ms - pa.at_ms),
+            demanding_ns: ns(pb.demanding_ms - pa.demanding_ms),
+            wait_ns: ns(pb.wait_ms - pa.wait_ms),
+            cu_ns: ns(pb.cu_time_ms - pa.cu_time_ms),
+            gpu_ns: ns(b.gpu_time_ms.unwrap_or(0.0) - a.gpu_time_ms.unwrap_or(0.0)),
+        });
+    }
+    out
+}
+
+/// The check `hqdmux promise` makes between two reads of `GET /vms`.
+pub fn promise_check(first: &VmList, second: &VmList) -> Vec<Verdict> {
+    check_window(&window_samples(first, second))
+}
+
+/// The table `hqdmux promise` prints.
+pub fn promise_table(v: &[Verdict]) -> String {
+    let mut s = format!(
+        "{:<16} {:>3} {:>4} {:<10} {:>9} {:>8} {:>6} {:>8} {:>5}  {}\n",
+        "vm", "gpu", "part", "demand", "demanding", "entitled", "got", "got_slot", "held", "why"
+    );
+    for x in v {
+        s += &format!(
+            "{:<16} {:>3} {:>4} {:<10} {:>8.0}% {:>7.1}% {:>5.1}% {:>7.1}% {:>5}  {}\n",
+            escape(&x.name),
+            x.gpu,
+            x.partition,
+            x.demand.name(),
+            x.demanding * 100.0,
+            x.entitled * 100.0,
+            x.got * 100.0,
+            x.got_slot * 100.0,
+            if x.held { "yes" } else { "NO" },
+            escape(&x.why),
+        );
+    }
+    s
+}
+
+/// `hqdmux promise --window W`: reads every VM's promise counters, waits
+/// `window`, reads them again and checks each live GPU VM's promise over
+/// the window ([`mdev::promise::check_window`]). Exit 0 when it held for
+/// every VM (or there is none), [`EXIT_BROKEN`] when not, 2 when the
+/// socket cannot be reached.
+pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
+    let first = match call_as::<VmList>("promise", socket, "GET", "/vms", None) {
+        Ok(v) => v,
+        Err(c) => return c,
+    };
+    std::thread::sleep(window);
+    let second = match call_as::<VmList>("promise", socket, "GET", "/vms", None) {
+        Ok(v) => v,
+        Err(c) => return c,
+    };
+    let verdicts = promise_check(&first, &second);
+    let broken = verdicts.iter().filter(|v| !v.held).count();
+    let r = if as_json {
+        let rows: Vec<Value> = verdicts
+            .iter()
+            .map(|x| {
+                serde_json::json!({
+                    "vm": x.name,
+                    "gpu_id": x.gpu,
+                    "partition": x.partition,
+                    "demand": x.demand,
+                    "demanding": x.demanding,
+                    "entitled_share": x.entitled,
+                    "got_share": x.got,
+                    "got_slot_share": x.got_slot,
+                    "tolerance": x.tolerance,
+                    "held": x.held,
+                    "why": x.why,
+                })
+            })
+            .collect();
+        out!(
+            "{}\n",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "window_ms": window.as_secs_f64() * 1e3,
+                "held": broken == 0,
+                "vms": rows,
+            }))
+            .unwrap_or_default()
+        )
+    } else if verdicts.is_empty() {
+        out!("no live GPU VM to check\n")
+    } else {
+        let verdict = if broken == 0 {
+            "the promise held for every VM".to_owned()
+        } else {
+            format!("the promise did not hold for {broken} VM(s)")
+        };
+        out!(
+            "{}over {:.1} s: {verdict}\n",
+            promise_table(&verdicts),
+            window.as_secs_f64()
+        )
+    };
+    match r {
+        Err(c) => c,
+        Ok(()) if broken > 0 => ExitCode::from(EXIT_BROKEN),
+        Ok(()) => ExitCode::SUCCESS,
+    }
 }
 
 /// `top`'s header: policy, uptime, completions and preemptions summed
@@ -917,6 +1067,57 @@ mod tests {
         let lines: Vec<&str> = f.lines().collect();
         assert_eq!(lines.len(), 3, "{f:?}");
         assert_eq!(lines[2], "... 3 more lines (a larger terminal shows them)");
+    }
+
+    #[test]
+    fn the_promise_check_differences_two_reads_and_the_column_says_it() {
+        let view = |name: &str, weight: u32, at: f64, demanding: f64, cu: f64| -> VmView {
+            serde_json::from_value(json!({
+                "name": name, "state": "running", "gpu": true, "priority": 4,
+                "weight": weight, "quantum_ms": 10.0, "gpu_time_ms": cu,
+                "promise": {"at_ms": at, "partition": 0, "demanding": true,
+                    "level_quantum_ms": 10.0, "cu_time_ms": cu,
+                    "demanding_ms": demanding, "wait_ms": 0.0}
+            }))
+            .unwrap()
+        };
+        let first = VmList {
+            vms: vec![
+                view("a", 1, 1000.0, 0.0, 0.0),
+                view("b", 3, 1000.0, 0.0, 0.0),
+            ],
+        };
+        // b got 1:1 instead of 1:3 over 10 s; a VM only in the second read
+        // and a VM without a vGPU are not checked.
+        let mut second = VmList {
+            vms: vec![
+                view("a", 1, 11_000.0, 10_000.0, 500.0),
+                view("b", 3, 11_000.0, 10_000.0, 500.0),
+                view("late", 1, 11_000.0, 10_000.0, 500.0),
+            ],
+        };
+        second.vms.push(VmView {
+            name: "cpu".into(),
+            ..Default::default()
+        });
+        let v = promise_check(&first, &second);
+        assert_eq!(v.len(), 2);
+        assert!((v[0].entitled - 0.25).abs() < 1e-12 && (v[1].entitled - 0.75).abs() < 1e-12);
+        assert!(v[0].held && !v[1].held, "{v:?}");
+        let t = promise_table(&v);
+        assert!(t.lines().nth(2).unwrap().contains(" NO "), "{t}");
+        // The ps column.
+        let mut p = second.vms[0].promise.clone().unwrap();
+        assert_eq!(entitled_vs_got(Some(&p)), "-");
+        p.entitled_share = Some(0.25);
+        p.got_share = Some(0.5);
+        p.held = Some(true);
+        p.demand = Some(Demand::Limited);
+        assert_eq!(entitled_vs_got(Some(&p)), "25/50%L");
+        p.held = Some(false);
+        p.demand = Some(Demand::Backlogged);
+        assert_eq!(entitled_vs_got(Some(&p)), "25/50%!");
+        assert_eq!(entitled_vs_got(None), "-");
     }
 
     #[test]

@@ -177,6 +177,20 @@ enum Command {
     /// again) and forget its counts in the window. Exits 0 also when it was
     /// not quarantined (the answer's `was_quarantined` says so).
     Unquarantine(VmArgs),
+    /// Check the scheduler's promise on a running fleet: reads every VM's
+    /// counters, waits `--window`, reads them again and says per VM whether
+    /// it got its entitlement (the water-filling of docs/scheduling.md:
+    /// strict priority across levels, weighted max-min within) and why
+    /// not. Exits 0 when it held for every VM, 1 when not, 2 on usage
+    /// errors or an unreachable socket.
+    Promise {
+        #[command(flatten)]
+        c: ClientArgs,
+        /// Window: `10s`, `500ms`, `2m` (a bare number is seconds),
+        /// 100ms..=1h.
+        #[arg(long, default_value = "10s", value_parser = parse_window)]
+        window: std::time::Duration,
+    },
     /// Print the fleet's Prometheus metrics (`GET /metrics`, text format;
     /// families in docs/metrics.md).
     Metrics {
@@ -289,6 +303,28 @@ fn parse_quantum_ms(s: &str) -> Result<QuantumArg, String> {
 struct QuantumArg(Option<QuantumMs>);
 
 /// A policy name.
+/// `--window`: `N`, `Ns`, `Nms` or `Nm`, 100 ms..=1 h.
+fn parse_window(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (n, unit_ms) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (t, 1000)
+    };
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (10s, 500ms, 2m)"))?;
+    let ms = n
+        .checked_mul(unit_ms)
+        .filter(|ms| (100..=3_600_000).contains(ms))
+        .ok_or_else(|| format!("'{s}' is out of range 100ms..=1h"))?;
+    Ok(std::time::Duration::from_millis(ms))
+}
+
 fn parse_policy(s: &str) -> Result<PolicyName, String> {
     serde_json::from_value(serde_json::Value::from(s)).map_err(|e| e.to_string())
 }
@@ -539,6 +575,9 @@ fn main() -> ExitCode {
         }
         Command::Unquarantine(a) => with_socket("unquarantine", a.c.api_socket, |s| {
             vmm::cli::unquarantine(&s, &a.vm, a.c.json)
+        }),
+        Command::Promise { c, window } => with_socket("promise", c.api_socket, |s| {
+            vmm::cli::promise(&s, window, c.json)
         }),
         Command::Metrics { api_socket } => {
             with_socket("metrics", api_socket, |s| vmm::cli::metrics(&s))

@@ -306,6 +306,7 @@ fn clients_without_a_running_fleet_say_they_cannot_reach_the_socket() {
         vec!["set", "a", "--priority", "3"],
         vec!["pause", "a"],
         vec!["policy"],
+        vec!["promise", "--window", "100ms"],
     ] {
         let out = hqdmux()
             .args(&args)
@@ -387,6 +388,14 @@ fn values_the_api_refuses_are_refused_by_the_command_line_with_the_same_reason()
         (
             vec!["set", "a", "--weight=-1"],
             "expected a non-negative integer",
+        ),
+        (
+            vec!["promise", "--window", "50ms"],
+            "'50ms' is out of range 100ms..=1h",
+        ),
+        (
+            vec!["promise", "--window", "ten"],
+            "'ten' is not a duration (10s, 500ms, 2m)",
         ),
         (
             vec!["policy", "lottery"],

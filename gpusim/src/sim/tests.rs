@@ -316,6 +316,53 @@ fn save_restore_keeps_progress_and_models_latency() {
     assert_eq!(done, t0 + restore + 600 + 1000);
     vm.verify(&q).unwrap();
     assert_eq!(vm.read_index(&q), 1);
+    // CU time: 6 workgroups x 1000 ns, the 4 saved ones counted once.
+    let mut cu = Vec::new();
+    gpu.take_cu_time(&mut cu);
+    let total: u64 = cu.iter().map(|(t, ns)| if *t == 7 { *ns } else { 0 }).sum();
+    assert_eq!(total, 6 * 1000, "{cu:?}");
+    cu.clear();
+    gpu.take_cu_time(&mut cu);
+    assert!(cu.is_empty(), "taken once");
+}
+
+/// CU time is the work done, credited as it is done: a save in the middle
+/// of a round credits the part done before it (nothing is credited twice
+/// or lost), so a window that ends during a long preempted kernel still
+/// sees the compute its VM received.
+#[test]
+fn cu_time_is_the_work_done_through_saves() {
+    let topo = GpuTopology::tiny(); // 4 CUs
+    for save_at in [1, 2_500, 5_500, 15_999] {
+        let (mut gpu, mut vm, mut q) = one_queue(topo.clone());
+        vm.kernel(&mut q, KernelKind::Mark, 64, 4, 1000, 1, false);
+        gpu.map(0, map_req(&vm, &q, 0, 7)).unwrap();
+        gpu.unmap(save_at, SlotId(0), DequeueMode::SaveWaves)
+            .unwrap();
+        let mut ev = Vec::new();
+        run_virtual(&mut gpu, save_at, u64::MAX, &mut ev);
+        let (mqd, has_work, _, at) = unmapped(&ev).unwrap();
+        assert!(has_work, "save at {save_at}");
+        let mut cu = Vec::new();
+        gpu.take_cu_time(&mut cu);
+        let before: u64 = cu.iter().map(|(_, ns)| ns).sum();
+        // At most the 4 CUs' time up to the save, at least the rounds
+        // finished before it.
+        assert!(before <= 4 * save_at, "{before} by {save_at}");
+        assert!(
+            before >= 4 * (save_at / 1000) * 1000,
+            "{before} by {save_at}"
+        );
+        q.mqd = mqd;
+        gpu.map(at + 1000, map_req(&vm, &q, 1, 7)).unwrap();
+        let mut ev = Vec::new();
+        run_virtual(&mut gpu, at + 1000, u64::MAX, &mut ev);
+        vm.verify(&q).unwrap();
+        cu.clear();
+        gpu.take_cu_time(&mut cu);
+        let after: u64 = cu.iter().map(|(_, ns)| ns).sum();
+        assert_eq!(before + after, 64 * 1000, "save at {save_at}");
+    }
 }
 
 #[test]

@@ -67,6 +67,11 @@ impl Scheduler {
         part.aging.batch = due.clone();
         for q in due {
             self.stats.boosts += 1;
+            if let Some(vm) = self.queues.get(&q).map(|r| r.vm) {
+                if let Some(v) = self.vms.get_mut(&vm) {
+                    v.stats.aging_boosts += 1;
+                }
+            }
             self.rekey(q, |q| q.boosted = true);
         }
     }

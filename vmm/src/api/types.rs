@@ -15,6 +15,7 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::config::{PRIORITY_RANGE, WEIGHT_RANGE};
+pub use mdev::promise::Demand;
 
 /// Range of `quantum_ms` (a per-VM slice, ms).
 pub const QUANTUM_MS_RANGE: RangeInclusive<u64> = 1..=10_000;
@@ -566,9 +567,63 @@ pub struct VmView {
     /// The largest latency the two figures resolve (ms, 30 days: the
     /// longest run timeout); a figure equal to it means "at least".
     pub latency_limit_ms: Option<f64>,
+    /// The promise, live (null without a live vGPU).
+    pub promise: Option<PromiseView>,
     /// Only in the answer of `clear-quarantine`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub was_quarantined: Option<bool>,
+}
+
+/// The promise of one live VM (docs/scheduling.md, "The promise, live"):
+/// its entitlement under the demands of the last sample interval against
+/// what it received, and the cumulative counters `hqdmux promise` takes
+/// differences of.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PromiseView {
+    /// When the counters were read (ms on the arbiter's clock).
+    pub at_ms: f64,
+    /// Compute partition.
+    pub partition: u32,
+    /// Demanding now: a queue with work it could run.
+    pub demanding: bool,
+    /// How it demanded over the last interval (null before one).
+    pub demand: Option<Demand>,
+    /// Entitlement over the last interval: fraction of its partition's
+    /// compute under the demands seen (water-filling).
+    pub entitled_share: Option<f64>,
+    /// Received over the last interval: fraction of its partition's
+    /// compute (CU time).
+    pub got_share: Option<f64>,
+    /// Fraction of its partition's slot time charged over the last
+    /// interval (apart from compute).
+    pub got_slot_share: Option<f64>,
+    /// The promise held over the last interval.
+    pub held: Option<bool>,
+    /// Why (or why not), one line.
+    pub why: Option<String>,
+    /// Length of the last interval (ms).
+    pub interval_ms: Option<f64>,
+    /// Its level's slice (ms): the granularity of weighted sharing.
+    pub level_quantum_ms: f64,
+    /// Compute received since it was added (CU x ms).
+    pub cu_time_ms: f64,
+    /// Time demanding since it was added (ms).
+    pub demanding_ms: f64,
+    /// Time waiting for a slot (a queue ready or saved, none running) (ms).
+    pub wait_ms: f64,
+    /// CWSR save time of its queues (ms), charged to nobody.
+    pub cwsr_time_ms: f64,
+    /// Aging boosts of its queues.
+    pub aging_boosts: u64,
+    /// Preemptions of its queues.
+    pub preemptions_suffered: u64,
+    /// Of those, made for a queue boosted by aging.
+    pub preempted_by_aging: u64,
+    /// Preemptions of other VMs' queues its queue starts made.
+    pub preemptions_caused: u64,
+    /// Preemptions of its queues by the VM that made them (where known).
+    pub preempted_by: BTreeMap<String, u64>,
 }
 
 /// `GET /api/v1/vms`.
@@ -784,6 +839,7 @@ mod tests {
         };
         check("Vm", fields::<VmView>());
         check("VmList", fields::<VmList>());
+        check("Promise", fields::<PromiseView>());
         check("Guard", fields::<GuardView>());
         check("Quarantine", fields::<QuarantineView>());
         check("Fleet", fields::<FleetView>());
@@ -811,6 +867,10 @@ mod tests {
         // Answers: what is written is exactly what is required (the
         // optional `was_quarantined` apart).
         let written = |v: Value| names(&v);
+        assert_eq!(
+            written(serde_json::to_value(PromiseView::default()).unwrap()),
+            names(&s["Promise"]["required"])
+        );
         let mut vm = written(serde_json::to_value(VmView::default()).unwrap());
         assert_eq!(vm, names(&s["Vm"]["required"]));
         let with = VmView {

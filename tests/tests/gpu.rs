@@ -3,7 +3,7 @@
 //! ioeventfds) and wait for MSI-X interrupts (`sti; hlt`) on the simulated
 //! GPU, scheduled by priority.
 
-use hqdmux_tests::{config, kvm_or_skip, last_checkpoint, run, scratch_dir, LiveFleet};
+use hqdmux_tests::{config, kvm_or_skip, run, scratch_dir, LiveFleet};
 use vmm::vm::VmOutcome;
 
 /// A VM running the `gpu` guest; RAM for one CWSR area (~177 MiB on the
@@ -145,21 +145,35 @@ fn low_priority_vms_waiting_longer_than_ten_seconds_complete() {
         return;
     }
     let dir = scratch_dir("gpu-long-wait");
-    // `long` holds the whole GPU for ~12 s (1216 workgroups of 3 s on 304
-    // CUs: four rounds); in the default exclusive mode, with aging pushed
-    // out to 60 s, the priority-2 VMs wait behind it (or are preempted by
-    // it) in `sti; hlt`. Each low job is 1 s of whole-GPU work: whichever
-    // VM rings first, `long` arrives (~0.1-0.3 s) while the low jobs are
-    // queued or running and preempts them.
-    let mut toml = "[scheduler]\naging_ns = 60000000000\n\n".to_string();
-    toml += &gpu_vm("long", 12, "kernels=1 wgs=1216 cost_us=3000000");
-    for i in 0..3 {
-        toml += &gpu_vm(&format!("lo{i}"), 2, "kernels=1 wgs=304 cost_us=1000000");
+    // `long` (priority 12) holds the whole GPU with 1000-s workgroups that
+    // never end on their own; in the default exclusive mode, with aging
+    // pushed out of the run, the priority-2 VMs added once it is on the GPU
+    // wait behind it in `sti; hlt`. The operator stops `long` once the host
+    // has counted 10 s of each low VM waiting ready for a slot, so each
+    // low VM's wait is over 10 s whatever the host's load.
+    let toml = "[scheduler]\naging_ns = 600000000000\n\n".to_string()
+        + &gpu_vm("long", 12, "kernels=1 wgs=1216 cost_us=1000000000");
+    let fleet = LiveFleet::start(&dir, &toml);
+    fleet.wait_on_gpu("long");
+    let lows = ["lo0", "lo1", "lo2"];
+    for lo in lows {
+        fleet.add(gpu_vm_json(lo, 2, "kernels=1 wgs=304 cost_us=1000000"));
     }
-    let report = run(&config(&dir, &toml));
+    for lo in lows {
+        wait_ready_for(&fleet, lo, 10_000.0);
+    }
+    fleet.stop("long");
+    let report = fleet.join();
     assert!(report.all_succeeded(), "{}", report.summary());
-    let long_done = last_checkpoint(&report.vms[0], 3);
     for v in &report.vms[1..] {
+        assert!(
+            v.console
+                .iter()
+                .any(|l| l == "gpu: 1 queues x 1 kernels x 304 wgs: ok"),
+            "{}: {:?}",
+            v.name,
+            v.console
+        );
         let waited = v.spans(2, 3);
         assert_eq!(waited.len(), 1, "{}", v.name);
         assert!(
@@ -169,7 +183,6 @@ fn low_priority_vms_waiting_longer_than_ten_seconds_complete() {
             waited[0],
             report.summary()
         );
-        assert!(last_checkpoint(v, 3) > long_done, "{}", report.summary());
     }
 }
 
@@ -204,27 +217,32 @@ fn low_priority_vms_waiting_minutes_for_the_gpu_complete() {
         return;
     }
     let dir = scratch_dir("gpu-minutes");
-    // `mwhi` holds the whole GPU for ~124 s: 1216 workgroups of 31 s on
-    // 304 CUs (four rounds), so 1216 modelled completions and one packet in
-    // all: cheap in host CPU. The priority-2 VMs (one 1 s whole-GPU kernel
-    // each) wait behind it, or are preempted by it, in `sti; hlt`; aging is
-    // pushed out past the run.
-    let mut toml = "[scheduler]\naging_ns = 600000000000\n\n".to_string();
-    toml += &gpu_vm("mwhi", 12, "kernels=1 wgs=1216 cost_us=31000000");
-    for i in 0..3 {
-        toml += &gpu_vm(&format!("mwlo{i}"), 2, "kernels=1 wgs=304 cost_us=1000000");
+    // As above, for two minutes: `mwhi` holds the whole GPU with 1000-s
+    // workgroups (one packet in all: cheap in host CPU), the priority-2 VMs
+    // (one 1 s whole-GPU kernel each) wait behind it in `sti; hlt`, and the
+    // operator stops `mwhi` once the host has counted 120 s of each waiting.
+    let toml = "[scheduler]\naging_ns = 600000000000\n\n".to_string()
+        + &gpu_vm("mwhi", 12, "kernels=1 wgs=1216 cost_us=1000000000");
+    let fleet = LiveFleet::start(&dir, &toml);
+    fleet.wait_on_gpu("mwhi");
+    let lows = ["mwlo0", "mwlo1", "mwlo2"];
+    for lo in lows {
+        fleet.add(gpu_vm_json(lo, 2, "kernels=1 wgs=304 cost_us=1000000"));
     }
-    let cfg = config(&dir, &toml);
-    let fleet = std::thread::spawn(move || run(&cfg));
-    // Mid-wait (boot and submission take a few seconds at most, the wait
-    // ~2 minutes): the waiting VMs' vCPU threads ("mwlo*-vcpu0") over 30 s.
-    std::thread::sleep(std::time::Duration::from_secs(40));
+    // Once every low VM waits: their vCPU threads ("mwlo*-vcpu0") over 30 s.
+    for lo in lows {
+        wait_ready_for(&fleet, lo, 1.0);
+    }
     // /proc counts in USER_HZ ticks, 100 per second on x86-64 Linux.
     let hz = 100;
     let c0 = thread_cpu_ticks("mwlo");
     std::thread::sleep(std::time::Duration::from_secs(30));
     let c1 = thread_cpu_ticks("mwlo");
-    let report = fleet.join().unwrap();
+    for lo in lows {
+        wait_ready_for(&fleet, lo, 120_000.0);
+    }
+    fleet.stop("mwhi");
+    let report = fleet.join();
     assert!(report.all_succeeded(), "{}", report.summary());
     // Three waiting vCPUs over 30 s = 90 s of thread time if they spun;
     // halted, they use next to none (allow 3 s: a loaded CI machine).
@@ -234,7 +252,6 @@ fn low_priority_vms_waiting_minutes_for_the_gpu_complete() {
         c1 - c0,
         report.summary()
     );
-    let hi_done = last_checkpoint(&report.vms[0], 3);
     for v in &report.vms[1..] {
         // Exactly once: the guest checked every workgroup counter is 1.
         assert!(
@@ -254,9 +271,17 @@ fn low_priority_vms_waiting_minutes_for_the_gpu_complete() {
             waited[0],
             report.summary()
         );
-        assert!(last_checkpoint(v, 3) > hi_done, "{}", report.summary());
     }
-    assert_eq!(report.gpu.expect("arbiter stats").completions, 4);
+    assert_eq!(report.gpu.expect("arbiter stats").completions, 3);
+}
+
+/// Waits until the host has counted at least `ms` of VM `name` waiting
+/// ready for a slot (`promise.wait_ms`, never more than the real wait: it
+/// only counts time between samples that both saw the VM waiting).
+fn wait_ready_for(fleet: &LiveFleet, name: &str, ms: f64) {
+    fleet.wait_vm(name, &format!("never waited {ms} ms"), |v| {
+        v["promise"]["wait_ms"].as_f64().is_some_and(|w| w >= ms)
+    });
 }
 
 #[test]

@@ -1521,6 +1521,14 @@ impl GpuArbiter {
         lock(&self.core).vms.len()
     }
 
+    /// vHQDs of VM `vm` with a queue loaded (`None` once removed or
+    /// unknown).
+    pub fn vm_queue_count(&self, vm: VgpuHandle) -> Option<usize> {
+        let c = lock(&self.core);
+        let s = c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        Some(s.queue.iter().filter(|q| q.is_some()).count())
+    }
+
     /// Per-VM entries of the binding and the scheduler (see
     /// [`Binding::vm_entries`]): bounded by the live and draining VMs.
     pub fn vm_entry_count(&self) -> usize {

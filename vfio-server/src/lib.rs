@@ -127,8 +127,31 @@ pub struct VgpuServer {
     stop: EventFd,
     opts: ServerOptions,
     active: Mutex<Option<UnixStream>>,
-    handle: Mutex<Option<VgpuHandle>>,
+    /// The registration lock: the live handle and whether the operator
+    /// paused the vGPU (applied at each registration).
+    handle: Mutex<Registration>,
     stats: Mutex<ServerStats>,
+}
+
+/// The vGPU's registration with the arbiter (under one lock with the spec
+/// changes, so that a steer and a (re)connection cannot miss each other).
+#[derive(Clone, Copy, Debug, Default)]
+struct Registration {
+    handle: Option<VgpuHandle>,
+    paused: bool,
+}
+
+/// What [`VgpuServer::with_registration`] hands its closure.
+pub struct Steer<'a> {
+    /// The spec the next registration takes (change it to steer later
+    /// connections too).
+    pub spec: &'a mut VgpuSpec,
+    /// Paused by the operator (applied at each registration).
+    pub paused: &'a mut bool,
+    /// The arbiter's handle while a client is connected.
+    pub handle: Option<VgpuHandle>,
+    /// The arbiter.
+    pub arbiter: &'a Arc<GpuArbiter>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -176,7 +199,7 @@ impl VgpuServer {
             stop,
             opts,
             active: Mutex::new(None),
-            handle: Mutex::new(None),
+            handle: Mutex::new(Registration::default()),
             stats: Mutex::new(ServerStats::default()),
         }))
     }
@@ -193,7 +216,31 @@ impl VgpuServer {
 
     /// The arbiter's handle of the vGPU while a client is connected.
     pub fn handle(&self) -> Option<VgpuHandle> {
-        *lock(&self.handle)
+        lock(&self.handle).handle
+    }
+
+    /// Paused by the operator.
+    pub fn paused(&self) -> bool {
+        lock(&self.handle).paused
+    }
+
+    /// Runs `f` under the registration lock with the spec, the pause flag
+    /// and the live handle: a change applied to the arbiter through the
+    /// handle and recorded in the spec reaches the current client and
+    /// every later registration, with no connection in between missing it.
+    pub fn with_registration<R>(&self, f: impl FnOnce(Steer<'_>) -> R) -> R {
+        let mut reg = lock(&self.handle);
+        let mut spec = self.spec();
+        let mut paused = reg.paused;
+        let r = f(Steer {
+            spec: &mut spec,
+            paused: &mut paused,
+            handle: reg.handle,
+            arbiter: &self.arbiter,
+        });
+        reg.paused = paused;
+        *lock(&self.spec) = spec;
+        r
     }
 
     /// Counters.
@@ -317,7 +364,7 @@ impl VgpuServer {
             log::info!("vgpu {}: client left before its first message", spec.name);
             return Ok(());
         }
-        let mut conn = match Conn::open(self, stream, &spec) {
+        let mut conn = match Conn::open(self, stream) {
             Ok(c) => c,
             Err(e) => {
                 *lock(&self.active) = None;
@@ -368,12 +415,10 @@ fn einval<T>() -> Result<T, u32> {
 }
 
 impl<'a> Conn<'a> {
-    fn open(srv: &'a VgpuServer, stream: UnixStream, spec: &VgpuSpec) -> Result<Self, String> {
+    fn open(srv: &'a VgpuServer, stream: UnixStream) -> Result<Self, String> {
         let mem = Arc::new(MappedMemory::new());
         let irqs = Arc::new(Irqs::new());
-        let (handle, fe) = register(&srv.arbiter, spec, &mem, &irqs)?;
-        srv.count(|s| s.registrations += 1);
-        *lock(&srv.handle) = Some(handle);
+        let (handle, fe) = srv.register(&mem, &irqs)?;
         Ok(Conn {
             srv,
             stream,
@@ -389,8 +434,10 @@ impl<'a> Conn<'a> {
 
     /// The client is gone: its queues are released as a dying VM's are.
     fn close(&mut self) {
-        *lock(&self.srv.handle) = None;
+        let mut reg = lock(&self.srv.handle);
+        reg.handle = None;
         self.srv.arbiter.remove_vm(self.handle);
+        drop(reg);
         self.irqs.clear();
         self.mem.unmap_all();
     }
@@ -751,18 +798,16 @@ impl<'a> Conn<'a> {
     /// (they are the VMM's, not the guest's).
     fn reset(&mut self) -> Result<(), u32> {
         self.srv.count(|s| s.resets += 1);
-        *lock(&self.srv.handle) = None;
+        let mut reg = lock(&self.srv.handle);
+        reg.handle = None;
         self.srv.arbiter.remove_vm(self.handle);
-        let spec = self.srv.spec();
-        let (handle, fe) =
-            register(&self.srv.arbiter, &spec, &self.mem, &self.irqs).map_err(|e| {
-                log::warn!("vgpu {}: reset: {e}", spec.name);
-                libc::EIO as u32
-            })?;
-        self.srv.count(|s| s.registrations += 1);
+        drop(reg);
+        let (handle, fe) = self.srv.register(&self.mem, &self.irqs).map_err(|e| {
+            log::warn!("vgpu {}: reset: {e}", self.srv.spec().name);
+            libc::EIO as u32
+        })?;
         self.handle = handle;
         self.fe = fe;
-        *lock(&self.srv.handle) = Some(handle);
         self.cfg = vgpu_config_space();
         self.msix_control = 0;
         Ok(())
@@ -854,6 +899,29 @@ impl<'a> Conn<'a> {
             }
             _ => {}
         }
+    }
+}
+
+impl VgpuServer {
+    /// Registers the vGPU with the arbiter under the registration lock:
+    /// the current spec, paused if the operator paused it.
+    fn register(
+        &self,
+        mem: &Arc<MappedMemory>,
+        irqs: &Arc<Irqs>,
+    ) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), String> {
+        let mut reg = lock(&self.handle);
+        let spec = self.spec();
+        let (h, fe) = register(&self.arbiter, &spec, mem, irqs)?;
+        if reg.paused {
+            if let Err(e) = self.arbiter.pause_vm(h) {
+                self.arbiter.remove_vm(h);
+                return Err(e.to_string());
+            }
+        }
+        reg.handle = Some(h);
+        self.count(|s| s.registrations += 1);
+        Ok((h, fe))
     }
 }
 

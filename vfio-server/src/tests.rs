@@ -528,3 +528,70 @@ fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
 }
 
 mod hostile;
+
+/// A storm of clients that each send one byte and disconnect: every one
+/// registers (its byte is a first message) and is removed, and the
+/// arbiter's tables stay bounded by the retained removed VMs (a count, not
+/// a time).
+#[test]
+fn a_storm_of_one_byte_clients_keeps_the_arbiters_tables_bounded() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "storm", 3, ServerOptions::default());
+    let n = mdev::telemetry::RETAINED_REMOVED_VMS as u64 + 200;
+    let mut most = 0;
+    for i in 0..n {
+        let mut s = UnixStream::connect(srv.path()).unwrap();
+        s.write_all(&[0]).unwrap();
+        drop(s);
+        // The server serves one connection at a time: the previous one
+        // is closed (and its vGPU removed) before the next registers.
+        wait("registered", || srv.stats().registrations > i);
+        most = most.max(a.vm_slot_count());
+    }
+    wait("last one removed", || srv.handle().is_none());
+    assert_eq!(srv.stats().registrations, n);
+    assert!(
+        most <= mdev::telemetry::RETAINED_REMOVED_VMS + 2,
+        "{most} arbiter slots after {n} one-byte clients"
+    );
+    assert_eq!(a.vm_entry_count(), 0, "no scheduler or binding entry left");
+    assert!(a.telemetry_vm_count() <= mdev::telemetry::RETAINED_REMOVED_VMS);
+    srv.stop();
+}
+
+/// A steer and a pause made while no client is connected reach the next
+/// registration; made while one is, they apply at once and stay for the
+/// next.
+#[test]
+fn steering_and_pause_outlive_a_connection() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "steer", 3, ServerOptions::default());
+    srv.with_registration(|s| {
+        assert!(s.handle.is_none());
+        s.spec.params.priority = 9;
+        *s.paused = true;
+    });
+    let mut g = Guest::attach(srv.path(), a.topology());
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    let h = srv.handle().unwrap();
+    assert_eq!(a.vm_status(h).unwrap().0.priority, 9);
+    assert_eq!(a.vm_controls(h).map(|c| c.0), Some(true), "paused");
+    srv.with_registration(|s| {
+        let h = s.handle.unwrap();
+        s.arbiter.set_weight(h, 7).unwrap();
+        s.spec.params.weight = 7;
+        s.arbiter.resume_vm(h).unwrap();
+        *s.paused = false;
+    });
+    assert_eq!(a.vm_status(h).unwrap().0.weight, 7);
+    drop(g);
+    wait("released", || srv.handle().is_none());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    let h2 = srv.handle().unwrap();
+    assert_ne!(h, h2);
+    let (p, _) = a.vm_status(h2).unwrap();
+    assert_eq!((p.priority, p.weight), (9, 7));
+    assert_eq!(a.vm_controls(h2).map(|c| c.0), Some(false));
+    srv.stop();
+}

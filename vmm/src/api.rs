@@ -24,6 +24,7 @@
 //! ([`ApiError::status`]).
 
 pub mod types;
+pub mod vgpus;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -146,6 +147,8 @@ pub struct FleetControl {
     inner: Mutex<Inner>,
     started: Instant,
     config_path: PathBuf,
+    /// The vGPUs of `hqdmux serve` (`/api/v1/vgpus`); unset in `run`.
+    vgpus: OnceLock<Arc<vgpus::VgpuControl>>,
 }
 
 impl FleetControl {
@@ -180,6 +183,7 @@ impl FleetControl {
             }),
             started: Instant::now(),
             config_path: cfg.base_dir.join("(api)"),
+            vgpus: OnceLock::new(),
         }
     }
 
@@ -191,6 +195,12 @@ impl FleetControl {
     /// fleet that had none (a second call changes nothing).
     pub fn set_arbiter(&self, m: Arc<GpuArbiter>) {
         let _ = self.arbiter.set(m);
+    }
+
+    /// Serves `/api/v1/vgpus` over `v` (`hqdmux serve`; a second call
+    /// changes nothing).
+    pub fn set_vgpus(&self, v: Arc<vgpus::VgpuControl>) {
+        let _ = self.vgpus.set(v);
     }
 
     /// Connects the fleet's command channel (stop, add): commands are sent
@@ -357,6 +367,9 @@ impl FleetControl {
     /// Samples every live VM's GPU time: the share of the fleet's GPU time
     /// each got since the previous sample.
     pub fn sample(&self) {
+        if let Some(v) = self.vgpus.get() {
+            v.sample();
+        }
         let mut inner = self.lock();
         let Some(m) = self.arbiter.get().cloned() else {
             return;
@@ -425,6 +438,20 @@ impl FleetControl {
             ("GET", ["fleet"]) => ok(Ok(self.fleet())),
             ("POST", ["vms", name, "clear-quarantine"]) => ok(self.clear_quarantine(name)),
             ("GET", ["timeline"]) => self.timeline(&req),
+            ("GET", ["vgpus"]) => ok(Ok(self.vgpus.get().map(|v| v.list()).unwrap_or_default())),
+            ("POST", ["vgpus"]) => self
+                .vgpus()
+                .and_then(|v| v.create(&req))
+                .map(|v| Response::json(201, &v)),
+            ("GET", ["vgpus", name]) => ok(self.vgpus().and_then(|v| v.get(name))),
+            ("PATCH", ["vgpus", name]) => ok(self.vgpus().and_then(|v| v.patch(name, &req))),
+            ("DELETE", ["vgpus", name]) => ok(self.vgpus().and_then(|v| v.remove(name))),
+            ("POST", ["vgpus", name, "pause"]) => {
+                ok(self.vgpus().and_then(|v| v.pause(name, true)))
+            }
+            ("POST", ["vgpus", name, "resume"]) => {
+                ok(self.vgpus().and_then(|v| v.pause(name, false)))
+            }
             (_, p) => Err(match allowed(p) {
                 Some(allow) => ApiError::Method {
                     method: m.to_owned(),
@@ -435,6 +462,13 @@ impl FleetControl {
             }),
         };
         reply.send(r.unwrap_or_else(Response::from))
+    }
+
+    /// The vGPUs, or 409 where this process serves none (`hqdmux run`).
+    fn vgpus(&self) -> Result<&Arc<vgpus::VgpuControl>, ApiError> {
+        self.vgpus.get().ok_or_else(|| {
+            ApiError::Conflict("vgpus: this process serves no vGPUs (`hqdmux serve` does)".into())
+        })
     }
 
     fn list(&self) -> VmList {
@@ -711,6 +745,12 @@ impl FleetControl {
                 info.vm_states.insert(h.0, v.state.name());
             }
         }
+        drop(inner);
+        if let Some(v) = self.vgpus.get() {
+            for (h, st) in v.vm_states() {
+                info.vm_states.insert(h.0, st);
+            }
+        }
         info
     }
 
@@ -834,6 +874,9 @@ fn allowed(p: &[&str]) -> Option<&'static str> {
         ["policy"] => Some("GET, PUT"),
         ["fleet"] | ["timeline"] => Some("GET"),
         ["vms", _, "clear-quarantine"] => Some("POST"),
+        ["vgpus"] => Some("GET, POST"),
+        ["vgpus", _] => Some("GET, PATCH, DELETE"),
+        ["vgpus", _, "pause" | "resume"] => Some("POST"),
         _ => None,
     }
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 use mdev::arbiter::GpuArbiter;
 use scheduler::VmParams;
 use serde::Deserialize;
-use vfio_server::{ServerOptions, ServerStats, VgpuServer, VgpuSpec};
+use vfio_server::{ServerOptions, ServerStats, VgpuSpec};
+
+use crate::api::vgpus::VgpuControl;
 
 use crate::config::{ConfigError, FleetConfig, Place, PRIORITY_RANGE, WEIGHT_RANGE};
 
@@ -198,10 +200,13 @@ impl VgpuEntry {
 /// Options of a serve run.
 #[derive(Default)]
 pub struct ServeOptions {
-    /// Serve the operator API (metrics, timeline, stats, policy) here.
+    /// Serve the operator API (metrics, timeline, stats, policy, vGPUs) here.
     pub api_socket: Option<PathBuf>,
     /// Permission bits of the API socket (`None`: 0600).
     pub api_socket_mode: Option<u32>,
+    /// Where vGPUs created over the API put their sockets (`None`: the API
+    /// socket's directory).
+    pub vgpu_socket_dir: Option<PathBuf>,
     /// Ends the run when readable (SIGINT/SIGTERM).
     pub stop: Option<crate::signals::StopSignal>,
 }
@@ -214,7 +219,7 @@ pub enum ServeError {
     Gpu(String),
     /// A vGPU's socket.
     #[error("vgpu '{0}': {1}")]
-    Socket(String, vfio_server::ServeError),
+    Socket(String, crate::api::vgpus::StartError),
     /// The API socket.
     #[error("api socket: {0}")]
     Api(crate::http::BindError),
@@ -223,7 +228,8 @@ pub enum ServeError {
     Io(std::io::Error),
 }
 
-/// What a serve run did, per vGPU (config order).
+/// What a serve run did, per vGPU (config order, then those created over
+/// the API and still there at the end).
 #[derive(Debug)]
 pub struct ServeReport {
     /// (name, counters).
@@ -235,19 +241,12 @@ pub struct ServeReport {
 /// Stops the servers and the arbiter on every return path.
 struct Running {
     arbiter: Arc<GpuArbiter>,
-    servers: Vec<(Arc<VgpuServer>, Option<std::thread::JoinHandle<()>>)>,
+    vgpus: Arc<VgpuControl>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        for (s, _) in &self.servers {
-            s.stop();
-        }
-        for (_, t) in self.servers.iter_mut() {
-            if let Some(t) = t.take() {
-                let _ = t.join();
-            }
-        }
+        self.vgpus.stop_all();
         self.arbiter.shutdown();
     }
 }
@@ -258,37 +257,36 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         crate::fleet::open_backend(&cfg.gpu, 1).map_err(|e| ServeError::Gpu(e.to_string()))?;
     let arbiter = GpuArbiter::start(cfg.gpu.topology.clone(), cfg.scheduler.clone(), backend)
         .map_err(|e| ServeError::Gpu(e.to_string()))?;
-    let mut run = Running {
+    let dir = opts
+        .vgpu_socket_dir
+        .clone()
+        .or_else(|| {
+            opts.api_socket
+                .as_ref()
+                .and_then(|p| p.parent())
+                .map(Path::to_path_buf)
+        })
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."));
+    let vgpus = Arc::new(VgpuControl::new(
+        arbiter.clone(),
+        cfg.gpu.guard,
+        dir,
+        ServerOptions::default(),
+    ));
+    let run = Running {
         arbiter: arbiter.clone(),
-        servers: Vec::new(),
+        vgpus: vgpus.clone(),
     };
     for v in &cfg.vgpu {
-        let s = VgpuServer::bind(
-            &v.socket,
-            v.spec(&cfg.gpu.guard),
-            arbiter.clone(),
-            ServerOptions::default(),
-        )
-        .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
-        let t = s.spawn().map_err(|e| {
-            ServeError::Socket(
-                v.name.clone(),
-                vfio_server::ServeError::Io(v.socket.clone(), e),
-            )
-        })?;
-        log::info!(
-            "vgpu '{}': serving vfio-user on {} (priority {}, weight {})",
-            v.name,
-            v.socket.display(),
-            v.priority,
-            v.weight
-        );
-        run.servers.push((s, Some(t)));
+        vgpus
+            .start(v.spec(&cfg.gpu.guard), &v.socket)
+            .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
     }
     let _api = match &opts.api_socket {
         Some(path) => {
             // The fleet API over the daemon's arbiter: metrics, timeline,
-            // stats and policy (vGPUs are not VMs of a fleet: `ps` lists none).
+            // stats, policy, and the vGPUs (`/api/v1/vgpus`).
             let fleet = FleetConfig {
                 run: Default::default(),
                 gpu: cfg.gpu.clone(),
@@ -301,6 +299,11 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
                 &fleet,
                 &[],
             ));
+            ctl.set_vgpus(vgpus.clone());
+            log::info!(
+                "serve: vGPUs created over the API put their sockets in {}",
+                vgpus.socket_dir().display()
+            );
             Some(
                 crate::api::serve(path, opts.api_socket_mode.unwrap_or(0o600), ctl)
                     .map_err(ServeError::Api)?,
@@ -315,11 +318,8 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         },
     }
     log::info!("serve: stopping");
-    let vgpus = run
-        .servers
-        .iter()
-        .map(|(s, _)| (s.spec().name, s.stats()))
-        .collect();
+    drop(_api);
+    let vgpus = run.vgpus.stop_all();
     let gpu = arbiter.stats();
     drop(run);
     Ok(ServeReport { vgpus, gpu })

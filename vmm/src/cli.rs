@@ -231,6 +231,10 @@ pub fn ps(socket: &Path, as_json: bool) -> ExitCode {
     if vgpus.vgpus.is_empty() {
         return done(out!("{}", table(&vms.vms)));
     }
+    if vms.vms.is_empty() {
+        // `hqdmux serve`: vGPUs only.
+        return done(out!("{}", vgpu_table(&vgpus.vgpus)));
+    }
     done(out!("{}\n{}", table(&vms.vms), vgpu_table(&vgpus.vgpus)))
 }
 

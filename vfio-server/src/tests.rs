@@ -400,6 +400,7 @@ fn a_client_that_stops_reading_loses_its_connection_and_nothing_else() {
     let a = tiny_arbiter();
     let opts = ServerOptions {
         send_timeout: Duration::from_millis(50),
+        ..Default::default()
     };
     let stuck = serve(&a, "stuck", 8, opts);
     let good = serve(&a, "ok", 8, opts);
@@ -593,5 +594,110 @@ fn steering_and_pause_outlive_a_connection() {
     let (p, _) = a.vm_status(h2).unwrap();
     assert_eq!((p.priority, p.weight), (9, 7));
     assert_eq!(a.vm_controls(h2).map(|c| c.0), Some(false));
+    srv.stop();
+}
+
+/// The client's mapping of BAR2 (what a VMM maps into the guest).
+struct MappedBar2 {
+    ptr: *mut u64,
+}
+
+impl MappedBar2 {
+    fn of(client: &vfio_user::Client) -> MappedBar2 {
+        let r = client.region(wire::REGION_BAR2).expect("BAR2");
+        assert_ne!(r.flags & wire::REGION_FLAG_MMAP, 0, "BAR2 is mmap-able");
+        assert_eq!(r.sparse_areas.len(), 1);
+        assert_eq!(
+            (r.sparse_areas[0].offset, r.sparse_areas[0].size),
+            (0, BAR2_SIZE)
+        );
+        let fo = r.file_offset.as_ref().expect("the page's fd");
+        // SAFETY: maps the server's sealed BAR2_SIZE memfd, shared.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BAR2_SIZE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fo.file().as_raw_fd(),
+                fo.start() as libc::off_t,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        MappedBar2 { ptr: p.cast() }
+    }
+
+    /// A guest store to doorbell `i` (no exit, no message).
+    fn ring(&self, i: usize, wptr: u64) {
+        assert!(i < abi::vgpu::NUM_VHQD);
+        // SAFETY: inside the mapped page.
+        unsafe { std::ptr::write_volatile(self.ptr.add(i), wptr) }
+    }
+}
+
+impl Drop for MappedBar2 {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`.
+        unsafe { libc::munmap(self.ptr.cast(), BAR2_SIZE as usize) };
+    }
+}
+
+/// BAR2 offered as a sparse-mmap page: doorbells stored in it run the
+/// kernels exactly once with no BAR2 message; the poller scans nothing
+/// while no queue is loaded; a reset forgets the old values; a client
+/// without the option keeps the REGION_WRITE path.
+#[test]
+fn doorbells_stored_in_the_mmapped_bar2_page_run_kernels_without_a_message() {
+    let a = tiny_arbiter();
+    let srv = serve(
+        &a,
+        "mmap",
+        5,
+        ServerOptions {
+            doorbell_poll: Some(DEFAULT_DOORBELL_POLL),
+            ..Default::default()
+        },
+    );
+    let mut g = Guest::attach(srv.path(), a.topology());
+    let bar2 = MappedBar2::of(&g.client);
+    // Handed out, nothing loaded: register traffic wakes the poller, which
+    // finds no queue and scans nothing.
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    g.wr(hqd_reg(1, reg::CP_HQD_ERROR), 0);
+    assert_eq!(srv.stats().bar2_scans, 0);
+    g.load(0);
+    let w = g.kernel(4, 10_000, 1);
+    bar2.ring(0, w);
+    wait("kernel", || g.done());
+    let w = g.kernel(4, 10_000, 2);
+    bar2.ring(0, w);
+    wait("second kernel", || g.done());
+    g.tvm.verify(&g.q).unwrap();
+    let s = srv.stats();
+    assert_eq!(s.doorbells, 0, "no BAR2 message");
+    assert!(s.mmap_doorbells >= 2, "{s:?}");
+    assert!(s.bar2_scans >= 1);
+    // A reset zeroes the page; the old values raise nothing.
+    g.client.reset().unwrap();
+    let before = srv.stats().mmap_doorbells;
+    g.load(0);
+    g.wr(hqd_reg(1, reg::CP_HQD_ERROR), 0);
+    assert_eq!(srv.stats().mmap_doorbells, before);
+    drop(bar2);
+    drop(g);
+    srv.stop();
+
+    // Without the option (the default): no MMAP flag, doorbells by message.
+    let srv = serve(&a, "nommap", 5, ServerOptions::default());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    let r = g.client.region(wire::REGION_BAR2).unwrap();
+    assert_eq!(r.flags & wire::REGION_FLAG_MMAP, 0);
+    assert!(r.file_offset.is_none() && r.sparse_areas.is_empty());
+    g.load(0);
+    let w = g.kernel(4, 10_000, 3);
+    g.ring(0, w);
+    wait("kernel", || g.done());
+    assert_eq!(srv.stats().doorbells, 1);
+    assert_eq!(srv.stats().bar2_scans, 0);
     srv.stop();
 }

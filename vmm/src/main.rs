@@ -205,6 +205,10 @@ enum Command {
         /// Preemption timeout 1..=3600000 ms.
         #[arg(long, value_parser = ranged::<vmm::api::types::PreemptTimeoutMs>)]
         preempt_timeout_ms: Option<vmm::api::types::PreemptTimeoutMs>,
+        /// Offer BAR2 as an mmap-able doorbell page (scanned every 100 us
+        /// while the vGPU has a queue loaded).
+        #[arg(long)]
+        doorbell_page: bool,
     },
     /// Remove a vGPU of a running `hqdmux serve` (`DELETE
     /// /api/v1/vgpus/NAME`): its client is disconnected, its queues released
@@ -572,6 +576,7 @@ fn main() -> ExitCode {
             partition,
             quantum_ms,
             preempt_timeout_ms,
+            doorbell_page,
         } => with_socket("vgpu-add", c.api_socket, |s| {
             let body = vmm::api::types::VgpuCreate {
                 name: name.clone(),
@@ -582,6 +587,7 @@ fn main() -> ExitCode {
                 quantum_ms,
                 preempt_timeout_ms,
                 guard: None,
+                doorbell_page: doorbell_page.then_some(true),
             };
             vmm::cli::vgpu_add(&s, &body, c.json)
         }),

@@ -49,6 +49,11 @@ pub struct VgpuEntry {
     /// Per-vGPU override of `[gpu.guard]` limits.
     #[serde(default)]
     pub guard: mdev::guard::GuardOverride,
+    /// Offer BAR2 as an mmap-able doorbell page (a VMM that maps it into
+    /// the guest rings with no exit; the server scans it every
+    /// [`vfio_server::DEFAULT_DOORBELL_POLL`] while queues are loaded).
+    #[serde(default)]
+    pub doorbell_page: bool,
 }
 
 fn one() -> u32 {
@@ -280,7 +285,7 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
     };
     for v in &cfg.vgpu {
         vgpus
-            .start(v.spec(&cfg.gpu.guard), &v.socket)
+            .start(v.spec(&cfg.gpu.guard), &v.socket, v.doorbell_page)
             .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
     }
     let _api = match &opts.api_socket {

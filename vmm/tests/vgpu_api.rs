@@ -131,6 +131,7 @@ fn vgpus_are_created_steered_paused_and_removed_live_and_hostile_bodies_change_n
     );
     assert_eq!(v["quantum_override"], true);
     assert_eq!(v["preempt_timeout_ms"], 700);
+    assert_eq!(v["doorbell_page"], false);
 
     // Hostile bodies: refused with the field named, nothing created.
     let taken = dir.join("taken.sock");
@@ -212,6 +213,11 @@ fn vgpus_are_created_steered_paused_and_removed_live_and_hostile_bodies_change_n
             "unknown field `colour`",
         ),
         (json!({"name": "b/c"}), 400, "vgpu 'b/c': name"),
+        (
+            json!({"name": "b", "doorbell_page": 1}),
+            400,
+            "doorbell_page: invalid type",
+        ),
         (json!({"name": ""}), 400, "name"),
         (json!({"priority": 1}), 400, "missing field `name`"),
     ] {
@@ -320,6 +326,24 @@ fn vgpus_are_created_steered_paused_and_removed_live_and_hostile_bodies_change_n
         Some(json!({"name": "a", "socket": sock.display().to_string()})),
     );
     assert_eq!(st, 201, "{v}");
+    // A vGPU with the mmapped doorbell page: its client gets BAR2 as a
+    // sparse-mmap region with the page's fd.
+    let (st, v) = d.call(
+        "POST",
+        "/vgpus",
+        Some(json!({"name": "paged", "doorbell_page": true})),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["doorbell_page"], true);
+    let c = connect(Path::new(v["socket"].as_str().unwrap()));
+    let bar2 = c.region(2).expect("BAR2");
+    assert_ne!(bar2.flags & (1 << 2), 0, "mmap-able");
+    assert!(bar2.file_offset.is_some() && bar2.sparse_areas.len() == 1);
+    let plain = connect(&sock);
+    assert_eq!(plain.region(2).unwrap().flags & (1 << 2), 0);
+    drop((c, plain));
+    let (st, _) = d.call("DELETE", "/vgpus/paged", None);
+    assert_eq!(st, 200);
     let r = d.finish();
     let names: Vec<&str> = r.vgpus.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["cfg", "a"]);

@@ -765,6 +765,13 @@ pub struct VgpuCreate {
         skip_serializing_if = "Option::is_none"
     )]
     pub guard: Option<GuardUpdate>,
+    /// Offer BAR2 as an mmap-able doorbell page (default false).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub doorbell_page: Option<bool>,
 }
 
 /// One vGPU as `GET /api/v1/vgpus/{name}` shows it (every field always
@@ -780,6 +787,10 @@ pub struct VgpuView {
     pub state: VgpuState,
     /// Paused by the operator (kept across connections).
     pub paused: bool,
+    /// BAR2 is offered as an mmap-able doorbell page.
+    pub doorbell_page: bool,
+    /// Doorbells noticed in that page.
+    pub mmap_doorbells: u64,
     /// GPU priority.
     pub priority: u32,
     /// Weight.

@@ -106,8 +106,14 @@ impl VgpuControl {
         &self.socket_dir
     }
 
-    /// Binds `socket` and serves `spec` on it (names and sockets unique).
-    pub fn start(&self, spec: VgpuSpec, socket: &Path) -> Result<(), StartError> {
+    /// Binds `socket` and serves `spec` on it (names and sockets unique);
+    /// `doorbell_page`: BAR2 offered as an mmap-able page.
+    pub fn start(
+        &self,
+        spec: VgpuSpec,
+        socket: &Path,
+        doorbell_page: bool,
+    ) -> Result<(), StartError> {
         let mut inner = self.lock();
         if inner
             .vgpus
@@ -121,7 +127,11 @@ impl VgpuControl {
         }
         let name = spec.name.clone();
         let (priority, weight) = (spec.params.priority, spec.params.weight);
-        let server = VgpuServer::bind(socket, spec, self.arbiter.clone(), self.opts)?;
+        let opts = ServerOptions {
+            doorbell_poll: doorbell_page.then_some(vfio_server::DEFAULT_DOORBELL_POLL),
+            ..self.opts
+        };
+        let server = VgpuServer::bind(socket, spec, self.arbiter.clone(), opts)?;
         let thread = server
             .spawn()
             .map_err(|e| ServeError::Io(socket.into(), e))?;
@@ -195,6 +205,8 @@ impl VgpuControl {
                 VgpuState::Idle
             },
             paused: srv.paused(),
+            doorbell_page: srv.options().doorbell_poll.is_some(),
+            mmap_doorbells: stats.mmap_doorbells,
             priority: u32::from(priority),
             weight,
             partition: spec.params.partition,
@@ -307,10 +319,11 @@ impl VgpuControl {
             guard,
             quantum: c.quantum_ms.map(|q| Duration::from_millis(q.0)),
         };
-        self.start(spec, &socket).map_err(|e| match e {
-            StartError::Name(_) => ApiError::Unprocessable(format!("{place}: {e}")),
-            _ => ApiError::Conflict(format!("{place}: {e}")),
-        })?;
+        self.start(spec, &socket, c.doorbell_page.unwrap_or(false))
+            .map_err(|e| match e {
+                StartError::Name(_) => ApiError::Unprocessable(format!("{place}: {e}")),
+                _ => ApiError::Conflict(format!("{place}: {e}")),
+            })?;
         log::info!("api: vgpu '{}': created on {}", c.name, socket.display());
         self.get(&c.name)
     }

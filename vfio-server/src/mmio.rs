@@ -10,11 +10,11 @@
 //! read of the eventfd; the arbiter reads the write index itself).
 //!
 //! The poll is bounded: it runs only while the vGPU has a vHQD loaded
-//! (`CP_HQD_ACTIVE`), and only after the client was handed the page; it
-//! scans the [`NUM_VHQD`] doorbells every [`ServerOptions::doorbell_poll`]
-//! (`crate::ServerOptions`) and otherwise sleeps on an eventfd the
-//! connection writes after each register write (a queue load is one), so an
-//! idle vGPU costs no CPU. A hostile client that writes the page at will
+//! (`CP_HQD_ACTIVE`, looked at after every register write and every
+//! 16 scans), and only after the client was handed the page; it scans the
+//! [`NUM_VHQD`] doorbells every `ServerOptions::doorbell_poll` and
+//! otherwise sleeps on an eventfd the connection writes after each register
+//! write (a queue load is one), so a vGPU without queues costs no CPU. A hostile client that writes the page at will
 //! gets at most [`NUM_VHQD`] doorbells per interval, each of which the
 //! arbiter treats as any doorbell (a stale one counts for the guard).
 
@@ -247,9 +247,18 @@ fn wait(fds: &[&EventFd], timeout: Option<Duration>) -> [bool; 2] {
     out
 }
 
+/// Scans between two looks at whether a queue is still loaded (a register
+/// write makes the poller look at once).
+const RECHECK_SCANS: u32 = 16;
+
 fn run(s: &Shared, interval: Duration) {
+    // The interval is short: ask the kernel not to stretch it by the
+    // default 50 us timer slack.
+    // SAFETY: prctl on the calling thread with an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
     let mut last = [0u64; NUM_VHQD];
     let mut generation = s.generation.load(Ordering::Acquire);
+    let mut until_recheck = 0u32;
     loop {
         // A scan holds the front-end slot: a reset (which swaps it, zeroes
         // the page and bumps the generation under it) never interleaves.
@@ -258,17 +267,22 @@ fn run(s: &Shared, interval: Duration) {
         if g != generation {
             generation = g;
             last = [0; NUM_VHQD];
+            until_recheck = 0;
         }
-        if !s.handed_out.load(Ordering::Acquire) || !any_loaded(&fe) {
-            drop(fe);
-            // Idle: sleep until a register write (or the stop).
-            let [_, stop] = wait(&[&s.wake, &s.stop], None);
-            let _ = s.wake.read();
-            if stop {
-                return;
+        if until_recheck == 0 {
+            if !s.handed_out.load(Ordering::Acquire) || !any_loaded(&fe) {
+                drop(fe);
+                // Idle: sleep until a register write (or the stop).
+                let [_, stop] = wait(&[&s.wake, &s.stop], None);
+                let _ = s.wake.read();
+                if stop {
+                    return;
+                }
+                continue;
             }
-            continue;
+            until_recheck = RECHECK_SCANS;
         }
+        until_recheck -= 1;
         s.stats.scans.fetch_add(1, Ordering::Relaxed);
         for (i, l) in last.iter_mut().enumerate() {
             let v = s.page.read(i);
@@ -279,9 +293,14 @@ fn run(s: &Shared, interval: Duration) {
             }
         }
         drop(fe);
-        let [stop, _] = wait(&[&s.stop], Some(interval));
+        let [stop, kicked] = wait(&[&s.stop, &s.wake], Some(interval));
         if stop {
             return;
+        }
+        if kicked {
+            // A register write: look at the queues again now.
+            let _ = s.wake.read();
+            until_recheck = 0;
         }
     }
 }

@@ -270,7 +270,7 @@ impl HostGuest {
         use gpu::mem::DmaMemory;
         use std::os::fd::FromRawFd;
         use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
-        const MEM: u64 = 64 << 20;
+        const MEM: u64 = 4 << 30; // sparse: only what the queue touches is backed
         let mut client = vfio_user::Client::new(path).expect("client");
         // SAFETY: a valid C string; the fd returned is ours.
         let fd = unsafe { libc::memfd_create(c"bench-ram".as_ptr(), 0) };

@@ -16,6 +16,7 @@
 //! | `POST /api/v1/vms/{name}/clear-quarantine` | lift its guard quarantine (200 with the view and `was_quarantined`) |
 //! | `GET /api/v1/timeline?seconds=N&format=json\|svg` | the HQD-slot timeline of the last N (1..=120) s |
 //! | `GET /metrics` | Prometheus text exposition of the GPU |
+//! | `/api/v1/vgpus...` | the vGPUs of `hqdmux serve` ([`vgpus`]) |
 //!
 //! Every error is `{"error": "..."}` with a 4xx status naming the VM, the
 //! field and the reason, and changes nothing. A request is read whole into

@@ -31,10 +31,16 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path) -> Daemon {
+        Self::with(dir, "")
+    }
+
+    /// A daemon whose devices file is `gpus` (GPU tables, may be empty)
+    /// and the vGPU `cfg` (priority 2, on GPU 0).
+    fn with(dir: &Path, gpus: &str) -> Daemon {
         let devices = dir.join("devices.toml");
         std::fs::write(
             &devices,
-            "[[vgpu]]\nname = \"cfg\"\nsocket = \"cfg.sock\"\npriority = 2\n",
+            format!("{gpus}[[vgpu]]\nname = \"cfg\"\nsocket = \"cfg.sock\"\npriority = 2\n"),
         )
         .unwrap();
         let cfg = vmm::serve::DevicesConfig::load(&devices).unwrap();
@@ -382,7 +388,7 @@ fn the_cli_lists_steers_and_removes_vgpus() {
         .find(|l| l.starts_with("b "))
         .unwrap_or_else(|| panic!("{text}"));
     let cols: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(&cols[1..5], ["idle", "yes", "9", "2"], "{row}");
+    assert_eq!(&cols[1..6], ["idle", "0", "yes", "9", "2"], "{row}");
     assert!(text.lines().any(|l| l.starts_with("cfg ")), "{text}");
     let out = run(&["ps", "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -393,5 +399,164 @@ fn the_cli_lists_steers_and_removes_vgpus() {
     let out = run(&["vgpu-rm", "b"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `hqdmux_vm_state` series of vGPU `vm` for `state`: (its `gpu_id`
+/// label, value).
+fn vm_state(text: &str, vm: &str, state: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("hqdmux_vm_state{")
+                && l.contains(&format!("vm=\"{vm}\""))
+                && l.contains(&format!("state=\"{state}\""))
+        })
+        .map(|l| {
+            let gpu = l
+                .split("gpu_id=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or("?")
+                .to_owned();
+            (gpu, l.rsplit(' ').next().unwrap_or("").to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn a_vgpu_created_on_gpu_1_of_two_is_served_steered_and_counted_there() {
+    let dir = scratch("vgpu-api-2gpu");
+    let d = Daemon::with(&dir, "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\n");
+    let fleet_gpus = |d: &Daemon| -> Vec<u64> {
+        let (st, f) = d.call("GET", "/fleet", None);
+        assert_eq!(st, 200, "{f}");
+        f["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["gpu_id"].as_u64().unwrap())
+            .collect()
+    };
+    // Only GPU 0 serves a vGPU (the file's): only its arbiter runs.
+    assert_eq!(fleet_gpus(&d), [0]);
+    let cfg = d.vgpu("cfg");
+    assert_eq!(
+        (&cfg["gpu_id"], &cfg["placement"]),
+        (&json!(0), &json!("gpu_id = 0"))
+    );
+
+    // An unknown GPU is refused naming the field; nothing is created.
+    let (st, e) = d.call("POST", "/vgpus", Some(json!({"name": "x", "gpu_id": 7})));
+    assert_eq!(st, 422, "{e}");
+    assert_eq!(
+        e["error"],
+        "vgpu 'x': gpu_id: no GPU with id 7 (this daemon's GPUs: 0, 1)"
+    );
+    // A partition is checked against the named GPU's.
+    let (st, e) = d.call(
+        "POST",
+        "/vgpus",
+        Some(json!({"name": "x", "gpu_id": 1, "partition": 1})),
+    );
+    assert_eq!(st, 400, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("partition"), "{e}");
+    assert_eq!(d.names(), ["cfg"]);
+    assert_eq!(fleet_gpus(&d), [0]);
+
+    // Created on GPU 1: its arbiter starts with it.
+    let (st, v) = d.call("POST", "/vgpus", Some(json!({"name": "g1", "gpu_id": 1})));
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(
+        (&v["gpu_id"], &v["placement"]),
+        (&json!(1), &json!("gpu_id = 1"))
+    );
+    assert_eq!(fleet_gpus(&d), [0, 1]);
+
+    // Without gpu_id: placed by entitlement among the vGPUs there. At
+    // priority 2 GPU 0 has `cfg` (weight 1 at >= 2), GPU 1 nothing (g1 is
+    // at priority 0): GPU 1.
+    let (st, v) = d.call(
+        "POST",
+        "/vgpus",
+        Some(json!({"name": "auto", "priority": 2})),
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(v["gpu_id"], 1, "{v}");
+    assert!(
+        v["placement"].as_str().unwrap().starts_with("auto: gpu 1"),
+        "{v}"
+    );
+
+    // A client on each GPU's first vGPU: each is its arbiter's first
+    // registration (the same handle on two arbiters).
+    let c0 = connect(&dir.join("cfg.sock"));
+    let c1 = connect(Path::new(d.vgpu("g1")["socket"].as_str().unwrap()));
+    wait("connected", || {
+        d.vgpu("cfg")["state"] == "connected" && d.vgpu("g1")["state"] == "connected"
+    });
+    // Steer and pause reach g1's own arbiter; cfg keeps its figures.
+    let (st, v) = d.call(
+        "PATCH",
+        "/vgpus/g1",
+        Some(json!({"priority": 9, "weight": 4})),
+    );
+    assert_eq!(st, 200, "{v}");
+    assert_eq!((&v["priority"], &v["weight"]), (&json!(9), &json!(4)));
+    let (st, v) = d.call("POST", "/vgpus/g1/pause", None);
+    assert_eq!((st, &v["paused"]), (200, &json!(true)), "{v}");
+    let cfg = d.vgpu("cfg");
+    assert_eq!((&cfg["priority"], &cfg["weight"]), (&json!(2), &json!(1)));
+    assert_eq!(cfg["paused"], false);
+
+    // Metrics: each vGPU's series on its own GPU only, and the state of
+    // each GPU's handle is its own vGPU's.
+    let (st, text) = vmm::http::call(&d.api, "GET", "/metrics", None).unwrap();
+    assert_eq!(st, 200);
+    let text = String::from_utf8(text).unwrap();
+    let on = |vm: &str| -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.starts_with("hqdmux_") && l.contains(&format!("vm=\"{vm}\"")))
+            .collect()
+    };
+    assert!(!on("g1").is_empty(), "{text}");
+    assert!(
+        on("g1").iter().all(|l| l.contains("gpu_id=\"1\"")),
+        "{text}"
+    );
+    assert!(
+        on("cfg").iter().all(|l| l.contains("gpu_id=\"0\"")),
+        "{text}"
+    );
+    assert_eq!(vm_state(&text, "g1", "paused"), [("1".into(), "1".into())]);
+    assert_eq!(vm_state(&text, "cfg", "paused"), [("0".into(), "0".into())]);
+    assert_eq!(
+        vm_state(&text, "cfg", "running"),
+        [("0".into(), "1".into())]
+    );
+
+    // GPU 1's timeline answers for its GPU.
+    let (st, t) = vmm::http::call(
+        &d.api,
+        "GET",
+        "/api/v1/timeline?seconds=1&format=json&gpu_id=1",
+        None,
+    )
+    .unwrap();
+    assert_eq!(st, 200);
+    let t: Value = serde_json::from_slice(&t).unwrap();
+    assert_eq!(t["gpu_id"], 1, "{t}");
+
+    // Removed: its client is disconnected; GPU 0 is untouched.
+    let (st, v) = d.call("DELETE", "/vgpus/g1", None);
+    assert_eq!((st, &v["gpu_id"]), (200, &json!(1)), "{v}");
+    let mut c1 = c1;
+    assert!(c1.reset().is_err(), "the client was disconnected");
+    assert_eq!(d.vgpu("cfg")["state"], "connected");
+    drop(c0);
+    let r = d.finish();
+    let ids: Vec<u32> = r.gpus.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [0, 1]);
+    let names: Vec<&str> = r.vgpus.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["cfg", "auto"]);
     let _ = std::fs::remove_dir_all(&dir);
 }

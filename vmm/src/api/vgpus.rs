@@ -347,13 +347,11 @@ impl VgpuControl {
         if let Some(id) = c.gpu_id {
             if self.fleet.gpu(id).is_none() {
                 let ids: Vec<String> = self.fleet.gpus.iter().map(|g| g.id.to_string()).collect();
-                return Err(bad(
-                    "gpu_id",
-                    format!(
-                        "no GPU with id {id} (this daemon's GPUs: {})",
-                        ids.join(", ")
-                    ),
-                ));
+                // 422 as an added VM's unknown `gpu_id`.
+                return Err(ApiError::Unprocessable(format!(
+                    "{place}: gpu_id: no GPU with id {id} (this daemon's GPUs: {})",
+                    ids.join(", ")
+                )));
             }
         }
         if let Some(p) = c.partition {

@@ -377,8 +377,8 @@ impl VgpuControl {
                 format!("empty object (fields: {})", types::GuardUpdate::FIELDS),
             ));
         }
-        // Every GPU's guard defaults with the override must hold, whichever
-        // GPU placement picks.
+        // The guard: its GPU's `[gpu.guard]` with the override, checked
+        // once the GPU is known.
         let guard_on = |id: u32| {
             let base = self
                 .fleet
@@ -389,13 +389,6 @@ impl VgpuControl {
                 None => base,
             }
         };
-        for g in &self.fleet.gpus {
-            if c.gpu_id.is_none_or(|id| id == g.id) {
-                guard_on(g.id)
-                    .validate()
-                    .map_err(|e| bad("guard", e.to_string()))?;
-            }
-        }
         let socket = self
             .socket_path(c.socket.as_deref(), &c.name)
             .map_err(|r| ApiError::Unprocessable(format!("{place}: socket: {r}")))?;
@@ -429,6 +422,7 @@ impl VgpuControl {
             }
         };
         let guard = guard_on(gpu_id);
+        guard.validate().map_err(|e| bad("guard", e.to_string()))?;
         let spec = VgpuSpec {
             name: c.name.clone(),
             params: VmParams {

@@ -307,20 +307,14 @@ impl VgpuControl {
                 None => deltas.push(None),
             }
         }
-        let mut totals: BTreeMap<u32, u64> = BTreeMap::new();
-        for (v, d) in inner.vgpus.iter().zip(&deltas) {
-            let t = totals.entry(v.gpu_id).or_default();
-            *t = t.saturating_add(d.unwrap_or(0));
-        }
-        for (v, d) in inner.vgpus.iter_mut().zip(&deltas) {
-            let total = totals.get(&v.gpu_id).copied().unwrap_or(0);
-            v.share = d.map(|d| {
-                if total > 0 {
-                    d as f64 / total as f64
-                } else {
-                    0.0
-                }
-            });
+        let on: Vec<(u32, Option<u64>)> = inner
+            .vgpus
+            .iter()
+            .zip(&deltas)
+            .map(|(v, d)| (v.gpu_id, *d))
+            .collect();
+        for (v, share) in inner.vgpus.iter_mut().zip(shares_per_gpu(&on)) {
+            v.share = share;
         }
     }
 
@@ -683,6 +677,30 @@ fn find(inner: &Inner, name: &str) -> Result<usize, ApiError> {
         .ok_or_else(|| ApiError::NoVgpu(name.to_owned()))
 }
 
+/// Each vGPU's share of its own GPU's time: its GPU time since the last
+/// sample (`None`: not connected) over the sum of the vGPUs' on the same
+/// GPU (0 when that GPU did nothing). `deltas`: (gpu_id, GPU ns) per vGPU.
+fn shares_per_gpu(deltas: &[(u32, Option<u64>)]) -> Vec<Option<f64>> {
+    let mut totals: BTreeMap<u32, u64> = BTreeMap::new();
+    for (gpu, d) in deltas {
+        let t = totals.entry(*gpu).or_default();
+        *t = t.saturating_add(d.unwrap_or(0));
+    }
+    deltas
+        .iter()
+        .map(|(gpu, d)| {
+            let total = totals.get(gpu).copied().unwrap_or(0);
+            d.map(|d| {
+                if total > 0 {
+                    d as f64 / total as f64
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect()
+}
+
 /// A vGPU as placement sees a VM: a `gpu = true` VM with its priority,
 /// weight, partition and (once placed) GPU.
 fn as_vm(name: String, p: VmParams, gpu_id: Option<u32>) -> VmConfig {
@@ -701,5 +719,40 @@ fn as_vm(name: String, p: VmParams, gpu_id: Option<u32>) -> VmConfig {
         gpu_socket: None,
         preempt_timeout_ms: mdev::arbiter::DEFAULT_PREEMPT_TIMEOUT_MS,
         guard: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_are_parts_of_each_vgpus_own_gpu() {
+        // GPU 0: two vGPUs 3:1; GPU 1: one alone, one idle, one not
+        // connected; GPU 2: did nothing.
+        let s = shares_per_gpu(&[
+            (0, Some(300)),
+            (1, Some(50)),
+            (0, Some(100)),
+            (1, Some(0)),
+            (1, None),
+            (2, Some(0)),
+        ]);
+        assert_eq!(
+            s,
+            [
+                Some(0.75),
+                Some(1.0),
+                Some(0.25),
+                Some(0.0),
+                None,
+                Some(0.0)
+            ]
+        );
+        // Saturating: no overflow on huge figures.
+        let s = shares_per_gpu(&[(0, Some(u64::MAX)), (0, Some(u64::MAX))]);
+        assert!(s
+            .iter()
+            .all(|x| x.is_some_and(|x| (0.0..=1.0).contains(&x))));
     }
 }

@@ -68,6 +68,10 @@ pub enum ArbiterError {
     /// Invalid guard limits.
     #[error("{0}")]
     Guard(#[from] GuardConfigError),
+    /// Every VM handle was used once (2^32 registrations in this process):
+    /// handles are never reused, so a stale one cannot reach a new VM.
+    #[error("no VM handle left (handles are not reused)")]
+    Handles,
 }
 
 /// Default per-VM preemption timeout (ms), as KFD's `queue_preemption_timeout_ms`.
@@ -145,6 +149,95 @@ struct VmSlot {
     guard: VmGuard,
     /// A host bug while serving it took its vGPU away.
     quarantined: bool,
+    /// Removed and older than the retained removed VMs: the slot goes as
+    /// soon as its queues are gone.
+    forget: bool,
+}
+
+/// The arbiter's VM table: slots by handle. Handles are never reused (a
+/// stale handle held by the API or a server cannot reach a later VM); a
+/// removed VM's slot is dropped once its queues are gone and it is older
+/// than the last [`crate::telemetry::RETAINED_REMOVED_VMS`] removed VMs
+/// (whose guard figures `/metrics` keeps beside their telemetry). So a
+/// storm of VMs added and removed keeps the table at live VMs + draining
+/// ones + that many.
+#[derive(Default)]
+struct VmSlots {
+    map: std::collections::BTreeMap<u32, VmSlot>,
+    /// The next handle.
+    next: u32,
+    /// Removed VMs still kept, oldest removal first.
+    removed: std::collections::VecDeque<u32>,
+}
+
+impl VmSlots {
+    fn get(&self, v: usize) -> Option<&VmSlot> {
+        u32::try_from(v).ok().and_then(|v| self.map.get(&v))
+    }
+
+    fn get_mut(&mut self, v: usize) -> Option<&mut VmSlot> {
+        u32::try_from(v).ok().and_then(|v| self.map.get_mut(&v))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (u32, &VmSlot)> {
+        self.map.iter().map(|(k, s)| (*k, s))
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The next handle, or `None` when all were used.
+    fn next_handle(&self) -> Option<u32> {
+        // u32::MAX stays unused: the doorbell tokens of the last handles
+        // must stay clear of the control tokens (`token`).
+        (self.next < u32::MAX).then_some(self.next)
+    }
+
+    fn insert(&mut self, s: VmSlot) {
+        self.map.insert(self.next, s);
+        self.next += 1;
+    }
+
+    /// Notes that `v` was removed; forgets the oldest removed slots past
+    /// the retention (at once if their queues are gone, else when they
+    /// are: [`VmSlots::drop_if_gone`]).
+    fn note_removed(&mut self, v: u32) {
+        self.removed.push_back(v);
+        while self.removed.len() > crate::telemetry::RETAINED_REMOVED_VMS {
+            let Some(old) = self.removed.pop_front() else {
+                break;
+            };
+            if let Some(s) = self.map.get_mut(&old) {
+                s.forget = true;
+            }
+            self.drop_if_gone(old);
+        }
+    }
+
+    /// Drops slot `v` if it is forgotten and holds no queue.
+    fn drop_if_gone(&mut self, v: u32) {
+        if self
+            .map
+            .get(&v)
+            .is_some_and(|s| s.forget && s.queue.iter().all(Option::is_none))
+        {
+            self.map.remove(&v);
+        }
+    }
+}
+
+impl std::ops::Index<usize> for VmSlots {
+    type Output = VmSlot;
+    fn index(&self, v: usize) -> &VmSlot {
+        self.get(v).expect("a VM slot checked by the caller")
+    }
+}
+
+impl std::ops::IndexMut<usize> for VmSlots {
+    fn index_mut(&mut self, v: usize) -> &mut VmSlot {
+        self.get_mut(v).expect("a VM slot checked by the caller")
+    }
 }
 
 impl VmSlot {
@@ -198,7 +291,7 @@ enum FollowUp {
 struct Core {
     bind: Binding<Owner>,
     gpu: Box<dyn PhysGpu + Send>,
-    vms: Vec<VmSlot>,
+    vms: VmSlots,
     next_qid: u64,
     timer_at: Option<Nanos>,
     quarantined: u64,
@@ -367,7 +460,7 @@ impl GpuArbiter {
             core: Mutex::new(Core {
                 bind,
                 gpu: backend,
-                vms: Vec::new(),
+                vms: VmSlots::default(),
                 next_qid: 0,
                 timer_at: None,
                 quarantined: 0,
@@ -458,7 +551,7 @@ impl GpuArbiter {
         if c.stopping {
             return Err(ArbiterError::Stopped);
         }
-        let idx = c.vms.len() as u32;
+        let idx = c.vms.next_handle().ok_or(ArbiterError::Handles)?;
         let h = VgpuHandle(idx);
         let mut fe =
             VgpuFrontEnd::new(h, name, &self.topo, mem.clone(), irq, self.requests.clone())?;
@@ -474,7 +567,7 @@ impl GpuArbiter {
         c.bind.add_vm(VmId(idx), params)?;
         let part = c.bind.scheduler().vm_partition(VmId(idx)).unwrap_or(0);
         c.tele.vm_added(idx, name, &params, part);
-        c.vms.push(VmSlot {
+        c.vms.insert(VmSlot {
             fe: Some(fe.clone()),
             mem: Some(mem),
             queue: [None; NUM_VHQD],
@@ -483,6 +576,7 @@ impl GpuArbiter {
             removed: false,
             guard: VmGuard::new(GuardConfig::default()),
             quarantined: false,
+            forget: false,
         });
         Ok((h, fe))
     }
@@ -518,11 +612,15 @@ impl GpuArbiter {
             .remove_vm(core.gpu.as_mut(), now, VmId(vm.0), &mut out);
         self.deliver(core, out);
         Self::release_if_gone(core, v);
+        core.vms.note_removed(vm.0);
         drop(c);
         let _ = self.requests.kick.write(1);
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut c = lock(&self.core);
-        while (c.vms[v].queue.iter().any(|q| q.is_some())
+        while (c
+            .vms
+            .get(v)
+            .is_some_and(|s| s.queue.iter().any(|q| q.is_some()))
             || !c.calls.is_empty()
             || c.calls_in_flight)
             && Instant::now() < deadline
@@ -543,6 +641,9 @@ impl GpuArbiter {
                 s.fe = None;
                 s.mem = None;
             }
+        }
+        if let Ok(v) = u32::try_from(v) {
+            c.vms.drop_if_gone(v);
         }
     }
 
@@ -811,8 +912,8 @@ impl GpuArbiter {
                 let owner = c
                     .vms
                     .iter()
-                    .position(|s| s.queue.contains(&Some(tag)))
-                    .map(|v| v as u32);
+                    .find(|(_, s)| s.queue.contains(&Some(tag)))
+                    .map(|(v, _)| v);
                 match owner {
                     Some(vm) => self.quarantine(c, vm),
                     None => log::error!("arbiter: host bug handling a GPU event of {tag:?}"),
@@ -1380,7 +1481,6 @@ impl GpuArbiter {
         let guard = c
             .vms
             .iter()
-            .enumerate()
             .map(|(i, s)| {
                 let quarantine =
                     crate::metrics::QuarantineReason::of(s.quarantined, s.guard.trip());
@@ -1388,7 +1488,7 @@ impl GpuArbiter {
                     quarantine,
                     guard_totals: s.guard.totals(),
                 };
-                (i as u32, f)
+                (i, f)
             })
             .collect();
         let ctx = crate::metrics::RenderContext {
@@ -1476,6 +1576,27 @@ impl GpuArbiter {
     /// [`crate::telemetry::RETAINED_REMOVED_VMS`] removed ones.
     pub fn telemetry_vm_count(&self) -> usize {
         lock(&self.core).tele.vm_count()
+    }
+
+    /// Slots in the arbiter's VM table: the live VMs, those whose queues
+    /// are still going, and at most
+    /// [`crate::telemetry::RETAINED_REMOVED_VMS`] removed ones.
+    pub fn vm_slot_count(&self) -> usize {
+        lock(&self.core).vms.len()
+    }
+
+    /// vHQDs of VM `vm` with a queue loaded (`None` once removed or
+    /// unknown).
+    pub fn vm_queue_count(&self, vm: VgpuHandle) -> Option<usize> {
+        let c = lock(&self.core);
+        let s = c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        Some(s.queue.iter().filter(|q| q.is_some()).count())
+    }
+
+    /// Per-VM entries of the binding and the scheduler (see
+    /// [`Binding::vm_entries`]): bounded by the live and draining VMs.
+    pub fn vm_entry_count(&self) -> usize {
+        lock(&self.core).bind.vm_entries()
     }
 }
 

@@ -144,3 +144,57 @@ fn telemetry_of_removed_vms_is_bounded_and_live_vms_are_kept() {
     a.remove_vm(live.handle);
     a.shutdown();
 }
+
+/// A storm of VMs that register and go away (some with a queue loaded and
+/// a kernel in flight) keeps the arbiter's VM table, the binding's and the
+/// scheduler's per-VM entries bounded; handles are never reused, so a
+/// stale one reaches no later VM.
+#[test]
+fn vm_tables_stay_bounded_over_many_add_remove_cycles() {
+    let a = tiny_arbiter();
+    let irqs: Arc<dyn InterruptSink> = Arc::new(ErrorIrqs::default());
+    let live = add_guest(&a, "live", 5, 1 << 24, 16, irqs.clone());
+    let base_entries = a.vm_entry_count();
+    let n = RETAINED_REMOVED_VMS + 400;
+    let mut seen = std::collections::HashSet::new();
+    let mut first = None;
+    let mut max_slots = 0;
+    let mut max_entries = 0;
+    for i in 0..n {
+        let mut g = add_guest(&a, &format!("storm-{i}"), 5, 1 << 24, 16, irqs.clone());
+        assert!(seen.insert(g.handle), "handle {:?} reused", g.handle);
+        first.get_or_insert(g.handle);
+        a.set_preempt_timeout(g.handle, Duration::from_millis(50))
+            .unwrap();
+        if i % 3 == 0 {
+            // A queue with a kernel in flight: removed by a reset.
+            let addr = mqd_addr(&g.q);
+            load_hqd(&g.fe, 0, addr);
+            g.tvm
+                .kernel(&mut g.q, KernelKind::Mark, 2, 64, 1_000_000, 0, true);
+            g.fe.doorbell_eventfd(0).write(1).unwrap();
+        }
+        a.remove_vm(g.handle);
+        max_slots = max_slots.max(a.vm_slot_count());
+        max_entries = max_entries.max(a.vm_entry_count());
+    }
+    // Live + the retained removed ones (+ the one just removed while its
+    // queue drains).
+    assert!(
+        max_slots <= RETAINED_REMOVED_VMS + 2,
+        "{max_slots} slots for 1 live VM after {n} cycles"
+    );
+    assert!(
+        max_entries <= base_entries + 2 * 3,
+        "{max_entries} per-VM entries (1 live VM: {base_entries})"
+    );
+    // The oldest handle is gone for good: steering it is refused.
+    let old = first.unwrap();
+    assert!(a.set_priority(old, 9).is_err());
+    assert!(a.vm_status(old).is_none());
+    // The live VM is untouched.
+    assert_eq!(a.vm_status(live.handle).map(|(p, _)| p.priority), Some(5));
+    a.remove_vm(live.handle);
+    assert_eq!(a.vm_entry_count(), 0);
+    a.shutdown();
+}

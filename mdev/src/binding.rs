@@ -489,7 +489,16 @@ impl<O: Copy> Binding<O> {
             self.mark_removing(q);
         }
         self.tick(gpu, now, out);
+        // Its queues' dequeues were requested with its timeout; the entry
+        // goes with the VM (a fleet that adds and removes VMs stays bounded).
+        self.preempt_timeout.remove(&vm);
         Ok(())
+    }
+
+    /// Per-VM entries the binding holds (preemption timeouts, hang
+    /// histories) beside the scheduler's VMs.
+    pub fn vm_entries(&self) -> usize {
+        self.preempt_timeout.len() + self.hangs.len() + self.sched.vm_count()
     }
 
     fn mark_removing(&mut self, q: QueueId) {
@@ -1486,6 +1495,12 @@ impl<O: Copy> Binding<O> {
                             *e = None;
                         }
                     }
+                }
+                // The scheduler dropped a removed VM with its last queue:
+                // a hang recorded while it drained goes with it.
+                if self.sched.vm_params(r.vm).is_none() {
+                    self.hangs.remove(&r.vm);
+                    self.preempt_timeout.remove(&r.vm);
                 }
                 out.push(Notice::Removed {
                     queue: q,

@@ -577,6 +577,12 @@ impl Scheduler {
         })
     }
 
+    /// VMs the scheduler holds: live ones and removed ones whose queues
+    /// are not all gone yet.
+    pub fn vm_count(&self) -> usize {
+        self.vms.len()
+    }
+
     /// A VM's current parameters (with live changes applied).
     pub fn vm_params(&self, vm: VmId) -> Option<VmParams> {
         self.vms.get(&vm).map(|v| v.params)

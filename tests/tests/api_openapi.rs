@@ -629,6 +629,12 @@ fn the_server_conforms_to_its_openapi_document() {
     for (tpl, item) in d["paths"].as_object().unwrap() {
         for m in ["get", "put", "post", "patch", "delete"] {
             if item.get(m).is_some() {
+                // The vGPU routes succeed under `hqdmux serve` only (here
+                // `GET /vgpus` lists none, the others answer 409): they are
+                // driven against a live `serve` in vmm/tests/vgpu_api.rs.
+                if tpl.starts_with("/api/v1/vgpus") {
+                    continue;
+                }
                 assert!(
                     covered.contains(&(m.to_string(), tpl.clone())),
                     "{m} {tpl} never succeeded"

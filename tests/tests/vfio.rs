@@ -31,6 +31,7 @@ fn serve_child_process() {
         vmm::serve::ServeOptions {
             api_socket: Some(api),
             api_socket_mode: None,
+            vgpu_socket_dir: None,
             stop: Some(stop),
         },
     )

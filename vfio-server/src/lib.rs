@@ -29,6 +29,7 @@
 
 pub mod dma;
 pub mod irq;
+pub mod mmio;
 pub mod wire;
 
 use std::fs::File;
@@ -78,12 +79,25 @@ pub struct ServerOptions {
     /// How long a reply may wait for a client that does not read before
     /// the connection is dropped.
     pub send_timeout: Duration,
+    /// Offer BAR2 (the doorbells) as an mmap-able page and scan it this
+    /// often while the vGPU has a queue loaded ([`mmio`]); `None` (the
+    /// default): BAR2 is reached by REGION_WRITE only. Opt-in because a
+    /// client that takes the page but keeps trapping BAR2 (hqdmux's own
+    /// VMM, which rings over ioeventfd + REGION_WRITE) would pay the scans
+    /// for nothing.
+    pub doorbell_poll: Option<Duration>,
 }
+
+/// The BAR2 scan interval `hqdmux serve` uses for a vGPU with
+/// `doorbell_page = true`, while queues are loaded
+/// (docs/benchmarks.md, "Doorbells over vfio-user": its CPU cost).
+pub const DEFAULT_DOORBELL_POLL: Duration = Duration::from_micros(100);
 
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             send_timeout: Duration::from_secs(2),
+            doorbell_poll: None,
         }
     }
 }
@@ -109,8 +123,12 @@ pub struct ServerStats {
     /// Connections ended by the server (unrecoverable message, a client
     /// that did not read its replies).
     pub dropped: u64,
-    /// Doorbell writes forwarded.
+    /// Doorbell writes forwarded (REGION_WRITE to BAR2).
     pub doorbells: u64,
+    /// Doorbells noticed in the mmapped BAR2 page.
+    pub mmap_doorbells: u64,
+    /// Scans of the mmapped BAR2 page (each a wake-up of its poller).
+    pub bar2_scans: u64,
     /// Resets.
     pub resets: u64,
     /// Registrations with the arbiter (a connection's first message, and
@@ -127,8 +145,32 @@ pub struct VgpuServer {
     stop: EventFd,
     opts: ServerOptions,
     active: Mutex<Option<UnixStream>>,
-    handle: Mutex<Option<VgpuHandle>>,
+    /// The registration lock: the live handle and whether the operator
+    /// paused the vGPU (applied at each registration).
+    handle: Mutex<Registration>,
     stats: Mutex<ServerStats>,
+    poll_stats: Arc<mmio::PollStats>,
+}
+
+/// The vGPU's registration with the arbiter (under one lock with the spec
+/// changes, so that a steer and a (re)connection cannot miss each other).
+#[derive(Clone, Copy, Debug, Default)]
+struct Registration {
+    handle: Option<VgpuHandle>,
+    paused: bool,
+}
+
+/// What [`VgpuServer::with_registration`] hands its closure.
+pub struct Steer<'a> {
+    /// The spec the next registration takes (change it to steer later
+    /// connections too).
+    pub spec: &'a mut VgpuSpec,
+    /// Paused by the operator (applied at each registration).
+    pub paused: &'a mut bool,
+    /// The arbiter's handle while a client is connected.
+    pub handle: Option<VgpuHandle>,
+    /// The arbiter.
+    pub arbiter: &'a Arc<GpuArbiter>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -176,9 +218,15 @@ impl VgpuServer {
             stop,
             opts,
             active: Mutex::new(None),
-            handle: Mutex::new(None),
+            handle: Mutex::new(Registration::default()),
             stats: Mutex::new(ServerStats::default()),
+            poll_stats: Arc::new(mmio::PollStats::default()),
         }))
+    }
+
+    /// The server's options.
+    pub fn options(&self) -> ServerOptions {
+        self.opts
     }
 
     /// The socket path.
@@ -193,12 +241,41 @@ impl VgpuServer {
 
     /// The arbiter's handle of the vGPU while a client is connected.
     pub fn handle(&self) -> Option<VgpuHandle> {
-        *lock(&self.handle)
+        lock(&self.handle).handle
+    }
+
+    /// Paused by the operator.
+    pub fn paused(&self) -> bool {
+        lock(&self.handle).paused
+    }
+
+    /// Runs `f` under the registration lock with the spec, the pause flag
+    /// and the live handle: a change applied to the arbiter through the
+    /// handle and recorded in the spec reaches the current client and
+    /// every later registration, with no connection in between missing it.
+    pub fn with_registration<R>(&self, f: impl FnOnce(Steer<'_>) -> R) -> R {
+        let mut reg = lock(&self.handle);
+        let mut spec = self.spec();
+        let mut paused = reg.paused;
+        let r = f(Steer {
+            spec: &mut spec,
+            paused: &mut paused,
+            handle: reg.handle,
+            arbiter: &self.arbiter,
+        });
+        reg.paused = paused;
+        *lock(&self.spec) = spec;
+        r
     }
 
     /// Counters.
     pub fn stats(&self) -> ServerStats {
-        *lock(&self.stats)
+        use std::sync::atomic::Ordering::Relaxed;
+        ServerStats {
+            mmap_doorbells: self.poll_stats.doorbells.load(Relaxed),
+            bar2_scans: self.poll_stats.scans.load(Relaxed),
+            ..*lock(&self.stats)
+        }
     }
 
     fn count(&self, f: impl FnOnce(&mut ServerStats)) {
@@ -317,7 +394,7 @@ impl VgpuServer {
             log::info!("vgpu {}: client left before its first message", spec.name);
             return Ok(());
         }
-        let mut conn = match Conn::open(self, stream, &spec) {
+        let mut conn = match Conn::open(self, stream) {
             Ok(c) => c,
             Err(e) => {
                 *lock(&self.active) = None;
@@ -356,6 +433,10 @@ struct Conn<'a> {
     cfg: ConfigSpace,
     msix_control: u16,
     log: RateLimiter,
+    /// The mmapped BAR2 page and its poller (when offered).
+    bar2: Option<(Arc<mmio::DoorbellPage>, mmio::Poller)>,
+    /// A fd to send with the next reply (BAR2's region info).
+    reply_fd: Option<RawFd>,
 }
 
 /// The MSI-X message control sits in bytes 2..4 of the capability's first dword.
@@ -368,12 +449,35 @@ fn einval<T>() -> Result<T, u32> {
 }
 
 impl<'a> Conn<'a> {
-    fn open(srv: &'a VgpuServer, stream: UnixStream, spec: &VgpuSpec) -> Result<Self, String> {
+    fn open(srv: &'a VgpuServer, stream: UnixStream) -> Result<Self, String> {
         let mem = Arc::new(MappedMemory::new());
         let irqs = Arc::new(Irqs::new());
-        let (handle, fe) = register(&srv.arbiter, spec, &mem, &irqs)?;
-        srv.count(|s| s.registrations += 1);
-        *lock(&srv.handle) = Some(handle);
+        let (handle, fe) = srv.register(&mem, &irqs)?;
+        let bar2 = match srv.opts.doorbell_poll {
+            Some(interval) => {
+                let page = mmio::DoorbellPage::new().map(Arc::new).and_then(|p| {
+                    mmio::Poller::start(
+                        fe.name(),
+                        p.clone(),
+                        fe.clone(),
+                        interval,
+                        srv.poll_stats.clone(),
+                    )
+                    .map(|poller| (p, poller))
+                });
+                match page {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        log::warn!(
+                            "vgpu {}: BAR2 is not mmap-able on this connection: {e}",
+                            fe.name()
+                        );
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
         Ok(Conn {
             srv,
             stream,
@@ -384,13 +488,19 @@ impl<'a> Conn<'a> {
             cfg: vgpu_config_space(),
             msix_control: 0,
             log: RateLimiter::new(),
+            bar2,
+            reply_fd: None,
         })
     }
 
     /// The client is gone: its queues are released as a dying VM's are.
     fn close(&mut self) {
-        *lock(&self.srv.handle) = None;
+        // The poller stops before the vGPU leaves the arbiter.
+        self.bar2 = None;
+        let mut reg = lock(&self.srv.handle);
+        reg.handle = None;
         self.srv.arbiter.remove_vm(self.handle);
+        drop(reg);
         self.irqs.clear();
         self.mem.unmap_all();
     }
@@ -474,7 +584,43 @@ impl<'a> Conn<'a> {
         let mut buf = Vec::with_capacity(wire::HEADER + body.len());
         buf.extend_from_slice(&h.encode());
         buf.extend_from_slice(body);
-        self.stream.write_all(&buf)
+        let Some(fd) = self.reply_fd.take() else {
+            return self.stream.write_all(&buf);
+        };
+        // The fd rides on the first bytes; the rest (if the socket took a
+        // part only) follows plainly.
+        let mut cbuf = [0u64; 4];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: zeroed msghdr is valid; the pointers set below outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as _;
+        // SAFETY: the control buffer (32 bytes) holds one cmsghdr with one fd.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        }
+        let n = loop {
+            // SAFETY: msg points at live buffers of the lengths it states.
+            let n = unsafe { libc::sendmsg(self.stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        self.stream.write_all(&buf[n..])
     }
 
     fn run(&mut self) -> End {
@@ -498,6 +644,7 @@ impl<'a> Conn<'a> {
             if let Err(e) = self.stream.read_exact(&mut body) {
                 return End::Dropped(format!("read: {e}"));
             }
+            self.reply_fd = None;
             let res = match fds {
                 _ if h.flags & wire::TYPE_MASK != wire::TYPE_COMMAND => einval(),
                 Err(()) => Err(libc::E2BIG as u32),
@@ -530,6 +677,7 @@ impl<'a> Conn<'a> {
     }
 
     fn send_error(&mut self, h: &Header, errno: u32) -> std::io::Result<()> {
+        self.reply_fd = None;
         self.srv.count(|s| s.error_replies += 1);
         let rh = Header {
             id: h.id,
@@ -579,18 +727,40 @@ impl<'a> Conn<'a> {
                     return einval();
                 }
                 let size = region_size(index);
-                let flags = if size > 0 {
+                let mut flags = if size > 0 {
                     wire::REGION_FLAG_READ | wire::REGION_FLAG_WRITE
                 } else {
                     0
                 };
-                let mut r = Vec::with_capacity(32);
-                r.extend_from_slice(&32u32.to_le_bytes());
+                let mmap = index == wire::REGION_BAR2 && self.bar2.is_some();
+                let (argsz, cap_offset) = if mmap {
+                    flags |= wire::REGION_FLAG_MMAP | wire::REGION_FLAG_CAPS;
+                    (wire::REGION_INFO + wire::BAR2_CAPS, wire::REGION_INFO)
+                } else {
+                    (wire::REGION_INFO, 0)
+                };
+                let mut r = Vec::with_capacity(argsz as usize);
+                r.extend_from_slice(&argsz.to_le_bytes());
                 r.extend_from_slice(&flags.to_le_bytes());
                 r.extend_from_slice(&index.to_le_bytes());
-                r.extend_from_slice(&0u32.to_le_bytes());
+                r.extend_from_slice(&cap_offset.to_le_bytes());
                 r.extend_from_slice(&size.to_le_bytes());
                 r.extend_from_slice(&0u64.to_le_bytes());
+                // The capability list (and the page's fd) go to a client
+                // whose argsz has room for them; a smaller one learns the
+                // size it needs (VFIO's two-step query).
+                let room = wire::u32_at(b, 0) >= argsz;
+                if let (true, true, Some((page, poller))) = (mmap, room, &self.bar2) {
+                    r.extend_from_slice(&wire::REGION_CAP_SPARSE_MMAP.to_le_bytes());
+                    r.extend_from_slice(&1u16.to_le_bytes()); // version
+                    r.extend_from_slice(&0u32.to_le_bytes()); // next
+                    r.extend_from_slice(&1u32.to_le_bytes()); // nr_areas
+                    r.extend_from_slice(&0u32.to_le_bytes()); // reserved
+                    r.extend_from_slice(&0u64.to_le_bytes()); // area offset
+                    r.extend_from_slice(&BAR2_SIZE.to_le_bytes()); // area size
+                    self.reply_fd = Some(page.fd());
+                    poller.arm();
+                }
                 Ok(r)
             }
             cmd::DEVICE_GET_IRQ_INFO => {
@@ -751,18 +921,19 @@ impl<'a> Conn<'a> {
     /// (they are the VMM's, not the guest's).
     fn reset(&mut self) -> Result<(), u32> {
         self.srv.count(|s| s.resets += 1);
-        *lock(&self.srv.handle) = None;
+        let mut reg = lock(&self.srv.handle);
+        reg.handle = None;
         self.srv.arbiter.remove_vm(self.handle);
-        let spec = self.srv.spec();
-        let (handle, fe) =
-            register(&self.srv.arbiter, &spec, &self.mem, &self.irqs).map_err(|e| {
-                log::warn!("vgpu {}: reset: {e}", spec.name);
-                libc::EIO as u32
-            })?;
-        self.srv.count(|s| s.registrations += 1);
+        drop(reg);
+        let (handle, fe) = self.srv.register(&self.mem, &self.irqs).map_err(|e| {
+            log::warn!("vgpu {}: reset: {e}", self.srv.spec().name);
+            libc::EIO as u32
+        })?;
         self.handle = handle;
+        if let Some((_, poller)) = &self.bar2 {
+            poller.reset(fe.clone());
+        }
         self.fe = fe;
-        *lock(&self.srv.handle) = Some(handle);
         self.cfg = vgpu_config_space();
         self.msix_control = 0;
         Ok(())
@@ -832,7 +1003,11 @@ impl<'a> Conn<'a> {
             }
             wire::REGION_BAR0 if offset < REGS_SIZE => match <[u8; 4]>::try_from(data) {
                 Ok(b) if offset.is_multiple_of(4) => {
-                    self.fe.reg_write(offset, u32::from_le_bytes(b))
+                    self.fe.reg_write(offset, u32::from_le_bytes(b));
+                    if let Some((_, poller)) = &self.bar2 {
+                        // A queue may have been loaded: the poller looks.
+                        poller.kick();
+                    }
                 }
                 _ => self.fe.guest_log(
                     log::Level::Warn,
@@ -854,6 +1029,29 @@ impl<'a> Conn<'a> {
             }
             _ => {}
         }
+    }
+}
+
+impl VgpuServer {
+    /// Registers the vGPU with the arbiter under the registration lock:
+    /// the current spec, paused if the operator paused it.
+    fn register(
+        &self,
+        mem: &Arc<MappedMemory>,
+        irqs: &Arc<Irqs>,
+    ) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), String> {
+        let mut reg = lock(&self.handle);
+        let spec = self.spec();
+        let (h, fe) = register(&self.arbiter, &spec, mem, irqs)?;
+        if reg.paused {
+            if let Err(e) = self.arbiter.pause_vm(h) {
+                self.arbiter.remove_vm(h);
+                return Err(e.to_string());
+            }
+        }
+        reg.handle = Some(h);
+        self.count(|s| s.registrations += 1);
+        Ok((h, fe))
     }
 }
 

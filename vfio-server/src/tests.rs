@@ -400,6 +400,7 @@ fn a_client_that_stops_reading_loses_its_connection_and_nothing_else() {
     let a = tiny_arbiter();
     let opts = ServerOptions {
         send_timeout: Duration::from_millis(50),
+        ..Default::default()
     };
     let stuck = serve(&a, "stuck", 8, opts);
     let good = serve(&a, "ok", 8, opts);
@@ -528,3 +529,175 @@ fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
 }
 
 mod hostile;
+
+/// A storm of clients that each send one byte and disconnect: every one
+/// registers (its byte is a first message) and is removed, and the
+/// arbiter's tables stay bounded by the retained removed VMs (a count, not
+/// a time).
+#[test]
+fn a_storm_of_one_byte_clients_keeps_the_arbiters_tables_bounded() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "storm", 3, ServerOptions::default());
+    let n = mdev::telemetry::RETAINED_REMOVED_VMS as u64 + 200;
+    let mut most = 0;
+    for i in 0..n {
+        let mut s = UnixStream::connect(srv.path()).unwrap();
+        s.write_all(&[0]).unwrap();
+        drop(s);
+        // The server serves one connection at a time: the previous one
+        // is closed (and its vGPU removed) before the next registers.
+        wait("registered", || srv.stats().registrations > i);
+        most = most.max(a.vm_slot_count());
+    }
+    wait("last one removed", || srv.handle().is_none());
+    assert_eq!(srv.stats().registrations, n);
+    assert!(
+        most <= mdev::telemetry::RETAINED_REMOVED_VMS + 2,
+        "{most} arbiter slots after {n} one-byte clients"
+    );
+    assert_eq!(a.vm_entry_count(), 0, "no scheduler or binding entry left");
+    assert!(a.telemetry_vm_count() <= mdev::telemetry::RETAINED_REMOVED_VMS);
+    srv.stop();
+}
+
+/// A steer and a pause made while no client is connected reach the next
+/// registration; made while one is, they apply at once and stay for the
+/// next.
+#[test]
+fn steering_and_pause_outlive_a_connection() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "steer", 3, ServerOptions::default());
+    srv.with_registration(|s| {
+        assert!(s.handle.is_none());
+        s.spec.params.priority = 9;
+        *s.paused = true;
+    });
+    let mut g = Guest::attach(srv.path(), a.topology());
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    let h = srv.handle().unwrap();
+    assert_eq!(a.vm_status(h).unwrap().0.priority, 9);
+    assert_eq!(a.vm_controls(h).map(|c| c.0), Some(true), "paused");
+    srv.with_registration(|s| {
+        let h = s.handle.unwrap();
+        s.arbiter.set_weight(h, 7).unwrap();
+        s.spec.params.weight = 7;
+        s.arbiter.resume_vm(h).unwrap();
+        *s.paused = false;
+    });
+    assert_eq!(a.vm_status(h).unwrap().0.weight, 7);
+    drop(g);
+    wait("released", || srv.handle().is_none());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    let h2 = srv.handle().unwrap();
+    assert_ne!(h, h2);
+    let (p, _) = a.vm_status(h2).unwrap();
+    assert_eq!((p.priority, p.weight), (9, 7));
+    assert_eq!(a.vm_controls(h2).map(|c| c.0), Some(false));
+    srv.stop();
+}
+
+/// The client's mapping of BAR2 (what a VMM maps into the guest).
+struct MappedBar2 {
+    ptr: *mut u64,
+}
+
+impl MappedBar2 {
+    fn of(client: &vfio_user::Client) -> MappedBar2 {
+        let r = client.region(wire::REGION_BAR2).expect("BAR2");
+        assert_ne!(r.flags & wire::REGION_FLAG_MMAP, 0, "BAR2 is mmap-able");
+        assert_eq!(r.sparse_areas.len(), 1);
+        assert_eq!(
+            (r.sparse_areas[0].offset, r.sparse_areas[0].size),
+            (0, BAR2_SIZE)
+        );
+        let fo = r.file_offset.as_ref().expect("the page's fd");
+        // SAFETY: maps the server's sealed BAR2_SIZE memfd, shared.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BAR2_SIZE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fo.file().as_raw_fd(),
+                fo.start() as libc::off_t,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        MappedBar2 { ptr: p.cast() }
+    }
+
+    /// A guest store to doorbell `i` (no exit, no message).
+    fn ring(&self, i: usize, wptr: u64) {
+        assert!(i < abi::vgpu::NUM_VHQD);
+        // SAFETY: inside the mapped page.
+        unsafe { std::ptr::write_volatile(self.ptr.add(i), wptr) }
+    }
+}
+
+impl Drop for MappedBar2 {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`.
+        unsafe { libc::munmap(self.ptr.cast(), BAR2_SIZE as usize) };
+    }
+}
+
+/// BAR2 offered as a sparse-mmap page: doorbells stored in it run the
+/// kernels exactly once with no BAR2 message; the poller scans nothing
+/// while no queue is loaded; a reset forgets the old values; a client
+/// without the option keeps the REGION_WRITE path.
+#[test]
+fn doorbells_stored_in_the_mmapped_bar2_page_run_kernels_without_a_message() {
+    let a = tiny_arbiter();
+    let srv = serve(
+        &a,
+        "mmap",
+        5,
+        ServerOptions {
+            doorbell_poll: Some(DEFAULT_DOORBELL_POLL),
+            ..Default::default()
+        },
+    );
+    let mut g = Guest::attach(srv.path(), a.topology());
+    let bar2 = MappedBar2::of(&g.client);
+    // Handed out, nothing loaded: register traffic wakes the poller, which
+    // finds no queue and scans nothing.
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    g.wr(hqd_reg(1, reg::CP_HQD_ERROR), 0);
+    assert_eq!(srv.stats().bar2_scans, 0);
+    g.load(0);
+    let w = g.kernel(4, 10_000, 1);
+    bar2.ring(0, w);
+    wait("kernel", || g.done());
+    let w = g.kernel(4, 10_000, 2);
+    bar2.ring(0, w);
+    wait("second kernel", || g.done());
+    g.tvm.verify(&g.q).unwrap();
+    let s = srv.stats();
+    assert_eq!(s.doorbells, 0, "no BAR2 message");
+    assert!(s.mmap_doorbells >= 2, "{s:?}");
+    assert!(s.bar2_scans >= 1);
+    // A reset zeroes the page; the old values raise nothing.
+    g.client.reset().unwrap();
+    let before = srv.stats().mmap_doorbells;
+    g.load(0);
+    g.wr(hqd_reg(1, reg::CP_HQD_ERROR), 0);
+    assert_eq!(srv.stats().mmap_doorbells, before);
+    drop(bar2);
+    drop(g);
+    srv.stop();
+
+    // Without the option (the default): no MMAP flag, doorbells by message.
+    let srv = serve(&a, "nommap", 5, ServerOptions::default());
+    let mut g = Guest::attach(srv.path(), a.topology());
+    let r = g.client.region(wire::REGION_BAR2).unwrap();
+    assert_eq!(r.flags & wire::REGION_FLAG_MMAP, 0);
+    assert!(r.file_offset.is_none() && r.sparse_areas.is_empty());
+    g.load(0);
+    let w = g.kernel(4, 10_000, 3);
+    g.ring(0, w);
+    wait("kernel", || g.done());
+    assert_eq!(srv.stats().doorbells, 1);
+    assert_eq!(srv.stats().bar2_scans, 0);
+    srv.stop();
+}

@@ -76,6 +76,17 @@ pub const NUM_REGIONS: u32 = 9;
 pub const REGION_FLAG_READ: u32 = 1 << 0;
 /// `vfio_region_info.flags`: writable.
 pub const REGION_FLAG_WRITE: u32 = 1 << 1;
+/// `vfio_region_info.flags`: mmap-able (the reply carries the fd).
+pub const REGION_FLAG_MMAP: u32 = 1 << 2;
+/// `vfio_region_info.flags`: a capability list follows.
+pub const REGION_FLAG_CAPS: u32 = 1 << 3;
+/// Region capability id: sparse mmap areas.
+pub const REGION_CAP_SPARSE_MMAP: u16 = 1;
+/// `vfio_region_info` bytes (the capability list starts after it).
+pub const REGION_INFO: u32 = 32;
+/// The BAR2 reply's capability list: header (8), sparse header (8), one
+/// area (16).
+pub const BAR2_CAPS: u32 = 32;
 
 /// VFIO PCI IRQ index of MSI-X.
 pub const IRQ_MSIX: u32 = 2;

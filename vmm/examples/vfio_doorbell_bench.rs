@@ -25,8 +25,17 @@
 //!    an idle host thread sampled during it (as doorbell_bench's
 //!    `guest_detect_p99_ratio`, which is the in-process figure).
 //!
-//! `cargo run --release -p hqdmux --example vfio_doorbell_bench [N=2000] [ROUNDS=20] [JOBS=100] [SAMPLES=5000]`
-//! Last line: `vfio_doorbell_ratio=R vfio_vs_socket=S vfio_detect_p99_ratio=D`.
+//! 4. The mmapped BAR2 doorbell (host side: a vfio-user client with guest
+//!    RAM and one queue, as a VMM that maps BAR2 into its guest): per
+//!    kernel, the doorbell is either a REGION_WRITE (socket) or a store to
+//!    the mapped page, alternately; store -> the arbiter having served the
+//!    doorbell (its observer). `mmap_detect_p50_ratio` = page p50 / socket
+//!    p50. Then the poller's CPU cost: the process's CPU time over 1 s with
+//!    a queue loaded and idle, with the page (scanned every
+//!    `vfio_server::DEFAULT_DOORBELL_POLL`) and without (no poller).
+//!
+//! `cargo run --release -p hqdmux --example vfio_doorbell_bench [N=2000] [ROUNDS=20] [JOBS=100] [SAMPLES=5000] [KERNELS=400]`
+//! Last line: `vfio_doorbell_ratio=R vfio_vs_socket=S vfio_detect_p99_ratio=D mmap_detect_p50_ratio=M poll_cpu_pct=C`.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -247,6 +256,211 @@ fn floor(until: Arc<AtomicBool>) -> Vec<f64> {
     out
 }
 
+/// A vfio-user client with guest RAM (a memfd it DMA-maps) and one queue
+/// loaded on vHQD 0, as a VMM and its guest.
+struct HostGuest {
+    client: vfio_user::Client,
+    tvm: gpusim::sim::testkit::TestVm,
+    q: gpusim::sim::testkit::GuestQueue,
+    bar2: Option<*mut u64>,
+}
+
+impl HostGuest {
+    fn attach(path: &Path, topo: &gpu::topology::GpuTopology) -> HostGuest {
+        use gpu::mem::DmaMemory;
+        use std::os::fd::FromRawFd;
+        use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+        const MEM: u64 = 4 << 30; // sparse: only what the queue touches is backed
+        let mut client = vfio_user::Client::new(path).expect("client");
+        // SAFETY: a valid C string; the fd returned is ours.
+        let fd = unsafe { libc::memfd_create(c"bench-ram".as_ptr(), 0) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh fd owned by nobody else.
+        let ram = unsafe { std::fs::File::from_raw_fd(fd) };
+        ram.set_len(MEM).unwrap();
+        client.dma_map(0, 0, MEM, ram.as_raw_fd()).unwrap();
+        let gm = GuestMemoryMmap::<()>::from_ranges_with_files([(
+            GuestAddress(0),
+            MEM as usize,
+            Some(FileOffset::new(ram, 0)),
+        )])
+        .unwrap();
+        let mem: Arc<dyn DmaMemory> = Arc::new(gm);
+        let mut tvm = gpusim::sim::testkit::TestVm::with_memory(mem.clone(), 0x10_0000);
+        let q = tvm.queue(topo, 1024, 0);
+        let mqd = mdev::probe::mqd_addr(&q);
+        mem.write(mqd, &q.mqd.to_bytes()).unwrap();
+        let bar2 = client.region(2).and_then(|r| {
+            let fo = r.file_offset.as_ref()?;
+            // SAFETY: maps the server's sealed one-page memfd, shared.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fo.file().as_raw_fd(),
+                    fo.start() as libc::off_t,
+                )
+            };
+            (p != libc::MAP_FAILED).then_some(p.cast::<u64>())
+        });
+        let mut g = HostGuest {
+            client,
+            tvm,
+            q,
+            bar2,
+        };
+        let reg = |r: usize| (abi::vgpu::reg::HQD_BASE + r) as u64;
+        g.wr(reg(abi::vgpu::reg::CP_MQD_BASE_ADDR), mqd as u32);
+        g.wr(reg(abi::vgpu::reg::CP_MQD_BASE_ADDR_HI), (mqd >> 32) as u32);
+        g.wr(reg(abi::vgpu::reg::CP_HQD_ACTIVE), 1);
+        g
+    }
+
+    fn wr(&mut self, off: u64, v: u32) {
+        self.client.region_write(0, off, &v.to_le_bytes()).unwrap();
+    }
+
+    /// Writes one short kernel; its write index.
+    fn kernel(&mut self, seed: u32) -> u64 {
+        self.tvm.kernel(
+            &mut self.q,
+            abi::kernel::KernelKind::Mark,
+            1,
+            64,
+            2_000,
+            seed,
+            true,
+        )
+    }
+
+    fn done(&self) -> bool {
+        let s = *self.q.signals.last().unwrap();
+        (self
+            .tvm
+            .mem
+            .read_u64(s + abi::queue::AMD_SIGNAL_VALUE as u64)
+            .unwrap() as i64)
+            <= 0
+    }
+}
+
+/// The process's CPU time (user + system).
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct we own.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// Section 4: (socket detection us, page detection us, poll CPU % of a
+/// core, scans per second).
+fn mmap_doorbells(m: &Arc<GpuArbiter>, kernels: u64) -> (Vec<f64>, Vec<f64>, f64, f64) {
+    let srv = VgpuServer::bind(
+        &sock_path("mmap"),
+        VgpuSpec {
+            name: "mmap".into(),
+            params: Default::default(),
+            preempt_timeout: Duration::from_secs(9),
+            guard: Default::default(),
+            quantum: None,
+        },
+        m.clone(),
+        ServerOptions {
+            doorbell_poll: Some(vfio_server::DEFAULT_DOORBELL_POLL),
+            ..Default::default()
+        },
+    )
+    .expect("bind");
+    srv.spawn().expect("serve");
+    let mut g = HostGuest::attach(srv.path(), m.topology());
+    let bar2 = g.bar2.expect("BAR2 offered as a page");
+    let h = srv.handle().expect("registered");
+    let seen: Arc<Mutex<Vec<DoorbellSeen>>> = Arc::default();
+    let s2 = seen.clone();
+    m.set_doorbell_observer(Some(Arc::new(move |d: DoorbellSeen| {
+        if d.vm == h {
+            s2.lock().unwrap().push(d)
+        }
+    })));
+    let (mut sock, mut page) = (Vec::new(), Vec::new());
+    for k in 0..kernels {
+        let w = g.kernel(k as u32);
+        seen.lock().unwrap().clear();
+        let t0 = Instant::now();
+        if k % 2 == 0 {
+            g.client.region_write(2, 0, &w.to_le_bytes()).unwrap();
+        } else {
+            // SAFETY: doorbell 0 of the mapped page.
+            unsafe { std::ptr::write_volatile(bar2, w) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let at = loop {
+            if let Some(d) = seen.lock().unwrap().iter().find(|d| d.at > t0) {
+                break d.at;
+            }
+            assert!(Instant::now() < deadline, "doorbell {k} not served");
+            std::hint::spin_loop();
+        };
+        let us = (at - t0).as_secs_f64() * 1e6;
+        if k % 2 == 0 {
+            sock.push(us);
+        } else {
+            page.push(us);
+        }
+        while !g.done() {
+            assert!(Instant::now() < deadline, "kernel {k} did not complete");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    g.tvm.verify(&g.q).expect("every kernel exactly once");
+    m.set_doorbell_observer(None);
+    // The poller's cost: 1 s idle with the queue loaded, against the same
+    // second with a vGPU whose BAR2 is not a page.
+    let idle = |what: &str| {
+        let c0 = cpu_time();
+        std::thread::sleep(Duration::from_secs(1));
+        let c = (cpu_time() - c0).as_secs_f64();
+        println!(
+            "  CPU time over 1 s idle, queue loaded, {what}: {:.1} ms",
+            c * 1e3
+        );
+        c
+    };
+    let scans0 = srv.stats().bar2_scans;
+    let with = idle("BAR2 page polled");
+    let scans = (srv.stats().bar2_scans - scans0) as f64;
+    drop(g);
+    srv.stop();
+    let plain = VgpuServer::bind(
+        &sock_path("nopage"),
+        VgpuSpec {
+            name: "nopage".into(),
+            params: Default::default(),
+            preempt_timeout: Duration::from_secs(9),
+            guard: Default::default(),
+            quantum: None,
+        },
+        m.clone(),
+        ServerOptions::default(),
+    )
+    .expect("bind");
+    plain.spawn().expect("serve");
+    let g = HostGuest::attach(plain.path(), m.topology());
+    assert!(g.bar2.is_none());
+    let without = idle("no page");
+    drop(g);
+    plain.stop();
+    (sock, page, (with - without).max(0.0) * 100.0, scans)
+}
+
+fn sock_path(tag: &str) -> PathBuf {
+    sock(tag)
+}
+
 fn main() {
     if !vmm::kvm_available() {
         eprintln!("vfio_doorbell_bench: /dev/kvm is not available");
@@ -259,6 +473,7 @@ fn main() {
             .unwrap_or(d)
     };
     let (n, rounds, jobs, samples) = (arg(1, 2000), arg(2, 20), arg(3, 100), arg(4, 5000));
+    let kernels = arg(5, 400);
     let cfg = FleetConfig::parse(&vm("x", "gpu", 0, "true", ""), Path::new("/")).unwrap();
     let m = start_arbiter(&cfg).expect("arbiter");
 
@@ -370,6 +585,21 @@ fn main() {
     host_srv.stop();
     a_srv.stop();
     inf_srv.stop();
+    drop(seen);
+
+    // 4. The mmapped BAR2 doorbell.
+    let (mut ds, mut dp, poll_cpu, scans) = mmap_doorbells(&m, kernels);
+    let (s50, s99, p50, p99) = (
+        pct(&mut ds, 0.5),
+        pct(&mut ds, 0.99),
+        pct(&mut dp, 0.5),
+        pct(&mut dp, 0.99),
+    );
+    println!(
+        "doorbell -> arbiter served ({} kernels each): REGION_WRITE p50 {s50:.1} us p99 {s99:.1} us; mmapped BAR2 page (poll every {} us) p50 {p50:.1} us p99 {p99:.1} us; poller {scans:.0} scans/s, {poll_cpu:.1}% of a core while a queue is loaded",
+        ds.len(),
+        vfio_server::DEFAULT_DOORBELL_POLL.as_micros()
+    );
     m.shutdown();
     println!(
         "load average at the end: {}",
@@ -378,7 +608,8 @@ fn main() {
             .trim()
     );
     println!(
-        "vfio_doorbell_ratio={ratio:.1} vfio_vs_socket={vs_socket:.2} vfio_detect_p99_ratio={:.2}",
-        d99 / f99
+        "vfio_doorbell_ratio={ratio:.1} vfio_vs_socket={vs_socket:.2} vfio_detect_p99_ratio={:.2} mmap_detect_p50_ratio={:.2} poll_cpu_pct={poll_cpu:.1}",
+        d99 / f99,
+        p50 / s50
     );
 }

@@ -16,6 +16,7 @@
 //! | `POST /api/v1/vms/{name}/clear-quarantine` | lift its guard quarantine (200 with the view and `was_quarantined`) |
 //! | `GET /api/v1/timeline?seconds=N&format=json\|svg&gpu_id=G` | GPU G's (default: the first with VMs) HQD-slot timeline of the last N (1..=120) s |
 //! | `GET /metrics` | Prometheus text exposition of every GPU (each series labelled with its `gpu_id`) |
+//! | `/api/v1/vgpus...` | the vGPUs of `hqdmux serve`, each on its GPU's arbiter ([`vgpus`]) |
 //!
 //! Every error is `{"error": "..."}` with a 4xx status naming the VM, the
 //! field and the reason, and changes nothing. A request is read whole into
@@ -24,11 +25,12 @@
 //! ([`ApiError::status`]).
 
 pub mod types;
+pub mod vgpus;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use mdev::arbiter::GpuArbiter;
@@ -152,6 +154,8 @@ pub struct FleetControl {
     inner: Mutex<Inner>,
     started: Instant,
     config_path: PathBuf,
+    /// The vGPUs of `hqdmux serve` (`/api/v1/vgpus`); unset in `run`.
+    vgpus: OnceLock<Arc<vgpus::VgpuControl>>,
 }
 
 impl FleetControl {
@@ -182,6 +186,7 @@ impl FleetControl {
             }),
             started: Instant::now(),
             config_path: cfg.base_dir.join("(api)"),
+            vgpus: OnceLock::new(),
         }
     }
 
@@ -199,6 +204,12 @@ impl FleetControl {
     /// fleet's GPUs, or its GPU not started).
     fn arb_of(&self, c: &VmConfig) -> Option<&Arc<GpuArbiter>> {
         self.gpus.of(c.gpu_id.filter(|_| c.gpu))
+    }
+
+    /// Serves `/api/v1/vgpus` over `v` (`hqdmux serve`; a second call
+    /// changes nothing).
+    pub fn set_vgpus(&self, v: Arc<vgpus::VgpuControl>) {
+        let _ = self.vgpus.set(v);
     }
 
     /// Connects the fleet's command channel (stop, add): commands are sent
@@ -371,6 +382,9 @@ impl FleetControl {
     /// Samples every live VM's GPU time: the share of its GPU's time
     /// (summed over that GPU's VMs) each got since the previous sample.
     pub fn sample(&self) {
+        if let Some(v) = self.vgpus.get() {
+            v.sample();
+        }
         let mut inner = self.lock();
         if self.gpus.started().next().is_none() {
             return;
@@ -532,6 +546,20 @@ impl FleetControl {
             ("GET", ["fleet"]) => ok(Ok(self.fleet())),
             ("POST", ["vms", name, "clear-quarantine"]) => ok(self.clear_quarantine(name)),
             ("GET", ["timeline"]) => self.timeline(&req),
+            ("GET", ["vgpus"]) => ok(Ok(self.vgpus.get().map(|v| v.list()).unwrap_or_default())),
+            ("POST", ["vgpus"]) => self
+                .vgpus()
+                .and_then(|v| v.create(&req))
+                .map(|v| Response::json(201, &v)),
+            ("GET", ["vgpus", name]) => ok(self.vgpus().and_then(|v| v.get(name))),
+            ("PATCH", ["vgpus", name]) => ok(self.vgpus().and_then(|v| v.patch(name, &req))),
+            ("DELETE", ["vgpus", name]) => ok(self.vgpus().and_then(|v| v.remove(name))),
+            ("POST", ["vgpus", name, "pause"]) => {
+                ok(self.vgpus().and_then(|v| v.pause(name, true)))
+            }
+            ("POST", ["vgpus", name, "resume"]) => {
+                ok(self.vgpus().and_then(|v| v.pause(name, false)))
+            }
             (_, p) => Err(match allowed(p) {
                 Some(allow) => ApiError::Method {
                     method: m.to_owned(),
@@ -542,6 +570,13 @@ impl FleetControl {
             }),
         };
         reply.send(r.unwrap_or_else(Response::from))
+    }
+
+    /// The vGPUs, or 409 where this process serves none (`hqdmux run`).
+    fn vgpus(&self) -> Result<&Arc<vgpus::VgpuControl>, ApiError> {
+        self.vgpus.get().ok_or_else(|| {
+            ApiError::Conflict("vgpus: this process serves no vGPUs (`hqdmux serve` does)".into())
+        })
     }
 
     fn list(&self) -> VmList {
@@ -851,6 +886,12 @@ impl FleetControl {
                 }
             }
         }
+        drop(inner);
+        if let Some(v) = self.vgpus.get() {
+            for (h, st) in v.vm_states(gpu_id) {
+                info.vm_states.insert(h.0, st);
+            }
+        }
         info
     }
 
@@ -1058,6 +1099,9 @@ fn allowed(p: &[&str]) -> Option<&'static str> {
         ["policy"] => Some("GET, PUT"),
         ["fleet"] | ["timeline"] => Some("GET"),
         ["vms", _, "clear-quarantine"] => Some("POST"),
+        ["vgpus"] => Some("GET, POST"),
+        ["vgpus", _] => Some("GET, PATCH, DELETE"),
+        ["vgpus", _, "pause" | "resume"] => Some("POST"),
         _ => None,
     }
 }

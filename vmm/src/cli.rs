@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::api::types::{
     ErrorBody, FleetView, PolicyChange, PolicyName, PolicyView, PreemptTimeoutMs, Priority,
-    PromiseView, QuantumMs, VmList, VmUpdate, VmView, Weight,
+    PromiseView, QuantumMs, VgpuCreate, VgpuList, VgpuView, VmList, VmUpdate, VmView, Weight,
 };
 use mdev::promise::{check_window, Demand, Verdict, WindowSample};
 
@@ -393,11 +393,137 @@ fn print_json<T: serde::Serialize>(v: &T) -> ExitCode {
     ))
 }
 
-/// `hqdmux ps`.
+/// `hqdmux ps`: the VMs, then the vGPUs `hqdmux serve` serves (if any).
 pub fn ps(socket: &Path, as_json: bool) -> ExitCode {
-    match call_as::<VmList>("ps", socket, "GET", "/vms", None) {
+    let vms = match call_as::<VmList>("ps", socket, "GET", "/vms", None) {
+        Ok(v) => v,
+        Err(c) => return c,
+    };
+    let vgpus = vgpu_list(socket);
+    if as_json {
+        #[derive(serde::Serialize)]
+        struct Ps {
+            vms: Vec<VmView>,
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            vgpus: Vec<VgpuView>,
+        }
+        return print_json(&Ps {
+            vms: vms.vms,
+            vgpus: vgpus.vgpus,
+        });
+    }
+    if vgpus.vgpus.is_empty() {
+        return done(out!("{}", table(&vms.vms)));
+    }
+    if vms.vms.is_empty() {
+        // `hqdmux serve`: vGPUs only.
+        return done(out!("{}", vgpu_table(&vgpus.vgpus)));
+    }
+    done(out!("{}\n{}", table(&vms.vms), vgpu_table(&vgpus.vgpus)))
+}
+
+/// The vGPUs of the server at `socket` (none when it serves none or is an
+/// older server without `/vgpus`).
+fn vgpu_list(socket: &Path) -> VgpuList {
+    let target = format!("{}/vgpus", crate::api::PREFIX);
+    match crate::http::call(socket, "GET", &target, None) {
+        Ok((200, b)) => serde_json::from_slice(&b).unwrap_or_default(),
+        _ => VgpuList::default(),
+    }
+}
+
+/// True when the server at `socket` serves a vGPU named `name` (then
+/// `set`, `pause` and `resume` steer it).
+fn is_vgpu(socket: &Path, name: &str) -> bool {
+    let target = format!("{}/vgpus/{}", crate::api::PREFIX, encode_segment(name));
+    matches!(
+        crate::http::call(socket, "GET", &target, None),
+        Ok((200, _))
+    )
+}
+
+/// The `ps` table of vGPU views (`hqdmux serve`).
+pub fn vgpu_table(vgpus: &[VgpuView]) -> String {
+    let mut s = format!(
+        "{:<16} {:<9} {:>3} {:>6} {:>4} {:>6} {:>8} {:>6} {:>11} {:>6} {:>7} {:>8} {:>8} {:>6}  {}\n",
+        "vgpu",
+        "state",
+        "gpu",
+        "paused",
+        "prio",
+        "weight",
+        "slice_ms",
+        "queues",
+        "gpu_time_ms",
+        "share",
+        "preempt",
+        "p50_ms",
+        "p99_ms",
+        "qerr",
+        "socket"
+    );
+    for v in vgpus {
+        let share = v
+            .share
+            .map(|x| format!("{:.1}%", x * 100.0))
+            .unwrap_or_else(|| "-".into());
+        s += &format!(
+            "{:<16} {:<9} {:>3} {:>6} {:>4} {:>6} {:>8} {:>6} {:>11} {:>6} {:>7} {:>8} {:>8} {:>6}  {}\n",
+            escape(&v.name),
+            v.state.name(),
+            v.gpu_id,
+            if v.paused { "yes" } else { "no" },
+            v.priority,
+            v.weight,
+            num(v.quantum_ms, 1),
+            opt(v.queues),
+            num(v.gpu_time_ms, 2),
+            share,
+            opt(v.preemptions),
+            latency(v.latency_p50_ms, v.latency_limit_ms),
+            latency(v.latency_p99_ms, v.latency_limit_ms),
+            opt(v.queue_errors),
+            escape(&v.socket),
+        );
+    }
+    s
+}
+
+/// `hqdmux vgpu-add NAME ...`.
+pub fn vgpu_add(socket: &Path, body: &VgpuCreate, as_json: bool) -> ExitCode {
+    one_vgpu(
+        "vgpu-add",
+        socket,
+        "POST",
+        "/vgpus",
+        json_body(body),
+        as_json,
+    )
+}
+
+/// `hqdmux vgpu-rm NAME`.
+pub fn vgpu_rm(socket: &Path, name: &str, as_json: bool) -> ExitCode {
+    one_vgpu(
+        "vgpu-rm",
+        socket,
+        "DELETE",
+        &format!("/vgpus/{}", encode_segment(name)),
+        None,
+        as_json,
+    )
+}
+
+fn one_vgpu(
+    cmd: &str,
+    socket: &Path,
+    method: &str,
+    target: &str,
+    body: Option<(&str, Vec<u8>)>,
+    as_json: bool,
+) -> ExitCode {
+    match call_as::<VgpuView>(cmd, socket, method, target, body) {
         Ok(v) if as_json => print_json(&v),
-        Ok(v) => done(out!("{}", table(&v.vms))),
+        Ok(v) => done(out!("{}", vgpu_table(std::slice::from_ref(&v)))),
         Err(c) => c,
     }
 }
@@ -660,6 +786,16 @@ pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
         eprintln!("hqdmux set: nothing to change (--priority, --weight, --quantum-ms, --preempt-timeout-ms)");
         return ExitCode::from(EXIT_UNREACHABLE);
     }
+    if is_vgpu(socket, vm) {
+        return one_vgpu(
+            "set",
+            socket,
+            "PATCH",
+            &format!("/vgpus/{}", encode_segment(vm)),
+            json_body(&body),
+            as_json,
+        );
+    }
     one_vm(
         "set",
         socket,
@@ -672,6 +808,16 @@ pub fn set(socket: &Path, vm: &str, f: SetFields, as_json: bool) -> ExitCode {
 
 /// `hqdmux pause|resume|stop VM`.
 pub fn vm_action(socket: &Path, action: &str, vm: &str, as_json: bool) -> ExitCode {
+    if action != "stop" && is_vgpu(socket, vm) {
+        return one_vgpu(
+            action,
+            socket,
+            "POST",
+            &format!("/vgpus/{}/{action}", encode_segment(vm)),
+            None,
+            as_json,
+        );
+    }
     one_vm(
         action,
         socket,

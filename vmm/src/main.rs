@@ -103,13 +103,18 @@ enum Command {
         /// (name, socket, priority, weight, partition, quantum_ms,
         /// preempt_timeout_ms, guard).
         config: PathBuf,
-        /// Serve the operator API (metrics, timeline, stats, policy) on this
-        /// Unix socket; without PATH, on the default socket (as `run`).
+        /// Serve the operator API (metrics, timeline, stats, policy, vGPUs
+        /// created, steered and removed live) on this Unix socket; without
+        /// PATH, on the default socket (as `run`).
         #[arg(long, value_name = "PATH")]
         api_socket: Option<Option<PathBuf>>,
         /// Permission bits of the API socket file, octal.
         #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = parse_mode)]
         api_socket_mode: u32,
+        /// Directory of the sockets of vGPUs created over the API (default:
+        /// the API socket's directory); a socket outside it is refused.
+        #[arg(long, value_name = "DIR")]
+        vgpu_socket_dir: Option<PathBuf>,
     },
     /// List the VMs of a running fleet: state, priority, weight, slice, GPU
     /// time, share of the last interval, preemptions, CWSR time, outcome.
@@ -173,6 +178,46 @@ enum Command {
         /// TOML file with one `[[vm]]` entry (as in a fleet config).
         file: PathBuf,
     },
+    /// Create a vGPU on a running `hqdmux serve` (`POST /api/v1/vgpus`);
+    /// prints it with its vfio-user socket. Exits 1 if refused (name taken,
+    /// socket outside the vGPU socket directory or in use).
+    VgpuAdd {
+        #[command(flatten)]
+        c: ClientArgs,
+        /// vGPU name.
+        name: String,
+        /// Socket: a file name in the daemon's vGPU socket directory, or a
+        /// path directly inside it (default NAME.sock there).
+        #[arg(long)]
+        socket: Option<String>,
+        /// GPU priority 0..=15 (higher wins).
+        #[arg(long, value_parser = ranged::<Priority>)]
+        priority: Option<Priority>,
+        /// Weight 1..=1000 among equal priorities.
+        #[arg(long, value_parser = ranged::<Weight>)]
+        weight: Option<Weight>,
+        /// GPU partition (default: the scheduler picks).
+        #[arg(long)]
+        partition: Option<u32>,
+        /// The daemon's GPU (`[[gpu]] id`) to serve it on (default: placed
+        /// by entitlement, as an added VM is).
+        #[arg(long)]
+        gpu_id: Option<u32>,
+        /// Slice length 1..=10000 ms (default: the priority's quantum).
+        #[arg(long, value_parser = ranged::<vmm::api::types::QuantumMs>)]
+        quantum_ms: Option<vmm::api::types::QuantumMs>,
+        /// Preemption timeout 1..=3600000 ms.
+        #[arg(long, value_parser = ranged::<vmm::api::types::PreemptTimeoutMs>)]
+        preempt_timeout_ms: Option<vmm::api::types::PreemptTimeoutMs>,
+        /// Offer BAR2 as an mmap-able doorbell page (scanned every 100 us
+        /// while the vGPU has a queue loaded).
+        #[arg(long)]
+        doorbell_page: bool,
+    },
+    /// Remove a vGPU of a running `hqdmux serve` (`DELETE
+    /// /api/v1/vgpus/NAME`): its client is disconnected, its queues released
+    /// as a dying VM's, its socket removed.
+    VgpuRm(VmArgs),
     /// Lift a VM's misbehaving-VM guard quarantine (its queues may load
     /// again) and forget its counts in the window. Exits 0 also when it was
     /// not quarantined (the answer's `was_quarantined` says so).
@@ -366,6 +411,7 @@ fn main() -> ExitCode {
             config,
             api_socket,
             api_socket_mode,
+            vgpu_socket_dir,
         } => {
             let stop = match vmm::signals::install() {
                 Ok(s) => Some(s),
@@ -391,6 +437,7 @@ fn main() -> ExitCode {
             let opts = vmm::serve::ServeOptions {
                 api_socket,
                 api_socket_mode: Some(api_socket_mode),
+                vgpu_socket_dir,
                 stop,
             };
             match vmm::serve::run_serve(&cfg, opts) {
@@ -573,6 +620,35 @@ fn main() -> ExitCode {
         Command::Add { c, file } => {
             with_socket("add", c.api_socket, |s| vmm::cli::add(&s, &file, c.json))
         }
+        Command::VgpuAdd {
+            c,
+            name,
+            socket,
+            priority,
+            weight,
+            partition,
+            gpu_id,
+            quantum_ms,
+            preempt_timeout_ms,
+            doorbell_page,
+        } => with_socket("vgpu-add", c.api_socket, |s| {
+            let body = vmm::api::types::VgpuCreate {
+                name: name.clone(),
+                socket: socket.clone(),
+                priority,
+                weight,
+                partition,
+                gpu_id,
+                quantum_ms,
+                preempt_timeout_ms,
+                guard: None,
+                doorbell_page: doorbell_page.then_some(true),
+            };
+            vmm::cli::vgpu_add(&s, &body, c.json)
+        }),
+        Command::VgpuRm(a) => with_socket("vgpu-rm", a.c.api_socket, |s| {
+            vmm::cli::vgpu_rm(&s, &a.vm, a.c.json)
+        }),
         Command::Unquarantine(a) => with_socket("unquarantine", a.c.api_socket, |s| {
             vmm::cli::unquarantine(&s, &a.vm, a.c.json)
         }),

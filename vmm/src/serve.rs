@@ -1,6 +1,7 @@
-//! `hqdmux serve DEVICES.toml`: a daemon that owns the GPU (`[gpu]`) and its
-//! arbiter and serves each `[[vgpu]]` entry as a vfio-user device on its
-//! own Unix socket (docs/operators.md, "Serving vGPUs over vfio-user"),
+//! `hqdmux serve DEVICES.toml`: a daemon that owns the GPUs (`[gpu]` or
+//! `[[gpu]]` entries), one arbiter per GPU that serves a vGPU, and serves
+//! each `[[vgpu]]` entry (and each created over the API) as a vfio-user
+//! device on its own Unix socket (docs/operators.md, "Serving vGPUs over vfio-user"),
 //! until SIGINT/SIGTERM.
 //!
 //! A vGPU outlives its VMM: a VMM that disconnects, or dies mid-kernel,
@@ -11,10 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mdev::arbiter::GpuArbiter;
 use scheduler::VmParams;
 use serde::Deserialize;
-use vfio_server::{ServerOptions, ServerStats, VgpuServer, VgpuSpec};
+use vfio_server::{ServerOptions, ServerStats, VgpuSpec};
+
+use crate::api::vgpus::VgpuControl;
 
 use crate::config::{ConfigError, FleetConfig, Place, PRIORITY_RANGE, WEIGHT_RANGE};
 
@@ -50,6 +52,11 @@ pub struct VgpuEntry {
     /// Per-vGPU override of `[gpu.guard]` limits.
     #[serde(default)]
     pub guard: mdev::guard::GuardOverride,
+    /// Offer BAR2 as an mmap-able doorbell page (a VMM that maps it into
+    /// the guest rings with no exit; the server scans it every
+    /// [`vfio_server::DEFAULT_DOORBELL_POLL`] while queues are loaded).
+    #[serde(default)]
+    pub doorbell_page: bool,
 }
 
 fn one() -> u32 {
@@ -223,10 +230,13 @@ impl VgpuEntry {
 /// Options of a serve run.
 #[derive(Default)]
 pub struct ServeOptions {
-    /// Serve the operator API (metrics, timeline, stats, policy) here.
+    /// Serve the operator API (metrics, timeline, stats, policy, vGPUs) here.
     pub api_socket: Option<PathBuf>,
     /// Permission bits of the API socket (`None`: 0600).
     pub api_socket_mode: Option<u32>,
+    /// Where vGPUs created over the API put their sockets (`None`: the API
+    /// socket's directory).
+    pub vgpu_socket_dir: Option<PathBuf>,
     /// Ends the run when readable (SIGINT/SIGTERM).
     pub stop: Option<crate::signals::StopSignal>,
 }
@@ -239,7 +249,7 @@ pub enum ServeError {
     Gpu(String),
     /// A vGPU's socket.
     #[error("vgpu '{0}': {1}")]
-    Socket(String, vfio_server::ServeError),
+    Socket(String, crate::api::vgpus::StartError),
     /// The API socket.
     #[error("api socket: {0}")]
     Api(crate::http::BindError),
@@ -248,7 +258,8 @@ pub enum ServeError {
     Io(std::io::Error),
 }
 
-/// What a serve run did, per vGPU (config order).
+/// What a serve run did, per vGPU (config order, then those created over
+/// the API and still there at the end).
 #[derive(Debug)]
 pub struct ServeReport {
     /// (name, counters).
@@ -262,19 +273,12 @@ pub struct ServeReport {
 /// Stops the servers and the arbiters on every return path.
 struct Running {
     arbiters: Arc<crate::fleet::FleetGpus>,
-    servers: Vec<(Arc<VgpuServer>, Option<std::thread::JoinHandle<()>>)>,
+    vgpus: Arc<VgpuControl>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        for (s, _) in &self.servers {
-            s.stop();
-        }
-        for (_, t) in self.servers.iter_mut() {
-            if let Some(t) = t.take() {
-                let _ = t.join();
-            }
-        }
+        self.vgpus.stop_all();
         for (_, m) in self.arbiters.started() {
             m.shutdown();
         }
@@ -283,7 +287,8 @@ impl Drop for Running {
 
 /// Runs the daemon until `opts.stop` fires (or forever without one).
 pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport, ServeError> {
-    // The GPUs as a fleet's: one arbiter per GPU that serves a vGPU.
+    // The GPUs as a fleet's: one arbiter per GPU that serves a vGPU,
+    // started with its first vGPU (from the devices file or the API).
     let fleet = FleetConfig {
         run: Default::default(),
         gpus: cfg.gpus.clone(),
@@ -293,38 +298,49 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         base_dir: PathBuf::from("."),
     };
     let gpus = Arc::new(crate::fleet::FleetGpus::new(&fleet));
-    let mut run = Running {
+    let dir = opts
+        .vgpu_socket_dir
+        .clone()
+        .or_else(|| {
+            opts.api_socket
+                .as_ref()
+                .and_then(|p| p.parent())
+                .map(Path::to_path_buf)
+        })
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("."));
+    let vgpus = Arc::new(VgpuControl::new(
+        gpus.clone(),
+        fleet.clone(),
+        dir,
+        ServerOptions::default(),
+    ));
+    let run = Running {
         arbiters: gpus.clone(),
-        servers: Vec::new(),
+        vgpus: vgpus.clone(),
     };
     for v in &cfg.vgpu {
-        let arbiter: Arc<GpuArbiter> = gpus
-            .start(&fleet, v.gpu_id)
-            .map_err(|e| ServeError::Gpu(format!("gpu {}: {e}", v.gpu_id)))?;
         let guard = fleet.gpu(v.gpu_id).map_or(cfg.gpu.guard, |g| g.guard);
-        let s = VgpuServer::bind(&v.socket, v.spec(&guard), arbiter, ServerOptions::default())
-            .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
-        let t = s.spawn().map_err(|e| {
-            ServeError::Socket(
-                v.name.clone(),
-                vfio_server::ServeError::Io(v.socket.clone(), e),
+        vgpus
+            .start(
+                v.spec(&guard),
+                &v.socket,
+                v.doorbell_page,
+                v.gpu_id,
+                format!("gpu_id = {}", v.gpu_id),
             )
-        })?;
-        log::info!(
-            "vgpu '{}': serving vfio-user on {} (gpu {}, priority {}, weight {})",
-            v.name,
-            v.socket.display(),
-            v.gpu_id,
-            v.priority,
-            v.weight
-        );
-        run.servers.push((s, Some(t)));
+            .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
     }
     let _api = match &opts.api_socket {
         Some(path) => {
             // The fleet API over the daemon's arbiter: metrics, timeline,
-            // stats and policy (vGPUs are not VMs of a fleet: `ps` lists none).
+            // stats, policy of every GPU, and the vGPUs (`/api/v1/vgpus`).
             let ctl = Arc::new(crate::api::FleetControl::new(gpus.clone(), &fleet, &[]));
+            ctl.set_vgpus(vgpus.clone());
+            log::info!(
+                "serve: vGPUs created over the API put their sockets in {}",
+                vgpus.socket_dir().display()
+            );
             Some(
                 crate::api::serve(path, opts.api_socket_mode.unwrap_or(0o600), ctl)
                     .map_err(ServeError::Api)?,
@@ -339,11 +355,8 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         },
     }
     log::info!("serve: stopping");
-    let vgpus = run
-        .servers
-        .iter()
-        .map(|(s, _)| (s.spec().name, s.stats()))
-        .collect();
+    drop(_api);
+    let vgpus = run.vgpus.stop_all();
     let per_gpu: Vec<(u32, mdev::arbiter::ArbiterStats)> =
         gpus.started().map(|(id, m)| (id, m.stats())).collect();
     let gpu = crate::fleet::sum_stats(per_gpu.iter().map(|(_, s)| s)).unwrap_or_default();

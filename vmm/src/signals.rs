@@ -92,6 +92,15 @@ impl StopSignal {
     }
 }
 
+/// A stop eventfd no signal writes: stopped only by
+/// [`StopSignal::request`] (embedders and tests that must not take over
+/// the process's signal handlers).
+pub fn manual() -> std::io::Result<StopSignal> {
+    Ok(StopSignal {
+        fd: Arc::new(EventFd::new(EFD_NONBLOCK)?),
+    })
+}
+
 /// Installs the SIGINT/SIGTERM handlers and returns the stop eventfd. Call
 /// once, before the fleet starts; later calls return a new eventfd and
 /// redirect the handler to it.

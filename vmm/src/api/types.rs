@@ -42,6 +42,9 @@ pub enum ApiError {
     /// No VM has this name (404).
     #[error("vm '{0}': no such VM")]
     NoVm(String),
+    /// No vGPU has this name (404).
+    #[error("vgpu '{0}': no such vGPU")]
+    NoVgpu(String),
     /// The body is not of the expected media type (415).
     #[error("expected Content-Type {expected}, got '{got}'")]
     MediaType {
@@ -77,7 +80,7 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> u16 {
         match self {
-            ApiError::NoPath(_) | ApiError::NoVm(_) => 404,
+            ApiError::NoPath(_) | ApiError::NoVm(_) | ApiError::NoVgpu(_) => 404,
             ApiError::Method { .. } => 405,
             ApiError::MediaType { .. } => 415,
             ApiError::Invalid { .. } => 400,
@@ -753,6 +756,172 @@ pub struct GpuView {
     pub quarantined_vms: u64,
 }
 
+/// Whether a client (a VMM) is attached to a vGPU's socket.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VgpuState {
+    /// No client: the socket waits for one (the vGPU holds no GPU state).
+    #[default]
+    Idle,
+    /// A client is attached; the vGPU is registered with the arbiter.
+    Connected,
+}
+
+impl VgpuState {
+    /// Every state.
+    pub const ALL: [VgpuState; 2] = [VgpuState::Idle, VgpuState::Connected];
+
+    /// Name in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            VgpuState::Idle => "idle",
+            VgpuState::Connected => "connected",
+        }
+    }
+}
+
+/// `POST /api/v1/vgpus`: a vGPU served by `hqdmux serve`, the fields of a
+/// devices file's `[[vgpu]]` (all but `name` optional), read whole and
+/// checked before the socket is bound.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VgpuCreate {
+    /// Unique name: letters, digits, `-`, `_`, `.` (metrics and timelines
+    /// label the vGPU by it).
+    pub name: String,
+    /// Socket path: a file name in the daemon's vGPU socket directory, or
+    /// an absolute path inside it (default `NAME.sock` there).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub socket: Option<String>,
+    /// GPU priority (default 0).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub priority: Option<Priority>,
+    /// Weight (default 1).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub weight: Option<Weight>,
+    /// GPU partition (default: the scheduler picks).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub partition: Option<u32>,
+    /// The physical GPU (`[[gpu]] id` of the devices file) whose arbiter
+    /// serves it (default: placed as an added VM is, by entitlement).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gpu_id: Option<u32>,
+    /// Slice (ms; default: the priority level's).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub quantum_ms: Option<QuantumMs>,
+    /// Preemption timeout (ms).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub preempt_timeout_ms: Option<PreemptTimeoutMs>,
+    /// Guard limits over the `[gpu.guard]` defaults.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub guard: Option<GuardUpdate>,
+    /// Offer BAR2 as an mmap-able doorbell page (default false).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub doorbell_page: Option<bool>,
+}
+
+/// One vGPU as `GET /api/v1/vgpus/{name}` shows it (every field always
+/// written, `null` when unknown; read leniently).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VgpuView {
+    /// Name.
+    pub name: String,
+    /// Its vfio-user socket.
+    pub socket: String,
+    /// A client attached or not.
+    pub state: VgpuState,
+    /// Paused by the operator (kept across connections).
+    pub paused: bool,
+    /// BAR2 is offered as an mmap-able doorbell page.
+    pub doorbell_page: bool,
+    /// Doorbells noticed in that page.
+    pub mmap_doorbells: u64,
+    /// GPU priority.
+    pub priority: u32,
+    /// Weight.
+    pub weight: u32,
+    /// Partition asked for (null: the scheduler picks).
+    pub partition: Option<u32>,
+    /// The physical GPU (`[[gpu]] id`) whose arbiter serves it.
+    pub gpu_id: u32,
+    /// Why it is on `gpu_id`: `gpu_id = N` as written (devices file or
+    /// request), else the automatic placement's reason.
+    pub placement: String,
+    /// Slice (ms): the override, else its level's quantum.
+    pub quantum_ms: Option<f64>,
+    /// `quantum_ms` is a per-vGPU override.
+    pub quantum_override: bool,
+    /// Preemption timeout (ms).
+    pub preempt_timeout_ms: u64,
+    /// Loaded queues (vHQDs) of the current client (null when idle).
+    pub queues: Option<u64>,
+    /// Clients accepted since the vGPU was created.
+    pub connections: u64,
+    /// Doorbells forwarded over the socket.
+    pub doorbells: u64,
+    /// GPU time charged to the current client (ms).
+    pub gpu_time_ms: Option<f64>,
+    /// Fraction of its GPU's time (the vGPUs on `gpu_id`) over the last
+    /// sample interval.
+    pub share: Option<f64>,
+    /// Preemptions of the current client's queues.
+    pub preemptions: Option<u64>,
+    /// Queue errors of the current (or last) client.
+    pub queue_errors: Option<u64>,
+    /// Quarantined by the guard (null when idle).
+    pub quarantined: Option<bool>,
+    /// Median packet latency of the current (or last) client (ms).
+    pub latency_p50_ms: Option<f64>,
+    /// 99th percentile packet latency (ms).
+    pub latency_p99_ms: Option<f64>,
+    /// The largest latency the two figures resolve (ms).
+    pub latency_limit_ms: Option<f64>,
+}
+
+/// `GET /api/v1/vgpus`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VgpuList {
+    /// Every vGPU (devices file order, then created ones).
+    pub vgpus: Vec<VgpuView>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -848,6 +1017,25 @@ mod tests {
         check("VmPatch", fields::<VmUpdate>());
         check("GuardPatch", fields::<GuardUpdate>());
         check("Error", fields::<ErrorBody>());
+        check("Vgpu", fields::<VgpuView>());
+        check("VgpuList", fields::<VgpuList>());
+        check("VgpuCreate", fields::<VgpuCreate>());
+        assert_eq!(
+            names(&serde_json::to_value(VgpuView::default()).unwrap()),
+            names(&s["Vgpu"]["required"])
+        );
+        assert_eq!(names(&s["VgpuCreate"]["required"]), ["name"]);
+        assert!(serde_json::from_value::<VgpuCreate>(json!({})).is_err());
+        assert!(serde_json::from_value::<VgpuCreate>(json!({"name": "a"})).is_ok());
+        let vstates: Vec<Value> = VgpuState::ALL.iter().map(|v| json!(v.name())).collect();
+        assert_eq!(
+            s["Vgpu"]["properties"]["state"]["enum"],
+            Value::Array(vstates)
+        );
+        assert_eq!(
+            names(&s["VgpuCreate"]["properties"]["guard"]["properties"]),
+            sorted(&fields::<GuardUpdate>())
+        );
         assert_eq!(
             names(&s["Fleet"]["properties"]["gpu"]["properties"]),
             sorted(&fields::<GpuView>())
@@ -940,6 +1128,14 @@ mod tests {
             ("VmEntry", "priority", Priority::range()),
             ("VmEntry", "weight", Weight::range()),
             ("VmEntry", "preempt_timeout_ms", PreemptTimeoutMs::range()),
+            ("VgpuCreate", "priority", Priority::range()),
+            ("VgpuCreate", "weight", Weight::range()),
+            ("VgpuCreate", "quantum_ms", QuantumMs::range()),
+            (
+                "VgpuCreate",
+                "preempt_timeout_ms",
+                PreemptTimeoutMs::range(),
+            ),
         ] {
             let p = &s[schema]["properties"][field];
             assert_eq!(p["minimum"], json!(range.start()), "{schema}.{field}");

@@ -1,0 +1,306 @@
+//! The mmapped BAR2 doorbell page: BAR2 offered as a sparse-mmap region so
+//! that a VMM maps it into the guest and a doorbell store costs the vCPU no
+//! exit and no socket round trip.
+//!
+//! The page is a sealed 4 KiB memfd shared by the client and the server.
+//! A poller thread per connection notices the guest's stores by value: each
+//! vHQD's doorbell is a 64-bit write index, which only grows while its
+//! queue lives, so a changed value is a doorbell (several stores between
+//! two scans fold into one, as several ioeventfd signals fold into one
+//! read of the eventfd; the arbiter reads the write index itself).
+//!
+//! The poll is bounded: it runs only while the vGPU has a vHQD loaded
+//! (`CP_HQD_ACTIVE`, looked at after every register write and every
+//! 16 scans), and only after the client was handed the page; it scans the
+//! [`NUM_VHQD`] doorbells every `ServerOptions::doorbell_poll` and
+//! otherwise sleeps on an eventfd the connection writes after each register
+//! write (a queue load is one), so a vGPU without queues costs no CPU. A hostile client that writes the page at will
+//! gets at most [`NUM_VHQD`] doorbells per interval, each of which the
+//! arbiter treats as any doorbell (a stale one counts for the guard).
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use abi::pci::BAR2_SIZE;
+use abi::vgpu::{reg, DOORBELL_STRIDE, NUM_VHQD};
+use mdev::vgpu::VgpuFrontEnd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// The shared doorbell page (BAR2).
+pub struct DoorbellPage {
+    file: File,
+    ptr: *mut u64,
+}
+
+// SAFETY: the mapping is shared memory read and written with volatile
+// accesses only; it lives as long as the page.
+unsafe impl Send for DoorbellPage {}
+// SAFETY: as above.
+unsafe impl Sync for DoorbellPage {}
+
+impl DoorbellPage {
+    /// A zeroed page: a memfd sealed against shrinking and growing (a
+    /// client cannot make the server's mapping fault), mapped shared.
+    pub fn new() -> std::io::Result<Self> {
+        // SAFETY: a valid C string; the fd returned is ours.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"hqdmux-bar2".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is fresh and owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(BAR2_SIZE)?;
+        // SAFETY: fcntl on our own fd.
+        let r = unsafe {
+            libc::fcntl(
+                fd,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: maps BAR2_SIZE bytes of a file that is that long and
+        // sealed so; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                BAR2_SIZE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(DoorbellPage {
+            file,
+            ptr: p.cast(),
+        })
+    }
+
+    /// The memfd handed to the client.
+    pub fn fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    /// Doorbell `i` (`i < NUM_VHQD`).
+    pub fn read(&self, i: usize) -> u64 {
+        assert!(i < NUM_VHQD);
+        // SAFETY: `i` is inside the mapped page; volatile (the client
+        // writes it concurrently); aligned (the mapping is page-aligned).
+        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
+    }
+
+    /// Stores `v` as doorbell `i` (what a guest store does).
+    pub fn write(&self, i: usize, v: u64) {
+        assert!(i < NUM_VHQD);
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::write_volatile(self.ptr.add(i), v) }
+    }
+}
+
+impl Drop for DoorbellPage {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`.
+        unsafe {
+            libc::munmap(self.ptr.cast(), BAR2_SIZE as usize);
+        }
+    }
+}
+
+/// Counters shared with the server's stats.
+#[derive(Default)]
+pub struct PollStats {
+    /// Doorbells noticed in the page.
+    pub doorbells: AtomicU64,
+    /// Scans of the page.
+    pub scans: AtomicU64,
+}
+
+/// What the poller shares with its connection.
+struct Shared {
+    page: Arc<DoorbellPage>,
+    fe: Mutex<Arc<VgpuFrontEnd>>,
+    /// Bumped at a reset: the remembered values start again from 0.
+    generation: AtomicU64,
+    /// The client has the page (armed from then on).
+    handed_out: AtomicBool,
+    wake: EventFd,
+    stop: EventFd,
+    stats: Arc<PollStats>,
+}
+
+/// The poller of one connection; stops (and joins) on drop.
+pub struct Poller {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Poller {
+    /// Starts the poller of `page` for front end `fe`, scanning every
+    /// `interval` while armed.
+    pub fn start(
+        name: &str,
+        page: Arc<DoorbellPage>,
+        fe: Arc<VgpuFrontEnd>,
+        interval: Duration,
+        stats: Arc<PollStats>,
+    ) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            page,
+            fe: Mutex::new(fe),
+            generation: AtomicU64::new(0),
+            handed_out: AtomicBool::new(false),
+            wake: EventFd::new(EFD_NONBLOCK)?,
+            stop: EventFd::new(EFD_NONBLOCK)?,
+            stats,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("bar2-{name}").chars().take(15).collect())
+            .spawn(move || run(&s, interval))?;
+        Ok(Poller {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// The client was handed the page: poll while queues are loaded.
+    pub fn arm(&self) {
+        self.shared.handed_out.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    /// A register write happened (a queue may have been loaded).
+    pub fn kick(&self) {
+        let _ = self.shared.wake.write(1);
+    }
+
+    /// A reset: the new front end; the page is zeroed and its old values
+    /// forgotten (no doorbell is raised for them).
+    pub fn reset(&self, fe: Arc<VgpuFrontEnd>) {
+        let mut slot = self.shared.fe.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = fe;
+        for i in 0..NUM_VHQD {
+            self.shared.page.write(i, 0);
+        }
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        drop(slot);
+        self.kick();
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        let _ = self.shared.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn any_loaded(fe: &VgpuFrontEnd) -> bool {
+    (0..NUM_VHQD).any(|i| {
+        fe.reg_read((reg::HQD_BASE + reg::HQD_STRIDE * i + reg::CP_HQD_ACTIVE) as u64) != 0
+    })
+}
+
+/// Waits until one of `fds` is readable or `timeout` (None: forever)
+/// passes; returns which were readable.
+fn wait(fds: &[&EventFd], timeout: Option<Duration>) -> [bool; 2] {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|f| libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let tp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `p` holds valid pollfds; `tp` is null or points at `ts`.
+    let n = unsafe { libc::ppoll(p.as_mut_ptr(), p.len() as _, tp, std::ptr::null()) };
+    let mut out = [false; 2];
+    if n > 0 {
+        for (o, f) in out.iter_mut().zip(&p) {
+            *o = f.revents != 0;
+        }
+    }
+    out
+}
+
+/// Scans between two looks at whether a queue is still loaded (a register
+/// write makes the poller look at once).
+const RECHECK_SCANS: u32 = 16;
+
+fn run(s: &Shared, interval: Duration) {
+    // The interval is short: ask the kernel not to stretch it by the
+    // default 50 us timer slack.
+    // SAFETY: prctl on the calling thread with an integer argument.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
+    let mut last = [0u64; NUM_VHQD];
+    let mut generation = s.generation.load(Ordering::Acquire);
+    let mut until_recheck = 0u32;
+    loop {
+        // A scan holds the front-end slot: a reset (which swaps it, zeroes
+        // the page and bumps the generation under it) never interleaves.
+        let fe = s.fe.lock().unwrap_or_else(|e| e.into_inner());
+        let g = s.generation.load(Ordering::Acquire);
+        if g != generation {
+            generation = g;
+            last = [0; NUM_VHQD];
+            until_recheck = 0;
+        }
+        if until_recheck == 0 {
+            if !s.handed_out.load(Ordering::Acquire) || !any_loaded(&fe) {
+                drop(fe);
+                // Idle: sleep until a register write (or the stop).
+                let [_, stop] = wait(&[&s.wake, &s.stop], None);
+                let _ = s.wake.read();
+                if stop {
+                    return;
+                }
+                continue;
+            }
+            until_recheck = RECHECK_SCANS;
+        }
+        until_recheck -= 1;
+        s.stats.scans.fetch_add(1, Ordering::Relaxed);
+        for (i, l) in last.iter_mut().enumerate() {
+            let v = s.page.read(i);
+            if v != *l {
+                *l = v;
+                s.stats.doorbells.fetch_add(1, Ordering::Relaxed);
+                fe.doorbell_write(i as u64 * DOORBELL_STRIDE as u64);
+            }
+        }
+        drop(fe);
+        let [stop, kicked] = wait(&[&s.stop, &s.wake], Some(interval));
+        if stop {
+            return;
+        }
+        if kicked {
+            // A register write: look at the queues again now.
+            let _ = s.wake.read();
+            until_recheck = 0;
+        }
+    }
+}

@@ -212,7 +212,8 @@ pub struct SchedConfig {
     /// from [`Scheduler::set_cu_geometry`]): the largest share of each XCC,
     /// in permille, that a high-priority VM may reserve beside lower work
     /// instead of preempting it; a wider demand falls back to CWSR
-    /// preemption. 0 disables spatial sharing.
+    /// preemption. 0 disables spatial sharing. Default 500: the promise's
+    /// class of real-time tenants up to half the partition wide.
     pub spatial_max_permille: u32,
     /// Headroom (percent) over the widest recent dispatch when sizing a
     /// reservation.
@@ -273,7 +274,7 @@ impl Default for SchedConfig {
             anticipation_ns: 100_000,
             idle_unmap_ns: 2_000_000,
             poll_ns: 5_000_000,
-            spatial_max_permille: 250,
+            spatial_max_permille: 500,
             spatial_headroom_pct: 25,
             spatial_hold_ns: 1_000_000,
             spatial_coreside_ns: 100_000,

@@ -225,8 +225,12 @@ pub struct SchedConfig {
     /// Co-residence (occupancy): a higher-level owner whose recent
     /// dispatches each fit in half a CU, beside lower work whose dispatches
     /// do too, shares the lower work's CUs (no reservation, no save) when
-    /// its job's solo run time is at most this long: sharing a CU at most
-    /// doubles it. 0 disables co-residence.
+    /// its job's solo run time is at most this long, or at most the
+    /// partition's measured save and restore if that is longer: sharing a
+    /// CU at most doubles it, a delay within the one save and restore the
+    /// promise allows a higher VM. Default 240 us: the modelled MI300X
+    /// save and restore of a whole partition (242 us). 0 disables
+    /// co-residence.
     pub spatial_coreside_ns: u64,
 }
 
@@ -277,7 +281,7 @@ impl Default for SchedConfig {
             spatial_max_permille: 500,
             spatial_headroom_pct: 25,
             spatial_hold_ns: 1_000_000,
-            spatial_coreside_ns: 100_000,
+            spatial_coreside_ns: 240_000,
         }
     }
 }

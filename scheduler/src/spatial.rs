@@ -148,20 +148,30 @@ impl Spatial {
     }
 
     /// CUs per XCC a VM needs for its widest recent dispatch on each of
-    /// `queues` busy queues, with `headroom_pct` percent headroom (`None`: no
-    /// dispatch seen, or more than `max_permille` of the XCC).
+    /// `queues` busy queues, with `headroom_pct` percent headroom clipped
+    /// to the cap (`None`: no dispatch seen, or the need itself, without
+    /// headroom, more than `max_permille` of the XCC).
     pub fn size(&self, vm: VmId, queues: u32, headroom_pct: u32, max_permille: u32) -> Option<u32> {
         let w = *self.width.get(&vm)?;
         if w == 0 {
             return None;
         }
-        let need = w
-            .saturating_mul(queues.max(1) as u64)
-            .saturating_mul(100 + headroom_pct as u64)
-            .div_ceil(100);
-        let k = need.div_ceil(self.xccs as u64).max(1);
+        let need = w.saturating_mul(queues.max(1) as u64);
+        let xccs = (self.xccs as u64).max(1);
+        let base = need.div_ceil(xccs).max(1);
         let cap = self.cus_per_xcc as u64 * max_permille.min(1000) as u64 / 1000;
-        (k <= cap && k < self.cus_per_xcc as u64).then_some(k as u32)
+        if base > cap || base >= self.cus_per_xcc as u64 {
+            return None;
+        }
+        let with_headroom = need
+            .saturating_mul(100 + headroom_pct as u64)
+            .div_ceil(100)
+            .div_ceil(xccs);
+        let k = with_headroom
+            .min(cap)
+            .min(self.cus_per_xcc as u64 - 1)
+            .max(base);
+        Some(k as u32)
     }
 
     /// The set a queue of `vm` gets under reservation `r`.
@@ -243,6 +253,16 @@ mod tests {
         // Wider than a quarter of the XCC: no reservation.
         s.note(vm, 304);
         assert_eq!(s.size(vm, 1, 25, 250), None);
+        // Headroom is clipped to the cap: 152 workgroups need 19 CUs per
+        // XCC, 24 with headroom, clipped to half the XCC (19); 64 need 8,
+        // 10 with headroom, clipped to a quarter (9).
+        let half = VmId(4);
+        s.note(half, 152);
+        assert_eq!(s.size(half, 1, 25, 500), Some(19));
+        assert_eq!(s.size(half, 1, 25, 250), None);
+        s.note(VmId(5), 64);
+        assert_eq!(s.size(VmId(5), 1, 25, 250), Some(9));
+        assert_eq!(s.size(VmId(5), 1, 25, 500), Some(10));
         s.note(VmId(2), 1);
         assert_eq!(s.size(VmId(2), 1, 25, 250), Some(1));
         // Four busy queues of 8 workgroups: 40 with headroom, 5 per XCC.

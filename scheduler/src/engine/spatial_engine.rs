@@ -130,7 +130,12 @@ impl Scheduler {
             None
         };
         let r = cand.or_else(|| {
-            prev.filter(|r| r.vm != owner.vm && r.level > owner.level && self.spatial_held(p, *r))
+            prev.filter(|r| {
+                r.vm != owner.vm
+                    && r.level > owner.level
+                    && self.spatial_held(p, *r)
+                    && (r.k > 0 || self.coreside_still(p, *r))
+            })
         });
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
@@ -160,11 +165,11 @@ impl Scheduler {
         if self.lower_resident_queues(p, owner.level) >= 2 {
             return false;
         }
-        // Sharing a CU at most doubles the owner's job; the promise allows
-        // it 1.1 x its isolated time plus one save and restore of the work
-        // it displaces (the partition's measured save, twice): a solo time
-        // `s` with 2 s <= 1.1 s + 2 t_save co-resides.
-        let max = max.max(self.parts[p].aging.save_ewma.saturating_mul(20) / 9);
+        // Sharing a CU at most doubles the owner's job, a delay of at most
+        // its solo time `s`; the promise lets a higher VM wait one save and
+        // restore of the work it displaces: `s <= t_save + t_restore`, with
+        // the partition's measured save when that is longer.
+        let max = max.max(self.parts[p].aging.save_ewma.saturating_mul(2));
         let lower = self.parts[p]
             .busy
             .range(..owner.level)
@@ -173,18 +178,36 @@ impl Scheduler {
     }
 
     /// How many queues below `level` may hold CUs of `p` at once beside an
-    /// owner at `level`: the lower queues running now, or the busy queues
-    /// of the parked (displaced) owner, which map back beside it, whichever
-    /// is more.
+    /// owner at `level`: the lower queues running now plus the queues being
+    /// saved (their workgroups keep their CUs until the save completes, and
+    /// the queue replacing them takes each CU's second place meanwhile), or
+    /// the busy queues of the parked (displaced) owner, which map back
+    /// beside it, whichever is more.
     fn lower_resident_queues(&self, p: usize, level: u16) -> usize {
         let part = &self.parts[p];
-        let running = part.running.iter().take_while(|e| e.0 < level).count();
+        let running = part.running.iter().take_while(|e| e.0 < level).count() + part.freeing;
         let parked = part
             .parked
             .filter(|k| k.level < level)
             .and_then(|k| part.busy.get(&k.level).and_then(|m| m.get(&k.vm)))
             .map_or(0, |&n| n as usize);
         running.max(parked)
+    }
+
+    /// Does a held co-residence of an idle higher VM still hold under the
+    /// lower work now in `p` (a slice switch below it may have put two
+    /// lower queues on every CU)? If not it ends, and the VM's next
+    /// doorbell decides afresh (a reservation or a save).
+    fn coreside_still(&self, p: usize, r: Reservation) -> bool {
+        let owner = SliceOwner {
+            vm: r.vm,
+            level: r.level,
+            since: self.now,
+            drained: None,
+            hold: 0,
+            cost_held: false,
+        };
+        self.spatial_coreside(p, owner)
     }
 
     /// Is a lower-level queue running in `p`?

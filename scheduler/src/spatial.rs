@@ -174,6 +174,35 @@ impl Spatial {
         Some(k as u32)
     }
 
+    /// CUs per XCC with which `vm`'s job still meets the promise's RT
+    /// bound (1.1 x its isolated time + one save and restore, `switch_ns`)
+    /// on `queues` busy queues: its widest dispatch runs `ceil(need / c)`
+    /// rounds on `c` CUs, each at most its solo time (one workgroup's
+    /// cost per kernel, summed), against `ceil(need / N)` rounds on the
+    /// whole partition's `N`. `None` without a solo time or a measured
+    /// switch (nothing to size from: the width decides).
+    pub fn size_for_latency(&self, vm: VmId, queues: u32, switch_ns: u64) -> Option<u32> {
+        let need = self
+            .width
+            .get(&vm)?
+            .saturating_mul(queues.max(1) as u64);
+        let solo = self.occ.get(&vm)?.solo_ns;
+        let xccs = (self.xccs as u64).max(1);
+        let n = (self.cus_per_xcc as u64).saturating_mul(xccs);
+        if need == 0 || solo == 0 || switch_ns == 0 || n == 0 {
+            return None;
+        }
+        let alone_rounds = need.div_ceil(n);
+        // Rounds allowed: floor((1.1 x alone_rounds x solo + switch) / solo).
+        let rounds = alone_rounds
+            .saturating_mul(11)
+            .saturating_mul(solo)
+            .saturating_add(switch_ns.saturating_mul(10))
+            / solo.saturating_mul(10);
+        let c = need.div_ceil(rounds.max(1));
+        Some(c.div_ceil(xccs).max(1) as u32)
+    }
+
     /// The set a queue of `vm` gets under reservation `r`.
     pub fn set_for(r: Option<Reservation>, vm: VmId) -> CuSet {
         match r {
@@ -234,6 +263,33 @@ mod tests {
         });
         assert_eq!(Spatial::set_for(r, hi), CuSet::All);
         assert_eq!(Spatial::set_for(r, lo), CuSet::All);
+    }
+
+    #[test]
+    fn latency_sizing_takes_the_fewest_cus_that_meet_the_rt_bound() {
+        let mut s = Spatial {
+            cus_per_xcc: 38,
+            xccs: 8,
+            ..Default::default()
+        };
+        let vm = VmId(1);
+        // Nothing seen, or no switch measured: no sizing.
+        assert_eq!(s.size_for_latency(vm, 1, 242_000), None);
+        s.note(vm, 152);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000), None);
+        // 152 workgroups of 100 us: 1 round alone; 1.1 x 100 + 242 = 352
+        // us allows 3 rounds: 51 CUs, 7 per XCC (width alone: 24).
+        s.note_occupancy(vm, 100_000, false);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000), Some(7));
+        assert_eq!(s.size_for_latency(vm, 1, 0), None);
+        // A long job gets no rounds to spare: its whole width.
+        s.note_occupancy(VmId(2), 600_000, true);
+        s.note(VmId(2), 40);
+        assert_eq!(s.size_for_latency(VmId(2), 1, 68_000), Some(5));
+        // Short workgroups: many rounds fit, one CU per XCC.
+        s.note_occupancy(VmId(3), 10_000, false);
+        s.note(VmId(3), 71);
+        assert_eq!(s.size_for_latency(VmId(3), 1, 242_000), Some(1));
     }
 
     #[test]

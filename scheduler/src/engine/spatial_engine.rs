@@ -112,12 +112,19 @@ impl Scheduler {
                 .copied()
                 .unwrap_or(1)
                 .max(1);
-            let k = self.spatial.size(
-                owner.vm,
-                queues,
-                self.cfg.spatial_headroom_pct,
-                self.cfg.spatial_max_permille,
-            );
+            // Sized to the fewest CUs with which its job still meets the
+            // RT bound, when its solo time and the switch are measured.
+            let switch = self.parts[p].aging.save_ewma.saturating_mul(2);
+            let by_latency = self.spatial.size_for_latency(owner.vm, queues, switch);
+            let k = self
+                .spatial
+                .size(
+                    owner.vm,
+                    queues,
+                    self.cfg.spatial_headroom_pct,
+                    self.cfg.spatial_max_permille,
+                )
+                .map(|k| by_latency.map_or(k, |l| k.min(l)));
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;
             }

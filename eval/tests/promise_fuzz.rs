@@ -194,10 +194,7 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
     let cases: &[(&str, Option<&[&str]>)] = &[
         ("fuzz-1000-3-rt-latency.toml", None),
         ("fuzz-20048-3-be-retained.toml", None),
-        (
-            "fuzz-20023-3-rt-latency.toml",
-            Some(&["3-rt-latency", "3-cwsr-time"]),
-        ),
+        ("fuzz-20023-3-rt-latency.toml", None),
         (
             "fuzz-20225-3-cwsr-time.toml",
             Some(&["3-rt-latency", "3-cwsr-time"]),

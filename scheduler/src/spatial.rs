@@ -182,10 +182,7 @@ impl Spatial {
     /// whole partition's `N`. `None` without a solo time or a measured
     /// switch (nothing to size from: the width decides).
     pub fn size_for_latency(&self, vm: VmId, queues: u32, switch_ns: u64) -> Option<u32> {
-        let need = self
-            .width
-            .get(&vm)?
-            .saturating_mul(queues.max(1) as u64);
+        let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let solo = self.occ.get(&vm)?.solo_ns;
         let xccs = (self.xccs as u64).max(1);
         let n = (self.cus_per_xcc as u64).saturating_mul(xccs);

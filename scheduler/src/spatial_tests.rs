@@ -322,6 +322,34 @@ fn a_narrow_periodic_vm_keeps_its_cus_not_the_partition() {
     assert_eq!(w.s.vm_stats(VmId(1)).unwrap().held_ns, 0);
 }
 
+/// Two narrow periodic VMs at different levels above busy lower work: the
+/// partition's one reservation passes between them without shrinking, so
+/// the lower work is saved when it is set up, not at every switch between
+/// the two.
+#[test]
+fn two_rt_vms_share_one_reservation_without_a_save_per_switch() {
+    let mut w = spatial_world();
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let a = w.vm(1, 12, 1, 1)[0];
+    let b = w.vm(2, 11, 1, 1)[0];
+    w.s.note_dispatch_width(lo, 304);
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    let n = 100;
+    for i in 0..n {
+        w.s.note_dispatch_width(a, 60);
+        w.submit(a, 20_000);
+        w.run_until(MS + i * 400_000 + 200_000);
+        w.s.note_dispatch_width(b, 30);
+        w.submit(b, 20_000);
+        w.run_until(MS + (i + 1) * 400_000);
+        check_disjoint(&w).unwrap();
+    }
+    let pre = w.s.vm_stats(VmId(0)).unwrap().preemptions;
+    assert!(pre <= 4, "lower work saved {pre} times in {n} periods");
+    assert_eq!(w.state(lo), QueueState::Running);
+}
+
 #[test]
 fn coresidence_off_with_a_zero_bound() {
     let mut w = World::new(

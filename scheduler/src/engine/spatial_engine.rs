@@ -136,6 +136,28 @@ impl Scheduler {
         } else {
             None
         };
+        // A reservation another higher VM still holds across its gaps (two
+        // RT tenants at different levels) passes to the owner without
+        // shrinking: the lower work is on the other CUs already, and
+        // trading one reservation between two VMs would save it at every
+        // switch.
+        let mut kept = false;
+        let cand = cand.map(|c| match prev {
+            Some(pr)
+                if c.k > 0
+                    && pr.k > 0
+                    && pr.vm != owner.vm
+                    && pr.level != owner.level
+                    && self.spatial_held(p, pr) =>
+            {
+                kept = true;
+                Reservation {
+                    k: c.k.max(pr.k),
+                    ..c
+                }
+            }
+            _ => c,
+        });
         let r = cand.or_else(|| {
             prev.filter(|r| {
                 r.vm != owner.vm
@@ -147,7 +169,7 @@ impl Scheduler {
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
             (Some(r), _) if r.k == 0 => false,
-            (Some(r), Some(pr)) => pr.vm != r.vm || r.k > pr.k || pr.k == 0,
+            (Some(r), Some(pr)) => (pr.vm != r.vm && !kept) || r.k > pr.k || pr.k == 0,
             (Some(_), None) => true,
             _ => false,
         };

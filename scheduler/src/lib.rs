@@ -212,7 +212,8 @@ pub struct SchedConfig {
     /// from [`Scheduler::set_cu_geometry`]): the largest share of each XCC,
     /// in permille, that a high-priority VM may reserve beside lower work
     /// instead of preempting it; a wider demand falls back to CWSR
-    /// preemption. 0 disables spatial sharing.
+    /// preemption. 0 disables spatial sharing. Default 500: the promise's
+    /// class of real-time tenants up to half the partition wide.
     pub spatial_max_permille: u32,
     /// Headroom (percent) over the widest recent dispatch when sizing a
     /// reservation.
@@ -224,8 +225,12 @@ pub struct SchedConfig {
     /// Co-residence (occupancy): a higher-level owner whose recent
     /// dispatches each fit in half a CU, beside lower work whose dispatches
     /// do too, shares the lower work's CUs (no reservation, no save) when
-    /// its job's solo run time is at most this long: sharing a CU at most
-    /// doubles it. 0 disables co-residence.
+    /// its job's solo run time is at most this long, or at most the
+    /// partition's measured save and restore if that is longer: sharing a
+    /// CU at most doubles it, a delay within the one save and restore the
+    /// promise allows a higher VM. Default 240 us: the modelled MI300X
+    /// save and restore of a whole partition (242 us). 0 disables
+    /// co-residence.
     pub spatial_coreside_ns: u64,
 }
 
@@ -273,10 +278,10 @@ impl Default for SchedConfig {
             anticipation_ns: 100_000,
             idle_unmap_ns: 2_000_000,
             poll_ns: 5_000_000,
-            spatial_max_permille: 250,
+            spatial_max_permille: 500,
             spatial_headroom_pct: 25,
             spatial_hold_ns: 1_000_000,
-            spatial_coreside_ns: 100_000,
+            spatial_coreside_ns: 240_000,
         }
     }
 }

@@ -148,20 +148,56 @@ impl Spatial {
     }
 
     /// CUs per XCC a VM needs for its widest recent dispatch on each of
-    /// `queues` busy queues, with `headroom_pct` percent headroom (`None`: no
-    /// dispatch seen, or more than `max_permille` of the XCC).
+    /// `queues` busy queues, with `headroom_pct` percent headroom clipped
+    /// to the cap (`None`: no dispatch seen, or the need itself, without
+    /// headroom, more than `max_permille` of the XCC).
     pub fn size(&self, vm: VmId, queues: u32, headroom_pct: u32, max_permille: u32) -> Option<u32> {
         let w = *self.width.get(&vm)?;
         if w == 0 {
             return None;
         }
-        let need = w
-            .saturating_mul(queues.max(1) as u64)
-            .saturating_mul(100 + headroom_pct as u64)
-            .div_ceil(100);
-        let k = need.div_ceil(self.xccs as u64).max(1);
+        let need = w.saturating_mul(queues.max(1) as u64);
+        let xccs = (self.xccs as u64).max(1);
+        let base = need.div_ceil(xccs).max(1);
         let cap = self.cus_per_xcc as u64 * max_permille.min(1000) as u64 / 1000;
-        (k <= cap && k < self.cus_per_xcc as u64).then_some(k as u32)
+        if base > cap || base >= self.cus_per_xcc as u64 {
+            return None;
+        }
+        let with_headroom = need
+            .saturating_mul(100 + headroom_pct as u64)
+            .div_ceil(100)
+            .div_ceil(xccs);
+        let k = with_headroom
+            .min(cap)
+            .min(self.cus_per_xcc as u64 - 1)
+            .max(base);
+        Some(k as u32)
+    }
+
+    /// CUs per XCC with which `vm`'s job still meets the promise's RT
+    /// bound (1.1 x its isolated time + one save and restore, `switch_ns`)
+    /// on `queues` busy queues: its widest dispatch runs `ceil(need / c)`
+    /// rounds on `c` CUs, each at most its solo time (one workgroup's
+    /// cost per kernel, summed), against `ceil(need / N)` rounds on the
+    /// whole partition's `N`. `None` without a solo time or a measured
+    /// switch (nothing to size from: the width decides).
+    pub fn size_for_latency(&self, vm: VmId, queues: u32, switch_ns: u64) -> Option<u32> {
+        let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
+        let solo = self.occ.get(&vm)?.solo_ns;
+        let xccs = (self.xccs as u64).max(1);
+        let n = (self.cus_per_xcc as u64).saturating_mul(xccs);
+        if need == 0 || solo == 0 || switch_ns == 0 || n == 0 {
+            return None;
+        }
+        let alone_rounds = need.div_ceil(n);
+        // Rounds allowed: floor((1.1 x alone_rounds x solo + switch) / solo).
+        let rounds = alone_rounds
+            .saturating_mul(11)
+            .saturating_mul(solo)
+            .saturating_add(switch_ns.saturating_mul(10))
+            / solo.saturating_mul(10);
+        let c = need.div_ceil(rounds.max(1));
+        Some(c.div_ceil(xccs).max(1) as u32)
     }
 
     /// The set a queue of `vm` gets under reservation `r`.
@@ -227,6 +263,33 @@ mod tests {
     }
 
     #[test]
+    fn latency_sizing_takes_the_fewest_cus_that_meet_the_rt_bound() {
+        let mut s = Spatial {
+            cus_per_xcc: 38,
+            xccs: 8,
+            ..Default::default()
+        };
+        let vm = VmId(1);
+        // Nothing seen, or no switch measured: no sizing.
+        assert_eq!(s.size_for_latency(vm, 1, 242_000), None);
+        s.note(vm, 152);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000), None);
+        // 152 workgroups of 100 us: 1 round alone; 1.1 x 100 + 242 = 352
+        // us allows 3 rounds: 51 CUs, 7 per XCC (width alone: 24).
+        s.note_occupancy(vm, 100_000, false);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000), Some(7));
+        assert_eq!(s.size_for_latency(vm, 1, 0), None);
+        // A long job gets no rounds to spare: its whole width.
+        s.note_occupancy(VmId(2), 600_000, true);
+        s.note(VmId(2), 40);
+        assert_eq!(s.size_for_latency(VmId(2), 1, 68_000), Some(5));
+        // Short workgroups: many rounds fit, one CU per XCC.
+        s.note_occupancy(VmId(3), 10_000, false);
+        s.note(VmId(3), 71);
+        assert_eq!(s.size_for_latency(VmId(3), 1, 242_000), Some(1));
+    }
+
+    #[test]
     fn size_follows_the_widest_recent_dispatch() {
         let mut s = Spatial {
             cus_per_xcc: 38,
@@ -243,6 +306,16 @@ mod tests {
         // Wider than a quarter of the XCC: no reservation.
         s.note(vm, 304);
         assert_eq!(s.size(vm, 1, 25, 250), None);
+        // Headroom is clipped to the cap: 152 workgroups need 19 CUs per
+        // XCC, 24 with headroom, clipped to half the XCC (19); 64 need 8,
+        // 10 with headroom, clipped to a quarter (9).
+        let half = VmId(4);
+        s.note(half, 152);
+        assert_eq!(s.size(half, 1, 25, 500), Some(19));
+        assert_eq!(s.size(half, 1, 25, 250), None);
+        s.note(VmId(5), 64);
+        assert_eq!(s.size(VmId(5), 1, 25, 250), Some(9));
+        assert_eq!(s.size(VmId(5), 1, 25, 500), Some(10));
         s.note(VmId(2), 1);
         assert_eq!(s.size(VmId(2), 1, 25, 250), Some(1));
         // Four busy queues of 8 workgroups: 40 with headroom, 5 per XCC.

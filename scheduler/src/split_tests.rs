@@ -475,7 +475,8 @@ fn doorbell_fast_path_is_taken_and_equals_whole_decisions() {
 fn dispatch_width_matters_follows_geometry_and_cap() {
     let (w, _) = Pair::with_geometry(SchedConfig::default(), 1, Some((38, 8)), &[2]);
     assert!(w.plain.dispatch_width_matters());
-    let (w, _) = Pair::with_geometry(SchedConfig::default(), 1, Some((2, 1)), &[2]);
+    // Half of one CU per XCC: no reservation fits.
+    let (w, _) = Pair::with_geometry(SchedConfig::default(), 1, Some((1, 1)), &[2]);
     assert!(!w.plain.dispatch_width_matters());
     let (w, _) = Pair::with_geometry(SchedConfig::default(), 1, None, &[2]);
     assert!(!w.plain.dispatch_width_matters());

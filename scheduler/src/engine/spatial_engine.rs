@@ -112,12 +112,19 @@ impl Scheduler {
                 .copied()
                 .unwrap_or(1)
                 .max(1);
-            let k = self.spatial.size(
-                owner.vm,
-                queues,
-                self.cfg.spatial_headroom_pct,
-                self.cfg.spatial_max_permille,
-            );
+            // Sized to the fewest CUs with which its job still meets the
+            // RT bound, when its solo time and the switch are measured.
+            let switch = self.parts[p].aging.save_ewma.saturating_mul(2);
+            let by_latency = self.spatial.size_for_latency(owner.vm, queues, switch);
+            let k = self
+                .spatial
+                .size(
+                    owner.vm,
+                    queues,
+                    self.cfg.spatial_headroom_pct,
+                    self.cfg.spatial_max_permille,
+                )
+                .map(|k| by_latency.map_or(k, |l| k.min(l)));
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;
             }
@@ -129,13 +136,40 @@ impl Scheduler {
         } else {
             None
         };
+        // A reservation another higher VM still holds across its gaps (two
+        // RT tenants at different levels) passes to the owner without
+        // shrinking: the lower work is on the other CUs already, and
+        // trading one reservation between two VMs would save it at every
+        // switch.
+        let mut kept = false;
+        let cand = cand.map(|c| match prev {
+            Some(pr)
+                if c.k > 0
+                    && pr.k > 0
+                    && pr.vm != owner.vm
+                    && pr.level != owner.level
+                    && self.spatial_held(p, pr) =>
+            {
+                kept = true;
+                Reservation {
+                    k: c.k.max(pr.k),
+                    ..c
+                }
+            }
+            _ => c,
+        });
         let r = cand.or_else(|| {
-            prev.filter(|r| r.vm != owner.vm && r.level > owner.level && self.spatial_held(*r))
+            prev.filter(|r| {
+                r.vm != owner.vm
+                    && r.level > owner.level
+                    && self.spatial_held(p, *r)
+                    && (r.k > 0 || self.coreside_still(p, *r))
+            })
         });
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
             (Some(r), _) if r.k == 0 => false,
-            (Some(r), Some(pr)) => pr.vm != r.vm || r.k > pr.k || pr.k == 0,
+            (Some(r), Some(pr)) => (pr.vm != r.vm && !kept) || r.k > pr.k || pr.k == 0,
             (Some(_), None) => true,
             _ => false,
         };
@@ -153,11 +187,56 @@ impl Scheduler {
         if max == 0 {
             return false;
         }
+        // A CU holds two workgroups when both fit: with two lower queues
+        // resident at once (running, or a parked owner's busy queues that
+        // map back beside it) each CU's second place may already be taken,
+        // and the owner would wait for lower workgroups to end.
+        if self.lower_resident_queues(p, owner.level) >= 2 {
+            return false;
+        }
+        // Sharing a CU at most doubles the owner's job, a delay of at most
+        // its solo time `s`; the promise lets a higher VM wait one save and
+        // restore of the work it displaces: `s <= t_save + t_restore`, with
+        // the partition's measured save when that is longer.
+        let max = max.max(self.parts[p].aging.save_ewma.saturating_mul(2));
         let lower = self.parts[p]
             .busy
             .range(..owner.level)
             .flat_map(|(_, m)| m.keys().copied());
         self.spatial.can_coreside(owner.vm, lower, max)
+    }
+
+    /// How many queues below `level` may hold CUs of `p` at once beside an
+    /// owner at `level`: the lower queues running now plus the queues being
+    /// saved (their workgroups keep their CUs until the save completes, and
+    /// the queue replacing them takes each CU's second place meanwhile), or
+    /// the busy queues of the parked (displaced) owner, which map back
+    /// beside it, whichever is more.
+    fn lower_resident_queues(&self, p: usize, level: u16) -> usize {
+        let part = &self.parts[p];
+        let running = part.running.iter().take_while(|e| e.0 < level).count() + part.freeing;
+        let parked = part
+            .parked
+            .filter(|k| k.level < level)
+            .and_then(|k| part.busy.get(&k.level).and_then(|m| m.get(&k.vm)))
+            .map_or(0, |&n| n as usize);
+        running.max(parked)
+    }
+
+    /// Does a held co-residence of an idle higher VM still hold under the
+    /// lower work now in `p` (a slice switch below it may have put two
+    /// lower queues on every CU)? If not it ends, and the VM's next
+    /// doorbell decides afresh (a reservation or a save).
+    fn coreside_still(&self, p: usize, r: Reservation) -> bool {
+        let owner = SliceOwner {
+            vm: r.vm,
+            level: r.level,
+            since: self.now,
+            drained: None,
+            hold: 0,
+            cost_held: false,
+        };
+        self.spatial_coreside(p, owner)
     }
 
     /// Is a lower-level queue running in `p`?
@@ -168,14 +247,24 @@ impl Scheduler {
             .is_some_and(|&(l, _, _)| l < level)
     }
 
-    /// Does a reservation outlive its VM's idle gap (short re-ring gap, idle
-    /// not longer than `spatial_hold_ns`, same level)?
-    fn spatial_held(&self, r: Reservation) -> bool {
-        let hold = self.cfg.spatial_hold_ns;
+    /// How long a reservation of `vm` in `p` outlives its idle gaps: at
+    /// least `spatial_hold_ns`, and as long as the cost-aware hold would
+    /// keep the whole partition for it (`Scheduler::cost_hold_at_drain`):
+    /// keeping its CUs costs the lower work less than the whole partition.
+    fn spatial_hold_for(&self, p: usize, vm: VmId) -> Nanos {
+        self.cfg.spatial_hold_ns.max(self.cost_hold_at_drain(p, vm))
+    }
+
+    /// Does a reservation outlive its VM's idle gap (short re-ring gap or
+    /// a gap the cost-aware hold would hold through, idle not longer than
+    /// [`Scheduler::spatial_hold_for`], same level)?
+    fn spatial_held(&self, p: usize, r: Reservation) -> bool {
+        let cost = self.cost_hold_at_drain(p, r.vm);
+        let hold = self.cfg.spatial_hold_ns.max(cost);
         self.vms.get(&r.vm).is_some_and(|v| {
             !v.removed
                 && v.params.priority as u16 == r.level
-                && v.gap_ewma <= hold
+                && (v.gap_ewma <= self.cfg.spatial_hold_ns || cost > 0)
                 && (v.busy > 0 || self.now.saturating_sub(v.idle_at) <= hold)
         })
     }
@@ -188,12 +277,13 @@ impl Scheduler {
         self.spatial
             .res
             .iter()
-            .flatten()
-            .filter_map(|r| self.vms.get(&r.vm))
-            .filter(|v| v.busy == 0)
-            .map(|v| {
+            .enumerate()
+            .filter_map(|(p, r)| r.map(|r| (p, r)))
+            .filter_map(|(p, r)| self.vms.get(&r.vm).map(|v| (p, r, v)))
+            .filter(|(_, _, v)| v.busy == 0)
+            .map(|(p, r, v)| {
                 v.idle_at
-                    .saturating_add(self.cfg.spatial_hold_ns)
+                    .saturating_add(self.spatial_hold_for(p, r.vm))
                     .saturating_add(1)
             })
             .filter(|&t| t > self.now)

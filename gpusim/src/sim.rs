@@ -1417,6 +1417,23 @@ impl SimGpu {
         self.dispatch(p);
     }
 
+    /// For each of `batches` (of `slot`'s queue): whether it ends where its
+    /// packet's handed-out workgroups end (`next_wg`), i.e. whether its
+    /// unstarted workgroups may go back to the packet.
+    fn tail_flags(&self, slot: u32, batches: &[u32]) -> Vec<bool> {
+        let q = self.slots[slot as usize].as_ref().expect("slot");
+        batches
+            .iter()
+            .map(|&bi| {
+                let b = &self.batches[bi as usize];
+                q.active
+                    .iter()
+                    .find(|a| a.id == b.id)
+                    .is_none_or(|a| b.end >= a.next_wg)
+            })
+            .collect()
+    }
+
     /// Live batches of the queue in `slot`.
     fn slot_batches(&self, slot: u32, qgen: u64) -> Vec<u32> {
         (0..self.batches.len() as u32)
@@ -1536,7 +1553,7 @@ impl SimGpu {
         let p = self.slot_part[slot as usize];
         let part = &mut self.parts[p as usize];
         if self.wgs[idx as usize].guest {
-            release_guest(part, cu);
+            release_guest(part, cu, slot);
         } else if release_cu(part, cu) {
             part.free_cus += 1;
         }
@@ -1638,10 +1655,18 @@ impl SimGpu {
 
     /// DrainPipe: batches stop at the end of their current round (one not
     /// started gives its CUs back); the rest goes back to the packet.
+    ///
+    /// A batch below workgroups handed out after it (not its packet's tail)
+    /// runs to its end: its workgroups cannot go back to the packet.
     fn drain_batches(&mut self, slot: u32, qgen: u64) {
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
-        for bi in self.slot_batches(slot, qgen) {
+        let batches = self.slot_batches(slot, qgen);
+        let tails = self.tail_flags(slot, &batches);
+        for (bi, tail) in batches.into_iter().zip(tails) {
+            if !tail {
+                continue;
+            }
             let b = self.batches[bi as usize];
             let (_, started, _) = b.progress(now);
             let q = self.slots[slot as usize].as_mut().expect("slot");
@@ -1672,17 +1697,31 @@ impl SimGpu {
     /// SaveWaves: finished rounds apply their effects; the current round's
     /// workgroups become saved waves (returned); unstarted workgroups go back
     /// to the packet; CUs not running a saved wave are freed at once.
+    ///
+    /// Unstarted workgroups go back to the packet (its `next_wg` lowered)
+    /// only from the packet's tail batch: a batch below workgroups handed
+    /// out after it (the first round of a batch cut at its start instant,
+    /// followed by a guest's workgroup and a later batch) saves them as
+    /// waves that have not run yet (`remaining` = a whole workgroup), or
+    /// the restore would find a saved wave at or past `next_wg`.
     fn save_batches(&mut self, slot: u32, qgen: u64) -> QResult<Vec<SavedWg>> {
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let mut saved = Vec::new();
         let mut freed = 0;
-        for bi in self.slot_batches(slot, qgen) {
+        let batches = self.slot_batches(slot, qgen);
+        let tails = self.tail_flags(slot, &batches);
+        for (bi, tail) in batches.into_iter().zip(tails) {
             let b = self.batches[bi as usize];
             self.batches[bi as usize].live = false;
             self.free_batches.push(bi);
-            let (done, started, into) = b.progress(now);
-            let running = started - b.first - done;
+            let (done, mut started, into) = b.progress(now);
+            let mut unrun = 0;
+            if !tail && started < b.end {
+                unrun = b.end - started;
+                started = b.end;
+            }
+            let running = (started - b.first - done).min(b.held as u64);
             if let Err(e) = self.batch_effects(slot, b.id, b.first, b.first + done) {
                 // `fail` frees the CUs still held by the slot.
                 self.parts[p].free_cus += freed;
@@ -1704,10 +1743,11 @@ impl SimGpu {
                 }
             }
             for wg in b.first + done..started {
+                let whole = wg >= started - unrun;
                 saved.push(SavedWg {
                     id: b.id,
                     wg,
-                    remaining: b.cost - into,
+                    remaining: if whole { b.cost } else { b.cost - into },
                 });
             }
         }
@@ -2296,11 +2336,14 @@ impl PhysGpu for SimGpu {
                         if let Some(a) = q.active.iter_mut().find(|a| a.id == w.id) {
                             a.inflight -= 1;
                         }
-                        // A guest's lane is given back below; its waves are
+                        // A saved guest gives its lane back (only the saved
+                        // ones: a guest without a save point keeps running
+                        // in its lane, freed when it ends); its waves are
                         // saved with the rest (the work it has left, at its
                         // solo rate).
                         let remaining = if w.guest {
                             guests += 1;
+                            release_guest(&mut self.parts[p], w.cu, s);
                             occupancy::guest_left(now, w.end, w.shared_until)
                         } else {
                             w.end.saturating_sub(now)
@@ -2318,10 +2361,9 @@ impl PhysGpu for SimGpu {
                 }
                 q.resume.make_contiguous()[..n as usize].sort_unstable();
                 q.inflight = unsaved;
-                // Guests held no CU of their own: their lanes free now.
+                // Saved guests held no CU of their own (their lanes are free).
                 q.held_cus = n - guests;
                 q.saved_guests = guests;
-                release_guests(&mut self.parts[p], s);
                 self.stats.saved_wgs += n as u64;
                 if unsaved > 0 {
                     q.save_waiting = true;
@@ -2656,12 +2698,17 @@ fn release_cus(part: &mut Part, slot: u32, _saved: bool) -> u32 {
     n
 }
 
-/// The guest workgroup on `cu` left: a CU without an owner becomes free
-/// (counted here). Returns whether it did.
-fn release_guest(part: &mut Part, cu: u32) -> bool {
+/// The guest workgroup of `slot` on `cu` left: its lane is free (unless
+/// another queue's guest holds it: a lane is given back only by its own
+/// guest), and a CU without an owner becomes free (counted here). Returns
+/// whether it did.
+fn release_guest(part: &mut Part, cu: u32, slot: u32) -> bool {
     let Some(g) = part.cu_guest.get_mut(cu as usize) else {
         return false;
     };
+    if *g != slot + 1 {
+        return false;
+    }
     *g = 0;
     if part.cu_owner[cu as usize] == 0 && !part.free_mask.contains(cu) {
         part.free_mask.insert(cu);
@@ -2676,7 +2723,7 @@ fn release_guest(part: &mut Part, cu: u32) -> bool {
 fn release_guests(part: &mut Part, slot: u32) -> u32 {
     let mut n = 0;
     for cu in 0..part.cu_guest.len() {
-        if part.cu_guest[cu] == slot + 1 && release_guest(part, cu as u32) {
+        if release_guest(part, cu as u32, slot) {
             n += 1;
         }
     }

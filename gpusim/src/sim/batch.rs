@@ -337,21 +337,43 @@ impl SimGpu {
         self.dispatch(p);
     }
 
-    /// For each of `batches` (of `slot`'s queue): whether it ends where its
-    /// packet's handed-out workgroups end (`next_wg`), i.e. whether its
-    /// unstarted workgroups may go back to the packet.
+    /// For each of `batches` (of `slot`'s queue): whether its unstarted
+    /// workgroups may go back to the packet, i.e. whether every workgroup
+    /// from its end up to the packet's `next_wg` goes back too: the batch
+    /// ending at `next_wg`, then, while a batch has not started any, the
+    /// batch ending at its first, and so on. A batch outside that chain
+    /// lies below workgroups handed out after it (a guest's, one already
+    /// running).
     pub(super) fn tail_flags(&self, slot: u32, batches: &[u32]) -> Vec<bool> {
+        let now = self.now;
         let q = self.slots[slot as usize].as_ref().expect("slot");
-        batches
-            .iter()
-            .map(|&bi| {
-                let b = &self.batches[bi as usize];
-                q.active
-                    .iter()
-                    .find(|a| a.id == b.id)
-                    .is_none_or(|a| b.end >= a.next_wg)
-            })
-            .collect()
+        let mut tail = vec![false; batches.len()];
+        for k in 0..batches.len() {
+            let id = self.batches[batches[k] as usize].id;
+            if batches[..k]
+                .iter()
+                .any(|&o| self.batches[o as usize].id == id)
+            {
+                continue; // its packet's chain is done
+            }
+            let Some(a) = q.active.iter().find(|a| a.id == id) else {
+                tail[k] = true;
+                continue;
+            };
+            let mut hi = a.next_wg;
+            while let Some(j) = (0..batches.len()).find(|&j| {
+                let b = &self.batches[batches[j] as usize];
+                !tail[j] && b.id == id && b.end == hi
+            }) {
+                tail[j] = true;
+                let b = &self.batches[batches[j] as usize];
+                if b.progress(now).1 > b.first {
+                    break; // workgroups below it are running
+                }
+                hi = b.first;
+            }
+        }
+        tail
     }
 
     /// Live batches of the queue in `slot`.

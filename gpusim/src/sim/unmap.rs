@@ -406,7 +406,7 @@ impl SimGpu {
     /// to the packet; CUs not running a saved wave are freed at once.
     ///
     /// Unstarted workgroups go back to the packet (its `next_wg` lowered)
-    /// only from the packet's tail batch: a batch
+    /// only from the packet's tail batches ([`Self::tail_flags`]): a batch
     /// below workgroups handed out after it (the first round of a batch
     /// cut at its start instant, followed by a guest's workgroup and a
     /// later batch) saves them as waves that have not run yet (`remaining`

@@ -7,6 +7,14 @@
 //! with the monotonic clock and sleeps until the next deadline or a kick.
 //!
 //! See `docs/gpu-model.md` for the model, its constants and their sources.
+//!
+//! This file holds the state (queues, workgroups, batches, partitions), the
+//! event loop, queue errors and the [`PhysGpu`] impl, which delegates to one
+//! file per concern: `packet` (CP fetch, barriers, doorbell, decode,
+//! completion, effects), `dispatch` (CU arbitration, guests, single
+//! workgroups), `batch` (lock-step batches), `unmap` (map with restore,
+//! dequeue modes, save time), `cwsr` (the control record) and `mask` (CU
+//! masks).
 
 mod batch;
 mod cwsr;

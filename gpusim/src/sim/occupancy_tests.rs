@@ -171,6 +171,38 @@ proptest! {
         starts in proptest::collection::vec(0u64..2000, 3),
         seed in 0u64..100,
     ) {
+        check_coresident(&shapes, &sets, &costs, &groups, save_at, &starts, seed)?;
+    }
+}
+
+/// A proptest seed that once failed the restore of its save with
+/// `BadSavedState` (the save of a queue whose batch was cut by a host mask
+/// change while a guest of it ran elsewhere).
+#[test]
+fn coresident_regression_bad_saved_state() {
+    check_coresident(
+        &[0, 1, 1],
+        &[8, 8, 0],
+        &[1, 93, 46],
+        &[1, 16, 17],
+        Some((1, 2848)),
+        &[989, 988, 529],
+        0,
+    )
+    .unwrap();
+}
+
+/// The body of [`coresident_workgroups_fit_their_cu_and_mask`].
+fn check_coresident(
+    shapes: &[u8],
+    sets: &[u8],
+    costs: &[u64],
+    groups: &[u32],
+    save_at: Option<(usize, u64)>,
+    starts: &[u64],
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    {
         let t = topo();
         let mut vm = TestVm::new(64 << 20);
         let mut gpu = sim(t.clone(), seed);
@@ -180,8 +212,24 @@ proptest! {
             let (v, items) = shape(shapes[i]);
             vm.kernel_vgprs = v;
             fps.push(Footprint::of(items as u64, v, 0));
-            vm.kernel(q, KernelKind::Mark, groups[i], items, costs[i] * 10, i as u32, false);
-            vm.kernel(q, KernelKind::Mark, groups[i], items, costs[i] * 7, 7 + i as u32, true);
+            vm.kernel(
+                q,
+                KernelKind::Mark,
+                groups[i],
+                items,
+                costs[i] * 10,
+                i as u32,
+                false,
+            );
+            vm.kernel(
+                q,
+                KernelKind::Mark,
+                groups[i],
+                items,
+                costs[i] * 7,
+                7 + i as u32,
+                true,
+            );
         }
         let set_of = |c: u8| match c % 3 {
             0 => CuSet::All,
@@ -197,15 +245,21 @@ proptest! {
             for i in 0..3 {
                 if !mapped[i] && starts[i] <= now {
                     let m = host(set_of(sets[i]));
-                    gpu.map_with_cu_mask(now, map_req(&vm, &qs[i], i as u32, i as u64), Some(&m)).unwrap();
+                    gpu.map_with_cu_mask(now, map_req(&vm, &qs[i], i as u32, i as u64), Some(&m))
+                        .unwrap();
                     mapped[i] = true;
                 }
             }
             let mut on: Vec<Vec<usize>> = vec![Vec::new(); 16];
             for i in 0..3 {
-                if !mapped[i] { continue; }
+                if !mapped[i] {
+                    continue;
+                }
                 for cu in gpu.running_cus(SlotId(i as u32)) {
-                    prop_assert!(set_of(sets[i]).contains(cu % 8, 8), "queue {i} on CU {cu} outside its mask");
+                    prop_assert!(
+                        set_of(sets[i]).contains(cu % 8, 8),
+                        "queue {i} on CU {cu} outside its mask"
+                    );
                     on[cu as usize].push(i);
                 }
             }
@@ -213,24 +267,39 @@ proptest! {
                 prop_assert!(qs_on.len() <= 2, "CU {cu} runs {qs_on:?}");
                 if let [a, b] = qs_on[..] {
                     prop_assert!(a != b, "CU {cu} runs two workgroups of queue {a}");
-                    prop_assert!(fps[a].fits_with(fps[b]), "CU {cu}: {:?} and {:?} do not fit", fps[a], fps[b]);
+                    prop_assert!(
+                        fps[a].fits_with(fps[b]),
+                        "CU {cu}: {:?} and {:?} do not fit",
+                        fps[a],
+                        fps[b]
+                    );
                 }
             }
             let next = gpu.next_deadline();
             let start_due = (0..3).filter(|&i| !mapped[i]).map(|i| starts[i]).min();
             let save_due = save_at.filter(|_| !save_done).map(|s| s.1);
-            let Some(t_next) = [next, start_due, save_due].into_iter().flatten().min() else { break };
+            let Some(t_next) = [next, start_due, save_due].into_iter().flatten().min() else {
+                break;
+            };
             now = now.max(t_next);
             ev.clear();
             gpu.advance(now, &mut ev);
             for e in ev.drain(..) {
-                if let GpuEvent::Unmapped { tag, mqd, has_work, .. } = e {
+                if let GpuEvent::Unmapped {
+                    tag, mqd, has_work, ..
+                } = e
+                {
                     let i = tag as usize;
                     qs[i].mqd = *mqd;
                     mapped[i] = false;
                     if has_work {
                         let m = host(set_of(sets[i]));
-                        gpu.map_with_cu_mask(now, map_req(&vm, &qs[i], i as u32, i as u64), Some(&m)).unwrap();
+                        gpu.map_with_cu_mask(
+                            now,
+                            map_req(&vm, &qs[i], i as u32, i as u64),
+                            Some(&m),
+                        )
+                        .unwrap();
                         mapped[i] = true;
                     }
                 }
@@ -239,17 +308,25 @@ proptest! {
                 if at <= now {
                     save_done = true;
                     if mapped[i] {
-                        gpu.unmap(now, SlotId(i as u32), DequeueMode::SaveWaves).unwrap();
+                        gpu.unmap(now, SlotId(i as u32), DequeueMode::SaveWaves)
+                            .unwrap();
                     }
                 }
             }
         }
         run_virtual(&mut gpu, now, u64::MAX, &mut ev);
         for e in ev.drain(..) {
-            if let GpuEvent::Unmapped { tag, mqd, has_work: true, .. } = e {
+            if let GpuEvent::Unmapped {
+                tag,
+                mqd,
+                has_work: true,
+                ..
+            } = e
+            {
                 let i = tag as usize;
                 qs[i].mqd = *mqd;
-                gpu.map(now, map_req(&vm, &qs[i], i as u32, i as u64)).unwrap();
+                gpu.map(now, map_req(&vm, &qs[i], i as u32, i as u64))
+                    .unwrap();
             }
         }
         run_virtual(&mut gpu, now, u64::MAX, &mut ev);
@@ -258,4 +335,159 @@ proptest! {
         }
         prop_assert_eq!(gpu.free_cus(0), 16);
     }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// Three queues of several kernels with random shapes (some without a
+    /// save point), host masks changed while they run, and CWSR saves
+    /// requested at the instant of a model event (where a batch starts, a
+    /// workgroup ends, a guest joins), each queue mapped again at once:
+    /// every save's record fits the largest record, every restore accepts
+    /// it (no queue error), and every effect lands exactly once.
+    #[test]
+    fn every_save_restores(
+        shapes in proptest::collection::vec(0u8..20, 3),
+        no_save in proptest::collection::vec(proptest::bool::weighted(0.2), 3),
+        costs in proptest::collection::vec(1u64..120, 3),
+        groups in proptest::collection::vec(1u32..40, 3),
+        kernels in 1usize..4,
+        masks in proptest::collection::vec((0usize..3, 0u8..21, 1usize..60), 0..6),
+        saves in proptest::collection::vec((0usize..3, 1usize..60), 1..10),
+        seed in 0u64..100,
+    ) {
+        check_every_save_restores(&shapes, &no_save, &costs, &groups, kernels, &masks, &saves, seed)?;
+    }
+}
+
+/// The body of [`every_save_restores`]: `masks` and `saves` name the
+/// model event (by count) at which a queue's host mask changes or its save
+/// is requested.
+#[allow(clippy::too_many_arguments)]
+fn check_every_save_restores(
+    shapes: &[u8],
+    no_save: &[bool],
+    costs: &[u64],
+    groups: &[u32],
+    kernels: usize,
+    masks: &[(usize, u8, usize)],
+    saves: &[(usize, usize)],
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let t = topo();
+    let params = SimParams {
+        wg_floor_ns: 0,
+        ..Default::default()
+    };
+    let max_record = params.max_control_record_bytes(&t);
+    let mut vm = TestVm::new(64 << 20);
+    let mut gpu = sim(t.clone(), seed);
+    let mut qs: Vec<GuestQueue> = (0..3).map(|_| vm.queue(&t, 64, 5)).collect();
+    for (i, q) in qs.iter_mut().enumerate() {
+        let (v, items) = shape(shapes[i]);
+        vm.kernel_vgprs = v;
+        vm.kernel_flags = if no_save[i] {
+            abi::kernel::flags::NO_SAVE_POINT
+        } else {
+            0
+        };
+        for k in 0..kernels {
+            let c = costs[i] * (10 - 3 * k as u64);
+            let g = groups[i] + 7 * k as u32;
+            vm.kernel(
+                q,
+                KernelKind::Mark,
+                g,
+                items,
+                c,
+                (10 * k + i) as u32,
+                k % 2 == 1,
+            );
+        }
+    }
+    let set_of = |c: u8| match c % 3 {
+        0 => CuSet::All,
+        1 => CuSet::Top(1 + (c as u32 / 3) % 7),
+        _ => CuSet::AllBut(1 + (c as u32 / 3) % 7),
+    };
+    let host = |s: CuSet| CuMask::from_set(s, 8, 2);
+    let mut mapped = [true; 3];
+    let mut unmapping = [false; 3];
+    for (i, q) in qs.iter().enumerate() {
+        gpu.map(0, map_req(&vm, q, i as u32, i as u64)).unwrap();
+    }
+    let mut now = 0;
+    let mut ev = Vec::new();
+    let mut step = 0usize;
+    let mut errors = Vec::new();
+    while let Some(t_next) = gpu.next_deadline() {
+        if step > 200_000 {
+            break;
+        }
+        step += 1;
+        now = now.max(t_next);
+        gpu.advance(now, &mut ev);
+        for e in ev.drain(..) {
+            match e {
+                GpuEvent::Unmapped {
+                    tag, mqd, has_work, ..
+                } => {
+                    let i = tag as usize;
+                    let rec = mqd.cntl_stack_size() - mqd.cntl_stack_offset();
+                    prop_assert!(
+                        rec as u64 <= max_record,
+                        "queue {i}: a {rec}-byte record, above the largest {max_record}"
+                    );
+                    qs[i].mqd = *mqd;
+                    mapped[i] = false;
+                    unmapping[i] = false;
+                    if has_work {
+                        gpu.map(now, map_req(&vm, &qs[i], i as u32, i as u64))
+                            .unwrap();
+                        mapped[i] = true;
+                    }
+                }
+                GpuEvent::QueueError { tag, reason, .. } => errors.push((tag, reason)),
+                _ => {}
+            }
+        }
+        for &(i, c, at) in masks {
+            if at == step && mapped[i] {
+                gpu.set_cu_mask(now, SlotId(i as u32), &host(set_of(c)))
+                    .unwrap();
+            }
+        }
+        for &(i, at) in saves {
+            if at == step && mapped[i] && !unmapping[i] {
+                gpu.unmap(now, SlotId(i as u32), DequeueMode::SaveWaves)
+                    .unwrap();
+                unmapping[i] = true;
+            }
+        }
+    }
+    prop_assert!(errors.is_empty(), "queue errors {errors:?}");
+    for q in &qs {
+        prop_assert_eq!(vm.verify(q), Ok(()));
+    }
+    prop_assert_eq!(gpu.free_cus(0), 16);
+    Ok(())
+}
+
+/// The shrunk case of a save record the restore refused ("record counts
+/// out of range"): see [`every_save_restores`].
+#[test]
+fn every_save_restores_regression_record_counts() {
+    check_every_save_restores(
+        &[1, 1, 1],
+        &[false, true, false],
+        &[1, 7, 18],
+        &[4, 12, 33],
+        3,
+        &[],
+        &[(2, 17), (1, 13)],
+        0,
+    )
+    .unwrap();
 }

@@ -1,0 +1,552 @@
+//! Dispatch and CU arbitration: free CUs handed to queues round robin,
+//! guests beside another queue's workgroup (occupancy), the rebalance of
+//! batches when a queue holds less than an equal split, single
+//! workgroups (jitter, waves without a save point) and their completion.
+
+use super::*;
+
+impl SimGpu {
+    /// Hand free CUs of partition `p` to active queues, round robin, priority blind.
+    pub(super) fn dispatch(&mut self, p: u32) {
+        let pi = p as usize;
+        let n = self.parts[pi].slots.len();
+        debug_assert_eq!(
+            self.parts[pi].free_cus,
+            self.parts[pi].free_mask.count(),
+            "free CU count and free CU set disagree"
+        );
+        while self.parts[pi].free_cus > 0 {
+            let mut chosen = None;
+            for k in 0..n {
+                let pos = (self.parts[pi].rr + k) % n;
+                let s = self.parts[pi].slots[pos];
+                if let Some(q) = self.slots[s as usize].as_ref() {
+                    if q.state == HState::Active
+                        && self.dispatchable(q).is_some()
+                        && q.mask
+                            .as_ref()
+                            .is_none_or(|m| m.first_in(&self.parts[pi].free_mask).is_some())
+                    {
+                        chosen = Some((pos, s));
+                        break;
+                    }
+                }
+            }
+            let Some((pos, s)) = chosen else { break };
+            self.parts[pi].rr = (pos + 1) % n;
+            self.start_one(s);
+        }
+        self.place_guests(p);
+        if self.parts[pi].free_cus == 0 {
+            self.rebalance(p);
+        }
+        self.flush_batches();
+    }
+
+    /// Occupancy: a queue with a workgroup to launch and no free CU in its
+    /// mask puts it beside another queue's workgroup, on a CU of its mask
+    /// where both fit ([`Footprint::fits_with`]; at most one guest per CU),
+    /// round robin over the slots. A queue's own further workgroups wait
+    /// for its own CUs (its kernels run in lock-step rounds, one workgroup
+    /// per CU), so a lone kernel runs as before.
+    pub(super) fn place_guests(&mut self, p: u32) {
+        let pi = p as usize;
+        let n = self.parts[pi].slots.len();
+        loop {
+            let mut placed = false;
+            for k in 0..n {
+                let pos = (self.parts[pi].rr + k) % n;
+                let s = self.parts[pi].slots[pos];
+                if self.try_guest(s) {
+                    placed = true;
+                }
+            }
+            if !placed {
+                break;
+            }
+        }
+    }
+
+    /// Launches one workgroup of `slot` as a guest if it has one to launch,
+    /// no free CU in its mask, and a CU of its mask has room beside its
+    /// owner's workgroup. The two share the CU at half rate each
+    /// ([`occupancy::share`]): the owner's workgroup (a batch: its
+    /// lock-step rounds) is delayed by the CU time the guest takes from it.
+    pub(super) fn try_guest(&mut self, slot: u32) -> bool {
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let Some(q) = self.slots[slot as usize].as_ref() else {
+            return false;
+        };
+        if q.state != HState::Active {
+            return false;
+        }
+        let part = &self.parts[p];
+        let has_free = match q.mask.as_ref() {
+            Some(m) => m.first_in(&part.free_mask).is_some(),
+            None => part.free_cus > 0,
+        };
+        if has_free {
+            return false;
+        }
+        // What it would launch next: a saved workgroup, else the next one
+        // of the first packet that has one (as `start_one`).
+        let (id, fp, cost) = if let Some(sw) = q.resume.front() {
+            (sw.id, packet_fp(q, sw.id), sw.remaining)
+        } else {
+            let Some(a) = q
+                .active
+                .iter()
+                .find(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
+            else {
+                return false;
+            };
+            let Work::Dispatch(d) = a.work else {
+                return false;
+            };
+            (a.id, d.fp, self.wg_cost(&d))
+        };
+        if fp == Footprint::WHOLE {
+            return false;
+        }
+        let mut host = None;
+        let ncu = part.cu_owner.len();
+        for k in 0..ncu {
+            // Round robin over CUs, as the dispatcher spreads workgroups.
+            let cu = (part.guest_rr + k) % ncu;
+            let owner = part.cu_owner[cu];
+            if owner == 0
+                || owner == slot + 1
+                || part.cu_guest[cu] != 0
+                || !part.cu_fp[cu].fits_with(fp)
+                || q.mask.as_ref().is_some_and(|m| !m.contains(cu as u32))
+            {
+                continue;
+            }
+            // The owner's running workgroup on it (none: its waves are
+            // being saved, the CU is not running).
+            let hs = owner - 1;
+            let b = (0..self.batches.len()).find(|&bi| {
+                let b = &self.batches[bi];
+                b.live && b.slot == hs && self.batch_cus[bi].contains(&(cu as u32))
+            });
+            if let Some(bi) = b {
+                host = Some((cu as u32, Ok(bi as u32)));
+                break;
+            }
+            let w = self
+                .wgs
+                .iter()
+                .position(|w| w.live && !w.guest && w.slot == hs && w.cu == cu as u32);
+            if let Some(wi) = w {
+                host = Some((cu as u32, Err(wi as u32)));
+                break;
+            }
+        }
+        let Some((cu, h)) = host else {
+            return false;
+        };
+        let (delay, wall) = match h {
+            Ok(bi) => {
+                // The batch's rounds end as late as its most delayed CU.
+                let b = &mut self.batches[bi as usize];
+                let (d, wall) = occupancy::share(cost, b.finish().saturating_sub(now));
+                let debt = &mut self.parts[p].cu_debt[cu as usize];
+                *debt = debt.saturating_add(d);
+                if *debt > b.shifted {
+                    b.shifted = *debt;
+                    self.touch_batch(bi);
+                }
+                (d, wall)
+            }
+            Err(wi) => {
+                let w = &mut self.wgs[wi as usize];
+                let (d, wall) = occupancy::share(cost, w.end.saturating_sub(now));
+                if d > 0 {
+                    w.end = w.end.saturating_add(d);
+                    w.gen = w.gen.wrapping_add(1);
+                    let (end, gen) = (w.end, w.gen);
+                    self.arm(end, Timer::WgDone { idx: wi, gen });
+                }
+                (d, wall)
+            }
+        };
+        let q = self.slots[slot as usize].as_mut().expect("slot");
+        let wg = if q.resume.front().is_some_and(|sw| sw.id == id) {
+            let sw = q.resume.pop_front().expect("front");
+            sw.wg
+        } else {
+            let Some(a) = q.active.iter_mut().find(|a| a.id == id) else {
+                return false;
+            };
+            let wg = a.next_wg;
+            a.next_wg += 1;
+            wg
+        };
+        if let Some(a) = q.active.iter_mut().find(|a| a.id == id) {
+            a.inflight += 1;
+        }
+        q.inflight += 1;
+        let qgen = q.gen;
+        self.parts[p].cu_guest[cu as usize] = slot + 1;
+        self.parts[p].guest_rr = (cu as usize + 1) % self.parts[p].cu_guest.len();
+        self.stats.coresident_wgs += 1;
+        self.push_wg(Wg {
+            slot,
+            cu,
+            qgen,
+            id,
+            wg,
+            end: now.saturating_add(wall),
+            gen: 0,
+            live: true,
+            guest: true,
+            shared_until: now.saturating_add(delay.saturating_mul(2)),
+            work: cost,
+        });
+        true
+    }
+
+    /// CU round robin across batches: when a queue that wants CUs holds
+    /// fewer than an equal split of the partition, the batches of queues
+    /// holding more stop at the end of their current round, whose CUs the
+    /// round robin then hands out again (as freed workgroups' CUs are).
+    pub(super) fn rebalance(&mut self, p: u32) {
+        let pi = p as usize;
+        let mut want = 0u32;
+        let mut min_held = u32::MAX;
+        for &s in &self.parts[pi].slots {
+            if let Some(q) = self.slots[s as usize].as_ref() {
+                if q.state == HState::Active && self.dispatchable(q).is_some() {
+                    want += 1;
+                    min_held = min_held.min(q.inflight);
+                }
+            }
+        }
+        if want < 2 && min_held > 0 {
+            return;
+        }
+        let share = self.topo.cus_per_partition() / want.max(1);
+        if min_held >= share {
+            return;
+        }
+        let now = self.now;
+        for bi in 0..self.batches.len() as u32 {
+            let b = self.batches[bi as usize];
+            if !b.live || self.slot_part[b.slot as usize] != p {
+                continue;
+            }
+            let Some(q) = self.slots[b.slot as usize].as_mut() else {
+                continue;
+            };
+            if q.inflight <= share || q.gen != b.qgen {
+                continue;
+            }
+            // A batch that starts now runs one round; one that starts later
+            // (the rest of a cut batch) is left alone: its predecessor's CUs
+            // are about to be handed out anyway.
+            if now < b.start {
+                continue;
+            }
+            let started = b.started_by(now);
+            if started >= b.end {
+                continue;
+            }
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
+                a.next_wg = a.next_wg.min(started);
+            }
+            self.batches[bi as usize].end = started;
+            self.touch_batch(bi);
+        }
+    }
+
+    /// What a free CU given to queue `q` would run: `Some(None)` a saved
+    /// workgroup, `Some(Some(i))` packet `i` of the window, `None` nothing.
+    pub(super) fn dispatchable(&self, q: &Hqd) -> Option<Option<usize>> {
+        if !q.resume.is_empty() {
+            return Some(None);
+        }
+        let now = self.now;
+        q.active
+            .iter()
+            .position(|a| match a.work {
+                Work::Dispatch(d) => {
+                    a.next_wg < d.total
+                        || a.batch
+                            .is_some_and(|i| self.batches[i as usize].joinable(now))
+                }
+                _ => false,
+            })
+            .map(Some)
+    }
+
+    /// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
+    /// kernel's own), at least the modelled floor.
+    pub(super) fn wg_cost(&self, d: &Dispatch) -> Nanos {
+        super::wg_cost(&self.params, d)
+    }
+
+    /// Takes a free CU of `slot`'s partition inside the queue's effective
+    /// mask for it (`dispatch` chose the queue because one exists).
+    pub(super) fn take_cu(&mut self, slot: u32, fp: Footprint) -> u32 {
+        let p = self.slot_part[slot as usize] as usize;
+        let part = &mut self.parts[p];
+        let q = self.slots[slot as usize].as_ref().expect("slot");
+        let cu = match q.mask.as_ref() {
+            Some(m) => m.first_in(&part.free_mask),
+            None => part.free_mask.first_in(&part.free_mask),
+        }
+        .expect("dispatch chose a queue with a free CU in its mask");
+        part.free_mask.remove(cu);
+        part.cu_owner[cu as usize] = slot + 1;
+        part.cu_fp[cu as usize] = fp;
+        part.cu_debt[cu as usize] = 0;
+        cu
+    }
+
+    pub(super) fn start_one(&mut self, slot: u32) {
+        let jitter = self.params.jitter_permille as u64;
+        if jitter == 0 {
+            let q = self.slots[slot as usize].as_ref().expect("slot");
+            if let Some(Some(i)) = self.dispatchable(q) {
+                // Waves without a save point keep running through a save
+                // (the save waits for them): they run one by one.
+                let preemptible = !matches!(
+                    q.active[i].work,
+                    Work::Dispatch(d) if !d.desc.preemptible()
+                );
+                if preemptible {
+                    self.start_batched(slot, i);
+                    return;
+                }
+            }
+        }
+        let floor = self.params.wg_floor_ns;
+        let now = self.now;
+        let p = self.slot_part[slot as usize] as usize;
+        let q = self.slots[slot as usize].as_mut().expect("slot");
+        let (id, wg, dur) = if let Some(sw) = q.resume.pop_front() {
+            let Some(a) = q.active.iter_mut().find(|a| a.id == sw.id) else {
+                return; // validated on restore; unreachable
+            };
+            a.inflight += 1;
+            (sw.id, sw.wg, sw.remaining)
+        } else {
+            let Some(a) = q
+                .active
+                .iter_mut()
+                .find(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
+            else {
+                return;
+            };
+            let Work::Dispatch(d) = a.work else { return };
+            let wg = a.next_wg;
+            a.next_wg += 1;
+            a.inflight += 1;
+            let mut cost = d.desc.wg_cost_ns;
+            if let Kernarg::Spin { ns } = d.args {
+                if ns != 0 {
+                    cost = ns;
+                }
+            }
+            cost = cost.max(floor);
+            if jitter > 0 && cost > 0 {
+                let extra = self.rng.gen_range(0..=cost.saturating_mul(jitter) / 1000);
+                cost = cost.saturating_add(extra);
+            }
+            (a.id, wg, cost.max(MIN_WG_NS))
+        };
+        q.inflight += 1;
+        let qgen = q.gen;
+        let part = &mut self.parts[p];
+        let cu = match q.mask.as_ref() {
+            Some(m) => m.first_in(&part.free_mask),
+            None => part.free_mask.first_in(&part.free_mask),
+        }
+        .expect("dispatch chose a queue with a free CU in its mask");
+        part.free_mask.remove(cu);
+        part.cu_owner[cu as usize] = slot + 1;
+        part.cu_fp[cu as usize] = packet_fp(q, id);
+        self.parts[p].free_cus -= 1;
+        let end = now.saturating_add(dur);
+        self.push_wg(Wg {
+            slot,
+            cu,
+            qgen,
+            id,
+            wg,
+            end,
+            gen: 0,
+            live: true,
+            guest: false,
+            shared_until: 0,
+            work: dur,
+        });
+    }
+
+    /// Registers a started workgroup and arms its completion.
+    pub(super) fn push_wg(&mut self, w: Wg) {
+        let end = w.end;
+        let idx = if let Some(i) = self.free_wgs.pop() {
+            let gen = self.wgs[i as usize].gen.wrapping_add(1);
+            self.wgs[i as usize] = Wg { gen, ..w };
+            i
+        } else {
+            self.wgs.push(w);
+            (self.wgs.len() - 1) as u32
+        };
+        let gen = self.wgs[idx as usize].gen;
+        self.arm(end, Timer::WgDone { idx, gen });
+    }
+
+    pub(super) fn wg_done(&mut self, idx: u32, gen: u32) {
+        let w = &self.wgs[idx as usize];
+        if w.gen != gen {
+            return;
+        }
+        let live = w.live;
+        let (slot, id, wg, cu, work) = (w.slot, w.id, w.wg, w.cu, w.work);
+        self.free_wgs.push(idx);
+        self.wgs[idx as usize].live = false;
+        if !live {
+            return; // killed or saved; its CU was accounted for elsewhere
+        }
+        let p = self.slot_part[slot as usize];
+        let part = &mut self.parts[p as usize];
+        if self.wgs[idx as usize].guest {
+            release_guest(part, cu, slot);
+        } else if release_cu(part, cu) {
+            part.free_cus += 1;
+        }
+        if let Some(q) = self.slots[slot as usize].as_ref() {
+            super::credit(&mut self.cu_credit, q.tag, work);
+        }
+        let res = self.complete_wg(slot, id, wg);
+        if let Err(e) = res {
+            self.fail(slot, e);
+        }
+        self.after_release(slot, p);
+    }
+
+    pub(super) fn complete_wg(&mut self, slot: u32, id: u64, wg: u64) -> QResult<()> {
+        let q = self.slots[slot as usize]
+            .as_mut()
+            .expect("wg of empty slot");
+        let Some(i) = q.active.iter().position(|a| a.id == id) else {
+            return Err(QueueErrorReason::BadSavedState(
+                "workgroup of unknown packet",
+            ));
+        };
+        q.inflight -= 1;
+        let a = &mut q.active[i];
+        a.inflight -= 1;
+        a.done_wgs += 1;
+        let Work::Dispatch(d) = a.work else {
+            return Err(QueueErrorReason::BadSavedState(
+                "workgroup of non-dispatch packet",
+            ));
+        };
+        apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
+        self.stats.wgs_completed += 1;
+        self.complete_if_done(slot, i)
+    }
+
+    /// After CUs of `slot` came back: finish a drain, refetch, hand CUs out.
+    pub(super) fn after_release(&mut self, slot: u32, p: u32) {
+        let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
+            matches!(
+                q.state,
+                HState::Unmapping {
+                    mode: DequeueMode::DrainPipe,
+                    ..
+                }
+            ) && q.inflight == 0
+        });
+        let save_ready = self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.save_waiting && q.inflight == 0);
+        if drain_done {
+            self.finish_unmap(slot);
+        } else if save_ready {
+            self.arm_save_done(slot);
+        } else if self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.state == HState::Active)
+        {
+            self.pump(slot);
+        }
+        self.dispatch(p);
+    }
+}
+
+/// Footprint of a workgroup of packet `id` of `q` (a whole CU if unknown).
+pub(super) fn packet_fp(q: &Hqd, id: u64) -> Footprint {
+    q.active
+        .iter()
+        .find(|a| a.id == id)
+        .and_then(|a| match a.work {
+            Work::Dispatch(d) => Some(d.fp),
+            _ => None,
+        })
+        .unwrap_or(Footprint::WHOLE)
+}
+
+/// A live workgroup on `cu` finished: the CU is free, unless a guest
+/// workgroup still runs on it (it becomes free when the guest leaves).
+/// Returns whether it is free now (the caller counts it).
+pub(super) fn release_cu(part: &mut Part, cu: u32) -> bool {
+    if let Some(o) = part.cu_owner.get_mut(cu as usize) {
+        *o = 0;
+        if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
+            return false;
+        }
+        part.free_mask.insert(cu);
+        return true;
+    }
+    false
+}
+
+/// Frees the CUs held by `slot`: all of them (`saved`: the waves a save
+/// held until the dequeue finished), or those of workgroups just killed.
+/// Returns how many are free now (a CU with a guest on it is not yet).
+pub(super) fn release_cus(part: &mut Part, slot: u32, _saved: bool) -> u32 {
+    let mut n = 0;
+    for cu in 0..part.cu_owner.len() {
+        if part.cu_owner[cu] == slot + 1 && release_cu(part, cu as u32) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The guest workgroup of `slot` on `cu` left: its lane is free (unless
+/// another queue's guest holds it: a lane is given back only by its own
+/// guest), and a CU without an owner becomes free (counted here). Returns
+/// whether it did.
+pub(super) fn release_guest(part: &mut Part, cu: u32, slot: u32) -> bool {
+    let Some(g) = part.cu_guest.get_mut(cu as usize) else {
+        return false;
+    };
+    if *g != slot + 1 {
+        return false;
+    }
+    *g = 0;
+    if part.cu_owner[cu as usize] == 0 && !part.free_mask.contains(cu) {
+        part.free_mask.insert(cu);
+        part.free_cus += 1;
+        return true;
+    }
+    false
+}
+
+/// Every guest lane `slot`'s workgroups hold (killed or saved) is given
+/// back. Returns the CUs that became free.
+pub(super) fn release_guests(part: &mut Part, slot: u32) -> u32 {
+    let mut n = 0;
+    for cu in 0..part.cu_guest.len() {
+        if release_guest(part, cu as u32, slot) {
+            n += 1;
+        }
+    }
+    n
+}

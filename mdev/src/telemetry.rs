@@ -149,6 +149,8 @@ pub struct VmTelemetry {
     /// `(gpu_ns, preemptions)` when the VM was removed.
     pub final_figures: Option<(u64, u64)>,
     seen_preemptions: u64,
+    /// `(priority, weight)` last seen (changes are marked on the timeline).
+    seen_params: (u8, u32),
 }
 
 /// Per-fleet telemetry (see the module docs for the calls).
@@ -174,6 +176,8 @@ pub struct Telemetry {
     /// Removed VMs whose figures are still kept, oldest first (at most
     /// [`RETAINED_REMOVED_VMS`]).
     removed: VecDeque<u32>,
+    /// The scheduling policy last seen (changes are marked on the timeline).
+    seen_policy: Option<scheduler::Policy>,
 }
 
 /// Removed VMs whose figures (histograms, queue errors, `/metrics` series)
@@ -233,6 +237,7 @@ impl Telemetry {
             seen_preemptions: 0,
             published: HashMap::new(),
             removed: VecDeque::new(),
+            seen_policy: None,
         }
     }
 
@@ -251,6 +256,7 @@ impl Telemetry {
                 queue_errors: BTreeMap::new(),
                 final_figures: None,
                 seen_preemptions: 0,
+                seen_params: (params.priority, params.weight),
             },
         );
         self.rec.set_vm(VmRow {
@@ -412,6 +418,7 @@ impl Telemetry {
             }
         }
         let sched = bind.scheduler();
+        self.note_changes_and_waits(now, sched);
         let total = sched.stats().preemptions;
         let recent = std::mem::take(&mut self.recent_maps);
         if total == self.seen_preemptions {
@@ -449,6 +456,37 @@ impl Telemetry {
                     new -= 1;
                 }
             }
+        }
+    }
+
+    /// Marks policy, priority and weight changes on the timeline and
+    /// records which VMs wait (work ready, no queue on a slot, not paused).
+    fn note_changes_and_waits(&mut self, now: Nanos, sched: &scheduler::Scheduler) {
+        let policy = sched.config().policy;
+        if self.seen_policy.is_some_and(|p| p != policy) {
+            self.rec.mark(now, None, format!("policy {}", policy.name()));
+        }
+        self.seen_policy = Some(policy);
+        for (&vm, v) in self.vms.iter_mut() {
+            let id = VmId(vm);
+            let Some(p) = sched.vm_params(id) else {
+                // Gone: a wait still open ends now.
+                self.rec.set_waiting(now, vm, false);
+                continue;
+            };
+            let (prio, weight) = v.seen_params;
+            if p.priority != prio {
+                self.rec
+                    .mark(now, Some(vm), format!("priority {prio} -> {}", p.priority));
+            }
+            if p.weight != weight {
+                self.rec
+                    .mark(now, Some(vm), format!("weight {weight} -> {}", p.weight));
+            }
+            v.seen_params = (p.priority, p.weight);
+            let waiting = sched.vm_waiting(id).unwrap_or(false)
+                && !sched.vm_paused(id).unwrap_or(false);
+            self.rec.set_waiting(now, vm, waiting);
         }
     }
 

@@ -282,7 +282,8 @@ impl Shades {
 
     fn write(self, b: &mut String) {
         for ((fill, lvl), d) in self.paths {
-            let op = lvl as f64 / LEVELS as f64;
+            // A floor keeps light activity visible; level 8 is opaque.
+            let op = 0.12 + 0.88 * lvl as f64 / LEVELS as f64;
             let _ = writeln!(b, r#"<path d="{d}" fill="{fill}" fill-opacity="{op:.3}"/>"#);
         }
     }
@@ -383,13 +384,14 @@ fn pct(part: u64, whole: u64) -> String {
 
 /// The summary line of one VM: GPU time and waiting as shares of the
 /// window, preemptions suffered and the (at most two) VMs that made most.
-fn summary_text(t: &Timeline, s: &VmSummary, window: u64) -> String {
-    let mut txt = format!(
-        "GPU {}  wait {}  preempted {}",
+fn summary_text(t: &Timeline, s: &VmSummary, window: u64) -> (String, String) {
+    let head = format!(
+        "GPU {} · waiting {} · preempted {}",
         pct(s.held_ns, window),
         pct(s.wait_ns, window),
         s.preempted
     );
+    let mut txt = String::new();
     if !s.by.is_empty() {
         let mut by: Vec<(u32, u64)> = s.by.iter().map(|(k, v)| (*k, *v)).collect();
         by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -403,12 +405,42 @@ fn summary_text(t: &Timeline, s: &VmSummary, window: u64) -> String {
                 format!("{} {n}", short(&name, 10))
             })
             .collect();
-        let _ = write!(txt, " by {}", names.join(", "));
+        let _ = write!(txt, "by {}", names.join(", "));
         if by.len() > 2 {
-            let _ = write!(txt, " +{}", by.len() - 2);
+            let _ = write!(txt, " +{} VMs", by.len() - 2);
         }
     }
-    txt
+    (head, txt)
+}
+
+/// Change labels: marks at the same pixel with the same text are one
+/// label naming their VMs (`train-1, train-2 +3: priority 6 -> 10`).
+fn mark_groups(t: &Timeline, x_of: &impl Fn(u64) -> f64) -> Vec<(f64, String)> {
+    let mut groups: Vec<(f64, String, Vec<String>)> = Vec::new();
+    for m in &t.marks {
+        let x = x_of(m.at_ns);
+        let who = m
+            .vm
+            .map(|v| t.vm(v).map_or_else(|| format!("vm{v}"), |r| r.name.clone()));
+        match groups
+            .iter_mut()
+            .find(|(gx, text, _)| (gx - x).abs() < 1.0 && *text == m.text)
+        {
+            Some(g) => g.2.extend(who),
+            None => groups.push((x, m.text.clone(), who.into_iter().collect())),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(x, text, who)| {
+            let label = match who.len() {
+                0 => text,
+                1 | 2 => format!("{}: {text}", who.join(", ")),
+                n => format!("{}, {} +{}: {text}", who[0], who[1], n - 2),
+            };
+            (x, label)
+        })
+        .collect()
 }
 
 /// Renders `t` as a standalone SVG document.
@@ -533,17 +565,8 @@ pub fn render_svg(t: &Timeline, o: &RenderOptions) -> String {
     let mut unlabelled = 0usize;
     if !t.marks.is_empty() {
         let mut line_end = [f64::MIN; 3];
-        for m in &t.marks {
-            let x = x_of(m.at_ns);
-            let text = match m.vm {
-                Some(v) => format!(
-                    "{}: {}",
-                    t.vm(v).map_or_else(|| format!("vm{v}"), |r| r.name.clone()),
-                    m.text
-                ),
-                None => m.text.clone(),
-            };
-            let text = short(&text, 40);
+        for (x, text) in mark_groups(t, &x_of) {
+            let text = short(&text, 44);
             let w = 6.2 * text.chars().count() as f64 + 8.0;
             match line_end.iter().position(|e| *e < x) {
                 Some(l) => {
@@ -797,13 +820,27 @@ pub fn render_svg(t: &Timeline, o: &RenderOptions) -> String {
                 );
             }
             if let Some(s) = sums.get(&v.id) {
-                let _ = writeln!(
-                    b,
-                    r##"<text x="{sx}" y="{ty}" font-size="11" fill="#222222">{}</text>"##,
-                    esc(&summary_text(t, s, span_ns)),
-                    sx = plot_r + 10.0,
-                    ty = ry + vm_row_h - 6.0,
-                );
+                let (head, by) = summary_text(t, s, span_ns);
+                let sx = plot_r + 10.0;
+                if by.is_empty() || vm_row_h < LANE {
+                    let _ = writeln!(
+                        b,
+                        r##"<text x="{sx}" y="{ty}" font-size="10.5" fill="#222222">{}{}{}</text>"##,
+                        esc(&head),
+                        if by.is_empty() { "" } else { " " },
+                        esc(&by),
+                        ty = ry + vm_row_h / 2.0 + 4.0,
+                    );
+                } else {
+                    let _ = writeln!(
+                        b,
+                        r##"<text x="{sx}" y="{y1}" font-size="10.5" fill="#222222">{}</text><text x="{sx}" y="{y2}" font-size="10.5" fill="{PREEMPT_FILL}">{}</text>"##,
+                        esc(&head),
+                        esc(&by),
+                        y1 = ry + 10.0,
+                        y2 = ry + 21.0,
+                    );
+                }
             }
         }
         let _ = writeln!(b, "</g>");
@@ -869,8 +906,9 @@ pub fn render_svg(t: &Timeline, o: &RenderOptions) -> String {
         if unlabelled > 0 {
             let _ = writeln!(
                 b,
-                r##"<text x="{plot_r}" y="{}" font-size="11" fill="{MARK_FILL}" text-anchor="end">+{unlabelled} changes not labelled</text>"##,
-                grid_top - 2.0
+                r##"<text x="{}" y="{}" font-size="11" fill="{MARK_FILL}">+{unlabelled} more changes (not labelled)</text>"##,
+                plot_r + 10.0,
+                grid_top - 8.0
             );
         }
         let _ = writeln!(b, "</g>");
@@ -1126,9 +1164,8 @@ mod tests {
         assert!(texts.iter().any(|x| x.contains("1 idle HQD slot")));
         // The preemptor is named on the picture, not only in a tooltip.
         assert!(texts.iter().any(|x| *x == "by inference"));
-        assert!(texts
-            .iter()
-            .any(|x| x.contains("preempted 1 by inference 1")));
+        assert!(texts.iter().any(|x| x.contains("preempted 1")));
+        assert!(texts.iter().any(|x| x.contains("preempted 1 by inference 1")));
         assert!(texts.iter().any(|x| x.contains("every span drawn")));
     }
 
@@ -1258,7 +1295,7 @@ mod tests {
             assert!(texts.iter().any(|x| x.starts_with(&v.name)), "{}", v.name);
         }
         // Preemptors named in the summary column.
-        assert!(texts.iter().any(|x| x.contains(" by tenant-")));
+        assert!(texts.iter().any(|x| x.starts_with("by tenant-")));
         // Changes labelled; waiting explained.
         assert!(texts.iter().any(|x| x == "policy fifo"));
         assert!(texts.iter().any(|x| x.contains(": priority 3 -> 12")));

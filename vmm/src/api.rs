@@ -791,7 +791,10 @@ impl FleetControl {
                 })?
             }
         };
-        let t = m.timeline(Duration::from_secs(seconds));
+        let mut t = m.timeline(Duration::from_secs(seconds));
+        // The model with the GPU it is of (first in the JSON, and on the
+        // picture).
+        t.gpu_id = Some(id);
         Ok(if svg {
             Response::text(
                 200,
@@ -799,14 +802,7 @@ impl FleetControl {
                 timeline::render_svg(&t, &Default::default()),
             )
         } else {
-            // The model with the GPU it is of, first.
-            let json = t.to_json();
-            let body = match json.strip_prefix('{') {
-                Some(rest) if rest.trim_start().starts_with('}') => format!("{{\"gpu_id\":{id}}}"),
-                Some(rest) => format!("{{\"gpu_id\":{id},{rest}"),
-                None => json,
-            };
-            Response::text(200, "application/json", body)
+            Response::text(200, "application/json", t.to_json())
         })
     }
 

@@ -101,7 +101,9 @@ fn write_timeline(
             t.end_ns / 1_000_000
         ));
     }
-    let t = t.clip(from, to);
+    let mut t = t.clip(from, to);
+    // The harness simulates one GPU.
+    t.gpu_id = Some(0);
     let body = if path.extension().is_some_and(|e| e == "json") {
         t.to_json()
     } else {

@@ -464,7 +464,8 @@ impl Telemetry {
     fn note_changes_and_waits(&mut self, now: Nanos, sched: &scheduler::Scheduler) {
         let policy = sched.config().policy;
         if self.seen_policy.is_some_and(|p| p != policy) {
-            self.rec.mark(now, None, format!("policy {}", policy.name()));
+            self.rec
+                .mark(now, None, format!("policy {}", policy.name()));
         }
         self.seen_policy = Some(policy);
         for (&vm, v) in self.vms.iter_mut() {
@@ -484,8 +485,8 @@ impl Telemetry {
                     .mark(now, Some(vm), format!("weight {weight} -> {}", p.weight));
             }
             v.seen_params = (p.priority, p.weight);
-            let waiting = sched.vm_waiting(id).unwrap_or(false)
-                && !sched.vm_paused(id).unwrap_or(false);
+            let waiting =
+                sched.vm_waiting(id).unwrap_or(false) && !sched.vm_paused(id).unwrap_or(false);
             self.rec.set_waiting(now, vm, waiting);
         }
     }

@@ -258,8 +258,7 @@ fn waits_and_operator_changes_are_on_the_timeline() {
     assert!(w.start_ns >= p.at_ns && w.end_ns > w.start_ns);
     assert!(t.waits.iter().all(|w| w.end_ns <= rig.now));
     assert!(!rig.tele.recorder().is_waiting(0) && !rig.tele.recorder().is_waiting(1));
-    let marks: Vec<(Option<u32>, &str)> =
-        t.marks.iter().map(|m| (m.vm, m.text.as_str())).collect();
+    let marks: Vec<(Option<u32>, &str)> = t.marks.iter().map(|m| (m.vm, m.text.as_str())).collect();
     assert!(marks.contains(&(None, "policy fifo")), "{marks:?}");
     assert!(marks.contains(&(Some(0), "priority 2 -> 7")), "{marks:?}");
     assert!(marks.contains(&(Some(1), "weight 1 -> 3")), "{marks:?}");

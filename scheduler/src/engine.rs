@@ -581,7 +581,9 @@ impl Scheduler {
     /// and none running or being preempted (the timeline's "waiting", as
     /// opposed to idle).
     pub fn vm_waiting(&self, vm: VmId) -> Option<bool> {
-        self.vms.get(&vm).map(|v| v.busy > v.active && v.active == 0)
+        self.vms
+            .get(&vm)
+            .map(|v| v.busy > v.active && v.active == 0)
     }
 
     /// A VM's current parameters (with live changes applied).

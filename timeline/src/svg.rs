@@ -189,14 +189,13 @@ impl Bins {
         if s >= e {
             return;
         }
-        let n = self.n;
-        let mut i = self.index(s);
-        let bounds: Vec<(u64, u64)> = (i..n).map(|k| self.bounds(k)).collect();
+        let (n, first) = (self.n, self.index(s));
+        let (start, len) = (self.start_ns, u128::from(self.len()));
+        let at = move |k: usize| start + ((k as u128 * len) / n as u128) as u64;
         let v = self.lanes.entry(lane).or_insert_with(|| vec![0; n]);
-        for (bs, be) in bounds {
-            let ov = e.min(be).saturating_sub(s.max(bs));
-            v[i] += ov;
-            i += 1;
+        for (i, slot) in v.iter_mut().enumerate().skip(first) {
+            let (bs, be) = (at(i), at(i + 1));
+            *slot += e.min(be).saturating_sub(s.max(bs));
             if be >= e {
                 break;
             }
@@ -419,9 +418,8 @@ fn mark_groups(t: &Timeline, x_of: &impl Fn(u64) -> f64) -> Vec<(f64, String)> {
     let mut groups: Vec<(f64, String, Vec<String>)> = Vec::new();
     for m in &t.marks {
         let x = x_of(m.at_ns);
-        let who = m
-            .vm
-            .map(|v| t.vm(v).map_or_else(|| format!("vm{v}"), |r| r.name.clone()));
+        let who =
+            m.vm.map(|v| t.vm(v).map_or_else(|| format!("vm{v}"), |r| r.name.clone()));
         match groups
             .iter_mut()
             .find(|(gx, text, _)| (gx - x).abs() < 1.0 && *text == m.text)
@@ -552,7 +550,7 @@ pub fn render_svg(t: &Timeline, o: &RenderOptions) -> String {
     let mut placed = Vec::new();
     for (i, (_, text)) in legend.iter().enumerate() {
         let w = 22.0 + 6.6 * text.chars().count() as f64 + 18.0;
-        if (lx + w > width - 12.0 && lx > LEFT) || (i == vm_items && lx > LEFT) {
+        if lx > LEFT && (lx + w > width - 12.0 || i == vm_items) {
             lx = LEFT;
             ly += 18.0;
         }
@@ -1163,9 +1161,11 @@ mod tests {
         // Idle slot 2 is hidden and said so.
         assert!(texts.iter().any(|x| x.contains("1 idle HQD slot")));
         // The preemptor is named on the picture, not only in a tooltip.
-        assert!(texts.iter().any(|x| *x == "by inference"));
+        assert!(texts.contains(&"by inference"));
         assert!(texts.iter().any(|x| x.contains("preempted 1")));
-        assert!(texts.iter().any(|x| x.contains("preempted 1 by inference 1")));
+        assert!(texts
+            .iter()
+            .any(|x| x.contains("preempted 1 by inference 1")));
         assert!(texts.iter().any(|x| x.contains("every span drawn")));
     }
 

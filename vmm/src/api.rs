@@ -36,7 +36,7 @@ use mdev::vgpu::VgpuHandle;
 use serde_json::Value;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{FleetConfig, VmConfig};
+use crate::config::{AddedVmError, FleetConfig, VmConfig};
 use crate::http::{Handler, Request, Responder, Response};
 pub use types::{
     ApiError, FleetView, GpuView, GuardView, PolicyChange, PolicyName, PolicyView, VmList, VmState,
@@ -641,7 +641,10 @@ impl FleetControl {
         let mut config = inner
             .cfg
             .check_added_vm(&table, &self.config_path)
-            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+            .map_err(|e| match e {
+                AddedVmError::Entry(e) => ApiError::Unprocessable(e.to_string()),
+                AddedVmError::Fleet(e) => ApiError::Conflict(e.to_string()),
+            })?;
         // Its GPU: `gpu_id` as given, else placed against the VMs running
         // or starting.
         inner.cfg.place_added(
@@ -654,7 +657,7 @@ impl FleetControl {
                 .map(|v| &v.config),
         );
         if inner.retired.contains(&config.name) {
-            return Err(ApiError::Unprocessable(format!(
+            return Err(ApiError::Conflict(format!(
                 "vm '{}': name: duplicate name: an ended VM (no longer listed) had it",
                 config.name
             )));
@@ -1178,7 +1181,7 @@ mod tests {
                 "POST",
                 "/api/v1/vms",
                 "{\"name\": \"a\", \"image\": \"builtin:hello\"}",
-                422,
+                409,
                 "vm 'a' (vm[1]): field `name`",
             ),
             (
@@ -1901,7 +1904,7 @@ mod tests {
             "/api/v1/vms",
             "{\"name\": \"v0\", \"image\": \"builtin:hello\"}",
         );
-        assert_eq!(st, 422, "{v}");
+        assert_eq!(st, 409, "{v}");
         assert!(
             v["error"].as_str().unwrap().contains("duplicate name"),
             "{v}"

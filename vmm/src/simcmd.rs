@@ -36,7 +36,9 @@ pub struct SimArgs {
     pub list: bool,
     /// Also write the HQD-slot timeline of each (scenario, policy) run: a
     /// Gantt chart per HQD slot and per VM, coloured by VM, CWSR save and
-    /// restore hatched, preemptions marked (SVG; a path ending in `.json`
+    /// restore hatched, preemptions marked with the preemptor's name,
+    /// waiting and operator changes shown; aggregated per VM lane when
+    /// spans would be narrower than a pixel (SVG; a path ending in `.json`
     /// gets the timeline as JSON). With one scenario and one policy the
     /// file is PATH; with several, one file per run, named
     /// `STEM-SCENARIO-POLICY.EXT` (the scenario part only with several

@@ -182,6 +182,8 @@ pub struct VmTelemetry {
     /// the preemptor is known.
     pub preempted_by: BTreeMap<u32, u64>,
     seen_preemptions: u64,
+    /// `(priority, weight)` last seen (changes are marked on the timeline).
+    seen_params: (u8, u32),
 }
 
 /// Per-fleet telemetry (see the module docs for the calls).
@@ -212,6 +214,8 @@ pub struct Telemetry {
     /// Removed VMs whose figures are still kept, oldest first (at most
     /// [`RETAINED_REMOVED_VMS`]).
     removed: VecDeque<u32>,
+    /// The scheduling policy last seen (changes are marked on the timeline).
+    seen_policy: Option<scheduler::Policy>,
 }
 
 /// Removed VMs whose figures (histograms, queue errors, `/metrics` series)
@@ -273,6 +277,7 @@ impl Telemetry {
             seen_preemptions: 0,
             published: HashMap::new(),
             removed: VecDeque::new(),
+            seen_policy: None,
         }
     }
 
@@ -293,6 +298,7 @@ impl Telemetry {
                 promise: PromiseCounters::default(),
                 preempted_by: BTreeMap::new(),
                 seen_preemptions: 0,
+                seen_params: (params.priority, params.weight),
             },
         );
         self.rec.set_vm(VmRow {
@@ -496,6 +502,7 @@ impl Telemetry {
             }
         }
         let sched = bind.scheduler();
+        self.note_changes_and_waits(now, sched);
         let total = sched.stats().preemptions;
         let recent = std::mem::take(&mut self.recent_maps);
         if total == self.seen_preemptions {
@@ -552,6 +559,38 @@ impl Telemetry {
             if let Some(b) = self.vms.get_mut(&by) {
                 b.promise.preemptions_caused += 1;
             }
+        }
+    }
+
+    /// Marks policy, priority and weight changes on the timeline and
+    /// records which VMs wait (work ready, no queue on a slot, not paused).
+    fn note_changes_and_waits(&mut self, now: Nanos, sched: &scheduler::Scheduler) {
+        let policy = sched.config().policy;
+        if self.seen_policy.is_some_and(|p| p != policy) {
+            self.rec
+                .mark(now, None, format!("policy {}", policy.name()));
+        }
+        self.seen_policy = Some(policy);
+        for (&vm, v) in self.vms.iter_mut() {
+            let id = VmId(vm);
+            let Some(p) = sched.vm_params(id) else {
+                // Gone: a wait still open ends now.
+                self.rec.set_waiting(now, vm, false);
+                continue;
+            };
+            let (prio, weight) = v.seen_params;
+            if p.priority != prio {
+                self.rec
+                    .mark(now, Some(vm), format!("priority {prio} -> {}", p.priority));
+            }
+            if p.weight != weight {
+                self.rec
+                    .mark(now, Some(vm), format!("weight {weight} -> {}", p.weight));
+            }
+            v.seen_params = (p.priority, p.weight);
+            let waiting =
+                sched.vm_waiting(id).unwrap_or(false) && !sched.vm_paused(id).unwrap_or(false);
+            self.rec.set_waiting(now, vm, waiting);
         }
     }
 

@@ -286,6 +286,34 @@ fn promise_counters_cu_time_demand_and_who_preempted() {
 }
 
 #[test]
+fn waits_and_operator_changes_are_on_the_timeline() {
+    let (mut rig, qs) = scenario();
+    rig.doorbell(QueueId(0), qs[0].1.wptr);
+    rig.run(300_000);
+    rig.doorbell(QueueId(1), qs[1].1.wptr);
+    rig.run(400_000);
+    rig.b.set_vm_priority(VmId(0), 7).unwrap();
+    rig.b.set_vm_weight(VmId(1), 3).unwrap();
+    rig.b.set_policy(scheduler::Policy::Fifo);
+    rig.take(Vec::new());
+    rig.run(u64::MAX);
+    let t = rig.tele.timeline(rig.now, None, &rig.b);
+    t.check().unwrap();
+    // Training waited (saved waves, work left) while inference ran, and
+    // not before its first map nor after everything finished.
+    let p = t.preemptions.iter().find(|p| p.vm == 0).expect("preempted");
+    let w = t.waits.iter().find(|w| w.vm == 0).expect("training waited");
+    assert!(w.start_ns >= p.at_ns && w.end_ns > w.start_ns);
+    assert!(t.waits.iter().all(|w| w.end_ns <= rig.now));
+    assert!(!rig.tele.recorder().is_waiting(0) && !rig.tele.recorder().is_waiting(1));
+    let marks: Vec<(Option<u32>, &str)> = t.marks.iter().map(|m| (m.vm, m.text.as_str())).collect();
+    assert!(marks.contains(&(None, "policy fifo")), "{marks:?}");
+    assert!(marks.contains(&(Some(0), "priority 2 -> 7")), "{marks:?}");
+    assert!(marks.contains(&(Some(1), "weight 1 -> 3")), "{marks:?}");
+    assert_eq!(marks.len(), 3, "each change marked once: {marks:?}");
+}
+
+#[test]
 fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
     let (mut rig, _qs) = scenario();
     rig.tele.queue_error(

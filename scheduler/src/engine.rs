@@ -583,6 +583,15 @@ impl Scheduler {
         self.vms.len()
     }
 
+    /// Whether a VM is waiting: it has a queue with work (Ready or Saved)
+    /// and none running or being preempted (the timeline's "waiting", as
+    /// opposed to idle).
+    pub fn vm_waiting(&self, vm: VmId) -> Option<bool> {
+        self.vms
+            .get(&vm)
+            .map(|v| v.busy > v.active && v.active == 0)
+    }
+
     /// A VM's current parameters (with live changes applied).
     pub fn vm_params(&self, vm: VmId) -> Option<VmParams> {
         self.vms.get(&vm).map(|v| v.params)

@@ -257,7 +257,7 @@ fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
                 "/api/v1/vms",
                 Some("{\"name\": \"idle\", \"image\": \"builtin:hello\"}"),
             ),
-            422,
+            409,
         ),
     ];
     for ((st, v), want) in bad {

@@ -259,7 +259,7 @@ fn the_server_conforms_to_its_openapi_document() {
             "/api/v1/vms".into(),
             j,
             json!({"name": "added", "image": "builtin:hello"}).to_string(),
-            422,
+            409,
         ),
         (
             "post",

@@ -193,7 +193,7 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
         "/api/v1/vms",
         Some("{\"name\":\"nowhere\",\"image\":\"builtin:gpu\",\"memory_mib\":256,\"gpu\":true,\"gpu_id\":5}"),
     );
-    assert_eq!(st, 422, "{bad}");
+    assert_eq!(st, 409, "{bad}");
     assert!(
         bad["error"]
             .as_str()

@@ -16,6 +16,7 @@ mod recorder;
 mod svg;
 
 pub use recorder::{Recorder, RingLimits};
+pub use svg::{aggregate, Aggregate, Bins, DETAIL_MAX_ITEMS};
 pub use svg::{render_svg, RenderOptions};
 
 use serde::{Deserialize, Serialize};
@@ -100,9 +101,36 @@ pub struct Preemption {
     pub by_vm: Option<u32>,
 }
 
+/// A VM that had work ready but no queue on the GPU for `[start_ns, end_ns)`
+/// (waiting for a slot, as opposed to idle: nothing to run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    /// VM id.
+    pub vm: u32,
+    /// Start (ns).
+    pub start_ns: u64,
+    /// End (ns), `>= start_ns`.
+    pub end_ns: u64,
+}
+
+/// An operator change during the window: the policy (`vm: None`) or a VM's
+/// priority or weight.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    /// When it took effect (ns; when the recorder first saw it).
+    pub at_ns: u64,
+    /// The VM changed (none: the whole GPU, e.g. the policy).
+    pub vm: Option<u32>,
+    /// What changed, e.g. `policy fifo` or `priority 3 -> 12`.
+    pub text: String,
+}
+
 /// A window of GPU sharing history.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeline {
+    /// The physical GPU the slots belong to (a fleet can have several).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_id: Option<u32>,
     /// Window start (ns).
     pub start_ns: u64,
     /// Window end (ns).
@@ -115,6 +143,12 @@ pub struct Timeline {
     pub spans: Vec<Span>,
     /// Preemptions, in time order.
     pub preemptions: Vec<Preemption>,
+    /// Times VMs waited ready for a slot, in start order per VM.
+    #[serde(default)]
+    pub waits: Vec<Wait>,
+    /// Policy, priority and weight changes, in time order.
+    #[serde(default)]
+    pub marks: Vec<Mark>,
 }
 
 /// A timeline that breaks the model's rules.
@@ -126,6 +160,9 @@ pub enum TimelineError {
     /// Two spans overlap on one slot.
     #[error("spans {0:?} and {1:?} overlap on slot {2}")]
     Overlap(Span, Span, u32),
+    /// A wait ends before it starts or lies outside the window.
+    #[error("wait {0:?} is inverted or outside [{1}, {2}]")]
+    WaitOutside(Wait, u64, u64),
     /// A span or preemption names a slot that is not in `slots`.
     #[error("unknown slot {0}")]
     UnknownSlot(u32),
@@ -169,6 +206,19 @@ impl Timeline {
                 }
             }
         }
+        for w in &self.waits {
+            if w.start_ns > w.end_ns || w.start_ns < self.start_ns || w.end_ns > self.end_ns {
+                return Err(TimelineError::WaitOutside(*w, self.start_ns, self.end_ns));
+            }
+            if !known_vm(w.vm) {
+                return Err(TimelineError::UnknownVm(w.vm));
+            }
+        }
+        for m in &self.marks {
+            if let Some(v) = m.vm.filter(|v| !known_vm(*v)) {
+                return Err(TimelineError::UnknownVm(v));
+            }
+        }
         for p in &self.preemptions {
             if !known_slot(p.slot) {
                 return Err(TimelineError::UnknownSlot(p.slot));
@@ -202,6 +252,7 @@ impl Timeline {
         let from = from_ns.clamp(self.start_ns, self.end_ns);
         let to = to_ns.clamp(from, self.end_ns);
         Timeline {
+            gpu_id: self.gpu_id,
             start_ns: from,
             end_ns: to,
             vms: self.vms.clone(),
@@ -221,6 +272,22 @@ impl Timeline {
                 .iter()
                 .filter(|p| p.at_ns >= from && p.at_ns <= to)
                 .copied()
+                .collect(),
+            waits: self
+                .waits
+                .iter()
+                .filter(|w| w.end_ns > from && w.start_ns < to)
+                .map(|w| Wait {
+                    start_ns: w.start_ns.max(from),
+                    end_ns: w.end_ns.min(to),
+                    ..*w
+                })
+                .collect(),
+            marks: self
+                .marks
+                .iter()
+                .filter(|m| m.at_ns >= from && m.at_ns <= to)
+                .cloned()
                 .collect(),
         }
     }
@@ -263,6 +330,7 @@ mod tests {
                 end_ns: 50,
             }],
             preemptions: vec![],
+            ..Default::default()
         }
     }
 

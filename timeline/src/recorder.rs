@@ -1,6 +1,6 @@
 //! The bounded, sans-IO timeline builder.
 
-use crate::{Preemption, SlotRow, Span, SpanKind, Timeline, VmRow};
+use crate::{Mark, Preemption, SlotRow, Span, SpanKind, Timeline, VmRow, Wait};
 use std::collections::{BTreeMap, VecDeque};
 
 /// How much history a [`Recorder`] keeps.
@@ -55,6 +55,10 @@ pub struct Recorder {
     pending_by: BTreeMap<u32, Vec<(u64, u32)>>,
     spans: VecDeque<Span>,
     preemptions: VecDeque<Preemption>,
+    /// Per VM: since when it has been waiting (ready, no queue on a slot).
+    waiting: BTreeMap<u32, u64>,
+    waits: VecDeque<Wait>,
+    marks: VecDeque<Mark>,
     latest_ns: u64,
     /// Earliest time for which the history is complete.
     horizon_ns: u64,
@@ -73,6 +77,9 @@ impl Recorder {
             pending_by: BTreeMap::new(),
             spans: VecDeque::new(),
             preemptions: VecDeque::new(),
+            waiting: BTreeMap::new(),
+            waits: VecDeque::new(),
+            marks: VecDeque::new(),
             latest_ns: 0,
             horizon_ns: 0,
         }
@@ -216,6 +223,44 @@ impl Recorder {
         self.prune();
     }
 
+    /// VM `vm` starts (`true`) or stops waiting at `at`: it has work ready
+    /// but no queue on a slot. Repeating the current state changes nothing.
+    pub fn set_waiting(&mut self, at: u64, vm: u32, waiting: bool) {
+        self.see(at);
+        match (waiting, self.waiting.get(&vm).copied()) {
+            (true, None) => {
+                self.waiting.insert(vm, at);
+            }
+            (false, Some(start)) => {
+                self.waiting.remove(&vm);
+                self.waits.push_back(Wait {
+                    vm,
+                    start_ns: start,
+                    end_ns: at.max(start),
+                });
+                self.prune();
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether `vm` is waiting now (see [`Recorder::set_waiting`]).
+    pub fn is_waiting(&self, vm: u32) -> bool {
+        self.waiting.contains_key(&vm)
+    }
+
+    /// An operator change at `at`: the policy (`vm = None`) or a VM's
+    /// priority or weight, described by `text`.
+    pub fn mark(&mut self, at: u64, vm: Option<u32>, text: impl Into<String>) {
+        self.see(at);
+        self.marks.push_back(Mark {
+            at_ns: at,
+            vm,
+            text: text.into(),
+        });
+        self.prune();
+    }
+
     fn prune(&mut self) {
         let l = self.limits;
         let cutoff = self.latest_ns.saturating_sub(l.window_ns);
@@ -234,6 +279,23 @@ impl Recorder {
         {
             let p = self.preemptions.pop_front().expect("front exists");
             self.horizon_ns = self.horizon_ns.max(p.at_ns);
+        }
+        while self
+            .waits
+            .front()
+            .is_some_and(|w| w.end_ns < cutoff || self.waits.len() > l.max_events)
+        {
+            let w = self.waits.pop_front().expect("front exists");
+            self.horizon_ns = self.horizon_ns.max(w.end_ns);
+        }
+        // Marks are few (operator actions) but bounded all the same; losing
+        // one does not make the history incomplete.
+        while self
+            .marks
+            .front()
+            .is_some_and(|m| m.at_ns < cutoff || self.marks.len() > l.max_events.min(4096))
+        {
+            self.marks.pop_front();
         }
     }
 
@@ -281,13 +343,43 @@ impl Recorder {
             .filter(|p| p.at_ns >= from_ns && p.at_ns <= to_ns)
             .copied()
             .collect();
+        let open_waits = self.waiting.iter().map(|(&vm, &start)| Wait {
+            vm,
+            start_ns: start,
+            end_ns: to_ns.max(start),
+        });
+        let mut waits: Vec<Wait> = self
+            .waits
+            .iter()
+            .copied()
+            .chain(open_waits)
+            .filter(|w| w.end_ns > from_ns && w.start_ns < to_ns)
+            .map(|w| Wait {
+                start_ns: w.start_ns.max(from_ns),
+                end_ns: w.end_ns.min(to_ns),
+                ..w
+            })
+            .collect();
+        waits.sort_by_key(|w| (w.vm, w.start_ns));
+        let marks: Vec<Mark> = self
+            .marks
+            .iter()
+            .filter(|m| m.at_ns >= from_ns && m.at_ns <= to_ns)
+            .cloned()
+            .collect();
         let mut vms: BTreeMap<u32, VmRow> = self.vms.clone();
         // A VM no longer registered but still in the history keeps a row.
-        for v in spans.iter().map(|s| s.vm).chain(
-            preemptions
-                .iter()
-                .flat_map(|p| std::iter::once(p.vm).chain(p.by_vm)),
-        ) {
+        for v in spans
+            .iter()
+            .map(|s| s.vm)
+            .chain(
+                preemptions
+                    .iter()
+                    .flat_map(|p| std::iter::once(p.vm).chain(p.by_vm)),
+            )
+            .chain(waits.iter().map(|w| w.vm))
+            .chain(marks.iter().filter_map(|m| m.vm))
+        {
             vms.entry(v).or_insert_with(|| VmRow {
                 id: v,
                 name: format!("vm{v}"),
@@ -296,12 +388,15 @@ impl Recorder {
             });
         }
         Timeline {
+            gpu_id: None,
             start_ns: from_ns,
             end_ns: to_ns,
             vms: vms.into_values().collect(),
             slots: self.slots.clone(),
             spans,
             preemptions,
+            waits,
+            marks,
         }
     }
 }
@@ -351,6 +446,40 @@ mod tests {
     }
 
     #[test]
+    fn waits_and_marks_are_kept_and_clipped() {
+        let mut r = Recorder::new(slots(1), RingLimits::UNBOUNDED);
+        r.set_vm(VmRow {
+            id: 1,
+            name: "a".into(),
+            priority: 1,
+            weight: 1,
+        });
+        r.set_waiting(100, 1, true);
+        r.set_waiting(150, 1, true); // no change
+        assert!(r.is_waiting(1));
+        r.set_waiting(300, 1, false);
+        r.set_waiting(400, 2, true); // still open at the snapshot
+        r.mark(350, None, "policy fifo");
+        r.mark(360, Some(2), "priority 3 -> 12");
+        let t = r.snapshot(1000, None);
+        t.check().unwrap();
+        let w: Vec<_> = t
+            .waits
+            .iter()
+            .map(|w| (w.vm, w.start_ns, w.end_ns))
+            .collect();
+        assert_eq!(w, vec![(1, 100, 300), (2, 400, 1000)]);
+        assert_eq!(t.marks.len(), 2);
+        // VM 2 is only known from its wait and mark: it still gets a row.
+        assert!(t.vm(2).is_some());
+        let c = r.clip(200, 355);
+        c.check().unwrap();
+        assert_eq!(c.waits.len(), 1);
+        assert_eq!((c.waits[0].start_ns, c.waits[0].end_ns), (200, 300));
+        assert_eq!(c.marks.len(), 1);
+    }
+
+    #[test]
     fn ring_drops_old_history_and_window_clips() {
         let mut r = Recorder::new(
             slots(1),
@@ -376,7 +505,7 @@ mod tests {
         /// Whatever order and times the caller reports, spans on one slot
         /// never overlap and stay inside the window.
         #[test]
-        fn spans_never_overlap(ops in proptest::collection::vec((0u8..4, 0u32..3, 0u32..3, 0u64..10_000, 0u64..3_000), 1..200)) {
+        fn spans_never_overlap(ops in proptest::collection::vec((0u8..6, 0u32..3, 0u32..3, 0u64..10_000, 0u64..3_000), 1..200)) {
             let mut r = Recorder::new(slots(3), RingLimits { window_ns: 5_000, max_events: 50 });
             let mut now = 0;
             for (op, slot, vm, dt, took) in ops {
@@ -385,7 +514,9 @@ mod tests {
                     0 => r.begin(now, slot, vm, u64::from(vm), SpanKind::Run),
                     1 => { r.dequeued(now, slot, took, SpanKind::Save); }
                     2 => r.preempt(now.saturating_sub(took), slot, vm, Some((vm + 1) % 3).filter(|_| took % 2 == 0)),
-                    _ => { r.end(now.saturating_sub(took), slot); }
+                    3 => { r.end(now.saturating_sub(took), slot); }
+                    4 => r.set_waiting(now.saturating_sub(took % 7), vm, took % 2 == 0),
+                    _ => r.mark(now, Some(vm).filter(|_| took % 3 != 0), "priority 1 -> 2"),
                 }
             }
             let t = r.snapshot(now, Some(4_000));

@@ -38,7 +38,7 @@ use mdev::vgpu::VgpuHandle;
 use serde_json::Value;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{FleetConfig, VmConfig};
+use crate::config::{AddedVmError, FleetConfig, VmConfig};
 use crate::http::{Handler, Request, Responder, Response};
 pub use types::{
     ApiError, FleetView, GpuView, GuardView, PolicyChange, PolicyName, PolicyView, PromiseView,
@@ -767,7 +767,10 @@ impl FleetControl {
         let mut config = inner
             .cfg
             .check_added_vm(&table, &self.config_path)
-            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+            .map_err(|e| match e {
+                AddedVmError::Entry(e) => ApiError::Unprocessable(e.to_string()),
+                AddedVmError::Fleet(e) => ApiError::Conflict(e.to_string()),
+            })?;
         // Its GPU: `gpu_id` as given, else placed against the VMs running
         // or starting.
         inner.cfg.place_added(
@@ -780,7 +783,7 @@ impl FleetControl {
                 .map(|v| &v.config),
         );
         if inner.retired.contains(&config.name) {
-            return Err(ApiError::Unprocessable(format!(
+            return Err(ApiError::Conflict(format!(
                 "vm '{}': name: duplicate name: an ended VM (no longer listed) had it",
                 config.name
             )));
@@ -926,7 +929,10 @@ impl FleetControl {
                 })?
             }
         };
-        let t = m.timeline(Duration::from_secs(seconds));
+        let mut t = m.timeline(Duration::from_secs(seconds));
+        // The model with the GPU it is of (first in the JSON, and on the
+        // picture).
+        t.gpu_id = Some(id);
         Ok(if svg {
             Response::text(
                 200,
@@ -934,14 +940,7 @@ impl FleetControl {
                 timeline::render_svg(&t, &Default::default()),
             )
         } else {
-            // The model with the GPU it is of, first.
-            let json = t.to_json();
-            let body = match json.strip_prefix('{') {
-                Some(rest) if rest.trim_start().starts_with('}') => format!("{{\"gpu_id\":{id}}}"),
-                Some(rest) => format!("{{\"gpu_id\":{id},{rest}"),
-                None => json,
-            };
-            Response::text(200, "application/json", body)
+            Response::text(200, "application/json", t.to_json())
         })
     }
 
@@ -1320,7 +1319,7 @@ mod tests {
                 "POST",
                 "/api/v1/vms",
                 "{\"name\": \"a\", \"image\": \"builtin:hello\"}",
-                422,
+                409,
                 "vm 'a' (vm[1]): field `name`",
             ),
             (
@@ -2043,7 +2042,7 @@ mod tests {
             "/api/v1/vms",
             "{\"name\": \"v0\", \"image\": \"builtin:hello\"}",
         );
-        assert_eq!(st, 422, "{v}");
+        assert_eq!(st, 409, "{v}");
         assert!(
             v["error"].as_str().unwrap().contains("duplicate name"),
             "{v}"

@@ -1081,7 +1081,14 @@ pub fn timeline(
     let body = if json_out {
         t.to_json()
     } else {
-        timeline::render_svg(&t, &Default::default())
+        let title = format!("hqdmux timeline --seconds {seconds}: the fleet's last {seconds} s");
+        timeline::render_svg(
+            &t,
+            &timeline::RenderOptions {
+                title: Some(title),
+                ..Default::default()
+            },
+        )
     };
     match std::fs::write(out, body) {
         Ok(()) => done(out!(

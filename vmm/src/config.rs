@@ -508,6 +508,21 @@ impl VmConfig {
     }
 }
 
+/// Why [`FleetConfig::check_added_vm`] refused an entry.
+#[derive(Debug, thiserror::Error)]
+pub enum AddedVmError {
+    /// It is not a valid `[[vm]]` entry on its own: unknown field, wrong
+    /// type, value out of its range (the API answers 422).
+    #[error(transparent)]
+    Entry(ConfigError),
+    /// It reads as an entry, but this fleet on this host cannot take it: a
+    /// name taken or not allowed, no such GPU or partition, memory below the
+    /// GPU's CWSR need, guard limits invalid with the GPU's, an image that is
+    /// missing or not a bootable ELF here (the API answers 409).
+    #[error(transparent)]
+    Fleet(ConfigError),
+}
+
 /// A configuration error; its `Display` names file, VM, field and reason.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -1429,13 +1444,14 @@ impl FleetConfig {
     /// against this fleet exactly as the file's entries are checked (known
     /// fields and types, ranges, unique name, partition of this GPU) and
     /// returns it. Errors name `file`, the VM (index `self.vm.len()`), the
-    /// field and the reason. `self` is not changed.
-    pub fn check_added_vm(&self, t: &toml::Table, file: &Path) -> Result<VmConfig, ConfigError> {
+    /// field and the reason, and say whether the entry could not be read or
+    /// this fleet cannot take it ([`AddedVmError`]). `self` is not changed.
+    pub fn check_added_vm(&self, t: &toml::Table, file: &Path) -> Result<VmConfig, AddedVmError> {
         let index = self.vm.len();
-        let vm = vm_entry(t, index, file)?;
+        let vm = vm_entry(t, index, file).map_err(AddedVmError::Entry)?;
         let mut all = self.clone();
         all.vm.push(vm.clone());
-        all.validate(file)?;
+        all.validate(file).map_err(AddedVmError::Fleet)?;
         Ok(vm)
     }
 

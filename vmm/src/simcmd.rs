@@ -36,7 +36,9 @@ pub struct SimArgs {
     pub list: bool,
     /// Also write the HQD-slot timeline of each (scenario, policy) run: a
     /// Gantt chart per HQD slot and per VM, coloured by VM, CWSR save and
-    /// restore hatched, preemptions marked (SVG; a path ending in `.json`
+    /// restore hatched, preemptions marked with the preemptor's name,
+    /// waiting and operator changes shown; aggregated per VM lane when
+    /// spans would be narrower than a pixel (SVG; a path ending in `.json`
     /// gets the timeline as JSON). With one scenario and one policy the
     /// file is PATH; with several, one file per run, named
     /// `STEM-SCENARIO-POLICY.EXT` (the scenario part only with several
@@ -101,7 +103,9 @@ fn write_timeline(
             t.end_ns / 1_000_000
         ));
     }
-    let t = t.clip(from, to);
+    let mut t = t.clip(from, to);
+    // The harness simulates one GPU.
+    t.gpu_id = Some(0);
     let body = if path.extension().is_some_and(|e| e == "json") {
         t.to_json()
     } else {

@@ -3,10 +3,10 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hqdmux_tests::{config, scratch_dir};
+use hqdmux_tests::{scratch_dir, LiveFleet};
 use serde_json::Value;
 use vmm::kvm_or_skip;
 
@@ -119,22 +119,6 @@ fn gpu_vm(name: &str, priority: u8, args: &str) -> String {
     )
 }
 
-fn start(dir: &Path, toml: &str) -> (PathBuf, std::thread::JoinHandle<vmm::fleet::FleetReport>) {
-    let sock = dir.join("api.sock");
-    let cfg = config(dir, toml);
-    let opts = vmm::fleet::RunOptions {
-        api_socket: Some(sock.clone()),
-        ..Default::default()
-    };
-    let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
-    let t0 = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no API socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (sock, fleet)
-}
-
 #[test]
 fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
     let test = "an_operator_lists_steers_pauses_stops_and_adds_vms_over_http";
@@ -153,7 +137,8 @@ fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
         "[[vm]]\nname = \"idle\"\nimage = \"builtin:fault\"\nargs = \"mode=hang\"\n".into(),
     ]
     .concat();
-    let (sock, fleet) = start(&dir, &toml);
+    let fleet = LiveFleet::start(&dir, &toml);
+    let sock = fleet.sock.clone();
     let mode = std::fs::metadata(&sock).unwrap();
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
@@ -360,7 +345,7 @@ fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
 
     let (st, _) = req(&sock, "POST", "/api/v1/vms/training/stop", None);
     assert_eq!(st, 200);
-    let report = fleet.join().unwrap();
+    let report = fleet.join();
     assert_eq!(report.vms.len(), 4, "{}", report.summary());
     assert!(report.vms[1].outcome.is_success(), "{}", report.summary());
     assert!(report.vms[3].outcome.is_success(), "{}", report.summary());
@@ -387,7 +372,8 @@ fn the_operator_sees_a_guard_quarantine_and_queue_errors_over_http_and_clears_it
                 guard = { max_stale_doorbells = 50, window_ms = 600000 }\n"
             .to_owned()
             + &gpu_vm("hostile", 4, "kernels=1 wgs=4 bad=wptr die=hang");
-    let (sock, fleet) = start(&dir, &toml);
+    let fleet = LiveFleet::start(&dir, &toml);
+    let sock = fleet.sock.clone();
 
     let q = wait_vm(&sock, "storm", "never quarantined", |v| {
         v["quarantined"] == true
@@ -456,7 +442,7 @@ fn the_operator_sees_a_guard_quarantine_and_queue_errors_over_http_and_clears_it
     // Stopping the last running VM ends the run (and the server).
     let (st, v) = req(&sock, "POST", "/api/v1/vms/storm/stop", None);
     assert_eq!(st, 200, "{v}");
-    let report = fleet.join().unwrap();
+    let report = fleet.join();
     assert_eq!(report.vms.len(), 2, "{}", report.summary());
     assert!(!sock.exists());
     std::fs::remove_dir_all(&dir).ok();
@@ -470,7 +456,8 @@ fn a_fleet_without_gpu_vms_adds_one_and_operator_stops_are_no_failure() {
     }
     let dir = scratch_dir("api-lazy-gpu");
     let toml = "[[vm]]\nname = \"idle\"\nimage = \"builtin:fault\"\nargs = \"mode=hang\"\n";
-    let (sock, fleet) = start(&dir, toml);
+    let fleet = LiveFleet::start(&dir, toml);
+    let sock = fleet.sock.clone();
     let (_, f) = req(&sock, "GET", "/api/v1/fleet", None);
     assert!(f["gpu"].is_null(), "no GPU yet: {f}");
     let (st, _) = req(&sock, "GET", "/api/v1/timeline", None);
@@ -501,7 +488,7 @@ fn a_fleet_without_gpu_vms_adds_one_and_operator_stops_are_no_failure() {
     // Stopping the last VM ends the run, which did not fail.
     let (st, v) = req(&sock, "POST", "/api/v1/vms/idle/stop", None);
     assert_eq!((st, v["state"].as_str()), (200, Some("stopped")), "{v}");
-    let report = fleet.join().unwrap();
+    let report = fleet.join();
     assert_eq!(report.vms.len(), 2, "{}", report.summary());
     assert_eq!(report.operator_stopped, [true, false]);
     assert!(report.all_succeeded(), "{}", report.summary());

@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hqdmux_tests::{config, scratch_dir};
+use hqdmux_tests::{scratch_dir, LiveFleet};
 use serde_json::Value;
 use vmm::vm::VmOutcome;
 
@@ -90,8 +90,6 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
         return;
     }
     let dir = scratch_dir("multigpu");
-    let sock = dir.join("api.sock");
-    let _ = std::fs::remove_file(&sock);
     // GPU 0: a training VM that always has work (stopped at the end) and
     // a high-priority VM whose jobs preempt it. GPU 1: one VM, verified.
     let toml = [
@@ -116,17 +114,8 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
         ),
     ]
     .concat();
-    let cfg = config(&dir, &toml);
-    let opts = vmm::fleet::RunOptions {
-        api_socket: Some(sock.clone()),
-        ..Default::default()
-    };
-    let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
-    let t0 = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no API socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let fleet = LiveFleet::start(&dir, &toml);
+    let sock = fleet.sock.clone();
 
     // Every VM's GPU in the API.
     for (vm, id) in [("train", 0), ("burst", 0), ("solo", 1)] {
@@ -205,7 +194,7 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
     wait_vm(&sock, "burst", "exits", |v| v["state"] == "exited");
     let (st, v) = json(&sock, "POST", "/api/v1/vms/train/stop", None);
     assert_eq!(st, 200, "{v}");
-    let report = fleet.join().expect("fleet thread");
+    let report = fleet.join();
 
     let by = |n: &str| report.vms.iter().position(|v| v.name == n).unwrap();
     for (vm, ok) in [

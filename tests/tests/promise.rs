@@ -9,10 +9,10 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hqdmux_tests::{config, scratch_dir};
+use hqdmux_tests::{scratch_dir, LiveFleet};
 use serde_json::Value;
 use vmm::api::types::VmList;
 use vmm::kvm_or_skip;
@@ -87,22 +87,6 @@ fn gpu_vm(name: &str, priority: u8, weight: u32, args: &str) -> String {
     )
 }
 
-fn start(dir: &Path, toml: &str) -> (PathBuf, std::thread::JoinHandle<vmm::fleet::FleetReport>) {
-    let sock = dir.join("api.sock");
-    let cfg = config(dir, toml);
-    let opts = vmm::fleet::RunOptions {
-        api_socket: Some(sock.clone()),
-        ..Default::default()
-    };
-    let fleet = std::thread::spawn(move || vmm::fleet::run_fleet(&cfg, opts).expect("fleet"));
-    let t0 = Instant::now();
-    while UnixStream::connect(&sock).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no API socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (sock, fleet)
-}
-
 const EQUALS: [(&str, u32); 3] = [("w1", 1), ("w2", 2), ("w4", 4)];
 /// Closed loops of full-width kernels that never end during the test; each
 /// loop is 3.2 s of the whole GPU, so the guest's own time between loops
@@ -125,7 +109,8 @@ fn entitlement_matches_the_water_filling_and_the_window_check_holds() {
     // One batch of 8 x 100 ms of the whole GPU above everyone, then idle
     // (halted, vGPU kept): demanding for part of any long window.
     toml += &gpu_vm("burst", 6, 1, "kernels=8 wgs=304 cost_us=100000 die=idle");
-    let (sock, fleet) = start(&dir, &toml);
+    let fleet = LiveFleet::start(&dir, &toml);
+    let sock = fleet.sock.clone();
     let names = ["w1", "w2", "w4", "below", "burst"];
 
     // The window starts at a read that finds the burst demanding (part of
@@ -219,7 +204,7 @@ fn entitlement_matches_the_water_filling_and_the_window_check_holds() {
     for n in names {
         assert_eq!(post(&sock, &format!("/api/v1/vms/{n}/stop")), 200, "{n}");
     }
-    let report = fleet.join().unwrap();
+    let report = fleet.join();
     assert_eq!(report.vms.len(), names.len(), "{}", report.summary());
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -724,6 +724,10 @@ impl<'a> Conn<'a> {
             ((1u64 << count) - 1) << start
         };
         match (action, data) {
+            (IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) if fds.is_empty() => {
+                // A run of `-1` fds: those vectors lose their eventfds.
+                self.irqs.unset(start as usize, count as usize);
+            }
             (IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) => {
                 if fds.len() != count as usize {
                     return einval();

@@ -29,6 +29,12 @@ pub mod lapic {
     pub const EOI: u64 = 0xB0;
     /// Spurious interrupt vector (bit 8: APIC software enable).
     pub const SVR: u64 = 0xF0;
+    /// LVT LINT0 (the legacy 8259's ExtINT line in virtual-wire mode).
+    pub const LVT_LINT0: u64 = 0x350;
+    /// LVT LINT1 (NMI in virtual-wire mode).
+    pub const LVT_LINT1: u64 = 0x360;
+    /// LVT entry mask bit.
+    pub const LVT_MASKED: u32 = 1 << 16;
 }
 
 /// Bit `i` set: device vector `i` arrived (set by the handler).
@@ -116,6 +122,9 @@ pub fn lapic_read(off: u64) -> u32 {
 
 /// Loads the IDT (handlers for device vectors 0..[`MAX_VECTORS`] and the
 /// spurious vector) and enables the local APIC (TPR 0, SVR enable).
+/// LINT0 and LINT1 are masked: firmware (SeaBIOS before QEMU's PVH option
+/// ROM) leaves the 8259 PIT tick wired to LINT0 as ExtINT at vector 8,
+/// which has no gate here and would triple-fault at the first `sti`.
 /// Interrupts stay disabled. Returns this vCPU's APIC id.
 pub fn init() -> u8 {
     let stubs = hqd_irq_stubs as *const () as usize as u64;
@@ -133,6 +142,8 @@ pub fn init() -> u8 {
         core::ptr::write_volatile(addr_of_mut!((*r).base), addr_of_mut!(IDT) as u64);
         core::arch::asm!("cli", "lidt [{r}]", r = in(reg) r, options(nostack));
     }
+    lapic_write(lapic::LVT_LINT0, lapic::LVT_MASKED);
+    lapic_write(lapic::LVT_LINT1, lapic::LVT_MASKED);
     lapic_write(lapic::TPR, 0);
     lapic_write(lapic::SVR, 0x100 | u32::from(SPURIOUS_VECTOR));
     (lapic_read(lapic::ID) >> 24) as u8

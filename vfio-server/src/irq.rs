@@ -206,9 +206,22 @@ impl Irqs {
     /// or the end of the connection). A counter the client filled is
     /// drained, so that a sender blocked on it goes on.
     pub fn clear(&self) {
+        self.unset(0, usize::MAX);
+    }
+
+    /// Takes the eventfds of `count` vectors from `start` away (SET_IRQS
+    /// trigger with eventfd data and no fds: QEMU's vfio-user client sends
+    /// a run of `-1` fds this way, e.g. to enable MSI-X before any vector
+    /// is in use). Drains as [`Irqs::clear`] does.
+    pub fn unset(&self, start: usize, count: usize) {
         let taken: Vec<Arc<File>> = {
             let mut st = self.lock();
-            st.fds.iter_mut().filter_map(Option::take).collect()
+            st.fds
+                .iter_mut()
+                .skip(start)
+                .take(count)
+                .filter_map(Option::take)
+                .collect()
         };
         for f in taken {
             if !ready(&f, libc::POLLOUT) && ready(&f, libc::POLLIN) {
@@ -364,5 +377,28 @@ mod tests {
         let (r, _w) = std::io::pipe().unwrap();
         let f = File::from(std::os::fd::OwnedFd::from(r));
         assert_eq!(irq.set_eventfds(0, vec![f]), Err(IrqError::NotEventFd(0)));
+    }
+
+    #[test]
+    fn unset_takes_only_the_named_vectors_away() {
+        let irq = Irqs::new();
+        let (e0, f0) = efd();
+        let (e1, f1) = efd();
+        let (e2, f2) = efd();
+        irq.set_eventfds(0, vec![f0, f1, f2]).unwrap();
+        irq.unset(1, 1);
+        irq.raise(1);
+        assert_eq!(irq.pending(), 1 << 1, "no eventfd: pending, not sent");
+        assert!(e1.read().is_err());
+        irq.raise(0);
+        irq.raise(2);
+        assert_eq!(next(&e0), 1);
+        assert_eq!(next(&e2), 1);
+        // Counts past the last vector are clipped, not a panic.
+        irq.unset(2, usize::MAX);
+        irq.raise(2);
+        assert!(e2.read().is_err(), "taken away: nothing sent");
+        irq.raise(0);
+        assert_eq!(next(&e0), 1, "vector 0 kept its eventfd");
     }
 }

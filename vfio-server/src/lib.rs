@@ -793,11 +793,10 @@ impl<'a> Conn<'a> {
                 }
                 let (offset, region, count) =
                     (wire::u64_at(b, 0), wire::u32_at(b, 8), wire::u32_at(b, 12));
-                let mut data = [0u8; wire::MAX_ACCESS as usize];
-                let n = access_len(region, offset, count)?;
-                self.region_read(region, offset, &mut data[..n]);
+                let n = read_len(region, offset, count)?;
                 let mut r = b.to_vec();
-                r.extend_from_slice(&data[..n]);
+                r.resize(16 + n, 0);
+                self.region_read(region, offset, &mut r[16..]);
                 Ok(r)
             }
             cmd::REGION_WRITE => {
@@ -895,6 +894,10 @@ impl<'a> Conn<'a> {
             ((1u64 << count) - 1) << start
         };
         match (action, data) {
+            (IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) if fds.is_empty() => {
+                // A run of `-1` fds: those vectors lose their eventfds.
+                self.irqs.unset(start as usize, count as usize);
+            }
             (IRQ_SET_ACTION_TRIGGER, IRQ_SET_DATA_EVENTFD) => {
                 if fds.len() != count as usize {
                     return einval();
@@ -942,13 +945,17 @@ impl<'a> Conn<'a> {
     fn region_read(&self, region: u32, offset: u64, data: &mut [u8]) {
         data.fill(0);
         match region {
+            wire::REGION_CONFIG if data.len() > wire::MAX_ACCESS as usize => {
+                // A bulk read (QEMU reads the whole space at realize): byte by
+                // byte from the dwords a guest would see.
+                for (i, d) in data.iter_mut().enumerate() {
+                    let off = offset as usize + i;
+                    *d = self.config_dword(off).to_le_bytes()[off % 4];
+                }
+            }
             wire::REGION_CONFIG => {
                 let off = offset as usize;
-                let mut d = self.cfg.dword(off);
-                if off & !3 == usize::from(MSIX_CAP_OFFSET) {
-                    d = (d & 0xFFFF) | u32::from(self.msix_control()) << 16;
-                }
-                read_from_dword(d, off, data);
+                read_from_dword(self.config_dword(off), off, data);
             }
             wire::REGION_BAR0 if offset < REGS_SIZE => {
                 if data.len() == 4 && offset.is_multiple_of(4) {
@@ -972,6 +979,17 @@ impl<'a> Conn<'a> {
                 }
             }
             _ => {} // MSI-X table (the VMM's), BAR2, holes: zeros
+        }
+    }
+
+    /// The config dword holding `off`, with the MSI-X control word this
+    /// server keeps.
+    fn config_dword(&self, off: usize) -> u32 {
+        let d = self.cfg.dword(off);
+        if off & !3 == usize::from(MSIX_CAP_OFFSET) {
+            (d & 0xFFFF) | u32::from(self.msix_control()) << 16
+        } else {
+            d
         }
     }
 
@@ -1063,6 +1081,21 @@ fn region_size(index: u32) -> u64 {
         wire::REGION_CONFIG => abi::config_space::CONFIG_BYTES as u64,
         _ => 0,
     }
+}
+
+/// Checks a REGION_READ: as [`access_len`], except that the config region
+/// may also be read in bulk (more than 8 bytes, up to its size), as QEMU's
+/// vfio-user client reads it at realize.
+fn read_len(region: u32, offset: u64, count: u32) -> Result<usize, u32> {
+    if region == wire::REGION_CONFIG
+        && count > wire::MAX_ACCESS
+        && offset
+            .checked_add(u64::from(count))
+            .is_some_and(|e| e <= region_size(region))
+    {
+        return Ok(count as usize);
+    }
+    access_len(region, offset, count)
 }
 
 /// Checks a region access: 1, 2, 4 or 8 bytes inside an implemented region.

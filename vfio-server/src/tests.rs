@@ -530,6 +530,61 @@ fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
 
 mod hostile;
 
+#[test]
+fn the_config_space_reads_in_bulk_as_qemu_reads_it_at_realize() {
+    let a = tiny_arbiter();
+    let srv = serve(&a, "bulk", 8, ServerOptions::default());
+    let mut s = UnixStream::connect(srv.path()).unwrap();
+    let size = abi::config_space::CONFIG_BYTES as u64;
+    // The whole space in one read: the same bytes as dword by dword.
+    let (h, all) = raw(
+        &mut s,
+        cmd::REGION_READ,
+        &access(0, wire::REGION_CONFIG, size as u32),
+        None,
+    );
+    assert_eq!(h.flags, wire::TYPE_REPLY);
+    assert_eq!(all.len(), 16 + size as usize);
+    for off in (0..size).step_by(4) {
+        let (h, d) = raw(
+            &mut s,
+            cmd::REGION_READ,
+            &access(off, wire::REGION_CONFIG, 4),
+            None,
+        );
+        assert_eq!(h.flags, wire::TYPE_REPLY);
+        let at = 16 + off as usize;
+        assert_eq!(d[16..20], all[at..at + 4], "dword {off:#x}");
+    }
+    assert_eq!(all[16..20], 0x0FD0_1002u32.to_le_bytes());
+    // An unaligned bulk read is the same bytes; past the end is refused.
+    let (_, part) = raw(
+        &mut s,
+        cmd::REGION_READ,
+        &access(3, wire::REGION_CONFIG, 61),
+        None,
+    );
+    assert_eq!(part[16..], all[16 + 3..16 + 64]);
+    for (off, count) in [(1, size as u32), (0, size as u32 + 4), (u64::MAX - 8, 16)] {
+        let (h, _) = raw(
+            &mut s,
+            cmd::REGION_READ,
+            &access(off, wire::REGION_CONFIG, count),
+            None,
+        );
+        assert!(is_error(&h, libc::EINVAL), "{off:#x} {count}");
+    }
+    // Bulk reads stay config-only: BAR0 still takes 1, 2, 4 or 8 bytes.
+    let (h, _) = raw(
+        &mut s,
+        cmd::REGION_READ,
+        &access(0, wire::REGION_BAR0, 16),
+        None,
+    );
+    assert!(is_error(&h, libc::EINVAL));
+    srv.stop();
+}
+
 /// A storm of clients that each send one byte and disconnect: every one
 /// registers (its byte is a first message) and is removed, and the
 /// arbiter's tables stay bounded by the retained removed VMs (a count, not

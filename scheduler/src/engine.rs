@@ -192,6 +192,10 @@ struct Vm {
     /// Mapped while a save was in flight in its partition: its billing
     /// starts when the partition's saves are done.
     wait_save: bool,
+    /// Aging turns received, weighted: `SCALE / (level + 2)` per batch in
+    /// which one of its queues ran boosted (stride order of the aging
+    /// server, see `engine/aging.rs`).
+    aged_tag: u128,
 }
 
 impl Vm {
@@ -302,8 +306,14 @@ struct Partition {
 struct AgingBudget {
     /// Start of the running batch.
     batch_since: Option<Nanos>,
-    /// Queues boosted by the running batch.
-    batch: Vec<QueueId>,
+    /// Queues boosted by the running batch, with their `since` when
+    /// boosted (a queue whose state and `since` are unchanged at the end
+    /// did not run).
+    batch: Vec<(QueueId, Nanos)>,
+    /// Virtual clock of the aging server: the weighted turn tag of the
+    /// last VM served first in a batch. A VM that becomes due enters at
+    /// no less than it (no credit for turns it did not ask for).
+    vclock: u128,
     /// No batch starts before this.
     next_batch: Nanos,
     /// Last dequeue (CWSR save) time seen in the partition: a batch is

@@ -1,5 +1,6 @@
 //! Aging (docs/scheduling.md, "Aging"): batches of overdue queues boosted
-//! above every VM priority, under a budget of 1/32 of the partition.
+//! above every VM priority, under a budget of 1/32 of the partition, served
+//! in stride order of weighted turns (weight `level + 2`).
 
 use super::*;
 
@@ -32,7 +33,28 @@ impl Scheduler {
             part.aging.next_batch = now.saturating_add(cost.saturating_mul(AGING_SHARE_INV - 1));
             part.aging.batch_since = None;
             let batch = std::mem::take(&mut part.aging.batch);
-            for q in batch {
+            let vclock = part.aging.vclock;
+            // One weighted turn to each VM one of whose queues ran in the
+            // batch (a queue still Ready/Saved since it was boosted did
+            // not run and keeps its place).
+            let mut served: Vec<VmId> = Vec::new();
+            for &(q, since) in &batch {
+                let Some(qq) = self.queues.get(&q) else {
+                    continue;
+                };
+                let waited =
+                    matches!(qq.state, QueueState::Ready | QueueState::Saved) && qq.since == since;
+                if !waited && !served.contains(&qq.vm) {
+                    served.push(qq.vm);
+                }
+            }
+            for vm in served {
+                if let Some(v) = self.vms.get_mut(&vm) {
+                    let w = aging_weight(v.params.priority as u16);
+                    v.aged_tag = v.aged_tag.max(vclock).saturating_add(SCALE / w);
+                }
+            }
+            for (q, _) in batch {
                 if self.queues.get(&q).is_some_and(|q| q.boosted) {
                     self.rekey(q, |q| q.boosted = false);
                 }
@@ -45,15 +67,30 @@ impl Scheduler {
         let Some(top) = part.busy.range(..BOOST_LEVEL).next_back().map(|e| *e.0) else {
             return;
         };
-        // At most one slot's worth of queues per batch, the longest
-        // overdue first: no more can run at once, and the batch's cost
-        // (one re-index per queue, at its start and its end) then stays
-        // bounded by the slots, not by the starved queues (`tick` p99 at
-        // 256 vMQDs was 44-48 us from batches of hundreds of queues).
+        // At most one slot's worth of queues per batch (no more can run
+        // at once, and the batch's cost — one re-index per queue at its
+        // start and its end — stays bounded by the slots, not by the
+        // starved queues: `tick` p99 at 256 vMQDs was 44-48 us from
+        // batches of hundreds of queues). Which ones: the aging server
+        // serves the due VMs in stride order of their weighted turns
+        // (`aged_tag`, weight `level + 2`), ties to the higher level, then
+        // the longest overdue. Each VM then receives turns in proportion
+        // to `level + 2` while the budget is saturated (a higher starved
+        // level never has fewer turns than a lower one), and a VM that
+        // becomes due is served after at most `1 + w_x / w` turns of each
+        // other VM `x` (docs/scheduling.md, "Aging").
         let cap = part.nslots.max(1);
-        let mut cand: Vec<(Nanos, QueueId)> = Vec::new();
-        for w in &part.waiting[..top as usize] {
-            cand.extend(w.iter().take_while(|e| e.0 <= now).take(cap).copied());
+        let vclock = part.aging.vclock;
+        let mut cand: Vec<(u128, Reverse<u16>, Nanos, QueueId)> = Vec::new();
+        for (level, w) in part.waiting[..top as usize].iter().enumerate() {
+            for e in w.iter().take_while(|e| e.0 <= now).take(cap) {
+                let tag = self
+                    .queues
+                    .get(&e.1)
+                    .and_then(|q| self.vms.get(&q.vm))
+                    .map_or(vclock, |v| v.aged_tag.max(vclock));
+                cand.push((tag, Reverse(level as u16), e.0, e.1));
+            }
         }
         if cand.is_empty() {
             return;
@@ -62,10 +99,16 @@ impl Scheduler {
             cand.select_nth_unstable(cap - 1);
             cand.truncate(cap);
         }
-        let due: Vec<QueueId> = cand.into_iter().map(|e| e.1).collect();
+        cand.sort_unstable();
+        let part = &mut self.parts[p];
+        part.aging.vclock = vclock.max(cand[0].0);
+        let due: Vec<(QueueId, Nanos)> = cand
+            .into_iter()
+            .map(|e| (e.3, self.queues.get(&e.3).map_or(now, |q| q.since)))
+            .collect();
         part.aging.batch_since = Some(now);
         part.aging.batch = due.clone();
-        for q in due {
+        for (q, _) in due {
             self.stats.boosts += 1;
             self.rekey(q, |q| q.boosted = true);
         }
@@ -84,4 +127,11 @@ impl Scheduler {
             .min()?;
         Some(due.max(p.aging.next_batch))
     }
+}
+
+/// Weight of a VM of priority `level` in the aging server's stride order:
+/// `level + 2`, the same step per level as the boost rate of
+/// [`age_wait`] (`(level + 2) / (2 x aging_ns)`).
+pub(super) fn aging_weight(level: u16) -> u128 {
+    level.min(15) as u128 + 2
 }

@@ -192,9 +192,9 @@ struct Vm {
     /// Mapped while a save was in flight in its partition: its billing
     /// starts when the partition's saves are done.
     wait_save: bool,
-    /// Aging turns received, weighted: `SCALE / (level + 2)` per batch in
-    /// which one of its queues ran boosted (stride order of the aging
-    /// server, see `engine/aging.rs`).
+    /// Aging service received, weighted: per batch in which one of its
+    /// queues ran boosted, `(billed partition time + 2 x save) x SCALE /
+    /// (level + 2)` (stride order of the aging server, `engine/aging.rs`).
     aged_tag: u128,
 }
 
@@ -310,6 +310,8 @@ struct AgingBudget {
     /// boosted (a queue whose state and `since` are unchanged at the end
     /// did not run).
     batch: Vec<(QueueId, Nanos)>,
+    /// GPU time billed to each VM of the running batch when it started.
+    batch_billed: Vec<(VmId, Nanos)>,
     /// Virtual clock of the aging server: the weighted turn tag of the
     /// last VM served first in a batch. A VM that becomes due enters at
     /// no less than it (no credit for turns it did not ask for).
@@ -558,6 +560,62 @@ impl Scheduler {
         age_wait(cfg, level as u16)
             .saturating_add(batches.saturating_mul(AGING_SHARE_INV).saturating_mul(per))
             .saturating_add(AGING_BATCH_NS)
+    }
+
+    /// The aging bound per level and per job length (docs/scheduling.md,
+    /// "Aging"): the longest a job of `job_ns` of partition time, of a VM
+    /// of priority `level` with `queues` queues below the top busy level of
+    /// its partition, waits for its completion under a priority policy,
+    /// given the other VMs below the top level (`others`: their priority
+    /// and queue count), `slots` HQD slots in the partition and `save_ns`
+    /// the longest CWSR save (dequeue):
+    ///
+    /// `m x (age_wait(level) + T x F x (B + 2 x save_ns) + B)`
+    ///
+    /// with `w(l) = l + 2` the aging weight, `T = ceil(queues / S) + sum
+    /// over others x of ceil(q_x / S) x (1 + w(l_x) / w(level))` the
+    /// budget periods that can come before its own turn (the stride order
+    /// charges each turn its cost to the budget over the VM's weight, so
+    /// another VM costs the budget at most `1 + w_x / w` batches per turn
+    /// of this one, and a VM whose queues outnumber the slots takes
+    /// `ceil(q / S)` batches), `F` = 32 (one batch per budget period `F x (B + 2 x
+    /// save_ns)`), `B` the aging batch, and `m = ceil(job_ns / (B - 2 x
+    /// save_ns))` the turns the job needs (each turn runs it for the batch
+    /// less a save of the work it displaces and its own restore; CWSR keeps
+    /// its progress between turns, and after a turn it waits `age_wait`
+    /// again).
+    pub fn aging_bound_job_ns(
+        cfg: &SchedConfig,
+        level: u8,
+        queues: u32,
+        others: &[(u8, u32)],
+        slots: usize,
+        save_ns: Nanos,
+        job_ns: Nanos,
+    ) -> Nanos {
+        let s = slots.max(1) as u64;
+        let w = aging::aging_weight(level as u16) as u64;
+        // Batches before its own, in units of 1 / w.
+        let turns_w = others.iter().fold(
+            (queues.max(1) as u64).div_ceil(s).saturating_mul(w),
+            |t, &(l, q)| {
+                let wx = aging::aging_weight(l as u16) as u64;
+                t.saturating_add((q.max(1) as u64).div_ceil(s).saturating_mul(w + wx))
+            },
+        );
+        let per = AGING_BATCH_NS.saturating_add(save_ns.saturating_mul(2));
+        let turn = age_wait(cfg, level as u16)
+            .saturating_add(
+                turns_w
+                    .saturating_mul(AGING_SHARE_INV)
+                    .saturating_mul(per)
+                    .div_ceil(w),
+            )
+            .saturating_add(AGING_BATCH_NS);
+        let run = AGING_BATCH_NS
+            .saturating_sub(save_ns.saturating_mul(2))
+            .max(1);
+        job_ns.div_ceil(run).max(1).saturating_mul(turn)
     }
 
     /// Longest aging batch, ns: boosted queues run at most this long in a

@@ -948,11 +948,13 @@ proptest! {
         }
         let end = w.now + 3_000 * MS;
         w.run_until(end);
-        // 16 queues below the flood, each with at most one batch of work.
-        let backlog = 16 * (Scheduler::AGING_BATCH_NS + UNMAP_NS);
+        // 4 VMs of 4 queues below the flood, on 4 slots.
+        let levels = [1u8, 4, 4, 9];
         for (i, q) in qs[..16].iter().enumerate() {
-            let level = [1, 4, 4, 9][i / 4];
-            let bound = Scheduler::aging_bound_ns(w.s.config(), level, backlog, UNMAP_NS);
+            let level = levels[i / 4];
+            let others: Vec<(u8, u32)> = (0..4).filter(|&j| j != i / 4).map(|j| (levels[j], 4)).collect();
+            // A wait for a slot: one turn (a job of at most one batch).
+            let bound = Scheduler::aging_bound_job_ns(w.s.config(), level, 4, &others, 4, UNMAP_NS, 1);
             let waited = w.max_wait.get(q).copied().unwrap_or(0);
             prop_assert!(waited <= bound, "{:?} waited {} > {}", q, waited, bound);
         }
@@ -1467,19 +1469,21 @@ proptest! {
             start(&mut w, i as u32 + 1, t);
         }
         w.run_until(1_500 * MS);
-        // Aged work that can be due together: each lower queue's job (at
-        // most one batch; always-busy queues a whole batch) plus a save.
-        let backlog: u64 = lower
-            .iter()
-            .map(|t| {
-                let job = if t.closed { t.job_us * 1000 } else { u64::MAX };
-                t.queues as u64 * (job.min(Scheduler::AGING_BATCH_NS) + UNMAP_NS)
-            })
-            .sum();
+        // The aging turns of the other lower VMs (8 slots); a wait for a
+        // slot is one turn (a job of at most one batch).
         for (q, waited) in &w.max_wait {
             if !flood.contains(q) {
+                let vm = w.vm_of[q].0 as usize - 1;
                 let level = vm_priority(&w, w.vm_of[q]);
-                let bound = Scheduler::aging_bound_ns(w.s.config(), level, backlog, UNMAP_NS);
+                let others: Vec<(u8, u32)> = lower
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != vm)
+                    .map(|(_, t)| (t.prio, t.queues))
+                    .collect();
+                let bound = Scheduler::aging_bound_job_ns(
+                    w.s.config(), level, lower[vm].queues, &others, 8, UNMAP_NS, 1,
+                );
                 prop_assert!(*waited <= bound, "{:?} waited {} > {}", q, waited, bound);
             }
         }

@@ -33,10 +33,13 @@ impl Scheduler {
             part.aging.next_batch = now.saturating_add(cost.saturating_mul(AGING_SHARE_INV - 1));
             part.aging.batch_since = None;
             let batch = std::mem::take(&mut part.aging.batch);
-            let vclock = part.aging.vclock;
-            // One weighted turn to each VM one of whose queues ran in the
-            // batch (a queue still Ready/Saved since it was boosted did
-            // not run and keeps its place).
+            let billed0 = std::mem::take(&mut part.aging.batch_billed);
+            let (vclock, save) = (part.aging.vclock, part.aging.save_ns);
+            // Each VM one of whose queues ran in the batch (a queue still
+            // Ready/Saved since it was boosted did not run and keeps its
+            // place) is charged what its turn cost the budget — the
+            // partition time billed to it during the batch plus one save
+            // and restore — divided by its weight.
             let mut served: Vec<VmId> = Vec::new();
             for &(q, since) in &batch {
                 let Some(qq) = self.queues.get(&q) else {
@@ -51,7 +54,17 @@ impl Scheduler {
             for vm in served {
                 if let Some(v) = self.vms.get_mut(&vm) {
                     let w = aging_weight(v.params.priority as u16);
-                    v.aged_tag = v.aged_tag.max(vclock).saturating_add(SCALE / w);
+                    let before = billed0
+                        .iter()
+                        .find(|e| e.0 == vm)
+                        .map_or(v.stats.gpu_ns, |e| e.1);
+                    let used = billed_now(v, now)
+                        .saturating_sub(before)
+                        .saturating_add(save.saturating_mul(2));
+                    v.aged_tag = v
+                        .aged_tag
+                        .max(vclock)
+                        .saturating_add(used as u128 * SCALE / w);
                 }
             }
             for (q, _) in batch {
@@ -74,11 +87,12 @@ impl Scheduler {
         // batches of hundreds of queues). Which ones: the aging server
         // serves the due VMs in stride order of their weighted turns
         // (`aged_tag`, weight `level + 2`), ties to the higher level, then
-        // the longest overdue. Each VM then receives turns in proportion
-        // to `level + 2` while the budget is saturated (a higher starved
-        // level never has fewer turns than a lower one), and a VM that
-        // becomes due is served after at most `1 + w_x / w` turns of each
-        // other VM `x` (docs/scheduling.md, "Aging").
+        // the longest overdue. A turn is charged what it cost the budget
+        // (partition time + one save and restore) over the weight, so
+        // while the budget is saturated each starved VM's aged time
+        // follows `level + 2`, and a VM that becomes due is served before
+        // any other VM `x` has cost the budget more than `1 + w_x / w`
+        // batches (docs/scheduling.md, "Aging").
         let cap = part.nslots.max(1);
         let vclock = part.aging.vclock;
         let mut cand: Vec<(u128, Reverse<u16>, Nanos, QueueId)> = Vec::new();
@@ -100,14 +114,23 @@ impl Scheduler {
             cand.truncate(cap);
         }
         cand.sort_unstable();
-        let part = &mut self.parts[p];
-        part.aging.vclock = vclock.max(cand[0].0);
+        self.parts[p].aging.vclock = vclock.max(cand[0].0);
         let due: Vec<(QueueId, Nanos)> = cand
             .into_iter()
             .map(|e| (e.3, self.queues.get(&e.3).map_or(now, |q| q.since)))
             .collect();
+        let mut billed: Vec<(VmId, Nanos)> = Vec::new();
+        for &(q, _) in &due {
+            if let Some(v) = self.queues.get(&q).map(|q| q.vm) {
+                if !billed.iter().any(|e| e.0 == v) {
+                    billed.push((v, self.vms.get(&v).map_or(0, |vv| billed_now(vv, now))));
+                }
+            }
+        }
+        let part = &mut self.parts[p];
         part.aging.batch_since = Some(now);
         part.aging.batch = due.clone();
+        part.aging.batch_billed = billed;
         for (q, _) in due {
             self.stats.boosts += 1;
             self.rekey(q, |q| q.boosted = true);
@@ -134,4 +157,10 @@ impl Scheduler {
 /// [`age_wait`] (`(level + 2) / (2 x aging_ns)`).
 pub(super) fn aging_weight(level: u16) -> u128 {
     level.min(15) as u128 + 2
+}
+
+/// GPU time billed to `v` up to `now` (its running period included).
+fn billed_now(v: &Vm, now: Nanos) -> Nanos {
+    let running = if v.active > 0 { billable(v, now) } else { 0 };
+    v.stats.gpu_ns.saturating_add(running)
 }

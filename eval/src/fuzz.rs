@@ -1059,7 +1059,10 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
                     .filter(|&&j| j != i)
                     .map(|&j| (max_prio(j), vm_tenant[j].queues.max(1)))
                     .collect();
-                let job = job_ns(t, cus);
+                // A turn runs all its boosted queues together: a job's
+                // partition time is then up to its queue count times its
+                // own (they share the CUs).
+                let job = job_ns(t, cus).saturating_mul(t.queues.max(1) as u64);
                 let bound = scheduler::Scheduler::aging_bound_job_ns(
                     &cfg,
                     prio_of(i),
@@ -1073,11 +1076,14 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
                 if gaps[i] > bound {
                     let w = prio_of(i) as f64 + 2.0;
                     let turns: f64 = (t.queues.max(1) as u64).div_ceil(slots as u64) as f64
+                        + (t.queues.max(1) - 1) as f64
                         + others
                             .iter()
                             .map(|&(l, q)| {
+                                let same = if l == prio_of(i) { q as f64 } else { 0.0 };
                                 (q as u64).div_ceil(slots as u64) as f64
                                     * (1.0 + (l as f64 + 2.0) / w)
+                                    + same
                             })
                             .sum::<f64>();
                     fail(
@@ -1089,7 +1095,7 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
                             gaps[i] as f64 / 1e6
                         ),
                         format!(
-                            "ceil(job {:.2} ms / (B - 2 x {:.0} us)) x (age_wait({}) + T {:.2} x 32 x (B + 2 x {:.0} us) + B) = {:.1} ms",
+                            "ceil(job x queues {:.2} ms / (B - 2 x {:.0} us)) x (age_wait({}) + T {:.2} x 32 x (B + 2 x {:.0} us) + B) = {:.1} ms",
                             job as f64 / 1e6,
                             save as f64 / 1e3,
                             prio_of(i),

@@ -209,7 +209,9 @@ pub fn aging_bounds_of(sc: &Scenario, topo: &GpuTopology) -> Vec<(String, u64)> 
                 &others,
                 slots,
                 save,
-                job_ns(t),
+                // Its queues co-run in a turn: a job's partition time is
+                // up to the queue count times its own.
+                job_ns(t).saturating_mul(t.queues.max(1) as u64),
             );
             (t.name.clone(), bound)
         })
@@ -906,14 +908,14 @@ mod tests {
         assert_eq!(bounds.len(), 1);
         assert_eq!(bounds[0].1, want);
         assert_eq!(aging_bound_of(&sc, &topo), Some(want));
-        // aging_ns x 2 / 3 for priority 1, then its own turn and at most
-        // 1 + 3 / 3 turns of the other VM, one batch each per budget
-        // period, then the batch that runs it (one turn: 1 ms < B - 2 x
-        // save).
+        // aging_ns x 2 / 3 for priority 1, then its own turn, at most
+        // 1 + 3 / 3 turns of the other VM and one more for its queue of
+        // the same level due first, one batch each per budget period,
+        // then the batch that runs it (one turn: 1 ms < B - 2 x save).
         let period = 32 * (scheduler::Scheduler::AGING_BATCH_NS + 2 * save);
         assert_eq!(
             want,
-            cfg.aging_ns * 2 / 3 + 3 * period + scheduler::Scheduler::AGING_BATCH_NS
+            cfg.aging_ns * 2 / 3 + 4 * period + scheduler::Scheduler::AGING_BATCH_NS
         );
         // More starved VMs, a longer bound; a longer job, more turns.
         let mut more = sc.clone();

@@ -547,8 +547,12 @@ impl Scheduler {
     /// batch (2 ms), `F` = 32 (aging takes at most `1 / F` of the
     /// partition), `backlog_ns` the aged work that can be due with it — the
     /// sum over the queues of the partition below the top level of
-    /// `min(job, B) + save_ns` — and `save_ns` the longest CWSR save. A job
-    /// of at most `B` completes within the bound plus its own length.
+    /// `min(job, B) + save_ns` — and `save_ns` the longest CWSR save.
+    ///
+    /// This bound assumed the oldest-first aging order the engine had
+    /// before the weighted aging server (issue 18) and jobs of at most `B`;
+    /// the engine's bound, per level and per job length, is
+    /// [`Scheduler::aging_bound_job_ns`].
     pub fn aging_bound_ns(
         cfg: &SchedConfig,
         level: u8,
@@ -572,9 +576,12 @@ impl Scheduler {
     ///
     /// `m x (age_wait(level) + T x F x (B + 2 x save_ns) + B)`
     ///
-    /// with `w(l) = l + 2` the aging weight, `T = ceil(queues / S) + sum
-    /// over others x of ceil(q_x / S) x (1 + w(l_x) / w(level))` the
-    /// budget periods that can come before its own turn (the stride order
+    /// with `w(l) = l + 2` the aging weight, `T = ceil(queues / S) +
+    /// (queues - 1) + sum over others x of (ceil(q_x / S) x (1 + w(l_x) /
+    /// w(level)) + [l_x = level] x q_x)` the budget periods that can come
+    /// before its own turn (queues of one level are looked at in due
+    /// order, the first `S` due of each level, so a queue of its own level
+    /// due before it can take a batch first; across levels the stride order
     /// charges each turn its cost to the budget over the VM's weight, so
     /// another VM costs the budget at most `1 + w_x / w` batches per turn
     /// of this one, and a VM whose queues outnumber the slots takes
@@ -595,12 +602,23 @@ impl Scheduler {
     ) -> Nanos {
         let s = slots.max(1) as u64;
         let w = aging::aging_weight(level as u16) as u64;
-        // Batches before its own, in units of 1 / w.
+        // Batches before its own, in units of 1 / w. Queues of one level
+        // are looked at in due order (the first S due of each level), so
+        // each queue of its own level due before it can add a batch.
         let turns_w = others.iter().fold(
-            (queues.max(1) as u64).div_ceil(s).saturating_mul(w),
+            (queues.max(1) as u64)
+                .div_ceil(s)
+                .saturating_add(queues.max(1) as u64 - 1)
+                .saturating_mul(w),
             |t, &(l, q)| {
                 let wx = aging::aging_weight(l as u16) as u64;
-                t.saturating_add((q.max(1) as u64).div_ceil(s).saturating_mul(w + wx))
+                let same = if l == level { q.max(1) as u64 } else { 0 };
+                t.saturating_add(
+                    (q.max(1) as u64)
+                        .div_ceil(s)
+                        .saturating_mul(w + wx)
+                        .saturating_add(same.saturating_mul(w)),
+                )
             },
         );
         let per = AGING_BATCH_NS.saturating_add(save_ns.saturating_mul(2));

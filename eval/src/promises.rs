@@ -929,10 +929,11 @@ mod tests {
         // Each VM against its own bound.
         let mut run = RunOutput::default();
         assert!(within_aging_bound(&run, &bounds, cfg.aging_ns, 1.5).pass);
-        let mut v = crate::driver::VmRun::default();
-        v.name = format!("{}-0", bounds[0].0);
-        v.max_job_age_ns = want + 1;
-        run.vm_runs.push(v);
+        run.vm_runs.push(crate::driver::VmRun {
+            name: format!("{}-0", bounds[0].0),
+            max_job_age_ns: want + 1,
+            ..Default::default()
+        });
         assert!(!within_aging_bound(&run, &bounds, cfg.aging_ns * 100, 1.5).pass);
         run.vm_runs[0].max_job_age_ns = want;
         assert!(within_aging_bound(&run, &bounds, cfg.aging_ns * 100, 1.5).pass);

@@ -637,7 +637,7 @@ impl Scheduler {
     }
 
     /// Longest aging batch, ns: boosted queues run at most this long in a
-    /// row (`B` in [`Scheduler::aging_bound_ns`]).
+    /// row (`B` in [`Scheduler::aging_bound_job_ns`]).
     pub const AGING_BATCH_NS: Nanos = AGING_BATCH_NS;
 
     /// State and slot of a queue.

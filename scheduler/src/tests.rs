@@ -933,7 +933,7 @@ proptest! {
 
     /// Aging: under a permanent high-priority flood, a low-priority ready
     /// queue waits no longer than the aging bound of its level
-    /// (`Scheduler::aging_bound_ns`, no slack).
+    /// (`Scheduler::aging_bound_job_ns`, no slack).
     #[test]
     fn aging_bounds_waiting(ops in prop::collection::vec(op(), 1..80)) {
         let (mut w, qs) = build(Policy::Hqdmux, 500_000, 1, &[1, 4, 4, 9, 12, 12]);
@@ -1456,7 +1456,7 @@ proptest! {
 
     /// Starvation bound (promise 4) over random fleets: below a permanent
     /// top-level flood, every queue with work runs within the aging bound
-    /// `Scheduler::aging_bound_ns` of its level (no slack).
+    /// `Scheduler::aging_bound_job_ns` of its level (no slack).
     #[test]
     fn starvation_bound(lower in prop::collection::vec(tenant(0..9), 1..5)) {
         let c = SchedConfig { aging_ns: 100 * MS, ..cfg(Policy::Hqdmux) };

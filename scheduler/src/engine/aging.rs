@@ -6,8 +6,9 @@ use super::*;
 
 impl Scheduler {
     /// Aging (priority policies): queues of levels below the top busy one
-    /// that waited [`age_wait`] are boosted above every VM priority, all
-    /// the due ones together (a batch). A boosted queue drops back to its
+    /// that waited [`age_wait`] are boosted above every VM priority, the
+    /// due ones together (a batch of at most the partition's slots, in
+    /// stride order of their VMs' weighted aged service). A boosted queue drops back to its
     /// level when its ring drains (its job is done: `QueueIdle`); the batch
     /// ends when no boosted queue is busy or after [`AGING_BATCH_NS`]
     /// (queues still boosted then drop back; those that did not run keep

@@ -1490,6 +1490,46 @@ proptest! {
     }
 }
 
+/// The weighted aging server (issue 18): three always-busy VMs starved
+/// below a permanent flood saturate the aging budget (each turn a whole
+/// batch); their aged GPU time follows their levels (weights `p + 2` =
+/// 11 : 7 : 4), where the oldest-first order of before gave them the
+/// same turns.
+#[test]
+fn saturated_aging_serves_starved_levels_in_priority_order() {
+    let c = SchedConfig {
+        aging_ns: 100 * MS,
+        ..cfg(Policy::Hqdmux)
+    };
+    let mut w = World::new(c, slots(1, 2, 4));
+    for q in w.vm(0, 15, 1, 1) {
+        w.submit(q, 10_000_000 * MS);
+    }
+    for (vm, p) in [(1u32, 9u8), (2, 5), (3, 2)] {
+        for q in w.vm(vm, p, 1, 1) {
+            w.submit(q, 10_000_000 * MS);
+        }
+    }
+    w.run_until(6_000 * MS);
+    w.event(Event::Tick { now: w.now });
+    let (g9, g5, g2) = (w.gpu_ns(1), w.gpu_ns(2), w.gpu_ns(3));
+    assert!(g2 > 0, "the lowest level is served: {g9} {g5} {g2}");
+    assert!(
+        g9 > g5 && g5 > g2,
+        "aged time follows the levels: {g9} {g5} {g2}"
+    );
+    // Saturated: the split follows the weights (within one batch each).
+    let b = Scheduler::AGING_BATCH_NS as f64;
+    let total = (g9 + g5 + g2) as f64;
+    for (g, wt) in [(g9, 11.0), (g5, 7.0), (g2, 4.0)] {
+        let want = total * wt / 22.0;
+        assert!(
+            (g as f64 - want).abs() <= 2.0 * b,
+            "{g} vs {want}: {g9} {g5} {g2}"
+        );
+    }
+}
+
 #[path = "spatial_tests.rs"]
 mod spatial_tests;
 

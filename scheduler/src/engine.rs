@@ -192,6 +192,10 @@ struct Vm {
     /// Mapped while a save was in flight in its partition: its billing
     /// starts when the partition's saves are done.
     wait_save: bool,
+    /// Aging service received, weighted: per batch in which one of its
+    /// queues ran boosted, `(billed partition time + 2 x save) x SCALE /
+    /// (level + 2)` (stride order of the aging server, `engine/aging.rs`).
+    aged_tag: u128,
 }
 
 impl Vm {
@@ -302,8 +306,16 @@ struct Partition {
 struct AgingBudget {
     /// Start of the running batch.
     batch_since: Option<Nanos>,
-    /// Queues boosted by the running batch.
-    batch: Vec<QueueId>,
+    /// Queues boosted by the running batch, with their `since` when
+    /// boosted (a queue whose state and `since` are unchanged at the end
+    /// did not run).
+    batch: Vec<(QueueId, Nanos)>,
+    /// GPU time billed to each VM of the running batch when it started.
+    batch_billed: Vec<(VmId, Nanos)>,
+    /// Virtual clock of the aging server: the weighted turn tag of the
+    /// last VM served first in a batch. A VM that becomes due enters at
+    /// no less than it (no credit for turns it did not ask for).
+    vclock: u128,
     /// No batch starts before this.
     next_batch: Nanos,
     /// Last dequeue (CWSR save) time seen in the partition: a batch is
@@ -535,8 +547,12 @@ impl Scheduler {
     /// batch (2 ms), `F` = 32 (aging takes at most `1 / F` of the
     /// partition), `backlog_ns` the aged work that can be due with it — the
     /// sum over the queues of the partition below the top level of
-    /// `min(job, B) + save_ns` — and `save_ns` the longest CWSR save. A job
-    /// of at most `B` completes within the bound plus its own length.
+    /// `min(job, B) + save_ns` — and `save_ns` the longest CWSR save.
+    ///
+    /// This bound assumed the oldest-first aging order the engine had
+    /// before the weighted aging server (issue 18) and jobs of at most `B`;
+    /// the engine's bound, per level and per job length, is
+    /// [`Scheduler::aging_bound_job_ns`].
     pub fn aging_bound_ns(
         cfg: &SchedConfig,
         level: u8,
@@ -550,8 +566,78 @@ impl Scheduler {
             .saturating_add(AGING_BATCH_NS)
     }
 
+    /// The aging bound per level and per job length (docs/scheduling.md,
+    /// "Aging"): the longest a job of `job_ns` of partition time, of a VM
+    /// of priority `level` with `queues` queues below the top busy level of
+    /// its partition, waits for its completion under a priority policy,
+    /// given the other VMs below the top level (`others`: their priority
+    /// and queue count), `slots` HQD slots in the partition and `save_ns`
+    /// the longest CWSR save (dequeue):
+    ///
+    /// `m x (age_wait(level) + T x F x (B + 2 x save_ns) + B)`
+    ///
+    /// with `w(l) = l + 2` the aging weight, `T = ceil(queues / S) +
+    /// (queues - 1) + sum over others x of (ceil(q_x / S) x (1 + w(l_x) /
+    /// w(level)) + [l_x = level] x q_x)` the budget periods that can come
+    /// before its own turn (queues of one level are looked at in due
+    /// order, the first `S` due of each level, so a queue of its own level
+    /// due before it can take a batch first; across levels the stride order
+    /// charges each turn its cost to the budget over the VM's weight, so
+    /// another VM costs the budget at most `1 + w_x / w` batches per turn
+    /// of this one, and a VM whose queues outnumber the slots takes
+    /// `ceil(q / S)` batches), `F` = 32 (one batch per budget period `F x (B + 2 x
+    /// save_ns)`), `B` the aging batch, and `m = ceil(job_ns / (B - 2 x
+    /// save_ns))` the turns the job needs (each turn runs it for the batch
+    /// less a save of the work it displaces and its own restore; CWSR keeps
+    /// its progress between turns, and after a turn it waits `age_wait`
+    /// again).
+    pub fn aging_bound_job_ns(
+        cfg: &SchedConfig,
+        level: u8,
+        queues: u32,
+        others: &[(u8, u32)],
+        slots: usize,
+        save_ns: Nanos,
+        job_ns: Nanos,
+    ) -> Nanos {
+        let s = slots.max(1) as u64;
+        let w = aging::aging_weight(level as u16) as u64;
+        // Batches before its own, in units of 1 / w. Queues of one level
+        // are looked at in due order (the first S due of each level), so
+        // each queue of its own level due before it can add a batch.
+        let turns_w = others.iter().fold(
+            (queues.max(1) as u64)
+                .div_ceil(s)
+                .saturating_add(queues.max(1) as u64 - 1)
+                .saturating_mul(w),
+            |t, &(l, q)| {
+                let wx = aging::aging_weight(l as u16) as u64;
+                let same = if l == level { q.max(1) as u64 } else { 0 };
+                t.saturating_add(
+                    (q.max(1) as u64)
+                        .div_ceil(s)
+                        .saturating_mul(w + wx)
+                        .saturating_add(same.saturating_mul(w)),
+                )
+            },
+        );
+        let per = AGING_BATCH_NS.saturating_add(save_ns.saturating_mul(2));
+        let turn = age_wait(cfg, level as u16)
+            .saturating_add(
+                turns_w
+                    .saturating_mul(AGING_SHARE_INV)
+                    .saturating_mul(per)
+                    .div_ceil(w),
+            )
+            .saturating_add(AGING_BATCH_NS);
+        let run = AGING_BATCH_NS
+            .saturating_sub(save_ns.saturating_mul(2))
+            .max(1);
+        job_ns.div_ceil(run).max(1).saturating_mul(turn)
+    }
+
     /// Longest aging batch, ns: boosted queues run at most this long in a
-    /// row (`B` in [`Scheduler::aging_bound_ns`]).
+    /// row (`B` in [`Scheduler::aging_bound_job_ns`]).
     pub const AGING_BATCH_NS: Nanos = AGING_BATCH_NS;
 
     /// State and slot of a queue.

@@ -933,7 +933,7 @@ proptest! {
 
     /// Aging: under a permanent high-priority flood, a low-priority ready
     /// queue waits no longer than the aging bound of its level
-    /// (`Scheduler::aging_bound_ns`, no slack).
+    /// (`Scheduler::aging_bound_job_ns`, no slack).
     #[test]
     fn aging_bounds_waiting(ops in prop::collection::vec(op(), 1..80)) {
         let (mut w, qs) = build(Policy::Hqdmux, 500_000, 1, &[1, 4, 4, 9, 12, 12]);
@@ -948,11 +948,13 @@ proptest! {
         }
         let end = w.now + 3_000 * MS;
         w.run_until(end);
-        // 16 queues below the flood, each with at most one batch of work.
-        let backlog = 16 * (Scheduler::AGING_BATCH_NS + UNMAP_NS);
+        // 4 VMs of 4 queues below the flood, on 4 slots.
+        let levels = [1u8, 4, 4, 9];
         for (i, q) in qs[..16].iter().enumerate() {
-            let level = [1, 4, 4, 9][i / 4];
-            let bound = Scheduler::aging_bound_ns(w.s.config(), level, backlog, UNMAP_NS);
+            let level = levels[i / 4];
+            let others: Vec<(u8, u32)> = (0..4).filter(|&j| j != i / 4).map(|j| (levels[j], 4)).collect();
+            // A wait for a slot: one turn (a job of at most one batch).
+            let bound = Scheduler::aging_bound_job_ns(w.s.config(), level, 4, &others, 4, UNMAP_NS, 1);
             let waited = w.max_wait.get(q).copied().unwrap_or(0);
             prop_assert!(waited <= bound, "{:?} waited {} > {}", q, waited, bound);
         }
@@ -1454,7 +1456,7 @@ proptest! {
 
     /// Starvation bound (promise 4) over random fleets: below a permanent
     /// top-level flood, every queue with work runs within the aging bound
-    /// `Scheduler::aging_bound_ns` of its level (no slack).
+    /// `Scheduler::aging_bound_job_ns` of its level (no slack).
     #[test]
     fn starvation_bound(lower in prop::collection::vec(tenant(0..9), 1..5)) {
         let c = SchedConfig { aging_ns: 100 * MS, ..cfg(Policy::Hqdmux) };
@@ -1467,22 +1469,64 @@ proptest! {
             start(&mut w, i as u32 + 1, t);
         }
         w.run_until(1_500 * MS);
-        // Aged work that can be due together: each lower queue's job (at
-        // most one batch; always-busy queues a whole batch) plus a save.
-        let backlog: u64 = lower
-            .iter()
-            .map(|t| {
-                let job = if t.closed { t.job_us * 1000 } else { u64::MAX };
-                t.queues as u64 * (job.min(Scheduler::AGING_BATCH_NS) + UNMAP_NS)
-            })
-            .sum();
+        // The aging turns of the other lower VMs (8 slots); a wait for a
+        // slot is one turn (a job of at most one batch).
         for (q, waited) in &w.max_wait {
             if !flood.contains(q) {
+                let vm = w.vm_of[q].0 as usize - 1;
                 let level = vm_priority(&w, w.vm_of[q]);
-                let bound = Scheduler::aging_bound_ns(w.s.config(), level, backlog, UNMAP_NS);
+                let others: Vec<(u8, u32)> = lower
+                    .iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != vm)
+                    .map(|(_, t)| (t.prio, t.queues))
+                    .collect();
+                let bound = Scheduler::aging_bound_job_ns(
+                    w.s.config(), level, lower[vm].queues, &others, 8, UNMAP_NS, 1,
+                );
                 prop_assert!(*waited <= bound, "{:?} waited {} > {}", q, waited, bound);
             }
         }
+    }
+}
+
+/// The weighted aging server (issue 18): three always-busy VMs starved
+/// below a permanent flood saturate the aging budget (each turn a whole
+/// batch); their aged GPU time follows their levels (weights `p + 2` =
+/// 11 : 7 : 4), where the oldest-first order of before gave them the
+/// same turns.
+#[test]
+fn saturated_aging_serves_starved_levels_in_priority_order() {
+    let c = SchedConfig {
+        aging_ns: 100 * MS,
+        ..cfg(Policy::Hqdmux)
+    };
+    let mut w = World::new(c, slots(1, 2, 4));
+    for q in w.vm(0, 15, 1, 1) {
+        w.submit(q, 10_000_000 * MS);
+    }
+    for (vm, p) in [(1u32, 9u8), (2, 5), (3, 2)] {
+        for q in w.vm(vm, p, 1, 1) {
+            w.submit(q, 10_000_000 * MS);
+        }
+    }
+    w.run_until(6_000 * MS);
+    w.event(Event::Tick { now: w.now });
+    let (g9, g5, g2) = (w.gpu_ns(1), w.gpu_ns(2), w.gpu_ns(3));
+    assert!(g2 > 0, "the lowest level is served: {g9} {g5} {g2}");
+    assert!(
+        g9 > g5 && g5 > g2,
+        "aged time follows the levels: {g9} {g5} {g2}"
+    );
+    // Saturated: the split follows the weights (within one batch each).
+    let b = Scheduler::AGING_BATCH_NS as f64;
+    let total = (g9 + g5 + g2) as f64;
+    for (g, wt) in [(g9, 11.0), (g5, 7.0), (g2, 4.0)] {
+        let want = total * wt / 22.0;
+        assert!(
+            (g as f64 - want).abs() <= 2.0 * b,
+            "{g} vs {want}: {g9} {g5} {g2}"
+        );
     }
 }
 

@@ -1,12 +1,14 @@
 //! Aging (docs/scheduling.md, "Aging"): batches of overdue queues boosted
-//! above every VM priority, under a budget of 1/32 of the partition.
+//! above every VM priority, under a budget of 1/32 of the partition, served
+//! in stride order of weighted turns (weight `level + 2`).
 
 use super::*;
 
 impl Scheduler {
     /// Aging (priority policies): queues of levels below the top busy one
-    /// that waited [`age_wait`] are boosted above every VM priority, all
-    /// the due ones together (a batch). A boosted queue drops back to its
+    /// that waited [`age_wait`] are boosted above every VM priority, the
+    /// due ones together (a batch of at most the partition's slots, in
+    /// stride order of their VMs' weighted aged service). A boosted queue drops back to its
     /// level when its ring drains (its job is done: `QueueIdle`); the batch
     /// ends when no boosted queue is busy or after [`AGING_BATCH_NS`]
     /// (queues still boosted then drop back; those that did not run keep
@@ -32,7 +34,41 @@ impl Scheduler {
             part.aging.next_batch = now.saturating_add(cost.saturating_mul(AGING_SHARE_INV - 1));
             part.aging.batch_since = None;
             let batch = std::mem::take(&mut part.aging.batch);
-            for q in batch {
+            let billed0 = std::mem::take(&mut part.aging.batch_billed);
+            let (vclock, save) = (part.aging.vclock, part.aging.save_ns);
+            // Each VM one of whose queues ran in the batch (a queue still
+            // Ready/Saved since it was boosted did not run and keeps its
+            // place) is charged what its turn cost the budget — the
+            // partition time billed to it during the batch plus one save
+            // and restore — divided by its weight.
+            let mut served: Vec<VmId> = Vec::new();
+            for &(q, since) in &batch {
+                let Some(qq) = self.queues.get(&q) else {
+                    continue;
+                };
+                let waited =
+                    matches!(qq.state, QueueState::Ready | QueueState::Saved) && qq.since == since;
+                if !waited && !served.contains(&qq.vm) {
+                    served.push(qq.vm);
+                }
+            }
+            for vm in served {
+                if let Some(v) = self.vms.get_mut(&vm) {
+                    let w = aging_weight(v.params.priority as u16);
+                    let before = billed0
+                        .iter()
+                        .find(|e| e.0 == vm)
+                        .map_or(v.stats.gpu_ns, |e| e.1);
+                    let used = billed_now(v, now)
+                        .saturating_sub(before)
+                        .saturating_add(save.saturating_mul(2));
+                    v.aged_tag = v
+                        .aged_tag
+                        .max(vclock)
+                        .saturating_add(used as u128 * SCALE / w);
+                }
+            }
+            for (q, _) in batch {
                 if self.queues.get(&q).is_some_and(|q| q.boosted) {
                     self.rekey(q, |q| q.boosted = false);
                 }
@@ -45,15 +81,31 @@ impl Scheduler {
         let Some(top) = part.busy.range(..BOOST_LEVEL).next_back().map(|e| *e.0) else {
             return;
         };
-        // At most one slot's worth of queues per batch, the longest
-        // overdue first: no more can run at once, and the batch's cost
-        // (one re-index per queue, at its start and its end) then stays
-        // bounded by the slots, not by the starved queues (`tick` p99 at
-        // 256 vMQDs was 44-48 us from batches of hundreds of queues).
+        // At most one slot's worth of queues per batch (no more can run
+        // at once, and the batch's cost — one re-index per queue at its
+        // start and its end — stays bounded by the slots, not by the
+        // starved queues: `tick` p99 at 256 vMQDs was 44-48 us from
+        // batches of hundreds of queues). Which ones: the aging server
+        // serves the due VMs in stride order of their weighted turns
+        // (`aged_tag`, weight `level + 2`), ties to the higher level, then
+        // the longest overdue. A turn is charged what it cost the budget
+        // (partition time + one save and restore) over the weight, so
+        // while the budget is saturated each starved VM's aged time
+        // follows `level + 2`, and a VM that becomes due is served before
+        // any other VM `x` has cost the budget more than `1 + w_x / w`
+        // batches (docs/scheduling.md, "Aging").
         let cap = part.nslots.max(1);
-        let mut cand: Vec<(Nanos, QueueId)> = Vec::new();
-        for w in &part.waiting[..top as usize] {
-            cand.extend(w.iter().take_while(|e| e.0 <= now).take(cap).copied());
+        let vclock = part.aging.vclock;
+        let mut cand: Vec<(u128, Reverse<u16>, Nanos, QueueId)> = Vec::new();
+        for (level, w) in part.waiting[..top as usize].iter().enumerate() {
+            for e in w.iter().take_while(|e| e.0 <= now).take(cap) {
+                let tag = self
+                    .queues
+                    .get(&e.1)
+                    .and_then(|q| self.vms.get(&q.vm))
+                    .map_or(vclock, |v| v.aged_tag.max(vclock));
+                cand.push((tag, Reverse(level as u16), e.0, e.1));
+            }
         }
         if cand.is_empty() {
             return;
@@ -62,10 +114,25 @@ impl Scheduler {
             cand.select_nth_unstable(cap - 1);
             cand.truncate(cap);
         }
-        let due: Vec<QueueId> = cand.into_iter().map(|e| e.1).collect();
+        cand.sort_unstable();
+        self.parts[p].aging.vclock = vclock.max(cand[0].0);
+        let due: Vec<(QueueId, Nanos)> = cand
+            .into_iter()
+            .map(|e| (e.3, self.queues.get(&e.3).map_or(now, |q| q.since)))
+            .collect();
+        let mut billed: Vec<(VmId, Nanos)> = Vec::new();
+        for &(q, _) in &due {
+            if let Some(v) = self.queues.get(&q).map(|q| q.vm) {
+                if !billed.iter().any(|e| e.0 == v) {
+                    billed.push((v, self.vms.get(&v).map_or(0, |vv| billed_now(vv, now))));
+                }
+            }
+        }
+        let part = &mut self.parts[p];
         part.aging.batch_since = Some(now);
         part.aging.batch = due.clone();
-        for q in due {
+        part.aging.batch_billed = billed;
+        for (q, _) in due {
             self.stats.boosts += 1;
             if let Some(vm) = self.queues.get(&q).map(|r| r.vm) {
                 if let Some(v) = self.vms.get_mut(&vm) {
@@ -89,4 +156,17 @@ impl Scheduler {
             .min()?;
         Some(due.max(p.aging.next_batch))
     }
+}
+
+/// Weight of a VM of priority `level` in the aging server's stride order:
+/// `level + 2`, the same step per level as the boost rate of
+/// [`age_wait`] (`(level + 2) / (2 x aging_ns)`).
+pub(super) fn aging_weight(level: u16) -> u128 {
+    level.min(15) as u128 + 2
+}
+
+/// GPU time billed to `v` up to `now` (its running period included).
+fn billed_now(v: &Vm, now: Nanos) -> Nanos {
+    let running = if v.active > 0 { billable(v, now) } else { 0 };
+    v.stats.gpu_ns.saturating_add(running)
 }

@@ -42,6 +42,7 @@ impl Scheduler {
                 paused: false,
                 quantum_ns: None,
                 running_n: 0,
+                aged_tag: 0,
                 bill_from: Nanos::MAX,
                 wait_save: false,
             },

@@ -139,16 +139,24 @@ impl Scheduler {
                 // mapped, must not hand it a second slice in a row).
                 let slack = self.parts[p].aging.save_ns.saturating_mul(2) as u128 * SCALE;
                 let cands = &self.parts[p].busy[&top];
-                // Boosted (aged) queues are served oldest first: aging
-                // bounds waiting, it does not share by weight.
+                // Boosted (aged) queues are served in the aging server's
+                // stride order (least weighted turns, then the higher
+                // level, then the oldest: `engine/aging.rs`), at most one
+                // batch of them (the partition's slots).
                 let oldest_boosted = (top == BOOST_LEVEL)
                     .then(|| {
+                        let vclock = self.parts[p].aging.vclock;
                         self.parts[p]
                             .ready
                             .range((Reverse(BOOST_LEVEL), 0, QueueId(0))..)
-                            .next()
-                            .filter(|e| e.0 .0 == BOOST_LEVEL)
-                            .map(|e| self.queues[&e.2].vm)
+                            .take_while(|e| e.0 .0 == BOOST_LEVEL)
+                            .map(|e| {
+                                let vm = self.queues[&e.2].vm;
+                                let v = &self.vms[&vm];
+                                (v.aged_tag.max(vclock), Reverse(v.params.priority), e.1, vm)
+                            })
+                            .min()
+                            .map(|e| e.3)
                     })
                     .flatten();
                 let vm = if let Some(vm) = oldest_boosted {

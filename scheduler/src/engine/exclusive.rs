@@ -369,8 +369,9 @@ impl Scheduler {
                 // Only against an owner that was already demanding when the
                 // waker went idle: one that became busy after that is as
                 // demand-limited as the waker (preempting it would only add
-                // a CWSR to both).
-                if ov.entered > v.idle_at {
+                // a CWSR to both). A closed loop re-ringing within its grace
+                // has been demanding since its first job.
+                if ov.demanding_since > v.idle_at {
                     return None;
                 }
                 let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);

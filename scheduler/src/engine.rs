@@ -108,6 +108,11 @@ const AGING_BATCH_NS: Nanos = 2_000_000;
 /// the documented range (50 ms, docs/scenarios.md), so an under-share VM's
 /// job is not sliced with its equals whatever its size.
 pub(crate) const MAX_LAG_NS: Nanos = 64_000_000;
+/// Virtual time a new VM starts at: far enough from 0 that the lag a VM
+/// re-enters with (`floor - allow`) never saturates at 0 while the VMs of
+/// a partition are young (it would erase the lag of a VM waking among
+/// VMs that have not run yet).
+const VT_BASE: u128 = 1 << 64;
 
 /// Why a queue is being dequeued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,7 +28,7 @@ impl Scheduler {
                 active: 0,
                 active_since: 0,
                 busy: 0,
-                vtime: 0,
+                vtime: VT_BASE,
                 vt_key: None,
                 entered: 0,
                 idle_at: 0,

@@ -162,8 +162,20 @@ impl Scheduler {
                             // Unweighted: the CWSR noise of a weight-1
                             // equal is as large as anyone's.
                             let slack = if held { slack } else { 0 };
+                            // Virtual deadline (EEVDF): its virtual time
+                            // plus its request, at most a slice (a VM
+                            // whose busy periods are short goes before
+                            // equals that would take a whole slice).
+                            let q = self.vm_slice(**v, top);
+                            let req = match vv.request_ewma {
+                                0 => q,
+                                r => r.min(q),
+                            };
+                            let deadline = req as u128 * SCALE / weight(vv, pol);
                             (
-                                vtime_now(vv, now, pol).saturating_add(slack),
+                                vtime_now(vv, now, pol)
+                                    .saturating_add(slack)
+                                    .saturating_add(deadline),
                                 held,
                                 Reverse(vv.entered),
                                 **v,

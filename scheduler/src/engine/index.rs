@@ -156,22 +156,14 @@ impl Scheduler {
         if let Some(f) = floor {
             // Bounded lag (EEVDF-style, request-sized): it may re-enter
             // behind the least busy VM by one slice of its level, or, when
-            // longer, by what it would have got of its idle time beside the
-            // busy VMs of its level (idle / (n + 1)) up to twice its request
-            // (its usual busy period) plus one minimum run — up to
-            // `MAX_LAG_NS` before it has a request — and never by more than
-            // its own virtual time lags (what it did not use). So a VM below
-            // its share is served ahead of VMs above it (see `lag_waker`)
-            // for one whole request, whatever its job size against the
-            // quantum, and cannot bank idle time beyond that.
-            let level = v.params.priority.min(15) as u16;
-            let slice = self.cfg.quantum_ns[level as usize];
-            let n = self.parts[part as usize]
-                .busy
-                .get(&level)
-                .map_or(0, |m| m.len()) as u64;
-            let v = self.vms.get_mut(&vm).unwrap();
-            let idle_share = now.saturating_sub(v.idle_at) / (n + 1);
+            // longer, by twice its request (its usual busy period) plus one
+            // minimum run — `MAX_LAG_NS` before it has a request, and never
+            // more — and never by more than its own virtual time lags (what
+            // it did not use of its share so far). So a VM below its share
+            // is served ahead of VMs above it (see `lag_waker`) for one
+            // whole request, whatever its job size against the quantum, and
+            // cannot bank idle time beyond that.
+            let slice = self.cfg.quantum_ns[v.params.priority.min(15) as usize];
             let cap = if v.request_ewma == 0 {
                 MAX_LAG_NS
             } else {
@@ -180,8 +172,7 @@ impl Scheduler {
                     .saturating_add(self.cfg.min_run_ns)
                     .min(MAX_LAG_NS)
             };
-            let allow = slice.max(self.cfg.min_run_ns).max(cap.min(idle_share)) as u128 * SCALE
-                / weight(v, pol);
+            let allow = slice.max(self.cfg.min_run_ns).max(cap) as u128 * SCALE / weight(v, pol);
             v.vtime = v.vtime.max(f.saturating_sub(allow));
         }
         if woke {

@@ -113,10 +113,7 @@ fn check_regressions(keep: impl Fn(&str) -> bool) {
     for e in std::fs::read_dir(&dir).unwrap() {
         let f = e.unwrap().path();
         if f.extension().is_none_or(|x| x != "toml")
-            || !f
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| keep(n))
+            || !f.file_name().and_then(|n| n.to_str()).is_some_and(&keep)
         {
             continue;
         }

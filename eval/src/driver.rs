@@ -122,6 +122,9 @@ pub struct VmRun {
     /// GPU time its completed kernels take alone on the partition (per
     /// kernel: workgroup rounds x modelled workgroup cost), ns: its real use.
     pub work_ns: u64,
+    /// When its last kernel completed (virtual ns; 0: none did): `cu_ns`
+    /// is its CU time up to then, with no kernel cut by the run's end.
+    pub last_done_ns: Nanos,
     /// Latencies of its completed jobs, ns, in completion order.
     pub latency_ns: Vec<u64>,
     /// Longest time one of its queues had work without holding a slot, ns.
@@ -235,6 +238,7 @@ struct VmModel {
     kds: Vec<u64>,
     cu_ns: u128,
     work_ns: u64,
+    last_done_ns: Nanos,
 }
 
 struct Job {
@@ -401,6 +405,7 @@ fn simulate_inner(
                 kds,
                 cu_ns: 0,
                 work_ns: 0,
+                last_done_ns: 0,
             });
         }
     }
@@ -845,6 +850,7 @@ impl Sim<'_> {
             .expect("counters inside VM memory");
         self.free_blocks.entry((vm, k.n)).or_default().push(k.block);
         self.vms[vm].cu_ns += k.groups as u128 * k.cost_ns as u128;
+        self.vms[vm].last_done_ns = self.now;
         let cus = self.gpu.topology().cus_per_partition().max(1) as u64;
         let rounds = (k.groups as u64).div_ceil(cus);
         self.vms[vm].work_ns = self.vms[vm]
@@ -971,6 +977,7 @@ impl Sim<'_> {
                     gpu_ns: self.bind.scheduler().vm_stats(id).map_or(0, |s| s.gpu_ns),
                     cu_ns: v.cu_ns,
                     work_ns: v.work_ns,
+                    last_done_ns: v.last_done_ns,
                     latency_ns: std::mem::take(&mut self.track.latency[i]),
                     max_wait_ns: max_wait[i],
                     max_job_age_ns: age[i],

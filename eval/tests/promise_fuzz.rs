@@ -124,6 +124,25 @@ fn regress_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/fuzz-regress")
 }
 
+/// Regressions of `eval/scenarios/fuzz-regress/` that pass now and are
+/// cheap enough for the test suite (the others that pass, `fuzz-1036`,
+/// `fuzz-20015` and `fuzz-20081`, take minutes in a debug build; the
+/// ignored test below runs every file).
+const FIXED_REGRESSIONS: &[&str] = &[
+    "fuzz-1081-2-weights.toml",
+    "fuzz-20011-3-undershare-latency.toml",
+    "fuzz-20121-1-top-share.toml",
+];
+
+#[test]
+fn fixed_fuzz_regressions_keep_every_promise() {
+    let bad: Vec<String> = FIXED_REGRESSIONS
+        .iter()
+        .filter_map(|n| regression_fails(&regress_dir().join(n)))
+        .collect();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 #[test]
 #[ignore = "issue 18's shrunk regressions (eval/scenarios/fuzz-regress/) fail today; run with --ignored"]
 fn fuzz_regression_scenarios_keep_every_promise() {

@@ -103,6 +103,16 @@ const SAVE_WAIT_FLOOR_NS: Nanos = 1_000_000;
 
 /// Longest aging batch: boosted queues run at most this long in a row.
 const AGING_BATCH_NS: Nanos = 2_000_000;
+/// The most lag (GPU time ahead of its busy equals) a VM may re-enter
+/// with after an idle time (`engine/index.rs`): above the longest job of
+/// the documented range (50 ms, docs/scenarios.md), so an under-share VM's
+/// job is not sliced with its equals whatever its size.
+pub(crate) const MAX_LAG_NS: Nanos = 64_000_000;
+/// Virtual time a new VM starts at: far enough from 0 that the lag a VM
+/// re-enters with (`floor - allow`) never saturates at 0 while the VMs of
+/// a partition are young (it would erase the lag of a VM waking among
+/// VMs that have not run yet).
+const VT_BASE: u128 = 1 << 64;
 
 /// Why a queue is being dequeued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +173,17 @@ struct Vm {
     idle_at: Nanos,
     /// Moving average of its re-ring gap (idle to busy again), ns.
     gap_ewma: Nanos,
+    /// When it last became busy after an idle time longer than its
+    /// anticipation grace: a closed loop that re-rings within the grace
+    /// has been demanding since its first job (lag eligibility).
+    demanding_since: Nanos,
+    /// Its request: moving average (1/4) of the GPU time billed over its
+    /// busy periods (from a wake after more than its grace to the next
+    /// such wake), ns. Sizes the lag it may re-enter
+    /// with (see `index.rs`).
+    request_ewma: Nanos,
+    /// `stats.gpu_ns` at its last wake after more than its grace.
+    gpu_at_wake: Nanos,
     /// Distribution of its re-ring gaps (cost-aware hold, `gaps.rs`):
     /// from the end of its demand (no queue Ready, Saved, Running or
     /// being preempted with work) to its next demand. (`gap_ewma` also

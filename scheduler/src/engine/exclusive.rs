@@ -170,8 +170,20 @@ impl Scheduler {
                             // Unweighted: the CWSR noise of a weight-1
                             // equal is as large as anyone's.
                             let slack = if held { slack } else { 0 };
+                            // Virtual deadline (EEVDF): its virtual time
+                            // plus its request, at most a slice (a VM
+                            // whose busy periods are short goes before
+                            // equals that would take a whole slice).
+                            let q = self.vm_slice(**v, top);
+                            let req = match vv.request_ewma {
+                                0 => q,
+                                r => r.min(q),
+                            };
+                            let deadline = req as u128 * SCALE / weight(vv, pol);
                             (
-                                vtime_now(vv, now, pol).saturating_add(slack),
+                                vtime_now(vv, now, pol)
+                                    .saturating_add(slack)
+                                    .saturating_add(deadline),
                                 held,
                                 Reverse(vv.entered),
                                 **v,
@@ -377,8 +389,9 @@ impl Scheduler {
                 // Only against an owner that was already demanding when the
                 // waker went idle: one that became busy after that is as
                 // demand-limited as the waker (preempting it would only add
-                // a CWSR to both).
-                if ov.entered > v.idle_at {
+                // a CWSR to both). A closed loop re-ringing within its grace
+                // has been demanding since its first job.
+                if ov.demanding_since > v.idle_at {
                     return None;
                 }
                 let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);

@@ -18,12 +18,29 @@ impl Scheduler {
             || (st == QueueState::Preempting && matches!(qq.reason, Some(Reason::Preempt(_))));
         let wanted = std::mem::replace(&mut qq.wants, wants);
         if wants != wanted {
+            let g = self.grace(vm);
             if let Some(v) = self.vms.get_mut(&vm) {
                 if wants {
                     v.demand += 1;
                     if v.demand == 1 {
                         if let Some(t) = v.demand_idle_at {
                             v.gaps.note(now.saturating_sub(t));
+                        }
+                        if v.demand_idle_at.is_none_or(|t| now.saturating_sub(t) > g) {
+                            // A new busy period (demand after more than its
+                            // grace): the last one, brief gaps included, was
+                            // one request, billed since the last such wake
+                            // (it was billed nothing while idle, and charges
+                            // settled after its demand ended still count).
+                            // The first has none behind it.
+                            v.demanding_since = now;
+                            let used = v.stats.gpu_ns.saturating_sub(v.gpu_at_wake);
+                            v.request_ewma = if v.request_ewma == 0 {
+                                used
+                            } else {
+                                (v.request_ewma.saturating_mul(3) / 4).saturating_add(used / 4)
+                            };
+                            v.gpu_at_wake = v.stats.gpu_ns;
                         }
                     }
                 } else {
@@ -131,19 +148,31 @@ impl Scheduler {
             v.entered = now;
             let gap = now.saturating_sub(v.idle_at);
             v.gap_ewma = (v.gap_ewma.saturating_mul(3) / 4).saturating_add(gap / 4);
-
             woke = true;
         }
         if busy(old) && !busy(st) && v.busy == 0 {
             v.idle_at = now;
         }
         if let Some(f) = floor {
-            // Bounded lag: it may re-enter up to one slice of its level
-            // (weighted) behind the least busy VM, no further, so a VM below
-            // its share is served ahead of VMs above it (see `lag_waker`)
-            // across a few jobs in a row, but cannot bank idle time.
+            // Bounded lag (EEVDF-style, request-sized): it may re-enter
+            // behind the least busy VM by one slice of its level, or, when
+            // longer, by twice its request (its usual busy period) plus one
+            // minimum run — `MAX_LAG_NS` before it has a request, and never
+            // more — and never by more than its own virtual time lags (what
+            // it did not use of its share so far). So a VM below its share
+            // is served ahead of VMs above it (see `lag_waker`) for one
+            // whole request, whatever its job size against the quantum, and
+            // cannot bank idle time beyond that.
             let slice = self.cfg.quantum_ns[v.params.priority.min(15) as usize];
-            let allow = slice.max(self.cfg.min_run_ns) as u128 * SCALE / weight(v, pol);
+            let cap = if v.request_ewma == 0 {
+                MAX_LAG_NS
+            } else {
+                v.request_ewma
+                    .saturating_mul(2)
+                    .saturating_add(self.cfg.min_run_ns)
+                    .min(MAX_LAG_NS)
+            };
+            let allow = slice.max(self.cfg.min_run_ns).max(cap) as u128 * SCALE / weight(v, pol);
             v.vtime = v.vtime.max(f.saturating_sub(allow));
         }
         if woke {

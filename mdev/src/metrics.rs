@@ -356,6 +356,11 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
             (None, Some(f)) => f,
             (None, None) => (0, 0),
         };
+        // Earlier registrations of the name (one series across reconnects).
+        let (gpu_ns, preemptions) = (
+            gpu_ns.saturating_add(v.carried.0),
+            preemptions.saturating_add(v.carried.1),
+        );
         rows.push((
             *id,
             VmFigures {

@@ -181,6 +181,12 @@ pub struct VmTelemetry {
     /// to this registration's figures so that one name is one series whose
     /// counters never go backwards.
     pub carried: (u64, u64),
+    /// The guard's event totals (reset, queue_error, stale_doorbell) when
+    /// the VM was removed ([`Telemetry::vm_guard_final`]).
+    pub final_guard: Option<[u64; 3]>,
+    /// The guard totals of earlier registrations of the same name (added
+    /// to this one's, as `carried`).
+    pub carried_guard: [u64; 3],
     /// The promise's counters.
     pub promise: PromiseCounters,
     /// Preemptions of its queues by preempting VM (telemetry id), where
@@ -301,6 +307,10 @@ impl Telemetry {
             let (old_id, mut v) = old;
             let (g, p) = v.final_figures.take().unwrap_or((0, 0));
             v.carried = (v.carried.0.saturating_add(g), v.carried.1.saturating_add(p));
+            let guard = v.final_guard.take().unwrap_or_default();
+            for (c, n) in v.carried_guard.iter_mut().zip(guard) {
+                *c = c.saturating_add(n);
+            }
             v.partition = partition;
             v.seen_preemptions = 0;
             v.seen_params = (params.priority, params.weight);
@@ -330,6 +340,8 @@ impl Telemetry {
                     queue_errors: BTreeMap::new(),
                     final_figures: None,
                     carried: (0, 0),
+                    final_guard: None,
+                    carried_guard: [0; 3],
                     promise: PromiseCounters::default(),
                     preempted_by: BTreeMap::new(),
                     seen_preemptions: 0,
@@ -360,6 +372,14 @@ impl Telemetry {
                 self.vms.remove(&old);
                 self.rec.forget_vm(old);
             }
+        }
+    }
+
+    /// The guard's event totals of VM `vm` as it is removed (carried into a
+    /// later registration of its name, as its scheduler figures are).
+    pub fn vm_guard_final(&mut self, vm: u32, totals: [u64; 3]) {
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.final_guard = Some(totals);
         }
     }
 

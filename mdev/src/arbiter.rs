@@ -605,6 +605,8 @@ impl GpuArbiter {
         self.count_refused(&mut c);
         let core = &mut *c;
         let last = core.bind.scheduler().vm_stats(VmId(vm.0));
+        let guard = core.vms[v].guard.totals();
+        core.tele.vm_guard_final(vm.0, guard);
         core.tele.vm_removed(vm.0, last);
         let mut out = Vec::new();
         let _ = core

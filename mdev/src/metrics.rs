@@ -304,6 +304,9 @@ pub struct VmFigures<'a> {
     pub gpu_ns: u64,
     /// Preemptions of its queues.
     pub preemptions: u64,
+    /// Guard event totals of earlier registrations of its name (added to
+    /// the live guard's).
+    pub carried_guard: [u64; 3],
 }
 
 /// [`render_with`] for GPU 0 of this host ([`MetricsInfo::local`]), the
@@ -356,6 +359,11 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
             (None, Some(f)) => f,
             (None, None) => (0, 0),
         };
+        // Earlier registrations of the name (one series across reconnects).
+        let (gpu_ns, preemptions) = (
+            gpu_ns.saturating_add(v.carried.0),
+            preemptions.saturating_add(v.carried.1),
+        );
         rows.push((
             *id,
             VmFigures {
@@ -365,6 +373,7 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
                 weight: live.map(|(p, _)| p.weight),
                 gpu_ns,
                 preemptions,
+                carried_guard: v.carried_guard,
             },
         ));
     }
@@ -576,6 +585,8 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
             for (ev, n) in ["reset", "queue_error", "stale_doorbell"]
                 .iter()
                 .zip(g.guard_totals)
+                .zip(f.carried_guard)
+                .map(|((ev, n), c)| (ev, n.saturating_add(c)))
             {
                 let _ = writeln!(b, "hqdmux_vm_guard_events_total{{{l},event=\"{ev}\"}} {n}");
             }

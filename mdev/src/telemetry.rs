@@ -176,6 +176,17 @@ pub struct VmTelemetry {
     pub queue_errors: BTreeMap<String, u64>,
     /// `(gpu_ns, preemptions)` when the VM was removed.
     pub final_figures: Option<(u64, u64)>,
+    /// `(gpu_ns, preemptions)` of earlier registrations of the same name
+    /// (a vGPU whose VMM reconnected, a VM re-created under its name): added
+    /// to this registration's figures so that one name is one series whose
+    /// counters never go backwards.
+    pub carried: (u64, u64),
+    /// The guard's event totals (reset, queue_error, stale_doorbell) when
+    /// the VM was removed ([`Telemetry::vm_guard_final`]).
+    pub final_guard: Option<[u64; 3]>,
+    /// The guard totals of earlier registrations of the same name (added
+    /// to this one's, as `carried`).
+    pub carried_guard: [u64; 3],
     /// The promise's counters.
     pub promise: PromiseCounters,
     /// Preemptions of its queues by preempting VM (telemetry id), where
@@ -282,25 +293,62 @@ impl Telemetry {
     }
 
     /// A VM was registered (id = the binding's `VmId`).
+    ///
+    /// A removed VM of the same name still kept is absorbed: its figures
+    /// (counters, histograms, queue errors) continue in the new one, so
+    /// `/metrics` has one series per name across re-registrations.
     pub fn vm_added(&mut self, vm: u32, name: &str, params: &VmParams, partition: u32) {
-        self.vms.insert(
-            vm,
-            VmTelemetry {
-                name: name.to_string(),
-                partition,
-                cwsr_save: Histogram::new(CWSR_BUCKETS),
-                cwsr_restore: Histogram::new(CWSR_BUCKETS),
-                doorbell_to_preemption: Histogram::new(DOORBELL_BUCKETS),
-                packet_latency: Histogram::new(PACKET_LATENCY_BUCKETS),
-                packet_latency_sketch: LatencySketch::new(),
-                queue_errors: BTreeMap::new(),
-                final_figures: None,
-                promise: PromiseCounters::default(),
-                preempted_by: BTreeMap::new(),
-                seen_preemptions: 0,
-                seen_params: (params.priority, params.weight),
-            },
-        );
+        let earlier = self
+            .removed
+            .iter()
+            .copied()
+            .find(|id| *id != vm && self.vms.get(id).is_some_and(|v| v.name == name));
+        if let Some(old) = earlier.and_then(|id| self.vms.remove(&id).map(|v| (id, v))) {
+            let (old_id, mut v) = old;
+            let (g, p) = v.final_figures.take().unwrap_or((0, 0));
+            v.carried = (v.carried.0.saturating_add(g), v.carried.1.saturating_add(p));
+            let guard = v.final_guard.take().unwrap_or_default();
+            for (c, n) in v.carried_guard.iter_mut().zip(guard) {
+                *c = c.saturating_add(n);
+            }
+            v.partition = partition;
+            v.seen_preemptions = 0;
+            v.seen_params = (params.priority, params.weight);
+            // Who the old registration preempted now names the new one.
+            for other in self.vms.values_mut() {
+                if let Some(n) = other.preempted_by.remove(&old_id) {
+                    *other.preempted_by.entry(vm).or_insert(0) += n;
+                }
+            }
+            if let Some(n) = v.preempted_by.remove(&old_id) {
+                *v.preempted_by.entry(vm).or_insert(0) += n;
+            }
+            // The old id stays in `removed` (its timeline row is forgotten
+            // when it leaves the retention window).
+            self.vms.insert(vm, v);
+        } else {
+            self.vms.insert(
+                vm,
+                VmTelemetry {
+                    name: name.to_string(),
+                    partition,
+                    cwsr_save: Histogram::new(CWSR_BUCKETS),
+                    cwsr_restore: Histogram::new(CWSR_BUCKETS),
+                    doorbell_to_preemption: Histogram::new(DOORBELL_BUCKETS),
+                    packet_latency: Histogram::new(PACKET_LATENCY_BUCKETS),
+                    packet_latency_sketch: LatencySketch::new(),
+                    queue_errors: BTreeMap::new(),
+                    final_figures: None,
+                    carried: (0, 0),
+                    final_guard: None,
+                    carried_guard: [0; 3],
+                    promise: PromiseCounters::default(),
+                    preempted_by: BTreeMap::new(),
+                    seen_preemptions: 0,
+                    seen_params: (params.priority, params.weight),
+                },
+            );
+        }
         self.rec.set_vm(VmRow {
             id: vm,
             name: name.to_string(),
@@ -324,6 +372,14 @@ impl Telemetry {
                 self.vms.remove(&old);
                 self.rec.forget_vm(old);
             }
+        }
+    }
+
+    /// The guard's event totals of VM `vm` as it is removed (carried into a
+    /// later registration of its name, as its scheduler figures are).
+    pub fn vm_guard_final(&mut self, vm: u32, totals: [u64; 3]) {
+        if let Some(v) = self.vms.get_mut(&vm) {
+            v.final_guard = Some(totals);
         }
     }
 

@@ -364,6 +364,78 @@ fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
         .any(|(n, l, _)| n == "hqdmux_vm_priority" && l["vm"] == "inference"));
 }
 
+/// Every series of an exposition: no two with the same name and label set
+/// (Prometheus rejects a scrape with duplicates).
+fn assert_unique_series(text: &str) {
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, _) = line.rsplit_once(' ').expect("sample value");
+        assert!(seen.insert(series.to_string()), "duplicate series {series}");
+    }
+}
+
+/// A name registered again after its VM was removed (a vGPU whose VMM
+/// reconnected) is one series whose counters keep counting: the earlier
+/// registration's figures are carried, never printed beside the new one.
+#[test]
+fn a_re_registered_name_is_one_series_that_never_goes_backwards() {
+    let (mut rig, _qs) = scenario();
+    rig.tele.queue_error(1, &QueueErrorReason::NotAql);
+    rig.tele.doorbell_preempted(1, 3_000);
+    let mut total = 0.0;
+    let mut errors = 1.0;
+    for (round, id) in (1u32..5).enumerate() {
+        // This registration's own preemptions, as the scheduler had them.
+        let own = 4 + round as u64;
+        let stats = rig.b.scheduler().vm_stats(VmId(id)).map(|mut s| {
+            s.preemptions = own;
+            s
+        });
+        rig.tele.vm_removed(id, stats);
+        let mut out = Vec::new();
+        rig.b
+            .remove_vm(&mut rig.gpu, rig.now, VmId(id), &mut out)
+            .unwrap();
+        total += own as f64;
+        let removed = crate::metrics::render(&rig.tele, &rig.b);
+        assert_unique_series(&removed);
+        let m = parse(&removed);
+        assert_eq!(value(&m, "hqdmux_vm_preemptions_total", "inference"), total);
+        // The same name comes back under a new id.
+        let _vm = rig.vm(id + 1, "inference", 12);
+        rig.tele.queue_error(id + 1, &QueueErrorReason::NotAql);
+        errors += 1.0;
+        let text = crate::metrics::render(&rig.tele, &rig.b);
+        assert_unique_series(&text);
+        let m = parse(&text);
+        let rows = m
+            .iter()
+            .filter(|(n, l, _)| n == "hqdmux_vm_preemptions_total" && l["vm"] == "inference")
+            .count();
+        assert_eq!(rows, 1, "one series per name");
+        assert_eq!(
+            value(&m, "hqdmux_vm_preemptions_total", "inference"),
+            total,
+            "carried, not reset"
+        );
+        assert_eq!(
+            value(&m, "hqdmux_vm_queue_errors_total", "inference"),
+            errors
+        );
+        assert_eq!(
+            value(
+                &m,
+                "hqdmux_vm_doorbell_to_preemption_seconds_count",
+                "inference"
+            ),
+            1.0
+        );
+        assert_eq!(value(&m, "hqdmux_vm_priority", "inference"), 12.0);
+    }
+    // The other VM is untouched; only two names are kept.
+    assert_eq!(rig.tele.vm_count(), 2);
+}
+
 /// Through the real-time arbiter: a doorbell of a high-priority VM preempts
 /// a busy low-priority VM; `metrics_text` counters rise and `timeline`
 /// shows the preemption. (No timing is asserted; waits have a generous

@@ -1,6 +1,13 @@
 //! Guest memory as the client shares it with DMA_MAP: a [`DmaMemory`] over
 //! the mapped fds that follows every map and unmap.
 //!
+//! A DMA_MAP without a fd (QEMU maps its ROMs and other memory that is not
+//! fd-backed this way, expecting DMA_READ/DMA_WRITE messages for it) is
+//! accepted as a range the GPU cannot reach: it is tracked (it counts
+//! against [`MAX_MAPPINGS`], overlaps are refused, its DMA_UNMAP succeeds),
+//! but any access inside it fails with [`MemError::OutOfRange`] exactly as
+//! an access outside every mapping does (a queue error for that vGPU).
+//!
 //! Each DMA_MAP is checked before anything is mapped: a shmem or
 //! hugetlbfs fd (memfd, /dev/shm, hugetlbfs; anything else is refused) of
 //! at least `offset + size` bytes, a page-aligned offset and size, a guest range that
@@ -70,9 +77,6 @@ pub enum DmaError {
     /// [`MAX_MAPPINGS`] reached.
     #[error("too many DMA mappings (at most {MAX_MAPPINGS})")]
     TooMany,
-    /// No fd came with the map (DMA through messages is not supported).
-    #[error("DMA_MAP without a file descriptor is not supported")]
-    NoFd,
     /// An unmap that matches no mapping, or cuts one.
     #[error("no mapping of {size:#x} bytes at {address:#x} to unmap")]
     NotMapped {
@@ -99,7 +103,6 @@ impl DmaError {
     pub fn errno(&self) -> u32 {
         match self {
             DmaError::TooMany => libc::ENOSPC as u32,
-            DmaError::NoFd => libc::ENOTSUP as u32,
             DmaError::Overlap { .. } => libc::EEXIST as u32,
             DmaError::NotMapped { .. } => libc::ENOENT as u32,
             _ => libc::EINVAL as u32,
@@ -150,6 +153,9 @@ enum Backing {
         offset: u64,
         lock: std::sync::Mutex<()>,
     },
+    /// Mapped without a fd: tracked, never reached (every access is
+    /// [`MemError::OutOfRange`], as outside every mapping).
+    Unreachable,
 }
 
 /// One DMA mapping: guest `[start, start + len)`.
@@ -168,6 +174,17 @@ impl Region {
         self.start <= gpa && gpa <= self.last()
     }
 
+    /// Can the GPU reach it (a fd backs it)?
+    fn reachable(&self) -> bool {
+        !matches!(self.backing, Backing::Unreachable)
+    }
+
+    /// Holds `gpa` and can be reached there (an unreachable mapping is a
+    /// hole to every access).
+    fn serves(&self, gpa: u64) -> bool {
+        self.reachable() && self.has(gpa)
+    }
+
     /// Bytes from `gpa` to the region's end (`gpa` inside).
     fn room(&self, gpa: u64) -> u64 {
         self.last() - gpa + 1
@@ -176,6 +193,10 @@ impl Region {
     fn read(&self, gpa: u64, buf: &mut [u8]) -> Result<(), MemError> {
         match &self.backing {
             Backing::Mapped(m) => m.read(gpa, buf),
+            Backing::Unreachable => Err(MemError::OutOfRange {
+                gpa,
+                len: buf.len() as u64,
+            }),
             Backing::File { file, offset, .. } => {
                 use std::os::unix::fs::FileExt;
                 file.read_exact_at(buf, offset + (gpa - self.start))
@@ -190,6 +211,10 @@ impl Region {
     fn write(&self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
         match &self.backing {
             Backing::Mapped(m) => m.write(gpa, buf),
+            Backing::Unreachable => Err(MemError::OutOfRange {
+                gpa,
+                len: buf.len() as u64,
+            }),
             Backing::File { file, offset, .. } => {
                 let at = offset + (gpa - self.start);
                 // Never grow the fd: a write past its (shrunk) end fails.
@@ -240,7 +265,14 @@ impl MappedMemory {
             .count()
     }
 
-    /// DMA_MAP: guest `[address, address + size)` is `fd` from `offset`.
+    /// Number of mappings made without a fd (the GPU cannot reach them).
+    pub fn unreachable_mappings(&self) -> usize {
+        self.snapshot().iter().filter(|r| !r.reachable()).count()
+    }
+
+    /// DMA_MAP: guest `[address, address + size)` is `fd` from `offset`;
+    /// without a fd, a tracked range the GPU cannot reach (`offset` refers
+    /// to no file and is not checked).
     pub fn map(
         &self,
         fd: Option<File>,
@@ -248,7 +280,9 @@ impl MappedMemory {
         address: u64,
         size: u64,
     ) -> Result<(), DmaError> {
-        let fd = fd.ok_or(DmaError::NoFd)?;
+        let Some(fd) = fd else {
+            return self.map_unreachable(address, size);
+        };
         if size == 0 || address.checked_add(size - 1).is_none() || usize::try_from(size).is_err() {
             return Err(DmaError::BadRange { address, size });
         }
@@ -278,13 +312,7 @@ impl MappedMemory {
             return Err(DmaError::PastEnd { len, offset, size });
         }
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
-        if set.len() >= MAX_MAPPINGS {
-            return Err(DmaError::TooMany);
-        }
-        let last = address + (size - 1);
-        if set.iter().any(|r| r.start <= last && address <= r.last()) {
-            return Err(DmaError::Overlap { address, size });
-        }
+        Self::room_for(&set, address, size)?;
         let backing = if seals & SEAL_SHRINK != 0 {
             let region = GuestRegionMmap::<()>::from_range(
                 GuestAddress(address),
@@ -310,6 +338,40 @@ impl MappedMemory {
                 lock: std::sync::Mutex::new(()),
             }
         };
+        Self::insert(&mut set, address, size, backing);
+        Ok(())
+    }
+
+    /// An fd-less DMA_MAP: the same range, alignment, count and overlap
+    /// checks as a mapping with a fd; nothing is mapped.
+    fn map_unreachable(&self, address: u64, size: u64) -> Result<(), DmaError> {
+        if size == 0 || address.checked_add(size - 1).is_none() {
+            return Err(DmaError::BadRange { address, size });
+        }
+        let page = page_size();
+        if !size.is_multiple_of(page) || !address.is_multiple_of(page) {
+            return Err(DmaError::Unaligned { offset: 0, size });
+        }
+        let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
+        Self::room_for(&set, address, size)?;
+        Self::insert(&mut set, address, size, Backing::Unreachable);
+        Ok(())
+    }
+
+    /// Refuses a new mapping past [`MAX_MAPPINGS`] or over another one
+    /// (`address + size - 1` was checked not to wrap).
+    fn room_for(set: &[Arc<Region>], address: u64, size: u64) -> Result<(), DmaError> {
+        if set.len() >= MAX_MAPPINGS {
+            return Err(DmaError::TooMany);
+        }
+        let last = address + (size - 1);
+        if set.iter().any(|r| r.start <= last && address <= r.last()) {
+            return Err(DmaError::Overlap { address, size });
+        }
+        Ok(())
+    }
+
+    fn insert(set: &mut Snapshot, address: u64, size: u64, backing: Backing) {
         let mut regions: Vec<Arc<Region>> = set.iter().cloned().collect();
         regions.push(Arc::new(Region {
             start: address,
@@ -318,7 +380,6 @@ impl MappedMemory {
         }));
         regions.sort_by_key(|r| r.start);
         *set = Arc::new(regions);
-        Ok(())
     }
 
     /// DMA_UNMAP: removes every mapping inside `[address, address + size)`;
@@ -378,7 +439,7 @@ fn walk(
     let mut done = 0usize;
     while done < len {
         let at = gpa + done as u64;
-        let r = set.iter().find(|r| r.has(at)).ok_or(oor)?;
+        let r = set.iter().find(|r| r.serves(at)).ok_or(oor)?;
         let n = usize::try_from(r.room(at))
             .unwrap_or(usize::MAX)
             .min(len - done);
@@ -388,15 +449,19 @@ fn walk(
     Ok(())
 }
 
+/// End of the highest mapping the GPU can reach.
 fn size_of(set: &[Arc<Region>]) -> u64 {
-    set.last().map_or(0, |r| r.last() + 1)
+    set.iter()
+        .rev()
+        .find(|r| r.reachable())
+        .map_or(0, |r| r.last() + 1)
 }
 
 impl MappedMemory {
     /// The region holding all of `[gpa, gpa + n)` (atomics cannot span two).
     fn one(set: &[Arc<Region>], gpa: u64, n: u64) -> Result<Arc<Region>, MemError> {
         set.iter()
-            .find(|r| r.has(gpa) && r.room(gpa) >= n)
+            .find(|r| r.serves(gpa) && r.room(gpa) >= n)
             .cloned()
             .ok_or(MemError::OutOfRange { gpa, len: n })
     }
@@ -429,6 +494,7 @@ impl DmaMemory for MappedMemory {
         let r = Self::one(&self.snapshot(), gpa, 8)?;
         match &r.backing {
             Backing::Mapped(m) => m.fetch_add_u64(gpa, delta),
+            Backing::Unreachable => Err(MemError::OutOfRange { gpa, len: 8 }),
             Backing::File { lock, .. } => {
                 let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
                 let mut b = [0u8; 8];
@@ -443,6 +509,7 @@ impl DmaMemory for MappedMemory {
         let r = Self::one(&self.snapshot(), gpa, 4)?;
         match &r.backing {
             Backing::Mapped(m) => m.fetch_add_u32(gpa, delta),
+            Backing::Unreachable => Err(MemError::OutOfRange { gpa, len: 4 }),
             Backing::File { lock, .. } => {
                 let _g = lock.lock().unwrap_or_else(|e| e.into_inner());
                 let mut b = [0u8; 4];
@@ -524,7 +591,6 @@ mod tests {
             m.map(g(), 0, u64::MAX - 0xFFF, 0x2000),
             Err(DmaError::BadRange { .. })
         ));
-        assert_eq!(m.map(None, 0, 0x20_0000, 0x1000), Err(DmaError::NoFd));
         assert_eq!(m.mappings(), 2, "refusals map nothing");
         // Unmap: a cut or a miss is refused; an exact one goes.
         assert!(matches!(
@@ -664,5 +730,72 @@ mod tests {
             m.map(Some(f.try_clone().unwrap()), 0, 1 << 40, 0x1000),
             Err(DmaError::TooMany)
         );
+    }
+
+    #[test]
+    fn an_fd_less_map_is_tracked_but_never_reached() {
+        let m = MappedMemory::new();
+        let f = memfd(0x2000);
+        m.map(Some(f.try_clone().unwrap()), 0, 0x10_0000, 0x2000)
+            .unwrap();
+        // QEMU's ROMs: no fd, right after the RAM and far above it.
+        m.map(None, 0, 0x10_2000, 0x1000).unwrap();
+        m.map(None, 0x1234, 0xFFFC_0000, 0x4_0000).unwrap();
+        assert_eq!((m.mappings(), m.unreachable_mappings()), (3, 2));
+        let oor = |gpa, len| MemError::OutOfRange { gpa, len };
+        // Inside it: the same error as outside every mapping.
+        assert_eq!(m.read_u32(0x10_2000), Err(oor(0x10_2000, 4)));
+        assert_eq!(m.read_u32(0x20_0000), Err(oor(0x20_0000, 4)));
+        assert_eq!(m.write_u64(0xFFFC_0008, 1), Err(oor(0xFFFC_0008, 8)));
+        assert_eq!(m.fetch_add_u32(0x10_2000, 1), Err(oor(0x10_2000, 4)));
+        assert_eq!(m.fetch_add_u64(0xFFFC_0000, 1), Err(oor(0xFFFC_0000, 8)));
+        assert_eq!(m.read_u64(0x10_1FFC), Err(oor(0x10_1FFC, 8)), "RAM into it");
+        assert!(!m.contains(0x10_2000, 4));
+        assert!(!m.contains(0x10_1000, 0x2000));
+        assert!(m.contains(0x10_0000, 0x2000));
+        assert_eq!(m.size(), 0x10_2000, "only reachable memory has a size");
+        m.write_u32(0x10_1FFC, 5).unwrap();
+        assert_eq!(m.read_u32(0x10_1FFC).unwrap(), 5);
+        // Every check of a map with a fd still applies.
+        assert!(matches!(
+            m.map(None, 0, 0x10_1000, 0x2000),
+            Err(DmaError::Overlap { .. })
+        ));
+        assert!(matches!(
+            m.map(Some(f.try_clone().unwrap()), 0, 0x10_2000, 0x1000),
+            Err(DmaError::Overlap { .. })
+        ));
+        assert!(matches!(
+            m.map(None, 0, 0x30_0800, 0x1000),
+            Err(DmaError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            m.map(None, 0, 0x30_0000, 0x800),
+            Err(DmaError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            m.map(None, 0, 0x30_0000, 0),
+            Err(DmaError::BadRange { .. })
+        ));
+        assert!(matches!(
+            m.map(None, 0, u64::MAX - 0xFFF, 0x2000),
+            Err(DmaError::BadRange { .. })
+        ));
+        assert_eq!(m.mappings(), 3, "refusals map nothing");
+        // Its unmap succeeds (a cut is refused, as for any mapping).
+        assert!(matches!(
+            m.unmap(0xFFFC_0000, 0x1000),
+            Err(DmaError::NotMapped { .. })
+        ));
+        assert_eq!(m.unmap(0xFFFC_0000, 0x4_0000), Ok(1));
+        assert_eq!(m.unmap(0x10_2000, 0x1000), Ok(1));
+        assert_eq!((m.mappings(), m.unreachable_mappings()), (1, 0));
+        // Fd-less maps count against the limit.
+        for i in 1..MAX_MAPPINGS as u64 {
+            m.map(None, 0, i << 24, 0x1000).unwrap();
+        }
+        assert_eq!(m.map(None, 0, 1 << 40, 0x1000), Err(DmaError::TooMany));
+        m.unmap_all();
+        assert_eq!(m.mappings(), 0);
     }
 }

@@ -120,6 +120,10 @@ pub struct ServerStats {
     pub connections: u64,
     /// Error replies sent.
     pub error_replies: u64,
+    /// Commands that failed but had asked for no reply (the protocol's
+    /// no-reply flag, e.g. QEMU's posted BAR writes): counted and logged
+    /// (rate-limited), never answered.
+    pub unreplied_errors: u64,
     /// Connections ended by the server (unrecoverable message, a client
     /// that did not read its replies).
     pub dropped: u64,
@@ -631,9 +635,14 @@ impl<'a> Conn<'a> {
                 Err(e) => return End::Dropped(format!("read: {e}")),
             };
             let size = h.size as usize;
+            let no_reply = h.flags & wire::FLAG_NO_REPLY != 0;
             if !(wire::HEADER..=wire::MAX_MESSAGE).contains(&size) {
                 // The body's end is unknown: the stream cannot be resynchronised.
-                let _ = self.send_error(&h, libc::EINVAL as u32);
+                if no_reply {
+                    self.srv.count(|s| s.unreplied_errors += 1);
+                } else {
+                    let _ = self.send_error(&h, libc::EINVAL as u32);
+                }
                 return End::Dropped(format!(
                     "message size {size} outside {}..={}",
                     wire::HEADER,
@@ -651,7 +660,17 @@ impl<'a> Conn<'a> {
                 Ok(fds) => self.dispatch(h.command, &body, fds),
             };
             let sent = match res {
-                Ok(_) if h.flags & wire::FLAG_NO_REPLY != 0 => Ok(()),
+                Ok(_) if no_reply => Ok(()),
+                Err(errno) if no_reply => {
+                    // The client asked for no reply: an error reply would be
+                    // read as the answer to its next request.
+                    self.srv.count(|s| s.unreplied_errors += 1);
+                    self.warn(format_args!(
+                        "command {} ({} bytes, no reply asked) failed: errno {errno}",
+                        h.command, h.size
+                    ));
+                    Ok(())
+                }
                 Ok(reply) => {
                     let rh = Header {
                         id: h.id,

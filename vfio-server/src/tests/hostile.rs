@@ -459,3 +459,148 @@ fn a_client_that_blocks_its_eventfd_stalls_nobody_else() {
     bad.stop();
     good.stop();
 }
+
+/// A REGION_WRITE of `v` (32 bits) to BAR0 at `off`, with header `flags`.
+fn bar0_write(id: u16, off: u64, v: u32, flags: u32) -> Vec<u8> {
+    let mut m = header(id, cmd::REGION_WRITE, 36, flags);
+    m.extend_from_slice(&access(off, wire::REGION_BAR0, 4));
+    m.extend_from_slice(&v.to_le_bytes());
+    m
+}
+
+/// The 32-bit BAR0 register at `off`, read over a raw connection.
+fn bar0_read(s: &mut UnixStream, off: u64) -> u32 {
+    let (h, b) = raw(
+        s,
+        cmd::REGION_READ,
+        &access(off, wire::REGION_BAR0, 4),
+        None,
+    );
+    assert_eq!(h.flags, wire::TYPE_REPLY);
+    wire::u32_at(&b, 16)
+}
+
+/// Points vHQD `i` at an MQD at `addr` and activates it; returns its
+/// `CP_HQD_ERROR`.
+fn load_at(s: &mut UnixStream, i: usize, addr: u64) -> u32 {
+    for (r, v) in [
+        (reg::CP_MQD_BASE_ADDR, addr as u32),
+        (reg::CP_MQD_BASE_ADDR_HI, (addr >> 32) as u32),
+        (reg::CP_HQD_ACTIVE, 1),
+    ] {
+        s.write_all(&bar0_write(3, hqd_reg(i, r), v, 0)).unwrap();
+        assert_eq!(reply(s).0.flags, wire::TYPE_REPLY);
+    }
+    bar0_read(s, hqd_reg(i, reg::CP_HQD_ERROR))
+}
+
+#[test]
+fn an_fd_less_map_is_unreachable_memory_and_unmaps_cleanly() {
+    let (_a, bad, good, mut g) = pair("nofd");
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    // QEMU's ROM maps: no fd. Accepted.
+    for addr in [0x10_0000u64, 0xFFFC_0000] {
+        let m = dma_map_msg(0, addr, 0x4_0000);
+        s.write_all(&m).unwrap();
+        let (h, _) = reply(&mut s);
+        assert_eq!(h.flags, wire::TYPE_REPLY, "{addr:#x}");
+    }
+    // Overlaps and bad ranges are still refused, with or without a fd.
+    let ram = memfd(0x4000);
+    let (h, _) = with_fds(
+        &mut s,
+        &dma_map_msg(0, 0x13_F000, 0x2000),
+        &[ram.as_raw_fd()],
+    );
+    assert!(is_error(&h, libc::EEXIST));
+    for (addr, size, errno) in [
+        (0x12_0000, 0x1000, libc::EEXIST),
+        (0x80_0800, 0x1000, libc::EINVAL),
+        (0x80_0000, 0, libc::EINVAL),
+        (!0xFFFu64, 0x2000, libc::EINVAL),
+    ] {
+        s.write_all(&dma_map_msg(0, addr, size)).unwrap();
+        assert!(is_error(&reply(&mut s).0, errno), "{addr:#x} {size:#x}");
+    }
+    // A queue inside it is the same queue error as one outside every map.
+    let inside = load_at(&mut s, 0, 0x10_0000);
+    let outside = load_at(&mut s, 1, 0x40_0000);
+    assert_ne!(inside, 0, "a queue in unreachable memory is refused");
+    assert_eq!(inside, outside);
+    // Its unmap succeeds; a second one finds nothing.
+    let unmap = |addr: u64, size: u64| {
+        let mut m = header(4, cmd::DMA_UNMAP, 40, 0);
+        m.extend_from_slice(&24u32.to_le_bytes());
+        m.extend_from_slice(&0u32.to_le_bytes());
+        m.extend_from_slice(&addr.to_le_bytes());
+        m.extend_from_slice(&size.to_le_bytes());
+        m
+    };
+    for addr in [0x10_0000u64, 0xFFFC_0000] {
+        s.write_all(&unmap(addr, 0x4_0000)).unwrap();
+        assert_eq!(reply(&mut s).0.flags, wire::TYPE_REPLY, "{addr:#x}");
+    }
+    s.write_all(&unmap(0x10_0000, 0x4_0000)).unwrap();
+    assert!(is_error(&reply(&mut s).0, libc::ENOENT));
+    good_runs(&mut g, 2);
+    assert_eq!(bad.stats().dropped, 0);
+    bad.stop();
+    good.stop();
+}
+
+#[test]
+fn a_failed_command_that_asked_for_no_reply_gets_none() {
+    let (_a, bad, good, mut g) = pair("noreply");
+    let mut s = UnixStream::connect(bad.path()).unwrap();
+    let before = bad.stats();
+    // Posted writes (no reply asked) that fail: outside BAR0, a missing
+    // region, a bad size, an unknown command. None is answered.
+    s.write_all(&bar0_write(10, BAR0_SIZE - 2, 1, wire::FLAG_NO_REPLY))
+        .unwrap();
+    let mut m = header(11, cmd::REGION_WRITE, 36, wire::FLAG_NO_REPLY);
+    m.extend_from_slice(&access(0, 4, 4));
+    m.extend_from_slice(&[0; 4]);
+    s.write_all(&m).unwrap();
+    let mut m = header(12, cmd::REGION_WRITE, 34, wire::FLAG_NO_REPLY);
+    m.extend_from_slice(&access(0, wire::REGION_BAR0, 4));
+    m.extend_from_slice(&[0; 2]); // says 4 bytes, carries 2
+    s.write_all(&m).unwrap();
+    s.write_all(&header(13, 99, 16, wire::FLAG_NO_REPLY))
+        .unwrap();
+    // A posted write that succeeds is not answered either.
+    s.write_all(&bar0_write(
+        14,
+        hqd_reg(0, reg::CP_MQD_BASE_ADDR),
+        0x1000,
+        wire::FLAG_NO_REPLY,
+    ))
+    .unwrap();
+    // The next reply is the answer to the next request that wants one.
+    let mut m = header(15, cmd::REGION_READ, 32, 0);
+    m.extend_from_slice(&access(
+        hqd_reg(0, reg::CP_MQD_BASE_ADDR),
+        wire::REGION_BAR0,
+        4,
+    ));
+    s.write_all(&m).unwrap();
+    let (h, b) = reply(&mut s);
+    assert_eq!((h.id, h.flags), (15, wire::TYPE_REPLY));
+    assert_eq!(wire::u32_at(&b, 16), 0x1000, "the posted write took");
+    // A request that wants a reply still gets its error.
+    let (h, _) = raw(&mut s, 99, &[], None);
+    assert!(is_error(&h, libc::ENOSYS));
+    let after = bad.stats();
+    assert_eq!(after.unreplied_errors - before.unreplied_errors, 4);
+    assert_eq!(after.error_replies - before.error_replies, 1);
+    // A no-reply message whose size cannot be framed ends the connection
+    // without an error reply.
+    s.write_all(&header(16, cmd::REGION_WRITE, 8, wire::FLAG_NO_REPLY))
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "no reply: {rest:?}");
+    assert_eq!(bad.stats().unreplied_errors - before.unreplied_errors, 5);
+    good_runs(&mut g, 2);
+    bad.stop();
+    good.stop();
+}

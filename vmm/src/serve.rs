@@ -191,8 +191,25 @@ impl DevicesConfig {
                     0..=u64::from(g.topology.partitions()) - 1,
                 )?;
             }
-            if n.is_empty() || out.iter().any(|o: &VgpuEntry| o.name == n) {
-                return Err(bad(i, &n, "name", "empty or not unique".into()));
+            // A fleet VM's name rule: the name is a URL path segment
+            // (`/api/v1/vgpus/{name}`), a metrics label and a log word.
+            let max = crate::config::MAX_NAME_LEN;
+            if n.is_empty() || n.len() > max {
+                return Err(bad(i, &n, "name", format!("must be 1..={max} bytes")));
+            }
+            if !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            {
+                return Err(bad(
+                    i,
+                    &n,
+                    "name",
+                    "use only letters, digits, '-', '_' and '.'".into(),
+                ));
+            }
+            if out.iter().any(|o: &VgpuEntry| o.name == n) {
+                return Err(bad(i, &n, "name", "not unique".into()));
             }
             v.socket = base.join(&v.socket);
             if out.iter().any(|o: &VgpuEntry| o.socket == v.socket) {
@@ -430,12 +447,25 @@ mod tests {
                 "socket",
             ),
             ("[[vgpu]]\nname='a'\nsocket='s'\npartition=9", "partition"),
+            // Names as a fleet VM's: no '/', no control character, no
+            // quote, at most 64 bytes, not empty.
+            ("[[vgpu]]\nname='a/b'\nsocket='s'", "name"),
+            ("[[vgpu]]\nname=\"a\\nb\"\nsocket='s'", "name"),
+            ("[[vgpu]]\nname='a\"b'\nsocket='s'", "name"),
+            ("[[vgpu]]\nname=''\nsocket='s'", "name"),
         ] {
             match DevicesConfig::parse(text, p) {
                 Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
                 other => panic!("{text}: {other:?}"),
             }
         }
+        let long = format!("[[vgpu]]\nname='{}'\nsocket='s'", "a".repeat(65));
+        assert!(matches!(
+            DevicesConfig::parse(&long, p),
+            Err(ConfigError::Invalid { field, .. }) if field == "name"
+        ));
+        let ok = format!("[[vgpu]]\nname='{}'\nsocket='s'", "a".repeat(64));
+        assert!(DevicesConfig::parse(&ok, p).is_ok());
         assert!(matches!(
             DevicesConfig::parse("[[vgpu]]\nname='a'\nsocket='s'\nimage='x'", p),
             Err(ConfigError::Parse { .. })

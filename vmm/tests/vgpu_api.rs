@@ -37,7 +37,13 @@ impl Daemon {
     /// A daemon whose devices file is `gpus` (GPU tables, may be empty)
     /// and the vGPU `cfg` (priority 2, on GPU 0).
     fn with(dir: &Path, gpus: &str) -> Daemon {
-        let devices = dir.join("devices.toml");
+        Self::reading(dir, dir, gpus)
+    }
+
+    /// As [`Daemon::with`], its devices file read from `devices_dir` (the
+    /// API socket stays in `dir`).
+    fn reading(dir: &Path, devices_dir: &Path, gpus: &str) -> Daemon {
+        let devices = devices_dir.join("devices.toml");
         std::fs::write(
             &devices,
             format!("{gpus}[[vgpu]]\nname = \"cfg\"\nsocket = \"cfg.sock\"\npriority = 2\n"),
@@ -558,5 +564,32 @@ fn a_vgpu_created_on_gpu_1_of_two_is_served_steered_and_counted_there() {
     assert_eq!(ids, [0, 1]);
     let names: Vec<&str> = r.vgpus.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["cfg", "auto"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_devices_file_socket_spelt_through_a_symlink_is_refused_as_that_vgpus() {
+    // The devices file is read through a symlink to the API socket's
+    // directory: its vGPU's socket is `link/cfg.sock`, the API's is
+    // `dir/cfg.sock`, one file. Creating a vGPU on it is refused as
+    // another vGPU's, without a probe connection to the live vGPU.
+    let dir = scratch("vgpu-sockkey").canonicalize().unwrap();
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let d = Daemon::reading(&dir, &link, "");
+    let (st, e) = d.call(
+        "POST",
+        "/vgpus",
+        Some(json!({"name": "dup", "socket": "cfg.sock"})),
+    );
+    assert_eq!(st, 409, "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("is another vGPU's"),
+        "{e}"
+    );
+    assert_eq!(d.names(), ["cfg"]);
+    assert_eq!(d.vgpu("cfg")["connections"], 0);
+    let r = d.finish();
+    assert_eq!(r.vgpus[0].1.connections, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -171,7 +171,16 @@ impl VgpuControl {
         {
             return Err(StartError::Name(spec.name));
         }
-        if inner.vgpus.iter().any(|v| v.server.path() == socket) {
+        // Compared as files, not as spellings: a relative devices-file
+        // path, or one through a symlinked directory, is the same socket
+        // as the API's absolute one (else the bind below would probe the
+        // live vGPU with a connection of its own).
+        let key = socket_key(socket);
+        if inner
+            .vgpus
+            .iter()
+            .any(|v| socket_key(v.server.path()) == key)
+        {
             return Err(StartError::Socket(socket.into()));
         }
         let name = spec.name.clone();
@@ -669,6 +678,20 @@ fn stop(v: &mut Served) {
     }
 }
 
+/// `path` with its directory resolved (symlinks, relative to the working
+/// directory): two spellings of one socket file give one key. A path whose
+/// directory cannot be resolved is its own key.
+fn socket_key(path: &Path) -> PathBuf {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (dir.canonicalize(), path.file_name()) {
+        (Ok(d), Some(f)) => d.join(f),
+        _ => path.to_path_buf(),
+    }
+}
+
 fn find(inner: &Inner, name: &str) -> Result<usize, ApiError> {
     inner
         .vgpus
@@ -725,6 +748,25 @@ fn as_vm(name: String, p: VmParams, gpu_id: Option<u32>) -> VmConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_socket_spelt_two_ways_has_one_key() {
+        let dir = std::env::temp_dir().join(format!("hqdmux-sockkey-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("real")).unwrap();
+        std::os::unix::fs::symlink(dir.join("real"), dir.join("link")).unwrap();
+        let real = socket_key(&dir.join("real/a.sock"));
+        assert_eq!(socket_key(&dir.join("link/a.sock")), real);
+        assert_eq!(socket_key(&dir.join("real/../link/a.sock")), real);
+        assert_ne!(socket_key(&dir.join("real/b.sock")), real);
+        // Relative: against the working directory.
+        let cwd = std::env::current_dir().unwrap().canonicalize().unwrap();
+        assert_eq!(socket_key(Path::new("x.sock")), cwd.join("x.sock"));
+        // An unresolvable directory: the path itself.
+        let gone = dir.join("gone/a.sock");
+        assert_eq!(socket_key(&gone), gone);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn shares_are_parts_of_each_vgpus_own_gpu() {

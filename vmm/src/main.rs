@@ -347,8 +347,7 @@ fn parse_quantum_ms(s: &str) -> Result<QuantumArg, String> {
 #[derive(Clone, Copy, Debug)]
 struct QuantumArg(Option<QuantumMs>);
 
-/// A policy name.
-/// `--window`: `N`, `Ns`, `Nms` or `Nm`, 100 ms..=1 h.
+/// `--window`: `N`, `Ns`, `Nms`, `Nm` or `Nh`, 100 ms..=1 h.
 fn parse_window(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
     let (n, unit_ms) = if let Some(n) = t.strip_suffix("ms") {
@@ -357,12 +356,14 @@ fn parse_window(s: &str) -> Result<std::time::Duration, String> {
         (n, 1000)
     } else if let Some(n) = t.strip_suffix('m') {
         (n, 60_000)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3_600_000)
     } else {
         (t, 1000)
     };
     let n: u64 = n
         .parse()
-        .map_err(|_| format!("'{s}' is not a duration (10s, 500ms, 2m)"))?;
+        .map_err(|_| format!("'{s}' is not a duration (10s, 500ms, 2m, 1h)"))?;
     let ms = n
         .checked_mul(unit_ms)
         .filter(|ms| (100..=3_600_000).contains(ms))
@@ -370,6 +371,7 @@ fn parse_window(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_millis(ms))
 }
 
+/// A policy name.
 fn parse_policy(s: &str) -> Result<PolicyName, String> {
     serde_json::from_value(serde_json::Value::from(s)).map_err(|e| e.to_string())
 }
@@ -792,4 +794,24 @@ fn describe_images() -> String {
 /// recorded signal).
 fn libc_sigterm() -> i32 {
     15
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_window;
+    use std::time::Duration;
+
+    #[test]
+    fn windows_take_every_unit_their_range_is_written_in() {
+        assert_eq!(parse_window("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_window("60m"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_window("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_window("10"), Ok(Duration::from_secs(10)));
+        assert!(parse_window("2h").unwrap_err().contains("out of range"));
+        assert!(parse_window("99ms").unwrap_err().contains("out of range"));
+        assert!(parse_window("5x").unwrap_err().contains("not a duration"));
+        assert!(parse_window("18446744073709551615h")
+            .unwrap_err()
+            .contains("out of range"));
+    }
 }

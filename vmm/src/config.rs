@@ -593,11 +593,7 @@ impl fmt::Display for Place {
             Place::Top => Ok(()),
             Place::Gpu => write!(f, "gpu: "),
             Place::GpuEntry { index, id } => write!(f, "gpu[{index}] (id {id}): "),
-            // The name is the file's (or an API client's): control bytes
-            // escaped, so an error cannot drive the operator's terminal.
-            Place::Vm { index, name } => {
-                write!(f, "vm '{}' (vm[{index}]): ", crate::cli::escape(name))
-            }
+            Place::Vm { index, name } => write!(f, "vm '{name}' (vm[{index}]): "),
         }
     }
 }
@@ -1770,18 +1766,6 @@ mod tests {
             "field `name`: use only",
         );
         assert_err_has("[run]\ntimeout_ms = 5\n", "field `vm`: no [[vm]] entries");
-    }
-
-    #[test]
-    fn a_name_with_control_bytes_is_escaped_in_the_error() {
-        let e = parse(&GOOD.replace("name = \"a\"", "name = \"x\\u001b[31m\""))
-            .unwrap_err()
-            .to_string();
-        assert!(!e.contains('\u{1b}'), "{e:?}");
-        assert!(
-            e.contains("vm 'x\\u{1b}[31m' (vm[0]): field `name`"),
-            "{e:?}"
-        );
     }
 
     #[test]

@@ -347,6 +347,16 @@ fn parse_quantum_ms(s: &str) -> Result<QuantumArg, String> {
 #[derive(Clone, Copy, Debug)]
 struct QuantumArg(Option<QuantumMs>);
 
+/// The line a refused config prints: control bytes of the file's values
+/// (a VM name) escaped, so the error cannot drive the terminal; a TOML
+/// error keeps its lines and caret.
+fn invalid_config(e: &ConfigError) -> String {
+    format!(
+        "hqdmux: invalid config: {}",
+        vmm::cli::escape_lines(&e.to_string())
+    )
+}
+
 /// `--window`: `N`, `Ns`, `Nms`, `Nm` or `Nh`, 100 ms..=1 h.
 fn parse_window(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
@@ -425,7 +435,7 @@ fn main() -> ExitCode {
             let cfg = match vmm::serve::DevicesConfig::load(&config) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("hqdmux: invalid config: {e}");
+                    eprintln!("{}", invalid_config(&e));
                     return ExitCode::from(2);
                 }
             };
@@ -483,7 +493,7 @@ fn main() -> ExitCode {
             let mut cfg = match load_for_host(&config) {
                 Ok((c, _)) => c,
                 Err(e) => {
-                    eprintln!("hqdmux: invalid config: {e}");
+                    eprintln!("{}", invalid_config(&e));
                     return ExitCode::from(EXIT_LAUNCH);
                 }
             };
@@ -566,7 +576,7 @@ fn main() -> ExitCode {
                 ))
             }
             Err(e) => {
-                eprintln!("hqdmux: invalid config: {e}");
+                eprintln!("{}", invalid_config(&e));
                 ExitCode::from(EXIT_LAUNCH)
             }
         },
@@ -798,8 +808,23 @@ fn libc_sigterm() -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_window;
+    use super::{invalid_config, parse_window};
+    use std::path::Path;
     use std::time::Duration;
+    use vmm::config::FleetConfig;
+
+    #[test]
+    fn a_config_error_escapes_control_bytes_of_a_vm_name() {
+        let text = "[[vm]]\nname = \"x\\u001b[31m\"\nimage = \"builtin:hello\"\n";
+        let e = FleetConfig::parse(text, Path::new("f.toml")).unwrap_err();
+        assert!(e.to_string().contains('\u{1b}'));
+        let line = invalid_config(&e);
+        assert!(!line.contains('\u{1b}'), "{line:?}");
+        assert!(line.contains("x\\u{1b}[31m"), "{line:?}");
+        // A TOML error keeps its lines (the caret under the column).
+        let e = FleetConfig::parse("[[vm]\n", Path::new("f.toml")).unwrap_err();
+        assert!(invalid_config(&e).contains('\n'), "{e}");
+    }
 
     #[test]
     fn windows_take_every_unit_their_range_is_written_in() {

@@ -1457,16 +1457,18 @@ mod tests {
             };
             *config
         };
-        // a (GPU 0) and b (GPU 1) weigh the same: the first GPU.
+        // GPU 1 is DPX (two 152-CU partitions): b is on its partition 0,
+        // so c would have 152 CUs on GPU 0 beside a and 152 alone on GPU
+        // 1's partition 1: the tie goes to the partition with fewer VMs.
         let c = add("c", "");
-        assert_eq!(c.gpu_id, Some(0), "{:?}", c.placement);
-        // c is still starting (not built yet) but already on GPU 0.
+        assert_eq!(c.gpu_id, Some(1), "{:?}", c.placement);
+        // c is still starting (not built yet) but already on GPU 1.
         let d = add("d", "");
-        assert_eq!(d.gpu_id, Some(1), "{:?}", d.placement);
+        assert_eq!(d.gpu_id, Some(0), "{:?}", d.placement);
         assert!(d
             .placement
             .unwrap()
-            .contains("gpu 0 101/304 CUs (weight 2 at >= 0, 2 VMs)"));
+            .contains("gpu 1 partition 0 76/152 CUs (weight 1 at >= 0, 1 VM)"));
         // gpu_id as given wins over the load.
         let e = add("e", ", \"gpu_id\": 0");
         assert_eq!(
@@ -1474,7 +1476,7 @@ mod tests {
             (Some(0), Some("gpu_id = 0"))
         );
         // The view of a VM being added already names its GPU.
-        let (_, v) = call(&ctl, "GET", "/api/v1/vms/d", "");
+        let (_, v) = call(&ctl, "GET", "/api/v1/vms/c", "");
         assert_eq!(v["gpu_id"], 1, "{v}");
         for (_, m) in ctl.gpus().started() {
             m.shutdown();

@@ -142,7 +142,17 @@ pub fn escape(s: &str) -> String {
     if !s.chars().any(|c| c.is_control() || c == '\\') {
         return s.to_owned();
     }
-    s.chars().flat_map(char::escape_debug).collect::<String>()
+    // Only control characters and backslashes: quotes stay as they are
+    // (`char::escape_debug` alone would also write `'` as `\'`).
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() || c == '\\' {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// [`escape`], line feeds kept (a refusal's reason may span lines, as a
@@ -1297,6 +1307,12 @@ mod tests {
         assert!(lines[3].starts_with("c\\u{1b}[2J\\u{7} "), "{t}");
         assert!(lines[3].ends_with("x\\ny"), "{t}");
         assert_eq!(escape_lines("a\u{7}\nb"), "a\\u{7}\nb");
+        // Quotes are not escaped (a refusal quotes the VM name), a
+        // backslash is, so an escaped byte and a literal `\u{1b}` differ.
+        assert_eq!(
+            escape("vm 'x\u{1b}' \"y\" a\\b"),
+            "vm 'x\\u{1b}' \"y\" a\\\\b"
+        );
         assert!(
             lines[1].starts_with("a ")
                 && lines[1].contains("25.0%")

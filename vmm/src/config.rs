@@ -952,35 +952,55 @@ pub struct Placement {
 /// Levels a VM priority can take (`PRIORITY_RANGE`, 0-based).
 const LEVELS: usize = scheduler::MAX_PRIORITY as usize + 1;
 
-/// The GPUs' loads as placement sees them: per GPU, the sum of the weights
-/// of the VMs on it at each priority, and their count. Built once and
-/// updated as VMs are placed, so placing n VMs on G GPUs costs
-/// O(n x G x levels), not O(n^2).
+/// The GPUs' loads as placement sees them, per compute partition (a VM
+/// only ever runs on its partition, so its entitlement is a share of that
+/// partition's CUs, not of the GPU's): per GPU and partition, the sum of
+/// the weights of the VMs on it at each priority, and their count. A VM
+/// without `partition` is counted where the scheduler will put it, the
+/// partition with the fewest VMs (ties: the lowest). Built once and updated
+/// as VMs are placed, so placing n VMs on G GPUs of P partitions costs
+/// O(n x G x P x levels), not O(n^2).
 struct GpuLoads {
-    /// Per GPU: id, CUs, partitions.
+    /// Per GPU: id, CUs of one partition, partitions.
     gpus: Vec<(u32, u64, u32)>,
-    /// Per GPU and priority: the sum of the weights there.
-    weight_at: Vec<[u64; LEVELS]>,
-    /// Per GPU: VMs on it.
-    vms: Vec<u64>,
+    /// Per GPU, per partition and priority: the sum of the weights there.
+    weight_at: Vec<Vec<[u64; LEVELS]>>,
+    /// Per GPU, per partition: VMs on it.
+    vms: Vec<Vec<u64>>,
 }
 
 impl GpuLoads {
     fn new(gpus: &[GpuConfig]) -> Self {
+        let gpus: Vec<(u32, u64, u32)> = gpus
+            .iter()
+            .map(|g| {
+                let t = &g.topology;
+                let parts = t.partitions().max(1);
+                (
+                    g.id,
+                    u64::from(t.xccs) * u64::from(t.cus_per_xcc) / u64::from(parts),
+                    parts,
+                )
+            })
+            .collect();
         GpuLoads {
-            gpus: gpus
+            weight_at: gpus
                 .iter()
-                .map(|g| {
-                    let t = &g.topology;
-                    (
-                        g.id,
-                        u64::from(t.xccs) * u64::from(t.cus_per_xcc),
-                        t.partitions(),
-                    )
-                })
+                .map(|g| vec![[0; LEVELS]; g.2 as usize])
                 .collect(),
-            weight_at: vec![[0; LEVELS]; gpus.len()],
-            vms: vec![0; gpus.len()],
+            vms: gpus.iter().map(|g| vec![0; g.2 as usize]).collect(),
+            gpus,
+        }
+    }
+
+    /// The partition of GPU index `i` a VM pinned to `pinned` (or not)
+    /// lands on: its own, else the one with the fewest VMs (the
+    /// scheduler's `add_vm` rule). `None` when the GPU lacks it.
+    fn partition_on(&self, i: usize, pinned: Option<u32>) -> Option<usize> {
+        let counts = &self.vms[i];
+        match pinned {
+            Some(p) => Some(p as usize).filter(|&p| p < counts.len()),
+            None => (0..counts.len()).min_by_key(|&p| (counts[p], p)),
         }
     }
 
@@ -993,35 +1013,41 @@ impl GpuLoads {
         else {
             return;
         };
-        self.vms[i] += 1;
+        let Some(p) = self.partition_on(i, vm.partition) else {
+            return;
+        };
+        self.vms[i][p] += 1;
         let level = usize::from(vm.priority).min(LEVELS - 1);
-        self.weight_at[i][level] = self.weight_at[i][level].saturating_add(u64::from(vm.weight));
+        self.weight_at[i][p][level] =
+            self.weight_at[i][p][level].saturating_add(u64::from(vm.weight));
     }
 
     /// See [`place_vm`].
     fn choose(&self, vm: &VmConfig) -> Placement {
         let level = usize::from(vm.priority).min(LEVELS - 1);
         let w = u64::from(vm.weight.max(1));
-        // (index, CUs, weight at or above the VM's priority, VMs).
-        let cands: Vec<(usize, u64, u64, u64)> = self
+        // (index, partition, partition CUs, weight at or above the VM's
+        // priority there, VMs there).
+        type Cand = (usize, usize, u64, u64, u64);
+        let cands: Vec<Cand> = self
             .gpus
             .iter()
             .enumerate()
-            .filter(|(_, g)| vm.partition.is_none_or(|p| p < g.2))
-            .map(|(i, g)| {
-                let above = self.weight_at[i][level..]
+            .filter_map(|(i, g)| {
+                let p = self.partition_on(i, vm.partition)?;
+                let above = self.weight_at[i][p][level..]
                     .iter()
                     .fold(0u64, |a, x| a.saturating_add(*x));
-                (i, g.1, above, self.vms[i])
+                Some((i, p, g.1, above, self.vms[i][p]))
             })
             .collect();
         // Larger cus*w/(W+w) first: compare a.cus*(Wb+w) with b.cus*(Wa+w).
-        let better = |a: &(usize, u64, u64, u64), b: &(usize, u64, u64, u64)| {
-            let lhs = u128::from(a.1) * u128::from(b.2.saturating_add(w));
-            let rhs = u128::from(b.1) * u128::from(a.2.saturating_add(w));
-            lhs > rhs || (lhs == rhs && a.3 < b.3)
+        let better = |a: &Cand, b: &Cand| {
+            let lhs = u128::from(a.2) * u128::from(b.3.saturating_add(w));
+            let rhs = u128::from(b.2) * u128::from(a.3.saturating_add(w));
+            lhs > rhs || (lhs == rhs && a.4 < b.4)
         };
-        let mut best: Option<&(usize, u64, u64, u64)> = None;
+        let mut best: Option<&Cand> = None;
         for c in &cands {
             if best.is_none_or(|b| better(c, b)) {
                 best = Some(c);
@@ -1034,23 +1060,27 @@ impl GpuLoads {
                 reason: "no GPU has the VM's partition; the first GPU".into(),
             };
         };
-        // One entry per distinct load, naming every GPU that has it.
-        let mut groups: Vec<((u64, u64, u64), Vec<u32>)> = Vec::new();
-        for &(i, cus, above, n) in &cands {
-            let id = self.gpus[i].0;
-            match groups.iter_mut().find(|g| g.0 == (cus, above, n)) {
+        // One entry per distinct load, naming every GPU that has it (and
+        // the partition, on a partitioned GPU).
+        type Key = (Option<usize>, u64, u64, u64);
+        let mut groups: Vec<(Key, Vec<u32>)> = Vec::new();
+        for &(i, p, cus, above, n) in &cands {
+            let (id, parts) = (self.gpus[i].0, self.gpus[i].2);
+            let key = ((parts > 1).then_some(p), cus, above, n);
+            match groups.iter_mut().find(|g| g.0 == key) {
                 Some(g) => g.1.push(id),
-                None => groups.push(((cus, above, n), vec![id])),
+                None => groups.push((key, vec![id])),
             }
         }
         let figures: Vec<String> = groups
             .iter()
-            .map(|&((cus, above, n), ref ids)| {
+            .map(|&((part, cus, above, n), ref ids)| {
                 let names: Vec<String> = ids.iter().map(u32::to_string).collect();
                 format!(
-                    "gpu{} {} {}/{cus} CUs (weight {above} at >= {}, {n} VM{})",
+                    "gpu{} {}{} {}/{cus} CUs (weight {above} at >= {}, {n} VM{})",
                     if ids.len() == 1 { "" } else { "s" },
                     names.join(","),
+                    part.map_or(String::new(), |p| format!(" partition {p}")),
                     cus.saturating_mul(w) / above.saturating_add(w).max(1),
                     vm.priority,
                     if n == 1 { "" } else { "s" }
@@ -1072,8 +1102,10 @@ impl GpuLoads {
 /// Automatic placement of a `gpu = true` VM written without `gpu_id`:
 /// among the GPUs that have its partition (when pinned), the one where its
 /// entitlement is the largest if every VM demands, `CUs x w / (W + w)` with
-/// `W` the sum of the weights of the VMs already on that GPU at the VM's
-/// priority or above (lower priorities do not take from it). On identical
+/// `CUs` those of the partition it would run on (its own, else the one
+/// with the fewest VMs) and `W` the sum of the weights of the VMs already
+/// on that partition at the VM's priority or above (lower priorities do
+/// not take from it). On identical
 /// GPUs this is the GPU with the least weight at or above its priority.
 /// Ties go to the GPU with fewer VMs, then to the first in file order.
 /// `placed` are the VMs already on a GPU (their `gpu_id` set); others are
@@ -2263,6 +2295,50 @@ mod tests {
             assert_eq!(Some(p.gpu_id), c.vm[i].gpu_id, "vm {i}");
             assert_eq!(Some(p.reason), c.vm[i].placement, "vm {i}");
         }
+    }
+
+    #[test]
+    fn automatic_placement_counts_the_partition_a_vm_runs_on_not_the_whole_gpu() {
+        // GPU 1 is QPX: a VM there runs on one 76-CU partition, so alone it
+        // is entitled to 76 CUs, less than half of GPU 0's SPX partition
+        // beside one equal VM (152 CUs).
+        let text = format!(
+            "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\npartition_mode = \"QPX\"\n{}{}{}{}",
+            gvm("a", "gpu_id = 0\npriority = 4"),
+            gvm("b", "priority = 4"),
+            gvm("c", "gpu_id = 1\npartition = 0\npriority = 4\nweight = 3"),
+            gvm("d", "priority = 4\npartition = 0"),
+        );
+        let c = parse(&text).unwrap();
+        let why = c.vm[1].placement.as_deref().unwrap();
+        assert_eq!(c.vm[1].gpu_id, Some(0), "{why}");
+        assert!(
+            why.contains("gpu 0 152/304 CUs (weight 1 at >= 4, 1 VM)")
+                && why.contains("gpu 1 partition 0 76/76 CUs (weight 0 at >= 4, 0 VMs)"),
+            "{why}"
+        );
+        // d is pinned to partition 0: on GPU 0 beside a and b it gets
+        // 304/3 = 101 CUs; on GPU 1 beside c (weight 3) 76/4 = 19.
+        let why = c.vm[3].placement.as_deref().unwrap();
+        assert_eq!(c.vm[3].gpu_id, Some(0), "{why}");
+        assert!(
+            why.contains("gpu 1 partition 0 19/76 CUs (weight 3 at >= 4, 1 VM)"),
+            "{why}"
+        );
+        // Unpinned VMs on a partitioned GPU are counted on the partition
+        // with the fewest VMs, as the scheduler places them: four VMs
+        // on an empty QPX GPU leave each partition one VM, and a fifth
+        // sees 38 of 76 CUs there.
+        let mut text = "[[gpu]]\nid = 0\npartition_mode = \"QPX\"\n".to_owned();
+        for i in 0..5 {
+            text += &gvm(&format!("v{i}"), "");
+        }
+        let c = parse(&text).unwrap();
+        let why = c.vm[4].placement.as_deref().unwrap();
+        assert!(
+            why.contains("gpu 0 partition 0 38/76 CUs (weight 1 at >= 0, 1 VM)"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -347,8 +347,17 @@ fn parse_quantum_ms(s: &str) -> Result<QuantumArg, String> {
 #[derive(Clone, Copy, Debug)]
 struct QuantumArg(Option<QuantumMs>);
 
-/// A policy name.
-/// `--window`: `N`, `Ns`, `Nms` or `Nm`, 100 ms..=1 h.
+/// The line a refused config prints: control bytes of the file's values
+/// (a VM name) escaped, so the error cannot drive the terminal; a TOML
+/// error keeps its lines and caret.
+fn invalid_config(e: &ConfigError) -> String {
+    format!(
+        "hqdmux: invalid config: {}",
+        vmm::cli::escape_lines(&e.to_string())
+    )
+}
+
+/// `--window`: `N`, `Ns`, `Nms`, `Nm` or `Nh`, 100 ms..=1 h.
 fn parse_window(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
     let (n, unit_ms) = if let Some(n) = t.strip_suffix("ms") {
@@ -357,12 +366,14 @@ fn parse_window(s: &str) -> Result<std::time::Duration, String> {
         (n, 1000)
     } else if let Some(n) = t.strip_suffix('m') {
         (n, 60_000)
+    } else if let Some(n) = t.strip_suffix('h') {
+        (n, 3_600_000)
     } else {
         (t, 1000)
     };
     let n: u64 = n
         .parse()
-        .map_err(|_| format!("'{s}' is not a duration (10s, 500ms, 2m)"))?;
+        .map_err(|_| format!("'{s}' is not a duration (10s, 500ms, 2m, 1h)"))?;
     let ms = n
         .checked_mul(unit_ms)
         .filter(|ms| (100..=3_600_000).contains(ms))
@@ -370,6 +381,7 @@ fn parse_window(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from_millis(ms))
 }
 
+/// A policy name.
 fn parse_policy(s: &str) -> Result<PolicyName, String> {
     serde_json::from_value(serde_json::Value::from(s)).map_err(|e| e.to_string())
 }
@@ -423,7 +435,7 @@ fn main() -> ExitCode {
             let cfg = match vmm::serve::DevicesConfig::load(&config) {
                 Ok(c) => c,
                 Err(e) => {
-                    eprintln!("hqdmux: invalid config: {e}");
+                    eprintln!("{}", invalid_config(&e));
                     return ExitCode::from(2);
                 }
             };
@@ -481,7 +493,7 @@ fn main() -> ExitCode {
             let mut cfg = match load_for_host(&config) {
                 Ok((c, _)) => c,
                 Err(e) => {
-                    eprintln!("hqdmux: invalid config: {e}");
+                    eprintln!("{}", invalid_config(&e));
                     return ExitCode::from(EXIT_LAUNCH);
                 }
             };
@@ -564,7 +576,7 @@ fn main() -> ExitCode {
                 ))
             }
             Err(e) => {
-                eprintln!("hqdmux: invalid config: {e}");
+                eprintln!("{}", invalid_config(&e));
                 ExitCode::from(EXIT_LAUNCH)
             }
         },
@@ -792,4 +804,39 @@ fn describe_images() -> String {
 /// recorded signal).
 fn libc_sigterm() -> i32 {
     15
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{invalid_config, parse_window};
+    use std::path::Path;
+    use std::time::Duration;
+    use vmm::config::FleetConfig;
+
+    #[test]
+    fn a_config_error_escapes_control_bytes_of_a_vm_name() {
+        let text = "[[vm]]\nname = \"x\\u001b[31m\"\nimage = \"builtin:hello\"\n";
+        let e = FleetConfig::parse(text, Path::new("f.toml")).unwrap_err();
+        assert!(e.to_string().contains('\u{1b}'));
+        let line = invalid_config(&e);
+        assert!(!line.contains('\u{1b}'), "{line:?}");
+        assert!(line.contains("x\\u{1b}[31m"), "{line:?}");
+        // A TOML error keeps its lines (the caret under the column).
+        let e = FleetConfig::parse("[[vm]\n", Path::new("f.toml")).unwrap_err();
+        assert!(invalid_config(&e).contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn windows_take_every_unit_their_range_is_written_in() {
+        assert_eq!(parse_window("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_window("60m"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_window("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_window("10"), Ok(Duration::from_secs(10)));
+        assert!(parse_window("2h").unwrap_err().contains("out of range"));
+        assert!(parse_window("99ms").unwrap_err().contains("out of range"));
+        assert!(parse_window("5x").unwrap_err().contains("not a duration"));
+        assert!(parse_window("18446744073709551615h")
+            .unwrap_err()
+            .contains("out of range"));
+    }
 }

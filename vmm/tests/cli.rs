@@ -395,7 +395,7 @@ fn values_the_api_refuses_are_refused_by_the_command_line_with_the_same_reason()
         ),
         (
             vec!["promise", "--window", "ten"],
-            "'ten' is not a duration (10s, 500ms, 2m)",
+            "'ten' is not a duration (10s, 500ms, 2m, 1h)",
         ),
         (
             vec!["policy", "lottery"],

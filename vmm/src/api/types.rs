@@ -541,7 +541,8 @@ pub struct VmView {
     pub preempt_timeout_ms: u64,
     /// GPU time charged (ms).
     pub gpu_time_ms: Option<f64>,
-    /// Fraction of the fleet's GPU time over the last sample interval.
+    /// Fraction of its own GPU's slot time over the last sample interval
+    /// (each GPU's VMs sum to 1 when it was busy).
     pub share: Option<f64>,
     /// That interval (ms).
     pub share_interval_ms: Option<f64>,

@@ -206,7 +206,9 @@ pub struct Verdict {
 
 /// Entitlement of every sample under the demands seen in the window, and
 /// whether each VM got it. A backlogged VM holds its promise when it got at
-/// least its entitlement minus [`Verdict::tolerance`]; a demand-limited or
+/// least its entitlement minus [`Verdict::tolerance`] of the compute (CU
+/// time), or of the slot time (the promise's own unit: a VM whose kernels
+/// are narrower than its partition is width-limited); a demand-limited or
 /// idle VM got what it asked for by definition (its latency is item 3, not
 /// checked here). Receiving more than the entitlement breaks no promise of
 /// that VM (another VM's shortfall shows it).
@@ -275,6 +277,7 @@ pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
             } else {
                 0.0
             };
+            let got_slot = frac(s.gpu_ns, slot_total.get(&(s.gpu, s.partition)));
             let (held, why) = match demand[i] {
                 Demand::Idle => (true, "idle: nothing to run".to_owned()),
                 Demand::Limited => (
@@ -290,6 +293,17 @@ pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
                     format!(
                         "got {:.3} of partition {}, entitled {:.3}",
                         got[i], s.partition, e
+                    ),
+                ),
+                // The promise is in charged GPU (slot) time
+                // (docs/scheduling.md): a VM whose kernels are narrower
+                // than its partition got its time even though it used
+                // fewer CUs with it.
+                Demand::Backlogged if got_slot + tolerance >= e => (
+                    true,
+                    format!(
+                        "width-limited: got {:.3} of partition {}'s slot time, entitled {:.3}; its kernels used {:.3} of the compute",
+                        got_slot, s.partition, e, got[i]
                     ),
                 ),
                 Demand::Backlogged => (
@@ -312,7 +326,7 @@ pub fn check_window(samples: &[WindowSample]) -> Vec<Verdict> {
                 demanding,
                 entitled: e,
                 got: got[i],
-                got_slot: frac(s.gpu_ns, slot_total.get(&(s.gpu, s.partition))),
+                got_slot,
                 tolerance,
                 held,
                 why,
@@ -435,6 +449,21 @@ mod tests {
         let v = check_window(&[sample("a", 4, 1, W, 300), other]);
         assert_eq!((v[0].entitled, v[1].entitled), (1.0, 1.0));
         assert_eq!((v[0].got, v[1].got), (1.0, 1.0));
+        // Equal weights, equal slot time, but one VM's kernels cover an
+        // eighth of the partition's CUs: it got its time (width-limited),
+        // not short; with less slot time too it is short.
+        let mut narrow = sample("narrow", 4, 1, W, 125);
+        narrow.gpu_ns = 1000;
+        let mut wide = sample("wide", 4, 1, W, 1000);
+        wide.gpu_ns = 1000;
+        let v = check_window(&[wide.clone(), narrow.clone()]);
+        assert!(v[0].held && v[1].held, "{v:?}");
+        assert!(v[1].why.starts_with("width-limited"), "{}", v[1].why);
+        assert!((v[1].got_slot - 0.5).abs() < 1e-12);
+        narrow.gpu_ns = 500;
+        wide.gpu_ns = 1500;
+        let v = check_window(&[wide, narrow]);
+        assert!(!v[1].held && v[1].why.starts_with("short"), "{v:?}");
     }
 
     fn claims() -> impl Strategy<Value = Vec<Claim>> {

@@ -1105,3 +1105,121 @@ fn load_churn_of_an_idle_vm_preempts_nobody() {
     assert_eq!(rig.completions_of(0), vec![0, 1, 2, 3]);
     lo_vm.verify(&lo).unwrap();
 }
+
+// ---- Hostile review of issue 21 (virtual time) ----
+
+/// Runs `rig` until a notice matching `stop` appears (log cleared first).
+fn run_until(rig: &mut Rig, until: Nanos, stop: impl Fn(&Notice<usize>) -> bool) {
+    rig.log.clear();
+    rig.run(until, stop);
+}
+
+/// Loads a hanging (`NO_SAVE_POINT`, never-ending) queue `id` for VM 1.
+fn load_hang(rig: &mut Rig, topo: &GpuTopology, bad_vm: &mut TestVm, id: u64) {
+    let mut q = bad_vm.queue(topo, 64, 0);
+    add(rig, bad_vm, 1, QueueId(id), 1, &q);
+    bad_vm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+    bad_vm.kernel(&mut q, KernelKind::Spin, 4, 64, 1 << 47, 0, false);
+    bad_vm.kernel_flags = 0;
+    rig.doorbell(QueueId(id), q.wptr);
+}
+
+/// Review: VM 1 hangs twice (two preemption-timeout resets) beside a busy
+/// equal VM 0, is removed and re-added under the same id, then submits
+/// legitimate work. Reports the re-added VM's escalated timeout (is the
+/// escalation laundered by removal?) and how long it waits for its first
+/// completion while VM 0 keeps running (starvation or repaid debt?).
+#[test]
+fn review21_readded_vm_after_two_resets() {
+    readded(2);
+}
+
+/// Control of [`review21_readded_vm_after_two_resets`]: no hang, VM 1
+/// removed and re-added at the same instant.
+#[test]
+fn review21_readded_vm_control() {
+    readded(0);
+}
+
+fn readded(hangs: u32) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..2000 {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    let mut id = 100;
+    if hangs == 0 {
+        rig.run(11_280_010_000, |_| false);
+    }
+    for _ in 0..hangs {
+        load_hang(&mut rig, &topo, &mut bad_vm, id);
+        run_until(&mut rig, u64::MAX, |n| {
+            matches!(n, Notice::QueueError { owner: 1, .. })
+        });
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
+            .unwrap();
+        rig.take(out);
+        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+        id += 1;
+    }
+    let t_reset = rig.now;
+    let esc_before = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
+    println!(
+        "after 2 resets at {t_reset} ns: VM1 timeout {esc_before}, billed VM0 {s0} VM1 {s1}"
+    );
+    let mut out = Vec::new();
+    rig.b
+        .remove_vm(&mut rig.gpu, rig.now, VmId(1), &mut out)
+        .unwrap();
+    rig.take(out);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let esc_after = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    println!("re-added: VM1 timeout {esc_after}");
+    let mut q = bad_vm.queue(&topo, 256, 0);
+    add(&mut rig, &bad_vm, 1, QueueId(200), 1, &q);
+    for k in 0..50 {
+        bad_vm.kernel(&mut q, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(200), q.wptr);
+    let t_add = rig.now;
+    run_until(&mut rig, t_add + 20_000_000_000, |n| {
+        matches!(n, Notice::Completed { owner: 1, .. })
+    });
+    let first = rig.now - t_add;
+    let g = rig.completions_of(0).len();
+    println!(
+        "re-added VM1 first completion after {first} ns; VM0 completed {g} kernels meanwhile; state {:?}",
+        rig.b.scheduler().queue_state(QueueId(200))
+    );
+    run_until(&mut rig, t_add + 20_000_000_000, |_| false);
+    let c1 = rig.completions_of(1).len();
+    let mut t1 = Vec::new();
+    let mut seen = (0, 0);
+    let mut tl = String::new();
+    for n in &rig.log {
+        match n {
+            Notice::Completed { owner: 0, .. } => seen.0 += 1,
+            Notice::Completed { owner: 1, .. } => {
+                seen.1 += 1;
+                t1.push(seen);
+            }
+            _ => {}
+        }
+    }
+    for (a, b) in t1.iter().step_by(8) {
+        tl += &format!(" {b}@{a}");
+    }
+    println!("VM1 completion k @ VM0 completions so far:{tl}");
+    let g0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns - s0;
+    let g1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
+    println!("in 20 s after re-add: VM1 {c1} kernels (billed {g1}), VM0 {} kernels (billed {g0})", rig.completions_of(0).len() + g);
+}

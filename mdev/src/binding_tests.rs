@@ -1223,3 +1223,171 @@ fn readded(hangs: u32) {
     let g1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
     println!("in 20 s after re-add: VM1 {c1} kernels (billed {g1}), VM0 {} kernels (billed {g0})", rig.completions_of(0).len() + g);
 }
+
+/// Review: many queues blocked on barriers that never resolve, over
+/// several VMs (3 VMs x 8 queues, more than the GPU's slots), beside a
+/// busy VM. Reports the re-check count against the per-queue bound times
+/// the queue count, the timer wake-ups (the grid should make them
+/// independent of the queue count), the blocked VMs' bill and the good
+/// VM's run time against the same run alone.
+#[test]
+fn review21_many_blocked_queues_over_vms() {
+    let run = |blocked_vms: u32| {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut good_vm = vm(&mut rig, 0, 8);
+        let mut good = good_vm.queue(&topo, 4096, 0);
+        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+        for k in 0..1000 {
+            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 10_000_000, k, false);
+        }
+        rig.doorbell(QueueId(0), good.wptr);
+        let mut keep = Vec::new();
+        for v in 1..=blocked_vms {
+            let prio = if v == 1 { 12 } else { 8 };
+            let mut bvm = vm(&mut rig, v, prio);
+            for i in 0..8u64 {
+                let mut q = bvm.queue(&topo, 64, 0);
+                let id = QueueId(v as u64 * 100 + i);
+                add(&mut rig, &bvm, v, id, v as usize, &q);
+                let dep = bvm.signal();
+                barrier_then_mark(&mut bvm, &mut q, dep, 4, 10_000);
+                rig.doorbell(id, q.wptr);
+                keep.push(q);
+            }
+        }
+        let mut wakeups = 0u64;
+        let mut last_timer = None;
+        let mut last_good = 0;
+        let mut evs = Vec::new();
+        loop {
+            let t = [rig.gpu.next_deadline(), rig.timer].into_iter().flatten().min();
+            let Some(t) = t.filter(|t| *t <= 30_000_000_000) else {
+                break;
+            };
+            rig.now = rig.now.max(t);
+            rig.gpu.advance(rig.now, &mut evs);
+            let mut out = Vec::new();
+            for ev in evs.drain(..) {
+                rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+            }
+            if rig.timer.is_some_and(|x| x <= rig.now) {
+                rig.timer = None;
+                if last_timer != Some(rig.now) {
+                    wakeups += 1;
+                    last_timer = Some(rig.now);
+                }
+                rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+            }
+            let n0 = rig.log.len();
+            rig.take(out);
+            if rig.log[n0..]
+                .iter()
+                .any(|n| matches!(n, Notice::Completed { owner: 0, .. }))
+            {
+                last_good = rig.now;
+            }
+        }
+        let done = rig
+            .log
+            .iter()
+            .filter_map(|n| match n {
+                Notice::Completed { owner: 0, .. } => Some(()),
+                _ => None,
+            })
+            .count();
+        good_vm.verify(&good).unwrap();
+        let mut billed = 0;
+        for v in 1..=blocked_vms {
+            billed += rig.b.scheduler().vm_stats(VmId(v)).unwrap().gpu_ns;
+        }
+        let rc = rig.b.stats().barrier_rechecks;
+        let polls = rig.gpu.stats().blocked_polls;
+        println!(
+            "{blocked_vms} blocked VMs: good done {done} at {last_good} ns; blocked billed {billed} ns; rechecks {rc}; timer wake-ups {wakeups}; sim blocked polls {polls}; good preemptions {}",
+            rig.b.scheduler().vm_stats(VmId(0)).unwrap().preemptions
+        );
+        (rc, billed, wakeups)
+    };
+    let (_, _, w0) = run(0);
+    let (rc, billed, w) = run(3);
+    let steps = (BARRIER_RECHECK_MAX_NS / BARRIER_RECHECK_MIN_NS).ilog2() as u64 + 1;
+    let per_q = steps + 30_000_000_000 / BARRIER_RECHECK_MAX_NS + 1;
+    println!("per-queue bound {per_q}, x24 = {}; wake-ups alone {w0}", per_q * 24);
+    assert!(rc <= per_q * 24, "{rc}");
+    assert!(billed <= 24 * SchedConfig::default().idle_unmap_ns, "{billed}");
+    let _ = w;
+}
+
+/// Review: a higher-priority VM whose barrier dependency flickers (its
+/// CPU writes 0 just before each binding re-check and 1 right after, so
+/// the binding sees it met and the GPU never does). Does each flicker map
+/// the queue and preempt the busy equal... lower-priority neighbour, for
+/// free? Reports wakes, maps, the good VM's preemptions and its run time
+/// against the same run alone.
+#[test]
+fn review21_flickering_barrier_dependency() {
+    let run = |flicker: bool| {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut good_vm = vm(&mut rig, 0, 8);
+        let mut good = good_vm.queue(&topo, 4096, 0);
+        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+        for k in 0..2000 {
+            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 1_000_000, k, false);
+        }
+        rig.doorbell(QueueId(0), good.wptr);
+        let mut bad_vm = vm(&mut rig, 1, 12);
+        let mut bq = bad_vm.queue(&topo, 64, 0);
+        add(&mut rig, &bad_vm, 1, QueueId(1), 1, &bq);
+        let dep = bad_vm.signal();
+        if flicker {
+            barrier_then_mark(&mut bad_vm, &mut bq, dep, 4, 10_000);
+            rig.doorbell(QueueId(1), bq.wptr);
+        }
+        let mut evs = Vec::new();
+        let mut caught = 0;
+        loop {
+            let t = [rig.gpu.next_deadline(), rig.timer].into_iter().flatten().min();
+            let Some(t) = t.filter(|t| *t <= 10_000_000_000) else {
+                break;
+            };
+            rig.now = rig.now.max(t);
+            let recheck = rig.timer.is_some_and(|x| x <= rig.now);
+            // The guest meets the dependency just for the re-check.
+            bad_vm.mem.write_u64(dep + 8, if recheck { 0 } else { 1 }).unwrap();
+            rig.gpu.advance(rig.now, &mut evs);
+            let mut out = Vec::new();
+            for ev in evs.drain(..) {
+                rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+            }
+            if recheck {
+                rig.timer = None;
+                rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+            }
+            rig.take(out);
+            bad_vm.mem.write_u64(dep + 8, 1).unwrap();
+            if rig.completions_of(1).len() > caught {
+                caught = rig.completions_of(1).len();
+            }
+            if rig.completions_of(0).len() == 2000 {
+                break;
+            }
+        }
+        let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap();
+        let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap();
+        println!(
+            "flicker {flicker}: good done {} at {} ns, preempted {}; hostile wakes {}, maps {}, billed {} ns, its packets completed {caught}",
+            rig.completions_of(0).len(),
+            rig.now,
+            s0.preemptions,
+            rig.b.stats().stall_wakes,
+            s1.maps,
+            s1.gpu_ns
+        );
+        (rig.now, s0.preemptions)
+    };
+    let (alone, _) = run(false);
+    let (with, pre) = run(true);
+    println!("slowdown {:.3}x, {pre} preemptions", with as f64 / alone as f64);
+}

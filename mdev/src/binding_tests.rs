@@ -1391,3 +1391,100 @@ fn review21_flickering_barrier_dependency() {
     let (with, pre) = run(true);
     println!("slowdown {:.3}x, {pre} preemptions", with as f64 / alone as f64);
 }
+
+/// Review, error 18 variant: the scheduler (not the guest) saved the
+/// queue with waves in flight (a pause); while it is off the GPU the guest
+/// corrupts its control record (guest memory), so the scheduler's next map
+/// stops with 18. The guest then dequeues with `mode` (its choice), repairs
+/// the record and reloads the MQD it got back: every workgroup must run
+/// exactly once.
+fn error_18_after_a_scheduler_save(mode: Option<DequeueMode>) -> u64 {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut tvm = vm(&mut rig, 0, 8);
+    let mut q = tvm.queue(&topo, 64, 0);
+    add(&mut rig, &tvm, 0, QueueId(0), 0, &q);
+    tvm.kernel(&mut q, KernelKind::Mark, 64, 64, 100_000, 1, false);
+    rig.doorbell(QueueId(0), q.wptr);
+    rig.run(150_000, |_| false);
+    rig.now = 150_000;
+    let mut evs = Vec::new();
+    rig.gpu.advance(rig.now, &mut evs);
+    let mut out = Vec::new();
+    for ev in evs {
+        rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+    }
+    rig.take(out);
+    rig.b.set_vm_paused(VmId(0), true).unwrap();
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    run_until(&mut rig, u64::MAX, |n| matches!(n, Notice::Unmapped { .. }));
+    let saved = rig.b.mqd(QueueId(0)).unwrap().clone();
+    assert!(saved.has_saved_state());
+    let before = rig.gpu.stats().wgs_completed;
+    let rec = saved.ctx_save_base() + saved.cntl_stack_offset() as u64;
+    let mut byte = [0u8; 1];
+    tvm.mem.read(rec + 24, &mut byte).unwrap();
+    tvm.mem.write(rec + 24, &[byte[0] ^ 0x5A]).unwrap();
+    rig.b.set_vm_paused(VmId(0), false).unwrap();
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    run_until(&mut rig, u64::MAX, |n| matches!(n, Notice::QueueError { .. }));
+    println!("{:?}", rig.log.iter().find(|n| matches!(n, Notice::QueueError { .. })));
+    let mut out = Vec::new();
+    rig.b
+        .remove_queue(&mut rig.gpu, rig.now, QueueId(0), mode, &mut out)
+        .unwrap();
+    rig.take(out);
+    rig.run(u64::MAX, |n| matches!(n, Notice::Removed { .. }));
+    let back = rig
+        .log
+        .iter()
+        .find_map(|n| match n {
+            Notice::Removed { mqd, .. } => Some((**mqd).clone()),
+            _ => None,
+        })
+        .unwrap();
+    println!(
+        "mode {mode:?}: saved rptr {:?} cso {} -> back rptr {:?} cso {} saved_state {}",
+        saved.read_index(),
+        saved.cntl_stack_offset(),
+        back.read_index(),
+        back.cntl_stack_offset(),
+        back.has_saved_state()
+    );
+    tvm.mem.write(rec + 24, &byte).unwrap();
+    q.mqd = back;
+    add(&mut rig, &tvm, 0, QueueId(1), 0, &q);
+    rig.doorbell(QueueId(1), q.wptr);
+    rig.log.clear();
+    rig.run(u64::MAX, |_| false);
+    let total = rig.gpu.stats().wgs_completed;
+    println!("wgs before save {before}, total {total} (want 64); completions {:?}; errors {:?}",
+        rig.completions_of(0),
+        rig.log.iter().filter(|n| matches!(n, Notice::QueueError { .. })).count());
+    tvm.verify(&q).unwrap();
+    total
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_reset() {
+    assert_eq!(error_18_after_a_scheduler_save(Some(DequeueMode::ResetWaves)), 64);
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_save() {
+    assert_eq!(error_18_after_a_scheduler_save(Some(DequeueMode::SaveWaves)), 64);
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_drain() {
+    assert_eq!(error_18_after_a_scheduler_save(Some(DequeueMode::DrainPipe)), 64);
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_default() {
+    assert_eq!(error_18_after_a_scheduler_save(None), 64);
+}

@@ -1173,9 +1173,7 @@ fn readded(hangs: u32) {
     let esc_before = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
     let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
     let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
-    println!(
-        "after 2 resets at {t_reset} ns: VM1 timeout {esc_before}, billed VM0 {s0} VM1 {s1}"
-    );
+    println!("after 2 resets at {t_reset} ns: VM1 timeout {esc_before}, billed VM0 {s0} VM1 {s1}");
     let mut out = Vec::new();
     rig.b
         .remove_vm(&mut rig.gpu, rig.now, VmId(1), &mut out)
@@ -1221,7 +1219,10 @@ fn readded(hangs: u32) {
     println!("VM1 completion k @ VM0 completions so far:{tl}");
     let g0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns - s0;
     let g1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
-    println!("in 20 s after re-add: VM1 {c1} kernels (billed {g1}), VM0 {} kernels (billed {g0})", rig.completions_of(0).len() + g);
+    println!(
+        "in 20 s after re-add: VM1 {c1} kernels (billed {g1}), VM0 {} kernels (billed {g0})",
+        rig.completions_of(0).len() + g
+    );
 }
 
 /// Review: many queues blocked on barriers that never resolve, over
@@ -1261,7 +1262,10 @@ fn review21_many_blocked_queues_over_vms() {
         let mut last_good = 0;
         let mut evs = Vec::new();
         loop {
-            let t = [rig.gpu.next_deadline(), rig.timer].into_iter().flatten().min();
+            let t = [rig.gpu.next_deadline(), rig.timer]
+                .into_iter()
+                .flatten()
+                .min();
             let Some(t) = t.filter(|t| *t <= 30_000_000_000) else {
                 break;
             };
@@ -1313,9 +1317,15 @@ fn review21_many_blocked_queues_over_vms() {
     let (rc, billed, w) = run(3);
     let steps = (BARRIER_RECHECK_MAX_NS / BARRIER_RECHECK_MIN_NS).ilog2() as u64 + 1;
     let per_q = steps + 30_000_000_000 / BARRIER_RECHECK_MAX_NS + 1;
-    println!("per-queue bound {per_q}, x24 = {}; wake-ups alone {w0}", per_q * 24);
+    println!(
+        "per-queue bound {per_q}, x24 = {}; wake-ups alone {w0}",
+        per_q * 24
+    );
     assert!(rc <= per_q * 24, "{rc}");
-    assert!(billed <= 24 * SchedConfig::default().idle_unmap_ns, "{billed}");
+    assert!(
+        billed <= 24 * SchedConfig::default().idle_unmap_ns,
+        "{billed}"
+    );
     let _ = w;
 }
 
@@ -1348,14 +1358,20 @@ fn review21_flickering_barrier_dependency() {
         let mut evs = Vec::new();
         let mut caught = 0;
         loop {
-            let t = [rig.gpu.next_deadline(), rig.timer].into_iter().flatten().min();
+            let t = [rig.gpu.next_deadline(), rig.timer]
+                .into_iter()
+                .flatten()
+                .min();
             let Some(t) = t.filter(|t| *t <= 10_000_000_000) else {
                 break;
             };
             rig.now = rig.now.max(t);
             let recheck = rig.timer.is_some_and(|x| x <= rig.now);
             // The guest meets the dependency just for the re-check.
-            bad_vm.mem.write_u64(dep + 8, if recheck { 0 } else { 1 }).unwrap();
+            bad_vm
+                .mem
+                .write_u64(dep + 8, if recheck { 0 } else { 1 })
+                .unwrap();
             rig.gpu.advance(rig.now, &mut evs);
             let mut out = Vec::new();
             for ev in evs.drain(..) {
@@ -1389,7 +1405,10 @@ fn review21_flickering_barrier_dependency() {
     };
     let (alone, _) = run(false);
     let (with, pre) = run(true);
-    println!("slowdown {:.3}x, {pre} preemptions", with as f64 / alone as f64);
+    println!(
+        "slowdown {:.3}x, {pre} preemptions",
+        with as f64 / alone as f64
+    );
 }
 
 /// Review, error 18 variant: the scheduler (not the guest) saved the
@@ -1431,8 +1450,15 @@ fn error_18_after_a_scheduler_save(mode: Option<DequeueMode>) -> u64 {
     let mut out = Vec::new();
     rig.b.tick(&mut rig.gpu, rig.now, &mut out);
     rig.take(out);
-    run_until(&mut rig, u64::MAX, |n| matches!(n, Notice::QueueError { .. }));
-    println!("{:?}", rig.log.iter().find(|n| matches!(n, Notice::QueueError { .. })));
+    run_until(&mut rig, u64::MAX, |n| {
+        matches!(n, Notice::QueueError { .. })
+    });
+    println!(
+        "{:?}",
+        rig.log
+            .iter()
+            .find(|n| matches!(n, Notice::QueueError { .. }))
+    );
     let mut out = Vec::new();
     rig.b
         .remove_queue(&mut rig.gpu, rig.now, QueueId(0), mode, &mut out)
@@ -1462,29 +1488,227 @@ fn error_18_after_a_scheduler_save(mode: Option<DequeueMode>) -> u64 {
     rig.log.clear();
     rig.run(u64::MAX, |_| false);
     let total = rig.gpu.stats().wgs_completed;
-    println!("wgs before save {before}, total {total} (want 64); completions {:?}; errors {:?}",
+    println!(
+        "wgs before save {before}, total {total} (want 64); completions {:?}; errors {:?}",
         rig.completions_of(0),
-        rig.log.iter().filter(|n| matches!(n, Notice::QueueError { .. })).count());
+        rig.log
+            .iter()
+            .filter(|n| matches!(n, Notice::QueueError { .. }))
+            .count()
+    );
     tvm.verify(&q).unwrap();
     total
 }
 
 #[test]
 fn review21_error_18_after_scheduler_save_reset() {
-    assert_eq!(error_18_after_a_scheduler_save(Some(DequeueMode::ResetWaves)), 64);
+    assert_eq!(
+        error_18_after_a_scheduler_save(Some(DequeueMode::ResetWaves)),
+        64
+    );
 }
 
 #[test]
 fn review21_error_18_after_scheduler_save_save() {
-    assert_eq!(error_18_after_a_scheduler_save(Some(DequeueMode::SaveWaves)), 64);
+    assert_eq!(
+        error_18_after_a_scheduler_save(Some(DequeueMode::SaveWaves)),
+        64
+    );
 }
 
 #[test]
 fn review21_error_18_after_scheduler_save_drain() {
-    assert_eq!(error_18_after_a_scheduler_save(Some(DequeueMode::DrainPipe)), 64);
+    assert_eq!(
+        error_18_after_a_scheduler_save(Some(DequeueMode::DrainPipe)),
+        64
+    );
 }
 
 #[test]
 fn review21_error_18_after_scheduler_save_default() {
     assert_eq!(error_18_after_a_scheduler_save(None), 64);
+}
+
+/// Review: a higher-priority VM keeps one queue blocked on a barrier that
+/// never resolves and, on a second queue, submits a 20 us kernel every
+/// 5 ms (real work that keeps the VM active). Does the blocked queue stay
+/// mapped (held slot, billed) because its VM keeps working? Compared with
+/// the same VM without the blocked queue.
+#[test]
+fn review21_blocked_queue_beside_its_vms_real_work() {
+    let run = |with_blocked: bool| {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut good_vm = vm(&mut rig, 0, 8);
+        let mut good = good_vm.queue(&topo, 4096, 0);
+        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+        for k in 0..1000 {
+            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 1_000_000, k, false);
+        }
+        rig.doorbell(QueueId(0), good.wptr);
+        let mut bad_vm = vm(&mut rig, 1, 12);
+        let mut tiny = bad_vm.queue(&topo, 1024, 0);
+        add(&mut rig, &bad_vm, 1, QueueId(1), 1, &tiny);
+        let mut bq = bad_vm.queue(&topo, 64, 0);
+        add(&mut rig, &bad_vm, 1, QueueId(2), 2, &bq);
+        if with_blocked {
+            let dep = bad_vm.signal();
+            barrier_then_mark(&mut bad_vm, &mut bq, dep, 4, 10_000);
+            rig.doorbell(QueueId(2), bq.wptr);
+        }
+        let (mut on, mut samples, mut last_good) = (0u64, 0u64, 0);
+        for step in 0..200u64 {
+            bad_vm.kernel(
+                &mut tiny,
+                KernelKind::Mark,
+                1,
+                64,
+                20_000,
+                step as u32,
+                false,
+            );
+            rig.doorbell(QueueId(1), tiny.wptr);
+            let t = (step + 1) * 5_000_000;
+            rig.run(t, |_| false);
+            rig.now = t;
+            samples += 1;
+            if rig.b.on_gpu(QueueId(2)) {
+                on += 1;
+            }
+            if rig.completions_of(0).len() == 1000 && last_good == 0 {
+                last_good = t;
+            }
+        }
+        let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap();
+        let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap();
+        println!(
+            "blocked {with_blocked}: blocked queue mapped {on}/{samples} samples; good done {} (all by {last_good}), preempted {}; hostile billed {} ns, maps {}, rechecks {}",
+            rig.completions_of(0).len(),
+            s0.preemptions,
+            s1.gpu_ns,
+            s1.maps,
+            rig.b.stats().barrier_rechecks
+        );
+        (on, s1.gpu_ns)
+    };
+    let (_, base) = run(false);
+    let (on, billed) = run(true);
+    println!("hostile billed {billed} vs {base} without the blocked queue");
+    assert!(on <= 1, "the blocked queue stayed mapped: {on} samples");
+}
+
+/// Review: after two timeouts (timeout escalated to T/16), the operator
+/// pauses VM 1 while a third hang runs, then resumes it; then re-sets its
+/// base timeout and changes its priority. The escalation must survive all
+/// of it (history kept, applied to the new base).
+#[test]
+fn review21_escalation_survives_pause_priority_and_timeout_changes() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..400 {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    for id in 100..102 {
+        load_hang(&mut rig, &topo, &mut bad_vm, id);
+        run_until(&mut rig, u64::MAX, |n| {
+            matches!(n, Notice::QueueError { owner: 1, .. })
+        });
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
+            .unwrap();
+        rig.take(out);
+        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+    }
+    let t = DEFAULT_PREEMPT_TIMEOUT_NS;
+    assert_eq!(
+        rig.b.effective_preempt_timeout(VmId(1), rig.now),
+        Some(t / 16)
+    );
+    load_hang(&mut rig, &topo, &mut bad_vm, 102);
+    let t_load = rig.now;
+    for _ in 0..60_000 {
+        if matches!(
+            rig.b.scheduler().queue_state(QueueId(102)),
+            Some((scheduler::QueueState::Running, _))
+        ) && rig.b.on_gpu(QueueId(102))
+        {
+            break;
+        }
+        let at = rig.now + 1_000_000;
+        rig.run(at, |_| false);
+        rig.now = at;
+    }
+    println!(
+        "third hang first Running at {} ns ({} ns after its load); good completions {}; billed VM0 {} VM1 {}",
+        rig.now,
+        rig.now - t_load,
+        rig.log.iter().filter(|n| matches!(n, Notice::Completed { owner: 0, .. })).count(),
+        rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns,
+        rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns
+    );
+    // Let its waves take the CUs.
+    let at = rig.now + 1_000_000;
+    rig.run(at, |_| false);
+    rig.now = at;
+    let t_pause = rig.now;
+    println!(
+        "third hang loaded at {t_load}, pause at {t_pause}: state {:?}, on_gpu {}, good state {:?}",
+        rig.b.scheduler().queue_state(QueueId(102)),
+        rig.b.on_gpu(QueueId(102)),
+        rig.b.scheduler().queue_state(QueueId(0))
+    );
+    rig.b.set_vm_paused(VmId(1), true).unwrap();
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    run_until(&mut rig, u64::MAX, |n| {
+        matches!(
+            n,
+            Notice::QueueError { owner: 1, .. } | Notice::Unmapped { owner: 1, .. }
+        )
+    });
+    println!(
+        "after the pause: state {:?}, good state {:?}, good completions {}",
+        rig.b.scheduler().queue_state(QueueId(102)),
+        rig.b.scheduler().queue_state(QueueId(0)),
+        rig.completions_of(0).len()
+    );
+    println!(
+        "owner-1 notices: {:?}",
+        rig.log
+            .iter()
+            .filter(|n| !matches!(
+                n,
+                Notice::Completed { owner: 0, .. } | Notice::ArmTimer { .. }
+            ))
+            .map(|n| format!("{n:?}").chars().take(90).collect::<String>())
+            .collect::<Vec<_>>()
+    );
+    println!(
+        "pause of a hanging VM: after {} ns: {:?}",
+        rig.now - t_pause,
+        rig.log.iter().find(|n| matches!(
+            n,
+            Notice::QueueError { owner: 1, .. } | Notice::Unmapped { owner: 1, .. }
+        ))
+    );
+    let e3 = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    rig.b.set_vm_paused(VmId(1), false).unwrap();
+    rig.b.set_vm_priority(VmId(1), 9).unwrap();
+    rig.b.set_vm_priority(VmId(1), 8).unwrap();
+    rig.b.set_preempt_timeout(VmId(1), t).unwrap();
+    let e4 = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    println!("escalated after the paused hang {e3}, after resume/priority/timeout reset {e4}");
+    assert!(
+        rig.now - t_pause <= t / 16 + 10_000_000,
+        "the pause waited the escalated timeout"
+    );
+    assert_eq!(e3, t / 64);
+    assert_eq!(e4, t / 64);
 }

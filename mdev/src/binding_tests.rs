@@ -1712,3 +1712,61 @@ fn review21_escalation_survives_pause_priority_and_timeout_changes() {
     assert_eq!(e3, t / 64);
     assert_eq!(e4, t / 64);
 }
+
+/// Regression (found in the review of issue 21): VM 1's hanging queue is
+/// reset after a preemption timeout and the guest removes it while the
+/// reset is still in flight; VM 0 was mapped during that save. The removal
+/// ended the last save in flight but did not release the VMs waiting on it,
+/// so VM 0 ran unbilled (its virtual time frozen) and VM 1's later,
+/// legitimate work at the same priority waited until VM 0 had no work left
+/// (19.99 s here). Now VM 0 is billed again and VM 1 runs within a slice.
+#[test]
+fn a_removal_during_a_timed_out_save_leaves_the_neighbour_billed() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..400 {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    for id in 100..102 {
+        load_hang(&mut rig, &topo, &mut bad_vm, id);
+        run_until(&mut rig, u64::MAX, |n| {
+            matches!(n, Notice::QueueError { owner: 1, .. })
+        });
+        // The guest dequeues at once: the reset is still in flight.
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
+            .unwrap();
+        rig.take(out);
+        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+    }
+    let billed = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    // VM 1 now submits legitimate work (with save points).
+    let mut q = bad_vm.queue(&topo, 256, 0);
+    add(&mut rig, &bad_vm, 1, QueueId(200), 1, &q);
+    for k in 0..10 {
+        bad_vm.kernel(&mut q, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(200), q.wptr);
+    run_until(&mut rig, u64::MAX, |n| {
+        matches!(n, Notice::Completed { owner: 1, .. })
+    });
+    let good_done = rig.completions_of(0).len();
+    let billed_after = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    assert!(
+        good_done < 20,
+        "VM 1 waited for {good_done} of VM 0's kernels (equal priority)"
+    );
+    assert!(
+        billed_after > billed,
+        "VM 0 ran {good_done} kernels unbilled ({billed} -> {billed_after} ns)"
+    );
+    rig.run(u64::MAX, |_| false);
+    good_vm.verify(&good).unwrap();
+    bad_vm.verify(&q).unwrap();
+}

@@ -1152,11 +1152,10 @@ fn readded(hangs: u32) {
         good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
     }
     rig.doorbell(QueueId(0), good.wptr);
-    let mut id = 100;
     if hangs == 0 {
         rig.run(11_280_010_000, |_| false);
     }
-    for _ in 0..hangs {
+    for id in 100..100 + hangs as u64 {
         load_hang(&mut rig, &topo, &mut bad_vm, id);
         run_until(&mut rig, u64::MAX, |n| {
             matches!(n, Notice::QueueError { owner: 1, .. })
@@ -1167,7 +1166,6 @@ fn readded(hangs: u32) {
             .unwrap();
         rig.take(out);
         rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
-        id += 1;
     }
     let t_reset = rig.now;
     let esc_before = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
@@ -1769,4 +1767,54 @@ fn a_removal_during_a_timed_out_save_leaves_the_neighbour_billed() {
     rig.run(u64::MAX, |_| false);
     good_vm.verify(&good).unwrap();
     bad_vm.verify(&q).unwrap();
+}
+
+/// Review: barriers whose dependencies are invalid addresses (all of them,
+/// or one beside a valid unmet one, AND and OR): the binding counts an
+/// unreadable signal as met so that the GPU reports it. Each must end in
+/// one error 12-class stop, not a wake/map loop, nothing re-checked.
+#[test]
+fn review21_barriers_on_invalid_addresses_stop_once() {
+    for (and, mixed) in [(true, false), (false, false), (true, true), (false, true)] {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut tvm = vm(&mut rig, 0, 8);
+        let mut q = tvm.queue(&topo, 64, 0);
+        add(&mut rig, &tvm, 0, QueueId(0), 0, &q);
+        let valid = tvm.signal(); // at 1: unmet
+        let deps = if mixed {
+            [valid, u64::MAX - 7, 0, 0, 0]
+        } else {
+            [u64::MAX - 7, 1 << 40, 0, 0, 0]
+        };
+        let b = abi::aql::Barrier {
+            dep_signal: deps,
+            completion_signal: 0,
+        };
+        let p = if and {
+            abi::aql::Packet::barrier_and(b, false)
+        } else {
+            abi::aql::Packet::barrier_or(b, false)
+        };
+        tvm.push(&mut q, &p);
+        rig.doorbell(QueueId(0), q.wptr);
+        rig.run(10_000_000_000, |_| false);
+        let errors: Vec<_> = rig
+            .log
+            .iter()
+            .filter_map(|n| match n {
+                Notice::QueueError { reason, .. } => Some(format!("{reason:?}")),
+                _ => None,
+            })
+            .collect();
+        let maps = rig.b.scheduler().vm_stats(VmId(0)).unwrap().maps;
+        println!(
+            "and {and} mixed {mixed}: errors {errors:?}, maps {maps}, rechecks {}, wakes {}, now {}",
+            rig.b.stats().barrier_rechecks,
+            rig.b.stats().stall_wakes,
+            rig.now
+        );
+        assert_eq!(errors.len(), 1);
+        assert!(maps <= 2, "{maps}");
+    }
 }

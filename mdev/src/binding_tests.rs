@@ -958,7 +958,9 @@ fn beside(n: Neighbour, escalation: HangEscalation, kernels: u32) -> (Nanos, u64
     let mut rig = Rig::new(topo.clone());
     rig.b.set_hang_escalation(escalation);
     let mut good_vm = vm(&mut rig, 0, 8);
-    let mut bad_vm = vm(&mut rig, 1, 8);
+    let _ = vm(&mut rig, 1, 8);
+    // Sparse: room for the many queues a re-hanging guest reloads.
+    let mut bad_vm = TestVm::with_memory(Arc::new(SparseMemory::new(1 << 40)), 0x10_0000);
     let mut good = good_vm.queue(&topo, 4096, 0);
     add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
     for k in 0..kernels {
@@ -1040,6 +1042,12 @@ fn beside(n: Neighbour, escalation: HangEscalation, kernels: u32) -> (Nanos, u64
 /// legitimately busy VM plus that bound; without escalation every hang
 /// costs the full timeout and the bound does not hold.
 #[test]
+#[ignore = "review of issue 21: its figures relied on a billing bug (fixed in \
+scheduler/src/engine/slots.rs): after two resets the re-hanging VM was starved \
+until the good VM finished. Billed correctly it gets its fair turn after each \
+reset and re-hangs at the 100 ms floor every turn: alone 50.0 s, busy 80.1 s, \
+hang 611.9 s, 5003 timeouts, stalls 611.9 s > bound 512.3 s. Without the guard \
+(not in this rig) escalation alone does not bound the harm rate"]
 fn repeated_hangs_cost_a_neighbour_a_bounded_time() {
     let esc = HangEscalation::default();
     let (alone, _, s0) = beside(Neighbour::None, esc, 1000);
@@ -1104,4 +1112,717 @@ fn load_churn_of_an_idle_vm_preempts_nobody() {
     rig.run(u64::MAX, |_| false);
     assert_eq!(rig.completions_of(0), vec![0, 1, 2, 3]);
     lo_vm.verify(&lo).unwrap();
+}
+
+// ---- Hostile review of issue 21 (virtual time) ----
+
+/// Runs `rig` until a notice matching `stop` appears (log cleared first).
+fn run_until(rig: &mut Rig, until: Nanos, stop: impl Fn(&Notice<usize>) -> bool) {
+    rig.log.clear();
+    rig.run(until, stop);
+}
+
+/// Loads a hanging (`NO_SAVE_POINT`, never-ending) queue `id` for VM 1.
+fn load_hang(rig: &mut Rig, topo: &GpuTopology, bad_vm: &mut TestVm, id: u64) {
+    let mut q = bad_vm.queue(topo, 64, 0);
+    add(rig, bad_vm, 1, QueueId(id), 1, &q);
+    bad_vm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+    bad_vm.kernel(&mut q, KernelKind::Spin, 4, 64, 1 << 47, 0, false);
+    bad_vm.kernel_flags = 0;
+    rig.doorbell(QueueId(id), q.wptr);
+}
+
+/// Review: VM 1 hangs twice (two preemption-timeout resets) beside a busy
+/// equal VM 0, is removed and re-added under the same id, then submits
+/// legitimate work. Reports the re-added VM's escalated timeout (is the
+/// escalation laundered by removal?) and how long it waits for its first
+/// completion while VM 0 keeps running (starvation or repaid debt?).
+#[test]
+fn review21_readded_vm_after_two_resets() {
+    readded(2);
+}
+
+/// Control of [`review21_readded_vm_after_two_resets`]: no hang, VM 1
+/// removed and re-added at the same instant.
+#[test]
+fn review21_readded_vm_control() {
+    readded(0);
+}
+
+fn readded(hangs: u32) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..2000 {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    if hangs == 0 {
+        rig.run(11_280_010_000, |_| false);
+    }
+    for id in 100..100 + hangs as u64 {
+        load_hang(&mut rig, &topo, &mut bad_vm, id);
+        run_until(&mut rig, u64::MAX, |n| {
+            matches!(n, Notice::QueueError { owner: 1, .. })
+        });
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
+            .unwrap();
+        rig.take(out);
+        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+    }
+    let t_reset = rig.now;
+    let esc_before = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
+    println!("after 2 resets at {t_reset} ns: VM1 timeout {esc_before}, billed VM0 {s0} VM1 {s1}");
+    let mut out = Vec::new();
+    rig.b
+        .remove_vm(&mut rig.gpu, rig.now, VmId(1), &mut out)
+        .unwrap();
+    rig.take(out);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let esc_after = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    println!("re-added: VM1 timeout {esc_after}");
+    let mut q = bad_vm.queue(&topo, 256, 0);
+    add(&mut rig, &bad_vm, 1, QueueId(200), 1, &q);
+    for k in 0..50 {
+        bad_vm.kernel(&mut q, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(200), q.wptr);
+    let t_add = rig.now;
+    run_until(&mut rig, t_add + 20_000_000_000, |n| {
+        matches!(n, Notice::Completed { owner: 1, .. })
+    });
+    let first = rig.now - t_add;
+    let g = rig.completions_of(0).len();
+    println!(
+        "re-added VM1 first completion after {first} ns; VM0 completed {g} kernels meanwhile; state {:?}",
+        rig.b.scheduler().queue_state(QueueId(200))
+    );
+    run_until(&mut rig, t_add + 20_000_000_000, |_| false);
+    let c1 = rig.completions_of(1).len();
+    let mut t1 = Vec::new();
+    let mut seen = (0, 0);
+    let mut tl = String::new();
+    for n in &rig.log {
+        match n {
+            Notice::Completed { owner: 0, .. } => seen.0 += 1,
+            Notice::Completed { owner: 1, .. } => {
+                seen.1 += 1;
+                t1.push(seen);
+            }
+            _ => {}
+        }
+    }
+    for (a, b) in t1.iter().step_by(8) {
+        tl += &format!(" {b}@{a}");
+    }
+    println!("VM1 completion k @ VM0 completions so far:{tl}");
+    let g0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns - s0;
+    let g1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
+    println!(
+        "in 20 s after re-add: VM1 {c1} kernels (billed {g1}), VM0 {} kernels (billed {g0})",
+        rig.completions_of(0).len() + g
+    );
+}
+
+/// Review: many queues blocked on barriers that never resolve, over
+/// several VMs (3 VMs x 8 queues, more than the GPU's slots), beside a
+/// busy VM. Reports the re-check count against the per-queue bound times
+/// the queue count, the timer wake-ups (the grid should make them
+/// independent of the queue count), the blocked VMs' bill and the good
+/// VM's run time against the same run alone.
+#[test]
+fn review21_many_blocked_queues_over_vms() {
+    let run = |blocked_vms: u32| {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut good_vm = vm(&mut rig, 0, 8);
+        let mut good = good_vm.queue(&topo, 4096, 0);
+        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+        for k in 0..1000 {
+            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 10_000_000, k, false);
+        }
+        rig.doorbell(QueueId(0), good.wptr);
+        let mut keep = Vec::new();
+        for v in 1..=blocked_vms {
+            let prio = if v == 1 { 12 } else { 8 };
+            let mut bvm = vm(&mut rig, v, prio);
+            for i in 0..8u64 {
+                let mut q = bvm.queue(&topo, 64, 0);
+                let id = QueueId(v as u64 * 100 + i);
+                add(&mut rig, &bvm, v, id, v as usize, &q);
+                let dep = bvm.signal();
+                barrier_then_mark(&mut bvm, &mut q, dep, 4, 10_000);
+                rig.doorbell(id, q.wptr);
+                keep.push(q);
+            }
+        }
+        let mut wakeups = 0u64;
+        let mut last_timer = None;
+        let mut last_good = 0;
+        let mut evs = Vec::new();
+        loop {
+            let t = [rig.gpu.next_deadline(), rig.timer]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(t) = t.filter(|t| *t <= 30_000_000_000) else {
+                break;
+            };
+            rig.now = rig.now.max(t);
+            rig.gpu.advance(rig.now, &mut evs);
+            let mut out = Vec::new();
+            for ev in evs.drain(..) {
+                rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+            }
+            if rig.timer.is_some_and(|x| x <= rig.now) {
+                rig.timer = None;
+                if last_timer != Some(rig.now) {
+                    wakeups += 1;
+                    last_timer = Some(rig.now);
+                }
+                rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+            }
+            let n0 = rig.log.len();
+            rig.take(out);
+            if rig.log[n0..]
+                .iter()
+                .any(|n| matches!(n, Notice::Completed { owner: 0, .. }))
+            {
+                last_good = rig.now;
+            }
+        }
+        let done = rig
+            .log
+            .iter()
+            .filter_map(|n| match n {
+                Notice::Completed { owner: 0, .. } => Some(()),
+                _ => None,
+            })
+            .count();
+        good_vm.verify(&good).unwrap();
+        let mut billed = 0;
+        for v in 1..=blocked_vms {
+            billed += rig.b.scheduler().vm_stats(VmId(v)).unwrap().gpu_ns;
+        }
+        let rc = rig.b.stats().barrier_rechecks;
+        let polls = rig.gpu.stats().blocked_polls;
+        println!(
+            "{blocked_vms} blocked VMs: good done {done} at {last_good} ns; blocked billed {billed} ns; rechecks {rc}; timer wake-ups {wakeups}; sim blocked polls {polls}; good preemptions {}",
+            rig.b.scheduler().vm_stats(VmId(0)).unwrap().preemptions
+        );
+        (rc, billed, wakeups)
+    };
+    let (_, _, w0) = run(0);
+    let (rc, billed, w) = run(3);
+    let steps = (BARRIER_RECHECK_MAX_NS / BARRIER_RECHECK_MIN_NS).ilog2() as u64 + 1;
+    let per_q = steps + 30_000_000_000 / BARRIER_RECHECK_MAX_NS + 1;
+    println!(
+        "per-queue bound {per_q}, x24 = {}; wake-ups alone {w0}",
+        per_q * 24
+    );
+    assert!(rc <= per_q * 24, "{rc}");
+    assert!(
+        billed <= 24 * SchedConfig::default().idle_unmap_ns,
+        "{billed}"
+    );
+    let _ = w;
+}
+
+/// Review: a higher-priority VM whose barrier dependency flickers (its
+/// CPU writes 0 just before each binding re-check and 1 right after, so
+/// the binding sees it met and the GPU never does). Does each flicker map
+/// the queue and preempt the busy equal... lower-priority neighbour, for
+/// free? Reports wakes, maps, the good VM's preemptions and its run time
+/// against the same run alone.
+#[test]
+fn review21_flickering_barrier_dependency() {
+    let run = |flicker: bool| {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut good_vm = vm(&mut rig, 0, 8);
+        let mut good = good_vm.queue(&topo, 4096, 0);
+        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+        for k in 0..2000 {
+            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 1_000_000, k, false);
+        }
+        rig.doorbell(QueueId(0), good.wptr);
+        let mut bad_vm = vm(&mut rig, 1, 12);
+        let mut bq = bad_vm.queue(&topo, 64, 0);
+        add(&mut rig, &bad_vm, 1, QueueId(1), 1, &bq);
+        let dep = bad_vm.signal();
+        if flicker {
+            barrier_then_mark(&mut bad_vm, &mut bq, dep, 4, 10_000);
+            rig.doorbell(QueueId(1), bq.wptr);
+        }
+        let mut evs = Vec::new();
+        let mut caught = 0;
+        loop {
+            let t = [rig.gpu.next_deadline(), rig.timer]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(t) = t.filter(|t| *t <= 10_000_000_000) else {
+                break;
+            };
+            rig.now = rig.now.max(t);
+            let recheck = rig.timer.is_some_and(|x| x <= rig.now);
+            // The guest meets the dependency just for the re-check.
+            bad_vm
+                .mem
+                .write_u64(dep + 8, if recheck { 0 } else { 1 })
+                .unwrap();
+            rig.gpu.advance(rig.now, &mut evs);
+            let mut out = Vec::new();
+            for ev in evs.drain(..) {
+                rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+            }
+            if recheck {
+                rig.timer = None;
+                rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+            }
+            rig.take(out);
+            bad_vm.mem.write_u64(dep + 8, 1).unwrap();
+            if rig.completions_of(1).len() > caught {
+                caught = rig.completions_of(1).len();
+            }
+            if rig.completions_of(0).len() == 2000 {
+                break;
+            }
+        }
+        let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap();
+        let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap();
+        println!(
+            "flicker {flicker}: good done {} at {} ns, preempted {}; hostile wakes {}, maps {}, billed {} ns, its packets completed {caught}",
+            rig.completions_of(0).len(),
+            rig.now,
+            s0.preemptions,
+            rig.b.stats().stall_wakes,
+            s1.maps,
+            s1.gpu_ns
+        );
+        (rig.now, s0.preemptions)
+    };
+    let (alone, _) = run(false);
+    let (with, pre) = run(true);
+    println!(
+        "slowdown {:.3}x, {pre} preemptions",
+        with as f64 / alone as f64
+    );
+}
+
+/// Review, error 18 variant: the scheduler (not the guest) saved the
+/// queue with waves in flight (a pause); while it is off the GPU the guest
+/// corrupts its control record (guest memory), so the scheduler's next map
+/// stops with 18. The guest then dequeues with `mode` (its choice), repairs
+/// the record and reloads the MQD it got back: every workgroup must run
+/// exactly once.
+fn error_18_after_a_scheduler_save(mode: Option<DequeueMode>) -> u64 {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut tvm = vm(&mut rig, 0, 8);
+    let mut q = tvm.queue(&topo, 64, 0);
+    add(&mut rig, &tvm, 0, QueueId(0), 0, &q);
+    tvm.kernel(&mut q, KernelKind::Mark, 64, 64, 100_000, 1, false);
+    rig.doorbell(QueueId(0), q.wptr);
+    rig.run(150_000, |_| false);
+    rig.now = 150_000;
+    let mut evs = Vec::new();
+    rig.gpu.advance(rig.now, &mut evs);
+    let mut out = Vec::new();
+    for ev in evs {
+        rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+    }
+    rig.take(out);
+    rig.b.set_vm_paused(VmId(0), true).unwrap();
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    run_until(&mut rig, u64::MAX, |n| matches!(n, Notice::Unmapped { .. }));
+    let saved = rig.b.mqd(QueueId(0)).unwrap().clone();
+    assert!(saved.has_saved_state());
+    let before = rig.gpu.stats().wgs_completed;
+    let rec = saved.ctx_save_base() + saved.cntl_stack_offset() as u64;
+    let mut byte = [0u8; 1];
+    tvm.mem.read(rec + 24, &mut byte).unwrap();
+    tvm.mem.write(rec + 24, &[byte[0] ^ 0x5A]).unwrap();
+    rig.b.set_vm_paused(VmId(0), false).unwrap();
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    run_until(&mut rig, u64::MAX, |n| {
+        matches!(n, Notice::QueueError { .. })
+    });
+    println!(
+        "{:?}",
+        rig.log
+            .iter()
+            .find(|n| matches!(n, Notice::QueueError { .. }))
+    );
+    let mut out = Vec::new();
+    rig.b
+        .remove_queue(&mut rig.gpu, rig.now, QueueId(0), mode, &mut out)
+        .unwrap();
+    rig.take(out);
+    rig.run(u64::MAX, |n| matches!(n, Notice::Removed { .. }));
+    let back = rig
+        .log
+        .iter()
+        .find_map(|n| match n {
+            Notice::Removed { mqd, .. } => Some((**mqd).clone()),
+            _ => None,
+        })
+        .unwrap();
+    println!(
+        "mode {mode:?}: saved rptr {:?} cso {} -> back rptr {:?} cso {} saved_state {}",
+        saved.read_index(),
+        saved.cntl_stack_offset(),
+        back.read_index(),
+        back.cntl_stack_offset(),
+        back.has_saved_state()
+    );
+    tvm.mem.write(rec + 24, &byte).unwrap();
+    q.mqd = back;
+    add(&mut rig, &tvm, 0, QueueId(1), 0, &q);
+    rig.doorbell(QueueId(1), q.wptr);
+    rig.log.clear();
+    rig.run(u64::MAX, |_| false);
+    let total = rig.gpu.stats().wgs_completed;
+    println!(
+        "wgs before save {before}, total {total} (want 64); completions {:?}; errors {:?}",
+        rig.completions_of(0),
+        rig.log
+            .iter()
+            .filter(|n| matches!(n, Notice::QueueError { .. }))
+            .count()
+    );
+    tvm.verify(&q).unwrap();
+    total
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_reset() {
+    assert_eq!(
+        error_18_after_a_scheduler_save(Some(DequeueMode::ResetWaves)),
+        64
+    );
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_save() {
+    assert_eq!(
+        error_18_after_a_scheduler_save(Some(DequeueMode::SaveWaves)),
+        64
+    );
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_drain() {
+    assert_eq!(
+        error_18_after_a_scheduler_save(Some(DequeueMode::DrainPipe)),
+        64
+    );
+}
+
+#[test]
+fn review21_error_18_after_scheduler_save_default() {
+    assert_eq!(error_18_after_a_scheduler_save(None), 64);
+}
+
+/// Review: a higher-priority VM keeps one queue blocked on a barrier that
+/// never resolves and, on a second queue, submits a 20 us kernel every
+/// 5 ms (real work that keeps the VM active). Does the blocked queue stay
+/// mapped (held slot, billed) because its VM keeps working? Compared with
+/// the same VM without the blocked queue.
+#[test]
+fn review21_blocked_queue_beside_its_vms_real_work() {
+    let run = |with_blocked: bool| {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut good_vm = vm(&mut rig, 0, 8);
+        let mut good = good_vm.queue(&topo, 4096, 0);
+        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+        for k in 0..1000 {
+            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 1_000_000, k, false);
+        }
+        rig.doorbell(QueueId(0), good.wptr);
+        let mut bad_vm = vm(&mut rig, 1, 12);
+        let mut tiny = bad_vm.queue(&topo, 1024, 0);
+        add(&mut rig, &bad_vm, 1, QueueId(1), 1, &tiny);
+        let mut bq = bad_vm.queue(&topo, 64, 0);
+        add(&mut rig, &bad_vm, 1, QueueId(2), 2, &bq);
+        if with_blocked {
+            let dep = bad_vm.signal();
+            barrier_then_mark(&mut bad_vm, &mut bq, dep, 4, 10_000);
+            rig.doorbell(QueueId(2), bq.wptr);
+        }
+        let (mut on, mut samples, mut last_good) = (0u64, 0u64, 0);
+        for step in 0..200u64 {
+            bad_vm.kernel(
+                &mut tiny,
+                KernelKind::Mark,
+                1,
+                64,
+                20_000,
+                step as u32,
+                false,
+            );
+            rig.doorbell(QueueId(1), tiny.wptr);
+            let t = (step + 1) * 5_000_000;
+            rig.run(t, |_| false);
+            rig.now = t;
+            samples += 1;
+            if rig.b.on_gpu(QueueId(2)) {
+                on += 1;
+            }
+            if rig.completions_of(0).len() == 1000 && last_good == 0 {
+                last_good = t;
+            }
+        }
+        let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap();
+        let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap();
+        println!(
+            "blocked {with_blocked}: blocked queue mapped {on}/{samples} samples; good done {} (all by {last_good}), preempted {}; hostile billed {} ns, maps {}, rechecks {}",
+            rig.completions_of(0).len(),
+            s0.preemptions,
+            s1.gpu_ns,
+            s1.maps,
+            rig.b.stats().barrier_rechecks
+        );
+        (on, s1.gpu_ns)
+    };
+    let (_, base) = run(false);
+    let (on, billed) = run(true);
+    println!("hostile billed {billed} vs {base} without the blocked queue");
+    assert!(on <= 1, "the blocked queue stayed mapped: {on} samples");
+}
+
+/// Review: after two timeouts (timeout escalated to T/16), the operator
+/// pauses VM 1 while a third hang runs, then resumes it; then re-sets its
+/// base timeout and changes its priority. The escalation must survive all
+/// of it (history kept, applied to the new base).
+#[test]
+fn review21_escalation_survives_pause_priority_and_timeout_changes() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..400 {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    for id in 100..102 {
+        load_hang(&mut rig, &topo, &mut bad_vm, id);
+        run_until(&mut rig, u64::MAX, |n| {
+            matches!(n, Notice::QueueError { owner: 1, .. })
+        });
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
+            .unwrap();
+        rig.take(out);
+        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+    }
+    let t = DEFAULT_PREEMPT_TIMEOUT_NS;
+    assert_eq!(
+        rig.b.effective_preempt_timeout(VmId(1), rig.now),
+        Some(t / 16)
+    );
+    load_hang(&mut rig, &topo, &mut bad_vm, 102);
+    let t_load = rig.now;
+    for _ in 0..60_000 {
+        if matches!(
+            rig.b.scheduler().queue_state(QueueId(102)),
+            Some((scheduler::QueueState::Running, _))
+        ) && rig.b.on_gpu(QueueId(102))
+        {
+            break;
+        }
+        let at = rig.now + 1_000_000;
+        rig.run(at, |_| false);
+        rig.now = at;
+    }
+    println!(
+        "third hang first Running at {} ns ({} ns after its load); good completions {}; billed VM0 {} VM1 {}",
+        rig.now,
+        rig.now - t_load,
+        rig.log.iter().filter(|n| matches!(n, Notice::Completed { owner: 0, .. })).count(),
+        rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns,
+        rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns
+    );
+    // Let its waves take the CUs.
+    let at = rig.now + 1_000_000;
+    rig.run(at, |_| false);
+    rig.now = at;
+    let t_pause = rig.now;
+    println!(
+        "third hang loaded at {t_load}, pause at {t_pause}: state {:?}, on_gpu {}, good state {:?}",
+        rig.b.scheduler().queue_state(QueueId(102)),
+        rig.b.on_gpu(QueueId(102)),
+        rig.b.scheduler().queue_state(QueueId(0))
+    );
+    rig.b.set_vm_paused(VmId(1), true).unwrap();
+    let mut out = Vec::new();
+    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
+    rig.take(out);
+    run_until(&mut rig, u64::MAX, |n| {
+        matches!(
+            n,
+            Notice::QueueError { owner: 1, .. } | Notice::Unmapped { owner: 1, .. }
+        )
+    });
+    println!(
+        "after the pause: state {:?}, good state {:?}, good completions {}",
+        rig.b.scheduler().queue_state(QueueId(102)),
+        rig.b.scheduler().queue_state(QueueId(0)),
+        rig.completions_of(0).len()
+    );
+    println!(
+        "owner-1 notices: {:?}",
+        rig.log
+            .iter()
+            .filter(|n| !matches!(
+                n,
+                Notice::Completed { owner: 0, .. } | Notice::ArmTimer { .. }
+            ))
+            .map(|n| format!("{n:?}").chars().take(90).collect::<String>())
+            .collect::<Vec<_>>()
+    );
+    println!(
+        "pause of a hanging VM: after {} ns: {:?}",
+        rig.now - t_pause,
+        rig.log.iter().find(|n| matches!(
+            n,
+            Notice::QueueError { owner: 1, .. } | Notice::Unmapped { owner: 1, .. }
+        ))
+    );
+    let e3 = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    rig.b.set_vm_paused(VmId(1), false).unwrap();
+    rig.b.set_vm_priority(VmId(1), 9).unwrap();
+    rig.b.set_vm_priority(VmId(1), 8).unwrap();
+    rig.b.set_preempt_timeout(VmId(1), t).unwrap();
+    let e4 = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    println!("escalated after the paused hang {e3}, after resume/priority/timeout reset {e4}");
+    assert!(
+        rig.now - t_pause <= t / 16 + 10_000_000,
+        "the pause waited the escalated timeout"
+    );
+    assert_eq!(e3, t / 64);
+    assert_eq!(e4, t / 64);
+}
+
+/// Regression (found in the review of issue 21): VM 1's hanging queue is
+/// reset after a preemption timeout and the guest removes it while the
+/// reset is still in flight; VM 0 was mapped during that save. The removal
+/// ended the last save in flight but did not release the VMs waiting on it,
+/// so VM 0 ran unbilled (its virtual time frozen) and VM 1's later,
+/// legitimate work at the same priority waited until VM 0 had no work left
+/// (19.99 s here). Now VM 0 is billed again and VM 1 runs within a slice.
+#[test]
+fn a_removal_during_a_timed_out_save_leaves_the_neighbour_billed() {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let mut bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..400 {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    for id in 100..102 {
+        load_hang(&mut rig, &topo, &mut bad_vm, id);
+        run_until(&mut rig, u64::MAX, |n| {
+            matches!(n, Notice::QueueError { owner: 1, .. })
+        });
+        // The guest dequeues at once: the reset is still in flight.
+        let mut out = Vec::new();
+        rig.b
+            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
+            .unwrap();
+        rig.take(out);
+        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+    }
+    let billed = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    // VM 1 now submits legitimate work (with save points).
+    let mut q = bad_vm.queue(&topo, 256, 0);
+    add(&mut rig, &bad_vm, 1, QueueId(200), 1, &q);
+    for k in 0..10 {
+        bad_vm.kernel(&mut q, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(200), q.wptr);
+    run_until(&mut rig, u64::MAX, |n| {
+        matches!(n, Notice::Completed { owner: 1, .. })
+    });
+    let good_done = rig.completions_of(0).len();
+    let billed_after = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
+    assert!(
+        good_done < 20,
+        "VM 1 waited for {good_done} of VM 0's kernels (equal priority)"
+    );
+    assert!(
+        billed_after > billed,
+        "VM 0 ran {good_done} kernels unbilled ({billed} -> {billed_after} ns)"
+    );
+    rig.run(u64::MAX, |_| false);
+    good_vm.verify(&good).unwrap();
+    bad_vm.verify(&q).unwrap();
+}
+
+/// Review: barriers whose dependencies are invalid addresses (all of them,
+/// or one beside a valid unmet one, AND and OR): the binding counts an
+/// unreadable signal as met so that the GPU reports it. Each must end in
+/// one error 12-class stop, not a wake/map loop, nothing re-checked.
+#[test]
+fn review21_barriers_on_invalid_addresses_stop_once() {
+    for (and, mixed) in [(true, false), (false, false), (true, true), (false, true)] {
+        let topo = GpuTopology::tiny();
+        let mut rig = Rig::new(topo.clone());
+        let mut tvm = vm(&mut rig, 0, 8);
+        let mut q = tvm.queue(&topo, 64, 0);
+        add(&mut rig, &tvm, 0, QueueId(0), 0, &q);
+        let valid = tvm.signal(); // at 1: unmet
+        let deps = if mixed {
+            [valid, u64::MAX - 7, 0, 0, 0]
+        } else {
+            [u64::MAX - 7, 1 << 40, 0, 0, 0]
+        };
+        let b = abi::aql::Barrier {
+            dep_signal: deps,
+            completion_signal: 0,
+        };
+        let p = if and {
+            abi::aql::Packet::barrier_and(b, false)
+        } else {
+            abi::aql::Packet::barrier_or(b, false)
+        };
+        tvm.push(&mut q, &p);
+        rig.doorbell(QueueId(0), q.wptr);
+        rig.run(10_000_000_000, |_| false);
+        let errors: Vec<_> = rig
+            .log
+            .iter()
+            .filter_map(|n| match n {
+                Notice::QueueError { reason, .. } => Some(format!("{reason:?}")),
+                _ => None,
+            })
+            .collect();
+        let maps = rig.b.scheduler().vm_stats(VmId(0)).unwrap().maps;
+        println!(
+            "and {and} mixed {mixed}: errors {errors:?}, maps {maps}, rechecks {}, wakes {}, now {}",
+            rig.b.stats().barrier_rechecks,
+            rig.b.stats().stall_wakes,
+            rig.now
+        );
+        assert_eq!(errors.len(), 1);
+        assert!(maps <= 2, "{maps}");
+    }
 }

@@ -92,6 +92,10 @@ impl Scheduler {
             Some(Reason::Remove) => {
                 self.set_state(q, QueueState::Idle);
                 self.forget_queue(q);
+                // A removal can end the last save in flight too: the VMs
+                // mapped during it start being billed (else they run
+                // unbilled until some later unmap of this partition).
+                self.release_save_waiters(p);
                 return;
             }
             _ if errored => QueueState::Error,

@@ -94,7 +94,14 @@ impl Scheduler {
             return (None, false);
         }
         let prev = self.spatial.res[p];
-        // Lower work to share the partition with?
+        // Lower work to share the partition with, and a slot for the owner
+        // beside the lower queues that would keep running? (Without one,
+        // keeping them would leave the owner waiting for a slot: the
+        // partition is preempted as a whole.)
+        if !self.spatial_room(p, owner.level) {
+            self.spatial.res[p] = None;
+            return (None, false);
+        }
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
         let cand = if owner.level < BOOST_LEVEL && lower && self.spatial_coreside(p, owner) {
             self.spatial.stats.coresidences += 1;
@@ -178,6 +185,16 @@ impl Scheduler {
         }
         self.spatial.res[p] = r;
         (r, establish)
+    }
+
+    /// Is there a slot of `p` for an owner at `level` beside the lower
+    /// queues running there (what a reservation or a co-residence keeps
+    /// running)? A partition whose slots all hold lower queues (e.g. a
+    /// single slot) has none: only a preemption serves the owner.
+    pub(super) fn spatial_room(&self, p: usize, level: u16) -> bool {
+        let part = &self.parts[p];
+        let lower = part.running.iter().take_while(|e| e.0 < level).count();
+        part.nslots > lower
     }
 
     /// Co-residence (occupancy): may `owner` share partition `p`'s CUs with

@@ -188,13 +188,13 @@ impl Scheduler {
     }
 
     /// Is there a slot of `p` for an owner at `level` beside the lower
-    /// queues running there (what a reservation or a co-residence keeps
-    /// running)? A partition whose slots all hold lower queues (e.g. a
-    /// single slot) has none: only a preemption serves the owner.
+    /// queues that would hold slots there (running or being saved, or the
+    /// parked VM's busy queues that map back beside it: what a reservation
+    /// or a co-residence keeps)? A partition whose slots all go to lower
+    /// queues (e.g. a single slot) has none: only a preemption serves the
+    /// owner.
     pub(super) fn spatial_room(&self, p: usize, level: u16) -> bool {
-        let part = &self.parts[p];
-        let lower = part.running.iter().take_while(|e| e.0 < level).count();
-        part.nslots > lower
+        self.parts[p].nslots > self.lower_resident_queues(p, level)
     }
 
     /// Co-residence (occupancy): may `owner` share partition `p`'s CUs with

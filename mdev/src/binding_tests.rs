@@ -17,9 +17,30 @@ struct Rig {
 
 impl Rig {
     fn new(topo: GpuTopology) -> Rig {
+        Rig::with_config(topo, SchedConfig::default())
+    }
+
+    /// A rig on which dispatch widths never enter a decision, the
+    /// condition of armed doorbells ([`Binding::arm_doorbell`] refuses
+    /// while `Scheduler::dispatch_width_matters`): reservations capped at
+    /// a quarter of an XCC, which on [`GpuTopology::tiny`] (2 CUs per XCC)
+    /// is less than one CU, so none fits. (The default cap, half an XCC,
+    /// is one CU there: a narrow high job would be served by a reservation
+    /// instead of a preemption, and nothing could be armed.)
+    fn no_reservations(topo: GpuTopology) -> Rig {
+        let cfg = SchedConfig {
+            spatial_max_permille: 250,
+            ..SchedConfig::default()
+        };
+        let rig = Rig::with_config(topo, cfg);
+        assert!(!rig.b.scheduler().dispatch_width_matters());
+        rig
+    }
+
+    fn with_config(topo: GpuTopology, cfg: SchedConfig) -> Rig {
         Rig {
             gpu: SimGpu::new(topo.clone(), 7).unwrap(),
-            b: Binding::new(&topo, SchedConfig::default()).unwrap(),
+            b: Binding::new(&topo, cfg).unwrap(),
             now: 0,
             timer: None,
             log: Vec::new(),
@@ -138,7 +159,7 @@ fn vm(rig: &mut Rig, id: u32, prio: u8) -> TestVm {
 /// `i` of VM `i % 2`, queue priority `i % 4`; queue id and owner `i`).
 fn six_queues(prios: &[u8]) -> (Rig, Vec<TestVm>, Vec<GuestQueue>) {
     let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let mut rig = Rig::no_reservations(topo.clone());
     let mut vms: Vec<TestVm> = prios
         .iter()
         .enumerate()
@@ -537,8 +558,8 @@ mod review;
 /// Armed doorbells ([`Binding::arm_doorbell`] from a warm cache, then
 /// [`Binding::fire_armed`] before [`Binding::doorbell`]) change nothing but
 /// when the unmaps reach the GPU: over random submissions at random
-/// priorities on [`GpuTopology::tiny`] (2 CUs per XCC, so dispatch widths
-/// never enter a decision), a rig that arms every queue before each of its
+/// priorities on [`GpuTopology::tiny`] with [`Rig::no_reservations`] (so
+/// dispatch widths never enter a decision), a rig that arms every queue before each of its
 /// doorbells logs exactly the notices of one that does not, its kernels
 /// run exactly once, and armed unmaps were fired and never mismatched.
 #[test]
@@ -616,8 +637,8 @@ fn armed_doorbells_log_what_plain_doorbells_log() {
     );
 }
 
-/// On [`GpuTopology::tiny`] (2 CUs per XCC: dispatch widths never enter a
-/// decision), VM 0 (priority 2, queue 0) runs a long kernel and VM 1
+/// On [`GpuTopology::tiny`] with [`Rig::no_reservations`] (dispatch widths
+/// never enter a decision), VM 0 (priority 2, queue 0) runs a long kernel and VM 1
 /// (priority 12, queue 1) is idle; returns the rig, both VMs with their
 /// queue, and the physical slot the low queue holds.
 fn lo_runs_hi_idle() -> (
@@ -627,7 +648,7 @@ fn lo_runs_hi_idle() -> (
     crate::backend::SlotId,
 ) {
     let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let mut rig = Rig::no_reservations(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
     let mut lo = lo_vm.queue(&topo, 64, 0);
     add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
@@ -1092,7 +1113,7 @@ fn repeated_hangs_cost_a_neighbour_a_bounded_time() {
 #[test]
 fn load_churn_of_an_idle_vm_preempts_nobody() {
     let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let mut rig = Rig::no_reservations(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
     let mut hi_vm = vm(&mut rig, 1, 12);
     let mut lo = lo_vm.queue(&topo, 64, 0);

@@ -412,3 +412,38 @@ proptest! {
         }
     }
 }
+
+/// A partition with a single slot: a reservation or a co-residence would
+/// keep the lower queue on the only slot and leave the narrow high VM
+/// waiting for it, so every job of the high VM preempts the partition as a
+/// whole (one save per job), runs at once, and the doorbell fast path
+/// knows so ahead of the decision.
+#[test]
+fn a_narrow_high_vm_preempts_a_single_slot_partition() {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 1));
+    w.s.set_cu_geometry(CUS, 8);
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    let mut victims = Vec::new();
+    for i in 0..20 {
+        // 1 workgroup of 10 us, fitting half a CU: narrow and short.
+        w.s.note_dispatch_width(rt, 1);
+        w.s.note_dispatch_occupancy(rt, 10_000, true);
+        w.s.note_dispatch_width(lo, 1);
+        w.s.note_dispatch_occupancy(lo, 1_000_000, true);
+        assert_eq!(w.state(lo), QueueState::Running, "job {i}");
+        let plan = w.s.doorbell_plan(rt, w.now, &mut victims);
+        assert!(plan.is_some(), "job {i}: no fast path");
+        assert_eq!(victims.len(), 1);
+        w.submit(rt, 10_000);
+        assert_eq!(w.state(lo), QueueState::Preempting, "job {i}");
+        w.run_until(MS + (i + 1) * 5 * MS);
+        assert_eq!(w.work[&rt], 0, "job {i} not done");
+    }
+    assert_eq!(w.s.cu_reservation(0), None);
+    assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 20);
+    assert_eq!(w.s.spatial_stats().established, 0);
+    assert_eq!(w.s.spatial_stats().coresidences, 0);
+}

@@ -122,7 +122,8 @@ impl Scheduler {
     /// at a VM priority above every busy level (and above the slice
     /// owner's) of its partition, and nothing else can enter the
     /// exclusive decision (no idle queue due to give its slot back, no
-    /// aging due, no CU reservation or co-residence possible, no action
+    /// aging due, no CU reservation or co-residence possible (none is
+    /// without a slot beside the running lower queues), no action
     /// pending); that decision evicts every running queue of the
     /// partition. Fills `victims` (queue, slot) in the order their unmaps
     /// are queued. The answer holds for doorbells before
@@ -176,10 +177,13 @@ impl Scheduler {
         {
             return None;
         }
+        // Without a slot beside the running lower queues no reservation or
+        // co-residence serves the doorbell (`spatial_plan`): it preempts.
+        let room = self.spatial_room(p, level);
         if self.spatial.enabled() && self.spatial.res.get(p).copied().flatten().is_some() {
             return None;
         }
-        if self.spatial_on() {
+        if room && self.spatial_on() {
             let owner = SliceOwner {
                 vm,
                 level,
@@ -220,8 +224,9 @@ impl Scheduler {
 
     /// Can a dispatch width noted with [`Scheduler::note_dispatch_width`]
     /// change a decision under the current geometry and configuration?
-    /// `false` when spatial sharing is off or no reservation can fit
-    /// (`spatial_max_permille` of an XCC is less than one CU): the caller
+    /// `false` when spatial sharing is off, no reservation can fit
+    /// (`spatial_max_permille` of an XCC is less than one CU) or no
+    /// partition has a second slot (nothing can run beside an owner): the caller
     /// may then note widths after the doorbell's decision instead of before.
     pub fn dispatch_width_matters(&self) -> bool {
         let cap = u64::from(self.spatial.cus_per_xcc)
@@ -232,5 +237,6 @@ impl Scheduler {
             && self.slices()
             && self.cfg.spatial_max_permille > 0
             && cap >= 1
+            && self.parts.iter().any(|p| p.nslots >= 2)
     }
 }

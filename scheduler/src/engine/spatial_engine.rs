@@ -94,7 +94,14 @@ impl Scheduler {
             return (None, false);
         }
         let prev = self.spatial.res[p];
-        // Lower work to share the partition with?
+        // Lower work to share the partition with, and a slot for the owner
+        // beside the lower queues that would keep running? (Without one,
+        // keeping them would leave the owner waiting for a slot: the
+        // partition is preempted as a whole.)
+        if !self.spatial_room(p, owner.level) {
+            self.spatial.res[p] = None;
+            return (None, false);
+        }
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
         let cand = if owner.level < BOOST_LEVEL && lower && self.spatial_coreside(p, owner) {
             self.spatial.stats.coresidences += 1;
@@ -178,6 +185,16 @@ impl Scheduler {
         }
         self.spatial.res[p] = r;
         (r, establish)
+    }
+
+    /// Is there a slot of `p` for an owner at `level` beside the lower
+    /// queues that would hold slots there (running or being saved, or the
+    /// parked VM's busy queues that map back beside it: what a reservation
+    /// or a co-residence keeps)? A partition whose slots all go to lower
+    /// queues (e.g. a single slot) has none: only a preemption serves the
+    /// owner.
+    pub(super) fn spatial_room(&self, p: usize, level: u16) -> bool {
+        self.parts[p].nslots > self.lower_resident_queues(p, level)
     }
 
     /// Co-residence (occupancy): may `owner` share partition `p`'s CUs with

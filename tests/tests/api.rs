@@ -97,22 +97,6 @@ fn vm(sock: &Path, name: &str) -> Value {
     v
 }
 
-/// Polls `cond` on VM `name`'s view (deadline: a hang guard).
-fn wait_vm(sock: &Path, name: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let t0 = Instant::now();
-    loop {
-        let v = vm(sock, name);
-        if cond(&v) {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "{name}: {what}: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn gpu_vm(name: &str, priority: u8, args: &str) -> String {
     format!(
         "[[vm]]\nname = \"{name}\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\npriority = {priority}\nargs = \"{args}\"\n"
@@ -185,7 +169,7 @@ fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
 
     // Pause `checked` once it has run, hold it, resume it: its guest checks
     // every workgroup counter is exactly 1 (exit 0).
-    wait_vm(&sock, "checked", "never ran", |v| {
+    fleet.wait_vm("checked", "never ran", |v| {
         v["gpu_time_ms"].as_f64().is_some_and(|t| t > 0.0)
     });
     let (st, v) = req(&sock, "POST", "/api/v1/vms/checked/pause", None);
@@ -285,11 +269,11 @@ fn an_operator_lists_steers_pauses_stops_and_adds_vms_over_http() {
     );
     assert_eq!(st, 201, "{v}");
     assert_eq!(v["name"], "late");
-    wait_vm(&sock, "late", "never exited", |v| v["state"] == "exited");
+    fleet.wait_vm("late", "never exited", |v| v["state"] == "exited");
     assert_eq!(vm(&sock, "late")["exit_status"], 0);
 
     // `checked` ends by itself with exact results; then stop training.
-    let done = wait_vm(&sock, "checked", "never ended", |v| v["state"] == "exited");
+    let done = fleet.wait_vm("checked", "never ended", |v| v["state"] == "exited");
     assert_eq!(done["exit_status"], 0, "exact after pause/resume: {done}");
     assert!(
         done["gpu_time_ms"].as_f64().unwrap() > 0.0,
@@ -375,9 +359,7 @@ fn the_operator_sees_a_guard_quarantine_and_queue_errors_over_http_and_clears_it
     let fleet = LiveFleet::start(&dir, &toml);
     let sock = fleet.sock.clone();
 
-    let q = wait_vm(&sock, "storm", "never quarantined", |v| {
-        v["quarantined"] == true
-    });
+    let q = fleet.wait_vm("storm", "never quarantined", |v| v["quarantined"] == true);
     let trip = &q["guard"]["quarantined"];
     assert_eq!(trip["what"], "stale_doorbells", "{q}");
     assert_eq!(trip["limit"], 50, "{q}");
@@ -418,7 +400,7 @@ fn the_operator_sees_a_guard_quarantine_and_queue_errors_over_http_and_clears_it
     );
 
     // Queue errors: counted live, by code, and kept after the VM ends.
-    let h = wait_vm(&sock, "hostile", "no queue error", |v| {
+    let h = fleet.wait_vm("hostile", "no queue error", |v| {
         v["queue_errors"].as_u64().is_some_and(|n| n >= 1)
     });
     let by_code: u64 = h["queue_errors_by_code"]
@@ -474,7 +456,7 @@ fn a_fleet_without_gpu_vms_adds_one_and_operator_stops_are_no_failure() {
     );
     assert_eq!(st, 201, "{v}");
     assert_eq!(v["gpu"], true, "{v}");
-    let done = wait_vm(&sock, "late-gpu", "never ended", |v| v["state"] == "exited");
+    let done = fleet.wait_vm("late-gpu", "never ended", |v| v["state"] == "exited");
     assert_eq!(done["exit_status"], 0, "{done}");
     assert!(done["gpu_time_ms"].as_f64().unwrap() > 0.0, "{done}");
     let (_, f) = req(&sock, "GET", "/api/v1/fleet", None);

@@ -11,7 +11,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hqdmux_tests::{scratch_dir, LiveFleet};
 use serde_json::Value;
@@ -41,23 +41,6 @@ fn send(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, Stri
 fn json(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
     let (st, b) = send(sock, method, path, body);
     (st, serde_json::from_str(&b).unwrap_or(Value::Null))
-}
-
-/// Polls VM `name`'s view until `cond` (the deadline is a hang guard only).
-fn wait_vm(sock: &Path, name: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let t0 = Instant::now();
-    loop {
-        let (st, v) = json(sock, "GET", &format!("/api/v1/vms/{name}"), None);
-        assert_eq!(st, 200, "{v}");
-        if cond(&v) {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(180),
-            "{name}: {what}: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The `gpu_id` label of every sample line naming `vm="NAME"`.
@@ -119,7 +102,7 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
 
     // Every VM's GPU in the API.
     for (vm, id) in [("train", 0), ("burst", 0), ("solo", 1)] {
-        let v = wait_vm(&sock, vm, "has GPU time", |v| {
+        let v = fleet.wait_vm(vm, "has GPU time", |v| {
             v["gpu_time_ms"].as_f64().is_some_and(|t| t > 0.0) || v["state"] != "running"
         });
         assert_eq!(v["gpu_id"], id, "{v}");
@@ -155,7 +138,7 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
     );
 
     // Solo finishes on GPU 1 while GPU 0 stays saturated.
-    wait_vm(&sock, "solo", "exits", |v| v["state"] == "exited");
+    fleet.wait_vm("solo", "exits", |v| v["state"] == "exited");
     // Added after solo ended: GPU 1 has no live VM, so automatic placement
     // (entitlement at priority 2) takes it there, and says why.
     let (st, late) = json(
@@ -190,8 +173,8 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
             .contains("field `gpu_id`: no GPU with id 5"),
         "{bad}"
     );
-    wait_vm(&sock, "late", "exits", |v| v["state"] == "exited");
-    wait_vm(&sock, "burst", "exits", |v| v["state"] == "exited");
+    fleet.wait_vm("late", "exits", |v| v["state"] == "exited");
+    fleet.wait_vm("burst", "exits", |v| v["state"] == "exited");
     let (st, v) = json(&sock, "POST", "/api/v1/vms/train/stop", None);
     assert_eq!(st, 200, "{v}");
     let report = fleet.join();

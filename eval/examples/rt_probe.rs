@@ -7,6 +7,7 @@
 //! effort CU time vs alone and its bound (0.9 x (1 - RT CU share)), CWSR
 //! time as a share of the run, and the partition's spatial counters.
 use eval::driver::evaluate_full;
+use eval::fuzz::cu_time_named;
 use eval::promises::cwsr_save_restore_ns;
 use eval::report::PolicyReport;
 use eval::scenario::{Class, Scenario};
@@ -19,20 +20,9 @@ fn main() {
         let cwsr = cwsr_save_restore_ns(&topo) as f64 / 1e3;
         let (r, run) = evaluate_full(&sc, Policy::Hqdmux, sc.seed).unwrap();
         let (alone, _) = evaluate_full(&sc.only(Class::Lo), Policy::Hqdmux, sc.seed).unwrap();
-        let be = |r: &PolicyReport| -> f64 {
-            r.vms
-                .iter()
-                .filter(|v| v.name.starts_with("be"))
-                .map(|v| v.cu_time_us)
-                .sum()
-        };
+        let be = |r: &PolicyReport| cu_time_named(r, "be");
         let capacity = run.cus as f64 * run.duration_ns as f64 / 1e3;
-        let hi: f64 = r
-            .vms
-            .iter()
-            .filter(|v| v.name.starts_with("rt"))
-            .map(|v| v.cu_time_us)
-            .sum();
+        let hi = cu_time_named(&r, "rt");
         let share = hi / capacity;
         let iso = r.hi_isolated_p99_us.unwrap_or(0.0);
         println!(

@@ -1280,20 +1280,9 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
                 ),
             }
             let (be_alone, _) = run_it(&sc.only(Class::Lo))?;
-            let be = |r: &PolicyReport| -> f64 {
-                r.vms
-                    .iter()
-                    .filter(|v| v.name.starts_with("be"))
-                    .map(|v| v.cu_time_us)
-                    .sum()
-            };
+            let be = |r: &PolicyReport| cu_time_named(r, "be");
             let capacity = run.cus as f64 * run.duration_ns as f64 / 1e3;
-            let hi_cu: f64 = report
-                .vms
-                .iter()
-                .filter(|v| v.name.starts_with("rt"))
-                .map(|v| v.cu_time_us)
-                .sum();
+            let hi_cu = cu_time_named(&report, "rt");
             let want = 0.9 * be(&be_alone) * (1.0 - hi_cu / capacity).max(0.0);
             if be(&report) < want {
                 fail(
@@ -1872,6 +1861,16 @@ impl Summary {
             *self.by_class.entry(c).or_default() += 1;
         }
     }
+}
+
+/// CU time (us) of the VMs of `r` whose names start with `prefix` (the rt
+/// family names its tenants `rt*` and `be*`).
+pub fn cu_time_named(r: &PolicyReport, prefix: &str) -> f64 {
+    r.vms
+        .iter()
+        .filter(|v| v.name.starts_with(prefix))
+        .map(|v| v.cu_time_us)
+        .sum()
 }
 
 #[cfg(test)]

@@ -29,10 +29,47 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use gpu::mem::{DmaMemory, MemError};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+/// Most bytes of guest memory mapped into this process at once, all
+/// clients together: a quarter of x86-64's 128 TiB user address space, so
+/// that the daemon's own stacks, heap and other mappings always have room.
+/// A sealed fd past it (or past its client's [`MappedMemory::budget`]) is
+/// reached with `pread`/`pwrite` instead, as an unsealed one is.
+pub const MAX_MAPPED_BYTES: u64 = 1 << 45;
+
+/// Bytes of guest memory mapped into this process now (all clients).
+static MAPPED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Takes `size` bytes of [`MAX_MAPPED_BYTES`]; false if they are not left.
+fn reserve_mapped(size: u64) -> bool {
+    MAPPED_BYTES
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            used.checked_add(size).filter(|u| *u <= MAX_MAPPED_BYTES)
+        })
+        .is_ok()
+}
+
+/// Bytes of guest memory mapped into this process now, all clients
+/// together (at most [`MAX_MAPPED_BYTES`]).
+pub fn mapped_bytes() -> u64 {
+    MAPPED_BYTES.load(Ordering::Acquire)
+}
+
+/// The host's RAM in bytes (the default [`MappedMemory::budget`]): a VMM's
+/// guest RAM larger than that is reached through the fd.
+fn host_ram() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    u64::try_from(pages)
+        .unwrap_or(0)
+        .saturating_mul(page_size())
+        .max(1 << 30)
+}
 
 /// Most DMA mappings one client may hold.
 pub const MAX_MAPPINGS: usize = 256;
@@ -93,6 +130,14 @@ pub enum DmaError {
     /// safely, and hugetlbfs has no `pwrite`.
     #[error("a hugetlbfs fd must be sealed with F_SEAL_SHRINK")]
     UnsealedHugetlb,
+    /// A sealed hugetlbfs fd past the client's or the daemon's budget of
+    /// mapped bytes ([`MappedMemory::with_budget`]): it cannot be reached
+    /// through the fd instead (hugetlbfs has no `pwrite`).
+    #[error("{size:#x} bytes of hugetlbfs past the budget of memory mapped into the daemon")]
+    AddressSpace {
+        /// Size.
+        size: u64,
+    },
     /// mmap failed (e.g. a read-only fd).
     #[error("mmap: {0}")]
     Mmap(String),
@@ -102,7 +147,7 @@ impl DmaError {
     /// The errno a vfio-user error reply carries for this refusal.
     pub fn errno(&self) -> u32 {
         match self {
-            DmaError::TooMany => libc::ENOSPC as u32,
+            DmaError::TooMany | DmaError::AddressSpace { .. } => libc::ENOSPC as u32,
             DmaError::Overlap { .. } => libc::EEXIST as u32,
             DmaError::NotMapped { .. } => libc::ENOENT as u32,
             _ => libc::EINVAL as u32,
@@ -163,6 +208,15 @@ struct Region {
     start: u64,
     len: u64,
     backing: Backing,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // The last snapshot holding it is gone: its mapping goes now.
+        if matches!(self.backing, Backing::Mapped(_)) {
+            MAPPED_BYTES.fetch_sub(self.len, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Region {
@@ -234,17 +288,50 @@ impl Region {
 }
 
 /// The mappings of one client; an empty set until the first DMA_MAP.
-#[derive(Default)]
 pub struct MappedMemory {
     set: RwLock<Arc<Vec<Arc<Region>>>>,
+    /// Most bytes of this client's sealed fds mapped into the process.
+    budget: u64,
 }
 
 type Snapshot = Arc<Vec<Arc<Region>>>;
 
+impl Default for MappedMemory {
+    fn default() -> Self {
+        Self::with_budget(host_ram())
+    }
+}
+
 impl MappedMemory {
-    /// No mappings.
+    /// No mappings; at most the host's RAM of sealed fds mapped into the
+    /// process (the rest through the fd).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// No mappings; at most `budget` bytes of sealed fds mapped into the
+    /// process, and only while all clients together stay under
+    /// [`MAX_MAPPED_BYTES`]: a DMA_MAP past either is reached with
+    /// `pread`/`pwrite` (a hugetlbfs one, which has no `pwrite`, is refused).
+    /// A client cannot fill the daemon's address space with mappings of a
+    /// huge sparse memfd.
+    pub fn with_budget(budget: u64) -> Self {
+        MappedMemory {
+            set: RwLock::default(),
+            budget,
+        }
+    }
+
+    /// Bytes of this client's mappings mapped into the process.
+    pub fn mapped_bytes(&self) -> u64 {
+        Self::mapped_in(&self.snapshot())
+    }
+
+    fn mapped_in(set: &[Arc<Region>]) -> u64 {
+        set.iter()
+            .filter(|r| matches!(r.backing, Backing::Mapped(_)))
+            .map(|r| r.len)
+            .sum()
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -257,7 +344,7 @@ impl MappedMemory {
     }
 
     /// Number of mappings reached with `pread`/`pwrite` (their fd is not
-    /// sealed against shrinking).
+    /// sealed against shrinking, or the address-space budget was spent).
     pub fn unsealed_mappings(&self) -> usize {
         self.snapshot()
             .iter()
@@ -313,19 +400,37 @@ impl MappedMemory {
         }
         let mut set = self.set.write().unwrap_or_else(|e| e.into_inner());
         Self::room_for(&set, address, size)?;
-        let backing = if seals & SEAL_SHRINK != 0 {
-            let region = GuestRegionMmap::<()>::from_range(
+        let sealed = seals & SEAL_SHRINK != 0;
+        let in_budget = sealed
+            && Self::mapped_in(&set)
+                .checked_add(size)
+                .is_some_and(|b| b <= self.budget)
+            && reserve_mapped(size);
+        let backing = if in_budget {
+            let mapped = GuestRegionMmap::<()>::from_range(
                 GuestAddress(address),
                 size as usize,
                 Some(FileOffset::new(fd, offset)),
             )
-            .map_err(|e| DmaError::Mmap(e.to_string()))?;
-            let mem = GuestMemoryMmap::from_regions(vec![region])
-                .map_err(|e| DmaError::Mmap(e.to_string()))?;
-            Backing::Mapped(mem)
+            .map_err(|e| DmaError::Mmap(e.to_string()))
+            .and_then(|region| {
+                GuestMemoryMmap::from_regions(vec![region])
+                    .map_err(|e| DmaError::Mmap(e.to_string()))
+            });
+            match mapped {
+                Ok(mem) => Backing::Mapped(mem),
+                Err(e) => {
+                    MAPPED_BYTES.fetch_sub(size, Ordering::AcqRel);
+                    return Err(e);
+                }
+            }
         } else {
             if is_hugetlbfs(&fd) {
-                return Err(DmaError::UnsealedHugetlb);
+                return Err(if sealed {
+                    DmaError::AddressSpace { size }
+                } else {
+                    DmaError::UnsealedHugetlb
+                });
             }
             // SAFETY: fcntl on an fd we own; no pointers.
             let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
@@ -695,6 +800,36 @@ mod tests {
         assert_eq!(m.fetch_add_u64(0x20_1FF8, 1).unwrap(), 3);
         // An atomic across two mappings is refused.
         assert!(m.fetch_add_u64(0x10_3FFC, 1).is_err());
+    }
+
+    #[test]
+    fn sealed_fds_past_the_budget_are_reached_through_the_fd() {
+        let m = MappedMemory::with_budget(0x2000);
+        let s = sealed_memfd(0x1_0000);
+        let g = || Some(s.try_clone().unwrap());
+        m.map(g(), 0, 0x10_0000, 0x2000).unwrap();
+        assert_eq!((m.mapped_bytes(), m.unsealed_mappings()), (0x2000, 0));
+        // Past the budget: accepted, reached with pread/pwrite.
+        m.map(g(), 0x2000, 0x10_2000, 0x4000).unwrap();
+        m.map(g(), 0x8000, 1 << 46, 0x8000).unwrap();
+        assert_eq!((m.mapped_bytes(), m.unsealed_mappings()), (0x2000, 2));
+        m.write_u64(0x10_1FFC, 0x1122_3344_5566_7788).unwrap();
+        assert_eq!(m.read_u64(0x10_1FFC).unwrap(), 0x1122_3344_5566_7788);
+        assert_eq!(m.fetch_add_u64((1 << 46) + 8, 3).unwrap(), 0);
+        let mut b = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&s, &mut b, 0x8008).unwrap();
+        assert_eq!(u64::from_le_bytes(b), 3, "the fd sees the write");
+        // Unmapping the mapped one frees its budget for the next map.
+        assert_eq!(m.unmap(0x10_0000, 0x2000), Ok(1));
+        assert_eq!(m.mapped_bytes(), 0);
+        m.map(g(), 0xA000, 0x20_0000, 0x2000).unwrap();
+        assert_eq!((m.mapped_bytes(), m.unsealed_mappings()), (0x2000, 2));
+        assert!(mapped_bytes() <= MAX_MAPPED_BYTES);
+        // A client cannot map more than the daemon-wide ceiling either.
+        let huge = sealed_memfd(MAX_MAPPED_BYTES + 0x1000);
+        let m = MappedMemory::with_budget(u64::MAX);
+        m.map(Some(huge), 0, 0, MAX_MAPPED_BYTES + 0x1000).unwrap();
+        assert_eq!((m.mapped_bytes(), m.unsealed_mappings()), (0, 1));
     }
 
     #[test]

@@ -536,6 +536,7 @@ fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
 }
 
 mod hostile;
+mod hostile_vmm;
 
 #[test]
 fn the_config_space_reads_in_bulk_as_qemu_reads_it_at_realize() {

@@ -60,8 +60,8 @@ fn vm_size_kib() -> u64 {
 }
 
 /// One hostile client DMA-maps a sparse sealed memfd again and again, 64
-/// TiB at a time (before the budget of mapped bytes, 47 such maps filled
-/// the daemon's 128 TiB address space: another tenant's DMA_MAP was then
+/// TiB at a time (before the budget of mapped bytes, 47 maps of it, 64 TiB
+/// then halving sizes, filled the daemon's 128 TiB address space: another tenant's DMA_MAP was then
 /// refused and no thread could start). Now the maps past the budget are
 /// reached through the fd, and the other tenant maps and runs.
 #[test]

@@ -74,7 +74,8 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
     }
     let dir = scratch_dir("multigpu");
     // GPU 0: a training VM that always has work (stopped at the end) and
-    // a high-priority VM whose jobs preempt it. GPU 1: one VM, verified.
+    // a high-priority VM (added below) whose jobs preempt it. GPU 1: one
+    // VM, verified.
     let toml = [
         "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\n".to_string(),
         gpu_vm(
@@ -82,12 +83,6 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
             Some(0),
             2,
             "kernels=4 wgs=1216 cost_us=200000 loops=1000",
-        ),
-        gpu_vm(
-            "burst",
-            Some(0),
-            12,
-            "kernels=4 wgs=304 cost_us=5000 loops=10",
         ),
         gpu_vm(
             "solo",
@@ -99,6 +94,14 @@ fn two_gpus_run_their_own_vms_label_them_and_do_not_disturb_each_other() {
     .concat();
     let fleet = LiveFleet::start(&dir, &toml);
     let sock = fleet.sock.clone();
+    // The high-priority VM is added once the host sees training's queue on
+    // GPU 0: its jobs can then only run by preempting training, however
+    // slowly either guest boots on a loaded host.
+    fleet.wait_on_gpu("train");
+    fleet.add(serde_json::json!({
+        "name": "burst", "image": "builtin:gpu", "memory_mib": 256, "gpu": true,
+        "gpu_id": 0, "priority": 12, "args": "kernels=4 wgs=304 cost_us=5000 loops=10",
+    }));
 
     // Every VM's GPU in the API.
     for (vm, id) in [("train", 0), ("burst", 0), ("solo", 1)] {

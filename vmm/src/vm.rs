@@ -64,6 +64,11 @@ pub enum VmOutcome {
     Stopped(String),
     /// KVM_RUN itself failed.
     HostError(String),
+    /// A device's backend went away while the VM ran (a vGPU whose
+    /// vfio-user server closed the connection: daemon killed or vGPU
+    /// removed); the VM is stopped rather than left waiting on a device that
+    /// can no longer answer.
+    DeviceLost(String),
 }
 
 impl VmOutcome {
@@ -84,6 +89,7 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::Halted => write!(f, "halted with interrupts off"),
             VmOutcome::Stopped(why) => write!(f, "stopped: {why}"),
             VmOutcome::HostError(e) => write!(f, "host error: {e}"),
+            VmOutcome::DeviceLost(why) => write!(f, "device lost: {why}"),
         }
     }
 }
@@ -514,6 +520,41 @@ fn install_kick_handler() {
     });
 }
 
+/// Ends a running VM from a thread of the host (a device whose backend
+/// went away): records the outcome and kicks every vCPU out of `KVM_RUN`.
+#[derive(Clone)]
+pub struct VmEnder {
+    shared: Arc<VmShared>,
+    threads: Arc<[libc::pthread_t]>,
+}
+
+impl VmEnder {
+    /// Records `outcome` unless the VM already ended, and then kicks its
+    /// vCPUs; returns whether this call ended it. The kicks happen under
+    /// the outcome's lock, so a concurrent [`RunningVm::stop`] (which
+    /// records its outcome first) joins the threads only after them.
+    pub fn end(&self, outcome: VmOutcome) -> bool {
+        let mut slot = self
+            .shared
+            .outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some((outcome, Instant::now()));
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.done.write(1);
+        for &t in self.threads.iter() {
+            // SAFETY: the thread is not joined yet (joining happens only in
+            // `RunningVm::stop`, after it took the outcome lock we hold);
+            // the signal has a no-op handler (`install_kick_handler`).
+            unsafe { libc::pthread_kill(t, SIGRTMIN()) };
+        }
+        true
+    }
+}
+
 /// A running VM.
 pub struct RunningVm {
     name: String,
@@ -577,6 +618,15 @@ impl RunningVm {
     /// True once an outcome is recorded.
     pub fn has_ended(&self) -> bool {
         self.shared.outcome.lock().unwrap().is_some()
+    }
+
+    /// A handle that ends this VM from another thread ([`VmEnder::end`]).
+    pub fn ender(&self) -> VmEnder {
+        use std::os::unix::thread::JoinHandleExt;
+        VmEnder {
+            shared: self.shared.clone(),
+            threads: self.threads.iter().map(|t| t.as_pthread_t()).collect(),
+        }
     }
 
     /// Guest RAM.

@@ -566,7 +566,26 @@ fn key_values(v: &Value, prefix: &str) -> String {
     s
 }
 
-/// `hqdmux top`: the VM table every `interval`, or once. On a terminal it
+/// One `top` screen: the header, then the VM table and the table of the
+/// vGPUs the server serves over vfio-user (`hqdmux serve`), each when it
+/// has rows (a daemon serving only vGPUs shows only theirs; a fleet
+/// without vGPUs only its VMs).
+pub fn top_screen(f: Option<&FleetView>, vms: &VmList, vgpus: &VgpuList) -> String {
+    let gpu = f.and_then(|f| f.gpu.as_ref());
+    let mut out = top_header(f, gpu);
+    if !vms.vms.is_empty() || vgpus.vgpus.is_empty() {
+        out += &table(&vms.vms);
+    }
+    if !vgpus.vgpus.is_empty() {
+        if !vms.vms.is_empty() {
+            out += "\n";
+        }
+        out += &vgpu_table(&vgpus.vgpus);
+    }
+    out
+}
+
+/// `hqdmux top`: the VM and vGPU tables every `interval`, or once. On a terminal it
 /// is cut to the terminal's size at each refresh, and `q` quits (exit 0);
 /// SIGINT/SIGTERM quit too (130/143), the terminal restored.
 pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> ExitCode {
@@ -582,8 +601,12 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
             Err(c) => return c,
         };
         let f = call_as::<FleetView>("top", socket, "GET", "/fleet", None).ok();
+        let g = vgpu_list(socket);
         if as_json {
-            let line = serde_json::json!({"fleet": f, "vms": v.vms});
+            let mut line = serde_json::json!({"fleet": f, "vms": v.vms});
+            if !g.vgpus.is_empty() {
+                line["vgpus"] = serde_json::to_value(&g.vgpus).unwrap_or_default();
+            }
             if let Err(c) = out!("{line}\n") {
                 return c;
             }
@@ -593,9 +616,7 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
                 // Home and clear: a refreshing screen.
                 out += "\x1b[H\x1b[2J";
             }
-            let gpu = f.as_ref().and_then(|f| f.gpu.as_ref());
-            out += &top_header(f.as_ref(), gpu);
-            out += &table(&v.vms);
+            out += &top_screen(f.as_ref(), &v, &g);
             if !once {
                 if let Some((cols, rows)) = terminal_size() {
                     out = fit(&out, cols, rows);
@@ -1214,6 +1235,47 @@ mod tests {
         );
         drop(server);
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// `top` shows the vGPUs a daemon serves (`GET /api/v1/vgpus`, typed
+    /// as the API writes them) beside or instead of its VMs.
+    #[test]
+    fn top_shows_served_vgpus_beside_the_vms() {
+        let vgpus: VgpuList = serde_json::from_value(json!({"vgpus": [
+            {"name": "training", "socket": "/run/t.sock", "state": "connected",
+             "priority": 2, "weight": 1, "gpu_id": 0, "doorbell_page": true,
+             "mmap_doorbells": 9, "connections": 3, "gpu_time_ms": 12.5,
+             "share": 0.5, "preemptions": 4},
+            {"name": "inference", "socket": "/run/i.sock", "state": "idle",
+             "priority": 12, "weight": 1, "gpu_id": 0}
+        ]}))
+        .unwrap();
+        let vms: VmList = serde_json::from_value(json!({"vms": [
+            {"name": "web", "state": "running", "gpu": false}
+        ]}))
+        .unwrap();
+        let rows = |t: &str, first: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| l.split_whitespace().next() == Some(first))
+                .map(str::to_owned)
+                .collect()
+        };
+        // A daemon serving only vGPUs: their table alone, one row each.
+        let only = top_screen(None, &VmList::default(), &vgpus);
+        assert_eq!(rows(&only, "vgpu").len(), 1, "{only}");
+        assert_eq!(rows(&only, "vm").len(), 0, "{only}");
+        assert_eq!(rows(&only, "training").len(), 1, "{only}");
+        assert!(rows(&only, "training")[0].contains("connected"), "{only}");
+        assert_eq!(rows(&only, "inference").len(), 1, "{only}");
+        // VMs and vGPUs: both tables.
+        let both = top_screen(None, &vms, &vgpus);
+        assert_eq!(rows(&both, "vm").len(), 1, "{both}");
+        assert_eq!(rows(&both, "vgpu").len(), 1, "{both}");
+        assert_eq!(rows(&both, "web").len(), 1, "{both}");
+        assert_eq!(rows(&both, "training").len(), 1, "{both}");
+        // A fleet without vGPUs: the VM table as before.
+        let plain = top_screen(None, &vms, &VgpuList::default());
+        assert_eq!(plain, top_header(None, None) + &table(&vms.vms));
     }
 
     #[test]

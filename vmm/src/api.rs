@@ -917,11 +917,18 @@ impl FleetControl {
     fn timeline(&self, req: &Request) -> Result<Response, ApiError> {
         let (seconds, svg, gpu_id) = timeline_query(req)?;
         let (id, m) = match gpu_id {
+            Some(id) if !self.gpus.ids().contains(&id) => {
+                let known: Vec<String> = self.gpus.ids().iter().map(|i| i.to_string()).collect();
+                return Err(ApiError::NoGpu {
+                    id,
+                    known: known.join(", "),
+                });
+            }
             Some(id) => (
                 id,
-                self.gpus.get(id).ok_or_else(|| {
-                    ApiError::Conflict(format!("timeline: GPU {id} has no VMs (or no such GPU)"))
-                })?,
+                self.gpus
+                    .get(id)
+                    .ok_or_else(|| ApiError::Conflict(format!("timeline: GPU {id} has no VMs")))?,
             ),
             None => {
                 self.gpus.started().next().ok_or_else(|| {
@@ -1559,9 +1566,13 @@ mod tests {
         let t: Value =
             serde_json::from_slice(&raw(&ctl, "GET", "/api/v1/timeline", None).body).unwrap();
         assert_eq!(t["gpu_id"], 0, "the first GPU by default: {t}");
+        // No such GPU: 404 naming the host's GPUs (issue 20: was 409).
+        let r = raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=7"));
+        assert_eq!(r.status, 404);
+        let e: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(
-            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=7")).status,
-            409
+            e["error"], "gpu 7: no such GPU (the host's GPUs: 0, 1)",
+            "{e}"
         );
         assert_eq!(
             raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=x")).status,

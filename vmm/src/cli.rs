@@ -277,6 +277,17 @@ pub fn promise_check(first: &VmList, second: &VmList) -> Vec<Verdict> {
     check_window(&window_samples(first, second))
 }
 
+/// The window the check actually covered: the longest of the VMs' windows
+/// (each one the difference of its two reads' `promise.at_ms`, on its
+/// arbiter's clock), `None` without a VM to check. Longer than the window
+/// asked for by the time the two reads took.
+pub fn covered_window(samples: &[WindowSample]) -> Option<Duration> {
+    samples
+        .iter()
+        .map(|s| Duration::from_nanos(s.window_ns))
+        .max()
+}
+
 /// The table `hqdmux promise` prints.
 pub fn promise_table(v: &[Verdict]) -> String {
     let mut s = format!(
@@ -311,19 +322,27 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
         Ok(v) => v,
         Err(c) => return c,
     };
+    let t0 = std::time::Instant::now();
     std::thread::sleep(window);
     let second = match call_as::<VmList>("promise", socket, "GET", "/vms", None) {
         Ok(v) => v,
         Err(c) => return c,
     };
-    let verdicts = promise_check(&first, &second);
+    let samples = window_samples(&first, &second);
+    let verdicts = check_window(&samples);
+    let covered = covered_window(&samples).unwrap_or_else(|| t0.elapsed());
     let broken = verdicts.iter().filter(|v| !v.held).count();
     let r = if as_json {
         let rows: Vec<Value> = verdicts
             .iter()
             .map(|x| {
+                let w = samples
+                    .iter()
+                    .find(|s| s.name == x.name)
+                    .map(|s| s.window_ns as f64 / 1e6);
                 serde_json::json!({
                     "vm": x.name,
+                    "window_ms": w,
                     "gpu_id": x.gpu,
                     "partition": x.partition,
                     "demand": x.demand,
@@ -340,7 +359,8 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
         out!(
             "{}\n",
             serde_json::to_string_pretty(&serde_json::json!({
-                "window_ms": window.as_secs_f64() * 1e3,
+                "window_ms": covered.as_secs_f64() * 1e3,
+                "requested_window_ms": window.as_secs_f64() * 1e3,
                 "held": broken == 0,
                 "vms": rows,
             }))
@@ -357,7 +377,7 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
         out!(
             "{}over {:.1} s: {verdict}\n",
             promise_table(&verdicts),
-            window.as_secs_f64()
+            covered.as_secs_f64()
         )
     };
     match r {
@@ -1331,6 +1351,18 @@ mod tests {
         assert!(v[0].held && !v[1].held, "{v:?}");
         let t = promise_table(&v);
         assert!(t.lines().nth(2).unwrap().contains(" NO "), "{t}");
+        // The window covered is the reads' (10 s on the arbiter's clock),
+        // whatever was asked for; the longest VM window when they differ.
+        let samples = window_samples(&first, &second);
+        assert_eq!(covered_window(&samples), Some(Duration::from_secs(10)));
+        let mut longer = second.clone();
+        longer.vms[1] = view("b", 3, 11_500.0, 10_000.0, 500.0);
+        let samples = window_samples(&first, &longer);
+        assert_eq!(
+            covered_window(&samples),
+            Some(Duration::from_millis(10_500))
+        );
+        assert_eq!(covered_window(&[]), None);
         // The ps column.
         let mut p = second.vms[0].promise.clone().unwrap();
         assert_eq!(entitled_vs_got(Some(&p)), "-");

@@ -45,6 +45,14 @@ pub enum ApiError {
     /// No vGPU has this name (404).
     #[error("vgpu '{0}': no such vGPU")]
     NoVgpu(String),
+    /// No GPU of the host has this id (404); `known` lists the ids.
+    #[error("gpu {id}: no such GPU (the host's GPUs: {known})")]
+    NoGpu {
+        /// The id asked for.
+        id: u32,
+        /// The host's GPU ids, comma-separated.
+        known: String,
+    },
     /// The body is not of the expected media type (415).
     #[error("expected Content-Type {expected}, got '{got}'")]
     MediaType {
@@ -80,7 +88,10 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> u16 {
         match self {
-            ApiError::NoPath(_) | ApiError::NoVm(_) | ApiError::NoVgpu(_) => 404,
+            ApiError::NoPath(_)
+            | ApiError::NoVm(_)
+            | ApiError::NoVgpu(_)
+            | ApiError::NoGpu { .. } => 404,
             ApiError::Method { .. } => 405,
             ApiError::MediaType { .. } => 415,
             ApiError::Invalid { .. } => 400,
@@ -1266,6 +1277,13 @@ mod tests {
         for (e, st) in [
             (ApiError::NoVm("a".into()), 404),
             (ApiError::NoPath("/".into()), 404),
+            (
+                ApiError::NoGpu {
+                    id: 7,
+                    known: "0".into(),
+                },
+                404,
+            ),
             (ApiError::invalid("x", "y"), 400),
             (ApiError::Conflict("c".into()), 409),
             (ApiError::Unprocessable("u".into()), 422),

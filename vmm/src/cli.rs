@@ -184,10 +184,11 @@ pub fn table(vms: &[VmView]) -> String {
     );
     for v in vms {
         let share = v
+            .tenant
             .share
             .map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "-".into());
-        let quarantined = match v.quarantined {
+        let quarantined = match v.tenant.quarantined {
             Some(true) => "YES",
             Some(false) => "no",
             None => "-",
@@ -202,17 +203,17 @@ pub fn table(vms: &[VmView]) -> String {
                 (None, true) => "yes".into(),
                 (None, false) => "no".into(),
             },
-            v.priority,
-            v.weight,
-            num(v.quantum_ms, 1),
-            num(v.gpu_time_ms, 2),
+            v.tenant.priority,
+            v.tenant.weight,
+            num(v.tenant.quantum_ms, 1),
+            num(v.tenant.gpu_time_ms, 2),
             share,
             entitled_vs_got(v.promise.as_ref()),
-            opt(v.preemptions),
+            opt(v.tenant.preemptions),
             num(v.cwsr_time_ms, 3),
-            latency(v.latency_p50_ms, v.latency_limit_ms),
-            latency(v.latency_p99_ms, v.latency_limit_ms),
-            opt(v.queue_errors),
+            latency(v.tenant.latency_p50_ms, v.tenant.latency_limit_ms),
+            latency(v.tenant.latency_p99_ms, v.tenant.latency_limit_ms),
+            opt(v.tenant.queue_errors),
             quarantined,
             opt(v.outcome.as_deref()),
         );
@@ -259,14 +260,14 @@ pub fn window_samples(first: &VmList, second: &VmList) -> Vec<WindowSample> {
             name: b.name.clone(),
             gpu: b.gpu_id.unwrap_or(0),
             partition: pb.partition,
-            priority: u8::try_from(b.priority).unwrap_or(u8::MAX),
-            weight: b.weight,
-            quantum_ns: ns(b.quantum_ms.unwrap_or(pb.level_quantum_ms)),
+            priority: u8::try_from(b.tenant.priority).unwrap_or(u8::MAX),
+            weight: b.tenant.weight,
+            quantum_ns: ns(b.tenant.quantum_ms.unwrap_or(pb.level_quantum_ms)),
             window_ns: ns(pb.at_ms - pa.at_ms),
             demanding_ns: ns(pb.demanding_ms - pa.demanding_ms),
             wait_ns: ns(pb.wait_ms - pa.wait_ms),
             cu_ns: ns(pb.cu_time_ms - pa.cu_time_ms),
-            gpu_ns: ns(b.gpu_time_ms.unwrap_or(0.0) - a.gpu_time_ms.unwrap_or(0.0)),
+            gpu_ns: ns(b.tenant.gpu_time_ms.unwrap_or(0.0) - a.tenant.gpu_time_ms.unwrap_or(0.0)),
         });
     }
     out
@@ -494,6 +495,7 @@ pub fn vgpu_table(vgpus: &[VgpuView]) -> String {
     );
     for v in vgpus {
         let share = v
+            .tenant
             .share
             .map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "-".into());
@@ -503,16 +505,16 @@ pub fn vgpu_table(vgpus: &[VgpuView]) -> String {
             v.state.name(),
             v.gpu_id,
             if v.paused { "yes" } else { "no" },
-            v.priority,
-            v.weight,
-            num(v.quantum_ms, 1),
+            v.tenant.priority,
+            v.tenant.weight,
+            num(v.tenant.quantum_ms, 1),
             opt(v.queues),
-            num(v.gpu_time_ms, 2),
+            num(v.tenant.gpu_time_ms, 2),
             share,
-            opt(v.preemptions),
-            latency(v.latency_p50_ms, v.latency_limit_ms),
-            latency(v.latency_p99_ms, v.latency_limit_ms),
-            opt(v.queue_errors),
+            opt(v.tenant.preemptions),
+            latency(v.tenant.latency_p50_ms, v.tenant.latency_limit_ms),
+            latency(v.tenant.latency_p99_ms, v.tenant.latency_limit_ms),
+            opt(v.tenant.queue_errors),
             escape(&v.socket),
         );
     }

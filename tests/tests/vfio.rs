@@ -386,6 +386,14 @@ fn a_vm_whose_vgpu_server_goes_away_stops_with_device_lost() {
     // b was the fleet's last VM: the fleet ends with it.
     let r = fleet.join();
     assert!(!r.all_succeeded(), "{}", r.summary());
+    assert_eq!(
+        r.summary()
+            .matches("device lost: the vGPU server at")
+            .count(),
+        2,
+        "{}",
+        r.summary()
+    );
     for (v, sock) in r.vms.iter().zip(["a.sock", "b.sock"]) {
         assert!(
             matches!(&v.outcome, vmm::vm::VmOutcome::DeviceLost(why) if why.contains(sock)),

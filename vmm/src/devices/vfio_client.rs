@@ -395,3 +395,89 @@ impl VgpuBackend for VfioBackend {
         self.page.as_ref().map(|p| p.addr as u64)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::msix::tests::Recorder;
+    use std::time::{Duration, Instant};
+    use vfio_server::{ServerOptions, VgpuServer, VgpuSpec};
+
+    /// A vGPU server on a simulated GPU's arbiter, in this process.
+    fn server(tag: &str, page: bool) -> Arc<VgpuServer> {
+        let cfg = crate::config::FleetConfig::parse(
+            "[[vm]]\nname = \"x\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n",
+            Path::new("/"),
+        )
+        .unwrap();
+        let m = crate::fleet::start_arbiter(&cfg).unwrap();
+        let path = std::env::temp_dir().join(format!(
+            "hqdmux-vfio-client-{}-{tag}.sock",
+            std::process::id()
+        ));
+        let s = VgpuServer::bind(
+            &path,
+            VgpuSpec {
+                name: tag.into(),
+                params: Default::default(),
+                preempt_timeout: Duration::from_secs(9),
+                guard: Default::default(),
+                quantum: None,
+            },
+            m,
+            ServerOptions {
+                doorbell_poll: page.then_some(vfio_server::DEFAULT_DOORBELL_POLL),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        s.spawn().unwrap();
+        s
+    }
+
+    fn connect(srv: &VgpuServer) -> Arc<VfioBackend> {
+        let mem = crate::vm::create_guest_memory("vfio-client-test", 16 << 20).unwrap();
+        let msix = Arc::new(Msix::new(NUM_VECTORS, Arc::new(Recorder::default())));
+        VfioBackend::connect("t", srv.path(), &mem, msix).unwrap()
+    }
+
+    /// The server going away (its vGPU removed) is a loss, not an error:
+    /// from then on the device reads all ones and takes no writes, and the
+    /// stream is no longer used.
+    #[test]
+    fn a_server_that_goes_away_leaves_a_device_that_reads_all_ones() {
+        let srv = server("lost", false);
+        let be = connect(&srv);
+        assert!(!be.has_doorbell_page());
+        assert_eq!(be.reg_read(0), abi::vgpu::VGPU_ID_VALUE);
+        assert!(!be.is_lost());
+        srv.stop();
+        // The relay notices the hang-up on its own (no request needed).
+        let t0 = Instant::now();
+        while !be.is_lost() {
+            assert!(t0.elapsed() < Duration::from_secs(60), "loss not noticed");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(be.reg_read(0), u32::MAX);
+        be.reg_write(0x100, 1);
+        assert_eq!(be.errors(), 0, "a loss is not counted as refused requests");
+        be.close();
+    }
+
+    /// A server offering the doorbell page gets it mapped; one without it
+    /// does not; an error reply (a refused access) is not a loss.
+    #[test]
+    fn the_offered_doorbell_page_is_mapped_and_an_error_reply_is_no_loss() {
+        let srv = server("page", true);
+        let be = connect(&srv);
+        assert!(be.has_doorbell_page());
+        assert!(be.doorbell_page().is_some_and(|a| a % 4096 == 0));
+        // BAR0 past its end: refused by the server, the connection lives.
+        be.reg_write(abi::pci::BAR0_SIZE, 1);
+        assert_eq!(be.errors(), 1);
+        assert!(!be.is_lost());
+        assert_eq!(be.reg_read(0), abi::vgpu::VGPU_ID_VALUE);
+        be.close();
+        srv.stop();
+    }
+}

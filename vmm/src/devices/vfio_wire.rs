@@ -15,6 +15,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Duration;
 
 use vfio_server::wire::{self, cmd, Header};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -22,6 +23,12 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 /// Largest reply accepted (header included): the largest legitimate one is
 /// a VERSION reply with its capabilities string.
 pub const MAX_REPLY: usize = 64 * 1024;
+
+/// How long a request waits for the server (to take the message, then to
+/// answer) before the server counts as gone: a server that stopped (or
+/// stopped reading) must not hold a vCPU forever. Far above any reply a
+/// live server gives (a register access is a few microseconds).
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the client offers in VERSION (as the `vfio_user` crate's client).
 const CLIENT_CAPABILITIES: &str = r#"{"capabilities":{"max_msg_fds":16,"max_data_xfer_size":1048576,"migration":{"pgsize":4096}}}"#;
@@ -95,14 +102,19 @@ fn short(what: &str) -> WireError {
 
 impl UserClient {
     /// Connects to `path` and negotiates the protocol version; checks the
-    /// device is a PCI device.
+    /// device is a PCI device. Requests time out after [`REPLY_TIMEOUT`].
     pub fn connect(path: &Path) -> Result<Self, WireError> {
         let stream = UnixStream::connect(path).map_err(WireError::Lost)?;
-        Self::over(stream)
+        Self::over(stream, REPLY_TIMEOUT)
     }
 
-    /// Negotiates over an already connected stream (tests, socket pairs).
-    pub fn over(stream: UnixStream) -> Result<Self, WireError> {
+    /// Negotiates over an already connected stream (tests, socket pairs);
+    /// a request not taken or answered within `timeout` is a lost stream.
+    pub fn over(stream: UnixStream, timeout: Duration) -> Result<Self, WireError> {
+        stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
+            .map_err(WireError::Lost)?;
         let mut c = UserClient { stream, next_id: 0 };
         let mut v = Vec::with_capacity(5 + CLIENT_CAPABILITIES.len());
         v.extend_from_slice(&0u16.to_le_bytes()); // major
@@ -409,7 +421,7 @@ mod tests {
             }
             rest(b);
         });
-        UserClient::over(a)
+        UserClient::over(a, REPLY_TIMEOUT)
     }
 
     #[test]
@@ -436,6 +448,19 @@ mod tests {
         let mut d = [0u8; 4];
         let e = c.region_read(0, 0, &mut d).unwrap_err();
         assert!(e.is_lost(), "{e}");
+    }
+
+    /// A server that takes a request and never answers is gone once the
+    /// reply timeout passes: the request fails as a lost stream instead of
+    /// blocking its caller (a vCPU) for ever.
+    #[test]
+    fn a_server_that_never_answers_is_lost() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let e = UserClient::over(a, Duration::from_millis(50))
+            .err()
+            .expect("no VERSION reply");
+        assert!(e.is_lost(), "{e}");
+        drop(b);
     }
 
     #[test]

@@ -378,6 +378,7 @@ impl Vm {
             outcome: Mutex::new(None),
             done,
             exits: std::sync::atomic::AtomicU64::new(0),
+            threads: Mutex::new(Vec::new()),
         });
         let started = Instant::now();
         let mut threads = Vec::new();
@@ -396,10 +397,10 @@ impl Vm {
                 .map_err(VmError::Thread)?;
             threads.push(t);
         }
+        *lock_threads(&shared) = threads;
         Ok(RunningVm {
             name: self.spec.name,
             shared,
-            threads,
             console: self.console,
             marks: self.marks,
             started,
@@ -414,6 +415,13 @@ struct VmShared {
     outcome: Mutex<Option<(VmOutcome, Instant)>>,
     done: EventFd,
     exits: std::sync::atomic::AtomicU64,
+    /// The vCPU threads, until [`RunningVm::stop`] joins them: kept here
+    /// (never detached) so that a [`VmEnder`] can kick them soundly.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock_threads(s: &VmShared) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+    s.threads.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl VmShared {
@@ -525,14 +533,11 @@ fn install_kick_handler() {
 #[derive(Clone)]
 pub struct VmEnder {
     shared: Arc<VmShared>,
-    threads: Arc<[libc::pthread_t]>,
 }
 
 impl VmEnder {
     /// Records `outcome` unless the VM already ended, and then kicks its
-    /// vCPUs; returns whether this call ended it. The kicks happen under
-    /// the outcome's lock, so a concurrent [`RunningVm::stop`] (which
-    /// records its outcome first) joins the threads only after them.
+    /// vCPUs (those not joined yet); returns whether this call ended it.
     pub fn end(&self, outcome: VmOutcome) -> bool {
         let mut slot = self
             .shared
@@ -545,11 +550,11 @@ impl VmEnder {
         *slot = Some((outcome, Instant::now()));
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.done.write(1);
-        for &t in self.threads.iter() {
-            // SAFETY: the thread is not joined yet (joining happens only in
-            // `RunningVm::stop`, after it took the outcome lock we hold);
-            // the signal has a no-op handler (`install_kick_handler`).
-            unsafe { libc::pthread_kill(t, SIGRTMIN()) };
+        drop(slot);
+        for t in lock_threads(&self.shared).iter() {
+            if !t.is_finished() {
+                let _ = t.kill(SIGRTMIN());
+            }
         }
         true
     }
@@ -559,7 +564,6 @@ impl VmEnder {
 pub struct RunningVm {
     name: String,
     shared: Arc<VmShared>,
-    threads: Vec<JoinHandle<()>>,
     console: Arc<Console>,
     marks: Arc<Mutex<Vec<(u32, Instant)>>>,
     started: Instant,
@@ -622,10 +626,8 @@ impl RunningVm {
 
     /// A handle that ends this VM from another thread ([`VmEnder::end`]).
     pub fn ender(&self) -> VmEnder {
-        use std::os::unix::thread::JoinHandleExt;
         VmEnder {
             shared: self.shared.clone(),
-            threads: self.threads.iter().map(|t| t.as_pthread_t()).collect(),
         }
     }
 
@@ -641,7 +643,7 @@ impl RunningVm {
     /// lets their vCPUs leave `KVM_RUN` together.
     pub fn halt(&self, why: &str) {
         self.shared.finish(VmOutcome::Stopped(why.to_owned()));
-        for t in &self.threads {
+        for t in lock_threads(&self.shared).iter() {
             if !t.is_finished() {
                 let _ = t.kill(SIGRTMIN());
             }
@@ -650,10 +652,11 @@ impl RunningVm {
 
     /// Stops the VM (if still running) with outcome `Stopped(why)`, joins its
     /// vCPU threads and returns its report. Guest memory is dropped only after.
-    pub fn stop(mut self, why: &str) -> VmReport {
+    pub fn stop(self, why: &str) -> VmReport {
         self.shared.finish(VmOutcome::Stopped(why.to_owned()));
         let deadline = Instant::now() + Duration::from_secs(5);
-        for t in std::mem::take(&mut self.threads) {
+        let threads = std::mem::take(&mut *lock_threads(&self.shared));
+        for t in threads {
             while !t.is_finished() && Instant::now() < deadline {
                 let _ = t.kill(SIGRTMIN());
                 std::thread::sleep(Duration::from_millis(2));

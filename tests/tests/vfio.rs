@@ -336,3 +336,104 @@ fn a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu() {
     assert!(g0 >= 4 && g1 >= 6, "{out}");
     assert!(g1 > g0, "b submits more than a: {out}");
 }
+
+/// Issue 19: a VM whose vGPU server goes away (the vGPU removed through the
+/// server's API, then the whole server killed) stops with `device lost`
+/// naming the socket, instead of waiting forever on a device that can no
+/// longer answer. The guests' kernels never end on their own, so only the
+/// loss can end these VMs; the waits are on states, with hang guards.
+#[test]
+fn a_vm_whose_vgpu_server_goes_away_stops_with_device_lost() {
+    if !kvm_or_skip("a_vm_whose_vgpu_server_goes_away_stops_with_device_lost") {
+        return;
+    }
+    let dir = scratch_dir("vfio-lost");
+    let mut srv = Server::start(
+        &dir,
+        "[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\n\
+         [[vgpu]]\nname = \"b\"\nsocket = \"b.sock\"\n",
+    );
+    let forever = "kernels=1 wgs=1216 cost_us=1000000000";
+    let fleet = LiveFleet::start(
+        &dir,
+        &[
+            remote_vm("a", "a.sock", forever),
+            remote_vm("b", "b.sock", forever),
+        ]
+        .concat(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for vm in ["a", "b"] {
+        while metric(&srv.metrics(), "hqdmux_vm_gpu_busy_seconds_total", vm) <= 0.0 {
+            assert!(Instant::now() < deadline, "{vm} never reached the GPU");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let (st, v) = vmm::api::request(&srv.api, "DELETE", "/api/v1/vgpus/a", None).unwrap();
+    assert_eq!(st, 200, "{v}");
+    let a = fleet.wait_ended("a");
+    let outcome = a["outcome"].as_str().unwrap_or_default();
+    assert!(
+        outcome.starts_with("device lost:") && outcome.contains("a.sock"),
+        "{a}"
+    );
+    // b's vGPU is untouched: its VM keeps running until the server dies.
+    let b = fleet.api("GET", "/api/v1/vms/b", None, 200);
+    assert!(b["outcome"].is_null(), "{b}");
+    let mut child = srv.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // b was the fleet's last VM: the fleet ends with it.
+    let r = fleet.join();
+    assert!(!r.all_succeeded(), "{}", r.summary());
+    assert_eq!(
+        r.summary()
+            .matches("device lost: the vGPU server at")
+            .count(),
+        2,
+        "{}",
+        r.summary()
+    );
+    for (v, sock) in r.vms.iter().zip(["a.sock", "b.sock"]) {
+        assert!(
+            matches!(&v.outcome, vmm::vm::VmOutcome::DeviceLost(why) if why.contains(sock)),
+            "{}: {}",
+            v.name,
+            v.outcome
+        );
+    }
+}
+
+/// Issue 19: a vGPU served with `doorbell_page = true` has its BAR2 page
+/// mapped into the guest by hqdmux's VMM: the guest's doorbells are plain
+/// stores the server's poller notices (none goes over the socket), and
+/// every kernel completes.
+#[test]
+fn a_guest_rings_its_doorbells_through_the_mapped_page() {
+    if !kvm_or_skip("a_guest_rings_its_doorbells_through_the_mapped_page") {
+        return;
+    }
+    let dir = scratch_dir("vfio-page");
+    let srv = Server::start(
+        &dir,
+        "[[vgpu]]\nname = \"p\"\nsocket = \"p.sock\"\ndoorbell_page = true\n",
+    );
+    let r = run(&config(
+        &dir,
+        &remote_vm("p", "p.sock", "kernels=2 wgs=304 cost_us=500 loops=5"),
+    ));
+    assert!(r.all_succeeded(), "{}", r.summary());
+    assert!(
+        r.vms[0]
+            .console
+            .iter()
+            .any(|l| l == "gpu: 1 queues x 2 kernels x 304 wgs x 5 loops: ok"),
+        "{:?}",
+        r.vms[0].console
+    );
+    let (st, v) = vmm::api::request(&srv.api, "GET", "/api/v1/vgpus/p", None).unwrap();
+    assert_eq!(st, 200, "{v}");
+    assert!(v["mmap_doorbells"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert_eq!(v["doorbells"], 0, "no doorbell over the socket: {v}");
+    srv.stop();
+}

@@ -42,7 +42,7 @@ use crate::config::{AddedVmError, FleetConfig, VmConfig};
 use crate::http::{Handler, Request, Responder, Response};
 pub use types::{
     ApiError, FleetView, GpuView, GuardView, PolicyChange, PolicyName, PolicyView, PromiseView,
-    VmList, VmState, VmUpdate, VmView,
+    TenantView, VmList, VmState, VmUpdate, VmView,
 };
 pub use types::{PREEMPT_TIMEOUT_MS_RANGE, QUANTUM_MS_RANGE};
 
@@ -351,29 +351,30 @@ impl FleetControl {
             gpu_id: c.gpu_id.filter(|_| c.gpu),
             placement: c.placement.clone().filter(|_| c.gpu),
             image: c.image.clone(),
-            priority,
-            weight,
-            quantum_ms: quantum.map(|q| q.as_secs_f64() * 1e3),
-            quantum_override: controls.is_some_and(|(_, q)| q.is_some()),
-            preempt_timeout_ms: live
-                .and_then(|(h, m)| m.preempt_timeout(h))
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(c.preempt_timeout_ms),
-            gpu_time_ms: stats.map(|s| ms(s.gpu_ns)),
-            share: v.share,
+            tenant: TenantView {
+                priority,
+                weight,
+                quantum_ms: quantum.map(|q| q.as_secs_f64() * 1e3),
+                quantum_override: controls.is_some_and(|(_, q)| q.is_some()),
+                preempt_timeout_ms: live
+                    .and_then(|(h, m)| m.preempt_timeout(h))
+                    .map(|d| d.as_millis() as u64)
+                    .unwrap_or(c.preempt_timeout_ms),
+                gpu_time_ms: stats.map(|s| ms(s.gpu_ns)),
+                share: v.share,
+                preemptions: stats.map(|s| s.preemptions),
+                queue_errors: queue_errors.as_ref().map(|q| q.values().sum::<u64>()),
+                quarantined: guard.map(|g| g.quarantined.is_some()),
+                ..Default::default()
+            }
+            .with_latency(latency),
             share_interval_ms: v.share.map(|_| inner.interval.as_secs_f64() * 1e3),
             maps: stats.map(|s| s.maps),
-            preemptions: stats.map(|s| s.preemptions),
             cwsr_time_ms: stats.map(|s| ms(s.save_ns)),
-            queue_errors: queue_errors.as_ref().map(|q| q.values().sum::<u64>()),
             queue_errors_by_code: queue_errors,
-            quarantined: guard.map(|g| g.quarantined.is_some()),
             guard: guard.map(GuardView::from),
             outcome: v.end.as_ref().map(|e| e.outcome.clone()),
             exit_status: v.end.as_ref().and_then(|e| e.exit_status),
-            latency_p50_ms: latency.map(|(p50, _)| p50 * 1e3),
-            latency_p99_ms: latency.map(|(_, p99)| p99 * 1e3),
-            latency_limit_ms: latency.map(|_| mdev::telemetry::LATENCY_LIMIT_NS as f64 / 1e6),
             promise: self.promise_view(v, status),
             was_quarantined: None,
         }
@@ -917,11 +918,18 @@ impl FleetControl {
     fn timeline(&self, req: &Request) -> Result<Response, ApiError> {
         let (seconds, svg, gpu_id) = timeline_query(req)?;
         let (id, m) = match gpu_id {
+            Some(id) if !self.gpus.ids().contains(&id) => {
+                let known: Vec<String> = self.gpus.ids().iter().map(|i| i.to_string()).collect();
+                return Err(ApiError::NoGpu {
+                    id,
+                    known: known.join(", "),
+                });
+            }
             Some(id) => (
                 id,
-                self.gpus.get(id).ok_or_else(|| {
-                    ApiError::Conflict(format!("timeline: GPU {id} has no VMs (or no such GPU)"))
-                })?,
+                self.gpus
+                    .get(id)
+                    .ok_or_else(|| ApiError::Conflict(format!("timeline: GPU {id} has no VMs")))?,
             ),
             None => {
                 self.gpus.started().next().ok_or_else(|| {
@@ -1559,9 +1567,13 @@ mod tests {
         let t: Value =
             serde_json::from_slice(&raw(&ctl, "GET", "/api/v1/timeline", None).body).unwrap();
         assert_eq!(t["gpu_id"], 0, "the first GPU by default: {t}");
+        // No such GPU: 404 naming the host's GPUs (issue 20: was 409).
+        let r = raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=7"));
+        assert_eq!(r.status, 404);
+        let e: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(
-            raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=7")).status,
-            409
+            e["error"], "gpu 7: no such GPU (the host's GPUs: 0, 1)",
+            "{e}"
         );
         assert_eq!(
             raw(&ctl, "GET", "/api/v1/timeline", Some("gpu_id=x")).status,

@@ -184,10 +184,11 @@ pub fn table(vms: &[VmView]) -> String {
     );
     for v in vms {
         let share = v
+            .tenant
             .share
             .map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "-".into());
-        let quarantined = match v.quarantined {
+        let quarantined = match v.tenant.quarantined {
             Some(true) => "YES",
             Some(false) => "no",
             None => "-",
@@ -202,17 +203,17 @@ pub fn table(vms: &[VmView]) -> String {
                 (None, true) => "yes".into(),
                 (None, false) => "no".into(),
             },
-            v.priority,
-            v.weight,
-            num(v.quantum_ms, 1),
-            num(v.gpu_time_ms, 2),
+            v.tenant.priority,
+            v.tenant.weight,
+            num(v.tenant.quantum_ms, 1),
+            num(v.tenant.gpu_time_ms, 2),
             share,
             entitled_vs_got(v.promise.as_ref()),
-            opt(v.preemptions),
+            opt(v.tenant.preemptions),
             num(v.cwsr_time_ms, 3),
-            latency(v.latency_p50_ms, v.latency_limit_ms),
-            latency(v.latency_p99_ms, v.latency_limit_ms),
-            opt(v.queue_errors),
+            latency(v.tenant.latency_p50_ms, v.tenant.latency_limit_ms),
+            latency(v.tenant.latency_p99_ms, v.tenant.latency_limit_ms),
+            opt(v.tenant.queue_errors),
             quarantined,
             opt(v.outcome.as_deref()),
         );
@@ -259,14 +260,14 @@ pub fn window_samples(first: &VmList, second: &VmList) -> Vec<WindowSample> {
             name: b.name.clone(),
             gpu: b.gpu_id.unwrap_or(0),
             partition: pb.partition,
-            priority: u8::try_from(b.priority).unwrap_or(u8::MAX),
-            weight: b.weight,
-            quantum_ns: ns(b.quantum_ms.unwrap_or(pb.level_quantum_ms)),
+            priority: u8::try_from(b.tenant.priority).unwrap_or(u8::MAX),
+            weight: b.tenant.weight,
+            quantum_ns: ns(b.tenant.quantum_ms.unwrap_or(pb.level_quantum_ms)),
             window_ns: ns(pb.at_ms - pa.at_ms),
             demanding_ns: ns(pb.demanding_ms - pa.demanding_ms),
             wait_ns: ns(pb.wait_ms - pa.wait_ms),
             cu_ns: ns(pb.cu_time_ms - pa.cu_time_ms),
-            gpu_ns: ns(b.gpu_time_ms.unwrap_or(0.0) - a.gpu_time_ms.unwrap_or(0.0)),
+            gpu_ns: ns(b.tenant.gpu_time_ms.unwrap_or(0.0) - a.tenant.gpu_time_ms.unwrap_or(0.0)),
         });
     }
     out
@@ -275,6 +276,17 @@ pub fn window_samples(first: &VmList, second: &VmList) -> Vec<WindowSample> {
 /// The check `hqdmux promise` makes between two reads of `GET /vms`.
 pub fn promise_check(first: &VmList, second: &VmList) -> Vec<Verdict> {
     check_window(&window_samples(first, second))
+}
+
+/// The window the check actually covered: the longest of the VMs' windows
+/// (each one the difference of its two reads' `promise.at_ms`, on its
+/// arbiter's clock), `None` without a VM to check. Longer than the window
+/// asked for by the time the two reads took.
+pub fn covered_window(samples: &[WindowSample]) -> Option<Duration> {
+    samples
+        .iter()
+        .map(|s| Duration::from_nanos(s.window_ns))
+        .max()
 }
 
 /// The table `hqdmux promise` prints.
@@ -311,19 +323,27 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
         Ok(v) => v,
         Err(c) => return c,
     };
+    let t0 = std::time::Instant::now();
     std::thread::sleep(window);
     let second = match call_as::<VmList>("promise", socket, "GET", "/vms", None) {
         Ok(v) => v,
         Err(c) => return c,
     };
-    let verdicts = promise_check(&first, &second);
+    let samples = window_samples(&first, &second);
+    let verdicts = check_window(&samples);
+    let covered = covered_window(&samples).unwrap_or_else(|| t0.elapsed());
     let broken = verdicts.iter().filter(|v| !v.held).count();
     let r = if as_json {
         let rows: Vec<Value> = verdicts
             .iter()
             .map(|x| {
+                let w = samples
+                    .iter()
+                    .find(|s| s.name == x.name)
+                    .map(|s| s.window_ns as f64 / 1e6);
                 serde_json::json!({
                     "vm": x.name,
+                    "window_ms": w,
                     "gpu_id": x.gpu,
                     "partition": x.partition,
                     "demand": x.demand,
@@ -340,7 +360,8 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
         out!(
             "{}\n",
             serde_json::to_string_pretty(&serde_json::json!({
-                "window_ms": window.as_secs_f64() * 1e3,
+                "window_ms": covered.as_secs_f64() * 1e3,
+                "requested_window_ms": window.as_secs_f64() * 1e3,
                 "held": broken == 0,
                 "vms": rows,
             }))
@@ -357,7 +378,7 @@ pub fn promise(socket: &Path, window: Duration, as_json: bool) -> ExitCode {
         out!(
             "{}over {:.1} s: {verdict}\n",
             promise_table(&verdicts),
-            window.as_secs_f64()
+            covered.as_secs_f64()
         )
     };
     match r {
@@ -474,6 +495,7 @@ pub fn vgpu_table(vgpus: &[VgpuView]) -> String {
     );
     for v in vgpus {
         let share = v
+            .tenant
             .share
             .map(|x| format!("{:.1}%", x * 100.0))
             .unwrap_or_else(|| "-".into());
@@ -483,16 +505,16 @@ pub fn vgpu_table(vgpus: &[VgpuView]) -> String {
             v.state.name(),
             v.gpu_id,
             if v.paused { "yes" } else { "no" },
-            v.priority,
-            v.weight,
-            num(v.quantum_ms, 1),
+            v.tenant.priority,
+            v.tenant.weight,
+            num(v.tenant.quantum_ms, 1),
             opt(v.queues),
-            num(v.gpu_time_ms, 2),
+            num(v.tenant.gpu_time_ms, 2),
             share,
-            opt(v.preemptions),
-            latency(v.latency_p50_ms, v.latency_limit_ms),
-            latency(v.latency_p99_ms, v.latency_limit_ms),
-            opt(v.queue_errors),
+            opt(v.tenant.preemptions),
+            latency(v.tenant.latency_p50_ms, v.tenant.latency_limit_ms),
+            latency(v.tenant.latency_p99_ms, v.tenant.latency_limit_ms),
+            opt(v.tenant.queue_errors),
             escape(&v.socket),
         );
     }
@@ -566,7 +588,26 @@ fn key_values(v: &Value, prefix: &str) -> String {
     s
 }
 
-/// `hqdmux top`: the VM table every `interval`, or once. On a terminal it
+/// One `top` screen: the header, then the VM table and the table of the
+/// vGPUs the server serves over vfio-user (`hqdmux serve`), each when it
+/// has rows (a daemon serving only vGPUs shows only theirs; a fleet
+/// without vGPUs only its VMs).
+pub fn top_screen(f: Option<&FleetView>, vms: &VmList, vgpus: &VgpuList) -> String {
+    let gpu = f.and_then(|f| f.gpu.as_ref());
+    let mut out = top_header(f, gpu);
+    if !vms.vms.is_empty() || vgpus.vgpus.is_empty() {
+        out += &table(&vms.vms);
+    }
+    if !vgpus.vgpus.is_empty() {
+        if !vms.vms.is_empty() {
+            out += "\n";
+        }
+        out += &vgpu_table(&vgpus.vgpus);
+    }
+    out
+}
+
+/// `hqdmux top`: the VM and vGPU tables every `interval`, or once. On a terminal it
 /// is cut to the terminal's size at each refresh, and `q` quits (exit 0);
 /// SIGINT/SIGTERM quit too (130/143), the terminal restored.
 pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> ExitCode {
@@ -582,8 +623,12 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
             Err(c) => return c,
         };
         let f = call_as::<FleetView>("top", socket, "GET", "/fleet", None).ok();
+        let g = vgpu_list(socket);
         if as_json {
-            let line = serde_json::json!({"fleet": f, "vms": v.vms});
+            let mut line = serde_json::json!({"fleet": f, "vms": v.vms});
+            if !g.vgpus.is_empty() {
+                line["vgpus"] = serde_json::to_value(&g.vgpus).unwrap_or_default();
+            }
             if let Err(c) = out!("{line}\n") {
                 return c;
             }
@@ -593,9 +638,7 @@ pub fn top(socket: &Path, once: bool, interval: Duration, as_json: bool) -> Exit
                 // Home and clear: a refreshing screen.
                 out += "\x1b[H\x1b[2J";
             }
-            let gpu = f.as_ref().and_then(|f| f.gpu.as_ref());
-            out += &top_header(f.as_ref(), gpu);
-            out += &table(&v.vms);
+            out += &top_screen(f.as_ref(), &v, &g);
             if !once {
                 if let Some((cols, rows)) = terminal_size() {
                     out = fit(&out, cols, rows);
@@ -1216,6 +1259,47 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
+    /// `top` shows the vGPUs a daemon serves (`GET /api/v1/vgpus`, typed
+    /// as the API writes them) beside or instead of its VMs.
+    #[test]
+    fn top_shows_served_vgpus_beside_the_vms() {
+        let vgpus: VgpuList = serde_json::from_value(json!({"vgpus": [
+            {"name": "training", "socket": "/run/t.sock", "state": "connected",
+             "priority": 2, "weight": 1, "gpu_id": 0, "doorbell_page": true,
+             "mmap_doorbells": 9, "connections": 3, "gpu_time_ms": 12.5,
+             "share": 0.5, "preemptions": 4},
+            {"name": "inference", "socket": "/run/i.sock", "state": "idle",
+             "priority": 12, "weight": 1, "gpu_id": 0}
+        ]}))
+        .unwrap();
+        let vms: VmList = serde_json::from_value(json!({"vms": [
+            {"name": "web", "state": "running", "gpu": false}
+        ]}))
+        .unwrap();
+        let rows = |t: &str, first: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| l.split_whitespace().next() == Some(first))
+                .map(str::to_owned)
+                .collect()
+        };
+        // A daemon serving only vGPUs: their table alone, one row each.
+        let only = top_screen(None, &VmList::default(), &vgpus);
+        assert_eq!(rows(&only, "vgpu").len(), 1, "{only}");
+        assert_eq!(rows(&only, "vm").len(), 0, "{only}");
+        assert_eq!(rows(&only, "training").len(), 1, "{only}");
+        assert!(rows(&only, "training")[0].contains("connected"), "{only}");
+        assert_eq!(rows(&only, "inference").len(), 1, "{only}");
+        // VMs and vGPUs: both tables.
+        let both = top_screen(None, &vms, &vgpus);
+        assert_eq!(rows(&both, "vm").len(), 1, "{both}");
+        assert_eq!(rows(&both, "vgpu").len(), 1, "{both}");
+        assert_eq!(rows(&both, "web").len(), 1, "{both}");
+        assert_eq!(rows(&both, "training").len(), 1, "{both}");
+        // A fleet without vGPUs: the VM table as before.
+        let plain = top_screen(None, &vms, &VgpuList::default());
+        assert_eq!(plain, top_header(None, None) + &table(&vms.vms));
+    }
+
     #[test]
     fn top_fits_the_terminal() {
         let text = "\x1b[H\x1b[2Jheader line that is long\n\nrow1\nrow2\nrow3\n";
@@ -1269,6 +1353,18 @@ mod tests {
         assert!(v[0].held && !v[1].held, "{v:?}");
         let t = promise_table(&v);
         assert!(t.lines().nth(2).unwrap().contains(" NO "), "{t}");
+        // The window covered is the reads' (10 s on the arbiter's clock),
+        // whatever was asked for; the longest VM window when they differ.
+        let samples = window_samples(&first, &second);
+        assert_eq!(covered_window(&samples), Some(Duration::from_secs(10)));
+        let mut longer = second.clone();
+        longer.vms[1] = view("b", 3, 11_500.0, 10_000.0, 500.0);
+        let samples = window_samples(&first, &longer);
+        assert_eq!(
+            covered_window(&samples),
+            Some(Duration::from_millis(10_500))
+        );
+        assert_eq!(covered_window(&[]), None);
         // The ps column.
         let mut p = second.vms[0].promise.clone().unwrap();
         assert_eq!(entitled_vs_got(Some(&p)), "-");

@@ -339,12 +339,17 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
         .map(crate::signals::SocketCleanup::register);
     let mut running = Vec::with_capacity(built.len());
     let mut done_fds = Vec::with_capacity(built.len());
-    for vm in built {
+    for (i, vm) in built.into_iter().enumerate() {
         let name = vm.spec_name().to_owned();
         let done = EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?;
         let done_clone = done.try_clone().map_err(FleetError::EventLoop)?;
         match vm.start(done_clone) {
-            Ok(r) => running.push(Some(r)),
+            Ok(r) => {
+                if let Some(Some(a)) = attached.get(i) {
+                    a.bind_vm(&r);
+                }
+                running.push(Some(r))
+            }
             Err(source) => {
                 // Stop what already runs, then fail.
                 for r in running.into_iter().flatten() {
@@ -454,7 +459,12 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
                             let done2 = done.try_clone().map_err(FleetError::EventLoop)?;
                             let h = att.as_ref().and_then(VgpuAttachment::handle);
                             match vm.start(done2) {
-                                Ok(r) => Ok((r, att, h, done)),
+                                Ok(r) => {
+                                    if let Some(a) = &att {
+                                        a.bind_vm(&r);
+                                    }
+                                    Ok((r, att, h, done))
+                                }
                                 Err(source) => {
                                     if let Some(a) = att {
                                         detach_vgpu(gpus.of(on), a.handle());
@@ -857,6 +867,20 @@ impl VgpuAttachment {
     /// another process).
     pub fn handle(&self) -> Option<VgpuHandle> {
         self.handle
+    }
+
+    /// Ends `vm` with [`crate::vm::VmOutcome::DeviceLost`] should its
+    /// vGPU's server go away (a vGPU served over vfio-user; nothing for an
+    /// in-process one, which lives as long as the fleet).
+    pub fn bind_vm(&self, vm: &crate::vm::RunningVm) {
+        if let Some(r) = &self.remote {
+            r.bind_vm(vm.ender());
+        }
+    }
+
+    /// The vfio-user backend of a vGPU served by another process.
+    pub fn remote(&self) -> Option<&Arc<crate::devices::vfio_client::VfioBackend>> {
+        self.remote.as_ref()
     }
 
     /// Takes the BARs off the bus and the ioeventfds out of KVM (after the

@@ -64,6 +64,11 @@ pub enum VmOutcome {
     Stopped(String),
     /// KVM_RUN itself failed.
     HostError(String),
+    /// A device's backend went away while the VM ran (a vGPU whose
+    /// vfio-user server closed the connection: daemon killed or vGPU
+    /// removed); the VM is stopped rather than left waiting on a device that
+    /// can no longer answer.
+    DeviceLost(String),
 }
 
 impl VmOutcome {
@@ -84,6 +89,7 @@ impl std::fmt::Display for VmOutcome {
             VmOutcome::Halted => write!(f, "halted with interrupts off"),
             VmOutcome::Stopped(why) => write!(f, "stopped: {why}"),
             VmOutcome::HostError(e) => write!(f, "host error: {e}"),
+            VmOutcome::DeviceLost(why) => write!(f, "device lost: {why}"),
         }
     }
 }
@@ -372,6 +378,7 @@ impl Vm {
             outcome: Mutex::new(None),
             done,
             exits: std::sync::atomic::AtomicU64::new(0),
+            threads: Mutex::new(Vec::new()),
         });
         let started = Instant::now();
         let mut threads = Vec::new();
@@ -390,10 +397,10 @@ impl Vm {
                 .map_err(VmError::Thread)?;
             threads.push(t);
         }
+        *lock_threads(&shared) = threads;
         Ok(RunningVm {
             name: self.spec.name,
             shared,
-            threads,
             console: self.console,
             marks: self.marks,
             started,
@@ -408,6 +415,13 @@ struct VmShared {
     outcome: Mutex<Option<(VmOutcome, Instant)>>,
     done: EventFd,
     exits: std::sync::atomic::AtomicU64,
+    /// The vCPU threads, until [`RunningVm::stop`] joins them: kept here
+    /// (never detached) so that a [`VmEnder`] can kick them soundly.
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock_threads(s: &VmShared) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+    s.threads.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl VmShared {
@@ -514,11 +528,42 @@ fn install_kick_handler() {
     });
 }
 
+/// Ends a running VM from a thread of the host (a device whose backend
+/// went away): records the outcome and kicks every vCPU out of `KVM_RUN`.
+#[derive(Clone)]
+pub struct VmEnder {
+    shared: Arc<VmShared>,
+}
+
+impl VmEnder {
+    /// Records `outcome` unless the VM already ended, and then kicks its
+    /// vCPUs (those not joined yet); returns whether this call ended it.
+    pub fn end(&self, outcome: VmOutcome) -> bool {
+        let mut slot = self
+            .shared
+            .outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return false;
+        }
+        *slot = Some((outcome, Instant::now()));
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.done.write(1);
+        drop(slot);
+        for t in lock_threads(&self.shared).iter() {
+            if !t.is_finished() {
+                let _ = t.kill(SIGRTMIN());
+            }
+        }
+        true
+    }
+}
+
 /// A running VM.
 pub struct RunningVm {
     name: String,
     shared: Arc<VmShared>,
-    threads: Vec<JoinHandle<()>>,
     console: Arc<Console>,
     marks: Arc<Mutex<Vec<(u32, Instant)>>>,
     started: Instant,
@@ -579,6 +624,13 @@ impl RunningVm {
         self.shared.outcome.lock().unwrap().is_some()
     }
 
+    /// A handle that ends this VM from another thread ([`VmEnder::end`]).
+    pub fn ender(&self) -> VmEnder {
+        VmEnder {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Guest RAM.
     pub fn memory(&self) -> &Arc<GuestMemoryMmap> {
         &self.mem
@@ -591,7 +643,7 @@ impl RunningVm {
     /// lets their vCPUs leave `KVM_RUN` together.
     pub fn halt(&self, why: &str) {
         self.shared.finish(VmOutcome::Stopped(why.to_owned()));
-        for t in &self.threads {
+        for t in lock_threads(&self.shared).iter() {
             if !t.is_finished() {
                 let _ = t.kill(SIGRTMIN());
             }
@@ -600,10 +652,11 @@ impl RunningVm {
 
     /// Stops the VM (if still running) with outcome `Stopped(why)`, joins its
     /// vCPU threads and returns its report. Guest memory is dropped only after.
-    pub fn stop(mut self, why: &str) -> VmReport {
+    pub fn stop(self, why: &str) -> VmReport {
         self.shared.finish(VmOutcome::Stopped(why.to_owned()));
         let deadline = Instant::now() + Duration::from_secs(5);
-        for t in std::mem::take(&mut self.threads) {
+        let threads = std::mem::take(&mut *lock_threads(&self.shared));
+        for t in threads {
             while !t.is_finished() && Instant::now() < deadline {
                 let _ = t.kill(SIGRTMIN());
                 std::thread::sleep(Duration::from_millis(2));

@@ -45,6 +45,14 @@ pub enum ApiError {
     /// No vGPU has this name (404).
     #[error("vgpu '{0}': no such vGPU")]
     NoVgpu(String),
+    /// No GPU of the host has this id (404); `known` lists the ids.
+    #[error("gpu {id}: no such GPU (the host's GPUs: {known})")]
+    NoGpu {
+        /// The id asked for.
+        id: u32,
+        /// The host's GPU ids, comma-separated.
+        known: String,
+    },
     /// The body is not of the expected media type (415).
     #[error("expected Content-Type {expected}, got '{got}'")]
     MediaType {
@@ -80,7 +88,10 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> u16 {
         match self {
-            ApiError::NoPath(_) | ApiError::NoVm(_) | ApiError::NoVgpu(_) => 404,
+            ApiError::NoPath(_)
+            | ApiError::NoVm(_)
+            | ApiError::NoVgpu(_)
+            | ApiError::NoGpu { .. } => 404,
             ApiError::Method { .. } => 405,
             ApiError::MediaType { .. } => 415,
             ApiError::Invalid { .. } => 400,
@@ -509,6 +520,55 @@ impl VmState {
     }
 }
 
+/// What a VM (`VmView`) and a vGPU served over vfio-user (`VgpuView`)
+/// show alike: the scheduler's knobs of the tenant and what it got. Written
+/// flattened into both views (the API's JSON has these fields at the top
+/// level of each); `null` where unknown (no live vGPU, no client).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TenantView {
+    /// GPU priority.
+    pub priority: u32,
+    /// Weight.
+    pub weight: u32,
+    /// Slice (ms): the tenant's override, else its level's quantum.
+    pub quantum_ms: Option<f64>,
+    /// `quantum_ms` is a per-tenant override.
+    pub quantum_override: bool,
+    /// Preemption timeout (ms).
+    pub preempt_timeout_ms: u64,
+    /// GPU time charged (ms; a vGPU: to its current client).
+    pub gpu_time_ms: Option<f64>,
+    /// Fraction of its own GPU's slot time over the last sample interval
+    /// (each GPU's tenants sum to 1 when it was busy).
+    pub share: Option<f64>,
+    /// Preemptions of its queues.
+    pub preemptions: Option<u64>,
+    /// Queue errors (a VM: since it was added; a vGPU: of its current or
+    /// last client).
+    pub queue_errors: Option<u64>,
+    /// Quarantined by the guard (null without a live vGPU or client).
+    pub quarantined: Option<bool>,
+    /// Median packet latency (ms).
+    pub latency_p50_ms: Option<f64>,
+    /// 99th percentile packet latency (ms).
+    pub latency_p99_ms: Option<f64>,
+    /// The largest latency the two figures resolve (ms, 30 days: the
+    /// longest run timeout); a figure equal to it means "at least".
+    pub latency_limit_ms: Option<f64>,
+}
+
+impl TenantView {
+    /// With the packet latency figures of `latency` (p50, p99 in seconds;
+    /// `None` before the first completion) and the limit they resolve.
+    pub fn with_latency(mut self, latency: Option<(f64, f64)>) -> Self {
+        self.latency_p50_ms = latency.map(|(p50, _)| p50 * 1e3);
+        self.latency_p99_ms = latency.map(|(_, p99)| p99 * 1e3);
+        self.latency_limit_ms = latency.map(|_| mdev::telemetry::LATENCY_LIMIT_NS as f64 / 1e6);
+        self
+    }
+}
+
 /// One VM as `GET /api/v1/vms/{name}` shows it. Every field is always
 /// written (`null` when unknown); read leniently (a missing field is its
 /// default) so that a client keeps working with an older server.
@@ -529,48 +589,24 @@ pub struct VmView {
     pub placement: Option<String>,
     /// Its `image`.
     pub image: String,
-    /// GPU priority.
-    pub priority: u32,
-    /// Weight.
-    pub weight: u32,
-    /// Slice (ms): the per-VM override, else its level's quantum.
-    pub quantum_ms: Option<f64>,
-    /// `quantum_ms` is a per-VM override.
-    pub quantum_override: bool,
-    /// Preemption timeout (ms).
-    pub preempt_timeout_ms: u64,
-    /// GPU time charged (ms).
-    pub gpu_time_ms: Option<f64>,
-    /// Fraction of its own GPU's slot time over the last sample interval
-    /// (each GPU's VMs sum to 1 when it was busy).
-    pub share: Option<f64>,
+    /// Its scheduling knobs and GPU figures (written flattened: the same
+    /// fields as a vGPU's; null without a vGPU).
+    #[serde(flatten)]
+    pub tenant: TenantView,
     /// That interval (ms).
     pub share_interval_ms: Option<f64>,
     /// Queue maps.
     pub maps: Option<u64>,
-    /// Preemptions of its queues.
-    pub preemptions: Option<u64>,
     /// CWSR save time (ms).
     pub cwsr_time_ms: Option<f64>,
-    /// Queue errors since it was added.
-    pub queue_errors: Option<u64>,
     /// Queue errors by code.
     pub queue_errors_by_code: Option<BTreeMap<String, u64>>,
-    /// Quarantined by the guard (null without a live vGPU).
-    pub quarantined: Option<bool>,
     /// Its guard (null without a live vGPU).
     pub guard: Option<GuardView>,
     /// How it ended.
     pub outcome: Option<String>,
     /// Exit status, when the guest exited.
     pub exit_status: Option<u32>,
-    /// Median packet latency (ms).
-    pub latency_p50_ms: Option<f64>,
-    /// 99th percentile packet latency (ms).
-    pub latency_p99_ms: Option<f64>,
-    /// The largest latency the two figures resolve (ms, 30 days: the
-    /// longest run timeout); a figure equal to it means "at least".
-    pub latency_limit_ms: Option<f64>,
     /// The promise, live (null without a live vGPU).
     pub promise: Option<PromiseView>,
     /// Only in the answer of `clear-quarantine`.
@@ -874,10 +910,10 @@ pub struct VgpuView {
     pub doorbell_page: bool,
     /// Doorbells noticed in that page.
     pub mmap_doorbells: u64,
-    /// GPU priority.
-    pub priority: u32,
-    /// Weight.
-    pub weight: u32,
+    /// Its scheduling knobs and the current (or last) client's GPU figures
+    /// (written flattened: the same fields as a VM's).
+    #[serde(flatten)]
+    pub tenant: TenantView,
     /// Partition asked for (null: the scheduler picks).
     pub partition: Option<u32>,
     /// The physical GPU (`[[gpu]] id`) whose arbiter serves it.
@@ -885,35 +921,12 @@ pub struct VgpuView {
     /// Why it is on `gpu_id`: `gpu_id = N` as written (devices file or
     /// request), else the automatic placement's reason.
     pub placement: String,
-    /// Slice (ms): the override, else its level's quantum.
-    pub quantum_ms: Option<f64>,
-    /// `quantum_ms` is a per-vGPU override.
-    pub quantum_override: bool,
-    /// Preemption timeout (ms).
-    pub preempt_timeout_ms: u64,
     /// Loaded queues (vHQDs) of the current client (null when idle).
     pub queues: Option<u64>,
     /// Clients accepted since the vGPU was created.
     pub connections: u64,
     /// Doorbells forwarded over the socket.
     pub doorbells: u64,
-    /// GPU time charged to the current client (ms).
-    pub gpu_time_ms: Option<f64>,
-    /// Fraction of its GPU's time (the vGPUs on `gpu_id`) over the last
-    /// sample interval.
-    pub share: Option<f64>,
-    /// Preemptions of the current client's queues.
-    pub preemptions: Option<u64>,
-    /// Queue errors of the current (or last) client.
-    pub queue_errors: Option<u64>,
-    /// Quarantined by the guard (null when idle).
-    pub quarantined: Option<bool>,
-    /// Median packet latency of the current (or last) client (ms).
-    pub latency_p50_ms: Option<f64>,
-    /// 99th percentile packet latency (ms).
-    pub latency_p99_ms: Option<f64>,
-    /// The largest latency the two figures resolve (ms).
-    pub latency_limit_ms: Option<f64>,
 }
 
 /// `GET /api/v1/vgpus`.
@@ -999,7 +1012,7 @@ mod tests {
     fn the_openapi_document_matches_the_types() {
         let d = doc();
         let s = &d["components"]["schemas"];
-        let check = |schema: &str, fields: Vec<&'static str>| {
+        let check = |schema: &str, fields: Vec<&str>| {
             assert_eq!(
                 names(&s[schema]["properties"]),
                 sorted(&fields),
@@ -1007,7 +1020,20 @@ mod tests {
             );
             assert_eq!(s[schema]["additionalProperties"], false, "{schema}");
         };
-        check("Vm", fields::<VmView>());
+        // The views with a flattened `TenantView` are read as maps (serde
+        // hands no field list over): their fields are what they write,
+        // every one of them (the optional `was_quarantined` set).
+        let every_vm = VmView {
+            was_quarantined: Some(true),
+            ..Default::default()
+        };
+        let vm_fields = names(&serde_json::to_value(&every_vm).unwrap());
+        let vgpu_fields = names(&serde_json::to_value(VgpuView::default()).unwrap());
+        for f in fields::<TenantView>() {
+            assert!(vm_fields.iter().any(|v| v == f), "{f}");
+            assert!(vgpu_fields.iter().any(|v| v == f), "{f}");
+        }
+        check("Vm", vm_fields.iter().map(String::as_str).collect());
         check("VmList", fields::<VmList>());
         check("Promise", fields::<PromiseView>());
         check("Guard", fields::<GuardView>());
@@ -1018,7 +1044,7 @@ mod tests {
         check("VmPatch", fields::<VmUpdate>());
         check("GuardPatch", fields::<GuardUpdate>());
         check("Error", fields::<ErrorBody>());
-        check("Vgpu", fields::<VgpuView>());
+        check("Vgpu", vgpu_fields.iter().map(String::as_str).collect());
         check("VgpuList", fields::<VgpuList>());
         check("VgpuCreate", fields::<VgpuCreate>());
         assert_eq!(
@@ -1252,6 +1278,47 @@ mod tests {
         );
     }
 
+    /// The flattened `TenantView` reads back what it writes, inside a VM's
+    /// and a vGPU's view alike, and its fields sit at the top level.
+    #[test]
+    fn the_shared_tenant_fields_are_flat_and_read_back() {
+        let tenant = TenantView {
+            priority: 7,
+            weight: 3,
+            quantum_ms: Some(2.5),
+            quantum_override: true,
+            preempt_timeout_ms: 40,
+            gpu_time_ms: Some(1.25),
+            share: Some(0.5),
+            preemptions: Some(9),
+            queue_errors: Some(2),
+            quarantined: Some(false),
+            ..Default::default()
+        }
+        .with_latency(Some((0.001, 0.004)));
+        let vm = VmView {
+            name: "a".into(),
+            tenant: tenant.clone(),
+            ..Default::default()
+        };
+        let j = serde_json::to_value(&vm).unwrap();
+        assert_eq!(j["priority"], 7, "{j}");
+        assert_eq!(j["latency_p99_ms"], 4.0, "{j}");
+        assert!(j.get("tenant").is_none(), "{j}");
+        assert_eq!(serde_json::from_value::<VmView>(j).unwrap(), vm);
+        let vgpu = VgpuView {
+            name: "g".into(),
+            tenant,
+            ..Default::default()
+        };
+        let j = serde_json::to_value(&vgpu).unwrap();
+        assert_eq!(j["quantum_ms"], 2.5, "{j}");
+        assert_eq!(serde_json::from_value::<VgpuView>(j).unwrap(), vgpu);
+        // Read leniently, as before: a missing field is its default.
+        let v: VmView = serde_json::from_value(json!({"name": "b", "weight": 4})).unwrap();
+        assert_eq!((v.tenant.weight, v.tenant.priority), (4, 0));
+    }
+
     #[test]
     fn every_error_has_one_status() {
         let r: crate::http::Response = ApiError::Method {
@@ -1266,6 +1333,13 @@ mod tests {
         for (e, st) in [
             (ApiError::NoVm("a".into()), 404),
             (ApiError::NoPath("/".into()), 404),
+            (
+                ApiError::NoGpu {
+                    id: 7,
+                    known: "0".into(),
+                },
+                404,
+            ),
             (ApiError::invalid("x", "y"), 400),
             (ApiError::Conflict("c".into()), 409),
             (ApiError::Unprocessable("u".into()), 422),

@@ -32,7 +32,9 @@ use mdev::vgpu::VgpuHandle;
 use scheduler::VmParams;
 use vfio_server::{ServeError, ServerOptions, ServerStats, VgpuServer, VgpuSpec};
 
-use super::types::{self, ApiError, VgpuCreate, VgpuList, VgpuState, VgpuView, VmUpdate};
+use super::types::{
+    self, ApiError, TenantView, VgpuCreate, VgpuList, VgpuState, VgpuView, VmUpdate,
+};
 use crate::config::{FleetConfig, VmConfig};
 use crate::fleet::FleetGpus;
 use crate::http::Request;
@@ -270,30 +272,31 @@ impl VgpuControl {
             paused: srv.paused(),
             doorbell_page: srv.options().doorbell_poll.is_some(),
             mmap_doorbells: stats.mmap_doorbells,
-            priority: u32::from(priority),
-            weight,
+            tenant: TenantView {
+                priority: u32::from(priority),
+                weight,
+                quantum_ms: Some(quantum.as_secs_f64() * 1e3),
+                quantum_override: quantum_override.is_some(),
+                preempt_timeout_ms: live
+                    .and_then(|h| a.preempt_timeout(h))
+                    .unwrap_or(spec.preempt_timeout)
+                    .as_millis() as u64,
+                gpu_time_ms: status.map(|(_, s)| ms(s.gpu_ns)),
+                share: v.share.filter(|_| live.is_some()),
+                preemptions: status.map(|(_, s)| s.preemptions),
+                queue_errors: errors.map(|e| e.values().sum()),
+                quarantined: live
+                    .and_then(|h| a.guard_status(h))
+                    .map(|g| g.quarantined.is_some()),
+                ..Default::default()
+            }
+            .with_latency(latency),
             partition: spec.params.partition,
             gpu_id: v.gpu_id,
             placement: v.placement.clone(),
-            quantum_ms: Some(quantum.as_secs_f64() * 1e3),
-            quantum_override: quantum_override.is_some(),
-            preempt_timeout_ms: live
-                .and_then(|h| a.preempt_timeout(h))
-                .unwrap_or(spec.preempt_timeout)
-                .as_millis() as u64,
             queues: live.and_then(|h| a.vm_queue_count(h)).map(|n| n as u64),
             connections: stats.connections,
             doorbells: stats.doorbells,
-            gpu_time_ms: status.map(|(_, s)| ms(s.gpu_ns)),
-            share: v.share.filter(|_| live.is_some()),
-            preemptions: status.map(|(_, s)| s.preemptions),
-            queue_errors: errors.map(|e| e.values().sum()),
-            quarantined: live
-                .and_then(|h| a.guard_status(h))
-                .map(|g| g.quarantined.is_some()),
-            latency_p50_ms: latency.map(|(p50, _)| p50 * 1e3),
-            latency_p99_ms: latency.map(|(_, p99)| p99 * 1e3),
-            latency_limit_ms: latency.map(|_| mdev::telemetry::LATENCY_LIMIT_NS as f64 / 1e6),
         }
     }
 

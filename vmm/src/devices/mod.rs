@@ -5,6 +5,7 @@
 pub mod msix;
 pub mod pci;
 pub mod vfio_client;
+pub mod vfio_wire;
 pub mod vgpu;
 
 use std::sync::{Arc, Mutex};

@@ -8,6 +8,10 @@
 //! * Each vHQD doorbell (BAR2 + 8 * i) is a KVM ioeventfd on the backend's
 //!   eventfd for that vHQD: a doorbell write never exits to userspace. Other
 //!   BAR2 accesses exit and are logged (rate-limited) as missing doorbells.
+//!   A backend that has the doorbell page itself ([`VgpuBackend::doorbell_page`],
+//!   a vfio-user server's mmapped BAR2) gets it mapped into the guest at
+//!   BAR2 (KVM memory slot [`DOORBELL_PAGE_SLOT`]): doorbells are then plain
+//!   stores, without an exit.
 //! * While COMMAND.MEMORY is set and a BAR has a non-zero address, the BAR is
 //!   on the MMIO bus (and BAR2's ioeventfds are registered); moving a BAR or
 //!   toggling decoding re-registers both. Remaps are serialised by one lock
@@ -38,6 +42,13 @@ pub trait VgpuBackend: Send + Sync {
     fn reg_write(&self, offset: u64, value: u32);
     /// The eventfd KVM signals on a doorbell write to vHQD `vhqd`.
     fn doorbell_eventfd(&self, vhqd: usize) -> &EventFd;
+    /// The host address of a page (`BAR2_SIZE` bytes, page-aligned) that
+    /// is the doorbell page itself (a vfio-user server's mmapped BAR2):
+    /// mapped into the guest at BAR2 instead of the ioeventfds. `None` (the
+    /// default): doorbells are ioeventfds.
+    fn doorbell_page(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl VgpuBackend for mdev::vgpu::VgpuFrontEnd {
@@ -58,6 +69,26 @@ pub trait IoEvents: Send + Sync {
     fn register(&self, fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error>;
     /// Undoes [`IoEvents::register`].
     fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error>;
+    /// Maps the host page at `host` (`BAR2_SIZE` bytes) into the guest at
+    /// `gpa` (KVM memory slot [`DOORBELL_PAGE_SLOT`]), replacing a
+    /// previous mapping of that slot.
+    fn map_page(&self, gpa: u64, host: u64) -> Result<(), kvm_ioctls::Error>;
+    /// Undoes [`IoEvents::map_page`].
+    fn unmap_page(&self, gpa: u64) -> Result<(), kvm_ioctls::Error>;
+}
+
+/// The KVM memory slot of a vGPU's mapped doorbell page (guest RAM uses
+/// the slots from 0, at most one per RAM region).
+pub const DOORBELL_PAGE_SLOT: u32 = 16;
+
+fn page_slot(gpa: u64, host: u64, size: u64) -> kvm_bindings::kvm_userspace_memory_region {
+    kvm_bindings::kvm_userspace_memory_region {
+        slot: DOORBELL_PAGE_SLOT,
+        flags: 0,
+        guest_phys_addr: gpa,
+        memory_size: size,
+        userspace_addr: host,
+    }
 }
 
 impl IoEvents for VmFd {
@@ -68,6 +99,15 @@ impl IoEvents for VmFd {
     }
     fn unregister(&self, fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error> {
         self.unregister_ioevent(fd, &IoEventAddress::Mmio(addr), NoDatamatch)
+    }
+    fn map_page(&self, gpa: u64, host: u64) -> Result<(), kvm_ioctls::Error> {
+        // SAFETY: `host` is a live mapping of BAR2_SIZE bytes owned by the
+        // backend, which outlives the slot (detach removes it first).
+        unsafe { self.set_user_memory_region(page_slot(gpa, host, BAR2_SIZE)) }
+    }
+    fn unmap_page(&self, gpa: u64) -> Result<(), kvm_ioctls::Error> {
+        // SAFETY: a zero size deletes the slot.
+        unsafe { self.set_user_memory_region(page_slot(gpa, 0, 0)) }
     }
 }
 
@@ -101,6 +141,9 @@ pub struct VgpuPci {
     mmio: Bus,
     ioevents: Arc<dyn IoEvents>,
     mapped: Mutex<Mapping>,
+    /// BAR2 is the backend's doorbell page mapped into the guest (changed
+    /// under `mapped`'s lock).
+    bar2_page: std::sync::atomic::AtomicBool,
     bar0: Arc<Bar0>,
     bar2: Arc<Bar2>,
 }
@@ -138,6 +181,7 @@ impl VgpuPci {
             mmio,
             ioevents,
             mapped: Mutex::new(Mapping::default()),
+            bar2_page: Default::default(),
         }
     }
 
@@ -191,6 +235,14 @@ impl VgpuPci {
         if bar2 {
             if let Some(old) = cur.bar2.take() {
                 self.mmio.remove(old);
+                if self
+                    .bar2_page
+                    .swap(false, std::sync::atomic::Ordering::SeqCst)
+                {
+                    if let Err(e) = self.ioevents.unmap_page(old) {
+                        log::warn!("vm {}: doorbell page at {old:#x}: unmap: {e}", self.name);
+                    }
+                }
                 for i in 0..NUM_VHQD {
                     let fd = self.backend.doorbell_eventfd(i);
                     if let Err(e) = self
@@ -215,6 +267,20 @@ impl VgpuPci {
             if let Some(new) = want.bar2 {
                 match self.mmio.insert(new, BAR2_SIZE, self.bar2.clone()) {
                     Ok(()) => {
+                        if let Some(host) = self.backend.doorbell_page() {
+                            match self.ioevents.map_page(new, host) {
+                                Ok(()) => self
+                                    .bar2_page
+                                    .store(true, std::sync::atomic::Ordering::SeqCst),
+                                Err(e) => log::warn!(
+                                    "vm {}: doorbell page at {new:#x}: {e}; doorbells trap instead",
+                                    self.name
+                                ),
+                            }
+                        }
+                        // Registered beside a mapped page too (KVM takes the
+                        // page's stores without an exit; the ioeventfds only
+                        // matter when the page could not be mapped).
                         for i in 0..NUM_VHQD {
                             let fd = self.backend.doorbell_eventfd(i);
                             let addr = new + DOORBELL_STRIDE * i as u64;
@@ -365,6 +431,7 @@ mod tests {
     struct Regs {
         fds: Vec<EventFd>,
         writes: Mutex<Vec<(u64, u32)>>,
+        page: Option<u64>,
     }
     impl VgpuBackend for Regs {
         fn reg_read(&self, offset: u64) -> u32 {
@@ -376,10 +443,14 @@ mod tests {
         fn doorbell_eventfd(&self, vhqd: usize) -> &EventFd {
             &self.fds[vhqd]
         }
+        fn doorbell_page(&self) -> Option<u64> {
+            self.page
+        }
     }
 
+    /// Registered ioeventfd addresses; mapped pages (guest, host).
     #[derive(Default)]
-    struct Ioev(Mutex<Vec<u64>>);
+    struct Ioev(Mutex<Vec<u64>>, Mutex<Vec<(u64, u64)>>);
     impl IoEvents for Ioev {
         fn register(&self, _fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error> {
             self.0.lock().unwrap().push(addr);
@@ -388,6 +459,16 @@ mod tests {
         fn unregister(&self, _fd: &EventFd, addr: u64) -> Result<(), kvm_ioctls::Error> {
             let mut v = self.0.lock().unwrap();
             let i = v.iter().position(|a| *a == addr).expect("registered");
+            v.remove(i);
+            Ok(())
+        }
+        fn map_page(&self, gpa: u64, host: u64) -> Result<(), kvm_ioctls::Error> {
+            self.1.lock().unwrap().push((gpa, host));
+            Ok(())
+        }
+        fn unmap_page(&self, gpa: u64) -> Result<(), kvm_ioctls::Error> {
+            let mut v = self.1.lock().unwrap();
+            let i = v.iter().position(|p| p.0 == gpa).expect("mapped");
             v.remove(i);
             Ok(())
         }
@@ -403,11 +484,16 @@ mod tests {
     }
 
     fn rig() -> Rig {
+        rig_with_page(None)
+    }
+
+    fn rig_with_page(page: Option<u64>) -> Rig {
         let regs = Arc::new(Regs {
             fds: (0..NUM_VHQD)
                 .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
                 .collect(),
             writes: Mutex::default(),
+            page,
         });
         let irq = Arc::new(Recorder::default());
         let mmio = Bus::new();
@@ -519,6 +605,35 @@ mod tests {
         assert_eq!(r.dev.mapping(), Mapping::default());
         assert!(r.ioev.0.lock().unwrap().is_empty());
         assert!(r.mmio.resolve(0xC000_0000).is_none());
+    }
+
+    /// A backend with the doorbell page itself gets it mapped at BAR2,
+    /// following the BAR as it moves and going with decoding; a backend
+    /// without one never gets a page slot.
+    #[test]
+    fn a_doorbell_page_is_mapped_at_bar2_and_follows_it() {
+        let r = rig_with_page(Some(0x7000_0000));
+        r.wr(0x10, &0xC000_0000u32.to_le_bytes());
+        r.wr(0x18, &0xC000_4000u32.to_le_bytes());
+        assert!(r.ioev.1.lock().unwrap().is_empty(), "decoding off");
+        r.wr(0x04, &COMMAND_MEMORY.to_le_bytes());
+        assert_eq!(*r.ioev.1.lock().unwrap(), vec![(0xC000_4000, 0x7000_0000)]);
+        r.wr(0x18, &0xD000_0000u32.to_le_bytes());
+        assert_eq!(*r.ioev.1.lock().unwrap(), vec![(0xD000_0000, 0x7000_0000)]);
+        // Moved over BAR0: refused, so no page either.
+        r.wr(0x18, &0xC000_0000u32.to_le_bytes());
+        assert!(r.ioev.1.lock().unwrap().is_empty());
+        r.wr(0x18, &0xD000_0000u32.to_le_bytes());
+        assert_eq!(r.ioev.1.lock().unwrap().len(), 1);
+        r.dev.detach();
+        assert!(r.ioev.1.lock().unwrap().is_empty());
+        assert!(r.ioev.0.lock().unwrap().is_empty());
+
+        let plain = rig();
+        plain.wr(0x18, &0xC000_4000u32.to_le_bytes());
+        plain.wr(0x04, &COMMAND_MEMORY.to_le_bytes());
+        assert!(plain.ioev.1.lock().unwrap().is_empty());
+        assert_eq!(plain.ioev.0.lock().unwrap().len(), NUM_VHQD);
     }
 
     /// Issue 21: BAR0 placed over BAR2 stays off the bus only while they

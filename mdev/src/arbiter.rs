@@ -122,6 +122,44 @@ pub struct DoorbellSeen {
     pub issued: Option<Instant>,
 }
 
+/// What a vGPU carries from one registration with an arbiter to the next
+/// (issue 19): its misbehaving-VM guard (counts in the window and any
+/// quarantine) and its remembered preemption timeouts (the hang
+/// escalation). Taken by [`GpuArbiter::remove_vm_keeping`], given to the
+/// next registration of the same vGPU by [`GpuArbiter::resume_history`]:
+/// a VMM that disconnects and reconnects (or resets the device) after each
+/// hang is escalated and quarantined as one that stays. Dropping it (an
+/// operator removing the vGPU) is what starts the vGPU over.
+#[derive(Clone, Debug)]
+pub struct VmHistory {
+    /// The arbiter whose clock the times are on.
+    arbiter: u64,
+    guard: VmGuard,
+    hangs: Vec<Nanos>,
+}
+
+impl VmHistory {
+    /// Why and when the vGPU was quarantined by the guard (`None`: it was not).
+    pub fn quarantined(&self) -> Option<crate::guard::Trip> {
+        self.guard.trip()
+    }
+
+    /// Lifts the guard quarantine and forgets the guard's counts in the
+    /// window (the operator's clear-quarantine while no client is
+    /// connected). Returns whether it was quarantined.
+    pub fn clear_quarantine(&mut self) -> bool {
+        self.guard.clear()
+    }
+
+    /// Preemption timeouts remembered for the escalation.
+    pub fn hangs(&self) -> usize {
+        self.hangs.len()
+    }
+}
+
+/// Arbiter identities (a [`VmHistory`] is resumed on its own arbiter's clock).
+static NEXT_ARBITER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Benchmark hook called on the service thread (none in production).
 pub type DoorbellObserver = Arc<dyn Fn(DoorbellSeen) + Send + Sync>;
 
@@ -413,6 +451,8 @@ impl RequestSink for Requests {
 /// [`GpuArbiter::shutdown`] (the service thread holds a reference, so
 /// dropping the last handle does not stop it).
 pub struct GpuArbiter {
+    /// Identity (see [`VmHistory`]).
+    id: u64,
     topo: GpuTopology,
     core: Mutex<Core>,
     /// Notified when a VM's queues are all gone.
@@ -456,6 +496,7 @@ impl GpuArbiter {
         )?;
         let tele = Telemetry::new(&topo, timeline::RingLimits::default());
         let a = Arc::new(GpuArbiter {
+            id: NEXT_ARBITER_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             topo,
             core: Mutex::new(Core {
                 bind,
@@ -587,10 +628,18 @@ impl GpuArbiter {
     /// front end or memory (released at once if its queues are already gone,
     /// else when the last one is).
     pub fn remove_vm(&self, vm: VgpuHandle) {
+        self.remove_vm_keeping(vm);
+    }
+
+    /// [`GpuArbiter::remove_vm`], handing back what the VM's next
+    /// registration takes over ([`VmHistory`]; `None` for a VM unknown or
+    /// already removed). Taken under the same lock as the removal: nothing
+    /// the VM did before it is lost.
+    pub fn remove_vm_keeping(&self, vm: VgpuHandle) -> Option<VmHistory> {
         let mut c = lock(&self.core);
         let v = vm.0 as usize;
         if c.vms.get(v).is_none_or(|e| e.removed) {
-            return;
+            return None;
         }
         c.vms[v].removed = true;
         if let Some(fe) = c.vms[v].fe.clone() {
@@ -604,6 +653,11 @@ impl GpuArbiter {
         let now = self.now();
         self.count_refused(&mut c);
         let core = &mut *c;
+        let history = VmHistory {
+            arbiter: self.id,
+            guard: core.vms[v].guard.clone(),
+            hangs: core.bind.hang_history(VmId(vm.0)),
+        };
         let last = core.bind.scheduler().vm_stats(VmId(vm.0));
         let guard = core.vms[v].guard.totals();
         core.tele.vm_guard_final(vm.0, guard);
@@ -633,6 +687,40 @@ impl GpuArbiter {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        Some(history)
+    }
+
+    /// Gives VM `vm` what an earlier registration of the same vGPU left
+    /// ([`GpuArbiter::remove_vm_keeping`]): its guard quarantine, its guard
+    /// counts in the window (when its limits are the same, as
+    /// [`GpuArbiter::set_guard`] would) and its remembered preemption
+    /// timeouts. Call it after the VM's limits are set and before its
+    /// front end is served. A history of another arbiter brings its
+    /// quarantine only (its times are on another clock).
+    pub fn resume_history(&self, vm: VgpuHandle, h: VmHistory) -> Result<(), ArbiterError> {
+        let mut c = lock(&self.core);
+        let core = &mut *c;
+        let s = core
+            .vms
+            .get_mut(vm.0 as usize)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let mut earlier = h.guard;
+        if h.arbiter != self.id {
+            earlier.set_limits(earlier.limits());
+        }
+        s.guard.resume(&earlier);
+        if h.arbiter == self.id {
+            core.bind.resume_hangs(VmId(vm.0), &h.hangs);
+        }
+        if let Some(t) = s.guard.trip() {
+            log::info!(
+                "vm {}: vGPU still quarantined by the misbehaving-VM guard ({t}) from its \
+                 earlier connection; new queue loads are refused until the operator clears it",
+                s.fe.as_ref().map_or("?", |f| f.name())
+            );
+        }
+        Ok(())
     }
 
     /// Drops a removed VM's front end and memory once none of its queues is

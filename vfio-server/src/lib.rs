@@ -46,7 +46,7 @@ use abi::pci::{
     BAR0_SIZE, BAR2_SIZE, MSIX_CAP_OFFSET, MSIX_ENABLE, MSIX_FUNCTION_MASK, MSIX_PBA_OFFSET,
     REGS_SIZE,
 };
-use mdev::arbiter::GpuArbiter;
+use mdev::arbiter::{GpuArbiter, VmHistory};
 use mdev::guard::GuardConfig;
 use mdev::ratelimit::{Admit, RateLimiter};
 use mdev::vgpu::{VgpuFrontEnd, VgpuHandle};
@@ -158,10 +158,13 @@ pub struct VgpuServer {
 
 /// The vGPU's registration with the arbiter (under one lock with the spec
 /// changes, so that a steer and a (re)connection cannot miss each other).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Registration {
     handle: Option<VgpuHandle>,
     paused: bool,
+    /// What the last registration left for the next (guard, hang
+    /// escalation): the vGPU's, not a connection's.
+    history: Option<VmHistory>,
 }
 
 /// What [`VgpuServer::with_registration`] hands its closure.
@@ -251,6 +254,38 @@ impl VgpuServer {
     /// Paused by the operator.
     pub fn paused(&self) -> bool {
         lock(&self.handle).paused
+    }
+
+    /// Why and when the misbehaving-VM guard quarantined the vGPU (`None`:
+    /// it is not), whether a client is connected or not: a quarantine
+    /// outlives the connection it was earned on.
+    pub fn quarantined(&self) -> Option<mdev::guard::Trip> {
+        let reg = lock(&self.handle);
+        match reg.handle {
+            Some(h) => self.arbiter.guard_status(h).and_then(|g| g.quarantined),
+            None => reg.history.as_ref().and_then(VmHistory::quarantined),
+        }
+    }
+
+    /// Lifts the vGPU's guard quarantine and forgets its guard counts in
+    /// the window (the operator's clear-quarantine), connected or not.
+    /// Returns whether it was quarantined.
+    pub fn clear_quarantine(&self) -> bool {
+        let mut reg = lock(&self.handle);
+        let kept = reg
+            .history
+            .as_mut()
+            .is_some_and(VmHistory::clear_quarantine);
+        let live = reg
+            .handle
+            .is_some_and(|h| self.arbiter.clear_quarantine(h).unwrap_or(false));
+        if kept && reg.handle.is_none() {
+            log::info!(
+                "vgpu {}: guard quarantine cleared by the operator",
+                lock(&self.spec).name
+            );
+        }
+        kept || live
     }
 
     /// Runs `f` under the registration lock with the spec, the pause flag
@@ -501,10 +536,7 @@ impl<'a> Conn<'a> {
     fn close(&mut self) {
         // The poller stops before the vGPU leaves the arbiter.
         self.bar2 = None;
-        let mut reg = lock(&self.srv.handle);
-        reg.handle = None;
-        self.srv.arbiter.remove_vm(self.handle);
-        drop(reg);
+        self.srv.unregister(self.handle);
         self.irqs.clear();
         self.mem.unmap_all();
     }
@@ -943,10 +975,7 @@ impl<'a> Conn<'a> {
     /// (they are the VMM's, not the guest's).
     fn reset(&mut self) -> Result<(), u32> {
         self.srv.count(|s| s.resets += 1);
-        let mut reg = lock(&self.srv.handle);
-        reg.handle = None;
-        self.srv.arbiter.remove_vm(self.handle);
-        drop(reg);
+        self.srv.unregister(self.handle);
         let (handle, fe) = self.srv.register(&self.mem, &self.irqs).map_err(|e| {
             log::warn!("vgpu {}: reset: {e}", self.srv.spec().name);
             libc::EIO as u32
@@ -1086,9 +1115,30 @@ impl VgpuServer {
                 return Err(e.to_string());
             }
         }
+        // The vGPU's guard and hang escalation continue where the last
+        // registration left them (limits already set by `register`).
+        if let Some(hist) = reg.history.take() {
+            if let Err(e) = self.arbiter.resume_history(h, hist.clone()) {
+                reg.history = Some(hist);
+                self.arbiter.remove_vm(h);
+                return Err(e.to_string());
+            }
+        }
         reg.handle = Some(h);
         self.count(|s| s.registrations += 1);
         Ok((h, fe))
+    }
+}
+
+impl VgpuServer {
+    /// Removes registration `h` from the arbiter under the registration
+    /// lock, keeping what the next registration takes over.
+    fn unregister(&self, h: VgpuHandle) {
+        let mut reg = lock(&self.handle);
+        reg.handle = None;
+        if let Some(hist) = self.arbiter.remove_vm_keeping(h) {
+            reg.history = Some(hist);
+        }
     }
 }
 

@@ -535,6 +535,7 @@ fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
     srv.stop();
 }
 
+mod history;
 mod hostile;
 
 #[test]

@@ -79,6 +79,12 @@ pub struct ServerOptions {
     /// How long a reply may wait for a client that does not read before
     /// the connection is dropped.
     pub send_timeout: Duration,
+    /// How long a client that connected may keep silent before its first
+    /// message: the vGPU serves one connection at a time, so a client that
+    /// connects and never speaks would hold it; past this the connection
+    /// is dropped (one rate-limited log line) and the next client served.
+    /// Default [`DEFAULT_FIRST_MESSAGE_TIMEOUT`].
+    pub first_message_timeout: Duration,
     /// Offer BAR2 (the doorbells) as an mmap-able page and scan it this
     /// often while the vGPU has a queue loaded ([`mmio`]); `None` (the
     /// default): BAR2 is reached by REGION_WRITE only. Opt-in because a
@@ -93,10 +99,16 @@ pub struct ServerOptions {
 /// (docs/benchmarks.md, "Doorbells over vfio-user": its CPU cost).
 pub const DEFAULT_DOORBELL_POLL: Duration = Duration::from_micros(100);
 
+/// The default [`ServerOptions::first_message_timeout`]: a VMM sends
+/// VERSION as soon as it connects (Cloud Hypervisor, QEMU and hqdmux's own
+/// client all do), so a few seconds is ample.
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             send_timeout: Duration::from_secs(2),
+            first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
             doorbell_poll: None,
         }
     }
@@ -125,8 +137,15 @@ pub struct ServerStats {
     /// (rate-limited), never answered.
     pub unreplied_errors: u64,
     /// Connections ended by the server (unrecoverable message, a client
-    /// that did not read its replies).
+    /// that did not read its replies, a client silent past
+    /// [`ServerOptions::first_message_timeout`]) or by the client in the
+    /// middle of a message. A connection closed because the server stops
+    /// (SIGTERM, the vGPU removed) is a clean close, never counted here,
+    /// whatever it was doing.
     pub dropped: u64,
+    /// Of `dropped`: clients that sent nothing within
+    /// [`ServerOptions::first_message_timeout`].
+    pub silent: u64,
     /// Doorbell writes forwarded (REGION_WRITE to BAR2).
     pub doorbells: u64,
     /// Doorbells noticed in the mmapped BAR2 page.
@@ -154,6 +173,8 @@ pub struct VgpuServer {
     handle: Mutex<Registration>,
     stats: Mutex<ServerStats>,
     poll_stats: Arc<mmio::PollStats>,
+    /// Log lines about connections (a client can open many).
+    conn_log: RateLimiter,
 }
 
 /// The vGPU's registration with the arbiter (under one lock with the spec
@@ -228,6 +249,7 @@ impl VgpuServer {
             handle: Mutex::new(Registration::default()),
             stats: Mutex::new(ServerStats::default()),
             poll_stats: Arc::new(mmio::PollStats::default()),
+            conn_log: RateLimiter::new(),
         }))
     }
 
@@ -340,6 +362,47 @@ impl VgpuServer {
         }
     }
 
+    /// Waits until the client's first byte is there (or it hung up, or the
+    /// server stops): `false` when it stayed silent for
+    /// [`ServerOptions::first_message_timeout`] or the server stops.
+    fn first_message(&self, stream: &UnixStream) -> bool {
+        let deadline = Instant::now() + self.opts.first_message_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let mut p = [
+                libc::pollfd {
+                    fd: stream.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.stop.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // Whole milliseconds, rounded up (never a busy 0 ms poll).
+            let ms = i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+            // SAFETY: two valid pollfds.
+            let n = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return true; // the recv that follows reports it
+            }
+            if p[1].revents != 0 {
+                return false;
+            }
+            if p[0].revents != 0 {
+                return true;
+            }
+        }
+    }
+
     fn stopping(&self) -> bool {
         let mut p = libc::pollfd {
             fd: self.stop.as_raw_fd(),
@@ -418,6 +481,25 @@ impl VgpuServer {
         // The vGPU registers with the arbiter at the client's first byte: a
         // client that connects and leaves (or never speaks) costs the
         // arbiter nothing (each registration takes a slot for good).
+        if !self.first_message(&stream) {
+            *lock(&self.active) = None;
+            if self.stopping() {
+                return Ok(());
+            }
+            self.count(|s| {
+                s.dropped += 1;
+                s.silent += 1;
+            });
+            if let Admit::Log { suppressed } = self.conn_log.admit(Instant::now()) {
+                log::warn!(
+                    "vgpu {}: connection dropped: no message within {:?} of connecting \
+                     ({suppressed} similar lines suppressed)",
+                    spec.name,
+                    self.opts.first_message_timeout
+                );
+            }
+            return Ok(());
+        }
         let mut b = [0u8; 1];
         let n = loop {
             // SAFETY: recv into a 1-byte buffer we own; MSG_PEEK leaves the
@@ -444,11 +526,23 @@ impl VgpuServer {
         let end = conn.run();
         conn.close();
         *lock(&self.active) = None;
+        // A connection the server's stop cut (whatever it was doing, a
+        // message half-read included) is a clean close, not a drop.
+        let end = match end {
+            End::Dropped(_) if self.stopping() => End::Stopped,
+            e => e,
+        };
         match end {
             End::Closed => log::info!("vgpu {}: client disconnected", spec.name),
+            End::Stopped => log::info!("vgpu {}: connection closed: server stopping", spec.name),
             End::Dropped(why) => {
                 self.count(|s| s.dropped += 1);
-                log::warn!("vgpu {}: connection dropped: {why}", spec.name);
+                if let Admit::Log { suppressed } = self.conn_log.admit(Instant::now()) {
+                    log::warn!(
+                        "vgpu {}: connection dropped: {why} ({suppressed} similar lines suppressed)",
+                        spec.name
+                    );
+                }
             }
         }
         Ok(())
@@ -456,8 +550,13 @@ impl VgpuServer {
 }
 
 /// How a connection ended.
+#[derive(Debug)]
 enum End {
+    /// The client closed it between messages.
     Closed,
+    /// The server's stop closed it.
+    Stopped,
+    /// The server ended it, or the client left mid-message.
     Dropped(String),
 }
 

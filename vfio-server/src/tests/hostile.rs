@@ -604,3 +604,74 @@ fn a_failed_command_that_asked_for_no_reply_gets_none() {
     bad.stop();
     good.stop();
 }
+
+/// A client that connects and never speaks holds the vGPU's one
+/// connection only until the first-message timeout: it is dropped
+/// (counted `silent`), the next client is served, and the vGPU never
+/// registered for it.
+#[test]
+fn a_silent_client_is_dropped_and_the_next_one_served() {
+    let a = tiny_arbiter();
+    let opts = ServerOptions {
+        first_message_timeout: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let srv = serve(&a, "silent", 8, opts);
+    let mut quiet = UnixStream::connect(srv.path()).unwrap();
+    // The server ends it: EOF on the client's side.
+    assert!(closed(&mut quiet));
+    let s = srv.stats();
+    assert_eq!((s.connections, s.dropped, s.silent), (1, 1, 1), "{s:?}");
+    assert_eq!(
+        s.registrations, 0,
+        "a silent client costs the arbiter nothing"
+    );
+    let mut g = Guest::attach(srv.path(), a.topology());
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    assert_eq!(srv.stats().connections, 2);
+    // A client that speaks within the timeout is never dropped for it.
+    assert_eq!(srv.stats().silent, 1);
+    srv.stop();
+}
+
+/// How a connection with a message half-read ends decides how it counts:
+/// the client leaving mid-message is a drop; the server stopping (SIGTERM,
+/// the vGPU removed) is a clean close.
+#[test]
+fn a_stop_mid_message_is_a_clean_close_and_a_client_leaving_mid_message_a_drop() {
+    let a = tiny_arbiter();
+    // The client leaves with a header sent and its body half sent.
+    let srv = serve(&a, "half-client", 8, ServerOptions::default());
+    let mut s = UnixStream::connect(srv.path()).unwrap();
+    s.write_all(&header(3, cmd::DEVICE_GET_INFO, 32, 0))
+        .unwrap();
+    s.write_all(&[0; 5]).unwrap();
+    wait("registered", || srv.handle().is_some());
+    drop(s);
+    wait("released", || srv.handle().is_none());
+    wait("counted", || srv.stats().dropped == 1);
+    srv.stop();
+
+    // The server stops with a header half read, then with a body half read.
+    for (tag, part) in [("half-head", 7), ("half-body", wire::HEADER + 5)] {
+        let srv = VgpuServer::bind(
+            &sock(tag),
+            spec(tag, 8),
+            a.clone(),
+            ServerOptions::default(),
+        )
+        .unwrap();
+        let t = srv.spawn().unwrap();
+        let mut s = UnixStream::connect(srv.path()).unwrap();
+        let mut m = header(3, cmd::DEVICE_GET_INFO, 32, 0);
+        m.extend_from_slice(&[0; 16]);
+        s.write_all(&m[..part]).unwrap();
+        wait("registered", || srv.handle().is_some());
+        srv.stop();
+        t.join().unwrap();
+        let st = srv.stats();
+        assert_eq!((st.connections, st.dropped), (1, 0), "{tag}: {st:?}");
+        assert!(srv.handle().is_none());
+        assert!(closed(&mut s));
+    }
+}

@@ -46,8 +46,7 @@ fn hangs_are_escalated_and_quarantined_across_reconnects_until_the_operator_clea
     let mut sp = spec("rehang", 2);
     // 500 ms: one hang shows (500 / 4 > the escalation's 100 ms floor).
     sp.guard.max_resets = 1;
-    let srv = VgpuServer::bind(&sock("rehang"), sp, a.clone(), ServerOptions::default()).unwrap();
-    srv.spawn().unwrap();
+    let srv = serve_spec(&a, sp, ServerOptions::default());
     let hi_srv = serve(&a, "rehang-hi", 12, ServerOptions::default());
     let mut hi = Guest::attach(hi_srv.path(), a.topology());
     hi.load(0);

@@ -906,7 +906,9 @@ pub struct VgpuView {
     pub preemptions: Option<u64>,
     /// Queue errors of the current (or last) client.
     pub queue_errors: Option<u64>,
-    /// Quarantined by the guard (null when idle).
+    /// Quarantined by the guard, connected or idle: a quarantine belongs
+    /// to the vGPU and outlives its connections until the operator clears
+    /// it (`POST /api/v1/vgpus/{name}/clear-quarantine`) or removes the vGPU.
     pub quarantined: Option<bool>,
     /// Median packet latency of the current (or last) client (ms).
     pub latency_p50_ms: Option<f64>,

@@ -170,7 +170,7 @@ fn bad_framing_ends_only_that_connection() {
 
 #[test]
 fn fd_abuse_and_hostile_dma_maps_get_errors() {
-    let (_a, bad, good, mut g) = pair("fds");
+    let (_a, bad, _good, mut g) = pair("fds");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     let ram = memfd(0x4000);
     // Fds with a command that takes none; more than MAX_FDS at once.
@@ -237,7 +237,7 @@ fn fd_abuse_and_hostile_dma_maps_get_errors() {
 
 #[test]
 fn hostile_set_irqs_and_region_edges_get_errors() {
-    let (_a, bad, good, mut g) = pair("irqs");
+    let (_a, bad, _good, mut g) = pair("irqs");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     let efd = EventFd::new(EFD_NONBLOCK).unwrap();
     let (pr, _pw) = std::io::pipe().unwrap();
@@ -351,7 +351,7 @@ fn hostile_set_irqs_and_region_edges_get_errors() {
 
 #[test]
 fn silent_half_closed_and_storming_clients_cost_nothing() {
-    let (a, bad, good, mut g) = pair("storm");
+    let (a, bad, _good, mut g) = pair("storm");
     // Connects and never speaks: its own vGPU waits, the other runs.
     let silent = UnixStream::connect(bad.path()).unwrap();
     wait("accepted", || bad.stats().connections == 1);
@@ -383,13 +383,13 @@ fn silent_half_closed_and_storming_clients_cost_nothing() {
     );
     good_runs(&mut g, 3);
     // Then a real guest attaches to the stormed vGPU and runs.
-    let mut b = running_guest(&bad, &a, 4);
+    let _b = running_guest(&bad, &a, 4);
     good_runs(&mut g, 5);
 }
 
 #[test]
 fn unmapping_a_loaded_queues_memory_is_its_queue_error_only() {
-    let (_a, bad, good, mut g) = pair("unmap");
+    let (_a, bad, _good, mut g) = pair("unmap");
     let mut b = running_guest(&bad, &_a, 1);
     // The client takes the memory away under the loaded queue, then rings.
     b.client.dma_unmap(0, MEM).unwrap();
@@ -401,7 +401,7 @@ fn unmapping_a_loaded_queues_memory_is_its_queue_error_only() {
 
 #[test]
 fn a_shrunk_memfd_is_a_queue_error_not_a_sigbus() {
-    let (_a, bad, good, mut g) = pair("shrink");
+    let (_a, bad, _good, mut g) = pair("shrink");
     let mut b = running_guest(&bad, &_a, 1);
     // The client shrinks its (unsealed) RAM memfd under the mapping: the
     // queue's ring and MQD are past the new end.
@@ -416,7 +416,7 @@ fn a_shrunk_memfd_is_a_queue_error_not_a_sigbus() {
 
 #[test]
 fn a_client_that_blocks_its_eventfd_stalls_nobody_else() {
-    let (_a, bad, good, mut g) = pair("efd");
+    let (_a, bad, _good, mut g) = pair("efd");
     let mut b = Guest::attach(bad.path(), _a.topology());
     b.load(0);
     // The client makes its vector-0 eventfd blocking again (O_NONBLOCK is
@@ -472,7 +472,7 @@ fn load_at(s: &mut UnixStream, i: usize, addr: u64) -> u32 {
 
 #[test]
 fn an_fd_less_map_is_unreachable_memory_and_unmaps_cleanly() {
-    let (_a, bad, good, mut g) = pair("nofd");
+    let (_a, bad, _good, mut g) = pair("nofd");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     // QEMU's ROM maps: no fd. Accepted.
     for addr in [0x10_0000u64, 0xFFFC_0000] {
@@ -524,7 +524,7 @@ fn an_fd_less_map_is_unreachable_memory_and_unmaps_cleanly() {
 
 #[test]
 fn a_failed_command_that_asked_for_no_reply_gets_none() {
-    let (_a, bad, good, mut g) = pair("noreply");
+    let (_a, bad, _good, mut g) = pair("noreply");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     let before = bad.stats();
     // Posted writes (no reply asked) that fail: outside BAR0, a missing

@@ -232,7 +232,11 @@ fn vgpus_are_created_steered_paused_and_removed_live_and_hostile_bodies_change_n
         ),
         (json!({"name": ""}), 400, "name"),
         (json!({"name": "."}), 400, "vgpu '.': name: '.' must begin"),
-        (json!({"name": ".."}), 400, "vgpu '..': name: '..' must begin"),
+        (
+            json!({"name": ".."}),
+            400,
+            "vgpu '..': name: '..' must begin",
+        ),
         (json!({"name": "-v"}), 400, "name"),
         (json!({"priority": 1}), 400, "missing field `name`"),
     ] {

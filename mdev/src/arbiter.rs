@@ -134,8 +134,14 @@ pub struct DoorbellSeen {
 pub struct VmHistory {
     /// The arbiter whose clock the times are on.
     arbiter: u64,
+    /// The handle it was taken from: a preemption of that VM's queues
+    /// still pending at its removal may time out later, and counts for the
+    /// vGPU all the same (read at resume, forwarded after).
+    from: u32,
     guard: VmGuard,
     hangs: Vec<Nanos>,
+    /// The operator cleared the quarantine while no client was connected.
+    cleared: bool,
 }
 
 impl VmHistory {
@@ -148,6 +154,7 @@ impl VmHistory {
     /// window (the operator's clear-quarantine while no client is
     /// connected). Returns whether it was quarantined.
     pub fn clear_quarantine(&mut self) -> bool {
+        self.cleared = true;
         self.guard.clear()
     }
 
@@ -156,6 +163,10 @@ impl VmHistory {
         self.hangs.len()
     }
 }
+
+/// Most preemption-timeout times a VM's slot keeps for its [`VmHistory`]
+/// (the binding's escalation remembers as many).
+const MAX_CARRIED_HANGS: usize = 64;
 
 /// Arbiter identities (a [`VmHistory`] is resumed on its own arbiter's clock).
 static NEXT_ARBITER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -185,6 +196,13 @@ struct VmSlot {
     removed: bool,
     /// Misbehaving-VM guard (issue 11).
     guard: VmGuard,
+    /// Times of its preemption timeouts (at most [`MAX_CARRIED_HANGS`]),
+    /// kept with the slot for its [`VmHistory`] (the binding forgets a
+    /// removed VM's).
+    hangs: std::collections::VecDeque<Nanos>,
+    /// The registration that resumed its history: guard events and
+    /// preemption timeouts of its queues still draining go there.
+    heir: Option<u32>,
     /// A host bug while serving it took its vGPU away.
     quarantined: bool,
     /// Removed and older than the retained removed VMs: the slot goes as
@@ -616,6 +634,8 @@ impl GpuArbiter {
             wptr_poll: [0; NUM_VHQD],
             removed: false,
             guard: VmGuard::new(GuardConfig::default()),
+            hangs: Default::default(),
+            heir: None,
             quarantined: false,
             forget: false,
         });
@@ -655,8 +675,10 @@ impl GpuArbiter {
         let core = &mut *c;
         let history = VmHistory {
             arbiter: self.id,
+            from: vm.0,
             guard: core.vms[v].guard.clone(),
-            hangs: core.bind.hang_history(VmId(vm.0)),
+            hangs: core.vms[v].hangs.iter().copied().collect(),
+            cleared: false,
         };
         let last = core.bind.scheduler().vm_stats(VmId(vm.0));
         let guard = core.vms[v].guard.totals();
@@ -700,19 +722,32 @@ impl GpuArbiter {
     pub fn resume_history(&self, vm: VgpuHandle, h: VmHistory) -> Result<(), ArbiterError> {
         let mut c = lock(&self.core);
         let core = &mut *c;
-        let s = core
-            .vms
-            .get_mut(vm.0 as usize)
+        core.vms
+            .get(vm.0 as usize)
             .filter(|e| !e.removed)
             .ok_or(SchedError::NoVm(VmId(vm.0)))?;
-        let mut earlier = h.guard;
+        let (mut earlier, mut hangs) = (h.guard, h.hangs);
         if h.arbiter != self.id {
             earlier.set_limits(earlier.limits());
+            hangs.clear();
+        } else if let Some(old) = core.vms.get_mut(h.from as usize).filter(|o| o.removed) {
+            // The old registration's slot has what happened since the
+            // history was taken (a pending preemption that timed out);
+            // what still happens to it comes here.
+            earlier = old.guard.clone();
+            hangs = old.hangs.iter().copied().collect();
+            if old.queue.iter().any(Option::is_some) {
+                old.heir = Some(vm.0);
+            }
         }
+        if h.cleared {
+            earlier.clear();
+        }
+        let s = &mut core.vms[vm.0 as usize];
         s.guard.resume(&earlier);
-        if h.arbiter == self.id {
-            core.bind.resume_hangs(VmId(vm.0), &h.hangs);
-        }
+        let skip = hangs.len().saturating_sub(MAX_CARRIED_HANGS);
+        s.hangs = hangs.iter().copied().skip(skip).collect();
+        core.bind.resume_hangs(VmId(vm.0), &hangs);
         if let Some(t) = s.guard.trip() {
             log::info!(
                 "vm {}: vGPU still quarantined by the misbehaving-VM guard ({t}) from its \
@@ -1490,6 +1525,23 @@ impl GpuArbiter {
     /// log line; its loads are refused from now on).
     fn guard_note(&self, c: &mut Core, vm: u32, what: GuardEvent, n: u64) {
         let now = self.now();
+        // A removed VM whose history a later registration resumed: that
+        // one's guard counts it (its queues were still draining).
+        let own = vm;
+        let vm = Self::heir_of(c, own);
+        if what == GuardEvent::Reset {
+            if let Some(s) = c.vms.get_mut(vm as usize) {
+                if s.hangs.len() >= MAX_CARRIED_HANGS {
+                    s.hangs.pop_front();
+                }
+                s.hangs.push_back(now);
+                if vm != own && !s.removed {
+                    // A forwarded timeout escalates the heir's next one
+                    // (the binding counted it for the removed VM).
+                    c.bind.resume_hangs(VmId(vm), &[now]);
+                }
+            }
+        }
         let Some(s) = c.vms.get_mut(vm as usize) else {
             return;
         };
@@ -1502,6 +1554,23 @@ impl GpuArbiter {
             );
             c.guard_quarantines += 1;
         }
+    }
+
+    /// The registration that carries removed VM `vm`'s history (following
+    /// a few resumptions), else `vm` itself.
+    fn heir_of(c: &Core, mut vm: u32) -> u32 {
+        for _ in 0..8 {
+            match c
+                .vms
+                .get(vm as usize)
+                .filter(|s| s.removed)
+                .and_then(|s| s.heir)
+            {
+                Some(h) => vm = h,
+                None => break,
+            }
+        }
+        vm
     }
 
     /// VM `vm`'s guard: limits, counts in the window, and whether (why,

@@ -142,3 +142,42 @@ fn a_new_server_of_the_same_name_starts_over() {
     srv.stop();
     hi_srv.stop();
 }
+
+/// The VMM leaves while the preemption of its hung queue is still pending
+/// (before the timeout): the timeout still counts for the vGPU, and the
+/// next connection is escalated and counted as if it had stayed.
+#[test]
+fn a_vmm_leaving_mid_preemption_still_pays_for_the_hang() {
+    let a = tiny_arbiter();
+    let mut sp = spec("midhang", 2);
+    sp.guard.max_resets = 1;
+    let srv = serve_spec(&a, sp, ServerOptions::default());
+    let hi_srv = serve(&a, "midhang-hi", 12, ServerOptions::default());
+    let mut hi = Guest::attach(hi_srv.path(), a.topology());
+    hi.load(0);
+    let base = Duration::from_millis(500);
+    for round in 1..=2u32 {
+        let mut g = Guest::attach(srv.path(), a.topology());
+        hang(&mut g, round);
+        let before = a.stats().preempt_timeouts;
+        let asked = a.stats().preemptions;
+        let w = hi.kernel(4, 10_000, round);
+        hi.ring(0, w);
+        wait("preemption asked", || a.stats().preemptions > asked);
+        drop(g); // gone before its queue's dequeue timed out
+        wait("released", || srv.handle().is_none());
+        wait("high-priority kernel", || hi.done());
+        wait("timed out", || a.stats().preempt_timeouts > before);
+    }
+    let mut g = Guest::attach(srv.path(), a.topology());
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    let h = srv.handle().unwrap();
+    assert!(
+        a.effective_preempt_timeout(h).unwrap() < base / 4,
+        "two hangs escalate the third connection's timeout"
+    );
+    let trip = srv.quarantined().expect("two resets past a limit of one");
+    assert_eq!((trip.count, trip.limit), (2, 1));
+    g.load(0);
+    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), error::QUARANTINED);
+}

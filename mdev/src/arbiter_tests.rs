@@ -829,3 +829,43 @@ fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
     }
     a.shutdown();
 }
+
+/// Issue 19: a preemption still pending when its VM's removal stopped
+/// waiting (5 s) times out after the vGPU's next registration resumed the
+/// history: the timeout is forwarded to that registration (escalation and
+/// guard). Takes the timeout's 5.6 s; asserts no duration.
+#[test]
+fn a_timeout_after_the_resumption_goes_to_the_heir() {
+    let a = arbiter();
+    let mut hung = guest(&a, "heir", 2, false);
+    let mut good = guest(&a, "good", 12, false);
+    let t = Duration::from_millis(5_600);
+    a.set_preempt_timeout(hung.h, t).unwrap();
+    let addr = mqd_addr(&hung.q);
+    hung.load(0, addr);
+    hung.tvm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+    hung.kernel(4, 60_000_000_000, 1);
+    hung.ring(0);
+    hung.wait_until("hung on an HQD", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_STATE)) == abi::vgpu::hqd_state::ON_HQD
+    });
+    let asked = a.stats().preemptions;
+    let addr = mqd_addr(&good.q);
+    good.load(0, addr);
+    good.kernel(16, 20_000, 1);
+    good.ring(0);
+    good.wait_until("preemption asked", |_| a.stats().preemptions > asked);
+    let hist = a.remove_vm_keeping(hung.h).unwrap();
+    if a.stats().preempt_timeouts > 0 {
+        eprintln!("the removal waited the timeout out: the heir path is not reached here");
+    }
+    let back = guest(&a, "heir", 2, false);
+    a.set_preempt_timeout(back.h, t).unwrap();
+    a.resume_history(back.h, hist).unwrap();
+    back.wait_until("timed out", |_| a.stats().preempt_timeouts == 1);
+    assert!(a.effective_preempt_timeout(back.h).unwrap() < t);
+    assert_eq!(a.guard_status(back.h).unwrap().resets, 1);
+    a.remove_vm(back.h);
+    a.remove_vm(good.h);
+    a.shutdown();
+}

@@ -1177,22 +1177,29 @@ fn review21_readded_vm_after_two_resets() {
     readded(2);
 }
 
+/// A rig where VM 0 (priority 8) runs `kernels` 100 ms kernels on queue 0
+/// (doorbell rung) beside VM 1 (priority 8, returned), which has none yet.
+fn busy_beside_vm1(kernels: u32) -> (GpuTopology, Rig, TestVm) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..kernels {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    (topo, rig, bad_vm)
+}
+
 /// Issue 19: a VM removed after a preemption-timeout reset and re-added
 /// with the hang history it left ([`Binding::hang_history`],
 /// [`Binding::resume_hangs`]) is escalated as if it had stayed; re-added
 /// without it (an operator's re-creation) it starts over.
 #[test]
 fn a_vm_readded_with_its_hang_history_keeps_its_escalated_timeout() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut good_vm = vm(&mut rig, 0, 8);
-    let mut bad_vm = vm(&mut rig, 1, 8);
-    let mut good = good_vm.queue(&topo, 4096, 0);
-    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-    for k in 0..200 {
-        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
-    }
-    rig.doorbell(QueueId(0), good.wptr);
+    let (topo, mut rig, mut bad_vm) = busy_beside_vm1(200);
     let base = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
     load_hang(&mut rig, &topo, &mut bad_vm, 100);
     run_until(&mut rig, u64::MAX, |n| {
@@ -1238,16 +1245,7 @@ fn review21_readded_vm_control() {
 }
 
 fn readded(hangs: u32) {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut good_vm = vm(&mut rig, 0, 8);
-    let mut bad_vm = vm(&mut rig, 1, 8);
-    let mut good = good_vm.queue(&topo, 4096, 0);
-    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-    for k in 0..2000 {
-        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
-    }
-    rig.doorbell(QueueId(0), good.wptr);
+    let (topo, mut rig, mut bad_vm) = busy_beside_vm1(2000);
     if hangs == 0 {
         rig.run(11_280_010_000, |_| false);
     }

@@ -372,35 +372,44 @@ impl VgpuServer {
             if left.is_zero() {
                 return false;
             }
-            let mut p = [
-                libc::pollfd {
-                    fd: stream.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.stop.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // Whole milliseconds, rounded up (never a busy 0 ms poll).
-            let ms = i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
-            // SAFETY: two valid pollfds.
-            let n = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
-            if n < 0 {
-                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return true; // the recv that follows reports it
-            }
-            if p[1].revents != 0 {
-                return false;
-            }
-            if p[0].revents != 0 {
-                return true;
+            match self.wait_readable(stream.as_raw_fd(), Some(left)) {
+                Err(_) => return true, // the recv that follows reports it
+                Ok((_, true)) => return false,
+                Ok((true, _)) => return true,
+                Ok(_) => {}
             }
         }
+    }
+
+    /// Polls `fd` for input beside the stop eventfd, for at most `timeout`
+    /// (`None`: no limit); `(fd readable, stop asked)`, both false after
+    /// the timeout or a signal.
+    fn wait_readable(&self, fd: RawFd, timeout: Option<Duration>) -> std::io::Result<(bool, bool)> {
+        let mut p = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // Whole milliseconds, rounded up (never a busy 0 ms poll).
+        let ms = timeout.map_or(-1, |t| {
+            i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+        });
+        // SAFETY: two valid pollfds.
+        if unsafe { libc::poll(p.as_mut_ptr(), 2, ms) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok((false, false));
+            }
+            return Err(e);
+        }
+        Ok((p[0].revents != 0, p[1].revents != 0))
     }
 
     fn stopping(&self) -> bool {
@@ -416,28 +425,10 @@ impl VgpuServer {
     /// Waits for a connection or the stop request.
     fn accept(&self) -> Option<UnixStream> {
         loop {
-            let mut p = [
-                libc::pollfd {
-                    fd: self.listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.stop.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two valid pollfds.
-            let n = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
-            if n < 0 {
-                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return None;
-            }
-            if p[1].revents != 0 {
-                return None;
+            match self.wait_readable(self.listener.as_raw_fd(), None) {
+                Err(_) | Ok((_, true)) => return None,
+                Ok((false, _)) => continue,
+                Ok((true, false)) => {}
             }
             match self.listener.accept() {
                 Ok((s, _)) => return Some(s),

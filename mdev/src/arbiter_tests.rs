@@ -499,13 +499,14 @@ fn preempt_timeout_defaults_to_kfd_and_is_set_live_within_range() {
     a.shutdown();
 }
 
-#[test]
-fn a_hung_queue_is_reset_after_its_timeout_with_error_22_and_the_good_vm_completes() {
-    let a = arbiter();
-    let mut hung = guest(&a, "hung", 2, false);
-    let mut good = guest(&a, "good", 12, false);
-    a.set_preempt_timeout(hung.h, Duration::from_millis(20))
-        .unwrap();
+/// `name` (priority 2, preemption timeout `t`) with a kernel that never
+/// reaches a save point on an HQD, beside "good" (priority 12) with its
+/// vHQD 0 loaded and nothing rung; returns both and the hung kernel's
+/// completion signal.
+fn hung_beside_good(a: &GpuArbiter, name: &str, t: Duration) -> (Guest, Guest, u64) {
+    let mut hung = guest(a, name, 2, false);
+    let good = guest(a, "good", 12, false);
+    a.set_preempt_timeout(hung.h, t).unwrap();
     let addr = mqd_addr(&hung.q);
     hung.load(0, addr);
     hung.tvm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
@@ -516,6 +517,13 @@ fn a_hung_queue_is_reset_after_its_timeout_with_error_22_and_the_good_vm_complet
     });
     let addr = mqd_addr(&good.q);
     good.load(0, addr);
+    (hung, good, hs)
+}
+
+#[test]
+fn a_hung_queue_is_reset_after_its_timeout_with_error_22_and_the_good_vm_completes() {
+    let a = arbiter();
+    let (hung, mut good, hs) = hung_beside_good(&a, "hung", Duration::from_millis(20));
     let mut last = 0;
     for k in 0..4 {
         last = good.kernel(16, 20_000, k);
@@ -788,21 +796,9 @@ fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
     a.remove_vm(clean.h);
 
     // Escalation: a hang, a removal, a re-registration.
-    let mut hung = guest(&a, "hung", 2, false);
-    let mut good = guest(&a, "good", 12, false);
     // Above 4x the escalation's 100 ms floor, so that one hang shows.
     let t = Duration::from_millis(800);
-    a.set_preempt_timeout(hung.h, t).unwrap();
-    let addr = mqd_addr(&hung.q);
-    hung.load(0, addr);
-    hung.tvm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
-    hung.kernel(4, 60_000_000_000, 1);
-    hung.ring(0);
-    hung.wait_until("hung on an HQD", |g| {
-        g.fe.reg_read(hr(0, reg::CP_HQD_STATE)) == abi::vgpu::hqd_state::ON_HQD
-    });
-    let addr = mqd_addr(&good.q);
-    good.load(0, addr);
+    let (hung, mut good, _) = hung_beside_good(&a, "hung", t);
     let last = good.kernel(16, 20_000, 1);
     good.ring(0);
     good.wait_until("good kernels", |g| g.signal(last) <= 0);
@@ -837,21 +833,9 @@ fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
 #[test]
 fn a_timeout_after_the_resumption_goes_to_the_heir() {
     let a = arbiter();
-    let mut hung = guest(&a, "heir", 2, false);
-    let mut good = guest(&a, "good", 12, false);
     let t = Duration::from_millis(5_600);
-    a.set_preempt_timeout(hung.h, t).unwrap();
-    let addr = mqd_addr(&hung.q);
-    hung.load(0, addr);
-    hung.tvm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
-    hung.kernel(4, 60_000_000_000, 1);
-    hung.ring(0);
-    hung.wait_until("hung on an HQD", |g| {
-        g.fe.reg_read(hr(0, reg::CP_HQD_STATE)) == abi::vgpu::hqd_state::ON_HQD
-    });
+    let (hung, mut good, _) = hung_beside_good(&a, "heir", t);
     let asked = a.stats().preemptions;
-    let addr = mqd_addr(&good.q);
-    good.load(0, addr);
     good.kernel(16, 20_000, 1);
     good.ring(0);
     good.wait_until("preemption asked", |_| a.stats().preemptions > asked);

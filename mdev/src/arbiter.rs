@@ -736,9 +736,9 @@ impl GpuArbiter {
             // what still happens to it comes here.
             earlier = old.guard.clone();
             hangs = old.hangs.iter().copied().collect();
-            if old.queue.iter().any(Option::is_some) {
-                old.heir = Some(vm.0);
-            }
+            // Also when its queues are gone: an older registration still
+            // draining may forward to it.
+            old.heir = Some(vm.0);
         }
         if h.cleared {
             earlier.clear();

@@ -140,22 +140,12 @@ pub struct VmHistory {
     from: u32,
     guard: VmGuard,
     hangs: Vec<Nanos>,
-    /// The operator cleared the quarantine while no client was connected.
-    cleared: bool,
 }
 
 impl VmHistory {
     /// Why and when the vGPU was quarantined by the guard (`None`: it was not).
     pub fn quarantined(&self) -> Option<crate::guard::Trip> {
         self.guard.trip()
-    }
-
-    /// Lifts the guard quarantine and forgets the guard's counts in the
-    /// window (the operator's clear-quarantine while no client is
-    /// connected). Returns whether it was quarantined.
-    pub fn clear_quarantine(&mut self) -> bool {
-        self.cleared = true;
-        self.guard.clear()
     }
 
     /// Preemption timeouts remembered for the escalation.
@@ -678,7 +668,6 @@ impl GpuArbiter {
             from: vm.0,
             guard: core.vms[v].guard.clone(),
             hangs: core.vms[v].hangs.iter().copied().collect(),
-            cleared: false,
         };
         let last = core.bind.scheduler().vm_stats(VmId(vm.0));
         let guard = core.vms[v].guard.totals();
@@ -740,9 +729,6 @@ impl GpuArbiter {
             // draining may forward to it.
             old.heir = Some(vm.0);
         }
-        if h.cleared {
-            earlier.clear();
-        }
         let s = &mut core.vms[vm.0 as usize];
         s.guard.resume(&earlier);
         let skip = hangs.len().saturating_sub(MAX_CARRIED_HANGS);
@@ -756,6 +742,36 @@ impl GpuArbiter {
             );
         }
         Ok(())
+    }
+
+    /// Why and when the vGPU whose history `h` is was quarantined by the
+    /// guard (`None`: it is not), with what happened to its last
+    /// registration since `h` was taken (a pending preemption that timed
+    /// out after the removal).
+    pub fn history_quarantine(&self, h: &VmHistory) -> Option<crate::guard::Trip> {
+        let c = lock(&self.core);
+        match c.vms.get(h.from as usize).filter(|_| h.arbiter == self.id) {
+            Some(old) => old.guard.trip(),
+            None => h.guard.trip(),
+        }
+    }
+
+    /// Lifts the guard quarantine of the vGPU whose history `h` is, and
+    /// forgets its guard counts in the window: the operator's
+    /// clear-quarantine while no client is connected (in `h` and in its
+    /// last registration's slot, which the next registration reads).
+    /// Returns whether it was quarantined.
+    pub fn clear_history_quarantine(&self, h: &mut VmHistory) -> bool {
+        let mut c = lock(&self.core);
+        let old = match c
+            .vms
+            .get_mut(h.from as usize)
+            .filter(|_| h.arbiter == self.id)
+        {
+            Some(old) => old.guard.clear(),
+            None => false,
+        };
+        h.guard.clear() || old
     }
 
     /// Drops a removed VM's front end and memory once none of its queues is

@@ -789,7 +789,10 @@ fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
     );
     // Cleared in the history (no client connected): the next one starts clean.
     a.remove_vm(again.h);
-    assert!(hist.clear_quarantine());
+    assert!(a.history_quarantine(&hist).is_some());
+    assert!(a.clear_history_quarantine(&mut hist));
+    assert!(a.history_quarantine(&hist).is_none());
+    assert!(!a.clear_history_quarantine(&mut hist));
     let clean = guest(&a, "q", 5, false);
     a.resume_history(clean.h, hist).unwrap();
     assert!(a.guard_status(clean.h).unwrap().quarantined.is_none());

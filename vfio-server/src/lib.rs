@@ -285,7 +285,10 @@ impl VgpuServer {
         let reg = lock(&self.handle);
         match reg.handle {
             Some(h) => self.arbiter.guard_status(h).and_then(|g| g.quarantined),
-            None => reg.history.as_ref().and_then(VmHistory::quarantined),
+            None => reg
+                .history
+                .as_ref()
+                .and_then(|h| self.arbiter.history_quarantine(h)),
         }
     }
 
@@ -294,10 +297,10 @@ impl VgpuServer {
     /// Returns whether it was quarantined.
     pub fn clear_quarantine(&self) -> bool {
         let mut reg = lock(&self.handle);
-        let kept = reg
-            .history
-            .as_mut()
-            .is_some_and(VmHistory::clear_quarantine);
+        let kept = match reg.history.as_mut() {
+            Some(h) => self.arbiter.clear_history_quarantine(h),
+            None => false,
+        };
         let live = reg
             .handle
             .is_some_and(|h| self.arbiter.clear_quarantine(h).unwrap_or(false));

@@ -400,6 +400,14 @@ fn the_cli_lists_steers_and_removes_vgpus() {
     assert!(out.status.success(), "{out:?}");
     let out = run(&["pause", "b"]);
     assert!(out.status.success(), "{out:?}");
+    // `unquarantine` reaches the vGPU (idle, not quarantined: exit 0).
+    let out = run(&["unquarantine", "b", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["name"], &v["quarantined"]),
+        (&json!("b"), &json!(false))
+    );
     let out = run(&["ps"]);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);

@@ -7,7 +7,12 @@
 //! (the client's DMA_MAPs) and an [`Irqs`] (the client's SET_IRQS
 //! eventfds); when the client goes away, or is killed mid-kernel, the vGPU
 //! is removed from the arbiter as a dying VM is (its queues reset-unmapped)
-//! and the socket accepts the next connection.
+//! and the socket accepts the next connection. What the guard and the hang
+//! escalation learnt about the vGPU is not the connection's: the arbiter
+//! hands it back on removal ([`VmHistory`]) and the next registration takes
+//! it over, so a VMM that reconnects after each hang is escalated and
+//! quarantined as one that stays; only the operator clears it
+//! ([`VgpuServer::clear_quarantine`]) or removes the vGPU.
 //!
 //! What the client sees:
 //! * the PCI config space from [`abi::config_space::vgpu_config_space`],
@@ -22,9 +27,11 @@
 //! Every message is checked before it is acted on (its size against its
 //! command, every range, every fd); a bad one gets an error reply, an
 //! unrecoverable one (a size the stream cannot be resynchronised after)
-//! ends that connection. Each vGPU is served by its own thread with a
-//! bounded send time, so a client that stops reading loses its own
-//! connection and costs the other vGPUs nothing.
+//! ends that connection, and so does silence past
+//! [`ServerOptions::first_message_timeout`] after connecting. Each vGPU is
+//! served by its own thread with a bounded send time, so a client that
+//! stops reading loses its own connection and costs the other vGPUs
+//! nothing.
 #![deny(missing_docs)]
 
 pub mod dma;

@@ -1340,7 +1340,7 @@ impl<O: Copy> Binding<O> {
     /// Gives VM `vm` the remembered timeouts `times` of an earlier
     /// registration of the same vGPU (taken with [`Binding::hang_history`]
     /// on this binding's clock), before its own; at most the most recent
-    /// [`MAX_REMEMBERED_HANGS`] are kept. An unknown VM is ignored.
+    /// 64 (`MAX_REMEMBERED_HANGS`) are kept. An unknown VM is ignored.
     pub fn resume_hangs(&mut self, vm: VmId, times: &[Nanos]) {
         if times.is_empty() || self.sched.vm_params(vm).is_none() {
             return;

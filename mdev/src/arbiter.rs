@@ -1561,7 +1561,16 @@ impl GpuArbiter {
         let Some(s) = c.vms.get_mut(vm as usize) else {
             return;
         };
-        if let Some(t) = s.guard.record(now, what, n) {
+        let trip = s.guard.record(now, what, n);
+        if s.removed {
+            // Its figures were taken at the removal: keep `/metrics` whole.
+            let totals = s.guard.totals();
+            c.tele.vm_guard_final(vm, totals);
+        }
+        let Some(s) = c.vms.get_mut(vm as usize) else {
+            return;
+        };
+        if let Some(t) = trip {
             log::warn!(
                 "vm {}: vGPU quarantined by the misbehaving-VM guard: {t}; new queue loads \
                  are refused (error {}) until the operator clears it",

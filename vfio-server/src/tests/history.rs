@@ -180,4 +180,16 @@ fn a_vmm_leaving_mid_preemption_still_pays_for_the_hang() {
     assert_eq!((trip.count, trip.limit), (2, 1));
     g.load(0);
     assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), error::QUARANTINED);
+    // Both resets are in the vGPU's one series.
+    let m = mdev::probe::exposition_series(&a.metrics_text());
+    let resets: Vec<f64> = m
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("hqdmux_vm_guard_events_total{")
+                && k.contains("vm=\"midhang\"")
+                && k.contains("event=\"reset\"")
+        })
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(resets, [2.0]);
 }

@@ -82,7 +82,11 @@ fn hangs_are_escalated_and_quarantined_across_reconnects_until_the_operator_clea
     g.client.reset().unwrap();
     assert!(srv.quarantined().is_some(), "a reset is no way out");
     g.load(0);
-    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), error::QUARANTINED);
+    // The load is refused by the arbiter's service thread.
+    wait("load refused", || {
+        g.rd(hqd_reg(0, reg::CP_HQD_ERROR)) == error::QUARANTINED
+    });
+    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ACTIVE)), 0);
     assert_ne!(srv.handle(), Some(h));
     drop(g);
     wait("released", || srv.handle().is_none());
@@ -179,7 +183,11 @@ fn a_vmm_leaving_mid_preemption_still_pays_for_the_hang() {
     let trip = srv.quarantined().expect("two resets past a limit of one");
     assert_eq!((trip.count, trip.limit), (2, 1));
     g.load(0);
-    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), error::QUARANTINED);
+    // The load is refused by the arbiter's service thread.
+    wait("load refused", || {
+        g.rd(hqd_reg(0, reg::CP_HQD_ERROR)) == error::QUARANTINED
+    });
+    assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ACTIVE)), 0);
     // Both resets are in the vGPU's one series.
     let m = mdev::probe::exposition_series(&a.metrics_text());
     let resets: Vec<f64> = m

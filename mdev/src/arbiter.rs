@@ -122,6 +122,45 @@ pub struct DoorbellSeen {
     pub issued: Option<Instant>,
 }
 
+/// What a vGPU carries from one registration with an arbiter to the next
+/// (issue 19): its misbehaving-VM guard (counts in the window and any
+/// quarantine) and its remembered preemption timeouts (the hang
+/// escalation). Taken by [`GpuArbiter::remove_vm_keeping`], given to the
+/// next registration of the same vGPU by [`GpuArbiter::resume_history`]:
+/// a VMM that disconnects and reconnects (or resets the device) after each
+/// hang is escalated and quarantined as one that stays. Dropping it (an
+/// operator removing the vGPU) is what starts the vGPU over.
+#[derive(Clone, Debug)]
+pub struct VmHistory {
+    /// The arbiter whose clock the times are on.
+    arbiter: u64,
+    /// The handle it was taken from: a preemption of that VM's queues
+    /// still pending at its removal may time out later, and counts for the
+    /// vGPU all the same (read at resume, forwarded after).
+    from: u32,
+    guard: VmGuard,
+    hangs: Vec<Nanos>,
+}
+
+impl VmHistory {
+    /// Why and when the vGPU was quarantined by the guard (`None`: it was not).
+    pub fn quarantined(&self) -> Option<crate::guard::Trip> {
+        self.guard.trip()
+    }
+
+    /// Preemption timeouts remembered for the escalation.
+    pub fn hangs(&self) -> usize {
+        self.hangs.len()
+    }
+}
+
+/// Most preemption-timeout times a VM's slot keeps for its [`VmHistory`]
+/// (the binding's escalation remembers as many).
+const MAX_CARRIED_HANGS: usize = 64;
+
+/// Arbiter identities (a [`VmHistory`] is resumed on its own arbiter's clock).
+static NEXT_ARBITER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Benchmark hook called on the service thread (none in production).
 pub type DoorbellObserver = Arc<dyn Fn(DoorbellSeen) + Send + Sync>;
 
@@ -147,6 +186,13 @@ struct VmSlot {
     removed: bool,
     /// Misbehaving-VM guard (issue 11).
     guard: VmGuard,
+    /// Times of its preemption timeouts (at most [`MAX_CARRIED_HANGS`]),
+    /// kept with the slot for its [`VmHistory`] (the binding forgets a
+    /// removed VM's).
+    hangs: std::collections::VecDeque<Nanos>,
+    /// The registration that resumed its history: guard events and
+    /// preemption timeouts of its queues still draining go there.
+    heir: Option<u32>,
     /// A host bug while serving it took its vGPU away.
     quarantined: bool,
     /// Removed and older than the retained removed VMs: the slot goes as
@@ -413,6 +459,8 @@ impl RequestSink for Requests {
 /// [`GpuArbiter::shutdown`] (the service thread holds a reference, so
 /// dropping the last handle does not stop it).
 pub struct GpuArbiter {
+    /// Identity (see [`VmHistory`]).
+    id: u64,
     topo: GpuTopology,
     core: Mutex<Core>,
     /// Notified when a VM's queues are all gone.
@@ -456,6 +504,7 @@ impl GpuArbiter {
         )?;
         let tele = Telemetry::new(&topo, timeline::RingLimits::default());
         let a = Arc::new(GpuArbiter {
+            id: NEXT_ARBITER_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             topo,
             core: Mutex::new(Core {
                 bind,
@@ -575,6 +624,8 @@ impl GpuArbiter {
             wptr_poll: [0; NUM_VHQD],
             removed: false,
             guard: VmGuard::new(GuardConfig::default()),
+            hangs: Default::default(),
+            heir: None,
             quarantined: false,
             forget: false,
         });
@@ -587,10 +638,18 @@ impl GpuArbiter {
     /// front end or memory (released at once if its queues are already gone,
     /// else when the last one is).
     pub fn remove_vm(&self, vm: VgpuHandle) {
+        self.remove_vm_keeping(vm);
+    }
+
+    /// [`GpuArbiter::remove_vm`], handing back what the VM's next
+    /// registration takes over ([`VmHistory`]; `None` for a VM unknown or
+    /// already removed). Taken under the same lock as the removal: nothing
+    /// the VM did before it is lost.
+    pub fn remove_vm_keeping(&self, vm: VgpuHandle) -> Option<VmHistory> {
         let mut c = lock(&self.core);
         let v = vm.0 as usize;
         if c.vms.get(v).is_none_or(|e| e.removed) {
-            return;
+            return None;
         }
         c.vms[v].removed = true;
         if let Some(fe) = c.vms[v].fe.clone() {
@@ -604,6 +663,12 @@ impl GpuArbiter {
         let now = self.now();
         self.count_refused(&mut c);
         let core = &mut *c;
+        let history = VmHistory {
+            arbiter: self.id,
+            from: vm.0,
+            guard: core.vms[v].guard.clone(),
+            hangs: core.vms[v].hangs.iter().copied().collect(),
+        };
         let last = core.bind.scheduler().vm_stats(VmId(vm.0));
         let guard = core.vms[v].guard.totals();
         core.tele.vm_guard_final(vm.0, guard);
@@ -633,6 +698,80 @@ impl GpuArbiter {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        Some(history)
+    }
+
+    /// Gives VM `vm` what an earlier registration of the same vGPU left
+    /// ([`GpuArbiter::remove_vm_keeping`]): its guard quarantine, its guard
+    /// counts in the window (when its limits are the same, as
+    /// [`GpuArbiter::set_guard`] would) and its remembered preemption
+    /// timeouts. Call it after the VM's limits are set and before its
+    /// front end is served. A history of another arbiter brings its
+    /// quarantine only (its times are on another clock).
+    pub fn resume_history(&self, vm: VgpuHandle, h: VmHistory) -> Result<(), ArbiterError> {
+        let mut c = lock(&self.core);
+        let core = &mut *c;
+        core.vms
+            .get(vm.0 as usize)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let (mut earlier, mut hangs) = (h.guard, h.hangs);
+        if h.arbiter != self.id {
+            earlier.set_limits(earlier.limits());
+            hangs.clear();
+        } else if let Some(old) = core.vms.get_mut(h.from as usize).filter(|o| o.removed) {
+            // The old registration's slot has what happened since the
+            // history was taken (a pending preemption that timed out);
+            // what still happens to it comes here.
+            earlier = old.guard.clone();
+            hangs = old.hangs.iter().copied().collect();
+            // Also when its queues are gone: an older registration still
+            // draining may forward to it.
+            old.heir = Some(vm.0);
+        }
+        let s = &mut core.vms[vm.0 as usize];
+        s.guard.resume(&earlier);
+        let skip = hangs.len().saturating_sub(MAX_CARRIED_HANGS);
+        s.hangs = hangs.iter().copied().skip(skip).collect();
+        core.bind.resume_hangs(VmId(vm.0), &hangs);
+        if let Some(t) = s.guard.trip() {
+            log::info!(
+                "vm {}: vGPU still quarantined by the misbehaving-VM guard ({t}) from its \
+                 earlier connection; new queue loads are refused until the operator clears it",
+                s.fe.as_ref().map_or("?", |f| f.name())
+            );
+        }
+        Ok(())
+    }
+
+    /// Why and when the vGPU whose history `h` is was quarantined by the
+    /// guard (`None`: it is not), with what happened to its last
+    /// registration since `h` was taken (a pending preemption that timed
+    /// out after the removal).
+    pub fn history_quarantine(&self, h: &VmHistory) -> Option<crate::guard::Trip> {
+        let c = lock(&self.core);
+        match c.vms.get(h.from as usize).filter(|_| h.arbiter == self.id) {
+            Some(old) => old.guard.trip(),
+            None => h.guard.trip(),
+        }
+    }
+
+    /// Lifts the guard quarantine of the vGPU whose history `h` is, and
+    /// forgets its guard counts in the window: the operator's
+    /// clear-quarantine while no client is connected (in `h` and in its
+    /// last registration's slot, which the next registration reads).
+    /// Returns whether it was quarantined.
+    pub fn clear_history_quarantine(&self, h: &mut VmHistory) -> bool {
+        let mut c = lock(&self.core);
+        let old = match c
+            .vms
+            .get_mut(h.from as usize)
+            .filter(|_| h.arbiter == self.id)
+        {
+            Some(old) => old.guard.clear(),
+            None => false,
+        };
+        h.guard.clear() || old
     }
 
     /// Drops a removed VM's front end and memory once none of its queues is
@@ -1402,10 +1541,36 @@ impl GpuArbiter {
     /// log line; its loads are refused from now on).
     fn guard_note(&self, c: &mut Core, vm: u32, what: GuardEvent, n: u64) {
         let now = self.now();
+        // A removed VM whose history a later registration resumed: that
+        // one's guard counts it (its queues were still draining).
+        let own = vm;
+        let vm = Self::heir_of(c, own);
+        if what == GuardEvent::Reset {
+            if let Some(s) = c.vms.get_mut(vm as usize) {
+                if s.hangs.len() >= MAX_CARRIED_HANGS {
+                    s.hangs.pop_front();
+                }
+                s.hangs.push_back(now);
+                if vm != own && !s.removed {
+                    // A forwarded timeout escalates the heir's next one
+                    // (the binding counted it for the removed VM).
+                    c.bind.resume_hangs(VmId(vm), &[now]);
+                }
+            }
+        }
         let Some(s) = c.vms.get_mut(vm as usize) else {
             return;
         };
-        if let Some(t) = s.guard.record(now, what, n) {
+        let trip = s.guard.record(now, what, n);
+        if s.removed {
+            // Its figures were taken at the removal: keep `/metrics` whole.
+            let totals = s.guard.totals();
+            c.tele.vm_guard_final(vm, totals);
+        }
+        let Some(s) = c.vms.get_mut(vm as usize) else {
+            return;
+        };
+        if let Some(t) = trip {
             log::warn!(
                 "vm {}: vGPU quarantined by the misbehaving-VM guard: {t}; new queue loads \
                  are refused (error {}) until the operator clears it",
@@ -1414,6 +1579,23 @@ impl GpuArbiter {
             );
             c.guard_quarantines += 1;
         }
+    }
+
+    /// The registration that carries removed VM `vm`'s history (following
+    /// a few resumptions), else `vm` itself.
+    fn heir_of(c: &Core, mut vm: u32) -> u32 {
+        for _ in 0..8 {
+            match c
+                .vms
+                .get(vm as usize)
+                .filter(|s| s.removed)
+                .and_then(|s| s.heir)
+            {
+                Some(h) => vm = h,
+                None => break,
+            }
+        }
+        vm
     }
 
     /// VM `vm`'s guard: limits, counts in the window, and whether (why,

@@ -499,13 +499,14 @@ fn preempt_timeout_defaults_to_kfd_and_is_set_live_within_range() {
     a.shutdown();
 }
 
-#[test]
-fn a_hung_queue_is_reset_after_its_timeout_with_error_22_and_the_good_vm_completes() {
-    let a = arbiter();
-    let mut hung = guest(&a, "hung", 2, false);
-    let mut good = guest(&a, "good", 12, false);
-    a.set_preempt_timeout(hung.h, Duration::from_millis(20))
-        .unwrap();
+/// `name` (priority 2, preemption timeout `t`) with a kernel that never
+/// reaches a save point on an HQD, beside "good" (priority 12) with its
+/// vHQD 0 loaded and nothing rung; returns both and the hung kernel's
+/// completion signal.
+fn hung_beside_good(a: &GpuArbiter, name: &str, t: Duration) -> (Guest, Guest, u64) {
+    let mut hung = guest(a, name, 2, false);
+    let good = guest(a, "good", 12, false);
+    a.set_preempt_timeout(hung.h, t).unwrap();
     let addr = mqd_addr(&hung.q);
     hung.load(0, addr);
     hung.tvm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
@@ -516,6 +517,13 @@ fn a_hung_queue_is_reset_after_its_timeout_with_error_22_and_the_good_vm_complet
     });
     let addr = mqd_addr(&good.q);
     good.load(0, addr);
+    (hung, good, hs)
+}
+
+#[test]
+fn a_hung_queue_is_reset_after_its_timeout_with_error_22_and_the_good_vm_completes() {
+    let a = arbiter();
+    let (hung, mut good, hs) = hung_beside_good(&a, "hung", Duration::from_millis(20));
     let mut last = 0;
     for k in 0..4 {
         last = good.kernel(16, 20_000, k);
@@ -741,5 +749,110 @@ fn the_effective_preemption_timeout_starts_as_the_vms_own() {
         Some(Duration::from_millis(1234))
     );
     assert_eq!(a.effective_preempt_timeout(VgpuHandle(99)), None);
+    a.shutdown();
+}
+
+/// Issue 19: what a VM leaves on removal ([`GpuArbiter::remove_vm_keeping`])
+/// and its next registration takes ([`GpuArbiter::resume_history`]): the
+/// guard's quarantine (loads still refused) and the hang escalation (the
+/// escalated timeout, not the VM's own); a registration without it starts
+/// over.
+#[test]
+fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
+    let a = arbiter();
+    let limits = crate::guard::GuardConfig {
+        max_queue_errors: 1,
+        ..Default::default()
+    };
+    // Quarantine: two refused loads past a limit of one.
+    let g = guest(&a, "q", 5, false);
+    a.set_guard(g.h, limits).unwrap();
+    for _ in 0..2 {
+        g.load(1, 0x1000);
+    }
+    assert!(a.guard_status(g.h).unwrap().quarantined.is_some());
+    let mut hist = a.remove_vm_keeping(g.h).expect("a history");
+    assert!(a.remove_vm_keeping(g.h).is_none(), "removed once");
+    assert!(hist.quarantined().is_some());
+    let again = guest(&a, "q", 5, false);
+    a.set_guard(again.h, limits).unwrap();
+    a.resume_history(again.h, hist.clone()).unwrap();
+    let st = a.guard_status(again.h).unwrap();
+    assert!(st.quarantined.is_some(), "still quarantined");
+    assert_eq!(st.totals, [0; 3], "totals are the registration's");
+    let addr = mqd_addr(&again.q);
+    again.load(0, addr);
+    again.wait_until("refused", |g| g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0);
+    assert_eq!(
+        again.fe.reg_read(hr(0, reg::CP_HQD_ERROR)),
+        abi::vgpu::error::QUARANTINED
+    );
+    // Cleared in the history (no client connected): the next one starts clean.
+    a.remove_vm(again.h);
+    assert!(a.history_quarantine(&hist).is_some());
+    assert!(a.clear_history_quarantine(&mut hist));
+    assert!(a.history_quarantine(&hist).is_none());
+    assert!(!a.clear_history_quarantine(&mut hist));
+    let clean = guest(&a, "q", 5, false);
+    a.resume_history(clean.h, hist).unwrap();
+    assert!(a.guard_status(clean.h).unwrap().quarantined.is_none());
+    a.remove_vm(clean.h);
+
+    // Escalation: a hang, a removal, a re-registration.
+    // Above 4x the escalation's 100 ms floor, so that one hang shows.
+    let t = Duration::from_millis(800);
+    let (hung, mut good, _) = hung_beside_good(&a, "hung", t);
+    let last = good.kernel(16, 20_000, 1);
+    good.ring(0);
+    good.wait_until("good kernels", |g| g.signal(last) <= 0);
+    hung.wait_until("error 22", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)) == abi::vgpu::error::PREEMPTION_TIMEOUT
+    });
+    let escalated = a.effective_preempt_timeout(hung.h).unwrap();
+    assert!(escalated < t, "{escalated:?}");
+    let hist = a.remove_vm_keeping(hung.h).unwrap();
+    assert_eq!(hist.hangs(), 1);
+    let fresh = guest(&a, "hung", 2, false);
+    a.set_preempt_timeout(fresh.h, t).unwrap();
+    assert_eq!(a.effective_preempt_timeout(fresh.h), Some(t), "starts over");
+    let back = guest(&a, "hung", 2, false);
+    a.set_preempt_timeout(back.h, t).unwrap();
+    a.resume_history(back.h, hist).unwrap();
+    assert_eq!(a.effective_preempt_timeout(back.h), Some(escalated));
+    assert_eq!(a.guard_status(back.h).unwrap().resets, 1);
+    assert!(a
+        .resume_history(hung.h, a.remove_vm_keeping(back.h).unwrap())
+        .is_err());
+    for h in [fresh.h, good.h] {
+        a.remove_vm(h);
+    }
+    a.shutdown();
+}
+
+/// Issue 19: a preemption still pending when its VM's removal stopped
+/// waiting (5 s) times out after the vGPU's next registration resumed the
+/// history: the timeout is forwarded to that registration (escalation and
+/// guard). Takes the timeout's 5.6 s; asserts no duration.
+#[test]
+fn a_timeout_after_the_resumption_goes_to_the_heir() {
+    let a = arbiter();
+    let t = Duration::from_millis(5_600);
+    let (hung, mut good, _) = hung_beside_good(&a, "heir", t);
+    let asked = a.stats().preemptions;
+    good.kernel(16, 20_000, 1);
+    good.ring(0);
+    good.wait_until("preemption asked", |_| a.stats().preemptions > asked);
+    let hist = a.remove_vm_keeping(hung.h).unwrap();
+    if a.stats().preempt_timeouts > 0 {
+        eprintln!("the removal waited the timeout out: the heir path is not reached here");
+    }
+    let back = guest(&a, "heir", 2, false);
+    a.set_preempt_timeout(back.h, t).unwrap();
+    a.resume_history(back.h, hist).unwrap();
+    back.wait_until("timed out", |_| a.stats().preempt_timeouts == 1);
+    assert!(a.effective_preempt_timeout(back.h).unwrap() < t);
+    assert_eq!(a.guard_status(back.h).unwrap().resets, 1);
+    a.remove_vm(back.h);
+    a.remove_vm(good.h);
     a.shutdown();
 }

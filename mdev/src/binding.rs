@@ -1326,6 +1326,34 @@ impl<O: Copy> Binding<O> {
         Some(self.effective_timeout(vm, now))
     }
 
+    /// VM `vm`'s remembered preemption timeouts (times, oldest first), for
+    /// a later registration of the same vGPU ([`Binding::resume_hangs`]):
+    /// a client that reconnects after each hang is escalated as one that
+    /// stays.
+    pub fn hang_history(&self, vm: VmId) -> Vec<Nanos> {
+        self.hangs
+            .get(&vm)
+            .map(|h| h.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Gives VM `vm` the remembered timeouts `times` of an earlier
+    /// registration of the same vGPU (taken with [`Binding::hang_history`]
+    /// on this binding's clock), before its own; at most the most recent
+    /// 64 (`MAX_REMEMBERED_HANGS`) are kept. An unknown VM is ignored.
+    pub fn resume_hangs(&mut self, vm: VmId, times: &[Nanos]) {
+        if times.is_empty() || self.sched.vm_params(vm).is_none() {
+            return;
+        }
+        self.gen += 1;
+        let h = self.hangs.entry(vm).or_default();
+        let own: Vec<Nanos> = h.drain(..).collect();
+        let mut all: Vec<Nanos> = times.iter().copied().chain(own).collect();
+        all.sort_unstable();
+        let skip = all.len().saturating_sub(MAX_REMEMBERED_HANGS);
+        h.extend(all.into_iter().skip(skip));
+    }
+
     /// Sets how repeated preemption timeouts shorten a VM's timeout.
     pub fn set_hang_escalation(&mut self, e: HangEscalation) {
         self.gen += 1;

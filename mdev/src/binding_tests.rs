@@ -1177,6 +1177,66 @@ fn review21_readded_vm_after_two_resets() {
     readded(2);
 }
 
+/// A rig where VM 0 (priority 8) runs `kernels` 100 ms kernels on queue 0
+/// (doorbell rung) beside VM 1 (priority 8, returned), which has none yet.
+fn busy_beside_vm1(kernels: u32) -> (GpuTopology, Rig, TestVm) {
+    let topo = GpuTopology::tiny();
+    let mut rig = Rig::new(topo.clone());
+    let mut good_vm = vm(&mut rig, 0, 8);
+    let bad_vm = vm(&mut rig, 1, 8);
+    let mut good = good_vm.queue(&topo, 4096, 0);
+    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    for k in 0..kernels {
+        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    (topo, rig, bad_vm)
+}
+
+/// Issue 19: a VM removed after a preemption-timeout reset and re-added
+/// with the hang history it left ([`Binding::hang_history`],
+/// [`Binding::resume_hangs`]) is escalated as if it had stayed; re-added
+/// without it (an operator's re-creation) it starts over.
+#[test]
+fn a_vm_readded_with_its_hang_history_keeps_its_escalated_timeout() {
+    let (topo, mut rig, mut bad_vm) = busy_beside_vm1(200);
+    let base = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    load_hang(&mut rig, &topo, &mut bad_vm, 100);
+    run_until(&mut rig, u64::MAX, |n| {
+        matches!(n, Notice::QueueError { owner: 1, .. })
+    });
+    let escalated = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
+    assert!(escalated < base, "{escalated} after a hang, {base} before");
+    let hist = rig.b.hang_history(VmId(1));
+    assert_eq!(hist.len(), 1);
+    let mut out = Vec::new();
+    rig.b
+        .remove_vm(&mut rig.gpu, rig.now, VmId(1), &mut out)
+        .unwrap();
+    rig.take(out);
+    rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+    assert!(rig.b.hang_history(VmId(1)).is_empty(), "gone with the VM");
+    vm(&mut rig, 1, 8);
+    assert_eq!(
+        rig.b.effective_preempt_timeout(VmId(1), rig.now),
+        Some(base),
+        "re-added without its history: starts over"
+    );
+    rig.b.resume_hangs(VmId(1), &hist);
+    assert_eq!(
+        rig.b.effective_preempt_timeout(VmId(1), rig.now),
+        Some(escalated),
+        "re-added with it: as if it had stayed"
+    );
+    // Resuming never holds more than the most remembered.
+    let many: Vec<Nanos> = (0..200).map(|i| rig.now.saturating_sub(i)).collect();
+    rig.b.resume_hangs(VmId(1), &many);
+    assert_eq!(rig.b.hang_history(VmId(1)).len(), 64);
+    // An unknown VM takes nothing.
+    rig.b.resume_hangs(VmId(9), &hist);
+    assert!(rig.b.hang_history(VmId(9)).is_empty());
+}
+
 /// Control of [`review21_readded_vm_after_two_resets`]: no hang, VM 1
 /// removed and re-added at the same instant.
 #[test]
@@ -1185,16 +1245,7 @@ fn review21_readded_vm_control() {
 }
 
 fn readded(hangs: u32) {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut good_vm = vm(&mut rig, 0, 8);
-    let mut bad_vm = vm(&mut rig, 1, 8);
-    let mut good = good_vm.queue(&topo, 4096, 0);
-    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-    for k in 0..2000 {
-        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
-    }
-    rig.doorbell(QueueId(0), good.wptr);
+    let (topo, mut rig, mut bad_vm) = busy_beside_vm1(2000);
     if hangs == 0 {
         rig.run(11_280_010_000, |_| false);
     }

@@ -262,6 +262,23 @@ impl VmGuard {
         self.totals = totals;
     }
 
+    /// Takes over what an earlier registration of the same vGPU left
+    /// ([`GpuArbiter::remove_vm_keeping`](crate::arbiter::GpuArbiter::remove_vm_keeping)):
+    /// its quarantine, and its counts in the window when the limits are the
+    /// same (as [`VmGuard::set_limits`], other limits restart the counts).
+    /// The totals stay this registration's: telemetry adds the earlier
+    /// ones by name.
+    pub fn resume(&mut self, earlier: &VmGuard) {
+        if earlier.cfg == self.cfg {
+            self.resets = earlier.resets.clone();
+            self.errors = earlier.errors.clone();
+            self.stale = earlier.stale.clone();
+        }
+        if self.quarantine.is_none() {
+            self.quarantine = earlier.quarantine;
+        }
+    }
+
     /// Counts `n` events of kind `what` at `now`. Returns the trip when this
     /// makes the VM quarantined (once; `None` while already quarantined).
     pub fn record(&mut self, now: Nanos, what: GuardEvent, n: u64) -> Option<Trip> {
@@ -284,6 +301,11 @@ impl VmGuard {
         };
         self.quarantine = Some(t);
         Some(t)
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> GuardConfig {
+        self.cfg
     }
 
     /// Why the VM is quarantined (`None` when it is not).
@@ -396,6 +418,33 @@ mod tests {
             .to_string(),
             "guard.window_ms: 0 is out of range 1..=86400000 (ms)"
         );
+    }
+
+    #[test]
+    fn a_resumed_guard_keeps_the_quarantine_and_the_counts_of_the_same_limits() {
+        let mut g = VmGuard::new(GuardConfig::default());
+        for i in 0..3 {
+            assert_eq!(g.record(i * MS, GuardEvent::Reset, 1), None);
+        }
+        // Same limits: the fourth reset trips as it would have.
+        let mut next = VmGuard::new(GuardConfig::default());
+        next.resume(&g);
+        assert_eq!(next.totals(), [0; 3], "totals are the registration's");
+        assert!(next.record(10 * MS, GuardEvent::Reset, 1).is_some());
+        // A quarantine carries whatever the limits.
+        let strict = GuardConfig {
+            max_resets: 1,
+            ..Default::default()
+        };
+        let mut other = VmGuard::new(strict);
+        other.resume(&next);
+        assert!(other.quarantined());
+        assert_eq!(other.status(10 * MS).resets, 0, "other limits restart");
+        // Other limits: the counts restart (the window may differ).
+        let mut fresh = VmGuard::new(strict);
+        fresh.resume(&g);
+        assert!(!fresh.quarantined());
+        assert_eq!(fresh.record(11 * MS, GuardEvent::Reset, 1), None);
     }
 
     proptest! {

@@ -334,3 +334,55 @@ pub fn doorbell_spans(
     pin_current(None);
     out
 }
+
+/// A `/metrics` exposition as `series -> value` (`series` is the name
+/// with its label set), panicking when a series is printed twice:
+/// Prometheus rejects such a scrape. For the tests of every crate that
+/// renders the arbiter's metrics.
+pub fn exposition_series(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut m = std::collections::BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, v) = line.rsplit_once(' ').expect("sample value");
+        let v = match v {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().expect("a number"),
+        };
+        assert!(
+            m.insert(series.to_string(), v).is_none(),
+            "duplicate series {series}\n{text}"
+        );
+    }
+    m
+}
+
+/// `promtool check metrics` on an exposition, panicking on anything it
+/// says; skipped (a line on stderr) where promtool is not installed
+/// (Debian's `prometheus` package has it).
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("promtool not installed: skipped (apt-get install prometheus)");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(text.as_bytes())
+        .expect("promtool reads its input");
+    let out = child.wait_with_output().expect("promtool ran");
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

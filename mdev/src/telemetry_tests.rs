@@ -367,11 +367,7 @@ fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
 /// Every series of an exposition: no two with the same name and label set
 /// (Prometheus rejects a scrape with duplicates).
 fn assert_unique_series(text: &str) {
-    let mut seen = std::collections::HashSet::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (series, _) = line.rsplit_once(' ').expect("sample value");
-        assert!(seen.insert(series.to_string()), "duplicate series {series}");
-    }
+    crate::probe::exposition_series(text);
 }
 
 /// A name registered again after its VM was removed (a vGPU whose VMM
@@ -723,8 +719,6 @@ fn quarantine_reasons_name_the_trip_and_host_bugs_first() {
 /// installed.
 #[test]
 fn exposition_is_promtool_clean() {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
     let (mut rig, qs) = scenario();
     rig.doorbell(QueueId(0), qs[0].1.wptr);
     rig.run(300_000);
@@ -759,27 +753,5 @@ fn exposition_is_promtool_clean() {
     for fam in ["hqdmux_vm_entitled_share{", "hqdmux_vm_received_share{"] {
         assert_eq!(text.matches(fam).count(), 2, "{fam}");
     }
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let Ok(mut child) = child else {
-        eprintln!("promtool not installed: skipped (apt-get install prometheus)");
-        return;
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool: {}{}\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::probe::promtool_check(&text);
 }

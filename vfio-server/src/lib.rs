@@ -7,7 +7,12 @@
 //! (the client's DMA_MAPs) and an [`Irqs`] (the client's SET_IRQS
 //! eventfds); when the client goes away, or is killed mid-kernel, the vGPU
 //! is removed from the arbiter as a dying VM is (its queues reset-unmapped)
-//! and the socket accepts the next connection.
+//! and the socket accepts the next connection. What the guard and the hang
+//! escalation learnt about the vGPU is not the connection's: the arbiter
+//! hands it back on removal ([`VmHistory`]) and the next registration takes
+//! it over, so a VMM that reconnects after each hang is escalated and
+//! quarantined as one that stays; only the operator clears it
+//! ([`VgpuServer::clear_quarantine`]) or removes the vGPU.
 //!
 //! What the client sees:
 //! * the PCI config space from [`abi::config_space::vgpu_config_space`],
@@ -22,9 +27,11 @@
 //! Every message is checked before it is acted on (its size against its
 //! command, every range, every fd); a bad one gets an error reply, an
 //! unrecoverable one (a size the stream cannot be resynchronised after)
-//! ends that connection. Each vGPU is served by its own thread with a
-//! bounded send time, so a client that stops reading loses its own
-//! connection and costs the other vGPUs nothing.
+//! ends that connection, and so does silence past
+//! [`ServerOptions::first_message_timeout`] after connecting. Each vGPU is
+//! served by its own thread with a bounded send time, so a client that
+//! stops reading loses its own connection and costs the other vGPUs
+//! nothing.
 #![deny(missing_docs)]
 
 pub mod dma;
@@ -46,7 +53,7 @@ use abi::pci::{
     BAR0_SIZE, BAR2_SIZE, MSIX_CAP_OFFSET, MSIX_ENABLE, MSIX_FUNCTION_MASK, MSIX_PBA_OFFSET,
     REGS_SIZE,
 };
-use mdev::arbiter::GpuArbiter;
+use mdev::arbiter::{GpuArbiter, VmHistory};
 use mdev::guard::GuardConfig;
 use mdev::ratelimit::{Admit, RateLimiter};
 use mdev::vgpu::{VgpuFrontEnd, VgpuHandle};
@@ -79,6 +86,12 @@ pub struct ServerOptions {
     /// How long a reply may wait for a client that does not read before
     /// the connection is dropped.
     pub send_timeout: Duration,
+    /// How long a client that connected may keep silent before its first
+    /// message: the vGPU serves one connection at a time, so a client that
+    /// connects and never speaks would hold it; past this the connection
+    /// is dropped (one rate-limited log line) and the next client served.
+    /// Default [`DEFAULT_FIRST_MESSAGE_TIMEOUT`].
+    pub first_message_timeout: Duration,
     /// Offer BAR2 (the doorbells) as an mmap-able page and scan it this
     /// often while the vGPU has a queue loaded ([`mmio`]); `None` (the
     /// default): BAR2 is reached by REGION_WRITE only. Opt-in because a
@@ -93,10 +106,16 @@ pub struct ServerOptions {
 /// (docs/benchmarks.md, "Doorbells over vfio-user": its CPU cost).
 pub const DEFAULT_DOORBELL_POLL: Duration = Duration::from_micros(100);
 
+/// The default [`ServerOptions::first_message_timeout`]: a VMM sends
+/// VERSION as soon as it connects (Cloud Hypervisor, QEMU and hqdmux's own
+/// client all do), so a few seconds is ample.
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             send_timeout: Duration::from_secs(2),
+            first_message_timeout: DEFAULT_FIRST_MESSAGE_TIMEOUT,
             doorbell_poll: None,
         }
     }
@@ -125,8 +144,15 @@ pub struct ServerStats {
     /// (rate-limited), never answered.
     pub unreplied_errors: u64,
     /// Connections ended by the server (unrecoverable message, a client
-    /// that did not read its replies).
+    /// that did not read its replies, a client silent past
+    /// [`ServerOptions::first_message_timeout`]) or by the client in the
+    /// middle of a message. A connection closed because the server stops
+    /// (SIGTERM, the vGPU removed) is a clean close, never counted here,
+    /// whatever it was doing.
     pub dropped: u64,
+    /// Of `dropped`: clients that sent nothing within
+    /// [`ServerOptions::first_message_timeout`].
+    pub silent: u64,
     /// Doorbell writes forwarded (REGION_WRITE to BAR2).
     pub doorbells: u64,
     /// Doorbells noticed in the mmapped BAR2 page.
@@ -154,14 +180,19 @@ pub struct VgpuServer {
     handle: Mutex<Registration>,
     stats: Mutex<ServerStats>,
     poll_stats: Arc<mmio::PollStats>,
+    /// Log lines about connections (a client can open many).
+    conn_log: RateLimiter,
 }
 
 /// The vGPU's registration with the arbiter (under one lock with the spec
 /// changes, so that a steer and a (re)connection cannot miss each other).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Registration {
     handle: Option<VgpuHandle>,
     paused: bool,
+    /// What the last registration left for the next (guard, hang
+    /// escalation): the vGPU's, not a connection's.
+    history: Option<VmHistory>,
 }
 
 /// What [`VgpuServer::with_registration`] hands its closure.
@@ -225,6 +256,7 @@ impl VgpuServer {
             handle: Mutex::new(Registration::default()),
             stats: Mutex::new(ServerStats::default()),
             poll_stats: Arc::new(mmio::PollStats::default()),
+            conn_log: RateLimiter::new(),
         }))
     }
 
@@ -251,6 +283,41 @@ impl VgpuServer {
     /// Paused by the operator.
     pub fn paused(&self) -> bool {
         lock(&self.handle).paused
+    }
+
+    /// Why and when the misbehaving-VM guard quarantined the vGPU (`None`:
+    /// it is not), whether a client is connected or not: a quarantine
+    /// outlives the connection it was earned on.
+    pub fn quarantined(&self) -> Option<mdev::guard::Trip> {
+        let reg = lock(&self.handle);
+        match reg.handle {
+            Some(h) => self.arbiter.guard_status(h).and_then(|g| g.quarantined),
+            None => reg
+                .history
+                .as_ref()
+                .and_then(|h| self.arbiter.history_quarantine(h)),
+        }
+    }
+
+    /// Lifts the vGPU's guard quarantine and forgets its guard counts in
+    /// the window (the operator's clear-quarantine), connected or not.
+    /// Returns whether it was quarantined.
+    pub fn clear_quarantine(&self) -> bool {
+        let mut reg = lock(&self.handle);
+        let kept = match reg.history.as_mut() {
+            Some(h) => self.arbiter.clear_history_quarantine(h),
+            None => false,
+        };
+        let live = reg
+            .handle
+            .is_some_and(|h| self.arbiter.clear_quarantine(h).unwrap_or(false));
+        if kept && reg.handle.is_none() {
+            log::info!(
+                "vgpu {}: guard quarantine cleared by the operator",
+                lock(&self.spec).name
+            );
+        }
+        kept || live
     }
 
     /// Runs `f` under the registration lock with the spec, the pause flag
@@ -305,6 +372,56 @@ impl VgpuServer {
         }
     }
 
+    /// Waits until the client's first byte is there (or it hung up, or the
+    /// server stops): `false` when it stayed silent for
+    /// [`ServerOptions::first_message_timeout`] or the server stops.
+    fn first_message(&self, stream: &UnixStream) -> bool {
+        let deadline = Instant::now() + self.opts.first_message_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match self.wait_readable(stream.as_raw_fd(), Some(left)) {
+                Err(_) => return true, // the recv that follows reports it
+                Ok((_, true)) => return false,
+                Ok((true, _)) => return true,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Polls `fd` for input beside the stop eventfd, for at most `timeout`
+    /// (`None`: no limit); `(fd readable, stop asked)`, both false after
+    /// the timeout or a signal.
+    fn wait_readable(&self, fd: RawFd, timeout: Option<Duration>) -> std::io::Result<(bool, bool)> {
+        let mut p = [
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // Whole milliseconds, rounded up (never a busy 0 ms poll).
+        let ms = timeout.map_or(-1, |t| {
+            i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+        });
+        // SAFETY: two valid pollfds.
+        if unsafe { libc::poll(p.as_mut_ptr(), 2, ms) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok((false, false));
+            }
+            return Err(e);
+        }
+        Ok((p[0].revents != 0, p[1].revents != 0))
+    }
+
     fn stopping(&self) -> bool {
         let mut p = libc::pollfd {
             fd: self.stop.as_raw_fd(),
@@ -318,28 +435,10 @@ impl VgpuServer {
     /// Waits for a connection or the stop request.
     fn accept(&self) -> Option<UnixStream> {
         loop {
-            let mut p = [
-                libc::pollfd {
-                    fd: self.listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.stop.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two valid pollfds.
-            let n = unsafe { libc::poll(p.as_mut_ptr(), 2, -1) };
-            if n < 0 {
-                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return None;
-            }
-            if p[1].revents != 0 {
-                return None;
+            match self.wait_readable(self.listener.as_raw_fd(), None) {
+                Err(_) | Ok((_, true)) => return None,
+                Ok((false, _)) => continue,
+                Ok((true, false)) => {}
             }
             match self.listener.accept() {
                 Ok((s, _)) => return Some(s),
@@ -383,6 +482,25 @@ impl VgpuServer {
         // The vGPU registers with the arbiter at the client's first byte: a
         // client that connects and leaves (or never speaks) costs the
         // arbiter nothing (each registration takes a slot for good).
+        if !self.first_message(&stream) {
+            *lock(&self.active) = None;
+            if self.stopping() {
+                return Ok(());
+            }
+            self.count(|s| {
+                s.dropped += 1;
+                s.silent += 1;
+            });
+            if let Admit::Log { suppressed } = self.conn_log.admit(Instant::now()) {
+                log::warn!(
+                    "vgpu {}: connection dropped: no message within {:?} of connecting \
+                     ({suppressed} similar lines suppressed)",
+                    spec.name,
+                    self.opts.first_message_timeout
+                );
+            }
+            return Ok(());
+        }
         let mut b = [0u8; 1];
         let n = loop {
             // SAFETY: recv into a 1-byte buffer we own; MSG_PEEK leaves the
@@ -409,11 +527,23 @@ impl VgpuServer {
         let end = conn.run();
         conn.close();
         *lock(&self.active) = None;
+        // A connection the server's stop cut (whatever it was doing, a
+        // message half-read included) is a clean close, not a drop.
+        let end = match end {
+            End::Dropped(_) if self.stopping() => End::Stopped,
+            e => e,
+        };
         match end {
             End::Closed => log::info!("vgpu {}: client disconnected", spec.name),
+            End::Stopped => log::info!("vgpu {}: connection closed: server stopping", spec.name),
             End::Dropped(why) => {
                 self.count(|s| s.dropped += 1);
-                log::warn!("vgpu {}: connection dropped: {why}", spec.name);
+                if let Admit::Log { suppressed } = self.conn_log.admit(Instant::now()) {
+                    log::warn!(
+                        "vgpu {}: connection dropped: {why} ({suppressed} similar lines suppressed)",
+                        spec.name
+                    );
+                }
             }
         }
         Ok(())
@@ -421,8 +551,13 @@ impl VgpuServer {
 }
 
 /// How a connection ended.
+#[derive(Debug)]
 enum End {
+    /// The client closed it between messages.
     Closed,
+    /// The server's stop closed it.
+    Stopped,
+    /// The server ended it, or the client left mid-message.
     Dropped(String),
 }
 
@@ -501,10 +636,7 @@ impl<'a> Conn<'a> {
     fn close(&mut self) {
         // The poller stops before the vGPU leaves the arbiter.
         self.bar2 = None;
-        let mut reg = lock(&self.srv.handle);
-        reg.handle = None;
-        self.srv.arbiter.remove_vm(self.handle);
-        drop(reg);
+        self.srv.unregister(self.handle);
         self.irqs.clear();
         self.mem.unmap_all();
     }
@@ -943,10 +1075,7 @@ impl<'a> Conn<'a> {
     /// (they are the VMM's, not the guest's).
     fn reset(&mut self) -> Result<(), u32> {
         self.srv.count(|s| s.resets += 1);
-        let mut reg = lock(&self.srv.handle);
-        reg.handle = None;
-        self.srv.arbiter.remove_vm(self.handle);
-        drop(reg);
+        self.srv.unregister(self.handle);
         let (handle, fe) = self.srv.register(&self.mem, &self.irqs).map_err(|e| {
             log::warn!("vgpu {}: reset: {e}", self.srv.spec().name);
             libc::EIO as u32
@@ -1086,9 +1215,30 @@ impl VgpuServer {
                 return Err(e.to_string());
             }
         }
+        // The vGPU's guard and hang escalation continue where the last
+        // registration left them (limits already set by `register`).
+        if let Some(hist) = reg.history.take() {
+            if let Err(e) = self.arbiter.resume_history(h, hist.clone()) {
+                reg.history = Some(hist);
+                self.arbiter.remove_vm(h);
+                return Err(e.to_string());
+            }
+        }
         reg.handle = Some(h);
         self.count(|s| s.registrations += 1);
         Ok((h, fe))
+    }
+}
+
+impl VgpuServer {
+    /// Removes registration `h` from the arbiter under the registration
+    /// lock, keeping what the next registration takes over.
+    fn unregister(&self, h: VgpuHandle) {
+        let mut reg = lock(&self.handle);
+        reg.handle = None;
+        if let Some(hist) = self.arbiter.remove_vm_keeping(h) {
+            reg.history = Some(hist);
+        }
     }
 }
 

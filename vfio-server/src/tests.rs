@@ -156,10 +156,32 @@ impl Guest {
     }
 }
 
-fn serve(a: &Arc<GpuArbiter>, tag: &str, prio: u8, opts: ServerOptions) -> Arc<VgpuServer> {
-    let s = VgpuServer::bind(&sock(tag), spec(tag, prio), a.clone(), opts).unwrap();
+/// A vGPU served on its own thread that stops (its client disconnected,
+/// its socket removed) when the test lets go of it, failed or not.
+struct Served(Arc<VgpuServer>);
+
+impl std::ops::Deref for Served {
+    type Target = VgpuServer;
+    fn deref(&self) -> &VgpuServer {
+        &self.0
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+fn serve(a: &Arc<GpuArbiter>, tag: &str, prio: u8, opts: ServerOptions) -> Served {
+    serve_spec(a, spec(tag, prio), opts)
+}
+
+/// Serves `spec` on the socket named after it.
+fn serve_spec(a: &Arc<GpuArbiter>, spec: VgpuSpec, opts: ServerOptions) -> Served {
+    let s = VgpuServer::bind(&sock(&spec.name), spec, a.clone(), opts).unwrap();
     s.spawn().unwrap();
-    s
+    Served(s)
 }
 
 #[test]
@@ -224,6 +246,18 @@ fn raw(s: &mut UnixStream, command: u16, body: &[u8], size: Option<u32>) -> (Hea
     let mut rb = vec![0u8; r.size as usize - wire::HEADER];
     s.read_exact(&mut rb).unwrap();
     (r, rb)
+}
+
+/// The connection still answers: a config read returns the device's id.
+fn still_serves(s: &mut UnixStream) {
+    let (h, b) = raw(
+        s,
+        cmd::REGION_READ,
+        &access(0, wire::REGION_CONFIG, 4),
+        None,
+    );
+    assert_eq!(h.flags, wire::TYPE_REPLY);
+    assert_eq!(&b[16..], &0x0FD0_1002u32.to_le_bytes());
 }
 
 fn is_error(h: &Header, errno: i32) -> bool {
@@ -364,14 +398,7 @@ fn hostile_messages_get_errors_and_cost_the_other_vgpu_nothing() {
         );
     }
     // The connection still works after all that.
-    let (h, b) = raw(
-        &mut s,
-        cmd::REGION_READ,
-        &access(0, wire::REGION_CONFIG, 4),
-        None,
-    );
-    assert_eq!(h.flags, wire::TYPE_REPLY);
-    assert_eq!(&b[16..], &0x0FD0_1002u32.to_le_bytes());
+    still_serves(&mut s);
     // A size the stream cannot be resynchronised after ends the connection.
     let h = Header {
         id: 9,
@@ -535,6 +562,7 @@ fn hostile_mqds_get_the_same_error_codes_over_vfio_user_as_in_a_vm() {
     srv.stop();
 }
 
+mod history;
 mod hostile;
 mod hostile_vmm;
 
@@ -623,52 +651,6 @@ fn a_storm_of_one_byte_clients_keeps_the_arbiters_tables_bounded() {
     srv.stop();
 }
 
-/// `/metrics` as `series -> value`, checking no series (name and label set)
-/// appears twice: Prometheus rejects such a scrape.
-fn unique_series(text: &str) -> std::collections::BTreeMap<String, f64> {
-    let mut m = std::collections::BTreeMap::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let (series, v) = line.rsplit_once(' ').expect("sample value");
-        let v = match v {
-            "+Inf" => f64::INFINITY,
-            v => v.parse().expect("a number"),
-        };
-        assert!(
-            m.insert(series.to_string(), v).is_none(),
-            "duplicate {series}\n{text}"
-        );
-    }
-    m
-}
-
-/// `promtool check metrics` on `text`, when promtool is installed.
-fn promtool_clean(text: &str) {
-    use std::process::{Command, Stdio};
-    let Ok(mut child) = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    else {
-        eprintln!("promtool not installed: skipped");
-        return;
-    };
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-        "promtool: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A vGPU whose VMM reconnects again and again is one set of series in
 /// `/metrics`: no series is printed twice, and every counter of the vGPU
 /// keeps counting across connections (a vGPU outlives its VMM).
@@ -698,8 +680,8 @@ fn a_vgpu_is_one_series_across_reconnects_whose_counters_never_go_back() {
         drop(g); // the VMM goes; the vGPU stays
         wait("released", || lo.handle().is_none());
         let text = a.metrics_text();
-        let now = unique_series(&text);
-        promtool_clean(&text);
+        let now = mdev::probe::exposition_series(&text);
+        mdev::probe::promtool_check(&text);
         for (series, v) in &last {
             let counter = ["_total{", "_count{", "_sum{", "_bucket{"]
                 .iter()

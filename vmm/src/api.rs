@@ -558,6 +558,9 @@ impl FleetControl {
             ("POST", ["vgpus", name, "pause"]) => {
                 ok(self.vgpus().and_then(|v| v.pause(name, true)))
             }
+            ("POST", ["vgpus", name, "clear-quarantine"]) => {
+                ok(self.vgpus().and_then(|v| v.clear_quarantine(name)))
+            }
             ("POST", ["vgpus", name, "resume"]) => {
                 ok(self.vgpus().and_then(|v| v.pause(name, false)))
             }
@@ -1108,7 +1111,7 @@ fn allowed(p: &[&str]) -> Option<&'static str> {
         ["vms", _, "clear-quarantine"] => Some("POST"),
         ["vgpus"] => Some("GET, POST"),
         ["vgpus", _] => Some("GET, PATCH, DELETE"),
-        ["vgpus", _, "pause" | "resume"] => Some("POST"),
+        ["vgpus", _, "pause" | "resume" | "clear-quarantine"] => Some("POST"),
         _ => None,
     }
 }

@@ -945,6 +945,17 @@ pub fn add(socket: &Path, file: &Path, as_json: bool) -> ExitCode {
 /// `hqdmux unquarantine VM`: lift its guard quarantine (exit 0 also when
 /// it was not quarantined; the answer's `was_quarantined` says which).
 pub fn unquarantine(socket: &Path, vm: &str, as_json: bool) -> ExitCode {
+    if is_vgpu(socket, vm) {
+        // A vGPU of `hqdmux serve`: its quarantine, connected or idle.
+        return one_vgpu(
+            "unquarantine",
+            socket,
+            "POST",
+            &format!("/vgpus/{}/clear-quarantine", encode_segment(vm)),
+            None,
+            as_json,
+        );
+    }
     match call_as::<VmView>(
         "unquarantine",
         socket,

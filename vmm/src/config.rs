@@ -158,6 +158,31 @@ pub const MAX_ARGS_LEN: usize = 1024;
 pub use scheduler::{PRIORITY_RANGE, WEIGHT_RANGE};
 /// Longest VM name (bytes).
 pub const MAX_NAME_LEN: usize = 64;
+
+/// Why `name` cannot name a VM or a vGPU (`None`: it can). A name is a
+/// single path component (`{name}.sock`, files named after it), a URL path
+/// segment (`/api/v1/vgpus/{name}`), a metrics label, a CLI argument and a
+/// log word: 1..=[`MAX_NAME_LEN`] bytes of ASCII letters, digits, '-', '_'
+/// and '.', beginning with a letter or digit (so never `.`, `..`, a hidden
+/// file or something a command line reads as an option).
+pub fn name_problem(name: &str) -> Option<String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Some(format!("must be 1..={MAX_NAME_LEN} bytes"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Some("use only letters, digits, '-', '_' and '.'".into());
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Some(format!(
+            "'{name}' must begin with a letter or a digit (not '.', '..', a hidden \
+             file or an option)"
+        ));
+    }
+    None
+}
 /// Run timeouts (`[run] timeout_ms` and `hqdmux run --timeout-ms`), in
 /// milliseconds: at least 1, at most 30 days.
 pub const TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 1..=30 * 24 * 3600 * 1000;
@@ -763,18 +788,8 @@ impl FleetConfig {
                 field: field.into(),
                 reason,
             };
-            if vm.name.is_empty() || vm.name.len() > MAX_NAME_LEN {
-                return Err(bad("name", format!("must be 1..={MAX_NAME_LEN} bytes")));
-            }
-            if !vm
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-            {
-                return Err(bad(
-                    "name",
-                    "use only letters, digits, '-', '_' and '.'".into(),
-                ));
+            if let Some(why) = name_problem(&vm.name) {
+                return Err(bad("name", why));
             }
             if !names.insert(vm.name.as_str()) {
                 return Err(bad(
@@ -1765,6 +1780,14 @@ mod tests {
             &GOOD.replace("name = \"a\"", "name = \"a b\""),
             "field `name`: use only",
         );
+        for bad in [".", "..", ".hidden", "-v", "_x"] {
+            assert_err_has(
+                &GOOD.replace("name = \"a\"", &format!("name = \"{bad}\"")),
+                &format!("field `name`: '{bad}' must begin with a letter or a digit"),
+            );
+        }
+        assert_eq!(name_problem("a..b"), None);
+        assert_eq!(name_problem("0.9-x_y"), None);
         assert_err_has("[run]\ntimeout_ms = 5\n", "field `vm`: no [[vm]] entries");
     }
 

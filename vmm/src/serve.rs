@@ -193,20 +193,8 @@ impl DevicesConfig {
             }
             // A fleet VM's name rule: the name is a URL path segment
             // (`/api/v1/vgpus/{name}`), a metrics label and a log word.
-            let max = crate::config::MAX_NAME_LEN;
-            if n.is_empty() || n.len() > max {
-                return Err(bad(i, &n, "name", format!("must be 1..={max} bytes")));
-            }
-            if !n
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            {
-                return Err(bad(
-                    i,
-                    &n,
-                    "name",
-                    "use only letters, digits, '-', '_' and '.'".into(),
-                ));
+            if let Some(why) = crate::config::name_problem(&n) {
+                return Err(bad(i, &n, "name", why));
             }
             if out.iter().any(|o: &VgpuEntry| o.name == n) {
                 return Err(bad(i, &n, "name", "not unique".into()));
@@ -453,12 +441,24 @@ mod tests {
             ("[[vgpu]]\nname=\"a\\nb\"\nsocket='s'", "name"),
             ("[[vgpu]]\nname='a\"b'\nsocket='s'", "name"),
             ("[[vgpu]]\nname=''\nsocket='s'", "name"),
+            ("[[vgpu]]\nname='.'\nsocket='s'", "name"),
+            ("[[vgpu]]\nname='..'\nsocket='s'", "name"),
+            ("[[vgpu]]\nname='.hidden'\nsocket='s'", "name"),
+            ("[[vgpu]]\nname='-v'\nsocket='s'", "name"),
         ] {
             match DevicesConfig::parse(text, p) {
                 Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field, "{text}"),
                 other => panic!("{text}: {other:?}"),
             }
         }
+        // The error names the file, the entry, the field and the reason.
+        let e = DevicesConfig::parse("[[vgpu]]\nname='..'\nsocket='s'", p)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("devices.toml") && e.contains("name") && e.contains("'..' must begin"),
+            "{e}"
+        );
         let long = format!("[[vgpu]]\nname='{}'\nsocket='s'", "a".repeat(65));
         assert!(matches!(
             DevicesConfig::parse(&long, p),

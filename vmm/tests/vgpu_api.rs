@@ -231,6 +231,13 @@ fn vgpus_are_created_steered_paused_and_removed_live_and_hostile_bodies_change_n
             "doorbell_page: invalid type",
         ),
         (json!({"name": ""}), 400, "name"),
+        (json!({"name": "."}), 400, "vgpu '.': name: '.' must begin"),
+        (
+            json!({"name": ".."}),
+            400,
+            "vgpu '..': name: '..' must begin",
+        ),
+        (json!({"name": "-v"}), 400, "name"),
         (json!({"priority": 1}), 400, "missing field `name`"),
     ] {
         let (st, e) = d.call("POST", "/vgpus", Some(body.clone()));
@@ -298,6 +305,7 @@ fn vgpus_are_created_steered_paused_and_removed_live_and_hostile_bodies_change_n
     wait("idle", || d.vgpu("a")["state"] == "idle");
     let v = d.vgpu("a");
     assert_eq!((&v["priority"], &v["paused"]), (&json!(14), &json!(true)));
+    assert_eq!(v["quarantined"], false, "known while idle");
     let client = connect(&sock);
     wait("reconnected", || d.vgpu("a")["state"] == "connected");
     let v = d.vgpu("a");
@@ -313,6 +321,12 @@ fn vgpus_are_created_steered_paused_and_removed_live_and_hostile_bodies_change_n
     let (st, v) = d.call("POST", "/vgpus/a/resume", None);
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["paused"], false);
+    // Clear-quarantine: idempotent, connected or not.
+    let (st, v) = d.call("POST", "/vgpus/a/clear-quarantine", None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["quarantined"], false);
+    let (st, _) = d.call("GET", "/vgpus/a/clear-quarantine", None);
+    assert_eq!(st, 405);
 
     // Wrong methods and paths.
     let (st, _) = d.call("PUT", "/vgpus/a", None);
@@ -386,6 +400,14 @@ fn the_cli_lists_steers_and_removes_vgpus() {
     assert!(out.status.success(), "{out:?}");
     let out = run(&["pause", "b"]);
     assert!(out.status.success(), "{out:?}");
+    // `unquarantine` reaches the vGPU (idle, not quarantined: exit 0).
+    let out = run(&["unquarantine", "b", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["name"], &v["quarantined"]),
+        (&json!("b"), &json!(false))
+    );
     let out = run(&["ps"]);
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);

@@ -12,13 +12,21 @@ fn good_runs(g: &mut Guest, seed: u32) {
     assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
 }
 
-fn pair(tag: &str) -> (Arc<GpuArbiter>, Arc<VgpuServer>, Arc<VgpuServer>, Guest) {
+/// A guest attached to `srv` with vHQD 0 loaded that ran kernels (`seed`).
+fn running_guest(srv: &VgpuServer, a: &GpuArbiter, seed: u32) -> Guest {
+    let mut g = Guest::attach(srv.path(), a.topology());
+    g.load(0);
+    good_runs(&mut g, seed);
+    g
+}
+
+/// A hostile vGPU (`bad`) beside a good one whose guest already ran
+/// kernels, on one arbiter; both stop when dropped.
+fn pair(tag: &str) -> (Arc<GpuArbiter>, Served, Served, Guest) {
     let a = tiny_arbiter();
     let bad = serve(&a, &format!("{tag}-bad"), 8, ServerOptions::default());
     let good = serve(&a, &format!("{tag}-good"), 8, ServerOptions::default());
-    let mut g = Guest::attach(good.path(), a.topology());
-    g.load(0);
-    good_runs(&mut g, 1);
+    let g = running_guest(&good, &a, 1);
     (a, bad, good, g)
 }
 
@@ -158,13 +166,11 @@ fn bad_framing_ends_only_that_connection() {
     }
     good_runs(&mut g, 21);
     assert_eq!(good.stats().error_replies, 0);
-    bad.stop();
-    good.stop();
 }
 
 #[test]
 fn fd_abuse_and_hostile_dma_maps_get_errors() {
-    let (_a, bad, good, mut g) = pair("fds");
+    let (_a, bad, _good, mut g) = pair("fds");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     let ram = memfd(0x4000);
     // Fds with a command that takes none; more than MAX_FDS at once.
@@ -225,21 +231,13 @@ fn fd_abuse_and_hostile_dma_maps_get_errors() {
     assert!(is_error(&h, libc::EEXIST), "overlap");
     good_runs(&mut g, 2);
     // The connection still serves.
-    let (h, _) = raw(
-        &mut s,
-        cmd::REGION_READ,
-        &access(0, wire::REGION_CONFIG, 4),
-        None,
-    );
-    assert_eq!(h.flags, wire::TYPE_REPLY);
+    still_serves(&mut s);
     assert_eq!(bad.stats().dropped, 0);
-    bad.stop();
-    good.stop();
 }
 
 #[test]
 fn hostile_set_irqs_and_region_edges_get_errors() {
-    let (_a, bad, good, mut g) = pair("irqs");
+    let (_a, bad, _good, mut g) = pair("irqs");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     let efd = EventFd::new(EFD_NONBLOCK).unwrap();
     let (pr, _pw) = std::io::pipe().unwrap();
@@ -349,13 +347,11 @@ fn hostile_set_irqs_and_region_edges_get_errors() {
         assert_eq!(r.0.flags, wire::TYPE_REPLY);
     }
     good_runs(&mut g, 3);
-    bad.stop();
-    good.stop();
 }
 
 #[test]
 fn silent_half_closed_and_storming_clients_cost_nothing() {
-    let (a, bad, good, mut g) = pair("storm");
+    let (a, bad, _good, mut g) = pair("storm");
     // Connects and never speaks: its own vGPU waits, the other runs.
     let silent = UnixStream::connect(bad.path()).unwrap();
     wait("accepted", || bad.stats().connections == 1);
@@ -367,13 +363,7 @@ fn silent_half_closed_and_storming_clients_cost_nothing() {
     drop(silent);
     // Speaks, then half-closes: registered, then released.
     let mut s = UnixStream::connect(bad.path()).unwrap();
-    let (h, _) = raw(
-        &mut s,
-        cmd::REGION_READ,
-        &access(0, wire::REGION_CONFIG, 4),
-        None,
-    );
-    assert_eq!(h.flags, wire::TYPE_REPLY);
+    still_serves(&mut s);
     assert!(bad.handle().is_some());
     s.shutdown(std::net::Shutdown::Write).unwrap();
     assert!(closed(&mut s));
@@ -393,36 +383,26 @@ fn silent_half_closed_and_storming_clients_cost_nothing() {
     );
     good_runs(&mut g, 3);
     // Then a real guest attaches to the stormed vGPU and runs.
-    let mut b = Guest::attach(bad.path(), a.topology());
-    b.load(0);
-    good_runs(&mut b, 4);
+    let _b = running_guest(&bad, &a, 4);
     good_runs(&mut g, 5);
-    bad.stop();
-    good.stop();
 }
 
 #[test]
 fn unmapping_a_loaded_queues_memory_is_its_queue_error_only() {
-    let (_a, bad, good, mut g) = pair("unmap");
-    let mut b = Guest::attach(bad.path(), _a.topology());
-    b.load(0);
-    good_runs(&mut b, 1);
+    let (_a, bad, _good, mut g) = pair("unmap");
+    let mut b = running_guest(&bad, &_a, 1);
     // The client takes the memory away under the loaded queue, then rings.
     b.client.dma_unmap(0, MEM).unwrap();
     let w = b.kernel(4, 10_000, 2);
     b.ring(0, w);
     wait("queue error", || b.rd(hqd_reg(0, reg::CP_HQD_ERROR)) != 0);
     good_runs(&mut g, 2);
-    bad.stop();
-    good.stop();
 }
 
 #[test]
 fn a_shrunk_memfd_is_a_queue_error_not_a_sigbus() {
-    let (_a, bad, good, mut g) = pair("shrink");
-    let mut b = Guest::attach(bad.path(), _a.topology());
-    b.load(0);
-    good_runs(&mut b, 1);
+    let (_a, bad, _good, mut g) = pair("shrink");
+    let mut b = running_guest(&bad, &_a, 1);
     // The client shrinks its (unsealed) RAM memfd under the mapping: the
     // queue's ring and MQD are past the new end.
     let f = b.ram.try_clone().unwrap();
@@ -432,13 +412,11 @@ fn a_shrunk_memfd_is_a_queue_error_not_a_sigbus() {
     wait("queue error", || b.rd(hqd_reg(0, reg::CP_HQD_ERROR)) != 0);
     // The daemon (this process) lives; the other vGPU runs on.
     good_runs(&mut g, 2);
-    bad.stop();
-    good.stop();
 }
 
 #[test]
 fn a_client_that_blocks_its_eventfd_stalls_nobody_else() {
-    let (_a, bad, good, mut g) = pair("efd");
+    let (_a, bad, _good, mut g) = pair("efd");
     let mut b = Guest::attach(bad.path(), _a.topology());
     b.load(0);
     // The client makes its vector-0 eventfd blocking again (O_NONBLOCK is
@@ -456,8 +434,6 @@ fn a_client_that_blocks_its_eventfd_stalls_nobody_else() {
     // The completion interrupt cannot be sent; the other vGPU still runs.
     good_runs(&mut g, 2);
     good_runs(&mut g, 3);
-    bad.stop();
-    good.stop();
 }
 
 /// A REGION_WRITE of `v` (32 bits) to BAR0 at `off`, with header `flags`.
@@ -496,7 +472,7 @@ fn load_at(s: &mut UnixStream, i: usize, addr: u64) -> u32 {
 
 #[test]
 fn an_fd_less_map_is_unreachable_memory_and_unmaps_cleanly() {
-    let (_a, bad, good, mut g) = pair("nofd");
+    let (_a, bad, _good, mut g) = pair("nofd");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     // QEMU's ROM maps: no fd. Accepted.
     for addr in [0x10_0000u64, 0xFFFC_0000] {
@@ -544,13 +520,11 @@ fn an_fd_less_map_is_unreachable_memory_and_unmaps_cleanly() {
     assert!(is_error(&reply(&mut s).0, libc::ENOENT));
     good_runs(&mut g, 2);
     assert_eq!(bad.stats().dropped, 0);
-    bad.stop();
-    good.stop();
 }
 
 #[test]
 fn a_failed_command_that_asked_for_no_reply_gets_none() {
-    let (_a, bad, good, mut g) = pair("noreply");
+    let (_a, bad, _good, mut g) = pair("noreply");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     let before = bad.stats();
     // Posted writes (no reply asked) that fail: outside BAR0, a missing
@@ -601,6 +575,76 @@ fn a_failed_command_that_asked_for_no_reply_gets_none() {
     assert!(rest.is_empty(), "no reply: {rest:?}");
     assert_eq!(bad.stats().unreplied_errors - before.unreplied_errors, 5);
     good_runs(&mut g, 2);
-    bad.stop();
-    good.stop();
+}
+
+/// A client that connects and never speaks holds the vGPU's one
+/// connection only until the first-message timeout: it is dropped
+/// (counted `silent`), the next client is served, and the vGPU never
+/// registered for it. The next client connects and sends its first
+/// message while the silent one holds the vGPU (it waits in the backlog
+/// with its message buffered), so it is never silent itself, however
+/// slow the host.
+#[test]
+fn a_silent_client_is_dropped_and_the_next_one_served() {
+    let a = tiny_arbiter();
+    let opts = ServerOptions {
+        first_message_timeout: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let srv = serve(&a, "silent", 8, opts);
+    let mut quiet = UnixStream::connect(srv.path()).unwrap();
+    let (path, topo) = (srv.path().to_owned(), a.topology().clone());
+    let next = std::thread::spawn(move || Guest::attach(&path, &topo));
+    // The server ends the silent one: EOF on its side.
+    assert!(closed(&mut quiet));
+    let mut g = next.join().unwrap();
+    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    let s = srv.stats();
+    assert_eq!((s.connections, s.dropped, s.silent), (2, 1, 1), "{s:?}");
+    assert_eq!(
+        s.registrations, 1,
+        "the silent client cost the arbiter nothing"
+    );
+}
+
+/// How a connection with a message half-read ends decides how it counts:
+/// the client leaving mid-message is a drop; the server stopping (SIGTERM,
+/// the vGPU removed) is a clean close.
+#[test]
+fn a_stop_mid_message_is_a_clean_close_and_a_client_leaving_mid_message_a_drop() {
+    let a = tiny_arbiter();
+    // The client leaves with a header sent and its body half sent.
+    let srv = serve(&a, "half-client", 8, ServerOptions::default());
+    let mut s = UnixStream::connect(srv.path()).unwrap();
+    s.write_all(&header(3, cmd::DEVICE_GET_INFO, 32, 0))
+        .unwrap();
+    s.write_all(&[0; 5]).unwrap();
+    wait("registered", || srv.handle().is_some());
+    drop(s);
+    wait("released", || srv.handle().is_none());
+    wait("counted", || srv.stats().dropped == 1);
+    srv.stop();
+
+    // The server stops with a header half read, then with a body half read.
+    for (tag, part) in [("half-head", 7), ("half-body", wire::HEADER + 5)] {
+        let srv = VgpuServer::bind(
+            &sock(tag),
+            spec(tag, 8),
+            a.clone(),
+            ServerOptions::default(),
+        )
+        .unwrap();
+        let t = srv.spawn().unwrap();
+        let mut s = UnixStream::connect(srv.path()).unwrap();
+        let mut m = header(3, cmd::DEVICE_GET_INFO, 32, 0);
+        m.extend_from_slice(&[0; 16]);
+        s.write_all(&m[..part]).unwrap();
+        wait("registered", || srv.handle().is_some());
+        srv.stop();
+        t.join().unwrap();
+        let st = srv.stats();
+        assert_eq!((st.connections, st.dropped), (1, 0), "{tag}: {st:?}");
+        assert!(srv.handle().is_none());
+        assert!(closed(&mut s));
+    }
 }

@@ -547,7 +547,10 @@ pub struct TenantView {
     /// Queue errors (a VM: since it was added; a vGPU: of its current or
     /// last client).
     pub queue_errors: Option<u64>,
-    /// Quarantined by the guard (null without a live vGPU or client).
+    /// Quarantined by the guard. A VM: null without a live registration.
+    /// A vGPU: connected or idle, since a quarantine belongs to the vGPU and
+    /// outlives its connections until the operator clears it
+    /// (`POST /api/v1/vgpus/{name}/clear-quarantine`) or removes the vGPU.
     pub quarantined: Option<bool>,
     /// Median packet latency (ms).
     pub latency_p50_ms: Option<f64>,

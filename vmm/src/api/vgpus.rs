@@ -8,7 +8,13 @@
 //! | `GET /api/v1/vgpus/{name}` | one vGPU's view |
 //! | `PATCH /api/v1/vgpus/{name}` | priority, weight, slice, preemption timeout, guard ([`VmUpdate`]) |
 //! | `POST /api/v1/vgpus/{name}/pause`, `.../resume` | hold its queues (CWSR-saved) / release them |
+//! | `POST /api/v1/vgpus/{name}/clear-quarantine` | lift its guard quarantine, connected or idle |
 //! | `DELETE /api/v1/vgpus/{name}` | disconnect its client (queues released as a dying VM's), remove the socket |
+//!
+//! The vGPU's misbehaving-VM guard (counts, quarantine) and its hang
+//! escalation belong to the vGPU, not to a connection: a VMM that
+//! reconnects (or resets the device) finds them as it left them. The
+//! operator starts them over: clear-quarantine, or DELETE and create again.
 //!
 //! A steer or a pause is recorded in the vGPU's spec under the server's
 //! registration lock ([`VgpuServer::with_registration`]): it applies at
@@ -285,9 +291,7 @@ impl VgpuControl {
                 share: v.share.filter(|_| live.is_some()),
                 preemptions: status.map(|(_, s)| s.preemptions),
                 queue_errors: errors.map(|e| e.values().sum()),
-                quarantined: live
-                    .and_then(|h| a.guard_status(h))
-                    .map(|g| g.quarantined.is_some()),
+                quarantined: Some(srv.quarantined().is_some()),
                 ..Default::default()
             }
             .with_latency(latency),
@@ -336,19 +340,8 @@ impl VgpuControl {
         let place = format!("vgpu '{}'", c.name);
         let bad =
             |field: &str, reason: String| ApiError::invalid(format!("{place}: {field}"), reason);
-        let max = crate::config::MAX_NAME_LEN;
-        if c.name.is_empty() || c.name.len() > max {
-            return Err(bad("name", format!("must be 1..={max} bytes")));
-        }
-        if !c
-            .name
-            .chars()
-            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.'))
-        {
-            return Err(bad(
-                "name",
-                "use only letters, digits, '-', '_' and '.'".into(),
-            ));
+        if let Some(why) = crate::config::name_problem(&c.name) {
+            return Err(bad("name", why));
         }
         if let Some(id) = c.gpu_id {
             if self.fleet.gpu(id).is_none() {
@@ -611,6 +604,15 @@ impl VgpuControl {
             log::info!("api: vgpu '{name}': {what}d");
             Ok(())
         })?;
+        self.get(name)
+    }
+
+    /// `POST /vgpus/{name}/clear-quarantine`: lifts the vGPU's guard
+    /// quarantine (loads are accepted again) and forgets its guard counts
+    /// in the window, whether a client is connected or not; idempotent.
+    pub fn clear_quarantine(&self, name: &str) -> Result<VgpuView, ApiError> {
+        let was = self.server(name)?.clear_quarantine();
+        log::info!("api: vgpu '{name}': clear-quarantine (was quarantined: {was})");
         self.get(name)
     }
 

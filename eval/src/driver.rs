@@ -14,7 +14,7 @@ use gpu::topology::GpuTopology;
 use gpusim::sim::testkit::{GuestQueue, TestVm};
 use gpusim::SimGpu;
 use mdev::binding::{ArmedDoorbell, Binding, Notice};
-use mdev::telemetry::{notice_owner, Telemetry};
+use mdev::telemetry::Telemetry;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use scheduler::{Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
@@ -795,7 +795,7 @@ impl Sim<'_> {
     fn handle_notices(&mut self) {
         let mut notices = std::mem::take(&mut self.notices);
         for n in notices.drain(..) {
-            if let (Some(t), Some(o)) = (&mut self.tele, notice_owner(&n)) {
+            if let (Some(t), Some(o)) = (&mut self.tele, n.owner()) {
                 t.notice(self.now, &n, self.streams[o].vm as u32, &self.gpu);
             }
             match n {
@@ -821,7 +821,7 @@ impl Sim<'_> {
                 Notice::Unmapped {
                     owner, has_work, ..
                 } => self.track.unmapped(owner, has_work, self.now),
-                Notice::Removed { .. } => {}
+                Notice::Removed { .. } | Notice::Preempted { .. } | Notice::Aged { .. } => {}
             }
         }
         if let Some(t) = &mut self.tele {

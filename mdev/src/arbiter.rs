@@ -1219,17 +1219,12 @@ impl GpuArbiter {
         // Guard events seen (no allocation unless a queue erred).
         let mut guard: Vec<(u32, GuardEvent)> = Vec::new();
         for n in out.drain(..) {
-            let (q, (vm, vhqd)) = match &n {
-                Notice::ArmTimer { at } => {
-                    c.timer_at = Some(*at);
-                    continue;
-                }
-                Notice::Mapped { queue, owner, .. }
-                | Notice::Completed { queue, owner, .. }
-                | Notice::Unmapped { queue, owner, .. }
-                | Notice::QueueError { queue, owner, .. }
-                | Notice::MapRefused { queue, owner, .. }
-                | Notice::Removed { queue, owner, .. } => (*queue, *owner),
+            if let Notice::ArmTimer { at } = n {
+                c.timer_at = Some(at);
+                continue;
+            }
+            let Some((q, (vm, vhqd))) = n.queue_owner() else {
+                continue;
             };
             let (v, i) = (vm as usize, vhqd as usize);
             c.tele.notice(self.now(), &n, vm, c.gpu.as_ref());
@@ -1282,7 +1277,10 @@ impl GpuArbiter {
                         mqd,
                     }
                 }
-                Notice::ArmTimer { .. } => continue,
+                // Telemetry's alone (the guest is not told).
+                Notice::Preempted { .. } | Notice::Aged { .. } | Notice::ArmTimer { .. } => {
+                    continue
+                }
             };
             Self::push_call(c, vm, i, call);
             Self::release_if_gone(c, v);

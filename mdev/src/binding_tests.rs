@@ -408,17 +408,8 @@ mod props {
             rig.run(u64::MAX, |_| false);
             prop_assert!(rig.b.scheduler().check_invariants().is_ok());
             for (q, gone) in removed.iter().enumerate() {
-                let owner_of = |n: &Notice<usize>| match n {
-                    Notice::Mapped { owner, .. }
-                    | Notice::Completed { owner, .. }
-                    | Notice::Unmapped { owner, .. }
-                    | Notice::QueueError { owner, .. }
-                    | Notice::MapRefused { owner, .. }
-                    | Notice::Removed { owner, .. } => Some(*owner),
-                    Notice::ArmTimer { .. } => None,
-                };
                 let mine: Vec<&Notice<usize>> =
-                    rig.log.iter().filter(|n| owner_of(n) == Some(q)).collect();
+                    rig.log.iter().filter(|n| n.owner() == Some(q)).collect();
                 let removals = mine
                     .iter()
                     .filter(|n| matches!(n, Notice::Removed { .. }))
@@ -697,6 +688,115 @@ fn a_doorbell_reports_whether_it_preempted_or_was_stale() {
     );
     rig.run(u64::MAX, |_| false);
     assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+}
+
+/// The preemptions in a log, in order.
+fn preempted(log: &[Notice<usize>]) -> Vec<&Notice<usize>> {
+    log.iter()
+        .filter(|n| matches!(n, Notice::Preempted { .. }))
+        .collect()
+}
+
+/// A high VM's doorbell that preempts a low VM's queue is said once, by the
+/// binding, where the scheduler decides it: who was preempted, on which
+/// slot, for whom and why; before that queue's dequeue finishes.
+#[test]
+fn a_high_vm_preempting_a_low_one_is_one_preempted_notice() {
+    let (mut rig, (lo_vm, lo), (mut hi_vm, mut hi), victim) = lo_runs_hi_idle();
+    hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
+    rig.doorbell(QueueId(1), hi.wptr);
+    rig.run(u64::MAX, |_| false);
+    let want = Notice::Preempted {
+        queue: QueueId(0),
+        owner: 0,
+        slot: victim,
+        by: Some(VmId(1)),
+        reason: PreemptReason::Priority,
+    };
+    assert_eq!(preempted(&rig.log), vec![&want]);
+    assert_eq!(rig.b.scheduler().stats().preemptions, 1);
+    let at = |f: &dyn Fn(&Notice<usize>) -> bool| rig.log.iter().position(f);
+    let said = at(&|n| *n == want).unwrap();
+    let saved = at(&|n| matches!(n, Notice::Unmapped { owner: 0, .. })).unwrap();
+    assert!(said < saved, "said when decided, before the save ends");
+    assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+}
+
+/// Aging in virtual time: a priority-0 queue starved by four busy
+/// priority-15 queues on [`GpuTopology::tiny`] is boosted (one
+/// [`Notice::Aged`] per boost the scheduler counts), the high queues it
+/// displaces are each one [`Notice::Preempted`] for it with reason aging,
+/// every preemption the scheduler counts is said once, and every kernel
+/// runs exactly once.
+#[test]
+fn aging_is_said_as_aged_and_preempted_notices_once_each() {
+    let topo = GpuTopology::tiny();
+    let cfg = SchedConfig {
+        aging_ns: 20_000_000,
+        spatial_max_permille: 250,
+        ..SchedConfig::default()
+    };
+    let mut rig = Rig::with_config(topo.clone(), cfg);
+    let mut hi_vm = vm(&mut rig, 0, 15);
+    let mut his = Vec::new();
+    for i in 0..4u64 {
+        let mut gq = hi_vm.queue(&topo, 64, 0);
+        add(&mut rig, &hi_vm, 0, QueueId(i), i as usize, &gq);
+        for k in 0..8 {
+            hi_vm.kernel(&mut gq, KernelKind::Mark, 4, 64, 10_000_000, k, true);
+        }
+        his.push(gq);
+    }
+    let mut lo_vm = vm(&mut rig, 1, 0);
+    let mut lo = lo_vm.queue(&topo, 64, 0);
+    add(&mut rig, &lo_vm, 1, QueueId(4), 4, &lo);
+    for k in 0..2 {
+        lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 1_000_000, k, true);
+    }
+    for (i, gq) in his.iter().enumerate() {
+        rig.doorbell(QueueId(i as u64), gq.wptr);
+    }
+    rig.doorbell(QueueId(4), lo.wptr);
+    rig.run(u64::MAX, |_| false);
+    let aged: Vec<&Notice<usize>> = rig
+        .log
+        .iter()
+        .filter(|n| matches!(n, Notice::Aged { .. }))
+        .collect();
+    let boosts = rig.b.scheduler().vm_stats(VmId(1)).unwrap().aging_boosts;
+    assert!(boosts > 0, "the starved queue is aged");
+    assert_eq!(aged.len() as u64, boosts);
+    assert!(aged.iter().all(|n| **n
+        == Notice::Aged {
+            queue: QueueId(4),
+            owner: 4
+        }));
+    let pre = preempted(&rig.log);
+    assert_eq!(pre.len() as u64, rig.b.scheduler().stats().preemptions);
+    let by_aging: Vec<_> = pre
+        .iter()
+        .filter(|n| {
+            matches!(
+                n,
+                Notice::Preempted {
+                    reason: PreemptReason::Aging,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert!(!by_aging.is_empty(), "{pre:?}");
+    for n in by_aging {
+        let Notice::Preempted { owner, by, .. } = n else {
+            unreachable!()
+        };
+        assert!(*owner < 4, "a high queue is displaced: {n:?}");
+        assert_eq!(*by, Some(VmId(1)));
+    }
+    for gq in &his {
+        assert!(hi_vm.verify(gq).is_ok());
+    }
+    assert!(lo_vm.verify(&lo).is_ok());
 }
 
 /// Every control method of the binding makes a prepared doorbell stale

@@ -179,6 +179,20 @@ impl VmSlots {
         u32::try_from(v).ok().and_then(|v| self.map.get_mut(&v))
     }
 
+    /// The slot of VM `vm` unless it is removed or unknown.
+    fn live(&self, vm: VgpuHandle) -> Option<&VmSlot> {
+        self.map.get(&vm.0).filter(|e| !e.removed)
+    }
+
+    /// [`Self::live`] for a change; a removed or unknown VM is
+    /// [`SchedError::NoVm`].
+    fn live_mut(&mut self, vm: VgpuHandle) -> Result<&mut VmSlot, SchedError> {
+        self.map
+            .get_mut(&vm.0)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))
+    }
+
     fn iter(&self) -> impl Iterator<Item = (u32, &VmSlot)> {
         self.map.iter().map(|(k, s)| (*k, s))
     }
@@ -692,7 +706,7 @@ impl GpuArbiter {
     /// A VM's current parameters and accounting (`None` once removed).
     pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
         let mut c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         // Bring the scheduler's clock to now: GPU time then includes the
         // time a queue has been running since the last event (a long kernel
         // otherwise reads as 0 until it completes).
@@ -952,7 +966,7 @@ impl GpuArbiter {
     /// not have live.
     pub fn vm_promise(&self, vm: VgpuHandle) -> Option<VmPromise> {
         let mut c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         let now = self.now();
         let core = &mut *c;
         Self::take_cu_time(core);
@@ -1320,7 +1334,7 @@ impl GpuArbiter {
     /// The VM's pause state and slice override (`None` once removed).
     pub fn vm_controls(&self, vm: VgpuHandle) -> Option<(bool, Option<Duration>)> {
         let c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         let s = c.bind.scheduler();
         let id = VmId(vm.0);
         Some((s.vm_paused(id)?, s.vm_quantum(id).map(Duration::from_nanos)))
@@ -1340,11 +1354,7 @@ impl GpuArbiter {
 
     /// Refuses handles of removed or unknown VMs.
     fn live(&self, vm: VgpuHandle) -> Result<(), SchedError> {
-        let c = lock(&self.core);
-        match c.vms.get(vm.0 as usize) {
-            Some(e) if !e.removed => Ok(()),
-            _ => Err(SchedError::NoVm(VmId(vm.0))),
-        }
+        lock(&self.core).vms.live_mut(vm).map(|_| ())
     }
 
     // ---- preemption timeout (issue 11) -----------------------------------
@@ -1366,7 +1376,7 @@ impl GpuArbiter {
             return Err(ArbiterError::PreemptTimeout(timeout));
         }
         let mut c = lock(&self.core);
-        if c.vms.get(vm.0 as usize).is_none_or(|e| e.removed) {
+        if c.vms.live(vm).is_none() {
             return Err(SchedError::NoVm(VmId(vm.0)).into());
         }
         let ns = timeout.as_nanos().min(u128::from(u64::MAX)) as Nanos;
@@ -1377,7 +1387,7 @@ impl GpuArbiter {
     /// VM `vm`'s preemption timeout (`None` once removed or unknown).
     pub fn preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
         let c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         c.bind.preempt_timeout(VmId(vm.0)).map(Duration::from_nanos)
     }
 
@@ -1388,7 +1398,7 @@ impl GpuArbiter {
     pub fn effective_preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
         let now = self.now();
         let c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         c.bind
             .effective_preempt_timeout(VmId(vm.0), now)
             .map(Duration::from_nanos)
@@ -1420,7 +1430,7 @@ impl GpuArbiter {
         let now = self.now();
         let mut c = lock(&self.core);
         self.count_refused(&mut c);
-        let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
+        let s = c.vms.live_mut(vm).ok()?;
         Some(s.guard.status(now))
     }
 
@@ -1428,11 +1438,7 @@ impl GpuArbiter {
     /// forgets its counts in the window. Returns whether it was quarantined.
     pub fn clear_quarantine(&self, vm: VgpuHandle) -> Result<bool, ArbiterError> {
         let mut c = lock(&self.core);
-        let s = c
-            .vms
-            .get_mut(vm.0 as usize)
-            .filter(|e| !e.removed)
-            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let s = c.vms.live_mut(vm)?;
         let was = s.guard.clear();
         if was {
             log::info!(
@@ -1448,11 +1454,7 @@ impl GpuArbiter {
     pub fn set_guard(&self, vm: VgpuHandle, limits: GuardConfig) -> Result<(), ArbiterError> {
         limits.validate()?;
         let mut c = lock(&self.core);
-        let s = c
-            .vms
-            .get_mut(vm.0 as usize)
-            .filter(|e| !e.removed)
-            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let s = c.vms.live_mut(vm)?;
         s.guard.set_limits(limits);
         Ok(())
     }
@@ -1589,7 +1591,7 @@ impl GpuArbiter {
     /// unknown).
     pub fn vm_queue_count(&self, vm: VgpuHandle) -> Option<usize> {
         let c = lock(&self.core);
-        let s = c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        let s = c.vms.live(vm)?;
         Some(s.queue.iter().filter(|q| q.is_some()).count())
     }
 

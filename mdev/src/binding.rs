@@ -366,8 +366,9 @@ pub struct Binding<O: Copy> {
     any_recheck: bool,
 }
 
-/// What a doorbell did ([`Binding::doorbell`]), so that callers need not
-/// compare scheduler counters around it.
+/// What a doorbell did ([`Binding::doorbell`]), said where it happened (a
+/// stale index, a stalled queue; a [`Notice::Preempted`] among its
+/// notices), so that callers need not compare scheduler counters around it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DoorbellOutcome {
     /// Doorbells that moved nothing: dropped by the scheduler as stale (the
@@ -678,20 +679,17 @@ impl<O: Copy> Binding<O> {
         wptr: u64,
         out: &mut Vec<Notice<O>>,
     ) -> DoorbellOutcome {
-        let before = self.sched.stats();
-        let stalled_before = self.stats.stalled_doorbells;
         let from = out.len();
-        self.doorbell_inner(gpu, now, queue, wptr, out);
-        let after = self.sched.stats();
+        let stale = self.doorbell_inner(gpu, now, queue, wptr, out);
         DoorbellOutcome {
-            stale: (after.stale_doorbells - before.stale_doorbells)
-                + (self.stats.stalled_doorbells - stalled_before),
+            stale: u64::from(stale),
             preempted: out[from..]
                 .iter()
                 .any(|n| matches!(n, Notice::Preempted { .. })),
         }
     }
 
+    /// [`Binding::doorbell`]; returns whether it was stale (moved nothing).
     fn doorbell_inner(
         &mut self,
         gpu: &mut dyn PhysGpu,
@@ -699,12 +697,12 @@ impl<O: Copy> Binding<O> {
         queue: QueueId,
         wptr: u64,
         out: &mut Vec<Notice<O>>,
-    ) {
+    ) -> bool {
         let Some(r) = self.queues.get(&queue) else {
-            return;
+            return false;
         };
         if r.removing {
-            return;
+            return false;
         }
         let stalled = r.stalled;
         if !r.on_gpu && r.slot.is_none() && r.mqd.read_index().is_some_and(|rp| wptr <= rp) {
@@ -712,7 +710,7 @@ impl<O: Copy> Binding<O> {
             // a re-ring after its work is done): no work for the scheduler,
             // so an idle VM's load/unload churn preempts nobody (issue 21).
             self.stats.stalled_doorbells += 1;
-            return;
+            return true;
         }
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
             gpu.doorbell(now, slot, wptr);
@@ -722,7 +720,7 @@ impl<O: Copy> Binding<O> {
                 // Still waiting on an unpublished packet or an unmet
                 // barrier: no work to schedule (progress-based busy).
                 self.stats.stalled_doorbells += 1;
-                return;
+                return true;
             }
             if let Some(r) = self.queues.get_mut(&queue) {
                 r.stalled = false;
@@ -740,11 +738,14 @@ impl<O: Copy> Binding<O> {
         if widths_first {
             self.note_widths(&*gpu, queue, wptr);
         }
+        // The scheduler drops a doorbell with the index it saw last.
+        let stale = self.sched.seen_wptr(queue) == Some(wptr);
         self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
         self.settle_early(gpu, now, out);
         if !widths_first {
             self.note_widths(&*gpu, queue, wptr);
         }
+        stale
     }
 
     /// Prepares the preemption a doorbell of `queue` would cause (see

@@ -692,6 +692,13 @@ impl Scheduler {
         })
     }
 
+    /// The write index of the last doorbell seen for `queue`: another
+    /// doorbell with it is stale (dropped without a decision, see
+    /// [`Event::Doorbell`]).
+    pub fn seen_wptr(&self, queue: QueueId) -> Option<u64> {
+        self.queues.get(&queue).and_then(|q| q.wptr)
+    }
+
     /// Accounting of a VM (GPU time up to the last event).
     pub fn vm_stats(&self, vm: VmId) -> Option<VmStats> {
         self.vms.get(&vm).map(|v| {

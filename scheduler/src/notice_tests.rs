@@ -24,10 +24,11 @@ fn preempted(ns: &[SchedNotice]) -> Vec<(QueueId, VmId, Option<VmId>, PreemptRea
         .collect()
 }
 
-#[test]
-fn a_higher_vm_preempts_a_lower_one_once_for_priority() {
+/// One slot: a priority-2 VM runs a long job, then a priority-12 VM rings
+/// a short one; returns the world (run to 20 ms) and the low queue.
+fn lo_then_hi(record: bool) -> (World, QueueId) {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 1));
-    w.s.record_notices(true);
+    w.s.record_notices(record);
     let lo = w.vm(0, 2, 1, 1)[0];
     let hi = w.vm(1, 12, 1, 1)[0];
     w.submit(lo, 50 * MS);
@@ -35,6 +36,13 @@ fn a_higher_vm_preempts_a_lower_one_once_for_priority() {
     assert!(w.running(&lo));
     w.submit(hi, 5 * MS);
     w.run_until(20 * MS);
+    assert_eq!(w.s.stats().preemptions, 1);
+    (w, lo)
+}
+
+#[test]
+fn a_higher_vm_preempts_a_lower_one_once_for_priority() {
+    let (mut w, lo) = lo_then_hi(true);
     let ns = drain(&mut w);
     assert_eq!(
         preempted(&ns),
@@ -45,19 +53,11 @@ fn a_higher_vm_preempts_a_lower_one_once_for_priority() {
         _ => None,
     });
     assert_eq!(slot, Some(SlotId(0)), "the slot it left");
-    assert_eq!(w.s.stats().preemptions, 1);
 }
 
 #[test]
 fn nothing_is_recorded_unless_asked() {
-    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 1));
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let hi = w.vm(1, 12, 1, 1)[0];
-    w.submit(lo, 50 * MS);
-    w.run_until(MS);
-    w.submit(hi, 5 * MS);
-    w.run_until(20 * MS);
-    assert_eq!(w.s.stats().preemptions, 1);
+    let (mut w, _) = lo_then_hi(false);
     assert!(drain(&mut w).is_empty());
 }
 

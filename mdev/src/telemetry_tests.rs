@@ -193,6 +193,22 @@ fn scenario() -> (Rig, Vec<(TestVm, GuestQueue)>) {
     (rig, vec![(train, gt), (infer, gi)])
 }
 
+/// Runs [`scenario`] to the end: training starts, inference's doorbell
+/// 300 us later preempts it.
+fn preempt_training(rig: &mut Rig, qs: &[(TestVm, GuestQueue)]) {
+    rig.doorbell(QueueId(0), qs[0].1.wptr);
+    rig.run(300_000);
+    rig.doorbell(QueueId(1), qs[1].1.wptr);
+    rig.run(u64::MAX);
+}
+
+/// [`scenario`] after [`preempt_training`].
+fn inference_preempts_training() -> (Rig, Vec<(TestVm, GuestQueue)>) {
+    let (mut rig, qs) = scenario();
+    preempt_training(&mut rig, &qs);
+    (rig, qs)
+}
+
 #[test]
 fn preemption_save_and_restore_are_recorded_and_exposed() {
     let (mut rig, qs) = scenario();
@@ -201,10 +217,7 @@ fn preemption_save_and_restore_are_recorded_and_exposed() {
         value(&before, "hqdmux_vm_preemptions_total", "training"),
         0.0
     );
-    rig.doorbell(QueueId(0), qs[0].1.wptr);
-    rig.run(300_000);
-    rig.doorbell(QueueId(1), qs[1].1.wptr);
-    rig.run(u64::MAX);
+    preempt_training(&mut rig, &qs);
     for (tvm, gq) in &qs {
         tvm.verify(gq).unwrap();
     }
@@ -257,11 +270,7 @@ fn preemption_save_and_restore_are_recorded_and_exposed() {
 /// their cost, demand covers the work, the preemption names its maker.
 #[test]
 fn promise_counters_cu_time_demand_and_who_preempted() {
-    let (mut rig, qs) = scenario();
-    rig.doorbell(QueueId(0), qs[0].1.wptr);
-    rig.run(300_000);
-    rig.doorbell(QueueId(1), qs[1].1.wptr);
-    rig.run(u64::MAX);
+    let (mut rig, _qs) = inference_preempts_training();
     rig.tele.sample_demand(rig.now, &rig.b, true);
     let of = |id: u32| {
         rig.tele
@@ -819,11 +828,7 @@ fn quarantine_reasons_name_the_trip_and_host_bugs_first() {
 fn exposition_is_promtool_clean() {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    let (mut rig, qs) = scenario();
-    rig.doorbell(QueueId(0), qs[0].1.wptr);
-    rig.run(300_000);
-    rig.doorbell(QueueId(1), qs[1].1.wptr);
-    rig.run(u64::MAX);
+    let (rig, _qs) = inference_preempts_training();
     let mut info = crate::metrics::MetricsInfo::local();
     info.states = &["running", "stopped"];
     info.vm_states.insert(0, "running");

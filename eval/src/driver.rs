@@ -14,7 +14,7 @@ use gpu::topology::GpuTopology;
 use gpusim::sim::testkit::{GuestQueue, TestVm};
 use gpusim::SimGpu;
 use mdev::binding::{ArmedDoorbell, Binding, Notice};
-use mdev::telemetry::{notice_owner, Telemetry};
+use mdev::telemetry::Telemetry;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use scheduler::{Nanos, Policy, QueueId, SchedConfig, VmId, VmParams};
@@ -74,8 +74,18 @@ pub struct RunOutput {
     pub duplicate_effects: u64,
     /// Queue errors.
     pub queue_errors: u64,
-    /// Preemptions issued by the scheduler.
+    /// Preemptions issued by the scheduler (its counter).
     pub preemptions: u64,
+    /// Preemptions the binding said ([`Notice::Preempted`]); equal to
+    /// `preemptions` (each is said exactly once).
+    pub preempted_notices: u64,
+    /// Of those, preemptions for a queue boosted by aging.
+    pub preempted_by_aging: u64,
+    /// Aging boosts the scheduler counted (`VmStats::aging_boosts`, all VMs).
+    pub aging_boosts: u64,
+    /// Aging boosts the binding said ([`Notice::Aged`]); equal to
+    /// `aging_boosts`.
+    pub aged_notices: u64,
     /// Queues reset after a preemption timeout (also in `queue_errors`).
     pub preempt_timeouts: u64,
     /// Modelled save + restore ns.
@@ -795,7 +805,7 @@ impl Sim<'_> {
     fn handle_notices(&mut self) {
         let mut notices = std::mem::take(&mut self.notices);
         for n in notices.drain(..) {
-            if let (Some(t), Some(o)) = (&mut self.tele, notice_owner(&n)) {
+            if let (Some(t), Some(o)) = (&mut self.tele, n.owner()) {
                 t.notice(self.now, &n, self.streams[o].vm as u32, &self.gpu);
             }
             match n {
@@ -821,6 +831,13 @@ impl Sim<'_> {
                 Notice::Unmapped {
                     owner, has_work, ..
                 } => self.track.unmapped(owner, has_work, self.now),
+                Notice::Preempted { reason, .. } => {
+                    self.out.preempted_notices += 1;
+                    if reason == mdev::binding::PreemptReason::Aging {
+                        self.out.preempted_by_aging += 1;
+                    }
+                }
+                Notice::Aged { .. } => self.out.aged_notices += 1,
                 Notice::Removed { .. } => {}
             }
         }
@@ -920,6 +937,10 @@ impl Sim<'_> {
         }
         // Before `vm_runs`' closing tick (whose actions are not carried out).
         self.out.preemptions = self.bind.scheduler().stats().preemptions;
+        self.out.aging_boosts = (0..self.vms.len() as u32)
+            .filter_map(|i| self.bind.scheduler().vm_stats(VmId(i)))
+            .map(|s| s.aging_boosts)
+            .sum();
         self.out.preempt_timeouts = self.bind.stats().preempt_timeouts;
         self.out.vm_runs = self.vm_runs(end);
         let st = self.gpu.stats();
@@ -1152,4 +1173,27 @@ pub fn evaluate_full(
         jain_by_level,
     };
     Ok((report, run))
+}
+
+#[cfg(test)]
+mod notice_tests {
+    use super::*;
+
+    /// The built-in `aging` scenario (two priority-1 VMs starved by two
+    /// always-busy priority-10 VMs), in virtual time: the scheduler ages
+    /// and preempts for aging, and the binding says each preemption and
+    /// each boost exactly once (its notices = the scheduler's counters),
+    /// while every workgroup's effect lands exactly once.
+    #[test]
+    fn aging_scenario_says_each_preemption_and_boost_once() {
+        let sc = Scenario::builtin("aging").unwrap();
+        let out = simulate(&sc, Policy::Hqdmux, 1).unwrap();
+        assert_eq!((out.lost_effects, out.duplicate_effects), (0, 0));
+        assert!(
+            out.aging_boosts > 0 && out.preempted_by_aging > 0,
+            "{out:?}"
+        );
+        assert_eq!(out.aged_notices, out.aging_boosts);
+        assert_eq!(out.preempted_notices, out.preemptions);
+    }
 }

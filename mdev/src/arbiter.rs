@@ -225,6 +225,20 @@ impl VmSlots {
         u32::try_from(v).ok().and_then(|v| self.map.get_mut(&v))
     }
 
+    /// The slot of VM `vm` unless it is removed or unknown.
+    fn live(&self, vm: VgpuHandle) -> Option<&VmSlot> {
+        self.map.get(&vm.0).filter(|e| !e.removed)
+    }
+
+    /// [`Self::live`] for a change; a removed or unknown VM is
+    /// [`SchedError::NoVm`].
+    fn live_mut(&mut self, vm: VgpuHandle) -> Result<&mut VmSlot, SchedError> {
+        self.map
+            .get_mut(&vm.0)
+            .filter(|e| !e.removed)
+            .ok_or(SchedError::NoVm(VmId(vm.0)))
+    }
+
     fn iter(&self) -> impl Iterator<Item = (u32, &VmSlot)> {
         self.map.iter().map(|(k, s)| (*k, s))
     }
@@ -831,7 +845,7 @@ impl GpuArbiter {
     /// A VM's current parameters and accounting (`None` once removed).
     pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
         let mut c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         // Bring the scheduler's clock to now: GPU time then includes the
         // time a queue has been running since the last event (a long kernel
         // otherwise reads as 0 until it completes).
@@ -1091,7 +1105,7 @@ impl GpuArbiter {
     /// not have live.
     pub fn vm_promise(&self, vm: VgpuHandle) -> Option<VmPromise> {
         let mut c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         let now = self.now();
         let core = &mut *c;
         Self::take_cu_time(core);
@@ -1358,17 +1372,12 @@ impl GpuArbiter {
         // Guard events seen (no allocation unless a queue erred).
         let mut guard: Vec<(u32, GuardEvent)> = Vec::new();
         for n in out.drain(..) {
-            let (q, (vm, vhqd)) = match &n {
-                Notice::ArmTimer { at } => {
-                    c.timer_at = Some(*at);
-                    continue;
-                }
-                Notice::Mapped { queue, owner, .. }
-                | Notice::Completed { queue, owner, .. }
-                | Notice::Unmapped { queue, owner, .. }
-                | Notice::QueueError { queue, owner, .. }
-                | Notice::MapRefused { queue, owner, .. }
-                | Notice::Removed { queue, owner, .. } => (*queue, *owner),
+            if let Notice::ArmTimer { at } = n {
+                c.timer_at = Some(at);
+                continue;
+            }
+            let Some((q, (vm, vhqd))) = n.queue_owner() else {
+                continue;
             };
             let (v, i) = (vm as usize, vhqd as usize);
             c.tele.notice(self.now(), &n, vm, c.gpu.as_ref());
@@ -1421,7 +1430,10 @@ impl GpuArbiter {
                         mqd,
                     }
                 }
-                Notice::ArmTimer { .. } => continue,
+                // Telemetry's alone (the guest is not told).
+                Notice::Preempted { .. } | Notice::Aged { .. } | Notice::ArmTimer { .. } => {
+                    continue
+                }
             };
             Self::push_call(c, vm, i, call);
             Self::release_if_gone(c, v);
@@ -1461,7 +1473,7 @@ impl GpuArbiter {
     /// The VM's pause state and slice override (`None` once removed).
     pub fn vm_controls(&self, vm: VgpuHandle) -> Option<(bool, Option<Duration>)> {
         let c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         let s = c.bind.scheduler();
         let id = VmId(vm.0);
         Some((s.vm_paused(id)?, s.vm_quantum(id).map(Duration::from_nanos)))
@@ -1481,11 +1493,7 @@ impl GpuArbiter {
 
     /// Refuses handles of removed or unknown VMs.
     fn live(&self, vm: VgpuHandle) -> Result<(), SchedError> {
-        let c = lock(&self.core);
-        match c.vms.get(vm.0 as usize) {
-            Some(e) if !e.removed => Ok(()),
-            _ => Err(SchedError::NoVm(VmId(vm.0))),
-        }
+        lock(&self.core).vms.live_mut(vm).map(|_| ())
     }
 
     // ---- preemption timeout (issue 11) -----------------------------------
@@ -1507,7 +1515,7 @@ impl GpuArbiter {
             return Err(ArbiterError::PreemptTimeout(timeout));
         }
         let mut c = lock(&self.core);
-        if c.vms.get(vm.0 as usize).is_none_or(|e| e.removed) {
+        if c.vms.live(vm).is_none() {
             return Err(SchedError::NoVm(VmId(vm.0)).into());
         }
         let ns = timeout.as_nanos().min(u128::from(u64::MAX)) as Nanos;
@@ -1518,7 +1526,7 @@ impl GpuArbiter {
     /// VM `vm`'s preemption timeout (`None` once removed or unknown).
     pub fn preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
         let c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         c.bind.preempt_timeout(VmId(vm.0)).map(Duration::from_nanos)
     }
 
@@ -1529,7 +1537,7 @@ impl GpuArbiter {
     pub fn effective_preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
         let now = self.now();
         let c = lock(&self.core);
-        c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        c.vms.live(vm)?;
         c.bind
             .effective_preempt_timeout(VmId(vm.0), now)
             .map(Duration::from_nanos)
@@ -1604,7 +1612,7 @@ impl GpuArbiter {
         let now = self.now();
         let mut c = lock(&self.core);
         self.count_refused(&mut c);
-        let s = c.vms.get_mut(vm.0 as usize).filter(|e| !e.removed)?;
+        let s = c.vms.live_mut(vm).ok()?;
         Some(s.guard.status(now))
     }
 
@@ -1612,11 +1620,7 @@ impl GpuArbiter {
     /// forgets its counts in the window. Returns whether it was quarantined.
     pub fn clear_quarantine(&self, vm: VgpuHandle) -> Result<bool, ArbiterError> {
         let mut c = lock(&self.core);
-        let s = c
-            .vms
-            .get_mut(vm.0 as usize)
-            .filter(|e| !e.removed)
-            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let s = c.vms.live_mut(vm)?;
         let was = s.guard.clear();
         if was {
             log::info!(
@@ -1632,11 +1636,7 @@ impl GpuArbiter {
     pub fn set_guard(&self, vm: VgpuHandle, limits: GuardConfig) -> Result<(), ArbiterError> {
         limits.validate()?;
         let mut c = lock(&self.core);
-        let s = c
-            .vms
-            .get_mut(vm.0 as usize)
-            .filter(|e| !e.removed)
-            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+        let s = c.vms.live_mut(vm)?;
         s.guard.set_limits(limits);
         Ok(())
     }
@@ -1773,7 +1773,7 @@ impl GpuArbiter {
     /// unknown).
     pub fn vm_queue_count(&self, vm: VgpuHandle) -> Option<usize> {
         let c = lock(&self.core);
-        let s = c.vms.get(vm.0 as usize).filter(|e| !e.removed)?;
+        let s = c.vms.live(vm)?;
         Some(s.queue.iter().filter(|q| q.is_some()).count())
     }
 

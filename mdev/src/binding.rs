@@ -27,9 +27,10 @@ use crate::backend::{CuMask, GpuError, GpuEvent, MapRequest, PhysGpu, QueueError
 use crate::mem::DmaMemory;
 use crate::topology::GpuTopology;
 use abi::mqd::V9Mqd;
+pub use scheduler::PreemptReason;
 use scheduler::{
     Action, DequeueMode, Event, Nanos, Policy, QueueId, QueueState, SchedConfig, SchedError,
-    Scheduler, SlotDesc, SlotId, VmId, VmParams,
+    SchedNotice, Scheduler, SlotDesc, SlotId, VmId, VmParams,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -107,6 +108,30 @@ pub enum Notice<O> {
         /// Error.
         error: GpuError,
     },
+    /// The scheduler preempted a running queue (its dequeue is handed to
+    /// the GPU; [`Notice::Unmapped`] follows when it finishes): said once
+    /// per preemption the scheduler counts, where it decides it.
+    Preempted {
+        /// The preempted queue.
+        queue: QueueId,
+        /// Its owner.
+        owner: O,
+        /// The slot it leaves.
+        slot: SlotId,
+        /// The VM the slot is taken for, if one (see
+        /// [`scheduler::SchedNotice::Preempted`]).
+        by: Option<VmId>,
+        /// Why.
+        reason: PreemptReason,
+    },
+    /// The scheduler boosted the queue by aging above every VM priority
+    /// (docs/scheduling.md, "Aging"): said once per boost.
+    Aged {
+        /// The boosted queue.
+        queue: QueueId,
+        /// Its owner.
+        owner: O,
+    },
     /// A removed queue is gone: no slot holds it, no event will name it again.
     /// `mqd` is its final shadow MQD (to write back to the guest).
     Removed {
@@ -117,6 +142,29 @@ pub enum Notice<O> {
         /// Final MQD.
         mqd: Box<V9Mqd>,
     },
+}
+
+impl<O: Copy> Notice<O> {
+    /// The queue and its owner the notice is about (none for
+    /// [`Notice::ArmTimer`]).
+    pub fn queue_owner(&self) -> Option<(QueueId, O)> {
+        match self {
+            Notice::Mapped { queue, owner, .. }
+            | Notice::Completed { queue, owner, .. }
+            | Notice::Unmapped { queue, owner, .. }
+            | Notice::QueueError { queue, owner, .. }
+            | Notice::MapRefused { queue, owner, .. }
+            | Notice::Preempted { queue, owner, .. }
+            | Notice::Aged { queue, owner }
+            | Notice::Removed { queue, owner, .. } => Some((*queue, *owner)),
+            Notice::ArmTimer { .. } => None,
+        }
+    }
+
+    /// The owner the notice names (none for [`Notice::ArmTimer`]).
+    pub fn owner(&self) -> Option<O> {
+        self.queue_owner().map(|(_, o)| o)
+    }
 }
 
 struct QueueRec<O> {
@@ -318,8 +366,9 @@ pub struct Binding<O: Copy> {
     any_recheck: bool,
 }
 
-/// What a doorbell did ([`Binding::doorbell`]), so that callers need not
-/// compare scheduler counters around it.
+/// What a doorbell did ([`Binding::doorbell`]), said where it happened (a
+/// stale index, a stalled queue; a [`Notice::Preempted`] among its
+/// notices), so that callers need not compare scheduler counters around it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DoorbellOutcome {
     /// Doorbells that moved nothing: dropped by the scheduler as stale (the
@@ -358,6 +407,8 @@ impl<O: Copy> Binding<O> {
         let n = slots.len();
         let mut sched = Scheduler::new(cfg, slots)?;
         sched.set_cu_geometry(topo.cus_per_xcc, topo.xccs_per_partition());
+        // Preemptions and boosts reach the caller as notices.
+        sched.record_notices(true);
         Ok(Binding {
             sched,
             queues: HashMap::new(),
@@ -442,6 +493,7 @@ impl<O: Copy> Binding<O> {
         let sched = self.sched_mut();
         sched.handle(Event::Tick { now });
         while sched.poll_action().is_some() {}
+        while sched.poll_notice().is_some() {}
     }
 
     /// Counters.
@@ -627,17 +679,17 @@ impl<O: Copy> Binding<O> {
         wptr: u64,
         out: &mut Vec<Notice<O>>,
     ) -> DoorbellOutcome {
-        let before = self.sched.stats();
-        let stalled_before = self.stats.stalled_doorbells;
-        self.doorbell_inner(gpu, now, queue, wptr, out);
-        let after = self.sched.stats();
+        let from = out.len();
+        let stale = self.doorbell_inner(gpu, now, queue, wptr, out);
         DoorbellOutcome {
-            stale: (after.stale_doorbells - before.stale_doorbells)
-                + (self.stats.stalled_doorbells - stalled_before),
-            preempted: after.preemptions > before.preemptions,
+            stale: u64::from(stale),
+            preempted: out[from..]
+                .iter()
+                .any(|n| matches!(n, Notice::Preempted { .. })),
         }
     }
 
+    /// [`Binding::doorbell`]; returns whether it was stale (moved nothing).
     fn doorbell_inner(
         &mut self,
         gpu: &mut dyn PhysGpu,
@@ -645,12 +697,12 @@ impl<O: Copy> Binding<O> {
         queue: QueueId,
         wptr: u64,
         out: &mut Vec<Notice<O>>,
-    ) {
+    ) -> bool {
         let Some(r) = self.queues.get(&queue) else {
-            return;
+            return false;
         };
         if r.removing {
-            return;
+            return false;
         }
         let stalled = r.stalled;
         if !r.on_gpu && r.slot.is_none() && r.mqd.read_index().is_some_and(|rp| wptr <= rp) {
@@ -658,7 +710,7 @@ impl<O: Copy> Binding<O> {
             // a re-ring after its work is done): no work for the scheduler,
             // so an idle VM's load/unload churn preempts nobody (issue 21).
             self.stats.stalled_doorbells += 1;
-            return;
+            return true;
         }
         if let (Some(slot), true) = (r.slot, r.on_gpu) {
             gpu.doorbell(now, slot, wptr);
@@ -668,7 +720,7 @@ impl<O: Copy> Binding<O> {
                 // Still waiting on an unpublished packet or an unmet
                 // barrier: no work to schedule (progress-based busy).
                 self.stats.stalled_doorbells += 1;
-                return;
+                return true;
             }
             if let Some(r) = self.queues.get_mut(&queue) {
                 r.stalled = false;
@@ -686,11 +738,14 @@ impl<O: Copy> Binding<O> {
         if widths_first {
             self.note_widths(&*gpu, queue, wptr);
         }
+        // The scheduler drops a doorbell with the index it saw last.
+        let stale = self.sched.seen_wptr(queue) == Some(wptr);
         self.event(gpu, Event::Doorbell { queue, wptr, now }, out);
         self.settle_early(gpu, now, out);
         if !widths_first {
             self.note_widths(&*gpu, queue, wptr);
         }
+        stale
     }
 
     /// Prepares the preemption a doorbell of `queue` would cause (see
@@ -1165,8 +1220,43 @@ impl<O: Copy> Binding<O> {
                 self.action(gpu, now, a, out);
             }
             self.acts = acts;
+            self.forward_notices(out);
         }
         self.reap(out);
+    }
+
+    /// Passes on what the scheduler said it decided (preemptions with
+    /// their cause, aging boosts), in its order, after the decision's
+    /// actions were carried out.
+    fn forward_notices(&mut self, out: &mut Vec<Notice<O>>) {
+        while let Some(n) = self.sched.poll_notice() {
+            let (queue, notice) = match n {
+                SchedNotice::Preempted {
+                    queue,
+                    slot,
+                    by,
+                    reason,
+                    ..
+                } => (queue, Some((slot, by, reason))),
+                SchedNotice::Aged { queue, .. } => (queue, None),
+            };
+            let Some(r) = self.queues.get(&queue) else {
+                continue;
+            };
+            out.push(match notice {
+                Some((slot, by, reason)) => Notice::Preempted {
+                    queue,
+                    owner: r.owner,
+                    slot,
+                    by,
+                    reason,
+                },
+                None => Notice::Aged {
+                    queue,
+                    owner: r.owner,
+                },
+            });
+        }
     }
 
     fn action(&mut self, gpu: &mut dyn PhysGpu, now: Nanos, a: Action, out: &mut Vec<Notice<O>>) {

@@ -56,38 +56,114 @@ impl Rig {
         }
     }
 
+    /// A rig on [`GpuTopology::tiny`], and that topology.
+    fn tiny() -> (Rig, GpuTopology) {
+        let topo = GpuTopology::tiny();
+        (Rig::new(topo.clone()), topo)
+    }
+
     fn doorbell(&mut self, q: QueueId, wptr: u64) {
         let mut out = Vec::new();
         self.b.doorbell(&mut self.gpu, self.now, q, wptr, &mut out);
         self.take(out);
     }
 
+    /// A queue of `ring` packets in `tvm`'s memory, added for VM `vm` as
+    /// queue `q` with owner `owner`.
+    fn queue(
+        &mut self,
+        topo: &GpuTopology,
+        tvm: &mut TestVm,
+        vm: u32,
+        q: u64,
+        owner: usize,
+        ring: u32,
+    ) -> GuestQueue {
+        let gq = tvm.queue(topo, ring, 0);
+        add(self, tvm, vm, QueueId(q), owner, &gq);
+        gq
+    }
+
+    /// The guest dequeues queue `q` with `mode` ([`Binding::remove_queue`]).
+    fn remove_queue(&mut self, q: QueueId, mode: Option<DequeueMode>) {
+        let mut out = Vec::new();
+        self.b
+            .remove_queue(&mut self.gpu, self.now, q, mode, &mut out)
+            .unwrap();
+        self.take(out);
+    }
+
+    /// A tick now (applies control changes).
+    fn tick(&mut self) {
+        let mut out = Vec::new();
+        self.b.tick(&mut self.gpu, self.now, &mut out);
+        self.take(out);
+    }
+
+    /// Pauses or resumes VM `vm`, applied at once.
+    fn pause(&mut self, vm: u32, paused: bool) {
+        self.b.set_vm_paused(VmId(vm), paused).unwrap();
+        self.tick();
+    }
+
+    /// Runs up to `at` and stands there.
+    fn run_to(&mut self, at: Nanos) {
+        self.run(at, |_| false);
+        self.now = at;
+    }
+
+    /// Advances the GPU to now and hands its events to the binding;
+    /// returns the notices (not taken yet).
+    fn advance_gpu(&mut self) -> Vec<Notice<usize>> {
+        let mut evs = Vec::new();
+        self.gpu.advance(self.now, &mut evs);
+        let mut out = Vec::new();
+        for ev in evs {
+            self.b.gpu_event(&mut self.gpu, self.now, ev, &mut out);
+        }
+        out
+    }
+
+    /// Advances the GPU to now and hands its events to the binding.
+    fn settle(&mut self) {
+        let out = self.advance_gpu();
+        self.take(out);
+    }
+
+    /// Removes VM `vm` ([`Binding::remove_vm`]).
+    fn remove_vm(&mut self, vm: u32) {
+        let mut out = Vec::new();
+        self.b
+            .remove_vm(&mut self.gpu, self.now, VmId(vm), &mut out)
+            .unwrap();
+        self.take(out);
+    }
+
+    /// One step of the virtual-time loop: to the next GPU deadline or
+    /// timer at or before `until` (`None`: none), calling `before(timer
+    /// due)` first (a guest acting at that instant), then the GPU's events
+    /// and the due tick. Returns whether the timer was due.
+    fn step(&mut self, until: Nanos, before: impl FnOnce(bool)) -> Option<bool> {
+        let t = [self.gpu.next_deadline(), self.timer]
+            .into_iter()
+            .flatten()
+            .min()
+            .filter(|t| *t <= until)?;
+        self.now = self.now.max(t);
+        let due = self.timer.is_some_and(|x| x <= self.now);
+        before(due);
+        let mut out = self.advance_gpu();
+        if due {
+            self.timer = None;
+            self.b.tick(&mut self.gpu, self.now, &mut out);
+        }
+        self.take(out);
+        Some(due)
+    }
+
     /// Runs until `stop` holds for a notice or nothing is left to do (or `until`).
     fn run(&mut self, until: Nanos, stop: impl Fn(&Notice<usize>) -> bool) {
-        let mut evs = Vec::new();
-        loop {
-            if self.log.iter().any(&stop) {
-                return;
-            }
-            let t = [self.gpu.next_deadline(), self.timer]
-                .into_iter()
-                .flatten()
-                .min();
-            let Some(t) = t.filter(|t| *t <= until) else {
-                return;
-            };
-            self.now = self.now.max(t);
-            self.gpu.advance(self.now, &mut evs);
-            let mut out = Vec::new();
-            for ev in evs.drain(..) {
-                self.b.gpu_event(&mut self.gpu, self.now, ev, &mut out);
-            }
-            if self.timer.is_some_and(|x| x <= self.now) {
-                self.timer = None;
-                self.b.tick(&mut self.gpu, self.now, &mut out);
-            }
-            self.take(out);
-        }
+        while !self.log.iter().any(&stop) && self.step(until, |_| ()).is_some() {}
     }
 
     fn completions_of(&self, owner: usize) -> Vec<u64> {
@@ -122,8 +198,7 @@ fn spx_lo_hi(edit_hi: impl FnOnce(&mut GuestQueue)) -> (Rig, [(TestVm, GuestQueu
     let topo = spx_topo();
     let mut rig = Rig::new(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
-    let lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let lo = rig.queue(&topo, &mut lo_vm, 0, 0, 0, 64);
     let mut hi_vm = vm(&mut rig, 1, 12);
     let mut hi = hi_vm.queue(&topo, 64, 0);
     edit_hi(&mut hi);
@@ -183,8 +258,7 @@ fn add(rig: &mut Rig, tvm: &TestVm, vm: u32, q: QueueId, owner: usize, gq: &Gues
 
 #[test]
 fn two_vms_run_exactly_once_and_notices_name_the_owner() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut qs = Vec::new();
     for (v, prio) in [(0u32, 2u8), (1, 12)] {
         let mut tvm = vm(&mut rig, v, prio);
@@ -214,8 +288,7 @@ fn two_vms_run_exactly_once_and_notices_name_the_owner() {
 
 #[test]
 fn refused_map_reports_an_error_then_frees_the_slot_at_once() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut tvm = vm(&mut rig, 0, 5);
     let mut gq = tvm.queue(&topo, 64, 0);
     // A ring the GPU refuses at map time (the binding does not check MQDs).
@@ -251,27 +324,15 @@ fn refused_map_reports_an_error_then_frees_the_slot_at_once() {
 
 #[test]
 fn removal_with_save_returns_an_mqd_that_resumes_exactly_once() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut tvm = vm(&mut rig, 0, 5);
-    let mut gq = tvm.queue(&topo, 64, 0);
-    add(&mut rig, &tvm, 0, QueueId(0), 1, &gq);
+    let mut gq = rig.queue(&topo, &mut tvm, 0, 0, 1, 64);
     for k in 0..6 {
         tvm.kernel(&mut gq, KernelKind::Mark, 16, 64, 50_000, k, true);
     }
     rig.doorbell(QueueId(0), gq.wptr);
     rig.run(u64::MAX, |n| matches!(n, Notice::Completed { .. }));
-    let mut out = Vec::new();
-    rig.b
-        .remove_queue(
-            &mut rig.gpu,
-            rig.now,
-            QueueId(0),
-            Some(DequeueMode::SaveWaves),
-            &mut out,
-        )
-        .unwrap();
-    rig.take(out);
+    rig.remove_queue(QueueId(0), Some(DequeueMode::SaveWaves));
     rig.run(u64::MAX, |n| matches!(n, Notice::Removed { .. }));
     let mqd = rig
         .log
@@ -301,8 +362,7 @@ fn removal_with_save_returns_an_mqd_that_resumes_exactly_once() {
 
 #[test]
 fn removing_a_vm_removes_each_of_its_queues_once() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut tvm = vm(&mut rig, 0, 5);
     let mut qs = Vec::new();
     for i in 0..3u64 {
@@ -315,11 +375,7 @@ fn removing_a_vm_removes_each_of_its_queues_once() {
         rig.doorbell(QueueId(i as u64), gq.wptr);
     }
     rig.run(1_000_000, |_| false);
-    let mut out = Vec::new();
-    rig.b
-        .remove_vm(&mut rig.gpu, rig.now, VmId(0), &mut out)
-        .unwrap();
-    rig.take(out);
+    rig.remove_vm(0);
     rig.run(u64::MAX, |_| false);
     let mut removed: Vec<usize> = rig
         .log
@@ -389,17 +445,7 @@ mod props {
                     }
                     Op::Remove { q, mode } if !removed[q] => {
                         removed[q] = true;
-                        let mut out = Vec::new();
-                        rig.b
-                            .remove_queue(
-                                &mut rig.gpu,
-                                rig.now,
-                                QueueId(q as u64),
-                                DequeueMode::from_u32(mode),
-                                &mut out,
-                            )
-                            .unwrap();
-                        rig.take(out);
+                        rig.remove_queue(QueueId(q as u64), DequeueMode::from_u32(mode));
                     }
                     _ => {}
                 }
@@ -408,17 +454,8 @@ mod props {
             rig.run(u64::MAX, |_| false);
             prop_assert!(rig.b.scheduler().check_invariants().is_ok());
             for (q, gone) in removed.iter().enumerate() {
-                let owner_of = |n: &Notice<usize>| match n {
-                    Notice::Mapped { owner, .. }
-                    | Notice::Completed { owner, .. }
-                    | Notice::Unmapped { owner, .. }
-                    | Notice::QueueError { owner, .. }
-                    | Notice::MapRefused { owner, .. }
-                    | Notice::Removed { owner, .. } => Some(*owner),
-                    Notice::ArmTimer { .. } => None,
-                };
                 let mine: Vec<&Notice<usize>> =
-                    rig.log.iter().filter(|n| owner_of(n) == Some(q)).collect();
+                    rig.log.iter().filter(|n| n.owner() == Some(q)).collect();
                 let removals = mine
                     .iter()
                     .filter(|n| matches!(n, Notice::Removed { .. }))
@@ -449,11 +486,9 @@ mod props {
 /// the header is published, a doorbell with the same write index runs it.
 #[test]
 fn stalled_queue_is_idle_and_a_same_index_doorbell_after_publishing_runs_it() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut tvm = vm(&mut rig, 0, 6);
-    let mut gq = tvm.queue(&topo, 64, 0);
-    add(&mut rig, &tvm, 0, QueueId(0), 1, &gq);
+    let mut gq = rig.queue(&topo, &mut tvm, 0, 0, 1, 64);
     tvm.kernel(&mut gq, KernelKind::Mark, 8, 64, 20_000, 1, false);
     let hdr = tvm.mem.read_u32(gq.ring).unwrap();
     tvm.mem
@@ -489,8 +524,7 @@ fn stalled_queue_is_idle_and_a_same_index_doorbell_after_publishing_runs_it() {
 
 #[test]
 fn a_preemption_that_times_out_resets_only_that_queue_with_error_22() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut hung_vm = vm(&mut rig, 0, 2);
     let mut good_vm = vm(&mut rig, 1, 12);
     assert_eq!(
@@ -650,11 +684,9 @@ fn lo_runs_hi_idle() -> (
     let topo = GpuTopology::tiny();
     let mut rig = Rig::no_reservations(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut lo = rig.queue(&topo, &mut lo_vm, 0, 0, 0, 64);
     let mut hi_vm = vm(&mut rig, 1, 12);
-    let hi = hi_vm.queue(&topo, 64, 0);
-    add(&mut rig, &hi_vm, 1, QueueId(1), 1, &hi);
+    let hi = rig.queue(&topo, &mut hi_vm, 1, 1, 1, 64);
     lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 5_000_000, 0, true);
     rig.doorbell(QueueId(0), lo.wptr);
     rig.run(rig.now + 10_000, |_| false);
@@ -699,6 +731,114 @@ fn a_doorbell_reports_whether_it_preempted_or_was_stale() {
     assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
 }
 
+/// The preemptions in a log, in order.
+fn preempted(log: &[Notice<usize>]) -> Vec<&Notice<usize>> {
+    log.iter()
+        .filter(|n| matches!(n, Notice::Preempted { .. }))
+        .collect()
+}
+
+/// A high VM's doorbell that preempts a low VM's queue is said once, by the
+/// binding, where the scheduler decides it: who was preempted, on which
+/// slot, for whom and why; before that queue's dequeue finishes.
+#[test]
+fn a_high_vm_preempting_a_low_one_is_one_preempted_notice() {
+    let (mut rig, (lo_vm, lo), (mut hi_vm, mut hi), victim) = lo_runs_hi_idle();
+    hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
+    rig.doorbell(QueueId(1), hi.wptr);
+    rig.run(u64::MAX, |_| false);
+    let want = Notice::Preempted {
+        queue: QueueId(0),
+        owner: 0,
+        slot: victim,
+        by: Some(VmId(1)),
+        reason: PreemptReason::Priority,
+    };
+    assert_eq!(preempted(&rig.log), vec![&want]);
+    assert_eq!(rig.b.scheduler().stats().preemptions, 1);
+    let at = |f: &dyn Fn(&Notice<usize>) -> bool| rig.log.iter().position(f);
+    let said = at(&|n| *n == want).unwrap();
+    let saved = at(&|n| matches!(n, Notice::Unmapped { owner: 0, .. })).unwrap();
+    assert!(said < saved, "said when decided, before the save ends");
+    assert!(lo_vm.verify(&lo).is_ok() && hi_vm.verify(&hi).is_ok());
+}
+
+/// Aging in virtual time: a priority-0 queue starved by four busy
+/// priority-15 queues on [`GpuTopology::tiny`] is boosted (one
+/// [`Notice::Aged`] per boost the scheduler counts), the high queues it
+/// displaces are each one [`Notice::Preempted`] for it with reason aging,
+/// every preemption the scheduler counts is said once, and every kernel
+/// runs exactly once.
+#[test]
+fn aging_is_said_as_aged_and_preempted_notices_once_each() {
+    let topo = GpuTopology::tiny();
+    let cfg = SchedConfig {
+        aging_ns: 20_000_000,
+        spatial_max_permille: 250,
+        ..SchedConfig::default()
+    };
+    let mut rig = Rig::with_config(topo.clone(), cfg);
+    let mut hi_vm = vm(&mut rig, 0, 15);
+    let mut his = Vec::new();
+    for i in 0..4u64 {
+        let mut gq = hi_vm.queue(&topo, 64, 0);
+        add(&mut rig, &hi_vm, 0, QueueId(i), i as usize, &gq);
+        for k in 0..8 {
+            hi_vm.kernel(&mut gq, KernelKind::Mark, 4, 64, 10_000_000, k, true);
+        }
+        his.push(gq);
+    }
+    let mut lo_vm = vm(&mut rig, 1, 0);
+    let mut lo = rig.queue(&topo, &mut lo_vm, 1, 4, 4, 64);
+    for k in 0..2 {
+        lo_vm.kernel(&mut lo, KernelKind::Mark, 4, 64, 1_000_000, k, true);
+    }
+    for (i, gq) in his.iter().enumerate() {
+        rig.doorbell(QueueId(i as u64), gq.wptr);
+    }
+    rig.doorbell(QueueId(4), lo.wptr);
+    rig.run(u64::MAX, |_| false);
+    let aged: Vec<&Notice<usize>> = rig
+        .log
+        .iter()
+        .filter(|n| matches!(n, Notice::Aged { .. }))
+        .collect();
+    let boosts = rig.b.scheduler().vm_stats(VmId(1)).unwrap().aging_boosts;
+    assert!(boosts > 0, "the starved queue is aged");
+    assert_eq!(aged.len() as u64, boosts);
+    assert!(aged.iter().all(|n| **n
+        == Notice::Aged {
+            queue: QueueId(4),
+            owner: 4
+        }));
+    let pre = preempted(&rig.log);
+    assert_eq!(pre.len() as u64, rig.b.scheduler().stats().preemptions);
+    let by_aging: Vec<_> = pre
+        .iter()
+        .filter(|n| {
+            matches!(
+                n,
+                Notice::Preempted {
+                    reason: PreemptReason::Aging,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert!(!by_aging.is_empty(), "{pre:?}");
+    for n in by_aging {
+        let Notice::Preempted { owner, by, .. } = n else {
+            unreachable!()
+        };
+        assert!(*owner < 4, "a high queue is displaced: {n:?}");
+        assert_eq!(*by, Some(VmId(1)));
+    }
+    for gq in &his {
+        assert!(hi_vm.verify(gq).is_ok());
+    }
+    assert!(lo_vm.verify(&lo).is_ok());
+}
+
 /// Every control method of the binding makes a prepared doorbell stale
 /// (the change count lives where every change passes).
 #[test]
@@ -739,9 +879,7 @@ fn a_plan_armed_before_a_change_is_not_fired() {
     assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
     // The operator raises the low VM above the high one.
     rig.b.set_vm_priority(VmId(0), 15).unwrap();
-    let mut out = Vec::new();
-    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
-    rig.take(out);
+    rig.tick();
     hi_vm.kernel(&mut hi, KernelKind::Mark, 4, 64, 30_000, 0, true);
     let fired = rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr);
     rig.doorbell(QueueId(1), hi.wptr);
@@ -800,9 +938,7 @@ fn fired_unmaps_without_their_doorbell_are_settled_by_the_next_event() {
     assert!(rig.b.arm_doorbell(QueueId(1), rig.now, &mut armed));
     assert!(rig.b.fire_armed(&mut rig.gpu, rig.now, &armed, hi.wptr));
     // No doorbell: a tick comes next.
-    let mut out = Vec::new();
-    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
-    rig.take(out);
+    rig.tick();
     assert_eq!(rig.b.stats().armed_mismatched, 1);
     assert_eq!(
         rig.b.scheduler().queue_state(QueueId(0)).map(|s| s.0),
@@ -844,8 +980,7 @@ fn barrier_then_mark(tvm: &mut TestVm, gq: &mut GuestQueue, dep: u64, groups: u3
 /// resumes at the next re-check and each workgroup runs exactly once.
 #[test]
 fn barrier_blocked_queue_is_released_unbilled_and_resumes_at_a_recheck() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut bad_vm = vm(&mut rig, 0, 8);
     let mut good_vm = vm(&mut rig, 1, 8);
     let mut bq = bad_vm.queue(&topo, 64, 0);
@@ -917,17 +1052,13 @@ fn barrier_blocked_queue_is_released_unbilled_and_resumes_at_a_recheck() {
 /// while the barrier is unmet does not reach the scheduler.
 #[test]
 fn barrier_blocked_queue_wakes_on_the_completion_that_meets_it() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut a_vm = vm(&mut rig, 0, 8);
     let mut b_vm = vm(&mut rig, 1, 8);
-    let mut aq = a_vm.queue(&topo, 64, 0);
-    add(&mut rig, &a_vm, 0, QueueId(0), 0, &aq);
+    let mut aq = rig.queue(&topo, &mut a_vm, 0, 0, 0, 64);
     // The producer: a second queue of VM 0 (signals live in its memory).
-    let mut pq = a_vm.queue(&topo, 64, 0);
-    add(&mut rig, &a_vm, 0, QueueId(2), 2, &pq);
-    let bq = b_vm.queue(&topo, 64, 0);
-    add(&mut rig, &b_vm, 1, QueueId(1), 1, &bq);
+    let mut pq = rig.queue(&topo, &mut a_vm, 0, 2, 2, 64);
+    let _bq = rig.queue(&topo, &mut b_vm, 1, 1, 1, 64);
     let dep = a_vm.signal();
     barrier_then_mark(&mut a_vm, &mut aq, dep, 4, 10_000);
     rig.doorbell(QueueId(0), aq.wptr);
@@ -983,15 +1114,13 @@ fn beside(
     // The arbiter's guard, as it counts the neighbour's resets: once it
     // trips, the neighbour's loads are refused (23) and it reloads no more.
     let mut guard = guard.map(crate::guard::VmGuard::new);
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     rig.b.set_hang_escalation(escalation);
     let mut good_vm = vm(&mut rig, 0, 8);
     let _ = vm(&mut rig, 1, 8);
     // Sparse: room for the many queues a re-hanging guest reloads.
     let mut bad_vm = TestVm::with_memory(Arc::new(SparseMemory::new(1 << 40)), 0x10_0000);
-    let mut good = good_vm.queue(&topo, 4096, 0);
-    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
+    let mut good = rig.queue(&topo, &mut good_vm, 0, 0, 0, 4096);
     for k in 0..kernels {
         good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
     }
@@ -1047,11 +1176,7 @@ fn beside(
                     if let Some(g) = guard.as_mut() {
                         g.record(rig.now, crate::guard::GuardEvent::Reset, 1);
                     }
-                    let mut out = Vec::new();
-                    rig.b
-                        .remove_queue(&mut rig.gpu, rig.now, bad, None, &mut out)
-                        .unwrap();
-                    rig.take(out);
+                    rig.remove_queue(bad, None);
                 }
                 Notice::Removed { owner: 1, .. } => {
                     // ... then reloads it with another hanging kernel
@@ -1116,8 +1241,7 @@ fn load_churn_of_an_idle_vm_preempts_nobody() {
     let mut rig = Rig::no_reservations(topo.clone());
     let mut lo_vm = vm(&mut rig, 0, 2);
     let mut hi_vm = vm(&mut rig, 1, 12);
-    let mut lo = lo_vm.queue(&topo, 64, 0);
-    add(&mut rig, &lo_vm, 0, QueueId(0), 0, &lo);
+    let mut lo = rig.queue(&topo, &mut lo_vm, 0, 0, 0, 64);
     for k in 0..4 {
         lo_vm.kernel(&mut lo, KernelKind::Mark, 8, 64, 1_000_000, k, false);
     }
@@ -1129,17 +1253,7 @@ fn load_churn_of_an_idle_vm_preempts_nobody() {
         let q = QueueId(100 + k);
         add(&mut rig, &hi_vm, 1, q, 1, &empty);
         rig.doorbell(q, 0);
-        let mut out = Vec::new();
-        rig.b
-            .remove_queue(
-                &mut rig.gpu,
-                rig.now,
-                q,
-                Some(DequeueMode::DrainPipe),
-                &mut out,
-            )
-            .unwrap();
-        rig.take(out);
+        rig.remove_queue(q, Some(DequeueMode::DrainPipe));
         let t = rig.now + 100_000;
         rig.run(t, |_| false);
     }
@@ -1159,12 +1273,42 @@ fn run_until(rig: &mut Rig, until: Nanos, stop: impl Fn(&Notice<usize>) -> bool)
 
 /// Loads a hanging (`NO_SAVE_POINT`, never-ending) queue `id` for VM 1.
 fn load_hang(rig: &mut Rig, topo: &GpuTopology, bad_vm: &mut TestVm, id: u64) {
-    let mut q = bad_vm.queue(topo, 64, 0);
-    add(rig, bad_vm, 1, QueueId(id), 1, &q);
+    let mut q = rig.queue(topo, bad_vm, 1, id, 1, 64);
     bad_vm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
     bad_vm.kernel(&mut q, KernelKind::Spin, 4, 64, 1 << 47, 0, false);
     bad_vm.kernel_flags = 0;
     rig.doorbell(QueueId(id), q.wptr);
+}
+
+/// VM 1 hangs queue `id` ([`load_hang`]) until its preemption times out,
+/// then the guest removes it (the reset may still be in flight) and it is
+/// gone.
+fn hang_then_remove(rig: &mut Rig, topo: &GpuTopology, bad_vm: &mut TestVm, id: u64) {
+    load_hang(rig, topo, bad_vm, id);
+    run_until(rig, u64::MAX, |n| {
+        matches!(n, Notice::QueueError { owner: 1, .. })
+    });
+    rig.remove_queue(QueueId(id), None);
+    rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+}
+
+/// The review rig's good VM: VM 0 at priority 8 with queue 0 (owner 0,
+/// 4096 packets) holding `kernels` mark kernels of `groups` workgroups of
+/// `cost` ns each (no completion signals), rung.
+fn good_vm(
+    rig: &mut Rig,
+    topo: &GpuTopology,
+    kernels: u32,
+    groups: u32,
+    cost: u64,
+) -> (TestVm, GuestQueue) {
+    let mut good_vm = vm(rig, 0, 8);
+    let mut good = rig.queue(topo, &mut good_vm, 0, 0, 0, 4096);
+    for k in 0..kernels {
+        good_vm.kernel(&mut good, KernelKind::Mark, groups, 64, cost, k, false);
+    }
+    rig.doorbell(QueueId(0), good.wptr);
+    (good_vm, good)
 }
 
 /// Review: VM 1 hangs twice (two preemption-timeout resets) beside a busy
@@ -1180,16 +1324,9 @@ fn review21_readded_vm_after_two_resets() {
 /// A rig where VM 0 (priority 8) runs `kernels` 100 ms kernels on queue 0
 /// (doorbell rung) beside VM 1 (priority 8, returned), which has none yet.
 fn busy_beside_vm1(kernels: u32) -> (GpuTopology, Rig, TestVm) {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut good_vm = vm(&mut rig, 0, 8);
+    let (mut rig, topo) = Rig::tiny();
+    let _good = good_vm(&mut rig, &topo, kernels, 2, 100_000_000);
     let bad_vm = vm(&mut rig, 1, 8);
-    let mut good = good_vm.queue(&topo, 4096, 0);
-    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-    for k in 0..kernels {
-        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
-    }
-    rig.doorbell(QueueId(0), good.wptr);
     (topo, rig, bad_vm)
 }
 
@@ -1250,32 +1387,18 @@ fn readded(hangs: u32) {
         rig.run(11_280_010_000, |_| false);
     }
     for id in 100..100 + hangs as u64 {
-        load_hang(&mut rig, &topo, &mut bad_vm, id);
-        run_until(&mut rig, u64::MAX, |n| {
-            matches!(n, Notice::QueueError { owner: 1, .. })
-        });
-        let mut out = Vec::new();
-        rig.b
-            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
-            .unwrap();
-        rig.take(out);
-        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+        hang_then_remove(&mut rig, &topo, &mut bad_vm, id);
     }
     let t_reset = rig.now;
     let esc_before = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
     let s0 = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
     let s1 = rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns;
     println!("after 2 resets at {t_reset} ns: VM1 timeout {esc_before}, billed VM0 {s0} VM1 {s1}");
-    let mut out = Vec::new();
-    rig.b
-        .remove_vm(&mut rig.gpu, rig.now, VmId(1), &mut out)
-        .unwrap();
-    rig.take(out);
+    rig.remove_vm(1);
     let mut bad_vm = vm(&mut rig, 1, 8);
     let esc_after = rig.b.effective_preempt_timeout(VmId(1), rig.now).unwrap();
     println!("re-added: VM1 timeout {esc_after}");
-    let mut q = bad_vm.queue(&topo, 256, 0);
-    add(&mut rig, &bad_vm, 1, QueueId(200), 1, &q);
+    let mut q = rig.queue(&topo, &mut bad_vm, 1, 200, 1, 256);
     for k in 0..50 {
         bad_vm.kernel(&mut q, KernelKind::Mark, 2, 64, 100_000_000, k, false);
     }
@@ -1326,57 +1449,33 @@ fn readded(hangs: u32) {
 #[test]
 fn review21_many_blocked_queues_over_vms() {
     let run = |blocked_vms: u32| {
-        let topo = GpuTopology::tiny();
-        let mut rig = Rig::new(topo.clone());
-        let mut good_vm = vm(&mut rig, 0, 8);
-        let mut good = good_vm.queue(&topo, 4096, 0);
-        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-        for k in 0..1000 {
-            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 10_000_000, k, false);
-        }
-        rig.doorbell(QueueId(0), good.wptr);
+        let (mut rig, topo) = Rig::tiny();
+        let (good_vm, good) = good_vm(&mut rig, &topo, 1000, 4, 10_000_000);
         let mut keep = Vec::new();
         for v in 1..=blocked_vms {
             let prio = if v == 1 { 12 } else { 8 };
             let mut bvm = vm(&mut rig, v, prio);
             for i in 0..8u64 {
-                let mut q = bvm.queue(&topo, 64, 0);
-                let id = QueueId(v as u64 * 100 + i);
-                add(&mut rig, &bvm, v, id, v as usize, &q);
+                let id = v as u64 * 100 + i;
+                let mut q = rig.queue(&topo, &mut bvm, v, id, v as usize, 64);
                 let dep = bvm.signal();
                 barrier_then_mark(&mut bvm, &mut q, dep, 4, 10_000);
-                rig.doorbell(id, q.wptr);
+                rig.doorbell(QueueId(id), q.wptr);
                 keep.push(q);
             }
         }
         let mut wakeups = 0u64;
         let mut last_timer = None;
         let mut last_good = 0;
-        let mut evs = Vec::new();
         loop {
-            let t = [rig.gpu.next_deadline(), rig.timer]
-                .into_iter()
-                .flatten()
-                .min();
-            let Some(t) = t.filter(|t| *t <= 30_000_000_000) else {
+            let n0 = rig.log.len();
+            let Some(due) = rig.step(30_000_000_000, |_| ()) else {
                 break;
             };
-            rig.now = rig.now.max(t);
-            rig.gpu.advance(rig.now, &mut evs);
-            let mut out = Vec::new();
-            for ev in evs.drain(..) {
-                rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+            if due && last_timer != Some(rig.now) {
+                wakeups += 1;
+                last_timer = Some(rig.now);
             }
-            if rig.timer.is_some_and(|x| x <= rig.now) {
-                rig.timer = None;
-                if last_timer != Some(rig.now) {
-                    wakeups += 1;
-                    last_timer = Some(rig.now);
-                }
-                rig.b.tick(&mut rig.gpu, rig.now, &mut out);
-            }
-            let n0 = rig.log.len();
-            rig.take(out);
             if rig.log[n0..]
                 .iter()
                 .any(|n| matches!(n, Notice::Completed { owner: 0, .. }))
@@ -1430,50 +1529,25 @@ fn review21_many_blocked_queues_over_vms() {
 #[test]
 fn review21_flickering_barrier_dependency() {
     let run = |flicker: bool| {
-        let topo = GpuTopology::tiny();
-        let mut rig = Rig::new(topo.clone());
-        let mut good_vm = vm(&mut rig, 0, 8);
-        let mut good = good_vm.queue(&topo, 4096, 0);
-        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-        for k in 0..2000 {
-            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 1_000_000, k, false);
-        }
-        rig.doorbell(QueueId(0), good.wptr);
+        let (mut rig, topo) = Rig::tiny();
+        let _good = good_vm(&mut rig, &topo, 2000, 4, 1_000_000);
         let mut bad_vm = vm(&mut rig, 1, 12);
-        let mut bq = bad_vm.queue(&topo, 64, 0);
-        add(&mut rig, &bad_vm, 1, QueueId(1), 1, &bq);
+        let mut bq = rig.queue(&topo, &mut bad_vm, 1, 1, 1, 64);
         let dep = bad_vm.signal();
         if flicker {
             barrier_then_mark(&mut bad_vm, &mut bq, dep, 4, 10_000);
             rig.doorbell(QueueId(1), bq.wptr);
         }
-        let mut evs = Vec::new();
         let mut caught = 0;
         loop {
-            let t = [rig.gpu.next_deadline(), rig.timer]
-                .into_iter()
-                .flatten()
-                .min();
-            let Some(t) = t.filter(|t| *t <= 10_000_000_000) else {
-                break;
-            };
-            rig.now = rig.now.max(t);
-            let recheck = rig.timer.is_some_and(|x| x <= rig.now);
             // The guest meets the dependency just for the re-check.
-            bad_vm
-                .mem
-                .write_u64(dep + 8, if recheck { 0 } else { 1 })
-                .unwrap();
-            rig.gpu.advance(rig.now, &mut evs);
-            let mut out = Vec::new();
-            for ev in evs.drain(..) {
-                rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
+            let meet = |recheck: bool| {
+                let v = if recheck { 0 } else { 1 };
+                bad_vm.mem.write_u64(dep + 8, v).unwrap();
+            };
+            if rig.step(10_000_000_000, meet).is_none() {
+                break;
             }
-            if recheck {
-                rig.timer = None;
-                rig.b.tick(&mut rig.gpu, rig.now, &mut out);
-            }
-            rig.take(out);
             bad_vm.mem.write_u64(dep + 8, 1).unwrap();
             if rig.completions_of(1).len() > caught {
                 caught = rig.completions_of(1).len();
@@ -1510,26 +1584,14 @@ fn review21_flickering_barrier_dependency() {
 /// the record and reloads the MQD it got back: every workgroup must run
 /// exactly once.
 fn error_18_after_a_scheduler_save(mode: Option<DequeueMode>) -> u64 {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
+    let (mut rig, topo) = Rig::tiny();
     let mut tvm = vm(&mut rig, 0, 8);
-    let mut q = tvm.queue(&topo, 64, 0);
-    add(&mut rig, &tvm, 0, QueueId(0), 0, &q);
+    let mut q = rig.queue(&topo, &mut tvm, 0, 0, 0, 64);
     tvm.kernel(&mut q, KernelKind::Mark, 64, 64, 100_000, 1, false);
     rig.doorbell(QueueId(0), q.wptr);
-    rig.run(150_000, |_| false);
-    rig.now = 150_000;
-    let mut evs = Vec::new();
-    rig.gpu.advance(rig.now, &mut evs);
-    let mut out = Vec::new();
-    for ev in evs {
-        rig.b.gpu_event(&mut rig.gpu, rig.now, ev, &mut out);
-    }
-    rig.take(out);
-    rig.b.set_vm_paused(VmId(0), true).unwrap();
-    let mut out = Vec::new();
-    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
-    rig.take(out);
+    rig.run_to(150_000);
+    rig.settle();
+    rig.pause(0, true);
     run_until(&mut rig, u64::MAX, |n| matches!(n, Notice::Unmapped { .. }));
     let saved = rig.b.mqd(QueueId(0)).unwrap().clone();
     assert!(saved.has_saved_state());
@@ -1538,10 +1600,7 @@ fn error_18_after_a_scheduler_save(mode: Option<DequeueMode>) -> u64 {
     let mut byte = [0u8; 1];
     tvm.mem.read(rec + 24, &mut byte).unwrap();
     tvm.mem.write(rec + 24, &[byte[0] ^ 0x5A]).unwrap();
-    rig.b.set_vm_paused(VmId(0), false).unwrap();
-    let mut out = Vec::new();
-    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
-    rig.take(out);
+    rig.pause(0, false);
     run_until(&mut rig, u64::MAX, |n| {
         matches!(n, Notice::QueueError { .. })
     });
@@ -1551,11 +1610,7 @@ fn error_18_after_a_scheduler_save(mode: Option<DequeueMode>) -> u64 {
             .iter()
             .find(|n| matches!(n, Notice::QueueError { .. }))
     );
-    let mut out = Vec::new();
-    rig.b
-        .remove_queue(&mut rig.gpu, rig.now, QueueId(0), mode, &mut out)
-        .unwrap();
-    rig.take(out);
+    rig.remove_queue(QueueId(0), mode);
     rig.run(u64::MAX, |n| matches!(n, Notice::Removed { .. }));
     let back = rig
         .log
@@ -1629,20 +1684,11 @@ fn review21_error_18_after_scheduler_save_default() {
 #[test]
 fn review21_blocked_queue_beside_its_vms_real_work() {
     let run = |with_blocked: bool| {
-        let topo = GpuTopology::tiny();
-        let mut rig = Rig::new(topo.clone());
-        let mut good_vm = vm(&mut rig, 0, 8);
-        let mut good = good_vm.queue(&topo, 4096, 0);
-        add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-        for k in 0..1000 {
-            good_vm.kernel(&mut good, KernelKind::Mark, 4, 64, 1_000_000, k, false);
-        }
-        rig.doorbell(QueueId(0), good.wptr);
+        let (mut rig, topo) = Rig::tiny();
+        let _good = good_vm(&mut rig, &topo, 1000, 4, 1_000_000);
         let mut bad_vm = vm(&mut rig, 1, 12);
-        let mut tiny = bad_vm.queue(&topo, 1024, 0);
-        add(&mut rig, &bad_vm, 1, QueueId(1), 1, &tiny);
-        let mut bq = bad_vm.queue(&topo, 64, 0);
-        add(&mut rig, &bad_vm, 1, QueueId(2), 2, &bq);
+        let mut tiny = rig.queue(&topo, &mut bad_vm, 1, 1, 1, 1024);
+        let mut bq = rig.queue(&topo, &mut bad_vm, 1, 2, 2, 64);
         if with_blocked {
             let dep = bad_vm.signal();
             barrier_then_mark(&mut bad_vm, &mut bq, dep, 4, 10_000);
@@ -1661,8 +1707,7 @@ fn review21_blocked_queue_beside_its_vms_real_work() {
             );
             rig.doorbell(QueueId(1), tiny.wptr);
             let t = (step + 1) * 5_000_000;
-            rig.run(t, |_| false);
-            rig.now = t;
+            rig.run_to(t);
             samples += 1;
             if rig.b.on_gpu(QueueId(2)) {
                 on += 1;
@@ -1695,27 +1740,11 @@ fn review21_blocked_queue_beside_its_vms_real_work() {
 /// of it (history kept, applied to the new base).
 #[test]
 fn review21_escalation_survives_pause_priority_and_timeout_changes() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut good_vm = vm(&mut rig, 0, 8);
+    let (mut rig, topo) = Rig::tiny();
+    let _good = good_vm(&mut rig, &topo, 400, 2, 100_000_000);
     let mut bad_vm = vm(&mut rig, 1, 8);
-    let mut good = good_vm.queue(&topo, 4096, 0);
-    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-    for k in 0..400 {
-        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
-    }
-    rig.doorbell(QueueId(0), good.wptr);
     for id in 100..102 {
-        load_hang(&mut rig, &topo, &mut bad_vm, id);
-        run_until(&mut rig, u64::MAX, |n| {
-            matches!(n, Notice::QueueError { owner: 1, .. })
-        });
-        let mut out = Vec::new();
-        rig.b
-            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
-            .unwrap();
-        rig.take(out);
-        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+        hang_then_remove(&mut rig, &topo, &mut bad_vm, id);
     }
     let t = DEFAULT_PREEMPT_TIMEOUT_NS;
     assert_eq!(
@@ -1732,9 +1761,7 @@ fn review21_escalation_survives_pause_priority_and_timeout_changes() {
         {
             break;
         }
-        let at = rig.now + 1_000_000;
-        rig.run(at, |_| false);
-        rig.now = at;
+        rig.run_to(rig.now + 1_000_000);
     }
     println!(
         "third hang first Running at {} ns ({} ns after its load); good completions {}; billed VM0 {} VM1 {}",
@@ -1745,9 +1772,7 @@ fn review21_escalation_survives_pause_priority_and_timeout_changes() {
         rig.b.scheduler().vm_stats(VmId(1)).unwrap().gpu_ns
     );
     // Let its waves take the CUs.
-    let at = rig.now + 1_000_000;
-    rig.run(at, |_| false);
-    rig.now = at;
+    rig.run_to(rig.now + 1_000_000);
     let t_pause = rig.now;
     println!(
         "third hang loaded at {t_load}, pause at {t_pause}: state {:?}, on_gpu {}, good state {:?}",
@@ -1755,10 +1780,7 @@ fn review21_escalation_survives_pause_priority_and_timeout_changes() {
         rig.b.on_gpu(QueueId(102)),
         rig.b.scheduler().queue_state(QueueId(0))
     );
-    rig.b.set_vm_paused(VmId(1), true).unwrap();
-    let mut out = Vec::new();
-    rig.b.tick(&mut rig.gpu, rig.now, &mut out);
-    rig.take(out);
+    rig.pause(1, true);
     run_until(&mut rig, u64::MAX, |n| {
         matches!(
             n,
@@ -1814,33 +1836,16 @@ fn review21_escalation_survives_pause_priority_and_timeout_changes() {
 /// (19.99 s here). Now VM 0 is billed again and VM 1 runs within a slice.
 #[test]
 fn a_removal_during_a_timed_out_save_leaves_the_neighbour_billed() {
-    let topo = GpuTopology::tiny();
-    let mut rig = Rig::new(topo.clone());
-    let mut good_vm = vm(&mut rig, 0, 8);
+    let (mut rig, topo) = Rig::tiny();
+    let (good_vm, good) = good_vm(&mut rig, &topo, 400, 2, 100_000_000);
     let mut bad_vm = vm(&mut rig, 1, 8);
-    let mut good = good_vm.queue(&topo, 4096, 0);
-    add(&mut rig, &good_vm, 0, QueueId(0), 0, &good);
-    for k in 0..400 {
-        good_vm.kernel(&mut good, KernelKind::Mark, 2, 64, 100_000_000, k, false);
-    }
-    rig.doorbell(QueueId(0), good.wptr);
     for id in 100..102 {
-        load_hang(&mut rig, &topo, &mut bad_vm, id);
-        run_until(&mut rig, u64::MAX, |n| {
-            matches!(n, Notice::QueueError { owner: 1, .. })
-        });
         // The guest dequeues at once: the reset is still in flight.
-        let mut out = Vec::new();
-        rig.b
-            .remove_queue(&mut rig.gpu, rig.now, QueueId(id), None, &mut out)
-            .unwrap();
-        rig.take(out);
-        rig.run(u64::MAX, |n| matches!(n, Notice::Removed { owner: 1, .. }));
+        hang_then_remove(&mut rig, &topo, &mut bad_vm, id);
     }
     let billed = rig.b.scheduler().vm_stats(VmId(0)).unwrap().gpu_ns;
     // VM 1 now submits legitimate work (with save points).
-    let mut q = bad_vm.queue(&topo, 256, 0);
-    add(&mut rig, &bad_vm, 1, QueueId(200), 1, &q);
+    let mut q = rig.queue(&topo, &mut bad_vm, 1, 200, 1, 256);
     for k in 0..10 {
         bad_vm.kernel(&mut q, KernelKind::Mark, 2, 64, 100_000_000, k, false);
     }
@@ -1870,11 +1875,9 @@ fn a_removal_during_a_timed_out_save_leaves_the_neighbour_billed() {
 #[test]
 fn review21_barriers_on_invalid_addresses_stop_once() {
     for (and, mixed) in [(true, false), (false, false), (true, true), (false, true)] {
-        let topo = GpuTopology::tiny();
-        let mut rig = Rig::new(topo.clone());
+        let (mut rig, topo) = Rig::tiny();
         let mut tvm = vm(&mut rig, 0, 8);
-        let mut q = tvm.queue(&topo, 64, 0);
-        add(&mut rig, &tvm, 0, QueueId(0), 0, &q);
+        let mut q = rig.queue(&topo, &mut tvm, 0, 0, 0, 64);
         let valid = tvm.signal(); // at 1: unmet
         let deps = if mixed {
             [valid, u64::MAX - 7, 0, 0, 0]

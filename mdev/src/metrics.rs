@@ -645,11 +645,11 @@ fn render_promise<O: Copy>(
         (
             "hqdmux_vm_aging_boosts_total",
             "Times one of the VM's queues was boosted by aging above every priority.",
-            |_, s| s.map(|s| s.aging_boosts as f64),
+            |v, _| Some(v.promise.aging_boosts as f64),
         ),
         (
             "hqdmux_vm_preemptions_caused_total",
-            "Preemptions of other VMs' queues made to start one of this VM's queues.",
+            "Preemptions of other VMs' queues the scheduler made for one of this VM's queues.",
             |v, _| Some(v.promise.preemptions_caused as f64),
         ),
         (

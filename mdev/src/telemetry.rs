@@ -19,15 +19,17 @@
 //!
 //! 1. [`Telemetry::vm_added`] / [`Telemetry::vm_removed`];
 //! 2. [`Telemetry::gpu_event`] for every GPU event, before the binding sees it;
-//! 3. [`Telemetry::notice`] for every binding notice;
+//! 3. [`Telemetry::notice`] for every binding notice (preemptions, with
+//!    whom they were for and why, and aging boosts are notices too: what
+//!    the scheduler decided, not inferred from its counters);
 //! 4. [`Telemetry::after`] after each batch of binding calls and after the
-//!    GPU advanced (finds finished restores and new preemptions).
+//!    GPU advanced (finds finished restores, parameter changes and waits).
 
 use crate::backend::{DequeueMode, GpuEvent, PhysGpu, QueueErrorReason, SlotId, SlotState};
-use crate::binding::{Binding, Notice};
+use crate::binding::{Binding, Notice, PreemptReason};
 use crate::metrics::{Histogram, CWSR_BUCKETS, DOORBELL_BUCKETS, PACKET_LATENCY_BUCKETS};
 use crate::topology::GpuTopology;
-use scheduler::{Nanos, QueueId, VmId, VmParams, VmStats, PRIORITY_RANGE};
+use scheduler::{Nanos, VmId, VmParams, VmStats};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use timeline::{Recorder, RingLimits, SlotRow, SpanKind, Timeline, VmRow};
 
@@ -139,10 +141,14 @@ pub struct PromiseCounters {
     /// Time it had a queue ready or saved and none running (waiting for a
     /// slot).
     pub wait_ns: u64,
-    /// Preemptions of other VMs' queues its queue starts caused.
+    /// Preemptions of other VMs' queues made for one of its queues
+    /// ([`Notice::Preempted`] naming it as `by`).
     pub preemptions_caused: u64,
-    /// Preemptions of its queues made for a queue boosted by aging.
+    /// Preemptions of its queues made for a queue boosted by aging
+    /// ([`Notice::Preempted`] with [`PreemptReason::Aging`]).
     pub preempted_by_aging: u64,
+    /// Aging boosts of its queues ([`Notice::Aged`]).
+    pub aging_boosts: u64,
     /// Demanding at the last sample.
     pub demanding: bool,
     /// Waiting at the last sample.
@@ -190,9 +196,8 @@ pub struct VmTelemetry {
     /// The promise's counters.
     pub promise: PromiseCounters,
     /// Preemptions of its queues by preempting VM (telemetry id), where
-    /// the preemptor is known.
+    /// the scheduler names another VM.
     pub preempted_by: BTreeMap<u32, u64>,
-    seen_preemptions: u64,
     /// `(priority, weight)` last seen (changes are marked on the timeline).
     seen_params: (u8, u32),
 }
@@ -208,18 +213,13 @@ pub struct Telemetry {
     /// Per slot: when the restore of the loaded queue started.
     restore_start: Vec<Option<Nanos>>,
     /// Per slot: the queue whose current dequeue is a preemption, and the
-    /// VM that preempted it (if known); the mark is placed at the dequeue
-    /// request when the dequeue finishes.
+    /// other VM it was preempted for (if one); the mark is placed at the
+    /// dequeue request when the dequeue finishes.
     marked: Vec<Option<(u64, Option<u32>)>>,
-    /// Queue starts `(partition, vm, queue)` since the last
-    /// [`Telemetry::after`] (the same scheduler decision as a preemption
-    /// found there).
-    recent_maps: Vec<(u32, u32, u64)>,
     /// When demand states were last sampled.
     demand_at: Option<Nanos>,
     /// Reused by the demand sampling.
     demand_buf: BTreeMap<VmId, (bool, bool)>,
-    seen_preemptions: u64,
     /// Per queue tag: published packets not yet completed.
     published: HashMap<u64, Published>,
     /// Removed VMs whose figures are still kept, oldest first (at most
@@ -247,19 +247,6 @@ struct Published {
     last_wptr: u64,
 }
 
-/// The owner a notice names (none for `ArmTimer`).
-pub fn notice_owner<O: Copy>(n: &Notice<O>) -> Option<O> {
-    match n {
-        Notice::Mapped { owner, .. }
-        | Notice::Completed { owner, .. }
-        | Notice::Unmapped { owner, .. }
-        | Notice::QueueError { owner, .. }
-        | Notice::MapRefused { owner, .. }
-        | Notice::Removed { owner, .. } => Some(*owner),
-        Notice::ArmTimer { .. } => None,
-    }
-}
-
 impl Telemetry {
     /// Telemetry over `topo`'s user HQD slots, keeping `limits` of timeline
     /// history.
@@ -282,10 +269,8 @@ impl Telemetry {
             on_slot: vec![None; n],
             restore_start: vec![None; n],
             marked: vec![None; n],
-            recent_maps: Vec::new(),
             demand_at: None,
             demand_buf: BTreeMap::new(),
-            seen_preemptions: 0,
             published: HashMap::new(),
             removed: VecDeque::new(),
             seen_policy: None,
@@ -312,7 +297,6 @@ impl Telemetry {
                 *c = c.saturating_add(n);
             }
             v.partition = partition;
-            v.seen_preemptions = 0;
             v.seen_params = (params.priority, params.weight);
             // Who the old registration preempted now names the new one.
             for other in self.vms.values_mut() {
@@ -344,7 +328,6 @@ impl Telemetry {
                     carried_guard: [0; 3],
                     promise: PromiseCounters::default(),
                     preempted_by: BTreeMap::new(),
-                    seen_preemptions: 0,
                     seen_params: (params.priority, params.weight),
                 },
             );
@@ -466,7 +449,6 @@ impl Telemetry {
                 }
                 self.on_slot[s] = Some((queue.0, vm));
                 self.marked[s] = None;
-                self.recent_maps.push((self.slot_part[s], vm, queue.0));
                 let restoring = gpu
                     .query(*slot)
                     .is_some_and(|st| st.tag == queue.0 && st.state == SlotState::Restoring);
@@ -487,7 +469,47 @@ impl Telemetry {
             }
             Notice::QueueError { reason, .. } => self.queue_error(vm, reason),
             Notice::MapRefused { .. } => self.count_error(vm, "map_refused".into()),
-            _ => {}
+            Notice::Preempted {
+                queue,
+                slot,
+                by,
+                reason,
+                ..
+            } => self.preempted(vm, queue.0, *slot, *by, *reason),
+            Notice::Aged { .. } => {
+                if let Some(v) = self.vms.get_mut(&vm) {
+                    v.promise.aging_boosts += 1;
+                }
+            }
+            Notice::ArmTimer { .. } | Notice::Unmapped { .. } => {}
+        }
+    }
+
+    /// Queue `queue` of `vm` on `slot` is preempted for VM `by` (if one),
+    /// for `reason`: counted for both VMs, and marked on the timeline when
+    /// its dequeue finishes.
+    fn preempted(
+        &mut self,
+        vm: u32,
+        queue: u64,
+        slot: SlotId,
+        by: Option<VmId>,
+        reason: PreemptReason,
+    ) {
+        let other = by.map(|b| b.0).filter(|b| *b != vm);
+        if let Some(m) = self.marked.get_mut(slot.0 as usize) {
+            *m = Some((queue, other));
+        }
+        if let Some(v) = self.vms.get_mut(&vm) {
+            if reason == PreemptReason::Aging {
+                v.promise.preempted_by_aging += 1;
+            }
+            if let Some(b) = other {
+                *v.preempted_by.entry(b).or_insert(0) += 1;
+            }
+        }
+        if let Some(b) = other.and_then(|b| self.vms.get_mut(&b)) {
+            b.promise.preemptions_caused += 1;
         }
     }
 
@@ -532,8 +554,8 @@ impl Telemetry {
     }
 
     /// After binding calls or a GPU advance, at `now`: ends finished
-    /// restores, marks the preemptions the scheduler issued and samples
-    /// demand ([`Telemetry::sample_demand`]).
+    /// restores, marks policy, priority and weight changes and waits, and
+    /// samples demand ([`Telemetry::sample_demand`]).
     pub fn after<O: Copy>(&mut self, now: Nanos, bind: &Binding<O>, gpu: &dyn PhysGpu) {
         self.sample_demand(now, bind, false);
         for s in 0..self.restore_start.len() {
@@ -557,65 +579,7 @@ impl Telemetry {
                 }
             }
         }
-        let sched = bind.scheduler();
-        self.note_changes_and_waits(now, sched);
-        let total = sched.stats().preemptions;
-        let recent = std::mem::take(&mut self.recent_maps);
-        if total == self.seen_preemptions {
-            return;
-        }
-        self.seen_preemptions = total;
-        let ids: Vec<u32> = self.vms.keys().copied().collect();
-        let mut causes: Vec<(u32, u32, bool)> = Vec::new();
-        for vm in ids {
-            let Some(st) = sched.vm_stats(VmId(vm)) else {
-                continue;
-            };
-            let v = self.vms.get_mut(&vm).expect("listed");
-            let mut new = st.preemptions.saturating_sub(v.seen_preemptions);
-            v.seen_preemptions = st.preemptions;
-            for s in 0..self.on_slot.len() {
-                if new == 0 {
-                    break;
-                }
-                let Some((q, owner)) = self.on_slot[s] else {
-                    continue;
-                };
-                if owner != vm || self.marked[s].is_some_and(|(m, _)| m == q) {
-                    continue;
-                }
-                let unmapping = gpu
-                    .query(SlotId(s as u32))
-                    .is_some_and(|st| st.tag == q && matches!(st.state, SlotState::Unmapping(_)));
-                if unmapping {
-                    let part = self.slot_part[s];
-                    let by = recent
-                        .iter()
-                        .find(|(p, v, _)| *p == part && *v != vm)
-                        .map(|(_, v, bq)| (*v, *bq));
-                    if let Some((b, bq)) = by {
-                        // Level above every priority: boosted by aging.
-                        let aged = sched
-                            .queue_level(QueueId(bq))
-                            .is_some_and(|l| l > u16::from(*PRIORITY_RANGE.end()));
-                        causes.push((vm, b, aged));
-                    }
-                    self.marked[s] = Some((q, by.map(|(b, _)| b)));
-                    new -= 1;
-                }
-            }
-        }
-        for (victim, by, aged) in causes {
-            if let Some(v) = self.vms.get_mut(&victim) {
-                *v.preempted_by.entry(by).or_insert(0) += 1;
-                if aged {
-                    v.promise.preempted_by_aging += 1;
-                }
-            }
-            if let Some(b) = self.vms.get_mut(&by) {
-                b.promise.preemptions_caused += 1;
-            }
-        }
+        self.note_changes_and_waits(now, bind.scheduler());
     }
 
     /// Marks policy, priority and weight changes on the timeline and

@@ -17,16 +17,23 @@ struct Rig {
     tele: Telemetry,
     now: Nanos,
     timer: Option<Nanos>,
+    /// Preemption and aging notices seen.
+    said: Vec<Notice<u32>>,
 }
 
 impl Rig {
     fn new(topo: &GpuTopology) -> Rig {
+        Rig::with_config(topo, SchedConfig::default())
+    }
+
+    fn with_config(topo: &GpuTopology, cfg: SchedConfig) -> Rig {
         Rig {
             gpu: SimGpu::new(topo.clone(), 7).unwrap(),
-            b: Binding::new(topo, SchedConfig::default()).unwrap(),
+            b: Binding::new(topo, cfg).unwrap(),
             tele: Telemetry::new(topo, RingLimits::UNBOUNDED),
             now: 0,
             timer: None,
+            said: Vec::new(),
         }
     }
 
@@ -36,8 +43,11 @@ impl Rig {
             if let Notice::ArmTimer { at } = n {
                 self.timer = Some(at);
             }
-            if let Some(vm) = notice_owner(&n) {
+            if let Some(vm) = n.owner() {
                 self.tele.notice(self.now, &n, vm, &self.gpu);
+            }
+            if matches!(n, Notice::Preempted { .. } | Notice::Aged { .. }) {
+                self.said.push(n);
             }
         }
         self.tele.after(self.now, &self.b, &self.gpu);
@@ -183,6 +193,22 @@ fn scenario() -> (Rig, Vec<(TestVm, GuestQueue)>) {
     (rig, vec![(train, gt), (infer, gi)])
 }
 
+/// Runs [`scenario`] to the end: training starts, inference's doorbell
+/// 300 us later preempts it.
+fn preempt_training(rig: &mut Rig, qs: &[(TestVm, GuestQueue)]) {
+    rig.doorbell(QueueId(0), qs[0].1.wptr);
+    rig.run(300_000);
+    rig.doorbell(QueueId(1), qs[1].1.wptr);
+    rig.run(u64::MAX);
+}
+
+/// [`scenario`] after [`preempt_training`].
+fn inference_preempts_training() -> (Rig, Vec<(TestVm, GuestQueue)>) {
+    let (mut rig, qs) = scenario();
+    preempt_training(&mut rig, &qs);
+    (rig, qs)
+}
+
 #[test]
 fn preemption_save_and_restore_are_recorded_and_exposed() {
     let (mut rig, qs) = scenario();
@@ -191,10 +217,7 @@ fn preemption_save_and_restore_are_recorded_and_exposed() {
         value(&before, "hqdmux_vm_preemptions_total", "training"),
         0.0
     );
-    rig.doorbell(QueueId(0), qs[0].1.wptr);
-    rig.run(300_000);
-    rig.doorbell(QueueId(1), qs[1].1.wptr);
-    rig.run(u64::MAX);
+    preempt_training(&mut rig, &qs);
     for (tvm, gq) in &qs {
         tvm.verify(gq).unwrap();
     }
@@ -247,11 +270,7 @@ fn preemption_save_and_restore_are_recorded_and_exposed() {
 /// their cost, demand covers the work, the preemption names its maker.
 #[test]
 fn promise_counters_cu_time_demand_and_who_preempted() {
-    let (mut rig, qs) = scenario();
-    rig.doorbell(QueueId(0), qs[0].1.wptr);
-    rig.run(300_000);
-    rig.doorbell(QueueId(1), qs[1].1.wptr);
-    rig.run(u64::MAX);
+    let (mut rig, _qs) = inference_preempts_training();
     rig.tele.sample_demand(rig.now, &rig.b, true);
     let of = |id: u32| {
         rig.tele
@@ -283,6 +302,90 @@ fn promise_counters_cu_time_demand_and_who_preempted() {
     );
     assert!(value(&m, "hqdmux_vm_demanding_seconds_total", "training") > 0.0);
     assert!(value(&m, "hqdmux_vm_cwsr_seconds_total", "training") > 0.0);
+}
+
+/// Aging in virtual time: a priority-0 VM starved by a priority-15 VM's
+/// four busy queues. Its `/metrics` aging boosts are the [`Notice::Aged`]
+/// the binding said (= the scheduler's count); the high VM's preemptions by
+/// aging and the low VM's preemptions caused are the
+/// [`Notice::Preempted`] with reason aging, each said once.
+#[test]
+fn aging_notices_are_what_the_metrics_count() {
+    let topo = GpuTopology::tiny();
+    let cfg = SchedConfig {
+        aging_ns: 20_000_000,
+        spatial_max_permille: 250,
+        ..SchedConfig::default()
+    };
+    let mut rig = Rig::with_config(&topo, cfg);
+    let mut hi = rig.vm(0, "flood", 15);
+    let mut lo = rig.vm(1, "starved", 0);
+    let mut qs = Vec::new();
+    for i in 0..5u64 {
+        let (tvm, vm, cost, n) = match i {
+            4 => (&mut lo, 1, 1_000_000, 2),
+            _ => (&mut hi, 0, 10_000_000, 8),
+        };
+        let mut gq = tvm.queue(&topo, 64, 0);
+        rig.b
+            .add_queue(VmId(vm), QueueId(i), vm, 5, gq.mqd.clone(), tvm.dyn_mem())
+            .unwrap();
+        for k in 0..n {
+            tvm.kernel(&mut gq, KernelKind::Mark, 4, 64, cost, k, true);
+        }
+        qs.push(gq);
+    }
+    for (i, gq) in qs.iter().enumerate() {
+        rig.doorbell(QueueId(i as u64), gq.wptr);
+    }
+    rig.run(u64::MAX);
+    for (i, gq) in qs.iter().enumerate() {
+        let tvm = if i == 4 { &lo } else { &hi };
+        tvm.verify(gq).unwrap();
+    }
+    let aged = rig
+        .said
+        .iter()
+        .filter(|n| matches!(n, Notice::Aged { owner: 1, .. }))
+        .count() as f64;
+    let by_aging = rig
+        .said
+        .iter()
+        .filter(|n| {
+            matches!(
+                n,
+                Notice::Preempted {
+                    owner: 0,
+                    by: Some(VmId(1)),
+                    reason: PreemptReason::Aging,
+                    ..
+                }
+            )
+        })
+        .count() as f64;
+    assert!(aged >= 1.0 && by_aging >= 1.0, "{:?}", rig.said);
+    let boosts = rig.b.scheduler().vm_stats(VmId(1)).unwrap().aging_boosts;
+    assert_eq!(aged, boosts as f64);
+    let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
+    assert_eq!(value(&m, "hqdmux_vm_aging_boosts_total", "starved"), aged);
+    assert_eq!(value(&m, "hqdmux_vm_aging_boosts_total", "flood"), 0.0);
+    assert_eq!(
+        value(&m, "hqdmux_vm_preemptions_by_aging_total", "flood"),
+        by_aging
+    );
+    assert_eq!(
+        value(&m, "hqdmux_vm_preemptions_caused_total", "starved"),
+        by_aging
+    );
+    let flood = rig.tele.vms().find(|(id, _)| **id == 0).unwrap().1;
+    assert_eq!(flood.preempted_by.get(&1).copied(), Some(by_aging as u64));
+    // Every preemption the scheduler counted was said once.
+    let said = rig
+        .said
+        .iter()
+        .filter(|n| matches!(n, Notice::Preempted { .. }))
+        .count() as u64;
+    assert_eq!(said, rig.b.scheduler().stats().preemptions);
 }
 
 #[test]
@@ -719,11 +822,7 @@ fn quarantine_reasons_name_the_trip_and_host_bugs_first() {
 /// installed.
 #[test]
 fn exposition_is_promtool_clean() {
-    let (mut rig, qs) = scenario();
-    rig.doorbell(QueueId(0), qs[0].1.wptr);
-    rig.run(300_000);
-    rig.doorbell(QueueId(1), qs[1].1.wptr);
-    rig.run(u64::MAX);
+    let (rig, _qs) = inference_preempts_training();
     let mut info = crate::metrics::MetricsInfo::local();
     info.states = &["running", "stopped"];
     info.vm_states.insert(0, "running");

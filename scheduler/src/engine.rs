@@ -117,14 +117,27 @@ const VT_BASE: u128 = 1 << 64;
 /// Why a queue is being dequeued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reason {
-    /// Preempted with work left.
-    Preempt(DequeueMode),
+    /// Preempted with work left, for the given cause.
+    Preempt(DequeueMode, Cause),
     /// Idle queue gives its slot back.
     Evict,
     /// Queue error: the slot is reclaimed, the queue stays in error.
     Error,
     /// Queue removed by the operator.
     Remove,
+}
+
+/// For whom and why a queue is preempted (its [`SchedNotice::Preempted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cause {
+    by: Option<VmId>,
+    why: PreemptReason,
+}
+
+impl Cause {
+    fn new(by: Option<VmId>, why: PreemptReason) -> Cause {
+        Cause { by, why }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -405,6 +418,10 @@ pub struct Scheduler {
     queues: QueueMap<Queue>,
     vms: BTreeMap<VmId, Vm>,
     actions: VecDeque<Action>,
+    /// What was decided besides the actions, while `record` is on
+    /// ([`Scheduler::record_notices`]).
+    notices: VecDeque<SchedNotice>,
+    record: bool,
     armed: Option<Nanos>,
     next_poll: Nanos,
     now: Nanos,
@@ -523,6 +540,8 @@ impl Scheduler {
             queues: QueueMap::default(),
             vms: BTreeMap::new(),
             actions: VecDeque::new(),
+            notices: VecDeque::new(),
+            record: false,
             armed: None,
             next_poll: 0,
             now: 0,
@@ -673,6 +692,13 @@ impl Scheduler {
         })
     }
 
+    /// The write index of the last doorbell seen for `queue`: another
+    /// doorbell with it is stale (dropped without a decision, see
+    /// [`Event::Doorbell`]).
+    pub fn seen_wptr(&self, queue: QueueId) -> Option<u64> {
+        self.queues.get(&queue).and_then(|q| q.wptr)
+    }
+
     /// Accounting of a VM (GPU time up to the last event).
     pub fn vm_stats(&self, vm: VmId) -> Option<VmStats> {
         self.vms.get(&vm).map(|v| {
@@ -730,6 +756,30 @@ impl Scheduler {
     /// Next action for the caller.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    /// Turns the recording of [`SchedNotice`]s on or off (off by default:
+    /// a caller that never polls them keeps none). Turning it off drops
+    /// those not polled.
+    pub fn record_notices(&mut self, on: bool) {
+        self.record = on;
+        if !on {
+            self.notices.clear();
+        }
+    }
+
+    /// Next notice of what the scheduler decided (preemptions with their
+    /// cause, aging boosts), in the order decided; `None` while recording
+    /// is off.
+    pub fn poll_notice(&mut self) -> Option<SchedNotice> {
+        self.notices.pop_front()
+    }
+
+    /// Records a notice (when recording is on).
+    fn notice(&mut self, n: SchedNotice) {
+        if self.record {
+            self.notices.push_back(n);
+        }
     }
 
     // ---- events --------------------------------------------------------

@@ -27,7 +27,7 @@ mod spatial;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{DoorbellPlan, FastStats, Scheduler};
+pub use engine::{DoorbellPlan, EngineStats, FastStats, Scheduler};
 pub use spatial::{CuSet, SpatialStats};
 
 use serde::Deserialize;
@@ -369,6 +369,76 @@ pub enum Action {
     ArmTimer {
         /// Deadline.
         at: Nanos,
+    },
+}
+
+/// Why the scheduler preempted a queue ([`SchedNotice::Preempted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PreemptReason {
+    /// A VM of a higher priority level took the slot (or, in a co-running
+    /// mode, lower work made room for a higher level).
+    Priority,
+    /// A queue boosted by aging took the slot (docs/scheduling.md,
+    /// "Aging").
+    Aging,
+    /// An equal took its turn: its VM's slice came (quantum expiry, lag
+    /// eligibility, the round robin of `fifo` and `timeslice`).
+    Slice,
+    /// A queue of higher queue priority of the same VM took the slot.
+    QueuePriority,
+    /// The operator paused the queue's VM.
+    Paused,
+    /// The caller dequeued the queue ahead of a decision that did not
+    /// preempt it ([`Scheduler::adopt_unmap`]; never expected).
+    Adopted,
+}
+
+impl PreemptReason {
+    /// Lower-case name (`priority`, `aging`, `slice`, `queue_priority`,
+    /// `paused`, `adopted`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PreemptReason::Priority => "priority",
+            PreemptReason::Aging => "aging",
+            PreemptReason::Slice => "slice",
+            PreemptReason::QueuePriority => "queue_priority",
+            PreemptReason::Paused => "paused",
+            PreemptReason::Adopted => "adopted",
+        }
+    }
+}
+
+/// What the scheduler decided besides its [`Action`]s, said where it
+/// decides it (drained with [`Scheduler::poll_notice`] once turned on with
+/// [`Scheduler::record_notices`]). Exactly one `Preempted` per preemption
+/// counted in [`EngineStats::preemptions`] and [`VmStats::preemptions`],
+/// exactly one `Aged` per boost counted in [`VmStats::aging_boosts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedNotice {
+    /// A running queue is being dequeued with its work left (its
+    /// [`Action::Unmap`] is queued).
+    Preempted {
+        /// The preempted queue.
+        queue: QueueId,
+        /// Its VM.
+        vm: VmId,
+        /// The slot it leaves.
+        slot: SlotId,
+        /// The VM whose queue the slot is taken for, where one is: in the
+        /// exclusive decision the partition's new holder, in a co-running
+        /// mode the VM of the queue placed (or, when lower work makes room
+        /// for a whole level, of the best queue of that level); `None`
+        /// for `Paused` and `Adopted`.
+        by: Option<VmId>,
+        /// Why.
+        reason: PreemptReason,
+    },
+    /// A queue was boosted by aging above every VM priority.
+    Aged {
+        /// The boosted queue.
+        queue: QueueId,
+        /// Its VM.
+        vm: VmId,
     },
 }
 

@@ -1541,6 +1541,9 @@ fn saturated_aging_serves_starved_levels_in_priority_order() {
 #[path = "spatial_tests.rs"]
 mod spatial_tests;
 
+#[path = "notice_tests.rs"]
+mod notice_tests;
+
 // ---- operator pause and per-VM slice -----------------------------------
 
 /// Queues of VM `vm` currently mapped (running, idle or being dequeued).

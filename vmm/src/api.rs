@@ -499,7 +499,7 @@ impl FleetControl {
             demanding_ms: ms(c.demanding_ns),
             wait_ms: ms(c.wait_ns),
             cwsr_time_ms: ms(stats.save_ns),
-            aging_boosts: stats.aging_boosts,
+            aging_boosts: c.aging_boosts,
             preemptions_suffered: stats.preemptions,
             preempted_by_aging: c.preempted_by_aging,
             preemptions_caused: c.preemptions_caused,

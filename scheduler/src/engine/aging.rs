@@ -137,6 +137,8 @@ impl Scheduler {
             if let Some(vm) = self.queues.get(&q).map(|r| r.vm) {
                 if let Some(v) = self.vms.get_mut(&vm) {
                     v.stats.aging_boosts += 1;
+                    // Said where it is counted: one notice per boost.
+                    self.notice(SchedNotice::Aged { queue: q, vm });
                 }
             }
             self.rekey(q, |q| q.boosted = true);

@@ -239,7 +239,10 @@ impl Scheduler {
                     QueueState::Running => self.unmap(
                         q,
                         DequeueMode::SaveWaves,
-                        Reason::Preempt(DequeueMode::SaveWaves),
+                        Reason::Preempt(
+                            DequeueMode::SaveWaves,
+                            Cause::new(None, PreemptReason::Paused),
+                        ),
                     ),
                     QueueState::MappedIdle => self.evict(q),
                     _ => {}

@@ -285,7 +285,8 @@ impl Scheduler {
             mode,
         } = cont;
         for &q in &evict {
-            self.unmap_state(q, Reason::Preempt(mode));
+            let cause = self.exclusive_cause(q, owner);
+            self.unmap_state(q, Reason::Preempt(mode, cause));
         }
         self.evict_buf = evict;
         // Idle queues of other VMs below the owner's level give their slots
@@ -318,6 +319,20 @@ impl Scheduler {
             left -= 1;
         }
         self.spatial_beside(p, res, owner);
+    }
+
+    /// Why the exclusive decision that gave the partition to `owner`
+    /// preempts running queue `q`: a boosted holder is aging, the holder's
+    /// own lower queue is queue priority, a lower level is priority, an
+    /// equal is its slice.
+    fn exclusive_cause(&self, q: QueueId, owner: SliceOwner) -> Cause {
+        let why = match self.queues.get(&q) {
+            _ if owner.level >= BOOST_LEVEL => PreemptReason::Aging,
+            Some(qq) if qq.vm == owner.vm => PreemptReason::QueuePriority,
+            Some(qq) if lvl(self.key_of(qq)) < owner.level => PreemptReason::Priority,
+            _ => PreemptReason::Slice,
+        };
+        Cause::new(Some(owner.vm), why)
     }
 
     /// Maps `q` into a free slot of `p`; else asks an idle queue to give its

@@ -78,7 +78,10 @@ impl Scheduler {
         if self.queues.get(&q).is_some_and(|qq| {
             qq.slot.is_some() && matches!(qq.state, QueueState::Running | QueueState::MappedIdle)
         }) {
-            self.unmap_state(q, Reason::Preempt(mode));
+            self.unmap_state(
+                q,
+                Reason::Preempt(mode, Cause::new(None, PreemptReason::Adopted)),
+            );
         }
     }
 

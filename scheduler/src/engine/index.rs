@@ -15,7 +15,7 @@ impl Scheduler {
         qq.since = now;
         let vm = qq.vm;
         let wants = is_demand(st)
-            || (st == QueueState::Preempting && matches!(qq.reason, Some(Reason::Preempt(_))));
+            || (st == QueueState::Preempting && matches!(qq.reason, Some(Reason::Preempt(..))));
         let wanted = std::mem::replace(&mut qq.wants, wants);
         if wants != wanted {
             let g = self.grace(vm);

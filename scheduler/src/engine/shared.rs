@@ -26,7 +26,8 @@ impl Scheduler {
                 .map(|e| e.2)
                 .collect();
             for q in low {
-                self.unmap(q, mode, Reason::Preempt(mode));
+                let cause = self.shared_cause(p, q, top);
+                self.unmap(q, mode, Reason::Preempt(mode, cause));
             }
         }
         // At most this many can be placed or make a victim now.
@@ -69,18 +70,50 @@ impl Scheduler {
                 Some((l, since, v))
                     if preempt && l < level && since + self.cfg.min_run_ns <= now =>
                 {
-                    self.unmap(v, mode, Reason::Preempt(mode));
+                    let why = if level >= BOOST_LEVEL {
+                        PreemptReason::Aging
+                    } else {
+                        PreemptReason::Priority
+                    };
+                    self.unmap(v, mode, Reason::Preempt(mode, Cause::new(Some(vm), why)));
                 }
                 Some((_, since, v)) if fifo && since + self.queue_slice(v) <= now => {
-                    self.unmap(v, mode, Reason::Preempt(mode));
+                    let cause = Cause::new(Some(vm), PreemptReason::Slice);
+                    self.unmap(v, mode, Reason::Preempt(mode, cause));
                 }
                 _ => match own_lower {
                     // Queue priority preempts within the VM, at once.
-                    Some(v) if preempt => self.unmap(v, mode, Reason::Preempt(mode)),
+                    Some(v) if preempt => {
+                        let cause = Cause::new(Some(vm), PreemptReason::QueuePriority);
+                        self.unmap(v, mode, Reason::Preempt(mode, cause))
+                    }
                     _ => break,
                 },
             }
         }
+    }
+
+    /// Why running queue `q` of partition `p` makes room when the top busy
+    /// level is `top`: below it, for the best queue of that level (aging
+    /// when boosted); else for a higher queue of its own VM.
+    fn shared_cause(&self, p: usize, q: QueueId, top: u16) -> Cause {
+        let own = self.queues[&q].vm;
+        if self.queue_level(q).is_some_and(|l| l >= top) {
+            return Cause::new(Some(own), PreemptReason::QueuePriority);
+        }
+        let why = if top >= BOOST_LEVEL {
+            PreemptReason::Aging
+        } else {
+            PreemptReason::Priority
+        };
+        // The best waiting queue of the top level, else the best running.
+        let best = self.parts[p]
+            .ready
+            .first()
+            .filter(|e| e.0 .0 >= top)
+            .map(|e| e.2)
+            .or_else(|| self.parts[p].running.last().map(|e| e.2));
+        Cause::new(best.and_then(|b| self.queues.get(&b)).map(|b| b.vm), why)
     }
 
     /// Is a running queue below the highest busy queue priority of its VM?

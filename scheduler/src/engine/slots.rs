@@ -45,15 +45,26 @@ impl Scheduler {
     /// (second half of [`Self::unmap`]).
     pub(super) fn unmap_state(&mut self, q: QueueId, reason: Reason) {
         let qq = self.queues.get_mut(&q).unwrap();
-        let interrupts = qq.state == QueueState::Running && matches!(reason, Reason::Preempt(_));
+        let interrupts = qq.state == QueueState::Running && matches!(reason, Reason::Preempt(..));
         qq.reason = Some(reason);
         qq.doorbell_while_unmapping = false;
         let vm = qq.vm;
+        let slot = qq.slot;
         self.set_state(q, QueueState::Preempting);
         if interrupts {
             self.stats.preemptions += 1;
             if let Some(v) = self.vms.get_mut(&vm) {
                 v.stats.preemptions += 1;
+            }
+            // Said here, where it is counted: one notice per preemption.
+            if let (Reason::Preempt(_, cause), Some(slot)) = (reason, slot) {
+                self.notice(SchedNotice::Preempted {
+                    queue: q,
+                    vm,
+                    slot,
+                    by: cause.by,
+                    reason: cause.why,
+                });
             }
         }
     }
@@ -72,12 +83,12 @@ impl Scheduler {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.stats.save_ns += save_ns;
         }
-        let wait = if matches!(reason, Some(Reason::Preempt(_))) {
+        let wait = if matches!(reason, Some(Reason::Preempt(..))) {
             self.save_wait(p, q, save_ns)
         } else {
             0
         };
-        if matches!(reason, Some(Reason::Preempt(_))) && has_work {
+        if matches!(reason, Some(Reason::Preempt(..))) && has_work {
             let a = &mut self.parts[p].aging;
             a.save_ns = save_ns;
             if save_ns > 0 {
@@ -101,7 +112,7 @@ impl Scheduler {
             _ if errored => QueueState::Error,
             Some(Reason::Error) => QueueState::Error,
             _ if !work => QueueState::Idle,
-            Some(Reason::Preempt(DequeueMode::SaveWaves)) if has_work => QueueState::Saved,
+            Some(Reason::Preempt(DequeueMode::SaveWaves, _)) if has_work => QueueState::Saved,
             _ => QueueState::Ready,
         };
         if let Some(qq) = self.queues.get_mut(&q) {

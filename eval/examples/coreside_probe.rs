@@ -40,10 +40,7 @@ fn line(label: &str, r: &RunOutput, alone_cu: f64) {
 fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let (sc, seed) = if a.first().map(String::as_str) == Some("--fuzz") {
-        let s: u64 = a
-            .get(1)
-            .and_then(|s| s.parse().ok())
-            .expect("--fuzz SEED");
+        let s: u64 = a.get(1).and_then(|s| s.parse().ok()).expect("--fuzz SEED");
         (generate(s, None).scenario, s)
     } else {
         let file = a

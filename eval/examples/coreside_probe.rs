@@ -1,6 +1,7 @@
 //! Co-residence probe (issue 18, the `top`/`ladder` families' top share):
 //! `cargo run --release -p hqdmux-eval --example coreside_probe -- FILE.toml
-//! [SEED]` or `-- --fuzz SEED` (a generated scenario, family by seed).
+//! [SEED]` or `-- --fuzz SEED [FAMILY]` (a generated scenario, family by
+//! seed unless given).
 //!
 //! Runs the scenario under `hqdmux` twice, as it is and with co-residence
 //! off (`spatial_coreside_ns = 0`), and the partition's top VM alone, and
@@ -9,7 +10,7 @@
 //! co-resident beside the top slows it (occupancy's processor sharing) or
 //! the top loses partition time (billed time against the run).
 use eval::driver::{simulate, RunOutput};
-use eval::fuzz::generate;
+use eval::fuzz::{generate, Family};
 use eval::scenario::Scenario;
 use scheduler::{Policy, SchedConfig};
 
@@ -41,11 +42,14 @@ fn main() {
     let a: Vec<String> = std::env::args().skip(1).collect();
     let (sc, seed) = if a.first().map(String::as_str) == Some("--fuzz") {
         let s: u64 = a.get(1).and_then(|s| s.parse().ok()).expect("--fuzz SEED");
-        (generate(s, None).scenario, s)
+        let fam = a
+            .get(2)
+            .map(|n| *Family::ALL.iter().find(|f| f.name() == n).expect("FAMILY"));
+        (generate(s, fam).scenario, s)
     } else {
         let file = a
             .first()
-            .expect("usage: coreside_probe FILE.toml [SEED] | --fuzz SEED");
+            .expect("usage: coreside_probe FILE.toml [SEED] | --fuzz SEED [FAMILY]");
         let sc = Scenario::load(std::path::Path::new(file)).unwrap_or_else(|e| panic!("{e}"));
         let seed = a.get(1).map_or(sc.seed, |s| s.parse().expect("SEED"));
         (sc, seed)

@@ -216,11 +216,57 @@ impl Scheduler {
         // restore of the work it displaces: `s <= t_save + t_restore`, with
         // the partition's measured save when that is longer.
         let max = max.max(self.parts[p].aging.save_ewma.saturating_mul(2));
+        // Only for a VM that is not backlogged: the one delay of its solo
+        // time is the promise's allowance per wake (one save and restore
+        // of the work it displaces). A VM demanding without a break for
+        // longer than one doubled job has more work than that job, and
+        // sharing its CUs would halve its throughput for as long as it
+        // stays demanding: lower work would take what the top level uses
+        // (item 1, `fuzz-30101`: 39% of its CU time alone). It gets the
+        // partition (or a reservation) instead.
+        if self.coreside_backlogged(owner.vm, max) {
+            return false;
+        }
         let lower = self.parts[p]
             .busy
             .range(..owner.level)
             .flat_map(|(_, m)| m.keys().copied());
         self.spatial.can_coreside(owner.vm, lower, max)
+    }
+
+    /// Has `vm` been demanding without a break longer than its anticipation
+    /// grace (`Vm::demanding_since`) for more than twice the co-residence
+    /// bound `max_ns` (the longest a co-resident job may take)? Such a VM is
+    /// backlogged, not a short job: co-residence would cost it throughput,
+    /// not one bounded delay. An idle VM is not.
+    pub(super) fn coreside_backlogged(&self, vm: VmId, max_ns: Nanos) -> bool {
+        self.vms.get(&vm).is_some_and(|v| {
+            v.demand > 0 && self.now.saturating_sub(v.demanding_since) > max_ns.saturating_mul(2)
+        })
+    }
+
+    /// When the co-residence of partition `p`'s busy owner ends because the
+    /// owner stays demanding past twice the bound (see
+    /// [`Self::coreside_backlogged`]; for the timer): its next decision
+    /// saves the lower work or gives the owner a reservation.
+    pub(super) fn coreside_deadline(&self, p: usize) -> Option<Nanos> {
+        let r = self.spatial.res.get(p).copied().flatten()?;
+        if r.k != 0 {
+            return None;
+        }
+        let v = self.vms.get(&r.vm)?;
+        if v.demand == 0 {
+            return None;
+        }
+        let max = self
+            .cfg
+            .spatial_coreside_ns
+            .max(self.parts[p].aging.save_ewma.saturating_mul(2));
+        Some(
+            v.demanding_since
+                .saturating_add(max.saturating_mul(2))
+                .saturating_add(1),
+        )
     }
 
     /// How many queues below `level` may hold CUs of `p` at once beside an

@@ -26,6 +26,9 @@ pub(super) enum TimerKind {
     Poll,
     /// A CU reservation's hold across its owner's idle gap ends.
     CuHold,
+    /// A co-residence ends: its owner stayed demanding past one doubled
+    /// job (`Scheduler::coreside_backlogged`).
+    CoresideEnd,
 }
 
 /// One entry of the timer table.
@@ -64,6 +67,11 @@ impl Scheduler {
             if prio {
                 if let Some(t) = self.aging_due(p) {
                     add(TimerKind::Aging, t);
+                }
+            }
+            if let Some(t) = self.coreside_deadline(pi) {
+                if t > now {
+                    add(TimerKind::CoresideEnd, t);
                 }
             }
             let Some(top) = p.top() else { continue };

@@ -743,6 +743,20 @@ impl GpuArbiter {
             // draining may forward to it.
             old.heir = Some(vm.0);
         }
+        if h.arbiter == self.id {
+            // Every older registration that forwarded to the one resumed
+            // now forwards here, so a forward is one hop to the live
+            // registration however many reconnections came between (a
+            // chain could outgrow `heir_of`'s hops, or lose a link when a
+            // drained slot is forgotten, and the timeout would land on a
+            // removed registration nobody reads again: a VMM reconnecting
+            // a few times while its hang is pending escaped it).
+            for s in core.vms.map.values_mut() {
+                if s.removed && s.heir == Some(h.from) {
+                    s.heir = Some(vm.0);
+                }
+            }
+        }
         let s = &mut core.vms[vm.0 as usize];
         s.guard.resume(&earlier);
         let skip = hangs.len().saturating_sub(MAX_CARRIED_HANGS);

@@ -872,6 +872,44 @@ fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
     a.shutdown();
 }
 
+/// Issue 19: a VMM that leaves with a preemption pending and then connects
+/// and leaves again many times (each a registration resuming the last)
+/// before it times out: the timeout still reaches the live registration
+/// (escalation and guard), not one of the removed ones in between. Takes
+/// the 8 s timeout; asserts no duration (if this host is so slow that the
+/// timeout fires before the reconnections are done, it passes without
+/// reaching the case).
+#[test]
+fn a_timeout_after_many_resumptions_goes_to_the_live_registration() {
+    let a = arbiter();
+    let t = Duration::from_millis(8_000);
+    let (hung, mut good, _) = hung_beside_good(&a, "chain", t);
+    let asked = a.stats().preemptions;
+    good.kernel(16, 20_000, 1);
+    good.ring(0);
+    good.wait_until("preemption asked", |_| a.stats().preemptions > asked);
+    let mut hist = a.remove_vm_keeping(hung.h).unwrap();
+    // More reconnections than `heir_of` follows hops.
+    for _ in 0..12 {
+        let g = guest(&a, "chain", 2, false);
+        a.set_preempt_timeout(g.h, t).unwrap();
+        a.resume_history(g.h, hist).unwrap();
+        hist = a.remove_vm_keeping(g.h).unwrap();
+    }
+    if a.stats().preempt_timeouts > 0 {
+        eprintln!("the timeout fired during the reconnections: the case is not reached here");
+    }
+    let live = guest(&a, "chain", 2, false);
+    a.set_preempt_timeout(live.h, t).unwrap();
+    a.resume_history(live.h, hist).unwrap();
+    live.wait_until("timed out", |_| a.stats().preempt_timeouts == 1);
+    assert_eq!(a.guard_status(live.h).unwrap().resets, 1);
+    assert!(a.effective_preempt_timeout(live.h).unwrap() < t);
+    a.remove_vm(live.h);
+    a.remove_vm(good.h);
+    a.shutdown();
+}
+
 /// Issue 19: a preemption still pending when its VM's removal stopped
 /// waiting (5 s) times out after the vGPU's next registration resumed the
 /// history: the timeout is forwarded to that registration (escalation and

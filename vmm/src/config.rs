@@ -610,6 +610,14 @@ pub enum Place {
         /// Its `name` field.
         name: String,
     },
+    /// `[[vgpu]]` number `index` of a devices file (`hqdmux serve`) named
+    /// `name`.
+    Vgpu {
+        /// Position in the file, 0-based.
+        index: usize,
+        /// Its `name` field.
+        name: String,
+    },
 }
 
 impl fmt::Display for Place {
@@ -618,7 +626,14 @@ impl fmt::Display for Place {
             Place::Top => Ok(()),
             Place::Gpu => write!(f, "gpu: "),
             Place::GpuEntry { index, id } => write!(f, "gpu[{index}] (id {id}): "),
-            Place::Vm { index, name } => write!(f, "vm '{name}' (vm[{index}]): "),
+            // The name as read (a refused one may hold a newline or NUL):
+            // escaped, so that the error stays one line.
+            Place::Vm { index, name } => {
+                write!(f, "vm '{}' (vm[{index}]): ", name.escape_debug())
+            }
+            Place::Vgpu { index, name } => {
+                write!(f, "vgpu '{}' (vgpu[{index}]): ", name.escape_debug())
+            }
         }
     }
 }

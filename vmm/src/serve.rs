@@ -111,7 +111,7 @@ impl DevicesConfig {
         })?;
         let bad = |index: usize, name: &str, field: &str, reason: String| ConfigError::Invalid {
             file: path.into(),
-            place: Place::Vm {
+            place: Place::Vgpu {
                 index,
                 name: name.into(),
             },
@@ -476,6 +476,33 @@ mod tests {
         ));
     }
 
+    /// A refused `[[vgpu]]` name is reported as a vGPU's (not a VM's), on
+    /// one line whatever it holds, naming file, entry, field and reason.
+    #[test]
+    fn a_bad_vgpu_name_is_one_line_naming_file_vgpu_field_and_reason() {
+        let p = Path::new("/etc/hqdmux/devices.toml");
+        let long = "a".repeat(300);
+        for (toml_name, shown, why) in [
+            ("a\\nb", "a\\nb", "use only letters"),
+            ("a\\u0000b", "a\\0b", "use only letters"),
+            ("a/b", "a/b", "use only letters"),
+            ("\u{e9}", "\u{e9}", "use only letters"),
+            ("..", "..", "must begin with a letter or a digit"),
+            (long.as_str(), long.as_str(), "must be 1..=64 bytes"),
+        ] {
+            let e = DevicesConfig::parse(
+                &format!("[gpu]\n[[vgpu]]\nname = \"{toml_name}\"\nsocket = \"x.sock\"\n"),
+                p,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(!e.contains('\n') && !e.contains('\0'), "{e:?}");
+            let head =
+                format!("/etc/hqdmux/devices.toml: vgpu '{shown}' (vgpu[0]): field `name`: ");
+            assert!(e.starts_with(&head) && e.contains(why), "{e:?}");
+        }
+    }
+
     #[test]
     fn vgpus_name_their_gpu_among_the_gpu_entries() {
         let p = Path::new("/etc/hqdmux/devices.toml");
@@ -509,7 +536,7 @@ mod tests {
         .to_string();
         assert_eq!(
             e,
-            "/etc/hqdmux/devices.toml: vm 'a' (vm[0]): field `gpu_id`: no GPU with id 1 \
+            "/etc/hqdmux/devices.toml: vgpu 'a' (vgpu[0]): field `gpu_id`: no GPU with id 1 \
              (this file's GPUs: 0, 4)"
         );
         // Duplicate GPU ids are refused as in a fleet file.

@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vfio_server::wire::{self, cmd, Header};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -25,8 +25,10 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 pub const MAX_REPLY: usize = 64 * 1024;
 
 /// How long a request waits for the server (to take the message, then to
-/// answer) before the server counts as gone: a server that stopped (or
-/// stopped reading) must not hold a vCPU forever. Far above any reply a
+/// answer, in all: one deadline for the whole exchange, so a server that
+/// trickles its reply a byte at a time is gone too) before the server
+/// counts as gone: a server that stopped (or stopped reading) must not
+/// hold a vCPU forever. Far above any reply a
 /// live server gives (a register access is a few microseconds).
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -88,6 +90,9 @@ impl RegionInfo {
 pub struct UserClient {
     stream: UnixStream,
     next_id: u16,
+    /// The whole exchange of one request ([`REPLY_TIMEOUT`] unless a test
+    /// says otherwise).
+    timeout: Duration,
 }
 
 impl AsRawFd for UserClient {
@@ -115,7 +120,11 @@ impl UserClient {
             .set_read_timeout(Some(timeout))
             .and_then(|()| stream.set_write_timeout(Some(timeout)))
             .map_err(WireError::Lost)?;
-        let mut c = UserClient { stream, next_id: 0 };
+        let mut c = UserClient {
+            stream,
+            next_id: 0,
+            timeout,
+        };
         let mut v = Vec::with_capacity(5 + CLIENT_CAPABILITIES.len());
         v.extend_from_slice(&0u16.to_le_bytes()); // major
         v.extend_from_slice(&1u16.to_le_bytes()); // minor
@@ -146,6 +155,7 @@ impl UserClient {
     ) -> Result<(Vec<u8>, Option<File>), WireError> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
+        let deadline = Instant::now() + self.timeout;
         let size = u32::try_from(wire::HEADER + body.len())
             .map_err(|_| WireError::BadReply("message too large".into()))?;
         let h = Header {
@@ -158,20 +168,27 @@ impl UserClient {
         let mut msg = Vec::with_capacity(size as usize);
         msg.extend_from_slice(&h.encode());
         msg.extend_from_slice(body);
-        if fds.is_empty() {
-            self.stream.write_all(&msg).map_err(WireError::Lost)?;
-        } else {
-            let n = self
+        let mut sent = 0;
+        if !fds.is_empty() {
+            self.until(deadline)?;
+            sent = self
                 .stream
                 .send_with_fds(&[&msg[..]], fds)
                 .map_err(|e| WireError::Lost(std::io::Error::from_raw_os_error(e.errno())))?;
-            self.stream
-                .write_all(msg.get(n..).unwrap_or_default())
-                .map_err(WireError::Lost)?;
+        }
+        while sent < msg.len() {
+            self.until(deadline)?;
+            match self.stream.write(&msg[sent..]) {
+                Ok(0) => return Err(WireError::Lost(std::io::ErrorKind::WriteZero.into())),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(WireError::Lost(e)),
+            }
         }
         // The header, with any fd the server attached to it.
         let mut hb = [0u8; wire::HEADER];
         let (n, fd) = loop {
+            self.until(deadline)?;
             match self.stream.recv_with_fd(&mut hb) {
                 Ok(r) => break r,
                 Err(e) if e.errno() == libc::EINTR => continue,
@@ -185,9 +202,7 @@ impl UserClient {
         if n == 0 {
             return Err(WireError::Lost(std::io::ErrorKind::UnexpectedEof.into()));
         }
-        self.stream
-            .read_exact(&mut hb[n..])
-            .map_err(WireError::Lost)?;
+        self.read_by(&mut hb[n..], deadline)?;
         let r = Header::decode(&hb);
         let size = r.size as usize;
         if r.flags & wire::TYPE_MASK != wire::TYPE_REPLY
@@ -201,11 +216,43 @@ impl UserClient {
             ))));
         }
         let mut b = vec![0u8; size - wire::HEADER];
-        self.stream.read_exact(&mut b).map_err(WireError::Lost)?;
+        self.read_by(&mut b, deadline)?;
         if r.flags & wire::FLAG_ERROR != 0 {
             return Err(WireError::Refused { errno: r.error });
         }
         Ok((b, fd))
+    }
+
+    /// Bounds the next socket call by what is left until `deadline`; past
+    /// it, the server is gone.
+    fn until(&self, deadline: Instant) -> Result<(), WireError> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(WireError::Lost(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no whole reply within {:?}", self.timeout),
+            )));
+        }
+        self.stream
+            .set_read_timeout(Some(left))
+            .and_then(|()| self.stream.set_write_timeout(Some(left)))
+            .map_err(WireError::Lost)
+    }
+
+    /// Fills `buf` from the stream by `deadline` (not a timeout per read:
+    /// one byte now and then does not keep the request alive).
+    fn read_by(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), WireError> {
+        let mut got = 0;
+        while got < buf.len() {
+            self.until(deadline)?;
+            match self.stream.read(&mut buf[got..]) {
+                Ok(0) => return Err(WireError::Lost(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(WireError::Lost(e)),
+            }
+        }
+        Ok(())
     }
 
     /// `DEVICE_GET_REGION_INFO` of region `index`, asking again with a
@@ -461,6 +508,43 @@ mod tests {
             .expect("no VERSION reply");
         assert!(e.is_lost(), "{e}");
         drop(b);
+    }
+
+    /// A server that answers a byte at a time, each byte well within the
+    /// reply timeout, is gone all the same once the whole reply is not
+    /// there by then (it never is here: the body is 64 KiB at one byte per
+    /// 20 ms): a per-read timeout would hold the caller for 20 minutes.
+    #[test]
+    fn a_server_that_trickles_its_reply_is_lost() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut h = [0u8; 16];
+            b.read_exact(&mut h).unwrap();
+            let h = Header::decode(&h);
+            let mut skip = vec![0u8; h.size as usize - 16];
+            b.read_exact(&mut skip).unwrap();
+            let r = Header {
+                id: h.id,
+                command: h.command,
+                size: MAX_REPLY as u32,
+                flags: wire::TYPE_REPLY,
+                error: 0,
+            };
+            let mut bytes = r.encode().to_vec();
+            bytes.resize(MAX_REPLY, 0);
+            // Until the client hangs up (EPIPE).
+            for byte in bytes.chunks(1) {
+                if b.write_all(byte).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let e = UserClient::over(a, Duration::from_millis(200))
+            .err()
+            .expect("no whole VERSION reply");
+        assert!(e.is_lost(), "{e}");
+        server.join().unwrap();
     }
 
     #[test]

@@ -461,7 +461,6 @@ fn a_narrow_high_vm_preempts_a_single_slot_partition() {
 /// the same `AllBut(1)` CUs as the priority-0 one beside the priority-13
 /// reservation: two lower levels co-run on shared CUs (issue 18, open).
 #[test]
-#[ignore = "issue 18: two lower levels co-run on the CUs a reservation leaves (found by the random property test; since the RT merge e1e433f); open"]
 fn two_lower_levels_beside_a_reservation_do_not_share_cus() {
     let vms = [
         (0u8, 1u64, 101u64, 726u64, 1u32),

@@ -147,7 +147,10 @@ impl Scheduler {
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and
         // trading one reservation between two VMs would save it at every
-        // switch.
+        // switch. Not while a queue of that VM still runs here: its
+        // workgroups sit on the reserved CUs the owner takes (a holder the
+        // owner displaced, now lower work itself), so the reservation is
+        // set up afresh (one save).
         let mut kept = false;
         let cand = cand.map(|c| match prev {
             Some(pr)
@@ -155,6 +158,7 @@ impl Scheduler {
                     && pr.k > 0
                     && pr.vm != owner.vm
                     && pr.level != owner.level
+                    && !self.vm_running_in(p, pr.vm)
                     && self.spatial_held(p, pr) =>
             {
                 kept = true;
@@ -256,6 +260,49 @@ impl Scheduler {
         self.spatial_coreside(p, owner)
     }
 
+    /// Is a queue of `vm` running in `p`?
+    fn vm_running_in(&self, p: usize, vm: VmId) -> bool {
+        self.parts[p]
+            .running
+            .iter()
+            .any(|e| self.queues.get(&e.2).is_some_and(|q| q.vm == vm))
+    }
+
+    /// The one level of lower work that runs beside `owner` under the
+    /// partition's reservation or co-residence `r` (`None`: none does).
+    /// Every lower queue beside the owner gets the same CUs (the
+    /// complement of the reservation, or every CU under a co-residence),
+    /// so queues of two lower levels would share CUs: only one lower level
+    /// runs beside, the highest of the lower queues that may keep running
+    /// (none when the reservation is new: they are saved) and the parked
+    /// owner's level while it is busy there (its queues map back beside).
+    pub(super) fn spatial_beside_level(
+        &self,
+        p: usize,
+        r: Option<Reservation>,
+        establish: bool,
+        owner: SliceOwner,
+    ) -> Option<u16> {
+        let r = r.filter(|r| r.vm == owner.vm)?;
+        let part = &self.parts[p];
+        let running = if establish && r.k > 0 {
+            None
+        } else {
+            part.running
+                .iter()
+                .filter(|e| e.0 < owner.level)
+                .filter(|e| self.queues.get(&e.2).is_some_and(|q| q.vm != owner.vm))
+                .map(|e| e.0)
+                .max()
+        };
+        let parked = part
+            .parked
+            .filter(|k| k.level < owner.level && k.vm != owner.vm)
+            .filter(|k| self.vm_busy_at(p, k.vm, k.level))
+            .map(|k| k.level);
+        running.max(parked)
+    }
+
     /// Is a lower-level queue running in `p`?
     fn lower_running(&self, p: usize, level: u16) -> bool {
         self.parts[p]
@@ -309,12 +356,14 @@ impl Scheduler {
 
     /// With a reservation of the owner, a running queue of a lower level
     /// keeps running beside it (restricted to the other CUs) unless the
-    /// reservation is new.
+    /// reservation is new, and only at the one level `beside`
+    /// ([`Scheduler::spatial_beside_level`]).
     pub(super) fn spatial_keeps(
         &self,
         r: Option<Reservation>,
         establish: bool,
         owner: SliceOwner,
+        beside: Option<u16>,
         q: QueueId,
     ) -> bool {
         let q = &self.queues[&q];
@@ -322,15 +371,26 @@ impl Scheduler {
             && (!establish || r.is_some_and(|r| r.k == 0))
             && q.vm != owner.vm
             && lvl(q.key) < owner.level
+            && beside == Some(lvl(q.key))
     }
 
     /// With a reservation of the owner, the VM it displaced (parked) maps
-    /// its waiting queues of its top key again, beside the owner.
-    pub(super) fn spatial_beside(&mut self, p: usize, r: Option<Reservation>, owner: SliceOwner) {
+    /// its waiting queues of its top key again, beside the owner, when its
+    /// level is the one level `beside` ([`Scheduler::spatial_beside_level`]).
+    pub(super) fn spatial_beside(
+        &mut self,
+        p: usize,
+        r: Option<Reservation>,
+        owner: SliceOwner,
+        beside: Option<u16>,
+    ) {
         let Some(r) = r.filter(|r| r.vm == owner.vm) else {
             return;
         };
-        let Some(k) = self.parts[p].parked.filter(|k| k.level < r.level) else {
+        let Some(k) = self.parts[p]
+            .parked
+            .filter(|k| k.level < r.level && beside == Some(k.level))
+        else {
             return;
         };
         let Some(key) = self.vms.get(&k.vm).and_then(|v| v.top_key_at(k.level)) else {

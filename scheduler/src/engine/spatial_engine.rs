@@ -436,7 +436,7 @@ impl Scheduler {
         for q in mapped {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
-            let want = Spatial::set_for(r, qq.vm);
+            let want = Spatial::set_for(r, qq.vm, lvl(self.key_of(qq)));
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];
             if *cur != want {
                 *cur = want;

@@ -135,49 +135,121 @@ fn fleet_cases() -> u32 {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(fleet_cases()))]
 
-    /// Random fleets (VM priorities, dispatch widths, periodic and
-    /// always-busy tenants): queues of different levels co-run only on
-    /// disjoint CU sets, a reservation fits the spatial cap, and the
-    /// engine's invariants hold.
+    /// Random fleets (VM priorities, dispatch widths up to the whole
+    /// partition, periodic and always-busy tenants, with or without an
+    /// occupancy estimate): queues of different levels co-run only on
+    /// disjoint CU sets (or under a co-residence), at most two levels run
+    /// at once, a reservation fits the spatial cap, and the engine's
+    /// invariants hold.
     #[test]
     fn co_running_levels_never_share_cus(
-        vms in proptest::collection::vec((0u8..16, 1u64..400, 1u64..3_000, 100u64..6_000, 1u32..3), 2..5),
+        vms in proptest::collection::vec(
+            (0u8..16, 1u64..=304, 1u64..3_000, 100u64..6_000, 1u32..3),
+            2..7,
+        ),
+        occ in proptest::collection::vec(proptest::option::of((1u64..400, any::<bool>())), 6),
         steps in 20u64..80,
     ) {
-        run_fleet(&vms, steps).map_err(TestCaseError::fail)?;
+        let fleet: Vec<Tenant> = vms
+            .iter()
+            .zip(&occ)
+            .map(|(&(prio, width, job_us, period_us, queues), &occ)| Tenant {
+                prio,
+                width,
+                job_us,
+                period_us,
+                queues,
+                occ,
+            })
+            .collect();
+        run_fleet(&fleet, steps).map_err(TestCaseError::fail)?;
     }
 }
 
-/// A tenant of [`run_fleet`]: VM priority, dispatch width (workgroups),
-/// job (us), period (us), queues.
-type Tenant = (u8, u64, u64, u64, u32);
+/// A tenant of [`run_fleet`].
+#[derive(Clone, Copy, Debug)]
+struct Tenant {
+    /// VM priority.
+    prio: u8,
+    /// Workgroups per dispatch.
+    width: u64,
+    /// Job length (us).
+    job_us: u64,
+    /// Period (us): the VM rings its queues every period from time 0.
+    period_us: u64,
+    /// Queues.
+    queues: u32,
+    /// Occupancy estimate: solo time (us) and whether each workgroup fits
+    /// half a CU (`None`: no estimate, as from a backend without one).
+    occ: Option<(u64, bool)>,
+}
 
-/// Runs a fleet of periodic tenants (each VM rings its queues every period,
-/// from time 0) in steps of 100 us for `steps` steps, checking after every
-/// doorbell and step that queues of different levels co-run only on
-/// disjoint CU sets and that a reservation fits the spatial cap.
+/// Tenants from (priority, width, job us, period us, queues), without an
+/// occupancy estimate.
+fn tenants(vms: &[(u8, u64, u64, u64, u32)]) -> Vec<Tenant> {
+    vms.iter()
+        .map(|&(prio, width, job_us, period_us, queues)| Tenant {
+            prio,
+            width,
+            job_us,
+            period_us,
+            queues,
+            occ: None,
+        })
+        .collect()
+}
+
+/// Running queues of other VMs span at most two levels: the owner's and
+/// the one lower level beside it.
+fn check_two_levels(w: &World) -> Result<(), String> {
+    let levels: std::collections::BTreeSet<_> = live(w)
+        .into_iter()
+        .filter(|q| w.state(*q) == QueueState::Running)
+        .map(|q| w.s.queue_level(q))
+        .collect();
+    if levels.len() > 2 {
+        return Err(format!("levels {levels:?} run at once at {}", w.now));
+    }
+    Ok(())
+}
+
+/// The fleet checks: disjoint CU sets across levels (unless a co-residence
+/// shares them) and at most two levels running.
+fn check_fleet(w: &World) -> Result<(), String> {
+    if !matches!(w.s.cu_reservation(0), Some((_, 0))) {
+        check_disjoint(w)?;
+    }
+    check_two_levels(w)
+}
+
+/// Runs a fleet of periodic tenants in steps of 100 us for `steps` steps,
+/// checking after every doorbell and step [`check_fleet`] and that a
+/// reservation fits the spatial cap.
 fn run_fleet(vms: &[Tenant], steps: u64) -> Result<(), String> {
     let mut w = spatial_world();
     let mut qs = Vec::new();
-    for (i, &(prio, width, job_us, period_us, nq)) in vms.iter().enumerate() {
-        for q in w.vm(i as u32, prio, 1, nq) {
-            qs.push((q, width, job_us * 1000, period_us * 1000));
+    for (i, t) in vms.iter().enumerate() {
+        for q in w.vm(i as u32, t.prio, 1, t.queues) {
+            qs.push((q, *t));
         }
     }
     let cap = CUS * SchedConfig::default().spatial_max_permille / 1000;
     for step in 0..steps {
         let now = step * 100_000;
-        for &(q, width, job, period) in &qs {
-            if now % period < 100_000 {
-                w.s.note_dispatch_width(q, width);
-                w.submit(q, job);
-                check_disjoint(&w)?;
+        for &(q, t) in &qs {
+            if now % (t.period_us * 1000) < 100_000 {
+                w.s.note_dispatch_width(q, t.width);
+                if let Some((solo_us, fits)) = t.occ {
+                    w.s.note_dispatch_occupancy(q, solo_us * 1000, fits);
+                }
+                w.submit(q, t.job_us * 1000);
+                check_fleet(&w)?;
             }
         }
         w.run_until(now + 100_000);
-        check_disjoint(&w)?;
+        check_fleet(&w)?;
         if let Some((_, k)) = w.s.cu_reservation(0) {
-            if !(1..=cap).contains(&k) {
+            if k > cap {
                 return Err(format!("reservation of {k} CUs per XCC over the cap {cap}"));
             }
         }
@@ -484,7 +556,7 @@ fn two_lower_levels_beside_a_reservation_do_not_share_cus() {
         (13, 1, 1361, 1401, 1),
         (1, 1, 130, 100, 1),
     ];
-    run_fleet(&vms, 20).unwrap();
+    run_fleet(&tenants(&vms), 20).unwrap();
 }
 
 /// The proptest's case (seed 10, 3000 cases): an always-busy priority-0
@@ -497,5 +569,5 @@ fn equal_levels_above_busy_lower_work_do_not_share_its_cus() {
         (13, 1, 1366, 2001, 1),
         (13, 1, 715, 2001, 1),
     ];
-    run_fleet(&vms, 22).unwrap();
+    run_fleet(&tenants(&vms), 22).unwrap();
 }

@@ -6,9 +6,33 @@ use super::*;
 const CUS: u32 = 38;
 
 fn spatial_world() -> World {
-    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+    spatial_world_with(cfg(Policy::Hqdmux))
+}
+
+/// One partition of 4 slots with the MI300X-like geometry, under `cfg`.
+fn spatial_world_with(cfg: SchedConfig) -> World {
+    let mut w = World::new(cfg, slots(1, 2, 4));
     w.s.set_cu_geometry(CUS, 8);
     w
+}
+
+/// The common rig: a busy lower VM (VM 0, priority 2, one queue with a
+/// 1000 ms job, dispatching `width` workgroups with occupancy estimate
+/// `occ`: whether its workgroups fit half a CU, when known) that runs
+/// alone for 1 ms, and a higher VM (VM 1, priority 12, one queue) not yet
+/// busy. Returns (lower queue, higher queue).
+fn busy_lower(w: &mut World, width: Option<u64>, occ: Option<bool>) -> (QueueId, QueueId) {
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let hi = w.vm(1, 12, 1, 1)[0];
+    if let Some(width) = width {
+        w.s.note_dispatch_width(lo, width);
+    }
+    if let Some(fits) = occ {
+        w.s.note_dispatch_occupancy(lo, 10 * MS, fits);
+    }
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    (lo, hi)
 }
 
 /// Queues mapped, not being dequeued.
@@ -48,10 +72,7 @@ fn check_disjoint(w: &World) -> Result<(), String> {
 #[test]
 fn a_narrow_high_vm_runs_beside_lower_work_after_one_save() {
     let mut w = spatial_world();
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let rt = w.vm(1, 12, 1, 1)[0];
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
+    let (lo, rt) = busy_lower(&mut w, None, None);
     // 5 kHz, 1 workgroup of 20 us per period.
     for i in 0..50 {
         w.s.note_dispatch_width(rt, 1);
@@ -81,10 +102,7 @@ fn a_narrow_high_vm_runs_beside_lower_work_after_one_save() {
 #[test]
 fn a_high_vm_wider_than_the_cap_preempts_as_before() {
     let mut w = spatial_world();
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let hi = w.vm(1, 12, 1, 1)[0];
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
+    let (lo, hi) = busy_lower(&mut w, None, None);
     for i in 0..5 {
         // 304 workgroups: the whole partition.
         w.s.note_dispatch_width(hi, 304);
@@ -272,12 +290,7 @@ fn coreside_run_in(
     rt_fits: bool,
     lo_fits: bool,
 ) -> (World, QueueId, QueueId) {
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let rt = w.vm(1, 12, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 304);
-    w.s.note_dispatch_occupancy(lo, 10 * MS, lo_fits);
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
+    let (lo, rt) = busy_lower(&mut w, Some(304), Some(lo_fits));
     for i in 0..50 {
         w.s.note_dispatch_width(rt, 1);
         w.s.note_dispatch_occupancy(rt, rt_solo_ns, rt_fits);
@@ -326,15 +339,10 @@ fn coresidence_needs_both_sides_small_and_a_short_job() {
 #[test]
 fn the_coresidence_bound_follows_the_measured_save() {
     let world = || {
-        let mut w = World::new(
-            SchedConfig {
-                spatial_coreside_ns: 60_000,
-                ..cfg(Policy::Hqdmux)
-            },
-            slots(1, 2, 4),
-        );
-        w.s.set_cu_geometry(CUS, 8);
-        w
+        spatial_world_with(SchedConfig {
+            spatial_coreside_ns: 60_000,
+            ..cfg(Policy::Hqdmux)
+        })
     };
     let (w, _, _) = coreside_run_in(world(), 90_000, true, true);
     assert!(w.s.spatial_stats().coresidences > 0);
@@ -383,19 +391,11 @@ fn no_coresidence_beside_two_lower_queues() {
 /// runs on the other CUs the whole time and is saved at most twice.
 #[test]
 fn a_narrow_periodic_vm_keeps_its_cus_not_the_partition() {
-    let mut w = World::new(
-        SchedConfig {
-            spatial_hold_ns: 200_000,
-            ..cfg(Policy::Hqdmux)
-        },
-        slots(1, 2, 4),
-    );
-    w.s.set_cu_geometry(CUS, 8);
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let rt = w.vm(1, 12, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 304);
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
+    let mut w = spatial_world_with(SchedConfig {
+        spatial_hold_ns: 200_000,
+        ..cfg(Policy::Hqdmux)
+    });
+    let (lo, rt) = busy_lower(&mut w, Some(304), None);
     let n = 100;
     for i in 0..n {
         w.s.note_dispatch_width(rt, 60);
@@ -426,12 +426,8 @@ fn a_narrow_periodic_vm_keeps_its_cus_not_the_partition() {
 #[test]
 fn two_rt_vms_share_one_reservation_without_a_save_per_switch() {
     let mut w = spatial_world();
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let a = w.vm(1, 12, 1, 1)[0];
+    let (lo, a) = busy_lower(&mut w, Some(304), None);
     let b = w.vm(2, 11, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 304);
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
     let n = 100;
     for i in 0..n {
         w.s.note_dispatch_width(a, 60);
@@ -449,20 +445,11 @@ fn two_rt_vms_share_one_reservation_without_a_save_per_switch() {
 
 #[test]
 fn coresidence_off_with_a_zero_bound() {
-    let mut w = World::new(
-        SchedConfig {
-            spatial_coreside_ns: 0,
-            ..cfg(Policy::Hqdmux)
-        },
-        slots(1, 2, 4),
-    );
-    w.s.set_cu_geometry(CUS, 8);
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let rt = w.vm(1, 12, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 304);
-    w.s.note_dispatch_occupancy(lo, 10 * MS, true);
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
+    let mut w = spatial_world_with(SchedConfig {
+        spatial_coreside_ns: 0,
+        ..cfg(Policy::Hqdmux)
+    });
+    let (_, rt) = busy_lower(&mut w, Some(304), Some(true));
     w.s.note_dispatch_width(rt, 1);
     w.s.note_dispatch_occupancy(rt, 5_000, true);
     w.submit(rt, 5_000);
@@ -485,12 +472,7 @@ proptest! {
         work in 5_000u64..90_000,
     ) {
         let mut w = spatial_world();
-        let lo = w.vm(0, 2, 1, 1)[0];
-        let rt = w.vm(1, 12, 1, 1)[0];
-        w.s.note_dispatch_width(lo, 304);
-        w.s.note_dispatch_occupancy(lo, 10 * MS, lo_fits);
-        w.submit(lo, 1000 * MS);
-        w.run_until(MS);
+        let (_, rt) = busy_lower(&mut w, Some(304), Some(lo_fits));
         let may = rt_fits && lo_fits && solo <= 240_000;
         for i in 0..20 {
             w.s.note_dispatch_width(rt, 1);
@@ -519,10 +501,7 @@ proptest! {
 fn a_narrow_high_vm_preempts_a_single_slot_partition() {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 1, 1));
     w.s.set_cu_geometry(CUS, 8);
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let rt = w.vm(1, 12, 1, 1)[0];
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
+    let (lo, rt) = busy_lower(&mut w, None, None);
     let mut victims = Vec::new();
     for i in 0..20 {
         // 1 workgroup of 10 us, fitting half a CU: narrow and short.
@@ -546,9 +525,13 @@ fn a_narrow_high_vm_preempts_a_single_slot_partition() {
 }
 
 /// The proptest's case found on a loaded CI run (2026-11-27): priorities 0,
-/// 13 and 1, one narrow queue each; at 1.5 ms the priority-1 queue runs on
-/// the same `AllBut(1)` CUs as the priority-0 one beside the priority-13
-/// reservation: two lower levels co-run on shared CUs (issue 18, open).
+/// 13 and 1, one narrow queue each. At 1.5 ms the priority-1 owner holds
+/// the reservation it took over from the idle priority-13 VM, with the
+/// priority-0 queue beside it; the priority-13 VM rings and took the
+/// reservation back without a save, keeping both lower levels running on
+/// the same `AllBut(1)` CUs (issue 18, since the RT merge e1e433f). Now a
+/// reservation passes without a save only when its holder no longer runs,
+/// and one lower level runs beside an owner.
 #[test]
 fn two_lower_levels_beside_a_reservation_do_not_share_cus() {
     let vms = [

@@ -527,7 +527,7 @@ fn a_narrow_high_vm_preempts_a_single_slot_partition() {
 /// The proptest's case found on a loaded CI run (2026-11-27): priorities 0,
 /// 13 and 1, one narrow queue each. At 1.5 ms the priority-1 owner holds
 /// the reservation it took over from the idle priority-13 VM, with the
-/// priority-0 queue beside it; the priority-13 VM rings and took the
+/// priority-0 queue beside it; the priority-13 VM rang and took the
 /// reservation back without a save, keeping both lower levels running on
 /// the same `AllBut(1)` CUs (issue 18, since the RT merge e1e433f). Now a
 /// reservation passes without a save only when its holder no longer runs,

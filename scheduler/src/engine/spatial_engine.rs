@@ -147,10 +147,9 @@ impl Scheduler {
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and
         // trading one reservation between two VMs would save it at every
-        // switch. Not while a queue of that VM still runs here: its
-        // workgroups sit on the reserved CUs the owner takes (a holder the
-        // owner displaced, now lower work itself), so the reservation is
-        // set up afresh (one save).
+        // switch. (A queue of that VM still running here, a holder the
+        // owner displaced, sits on the reserved CUs: it is saved, see
+        // `spatial_keeps`.)
         let mut kept = false;
         let cand = cand.map(|c| match prev {
             Some(pr)
@@ -158,7 +157,6 @@ impl Scheduler {
                     && pr.k > 0
                     && pr.vm != owner.vm
                     && pr.level != owner.level
-                    && !self.vm_running_in(p, pr.vm)
                     && self.spatial_held(p, pr) =>
             {
                 kept = true;
@@ -260,12 +258,19 @@ impl Scheduler {
         self.spatial_coreside(p, owner)
     }
 
-    /// Is a queue of `vm` running in `p`?
-    fn vm_running_in(&self, p: usize, vm: VmId) -> bool {
-        self.parts[p]
-            .running
-            .iter()
-            .any(|e| self.queues.get(&e.2).is_some_and(|q| q.vm == vm))
+    /// Is running queue `q` off the CUs reservation `r` takes (its
+    /// workgroups already on the rest, or `r` a co-residence)? A queue on
+    /// them (e.g. of the VM that held the reservation before: `Top`) must
+    /// be saved before the owner's workgroups can have them.
+    fn off_reserved(&self, r: Reservation, q: QueueId) -> bool {
+        let Some(slot) = self.queues.get(&q).and_then(|qq| qq.slot) else {
+            return false;
+        };
+        match self.slot_cu_set(slot) {
+            _ if r.k == 0 => true,
+            CuSet::AllBut(j) => j >= r.k,
+            _ => false,
+        }
     }
 
     /// The one level of lower work that runs beside `owner` under the
@@ -273,9 +278,10 @@ impl Scheduler {
     /// Every lower queue beside the owner gets the same CUs (the
     /// complement of the reservation, or every CU under a co-residence),
     /// so queues of two lower levels would share CUs: only one lower level
-    /// runs beside, the highest of the lower queues that may keep running
-    /// (none when the reservation is new: they are saved) and the parked
-    /// owner's level while it is busy there (its queues map back beside).
+    /// runs beside. The highest level of the lower queues that keep
+    /// running without a save (of other VMs, already off the reserved
+    /// CUs; none when the reservation is new), else the parked owner's
+    /// level while it is busy there (its queues map back beside).
     pub(super) fn spatial_beside_level(
         &self,
         p: usize,
@@ -292,15 +298,17 @@ impl Scheduler {
                 .iter()
                 .filter(|e| e.0 < owner.level)
                 .filter(|e| self.queues.get(&e.2).is_some_and(|q| q.vm != owner.vm))
+                .filter(|e| self.off_reserved(r, e.2))
                 .map(|e| e.0)
                 .max()
         };
-        let parked = part
-            .parked
+        if running.is_some() {
+            return running;
+        }
+        part.parked
             .filter(|k| k.level < owner.level && k.vm != owner.vm)
             .filter(|k| self.vm_busy_at(p, k.vm, k.level))
-            .map(|k| k.level);
-        running.max(parked)
+            .map(|k| k.level)
     }
 
     /// Is a lower-level queue running in `p`?
@@ -356,22 +364,23 @@ impl Scheduler {
 
     /// With a reservation of the owner, a running queue of a lower level
     /// keeps running beside it (restricted to the other CUs) unless the
-    /// reservation is new, and only at the one level `beside`
-    /// ([`Scheduler::spatial_beside_level`]).
+    /// reservation is new or its workgroups sit on the reserved CUs, and
+    /// only at the one level `beside` ([`Scheduler::spatial_beside_level`]).
     pub(super) fn spatial_keeps(
         &self,
         r: Option<Reservation>,
         establish: bool,
         owner: SliceOwner,
         beside: Option<u16>,
-        q: QueueId,
+        id: QueueId,
     ) -> bool {
-        let q = &self.queues[&q];
+        let q = &self.queues[&id];
         matches!(r, Some(r) if r.vm == owner.vm)
             && (!establish || r.is_some_and(|r| r.k == 0))
             && q.vm != owner.vm
             && lvl(q.key) < owner.level
             && beside == Some(lvl(q.key))
+            && r.is_some_and(|r| self.off_reserved(r, id))
     }
 
     /// With a reservation of the owner, the VM it displaced (parked) maps

@@ -492,6 +492,8 @@ struct ExclusiveTail {
     p: usize,
     owner: SliceOwner,
     res: Option<crate::spatial::Reservation>,
+    /// The one lower level running beside the owner, if any.
+    beside: Option<u16>,
     klo: u16,
     khi: u16,
     /// Preempted queues (their actions are queued, their state not yet).

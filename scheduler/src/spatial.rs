@@ -200,12 +200,15 @@ impl Spatial {
         Some(c.div_ceil(xccs).max(1) as u32)
     }
 
-    /// The set a queue of `vm` gets under reservation `r`.
-    pub fn set_for(r: Option<Reservation>, vm: VmId) -> CuSet {
+    /// The set a queue of `vm` at `level` gets under reservation `r`: the
+    /// holder's queues, and those of other VMs at its level or above (an
+    /// equal's mapped queue that rings during the holder's anticipation
+    /// runs at once), the reserved CUs; only lower work the rest.
+    pub fn set_for(r: Option<Reservation>, vm: VmId, level: u16) -> CuSet {
         match r {
             None => CuSet::All,
             Some(r) if r.k == 0 => CuSet::All,
-            Some(r) if r.vm == vm => CuSet::Top(r.k),
+            Some(r) if r.vm == vm || level >= r.level => CuSet::Top(r.k),
             Some(r) => CuSet::AllBut(r.k),
         }
     }
@@ -258,8 +261,24 @@ mod tests {
             level: 12,
             k: 0,
         });
-        assert_eq!(Spatial::set_for(r, hi), CuSet::All);
-        assert_eq!(Spatial::set_for(r, lo), CuSet::All);
+        assert_eq!(Spatial::set_for(r, hi, 12), CuSet::All);
+        assert_eq!(Spatial::set_for(r, lo, 2), CuSet::All);
+    }
+
+    #[test]
+    fn only_lower_work_gets_the_rest_of_a_reservation() {
+        let (hi, eq, lo) = (VmId(1), VmId(2), VmId(3));
+        let r = Some(Reservation {
+            vm: hi,
+            level: 12,
+            k: 3,
+        });
+        assert_eq!(Spatial::set_for(r, hi, 12), CuSet::Top(3));
+        // An equal (or a higher VM) never lands on the lower work's CUs.
+        assert_eq!(Spatial::set_for(r, eq, 12), CuSet::Top(3));
+        assert_eq!(Spatial::set_for(r, eq, 13), CuSet::Top(3));
+        assert_eq!(Spatial::set_for(r, lo, 11), CuSet::AllBut(3));
+        assert_eq!(Spatial::set_for(None, lo, 11), CuSet::All);
     }
 
     #[test]

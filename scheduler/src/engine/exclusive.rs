@@ -212,6 +212,8 @@ impl Scheduler {
         self.parts[p].owner = Some(owner);
         let prev_res = self.spatial.res.get(p).copied().flatten();
         let (res, establish) = self.spatial_plan(p, owner);
+        // The one lower level that runs beside the owner, if any.
+        let beside = self.spatial_beside_level(p, res, establish, owner);
         // The owner's highest busy queue priority at its level runs.
         let okey = self.vms[&owner.vm]
             .top_key_at(owner.level)
@@ -236,7 +238,7 @@ impl Scheduler {
                 .filter(|(_, _, q)| {
                     let qq = &self.queues[q];
                     (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
-                        && !self.spatial_keeps(res, establish, owner, *q)
+                        && !self.spatial_keeps(res, establish, owner, beside, *q)
                 })
                 .map(|e| e.2),
         );
@@ -252,6 +254,7 @@ impl Scheduler {
             p,
             owner,
             res,
+            beside,
             klo,
             khi,
             evict,
@@ -279,6 +282,7 @@ impl Scheduler {
             p,
             owner,
             res,
+            beside,
             klo,
             khi,
             evict,
@@ -318,7 +322,7 @@ impl Scheduler {
             }
             left -= 1;
         }
-        self.spatial_beside(p, res, owner);
+        self.spatial_beside(p, res, owner, beside);
     }
 
     /// Why the exclusive decision that gave the partition to `owner`

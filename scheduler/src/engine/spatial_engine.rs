@@ -147,7 +147,9 @@ impl Scheduler {
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and
         // trading one reservation between two VMs would save it at every
-        // switch.
+        // switch. (A queue of that VM still running here, a holder the
+        // owner displaced, sits on the reserved CUs: it is saved, see
+        // `spatial_keeps`.)
         let mut kept = false;
         let cand = cand.map(|c| match prev {
             Some(pr)
@@ -302,6 +304,59 @@ impl Scheduler {
         self.spatial_coreside(p, owner)
     }
 
+    /// Is running queue `q` off the CUs reservation `r` takes (its
+    /// workgroups already on the rest, or `r` a co-residence)? A queue on
+    /// them (e.g. of the VM that held the reservation before: `Top`) must
+    /// be saved before the owner's workgroups can have them.
+    fn off_reserved(&self, r: Reservation, q: QueueId) -> bool {
+        let Some(slot) = self.queues.get(&q).and_then(|qq| qq.slot) else {
+            return false;
+        };
+        match self.slot_cu_set(slot) {
+            _ if r.k == 0 => true,
+            CuSet::AllBut(j) => j >= r.k,
+            _ => false,
+        }
+    }
+
+    /// The one level of lower work that runs beside `owner` under the
+    /// partition's reservation or co-residence `r` (`None`: none does).
+    /// Every lower queue beside the owner gets the same CUs (the
+    /// complement of the reservation, or every CU under a co-residence),
+    /// so queues of two lower levels would share CUs: only one lower level
+    /// runs beside. The highest level of the lower queues that keep
+    /// running without a save (of other VMs, already off the reserved
+    /// CUs; none when the reservation is new), else the parked owner's
+    /// level while it is busy there (its queues map back beside).
+    pub(super) fn spatial_beside_level(
+        &self,
+        p: usize,
+        r: Option<Reservation>,
+        establish: bool,
+        owner: SliceOwner,
+    ) -> Option<u16> {
+        let r = r.filter(|r| r.vm == owner.vm)?;
+        let part = &self.parts[p];
+        let running = if establish && r.k > 0 {
+            None
+        } else {
+            part.running
+                .iter()
+                .filter(|e| e.0 < owner.level)
+                .filter(|e| self.queues.get(&e.2).is_some_and(|q| q.vm != owner.vm))
+                .filter(|e| self.off_reserved(r, e.2))
+                .map(|e| e.0)
+                .max()
+        };
+        if running.is_some() {
+            return running;
+        }
+        part.parked
+            .filter(|k| k.level < owner.level && k.vm != owner.vm)
+            .filter(|k| self.vm_busy_at(p, k.vm, k.level))
+            .map(|k| k.level)
+    }
+
     /// Is a lower-level queue running in `p`?
     fn lower_running(&self, p: usize, level: u16) -> bool {
         self.parts[p]
@@ -355,28 +410,42 @@ impl Scheduler {
 
     /// With a reservation of the owner, a running queue of a lower level
     /// keeps running beside it (restricted to the other CUs) unless the
-    /// reservation is new.
+    /// reservation is new or its workgroups sit on the reserved CUs, and
+    /// only at the one level `beside` ([`Scheduler::spatial_beside_level`]).
     pub(super) fn spatial_keeps(
         &self,
         r: Option<Reservation>,
         establish: bool,
         owner: SliceOwner,
-        q: QueueId,
+        beside: Option<u16>,
+        id: QueueId,
     ) -> bool {
-        let q = &self.queues[&q];
+        let q = &self.queues[&id];
         matches!(r, Some(r) if r.vm == owner.vm)
             && (!establish || r.is_some_and(|r| r.k == 0))
             && q.vm != owner.vm
             && lvl(q.key) < owner.level
+            && beside == Some(lvl(q.key))
+            && r.is_some_and(|r| self.off_reserved(r, id))
     }
 
     /// With a reservation of the owner, the VM it displaced (parked) maps
-    /// its waiting queues of its top key again, beside the owner.
-    pub(super) fn spatial_beside(&mut self, p: usize, r: Option<Reservation>, owner: SliceOwner) {
+    /// its waiting queues of its top key again, beside the owner, when its
+    /// level is the one level `beside` ([`Scheduler::spatial_beside_level`]).
+    pub(super) fn spatial_beside(
+        &mut self,
+        p: usize,
+        r: Option<Reservation>,
+        owner: SliceOwner,
+        beside: Option<u16>,
+    ) {
         let Some(r) = r.filter(|r| r.vm == owner.vm) else {
             return;
         };
-        let Some(k) = self.parts[p].parked.filter(|k| k.level < r.level) else {
+        let Some(k) = self.parts[p]
+            .parked
+            .filter(|k| k.level < r.level && beside == Some(k.level))
+        else {
             return;
         };
         let Some(key) = self.vms.get(&k.vm).and_then(|v| v.top_key_at(k.level)) else {
@@ -422,7 +491,7 @@ impl Scheduler {
         for q in mapped {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
-            let want = Spatial::set_for(r, qq.vm);
+            let want = Spatial::set_for(r, qq.vm, lvl(self.key_of(qq)));
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];
             if *cur != want {
                 *cur = want;

@@ -539,3 +539,45 @@ fn short_lower_workgroups_are_drained_not_saved() {
         assert!(w.gpu_ns(1) >= (n - 1) * 5_000, "rt got {} ns", w.gpu_ns(1));
     }
 }
+
+/// An RT VM wider than the reservation cap (608 workgroups: two rounds of
+/// the whole partition) above drainable lower work gets a drained
+/// reservation sized to its RT bound instead of a full-partition save per
+/// job (issue 18, `rt-wide`): the lower queue is never preempted.
+#[test]
+fn a_wide_rt_vm_drains_lower_work_instead_of_saving_the_partition() {
+    let mut w = spatial_world();
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.s.note_dispatch_width(lo, 304);
+    w.s.note_dispatch_occupancy(lo, 50_000, true);
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    for i in 0..20 {
+        w.s.note_dispatch_width(rt, 608);
+        w.s.note_dispatch_occupancy(rt, 25_000, false);
+        w.submit(rt, 100_000);
+        // Sized by latency (240 us allowance less the 50 us drain: 9
+        // rounds of 25 us, 608 / 9 = 68 CUs, 9 per XCC), above no cap.
+        assert_eq!(w.s.cu_reservation(0), Some((VmId(1), 9)), "job {i}");
+        assert_eq!(w.state(lo), QueueState::Running);
+        check_disjoint(&w).unwrap();
+        w.run_until(MS + (i + 1) * 300_000);
+    }
+    assert_eq!(w.s.vm_stats(VmId(0)).unwrap().preemptions, 0);
+    // Without a drain (lower workgroups of 10 ms) the same VM is too wide
+    // for a reservation: the partition is saved.
+    let mut w = spatial_world();
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let rt = w.vm(1, 12, 1, 1)[0];
+    w.s.note_dispatch_width(lo, 304);
+    w.s.note_dispatch_occupancy(lo, 10 * MS, true);
+    w.submit(lo, 1000 * MS);
+    w.run_until(MS);
+    w.s.note_dispatch_width(rt, 608);
+    w.s.note_dispatch_occupancy(rt, 25_000, false);
+    w.submit(rt, 100_000);
+    assert_eq!(w.s.cu_reservation(0), None);
+    w.run_until(2 * MS);
+    assert!(w.s.vm_stats(VmId(0)).unwrap().preemptions >= 1);
+}

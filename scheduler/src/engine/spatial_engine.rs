@@ -132,7 +132,14 @@ impl Scheduler {
                 None => self.parts[p].aging.save_ewma.saturating_mul(2),
             };
             let by_latency = self.spatial.size_for_latency(owner.vm, queues, switch);
-            let k = if drain.is_some() {
+            // A periodic owner (idle between its jobs at least as long as
+            // a job's billed time) is the RT class the bound sizing is
+            // for; a saturating one (never idle) must keep its width:
+            // item 1 gives it the partition (ladder seed 48).
+            let periodic = self.vms.get(&owner.vm).is_some_and(|v| {
+                v.gap_ewma > 0 && v.request_ewma > 0 && v.gap_ewma >= v.request_ewma
+            });
+            let k = if drain.is_some() && periodic {
                 // A drained reservation costs the lower work its CUs only
                 // while the owner is busy (no save, given back in its
                 // gaps): not capped, but for one CU per XCC left to the

@@ -132,12 +132,19 @@ impl Scheduler {
                 None => self.parts[p].aging.save_ewma.saturating_mul(2),
             };
             let by_latency = self.spatial.size_for_latency(owner.vm, queues, switch);
-            // A periodic owner (idle between its jobs at least as long as
-            // a job's billed time) is the RT class the bound sizing is
-            // for; a saturating one (never idle) must keep its width:
-            // item 1 gives it the partition (ladder seed 48).
+            // A periodic owner — it has been idle, its re-ring gaps are at
+            // least as long as its job runs alone (its solo time), and its
+            // current busy period is not longer than its gaps — is the RT
+            // class the bound sizing is for; a saturating one (never idle,
+            // or busy longer than its gaps) must keep its width: item 1
+            // gives it the partition (ladder seed 48).
+            let solo = self.spatial.occ.get(&owner.vm).map_or(0, |o| o.solo_ns);
+            let now = self.now;
             let periodic = self.vms.get(&owner.vm).is_some_and(|v| {
-                v.gap_ewma > 0 && v.request_ewma > 0 && v.gap_ewma >= v.request_ewma
+                v.idle_at > 0
+                    && solo > 0
+                    && v.gap_ewma >= solo
+                    && now.saturating_sub(v.entered) <= v.gap_ewma
             });
             let k = if drain.is_some() && periodic {
                 // A drained reservation costs the lower work its CUs only

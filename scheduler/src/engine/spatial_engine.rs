@@ -132,47 +132,15 @@ impl Scheduler {
                 None => self.parts[p].aging.save_ewma.saturating_mul(2),
             };
             let by_latency = self.spatial.size_for_latency(owner.vm, queues, switch);
-            // A periodic owner — it has been idle, its re-ring gaps are at
-            // least as long as its job runs alone (its solo time), and its
-            // current busy period is not longer than its gaps — is the RT
-            // class the bound sizing is for; a saturating one (never idle,
-            // or busy longer than its gaps) must keep its width: item 1
-            // gives it the partition (ladder seed 48).
-            let solo = self.spatial.occ.get(&owner.vm).map_or(0, |o| o.solo_ns);
-            let now = self.now;
-            let periodic = self.vms.get(&owner.vm).is_some_and(|v| {
-                v.idle_at > 0
-                    && solo > 0
-                    && v.gap_ewma >= solo
-                    && now.saturating_sub(v.entered) <= v.gap_ewma
-            });
-            let k = if drain.is_some() && periodic {
-                // A drained reservation costs the lower work its CUs only
-                // while the owner is busy (no save, given back in its
-                // gaps): not capped, but for one CU per XCC left to the
-                // lower work, and never wider than the RT bound needs.
-                let full = self.spatial.cus_per_xcc.saturating_sub(1);
-                let by_width =
-                    self.spatial
-                        .size(owner.vm, queues, self.cfg.spatial_headroom_pct, 1000);
-                match (by_width, by_latency) {
-                    (Some(w), l) => Some(l.map_or(w, |l| w.min(l))),
-                    // Wider than the partition: its rounds grow; only a
-                    // latency sizing says how far.
-                    (None, Some(l)) if l <= full => Some(l),
-                    _ => None,
-                }
-                .filter(|&k| k >= 1 && k <= full)
-            } else {
-                self.spatial
-                    .size(
-                        owner.vm,
-                        queues,
-                        self.cfg.spatial_headroom_pct,
-                        self.cfg.spatial_max_permille,
-                    )
-                    .map(|k| by_latency.map_or(k, |l| k.min(l)))
-            };
+            let k = self
+                .spatial
+                .size(
+                    owner.vm,
+                    queues,
+                    self.cfg.spatial_headroom_pct,
+                    self.cfg.spatial_max_permille,
+                )
+                .map(|k| by_latency.map_or(k, |l| k.min(l)));
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;
             }

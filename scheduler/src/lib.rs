@@ -230,7 +230,10 @@ pub struct SchedConfig {
     /// CU at most doubles it, a delay within the one save and restore the
     /// promise allows a higher VM. Default 240 us: the modelled MI300X
     /// save and restore of a whole partition (242 us). 0 disables
-    /// co-residence.
+    /// co-residence. The same allowance decides a drained reservation:
+    /// lower VMs whose solo time is at most this (or the measured save
+    /// and restore) keep running while their workgroups on the reserved
+    /// CUs end, instead of being saved.
     pub spatial_coreside_ns: u64,
 }
 

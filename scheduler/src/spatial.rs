@@ -59,6 +59,11 @@ pub(crate) struct Reservation {
     /// CUs per XCC it holds (`CuSet::Top(k)`); 0: co-residence, the VM
     /// shares every CU with the lower work (occupancy).
     pub k: u32,
+    /// Established by draining: the lower work's workgroups on its CUs
+    /// end (no save), because each is at most one save and restore long.
+    /// Costs the lower work nothing to take again, so it is not held
+    /// across its VM's idle gaps.
+    pub drain: bool,
 }
 
 /// What a VM's recent dispatches need of a CU (from
@@ -145,6 +150,25 @@ impl Spatial {
             && ok(&vm)
             && self.occ.get(&vm).is_some_and(|o| o.solo_ns <= max_ns)
             && lower.all(|v| ok(&v))
+    }
+
+    /// How long a higher owner waits for the workgroups of the lower VMs
+    /// `lower` to end on the CUs it takes, when that is at most `max_ns`
+    /// (one save and restore: draining is then no slower for the owner
+    /// than a save, and costs the lower work no save or restore). Each
+    /// VM's bound is its recent solo time (one workgroup's cost per
+    /// kernel, summed: at least its longest workgroup). `None`: a lower VM
+    /// not seen yet, no lower VM, or one whose workgroups are longer.
+    pub fn drain_wait(&self, lower: impl IntoIterator<Item = VmId>, max_ns: u64) -> Option<u64> {
+        let mut wait = None;
+        for v in lower {
+            let s = self.occ.get(&v)?.solo_ns;
+            if s == 0 || s > max_ns {
+                return None;
+            }
+            wait = Some(wait.map_or(s, |w: u64| w.max(s)));
+        }
+        wait
     }
 
     /// CUs per XCC a VM needs for its widest recent dispatch on each of
@@ -260,6 +284,7 @@ mod tests {
             vm: hi,
             level: 12,
             k: 0,
+            drain: false,
         });
         assert_eq!(Spatial::set_for(r, hi, 12), CuSet::All);
         assert_eq!(Spatial::set_for(r, lo, 2), CuSet::All);
@@ -272,6 +297,7 @@ mod tests {
             vm: hi,
             level: 12,
             k: 3,
+            drain: false,
         });
         assert_eq!(Spatial::set_for(r, hi, 12), CuSet::Top(3));
         // An equal (or a higher VM) never lands on the lower work's CUs.
@@ -340,5 +366,23 @@ mod tests {
         // Four busy queues of 8 workgroups: 40 with headroom, 5 per XCC.
         s.note(VmId(3), 8);
         assert_eq!(s.size(VmId(3), 4, 25, 250), Some(5));
+    }
+
+    #[test]
+    fn drain_waits_for_the_longest_lower_workgroup_within_the_bound() {
+        let mut s = Spatial::default();
+        let (a, b) = (VmId(1), VmId(2));
+        // Nothing lower, or a lower VM never seen: no drain.
+        assert_eq!(s.drain_wait([], 240_000), None);
+        assert_eq!(s.drain_wait([a], 240_000), None);
+        s.note_occupancy(a, 138_000, false);
+        s.note_occupancy(b, 30_000, true);
+        // Whole-CU or not, the longest lower workgroup is the wait.
+        assert_eq!(s.drain_wait([a, b], 240_000), Some(138_000));
+        assert_eq!(s.drain_wait([b], 240_000), Some(30_000));
+        // A workgroup longer than one save and restore: save instead.
+        assert_eq!(s.drain_wait([a, b], 100_000), None);
+        s.note_occupancy(b, 10_800_000, true);
+        assert_eq!(s.drain_wait([a, b], 240_000), None);
     }
 }

@@ -109,6 +109,7 @@ impl Scheduler {
                 vm: owner.vm,
                 level: owner.level,
                 k: 0,
+                drain: false,
             })
         } else if owner.level < BOOST_LEVEL && lower {
             // Its busy queues at its level may each dispatch that wide.
@@ -119,9 +120,17 @@ impl Scheduler {
                 .copied()
                 .unwrap_or(1)
                 .max(1);
+            // Lower workgroups no longer than one save and restore are
+            // left to end on the reserved CUs (no save): the owner's wait
+            // for them takes the place of the switch in its RT bound.
+            let allowance = self.spatial_wait_allowance(p);
+            let drain = self.spatial_drain_wait(p, owner.level, allowance);
             // Sized to the fewest CUs with which its job still meets the
             // RT bound, when its solo time and the switch are measured.
-            let switch = self.parts[p].aging.save_ewma.saturating_mul(2);
+            let switch = match drain {
+                Some(wait) => allowance.saturating_sub(wait),
+                None => self.parts[p].aging.save_ewma.saturating_mul(2),
+            };
             let by_latency = self.spatial.size_for_latency(owner.vm, queues, switch);
             let k = self
                 .spatial
@@ -139,6 +148,7 @@ impl Scheduler {
                 vm: owner.vm,
                 level: owner.level,
                 k,
+                drain: drain.is_some(),
             })
         } else {
             None
@@ -171,6 +181,7 @@ impl Scheduler {
             prev.filter(|r| {
                 r.vm != owner.vm
                     && r.level > owner.level
+                    && !r.drain
                     && self.spatial_held(p, *r)
                     && (r.k > 0 || self.coreside_still(p, *r))
             })
@@ -217,7 +228,7 @@ impl Scheduler {
         // its solo time `s`; the promise lets a higher VM wait one save and
         // restore of the work it displaces: `s <= t_save + t_restore`, with
         // the partition's measured save when that is longer.
-        let max = max.max(self.parts[p].aging.save_ewma.saturating_mul(2));
+        let max = self.spatial_wait_allowance(p);
         // Only for a VM that is not backlogged: the one delay of its solo
         // time is the promise's allowance per wake (one save and restore
         // of the work it displaces). A VM demanding without a break for
@@ -260,15 +271,37 @@ impl Scheduler {
         if v.demand == 0 {
             return None;
         }
-        let max = self
-            .cfg
-            .spatial_coreside_ns
-            .max(self.parts[p].aging.save_ewma.saturating_mul(2));
+        let max = self.spatial_wait_allowance(p);
         Some(
             v.demanding_since
                 .saturating_add(max.saturating_mul(2))
                 .saturating_add(1),
         )
+    }
+
+    /// How long the promise lets a higher owner of `p` wait for the lower
+    /// work it displaces: one save and restore of it
+    /// (`spatial_coreside_ns`, the modelled save and restore of a whole
+    /// partition, or the partition's measured one when that is longer).
+    fn spatial_wait_allowance(&self, p: usize) -> Nanos {
+        self.cfg
+            .spatial_coreside_ns
+            .max(self.parts[p].aging.save_ewma.saturating_mul(2))
+    }
+
+    /// Drain instead of save: the longest time an owner at `level` waits
+    /// for the workgroups of `p`'s running lower queues to end on the CUs
+    /// it reserves, when each lower VM's workgroups are at most
+    /// `allowance` long (`None`: save them, or nothing lower runs). The
+    /// queues being saved already free their CUs within a save.
+    fn spatial_drain_wait(&self, p: usize, level: u16, allowance: Nanos) -> Option<Nanos> {
+        let part = &self.parts[p];
+        let lower = part
+            .running
+            .iter()
+            .take_while(|e| e.0 < level)
+            .filter_map(|e| self.queues.get(&e.2).map(|q| q.vm));
+        self.spatial.drain_wait(lower, allowance)
     }
 
     /// How many queues below `level` may hold CUs of `p` at once beside an
@@ -410,8 +443,11 @@ impl Scheduler {
 
     /// With a reservation of the owner, a running queue of a lower level
     /// keeps running beside it (restricted to the other CUs) unless the
-    /// reservation is new or its workgroups sit on the reserved CUs, and
-    /// only at the one level `beside` ([`Scheduler::spatial_beside_level`]).
+    /// reservation is new and not drained (a drained one keeps it: its
+    /// workgroups on the reserved CUs end, no new ones start there) or its
+    /// workgroups sit on the reserved CUs of a reservation that is not
+    /// drained, and only at the one level `beside`
+    /// ([`Scheduler::spatial_beside_level`]).
     pub(super) fn spatial_keeps(
         &self,
         r: Option<Reservation>,
@@ -422,11 +458,11 @@ impl Scheduler {
     ) -> bool {
         let q = &self.queues[&id];
         matches!(r, Some(r) if r.vm == owner.vm)
-            && (!establish || r.is_some_and(|r| r.k == 0))
+            && (!establish || r.is_some_and(|r| r.k == 0 || r.drain))
             && q.vm != owner.vm
             && lvl(q.key) < owner.level
             && beside == Some(lvl(q.key))
-            && r.is_some_and(|r| self.off_reserved(r, id))
+            && r.is_some_and(|r| r.drain || self.off_reserved(r, id))
     }
 
     /// With a reservation of the owner, the VM it displaced (parked) maps

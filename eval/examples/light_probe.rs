@@ -57,7 +57,8 @@ fn main() {
             println!("  {}", line(&r, v));
         }
         for t in &sc.tenants {
-            let alone = simulate(&sc.only_tenants(&[t.name.as_str()]), Policy::Hqdmux, seed).unwrap();
+            let alone =
+                simulate(&sc.only_tenants(&[t.name.as_str()]), Policy::Hqdmux, seed).unwrap();
             for v in alone.vm_runs.iter().take(1) {
                 println!("  alone {}", line(&alone, v));
             }

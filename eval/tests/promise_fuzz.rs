@@ -133,6 +133,7 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-1081-2-weights.toml",
     "fuzz-20011-3-undershare-latency.toml",
     "fuzz-20121-1-top-share.toml",
+    "share-light-short.toml",
 ];
 
 #[test]

@@ -1781,3 +1781,6 @@ fn an_under_share_job_longer_than_the_quantum_is_not_sliced() {
         t += 200 * MS;
     }
 }
+
+#[path = "share_tests.rs"]
+mod share_tests;

@@ -409,8 +409,14 @@ impl Scheduler {
                 // waker went idle: one that became busy after that is as
                 // demand-limited as the waker (preempting it would only add
                 // a CWSR to both). A closed loop re-ringing within its grace
-                // has been demanding since its first job.
-                if ov.demanding_since > v.idle_at {
+                // has been demanding since its first job. A VM in its first
+                // busy period never went idle (`idle_at` is no time of
+                // its): it has had no GPU time at all, so it is below its
+                // share by definition against any owner that has, and the
+                // virtual-time test below decides (issue 18: the first
+                // job of a light VM waited for the slice end of an equal
+                // that became busy a few us after the light VM was added).
+                if v.demand_idle_at.is_some() && ov.demanding_since > v.idle_at {
                     return None;
                 }
                 let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);

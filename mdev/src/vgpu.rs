@@ -154,6 +154,24 @@ struct VhqdRegs {
     phase: HqdPhase,
     error: u32,
     rptr: u64,
+    /// Accepted loads of this vHQD so far (wrapping).
+    loads: u64,
+    /// The loaded queue's write index at load and its poll address.
+    start_wptr: u64,
+    wptr_poll: u64,
+}
+
+/// A loaded vHQD's write index, as the arbiter reads it on a doorbell
+/// ([`VgpuFrontEnd::loaded_queues`], [`VgpuFrontEnd::write_index`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadedQueue {
+    /// Which load of the vHQD this is: a reload gives a new value.
+    pub load: u64,
+    /// The MQD's write index when it was loaded (where the queue starts).
+    pub start_wptr: u64,
+    /// The MQD's `cp_hqd_pq_wptr_poll_addr`; 0 = none (the write index
+    /// stays `start_wptr`).
+    pub wptr_poll: u64,
 }
 
 #[derive(Default)]
@@ -421,6 +439,36 @@ impl VgpuFrontEnd {
         }
     }
 
+    /// The vHQDs loaded now (loading, waiting, on an HQD or being
+    /// dequeued), one lock taken; none while quarantined.
+    pub fn loaded_queues(&self) -> [Option<LoadedQueue>; NUM_VHQD] {
+        let mut out = [None; NUM_VHQD];
+        if self.quarantined() {
+            return out;
+        }
+        for (o, h) in out.iter_mut().zip(&self.regs().vhqd) {
+            if h.phase != HqdPhase::Unloaded {
+                *o = Some(LoadedQueue {
+                    load: h.loads,
+                    start_wptr: h.start_wptr,
+                    wptr_poll: h.wptr_poll,
+                });
+            }
+        }
+        out
+    }
+
+    /// The write index of loaded queue `q` now: read from its poll address
+    /// in VM memory (one 8-byte read), as the arbiter does on a doorbell;
+    /// `None` if that address is not readable (a doorbell then makes the
+    /// arbiter report the queue error).
+    pub fn write_index(&self, q: &LoadedQueue) -> Option<u64> {
+        match q.wptr_poll {
+            0 => Some(q.start_wptr),
+            a => self.mem.read_u64(a).ok(),
+        }
+    }
+
     fn load(&self, i: usize) {
         let mut g = self.regs();
         if g.vhqd[i].phase != HqdPhase::Unloaded {
@@ -453,6 +501,9 @@ impl VgpuFrontEnd {
                 h.phase = HqdPhase::Loaded { on_hqd: false };
                 h.error = 0;
                 h.rptr = mqd.read_index().unwrap_or(0);
+                h.loads = h.loads.wrapping_add(1);
+                h.start_wptr = mqd.write_index();
+                h.wptr_poll = mqd.wptr_poll_addr();
                 // Sent under the register lock (the send never blocks), so
                 // a dequeue from another vCPU cannot reach the arbiter first.
                 self.requests.send(

@@ -3,20 +3,33 @@
 //! exit and no socket round trip.
 //!
 //! The page is a sealed 4 KiB memfd shared by the client and the server.
-//! A poller thread per connection notices the guest's stores by value: each
-//! vHQD's doorbell is a 64-bit write index, which only grows while its
-//! queue lives, so a changed value is a doorbell (several stores between
-//! two scans fold into one, as several ioeventfd signals fold into one
-//! read of the eventfd; the arbiter reads the write index itself).
+//! A poller thread per connection notices doorbells by work, not by the
+//! value stored: on each scan it reads every loaded vHQD's write index
+//! where the arbiter reads it (the MQD's `cp_hqd_pq_wptr_poll_addr` in VM
+//! memory) and forwards a doorbell when it moved since the poller last saw
+//! it. The value the guest stores on the page is not used (as on the
+//! ioeventfd and REGION_WRITE paths): a store of an unchanged value and a
+//! reloaded queue's first store equal to the old queue's last one are not
+//! missed, and a doorbell the poller forwards found new work (it is not a
+//! stale doorbell for the misbehaving-VM guard, unless the arbiter already
+//! took that work through another path, e.g. when serving the load).
+//! Several stores between two scans fold into one doorbell, as several
+//! ioeventfd signals fold into one read of the eventfd. A new load starts
+//! from its MQD's write index; a store racing the (posted) register write
+//! that loads the queue is not lost: the arbiter reads the write index
+//! itself when it serves the load. Only a queue whose write index cannot
+//! be read gets a doorbell per changed page value, so that the arbiter
+//! reports the queue error.
 //!
 //! The poll is bounded: it runs only while the vGPU has a vHQD loaded
-//! (`CP_HQD_ACTIVE`, looked at after every register write and every
-//! 16 scans), and only after the client was handed the page; it scans the
-//! [`NUM_VHQD`] doorbells every `ServerOptions::doorbell_poll` and
-//! otherwise sleeps on an eventfd the connection writes after each register
-//! write (a queue load is one), so a vGPU without queues costs no CPU. A hostile client that writes the page at will
-//! gets at most [`NUM_VHQD`] doorbells per interval, each of which the
-//! arbiter treats as any doorbell (a stale one counts for the guard).
+//! (looked at on every scan, one front-end lock), and only after the
+//! client was handed the page; a scan reads the [`NUM_VHQD`] page slots
+//! and one 8-byte write index in VM memory per loaded vHQD, every
+//! `ServerOptions::doorbell_poll`, and otherwise the poller sleeps on an
+//! eventfd the connection writes after each register write (a queue load
+//! is one), so a vGPU without queues costs no CPU. A hostile client gets at
+//! most one doorbell per loaded vHQD per interval, and only when its write
+//! index moved; storing on the page buys nothing else.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -26,8 +39,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use abi::pci::BAR2_SIZE;
-use abi::vgpu::{reg, DOORBELL_STRIDE, NUM_VHQD};
-use mdev::vgpu::VgpuFrontEnd;
+use abi::vgpu::{DOORBELL_STRIDE, NUM_VHQD};
+use mdev::vgpu::{LoadedQueue, VgpuFrontEnd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// The shared doorbell page (BAR2).
@@ -212,12 +225,6 @@ impl Drop for Poller {
     }
 }
 
-fn any_loaded(fe: &VgpuFrontEnd) -> bool {
-    (0..NUM_VHQD).any(|i| {
-        fe.reg_read((reg::HQD_BASE + reg::HQD_STRIDE * i + reg::CP_HQD_ACTIVE) as u64) != 0
-    })
-}
-
 /// Waits until one of `fds` is readable or `timeout` (None: forever)
 /// passes; returns which were readable.
 fn wait(fds: &[&EventFd], timeout: Option<Duration>) -> [bool; 2] {
@@ -247,18 +254,72 @@ fn wait(fds: &[&EventFd], timeout: Option<Duration>) -> [bool; 2] {
     out
 }
 
-/// Scans between two looks at whether a queue is still loaded (a register
-/// write makes the poller look at once).
-const RECHECK_SCANS: u32 = 16;
+/// What the poller remembers of one vHQD.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    /// The load it saw last (`None`: unloaded at the last scan).
+    load: Option<u64>,
+    /// The write index it saw last for that load.
+    wptr: u64,
+    /// The page value it saw last.
+    page: u64,
+}
+
+/// One scan of the page: returns how many doorbells were forwarded.
+///
+/// A loaded vHQD gets a doorbell when its write index (read where the
+/// arbiter reads it) moved since the poller last saw it, whatever value
+/// the guest stored on the page: a store of an unchanged value, or a
+/// reloaded queue's first store equal to the old queue's last, is not
+/// missed, and a scan that forwards a doorbell found new work. A new load
+/// starts from the MQD's write index (the arbiter reads the write index
+/// itself when it serves the load). Only a queue whose write index cannot
+/// be read gets a doorbell per changed page value (the arbiter then
+/// reports the queue error). An unloaded vHQD gets none.
+fn scan(
+    page: &DoorbellPage,
+    fe: &VgpuFrontEnd,
+    queues: [Option<LoadedQueue>; NUM_VHQD],
+    slots: &mut [Slot; NUM_VHQD],
+) -> u64 {
+    let mut rung = 0;
+    for (i, (slot, q)) in slots.iter_mut().zip(queues).enumerate() {
+        let v = page.read(i);
+        let ring = match q {
+            None => {
+                slot.load = None;
+                false
+            }
+            Some(q) => {
+                if slot.load != Some(q.load) {
+                    *slot = Slot {
+                        load: Some(q.load),
+                        wptr: q.start_wptr,
+                        page: slot.page,
+                    };
+                }
+                match fe.write_index(&q) {
+                    Some(w) => std::mem::replace(&mut slot.wptr, w) != w,
+                    None => slot.page != v,
+                }
+            }
+        };
+        slot.page = v;
+        if ring {
+            rung += 1;
+            fe.doorbell_write(i as u64 * DOORBELL_STRIDE as u64);
+        }
+    }
+    rung
+}
 
 fn run(s: &Shared, interval: Duration) {
     // The interval is short: ask the kernel not to stretch it by the
     // default 50 us timer slack.
     // SAFETY: prctl on the calling thread with an integer argument.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
-    let mut last = [0u64; NUM_VHQD];
+    let mut slots = [Slot::default(); NUM_VHQD];
     let mut generation = s.generation.load(Ordering::Acquire);
-    let mut until_recheck = 0u32;
     loop {
         // A scan holds the front-end slot: a reset (which swaps it, zeroes
         // the page and bumps the generation under it) never interleaves.
@@ -266,41 +327,27 @@ fn run(s: &Shared, interval: Duration) {
         let g = s.generation.load(Ordering::Acquire);
         if g != generation {
             generation = g;
-            last = [0; NUM_VHQD];
-            until_recheck = 0;
+            slots = [Slot::default(); NUM_VHQD];
         }
-        if until_recheck == 0 {
-            if !s.handed_out.load(Ordering::Acquire) || !any_loaded(&fe) {
-                drop(fe);
-                // Idle: sleep until a register write (or the stop).
-                let [_, stop] = wait(&[&s.wake, &s.stop], None);
-                let _ = s.wake.read();
-                if stop {
-                    return;
-                }
-                continue;
+        let queues = fe.loaded_queues();
+        if !s.handed_out.load(Ordering::Acquire) || queues.iter().all(Option::is_none) {
+            drop(fe);
+            // Idle: sleep until a register write (or the stop).
+            let [_, stop] = wait(&[&s.wake, &s.stop], None);
+            let _ = s.wake.read();
+            if stop {
+                return;
             }
-            until_recheck = RECHECK_SCANS;
+            continue;
         }
-        until_recheck -= 1;
         s.stats.scans.fetch_add(1, Ordering::Relaxed);
-        for (i, l) in last.iter_mut().enumerate() {
-            let v = s.page.read(i);
-            if v != *l {
-                *l = v;
-                s.stats.doorbells.fetch_add(1, Ordering::Relaxed);
-                fe.doorbell_write(i as u64 * DOORBELL_STRIDE as u64);
-            }
-        }
+        let rung = scan(&s.page, &fe, queues, &mut slots);
+        s.stats.doorbells.fetch_add(rung, Ordering::Relaxed);
         drop(fe);
-        let [stop, kicked] = wait(&[&s.stop, &s.wake], Some(interval));
+        let [stop, _] = wait(&[&s.stop, &s.wake], Some(interval));
         if stop {
             return;
         }
-        if kicked {
-            // A register write: look at the queues again now.
-            let _ = s.wake.read();
-            until_recheck = 0;
-        }
+        let _ = s.wake.read();
     }
 }

@@ -765,6 +765,61 @@ mod tests {
     }
 
     #[test]
+    fn loaded_queues_report_where_the_write_index_is_and_each_load_anew() {
+        use crate::sim::testkit::TestVm;
+        use abi::kernel::KernelKind;
+        let (f, _, _, mem) = fe();
+        let topo = GpuTopology::tiny();
+        assert_eq!(f.loaded_queues(), [None; NUM_VHQD]);
+        let mut vm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let mut q = vm.queue(&topo, 64, 0);
+        let at = vm.alloc(4096, 4096);
+        mem.write(at, &q.mqd.to_bytes()).unwrap();
+        f.reg_write(hr(3, reg::CP_MQD_BASE_ADDR), at as u32);
+        f.reg_write(hr(3, reg::CP_MQD_BASE_ADDR_HI), (at >> 32) as u32);
+        f.reg_write(hr(3, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(3, reg::CP_HQD_ERROR)), 0);
+        let first = f.loaded_queues();
+        let l = first[3].expect("vHQD 3 loaded");
+        assert!(first
+            .iter()
+            .enumerate()
+            .all(|(i, q)| q.is_some() == (i == 3)));
+        assert_eq!(l.wptr_poll, q.mqd.wptr_poll_addr());
+        assert_ne!(l.wptr_poll, 0);
+        assert_eq!(f.write_index(&l), Some(l.start_wptr));
+        // The guest's write index moves: read where the arbiter reads it.
+        let w = vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 1, false);
+        assert_ne!(w, l.start_wptr);
+        assert_eq!(f.write_index(&l), Some(w));
+        // A load of the same vHQD again is refused while loaded: same load.
+        f.reg_write(hr(3, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.loaded_queues()[3], Some(l));
+        // Unloaded (the arbiter's write-back), then reloaded: a new load.
+        f.on_unloaded(3, at, &q.mqd);
+        assert_eq!(f.loaded_queues()[3], None);
+        f.reg_write(hr(3, reg::CP_HQD_ACTIVE), 1);
+        let again = f.loaded_queues()[3].expect("reloaded");
+        assert_ne!(again.load, l.load);
+        // An unreadable poll address reads as none; no poll address reads
+        // the MQD's own write index.
+        let gone = LoadedQueue {
+            wptr_poll: 1 << 40,
+            ..again
+        };
+        assert_eq!(f.write_index(&gone), None);
+        let none = LoadedQueue {
+            wptr_poll: 0,
+            start_wptr: 9,
+            ..again
+        };
+        assert_eq!(f.write_index(&none), Some(9));
+        // Quarantined: nothing loaded as far as a poller is concerned.
+        f.quarantine();
+        assert_eq!(f.loaded_queues(), [None; NUM_VHQD]);
+    }
+
+    #[test]
     fn wrapping_signal_and_mailbox_addresses_are_refused() {
         let (f, _, irqs, mem) = fe();
         assert!(matches!(

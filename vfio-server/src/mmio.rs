@@ -351,3 +351,100 @@ fn run(s: &Shared, interval: Duration) {
         let _ = s.wake.read();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi::kernel::KernelKind;
+    use abi::vgpu::reg;
+    use gpu::mem::{DmaMemory, SparseMemory};
+    use gpu::topology::GpuTopology;
+    use gpusim::sim::testkit::TestVm;
+    use mdev::probe::{hqd_reg, mqd_addr};
+    use mdev::vgpu::{InterruptSink, RequestSink, VgpuHandle, VgpuRequest};
+
+    struct Nobody;
+    impl RequestSink for Nobody {
+        fn send(&self, _: VgpuHandle, _: VgpuRequest) {}
+    }
+    impl InterruptSink for Nobody {
+        fn raise(&self, _: u16) {}
+    }
+
+    /// Doorbells signalled on vHQD `i`'s eventfd since the last look.
+    fn rung(fe: &VgpuFrontEnd, i: usize) -> u64 {
+        fe.doorbell_eventfd(i).read().unwrap_or(0)
+    }
+
+    /// Scans decide by the write index, never by the page value: same
+    /// value twice with work between, page changes without work, a reload
+    /// whose first store repeats the old queue's last, an unloaded slot.
+    #[test]
+    fn a_scan_forwards_a_doorbell_exactly_when_the_write_index_moved() {
+        let topo = GpuTopology::tiny();
+        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+        let fe = VgpuFrontEnd::new(
+            VgpuHandle(1),
+            "scan",
+            &topo,
+            mem.clone(),
+            Arc::new(Nobody),
+            Arc::new(Nobody),
+        )
+        .unwrap();
+        let mut vm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let mut q = vm.queue(&topo, 64, 0);
+        let at = mqd_addr(&q);
+        mem.write(at, &q.mqd.to_bytes()).unwrap();
+        let page = DoorbellPage::new().unwrap();
+        let mut slots = [Slot::default(); NUM_VHQD];
+        let scan_now = |slots: &mut [Slot; NUM_VHQD]| scan(&page, &fe, fe.loaded_queues(), slots);
+
+        // Unloaded: a store raises nothing.
+        page.write(0, 5);
+        assert_eq!(scan_now(&mut slots), 0);
+        fe.reg_write(hqd_reg(0, reg::CP_MQD_BASE_ADDR), at as u32);
+        fe.reg_write(hqd_reg(0, reg::CP_MQD_BASE_ADDR_HI), (at >> 32) as u32);
+        fe.reg_write(hqd_reg(0, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(fe.reg_read(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
+        // Loaded, nothing written: no doorbell, whatever is on the page.
+        page.write(0, 6);
+        assert_eq!(scan_now(&mut slots), 0);
+        // A kernel and a store of 1; then another kernel, 1 again.
+        vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 1, false);
+        page.write(0, 1);
+        assert_eq!(scan_now(&mut slots), 1);
+        assert_eq!(rung(&fe, 0), 1);
+        assert_eq!(scan_now(&mut slots), 0, "one doorbell per move");
+        vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 2, false);
+        page.write(0, 1);
+        assert_eq!(scan_now(&mut slots), 1);
+        // Work written before the store: the scan sees it already.
+        let w = vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 3, false);
+        assert_eq!(scan_now(&mut slots), 1);
+        page.write(0, w);
+        assert_eq!(scan_now(&mut slots), 0, "its store brings nothing new");
+        assert_eq!(rung(&fe, 0), 2);
+        // A second queue loaded on vHQD 1 from an MQD whose write index is
+        // ahead of zero (a written-back one): it starts there; only work
+        // after it rings, whatever value is stored.
+        let mut q2 = vm.queue(&topo, 64, 0);
+        let w2 = vm.kernel(&mut q2, KernelKind::Mark, 4, 64, 1_000, 5, false);
+        q2.mqd.set_write_index(w2);
+        let at2 = mqd_addr(&q2);
+        mem.write(at2, &q2.mqd.to_bytes()).unwrap();
+        fe.reg_write(hqd_reg(1, reg::CP_MQD_BASE_ADDR), at2 as u32);
+        fe.reg_write(hqd_reg(1, reg::CP_MQD_BASE_ADDR_HI), (at2 >> 32) as u32);
+        fe.reg_write(hqd_reg(1, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(fe.reg_read(hqd_reg(1, reg::CP_HQD_ERROR)), 0);
+        page.write(1, w);
+        assert_eq!(scan_now(&mut slots), 0, "a fresh load starts at its MQD");
+        vm.kernel(&mut q2, KernelKind::Mark, 4, 64, 1_000, 6, false);
+        page.write(1, w);
+        assert_eq!(scan_now(&mut slots), 1);
+        assert_eq!(rung(&fe, 1), 1);
+        assert_eq!(rung(&fe, 0), 0);
+        // Other vHQDs never rang.
+        assert!((2..NUM_VHQD).all(|i| rung(&fe, i) == 0));
+    }
+}

@@ -137,7 +137,7 @@ impl Drop for DoorbellPage {
 /// Counters shared with the server's stats.
 #[derive(Default)]
 pub struct PollStats {
-    /// Doorbells noticed in the page.
+    /// Doorbells forwarded (a loaded queue's write index moved).
     pub doorbells: AtomicU64,
     /// Scans of the page.
     pub scans: AtomicU64,

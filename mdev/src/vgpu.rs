@@ -154,6 +154,24 @@ struct VhqdRegs {
     phase: HqdPhase,
     error: u32,
     rptr: u64,
+    /// Accepted loads of this vHQD so far (wrapping).
+    loads: u64,
+    /// The loaded queue's write index at load and its poll address.
+    start_wptr: u64,
+    wptr_poll: u64,
+}
+
+/// A loaded vHQD's write index, as the arbiter reads it on a doorbell
+/// ([`VgpuFrontEnd::loaded_queues`], [`VgpuFrontEnd::write_index`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadedQueue {
+    /// Which load of the vHQD this is: a reload gives a new value.
+    pub load: u64,
+    /// The MQD's write index when it was loaded (where the queue starts).
+    pub start_wptr: u64,
+    /// The MQD's `cp_hqd_pq_wptr_poll_addr`; 0 = none (the write index
+    /// stays `start_wptr`).
+    pub wptr_poll: u64,
 }
 
 #[derive(Default)]
@@ -421,6 +439,36 @@ impl VgpuFrontEnd {
         }
     }
 
+    /// The vHQDs loaded now (loading, waiting, on an HQD or being
+    /// dequeued), one lock taken; none while quarantined.
+    pub fn loaded_queues(&self) -> [Option<LoadedQueue>; NUM_VHQD] {
+        let mut out = [None; NUM_VHQD];
+        if self.quarantined() {
+            return out;
+        }
+        for (o, h) in out.iter_mut().zip(&self.regs().vhqd) {
+            if h.phase != HqdPhase::Unloaded {
+                *o = Some(LoadedQueue {
+                    load: h.loads,
+                    start_wptr: h.start_wptr,
+                    wptr_poll: h.wptr_poll,
+                });
+            }
+        }
+        out
+    }
+
+    /// The write index of loaded queue `q` now: read from its poll address
+    /// in VM memory (one 8-byte read), as the arbiter does on a doorbell;
+    /// `None` if that address is not readable (a doorbell then makes the
+    /// arbiter report the queue error).
+    pub fn write_index(&self, q: &LoadedQueue) -> Option<u64> {
+        match q.wptr_poll {
+            0 => Some(q.start_wptr),
+            a => self.mem.read_u64(a).ok(),
+        }
+    }
+
     fn load(&self, i: usize) {
         let mut g = self.regs();
         if g.vhqd[i].phase != HqdPhase::Unloaded {
@@ -453,6 +501,9 @@ impl VgpuFrontEnd {
                 h.phase = HqdPhase::Loaded { on_hqd: false };
                 h.error = 0;
                 h.rptr = mqd.read_index().unwrap_or(0);
+                h.loads = h.loads.wrapping_add(1);
+                h.start_wptr = mqd.write_index();
+                h.wptr_poll = mqd.wptr_poll_addr();
                 // Sent under the register lock (the send never blocks), so
                 // a dequeue from another vCPU cannot reach the arbiter first.
                 self.requests.send(
@@ -711,6 +762,61 @@ mod tests {
         assert_eq!(f.reg_read(reg::INT_STATUS as u64), 1 << ERROR_VECTOR as u32);
         f.reg_write(reg::INT_STATUS as u64, 1 << ERROR_VECTOR as u32);
         assert_eq!(f.reg_read(reg::INT_STATUS as u64), 0);
+    }
+
+    #[test]
+    fn loaded_queues_report_where_the_write_index_is_and_each_load_anew() {
+        use crate::sim::testkit::TestVm;
+        use abi::kernel::KernelKind;
+        let (f, _, _, mem) = fe();
+        let topo = GpuTopology::tiny();
+        assert_eq!(f.loaded_queues(), [None; NUM_VHQD]);
+        let mut vm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let mut q = vm.queue(&topo, 64, 0);
+        let at = vm.alloc(4096, 4096);
+        mem.write(at, &q.mqd.to_bytes()).unwrap();
+        f.reg_write(hr(3, reg::CP_MQD_BASE_ADDR), at as u32);
+        f.reg_write(hr(3, reg::CP_MQD_BASE_ADDR_HI), (at >> 32) as u32);
+        f.reg_write(hr(3, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.reg_read(hr(3, reg::CP_HQD_ERROR)), 0);
+        let first = f.loaded_queues();
+        let l = first[3].expect("vHQD 3 loaded");
+        assert!(first
+            .iter()
+            .enumerate()
+            .all(|(i, q)| q.is_some() == (i == 3)));
+        assert_eq!(l.wptr_poll, q.mqd.wptr_poll_addr());
+        assert_ne!(l.wptr_poll, 0);
+        assert_eq!(f.write_index(&l), Some(l.start_wptr));
+        // The guest's write index moves: read where the arbiter reads it.
+        let w = vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 1, false);
+        assert_ne!(w, l.start_wptr);
+        assert_eq!(f.write_index(&l), Some(w));
+        // A load of the same vHQD again is refused while loaded: same load.
+        f.reg_write(hr(3, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(f.loaded_queues()[3], Some(l));
+        // Unloaded (the arbiter's write-back), then reloaded: a new load.
+        f.on_unloaded(3, at, &q.mqd);
+        assert_eq!(f.loaded_queues()[3], None);
+        f.reg_write(hr(3, reg::CP_HQD_ACTIVE), 1);
+        let again = f.loaded_queues()[3].expect("reloaded");
+        assert_ne!(again.load, l.load);
+        // An unreadable poll address reads as none; no poll address reads
+        // the MQD's own write index.
+        let gone = LoadedQueue {
+            wptr_poll: 1 << 40,
+            ..again
+        };
+        assert_eq!(f.write_index(&gone), None);
+        let none = LoadedQueue {
+            wptr_poll: 0,
+            start_wptr: 9,
+            ..again
+        };
+        assert_eq!(f.write_index(&none), Some(9));
+        // Quarantined: nothing loaded as far as a poller is concerned.
+        f.quarantine();
+        assert_eq!(f.loaded_queues(), [None; NUM_VHQD]);
     }
 
     #[test]

@@ -155,7 +155,8 @@ pub struct ServerStats {
     pub silent: u64,
     /// Doorbell writes forwarded (REGION_WRITE to BAR2).
     pub doorbells: u64,
-    /// Doorbells noticed in the mmapped BAR2 page.
+    /// Doorbells forwarded by the mmapped BAR2 page's poller (a loaded
+    /// queue's write index moved; docs/vgpu-abi.md).
     pub mmap_doorbells: u64,
     /// Scans of the mmapped BAR2 page (each a wake-up of its poller).
     pub bar2_scans: u64,

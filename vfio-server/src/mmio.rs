@@ -3,20 +3,33 @@
 //! exit and no socket round trip.
 //!
 //! The page is a sealed 4 KiB memfd shared by the client and the server.
-//! A poller thread per connection notices the guest's stores by value: each
-//! vHQD's doorbell is a 64-bit write index, which only grows while its
-//! queue lives, so a changed value is a doorbell (several stores between
-//! two scans fold into one, as several ioeventfd signals fold into one
-//! read of the eventfd; the arbiter reads the write index itself).
+//! A poller thread per connection notices doorbells by work, not by the
+//! value stored: on each scan it reads every loaded vHQD's write index
+//! where the arbiter reads it (the MQD's `cp_hqd_pq_wptr_poll_addr` in VM
+//! memory) and forwards a doorbell when it moved since the poller last saw
+//! it. The value the guest stores on the page is not used (as on the
+//! ioeventfd and REGION_WRITE paths): a store of an unchanged value and a
+//! reloaded queue's first store equal to the old queue's last one are not
+//! missed, and a doorbell the poller forwards found new work (it is not a
+//! stale doorbell for the misbehaving-VM guard, unless the arbiter already
+//! took that work through another path, e.g. when serving the load).
+//! Several stores between two scans fold into one doorbell, as several
+//! ioeventfd signals fold into one read of the eventfd. A new load starts
+//! from its MQD's write index; a store racing the (posted) register write
+//! that loads the queue is not lost: the arbiter reads the write index
+//! itself when it serves the load. Only a queue whose write index cannot
+//! be read gets a doorbell per changed page value, so that the arbiter
+//! reports the queue error.
 //!
 //! The poll is bounded: it runs only while the vGPU has a vHQD loaded
-//! (`CP_HQD_ACTIVE`, looked at after every register write and every
-//! 16 scans), and only after the client was handed the page; it scans the
-//! [`NUM_VHQD`] doorbells every `ServerOptions::doorbell_poll` and
-//! otherwise sleeps on an eventfd the connection writes after each register
-//! write (a queue load is one), so a vGPU without queues costs no CPU. A hostile client that writes the page at will
-//! gets at most [`NUM_VHQD`] doorbells per interval, each of which the
-//! arbiter treats as any doorbell (a stale one counts for the guard).
+//! (looked at on every scan, one front-end lock), and only after the
+//! client was handed the page; a scan reads the [`NUM_VHQD`] page slots
+//! and one 8-byte write index in VM memory per loaded vHQD, every
+//! `ServerOptions::doorbell_poll`, and otherwise the poller sleeps on an
+//! eventfd the connection writes after each register write (a queue load
+//! is one), so a vGPU without queues costs no CPU. A hostile client gets at
+//! most one doorbell per loaded vHQD per interval, and only when its write
+//! index moved; storing on the page buys nothing else.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -26,8 +39,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use abi::pci::BAR2_SIZE;
-use abi::vgpu::{reg, DOORBELL_STRIDE, NUM_VHQD};
-use mdev::vgpu::VgpuFrontEnd;
+use abi::vgpu::{DOORBELL_STRIDE, NUM_VHQD};
+use mdev::vgpu::{LoadedQueue, VgpuFrontEnd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// The shared doorbell page (BAR2).
@@ -124,7 +137,7 @@ impl Drop for DoorbellPage {
 /// Counters shared with the server's stats.
 #[derive(Default)]
 pub struct PollStats {
-    /// Doorbells noticed in the page.
+    /// Doorbells forwarded (a loaded queue's write index moved).
     pub doorbells: AtomicU64,
     /// Scans of the page.
     pub scans: AtomicU64,
@@ -212,12 +225,6 @@ impl Drop for Poller {
     }
 }
 
-fn any_loaded(fe: &VgpuFrontEnd) -> bool {
-    (0..NUM_VHQD).any(|i| {
-        fe.reg_read((reg::HQD_BASE + reg::HQD_STRIDE * i + reg::CP_HQD_ACTIVE) as u64) != 0
-    })
-}
-
 /// Waits until one of `fds` is readable or `timeout` (None: forever)
 /// passes; returns which were readable.
 fn wait(fds: &[&EventFd], timeout: Option<Duration>) -> [bool; 2] {
@@ -247,18 +254,72 @@ fn wait(fds: &[&EventFd], timeout: Option<Duration>) -> [bool; 2] {
     out
 }
 
-/// Scans between two looks at whether a queue is still loaded (a register
-/// write makes the poller look at once).
-const RECHECK_SCANS: u32 = 16;
+/// What the poller remembers of one vHQD.
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    /// The load it saw last (`None`: unloaded at the last scan).
+    load: Option<u64>,
+    /// The write index it saw last for that load.
+    wptr: u64,
+    /// The page value it saw last.
+    page: u64,
+}
+
+/// One scan of the page: returns how many doorbells were forwarded.
+///
+/// A loaded vHQD gets a doorbell when its write index (read where the
+/// arbiter reads it) moved since the poller last saw it, whatever value
+/// the guest stored on the page: a store of an unchanged value, or a
+/// reloaded queue's first store equal to the old queue's last, is not
+/// missed, and a scan that forwards a doorbell found new work. A new load
+/// starts from the MQD's write index (the arbiter reads the write index
+/// itself when it serves the load). Only a queue whose write index cannot
+/// be read gets a doorbell per changed page value (the arbiter then
+/// reports the queue error). An unloaded vHQD gets none.
+fn scan(
+    page: &DoorbellPage,
+    fe: &VgpuFrontEnd,
+    queues: [Option<LoadedQueue>; NUM_VHQD],
+    slots: &mut [Slot; NUM_VHQD],
+) -> u64 {
+    let mut rung = 0;
+    for (i, (slot, q)) in slots.iter_mut().zip(queues).enumerate() {
+        let v = page.read(i);
+        let ring = match q {
+            None => {
+                slot.load = None;
+                false
+            }
+            Some(q) => {
+                if slot.load != Some(q.load) {
+                    *slot = Slot {
+                        load: Some(q.load),
+                        wptr: q.start_wptr,
+                        page: slot.page,
+                    };
+                }
+                match fe.write_index(&q) {
+                    Some(w) => std::mem::replace(&mut slot.wptr, w) != w,
+                    None => slot.page != v,
+                }
+            }
+        };
+        slot.page = v;
+        if ring {
+            rung += 1;
+            fe.doorbell_write(i as u64 * DOORBELL_STRIDE as u64);
+        }
+    }
+    rung
+}
 
 fn run(s: &Shared, interval: Duration) {
     // The interval is short: ask the kernel not to stretch it by the
     // default 50 us timer slack.
     // SAFETY: prctl on the calling thread with an integer argument.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
-    let mut last = [0u64; NUM_VHQD];
+    let mut slots = [Slot::default(); NUM_VHQD];
     let mut generation = s.generation.load(Ordering::Acquire);
-    let mut until_recheck = 0u32;
     loop {
         // A scan holds the front-end slot: a reset (which swaps it, zeroes
         // the page and bumps the generation under it) never interleaves.
@@ -266,41 +327,124 @@ fn run(s: &Shared, interval: Duration) {
         let g = s.generation.load(Ordering::Acquire);
         if g != generation {
             generation = g;
-            last = [0; NUM_VHQD];
-            until_recheck = 0;
+            slots = [Slot::default(); NUM_VHQD];
         }
-        if until_recheck == 0 {
-            if !s.handed_out.load(Ordering::Acquire) || !any_loaded(&fe) {
-                drop(fe);
-                // Idle: sleep until a register write (or the stop).
-                let [_, stop] = wait(&[&s.wake, &s.stop], None);
-                let _ = s.wake.read();
-                if stop {
-                    return;
-                }
-                continue;
+        let queues = fe.loaded_queues();
+        if !s.handed_out.load(Ordering::Acquire) || queues.iter().all(Option::is_none) {
+            drop(fe);
+            // Idle: sleep until a register write (or the stop).
+            let [_, stop] = wait(&[&s.wake, &s.stop], None);
+            let _ = s.wake.read();
+            if stop {
+                return;
             }
-            until_recheck = RECHECK_SCANS;
+            continue;
         }
-        until_recheck -= 1;
         s.stats.scans.fetch_add(1, Ordering::Relaxed);
-        for (i, l) in last.iter_mut().enumerate() {
-            let v = s.page.read(i);
-            if v != *l {
-                *l = v;
-                s.stats.doorbells.fetch_add(1, Ordering::Relaxed);
-                fe.doorbell_write(i as u64 * DOORBELL_STRIDE as u64);
-            }
-        }
+        let rung = scan(&s.page, &fe, queues, &mut slots);
+        s.stats.doorbells.fetch_add(rung, Ordering::Relaxed);
         drop(fe);
-        let [stop, kicked] = wait(&[&s.stop, &s.wake], Some(interval));
+        let [stop, _] = wait(&[&s.stop, &s.wake], Some(interval));
         if stop {
             return;
         }
-        if kicked {
-            // A register write: look at the queues again now.
-            let _ = s.wake.read();
-            until_recheck = 0;
-        }
+        let _ = s.wake.read();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abi::kernel::KernelKind;
+    use abi::vgpu::reg;
+    use gpu::mem::{DmaMemory, SparseMemory};
+    use gpu::topology::GpuTopology;
+    use gpusim::sim::testkit::TestVm;
+    use mdev::probe::{hqd_reg, mqd_addr};
+    use mdev::vgpu::{InterruptSink, RequestSink, VgpuHandle, VgpuRequest};
+
+    struct Nobody;
+    impl RequestSink for Nobody {
+        fn send(&self, _: VgpuHandle, _: VgpuRequest) {}
+    }
+    impl InterruptSink for Nobody {
+        fn raise(&self, _: u16) {}
+    }
+
+    /// Doorbells signalled on vHQD `i`'s eventfd since the last look.
+    fn rung(fe: &VgpuFrontEnd, i: usize) -> u64 {
+        fe.doorbell_eventfd(i).read().unwrap_or(0)
+    }
+
+    /// Scans decide by the write index, never by the page value: same
+    /// value twice with work between, page changes without work, a reload
+    /// whose first store repeats the old queue's last, an unloaded slot.
+    #[test]
+    fn a_scan_forwards_a_doorbell_exactly_when_the_write_index_moved() {
+        let topo = GpuTopology::tiny();
+        let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
+        let fe = VgpuFrontEnd::new(
+            VgpuHandle(1),
+            "scan",
+            &topo,
+            mem.clone(),
+            Arc::new(Nobody),
+            Arc::new(Nobody),
+        )
+        .unwrap();
+        let mut vm = TestVm::with_memory(mem.clone(), 0x10_0000);
+        let mut q = vm.queue(&topo, 64, 0);
+        let at = mqd_addr(&q);
+        mem.write(at, &q.mqd.to_bytes()).unwrap();
+        let page = DoorbellPage::new().unwrap();
+        let mut slots = [Slot::default(); NUM_VHQD];
+        let scan_now = |slots: &mut [Slot; NUM_VHQD]| scan(&page, &fe, fe.loaded_queues(), slots);
+
+        // Unloaded: a store raises nothing.
+        page.write(0, 5);
+        assert_eq!(scan_now(&mut slots), 0);
+        fe.reg_write(hqd_reg(0, reg::CP_MQD_BASE_ADDR), at as u32);
+        fe.reg_write(hqd_reg(0, reg::CP_MQD_BASE_ADDR_HI), (at >> 32) as u32);
+        fe.reg_write(hqd_reg(0, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(fe.reg_read(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
+        // Loaded, nothing written: no doorbell, whatever is on the page.
+        page.write(0, 6);
+        assert_eq!(scan_now(&mut slots), 0);
+        // A kernel and a store of 1; then another kernel, 1 again.
+        vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 1, false);
+        page.write(0, 1);
+        assert_eq!(scan_now(&mut slots), 1);
+        assert_eq!(rung(&fe, 0), 1);
+        assert_eq!(scan_now(&mut slots), 0, "one doorbell per move");
+        vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 2, false);
+        page.write(0, 1);
+        assert_eq!(scan_now(&mut slots), 1);
+        // Work written before the store: the scan sees it already.
+        let w = vm.kernel(&mut q, KernelKind::Mark, 4, 64, 1_000, 3, false);
+        assert_eq!(scan_now(&mut slots), 1);
+        page.write(0, w);
+        assert_eq!(scan_now(&mut slots), 0, "its store brings nothing new");
+        assert_eq!(rung(&fe, 0), 2);
+        // A second queue loaded on vHQD 1 from an MQD whose write index is
+        // ahead of zero (a written-back one): it starts there; only work
+        // after it rings, whatever value is stored.
+        let mut q2 = vm.queue(&topo, 64, 0);
+        let w2 = vm.kernel(&mut q2, KernelKind::Mark, 4, 64, 1_000, 5, false);
+        q2.mqd.set_write_index(w2);
+        let at2 = mqd_addr(&q2);
+        mem.write(at2, &q2.mqd.to_bytes()).unwrap();
+        fe.reg_write(hqd_reg(1, reg::CP_MQD_BASE_ADDR), at2 as u32);
+        fe.reg_write(hqd_reg(1, reg::CP_MQD_BASE_ADDR_HI), (at2 >> 32) as u32);
+        fe.reg_write(hqd_reg(1, reg::CP_HQD_ACTIVE), 1);
+        assert_eq!(fe.reg_read(hqd_reg(1, reg::CP_HQD_ERROR)), 0);
+        page.write(1, w);
+        assert_eq!(scan_now(&mut slots), 0, "a fresh load starts at its MQD");
+        vm.kernel(&mut q2, KernelKind::Mark, 4, 64, 1_000, 6, false);
+        page.write(1, w);
+        assert_eq!(scan_now(&mut slots), 1);
+        assert_eq!(rung(&fe, 1), 1);
+        assert_eq!(rung(&fe, 0), 0);
+        // Other vHQDs never rang.
+        assert!((2..NUM_VHQD).all(|i| rung(&fe, i) == 0));
     }
 }

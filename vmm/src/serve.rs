@@ -144,13 +144,7 @@ impl DevicesConfig {
                 ..gpus
             }
         } else {
-            FleetConfig::from_parts(
-                Default::default(),
-                f.gpu,
-                f.scheduler.clone(),
-                &f.vm,
-                path,
-            )?
+            FleetConfig::from_parts(Default::default(), f.gpu, f.scheduler.clone(), &f.vm, path)?
         };
         if f.vgpu.is_empty() && gpus.vm.is_empty() {
             return Err(ConfigError::Invalid {
@@ -426,8 +420,11 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
 /// Stops the vGPU servers, then the arbiters, and reports.
 fn finish(run: Running, vms: Option<crate::fleet::FleetReport>) -> ServeReport {
     let vgpus = run.vgpus.stop_all();
-    let per_gpu: Vec<(u32, mdev::arbiter::ArbiterStats)> =
-        run.arbiters.started().map(|(id, m)| (id, m.stats())).collect();
+    let per_gpu: Vec<(u32, mdev::arbiter::ArbiterStats)> = run
+        .arbiters
+        .started()
+        .map(|(id, m)| (id, m.stats()))
+        .collect();
     let gpu = crate::fleet::sum_stats(per_gpu.iter().map(|(_, s)| s)).unwrap_or_default();
     drop(run);
     ServeReport {
@@ -566,6 +563,72 @@ mod tests {
                 format!("/etc/hqdmux/devices.toml: vgpu '{shown}' (vgpu[0]): field `name`: ");
             assert!(e.starts_with(&head) && e.contains(why), "{e:?}");
         }
+    }
+
+    /// `[[vm]]` entries of a devices file are read and checked as a fleet
+    /// file's, by the same reader: the same error, naming file, `vm[i]`
+    /// and field; `gpu = true` VMs are placed on the file's GPUs.
+    #[test]
+    fn vm_entries_are_checked_and_placed_as_a_fleet_files() {
+        let p = Path::new("/etc/hqdmux/devices.toml");
+        let gpus = "[[gpu]]\nid = 0\n[[gpu]]\nid = 4\n";
+        let vgpu = "[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\n";
+        let c = DevicesConfig::parse(
+            &format!(
+                "{gpus}{vgpu}[[vm]]\nname = \"v\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\ngpu_id = 4\n\
+                 [[vm]]\nname = \"w\"\nimage = \"builtin:hello\"\n"
+            ),
+            p,
+        )
+        .unwrap();
+        assert_eq!(c.vgpu.len(), 1);
+        assert_eq!(c.vm.len(), 2);
+        assert_eq!((c.vm[0].gpu, c.vm[0].gpu_id), (true, Some(4)));
+        assert!(!c.vm[1].gpu);
+        // Relative image paths resolve against the file's directory.
+        assert_eq!(c.base_dir, Path::new("/etc/hqdmux"));
+        // A VM alone is a valid devices file (no vGPU served).
+        let only =
+            DevicesConfig::parse("[[vm]]\nname = \"v\"\nimage = \"builtin:hello\"\n", p).unwrap();
+        assert!(only.vgpu.is_empty() && only.vm.len() == 1);
+        for (entry, field) in [
+            ("vcpus = \"x\"", "vcpus"),
+            ("priority = 99", "priority"),
+            ("gpu = true\ngpu_id = 1", "gpu_id"),
+            ("bogus = 1", "bogus"),
+        ] {
+            let vm = format!(
+                "[[vm]]\nname = \"v\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\n{entry}\n"
+            );
+            let served = DevicesConfig::parse(&format!("{gpus}{vgpu}{vm}"), p)
+                .unwrap_err()
+                .to_string();
+            let fleet = FleetConfig::parse(&format!("{gpus}{vm}"), p)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(served, fleet, "{entry}");
+            assert!(
+                served.starts_with("/etc/hqdmux/devices.toml: vm 'v' (vm[0]): field `")
+                    && served.contains(field),
+                "{served}"
+            );
+        }
+        // Names are unique across vGPUs and VMs (one API, one metrics
+        // label space).
+        let e = DevicesConfig::parse(
+            &format!("{vgpu}[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n"),
+            p,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("vgpu 'a' (vgpu[0]): field `name`: a [[vm]] entry has this name"),
+            "{e}"
+        );
+        assert!(DevicesConfig::parse("[gpu]\n", p)
+            .unwrap_err()
+            .to_string()
+            .contains("no [[vgpu]] or [[vm]] entry"));
     }
 
     #[test]

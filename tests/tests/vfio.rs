@@ -46,6 +46,14 @@ fn serve_child_process() {
     for (id, g) in &r.gpus {
         println!("SERVED gpu {id} completions={}", g.completions);
     }
+    if let Some(f) = &r.vms {
+        for (i, v) in f.vms.iter().enumerate() {
+            for l in &v.console {
+                println!("SERVED-VM {}: {l}", v.name);
+            }
+            println!("SERVED-VM {} failed={}", v.name, f.failed(i));
+        }
+    }
     std::process::exit(0);
 }
 
@@ -278,6 +286,70 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         out.contains("SERVED training connections=3 dropped=0"),
         "{out}"
     );
+}
+
+/// Issue 19: a devices file's `[[vm]]` boots in the daemon's own VMM on
+/// the arbiter of the GPU that serves the `[[vgpu]]`, is listed beside
+/// it, and ending does not end the daemon: the vGPU still takes a client,
+/// and SIGTERM ends the daemon. Waits are on states, with hang guards.
+#[test]
+fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
+    if !kvm_or_skip("a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends") {
+        return;
+    }
+    let dir = scratch_dir("vfio-serve-vm");
+    let srv = Server::start(
+        &dir,
+        "[[vgpu]]\nname = \"remote\"\nsocket = \"remote.sock\"\n\
+         [[vm]]\nname = \"local\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
+         args = \"kernels=2 wgs=304 cost_us=500 loops=2\"\n",
+    );
+    let body = |path: &str| -> serde_json::Value {
+        let r = srv.get(path);
+        let b = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        serde_json::from_str(b).unwrap_or_else(|e| panic!("{path}: {e}: {r}"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let vms = body("/api/v1/vms");
+        let list = vms["vms"].as_array().expect("vms");
+        assert_eq!(list.len(), 1, "{vms}");
+        assert_eq!(list[0]["name"], "local", "{vms}");
+        assert_eq!(list[0]["gpu_id"], 0, "{vms}");
+        let state = list[0]["state"].as_str().unwrap_or_default().to_owned();
+        if state == "exited" {
+            break;
+        }
+        assert!(["starting", "running"].contains(&state.as_str()), "{vms}");
+        assert!(Instant::now() < deadline, "the VM never ended: {vms}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The daemon outlives its VM: the vGPU is listed and takes a client.
+    let vgpus = body("/api/v1/vgpus");
+    assert_eq!(vgpus["vgpus"][0]["name"], "remote", "{vgpus}");
+    let r = run(&config(
+        &dir,
+        &remote_vm("remote", "remote.sock", "kernels=1 wgs=64 cost_us=100"),
+    ));
+    assert!(r.all_succeeded(), "{}", r.summary());
+    let out = srv.stop();
+    assert!(
+        out.contains("SERVED-VM local: gpu: 1 queues x 2 kernels x 304 wgs x 2 loops: ok"),
+        "{out}"
+    );
+    assert!(out.contains("SERVED-VM local failed=false"), "{out}");
+    assert!(
+        out.contains("SERVED remote connections=1 dropped=0"),
+        "{out}"
+    );
+    // One arbiter served both: GPU 0 completed the daemon VM's 2 x 2
+    // kernels and the client's one, each exactly once.
+    let g0: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SERVED gpu 0 completions="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no GPU 0: {out}"));
+    assert_eq!(g0, 5, "{out}");
 }
 
 /// `hqdmux serve` with two `[[gpu]]` entries (issue 20): each vGPU is

@@ -375,7 +375,9 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         let report = crate::fleet::run_fleet_on(
             &fleet,
             crate::fleet::RunOptions {
-                echo: false,
+                // Guest consoles go to stdout as `[name] line` (the
+                // journal under systemd), as `hqdmux run`'s.
+                echo: true,
                 api_socket: opts.api_socket.clone(),
                 stop: opts.stop.clone(),
                 api_socket_mode: Some(opts.api_socket_mode.unwrap_or(0o600)),
@@ -384,10 +386,20 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
                 gpus: gpus.clone(),
                 vgpus: vgpus.clone(),
             }),
-        )
-        .map_err(ServeError::Vms)?;
+        );
         log::info!("serve: stopping");
-        return Ok(finish(run, Some(report)));
+        return match report {
+            Ok(r) => Ok(finish(run, Some(r))),
+            // A stop request while the VMs were being built is a stop.
+            Err(crate::fleet::FleetError::Stopped(sig)) => {
+                log::info!(
+                    "serve: {} before the VMs started",
+                    crate::signals::name(sig)
+                );
+                Ok(finish(run, None))
+            }
+            Err(e) => Err(ServeError::Vms(e)),
+        };
     }
     let _api = match &opts.api_socket {
         Some(path) => {
@@ -625,6 +637,11 @@ mod tests {
             e.contains("vgpu 'a' (vgpu[0]): field `name`: a [[vm]] entry has this name"),
             "{e}"
         );
+        // No run timeout in a daemon.
+        assert!(matches!(
+            DevicesConfig::parse("[run]\ntimeout_ms = 5\n", p),
+            Err(ConfigError::Parse { .. })
+        ));
         assert!(DevicesConfig::parse("[gpu]\n", p)
             .unwrap_err()
             .to_string()

@@ -52,6 +52,7 @@ fn serve_child_process() {
                 println!("SERVED-VM {}: {l}", v.name);
             }
             println!("SERVED-VM {} failed={}", v.name, f.failed(i));
+            println!("SERVED-VM {} outcome={}", v.name, v.outcome);
         }
     }
     std::process::exit(0);
@@ -350,6 +351,57 @@ fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no GPU 0: {out}"));
     assert_eq!(g0, 5, "{out}");
+}
+
+/// Issue 19: a daemon VM and a served vGPU on one GPU share its arbiter:
+/// the vGPU's higher-priority client can only run its jobs by preempting
+/// the daemon VM's kernel that never ends on its own, whatever the speed
+/// of either guest; SIGTERM then stops the daemon VM still running.
+#[test]
+fn a_served_vgpu_preempts_a_daemon_vm_of_lower_priority() {
+    if !kvm_or_skip("a_served_vgpu_preempts_a_daemon_vm_of_lower_priority") {
+        return;
+    }
+    let dir = scratch_dir("vfio-serve-vm-preempt");
+    let srv = Server::start(
+        &dir,
+        "[[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n\
+         [[vm]]\nname = \"training\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
+         priority = 2\nargs = \"kernels=1 wgs=1216 cost_us=1000000000\"\n",
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric(
+        &srv.metrics(),
+        "hqdmux_vm_gpu_busy_seconds_total",
+        "training",
+    ) <= 0.0
+    {
+        assert!(Instant::now() < deadline, "training never reached the GPU");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let inference = run(&config(
+        &dir,
+        &remote_vm(
+            "inference",
+            "inference.sock",
+            "kernels=2 wgs=304 cost_us=500 loops=5",
+        ),
+    ));
+    assert!(inference.all_succeeded(), "{}", inference.summary());
+    let m = srv.metrics();
+    assert!(
+        metric(&m, "hqdmux_vm_preemptions_total", "training") >= 1.0,
+        "training preempted:\n{m}"
+    );
+    assert_eq!(metric(&m, "hqdmux_vm_preemptions_total", "inference"), 0.0);
+    let out = srv.stop();
+    assert!(
+        out.contains("SERVED-VM training outcome=stopped: SIGTERM"),
+        "{out}"
+    );
+    // Inference's 2 x 5 kernels, each exactly once; training's one
+    // kernel was stopped, never completed.
+    assert!(out.contains("SERVED gpu 0 completions=10"), "{out}");
 }
 
 /// `hqdmux serve` with two `[[gpu]]` entries (issue 20): each vGPU is

@@ -102,6 +102,21 @@ impl Server {
         out
     }
 
+    /// `POST path` with a TOML body; the whole response.
+    fn post_toml(&self, path: &str, body: &str) -> String {
+        let mut c = UnixStream::connect(&self.api).unwrap();
+        write!(
+            c,
+            "POST {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\
+             Content-Type: application/toml\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    }
+
     fn metrics(&self) -> String {
         self.get("/metrics")
     }
@@ -310,21 +325,43 @@ fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
         let b = r.split("\r\n\r\n").nth(1).unwrap_or_default();
         serde_json::from_str(b).unwrap_or_else(|e| panic!("{path}: {e}: {r}"))
     };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let vms = body("/api/v1/vms");
-        let list = vms["vms"].as_array().expect("vms");
-        assert_eq!(list.len(), 1, "{vms}");
-        assert_eq!(list[0]["name"], "local", "{vms}");
-        assert_eq!(list[0]["gpu_id"], 0, "{vms}");
-        let state = list[0]["state"].as_str().unwrap_or_default().to_owned();
-        if state == "exited" {
-            break;
+    // Waits until VM `i` of `GET /api/v1/vms` (named `name`) has exited.
+    let exited = |i: usize, name: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let vms = body("/api/v1/vms");
+            let list = vms["vms"].as_array().expect("vms");
+            assert_eq!(list.len(), i + 1, "{vms}");
+            assert_eq!(list[i]["name"], name, "{vms}");
+            let state = list[i]["state"].as_str().unwrap_or_default().to_owned();
+            if state == "exited" {
+                return list[i].clone();
+            }
+            assert!(["starting", "running"].contains(&state.as_str()), "{vms}");
+            assert!(Instant::now() < deadline, "{name} never ended: {vms}");
+            std::thread::sleep(Duration::from_millis(10));
         }
-        assert!(["starting", "running"].contains(&state.as_str()), "{vms}");
-        assert!(Instant::now() < deadline, "the VM never ended: {vms}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    };
+    let local = exited(0, "local");
+    assert_eq!(local["gpu_id"], 0, "{local}");
+    assert_eq!(local["exit_status"], 0, "{local}");
+    // The daemon's VMM takes VMs live after its last one ended; a VM may
+    // not take a vGPU's name.
+    let r = srv.post_toml(
+        "/api/v1/vms",
+        "name = \"remote\"\nimage = \"builtin:hello\"\n",
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 409") && r.contains("a vGPU of this daemon has it"),
+        "{r}"
+    );
+    let r = srv.post_toml(
+        "/api/v1/vms",
+        "name = \"late\"\nimage = \"builtin:hello\"\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 201"), "{r}");
+    let late = exited(1, "late");
+    assert_eq!(late["exit_status"], 0, "{late}");
     // The daemon outlives its VM: the vGPU is listed and takes a client.
     let vgpus = body("/api/v1/vgpus");
     assert_eq!(vgpus["vgpus"][0]["name"], "remote", "{vgpus}");

@@ -46,6 +46,15 @@ fn serve_child_process() {
     for (id, g) in &r.gpus {
         println!("SERVED gpu {id} completions={}", g.completions);
     }
+    if let Some(f) = &r.vms {
+        for (i, v) in f.vms.iter().enumerate() {
+            for l in &v.console {
+                println!("SERVED-VM {}: {l}", v.name);
+            }
+            println!("SERVED-VM {} failed={}", v.name, f.failed(i));
+            println!("SERVED-VM {} outcome={}", v.name, v.outcome);
+        }
+    }
     std::process::exit(0);
 }
 
@@ -86,6 +95,21 @@ impl Server {
         write!(
             c,
             "GET {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// `POST path` with a TOML body; the whole response.
+    fn post_toml(&self, path: &str, body: &str) -> String {
+        let mut c = UnixStream::connect(&self.api).unwrap();
+        write!(
+            c,
+            "POST {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\
+             Content-Type: application/toml\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
         )
         .unwrap();
         let mut out = String::new();
@@ -278,6 +302,143 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         out.contains("SERVED training connections=3 dropped=0"),
         "{out}"
     );
+}
+
+/// Issue 19: a devices file's `[[vm]]` boots in the daemon's own VMM on
+/// the arbiter of the GPU that serves the `[[vgpu]]`, is listed beside
+/// it, and ending does not end the daemon: the vGPU still takes a client,
+/// and SIGTERM ends the daemon. Waits are on states, with hang guards.
+#[test]
+fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
+    if !kvm_or_skip("a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends") {
+        return;
+    }
+    let dir = scratch_dir("vfio-serve-vm");
+    let srv = Server::start(
+        &dir,
+        "[[vgpu]]\nname = \"remote\"\nsocket = \"remote.sock\"\n\
+         [[vm]]\nname = \"local\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
+         args = \"kernels=2 wgs=304 cost_us=500 loops=2\"\n",
+    );
+    let body = |path: &str| -> serde_json::Value {
+        let r = srv.get(path);
+        let b = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        serde_json::from_str(b).unwrap_or_else(|e| panic!("{path}: {e}: {r}"))
+    };
+    // Waits until VM `i` of `GET /api/v1/vms` (named `name`) has exited.
+    let exited = |i: usize, name: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let vms = body("/api/v1/vms");
+            let list = vms["vms"].as_array().expect("vms");
+            assert_eq!(list.len(), i + 1, "{vms}");
+            assert_eq!(list[i]["name"], name, "{vms}");
+            let state = list[i]["state"].as_str().unwrap_or_default().to_owned();
+            if state == "exited" {
+                return list[i].clone();
+            }
+            assert!(["starting", "running"].contains(&state.as_str()), "{vms}");
+            assert!(Instant::now() < deadline, "{name} never ended: {vms}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    let local = exited(0, "local");
+    assert_eq!(local["gpu_id"], 0, "{local}");
+    assert_eq!(local["exit_status"], 0, "{local}");
+    // The daemon's VMM takes VMs live after its last one ended; a VM may
+    // not take a vGPU's name.
+    let r = srv.post_toml(
+        "/api/v1/vms",
+        "name = \"remote\"\nimage = \"builtin:hello\"\n",
+    );
+    assert!(
+        r.starts_with("HTTP/1.1 409") && r.contains("a vGPU of this daemon has it"),
+        "{r}"
+    );
+    let r = srv.post_toml(
+        "/api/v1/vms",
+        "name = \"late\"\nimage = \"builtin:hello\"\n",
+    );
+    assert!(r.starts_with("HTTP/1.1 201"), "{r}");
+    let late = exited(1, "late");
+    assert_eq!(late["exit_status"], 0, "{late}");
+    // The daemon outlives its VM: the vGPU is listed and takes a client.
+    let vgpus = body("/api/v1/vgpus");
+    assert_eq!(vgpus["vgpus"][0]["name"], "remote", "{vgpus}");
+    let r = run(&config(
+        &dir,
+        &remote_vm("remote", "remote.sock", "kernels=1 wgs=64 cost_us=100"),
+    ));
+    assert!(r.all_succeeded(), "{}", r.summary());
+    let out = srv.stop();
+    assert!(
+        out.contains("SERVED-VM local: gpu: 1 queues x 2 kernels x 304 wgs x 2 loops: ok"),
+        "{out}"
+    );
+    assert!(out.contains("SERVED-VM local failed=false"), "{out}");
+    assert!(
+        out.contains("SERVED remote connections=1 dropped=0"),
+        "{out}"
+    );
+    // One arbiter served both: GPU 0 completed the daemon VM's 2 x 2
+    // kernels and the client's one, each exactly once.
+    let g0: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("SERVED gpu 0 completions="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no GPU 0: {out}"));
+    assert_eq!(g0, 5, "{out}");
+}
+
+/// Issue 19: a daemon VM and a served vGPU on one GPU share its arbiter:
+/// the vGPU's higher-priority client can only run its jobs by preempting
+/// the daemon VM's kernel that never ends on its own, whatever the speed
+/// of either guest; SIGTERM then stops the daemon VM still running.
+#[test]
+fn a_served_vgpu_preempts_a_daemon_vm_of_lower_priority() {
+    if !kvm_or_skip("a_served_vgpu_preempts_a_daemon_vm_of_lower_priority") {
+        return;
+    }
+    let dir = scratch_dir("vfio-serve-vm-preempt");
+    let srv = Server::start(
+        &dir,
+        "[[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n\
+         [[vm]]\nname = \"training\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
+         priority = 2\nargs = \"kernels=1 wgs=1216 cost_us=1000000000\"\n",
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric(
+        &srv.metrics(),
+        "hqdmux_vm_gpu_busy_seconds_total",
+        "training",
+    ) <= 0.0
+    {
+        assert!(Instant::now() < deadline, "training never reached the GPU");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let inference = run(&config(
+        &dir,
+        &remote_vm(
+            "inference",
+            "inference.sock",
+            "kernels=2 wgs=304 cost_us=500 loops=5",
+        ),
+    ));
+    assert!(inference.all_succeeded(), "{}", inference.summary());
+    let m = srv.metrics();
+    assert!(
+        metric(&m, "hqdmux_vm_preemptions_total", "training") >= 1.0,
+        "training preempted:\n{m}"
+    );
+    assert_eq!(metric(&m, "hqdmux_vm_preemptions_total", "inference"), 0.0);
+    let out = srv.stop();
+    assert!(
+        out.contains("SERVED-VM training outcome=stopped: SIGTERM"),
+        "{out}"
+    );
+    // Inference's 2 x 5 kernels, each exactly once; training's one
+    // kernel was stopped, never completed.
+    assert!(out.contains("SERVED gpu 0 completions=10"), "{out}");
 }
 
 /// `hqdmux serve` with two `[[gpu]]` entries (issue 20): each vGPU is

@@ -792,6 +792,18 @@ impl FleetControl {
                 config.name
             )));
         }
+        // Under `hqdmux serve`, VMs and vGPUs share one name space (the
+        // commands that take a name try the vGPU first).
+        if self
+            .vgpus
+            .get()
+            .is_some_and(|v| v.get(&config.name).is_ok())
+        {
+            return Err(ApiError::Conflict(format!(
+                "vm '{}': name: duplicate name: a vGPU of this daemon has it",
+                config.name
+            )));
+        }
         let (tx, wake) = inner
             .fleet
             .clone()

@@ -656,16 +656,29 @@ impl FleetConfig {
             // the quoted line.
             message: e.to_string().trim_end().to_owned(),
         })?;
-        let mut vm = Vec::with_capacity(file.vm.len());
-        for (index, t) in file.vm.iter().enumerate() {
+        Self::from_parts(file.run, file.gpu, file.scheduler, &file.vm, path)
+    }
+
+    /// A fleet of `gpu` and `scheduler` whose `[[vm]]` tables `tables` (read
+    /// from `path`) are read, checked and placed exactly as a fleet file's
+    /// (`hqdmux serve`'s devices file shares this).
+    pub(crate) fn from_parts(
+        run: RunConfig,
+        gpu: GpuList,
+        scheduler: scheduler::SchedConfig,
+        tables: &[toml::Table],
+        path: &Path,
+    ) -> Result<Self, ConfigError> {
+        let mut vm = Vec::with_capacity(tables.len());
+        for (index, t) in tables.iter().enumerate() {
             let v = vm_entry(t, index, path)?;
             vm.push(v);
         }
         let mut cfg = FleetConfig {
-            run: file.run,
-            gpus: file.gpu.gpus,
-            gpu_entries: file.gpu.array,
-            scheduler: file.scheduler,
+            run,
+            gpus: gpu.gpus,
+            gpu_entries: gpu.array,
+            scheduler,
             vm,
             base_dir: path
                 .parent()

@@ -273,6 +273,28 @@ impl FleetReport {
 
 /// Builds, runs and reports every VM in `cfg`.
 pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, FleetError> {
+    run_fleet_on(cfg, opts, None)
+}
+
+/// What `hqdmux serve` lends a fleet it runs inside the daemon: its GPUs
+/// (the arbiters its vGPUs are served by) and its vGPU servers.
+pub(crate) struct Host {
+    /// The daemon's GPUs; VMs go on their arbiters, beside the vGPUs.
+    pub(crate) gpus: Arc<FleetGpus>,
+    /// The daemon's vGPU servers (`/api/v1/vgpus` on the same API).
+    pub(crate) vgpus: Arc<crate::api::vgpus::VgpuControl>,
+}
+
+/// [`run_fleet`], or with `host` the fleet of a `hqdmux serve` daemon: on
+/// the daemon's arbiters (left running for the daemon to stop), with its
+/// vGPUs on the API, and running until the stop request even when no VM
+/// is left (a VM ending is not the daemon ending; more can be added over
+/// the API).
+pub(crate) fn run_fleet_on(
+    cfg: &FleetConfig,
+    opts: RunOptions,
+    host: Option<Host>,
+) -> Result<FleetReport, FleetError> {
     let launched = Instant::now();
     // A taken API socket path fails the launch before any VM is built.
     if let Some(path) = &opts.api_socket {
@@ -286,9 +308,14 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     // One GPU arbiter (scheduler + backend + service thread) per physical
     // GPU that has a VM; a GPU without one starts its arbiter when the
     // operator adds the first VM placed on it.
-    let gpus = Arc::new(FleetGpus::new(cfg));
-    // Stops the arbiters' threads on every return path, early ones included.
-    let _arbiter_guard = ArbiterGuard(gpus.clone());
+    let hosted = host.is_some();
+    let (gpus, served) = match host {
+        Some(h) => (h.gpus, Some(h.vgpus)),
+        None => (Arc::new(FleetGpus::new(cfg)), None),
+    };
+    // Stops the arbiters' threads on every return path, early ones
+    // included (a daemon's arbiters are the daemon's to stop).
+    let _arbiter_guard = (!hosted).then(|| ArbiterGuard(gpus.clone()));
     for g in &cfg.gpus {
         if cfg.vm.iter().any(|v| v.gpu && v.gpu_id == Some(g.id)) {
             gpus.start(cfg, g.id)?;
@@ -321,6 +348,9 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
     }
 
     let control = Arc::new(crate::api::FleetControl::new(gpus.clone(), cfg, &vgpus));
+    if let Some(v) = served {
+        control.set_vgpus(v);
+    }
     let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
     let cmd_wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(FleetError::EventLoop)?);
     control.connect_fleet(cmd_tx, cmd_wake.clone());
@@ -529,7 +559,7 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             m.done.extend(new_done.into_iter().map(Some));
             id = manager.add_subscriber(m);
         }
-        if running.iter().all(Option::is_none) {
+        if !hosted && running.iter().all(Option::is_none) {
             break;
         }
     }
@@ -586,7 +616,9 @@ pub fn run_fleet(cfg: &FleetConfig, opts: RunOptions) -> Result<FleetReport, Fle
             s.maps,
             s.preemptions
         );
-        m.shutdown();
+        if !hosted {
+            m.shutdown();
+        }
         per_gpu.push((id, s));
     }
     let gpu = sum_stats(per_gpu.iter().map(|(_, s)| s));

@@ -464,6 +464,9 @@ fn main() -> ExitCode {
                         "gpu: {} packets completed, {} maps, {} preemptions",
                         r.gpu.completions, r.gpu.maps, r.gpu.preemptions
                     );
+                    if let Some(vms) = &r.vms {
+                        print!("{}", vms.summary());
+                    }
                     let sig = vmm::signals::received().unwrap_or(libc_sigterm());
                     ExitCode::from(vmm::signals::exit_code(sig))
                 }

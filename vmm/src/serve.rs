@@ -76,6 +76,9 @@ struct DevicesFile {
     scheduler: scheduler::SchedConfig,
     #[serde(default)]
     vgpu: Vec<VgpuEntry>,
+    /// `[[vm]]` entries, read and checked as a fleet file's.
+    #[serde(default)]
+    vm: Vec<toml::Table>,
 }
 
 /// A parsed and checked devices file.
@@ -91,6 +94,11 @@ pub struct DevicesConfig {
     pub scheduler: scheduler::SchedConfig,
     /// The vGPUs (sockets resolved).
     pub vgpu: Vec<VgpuEntry>,
+    /// The `[[vm]]` entries the daemon boots in its own VMM, checked and
+    /// placed on the GPUs exactly as a fleet file's (`hqdmux run`).
+    pub vm: Vec<crate::config::VmConfig>,
+    /// The file's directory (relative image paths resolve against it).
+    pub base_dir: PathBuf,
 }
 
 impl DevicesConfig {
@@ -119,22 +127,31 @@ impl DevicesConfig {
             reason,
         };
         // The GPUs are checked exactly as a fleet file's (ids, topology,
-        // guard), through a fleet of them.
-        let gpus = FleetConfig {
-            run: Default::default(),
-            gpus: f.gpu.gpus,
-            gpu_entries: f.gpu.array,
-            scheduler: f.scheduler.clone(),
-            vm: Vec::new(),
-            base_dir: PathBuf::from("."),
+        // guard), through a fleet of them; so are the `[[vm]]` entries,
+        // through the fleet file's own reader (one validation).
+        let gpus = if f.vm.is_empty() {
+            let gpus = FleetConfig {
+                run: Default::default(),
+                gpus: f.gpu.gpus,
+                gpu_entries: f.gpu.array,
+                scheduler: f.scheduler.clone(),
+                vm: Vec::new(),
+                base_dir: PathBuf::from("."),
+            };
+            gpus.validate_gpus(path)?;
+            FleetConfig {
+                base_dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+                ..gpus
+            }
+        } else {
+            FleetConfig::from_parts(Default::default(), f.gpu, f.scheduler.clone(), &f.vm, path)?
         };
-        gpus.validate_gpus(path)?;
-        if f.vgpu.is_empty() {
+        if f.vgpu.is_empty() && gpus.vm.is_empty() {
             return Err(ConfigError::Invalid {
                 file: path.into(),
                 place: Place::Top,
                 field: "vgpu".into(),
-                reason: "no [[vgpu]] entry".into(),
+                reason: "no [[vgpu]] or [[vm]] entry".into(),
             });
         }
         let base = path.parent().unwrap_or(Path::new("."));
@@ -199,6 +216,10 @@ impl DevicesConfig {
             if out.iter().any(|o: &VgpuEntry| o.name == n) {
                 return Err(bad(i, &n, "name", "not unique".into()));
             }
+            // vGPUs and VMs share the API's and the metrics' name space.
+            if gpus.vm.iter().any(|vm| vm.name == n) {
+                return Err(bad(i, &n, "name", "a [[vm]] entry has this name".into()));
+            }
             v.socket = base.join(&v.socket);
             if out.iter().any(|o: &VgpuEntry| o.socket == v.socket) {
                 return Err(bad(i, &n, "socket", "not unique".into()));
@@ -210,6 +231,8 @@ impl DevicesConfig {
             gpus: gpus.gpus,
             scheduler: f.scheduler,
             vgpu: out,
+            vm: gpus.vm,
+            base_dir: gpus.base_dir,
         })
     }
 }
@@ -261,6 +284,9 @@ pub enum ServeError {
     /// Waiting for the stop request failed.
     #[error("{0}")]
     Io(std::io::Error),
+    /// The `[[vm]]` entries could not be booted (nothing of them runs).
+    #[error("{0}")]
+    Vms(crate::fleet::FleetError),
 }
 
 /// What a serve run did, per vGPU (config order, then those created over
@@ -273,6 +299,9 @@ pub struct ServeReport {
     pub gpu: mdev::arbiter::ArbiterStats,
     /// Each serving GPU's counters by `gpu_id`.
     pub gpus: Vec<(u32, mdev::arbiter::ArbiterStats)>,
+    /// The daemon's VMs (`[[vm]]` entries, then those added over the API),
+    /// when the file had `[[vm]]` entries.
+    pub vms: Option<crate::fleet::FleetReport>,
 }
 
 /// Stops the servers and the arbiters on every return path.
@@ -299,8 +328,8 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
         gpus: cfg.gpus.clone(),
         gpu_entries: cfg.gpus.len() > 1,
         scheduler: cfg.scheduler.clone(),
-        vm: Vec::new(),
-        base_dir: PathBuf::from("."),
+        vm: cfg.vm.clone(),
+        base_dir: cfg.base_dir.clone(),
     };
     let gpus = Arc::new(crate::fleet::FleetGpus::new(&fleet));
     let dir = opts
@@ -336,6 +365,42 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
             )
             .map_err(|e| ServeError::Socket(v.name.clone(), e))?;
     }
+    if !cfg.vm.is_empty() {
+        // The `[[vm]]` entries run in the fleet's VM runtime (the one
+        // `hqdmux run` uses, with its API for adding and stopping VMs) on
+        // the daemon's arbiters, so that a VM and a served vGPU on one GPU
+        // share its scheduler; it serves the API, vGPUs included, and
+        // returns on the stop request.
+        log::info!("serve: booting {} VM(s)", cfg.vm.len());
+        let report = crate::fleet::run_fleet_on(
+            &fleet,
+            crate::fleet::RunOptions {
+                // Guest consoles go to stdout as `[name] line` (the
+                // journal under systemd), as `hqdmux run`'s.
+                echo: true,
+                api_socket: opts.api_socket.clone(),
+                stop: opts.stop.clone(),
+                api_socket_mode: Some(opts.api_socket_mode.unwrap_or(0o600)),
+            },
+            Some(crate::fleet::Host {
+                gpus: gpus.clone(),
+                vgpus: vgpus.clone(),
+            }),
+        );
+        log::info!("serve: stopping");
+        return match report {
+            Ok(r) => Ok(finish(run, Some(r))),
+            // A stop request while the VMs were being built is a stop.
+            Err(crate::fleet::FleetError::Stopped(sig)) => {
+                log::info!(
+                    "serve: {} before the VMs started",
+                    crate::signals::name(sig)
+                );
+                Ok(finish(run, None))
+            }
+            Err(e) => Err(ServeError::Vms(e)),
+        };
+    }
     let _api = match &opts.api_socket {
         Some(path) => {
             // The fleet API over the daemon's arbiter: metrics, timeline,
@@ -361,16 +426,25 @@ pub fn run_serve(cfg: &DevicesConfig, opts: ServeOptions) -> Result<ServeReport,
     }
     log::info!("serve: stopping");
     drop(_api);
+    Ok(finish(run, None))
+}
+
+/// Stops the vGPU servers, then the arbiters, and reports.
+fn finish(run: Running, vms: Option<crate::fleet::FleetReport>) -> ServeReport {
     let vgpus = run.vgpus.stop_all();
-    let per_gpu: Vec<(u32, mdev::arbiter::ArbiterStats)> =
-        gpus.started().map(|(id, m)| (id, m.stats())).collect();
+    let per_gpu: Vec<(u32, mdev::arbiter::ArbiterStats)> = run
+        .arbiters
+        .started()
+        .map(|(id, m)| (id, m.stats()))
+        .collect();
     let gpu = crate::fleet::sum_stats(per_gpu.iter().map(|(_, s)| s)).unwrap_or_default();
     drop(run);
-    Ok(ServeReport {
+    ServeReport {
         vgpus,
         gpu,
         gpus: per_gpu,
-    })
+        vms,
+    }
 }
 
 fn wait_readable(fd: &vmm_sys_util::eventfd::EventFd) -> std::io::Result<()> {
@@ -501,6 +575,77 @@ mod tests {
                 format!("/etc/hqdmux/devices.toml: vgpu '{shown}' (vgpu[0]): field `name`: ");
             assert!(e.starts_with(&head) && e.contains(why), "{e:?}");
         }
+    }
+
+    /// `[[vm]]` entries of a devices file are read and checked as a fleet
+    /// file's, by the same reader: the same error, naming file, `vm[i]`
+    /// and field; `gpu = true` VMs are placed on the file's GPUs.
+    #[test]
+    fn vm_entries_are_checked_and_placed_as_a_fleet_files() {
+        let p = Path::new("/etc/hqdmux/devices.toml");
+        let gpus = "[[gpu]]\nid = 0\n[[gpu]]\nid = 4\n";
+        let vgpu = "[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\n";
+        let c = DevicesConfig::parse(
+            &format!(
+                "{gpus}{vgpu}[[vm]]\nname = \"v\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\ngpu_id = 4\n\
+                 [[vm]]\nname = \"w\"\nimage = \"builtin:hello\"\n"
+            ),
+            p,
+        )
+        .unwrap();
+        assert_eq!(c.vgpu.len(), 1);
+        assert_eq!(c.vm.len(), 2);
+        assert_eq!((c.vm[0].gpu, c.vm[0].gpu_id), (true, Some(4)));
+        assert!(!c.vm[1].gpu);
+        // Relative image paths resolve against the file's directory.
+        assert_eq!(c.base_dir, Path::new("/etc/hqdmux"));
+        // A VM alone is a valid devices file (no vGPU served).
+        let only =
+            DevicesConfig::parse("[[vm]]\nname = \"v\"\nimage = \"builtin:hello\"\n", p).unwrap();
+        assert!(only.vgpu.is_empty() && only.vm.len() == 1);
+        for (entry, field) in [
+            ("vcpus = \"x\"", "vcpus"),
+            ("priority = 99", "priority"),
+            ("gpu = true\ngpu_id = 1", "gpu_id"),
+            ("bogus = 1", "bogus"),
+        ] {
+            let vm = format!(
+                "[[vm]]\nname = \"v\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\n{entry}\n"
+            );
+            let served = DevicesConfig::parse(&format!("{gpus}{vgpu}{vm}"), p)
+                .unwrap_err()
+                .to_string();
+            let fleet = FleetConfig::parse(&format!("{gpus}{vm}"), p)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(served, fleet, "{entry}");
+            assert!(
+                served.starts_with("/etc/hqdmux/devices.toml: vm 'v' (vm[0]): field `")
+                    && served.contains(field),
+                "{served}"
+            );
+        }
+        // Names are unique across vGPUs and VMs (one API, one metrics
+        // label space).
+        let e = DevicesConfig::parse(
+            &format!("{vgpu}[[vm]]\nname = \"a\"\nimage = \"builtin:hello\"\n"),
+            p,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("vgpu 'a' (vgpu[0]): field `name`: a [[vm]] entry has this name"),
+            "{e}"
+        );
+        // No run timeout in a daemon.
+        assert!(matches!(
+            DevicesConfig::parse("[run]\ntimeout_ms = 5\n", p),
+            Err(ConfigError::Parse { .. })
+        ));
+        assert!(DevicesConfig::parse("[gpu]\n", p)
+            .unwrap_err()
+            .to_string()
+            .contains("no [[vgpu]] or [[vm]] entry"));
     }
 
     #[test]

@@ -135,8 +135,10 @@ fn unmaps_and_resets_mid_kernel_cost_the_other_tenant_nothing() {
     let mut b = Guest::attach(bad.path(), a.topology());
     b.load(0);
     for round in 0..20u32 {
-        let w = b.kernel(64, 2_000_000, 100 + round);
+        // Counted before the kernel is written: the load of the previous
+        // round may be served (and map the queue) after it is.
         let maps = a.stats().maps;
+        let w = b.kernel(64, 2_000_000, 100 + round);
         b.ring(0, w);
         wait("on the GPU", || a.stats().maps > maps);
         if round % 2 == 0 {

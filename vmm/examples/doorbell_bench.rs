@@ -220,13 +220,7 @@ fn write_costs(n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
     drain.join().unwrap();
     let r = &reports[0];
     assert!(r.outcome.is_success(), "{}: {:?}", r.outcome, r.console);
-    let per = |a, b| -> Vec<f64> {
-        r.spans(a, b)
-            .iter()
-            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
-            .collect()
-    };
-    (per(10, 11), per(12, 13))
+    common::store_ns(r, n)
 }
 
 /// Doorbell -> preemption issued, in us, for jobs whose doorbell preempted;

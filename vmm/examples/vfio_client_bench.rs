@@ -105,13 +105,7 @@ fn store_costs(socket: &Path, n: u64, rounds: u64, page: bool) -> (Vec<f64>, Vec
         &format!("bare={BARE_ADDR:#x} n={n} rounds={rounds}"),
         page,
     );
-    let per = |a, b| -> Vec<f64> {
-        r.spans(a, b)
-            .iter()
-            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
-            .collect()
-    };
-    (per(10, 11), per(12, 13))
+    common::store_ns(&r, n)
 }
 
 /// Guest checkpoint 2 -> the arbiter saw the doorbell (us), per job.

@@ -192,13 +192,7 @@ fn write_costs(m: &Arc<GpuArbiter>, trap: Trap, n: u64, rounds: u64) -> (Vec<f64
     );
     let r = &run(m, &toml, 0, Some(Arc::new(trap))).0[0];
     assert!(r.outcome.is_success(), "{}: {:?}", r.outcome, r.console);
-    let per = |a, b| -> Vec<f64> {
-        r.spans(a, b)
-            .iter()
-            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
-            .collect()
-    };
-    (per(10, 11), per(12, 13))
+    common::store_ns(r, n)
 }
 
 /// Wake-ups (us) of an idle host thread in epoll on an eventfd, one every

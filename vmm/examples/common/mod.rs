@@ -77,3 +77,16 @@ pub fn vgpu_server(
     s.spawn().expect("serve");
     s
 }
+
+/// Ns per store of a guest's store rounds of `n` stores each: (the bare
+/// ioeventfd rounds, checkpoints 10 -> 11; the doorbell rounds, 12 -> 13),
+/// one figure per round.
+pub fn store_ns(r: &vmm::vm::VmReport, n: u64) -> (Vec<f64>, Vec<f64>) {
+    let per = |a, b| -> Vec<f64> {
+        r.spans(a, b)
+            .iter()
+            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
+            .collect()
+    };
+    (per(10, 11), per(12, 13))
+}

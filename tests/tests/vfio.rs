@@ -64,6 +64,18 @@ struct Server {
 }
 
 impl Server {
+    /// The server for test `test` on `devices`, in a fresh scratch folder
+    /// named `scratch` (also returned); `None` when KVM is not there (the
+    /// test is skipped).
+    fn for_test(test: &str, scratch: &str, devices: &str) -> Option<(PathBuf, Server)> {
+        if !kvm_or_skip(test) {
+            return None;
+        }
+        let dir = scratch_dir(scratch);
+        let srv = Server::start(&dir, devices);
+        Some((dir, srv))
+    }
+
     fn start(dir: &Path, vgpus: &str) -> Server {
         let devices = dir.join("devices.toml");
         std::fs::write(&devices, vgpus).unwrap();
@@ -202,17 +214,14 @@ fn training_preempted_by_inference(m: &str) {
 
 #[test]
 fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempted() {
-    if !kvm_or_skip(
+    let Some((dir, srv)) = Server::for_test(
         "two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempted",
-    ) {
-        return;
-    }
-    let dir = scratch_dir("vfio-two");
-    let srv = Server::start(
-        &dir,
+        "vfio-two",
         "[[vgpu]]\nname = \"training\"\nsocket = \"training.sock\"\npriority = 2\n\
          [[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n",
-    );
+    ) else {
+        return;
+    };
     // Training runs 1000-s workgroups with save points that never end on
     // their own, in a fleet of its own with an API socket. Once the server
     // sees it on the GPU, inference's VM starts: its jobs can only run by
@@ -325,16 +334,15 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
 /// and SIGTERM ends the daemon. Waits are on states, with hang guards.
 #[test]
 fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
-    if !kvm_or_skip("a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends") {
-        return;
-    }
-    let dir = scratch_dir("vfio-serve-vm");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends",
+        "vfio-serve-vm",
         "[[vgpu]]\nname = \"remote\"\nsocket = \"remote.sock\"\n\
          [[vm]]\nname = \"local\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
          args = \"kernels=2 wgs=304 cost_us=500 loops=2\"\n",
-    );
+    ) else {
+        return;
+    };
     // Waits until VM `i` of `GET /api/v1/vms` (named `name`) has exited.
     let exited = |i: usize, name: &str| {
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -401,16 +409,15 @@ fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
 /// of either guest; SIGTERM then stops the daemon VM still running.
 #[test]
 fn a_served_vgpu_preempts_a_daemon_vm_of_lower_priority() {
-    if !kvm_or_skip("a_served_vgpu_preempts_a_daemon_vm_of_lower_priority") {
-        return;
-    }
-    let dir = scratch_dir("vfio-serve-vm-preempt");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_served_vgpu_preempts_a_daemon_vm_of_lower_priority",
+        "vfio-serve-vm-preempt",
         "[[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n\
          [[vm]]\nname = \"training\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
          priority = 2\nargs = \"kernels=1 wgs=1216 cost_us=1000000000\"\n",
-    );
+    ) else {
+        return;
+    };
     srv.wait_on_gpu("training", Instant::now() + Duration::from_secs(120));
     let inference = run(&config(
         &dir,
@@ -437,16 +444,15 @@ fn a_served_vgpu_preempts_a_daemon_vm_of_lower_priority() {
 /// each GPU completed exactly its own VM's packets.
 #[test]
 fn a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu() {
-    if !kvm_or_skip("a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu") {
-        return;
-    }
-    let dir = scratch_dir("vfio-two-gpus");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu",
+        "vfio-two-gpus",
         "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\npartition_mode = \"DPX\"\n\
          [[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\ngpu_id = 0\n\
          [[vgpu]]\nname = \"b\"\nsocket = \"b.sock\"\ngpu_id = 1\n",
-    );
+    ) else {
+        return;
+    };
     let r = run(&config(
         &dir,
         &[
@@ -490,15 +496,14 @@ fn a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu() {
 /// loss can end these VMs; the waits are on states, with hang guards.
 #[test]
 fn a_vm_whose_vgpu_server_goes_away_stops_with_device_lost() {
-    if !kvm_or_skip("a_vm_whose_vgpu_server_goes_away_stops_with_device_lost") {
-        return;
-    }
-    let dir = scratch_dir("vfio-lost");
-    let mut srv = Server::start(
-        &dir,
+    let Some((dir, mut srv)) = Server::for_test(
+        "a_vm_whose_vgpu_server_goes_away_stops_with_device_lost",
+        "vfio-lost",
         "[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\n\
          [[vgpu]]\nname = \"b\"\nsocket = \"b.sock\"\n",
-    );
+    ) else {
+        return;
+    };
     let forever = "kernels=1 wgs=1216 cost_us=1000000000";
     let fleet = LiveFleet::start(
         &dir,
@@ -553,14 +558,13 @@ fn a_vm_whose_vgpu_server_goes_away_stops_with_device_lost() {
 /// every kernel completes.
 #[test]
 fn a_guest_rings_its_doorbells_through_the_mapped_page() {
-    if !kvm_or_skip("a_guest_rings_its_doorbells_through_the_mapped_page") {
-        return;
-    }
-    let dir = scratch_dir("vfio-page");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_guest_rings_its_doorbells_through_the_mapped_page",
+        "vfio-page",
         "[[vgpu]]\nname = \"p\"\nsocket = \"p.sock\"\ndoorbell_page = true\n",
-    );
+    ) else {
+        return;
+    };
     let r = run(&config(
         &dir,
         &remote_vm("p", "p.sock", "kernels=2 wgs=304 cost_us=500 loops=5"),

@@ -144,6 +144,14 @@ impl Guest {
         w
     }
 
+    /// Runs a small kernel (4 workgroups, cost 10 000 ns, `seed`) on vHQD
+    /// 0 by a BAR2 message, and waits (`what`) until it is done.
+    fn run_small(&mut self, seed: u32, what: &str) {
+        let w = self.kernel(4, 10_000, seed);
+        self.ring(0, w);
+        wait(what, || self.done());
+    }
+
     fn ring(&mut self, i: usize, wptr: u64) {
         self.client
             .region_write(wire::REGION_BAR2, 8 * i as u64, &wptr.to_le_bytes())
@@ -452,9 +460,7 @@ fn hostile_messages_get_errors_and_cost_the_other_vgpu_nothing() {
     });
     // The other vGPU was never disturbed.
     g.load(0);
-    let w = g.kernel(4, 10_000, 1);
-    g.ring(0, w);
-    wait("kernels", || g.done());
+    g.run_small(1, "kernels");
     g.tvm.verify(&g.q).unwrap();
     assert_eq!(good.stats().error_replies, 0);
     assert!(bad.stats().error_replies >= 15);
@@ -527,9 +533,7 @@ fn a_client_killed_mid_kernel_releases_its_queues_and_the_vgpu_takes_a_new_one()
     wait("registered", || srv.handle().is_some());
     assert_ne!(srv.handle(), Some(first), "a new registration");
     g.load(0);
-    let w = g.kernel(4, 10_000, 2);
-    g.ring(0, w);
-    wait("kernels", || g.done());
+    g.run_small(2, "kernels");
     g.tvm.verify(&g.q).unwrap();
     // Reset: queues released, registers back to reset values.
     g.client.reset().unwrap();
@@ -881,9 +885,7 @@ fn doorbells_stored_in_the_mmapped_bar2_page_run_kernels_without_a_message() {
     assert_eq!(r.flags & wire::REGION_FLAG_MMAP, 0);
     assert!(r.file_offset.is_none() && r.sparse_areas.is_empty());
     g.load(0);
-    let w = g.kernel(4, 10_000, 3);
-    g.ring(0, w);
-    wait("kernel", || g.done());
+    g.run_small(3, "kernel");
     assert_eq!(srv.stats().doorbells, 1);
     assert_eq!(srv.stats().bar2_scans, 0);
     srv.stop();

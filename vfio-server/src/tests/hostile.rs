@@ -5,9 +5,7 @@ use super::*;
 
 /// The good vGPU runs `n` more kernels, each verified (marks exactly once).
 fn good_runs(g: &mut Guest, seed: u32) {
-    let w = g.kernel(4, 10_000, seed);
-    g.ring(0, w);
-    wait("good kernels", || g.done());
+    g.run_small(seed, "good kernels");
     g.tvm.verify(&g.q).unwrap();
     assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
 }
@@ -395,9 +393,7 @@ fn a_client_that_blocks_its_eventfd_stalls_nobody_else() {
         assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
     }
     b.vectors[0].write(u64::MAX - 1).unwrap();
-    let w = b.kernel(4, 10_000, 1);
-    b.ring(0, w);
-    wait("bad kernels", || b.done());
+    b.run_small(1, "bad kernels");
     // The completion interrupt cannot be sent; the other vGPU still runs.
     good_runs(&mut g, 2);
     good_runs(&mut g, 3);

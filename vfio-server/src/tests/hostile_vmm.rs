@@ -75,9 +75,7 @@ fn a_flood_of_huge_sealed_maps_leaves_the_daemon_its_address_space() {
     // Then that tenant's VMM attaches for real and runs its kernels.
     let mut g = Guest::attach(good.path(), _a.topology());
     g.load(0);
-    let w = g.kernel(4, 10_000, 1);
-    g.ring(0, w);
-    wait("good kernel", || g.done());
+    g.run_small(1, "good kernel");
     g.tvm.verify(&g.q).unwrap();
     drop(g);
     drop(s);
@@ -107,9 +105,7 @@ fn unmaps_and_resets_mid_kernel_cost_the_other_tenant_nothing() {
             b.client.dma_map(0, 0, MEM, b.ram.as_raw_fd()).unwrap();
         }
         b.client.reset().unwrap();
-        let gw = g.kernel(4, 10_000, round);
-        g.ring(0, gw);
-        wait("good", || g.done());
+        g.run_small(round, "good");
         g.tvm.verify(&g.q).unwrap();
         // The bad one re-loads its queue fresh (a new ring).
         b.q = b.tvm.queue(a.topology(), 64, 0);

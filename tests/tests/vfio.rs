@@ -194,6 +194,15 @@ fn metric(text: &str, name: &str, vm: &str) -> f64 {
         .sum()
 }
 
+/// The first VM of `r` printed `line` on its console.
+fn first_vm_printed(r: &vmm::fleet::FleetReport, line: &str) {
+    assert!(
+        r.vms[0].console.iter().any(|l| l == line),
+        "{:?}",
+        r.vms[0].console
+    );
+}
+
 /// GPU `id`'s completed packets in the server's closing report `out`.
 fn served_completions(out: &str, id: u32) -> u64 {
     out.lines()
@@ -253,13 +262,9 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         assert!(r.all_succeeded(), "{}", r.summary());
         assert!(r.gpu.is_none(), "no GPU in the VMM's process");
     }
-    assert!(
-        inference.vms[0]
-            .console
-            .iter()
-            .any(|l| l == "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok"),
-        "{:?}",
-        inference.vms[0].console
+    first_vm_printed(
+        &inference,
+        "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok",
     );
     // The vGPU outlives its VM: the next VM on the same socket runs too.
     let again = run(&config(
@@ -570,14 +575,7 @@ fn a_guest_rings_its_doorbells_through_the_mapped_page() {
         &remote_vm("p", "p.sock", "kernels=2 wgs=304 cost_us=500 loops=5"),
     ));
     assert!(r.all_succeeded(), "{}", r.summary());
-    assert!(
-        r.vms[0]
-            .console
-            .iter()
-            .any(|l| l == "gpu: 1 queues x 2 kernels x 304 wgs x 5 loops: ok"),
-        "{:?}",
-        r.vms[0].console
-    );
+    first_vm_printed(&r, "gpu: 1 queues x 2 kernels x 304 wgs x 5 loops: ok");
     let (st, v) = vmm::api::request(&srv.api, "GET", "/api/v1/vgpus/p", None).unwrap();
     assert_eq!(st, 200, "{v}");
     assert!(v["mmap_doorbells"].as_u64().unwrap_or(0) > 0, "{v}");

@@ -64,6 +64,18 @@ struct Server {
 }
 
 impl Server {
+    /// The server for test `test` on `devices`, in a fresh scratch folder
+    /// named `scratch` (also returned); `None` when KVM is not there (the
+    /// test is skipped).
+    fn for_test(test: &str, scratch: &str, devices: &str) -> Option<(PathBuf, Server)> {
+        if !kvm_or_skip(test) {
+            return None;
+        }
+        let dir = scratch_dir(scratch);
+        let srv = Server::start(&dir, devices);
+        Some((dir, srv))
+    }
+
     fn start(dir: &Path, vgpus: &str) -> Server {
         let devices = dir.join("devices.toml");
         std::fs::write(&devices, vgpus).unwrap();
@@ -90,31 +102,35 @@ impl Server {
         s
     }
 
-    fn get(&self, path: &str) -> String {
+    /// Sends one whole HTTP `request` to the API socket; the whole response.
+    fn http(&self, request: &str) -> String {
         let mut c = UnixStream::connect(&self.api).unwrap();
-        write!(
-            c,
-            "GET {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
+        c.write_all(request.as_bytes()).unwrap();
         let mut out = String::new();
         c.read_to_string(&mut out).unwrap();
         out
     }
 
+    fn get(&self, path: &str) -> String {
+        self.http(&format!(
+            "GET {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n"
+        ))
+    }
+
     /// `POST path` with a TOML body; the whole response.
     fn post_toml(&self, path: &str, body: &str) -> String {
-        let mut c = UnixStream::connect(&self.api).unwrap();
-        write!(
-            c,
+        self.http(&format!(
             "POST {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\
              Content-Type: application/toml\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
-        )
-        .unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        out
+        ))
+    }
+
+    /// The JSON body of `GET path`.
+    fn json(&self, path: &str) -> serde_json::Value {
+        let r = self.get(path);
+        let b = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        serde_json::from_str(b).unwrap_or_else(|e| panic!("{path}: {e}: {r}"))
     }
 
     fn metrics(&self) -> String {
@@ -123,12 +139,19 @@ impl Server {
 
     /// GPU packets completed (`GET /api/v1/fleet`).
     fn completions(&self) -> u64 {
-        let r = self.get("/api/v1/fleet");
-        let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        let v = self.json("/api/v1/fleet");
         v["gpu"]["completions"]
             .as_u64()
-            .unwrap_or_else(|| panic!("{r}"))
+            .unwrap_or_else(|| panic!("{v}"))
+    }
+
+    /// Waits until `vm`'s busy time on the GPU is above 0 (it reached the
+    /// GPU); a hang guard fails the test past `deadline`.
+    fn wait_on_gpu(&self, vm: &str, deadline: Instant) {
+        while metric(&self.metrics(), "hqdmux_vm_gpu_busy_seconds_total", vm) <= 0.0 {
+            assert!(Instant::now() < deadline, "{vm} never reached the GPU");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// SIGTERM; the server's closing report.
@@ -171,19 +194,43 @@ fn metric(text: &str, name: &str, vm: &str) -> f64 {
         .sum()
 }
 
+/// The first VM of `r` printed `line` on its console.
+fn first_vm_printed(r: &vmm::fleet::FleetReport, line: &str) {
+    assert!(
+        r.vms[0].console.iter().any(|l| l == line),
+        "{:?}",
+        r.vms[0].console
+    );
+}
+
+/// GPU `id`'s completed packets in the server's closing report `out`.
+fn served_completions(out: &str, id: u32) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("SERVED gpu {id} completions=")))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no GPU {id}: {out}"))
+}
+
+/// In the metrics `m`, `training` was preempted at least once and
+/// `inference` never.
+fn training_preempted_by_inference(m: &str) {
+    assert!(
+        metric(m, "hqdmux_vm_preemptions_total", "training") >= 1.0,
+        "training preempted:\n{m}"
+    );
+    assert_eq!(metric(m, "hqdmux_vm_preemptions_total", "inference"), 0.0);
+}
+
 #[test]
 fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempted() {
-    if !kvm_or_skip(
+    let Some((dir, srv)) = Server::for_test(
         "two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempted",
-    ) {
-        return;
-    }
-    let dir = scratch_dir("vfio-two");
-    let srv = Server::start(
-        &dir,
+        "vfio-two",
         "[[vgpu]]\nname = \"training\"\nsocket = \"training.sock\"\npriority = 2\n\
          [[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n",
-    );
+    ) else {
+        return;
+    };
     // Training runs 1000-s workgroups with save points that never end on
     // their own, in a fleet of its own with an API socket. Once the server
     // sees it on the GPU, inference's VM starts: its jobs can only run by
@@ -198,16 +245,7 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
             "kernels=1 wgs=1216 cost_us=1000000000",
         ),
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while metric(
-        &srv.metrics(),
-        "hqdmux_vm_gpu_busy_seconds_total",
-        "training",
-    ) <= 0.0
-    {
-        assert!(Instant::now() < deadline, "training never reached the GPU");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    srv.wait_on_gpu("training", Instant::now() + Duration::from_secs(120));
     let inference = run(&config(
         &dir,
         &remote_vm(
@@ -216,12 +254,7 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
             "kernels=2 wgs=304 cost_us=500 loops=25",
         ),
     ));
-    let m = srv.metrics();
-    assert!(
-        metric(&m, "hqdmux_vm_preemptions_total", "training") >= 1.0,
-        "training preempted:\n{m}"
-    );
-    assert_eq!(metric(&m, "hqdmux_vm_preemptions_total", "inference"), 0.0);
+    training_preempted_by_inference(&srv.metrics());
     training.stop("training");
     let training = training.join();
     assert_eq!(training.operator_stopped, vec![true]);
@@ -229,13 +262,9 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
         assert!(r.all_succeeded(), "{}", r.summary());
         assert!(r.gpu.is_none(), "no GPU in the VMM's process");
     }
-    assert!(
-        inference.vms[0]
-            .console
-            .iter()
-            .any(|l| l == "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok"),
-        "{:?}",
-        inference.vms[0].console
+    first_vm_printed(
+        &inference,
+        "gpu: 1 queues x 2 kernels x 304 wgs x 25 loops: ok",
     );
     // The vGPU outlives its VM: the next VM on the same socket runs too.
     let again = run(&config(
@@ -310,26 +339,20 @@ fn two_guests_share_a_gpu_served_by_another_process_and_the_lower_one_is_preempt
 /// and SIGTERM ends the daemon. Waits are on states, with hang guards.
 #[test]
 fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
-    if !kvm_or_skip("a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends") {
-        return;
-    }
-    let dir = scratch_dir("vfio-serve-vm");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends",
+        "vfio-serve-vm",
         "[[vgpu]]\nname = \"remote\"\nsocket = \"remote.sock\"\n\
          [[vm]]\nname = \"local\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
          args = \"kernels=2 wgs=304 cost_us=500 loops=2\"\n",
-    );
-    let body = |path: &str| -> serde_json::Value {
-        let r = srv.get(path);
-        let b = r.split("\r\n\r\n").nth(1).unwrap_or_default();
-        serde_json::from_str(b).unwrap_or_else(|e| panic!("{path}: {e}: {r}"))
+    ) else {
+        return;
     };
     // Waits until VM `i` of `GET /api/v1/vms` (named `name`) has exited.
     let exited = |i: usize, name: &str| {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let vms = body("/api/v1/vms");
+            let vms = srv.json("/api/v1/vms");
             let list = vms["vms"].as_array().expect("vms");
             assert_eq!(list.len(), i + 1, "{vms}");
             assert_eq!(list[i]["name"], name, "{vms}");
@@ -363,7 +386,7 @@ fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
     let late = exited(1, "late");
     assert_eq!(late["exit_status"], 0, "{late}");
     // The daemon outlives its VM: the vGPU is listed and takes a client.
-    let vgpus = body("/api/v1/vgpus");
+    let vgpus = srv.json("/api/v1/vgpus");
     assert_eq!(vgpus["vgpus"][0]["name"], "remote", "{vgpus}");
     let r = run(&config(
         &dir,
@@ -382,12 +405,7 @@ fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
     );
     // One arbiter served both: GPU 0 completed the daemon VM's 2 x 2
     // kernels and the client's one, each exactly once.
-    let g0: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("SERVED gpu 0 completions="))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no GPU 0: {out}"));
-    assert_eq!(g0, 5, "{out}");
+    assert_eq!(served_completions(&out, 0), 5, "{out}");
 }
 
 /// Issue 19: a daemon VM and a served vGPU on one GPU share its arbiter:
@@ -396,26 +414,16 @@ fn a_devices_file_vm_boots_in_the_daemon_which_serves_on_after_it_ends() {
 /// of either guest; SIGTERM then stops the daemon VM still running.
 #[test]
 fn a_served_vgpu_preempts_a_daemon_vm_of_lower_priority() {
-    if !kvm_or_skip("a_served_vgpu_preempts_a_daemon_vm_of_lower_priority") {
-        return;
-    }
-    let dir = scratch_dir("vfio-serve-vm-preempt");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_served_vgpu_preempts_a_daemon_vm_of_lower_priority",
+        "vfio-serve-vm-preempt",
         "[[vgpu]]\nname = \"inference\"\nsocket = \"inference.sock\"\npriority = 12\n\
          [[vm]]\nname = \"training\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n\
          priority = 2\nargs = \"kernels=1 wgs=1216 cost_us=1000000000\"\n",
-    );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while metric(
-        &srv.metrics(),
-        "hqdmux_vm_gpu_busy_seconds_total",
-        "training",
-    ) <= 0.0
-    {
-        assert!(Instant::now() < deadline, "training never reached the GPU");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    ) else {
+        return;
+    };
+    srv.wait_on_gpu("training", Instant::now() + Duration::from_secs(120));
     let inference = run(&config(
         &dir,
         &remote_vm(
@@ -425,12 +433,7 @@ fn a_served_vgpu_preempts_a_daemon_vm_of_lower_priority() {
         ),
     ));
     assert!(inference.all_succeeded(), "{}", inference.summary());
-    let m = srv.metrics();
-    assert!(
-        metric(&m, "hqdmux_vm_preemptions_total", "training") >= 1.0,
-        "training preempted:\n{m}"
-    );
-    assert_eq!(metric(&m, "hqdmux_vm_preemptions_total", "inference"), 0.0);
+    training_preempted_by_inference(&srv.metrics());
     let out = srv.stop();
     assert!(
         out.contains("SERVED-VM training outcome=stopped: SIGTERM"),
@@ -446,16 +449,15 @@ fn a_served_vgpu_preempts_a_daemon_vm_of_lower_priority() {
 /// each GPU completed exactly its own VM's packets.
 #[test]
 fn a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu() {
-    if !kvm_or_skip("a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu") {
-        return;
-    }
-    let dir = scratch_dir("vfio-two-gpus");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu",
+        "vfio-two-gpus",
         "[[gpu]]\nid = 0\n[[gpu]]\nid = 1\npartition_mode = \"DPX\"\n\
          [[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\ngpu_id = 0\n\
          [[vgpu]]\nname = \"b\"\nsocket = \"b.sock\"\ngpu_id = 1\n",
-    );
+    ) else {
+        return;
+    };
     let r = run(&config(
         &dir,
         &[
@@ -485,15 +487,9 @@ fn a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu() {
         "GPU 1 in DPX:\n{m}"
     );
     let out = srv.stop();
-    let done = |id: u32| -> u64 {
-        out.lines()
-            .find_map(|l| l.strip_prefix(&format!("SERVED gpu {id} completions=")))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no GPU {id}: {out}"))
-    };
     // Each GPU completed its own VM's kernels: 2 x 2 on GPU 0, 3 x 2 on
     // GPU 1 (plus each guest's own mark packets, on its own GPU).
-    let (g0, g1) = (done(0), done(1));
+    let (g0, g1) = (served_completions(&out, 0), served_completions(&out, 1));
     assert!(g0 >= 4 && g1 >= 6, "{out}");
     assert!(g1 > g0, "b submits more than a: {out}");
 }
@@ -505,15 +501,14 @@ fn a_server_with_two_gpus_serves_each_vgpu_on_its_own_gpu() {
 /// loss can end these VMs; the waits are on states, with hang guards.
 #[test]
 fn a_vm_whose_vgpu_server_goes_away_stops_with_device_lost() {
-    if !kvm_or_skip("a_vm_whose_vgpu_server_goes_away_stops_with_device_lost") {
-        return;
-    }
-    let dir = scratch_dir("vfio-lost");
-    let mut srv = Server::start(
-        &dir,
+    let Some((dir, mut srv)) = Server::for_test(
+        "a_vm_whose_vgpu_server_goes_away_stops_with_device_lost",
+        "vfio-lost",
         "[[vgpu]]\nname = \"a\"\nsocket = \"a.sock\"\n\
          [[vgpu]]\nname = \"b\"\nsocket = \"b.sock\"\n",
-    );
+    ) else {
+        return;
+    };
     let forever = "kernels=1 wgs=1216 cost_us=1000000000";
     let fleet = LiveFleet::start(
         &dir,
@@ -525,10 +520,7 @@ fn a_vm_whose_vgpu_server_goes_away_stops_with_device_lost() {
     );
     let deadline = Instant::now() + Duration::from_secs(120);
     for vm in ["a", "b"] {
-        while metric(&srv.metrics(), "hqdmux_vm_gpu_busy_seconds_total", vm) <= 0.0 {
-            assert!(Instant::now() < deadline, "{vm} never reached the GPU");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        srv.wait_on_gpu(vm, deadline);
     }
     let (st, v) = vmm::api::request(&srv.api, "DELETE", "/api/v1/vgpus/a", None).unwrap();
     assert_eq!(st, 200, "{v}");
@@ -571,27 +563,19 @@ fn a_vm_whose_vgpu_server_goes_away_stops_with_device_lost() {
 /// every kernel completes.
 #[test]
 fn a_guest_rings_its_doorbells_through_the_mapped_page() {
-    if !kvm_or_skip("a_guest_rings_its_doorbells_through_the_mapped_page") {
-        return;
-    }
-    let dir = scratch_dir("vfio-page");
-    let srv = Server::start(
-        &dir,
+    let Some((dir, srv)) = Server::for_test(
+        "a_guest_rings_its_doorbells_through_the_mapped_page",
+        "vfio-page",
         "[[vgpu]]\nname = \"p\"\nsocket = \"p.sock\"\ndoorbell_page = true\n",
-    );
+    ) else {
+        return;
+    };
     let r = run(&config(
         &dir,
         &remote_vm("p", "p.sock", "kernels=2 wgs=304 cost_us=500 loops=5"),
     ));
     assert!(r.all_succeeded(), "{}", r.summary());
-    assert!(
-        r.vms[0]
-            .console
-            .iter()
-            .any(|l| l == "gpu: 1 queues x 2 kernels x 304 wgs x 5 loops: ok"),
-        "{:?}",
-        r.vms[0].console
-    );
+    first_vm_printed(&r, "gpu: 1 queues x 2 kernels x 304 wgs x 5 loops: ok");
     let (st, v) = vmm::api::request(&srv.api, "GET", "/api/v1/vgpus/p", None).unwrap();
     assert_eq!(st, 200, "{v}");
     assert!(v["mmap_doorbells"].as_u64().unwrap_or(0) > 0, "{v}");

@@ -144,6 +144,14 @@ impl Guest {
         w
     }
 
+    /// Runs a small kernel (4 workgroups, cost 10 000 ns, `seed`) on vHQD
+    /// 0 by a BAR2 message, and waits (`what`) until it is done.
+    fn run_small(&mut self, seed: u32, what: &str) {
+        let w = self.kernel(4, 10_000, seed);
+        self.ring(0, w);
+        wait(what, || self.done());
+    }
+
     fn ring(&mut self, i: usize, wptr: u64) {
         self.client
             .region_write(wire::REGION_BAR2, 8 * i as u64, &wptr.to_le_bytes())
@@ -229,23 +237,56 @@ fn a_guest_runs_kernels_over_vfio_user_and_takes_its_interrupts() {
     srv.stop();
 }
 
-/// Sends one raw message; returns the reply header and body.
-fn raw(s: &mut UnixStream, command: u16, body: &[u8], size: Option<u32>) -> (Header, Vec<u8>) {
-    let h = Header {
-        id: 7,
+/// A request header with no error, encoded.
+fn header(id: u16, command: u16, size: u32, flags: u32) -> Vec<u8> {
+    Header {
+        id,
         command,
-        size: size.unwrap_or((wire::HEADER + body.len()) as u32),
-        flags: 0,
+        size,
+        flags,
         error: 0,
-    };
-    s.write_all(&h.encode()).unwrap();
-    s.write_all(body).unwrap();
+    }
+    .encode()
+    .to_vec()
+}
+
+/// Reads one whole reply: its header and body.
+fn reply(s: &mut UnixStream) -> (Header, Vec<u8>) {
     let mut hb = [0u8; wire::HEADER];
     s.read_exact(&mut hb).unwrap();
     let r = Header::decode(&hb);
     let mut rb = vec![0u8; r.size as usize - wire::HEADER];
     s.read_exact(&mut rb).unwrap();
     (r, rb)
+}
+
+/// A DMA_MAP message of `size` bytes at `addr`, `off` into the fd sent
+/// with it.
+fn dma_map_msg(off: u64, addr: u64, size: u64) -> Vec<u8> {
+    let mut m = header(1, cmd::DMA_MAP, 48, 0);
+    m.extend_from_slice(&32u32.to_le_bytes());
+    m.extend_from_slice(&3u32.to_le_bytes());
+    for v in [off, addr, size] {
+        m.extend_from_slice(&v.to_le_bytes());
+    }
+    m
+}
+
+/// A hostile vGPU (`{tag}-bad`) and another tenant's (`{tag}-good`), both
+/// priority 8 on one arbiter; both stop when dropped.
+fn two_tenants(tag: &str) -> (Arc<GpuArbiter>, Served, Served) {
+    let a = tiny_arbiter();
+    let bad = serve(&a, &format!("{tag}-bad"), 8, ServerOptions::default());
+    let good = serve(&a, &format!("{tag}-good"), 8, ServerOptions::default());
+    (a, bad, good)
+}
+
+/// Sends one raw message; returns the reply header and body.
+fn raw(s: &mut UnixStream, command: u16, body: &[u8], size: Option<u32>) -> (Header, Vec<u8>) {
+    let size = size.unwrap_or((wire::HEADER + body.len()) as u32);
+    s.write_all(&header(7, command, size, 0)).unwrap();
+    s.write_all(body).unwrap();
+    reply(s)
 }
 
 /// The connection still answers: a config read returns the device's id.
@@ -419,9 +460,7 @@ fn hostile_messages_get_errors_and_cost_the_other_vgpu_nothing() {
     });
     // The other vGPU was never disturbed.
     g.load(0);
-    let w = g.kernel(4, 10_000, 1);
-    g.ring(0, w);
-    wait("kernels", || g.done());
+    g.run_small(1, "kernels");
     g.tvm.verify(&g.q).unwrap();
     assert_eq!(good.stats().error_replies, 0);
     assert!(bad.stats().error_replies >= 15);
@@ -494,9 +533,7 @@ fn a_client_killed_mid_kernel_releases_its_queues_and_the_vgpu_takes_a_new_one()
     wait("registered", || srv.handle().is_some());
     assert_ne!(srv.handle(), Some(first), "a new registration");
     g.load(0);
-    let w = g.kernel(4, 10_000, 2);
-    g.ring(0, w);
-    wait("kernels", || g.done());
+    g.run_small(2, "kernels");
     g.tvm.verify(&g.q).unwrap();
     // Reset: queues released, registers back to reset values.
     g.client.reset().unwrap();
@@ -789,6 +826,23 @@ impl Drop for MappedBar2 {
     }
 }
 
+/// A priority-5 vGPU served with the BAR2 doorbell page polled, a guest
+/// attached to it, and the guest's mapping of that page.
+fn polled_guest(a: &Arc<GpuArbiter>, tag: &str) -> (Served, Guest, MappedBar2) {
+    let srv = serve(
+        a,
+        tag,
+        5,
+        ServerOptions {
+            doorbell_poll: Some(DEFAULT_DOORBELL_POLL),
+            ..Default::default()
+        },
+    );
+    let g = Guest::attach(srv.path(), a.topology());
+    let bar2 = MappedBar2::of(&g.client);
+    (srv, g, bar2)
+}
+
 /// BAR2 offered as a sparse-mmap page: doorbells stored in it run the
 /// kernels exactly once with no BAR2 message; the poller scans nothing
 /// while no queue is loaded; a reset forgets the old values; a client
@@ -796,17 +850,7 @@ impl Drop for MappedBar2 {
 #[test]
 fn doorbells_stored_in_the_mmapped_bar2_page_run_kernels_without_a_message() {
     let a = tiny_arbiter();
-    let srv = serve(
-        &a,
-        "mmap",
-        5,
-        ServerOptions {
-            doorbell_poll: Some(DEFAULT_DOORBELL_POLL),
-            ..Default::default()
-        },
-    );
-    let mut g = Guest::attach(srv.path(), a.topology());
-    let bar2 = MappedBar2::of(&g.client);
+    let (srv, mut g, bar2) = polled_guest(&a, "mmap");
     // Handed out, nothing loaded: register traffic wakes the poller, which
     // finds no queue and scans nothing.
     assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
@@ -841,9 +885,7 @@ fn doorbells_stored_in_the_mmapped_bar2_page_run_kernels_without_a_message() {
     assert_eq!(r.flags & wire::REGION_FLAG_MMAP, 0);
     assert!(r.file_offset.is_none() && r.sparse_areas.is_empty());
     g.load(0);
-    let w = g.kernel(4, 10_000, 3);
-    g.ring(0, w);
-    wait("kernel", || g.done());
+    g.run_small(3, "kernel");
     assert_eq!(srv.stats().doorbells, 1);
     assert_eq!(srv.stats().bar2_scans, 0);
     srv.stop();
@@ -857,17 +899,7 @@ fn doorbells_stored_in_the_mmapped_bar2_page_run_kernels_without_a_message() {
 #[test]
 fn a_doorbell_of_an_unchanged_value_on_the_page_still_runs_the_kernel() {
     let a = tiny_arbiter();
-    let srv = serve(
-        &a,
-        "samev",
-        5,
-        ServerOptions {
-            doorbell_poll: Some(DEFAULT_DOORBELL_POLL),
-            ..Default::default()
-        },
-    );
-    let mut g = Guest::attach(srv.path(), a.topology());
-    let bar2 = MappedBar2::of(&g.client);
+    let (srv, mut g, bar2) = polled_guest(&a, "samev");
     g.load(0);
     g.kernel(4, 10_000, 1);
     bar2.ring(0, 1);
@@ -892,17 +924,7 @@ fn a_doorbell_of_an_unchanged_value_on_the_page_still_runs_the_kernel() {
 #[test]
 fn a_reloaded_queue_whose_first_doorbell_repeats_the_old_value_runs() {
     let a = tiny_arbiter();
-    let srv = serve(
-        &a,
-        "reload",
-        5,
-        ServerOptions {
-            doorbell_poll: Some(DEFAULT_DOORBELL_POLL),
-            ..Default::default()
-        },
-    );
-    let mut g = Guest::attach(srv.path(), a.topology());
-    let bar2 = MappedBar2::of(&g.client);
+    let (srv, mut g, bar2) = polled_guest(&a, "reload");
     g.load(0);
     let w = g.kernel(4, 10_000, 1);
     bar2.ring(0, w);

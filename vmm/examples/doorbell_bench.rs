@@ -57,6 +57,8 @@ use vmm::vm::{Vm, VmReport, VmSpec};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+mod common;
+
 /// Where the bench registers the bare ioeventfd (MMIO hole, above the BARs
 /// the guest assigns from its start).
 const BARE_ADDR: u64 = 0xE000_0000;
@@ -68,12 +70,6 @@ const BARE_ADDR: u64 = 0xE000_0000;
 /// (design.md §6).
 fn pin(cpu: Option<usize>) {
     mdev::probe::pin_current(cpu);
-}
-
-fn pct(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
 }
 
 /// A thread blocked in epoll on `fd`; calls `seen()` after each wake-up
@@ -224,13 +220,7 @@ fn write_costs(n: u64, rounds: u64) -> (Vec<f64>, Vec<f64>) {
     drain.join().unwrap();
     let r = &reports[0];
     assert!(r.outcome.is_success(), "{}: {:?}", r.outcome, r.console);
-    let per = |a, b| -> Vec<f64> {
-        r.spans(a, b)
-            .iter()
-            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
-            .collect()
-    };
-    (per(10, 11), per(12, 13))
+    common::store_ns(r, n)
 }
 
 /// Doorbell -> preemption issued, in us, for jobs whose doorbell preempted;
@@ -312,21 +302,16 @@ fn waiting_cpu() -> f64 {
 }
 
 fn main() {
-    if !vmm::kvm_available() {
-        eprintln!("doorbell_bench: /dev/kvm is not available");
-        std::process::exit(1);
-    }
-    let arg = |i: usize, d: u64| {
-        std::env::args()
-            .nth(i)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(d)
-    };
-    let (n, rounds, jobs) = (arg(1, 2000), arg(2, 20), arg(3, 200) as u32);
-    let probes = arg(4, 1000) as usize;
+    common::require_kvm("doorbell_bench");
+    let (n, rounds, jobs) = (
+        common::arg(1, 2000),
+        common::arg(2, 20),
+        common::arg(3, 200) as u32,
+    );
+    let probes = common::arg(4, 1000) as usize;
 
     let mut floor = eventfd_floor(2000, Duration::from_micros(500), None);
-    let (f50, f99) = (pct(&mut floor, 0.5), pct(&mut floor, 0.99));
+    let (f50, f99) = (common::pct(&mut floor, 0.5), common::pct(&mut floor, 0.99));
     println!(
         "eventfd wake-up of a host thread (epoll), alone: p50 {f50:.1} us, p99 {f99:.1} us ({} samples)",
         floor.len()
@@ -334,8 +319,8 @@ fn main() {
 
     let (mut bare, mut bell) = write_costs(n, rounds);
     let mut ratios: Vec<f64> = bell.iter().zip(&bare).map(|(d, b)| d / b).collect();
-    let ratio = pct(&mut ratios, 0.5);
-    let (b50, d50) = (pct(&mut bare, 0.5), pct(&mut bell, 0.5));
+    let ratio = common::pct(&mut ratios, 0.5);
+    let (b50, d50) = (common::pct(&mut bare, 0.5), common::pct(&mut bell, 0.5));
     println!(
         "guest write, ns per write over {rounds} rounds x {n}: bare ioeventfd p50 {b50:.0}, vGPU doorbell p50 {d50:.0}; per-round ratio p50 {ratio:.2} (min {:.2}, max {:.2})",
         ratios[0],
@@ -343,8 +328,11 @@ fn main() {
     );
 
     let (mut det, submitted, mut busy_floor) = detection(jobs);
-    let (p50, p99) = (pct(&mut det, 0.5), pct(&mut det, 0.99));
-    let (bf50, bf99) = (pct(&mut busy_floor, 0.5), pct(&mut busy_floor, 0.99));
+    let (p50, p99) = (common::pct(&mut det, 0.5), common::pct(&mut det, 0.99));
+    let (bf50, bf99) = (
+        common::pct(&mut busy_floor, 0.5),
+        common::pct(&mut busy_floor, 0.99),
+    );
     println!(
         "high-priority doorbell -> preemption issued: p50 {p50:.1} us, p99 {p99:.1} us ({} of {submitted} jobs preempted)",
         det.len()

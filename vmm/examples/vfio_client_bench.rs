@@ -22,57 +22,32 @@
 //! `cargo run --release -p hqdmux --example vfio_client_bench [N=2000] [ROUNDS=10] [JOBS=200]`
 //! Last line: `relay_store_ns=A page_store_ns=B relay_detect_p50_us=C page_detect_p50_us=D`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch};
 use mdev::arbiter::{DoorbellSeen, GpuArbiter};
-use vfio_server::{ServerOptions, VgpuServer, VgpuSpec};
+use vfio_server::VgpuServer;
 use vmm::config::FleetConfig;
 use vmm::fleet::{attach_remote_vgpu, start_arbiter};
 use vmm::vm::{Vm, VmReport, VmSpec};
 use vmm_sys_util::eventfd::EventFd;
 
+mod common;
+
 /// The bare ioeventfd the store rounds write (MMIO hole).
 const BARE_ADDR: u64 = 0xE000_0000;
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
-}
-
-fn sock(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "hqdmux-vfio-client-bench-{}-{tag}.sock",
-        std::process::id()
-    ))
-}
-
 /// A vGPU server named `tag`, with or without the doorbell page.
 fn server(m: &Arc<GpuArbiter>, tag: &str, page: bool) -> Arc<VgpuServer> {
-    let s = VgpuServer::bind(
-        &sock(tag),
-        VgpuSpec {
-            name: tag.into(),
-            params: Default::default(),
-            preempt_timeout: Duration::from_secs(9),
-            guard: Default::default(),
-            quantum: None,
-        },
-        m.clone(),
-        ServerOptions {
-            doorbell_poll: page.then_some(vfio_server::DEFAULT_DOORBELL_POLL),
-            ..Default::default()
-        },
+    common::vgpu_server(
+        m,
+        &common::sock("hqdmux-vfio-client-bench", tag),
+        tag,
+        Default::default(),
+        common::page_options(page),
     )
-    .expect("bind");
-    s.spawn().expect("serve");
-    s
 }
 
 /// Runs one `builtin:doorbell` guest with `args` on the vGPU at `socket`
@@ -130,13 +105,7 @@ fn store_costs(socket: &Path, n: u64, rounds: u64, page: bool) -> (Vec<f64>, Vec
         &format!("bare={BARE_ADDR:#x} n={n} rounds={rounds}"),
         page,
     );
-    let per = |a, b| -> Vec<f64> {
-        r.spans(a, b)
-            .iter()
-            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
-            .collect()
-    };
-    (per(10, 11), per(12, 13))
+    common::store_ns(&r, n)
 }
 
 /// Guest checkpoint 2 -> the arbiter saw the doorbell (us), per job.
@@ -169,17 +138,12 @@ fn detection(m: &Arc<GpuArbiter>, srv: &Arc<VgpuServer>, jobs: u64, page: bool) 
 }
 
 fn main() {
-    if !vmm::kvm_available() {
-        eprintln!("vfio_client_bench: /dev/kvm is not available");
-        std::process::exit(1);
-    }
-    let arg = |i: usize, d: u64| {
-        std::env::args()
-            .nth(i)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(d)
-    };
-    let (n, rounds, jobs) = (arg(1, 2000), arg(2, 10), arg(3, 200));
+    common::require_kvm("vfio_client_bench");
+    let (n, rounds, jobs) = (
+        common::arg(1, 2000),
+        common::arg(2, 10),
+        common::arg(3, 200),
+    );
     let cfg = FleetConfig::parse(
         "[[vm]]\nname = \"x\"\nimage = \"builtin:gpu\"\nmemory_mib = 256\ngpu = true\n",
         Path::new("/"),
@@ -192,11 +156,11 @@ fn main() {
         let (mut bare, mut bell) = store_costs(srv.path(), n, rounds, page);
         let mut det = detection(&m, &srv, jobs, page);
         let (b50, d50, d99) = (
-            pct(&mut bare, 0.5),
-            pct(&mut bell, 0.5),
-            pct(&mut bell, 0.99),
+            common::pct(&mut bare, 0.5),
+            common::pct(&mut bell, 0.5),
+            common::pct(&mut bell, 0.99),
         );
-        let (t50, t99) = (pct(&mut det, 0.5), pct(&mut det, 0.99));
+        let (t50, t99) = (common::pct(&mut det, 0.5), common::pct(&mut det, 0.99));
         println!(
             "{tag}: guest store ns ({rounds} rounds x {n}): vGPU doorbell p50 {d50:.0} p99 {d99:.0}, bare ioeventfd p50 {b50:.0}; doorbell -> arbiter saw it ({} of {jobs} jobs): p50 {t50:.1} us p99 {t99:.1} us",
             det.len()

@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::Kvm;
 use mdev::arbiter::{DoorbellObserver, DoorbellSeen, GpuArbiter};
-use vfio_server::{ServerOptions, VgpuServer, VgpuSpec};
+use vfio_server::{ServerOptions, VgpuServer};
 use vmm::bus::{BusAction, BusDevice};
 use vmm::config::FleetConfig;
 use vmm::fleet::{attach_remote_vgpu, attach_vgpu, start_arbiter, VgpuAttachment};
@@ -55,42 +55,27 @@ use vmm::vm::{Vm, VmReport, VmSpec};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+mod common;
+
 /// The trapped "doorbell" the guest's bare rounds write (MMIO hole).
 const TRAP_ADDR: u64 = 0xE000_0000;
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
-}
-
 fn sock(tag: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "hqdmux-vfio-bench-{}-{tag}.sock",
-        std::process::id()
-    ))
+    common::sock("hqdmux-vfio-bench", tag)
 }
 
 /// A vGPU server for `name` on `a`.
 fn server(a: &Arc<GpuArbiter>, name: &str, priority: u8) -> Arc<VgpuServer> {
-    let s = VgpuServer::bind(
+    common::vgpu_server(
+        a,
         &sock(name),
-        VgpuSpec {
-            name: name.into(),
-            params: scheduler::VmParams {
-                priority,
-                ..Default::default()
-            },
-            preempt_timeout: Duration::from_secs(9),
-            guard: Default::default(),
-            quantum: None,
+        name,
+        scheduler::VmParams {
+            priority,
+            ..Default::default()
         },
-        a.clone(),
         ServerOptions::default(),
     )
-    .expect("bind");
-    s.spawn().expect("serve");
-    s
 }
 
 /// One end of a socket pair whose other end echoes 32-byte messages.
@@ -207,13 +192,7 @@ fn write_costs(m: &Arc<GpuArbiter>, trap: Trap, n: u64, rounds: u64) -> (Vec<f64
     );
     let r = &run(m, &toml, 0, Some(Arc::new(trap))).0[0];
     assert!(r.outcome.is_success(), "{}: {:?}", r.outcome, r.console);
-    let per = |a, b| -> Vec<f64> {
-        r.spans(a, b)
-            .iter()
-            .map(|d| d.as_secs_f64() * 1e9 / n as f64)
-            .collect()
-    };
-    (per(10, 11), per(12, 13))
+    common::store_ns(r, n)
 }
 
 /// Wake-ups (us) of an idle host thread in epoll on an eventfd, one every
@@ -359,23 +338,13 @@ fn cpu_time() -> Duration {
 /// Section 4: (socket detection us, page detection us, poll CPU % of a
 /// core, scans per second).
 fn mmap_doorbells(m: &Arc<GpuArbiter>, kernels: u64) -> (Vec<f64>, Vec<f64>, f64, f64) {
-    let srv = VgpuServer::bind(
+    let srv = common::vgpu_server(
+        m,
         &sock_path("mmap"),
-        VgpuSpec {
-            name: "mmap".into(),
-            params: Default::default(),
-            preempt_timeout: Duration::from_secs(9),
-            guard: Default::default(),
-            quantum: None,
-        },
-        m.clone(),
-        ServerOptions {
-            doorbell_poll: Some(vfio_server::DEFAULT_DOORBELL_POLL),
-            ..Default::default()
-        },
-    )
-    .expect("bind");
-    srv.spawn().expect("serve");
+        "mmap",
+        Default::default(),
+        common::page_options(true),
+    );
     let mut g = HostGuest::attach(srv.path(), m.topology());
     let bar2 = g.bar2.expect("BAR2 offered as a page");
     let h = srv.handle().expect("registered");
@@ -435,20 +404,13 @@ fn mmap_doorbells(m: &Arc<GpuArbiter>, kernels: u64) -> (Vec<f64>, Vec<f64>, f64
     let scans = (srv.stats().bar2_scans - scans0) as f64;
     drop(g);
     srv.stop();
-    let plain = VgpuServer::bind(
+    let plain = common::vgpu_server(
+        m,
         &sock_path("nopage"),
-        VgpuSpec {
-            name: "nopage".into(),
-            params: Default::default(),
-            preempt_timeout: Duration::from_secs(9),
-            guard: Default::default(),
-            quantum: None,
-        },
-        m.clone(),
+        "nopage",
+        Default::default(),
         ServerOptions::default(),
-    )
-    .expect("bind");
-    plain.spawn().expect("serve");
+    );
     let g = HostGuest::attach(plain.path(), m.topology());
     assert!(g.bar2.is_none());
     let without = idle("no page");
@@ -457,23 +419,20 @@ fn mmap_doorbells(m: &Arc<GpuArbiter>, kernels: u64) -> (Vec<f64>, Vec<f64>, f64
     (sock, page, (with - without).max(0.0) * 100.0, scans)
 }
 
+/// [`sock`], for where a local binding shadows it.
 fn sock_path(tag: &str) -> PathBuf {
     sock(tag)
 }
 
 fn main() {
-    if !vmm::kvm_available() {
-        eprintln!("vfio_doorbell_bench: /dev/kvm is not available");
-        std::process::exit(1);
-    }
-    let arg = |i: usize, d: u64| {
-        std::env::args()
-            .nth(i)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(d)
-    };
-    let (n, rounds, jobs, samples) = (arg(1, 2000), arg(2, 20), arg(3, 100), arg(4, 5000));
-    let kernels = arg(5, 400);
+    common::require_kvm("vfio_doorbell_bench");
+    let (n, rounds, jobs, samples) = (
+        common::arg(1, 2000),
+        common::arg(2, 20),
+        common::arg(3, 100),
+        common::arg(4, 5000),
+    );
+    let kernels = common::arg(5, 400);
     let cfg = FleetConfig::parse(&vm("x", "gpu", 0, "true", ""), Path::new("/")).unwrap();
     let m = start_arbiter(&cfg).expect("arbiter");
 
@@ -498,10 +457,10 @@ fn main() {
     drop(c);
     println!(
         "host round trip ({samples} samples): bare Unix socket p50 {:.1} us p99 {:.1} us; vfio-user BAR2 REGION_WRITE p50 {:.1} us p99 {:.1} us",
-        pct(&mut bare, 0.5),
-        pct(&mut bare, 0.99),
-        pct(&mut rw, 0.5),
-        pct(&mut rw, 0.99)
+        common::pct(&mut bare, 0.5),
+        common::pct(&mut bare, 0.99),
+        common::pct(&mut rw, 0.5),
+        common::pct(&mut rw, 0.99)
     );
 
     // 2. Guest write costs.
@@ -513,14 +472,14 @@ fn main() {
     let mut rb: Vec<f64> = b_trap.iter().zip(&b_bell).map(|(t, b)| t / b).collect();
     let mut bells: Vec<f64> = a_bell.iter().chain(&b_bell).copied().collect();
     let (at50, bt50, bl50) = (
-        pct(&mut a_trap, 0.5),
-        pct(&mut b_trap, 0.5),
-        pct(&mut bells, 0.5),
+        common::pct(&mut a_trap, 0.5),
+        common::pct(&mut b_trap, 0.5),
+        common::pct(&mut bells, 0.5),
     );
-    let ratio = pct(&mut ra, 0.5);
+    let ratio = common::pct(&mut ra, 0.5);
     println!(
         "guest write, ns per write over {rounds} rounds x {n}: trapped vfio-user doorbell p50 {at50:.0}, trapped bare socket round trip p50 {bt50:.0}, ioeventfd vGPU doorbell p50 {bl50:.0}; per-round ratio to the ioeventfd doorbell: vfio-user p50 {ratio:.1}, bare socket p50 {:.1}",
-        pct(&mut rb, 0.5)
+        common::pct(&mut rb, 0.5)
     );
     let vs_socket = at50 / bt50;
 
@@ -575,8 +534,8 @@ fn main() {
         }
     }
     assert!(!det.is_empty(), "no preempting doorbell over vfio-user");
-    let (d50, d99) = (pct(&mut det, 0.5), pct(&mut det, 0.99));
-    let (f50, f99) = (pct(&mut fl, 0.5), pct(&mut fl, 0.99));
+    let (d50, d99) = (common::pct(&mut det, 0.5), common::pct(&mut det, 0.99));
+    let (f50, f99) = (common::pct(&mut fl, 0.5), common::pct(&mut fl, 0.99));
     println!(
         "vfio-user high-priority doorbell (guest checkpoint) -> preemption issued: p50 {d50:.1} us, p99 {d99:.1} us ({} of {} jobs preempted); eventfd floor meanwhile p50 {f50:.1} us p99 {f99:.1} us",
         det.len(),
@@ -590,10 +549,10 @@ fn main() {
     // 4. The mmapped BAR2 doorbell.
     let (mut ds, mut dp, poll_cpu, scans) = mmap_doorbells(&m, kernels);
     let (s50, s99, p50, p99) = (
-        pct(&mut ds, 0.5),
-        pct(&mut ds, 0.99),
-        pct(&mut dp, 0.5),
-        pct(&mut dp, 0.99),
+        common::pct(&mut ds, 0.5),
+        common::pct(&mut ds, 0.99),
+        common::pct(&mut dp, 0.5),
+        common::pct(&mut dp, 0.99),
     );
     println!(
         "doorbell -> arbiter served ({} kernels each): REGION_WRITE p50 {s50:.1} us p99 {s99:.1} us; mmapped BAR2 page (poll every {} us) p50 {p50:.1} us p99 {p99:.1} us; poller {scans:.0} scans/s, {poll_cpu:.1}% of a core while a queue is loaded",

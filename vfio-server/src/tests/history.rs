@@ -21,9 +21,7 @@ fn hang(g: &mut Guest, seed: u32) {
 /// The high-priority guest runs a kernel (preempting the hung one) and the
 /// hung one is reset with error 22.
 fn preempt(hi: &mut Guest, g: &mut Guest, seed: u32) {
-    let w = hi.kernel(4, 10_000, seed);
-    hi.ring(0, w);
-    wait("high-priority kernel", || hi.done());
+    hi.run_small(seed, "high-priority kernel");
     wait("error 22", || {
         g.rd(hqd_reg(0, reg::CP_HQD_ERROR)) == error::PREEMPTION_TIMEOUT
     });
@@ -98,9 +96,7 @@ fn hangs_are_escalated_and_quarantined_across_reconnects_until_the_operator_clea
     assert!(!srv.clear_quarantine());
     let mut g = Guest::attach(srv.path(), a.topology());
     g.load(0);
-    let w = g.kernel(4, 10_000, 3);
-    g.ring(0, w);
-    wait("kernels after the clear", || g.done());
+    g.run_small(3, "kernels after the clear");
     g.tvm.verify(&g.q).unwrap();
     assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
     srv.stop();

@@ -5,9 +5,7 @@ use super::*;
 
 /// The good vGPU runs `n` more kernels, each verified (marks exactly once).
 fn good_runs(g: &mut Guest, seed: u32) {
-    let w = g.kernel(4, 10_000, seed);
-    g.ring(0, w);
-    wait("good kernels", || g.done());
+    g.run_small(seed, "good kernels");
     g.tvm.verify(&g.q).unwrap();
     assert_eq!(g.rd(hqd_reg(0, reg::CP_HQD_ERROR)), 0);
 }
@@ -23,48 +21,15 @@ fn running_guest(srv: &VgpuServer, a: &GpuArbiter, seed: u32) -> Guest {
 /// A hostile vGPU (`bad`) beside a good one whose guest already ran
 /// kernels, on one arbiter; both stop when dropped.
 fn pair(tag: &str) -> (Arc<GpuArbiter>, Served, Served, Guest) {
-    let a = tiny_arbiter();
-    let bad = serve(&a, &format!("{tag}-bad"), 8, ServerOptions::default());
-    let good = serve(&a, &format!("{tag}-good"), 8, ServerOptions::default());
+    let (a, bad, good) = two_tenants(tag);
     let g = running_guest(&good, &a, 1);
     (a, bad, good, g)
-}
-
-fn header(id: u16, command: u16, size: u32, flags: u32) -> Vec<u8> {
-    Header {
-        id,
-        command,
-        size,
-        flags,
-        error: 0,
-    }
-    .encode()
-    .to_vec()
-}
-
-fn reply(s: &mut UnixStream) -> (Header, Vec<u8>) {
-    let mut hb = [0u8; wire::HEADER];
-    s.read_exact(&mut hb).unwrap();
-    let r = Header::decode(&hb);
-    let mut rb = vec![0u8; r.size as usize - wire::HEADER];
-    s.read_exact(&mut rb).unwrap();
-    (r, rb)
 }
 
 /// A message with `fds` attached; returns the reply.
 fn with_fds(s: &mut UnixStream, m: &[u8], fds: &[RawFd]) -> (Header, Vec<u8>) {
     s.send_with_fds(&[m], fds).unwrap();
     reply(s)
-}
-
-fn dma_map_msg(off: u64, addr: u64, size: u64) -> Vec<u8> {
-    let mut m = header(1, cmd::DMA_MAP, 48, 0);
-    m.extend_from_slice(&32u32.to_le_bytes());
-    m.extend_from_slice(&3u32.to_le_bytes());
-    for v in [off, addr, size] {
-        m.extend_from_slice(&v.to_le_bytes());
-    }
-    m
 }
 
 fn set_irqs_msg(flags: u32, index: u32, start: u32, count: u32) -> Vec<u8> {
@@ -428,9 +393,7 @@ fn a_client_that_blocks_its_eventfd_stalls_nobody_else() {
         assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
     }
     b.vectors[0].write(u64::MAX - 1).unwrap();
-    let w = b.kernel(4, 10_000, 1);
-    b.ring(0, w);
-    wait("bad kernels", || b.done());
+    b.run_small(1, "bad kernels");
     // The completion interrupt cannot be sent; the other vGPU still runs.
     good_runs(&mut g, 2);
     good_runs(&mut g, 3);

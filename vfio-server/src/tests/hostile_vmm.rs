@@ -3,37 +3,6 @@
 
 use super::*;
 
-fn header(id: u16, command: u16, size: u32, flags: u32) -> Vec<u8> {
-    Header {
-        id,
-        command,
-        size,
-        flags,
-        error: 0,
-    }
-    .encode()
-    .to_vec()
-}
-
-fn reply(s: &mut UnixStream) -> (Header, Vec<u8>) {
-    let mut hb = [0u8; wire::HEADER];
-    s.read_exact(&mut hb).unwrap();
-    let r = Header::decode(&hb);
-    let mut rb = vec![0u8; r.size as usize - wire::HEADER];
-    s.read_exact(&mut rb).unwrap();
-    (r, rb)
-}
-
-fn dma_map_msg(off: u64, addr: u64, size: u64) -> Vec<u8> {
-    let mut m = header(1, cmd::DMA_MAP, 48, 0);
-    m.extend_from_slice(&32u32.to_le_bytes());
-    m.extend_from_slice(&3u32.to_le_bytes());
-    for v in [off, addr, size] {
-        m.extend_from_slice(&v.to_le_bytes());
-    }
-    m
-}
-
 /// A memfd of `len` bytes sealed against shrinking (as QEMU's).
 fn sealed(len: u64) -> File {
     // SAFETY: valid C string; the fd returned is ours.
@@ -66,12 +35,7 @@ fn vm_size_kib() -> u64 {
 /// reached through the fd, and the other tenant maps and runs.
 #[test]
 fn a_flood_of_huge_sealed_maps_leaves_the_daemon_its_address_space() {
-    let (_a, bad, good) = {
-        let a = tiny_arbiter();
-        let bad = serve(&a, "vas-bad", 8, ServerOptions::default());
-        let good = serve(&a, "vas-good", 8, ServerOptions::default());
-        (a, bad, good)
-    };
+    let (_a, bad, good) = two_tenants("vas");
     let mut s = UnixStream::connect(bad.path()).unwrap();
     let big = sealed(1 << 46);
     let before = vm_size_kib();
@@ -111,9 +75,7 @@ fn a_flood_of_huge_sealed_maps_leaves_the_daemon_its_address_space() {
     // Then that tenant's VMM attaches for real and runs its kernels.
     let mut g = Guest::attach(good.path(), _a.topology());
     g.load(0);
-    let w = g.kernel(4, 10_000, 1);
-    g.ring(0, w);
-    wait("good kernel", || g.done());
+    g.run_small(1, "good kernel");
     g.tvm.verify(&g.q).unwrap();
     drop(g);
     drop(s);
@@ -127,9 +89,7 @@ fn a_flood_of_huge_sealed_maps_leaves_the_daemon_its_address_space() {
 /// other tenant's kernels run exactly once, nothing leaks into the arbiter.
 #[test]
 fn unmaps_and_resets_mid_kernel_cost_the_other_tenant_nothing() {
-    let a = tiny_arbiter();
-    let bad = serve(&a, "mid-bad", 8, ServerOptions::default());
-    let good = serve(&a, "mid-good", 8, ServerOptions::default());
+    let (a, bad, good) = two_tenants("mid");
     let mut g = Guest::attach(good.path(), a.topology());
     g.load(0);
     let mut b = Guest::attach(bad.path(), a.topology());
@@ -147,9 +107,7 @@ fn unmaps_and_resets_mid_kernel_cost_the_other_tenant_nothing() {
             b.client.dma_map(0, 0, MEM, b.ram.as_raw_fd()).unwrap();
         }
         b.client.reset().unwrap();
-        let gw = g.kernel(4, 10_000, round);
-        g.ring(0, gw);
-        wait("good", || g.done());
+        g.run_small(round, "good");
         g.tvm.verify(&g.q).unwrap();
         // The bad one re-loads its queue fresh (a new ring).
         b.q = b.tvm.queue(a.topology(), 64, 0);

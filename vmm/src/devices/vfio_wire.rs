@@ -441,6 +441,28 @@ mod tests {
         assert!(sparse_areas(&reply_with_caps(&[]), usize::MAX).is_err());
     }
 
+    /// Reads one whole request (header and body) off the fake server's
+    /// end and returns its header.
+    fn take_request(b: &mut UnixStream) -> Header {
+        let mut h = [0u8; 16];
+        b.read_exact(&mut h).unwrap();
+        let h = Header::decode(&h);
+        let mut skip = vec![0u8; h.size as usize - 16];
+        b.read_exact(&mut skip).unwrap();
+        h
+    }
+
+    /// A bare successful reply header to `h`.
+    fn reply_to(h: &Header) -> Header {
+        Header {
+            id: h.id,
+            command: h.command,
+            size: 16,
+            flags: wire::TYPE_REPLY,
+            error: 0,
+        }
+    }
+
     /// A fake server on a socket pair that answers VERSION and GET_INFO,
     /// then runs `rest` on its end.
     fn pair(rest: impl FnOnce(UnixStream) + Send + 'static) -> Result<UserClient, WireError> {
@@ -451,17 +473,10 @@ mod tests {
                 i[4..8].copy_from_slice(&wire::DEVICE_FLAGS_PCI.to_le_bytes());
                 i
             }] {
-                let mut h = [0u8; 16];
-                b.read_exact(&mut h).unwrap();
-                let h = Header::decode(&h);
-                let mut skip = vec![0u8; h.size as usize - 16];
-                b.read_exact(&mut skip).unwrap();
+                let h = take_request(&mut b);
                 let r = Header {
-                    id: h.id,
-                    command: h.command,
                     size: 16 + body.len() as u32,
-                    flags: wire::TYPE_REPLY,
-                    error: 0,
+                    ..reply_to(&h)
                 };
                 b.write_all(&r.encode()).unwrap();
                 b.write_all(&body).unwrap();
@@ -475,17 +490,11 @@ mod tests {
     fn a_server_that_closes_the_socket_is_lost_and_an_error_reply_is_not() {
         let mut c = pair(|mut b| {
             // Refuse one request, then leave.
-            let mut h = [0u8; 16];
-            b.read_exact(&mut h).unwrap();
-            let h = Header::decode(&h);
-            let mut skip = vec![0u8; h.size as usize - 16];
-            b.read_exact(&mut skip).unwrap();
+            let h = take_request(&mut b);
             let r = Header {
-                id: h.id,
-                command: h.command,
-                size: 16,
                 flags: wire::TYPE_REPLY | wire::FLAG_ERROR,
                 error: libc::EINVAL as u32,
+                ..reply_to(&h)
             };
             b.write_all(&r.encode()).unwrap();
         })
@@ -518,17 +527,10 @@ mod tests {
     fn a_server_that_trickles_its_reply_is_lost() {
         let (a, mut b) = UnixStream::pair().unwrap();
         let server = std::thread::spawn(move || {
-            let mut h = [0u8; 16];
-            b.read_exact(&mut h).unwrap();
-            let h = Header::decode(&h);
-            let mut skip = vec![0u8; h.size as usize - 16];
-            b.read_exact(&mut skip).unwrap();
+            let h = take_request(&mut b);
             let r = Header {
-                id: h.id,
-                command: h.command,
                 size: MAX_REPLY as u32,
-                flags: wire::TYPE_REPLY,
-                error: 0,
+                ..reply_to(&h)
             };
             let mut bytes = r.encode().to_vec();
             bytes.resize(MAX_REPLY, 0);
@@ -550,15 +552,10 @@ mod tests {
     #[test]
     fn a_reply_to_another_request_ends_the_connection() {
         let mut c = pair(|mut b| {
-            let mut h = [0u8; 16];
-            b.read_exact(&mut h).unwrap();
-            let h = Header::decode(&h);
+            let h = take_request(&mut b);
             let r = Header {
                 id: h.id.wrapping_add(7),
-                command: h.command,
-                size: 16,
-                flags: wire::TYPE_REPLY,
-                error: 0,
+                ..reply_to(&h)
             };
             b.write_all(&r.encode()).unwrap();
         })

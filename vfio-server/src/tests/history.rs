@@ -118,7 +118,7 @@ fn a_new_server_of_the_same_name_starts_over() {
         ServerOptions::default(),
     )
     .unwrap();
-    srv.spawn().unwrap();
+    let serving = srv.spawn().unwrap();
     let hi_srv = serve(&a, "again-hi", 12, ServerOptions::default());
     let mut hi = Guest::attach(hi_srv.path(), a.topology());
     hi.load(0);
@@ -128,6 +128,9 @@ fn a_new_server_of_the_same_name_starts_over() {
     drop(g);
     srv.stop();
     wait("released", || srv.handle().is_none());
+    // As the API's removal does: the serving thread (and its listener) is
+    // gone before the same socket is bound again.
+    serving.join().unwrap();
     drop(srv);
     let srv = VgpuServer::bind(&sock("again"), sp, a.clone(), ServerOptions::default()).unwrap();
     srv.spawn().unwrap();

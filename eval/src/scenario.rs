@@ -535,17 +535,20 @@ pub const MAX_QUEUES: u64 = 4096;
 /// error, not a host out of memory.
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
 
-/// The UTF-8 text of `path`, at most [`MAX_FILE_BYTES`].
-fn read_bounded(path: &Path) -> std::io::Result<String> {
+/// The UTF-8 text of `path`, at most `max_bytes` (an `InvalidData` error
+/// past it): a configuration or scenario file that is `/dev/zero` or a
+/// runaway file is an error, not a host out of memory. Shared by scenario
+/// files ([`MAX_FILE_BYTES`]) and the VMM's fleet and devices files.
+pub fn read_bounded(path: &Path, max_bytes: u64) -> std::io::Result<String> {
     use std::io::Read;
     let mut text = String::new();
     std::fs::File::open(path)?
-        .take(MAX_FILE_BYTES + 1)
+        .take(max_bytes.saturating_add(1))
         .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_FILE_BYTES {
+    if text.len() as u64 > max_bytes {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("larger than {MAX_FILE_BYTES} bytes"),
+            format!("larger than {max_bytes} bytes"),
         ));
     }
     Ok(text)
@@ -569,7 +572,8 @@ impl Scenario {
     /// A scenario file.
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
         let file = path.display().to_string();
-        let text = read_bounded(path).map_err(|e| ScenarioError::Read(file.clone(), e))?;
+        let text =
+            read_bounded(path, MAX_FILE_BYTES).map_err(|e| ScenarioError::Read(file.clone(), e))?;
         Self::parse(&text, &file)
     }
 

@@ -498,22 +498,6 @@ impl VmConfig {
 /// error, not a host out of memory.
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
-/// The UTF-8 text of `path`, at most [`MAX_CONFIG_BYTES`].
-fn read_bounded(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("larger than {MAX_CONFIG_BYTES} bytes"),
-        ));
-    }
-    Ok(text)
-}
-
 /// Where a guest image comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImageSource {
@@ -641,9 +625,11 @@ impl fmt::Display for Place {
 impl FleetConfig {
     /// Reads, parses and validates a fleet file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = read_bounded(path).map_err(|source| ConfigError::Read {
-            file: path.to_owned(),
-            source,
+        let text = eval::scenario::read_bounded(path, MAX_CONFIG_BYTES).map_err(|source| {
+            ConfigError::Read {
+                file: path.to_owned(),
+                source,
+            }
         })?;
         Self::parse(&text, path)
     }

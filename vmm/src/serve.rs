@@ -104,10 +104,12 @@ pub struct DevicesConfig {
 impl DevicesConfig {
     /// Reads and checks `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            file: path.into(),
-            source,
-        })?;
+        let text = eval::scenario::read_bounded(path, crate::config::MAX_CONFIG_BYTES).map_err(
+            |source| ConfigError::Read {
+                file: path.into(),
+                source,
+            },
+        )?;
         Self::parse(&text, path)
     }
 
@@ -470,6 +472,17 @@ fn wait_readable(fd: &vmm_sys_util::eventfd::EventFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A devices file is read with the fleet file's size bound: `/dev/zero`
+    /// is an error naming the file, not a host out of memory.
+    #[test]
+    fn a_runaway_devices_file_is_an_error() {
+        let e = DevicesConfig::load(Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/dev/zero: cannot read: larger than 16777216 bytes"
+        );
+    }
 
     #[test]
     fn a_devices_file_is_checked_like_a_fleet_file() {

@@ -866,7 +866,10 @@ fn doorbells_stored_in_the_mmapped_bar2_page_run_kernels_without_a_message() {
     g.tvm.verify(&g.q).unwrap();
     let s = srv.stats();
     assert_eq!(s.doorbells, 0, "no BAR2 message");
-    assert!(s.mmap_doorbells >= 2, "{s:?}");
+    // The second kernel can only have been noticed in the page (the queue
+    // was loaded long before); the first may also have been picked up by
+    // the load itself, when the load was served after the kernel's write.
+    assert!(s.mmap_doorbells >= 1, "{s:?}");
     assert!(s.bar2_scans >= 1);
     // A reset zeroes the page; the old values raise nothing.
     g.client.reset().unwrap();

@@ -8,34 +8,17 @@
 //! idle vs saturated) is `cargo run --release -p hqdmux-tests --example
 //! multigpu_latency`, recorded in docs/benchmarks.md.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
 
 use hqdmux_tests::{scratch_dir, LiveFleet};
 use serde_json::Value;
 use vmm::vm::VmOutcome;
 
+/// One request through the VMM's own API client (`vmm::http::call`).
 fn send(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    let raw = match body {
-        Some(b) => format!(
-            "{method} {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
-            b.len()
-        ),
-        None => format!("{method} {path} HTTP/1.1\r\nHost: hqdmux\r\nConnection: close\r\n\r\n"),
-    };
-    let mut s = UnixStream::connect(sock).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(raw.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).unwrap();
-    let text = String::from_utf8_lossy(&out);
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    (
-        head.split(' ').nth(1).unwrap().parse().unwrap(),
-        body.to_owned(),
-    )
+    let body = body.map(|b| ("application/json", b.as_bytes()));
+    let (st, out) = vmm::http::call(sock, method, path, body).expect("API request");
+    (st, String::from_utf8_lossy(&out).into_owned())
 }
 
 fn json(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {

@@ -4,41 +4,17 @@
 
 use super::*;
 use crate::mem::SparseMemory;
-use crate::probe::{hqd_reg as hr, load_hqd, mqd_addr};
+use crate::probe::{hqd_reg as hr, load_hqd, mqd_addr, RecordingIrqs};
 use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
 use abi::kernel::KernelKind;
 use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{dequeue, reg, ERROR_VECTOR, VGPU_ID_VALUE};
 
-/// Records raised vectors; optionally panics (a host bug in this VM's path).
-#[derive(Default)]
-struct Irqs {
-    raised: Mutex<Vec<u16>>,
-    cv: Condvar,
-    panic_on_raise: bool,
-}
-
-impl InterruptSink for Irqs {
-    fn raise(&self, vector: u16) {
-        if self.panic_on_raise {
-            panic!("injected host bug");
-        }
-        lock(&self.raised).push(vector);
-        self.cv.notify_all();
-    }
-}
-
-impl Irqs {
-    fn count(&self, vector: u16) -> usize {
-        lock(&self.raised).iter().filter(|v| **v == vector).count()
-    }
-}
-
 struct Guest {
     h: VgpuHandle,
     fe: Arc<VgpuFrontEnd>,
-    irqs: Arc<Irqs>,
+    irqs: Arc<RecordingIrqs>,
     tvm: TestVm,
     q: GuestQueue,
     mailbox: u64,
@@ -49,9 +25,10 @@ fn arbiter() -> Arc<GpuArbiter> {
 }
 
 fn guest(a: &GpuArbiter, name: &str, prio: u8, panic_on_raise: bool) -> Guest {
-    let irqs = Arc::new(Irqs {
-        panic_on_raise,
-        ..Default::default()
+    let irqs = Arc::new(if panic_on_raise {
+        RecordingIrqs::panicking()
+    } else {
+        RecordingIrqs::new()
     });
     let g = crate::probe::add_guest(a, name, prio, 1 << 32, 64, irqs.clone());
     let mut tvm = g.tvm;
@@ -99,11 +76,8 @@ impl Guest {
     /// Sleeps on vector interrupts until `done` holds (deadline against hangs).
     fn wait_until(&self, what: &str, done: impl Fn(&Guest) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !done(self) {
-            assert!(Instant::now() < deadline, "{what}: no progress");
-            let g = lock(&self.irqs.raised);
-            drop(self.irqs.cv.wait_timeout(g, Duration::from_millis(5)));
-        }
+        let held = self.irqs.wait_until(deadline, || done(self));
+        assert!(held, "{what}: no progress");
     }
 }
 
@@ -371,7 +345,7 @@ fn a_removed_vms_memory_and_front_end_are_released_once_its_queues_are_gone() {
 }
 
 /// An interrupt sink that blocks while `held` is set, as a VM's MSI-X lock
-/// held by one of its vCPUs would.
+/// held by one of its vCPUs would (kept here: no other test blocks a raise).
 #[derive(Default)]
 struct Gate {
     held: Mutex<bool>,

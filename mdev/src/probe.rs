@@ -3,6 +3,8 @@
 //! eventfd wake-up of a host thread, measured in the same run. Used by
 //! `mdev/examples/arbiter_wake.rs` and `vmm/examples/doorbell_bench.rs`
 //! (docs/benchmarks.md). Host figures only; nothing here asserts timing.
+//! Also the interrupt sinks every test, example and fuzz harness uses
+//! ([`NoIrqs`], [`RecordingIrqs`]).
 
 use crate::arbiter::{DoorbellSeen, GpuArbiter};
 use crate::backend::PhysGpu;
@@ -16,18 +18,14 @@ use abi::kernel::KernelKind;
 use abi::vgpu::{hqd_state, reg};
 use scheduler::{SchedConfig, VmParams};
 use std::os::fd::AsRawFd;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-struct Irq(Mutex<Sender<u16>>);
-impl InterruptSink for Irq {
-    fn raise(&self, v: u16) {
-        let _ = self.0.lock().unwrap().send(v);
-    }
-}
+mod irqs;
+pub use irqs::{NoIrqs, RecordingIrqs};
 
 /// The simulated GPU of `topo` for a real-time arbiter (default simulator
 /// knobs, the real-time event budget). Panics on an invalid topology (a
@@ -258,7 +256,7 @@ pub fn doorbell_spans(
         let _ = seen_tx.lock().unwrap().send(s);
     })));
     let vm = |name: &str, prio: u8| {
-        let (tx, rx) = channel();
+        let irqs = Arc::new(RecordingIrqs::new());
         // Guest memory as the VMM gives it (an mmap of the VM's RAM).
         let mem: Arc<dyn DmaMemory> = Arc::new(
             vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(
@@ -267,12 +265,12 @@ pub fn doorbell_spans(
             )])
             .unwrap(),
         );
-        let g = add_guest_in(&a, name, prio, mem, 1024, Arc::new(Irq(Mutex::new(tx))));
+        let g = add_guest_in(&a, name, prio, mem, 1024, irqs.clone());
         load_hqd(&g.fe, 0, mqd_addr(&g.q));
-        (g.fe, g.tvm, g.q, rx)
+        (g.fe, g.tvm, g.q, irqs)
     };
-    let (lo, mut lo_vm, mut lo_q, _lo_rx) = vm("lo", 2);
-    let (hi, mut hi_vm, mut hi_q, hi_rx) = vm("hi", 12);
+    let (lo, mut lo_vm, mut lo_q, _lo_irqs) = vm("lo", 2);
+    let (hi, mut hi_vm, mut hi_q, hi_irqs) = vm("hi", 12);
     // Long low-priority work: keeps the slot busy for the whole run.
     lo_vm.kernel(&mut lo_q, KernelKind::Spin, 1 << 20, 64, 1_000_000, 1, true);
     lo.doorbell_eventfd(0).write(1).unwrap();
@@ -326,7 +324,9 @@ pub fn doorbell_spans(
             wake.push(waker.sample());
         }
         // Completion interrupt of the high-priority packet.
-        while hi_rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
+        hi_irqs
+            .wait_for(0, k + 1, Duration::from_secs(10))
+            .expect("completion vector of the high-priority packet");
     }
     out.armed = a.stats().armed_preemptions;
     out.armed_mismatched = a.stats().armed_mismatched;

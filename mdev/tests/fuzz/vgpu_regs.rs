@@ -31,9 +31,10 @@ use abi::vgpu::{hqd_state, reg, NUM_VHQD};
 use gpu::topology::GpuTopology;
 use gpusim::sim::testkit::{GuestQueue, TestVm};
 use mdev::arbiter::GpuArbiter;
-use mdev::vgpu::{InterruptSink, VgpuFrontEnd, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use mdev::probe::RecordingIrqs;
+use mdev::vgpu::{VgpuFrontEnd, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
 use scheduler::{SchedConfig, VmParams};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Most ops per input.
@@ -43,38 +44,6 @@ const OP_BYTES: usize = 8;
 pub const WAIT_BUDGET: Duration = Duration::from_millis(50);
 /// Deadline of the bystander's kernel (a hang is a host bug, not slowness).
 pub const BYSTANDER_DEADLINE: Duration = Duration::from_secs(20);
-
-/// Counts raised MSI-X vectors; wakes waiters.
-#[derive(Default)]
-struct Irqs {
-    raised: Mutex<u64>,
-    cv: Condvar,
-}
-
-impl InterruptSink for Irqs {
-    fn raise(&self, _vector: u16) {
-        *self.raised.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.cv.notify_all();
-    }
-}
-
-impl Irqs {
-    /// Sleeps until `done` holds or `until`; returns whether it holds.
-    fn wait_until(&self, until: Instant, done: impl Fn() -> bool) -> bool {
-        loop {
-            if done() {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= until {
-                return false;
-            }
-            let g = self.raised.lock().unwrap_or_else(|e| e.into_inner());
-            let step = (until - now).min(Duration::from_millis(1));
-            drop(self.cv.wait_timeout(g, step));
-        }
-    }
-}
 
 fn hr(i: usize, r: usize) -> u64 {
     (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
@@ -133,7 +102,7 @@ pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
     let mqd_addr = q.mqd.get64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI);
     vm.mem.write(mqd_addr, &q.mqd.to_bytes()).unwrap();
     let mailbox = vm.alloc(8, 8);
-    let irqs = Arc::new(Irqs::default());
+    let irqs = Arc::new(RecordingIrqs::new());
     let (h, fe) = arb
         .add_vm(
             "fuzz",
@@ -205,7 +174,7 @@ pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
     let b_mqd = bq.mqd.get64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI);
     bvm.mem.write(b_mqd, &bq.mqd.to_bytes()).unwrap();
     let b_mailbox = bvm.alloc(8, 8);
-    let b_irqs = Arc::new(Irqs::default());
+    let b_irqs = Arc::new(RecordingIrqs::new());
     let (hb, bfe) = arb
         .add_vm(
             "bystander",

@@ -16,8 +16,9 @@
 
 use abi::kernel::{flags, KernelKind};
 use abi::vgpu::{error, hqd_state, reg, ERROR_VECTOR};
-use mdev::probe::{add_guest, hqd_reg, load_hqd, mqd_addr, pct, tiny_arbiter, RecordingIrqs};
-use mdev::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use mdev::probe::{
+    add_guest, hqd_reg, interrupt_signal, load_hqd, mqd_addr, pct, tiny_arbiter, RecordingIrqs,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,12 +41,7 @@ fn sample(timeout: Duration) -> (u64, u64) {
         tvm.kernel(&mut q, KernelKind::Mark, 4, 64, cost, 1, true);
         let s = *q.signals.last().unwrap();
         let mailbox = tvm.alloc(8, 8);
-        tvm.mem
-            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
-            .unwrap();
-        tvm.mem
-            .write(s + SIGNAL_EVENT_ID, &1u32.to_le_bytes())
-            .unwrap();
+        interrupt_signal(&*tvm.mem, s, mailbox, 1).unwrap();
         (g.handle, g.fe, irqs)
     };
     let (hung, hung_fe, hung_irqs) = vm("hung", 2, true);

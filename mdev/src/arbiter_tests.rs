@@ -4,9 +4,9 @@
 
 use super::*;
 use crate::mem::SparseMemory;
-use crate::probe::{hqd_reg as hr, load_hqd, mqd_addr, RecordingIrqs};
+use crate::probe::{hqd_reg as hr, interrupt_signal, load_hqd, mqd_addr, RecordingIrqs};
 use crate::sim::testkit::{GuestQueue, TestVm};
-use crate::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use crate::vgpu::SIGNAL_EVENT_MAILBOX_PTR;
 use abi::kernel::KernelKind;
 use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{dequeue, reg, ERROR_VECTOR, VGPU_ID_VALUE};
@@ -59,11 +59,7 @@ impl Guest {
             true,
         );
         let s = *self.q.signals.last().unwrap();
-        let mem = &self.tvm.mem;
-        mem.write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, self.mailbox)
-            .unwrap();
-        mem.write(s + SIGNAL_EVENT_ID, &(1000 + seed).to_le_bytes())
-            .unwrap();
+        interrupt_signal(&*self.tvm.mem, s, self.mailbox, 1000 + seed).unwrap();
         s
     }
     fn ring(&self, i: usize) {
@@ -379,9 +375,8 @@ fn the_arbiter_lock_is_never_held_while_a_front_end_waits_on_a_vm_lock() {
     load_hqd(&fe, 0, mqd_addr(&q));
     tvm.kernel(&mut q, KernelKind::Mark, 4, 64, 10_000, 1, true);
     let s = *q.signals.last().unwrap();
-    tvm.mem
-        .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
-        .unwrap();
+    // Event id 0: the value the fresh signal already holds.
+    interrupt_signal(&*tvm.mem, s, mailbox, 0).unwrap();
     fe.doorbell_eventfd(0).write(1).unwrap();
     // The completion interrupt is being raised and blocks (deadline against hangs).
     let deadline = Instant::now() + Duration::from_secs(30);

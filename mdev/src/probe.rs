@@ -8,7 +8,7 @@
 
 use crate::arbiter::{DoorbellSeen, GpuArbiter};
 use crate::backend::PhysGpu;
-use crate::mem::{DmaMemory, SparseMemory};
+use crate::mem::{DmaMemory, MemError, SparseMemory};
 use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::topology::GpuTopology;
 use crate::vgpu::{
@@ -49,6 +49,25 @@ pub fn hqd_reg(i: usize, r: usize) -> u64 {
 pub fn mqd_addr(q: &GuestQueue) -> u64 {
     q.mqd
         .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI)
+}
+
+/// What a guest driver does to have a completion raise an interrupt: makes
+/// the signal at guest address `signal` carry the 8-byte `mailbox` that
+/// receives `event_id` at completion (the vHQD's vector is raised then).
+pub fn interrupt_signal(
+    mem: &dyn DmaMemory,
+    signal: u64,
+    mailbox: u64,
+    event_id: u32,
+) -> Result<(), MemError> {
+    let at = |off: u64| {
+        signal.checked_add(off).ok_or(MemError::OutOfRange {
+            gpa: signal,
+            len: 8,
+        })
+    };
+    mem.write_u64(at(SIGNAL_EVENT_MAILBOX_PTR)?, mailbox)?;
+    mem.write(at(SIGNAL_EVENT_ID)?, &event_id.to_le_bytes())
 }
 
 /// What a guest driver does to start a queue: points vHQD `i` of `fe` at
@@ -288,14 +307,7 @@ pub fn doorbell_spans(
         wait_state(&hi, hqd_state::WAITING);
         hi_vm.kernel(&mut hi_q, KernelKind::Mark, 1, 64, 10_000, k as u32, true);
         let s = *hi_q.signals.last().unwrap();
-        hi_vm
-            .mem
-            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
-            .unwrap();
-        hi_vm
-            .mem
-            .write(s + SIGNAL_EVENT_ID, &1u32.to_le_bytes())
-            .unwrap();
+        interrupt_signal(&*hi_vm.mem, s, mailbox, 1).unwrap();
         // Past the scheduler's min_run_ns (500 us) since lo was restored:
         // the preemption is issued at the doorbell, not deferred.
         std::thread::sleep(Duration::from_micros(800));

@@ -8,8 +8,7 @@ use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{reg, NUM_VECTORS, VGPU_ID_VALUE};
 use gpu::mem::DmaMemory;
 use gpusim::sim::testkit::{GuestQueue, TestVm};
-use mdev::probe::{hqd_reg, mqd_addr, tiny_arbiter};
-use mdev::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use mdev::probe::{hqd_reg, interrupt_signal, mqd_addr, tiny_arbiter};
 use std::os::fd::AsRawFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -133,14 +132,7 @@ impl Guest {
             true,
         );
         let s = *self.q.signals.last().unwrap();
-        self.tvm
-            .mem
-            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, self.mailbox)
-            .unwrap();
-        self.tvm
-            .mem
-            .write(s + SIGNAL_EVENT_ID, &(1000 + seed).to_le_bytes())
-            .unwrap();
+        interrupt_signal(&*self.tvm.mem, s, self.mailbox, 1000 + seed).unwrap();
         w
     }
 

@@ -51,7 +51,7 @@ use vfio_server::{ServerOptions, VgpuServer};
 use vmm::bus::{BusAction, BusDevice};
 use vmm::config::FleetConfig;
 use vmm::fleet::{attach_remote_vgpu, attach_vgpu, start_arbiter, VgpuAttachment};
-use vmm::vm::{Vm, VmReport, VmSpec};
+use vmm::vm::{Vm, VmReport};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -139,18 +139,7 @@ fn run(
     let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");
     let mut built: Vec<(Vm, VgpuAttachment)> = Vec::new();
     for (id, vc) in cfg.vm.iter().enumerate() {
-        let image = vc.image.strip_prefix("builtin:").expect("builtin image");
-        let spec = VmSpec {
-            id: id as u32,
-            name: vc.name.clone(),
-            elf: images::builtin(image).expect("image").into(),
-            mem_bytes: vc.memory_mib << 20,
-            vcpus: 1,
-            args: vc.args.clone(),
-            echo: false,
-            extra_devices: Vec::new(),
-        };
-        let vm = Vm::create(&kvm, &cpuid, spec).expect("vm");
+        let vm = Vm::create(&kvm, &cpuid, common::bench_vm_spec(id, vc)).expect("vm");
         let gpu = match &vc.gpu_socket {
             Some(p) => attach_remote_vgpu(&vm, vc, p).expect("remote vgpu"),
             None => attach_vgpu(m, &vm, &cfg, vc).expect("vgpu"),

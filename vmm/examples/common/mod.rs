@@ -9,6 +9,24 @@ use std::time::Duration;
 
 use mdev::arbiter::GpuArbiter;
 use vfio_server::{ServerOptions, VgpuServer, VgpuSpec};
+use vmm::config::VmConfig;
+use vmm::vm::VmSpec;
+
+/// The spec of VM `vc`, number `id`, of a bench's fleet: its builtin image
+/// (`image = "builtin:NAME"`), one vCPU, the console not echoed.
+pub fn bench_vm_spec(id: usize, vc: &VmConfig) -> VmSpec {
+    let image = vc.image.strip_prefix("builtin:").expect("builtin image");
+    VmSpec {
+        id: id as u32,
+        name: vc.name.clone(),
+        elf: images::builtin(image).expect("image").into(),
+        mem_bytes: vc.memory_mib << 20,
+        vcpus: 1,
+        args: vc.args.clone(),
+        echo: false,
+        extra_devices: Vec::new(),
+    }
+}
 
 /// The `q` quantile of `v` (sorted in place); NaN when `v` is empty.
 pub fn pct(v: &mut [f64], q: f64) -> f64 {

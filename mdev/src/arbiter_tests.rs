@@ -4,7 +4,9 @@
 
 use super::*;
 use crate::mem::SparseMemory;
-use crate::probe::{hqd_reg as hr, interrupt_signal, load_hqd, mqd_addr, RecordingIrqs};
+use crate::probe::{
+    hqd_reg as hr, interrupt_kernel, interrupt_signal, load_hqd, mqd_addr, RecordingIrqs,
+};
 use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::vgpu::SIGNAL_EVENT_MAILBOX_PTR;
 use abi::kernel::KernelKind;
@@ -49,18 +51,8 @@ impl Guest {
     }
     /// A mark kernel whose completion signal is an interrupt signal (mailbox + event id).
     fn kernel(&mut self, groups: u32, cost_ns: u64, seed: u32) -> u64 {
-        self.tvm.kernel(
-            &mut self.q,
-            KernelKind::Mark,
-            groups,
-            64,
-            cost_ns,
-            seed,
-            true,
-        );
-        let s = *self.q.signals.last().unwrap();
-        interrupt_signal(&*self.tvm.mem, s, self.mailbox, 1000 + seed).unwrap();
-        s
+        let mailbox = self.mailbox;
+        interrupt_kernel(&mut self.tvm, &mut self.q, groups, cost_ns, seed, mailbox).1
     }
     fn ring(&self, i: usize) {
         // What KVM does for an ioeventfd doorbell.

@@ -70,6 +70,25 @@ pub fn interrupt_signal(
     mem.write(at(SIGNAL_EVENT_ID)?, &event_id.to_le_bytes())
 }
 
+/// Pushes a `Mark` kernel of `groups` 64-item workgroups (`cost_ns` each,
+/// `seed`, barrier bit set) on `q` whose completion writes `1000 + seed` to
+/// `mailbox` and raises the vHQD's vector; returns (the queue's write index
+/// after it, its completion signal). Panics if the signal is outside the
+/// guest's memory (a test helper).
+pub fn interrupt_kernel(
+    tvm: &mut TestVm,
+    q: &mut GuestQueue,
+    groups: u32,
+    cost_ns: u64,
+    seed: u32,
+    mailbox: u64,
+) -> (u64, u64) {
+    let w = tvm.kernel(q, KernelKind::Mark, groups, 64, cost_ns, seed, true);
+    let s = *q.signals.last().expect("the kernel's signal");
+    interrupt_signal(&*tvm.mem, s, mailbox, 1000 + seed).expect("signal in guest memory");
+    (w, s)
+}
+
 /// What a guest driver does to start a queue: points vHQD `i` of `fe` at
 /// the MQD at guest address `addr` and activates it.
 pub fn load_hqd(fe: &VgpuFrontEnd, i: usize, addr: u64) {
@@ -176,13 +195,19 @@ pub struct Waker {
 }
 
 impl Waker {
-    /// Starts the waiting thread.
+    /// Starts the waiting thread on CPU 1.
     pub fn start() -> Waker {
+        Self::start_on(Some(1))
+    }
+
+    /// Starts the waiting thread on CPU `cpu` ([`pin_current`]; `None`:
+    /// wherever the kernel puts it).
+    pub fn start_on(cpu: Option<usize>) -> Waker {
         let fd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
         let (tx, rx) = channel::<Instant>();
         let f2 = fd.clone();
         std::thread::spawn(move || {
-            pin_current(Some(1));
+            pin_current(cpu);
             let ep = Epoll::new().unwrap();
             ep.ctl(
                 ControlOperation::Add,

@@ -3,12 +3,11 @@
 //! Waits have a deadline against hangs; nothing asserts on durations.
 
 use super::*;
-use abi::kernel::KernelKind;
 use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{reg, NUM_VECTORS, VGPU_ID_VALUE};
 use gpu::mem::DmaMemory;
 use gpusim::sim::testkit::{GuestQueue, TestVm};
-use mdev::probe::{hqd_reg, interrupt_signal, mqd_addr, tiny_arbiter};
+use mdev::probe::{hqd_reg, interrupt_kernel, mqd_addr, tiny_arbiter};
 use std::os::fd::AsRawFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -122,18 +121,8 @@ impl Guest {
     }
 
     fn kernel(&mut self, groups: u32, cost_ns: u64, seed: u32) -> u64 {
-        let w = self.tvm.kernel(
-            &mut self.q,
-            KernelKind::Mark,
-            groups,
-            64,
-            cost_ns,
-            seed,
-            true,
-        );
-        let s = *self.q.signals.last().unwrap();
-        interrupt_signal(&*self.tvm.mem, s, self.mailbox, 1000 + seed).unwrap();
-        w
+        let mailbox = self.mailbox;
+        interrupt_kernel(&mut self.tvm, &mut self.q, groups, cost_ns, seed, mailbox).0
     }
 
     /// Runs a small kernel (4 workgroups, cost 10 000 ns, `seed`) on vHQD

@@ -52,7 +52,6 @@ use vmm::bus::{BusAction, BusDevice};
 use vmm::config::FleetConfig;
 use vmm::fleet::{attach_remote_vgpu, attach_vgpu, start_arbiter, VgpuAttachment};
 use vmm::vm::{Vm, VmReport};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 mod common;
@@ -184,43 +183,15 @@ fn write_costs(m: &Arc<GpuArbiter>, trap: Trap, n: u64, rounds: u64) -> (Vec<f64
     common::store_ns(r, n)
 }
 
-/// Wake-ups (us) of an idle host thread in epoll on an eventfd, one every
-/// 200 us until `until`.
+/// Wake-ups (us) of an idle host thread in epoll on an eventfd (not
+/// pinned), one every 200 us until `until`.
 fn floor(until: Arc<AtomicBool>) -> Vec<f64> {
-    let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let f2 = fd.try_clone().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Instant>();
-    let h = std::thread::spawn(move || {
-        let ep = Epoll::new().unwrap();
-        ep.ctl(
-            ControlOperation::Add,
-            f2.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, 0),
-        )
-        .unwrap();
-        let mut ev = [EpollEvent::default(); 1];
-        loop {
-            if ep.wait(-1, &mut ev).unwrap_or(0) == 0 {
-                continue;
-            }
-            let now = Instant::now();
-            let _ = f2.read();
-            if tx.send(now).is_err() {
-                return;
-            }
-        }
-    });
+    let waker = mdev::probe::Waker::start_on(None);
     let mut out = Vec::new();
     while !until.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_micros(200));
-        let t0 = Instant::now();
-        fd.write(1).unwrap();
-        let t1 = rx.recv().unwrap();
-        out.push((t1 - t0).as_secs_f64() * 1e6);
+        out.push(waker.sample() as f64 / 1e3);
     }
-    drop(rx);
-    fd.write(1).unwrap();
-    let _ = h.join();
     out
 }
 

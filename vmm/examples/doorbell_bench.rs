@@ -243,21 +243,8 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>) {
         inf.console
     );
     let seen = seen.lock().unwrap();
-    let mut out = Vec::new();
-    let submits: Vec<Instant> = inf
-        .checkpoints
-        .iter()
-        .filter(|c| c.0 == 2)
-        .map(|c| c.1)
-        .collect();
-    for t in &submits {
-        if let Some(d) = seen.iter().find(|d| d.vm == inference && d.at > *t) {
-            if d.preempted {
-                let issued = d.issued.unwrap_or(d.at);
-                out.push((issued - *t).as_secs_f64() * 1e6);
-            }
-        }
-    }
+    let submits = common::submits(inf);
+    let out = common::preempt_us(&submits, &seen, |vm| vm == inference);
     (out, submits.len(), floor)
 }
 

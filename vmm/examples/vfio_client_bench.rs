@@ -24,7 +24,6 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch};
 use mdev::arbiter::{DoorbellSeen, GpuArbiter};
@@ -108,13 +107,7 @@ fn detection(m: &Arc<GpuArbiter>, srv: &Arc<VgpuServer>, jobs: u64, page: bool) 
     );
     m.set_doorbell_observer(None);
     let seen = seen.lock().unwrap();
-    let submits: Vec<Instant> = r
-        .checkpoints
-        .iter()
-        .filter(|c| c.0 == 2)
-        .map(|c| c.1)
-        .collect();
-    submits
+    common::submits(&r)
         .iter()
         .filter_map(|t| {
             let d = seen.iter().find(|d| d.at > *t)?;

@@ -479,20 +479,8 @@ fn main() {
     // The inference vGPU's handle is the server's: every doorbell the
     // observer saw that is not training's.
     let training = handles[0];
-    let mut det = Vec::new();
-    let submits: Vec<Instant> = inf
-        .checkpoints
-        .iter()
-        .filter(|c| c.0 == 2)
-        .map(|c| c.1)
-        .collect();
-    for t in &submits {
-        if let Some(d) = seen.iter().find(|d| Some(d.vm) != training && d.at > *t) {
-            if d.preempted {
-                det.push((d.issued.unwrap_or(d.at) - *t).as_secs_f64() * 1e6);
-            }
-        }
-    }
+    let submits = common::submits(inf);
+    let mut det = common::preempt_us(&submits, &seen, |vm| Some(vm) != training);
     assert!(!det.is_empty(), "no preempting doorbell over vfio-user");
     let (d50, d99) = (common::pct(&mut det, 0.5), common::pct(&mut det, 0.99));
     let (f50, f99) = (common::pct(&mut fl, 0.5), common::pct(&mut fl, 0.99));

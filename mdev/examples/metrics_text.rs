@@ -6,15 +6,9 @@
 //! `cargo run -p hqdmux-mdev --features probe --example metrics_text [-- --svg out.svg]`
 
 use abi::kernel::KernelKind;
-use mdev::probe::{add_guest, load_hqd, mqd_addr, tiny_arbiter};
-use mdev::vgpu::InterruptSink;
+use mdev::probe::{add_guest, load_hqd, mqd_addr, tiny_arbiter, NoIrqs};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-struct NoIrq;
-impl InterruptSink for NoIrq {
-    fn raise(&self, _: u16) {}
-}
 
 fn main() {
     let svg = std::env::args().skip_while(|a| a != "--svg").nth(1);
@@ -24,7 +18,7 @@ fn main() {
         ("training", 2u8, 8u32, 2_000_000u64),
         ("inference", 12, 4, 100_000),
     ] {
-        let g = add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrq));
+        let g = add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrqs));
         let (h, fe, mut tvm, mut q) = (g.handle, g.fe, g.tvm, g.q);
         load_hqd(&fe, 0, mqd_addr(&q));
         for k in 0..kernels {

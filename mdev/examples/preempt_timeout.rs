@@ -16,38 +16,24 @@
 
 use abi::kernel::{flags, KernelKind};
 use abi::vgpu::{error, hqd_state, reg, ERROR_VECTOR};
-use mdev::probe::{add_guest, hqd_reg, load_hqd, mqd_addr, pct, tiny_arbiter};
-use mdev::vgpu::{InterruptSink, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use mdev::probe::{
+    add_guest, hqd_reg, interrupt_signal, load_hqd, mqd_addr, pct, tiny_arbiter, RecordingIrqs,
+};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Irq(Mutex<Sender<(u16, Instant)>>);
-impl InterruptSink for Irq {
-    fn raise(&self, v: u16) {
-        let _ = self.0.lock().unwrap().send((v, Instant::now()));
-    }
-}
-
-/// Waits for vector `v` (10 s at most); returns when it was raised.
-fn vector(rx: &Receiver<(u16, Instant)>, v: u16) -> Instant {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((x, at)) if x == v => return at,
-            Ok(_) => {}
-            Err(_) => panic!("vector {v} not raised within 10 s"),
-        }
-    }
+/// Waits for vector `v` (10 s at most); returns when it was first raised.
+fn vector(irqs: &RecordingIrqs, v: u16) -> Instant {
+    irqs.wait_for(v, 1, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("vector {v} not raised within 10 s"))
 }
 
 /// One sample: (reset, hi done) in ns since the high-priority doorbell.
 fn sample(timeout: Duration) -> (u64, u64) {
     let a = tiny_arbiter();
     let vm = |name: &str, prio: u8, no_save: bool| {
-        let (tx, rx) = channel();
-        let g = add_guest(&a, name, prio, 1 << 34, 64, Arc::new(Irq(Mutex::new(tx))));
+        let irqs = Arc::new(RecordingIrqs::new());
+        let g = add_guest(&a, name, prio, 1 << 34, 64, irqs.clone());
         let (mut tvm, mut q) = (g.tvm, g.q);
         tvm.kernel_flags = if no_save { flags::NO_SAVE_POINT } else { 0 };
         load_hqd(&g.fe, 0, mqd_addr(&q));
@@ -55,15 +41,10 @@ fn sample(timeout: Duration) -> (u64, u64) {
         tvm.kernel(&mut q, KernelKind::Mark, 4, 64, cost, 1, true);
         let s = *q.signals.last().unwrap();
         let mailbox = tvm.alloc(8, 8);
-        tvm.mem
-            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
-            .unwrap();
-        tvm.mem
-            .write(s + SIGNAL_EVENT_ID, &1u32.to_le_bytes())
-            .unwrap();
-        (g.handle, g.fe, rx)
+        interrupt_signal(&*tvm.mem, s, mailbox, 1).unwrap();
+        (g.handle, g.fe, irqs)
     };
-    let (hung, hung_fe, hung_rx) = vm("hung", 2, true);
+    let (hung, hung_fe, hung_irqs) = vm("hung", 2, true);
     a.set_preempt_timeout(hung, timeout).unwrap();
     hung_fe.doorbell_eventfd(0).write(1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -71,11 +52,11 @@ fn sample(timeout: Duration) -> (u64, u64) {
         assert!(Instant::now() < deadline, "hung queue not mapped");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let (hi, hi_fe, hi_rx) = vm("hi", 12, false);
+    let (hi, hi_fe, hi_irqs) = vm("hi", 12, false);
     let t0 = Instant::now();
     hi_fe.doorbell_eventfd(0).write(1).unwrap();
-    let reset = vector(&hung_rx, ERROR_VECTOR as u16);
-    let done = vector(&hi_rx, 0);
+    let reset = vector(&hung_irqs, ERROR_VECTOR as u16);
+    let done = vector(&hi_irqs, 0);
     assert_eq!(
         hung_fe.reg_read(hqd_reg(0, reg::CP_HQD_ERROR)),
         error::PREEMPTION_TIMEOUT

@@ -120,7 +120,7 @@ fn a_dequeue_from_another_vcpu_never_overtakes_the_load_it_dequeues() {
             "race",
             &topo,
             mem,
-            Arc::new(Irqs::default()),
+            Arc::new(RecordingIrqs::new()),
             sink.clone(),
         )
         .unwrap(),

@@ -4,24 +4,13 @@
 //! waits have a generous deadline against hangs, nothing asserts on time.
 
 use super::*;
-use crate::probe::{add_guest, hqd_reg as hr, load_hqd, mqd_addr, tiny_arbiter};
+use crate::probe::{
+    add_guest, hqd_reg as hr, load_hqd, mqd_addr, tiny_arbiter, NoIrqs, RecordingIrqs,
+};
 use crate::telemetry::RETAINED_REMOVED_VMS;
 use crate::vgpu::SIGNAL_EVENT_MAILBOX_PTR;
 use abi::kernel::KernelKind;
 use abi::vgpu::{error, reg, ERROR_VECTOR};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// Counts error-vector interrupts.
-#[derive(Default)]
-struct ErrorIrqs(AtomicUsize);
-
-impl InterruptSink for ErrorIrqs {
-    fn raise(&self, vector: u16) {
-        if vector == ERROR_VECTOR as u16 {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
 
 fn wait(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -42,7 +31,7 @@ fn errors_of(a: &GpuArbiter, h: VgpuHandle) -> std::collections::BTreeMap<String
 #[test]
 fn every_queue_error_the_guest_sees_is_counted_once_by_code() {
     let a = tiny_arbiter();
-    let irqs = Arc::new(ErrorIrqs::default());
+    let irqs = Arc::new(RecordingIrqs::new());
     let mut g = add_guest(&a, "hostile", 5, 1 << 32, 64, irqs.clone());
     // 1: MQD outside memory, refused by the front end.
     load_hqd(&g.fe, 1, 1 << 40);
@@ -61,7 +50,7 @@ fn every_queue_error_the_guest_sees_is_counted_once_by_code() {
         .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, 1 << 40)
         .unwrap();
     g.fe.doorbell_eventfd(0).write(1).unwrap();
-    wait("mailbox error", || irqs.0.load(Ordering::SeqCst) == 2);
+    wait("mailbox error", || irqs.count(ERROR_VECTOR as u16) == 2);
     assert_eq!(
         g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)),
         error::SIGNAL_OUT_OF_RANGE
@@ -78,7 +67,7 @@ fn every_queue_error_the_guest_sees_is_counted_once_by_code() {
     // As many counted as the guest saw error vectors.
     assert_eq!(
         by_code.values().sum::<u64>(),
-        irqs.0.load(Ordering::SeqCst) as u64
+        irqs.count(ERROR_VECTOR as u16) as u64
     );
     // The same counts in `/metrics` (one series per code).
     let text = a.metrics_text();
@@ -112,7 +101,7 @@ fn every_queue_error_the_guest_sees_is_counted_once_by_code() {
 #[test]
 fn telemetry_of_removed_vms_is_bounded_and_live_vms_are_kept() {
     let a = tiny_arbiter();
-    let irqs: Arc<dyn InterruptSink> = Arc::new(ErrorIrqs::default());
+    let irqs: Arc<dyn InterruptSink> = Arc::new(NoIrqs);
     let live = add_guest(&a, "live", 5, 1 << 24, 16, irqs.clone());
     let n = RETAINED_REMOVED_VMS + 300;
     let mut first = None;
@@ -152,7 +141,7 @@ fn telemetry_of_removed_vms_is_bounded_and_live_vms_are_kept() {
 #[test]
 fn vm_tables_stay_bounded_over_many_add_remove_cycles() {
     let a = tiny_arbiter();
-    let irqs: Arc<dyn InterruptSink> = Arc::new(ErrorIrqs::default());
+    let irqs: Arc<dyn InterruptSink> = Arc::new(NoIrqs);
     let live = add_guest(&a, "live", 5, 1 << 24, 16, irqs.clone());
     let base_entries = a.vm_entry_count();
     let n = RETAINED_REMOVED_VMS + 400;

@@ -4,41 +4,19 @@
 
 use super::*;
 use crate::mem::SparseMemory;
-use crate::probe::{hqd_reg as hr, load_hqd, mqd_addr};
+use crate::probe::{
+    hqd_reg as hr, interrupt_kernel, interrupt_signal, load_hqd, mqd_addr, RecordingIrqs,
+};
 use crate::sim::testkit::{GuestQueue, TestVm};
-use crate::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use crate::vgpu::SIGNAL_EVENT_MAILBOX_PTR;
 use abi::kernel::KernelKind;
 use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{dequeue, reg, ERROR_VECTOR, VGPU_ID_VALUE};
 
-/// Records raised vectors; optionally panics (a host bug in this VM's path).
-#[derive(Default)]
-struct Irqs {
-    raised: Mutex<Vec<u16>>,
-    cv: Condvar,
-    panic_on_raise: bool,
-}
-
-impl InterruptSink for Irqs {
-    fn raise(&self, vector: u16) {
-        if self.panic_on_raise {
-            panic!("injected host bug");
-        }
-        lock(&self.raised).push(vector);
-        self.cv.notify_all();
-    }
-}
-
-impl Irqs {
-    fn count(&self, vector: u16) -> usize {
-        lock(&self.raised).iter().filter(|v| **v == vector).count()
-    }
-}
-
 struct Guest {
     h: VgpuHandle,
     fe: Arc<VgpuFrontEnd>,
-    irqs: Arc<Irqs>,
+    irqs: Arc<RecordingIrqs>,
     tvm: TestVm,
     q: GuestQueue,
     mailbox: u64,
@@ -49,9 +27,10 @@ fn arbiter() -> Arc<GpuArbiter> {
 }
 
 fn guest(a: &GpuArbiter, name: &str, prio: u8, panic_on_raise: bool) -> Guest {
-    let irqs = Arc::new(Irqs {
-        panic_on_raise,
-        ..Default::default()
+    let irqs = Arc::new(if panic_on_raise {
+        RecordingIrqs::panicking()
+    } else {
+        RecordingIrqs::new()
     });
     let g = crate::probe::add_guest(a, name, prio, 1 << 32, 64, irqs.clone());
     let mut tvm = g.tvm;
@@ -72,22 +51,8 @@ impl Guest {
     }
     /// A mark kernel whose completion signal is an interrupt signal (mailbox + event id).
     fn kernel(&mut self, groups: u32, cost_ns: u64, seed: u32) -> u64 {
-        self.tvm.kernel(
-            &mut self.q,
-            KernelKind::Mark,
-            groups,
-            64,
-            cost_ns,
-            seed,
-            true,
-        );
-        let s = *self.q.signals.last().unwrap();
-        let mem = &self.tvm.mem;
-        mem.write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, self.mailbox)
-            .unwrap();
-        mem.write(s + SIGNAL_EVENT_ID, &(1000 + seed).to_le_bytes())
-            .unwrap();
-        s
+        let mailbox = self.mailbox;
+        interrupt_kernel(&mut self.tvm, &mut self.q, groups, cost_ns, seed, mailbox).1
     }
     fn ring(&self, i: usize) {
         // What KVM does for an ioeventfd doorbell.
@@ -99,11 +64,8 @@ impl Guest {
     /// Sleeps on vector interrupts until `done` holds (deadline against hangs).
     fn wait_until(&self, what: &str, done: impl Fn(&Guest) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !done(self) {
-            assert!(Instant::now() < deadline, "{what}: no progress");
-            let g = lock(&self.irqs.raised);
-            drop(self.irqs.cv.wait_timeout(g, Duration::from_millis(5)));
-        }
+        let held = self.irqs.wait_until(deadline, || done(self));
+        assert!(held, "{what}: no progress");
     }
 }
 
@@ -371,7 +333,7 @@ fn a_removed_vms_memory_and_front_end_are_released_once_its_queues_are_gone() {
 }
 
 /// An interrupt sink that blocks while `held` is set, as a VM's MSI-X lock
-/// held by one of its vCPUs would.
+/// held by one of its vCPUs would (kept here: no other test blocks a raise).
 #[derive(Default)]
 struct Gate {
     held: Mutex<bool>,
@@ -405,9 +367,8 @@ fn the_arbiter_lock_is_never_held_while_a_front_end_waits_on_a_vm_lock() {
     load_hqd(&fe, 0, mqd_addr(&q));
     tvm.kernel(&mut q, KernelKind::Mark, 4, 64, 10_000, 1, true);
     let s = *q.signals.last().unwrap();
-    tvm.mem
-        .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
-        .unwrap();
+    // Event id 0: the value the fresh signal already holds.
+    interrupt_signal(&*tvm.mem, s, mailbox, 0).unwrap();
     fe.doorbell_eventfd(0).write(1).unwrap();
     // The completion interrupt is being raised and blocks (deadline against hangs).
     let deadline = Instant::now() + Duration::from_secs(30);

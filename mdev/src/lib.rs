@@ -21,7 +21,8 @@
 //! * [`promise`]: the water-filling of the promise and its per-window check.
 //! * [`guard`]: the misbehaving-VM guard (per-VM rate windows of resets,
 //!   queue errors and stale doorbells; quarantine).
-//! * `probe` (feature `probe`): the arbiter measurement rig of the benches.
+//! * `probe` (feature `probe`): the arbiter measurement rig of the benches,
+//!   and the interrupt sinks of tests, examples and fuzz harnesses.
 #![deny(missing_docs)]
 
 // The contract's modules, imported at the crate root so this crate's files

@@ -3,10 +3,12 @@
 //! eventfd wake-up of a host thread, measured in the same run. Used by
 //! `mdev/examples/arbiter_wake.rs` and `vmm/examples/doorbell_bench.rs`
 //! (docs/benchmarks.md). Host figures only; nothing here asserts timing.
+//! Also the interrupt sinks every test, example and fuzz harness uses
+//! ([`NoIrqs`], [`RecordingIrqs`]).
 
 use crate::arbiter::{DoorbellSeen, GpuArbiter};
 use crate::backend::PhysGpu;
-use crate::mem::{DmaMemory, SparseMemory};
+use crate::mem::{DmaMemory, MemError, SparseMemory};
 use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::topology::GpuTopology;
 use crate::vgpu::{
@@ -16,18 +18,14 @@ use abi::kernel::KernelKind;
 use abi::vgpu::{hqd_state, reg};
 use scheduler::{SchedConfig, VmParams};
 use std::os::fd::AsRawFd;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-struct Irq(Mutex<Sender<u16>>);
-impl InterruptSink for Irq {
-    fn raise(&self, v: u16) {
-        let _ = self.0.lock().unwrap().send(v);
-    }
-}
+mod irqs;
+pub use irqs::{NoIrqs, RecordingIrqs};
 
 /// The simulated GPU of `topo` for a real-time arbiter (default simulator
 /// knobs, the real-time event budget). Panics on an invalid topology (a
@@ -51,6 +49,44 @@ pub fn hqd_reg(i: usize, r: usize) -> u64 {
 pub fn mqd_addr(q: &GuestQueue) -> u64 {
     q.mqd
         .get64(abi::mqd::CP_MQD_BASE_ADDR_LO, abi::mqd::CP_MQD_BASE_ADDR_HI)
+}
+
+/// What a guest driver does to have a completion raise an interrupt: makes
+/// the signal at guest address `signal` carry the 8-byte `mailbox` that
+/// receives `event_id` at completion (the vHQD's vector is raised then).
+pub fn interrupt_signal(
+    mem: &dyn DmaMemory,
+    signal: u64,
+    mailbox: u64,
+    event_id: u32,
+) -> Result<(), MemError> {
+    let at = |off: u64| {
+        signal.checked_add(off).ok_or(MemError::OutOfRange {
+            gpa: signal,
+            len: 8,
+        })
+    };
+    mem.write_u64(at(SIGNAL_EVENT_MAILBOX_PTR)?, mailbox)?;
+    mem.write(at(SIGNAL_EVENT_ID)?, &event_id.to_le_bytes())
+}
+
+/// Pushes a `Mark` kernel of `groups` 64-item workgroups (`cost_ns` each,
+/// `seed`, barrier bit set) on `q` whose completion writes `1000 + seed` to
+/// `mailbox` and raises the vHQD's vector; returns (the queue's write index
+/// after it, its completion signal). Panics if the signal is outside the
+/// guest's memory (a test helper).
+pub fn interrupt_kernel(
+    tvm: &mut TestVm,
+    q: &mut GuestQueue,
+    groups: u32,
+    cost_ns: u64,
+    seed: u32,
+    mailbox: u64,
+) -> (u64, u64) {
+    let w = tvm.kernel(q, KernelKind::Mark, groups, 64, cost_ns, seed, true);
+    let s = *q.signals.last().expect("the kernel's signal");
+    interrupt_signal(&*tvm.mem, s, mailbox, 1000 + seed).expect("signal in guest memory");
+    (w, s)
 }
 
 /// What a guest driver does to start a queue: points vHQD `i` of `fe` at
@@ -159,13 +195,19 @@ pub struct Waker {
 }
 
 impl Waker {
-    /// Starts the waiting thread.
+    /// Starts the waiting thread on CPU 1.
     pub fn start() -> Waker {
+        Self::start_on(Some(1))
+    }
+
+    /// Starts the waiting thread on CPU `cpu` ([`pin_current`]; `None`:
+    /// wherever the kernel puts it).
+    pub fn start_on(cpu: Option<usize>) -> Waker {
         let fd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
         let (tx, rx) = channel::<Instant>();
         let f2 = fd.clone();
         std::thread::spawn(move || {
-            pin_current(Some(1));
+            pin_current(cpu);
             let ep = Epoll::new().unwrap();
             ep.ctl(
                 ControlOperation::Add,
@@ -258,7 +300,7 @@ pub fn doorbell_spans(
         let _ = seen_tx.lock().unwrap().send(s);
     })));
     let vm = |name: &str, prio: u8| {
-        let (tx, rx) = channel();
+        let irqs = Arc::new(RecordingIrqs::new());
         // Guest memory as the VMM gives it (an mmap of the VM's RAM).
         let mem: Arc<dyn DmaMemory> = Arc::new(
             vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(
@@ -267,12 +309,12 @@ pub fn doorbell_spans(
             )])
             .unwrap(),
         );
-        let g = add_guest_in(&a, name, prio, mem, 1024, Arc::new(Irq(Mutex::new(tx))));
+        let g = add_guest_in(&a, name, prio, mem, 1024, irqs.clone());
         load_hqd(&g.fe, 0, mqd_addr(&g.q));
-        (g.fe, g.tvm, g.q, rx)
+        (g.fe, g.tvm, g.q, irqs)
     };
-    let (lo, mut lo_vm, mut lo_q, _lo_rx) = vm("lo", 2);
-    let (hi, mut hi_vm, mut hi_q, hi_rx) = vm("hi", 12);
+    let (lo, mut lo_vm, mut lo_q, _lo_irqs) = vm("lo", 2);
+    let (hi, mut hi_vm, mut hi_q, hi_irqs) = vm("hi", 12);
     // Long low-priority work: keeps the slot busy for the whole run.
     lo_vm.kernel(&mut lo_q, KernelKind::Spin, 1 << 20, 64, 1_000_000, 1, true);
     lo.doorbell_eventfd(0).write(1).unwrap();
@@ -290,14 +332,7 @@ pub fn doorbell_spans(
         wait_state(&hi, hqd_state::WAITING);
         hi_vm.kernel(&mut hi_q, KernelKind::Mark, 1, 64, 10_000, k as u32, true);
         let s = *hi_q.signals.last().unwrap();
-        hi_vm
-            .mem
-            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
-            .unwrap();
-        hi_vm
-            .mem
-            .write(s + SIGNAL_EVENT_ID, &1u32.to_le_bytes())
-            .unwrap();
+        interrupt_signal(&*hi_vm.mem, s, mailbox, 1).unwrap();
         // Past the scheduler's min_run_ns (500 us) since lo was restored:
         // the preemption is issued at the doorbell, not deferred.
         std::thread::sleep(Duration::from_micros(800));
@@ -326,7 +361,9 @@ pub fn doorbell_spans(
             wake.push(waker.sample());
         }
         // Completion interrupt of the high-priority packet.
-        while hi_rx.recv_timeout(Duration::from_secs(10)).unwrap() != 0 {}
+        hi_irqs
+            .wait_for(0, k + 1, Duration::from_secs(10))
+            .expect("completion vector of the high-priority packet");
     }
     out.armed = a.stats().armed_preemptions;
     out.armed_mismatched = a.stats().armed_mismatched;

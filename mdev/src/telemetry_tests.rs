@@ -541,17 +541,13 @@ fn a_re_registered_name_is_one_series_that_never_goes_backwards() {
 /// deadline against hangs.)
 #[test]
 fn arbiter_metrics_text_and_timeline_after_a_preemption() {
-    use crate::vgpu::InterruptSink;
+    use crate::probe::NoIrqs;
     use std::time::{Duration, Instant};
 
-    struct NoIrq;
-    impl InterruptSink for NoIrq {
-        fn raise(&self, _: u16) {}
-    }
     let a = crate::probe::tiny_arbiter();
     let mut guests = Vec::new();
     for (name, prio, kernels, cost) in [("lo", 2u8, 8u32, 5_000_000u64), ("hi", 12, 2, 20_000)] {
-        let g = crate::probe::add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrq));
+        let g = crate::probe::add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrqs));
         guests.push((g.handle, g.fe, g.tvm, g.q, kernels, cost));
     }
     // Before any load: nothing preempted yet. (A queue loaded with packets

@@ -664,6 +664,7 @@ impl VgpuFrontEnd {
 mod tests {
     use super::*;
     use crate::mem::SparseMemory;
+    use crate::probe::RecordingIrqs;
 
     #[derive(Default)]
     struct Sink(Mutex<Vec<(VgpuHandle, VgpuRequest)>>);
@@ -672,18 +673,15 @@ mod tests {
             self.0.lock().unwrap().push((vm, req));
         }
     }
-    #[derive(Default)]
-    struct Irqs(Mutex<Vec<u16>>);
-    impl InterruptSink for Irqs {
-        fn raise(&self, v: u16) {
-            self.0.lock().unwrap().push(v);
-        }
-    }
-
-    fn fe() -> (VgpuFrontEnd, Arc<Sink>, Arc<Irqs>, Arc<dyn DmaMemory>) {
+    fn fe() -> (
+        VgpuFrontEnd,
+        Arc<Sink>,
+        Arc<RecordingIrqs>,
+        Arc<dyn DmaMemory>,
+    ) {
         let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
         let sink = Arc::new(Sink::default());
-        let irqs = Arc::new(Irqs::default());
+        let irqs = Arc::new(RecordingIrqs::new());
         let f = VgpuFrontEnd::new(
             VgpuHandle(3),
             "t",
@@ -756,7 +754,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            *irqs.0.lock().unwrap(),
+            irqs.raised(),
             vec![ERROR_VECTOR as u16, ERROR_VECTOR as u16]
         );
         assert_eq!(f.reg_read(reg::INT_STATUS as u64), 1 << ERROR_VECTOR as u32);
@@ -839,7 +837,7 @@ mod tests {
         let mut b = [0u8; 4];
         mem.read(0x3000, &mut b).unwrap();
         assert_eq!(u32::from_le_bytes(b), 77);
-        assert_eq!(*irqs.0.lock().unwrap(), vec![0]);
+        assert_eq!(irqs.raised(), vec![0]);
         assert_eq!(f.reg_read(hr(0, reg::CP_HQD_PQ_RPTR)), 5);
     }
 
@@ -875,7 +873,7 @@ mod tests {
         let topo = GpuTopology::tiny();
         let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
         let sink = Arc::new(Sink::default());
-        let irqs = Arc::new(Irqs::default());
+        let irqs = Arc::new(RecordingIrqs::new());
         let mut f = VgpuFrontEnd::new(
             VgpuHandle(0),
             "t",
@@ -922,7 +920,7 @@ mod tests {
         assert_eq!(f.reg_read(hr(2, reg::CP_HQD_ACTIVE)), 0);
         assert_eq!(f.reg_read(hr(2, reg::CP_HQD_STATE)), hqd_state::UNLOADED);
         assert_eq!(
-            *irqs.0.lock().unwrap(),
+            irqs.raised(),
             vec![ERROR_VECTOR as u16],
             "the error vector, once"
         );

@@ -360,15 +360,12 @@ mod tests {
     use gpu::mem::{DmaMemory, SparseMemory};
     use gpu::topology::GpuTopology;
     use gpusim::sim::testkit::TestVm;
-    use mdev::probe::{hqd_reg, mqd_addr};
-    use mdev::vgpu::{InterruptSink, RequestSink, VgpuHandle, VgpuRequest};
+    use mdev::probe::{hqd_reg, mqd_addr, NoIrqs};
+    use mdev::vgpu::{RequestSink, VgpuHandle, VgpuRequest};
 
     struct Nobody;
     impl RequestSink for Nobody {
         fn send(&self, _: VgpuHandle, _: VgpuRequest) {}
-    }
-    impl InterruptSink for Nobody {
-        fn raise(&self, _: u16) {}
     }
 
     /// Doorbells signalled on vHQD `i`'s eventfd since the last look.
@@ -388,7 +385,7 @@ mod tests {
             "scan",
             &topo,
             mem.clone(),
-            Arc::new(Nobody),
+            Arc::new(NoIrqs),
             Arc::new(Nobody),
         )
         .unwrap();

@@ -3,13 +3,11 @@
 //! Waits have a deadline against hangs; nothing asserts on durations.
 
 use super::*;
-use abi::kernel::KernelKind;
 use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{reg, NUM_VECTORS, VGPU_ID_VALUE};
 use gpu::mem::DmaMemory;
 use gpusim::sim::testkit::{GuestQueue, TestVm};
-use mdev::probe::{hqd_reg, mqd_addr, tiny_arbiter};
-use mdev::vgpu::{SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use mdev::probe::{hqd_reg, interrupt_kernel, mqd_addr, tiny_arbiter};
 use std::os::fd::AsRawFd;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -123,25 +121,8 @@ impl Guest {
     }
 
     fn kernel(&mut self, groups: u32, cost_ns: u64, seed: u32) -> u64 {
-        let w = self.tvm.kernel(
-            &mut self.q,
-            KernelKind::Mark,
-            groups,
-            64,
-            cost_ns,
-            seed,
-            true,
-        );
-        let s = *self.q.signals.last().unwrap();
-        self.tvm
-            .mem
-            .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, self.mailbox)
-            .unwrap();
-        self.tvm
-            .mem
-            .write(s + SIGNAL_EVENT_ID, &(1000 + seed).to_le_bytes())
-            .unwrap();
-        w
+        let mailbox = self.mailbox;
+        interrupt_kernel(&mut self.tvm, &mut self.q, groups, cost_ns, seed, mailbox).0
     }
 
     /// Runs a small kernel (4 workgroups, cost 10 000 ns, `seed`) on vHQD

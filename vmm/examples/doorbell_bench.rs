@@ -53,7 +53,7 @@ use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch};
 use mdev::arbiter::{DoorbellObserver, DoorbellSeen, GpuArbiter};
 use vmm::config::FleetConfig;
 use vmm::fleet::{attach_vgpu, run_fleet, start_arbiter, RunOptions, VgpuAttachment};
-use vmm::vm::{Vm, VmReport, VmSpec};
+use vmm::vm::{Vm, VmReport};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -148,18 +148,7 @@ fn build(toml: &str) -> (Arc<GpuArbiter>, Vec<Built>, FleetConfig) {
     pin(None);
     let mut out = Vec::new();
     for (id, vc) in cfg.vm.iter().enumerate() {
-        let image = vc.image.strip_prefix("builtin:").expect("builtin image");
-        let spec = VmSpec {
-            id: id as u32,
-            name: vc.name.clone(),
-            elf: images::builtin(image).expect("image").into(),
-            mem_bytes: vc.memory_mib << 20,
-            vcpus: 1,
-            args: vc.args.clone(),
-            echo: false,
-            extra_devices: Vec::new(),
-        };
-        let vm = Vm::create(&kvm, &cpuid, spec).expect("vm");
+        let vm = Vm::create(&kvm, &cpuid, common::bench_vm_spec(id, vc)).expect("vm");
         let gpu = attach_vgpu(&m, &vm, &cfg, vc).expect("vgpu");
         out.push(Built { vm, gpu });
     }
@@ -254,21 +243,8 @@ fn detection(jobs: u32) -> (Vec<f64>, usize, Vec<f64>) {
         inf.console
     );
     let seen = seen.lock().unwrap();
-    let mut out = Vec::new();
-    let submits: Vec<Instant> = inf
-        .checkpoints
-        .iter()
-        .filter(|c| c.0 == 2)
-        .map(|c| c.1)
-        .collect();
-    for t in &submits {
-        if let Some(d) = seen.iter().find(|d| d.vm == inference && d.at > *t) {
-            if d.preempted {
-                let issued = d.issued.unwrap_or(d.at);
-                out.push((issued - *t).as_secs_f64() * 1e6);
-            }
-        }
-    }
+    let submits = common::submits(inf);
+    let out = common::preempt_us(&submits, &seen, |vm| vm == inference);
     (out, submits.len(), floor)
 }
 

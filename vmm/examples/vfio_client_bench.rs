@@ -24,14 +24,13 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch};
 use mdev::arbiter::{DoorbellSeen, GpuArbiter};
 use vfio_server::VgpuServer;
 use vmm::config::FleetConfig;
 use vmm::fleet::{attach_remote_vgpu, start_arbiter};
-use vmm::vm::{Vm, VmReport, VmSpec};
+use vmm::vm::{Vm, VmReport};
 use vmm_sys_util::eventfd::EventFd;
 
 mod common;
@@ -61,21 +60,7 @@ fn run(socket: &Path, args: &str, want_page: bool) -> VmReport {
     let vc = &cfg.vm[0];
     let kvm = Kvm::new().expect("kvm");
     let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");
-    let vm = Vm::create(
-        &kvm,
-        &cpuid,
-        VmSpec {
-            id: 0,
-            name: vc.name.clone(),
-            elf: images::builtin("doorbell").expect("image").into(),
-            mem_bytes: vc.memory_mib << 20,
-            vcpus: 1,
-            args: vc.args.clone(),
-            echo: false,
-            extra_devices: Vec::new(),
-        },
-    )
-    .expect("vm");
+    let vm = Vm::create(&kvm, &cpuid, common::bench_vm_spec(0, vc)).expect("vm");
     let bare = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     vm.vm_fd()
         .register_ioevent(&bare, &IoEventAddress::Mmio(BARE_ADDR), NoDatamatch)
@@ -122,13 +107,7 @@ fn detection(m: &Arc<GpuArbiter>, srv: &Arc<VgpuServer>, jobs: u64, page: bool) 
     );
     m.set_doorbell_observer(None);
     let seen = seen.lock().unwrap();
-    let submits: Vec<Instant> = r
-        .checkpoints
-        .iter()
-        .filter(|c| c.0 == 2)
-        .map(|c| c.1)
-        .collect();
-    submits
+    common::submits(&r)
         .iter()
         .filter_map(|t| {
             let d = seen.iter().find(|d| d.at > *t)?;

@@ -51,8 +51,7 @@ use vfio_server::{ServerOptions, VgpuServer};
 use vmm::bus::{BusAction, BusDevice};
 use vmm::config::FleetConfig;
 use vmm::fleet::{attach_remote_vgpu, attach_vgpu, start_arbiter, VgpuAttachment};
-use vmm::vm::{Vm, VmReport, VmSpec};
-use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm::vm::{Vm, VmReport};
 use vmm_sys_util::eventfd::EventFd;
 
 mod common;
@@ -139,18 +138,7 @@ fn run(
     let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");
     let mut built: Vec<(Vm, VgpuAttachment)> = Vec::new();
     for (id, vc) in cfg.vm.iter().enumerate() {
-        let image = vc.image.strip_prefix("builtin:").expect("builtin image");
-        let spec = VmSpec {
-            id: id as u32,
-            name: vc.name.clone(),
-            elf: images::builtin(image).expect("image").into(),
-            mem_bytes: vc.memory_mib << 20,
-            vcpus: 1,
-            args: vc.args.clone(),
-            echo: false,
-            extra_devices: Vec::new(),
-        };
-        let vm = Vm::create(&kvm, &cpuid, spec).expect("vm");
+        let vm = Vm::create(&kvm, &cpuid, common::bench_vm_spec(id, vc)).expect("vm");
         let gpu = match &vc.gpu_socket {
             Some(p) => attach_remote_vgpu(&vm, vc, p).expect("remote vgpu"),
             None => attach_vgpu(m, &vm, &cfg, vc).expect("vgpu"),
@@ -195,43 +183,15 @@ fn write_costs(m: &Arc<GpuArbiter>, trap: Trap, n: u64, rounds: u64) -> (Vec<f64
     common::store_ns(r, n)
 }
 
-/// Wake-ups (us) of an idle host thread in epoll on an eventfd, one every
-/// 200 us until `until`.
+/// Wake-ups (us) of an idle host thread in epoll on an eventfd (not
+/// pinned), one every 200 us until `until`.
 fn floor(until: Arc<AtomicBool>) -> Vec<f64> {
-    let fd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let f2 = fd.try_clone().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Instant>();
-    let h = std::thread::spawn(move || {
-        let ep = Epoll::new().unwrap();
-        ep.ctl(
-            ControlOperation::Add,
-            f2.as_raw_fd(),
-            EpollEvent::new(EventSet::IN, 0),
-        )
-        .unwrap();
-        let mut ev = [EpollEvent::default(); 1];
-        loop {
-            if ep.wait(-1, &mut ev).unwrap_or(0) == 0 {
-                continue;
-            }
-            let now = Instant::now();
-            let _ = f2.read();
-            if tx.send(now).is_err() {
-                return;
-            }
-        }
-    });
+    let waker = mdev::probe::Waker::start_on(None);
     let mut out = Vec::new();
     while !until.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_micros(200));
-        let t0 = Instant::now();
-        fd.write(1).unwrap();
-        let t1 = rx.recv().unwrap();
-        out.push((t1 - t0).as_secs_f64() * 1e6);
+        out.push(waker.sample() as f64 / 1e3);
     }
-    drop(rx);
-    fd.write(1).unwrap();
-    let _ = h.join();
     out
 }
 
@@ -519,20 +479,8 @@ fn main() {
     // The inference vGPU's handle is the server's: every doorbell the
     // observer saw that is not training's.
     let training = handles[0];
-    let mut det = Vec::new();
-    let submits: Vec<Instant> = inf
-        .checkpoints
-        .iter()
-        .filter(|c| c.0 == 2)
-        .map(|c| c.1)
-        .collect();
-    for t in &submits {
-        if let Some(d) = seen.iter().find(|d| Some(d.vm) != training && d.at > *t) {
-            if d.preempted {
-                det.push((d.issued.unwrap_or(d.at) - *t).as_secs_f64() * 1e6);
-            }
-        }
-    }
+    let submits = common::submits(inf);
+    let mut det = common::preempt_us(&submits, &seen, |vm| Some(vm) != training);
     assert!(!det.is_empty(), "no preempting doorbell over vfio-user");
     let (d50, d99) = (common::pct(&mut det, 0.5), common::pct(&mut det, 0.99));
     let (f50, f99) = (common::pct(&mut fl, 0.5), common::pct(&mut fl, 0.99));

@@ -1381,11 +1381,6 @@ mod tests {
         rx.recv().unwrap().1
     }
 
-    struct NoIrq;
-    impl mdev::vgpu::InterruptSink for NoIrq {
-        fn raise(&self, _vector: u16) {}
-    }
-
     /// A control over one GPU VM `g` registered with a real arbiter.
     fn gpu_fleet() -> (FleetControl, Arc<GpuArbiter>) {
         let cfg = FleetConfig::parse(
@@ -1399,7 +1394,9 @@ mod tests {
             priority: 5,
             ..Default::default()
         };
-        let (h, _fe) = m.add_vm("g", mem, params, Arc::new(NoIrq)).unwrap();
+        let (h, _fe) = m
+            .add_vm("g", mem, params, Arc::new(mdev::probe::NoIrqs))
+            .unwrap();
         (
             FleetControl::new(
                 Arc::new(crate::fleet::FleetGpus::single(0, m.clone())),
@@ -1449,7 +1446,12 @@ mod tests {
             let m = gpus.start(&cfg, v.gpu_id.unwrap()).unwrap();
             let mem: Arc<dyn gpu::mem::DmaMemory> = Arc::new(gpu::mem::SparseMemory::new(1 << 30));
             let (h, _fe) = m
-                .add_vm(&v.name, mem, Default::default(), Arc::new(NoIrq))
+                .add_vm(
+                    &v.name,
+                    mem,
+                    Default::default(),
+                    Arc::new(mdev::probe::NoIrqs),
+                )
                 .unwrap();
             hs.push(Some(h));
         }

@@ -25,15 +25,15 @@
 //! interrupt arrives within [`BYSTANDER_DEADLINE`]).
 #![allow(dead_code)]
 
-use abi::mqd::{CP_MQD_BASE_ADDR_HI, CP_MQD_BASE_ADDR_LO, MQD_BYTES};
+use abi::mqd::MQD_BYTES;
 use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{hqd_state, reg, NUM_VHQD};
 use gpu::topology::GpuTopology;
 use gpusim::sim::testkit::{GuestQueue, TestVm};
 use mdev::arbiter::GpuArbiter;
-use mdev::vgpu::{InterruptSink, VgpuFrontEnd, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
+use mdev::probe::{hqd_reg as hr, interrupt_signal, load_hqd as load, mqd_addr, RecordingIrqs};
 use scheduler::{SchedConfig, VmParams};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Most ops per input.
@@ -44,59 +44,12 @@ pub const WAIT_BUDGET: Duration = Duration::from_millis(50);
 /// Deadline of the bystander's kernel (a hang is a host bug, not slowness).
 pub const BYSTANDER_DEADLINE: Duration = Duration::from_secs(20);
 
-/// Counts raised MSI-X vectors; wakes waiters.
-#[derive(Default)]
-struct Irqs {
-    raised: Mutex<u64>,
-    cv: Condvar,
-}
-
-impl InterruptSink for Irqs {
-    fn raise(&self, _vector: u16) {
-        *self.raised.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.cv.notify_all();
-    }
-}
-
-impl Irqs {
-    /// Sleeps until `done` holds or `until`; returns whether it holds.
-    fn wait_until(&self, until: Instant, done: impl Fn() -> bool) -> bool {
-        loop {
-            if done() {
-                return true;
-            }
-            let now = Instant::now();
-            if now >= until {
-                return false;
-            }
-            let g = self.raised.lock().unwrap_or_else(|e| e.into_inner());
-            let step = (until - now).min(Duration::from_millis(1));
-            drop(self.cv.wait_timeout(g, step));
-        }
-    }
-}
-
-fn hr(i: usize, r: usize) -> u64 {
-    (reg::HQD_BASE + reg::HQD_STRIDE * i + r) as u64
-}
-
-fn load(fe: &VgpuFrontEnd, i: usize, mqd_addr: u64) {
-    fe.reg_write(hr(i, reg::CP_MQD_BASE_ADDR), mqd_addr as u32);
-    fe.reg_write(hr(i, reg::CP_MQD_BASE_ADDR_HI), (mqd_addr >> 32) as u32);
-    fe.reg_write(hr(i, reg::CP_HQD_ACTIVE), 1);
-}
-
 /// A `Mark` kernel whose completion signal carries an event mailbox (so it
 /// raises the vHQD's vector); returns the signal.
 fn kernel(vm: &mut TestVm, q: &mut GuestQueue, mailbox: u64, id: u32) -> u64 {
     vm.kernel(q, abi::kernel::KernelKind::Mark, 2, 4, 500, id, false);
     let s = *q.signals.last().expect("kernel pushed a signal");
-    vm.mem
-        .write_u64(s + SIGNAL_EVENT_MAILBOX_PTR, mailbox)
-        .expect("signal in memory");
-    vm.mem
-        .write(s + SIGNAL_EVENT_ID, &id.to_le_bytes())
-        .expect("signal in memory");
+    interrupt_signal(&*vm.mem, s, mailbox, id).expect("signal in memory");
     s
 }
 
@@ -130,10 +83,10 @@ pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
     let arb = GpuArbiter::start(topo.clone(), SchedConfig::default(), gpu).expect("arbiter");
     let mut vm = TestVm::new(8 << 20);
     let mut q = vm.queue(&topo, 16, 5);
-    let mqd_addr = q.mqd.get64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI);
-    vm.mem.write(mqd_addr, &q.mqd.to_bytes()).unwrap();
+    let mqd_at = mqd_addr(&q);
+    vm.mem.write(mqd_at, &q.mqd.to_bytes()).unwrap();
     let mailbox = vm.alloc(8, 8);
-    let irqs = Arc::new(Irqs::default());
+    let irqs = Arc::new(RecordingIrqs::new());
     let (h, fe) = arb
         .add_vm(
             "fuzz",
@@ -159,7 +112,7 @@ pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
                 let _ = fe.reg_read(b);
             }
             2 => fe.doorbell_write(b),
-            3 => load(&fe, a, mqd_addr),
+            3 => load(&fe, a, mqd_at),
             4 => {
                 id = id.wrapping_add(1);
                 last_signal = Some(kernel(&mut vm, &mut q, mailbox, id));
@@ -168,7 +121,7 @@ pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
             }
             5 => {
                 let off = (b as usize % (MQD_BYTES / 4)) * 4;
-                vm.mem.write_u32(mqd_addr + off as u64, v).unwrap();
+                vm.mem.write_u32(mqd_at + off as u64, v).unwrap();
             }
             6 => {
                 if let Some(s) = last_signal.take() {
@@ -202,10 +155,10 @@ pub fn run_outcome(data: &[u8], budget: Duration) -> Outcome {
     // Another VM is unaffected: its kernel runs to completion.
     let mut bvm = TestVm::new(8 << 20);
     let mut bq = bvm.queue(&topo, 16, 15);
-    let b_mqd = bq.mqd.get64(CP_MQD_BASE_ADDR_LO, CP_MQD_BASE_ADDR_HI);
+    let b_mqd = mqd_addr(&bq);
     bvm.mem.write(b_mqd, &bq.mqd.to_bytes()).unwrap();
     let b_mailbox = bvm.alloc(8, 8);
-    let b_irqs = Arc::new(Irqs::default());
+    let b_irqs = Arc::new(RecordingIrqs::new());
     let (hb, bfe) = arb
         .add_vm(
             "bystander",

@@ -5,10 +5,28 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use mdev::arbiter::GpuArbiter;
+use mdev::arbiter::{DoorbellSeen, GpuArbiter};
 use vfio_server::{ServerOptions, VgpuServer, VgpuSpec};
+use vmm::config::VmConfig;
+use vmm::vm::VmSpec;
+
+/// The spec of VM `vc`, number `id`, of a bench's fleet: its builtin image
+/// (`image = "builtin:NAME"`), one vCPU, the console not echoed.
+pub fn bench_vm_spec(id: usize, vc: &VmConfig) -> VmSpec {
+    let image = vc.image.strip_prefix("builtin:").expect("builtin image");
+    VmSpec {
+        id: id as u32,
+        name: vc.name.clone(),
+        elf: images::builtin(image).expect("image").into(),
+        mem_bytes: vc.memory_mib << 20,
+        vcpus: 1,
+        args: vc.args.clone(),
+        echo: false,
+        extra_devices: Vec::new(),
+    }
+}
 
 /// The `q` quantile of `v` (sorted in place); NaN when `v` is empty.
 pub fn pct(v: &mut [f64], q: f64) -> f64 {
@@ -89,4 +107,33 @@ pub fn store_ns(r: &vmm::vm::VmReport, n: u64) -> (Vec<f64>, Vec<f64>) {
             .collect()
     };
     (per(10, 11), per(12, 13))
+}
+
+/// When the `doorbell` guest of report `r` submitted each detection job
+/// (its checkpoint 2, `detect=` mode).
+pub fn submits(r: &vmm::vm::VmReport) -> Vec<Instant> {
+    r.checkpoints
+        .iter()
+        .filter(|c| c.0 == 2)
+        .map(|c| c.1)
+        .collect()
+}
+
+/// Us from each of `submits` to the preemption issued for it: the first
+/// doorbell of `seen` after the submit from a vGPU `ours` accepts, when it
+/// preempted (the others are not counted).
+pub fn preempt_us(
+    submits: &[Instant],
+    seen: &[DoorbellSeen],
+    ours: impl Fn(mdev::vgpu::VgpuHandle) -> bool,
+) -> Vec<f64> {
+    let mut out = Vec::new();
+    for t in submits {
+        if let Some(d) = seen.iter().find(|d| ours(d.vm) && d.at > *t) {
+            if d.preempted {
+                out.push((d.issued.unwrap_or(d.at) - *t).as_secs_f64() * 1e6);
+            }
+        }
+    }
+    out
 }

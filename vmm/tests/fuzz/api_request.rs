@@ -7,18 +7,11 @@
 
 use gpu::topology::GpuTopology;
 use mdev::arbiter::GpuArbiter;
-use mdev::vgpu::InterruptSink;
+use mdev::probe::NoIrqs;
 use scheduler::{SchedConfig, VmParams};
 use std::sync::{Arc, OnceLock};
 use vmm::api::FleetControl;
 use vmm::http::{parse_request, ParseError, Responder, MAX_BODY, MAX_HEAD};
-
-/// The VM's MSI-X vectors go nowhere (no queue is ever loaded).
-struct NoIrqs;
-
-impl InterruptSink for NoIrqs {
-    fn raise(&self, _vector: u16) {}
-}
 
 fn control() -> &'static FleetControl {
     static CTL: OnceLock<FleetControl> = OnceLock::new();
@@ -29,6 +22,7 @@ fn control() -> &'static FleetControl {
         let m = GpuArbiter::start(topo, SchedConfig::default(), gpu).expect("arbiter");
         let mem = Arc::new(gpu::mem::SparseMemory::new(1 << 20));
         let (h, _fe) = m
+            // The VM's MSI-X vectors go nowhere (no queue is ever loaded).
             .add_vm("gpu0", mem, VmParams::default(), Arc::new(NoIrqs))
             .expect("add_vm");
         let cfg = vmm::config::FleetConfig::parse(

@@ -192,7 +192,7 @@ fn policy_changes_live_and_repeated_doorbells_decide_nothing() {
     hi.ring(0);
     hi.ring(0);
     lo.wait_until("lo", |g| g.signal(ls) <= 0);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + crate::probe::HANG_GUARD;
     while moved_nothing(&a) < stale + 1 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }

@@ -192,7 +192,7 @@ fn policy_changes_live_and_repeated_doorbells_decide_nothing() {
     hi.ring(0);
     hi.ring(0);
     lo.wait_until("lo", |g| g.signal(ls) <= 0);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + crate::probe::HANG_GUARD;
     while moved_nothing(&a) < stale + 1 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -422,17 +422,12 @@ fn pause_once(cost: u64) -> bool {
     a.pause_vm(g.h).unwrap();
     a.pause_vm(g.h).unwrap();
     assert_eq!(a.vm_controls(g.h), Some((true, None)));
-    // Held: once the save finished its GPU time stops growing.
-    let mut prev = a.vm_status(g.h).unwrap().1.gpu_ns;
-    loop {
-        std::thread::sleep(Duration::from_millis(30));
-        let now = a.vm_status(g.h).unwrap().1.gpu_ns;
-        if now == prev {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still running while paused");
-        prev = now;
-    }
+    // Held: the queue leaves the HQD (its save, if any, finished and was
+    // billed) and stays off it; its GPU time no longer grows.
+    g.wait_until("off the HQD", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_STATE)) == abi::vgpu::hqd_state::WAITING
+    });
+    let held = a.vm_status(g.h).unwrap().1.gpu_ns;
     let caught = g.signal(last) > 0;
     if caught {
         // Work was left: the pause took the queue off the GPU mid-work.
@@ -440,10 +435,29 @@ fn pause_once(cost: u64) -> bool {
             a.vm_status(g.h).unwrap().1.preemptions >= 1,
             "saved by CWSR"
         );
-        // A doorbell while paused maps nothing.
+        // A doorbell while paused maps nothing: once the arbiter has
+        // handled it (its observer says so), the queue is still off the
+        // HQD, its GPU time unchanged and its work left.
+        let (tx, rx) = channel();
+        let tx = Mutex::new(tx);
+        a.set_doorbell_observer(Some(Arc::new(move |s: DoorbellSeen| {
+            let _ = lock(&tx).send(s.vm);
+        })));
         g.ring(0);
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(a.vm_status(g.h).unwrap().1.gpu_ns, prev);
+        loop {
+            let vm = rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the paused VM's doorbell handled");
+            if vm == g.h {
+                break;
+            }
+        }
+        a.set_doorbell_observer(None);
+        assert_eq!(
+            g.fe.reg_read(hr(0, reg::CP_HQD_STATE)),
+            abi::vgpu::hqd_state::WAITING
+        );
+        assert_eq!(a.vm_status(g.h).unwrap().1.gpu_ns, held);
         assert!(g.signal(last) > 0, "work left while paused");
     }
     a.resume_vm(g.h).unwrap();

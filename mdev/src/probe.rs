@@ -21,6 +21,11 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// How long a probe waits for what must happen (a wake-up, a vHQD state,
+/// a doorbell seen, a completion) before it panics: a guard against hangs,
+/// never a measurement, long enough for a loaded 2-core host.
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -235,7 +240,7 @@ impl Waker {
         self.fd.write(1).unwrap();
         // Blocks as the doorbell probe's writer does (on one CPU the woken
         // thread runs once the writer has blocked).
-        let t1 = self.rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let t1 = self.rx.recv_timeout(HANG_GUARD).unwrap();
         (t1 - t0).as_nanos() as u64
     }
 }
@@ -245,7 +250,7 @@ impl Waker {
 /// holds the only HQD slot: returns the ns from each `write` to the arbiter
 /// having handed the CWSR preemption to the backend (the backend's dequeue
 /// called). Samples the floor (`waker`) between doorbells into `wake`, so
-/// both see the same load. Panics if the arbiter does not react within 10 s
+/// both see the same load. Panics if the arbiter does not react within [`HANG_GUARD`]
 /// (a measurement helper, not a service).
 pub fn doorbell_to_preempt(samples: usize, waker: &Waker, wake: &mut Vec<u64>) -> Vec<u64> {
     doorbell_spans(samples, waker, wake, 0).issued
@@ -321,7 +326,7 @@ pub fn doorbell_spans(
     let mailbox = hi_vm.alloc(8, 8);
     let mut out = DoorbellSpans::default();
     let wait_state = |fe: &crate::vgpu::VgpuFrontEnd, st: u32| {
-        let end = Instant::now() + Duration::from_secs(10);
+        let end = Instant::now() + HANG_GUARD;
         while fe.reg_read(hqd_reg(0, reg::CP_HQD_STATE)) != st {
             assert!(Instant::now() < end, "state {st} not reached");
             std::thread::sleep(Duration::from_micros(50));
@@ -347,7 +352,7 @@ pub fn doorbell_spans(
         let t0 = Instant::now();
         bell.write(1).unwrap();
         let seen = loop {
-            let s = seen_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+            let s = seen_rx.recv_timeout(HANG_GUARD).unwrap();
             if s.vm == hi.handle() {
                 break s;
             }
@@ -362,7 +367,7 @@ pub fn doorbell_spans(
         }
         // Completion interrupt of the high-priority packet.
         hi_irqs
-            .wait_for(0, k + 1, Duration::from_secs(10))
+            .wait_for(0, k + 1, HANG_GUARD)
             .expect("completion vector of the high-priority packet");
     }
     out.armed = a.stats().armed_preemptions;

@@ -537,16 +537,22 @@ fn a_re_registered_name_is_one_series_that_never_goes_backwards() {
 
 /// Through the real-time arbiter: a doorbell of a high-priority VM preempts
 /// a busy low-priority VM; `metrics_text` counters rise and `timeline`
-/// shows the preemption. (No timing is asserted; waits have a generous
-/// deadline against hangs.)
+/// shows the preemption. The low VM's kernel outlasts the test (its
+/// workgroups take 600 s each), so it is on the GPU with work left when
+/// the high VM's doorbell comes however late the test thread runs: the
+/// preemption never depends on which thread is faster. (No timing is
+/// asserted; waits have a generous deadline against hangs.)
 #[test]
 fn arbiter_metrics_text_and_timeline_after_a_preemption() {
     use crate::probe::NoIrqs;
+    use abi::vgpu::{hqd_state, reg};
     use std::time::{Duration, Instant};
 
     let a = crate::probe::tiny_arbiter();
     let mut guests = Vec::new();
-    for (name, prio, kernels, cost) in [("lo", 2u8, 8u32, 5_000_000u64), ("hi", 12, 2, 20_000)] {
+    for (name, prio, kernels, cost) in
+        [("lo", 2u8, 1u32, 600_000_000_000u64), ("hi", 12, 2, 20_000)]
+    {
         let g = crate::probe::add_guest(&a, name, prio, 1 << 32, 64, Arc::new(NoIrqs));
         guests.push((g.handle, g.fe, g.tvm, g.q, kernels, cost));
     }
@@ -564,26 +570,31 @@ fn arbiter_metrics_text_and_timeline_after_a_preemption() {
             (h, fe, tvm, q)
         })
         .collect();
+    let signal = |tvm: &TestVm, s: u64| {
+        tvm.mem
+            .read_u64(s + abi::queue::AMD_SIGNAL_VALUE as u64)
+            .unwrap() as i64
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     guests[0].1.doorbell_eventfd(0).write(1).unwrap();
-    while a.stats().maps == 0 {
+    let on_hqd = |fe: &crate::vgpu::VgpuFrontEnd| {
+        fe.reg_read(crate::probe::hqd_reg(0, reg::CP_HQD_STATE)) == hqd_state::ON_HQD
+    };
+    while !on_hqd(&guests[0].1) {
         assert!(Instant::now() < deadline, "lo mapped");
         std::thread::sleep(Duration::from_millis(1));
     }
     guests[1].1.doorbell_eventfd(0).write(1).unwrap();
-    for (_, _, tvm, q) in &guests {
-        let last = *q.signals.last().unwrap();
-        while (tvm
-            .mem
-            .read_u64(last + abi::queue::AMD_SIGNAL_VALUE as u64)
-            .unwrap() as i64)
-            > 0
-        {
-            assert!(Instant::now() < deadline, "kernels complete");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        tvm.verify(q).unwrap();
+    let (_, _, hi_vm, hi_q) = &guests[1];
+    let last = *hi_q.signals.last().unwrap();
+    while signal(hi_vm, last) > 0 {
+        assert!(Instant::now() < deadline, "hi kernels complete");
+        std::thread::sleep(Duration::from_millis(2));
     }
+    hi_vm.verify(hi_q).unwrap();
+    // The low VM's kernel is still running: it was preempted, not finished.
+    let (_, _, lo_vm, lo_q) = &guests[0];
+    assert!(signal(lo_vm, lo_q.signals[0]) > 0, "lo's work is left");
     let m = parse(&a.metrics_text());
     assert!(value(&m, "hqdmux_vm_preemptions_total", "lo") >= 1.0);
     assert!(

@@ -95,8 +95,11 @@ fn run_timeout_stops_a_hung_vm_and_keeps_finished_results() {
         return;
     }
     let dir = scratch_dir("timeout");
+    // `fine` must exit before the timeout for its result to be kept: the
+    // timeout is a generous bound on a hello boot (milliseconds), not a
+    // race a loaded host can lose.
     let toml = format!(
-        "[run]\ntimeout_ms = 300\n{}{}",
+        "[run]\ntimeout_ms = 5000\n{}{}",
         vm("hung", "builtin:fault", "mode=hang"),
         vm("fine", "builtin:hello", "")
     );
@@ -133,9 +136,10 @@ fn every_vcpu_of_a_multi_vcpu_vm_runs() {
     }
     let dir = scratch_dir("vcpus");
     // vCPU 0 hangs (hlt) so the VM lives until the timeout: every secondary
-    // vCPU has long since run by then, and each checks in with 0x100 | index.
+    // vCPU has long since run by then (a generous bound, not a race a
+    // loaded host can lose), and each checks in with 0x100 | index.
     let toml = format!(
-        "[run]\ntimeout_ms = 400\n{}",
+        "[run]\ntimeout_ms = 5000\n{}",
         vm("smp", "builtin:fault", "mode=hang")
             .replace("memory_mib = 8", "memory_mib = 8\nvcpus = 4")
     );

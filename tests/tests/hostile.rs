@@ -35,7 +35,11 @@ priority = 8
 args = \"kernels=4 wgs=304 cost_us=200 loops=3\"
 ";
     hqdmux_tests::logs::capture();
+    let t0 = std::time::Instant::now();
     let report = run(&config(&dir, toml));
+    // The host's log limits are per second: a run a loaded host stretches
+    // over more seconds may log more lines, never one per error.
+    let secs = t0.elapsed().as_secs() + 1;
     let (hostile, good) = (&report.vms[0], &report.vms[1]);
     let fails: Vec<_> = hostile
         .console
@@ -63,8 +67,11 @@ args = \"kernels=4 wgs=304 cost_us=200 loops=3\"
     let lines = hqdmux_tests::logs::at_least(log::Level::Warn);
     let bare: Vec<_> = lines.iter().filter(|l| !l.starts_with("vm ")).collect();
     assert!(bare.is_empty(), "warnings not naming a VM: {bare:#?}");
-    let mine = lines.iter().filter(|l| l.starts_with("vm hostile")).count();
-    assert!(mine <= 40, "{mine} warnings for one hostile VM: {lines:#?}");
+    let mine = lines.iter().filter(|l| l.starts_with("vm hostile")).count() as u64;
+    assert!(
+        mine <= 40 * secs,
+        "{mine} warnings for one hostile VM in {secs} s: {lines:#?}"
+    );
     assert_eq!(good.outcome, VmOutcome::Exited(0), "{}", report.summary());
     assert!(
         good.console

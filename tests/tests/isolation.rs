@@ -222,15 +222,20 @@ fn a_doorbell_flooder_gets_few_host_log_lines_and_the_good_vm_is_exact() {
         "kernels=1 wgs=1 cost_us=1 bad=dbflood hold=200000 flood=5000",
         "",
     );
+    let t0 = std::time::Instant::now();
     let report = run_beside_good("iso-dbflood", flooder, None);
+    // The host's log limits are per second: a run a loaded host stretches
+    // over more seconds may log a few more lines per second (20 allowed
+    // per started second beyond 100), never one per refused access.
+    let most = 100 + 20 * (t0.elapsed().as_secs() + 1);
     let flooder = &report.vms[0];
     // The refused accesses were counted, but few were logged.
     let io = report.vgpu_io[0].expect("vGPU counters");
     assert!(io.refused >= 10_000, "{io:?}");
-    assert!(io.refused_unlogged >= io.refused - 100, "{io:?}");
+    assert!(io.refused_unlogged + most >= io.refused, "{io:?}");
     let lines = hqdmux_tests::logs::containing("dbflooder");
     assert!(
-        lines.len() <= 100,
+        lines.len() as u64 <= most,
         "{} host log lines for the flooder: {:?}",
         lines.len(),
         &lines[..lines.len().min(20)]

@@ -543,10 +543,10 @@ fn a_failed_command_that_asked_for_no_reply_gets_none() {
 /// A client that connects and never speaks holds the vGPU's one
 /// connection only until the first-message timeout: it is dropped
 /// (counted `silent`), the next client is served, and the vGPU never
-/// registered for it. The next client connects and sends its first
-/// message while the silent one holds the vGPU (it waits in the backlog
-/// with its message buffered), so it is never silent itself, however
-/// slow the host.
+/// registered for it. Both clients connect, and the next one writes its
+/// first message, before the server starts accepting: the next one's
+/// message is waiting in its socket when the server takes it, so it is
+/// never silent itself, however slow the host.
 #[test]
 fn a_silent_client_is_dropped_and_the_next_one_served() {
     let a = tiny_arbiter();
@@ -554,20 +554,27 @@ fn a_silent_client_is_dropped_and_the_next_one_served() {
         first_message_timeout: Duration::from_millis(200),
         ..Default::default()
     };
-    let srv = serve(&a, "silent", 8, opts);
+    let srv = VgpuServer::bind(&sock("silent"), spec("silent", 8), a.clone(), opts).unwrap();
     let mut quiet = UnixStream::connect(srv.path()).unwrap();
-    let (path, topo) = (srv.path().to_owned(), a.topology().clone());
-    let next = std::thread::spawn(move || Guest::attach(&path, &topo));
+    let mut next = UnixStream::connect(srv.path()).unwrap();
+    let mut m = header(6, cmd::DEVICE_GET_INFO, 32, 0);
+    m.extend_from_slice(&[0; 16]);
+    next.write_all(&m).unwrap();
+    let t = srv.spawn().unwrap();
     // The server ends the silent one: EOF on its side.
     assert!(closed(&mut quiet));
-    let mut g = next.join().unwrap();
-    assert_eq!(g.rd(reg::VGPU_ID as u64), VGPU_ID_VALUE);
+    let (h, _) = reply(&mut next);
+    assert_eq!((h.id, h.flags), (6, wire::TYPE_REPLY), "{h:?}");
+    still_serves(&mut next);
     let s = srv.stats();
     assert_eq!((s.connections, s.dropped, s.silent), (2, 1, 1), "{s:?}");
     assert_eq!(
         s.registrations, 1,
         "the silent client cost the arbiter nothing"
     );
+    drop(next);
+    srv.stop();
+    t.join().unwrap();
 }
 
 /// How a connection with a message half-read ends decides how it counts:

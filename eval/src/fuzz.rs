@@ -24,7 +24,7 @@ use crate::scenario::{
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use scheduler::{Policy, SchedConfig};
+use scheduler::{Policy, SchedConfig, PRIORITY_RANGE};
 use std::fmt::Write as _;
 
 /// Classes of shapes the scheduler is known to fail today (issue 18,
@@ -357,7 +357,7 @@ fn vary(rng: &mut SmallRng, t: &mut Tenant, max_queues: u32) {
         rng.gen_range(1..=max_queues.max(1))
     };
     t.queue_priority = if rng.gen_bool(0.3) {
-        rng.gen_range(0..=15)
+        rng.gen_range(PRIORITY_RANGE)
     } else {
         0
     };
@@ -457,7 +457,7 @@ pub fn generate(seed: u64, family: Option<Family>) -> Generated {
             let same = rng.gen_bool(0.5);
             let job = log_uniform(&mut rng, 50e3, 5e6) as u64;
             let shared = gen_kernels(&mut rng, cus, job, Width::Full, 0.0);
-            let mut prios: Vec<u8> = (0..=15).collect();
+            let mut prios: Vec<u8> = PRIORITY_RANGE.collect();
             for i in (1..prios.len()).rev() {
                 prios.swap(i, rng.gen_range(0..=i));
             }
@@ -495,7 +495,7 @@ pub fn generate(seed: u64, family: Option<Family>) -> Generated {
         }
         Family::Equals | Family::Light => {
             let cus = 304;
-            let p = rng.gen_range(0..=15u8);
+            let p = rng.gen_range(PRIORITY_RANGE);
             // Quantum 1-10 ms; kernels at most a quarter of it, so that
             // CU time (credited per completed kernel) tracks the split.
             let q_ms = [1u64, 2, 5, 10][rng.gen_range(0..4)];

@@ -451,7 +451,7 @@ fn simulate_inner(
             let id = VmId(i as u32);
             let s = sim.bind.scheduler();
             if let (Some(p), Some(part)) = (s.vm_params(id), s.vm_partition(id)) {
-                t.vm_added(i as u32, name, &p, part);
+                t.vm_added(VmId(i as u32), name, &p, part);
             }
         }
     }
@@ -806,7 +806,7 @@ impl Sim<'_> {
         let mut notices = std::mem::take(&mut self.notices);
         for n in notices.drain(..) {
             if let (Some(t), Some(o)) = (&mut self.tele, n.owner()) {
-                t.notice(self.now, &n, self.streams[o].vm as u32, &self.gpu);
+                t.notice(self.now, &n, VmId(self.streams[o].vm as u32), &self.gpu);
             }
             match n {
                 Notice::ArmTimer { at } => self.timer = Some(at),

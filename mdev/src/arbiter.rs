@@ -28,7 +28,7 @@ use crate::guard::{GuardConfig, GuardConfigError, GuardEvent, GuardStatus, VmGua
 use crate::mem::DmaMemory;
 use crate::telemetry::Telemetry;
 use crate::topology::{GpuTopology, TopologyError};
-use crate::vgpu::{InterruptSink, RequestSink, VgpuFrontEnd, VgpuHandle, VgpuRequest};
+use crate::vgpu::{InterruptSink, RequestSink, VgpuFrontEnd, VgpuRequest};
 use abi::mqd::V9Mqd;
 use abi::vgpu::{error, NUM_VHQD};
 use scheduler::{Nanos, Policy, QueueId, SchedConfig, SchedError, VmId, VmParams};
@@ -110,7 +110,7 @@ pub struct ArbiterStats {
 #[derive(Clone, Copy, Debug)]
 pub struct DoorbellSeen {
     /// VM.
-    pub vm: VgpuHandle,
+    pub vm: VmId,
     /// vHQD.
     pub vhqd: usize,
     /// When the binding returned (every map/unmap it decided was handed to the backend).
@@ -137,7 +137,7 @@ pub struct VmHistory {
     /// The handle it was taken from: a preemption of that VM's queues
     /// still pending at its removal may time out later, and counts for the
     /// vGPU all the same (read at resume, forwarded after).
-    from: u32,
+    from: VmId,
     guard: VmGuard,
     hangs: Vec<Nanos>,
 }
@@ -164,14 +164,14 @@ static NEXT_ARBITER_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 /// Benchmark hook called on the service thread (none in production).
 pub type DoorbellObserver = Arc<dyn Fn(DoorbellSeen) + Send + Sync>;
 
-/// Owner of a binding queue: (VM index, vHQD).
-type Owner = (u32, u8);
+/// Owner of a binding queue: (VM, vHQD).
+type Owner = (VmId, u8);
 
 const TOKEN_CONTROL: u64 = u64::MAX;
 const TOKEN_TIMER: u64 = u64::MAX - 1;
 
-fn token(vm: u32, vhqd: usize) -> u64 {
-    (u64::from(vm) << 8) | vhqd as u64
+fn token(vm: VmId, vhqd: usize) -> u64 {
+    (u64::from(vm.0) << 8) | vhqd as u64
 }
 
 struct VmSlot {
@@ -192,7 +192,7 @@ struct VmSlot {
     hangs: std::collections::VecDeque<Nanos>,
     /// The registration that resumed its history: guard events and
     /// preemption timeouts of its queues still draining go there.
-    heir: Option<u32>,
+    heir: Option<VmId>,
     /// A host bug while serving it took its vGPU away.
     quarantined: bool,
     /// Removed and older than the retained removed VMs: the slot goes as
@@ -209,37 +209,37 @@ struct VmSlot {
 /// ones + that many.
 #[derive(Default)]
 struct VmSlots {
-    map: std::collections::BTreeMap<u32, VmSlot>,
+    map: std::collections::BTreeMap<VmId, VmSlot>,
     /// The next handle.
     next: u32,
     /// Removed VMs still kept, oldest removal first.
-    removed: std::collections::VecDeque<u32>,
+    removed: std::collections::VecDeque<VmId>,
 }
 
 impl VmSlots {
-    fn get(&self, v: usize) -> Option<&VmSlot> {
-        u32::try_from(v).ok().and_then(|v| self.map.get(&v))
+    fn get(&self, v: VmId) -> Option<&VmSlot> {
+        self.map.get(&v)
     }
 
-    fn get_mut(&mut self, v: usize) -> Option<&mut VmSlot> {
-        u32::try_from(v).ok().and_then(|v| self.map.get_mut(&v))
+    fn get_mut(&mut self, v: VmId) -> Option<&mut VmSlot> {
+        self.map.get_mut(&v)
     }
 
     /// The slot of VM `vm` unless it is removed or unknown.
-    fn live(&self, vm: VgpuHandle) -> Option<&VmSlot> {
-        self.map.get(&vm.0).filter(|e| !e.removed)
+    fn live(&self, vm: VmId) -> Option<&VmSlot> {
+        self.map.get(&vm).filter(|e| !e.removed)
     }
 
     /// [`Self::live`] for a change; a removed or unknown VM is
     /// [`SchedError::NoVm`].
-    fn live_mut(&mut self, vm: VgpuHandle) -> Result<&mut VmSlot, SchedError> {
+    fn live_mut(&mut self, vm: VmId) -> Result<&mut VmSlot, SchedError> {
         self.map
-            .get_mut(&vm.0)
+            .get_mut(&vm)
             .filter(|e| !e.removed)
-            .ok_or(SchedError::NoVm(VmId(vm.0)))
+            .ok_or(SchedError::NoVm(vm))
     }
 
-    fn iter(&self) -> impl Iterator<Item = (u32, &VmSlot)> {
+    fn iter(&self) -> impl Iterator<Item = (VmId, &VmSlot)> {
         self.map.iter().map(|(k, s)| (*k, s))
     }
 
@@ -248,21 +248,21 @@ impl VmSlots {
     }
 
     /// The next handle, or `None` when all were used.
-    fn next_handle(&self) -> Option<u32> {
+    fn next_handle(&self) -> Option<VmId> {
         // u32::MAX stays unused: the doorbell tokens of the last handles
         // must stay clear of the control tokens (`token`).
-        (self.next < u32::MAX).then_some(self.next)
+        (self.next < u32::MAX).then_some(VmId(self.next))
     }
 
     fn insert(&mut self, s: VmSlot) {
-        self.map.insert(self.next, s);
+        self.map.insert(VmId(self.next), s);
         self.next += 1;
     }
 
     /// Notes that `v` was removed; forgets the oldest removed slots past
     /// the retention (at once if their queues are gone, else when they
     /// are: [`VmSlots::drop_if_gone`]).
-    fn note_removed(&mut self, v: u32) {
+    fn note_removed(&mut self, v: VmId) {
         self.removed.push_back(v);
         while self.removed.len() > crate::telemetry::RETAINED_REMOVED_VMS {
             let Some(old) = self.removed.pop_front() else {
@@ -276,7 +276,7 @@ impl VmSlots {
     }
 
     /// Drops slot `v` if it is forgotten and holds no queue.
-    fn drop_if_gone(&mut self, v: u32) {
+    fn drop_if_gone(&mut self, v: VmId) {
         if self
             .map
             .get(&v)
@@ -287,15 +287,15 @@ impl VmSlots {
     }
 }
 
-impl std::ops::Index<usize> for VmSlots {
+impl std::ops::Index<VmId> for VmSlots {
     type Output = VmSlot;
-    fn index(&self, v: usize) -> &VmSlot {
+    fn index(&self, v: VmId) -> &VmSlot {
         self.get(v).expect("a VM slot checked by the caller")
     }
 }
 
-impl std::ops::IndexMut<usize> for VmSlots {
-    fn index_mut(&mut self, v: usize) -> &mut VmSlot {
+impl std::ops::IndexMut<VmId> for VmSlots {
+    fn index_mut(&mut self, v: VmId) -> &mut VmSlot {
         self.get_mut(v).expect("a VM slot checked by the caller")
     }
 }
@@ -335,7 +335,7 @@ enum FeCall {
 
 struct Pending {
     fe: Arc<VgpuFrontEnd>,
-    vm: u32,
+    vm: VmId,
     vhqd: usize,
     call: FeCall,
 }
@@ -343,9 +343,9 @@ struct Pending {
 /// What a front-end call left for the core.
 enum FollowUp {
     /// A bad signal or mailbox: stop the queue with an error.
-    QueueError(u32, QueueId, QueueErrorReason),
+    QueueError(VmId, QueueId, QueueErrorReason),
     /// A front-end call panicked.
-    Quarantine(u32),
+    Quarantine(VmId),
 }
 
 struct Core {
@@ -399,7 +399,7 @@ const RECENT_PER_VM: usize = 2;
 /// `recent` (most recently rung). A new one takes the place of its VM's
 /// least recently rung past [`RECENT_PER_VM`], else of the least recently
 /// rung past [`RECENT_DOORBELLS`].
-fn note_recent(recent: &mut Vec<RecentDoorbell>, vm: u32, vhqd: usize, queue: QueueId) {
+fn note_recent(recent: &mut Vec<RecentDoorbell>, vm: VmId, vhqd: usize, queue: QueueId) {
     let at = recent.iter().position(|r| r.vm == vm && r.vhqd == vhqd);
     let drop = at.or_else(|| {
         let mut own = recent.iter().enumerate().filter(|(_, r)| r.vm == vm);
@@ -429,29 +429,29 @@ fn note_recent(recent: &mut Vec<RecentDoorbell>, vm: u32, vhqd: usize, queue: Qu
 
 /// A recently rung vHQD and its prepared preemption.
 struct RecentDoorbell {
-    vm: u32,
+    vm: VmId,
     vhqd: usize,
     queue: QueueId,
     armed: ArmedDoorbell,
 }
 
 struct Requests {
-    tx: Mutex<Sender<(VgpuHandle, VgpuRequest)>>,
+    tx: Mutex<Sender<(VmId, VgpuRequest)>>,
     kick: EventFd,
     /// Loads refused by a front end, `(vm, code)` -> count, not yet in
     /// telemetry: counted at once (not through the channel) so that a VM
     /// removed right after its guest saw the error still counts it; taken
     /// by [`GpuArbiter::count_refused`] under the core lock.
-    refused: Mutex<std::collections::BTreeMap<(u32, u32), u64>>,
+    refused: Mutex<std::collections::BTreeMap<(VmId, u32), u64>>,
 }
 
 impl RequestSink for Requests {
-    fn send(&self, vm: VgpuHandle, req: VgpuRequest) {
+    fn send(&self, vm: VmId, req: VgpuRequest) {
         if let VgpuRequest::Refused { code, .. } = req {
             if code != 0 {
                 let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
                 let first = r.is_empty();
-                *r.entry((vm.0, code)).or_insert(0) += 1;
+                *r.entry((vm, code)).or_insert(0) += 1;
                 drop(r);
                 // The service thread counts them for the guard: woken by
                 // the first of a batch only (a flood of refused loads
@@ -609,13 +609,13 @@ impl GpuArbiter {
         mem: Arc<dyn DmaMemory>,
         params: VmParams,
         irq: Arc<dyn InterruptSink>,
-    ) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), ArbiterError> {
+    ) -> Result<(VmId, Arc<VgpuFrontEnd>), ArbiterError> {
         let mut c = lock(&self.core);
         if c.stopping {
             return Err(ArbiterError::Stopped);
         }
         let idx = c.vms.next_handle().ok_or(ArbiterError::Handles)?;
-        let h = VgpuHandle(idx);
+        let h = idx;
         let mut fe =
             VgpuFrontEnd::new(h, name, &self.topo, mem.clone(), irq, self.requests.clone())?;
         fe.set_load_check(c.gpu.load_check());
@@ -627,8 +627,8 @@ impl GpuArbiter {
                 EpollEvent::new(EventSet::IN, token(idx, i)),
             )?;
         }
-        c.bind.add_vm(VmId(idx), params)?;
-        let part = c.bind.scheduler().vm_partition(VmId(idx)).unwrap_or(0);
+        c.bind.add_vm(idx, params)?;
+        let part = c.bind.scheduler().vm_partition(idx).unwrap_or(0);
         c.tele.vm_added(idx, name, &params, part);
         c.vms.insert(VmSlot {
             fe: Some(fe.clone()),
@@ -651,7 +651,7 @@ impl GpuArbiter {
     /// made (or after 5 s). The arbiter then holds no reference to the VM's
     /// front end or memory (released at once if its queues are already gone,
     /// else when the last one is).
-    pub fn remove_vm(&self, vm: VgpuHandle) {
+    pub fn remove_vm(&self, vm: VmId) {
         self.remove_vm_keeping(vm);
     }
 
@@ -659,9 +659,9 @@ impl GpuArbiter {
     /// registration takes over ([`VmHistory`]; `None` for a VM unknown or
     /// already removed). Taken under the same lock as the removal: nothing
     /// the VM did before it is lost.
-    pub fn remove_vm_keeping(&self, vm: VgpuHandle) -> Option<VmHistory> {
+    pub fn remove_vm_keeping(&self, vm: VmId) -> Option<VmHistory> {
         let mut c = lock(&self.core);
-        let v = vm.0 as usize;
+        let v = vm;
         if c.vms.get(v).is_none_or(|e| e.removed) {
             return None;
         }
@@ -679,21 +679,19 @@ impl GpuArbiter {
         let core = &mut *c;
         let history = VmHistory {
             arbiter: self.id,
-            from: vm.0,
+            from: vm,
             guard: core.vms[v].guard.clone(),
             hangs: core.vms[v].hangs.iter().copied().collect(),
         };
-        let last = core.bind.scheduler().vm_stats(VmId(vm.0));
+        let last = core.bind.scheduler().vm_stats(vm);
         let guard = core.vms[v].guard.totals();
-        core.tele.vm_guard_final(vm.0, guard);
-        core.tele.vm_removed(vm.0, last);
+        core.tele.vm_guard_final(vm, guard);
+        core.tele.vm_removed(vm, last);
         let mut out = Vec::new();
-        let _ = core
-            .bind
-            .remove_vm(core.gpu.as_mut(), now, VmId(vm.0), &mut out);
+        let _ = core.bind.remove_vm(core.gpu.as_mut(), now, vm, &mut out);
         self.deliver(core, out);
         Self::release_if_gone(core, v);
-        core.vms.note_removed(vm.0);
+        core.vms.note_removed(vm);
         drop(c);
         let _ = self.requests.kick.write(1);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -722,18 +720,18 @@ impl GpuArbiter {
     /// timeouts. Call it after the VM's limits are set and before its
     /// front end is served. A history of another arbiter brings its
     /// quarantine only (its times are on another clock).
-    pub fn resume_history(&self, vm: VgpuHandle, h: VmHistory) -> Result<(), ArbiterError> {
+    pub fn resume_history(&self, vm: VmId, h: VmHistory) -> Result<(), ArbiterError> {
         let mut c = lock(&self.core);
         let core = &mut *c;
         core.vms
-            .get(vm.0 as usize)
+            .get(vm)
             .filter(|e| !e.removed)
-            .ok_or(SchedError::NoVm(VmId(vm.0)))?;
+            .ok_or(SchedError::NoVm(vm))?;
         let (mut earlier, mut hangs) = (h.guard, h.hangs);
         if h.arbiter != self.id {
             earlier.set_limits(earlier.limits());
             hangs.clear();
-        } else if let Some(old) = core.vms.get_mut(h.from as usize).filter(|o| o.removed) {
+        } else if let Some(old) = core.vms.get_mut(h.from).filter(|o| o.removed) {
             // The old registration's slot has what happened since the
             // history was taken (a pending preemption that timed out);
             // what still happens to it comes here.
@@ -741,7 +739,7 @@ impl GpuArbiter {
             hangs = old.hangs.iter().copied().collect();
             // Also when its queues are gone: an older registration still
             // draining may forward to it.
-            old.heir = Some(vm.0);
+            old.heir = Some(vm);
         }
         if h.arbiter == self.id {
             // Every older registration that forwarded to the one resumed
@@ -753,15 +751,15 @@ impl GpuArbiter {
             // a few times while its hang is pending escaped it).
             for s in core.vms.map.values_mut() {
                 if s.removed && s.heir == Some(h.from) {
-                    s.heir = Some(vm.0);
+                    s.heir = Some(vm);
                 }
             }
         }
-        let s = &mut core.vms[vm.0 as usize];
+        let s = &mut core.vms[vm];
         s.guard.resume(&earlier);
         let skip = hangs.len().saturating_sub(MAX_CARRIED_HANGS);
         s.hangs = hangs.iter().copied().skip(skip).collect();
-        core.bind.resume_hangs(VmId(vm.0), &hangs);
+        core.bind.resume_hangs(vm, &hangs);
         if let Some(t) = s.guard.trip() {
             log::info!(
                 "vm {}: vGPU still quarantined by the misbehaving-VM guard ({t}) from its \
@@ -778,7 +776,7 @@ impl GpuArbiter {
     /// out after the removal).
     pub fn history_quarantine(&self, h: &VmHistory) -> Option<crate::guard::Trip> {
         let c = lock(&self.core);
-        match c.vms.get(h.from as usize).filter(|_| h.arbiter == self.id) {
+        match c.vms.get(h.from).filter(|_| h.arbiter == self.id) {
             Some(old) => old.guard.trip(),
             None => h.guard.trip(),
         }
@@ -791,11 +789,7 @@ impl GpuArbiter {
     /// Returns whether it was quarantined.
     pub fn clear_history_quarantine(&self, h: &mut VmHistory) -> bool {
         let mut c = lock(&self.core);
-        let old = match c
-            .vms
-            .get_mut(h.from as usize)
-            .filter(|_| h.arbiter == self.id)
-        {
+        let old = match c.vms.get_mut(h.from).filter(|_| h.arbiter == self.id) {
             Some(old) => old.guard.clear(),
             None => false,
         };
@@ -804,16 +798,14 @@ impl GpuArbiter {
 
     /// Drops a removed VM's front end and memory once none of its queues is
     /// left (queued front-end calls keep their own reference until made).
-    fn release_if_gone(c: &mut Core, v: usize) {
+    fn release_if_gone(c: &mut Core, v: VmId) {
         if let Some(s) = c.vms.get_mut(v) {
             if s.removed && s.queue.iter().all(Option::is_none) {
                 s.fe = None;
                 s.mem = None;
             }
         }
-        if let Ok(v) = u32::try_from(v) {
-            c.vms.drop_if_gone(v);
-        }
+        c.vms.drop_if_gone(v);
     }
 
     fn control(
@@ -833,13 +825,13 @@ impl GpuArbiter {
     }
 
     /// Changes a VM's priority live (applies at once).
-    pub fn set_priority(&self, vm: VgpuHandle, priority: u8) -> Result<(), SchedError> {
-        self.control(|b| b.set_vm_priority(VmId(vm.0), priority))
+    pub fn set_priority(&self, vm: VmId, priority: u8) -> Result<(), SchedError> {
+        self.control(|b| b.set_vm_priority(vm, priority))
     }
 
     /// Changes a VM's weight live (applies at once).
-    pub fn set_weight(&self, vm: VgpuHandle, weight: u32) -> Result<(), SchedError> {
-        self.control(|b| b.set_vm_weight(VmId(vm.0), weight))
+    pub fn set_weight(&self, vm: VmId, weight: u32) -> Result<(), SchedError> {
+        self.control(|b| b.set_vm_weight(vm, weight))
     }
 
     /// Changes the scheduling policy live (applies at once; mapped queues
@@ -857,7 +849,7 @@ impl GpuArbiter {
     }
 
     /// A VM's current parameters and accounting (`None` once removed).
-    pub fn vm_status(&self, vm: VgpuHandle) -> Option<(VmParams, scheduler::VmStats)> {
+    pub fn vm_status(&self, vm: VmId) -> Option<(VmParams, scheduler::VmStats)> {
         let mut c = lock(&self.core);
         c.vms.live(vm)?;
         // Bring the scheduler's clock to now: GPU time then includes the
@@ -868,7 +860,7 @@ impl GpuArbiter {
         let mut out = Vec::new();
         core.bind.tick(core.gpu.as_mut(), now, &mut out);
         self.deliver(core, out);
-        let id = VmId(vm.0);
+        let id = vm;
         let s = c.bind.scheduler();
         let r = (s.vm_params(id)?, s.vm_stats(id)?);
         drop(c);
@@ -879,7 +871,7 @@ impl GpuArbiter {
 
     // ---- service thread ------------------------------------------------
 
-    fn service(self: Arc<Self>, rx: Receiver<(VgpuHandle, VgpuRequest)>, mut timer: TimerFd) {
+    fn service(self: Arc<Self>, rx: Receiver<(VmId, VgpuRequest)>, mut timer: TimerFd) {
         let mut events = vec![EpollEvent::default(); 64];
         let mut gpu_events = Vec::new();
         let mut spare = Vec::new();
@@ -910,7 +902,7 @@ impl GpuArbiter {
                     TOKEN_CONTROL => control = true,
                     TOKEN_TIMER => fired = true,
                     t => {
-                        let (vm, vhqd) = ((t >> 8) as u32, (t & 0xFF) as usize);
+                        let (vm, vhqd) = (VmId((t >> 8) as u32), (t & 0xFF) as usize);
                         self.per_vm(&mut c, vm, |a, core| a.doorbell(core, vm, vhqd));
                     }
                 }
@@ -923,7 +915,7 @@ impl GpuArbiter {
                 self.count_refused(&mut c);
                 let _ = self.requests.kick.read();
                 while let Ok((vm, req)) = rx.try_recv() {
-                    self.per_vm(&mut c, vm.0, |a, core| a.request(core, vm.0, req));
+                    self.per_vm(&mut c, vm, |a, core| a.request(core, vm, req));
                 }
             }
             self.run_gpu(&mut c, &mut gpu_events);
@@ -964,7 +956,7 @@ impl GpuArbiter {
             recent, bind, vms, ..
         } = c;
         recent.retain(|r| {
-            vms.get(r.vm as usize)
+            vms.get(r.vm)
                 .filter(|s| s.live().is_some())
                 .and_then(|s| s.queue.get(r.vhqd).copied().flatten())
                 == Some(r.queue)
@@ -997,7 +989,7 @@ impl GpuArbiter {
             for f in follow.drain(..) {
                 match f {
                     FollowUp::QueueError(vm, q, reason) => {
-                        if c.vms.get(vm as usize).and_then(VmSlot::live).is_none() {
+                        if c.vms.get(vm).and_then(VmSlot::live).is_none() {
                             continue;
                         }
                         let now = self.now();
@@ -1107,7 +1099,7 @@ impl GpuArbiter {
         c.gpu.take_cu_time(&mut buf);
         for (tag, ns) in buf.drain(..) {
             if let Some(vm) = c.bind.queue_vm(QueueId(tag)) {
-                c.tele.cu_time(vm.0, ns);
+                c.tele.cu_time(vm, ns);
             }
         }
         c.cu_buf = buf;
@@ -1117,16 +1109,16 @@ impl GpuArbiter {
     /// from the backend, demand sampled), with its partition and the VMs
     /// that preempted it (name, count); `None` for a VM the arbiter does
     /// not have live.
-    pub fn vm_promise(&self, vm: VgpuHandle) -> Option<VmPromise> {
+    pub fn vm_promise(&self, vm: VmId) -> Option<VmPromise> {
         let mut c = lock(&self.core);
         c.vms.live(vm)?;
         let now = self.now();
         let core = &mut *c;
         Self::take_cu_time(core);
         core.tele.sample_demand(now, &core.bind, true);
-        let partition = core.bind.scheduler().vm_partition(VmId(vm.0))?;
-        let (_, t) = core.tele.vms().find(|(id, _)| **id == vm.0)?;
-        let names: BTreeMap<u32, String> = core
+        let partition = core.bind.scheduler().vm_partition(vm)?;
+        let (_, t) = core.tele.vms().find(|(id, _)| **id == vm)?;
+        let names: BTreeMap<VmId, String> = core
             .tele
             .vms()
             .map(|(id, v)| (*id, v.name.clone()))
@@ -1148,8 +1140,8 @@ impl GpuArbiter {
     }
 
     /// Runs `f` for VM `vm`; a panic quarantines that VM only.
-    fn per_vm(&self, c: &mut Core, vm: u32, f: impl FnOnce(&Self, &mut Core)) {
-        if c.vms.get(vm as usize).and_then(VmSlot::live).is_none() {
+    fn per_vm(&self, c: &mut Core, vm: VmId, f: impl FnOnce(&Self, &mut Core)) {
+        if c.vms.get(vm).and_then(VmSlot::live).is_none() {
             return;
         }
         if catch_unwind(AssertUnwindSafe(|| f(self, c))).is_err() {
@@ -1157,8 +1149,8 @@ impl GpuArbiter {
         }
     }
 
-    fn quarantine(&self, c: &mut Core, vm: u32) {
-        let Some(s) = c.vms.get_mut(vm as usize) else {
+    fn quarantine(&self, c: &mut Core, vm: VmId) {
+        let Some(s) = c.vms.get_mut(vm) else {
             return;
         };
         if s.quarantined {
@@ -1189,12 +1181,12 @@ impl GpuArbiter {
             call: FeCall::Quarantine,
         });
         c.quarantined += 1;
-        let last = c.bind.scheduler().vm_stats(VmId(vm));
+        let last = c.bind.scheduler().vm_stats(vm);
         c.tele.vm_removed(vm, last);
         let now = self.now();
         let mut out = Vec::new();
         let r = catch_unwind(AssertUnwindSafe(|| {
-            let _ = c.bind.remove_vm(c.gpu.as_mut(), now, VmId(vm), &mut out);
+            let _ = c.bind.remove_vm(c.gpu.as_mut(), now, vm, &mut out);
         }));
         if r.is_err() {
             log::error!("arbiter: removing quarantined vm {vm} panicked");
@@ -1203,15 +1195,15 @@ impl GpuArbiter {
     }
 
     /// Queues a front-end call for VM `v` (if it still has a front end).
-    fn push_call(c: &mut Core, vm: u32, vhqd: usize, call: FeCall) {
-        if let Some(fe) = c.vms.get(vm as usize).and_then(|s| s.fe.clone()) {
+    fn push_call(c: &mut Core, vm: VmId, vhqd: usize, call: FeCall) {
+        if let Some(fe) = c.vms.get(vm).and_then(|s| s.fe.clone()) {
             c.calls.push(Pending { fe, vm, vhqd, call });
         }
     }
 
-    fn request(&self, c: &mut Core, vm: u32, req: VgpuRequest) {
+    fn request(&self, c: &mut Core, vm: VmId, req: VgpuRequest) {
         let now = self.now();
-        let v = vm as usize;
+        let v = vm;
         let mut out = Vec::new();
         match req {
             VgpuRequest::Load {
@@ -1235,7 +1227,7 @@ impl GpuArbiter {
                 };
                 if let Err(e) =
                     c.bind
-                        .add_queue(VmId(vm), q, (vm, vhqd as u8), prio, V9Mqd::clone(&mqd), mem)
+                        .add_queue(vm, q, (vm, vhqd as u8), prio, V9Mqd::clone(&mqd), mem)
                 {
                     // Only a VM being removed gets here (queue ids are
                     // fresh, priorities clamped).
@@ -1276,7 +1268,7 @@ impl GpuArbiter {
     /// The write index of vHQD `vhqd` of VM `v`: from its poll address in
     /// guest memory, as the CP reads it; poll address 0 is "none"
     /// (docs/vgpu-abi.md): the write index stays the MQD's.
-    fn read_wptr(c: &Core, v: usize, vhqd: usize, q: QueueId) -> Option<u64> {
+    fn read_wptr(c: &Core, v: VmId, vhqd: usize, q: QueueId) -> Option<u64> {
         let s = &c.vms[v];
         match s.wptr_poll[vhqd] {
             0 => Some(c.bind.mqd(q).map_or(0, V9Mqd::write_index)),
@@ -1293,8 +1285,8 @@ impl GpuArbiter {
     /// A preemption prepared for this vHQD ([`Binding::arm_doorbell`]) with
     /// nothing changed since goes to the GPU right after the write index
     /// is read, before the scheduler hears of the doorbell.
-    fn doorbell(&self, c: &mut Core, vm: u32, vhqd: usize) {
-        let v = vm as usize;
+    fn doorbell(&self, c: &mut Core, vm: VmId, vhqd: usize) {
+        let v = vm;
         // Reads (and resets) the doorbell's eventfd: the number of guest
         // writes folded into this wake-up (KVM signals 1 per write).
         let clear = |c: &Core| -> u64 {
@@ -1340,7 +1332,7 @@ impl GpuArbiter {
                         .take_preempt_issued()
                         .map(|ns| self.epoch + Duration::from_nanos(ns));
                     obs(crate::arbiter::DoorbellSeen {
-                        vm: VgpuHandle(vm),
+                        vm,
                         vhqd,
                         at,
                         preempted: rung.preempted,
@@ -1384,7 +1376,7 @@ impl GpuArbiter {
     /// [`Self::deliver`] draining `out` (its allocation is kept).
     fn deliver_from(&self, c: &mut Core, out: &mut Vec<Notice<Owner>>) {
         // Guard events seen (no allocation unless a queue erred).
-        let mut guard: Vec<(u32, GuardEvent)> = Vec::new();
+        let mut guard: Vec<(VmId, GuardEvent)> = Vec::new();
         for n in out.drain(..) {
             if let Notice::ArmTimer { at } = n {
                 c.timer_at = Some(at);
@@ -1393,7 +1385,7 @@ impl GpuArbiter {
             let Some((q, (vm, vhqd))) = n.queue_owner() else {
                 continue;
             };
-            let (v, i) = (vm as usize, vhqd as usize);
+            let (v, i) = (vm, vhqd as usize);
             c.tele.notice(self.now(), &n, vm, c.gpu.as_ref());
             let Some(s) = c.vms.get_mut(v) else {
                 continue;
@@ -1465,31 +1457,31 @@ impl GpuArbiter {
     /// SaveWaves (CWSR) and none is mapped again until [`resume_vm`](Self::resume_vm).
     /// Doorbells rung meanwhile are recorded. Pausing a paused VM changes
     /// nothing.
-    pub fn pause_vm(&self, vm: VgpuHandle) -> Result<(), SchedError> {
+    pub fn pause_vm(&self, vm: VmId) -> Result<(), SchedError> {
         self.live(vm)?;
-        self.control(|b| b.set_vm_paused(VmId(vm.0), true))
+        self.control(|b| b.set_vm_paused(vm, true))
     }
 
     /// Resumes a paused VM: its saved queues are eligible again (restored
     /// exactly where they stopped).
-    pub fn resume_vm(&self, vm: VgpuHandle) -> Result<(), SchedError> {
+    pub fn resume_vm(&self, vm: VmId) -> Result<(), SchedError> {
         self.live(vm)?;
-        self.control(|b| b.set_vm_paused(VmId(vm.0), false))
+        self.control(|b| b.set_vm_paused(vm, false))
     }
 
     /// Sets the VM's slice length (`None`: its priority level's quantum).
-    pub fn set_quantum(&self, vm: VgpuHandle, quantum: Option<Duration>) -> Result<(), SchedError> {
+    pub fn set_quantum(&self, vm: VmId, quantum: Option<Duration>) -> Result<(), SchedError> {
         self.live(vm)?;
         let ns = quantum.map(|d| d.as_nanos().min(u128::from(u64::MAX)) as Nanos);
-        self.control(|b| b.set_vm_quantum(VmId(vm.0), ns))
+        self.control(|b| b.set_vm_quantum(vm, ns))
     }
 
     /// The VM's pause state and slice override (`None` once removed).
-    pub fn vm_controls(&self, vm: VgpuHandle) -> Option<(bool, Option<Duration>)> {
+    pub fn vm_controls(&self, vm: VmId) -> Option<(bool, Option<Duration>)> {
         let c = lock(&self.core);
         c.vms.live(vm)?;
         let s = c.bind.scheduler();
-        let id = VmId(vm.0);
+        let id = vm;
         Some((s.vm_paused(id)?, s.vm_quantum(id).map(Duration::from_nanos)))
     }
 
@@ -1506,7 +1498,7 @@ impl GpuArbiter {
     }
 
     /// Refuses handles of removed or unknown VMs.
-    fn live(&self, vm: VgpuHandle) -> Result<(), SchedError> {
+    fn live(&self, vm: VmId) -> Result<(), SchedError> {
         lock(&self.core).vms.live_mut(vm).map(|_| ())
     }
 
@@ -1517,11 +1509,7 @@ impl GpuArbiter {
     /// finished this long after the request resets that queue only; it
     /// reads `CP_HQD_ERROR` = [`error::PREEMPTION_TIMEOUT`]. Applies to
     /// dequeues requested from now on. Range: [`PREEMPT_TIMEOUT_MS_RANGE`].
-    pub fn set_preempt_timeout(
-        &self,
-        vm: VgpuHandle,
-        timeout: Duration,
-    ) -> Result<(), ArbiterError> {
+    pub fn set_preempt_timeout(&self, vm: VmId, timeout: Duration) -> Result<(), ArbiterError> {
         let ms = timeout.as_millis();
         if ms < u128::from(*PREEMPT_TIMEOUT_MS_RANGE.start())
             || ms > u128::from(*PREEMPT_TIMEOUT_MS_RANGE.end())
@@ -1530,30 +1518,30 @@ impl GpuArbiter {
         }
         let mut c = lock(&self.core);
         if c.vms.live(vm).is_none() {
-            return Err(SchedError::NoVm(VmId(vm.0)).into());
+            return Err(SchedError::NoVm(vm).into());
         }
         let ns = timeout.as_nanos().min(u128::from(u64::MAX)) as Nanos;
-        c.bind.set_preempt_timeout(VmId(vm.0), ns)?;
+        c.bind.set_preempt_timeout(vm, ns)?;
         Ok(())
     }
 
     /// VM `vm`'s preemption timeout (`None` once removed or unknown).
-    pub fn preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
+    pub fn preempt_timeout(&self, vm: VmId) -> Option<Duration> {
         let c = lock(&self.core);
         c.vms.live(vm)?;
-        c.bind.preempt_timeout(VmId(vm.0)).map(Duration::from_nanos)
+        c.bind.preempt_timeout(vm).map(Duration::from_nanos)
     }
 
     /// VM `vm`'s preemption timeout in force now: its own
     /// ([`GpuArbiter::preempt_timeout`]) shortened by its recent
     /// preemption timeouts (`crate::binding::HangEscalation`, issue 21).
     /// `None` once removed or unknown.
-    pub fn effective_preempt_timeout(&self, vm: VgpuHandle) -> Option<Duration> {
+    pub fn effective_preempt_timeout(&self, vm: VmId) -> Option<Duration> {
         let now = self.now();
         let c = lock(&self.core);
         c.vms.live(vm)?;
         c.bind
-            .effective_preempt_timeout(VmId(vm.0), now)
+            .effective_preempt_timeout(vm, now)
             .map(Duration::from_nanos)
     }
 
@@ -1561,14 +1549,14 @@ impl GpuArbiter {
 
     /// Counts a guard event of VM `vm`; past a limit, quarantines it (one
     /// log line; its loads are refused from now on).
-    fn guard_note(&self, c: &mut Core, vm: u32, what: GuardEvent, n: u64) {
+    fn guard_note(&self, c: &mut Core, vm: VmId, what: GuardEvent, n: u64) {
         let now = self.now();
         // A removed VM whose history a later registration resumed: that
         // one's guard counts it (its queues were still draining).
         let own = vm;
         let vm = Self::heir_of(c, own);
         if what == GuardEvent::Reset {
-            if let Some(s) = c.vms.get_mut(vm as usize) {
+            if let Some(s) = c.vms.get_mut(vm) {
                 if s.hangs.len() >= MAX_CARRIED_HANGS {
                     s.hangs.pop_front();
                 }
@@ -1576,11 +1564,11 @@ impl GpuArbiter {
                 if vm != own && !s.removed {
                     // A forwarded timeout escalates the heir's next one
                     // (the binding counted it for the removed VM).
-                    c.bind.resume_hangs(VmId(vm), &[now]);
+                    c.bind.resume_hangs(vm, &[now]);
                 }
             }
         }
-        let Some(s) = c.vms.get_mut(vm as usize) else {
+        let Some(s) = c.vms.get_mut(vm) else {
             return;
         };
         let trip = s.guard.record(now, what, n);
@@ -1589,7 +1577,7 @@ impl GpuArbiter {
             let totals = s.guard.totals();
             c.tele.vm_guard_final(vm, totals);
         }
-        let Some(s) = c.vms.get_mut(vm as usize) else {
+        let Some(s) = c.vms.get_mut(vm) else {
             return;
         };
         if let Some(t) = trip {
@@ -1605,14 +1593,9 @@ impl GpuArbiter {
 
     /// The registration that carries removed VM `vm`'s history (following
     /// a few resumptions), else `vm` itself.
-    fn heir_of(c: &Core, mut vm: u32) -> u32 {
+    fn heir_of(c: &Core, mut vm: VmId) -> VmId {
         for _ in 0..8 {
-            match c
-                .vms
-                .get(vm as usize)
-                .filter(|s| s.removed)
-                .and_then(|s| s.heir)
-            {
+            match c.vms.get(vm).filter(|s| s.removed).and_then(|s| s.heir) {
                 Some(h) => vm = h,
                 None => break,
             }
@@ -1622,7 +1605,7 @@ impl GpuArbiter {
 
     /// VM `vm`'s guard: limits, counts in the window, and whether (why,
     /// when) it is quarantined. `None` once removed or unknown.
-    pub fn guard_status(&self, vm: VgpuHandle) -> Option<GuardStatus> {
+    pub fn guard_status(&self, vm: VmId) -> Option<GuardStatus> {
         let now = self.now();
         let mut c = lock(&self.core);
         self.count_refused(&mut c);
@@ -1632,7 +1615,7 @@ impl GpuArbiter {
 
     /// Lifts VM `vm`'s guard quarantine (loads are accepted again) and
     /// forgets its counts in the window. Returns whether it was quarantined.
-    pub fn clear_quarantine(&self, vm: VgpuHandle) -> Result<bool, ArbiterError> {
+    pub fn clear_quarantine(&self, vm: VmId) -> Result<bool, ArbiterError> {
         let mut c = lock(&self.core);
         let s = c.vms.live_mut(vm)?;
         let was = s.guard.clear();
@@ -1647,7 +1630,7 @@ impl GpuArbiter {
 
     /// Replaces VM `vm`'s guard limits (validated); counts restart, a
     /// quarantine stays until cleared.
-    pub fn set_guard(&self, vm: VgpuHandle, limits: GuardConfig) -> Result<(), ArbiterError> {
+    pub fn set_guard(&self, vm: VmId, limits: GuardConfig) -> Result<(), ArbiterError> {
         limits.validate()?;
         let mut c = lock(&self.core);
         let s = c.vms.live_mut(vm)?;
@@ -1714,16 +1697,13 @@ impl GpuArbiter {
     /// VM `vm`'s queue errors by code (`CP_HQD_ERROR` number as text, or
     /// `map_refused`), kept after the VM is removed (for the operator API's
     /// `queue_errors`). `None` for a VM the arbiter never had.
-    pub fn vm_queue_errors(
-        &self,
-        vm: VgpuHandle,
-    ) -> Option<std::collections::BTreeMap<String, u64>> {
+    pub fn vm_queue_errors(&self, vm: VmId) -> Option<std::collections::BTreeMap<String, u64>> {
         let mut c = lock(&self.core);
         self.count_refused(&mut c);
         let errors = c
             .tele
             .vms()
-            .find(|(id, _)| **id == vm.0)
+            .find(|(id, _)| **id == vm)
             .map(|(_, t)| t.queue_errors.clone());
         errors
     }
@@ -1733,9 +1713,9 @@ impl GpuArbiter {
     /// [`crate::telemetry::LATENCY_LIMIT_NS`]), kept after the VM is
     /// removed. `None` for a VM the arbiter never had or without
     /// completions.
-    pub fn vm_packet_latency(&self, vm: VgpuHandle) -> Option<(f64, f64)> {
+    pub fn vm_packet_latency(&self, vm: VmId) -> Option<(f64, f64)> {
         let c = lock(&self.core);
-        let (_, t) = c.tele.vms().find(|(id, _)| **id == vm.0)?;
+        let (_, t) = c.tele.vms().find(|(id, _)| **id == vm)?;
         let s = &t.packet_latency_sketch;
         Some((s.quantile(0.5)?, s.quantile(0.99)?))
     }
@@ -1785,7 +1765,7 @@ impl GpuArbiter {
 
     /// vHQDs of VM `vm` with a queue loaded (`None` once removed or
     /// unknown).
-    pub fn vm_queue_count(&self, vm: VgpuHandle) -> Option<usize> {
+    pub fn vm_queue_count(&self, vm: VmId) -> Option<usize> {
         let c = lock(&self.core);
         let s = c.vms.live(vm)?;
         Some(s.queue.iter().filter(|q| q.is_some()).count())

@@ -89,7 +89,7 @@ struct SlowLoadSink {
 }
 
 impl RequestSink for SlowLoadSink {
-    fn send(&self, _vm: VgpuHandle, req: VgpuRequest) {
+    fn send(&self, _vm: VmId, req: VgpuRequest) {
         let kind = match req {
             VgpuRequest::Load { .. } => {
                 let until = Instant::now() + Duration::from_millis(300);
@@ -116,7 +116,7 @@ fn a_dequeue_from_another_vcpu_never_overtakes_the_load_it_dequeues() {
     let sink = Arc::new(SlowLoadSink::default());
     let fe = Arc::new(
         VgpuFrontEnd::new(
-            VgpuHandle(0),
+            VmId(0),
             "race",
             &topo,
             mem,

@@ -20,7 +20,7 @@ fn wait(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-fn errors_of(a: &GpuArbiter, h: VgpuHandle) -> std::collections::BTreeMap<String, u64> {
+fn errors_of(a: &GpuArbiter, h: VmId) -> std::collections::BTreeMap<String, u64> {
     a.vm_queue_errors(h).expect("the arbiter knows the VM")
 }
 

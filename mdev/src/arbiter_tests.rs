@@ -14,7 +14,7 @@ use abi::queue::AMD_SIGNAL_VALUE;
 use abi::vgpu::{dequeue, reg, ERROR_VECTOR, VGPU_ID_VALUE};
 
 struct Guest {
-    h: VgpuHandle,
+    h: VmId,
     fe: Arc<VgpuFrontEnd>,
     irqs: Arc<RecordingIrqs>,
     tvm: TestVm,
@@ -660,13 +660,13 @@ fn a_doorbell_storm_past_the_guard_limit_quarantines_until_cleared() {
 #[test]
 fn a_guest_ringing_many_vhqds_keeps_its_share_of_the_armed_doorbells() {
     let mut recent = Vec::new();
-    let keys = |r: &Vec<RecentDoorbell>| r.iter().map(|e| (e.vm, e.vhqd)).collect::<Vec<_>>();
+    let keys = |r: &Vec<RecentDoorbell>| r.iter().map(|e| (e.vm.0, e.vhqd)).collect::<Vec<_>>();
     // A high-priority tenant (VM 1) rings once.
-    note_recent(&mut recent, 1, 0, QueueId(100));
+    note_recent(&mut recent, VmId(1), 0, QueueId(100));
     // VM 2 rings all its vHQDs, round after round.
     for round in 0..3u64 {
         for vhqd in 0..NUM_VHQD {
-            note_recent(&mut recent, 2, vhqd, QueueId(200 + round));
+            note_recent(&mut recent, VmId(2), vhqd, QueueId(200 + round));
         }
     }
     assert_eq!(
@@ -676,14 +676,14 @@ fn a_guest_ringing_many_vhqds_keeps_its_share_of_the_armed_doorbells() {
     // Other tenants fill the rest; the least recently rung goes first,
     // and ringing again refreshes an entry (and its queue).
     for vm in 3..8 {
-        note_recent(&mut recent, vm, 0, QueueId(u64::from(vm)));
+        note_recent(&mut recent, VmId(vm), 0, QueueId(u64::from(vm)));
     }
     assert_eq!(recent.len(), RECENT_DOORBELLS);
-    note_recent(&mut recent, 1, 0, QueueId(101));
-    note_recent(&mut recent, 9, 0, QueueId(9));
+    note_recent(&mut recent, VmId(1), 0, QueueId(101));
+    note_recent(&mut recent, VmId(9), 0, QueueId(9));
     assert_eq!(recent.len(), RECENT_DOORBELLS);
     assert!(!keys(&recent).contains(&(2, NUM_VHQD - 2)));
-    let hi = recent.iter().find(|e| e.vm == 1).expect("VM 1 kept");
+    let hi = recent.iter().find(|e| e.vm == VmId(1)).expect("VM 1 kept");
     assert_eq!(hi.queue, QueueId(101));
 }
 
@@ -766,7 +766,7 @@ fn the_effective_preemption_timeout_starts_as_the_vms_own() {
         a.effective_preempt_timeout(g.h),
         Some(Duration::from_millis(1234))
     );
-    assert_eq!(a.effective_preempt_timeout(VgpuHandle(99)), None);
+    assert_eq!(a.effective_preempt_timeout(VmId(99)), None);
     a.shutdown();
 }
 

@@ -15,7 +15,7 @@ use crate::binding::Binding;
 use crate::guard::{GuardEvent, Trip};
 use crate::telemetry::Telemetry;
 use crate::topology::PartitionMode;
-use scheduler::SlotId;
+use scheduler::{SlotId, VmId};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -138,16 +138,16 @@ pub struct MetricsInfo {
     /// `hqdmux_build_info{commit}` (`unknown` when not built from git).
     pub commit: String,
     /// `hqdmux_vm_state`: each VM's life-cycle state (one of `states`) by
-    /// its id at the arbiter (`VgpuHandle`'s number); VMs absent here get no
+    /// its id at the arbiter (`VmId`'s number); VMs absent here get no
     /// state series.
-    pub vm_states: BTreeMap<u32, &'static str>,
+    pub vm_states: BTreeMap<VmId, &'static str>,
     /// Every state `hqdmux_vm_state` enumerates (one series per state).
     pub states: &'static [&'static str],
     /// `hqdmux_vm_entitled_share` and `hqdmux_vm_received_share`: each
     /// VM's `(entitled, received)` fraction of its partition's compute over
     /// the VMM's last sample interval ([`crate::promise`]), by VM id; VMs
     /// absent here get no such series.
-    pub promise: BTreeMap<u32, (f64, f64)>,
+    pub promise: BTreeMap<VmId, (f64, f64)>,
 }
 
 impl MetricsInfo {
@@ -252,7 +252,7 @@ pub struct RenderContext<'a> {
     /// `gpu_compute_partition_type`.
     pub partition_type: &'static str,
     /// Per VM id: quarantine and guard counts (VMs absent: no such series).
-    pub guard: &'a BTreeMap<u32, VmGuardFigures>,
+    pub guard: &'a BTreeMap<VmId, VmGuardFigures>,
     /// Quarantines by the guard since start (the GPU's counter).
     pub guard_quarantines: u64,
 }
@@ -352,7 +352,7 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
     let sched = bind.scheduler();
     let mut rows = Vec::new();
     for (id, v) in tele.vms() {
-        let vm = scheduler::VmId(*id);
+        let vm = *id;
         let live = sched.vm_params(vm).zip(sched.vm_stats(vm));
         let (gpu_ns, preemptions) = match (&live, v.final_figures) {
             (Some((_, s)), _) => (s.gpu_ns, s.preemptions),
@@ -612,14 +612,14 @@ fn render_promise<O: Copy>(
     b: &mut String,
     tele: &Telemetry,
     bind: &Binding<O>,
-    rows: &[(u32, VmFigures)],
+    rows: &[(VmId, VmFigures)],
     labels: &dyn Fn(&VmFigures) -> String,
     info: &MetricsInfo,
 ) {
     let sched = bind.scheduler();
-    let vms: BTreeMap<u32, &crate::telemetry::VmTelemetry> =
+    let vms: BTreeMap<VmId, &crate::telemetry::VmTelemetry> =
         tele.vms().map(|(id, v)| (*id, v)).collect();
-    let stats = |id: u32| sched.vm_stats(scheduler::VmId(id));
+    let stats = |id: VmId| sched.vm_stats(id);
     type Pick = fn(&crate::telemetry::VmTelemetry, Option<scheduler::VmStats>) -> Option<f64>;
     let counters: [(&str, &str, Pick); 7] = [
         (

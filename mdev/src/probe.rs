@@ -11,9 +11,7 @@ use crate::backend::PhysGpu;
 use crate::mem::{DmaMemory, MemError, SparseMemory};
 use crate::sim::testkit::{GuestQueue, TestVm};
 use crate::topology::GpuTopology;
-use crate::vgpu::{
-    InterruptSink, VgpuFrontEnd, VgpuHandle, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR,
-};
+use crate::vgpu::{InterruptSink, VgpuFrontEnd, VmId, SIGNAL_EVENT_ID, SIGNAL_EVENT_MAILBOX_PTR};
 use abi::kernel::KernelKind;
 use abi::vgpu::{hqd_state, reg};
 use scheduler::{SchedConfig, VmParams};
@@ -115,7 +113,7 @@ pub fn tiny_arbiter() -> Arc<GpuArbiter> {
 /// guest memory (in `tvm`) and one queue whose MQD is in that memory.
 pub struct ProbeGuest {
     /// The arbiter's handle of the VM.
-    pub handle: VgpuHandle,
+    pub handle: VmId,
     /// The VM's vGPU front end.
     pub fe: Arc<VgpuFrontEnd>,
     /// The guest's memory and allocator.

@@ -197,7 +197,7 @@ pub struct VmTelemetry {
     pub promise: PromiseCounters,
     /// Preemptions of its queues by preempting VM (telemetry id), where
     /// the scheduler names another VM.
-    pub preempted_by: BTreeMap<u32, u64>,
+    pub preempted_by: BTreeMap<VmId, u64>,
     /// `(priority, weight)` last seen (changes are marked on the timeline).
     seen_params: (u8, u32),
 }
@@ -207,15 +207,15 @@ pub struct VmTelemetry {
 pub struct Telemetry {
     rec: Recorder,
     slot_part: Vec<u32>,
-    vms: BTreeMap<u32, VmTelemetry>,
+    vms: BTreeMap<VmId, VmTelemetry>,
     /// Per slot: (queue tag, vm) loaded there.
-    on_slot: Vec<Option<(u64, u32)>>,
+    on_slot: Vec<Option<(u64, VmId)>>,
     /// Per slot: when the restore of the loaded queue started.
     restore_start: Vec<Option<Nanos>>,
     /// Per slot: the queue whose current dequeue is a preemption, and the
     /// other VM it was preempted for (if one); the mark is placed at the
     /// dequeue request when the dequeue finishes.
-    marked: Vec<Option<(u64, Option<u32>)>>,
+    marked: Vec<Option<(u64, Option<VmId>)>>,
     /// When demand states were last sampled.
     demand_at: Option<Nanos>,
     /// Reused by the demand sampling.
@@ -224,7 +224,7 @@ pub struct Telemetry {
     published: HashMap<u64, Published>,
     /// Removed VMs whose figures are still kept, oldest first (at most
     /// [`RETAINED_REMOVED_VMS`]).
-    removed: VecDeque<u32>,
+    removed: VecDeque<VmId>,
     /// The scheduling policy last seen (changes are marked on the timeline).
     seen_policy: Option<scheduler::Policy>,
 }
@@ -241,7 +241,7 @@ pub const PUBLISHED_RING: usize = 256;
 /// index read at the doorbell, time of the doorbell)`, write index increasing.
 #[derive(Debug)]
 struct Published {
-    vm: u32,
+    vm: VmId,
     ring: VecDeque<(u64, Nanos)>,
     /// Highest write index pushed.
     last_wptr: u64,
@@ -282,7 +282,7 @@ impl Telemetry {
     /// A removed VM of the same name still kept is absorbed: its figures
     /// (counters, histograms, queue errors) continue in the new one, so
     /// `/metrics` has one series per name across re-registrations.
-    pub fn vm_added(&mut self, vm: u32, name: &str, params: &VmParams, partition: u32) {
+    pub fn vm_added(&mut self, vm: VmId, name: &str, params: &VmParams, partition: u32) {
         let earlier = self
             .removed
             .iter()
@@ -333,7 +333,7 @@ impl Telemetry {
             );
         }
         self.rec.set_vm(VmRow {
-            id: vm,
+            id: vm.0,
             name: name.to_string(),
             priority: params.priority,
             weight: params.weight,
@@ -342,7 +342,7 @@ impl Telemetry {
 
     /// A VM is being removed; `stats` are its last scheduler figures (kept
     /// so its counters do not go back to 0).
-    pub fn vm_removed(&mut self, vm: u32, stats: Option<VmStats>) {
+    pub fn vm_removed(&mut self, vm: VmId, stats: Option<VmStats>) {
         if let (Some(v), Some(s)) = (self.vms.get_mut(&vm), stats) {
             v.final_figures = Some((s.gpu_ns, s.preemptions));
         }
@@ -353,14 +353,14 @@ impl Telemetry {
         while self.removed.len() > RETAINED_REMOVED_VMS {
             if let Some(old) = self.removed.pop_front() {
                 self.vms.remove(&old);
-                self.rec.forget_vm(old);
+                self.rec.forget_vm(old.0);
             }
         }
     }
 
     /// The guard's event totals of VM `vm` as it is removed (carried into a
     /// later registration of its name, as its scheduler figures are).
-    pub fn vm_guard_final(&mut self, vm: u32, totals: [u64; 3]) {
+    pub fn vm_guard_final(&mut self, vm: VmId, totals: [u64; 3]) {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.final_guard = Some(totals);
         }
@@ -374,20 +374,20 @@ impl Telemetry {
 
     /// A queue error of `vm` found outside the binding's notices (a bad
     /// completion signal or write-pointer address).
-    pub fn queue_error(&mut self, vm: u32, reason: &QueueErrorReason) {
+    pub fn queue_error(&mut self, vm: VmId, reason: &QueueErrorReason) {
         self.count_error(vm, crate::vgpu::error_code(reason).to_string());
     }
 
     /// A load of `vm` refused by its front end (bad MQD) with
     /// `CP_HQD_ERROR` `code`: the guest saw a queue error the binding never
     /// did; `n` such refusals at once.
-    pub fn load_refused(&mut self, vm: u32, code: u32, n: u64) {
+    pub fn load_refused(&mut self, vm: VmId, code: u32, n: u64) {
         if let Some(v) = self.vms.get_mut(&vm) {
             *v.queue_errors.entry(code.to_string()).or_insert(0) += n;
         }
     }
 
-    fn count_error(&mut self, vm: u32, code: String) {
+    fn count_error(&mut self, vm: VmId, code: String) {
         if let Some(v) = self.vms.get_mut(&vm) {
             *v.queue_errors.entry(code).or_insert(0) += 1;
         }
@@ -395,7 +395,7 @@ impl Telemetry {
 
     /// A doorbell of `vm` caused a preemption; `ns` from reading it to the
     /// binding returning.
-    pub fn doorbell_preempted(&mut self, vm: u32, ns: u64) {
+    pub fn doorbell_preempted(&mut self, vm: VmId, ns: u64) {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.doorbell_to_preemption.observe_ns(ns);
         }
@@ -430,7 +430,7 @@ impl Telemetry {
             let d = self.rec.dequeued(*at, slot.0, *save_ns, kind);
             if let (Some((mq, by)), Some(d)) = (self.marked[s], d) {
                 if mq == q {
-                    self.rec.preempt(d.start_ns, slot.0, vm, by);
+                    self.rec.preempt(d.start_ns, slot.0, vm.0, by.map(|b| b.0));
                 }
             }
             self.on_slot[s] = None;
@@ -440,7 +440,7 @@ impl Telemetry {
     }
 
     /// A binding notice about a queue of `vm`, at `now`.
-    pub fn notice<O: Copy>(&mut self, now: Nanos, n: &Notice<O>, vm: u32, gpu: &dyn PhysGpu) {
+    pub fn notice<O: Copy>(&mut self, now: Nanos, n: &Notice<O>, vm: VmId, gpu: &dyn PhysGpu) {
         match n {
             Notice::Mapped { queue, slot, .. } => {
                 let s = slot.0 as usize;
@@ -459,7 +459,7 @@ impl Telemetry {
                     self.restore_start[s] = None;
                     SpanKind::Run
                 };
-                self.rec.begin(now, slot.0, vm, queue.0, kind);
+                self.rec.begin(now, slot.0, vm.0, queue.0, kind);
             }
             Notice::Completed {
                 queue, dispatch_id, ..
@@ -490,13 +490,13 @@ impl Telemetry {
     /// its dequeue finishes.
     fn preempted(
         &mut self,
-        vm: u32,
+        vm: VmId,
         queue: u64,
         slot: SlotId,
         by: Option<VmId>,
         reason: PreemptReason,
     ) {
-        let other = by.map(|b| b.0).filter(|b| *b != vm);
+        let other = by.filter(|b| *b != vm);
         if let Some(m) = self.marked.get_mut(slot.0 as usize) {
             *m = Some((queue, other));
         }
@@ -514,7 +514,7 @@ impl Telemetry {
     }
 
     /// `ns` of CU time of `vm`'s completed workgroups.
-    pub fn cu_time(&mut self, vm: u32, ns: u64) {
+    pub fn cu_time(&mut self, vm: VmId, ns: u64) {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.promise.cu_ns = v.promise.cu_ns.saturating_add(ns);
         }
@@ -543,10 +543,7 @@ impl Telemetry {
             let (d, w) = if v.final_figures.is_some() {
                 (false, false)
             } else {
-                self.demand_buf
-                    .get(&VmId(*id))
-                    .copied()
-                    .unwrap_or((false, false))
+                self.demand_buf.get(id).copied().unwrap_or((false, false))
             };
             p.demanding = d;
             p.waiting = w;
@@ -575,7 +572,7 @@ impl Telemetry {
                     v.cwsr_restore.observe_ns(now.saturating_sub(t0));
                 }
                 if self.rec.open_on(s as u32) == Some((SpanKind::Restore, q)) {
-                    self.rec.begin(now, s as u32, vm, q, SpanKind::Run);
+                    self.rec.begin(now, s as u32, vm.0, q, SpanKind::Run);
                 }
             }
         }
@@ -592,30 +589,33 @@ impl Telemetry {
         }
         self.seen_policy = Some(policy);
         for (&vm, v) in self.vms.iter_mut() {
-            let id = VmId(vm);
+            let id = vm;
             let Some(p) = sched.vm_params(id) else {
                 // Gone: a wait still open ends now.
-                self.rec.set_waiting(now, vm, false);
+                self.rec.set_waiting(now, vm.0, false);
                 continue;
             };
             let (prio, weight) = v.seen_params;
             if p.priority != prio {
-                self.rec
-                    .mark(now, Some(vm), format!("priority {prio} -> {}", p.priority));
+                self.rec.mark(
+                    now,
+                    Some(vm.0),
+                    format!("priority {prio} -> {}", p.priority),
+                );
             }
             if p.weight != weight {
                 self.rec
-                    .mark(now, Some(vm), format!("weight {weight} -> {}", p.weight));
+                    .mark(now, Some(vm.0), format!("weight {weight} -> {}", p.weight));
             }
             v.seen_params = (p.priority, p.weight);
             let waiting =
                 sched.vm_waiting(id).unwrap_or(false) && !sched.vm_paused(id).unwrap_or(false);
-            self.rec.set_waiting(now, vm, waiting);
+            self.rec.set_waiting(now, vm.0, waiting);
         }
     }
 
     /// Per-VM telemetry by VM id.
-    pub fn vms(&self) -> impl Iterator<Item = (&u32, &VmTelemetry)> {
+    pub fn vms(&self) -> impl Iterator<Item = (&VmId, &VmTelemetry)> {
         self.vms.iter()
     }
 
@@ -630,7 +630,7 @@ impl Telemetry {
     /// takes the new write index and keeps its older time, so latency is
     /// over- rather than under-estimated). Allocates only on a queue's first
     /// doorbell.
-    pub fn doorbell_published(&mut self, vm: u32, queue: u64, wptr: u64, now: Nanos) {
+    pub fn doorbell_published(&mut self, vm: VmId, queue: u64, wptr: u64, now: Nanos) {
         let p = self.published.entry(queue).or_insert_with(|| Published {
             vm,
             ring: VecDeque::with_capacity(PUBLISHED_RING),

@@ -44,7 +44,7 @@ impl Rig {
                 self.timer = Some(at);
             }
             if let Some(vm) = n.owner() {
-                self.tele.notice(self.now, &n, vm, &self.gpu);
+                self.tele.notice(self.now, &n, VmId(vm), &self.gpu);
             }
             if matches!(n, Notice::Preempted { .. } | Notice::Aged { .. }) {
                 self.said.push(n);
@@ -59,7 +59,7 @@ impl Rig {
             ..Default::default()
         };
         self.b.add_vm(VmId(id), p).unwrap();
-        self.tele.vm_added(id, name, &p, 0);
+        self.tele.vm_added(VmId(id), name, &p, 0);
         TestVm::with_memory(Arc::new(SparseMemory::new(1 << 32)), 0x10_0000)
     }
 
@@ -86,7 +86,7 @@ impl Rig {
             self.gpu.take_cu_time(&mut cu);
             for (tag, ns) in cu {
                 let vm = self.b.queue_vm(QueueId(tag)).expect("queue of a VM");
-                self.tele.cu_time(vm.0, ns);
+                self.tele.cu_time(vm, ns);
             }
             let mut out = Vec::new();
             for ev in evs.drain(..) {
@@ -275,7 +275,7 @@ fn promise_counters_cu_time_demand_and_who_preempted() {
     let of = |id: u32| {
         rig.tele
             .vms()
-            .find(|(i, _)| **i == id)
+            .find(|(i, _)| **i == VmId(id))
             .map(|(_, v)| v.clone())
             .unwrap()
     };
@@ -291,7 +291,7 @@ fn promise_counters_cu_time_demand_and_who_preempted() {
     assert!(train.promise.wait_ns <= train.promise.demanding_ns);
     assert!(!train.promise.demanding && !infer.promise.demanding);
     // Inference's start preempted training, not by aging.
-    assert_eq!(train.preempted_by.get(&1), Some(&1));
+    assert_eq!(train.preempted_by.get(&VmId(1)), Some(&1));
     assert_eq!(infer.promise.preemptions_caused, 1);
     assert_eq!(train.promise.preempted_by_aging, 0);
     let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
@@ -377,8 +377,11 @@ fn aging_notices_are_what_the_metrics_count() {
         value(&m, "hqdmux_vm_preemptions_caused_total", "starved"),
         by_aging
     );
-    let flood = rig.tele.vms().find(|(id, _)| **id == 0).unwrap().1;
-    assert_eq!(flood.preempted_by.get(&1).copied(), Some(by_aging as u64));
+    let flood = rig.tele.vms().find(|(id, _)| **id == VmId(0)).unwrap().1;
+    assert_eq!(
+        flood.preempted_by.get(&VmId(1)).copied(),
+        Some(by_aging as u64)
+    );
     // Every preemption the scheduler counted was said once.
     let said = rig
         .said
@@ -420,17 +423,17 @@ fn waits_and_operator_changes_are_on_the_timeline() {
 fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
     let (mut rig, _qs) = scenario();
     rig.tele.queue_error(
-        1,
+        VmId(1),
         &QueueErrorReason::WptrBeyondRing {
             wptr: 9,
             rptr: 0,
             size: 4,
         },
     );
-    rig.tele.queue_error(1, &QueueErrorReason::NotAql);
-    rig.tele.queue_error(1, &QueueErrorReason::NotAql);
-    rig.tele.queue_error(99, &QueueErrorReason::NotAql); // unknown VM: ignored
-    rig.tele.doorbell_preempted(1, 3_000);
+    rig.tele.queue_error(VmId(1), &QueueErrorReason::NotAql);
+    rig.tele.queue_error(VmId(1), &QueueErrorReason::NotAql);
+    rig.tele.queue_error(VmId(99), &QueueErrorReason::NotAql); // unknown VM: ignored
+    rig.tele.doorbell_preempted(VmId(1), 3_000);
     let m = parse(&crate::metrics::render(&rig.tele, &rig.b));
     let err = |code: u32| {
         m.iter()
@@ -455,7 +458,7 @@ fn errors_by_code_doorbell_latency_and_removed_vms_keep_their_counters() {
         s.preemptions = 4;
         s
     });
-    rig.tele.vm_removed(1, stats);
+    rig.tele.vm_removed(VmId(1), stats);
     let mut out = Vec::new();
     rig.b
         .remove_vm(&mut rig.gpu, rig.now, VmId(1), &mut out)
@@ -479,8 +482,8 @@ fn assert_unique_series(text: &str) {
 #[test]
 fn a_re_registered_name_is_one_series_that_never_goes_backwards() {
     let (mut rig, _qs) = scenario();
-    rig.tele.queue_error(1, &QueueErrorReason::NotAql);
-    rig.tele.doorbell_preempted(1, 3_000);
+    rig.tele.queue_error(VmId(1), &QueueErrorReason::NotAql);
+    rig.tele.doorbell_preempted(VmId(1), 3_000);
     let mut total = 0.0;
     let mut errors = 1.0;
     for (round, id) in (1u32..5).enumerate() {
@@ -490,7 +493,7 @@ fn a_re_registered_name_is_one_series_that_never_goes_backwards() {
             s.preemptions = own;
             s
         });
-        rig.tele.vm_removed(id, stats);
+        rig.tele.vm_removed(VmId(id), stats);
         let mut out = Vec::new();
         rig.b
             .remove_vm(&mut rig.gpu, rig.now, VmId(id), &mut out)
@@ -502,7 +505,8 @@ fn a_re_registered_name_is_one_series_that_never_goes_backwards() {
         assert_eq!(value(&m, "hqdmux_vm_preemptions_total", "inference"), total);
         // The same name comes back under a new id.
         let _vm = rig.vm(id + 1, "inference", 12);
-        rig.tele.queue_error(id + 1, &QueueErrorReason::NotAql);
+        rig.tele
+            .queue_error(VmId(id + 1), &QueueErrorReason::NotAql);
         errors += 1.0;
         let text = crate::metrics::render(&rig.tele, &rig.b);
         assert_unique_series(&text);
@@ -637,18 +641,18 @@ fn packet_latency_is_timed_from_the_covering_doorbell() {
             dispatch_id: id,
             signal: 0,
         };
-        rig.tele.notice(now, &n, 3, &rig.gpu);
+        rig.tele.notice(now, &n, VmId(3), &rig.gpu);
     };
     // Doorbell at t=1000 publishes packets 0 and 1; at t=5000 packet 2.
-    rig.tele.doorbell_published(3, 7, 2, 1_000);
-    rig.tele.doorbell_published(3, 7, 2, 2_000); // write index unchanged
-    rig.tele.doorbell_published(3, 7, 3, 5_000);
+    rig.tele.doorbell_published(VmId(3), 7, 2, 1_000);
+    rig.tele.doorbell_published(VmId(3), 7, 2, 2_000); // write index unchanged
+    rig.tele.doorbell_published(VmId(3), 7, 3, 5_000);
     done(&mut rig, 11_000, 7, 0); // 10 us
     done(&mut rig, 21_000, 7, 1); // 20 us
     done(&mut rig, 45_000, 7, 2); // 40 us
     done(&mut rig, 50_000, 9, 0); // unknown queue
     done(&mut rig, 60_000, 7, 3); // nothing published for it
-    let (_, v) = rig.tele.vms().find(|(id, _)| **id == 3).unwrap();
+    let (_, v) = rig.tele.vms().find(|(id, _)| **id == VmId(3)).unwrap();
     let h = &v.packet_latency;
     assert_eq!(h.count(), 3);
     assert!((h.sum() - 70e-6).abs() < 1e-12, "sum {}", h.sum());
@@ -662,15 +666,15 @@ fn packet_latency_is_timed_from_the_covering_doorbell() {
         3.0
     );
     // A removed queue forgets its doorbells.
-    rig.tele.doorbell_published(3, 7, 10, 70_000);
+    rig.tele.doorbell_published(VmId(3), 7, 10, 70_000);
     let n = Notice::Removed {
         queue: QueueId(7),
         owner: 3u32,
         mqd: Box::default(),
     };
-    rig.tele.notice(80_000, &n, 3, &rig.gpu);
+    rig.tele.notice(80_000, &n, VmId(3), &rig.gpu);
     done(&mut rig, 90_000, 7, 5);
-    let (_, v) = rig.tele.vms().find(|(id, _)| **id == 3).unwrap();
+    let (_, v) = rig.tele.vms().find(|(id, _)| **id == VmId(3)).unwrap();
     assert_eq!(v.packet_latency.count(), 3);
 }
 
@@ -683,7 +687,7 @@ fn packet_latency_ring_is_bounded() {
     rig.vm(3, "lat", 5);
     let n = crate::telemetry::PUBLISHED_RING as u64 + 10;
     for w in 1..=n {
-        rig.tele.doorbell_published(3, 7, w, w * 100);
+        rig.tele.doorbell_published(VmId(3), 7, w, w * 100);
     }
     for id in 0..n {
         let c = Notice::Completed {
@@ -692,9 +696,9 @@ fn packet_latency_ring_is_bounded() {
             dispatch_id: id,
             signal: 0,
         };
-        rig.tele.notice(1_000_000, &c, 3, &rig.gpu);
+        rig.tele.notice(1_000_000, &c, VmId(3), &rig.gpu);
     }
-    let (_, v) = rig.tele.vms().find(|(id, _)| **id == 3).unwrap();
+    let (_, v) = rig.tele.vms().find(|(id, _)| **id == VmId(3)).unwrap();
     assert_eq!(v.packet_latency.count(), n);
 }
 
@@ -712,17 +716,17 @@ fn series_join_the_exporter_labels_and_carry_state_quarantine_and_guard() {
     info.version = "9.9.9".into();
     info.commit = "abc123".into();
     info.states = &["running", "paused", "stopped"];
-    info.vm_states.insert(0, "paused");
+    info.vm_states.insert(VmId(0), "paused");
     let mut guard = BTreeMap::new();
     guard.insert(
-        0,
+        VmId(0),
         VmGuardFigures {
             quarantine: QuarantineReason::None,
             guard_totals: [0, 0, 0],
         },
     );
     guard.insert(
-        1,
+        VmId(1),
         VmGuardFigures {
             quarantine: QuarantineReason::GuardQueueErrors,
             guard_totals: [1, 5, 7],
@@ -832,10 +836,10 @@ fn exposition_is_promtool_clean() {
     let (rig, _qs) = inference_preempts_training();
     let mut info = crate::metrics::MetricsInfo::local();
     info.states = &["running", "stopped"];
-    info.vm_states.insert(0, "running");
-    info.vm_states.insert(1, "stopped");
-    info.promise.insert(0, (4.0 / 7.0, 0.5));
-    info.promise.insert(1, (3.0 / 7.0, 0.5));
+    info.vm_states.insert(VmId(0), "running");
+    info.vm_states.insert(VmId(1), "stopped");
+    info.promise.insert(VmId(0), (4.0 / 7.0, 0.5));
+    info.promise.insert(VmId(1), (3.0 / 7.0, 0.5));
     let guard = [0u32, 1]
         .into_iter()
         .map(|id| {
@@ -843,7 +847,7 @@ fn exposition_is_promtool_clean() {
                 quarantine: crate::metrics::QuarantineReason::HostBug,
                 guard_totals: [id.into(), 2, 3],
             };
-            (id, f)
+            (VmId(id), f)
         })
         .collect();
     let text = crate::metrics::render_with(

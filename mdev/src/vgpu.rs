@@ -41,9 +41,9 @@ pub trait InterruptSink: Send + Sync {
     fn raise(&self, vector: u16);
 }
 
-/// A VM registered with the arbiter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct VgpuHandle(pub u32);
+/// A VM registered with the arbiter: the scheduler's own VM identity, the
+/// one name for a VM from the front end down.
+pub use scheduler::VmId;
 
 /// What a register write asks of the arbiter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,7 +81,7 @@ pub trait RequestSink: Send + Sync {
     /// the GPU. Called with the front end's register lock held (requests of
     /// one vHQD reach the arbiter in register order): must not call back
     /// into the front end.
-    fn send(&self, vm: VgpuHandle, req: VgpuRequest);
+    fn send(&self, vm: VmId, req: VgpuRequest);
 }
 
 /// `CP_HQD_ERROR` code of a queue error reason (docs/vgpu-abi.md).
@@ -183,7 +183,7 @@ struct Regs {
 /// One VM's vGPU registers and doorbells. `Send + Sync`; `&self` methods
 /// never block on the GPU.
 pub struct VgpuFrontEnd {
-    vm: VgpuHandle,
+    vm: VmId,
     name: String,
     topo: GpuTopology,
     id: IdRegs,
@@ -215,7 +215,7 @@ impl VgpuFrontEnd {
     /// A front end for VM `vm` (its memory, interrupt sink and the arbiter's
     /// request channel). Creates one non-blocking eventfd per vHQD doorbell.
     pub fn new(
-        vm: VgpuHandle,
+        vm: VmId,
         name: &str,
         topo: &GpuTopology,
         mem: Arc<dyn DmaMemory>,
@@ -251,7 +251,7 @@ impl VgpuFrontEnd {
     }
 
     /// The VM's handle.
-    pub fn handle(&self) -> VgpuHandle {
+    pub fn handle(&self) -> VmId {
         self.vm
     }
 
@@ -667,9 +667,9 @@ mod tests {
     use crate::probe::RecordingIrqs;
 
     #[derive(Default)]
-    struct Sink(Mutex<Vec<(VgpuHandle, VgpuRequest)>>);
+    struct Sink(Mutex<Vec<(VmId, VgpuRequest)>>);
     impl RequestSink for Sink {
-        fn send(&self, vm: VgpuHandle, req: VgpuRequest) {
+        fn send(&self, vm: VmId, req: VgpuRequest) {
             self.0.lock().unwrap().push((vm, req));
         }
     }
@@ -683,7 +683,7 @@ mod tests {
         let sink = Arc::new(Sink::default());
         let irqs = Arc::new(RecordingIrqs::new());
         let f = VgpuFrontEnd::new(
-            VgpuHandle(3),
+            VmId(3),
             "t",
             &GpuTopology::tiny(),
             mem.clone(),
@@ -874,15 +874,8 @@ mod tests {
         let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
         let sink = Arc::new(Sink::default());
         let irqs = Arc::new(RecordingIrqs::new());
-        let mut f = VgpuFrontEnd::new(
-            VgpuHandle(0),
-            "t",
-            &topo,
-            mem.clone(),
-            irqs.clone(),
-            sink.clone(),
-        )
-        .unwrap();
+        let mut f = VgpuFrontEnd::new(VmId(0), "t", &topo, mem.clone(), irqs.clone(), sink.clone())
+            .unwrap();
         let mut gpu = SimGpu::new(topo.clone(), 1).unwrap();
         f.set_load_check(gpu.load_check());
         let mut vm = TestVm::with_memory(mem.clone(), 0x10_0000);

@@ -48,6 +48,13 @@ pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VmId(pub u32);
 
+impl std::fmt::Display for VmId {
+    /// The bare number, as logs and reports have always shown a VM.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// A virtual queue (vMQD), unique across VMs; chosen by the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueId(pub u64);

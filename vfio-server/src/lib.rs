@@ -56,7 +56,7 @@ use abi::pci::{
 use mdev::arbiter::{GpuArbiter, VmHistory};
 use mdev::guard::GuardConfig;
 use mdev::ratelimit::{Admit, RateLimiter};
-use mdev::vgpu::{VgpuFrontEnd, VgpuHandle};
+use mdev::vgpu::{VgpuFrontEnd, VmId};
 use scheduler::VmParams;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -189,7 +189,7 @@ pub struct VgpuServer {
 /// changes, so that a steer and a (re)connection cannot miss each other).
 #[derive(Clone, Debug, Default)]
 struct Registration {
-    handle: Option<VgpuHandle>,
+    handle: Option<VmId>,
     paused: bool,
     /// What the last registration left for the next (guard, hang
     /// escalation): the vGPU's, not a connection's.
@@ -204,7 +204,7 @@ pub struct Steer<'a> {
     /// Paused by the operator (applied at each registration).
     pub paused: &'a mut bool,
     /// The arbiter's handle while a client is connected.
-    pub handle: Option<VgpuHandle>,
+    pub handle: Option<VmId>,
     /// The arbiter.
     pub arbiter: &'a Arc<GpuArbiter>,
 }
@@ -277,7 +277,7 @@ impl VgpuServer {
     }
 
     /// The arbiter's handle of the vGPU while a client is connected.
-    pub fn handle(&self) -> Option<VgpuHandle> {
+    pub fn handle(&self) -> Option<VmId> {
         lock(&self.handle).handle
     }
 
@@ -569,7 +569,7 @@ struct Conn<'a> {
     mem: Arc<MappedMemory>,
     irqs: Arc<Irqs>,
     fe: Arc<VgpuFrontEnd>,
-    handle: VgpuHandle,
+    handle: VmId,
     cfg: ConfigSpace,
     msix_control: u16,
     log: RateLimiter,
@@ -1206,7 +1206,7 @@ impl VgpuServer {
         &self,
         mem: &Arc<MappedMemory>,
         irqs: &Arc<Irqs>,
-    ) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), String> {
+    ) -> Result<(VmId, Arc<VgpuFrontEnd>), String> {
         let mut reg = lock(&self.handle);
         let spec = self.spec();
         let (h, fe) = register(&self.arbiter, &spec, mem, irqs)?;
@@ -1234,7 +1234,7 @@ impl VgpuServer {
 impl VgpuServer {
     /// Removes registration `h` from the arbiter under the registration
     /// lock, keeping what the next registration takes over.
-    fn unregister(&self, h: VgpuHandle) {
+    fn unregister(&self, h: VmId) {
         let mut reg = lock(&self.handle);
         reg.handle = None;
         if let Some(hist) = self.arbiter.remove_vm_keeping(h) {
@@ -1290,7 +1290,7 @@ fn register(
     spec: &VgpuSpec,
     mem: &Arc<MappedMemory>,
     irqs: &Arc<Irqs>,
-) -> Result<(VgpuHandle, Arc<VgpuFrontEnd>), String> {
+) -> Result<(VmId, Arc<VgpuFrontEnd>), String> {
     let (h, fe) = a
         .add_vm(&spec.name, mem.clone(), spec.params, irqs.clone())
         .map_err(|e| e.to_string())?;

@@ -361,11 +361,11 @@ mod tests {
     use gpu::topology::GpuTopology;
     use gpusim::sim::testkit::TestVm;
     use mdev::probe::{hqd_reg, mqd_addr, NoIrqs};
-    use mdev::vgpu::{RequestSink, VgpuHandle, VgpuRequest};
+    use mdev::vgpu::{RequestSink, VgpuRequest, VmId};
 
     struct Nobody;
     impl RequestSink for Nobody {
-        fn send(&self, _: VgpuHandle, _: VgpuRequest) {}
+        fn send(&self, _: VmId, _: VgpuRequest) {}
     }
 
     /// Doorbells signalled on vHQD `i`'s eventfd since the last look.
@@ -381,7 +381,7 @@ mod tests {
         let topo = GpuTopology::tiny();
         let mem: Arc<dyn DmaMemory> = Arc::new(SparseMemory::new(1 << 32));
         let fe = VgpuFrontEnd::new(
-            VgpuHandle(1),
+            VmId(1),
             "scan",
             &topo,
             mem.clone(),

@@ -132,7 +132,7 @@ fn run(
     toml: &str,
     wait_for: usize,
     trap: Option<Arc<Trap>>,
-) -> (Vec<VmReport>, Vec<Option<mdev::vgpu::VgpuHandle>>) {
+) -> (Vec<VmReport>, Vec<Option<mdev::vgpu::VmId>>) {
     let cfg = FleetConfig::parse(toml, Path::new("/")).expect("config");
     let kvm = Kvm::new().expect("kvm");
     let cpuid = vmm::vm::supported_cpuid(&kvm).expect("cpuid");

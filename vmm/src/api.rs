@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use mdev::arbiter::GpuArbiter;
-use mdev::vgpu::VgpuHandle;
+use mdev::vgpu::VmId;
 use serde_json::Value;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -94,9 +94,9 @@ pub enum FleetCommand {
 
 struct VmEntry {
     config: VmConfig,
-    vgpu: Option<VgpuHandle>,
+    vgpu: Option<VmId>,
     /// The vGPU it had, kept after it ended (its queue errors stay readable).
-    last_vgpu: Option<VgpuHandle>,
+    last_vgpu: Option<VmId>,
     state: VmState,
     end: Option<VmEnd>,
     /// GPU time at the previous sample, and the share over the last interval.
@@ -116,7 +116,7 @@ struct VmEntry {
 }
 
 impl VmEntry {
-    fn new(config: VmConfig, vgpu: Option<VgpuHandle>, state: VmState) -> Self {
+    fn new(config: VmConfig, vgpu: Option<VmId>, state: VmState) -> Self {
         VmEntry {
             config,
             vgpu,
@@ -163,7 +163,7 @@ impl FleetControl {
     pub fn new(
         gpus: Arc<crate::fleet::FleetGpus>,
         cfg: &FleetConfig,
-        vgpus: &[Option<VgpuHandle>],
+        vgpus: &[Option<VmId>],
     ) -> Self {
         let vms = cfg
             .vm
@@ -248,7 +248,7 @@ impl FleetControl {
     }
 
     /// Records that the added VM `i` started with vGPU `vgpu`.
-    pub fn started(&self, i: usize, vgpu: Option<VgpuHandle>) {
+    pub fn started(&self, i: usize, vgpu: Option<VmId>) {
         if let Some(v) = self.lock().vms.get_mut(i) {
             v.state = VmState::Running;
             v.vgpu = vgpu;
@@ -602,7 +602,7 @@ impl FleetControl {
     }
 
     /// The VM's live vGPU, or the reason there is none (409).
-    fn live_gpu(&self, v: &VmEntry, what: &str) -> Result<(VgpuHandle, Arc<GpuArbiter>), ApiError> {
+    fn live_gpu(&self, v: &VmEntry, what: &str) -> Result<(VmId, Arc<GpuArbiter>), ApiError> {
         let name = &v.config.name;
         if !v.state.live() {
             return Err(ApiError::Conflict(format!(
@@ -898,17 +898,17 @@ impl FleetControl {
         for v in inner.vms.iter().filter(|v| !v.forgotten) {
             if v.config.gpu && v.config.gpu_id == Some(gpu_id) {
                 if let Some(h) = v.last_vgpu {
-                    info.vm_states.insert(h.0, v.state.name());
+                    info.vm_states.insert(h, v.state.name());
                 }
                 if let (Some(h), Some((x, _))) = (v.vgpu, &v.verdict) {
-                    info.promise.insert(h.0, (x.entitled, x.got));
+                    info.promise.insert(h, (x.entitled, x.got));
                 }
             }
         }
         drop(inner);
         if let Some(v) = self.vgpus.get() {
             for (h, st) in v.vm_states(gpu_id) {
-                info.vm_states.insert(h.0, st);
+                info.vm_states.insert(h, st);
             }
         }
         info
@@ -1735,7 +1735,7 @@ mod tests {
         assert_eq!(v["priority"], 5);
 
         // After the VM ends its queue errors stay readable, its guard is gone.
-        m.remove_vm(VgpuHandle(0));
+        m.remove_vm(VmId(0));
         ctl.ended(0, VmEnd::default());
         let (_, v) = call(&ctl, "GET", "/api/v1/vms/g", "");
         assert_eq!(v["queue_errors"], 0);
@@ -1912,7 +1912,7 @@ mod tests {
         }
         // Stopped (by the operator): a stop is answered with the view, and
         // without a fleet loop to ask.
-        m.remove_vm(VgpuHandle(0));
+        m.remove_vm(VmId(0));
         ctl.ended(
             0,
             VmEnd {

@@ -12,7 +12,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use gpu::mem::DmaMemory;
 use mdev::arbiter::{ArbiterStats, GpuArbiter};
-use mdev::vgpu::VgpuHandle;
+use mdev::vgpu::VmId;
 use scheduler::VmParams;
 
 use crate::api::ApiError;
@@ -328,7 +328,7 @@ pub(crate) fn run_fleet_on(
             log::info!("vm '{}': on gpu {id} ({why})", v.name);
         }
     }
-    let mut vgpus: Vec<Option<VgpuHandle>> = vec![None; cfg.vm.len()];
+    let mut vgpus: Vec<Option<VmId>> = vec![None; cfg.vm.len()];
     let mut attached: Vec<Option<VgpuAttachment>> = (0..cfg.vm.len()).map(|_| None).collect();
     // Build everything first: a VM that cannot be built aborts the launch
     // before any guest runs.
@@ -890,14 +890,14 @@ impl Drop for ArbiterGuard {
 /// fleet's arbiter, or on a vGPU server's socket.
 pub struct VgpuAttachment {
     pci: Arc<VgpuPci>,
-    handle: Option<VgpuHandle>,
+    handle: Option<VmId>,
     remote: Option<Arc<crate::devices::vfio_client::VfioBackend>>,
 }
 
 impl VgpuAttachment {
     /// The fleet arbiter's handle of the VM (`None` for a vGPU served by
     /// another process).
-    pub fn handle(&self) -> Option<VgpuHandle> {
+    pub fn handle(&self) -> Option<VmId> {
         self.handle
     }
 
@@ -1037,7 +1037,7 @@ pub fn attach_remote_vgpu(
 }
 
 /// Removes a VM's vGPU from its GPU's arbiter; returns its final GPU accounting.
-fn detach_vgpu(m: Option<&Arc<GpuArbiter>>, h: Option<VgpuHandle>) -> Option<scheduler::VmStats> {
+fn detach_vgpu(m: Option<&Arc<GpuArbiter>>, h: Option<VmId>) -> Option<scheduler::VmStats> {
     let (m, h) = (m?, h?);
     let stats = m.vm_status(h).map(|(_, s)| s);
     m.remove_vm(h);

@@ -27,7 +27,7 @@ fn preempt(hi: &mut Guest, g: &mut Guest, seed: u32) {
     });
 }
 
-fn reconnect(srv: &VgpuServer, g: Guest, a: &Arc<GpuArbiter>) -> (Guest, VgpuHandle) {
+fn reconnect(srv: &VgpuServer, g: Guest, a: &Arc<GpuArbiter>) -> (Guest, VmId) {
     let old = srv.handle();
     drop(g);
     wait("released", || srv.handle().is_none());

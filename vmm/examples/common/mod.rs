@@ -125,7 +125,7 @@ pub fn submits(r: &vmm::vm::VmReport) -> Vec<Instant> {
 pub fn preempt_us(
     submits: &[Instant],
     seen: &[DoorbellSeen],
-    ours: impl Fn(mdev::vgpu::VgpuHandle) -> bool,
+    ours: impl Fn(mdev::vgpu::VmId) -> bool,
 ) -> Vec<f64> {
     let mut out = Vec::new();
     for t in submits {

@@ -34,7 +34,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mdev::arbiter::GpuArbiter;
-use mdev::vgpu::VgpuHandle;
+use mdev::vgpu::VmId;
 use scheduler::VmParams;
 use vfio_server::{ServeError, ServerOptions, ServerStats, VgpuServer, VgpuSpec};
 
@@ -58,7 +58,7 @@ struct Served {
     /// Why it is on `gpu_id`.
     placement: String,
     /// The last registration seen (its figures stay readable while idle).
-    last: Option<VgpuHandle>,
+    last: Option<VmId>,
     /// GPU time of `last` at the previous sample, and the share since.
     sample_ns: u64,
     share: Option<f64>,
@@ -650,7 +650,7 @@ impl VgpuControl {
     /// The live handles of GPU `gpu_id`'s vGPUs (handles are per arbiter)
     /// with their state name (`running`, `paused`), for that GPU's
     /// `/metrics` `hqdmux_vm_state`.
-    pub fn vm_states(&self, gpu_id: u32) -> Vec<(VgpuHandle, &'static str)> {
+    pub fn vm_states(&self, gpu_id: u32) -> Vec<(VmId, &'static str)> {
         self.lock()
             .vgpus
             .iter()

@@ -1615,6 +1615,8 @@ impl GpuArbiter {
 
     /// Lifts VM `vm`'s guard quarantine (loads are accepted again) and
     /// forgets its counts in the window. Returns whether it was quarantined.
+    /// A host-bug quarantine stays: only removing the vGPU lifts it
+    /// (docs/architecture.md, "One quarantine, with a reason").
     pub fn clear_quarantine(&self, vm: VmId) -> Result<bool, ArbiterError> {
         let mut c = lock(&self.core);
         let s = c.vms.live_mut(vm)?;

@@ -17,6 +17,7 @@ mod shared;
 mod slots;
 mod spatial_engine;
 mod timers;
+mod use_rate;
 
 use timers::Deadline;
 
@@ -197,6 +198,10 @@ struct Vm {
     request_ewma: Nanos,
     /// `stats.gpu_ns` at its last wake after more than its grace.
     gpu_at_wake: Nanos,
+    /// Its use rate over its recent busy-period cycles (`use_rate.rs`; a
+    /// cycle runs from a wake after more than its grace to the next such
+    /// wake): billed GPU time and time without demand per cycle.
+    cycle_use: use_rate::CycleUse,
     /// Distribution of its re-ring gaps (cost-aware hold, `gaps.rs`):
     /// from the end of its demand (no queue Ready, Saved, Running or
     /// being preempted with work) to its next demand. (`gap_ewma` also

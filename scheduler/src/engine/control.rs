@@ -36,6 +36,7 @@ impl Scheduler {
                 demanding_since: 0,
                 request_ewma: 0,
                 gpu_at_wake: 0,
+                cycle_use: Default::default(),
                 gaps: Default::default(),
                 demand: 0,
                 demand_idle_at: None,

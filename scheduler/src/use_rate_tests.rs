@@ -12,12 +12,18 @@ fn hold(w: &World) -> Nanos {
     (w.s.config().quantum_ns[6] / 4).max(w.s.config().min_run_ns)
 }
 
-/// A closed-loop light VM (weight `lw`, jobs of `job`, think `think`)
+/// A closed-loop light VM (weight `lw`, jobs of `job`, think `think`; config `c`)
 /// rings its first job at 0, before any equal is busy; `n` always-busy
 /// equals of weight `ew` become busy at 50 us, 60 us, ... Returns the
 /// latency of each of its jobs after the first (virtual time, 10 us steps).
-fn light_latencies(n: u32, ew: u32, lw: u32, job: Nanos, think: Nanos, jobs: u32) -> Vec<Nanos> {
-    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+fn light_latencies(
+    c: SchedConfig,
+    (n, ew, lw): (u32, u32, u32),
+    job: Nanos,
+    think: Nanos,
+    jobs: u32,
+) -> Vec<Nanos> {
+    let mut w = World::new(c, slots(1, 2, 4));
     let light = w.vm(100, 6, lw, 1)[0];
     let eq: Vec<QueueId> = (0..n).map(|vm| w.vm(vm, 6, ew, 1)[0]).collect();
     w.submit(light, job);
@@ -65,7 +71,7 @@ fn a_light_closed_loop_that_ran_first_waits_one_hold_not_a_slice() {
     ];
     let w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
     for &(n, ew, lw, job, think) in cases {
-        let lat = light_latencies(n, ew, lw, job, think, 30);
+        let lat = light_latencies(cfg(Policy::Hqdmux), (n, ew, lw), job, think, 30);
         let bound = job + hold(&w) + 3 * UNMAP_NS + 10_000;
         let worst = lat.iter().copied().max().unwrap_or(0);
         assert!(

@@ -164,6 +164,10 @@ struct Queue {
     /// Counted in its VM's `demand` (Ready, Saved, Running, or being
     /// preempted with work; not an idle queue giving its slot back).
     wants: bool,
+    /// The backend's report of its dequeue in flight: time its save waited
+    /// for its own waves without a save point
+    /// ([`Scheduler::note_save_wait`]; `None`: not reported).
+    save_wait: Option<Nanos>,
 }
 
 #[derive(Clone, Debug)]

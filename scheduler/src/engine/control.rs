@@ -95,6 +95,7 @@ impl Scheduler {
                 wptr: None,
                 boosted: false,
                 doorbell_while_unmapping: false,
+                save_wait: None,
                 reason: None,
                 errored: false,
                 restore_ns: 0,

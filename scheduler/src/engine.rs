@@ -235,6 +235,9 @@ struct Vm {
     /// Mapped while a save was in flight in its partition: its billing
     /// starts when the partition's saves are done.
     wait_save: bool,
+    /// End of the last save wait billed to it (waits of its queues saved
+    /// together overlap and are billed once, `save_wait`).
+    wait_billed_until: Nanos,
     /// Aging service received, weighted: per batch in which one of its
     /// queues ran boosted, `(billed partition time + 2 x save) x SCALE /
     /// (level + 2)` (stride order of the aging server, `engine/aging.rs`).

@@ -168,3 +168,49 @@ fn a_reported_wait_is_billed_exactly() {
     assert_eq!(s.vm_stats(VmId(2)).unwrap().save_wait_ns, 20_070_000);
     assert_eq!(s.vm_stats(VmId(1)).unwrap().save_wait_ns, 0);
 }
+
+#[test]
+fn the_queues_of_one_preemption_are_billed_their_wait_once() {
+    // Two queues of the low VM are saved by one preemption and both wait
+    // 40 us for their waves without a save point: in wall time the VM's
+    // waves ran 40 us, not 80 (before: each queue's wait was billed, and
+    // a VM of 6 such queues was billed up to 6 times its waits — equals
+    // seed 62010, eq2 -23% of its share).
+    let mut s = sched();
+    s.add_queue(VmId(2), QueueId(3), 0).unwrap();
+    for q in [2, 3] {
+        step(
+            &mut s,
+            Event::Doorbell {
+                queue: QueueId(q),
+                wptr: 1,
+                now: 0,
+            },
+        );
+    }
+    let t = 1_000_000;
+    step(
+        &mut s,
+        Event::Doorbell {
+            queue: QueueId(1),
+            wptr: 1,
+            now: t,
+        },
+    );
+    for q in [2, 3] {
+        assert_eq!(s.queue_state(QueueId(q)).unwrap().0, QueueState::Preempting);
+    }
+    for q in [2, 3] {
+        s.note_save_wait(QueueId(q), 40_000);
+        step(
+            &mut s,
+            Event::Unmapped {
+                queue: QueueId(q),
+                has_work: true,
+                save_ns: 45_000,
+                now: t + 45_000,
+            },
+        );
+    }
+    assert_eq!(s.vm_stats(VmId(2)).unwrap().save_wait_ns, 40_000);
+}

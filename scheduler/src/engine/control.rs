@@ -49,6 +49,7 @@ impl Scheduler {
                 aged_tag: 0,
                 bill_from: Nanos::MAX,
                 wait_save: false,
+                wait_billed_until: 0,
             },
         );
         Ok(partition)

@@ -151,7 +151,13 @@ impl Scheduler {
     /// a wait shorter than the threshold goes unbilled otherwise, and a
     /// `no_save_point` VM of small state (saves of a few us) computes in
     /// it unbilled — and the threshold applies to the rest of the dequeue.
+    ///
+    /// A VM is billed a wait once in wall time: the queues of one
+    /// preemption wait together (their waits overlap), so only the part
+    /// of a wait after the VM's last billed one is billed, and none while
+    /// another of its queues runs (that time is billed already).
     pub(super) fn save_wait(&mut self, p: usize, q: QueueId, save_ns: Nanos) -> Nanos {
+        let req = self.now.saturating_sub(save_ns);
         let reported = self
             .queues
             .get_mut(&q)
@@ -183,10 +189,16 @@ impl Scheduler {
         };
         let pol = self.cfg.policy;
         let mut below_top = false;
+        let mut billed = 0;
         if let Some(v) = self.vms.get_mut(&vm) {
-            v.stats.gpu_ns += wait;
-            v.stats.save_wait_ns += wait;
-            v.vtime += wait as u128 * SCALE / weight(v, pol);
+            let end = req.saturating_add(wait);
+            if v.running_n == 0 {
+                billed = end.saturating_sub(req.max(v.wait_billed_until));
+            }
+            v.wait_billed_until = v.wait_billed_until.max(end);
+            v.stats.gpu_ns += billed;
+            v.stats.save_wait_ns += billed;
+            v.vtime += billed as u128 * SCALE / weight(v, pol);
             let level = v.params.priority as u16;
             below_top = self.parts[p].top().is_some_and(|t| t > level);
         }
@@ -196,7 +208,7 @@ impl Scheduler {
             a.next_batch = a
                 .next_batch
                 .max(self.now)
-                .saturating_add(wait.saturating_mul(AGING_SHARE_INV - 1));
+                .saturating_add(billed.saturating_mul(AGING_SHARE_INV - 1));
         }
         wait
     }

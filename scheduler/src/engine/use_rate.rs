@@ -92,11 +92,6 @@ impl Scheduler {
         let Some(cands) = self.parts[p].busy.get(&top) else {
             return false;
         };
-        let total: u128 = cands
-            .keys()
-            .filter_map(|w| self.vms.get(w))
-            .map(|w| weight(w, pol))
-            .sum();
         let billed = if v.active > 0 {
             billable(v, self.now)
         } else {
@@ -107,7 +102,20 @@ impl Scheduler {
             .gpu_ns
             .saturating_add(billed)
             .saturating_sub(v.gpu_at_wake);
-        v.cycle_use.below(used_now, weight(v, pol), total)
+        let w = weight(v, pol);
+        // Every other busy VM weighs at least 1: a rate not below that
+        // bound of its entitlement is not below it (most VMs, at no cost
+        // per busy VM; the sum below walks them).
+        let others = cands.len().saturating_sub(1) as u128;
+        if !v.cycle_use.below(used_now, w, w + others) {
+            return false;
+        }
+        let total: u128 = cands
+            .keys()
+            .filter_map(|x| self.vms.get(x))
+            .map(|x| weight(x, pol))
+            .sum();
+        v.cycle_use.below(used_now, w, total)
     }
 
     /// Does `vm` take the partition first at this choice: it woke after

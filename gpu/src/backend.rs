@@ -399,6 +399,12 @@ pub enum GpuEvent {
         has_work: bool,
         /// Time from the request to completion (modelled save latency for SaveWaves).
         save_ns: Nanos,
+        /// The part of `save_ns` a SaveWaves dequeue spent waiting for
+        /// in-flight waves without a save point (`NO_SAVE_POINT` kernels)
+        /// to finish before their save began: the queue's own waves ran.
+        /// 0 when there was none, or when the backend cannot tell (the
+        /// scheduler then keeps its threshold on `save_ns`).
+        wait_ns: Nanos,
         /// Time.
         at: Nanos,
     },

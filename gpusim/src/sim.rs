@@ -241,6 +241,9 @@ struct Hqd {
     /// without a save point (`abi::kernel::flags::NO_SAVE_POINT`): the save
     /// is written when `inflight` reaches 0.
     save_waiting: bool,
+    /// Time the pending SaveWaves waited for waves without a save point
+    /// (from the request to the start of the save), ns.
+    save_wait_ns: Nanos,
     /// CU masks: the guest MQD's (`None`: every CU), the host's, and the
     /// CUs its workgroups may launch on (their intersection; `None`: all).
     guest_mask: Option<CuMask>,

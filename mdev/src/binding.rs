@@ -1046,9 +1046,14 @@ impl<O: Copy> Binding<O> {
                 mqd,
                 has_work,
                 save_ns,
+                wait_ns,
                 ..
             } => {
                 let queue = QueueId(tag);
+                if wait_ns > 0 {
+                    // Billed to the queue's VM (its waves ran).
+                    self.sched.note_save_wait(queue, wait_ns);
+                }
                 if !has_work {
                     self.note_stall(gpu, queue, None, Some(&mqd));
                 }

@@ -17,6 +17,7 @@ mod shared;
 mod slots;
 mod spatial_engine;
 mod timers;
+mod use_rate;
 
 use timers::Deadline;
 
@@ -163,6 +164,10 @@ struct Queue {
     /// Counted in its VM's `demand` (Ready, Saved, Running, or being
     /// preempted with work; not an idle queue giving its slot back).
     wants: bool,
+    /// The backend's report of its dequeue in flight: time its save waited
+    /// for its own waves without a save point
+    /// ([`Scheduler::note_save_wait`]; `None`: not reported).
+    save_wait: Option<Nanos>,
 }
 
 #[derive(Clone, Debug)]
@@ -197,6 +202,10 @@ struct Vm {
     request_ewma: Nanos,
     /// `stats.gpu_ns` at its last wake after more than its grace.
     gpu_at_wake: Nanos,
+    /// Its use rate over its recent busy-period cycles (`use_rate.rs`; a
+    /// cycle runs from a wake after more than its grace to the next such
+    /// wake): billed GPU time and time without demand per cycle.
+    cycle_use: use_rate::CycleUse,
     /// Distribution of its re-ring gaps (cost-aware hold, `gaps.rs`):
     /// from the end of its demand (no queue Ready, Saved, Running or
     /// being preempted with work) to its next demand. (`gap_ewma` also
@@ -226,6 +235,9 @@ struct Vm {
     /// Mapped while a save was in flight in its partition: its billing
     /// starts when the partition's saves are done.
     wait_save: bool,
+    /// End of the last save wait billed to it (waits of its queues saved
+    /// together overlap and are billed once, `save_wait`).
+    wait_billed_until: Nanos,
     /// Aging service received, weighted: per batch in which one of its
     /// queues ran boosted, `(billed partition time + 2 x save) x SCALE /
     /// (level + 2)` (stride order of the aging server, `engine/aging.rs`).

@@ -1784,3 +1784,6 @@ fn an_under_share_job_longer_than_the_quantum_is_not_sliced() {
 
 #[path = "share_tests.rs"]
 mod share_tests;
+
+#[path = "use_rate_tests.rs"]
+mod use_rate_tests;

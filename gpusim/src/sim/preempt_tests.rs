@@ -36,6 +36,34 @@ fn timeouts(ev: &[GpuEvent]) -> Vec<(u64, DequeueMode, Nanos, Nanos)> {
         .collect()
 }
 
+/// (wait_ns, save_ns) of each Unmapped event.
+fn waits(ev: &[GpuEvent]) -> Vec<(Nanos, Nanos)> {
+    ev.iter()
+        .filter_map(|e| match e {
+            GpuEvent::Unmapped {
+                wait_ns, save_ns, ..
+            } => Some((*wait_ns, *save_ns)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_save_of_waves_with_a_save_point_reports_no_wait() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm) = gpu_and_vm(&topo);
+    let mut q = vm.queue(&topo, 64, 5);
+    vm.kernel(&mut q, KernelKind::Mark, 6, 4, 1000, 1, false);
+    gpu.map(0, map_req(&vm, &q, 0, 7)).unwrap();
+    gpu.unmap(400, SlotId(0), DequeueMode::SaveWaves).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 400, u64::MAX, &mut ev);
+    let w = waits(&ev);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].0, 0, "{w:?}");
+    assert!(w[0].1 > 0);
+}
+
 fn counters(vm: &TestVm, q: &GuestQueue) -> Vec<u32> {
     let Check::U32s { addr, expect } = q.checks[0].clone() else {
         panic!("not a Mark kernel")
@@ -65,6 +93,9 @@ fn save_of_a_kernel_without_save_point_waits_for_its_waves_and_stays_exact() {
     let c = &topo.cwsr;
     let rec = 32 + 32 + 4 * 24;
     assert_eq!(at, 1000 + c.trap_ns + rec * 1000 / c.save_bytes_per_us);
+    // The wait (request at 400 to the waves' end at 1000) is reported
+    // apart from the save: the scheduler bills it to the queue's VM.
+    assert_eq!(waits(&ev), vec![(1000 - 400, at - 400)]);
     assert_eq!(gpu.stats().saved_wgs, 0);
     assert_eq!(gpu.stats().saves_waiting, 1);
     assert_eq!(gpu.stats().wgs_completed, 4);

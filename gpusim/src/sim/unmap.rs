@@ -48,6 +48,7 @@ impl SimGpu {
             refused_at_map: false,
             unmap_req: None,
             save_waiting: false,
+            save_wait_ns: 0,
             guest_mask: None,
             host_mask: self.next_map_mask.take(),
             mask: None,
@@ -314,6 +315,10 @@ impl SimGpu {
             return;
         };
         q.save_waiting = false;
+        // The wait for waves without a save point, if any, ends here.
+        q.save_wait_ns = q
+            .unmap_req
+            .map_or(0, |(_, since)| now.saturating_sub(since));
         // Every saved workgroup's waves are written, guests' too.
         let (n, gen) = (q.held_cus + std::mem::take(&mut q.saved_guests), q.gen);
         // Sized now, written when the dequeue finishes (`finish_unmap`).
@@ -511,6 +516,7 @@ impl SimGpu {
             mqd: Box::new(q.mqd.clone()),
             has_work,
             save_ns: now.saturating_sub(since),
+            wait_ns: q.save_wait_ns.min(now.saturating_sub(since)),
             at: now,
         });
         self.dispatch(p as u32);

@@ -36,6 +36,7 @@ impl Scheduler {
                 demanding_since: 0,
                 request_ewma: 0,
                 gpu_at_wake: 0,
+                cycle_use: Default::default(),
                 gaps: Default::default(),
                 demand: 0,
                 demand_idle_at: None,
@@ -48,6 +49,7 @@ impl Scheduler {
                 aged_tag: 0,
                 bill_from: Nanos::MAX,
                 wait_save: false,
+                wait_billed_until: 0,
             },
         );
         Ok(partition)
@@ -94,6 +96,7 @@ impl Scheduler {
                 wptr: None,
                 boosted: false,
                 doorbell_while_unmapping: false,
+                save_wait: None,
                 reason: None,
                 errored: false,
                 restore_ns: 0,

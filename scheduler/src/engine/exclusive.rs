@@ -133,6 +133,7 @@ impl Scheduler {
                 // least virtual time of the busy VMs, less one minimum run,
                 // and goes first among them).
                 let prev = owner.map(|o| o.vm);
+                let prev_since = owner.map(|o| o.since);
                 // Equals alternate: the previous holder yields to an equal
                 // whose virtual time is within one CWSR save and restore of
                 // its own (a few hundred us of CWSR, charged to whoever was
@@ -181,6 +182,9 @@ impl Scheduler {
                             };
                             let deadline = req as u128 * SCALE / weight(vv, pol);
                             (
+                                // A waker under its share by use rate
+                                // goes first (it is why the slice ended).
+                                !self.use_waker(p, **v, prev_since, top),
                                 vtime_now(vv, now, pol)
                                     .saturating_add(slack)
                                     .saturating_add(deadline),
@@ -402,9 +406,13 @@ impl Scheduler {
                 // Only a VM that woke during this slice: one that was
                 // already waiting when the owner was chosen lost the
                 // choice fairly.
-                if v.entered <= o.since {
+                // (A waker under its share by use rate that became busy
+                // in the same ns as the choice was not passed over by it:
+                // the choice puts such a waker first, `use_waker`.)
+                if v.entered < o.since {
                     return None;
                 }
+                let same_ns = v.entered == o.since;
                 // Only against an owner that was already demanding when the
                 // waker went idle: one that became busy after that is as
                 // demand-limited as the waker (preempting it would only add
@@ -417,6 +425,14 @@ impl Scheduler {
                 // job of a light VM waited for the slice end of an equal
                 // that became busy a few us after the light VM was added).
                 if v.demand_idle_at.is_some() && ov.demanding_since > v.idle_at {
+                    return None;
+                }
+                // Under its share by use rate (`use_rate.rs`): eligible
+                // whatever its virtual time says.
+                if self.under_share_by_use(p, *w, top) {
+                    return Some(now);
+                }
+                if same_ns {
                     return None;
                 }
                 let allow = self.cfg.min_run_ns as u128 * SCALE / weight(v, pol);

@@ -25,6 +25,7 @@ impl Scheduler {
                     if v.demand == 1 {
                         if let Some(t) = v.demand_idle_at {
                             v.gaps.note(now.saturating_sub(t));
+                            v.cycle_use.gap(now.saturating_sub(t));
                         }
                         if v.demand_idle_at.is_none_or(|t| now.saturating_sub(t) > g) {
                             // A new busy period (demand after more than its
@@ -33,8 +34,12 @@ impl Scheduler {
                             // (it was billed nothing while idle, and charges
                             // settled after its demand ended still count).
                             // The first has none behind it.
-                            v.demanding_since = now;
                             let used = v.stats.gpu_ns.saturating_sub(v.gpu_at_wake);
+                            if v.demand_idle_at.is_some() {
+                                // A cycle ended (use rate, `use_rate.rs`).
+                                v.cycle_use.close(used);
+                            }
+                            v.demanding_since = now;
                             v.request_ewma = if v.request_ewma == 0 {
                                 used
                             } else {

@@ -88,6 +88,10 @@ impl Scheduler {
         } else {
             0
         };
+        // A reported wait belongs to this dequeue only.
+        if let Some(qq) = self.queues.get_mut(&q) {
+            qq.save_wait = None;
+        }
         if matches!(reason, Some(Reason::Preempt(..))) && has_work {
             let a = &mut self.parts[p].aging;
             a.save_ns = save_ns;
@@ -141,11 +145,30 @@ impl Scheduler {
     /// Returns the wait. Saves within the factor update the typical save
     /// (moving average, 1/4); longer ones never do, so no guest can raise
     /// it by making its saves slow.
+    ///
+    /// When the backend reported the wait ([`Self::note_save_wait`]: the
+    /// simulator does, exactly), that wait is billed whatever its length —
+    /// a wait shorter than the threshold goes unbilled otherwise, and a
+    /// `no_save_point` VM of small state (saves of a few us) computes in
+    /// it unbilled — and the threshold applies to the rest of the dequeue.
+    ///
+    /// A VM is billed a wait once in wall time: the queues of one
+    /// preemption wait together (their waits overlap), so only the part
+    /// of a wait after the VM's last billed one is billed, and none while
+    /// another of its queues runs (that time is billed already).
     pub(super) fn save_wait(&mut self, p: usize, q: QueueId, save_ns: Nanos) -> Nanos {
+        let req = self.now.saturating_sub(save_ns);
+        let reported = self
+            .queues
+            .get_mut(&q)
+            .and_then(|qq| qq.save_wait.take())
+            .unwrap_or(0)
+            .min(save_ns);
+        let save_ns = save_ns - reported;
         let a = &mut self.parts[p].aging;
         let typ = a.save_typ;
         let cap = typ.saturating_mul(SAVE_WAIT_FACTOR).max(SAVE_WAIT_FLOOR_NS);
-        if typ == 0 || save_ns <= cap {
+        let beyond = if typ == 0 || save_ns <= cap {
             if save_ns > 0 {
                 a.save_typ = if typ == 0 {
                     save_ns
@@ -153,18 +176,29 @@ impl Scheduler {
                     (typ.saturating_mul(3) / 4).saturating_add(save_ns / 4)
                 };
             }
+            0
+        } else {
+            save_ns - cap
+        };
+        let wait = reported + beyond;
+        if wait == 0 {
             return 0;
         }
-        let wait = save_ns - cap;
         let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) else {
             return wait;
         };
         let pol = self.cfg.policy;
         let mut below_top = false;
+        let mut billed = 0;
         if let Some(v) = self.vms.get_mut(&vm) {
-            v.stats.gpu_ns += wait;
-            v.stats.save_wait_ns += wait;
-            v.vtime += wait as u128 * SCALE / weight(v, pol);
+            let end = req.saturating_add(wait);
+            if v.running_n == 0 {
+                billed = end.saturating_sub(req.max(v.wait_billed_until));
+            }
+            v.wait_billed_until = v.wait_billed_until.max(end);
+            v.stats.gpu_ns += billed;
+            v.stats.save_wait_ns += billed;
+            v.vtime += billed as u128 * SCALE / weight(v, pol);
             let level = v.params.priority as u16;
             below_top = self.parts[p].top().is_some_and(|t| t > level);
         }
@@ -174,9 +208,24 @@ impl Scheduler {
             a.next_batch = a
                 .next_batch
                 .max(self.now)
-                .saturating_add(wait.saturating_mul(AGING_SHARE_INV - 1));
+                .saturating_add(billed.saturating_mul(AGING_SHARE_INV - 1));
         }
         wait
+    }
+
+    /// The backend reports that the dequeue in flight of `queue` (a
+    /// preemption's SaveWaves) waited `wait_ns` for the queue's own waves
+    /// without a save point before their save began (call it before the
+    /// [`Event::Unmapped`] it is part of; the binding does, from
+    /// `GpuEvent::Unmapped::wait_ns`). That wait is billed to the queue's
+    /// VM exactly (`VmStats::save_wait_ns`) and counted in the aging
+    /// budget. Unknown queues and queues not being dequeued are ignored.
+    pub fn note_save_wait(&mut self, queue: QueueId, wait_ns: Nanos) {
+        if let Some(q) = self.queues.get_mut(&queue) {
+            if q.state == QueueState::Preempting {
+                q.save_wait = Some(wait_ns);
+            }
+        }
     }
 
     /// When no save is in flight in partition `p` any more, the VMs mapped

@@ -1,0 +1,197 @@
+//! Under its share by use rate (issue 18, the `light` family;
+//! docs/scheduling.md, "Under its share by use rate"): a VM whose GPU use
+//! over its recent busy-period cycles — GPU time billed per cycle over the
+//! cycle's length, a cycle running from a wake after more than its grace
+//! to the next such wake — is below its entitlement among the busy VMs of
+//! its level (`weight / sum of their weights`) is under its share whatever
+//! its virtual time says, and its request preempts an equal holder after
+//! the bounded hold like a lagging waker's.
+//!
+//! Why a rate and not only virtual time: a closed loop that ran its first
+//! job before any equal was busy, or whose virtual time re-entered at its
+//! own (later) value, is not a minimum run behind the owner when its next
+//! request comes although it uses a small part of its share; it then
+//! waited for the owner's slice end. The rate is what it got, measured by
+//! the scheduler (billed time, not what the guest claims), so it cannot be
+//! farmed: a VM that idles briefly before long jobs has a use rate near or
+//! above its share as soon as it is served at its share, and is then
+//! eligible only by virtual time; one below its share is served sooner
+//! only until its rate reaches the share.
+
+use super::*;
+
+/// A VM's use over its recent busy-period cycles: moving averages (1/4)
+/// of the GPU time billed per cycle and of the time it had no demand in
+/// the cycle (no queue Ready, Saved, Running or being preempted with
+/// work), and the idle time of the cycle in progress.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct CycleUse {
+    /// Billed GPU time per cycle, ns (moving average).
+    used: Nanos,
+    /// Time without demand per cycle, ns (moving average).
+    idle: Nanos,
+    /// At least one cycle has ended.
+    known: bool,
+    /// Time without demand in the cycle in progress, ns.
+    idle_now: Nanos,
+}
+
+impl CycleUse {
+    /// The VM had no demand for `gap` ns (it has demand again).
+    pub(super) fn gap(&mut self, gap: Nanos) {
+        self.idle_now = self.idle_now.saturating_add(gap);
+    }
+
+    /// A cycle ended (a wake after more than its grace), in which the VM
+    /// was billed `used` ns. The first cycle sets both averages.
+    pub(super) fn close(&mut self, used: Nanos) {
+        let idle = std::mem::take(&mut self.idle_now);
+        if !self.known {
+            self.used = used;
+            self.idle = idle;
+            self.known = true;
+        } else {
+            self.used = ewma(self.used, used);
+            self.idle = ewma(self.idle, idle);
+        }
+    }
+
+    /// Is its use rate — use over use plus idle, the cycle in progress
+    /// counted as one more cycle (`used_now` billed in it so far) — below
+    /// `weight / total`, an entitlement among VMs of total weight `total`?
+    /// Time spent waiting for the GPU counts neither way: the rate is the
+    /// VM's demand, what it would use if served at once, so a VM that
+    /// queues behind its equals is not made to look light or heavy by it.
+    /// `false` before any cycle has ended (a VM in its first busy period
+    /// has its own rule, `lag_ready_at`) and for a zero total.
+    pub(super) fn below(&self, used_now: Nanos, weight: u128, total: u128) -> bool {
+        if !self.known || total == 0 {
+            return false;
+        }
+        let used = u128::from(ewma(self.used, used_now));
+        let idle = u128::from(ewma(self.idle, self.idle_now));
+        // used / (used + idle) < weight / total, in integers.
+        used.saturating_mul(total) < weight.saturating_mul(used + idle)
+    }
+}
+
+/// Moving average, 1/4 to the new sample.
+fn ewma(avg: Nanos, x: Nanos) -> Nanos {
+    (avg / 4).saturating_mul(3).saturating_add(x / 4)
+}
+
+impl Scheduler {
+    /// Is `vm`, busy at level `top` of partition `p`, under its share by
+    /// use rate: its use over its recent cycles below its weight over the
+    /// sum of the weights of the VMs busy at that level (itself included)?
+    pub(super) fn under_share_by_use(&self, p: usize, vm: VmId, top: u16) -> bool {
+        let pol = self.cfg.policy;
+        let Some(v) = self.vms.get(&vm) else {
+            return false;
+        };
+        let Some(cands) = self.parts[p].busy.get(&top) else {
+            return false;
+        };
+        let billed = if v.active > 0 {
+            billable(v, self.now)
+        } else {
+            0
+        };
+        let used_now = v
+            .stats
+            .gpu_ns
+            .saturating_add(billed)
+            .saturating_sub(v.gpu_at_wake);
+        let w = weight(v, pol);
+        // Every other busy VM weighs at least 1: a rate not below that
+        // bound of its entitlement is not below it (most VMs, at no cost
+        // per busy VM; the sum below walks them).
+        let others = cands.len().saturating_sub(1) as u128;
+        if !v.cycle_use.below(used_now, w, w + others) {
+            return false;
+        }
+        let total: u128 = cands
+            .keys()
+            .filter_map(|x| self.vms.get(x))
+            .map(|x| weight(x, pol))
+            .sum();
+        v.cycle_use.below(used_now, w, total)
+    }
+
+    /// Does `vm` take the partition first at this choice: it woke after
+    /// the previous owner's slice began (`since`; any time when there was
+    /// none) and is under its share by use rate at `top`?
+    pub(super) fn use_waker(&self, p: usize, vm: VmId, since: Option<Nanos>, top: u16) -> bool {
+        if top >= BOOST_LEVEL || !self.cfg.policy.uses_priority() {
+            return false;
+        }
+        let Some(v) = self.vms.get(&vm) else {
+            return false;
+        };
+        since.is_none_or(|s| v.entered > s)
+            && self.parts[p].woken.contains(&vm)
+            && self.under_share_by_use(p, vm, top)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cycles(n: usize, used: Nanos, idle: Nanos) -> CycleUse {
+        let mut c = CycleUse::default();
+        for _ in 0..n {
+            c.gap(idle);
+            c.close(used);
+        }
+        c
+    }
+
+    /// The rate is use over use plus idle; nothing is known before a
+    /// cycle has ended.
+    #[test]
+    fn rate_is_use_over_use_and_idle() {
+        let mut c = CycleUse::default();
+        assert!(!c.below(0, 1, 2), "no cycle yet: no rate");
+        c.gap(9_000_000);
+        assert!(!c.below(0, 1, 2), "still no cycle ended");
+        c.close(1_000_000);
+        // 1 ms of use per 10 ms: 0.1, below 1/4 and above 1/16.
+        assert!(c.below(0, 1, 4));
+        assert!(!c.below(0, 1, 16));
+        // Exactly at the entitlement is not below it.
+        let c = cycles(4, 250_000, 750_000);
+        assert!(!c.below(0, 1, 4));
+        assert!(c.below(0, 2, 7));
+        assert!(!c.below(0, 1, 0));
+    }
+
+    /// A light VM's past cannot shield a heavy present: the cycle in
+    /// progress counts, so a VM that was light and then keeps demanding
+    /// (a closed loop re-ringing within its grace closes no cycle) stops
+    /// being below its share once it has used about a share's worth.
+    #[test]
+    fn the_cycle_in_progress_counts() {
+        let c = cycles(8, 1_000_000, 9_000_000);
+        assert!(c.below(0, 1, 4));
+        assert!(c.below(5_000_000, 1, 4));
+        assert!(!c.below(30_000_000, 1, 4));
+        // Becoming heavy closes cycles of little idle: the rate follows.
+        let mut c = c;
+        for _ in 0..3 {
+            c.gap(100_000);
+            c.close(20_000_000);
+        }
+        assert!(!c.below(0, 1, 4), "{c:?}");
+    }
+
+    /// Huge values saturate instead of overflowing.
+    #[test]
+    fn large_values() {
+        let c = cycles(1, Nanos::MAX / 4, Nanos::MAX / 4 * 3);
+        assert!(c.below(0, 1, 2));
+        assert!(!c.below(0, 1, 8));
+        let c = cycles(3, Nanos::MAX, Nanos::MAX);
+        assert!(!c.below(Nanos::MAX, 1, 4));
+    }
+}

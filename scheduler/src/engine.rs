@@ -378,6 +378,10 @@ struct AgingBudget {
     /// The batch's queues unboosted by the pause (re-boosted when it ends,
     /// if they still have work).
     paused: Vec<QueueId>,
+    /// Preemptions of their VMs when the pause started: a pause in which
+    /// none of them was saved (the higher VM ran beside them: co-residence,
+    /// a drained or existing reservation) cost the batch no switch.
+    paused_saves: u64,
     /// The running batch's pauses so far, each its time plus one save and
     /// restore (at most [`AGING_YIELD_NS`]): the batch ends this much
     /// later.

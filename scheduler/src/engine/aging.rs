@@ -174,12 +174,19 @@ impl Scheduler {
         let part = &self.parts[p];
         let switch = part.aging.save_ns.saturating_mul(2);
         if let Some(ps) = part.aging.paused_since {
+            // The pause so far: its time, plus one save and restore of the
+            // batch's work if it was saved (its turn lost that progress).
+            let saved = self.saves_of(&part.aging.paused) != part.aging.paused_saves;
             let spent = part
                 .aging
                 .yielded
                 .saturating_add(now.saturating_sub(ps))
-                .saturating_add(switch);
-            if spent < AGING_YIELD_NS && self.yield_wanted(p) {
+                .saturating_add(if saved { switch } else { 0 });
+            // Ends when the higher VM is served, or before a save of the
+            // batch's work would take the allowance past `Y`.
+            if spent.saturating_add(if saved { 0 } else { switch }) < AGING_YIELD_NS
+                && self.yield_wanted(p)
+            {
                 return;
             }
             let part = &mut self.parts[p];
@@ -219,9 +226,41 @@ impl Scheduler {
         for &q in &boosted {
             self.rekey(q, |q| q.boosted = false);
         }
+        let saves = self.saves_of(&boosted);
         let part = &mut self.parts[p];
         part.aging.paused_since = Some(now);
         part.aging.paused = boosted;
+        part.aging.paused_saves = saves;
+    }
+
+    /// The highest level below `level` of the busy queues of partition
+    /// `p`'s paused aging batch (`None`: no pause, or none busy).
+    pub(super) fn paused_batch_level(&self, p: usize, level: u16) -> Option<u16> {
+        let part = &self.parts[p];
+        part.aging.paused_since?;
+        part.aging
+            .paused
+            .iter()
+            .filter_map(|q| self.queues.get(q))
+            .filter(|q| q.wants)
+            .filter_map(|q| self.vms.get(&q.vm))
+            .map(|v| v.params.priority as u16)
+            .filter(|&l| l < level)
+            .max()
+    }
+
+    /// Preemptions suffered so far by the VMs of `queues` (each VM once).
+    fn saves_of(&self, queues: &[QueueId]) -> u64 {
+        let mut vms: Vec<VmId> = queues
+            .iter()
+            .filter_map(|q| self.queues.get(q).map(|qq| qq.vm))
+            .collect();
+        vms.sort_unstable();
+        vms.dedup();
+        vms.iter()
+            .filter_map(|vm| self.vms.get(vm))
+            .map(|v| v.stats.preemptions)
+            .sum()
     }
 
     /// Should partition `p`'s running batch yield now: is the top busy
@@ -260,6 +299,8 @@ impl Scheduler {
     /// allowance runs out, or a VM it yields to becomes backlogged), for
     /// the timer.
     fn yield_due(&self, p: &Partition, paused_since: Nanos) -> Nanos {
+        // One save and restore is kept in reserve whether or not the
+        // batch's work was saved yet (see `aging_yield`).
         let switch = p.aging.save_ns.saturating_mul(2);
         let left = AGING_YIELD_NS
             .saturating_sub(p.aging.yielded)

@@ -383,12 +383,9 @@ struct AgingBudget {
     /// a drained or existing reservation) cost the batch no switch.
     paused_saves: u64,
     /// The running batch's pauses so far, each its time plus one save and
-    /// restore (at most [`AGING_YIELD_NS`]): the batch ends this much
-    /// later.
+    /// restore if the batch's work was saved (at most
+    /// [`AGING_YIELD_NS`]): the batch ends this much later.
     yielded: Nanos,
-    /// The running batch's pauses so far, their time only (not charged to
-    /// the aging budget: the higher VM used it).
-    yielded_wall: Nanos,
 }
 
 impl Partition {

@@ -32,17 +32,16 @@ impl Scheduler {
                 return;
             }
             // The batch is over: charge it (with one save and restore of
-            // the work it displaced) to the budget — not the time it was
-            // paused for a higher VM (that VM used it), but the save and
-            // restore of each pause (the batch ran that much longer).
+            // the work it displaced) to the budget — its pauses included
+            // (while paused, its queues may run beside the higher VM on
+            // the CUs it leaves, taking them from a backlogged VM between
+            // the two levels), so a batch costs at most `B + Y + 2 t_save`.
             let cost = now
                 .saturating_sub(start)
-                .saturating_sub(part.aging.yielded_wall)
                 .saturating_add(part.aging.save_ns.saturating_mul(2));
             part.aging.next_batch = now.saturating_add(cost.saturating_mul(AGING_SHARE_INV - 1));
             part.aging.batch_since = None;
             part.aging.yielded = 0;
-            part.aging.yielded_wall = 0;
             let batch = std::mem::take(&mut part.aging.batch);
             let billed0 = std::mem::take(&mut part.aging.batch_billed);
             let (vclock, save) = (part.aging.vclock, part.aging.save_ns);
@@ -191,10 +190,6 @@ impl Scheduler {
             }
             let part = &mut self.parts[p];
             part.aging.yielded = spent.min(AGING_YIELD_NS);
-            part.aging.yielded_wall = part
-                .aging
-                .yielded_wall
-                .saturating_add(now.saturating_sub(ps));
             part.aging.paused_since = None;
             let qs = std::mem::take(&mut part.aging.paused);
             for q in qs {

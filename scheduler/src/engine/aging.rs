@@ -171,7 +171,7 @@ impl Scheduler {
     fn aging_yield(&mut self, p: usize) {
         let now = self.now;
         let part = &self.parts[p];
-        let switch = part.aging.save_ns.saturating_mul(2);
+        let switch = self.pause_switch(part);
         if let Some(ps) = part.aging.paused_since {
             // The pause so far: its time, plus one save and restore of the
             // batch's work if it was saved (its turn lost that progress).
@@ -244,6 +244,21 @@ impl Scheduler {
             .max()
     }
 
+    /// What a pause of partition `p`'s batch costs its work in a switch:
+    /// one save and restore, the longer of the partition's last save and
+    /// the last saves of the batch's own queues (a batch of long
+    /// workgroups saves slowly: its pause must fit the allowance with
+    /// that switch, not with a short save of other work seen last).
+    fn pause_switch(&self, p: &Partition) -> Nanos {
+        p.aging
+            .batch
+            .iter()
+            .filter_map(|e| self.queues.get(&e.0))
+            .map(|q| q.restore_ns)
+            .fold(p.aging.save_ns, Nanos::max)
+            .saturating_mul(2)
+    }
+
     /// Preemptions suffered so far by the VMs of `queues` (each VM once).
     fn saves_of(&self, queues: &[QueueId]) -> u64 {
         let mut vms: Vec<VmId> = queues
@@ -296,7 +311,7 @@ impl Scheduler {
     fn yield_due(&self, p: &Partition, paused_since: Nanos) -> Nanos {
         // One save and restore is kept in reserve whether or not the
         // batch's work was saved yet (see `aging_yield`).
-        let switch = p.aging.save_ns.saturating_mul(2);
+        let switch = self.pause_switch(p);
         let left = AGING_YIELD_NS
             .saturating_sub(p.aging.yielded)
             .saturating_sub(switch);

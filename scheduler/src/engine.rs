@@ -108,8 +108,8 @@ const AGING_BATCH_NS: Nanos = 2_000_000;
 /// higher-level VM that is demand-limited (busy for at most this long
 /// without a break longer than its anticipation grace) and resumes when
 /// it drains; the pauses of one batch, each counted as its time plus one
-/// save and restore of the batch's work, take at most this, and the batch
-/// ends that much later. Half a batch: a higher VM's busy period longer
+/// save and restore of the batch's work when that work was saved, take at
+/// most this, and the batch ends that much later. Half a batch: a higher VM's busy period longer
 /// than this is backlogged, not a short job, and the aging bound grows by
 /// `B / 2` per turn.
 const AGING_YIELD_NS: Nanos = AGING_BATCH_NS / 2;

@@ -162,8 +162,9 @@ impl Scheduler {
     /// busy level below the boost is above every level of the batch and
     /// each of its busy VMs is demand-limited ([`Self::yield_backlogged`]
     /// is false), and resumes it when that ends or the batch's pauses
-    /// reach [`AGING_YIELD_NS`] (each counted as its time plus one save and
-    /// restore of the batch's work). A paused batch's queues are unboosted
+    /// reach [`AGING_YIELD_NS`] (each counted as its time plus, if the
+    /// batch's work was saved, one save and restore of it). A paused
+    /// batch's queues are unboosted
     /// (the ordinary decision serves the higher VM, with CU sharing or a
     /// save of the batch's work) and boosted again when it resumes, if
     /// they still have work; the batch ends as much later as its pauses

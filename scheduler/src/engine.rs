@@ -714,8 +714,9 @@ impl Scheduler {
 
     /// Yield allowance of an aging batch, ns (`Y` in
     /// [`Scheduler::aging_bound_job_ns`]): the batch's pauses for
-    /// demand-limited higher VMs, each counted with one save and restore,
-    /// take at most this; the batch then ends as much later.
+    /// demand-limited higher VMs, each counted with one save and restore
+    /// when the batch's work was saved, take at most this; the batch then
+    /// ends as much later.
     pub const AGING_YIELD_NS: Nanos = AGING_YIELD_NS;
 
     /// State and slot of a queue.

@@ -1095,7 +1095,7 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
                             gaps[i] as f64 / 1e6
                         ),
                         format!(
-                            "ceil(job x queues {:.2} ms / (B - 2 x {:.0} us)) x (age_wait({}) + T {:.2} x 32 x (B + 2 x {:.0} us) + B) = {:.1} ms",
+                            "ceil(job x queues {:.2} ms / (B - 2 x {:.0} us)) x (age_wait({}) + T {:.2} x 32 x (B + Y + 2 x {:.0} us) + B + Y) = {:.1} ms",
                             job as f64 / 1e6,
                             save as f64 / 1e3,
                             prio_of(i),
@@ -1133,11 +1133,16 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
             // turns early (a boost ends when the ring drains: one
             // outstanding job), it is served at least as promptly: its
             // longest wait without a completion at most the lower one's
-            // plus one budget period `F x (B + 2 t_save)`. The top keeps
+            // plus one budget period `F x (B + Y + 2 t_save)`. The top keeps
             // >= 90% of its CU time alone.
             let batch = (scheduler::Scheduler::AGING_BATCH_NS + 2 * save) as f64 / 1e3;
-            // One budget period F x (B + 2 t_save), ns.
-            let period = 32 * (scheduler::Scheduler::AGING_BATCH_NS + 2 * save);
+            // One budget period F x (B + Y + 2 t_save), ns.
+            // (A batch may pause for a demand-limited higher VM and end up
+            // to `Y` later: `B + Y` per turn.)
+            let period = 32
+                * (scheduler::Scheduler::AGING_BATCH_NS
+                    + scheduler::Scheduler::AGING_YIELD_NS
+                    + 2 * save);
             let gaps = longest_without_completion(&run);
             let gap_of = |name: &str| -> u64 {
                 run.vm_runs

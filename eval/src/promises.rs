@@ -912,11 +912,11 @@ mod tests {
         // 1 + 3 / 3 turns of the other VM and one more for its queue of
         // the same level due first, one batch each per budget period,
         // then the batch that runs it (one turn: 1 ms < B - 2 x save).
-        let period = 32 * (scheduler::Scheduler::AGING_BATCH_NS + 2 * save);
-        assert_eq!(
-            want,
-            cfg.aging_ns * 2 / 3 + 4 * period + scheduler::Scheduler::AGING_BATCH_NS
-        );
+        // A batch lasts at most B + Y (its pauses for demand-limited higher
+        // VMs), one per budget period F x (B + Y + 2 x save).
+        let wall = scheduler::Scheduler::AGING_BATCH_NS + scheduler::Scheduler::AGING_YIELD_NS;
+        let period = 32 * (wall + 2 * save);
+        assert_eq!(want, cfg.aging_ns * 2 / 3 + 4 * period + wall);
         // More starved VMs, a longer bound; a longer job, more turns.
         let mut more = sc.clone();
         more.tenants[1].count = 8;

@@ -104,6 +104,16 @@ const SAVE_WAIT_FLOOR_NS: Nanos = 1_000_000;
 
 /// Longest aging batch: boosted queues run at most this long in a row.
 const AGING_BATCH_NS: Nanos = 2_000_000;
+/// Yield allowance of an aging batch (docs/scheduling.md, "Aging",
+/// "Yielding to a demand-limited higher VM"): a batch pauses for a
+/// higher-level VM that is demand-limited (busy for at most this long
+/// without a break longer than its anticipation grace) and resumes when
+/// it drains; the pauses of one batch, each counted as its time plus one
+/// save and restore of the batch's work when that work was saved, take at
+/// most this, and the batch ends that much later. Half a batch: a higher VM's busy period longer
+/// than this is backlogged, not a short job, and the aging bound grows by
+/// `B / 2` per turn.
+const AGING_YIELD_NS: Nanos = AGING_BATCH_NS / 2;
 /// The most lag (GPU time ahead of its busy equals) a VM may re-enter
 /// with after an idle time (`engine/index.rs`): above the longest job of
 /// the documented range (50 ms, docs/scenarios.md), so an under-share VM's
@@ -374,6 +384,20 @@ struct AgingBudget {
     /// preemptions' dequeues no longer than [`SAVE_WAIT_FACTOR`] times it
     /// (see [`Scheduler::save_wait`]).
     save_typ: Nanos,
+    /// The running batch is paused for a demand-limited higher VM since
+    /// this time (`engine/aging.rs`, [`AGING_YIELD_NS`]).
+    paused_since: Option<Nanos>,
+    /// The batch's queues unboosted by the pause (re-boosted when it ends,
+    /// if they still have work).
+    paused: Vec<QueueId>,
+    /// Preemptions of their VMs when the pause started: a pause in which
+    /// none of them was saved (the higher VM ran beside them: co-residence,
+    /// a drained or existing reservation) cost the batch no switch.
+    paused_saves: u64,
+    /// The running batch's pauses so far, each its time plus one save and
+    /// restore if the batch's work was saved (at most
+    /// [`AGING_YIELD_NS`]): the batch ends this much later.
+    yielded: Nanos,
 }
 
 impl Partition {
@@ -628,7 +652,7 @@ impl Scheduler {
     /// and queue count), `slots` HQD slots in the partition and `save_ns`
     /// the longest CWSR save (dequeue):
     ///
-    /// `m x (age_wait(level) + T x F x (B + 2 x save_ns) + B)`
+    /// `m x (age_wait(level) + T x F x (B + Y + 2 x save_ns) + B + Y)`
     ///
     /// with `w(l) = l + 2` the aging weight, `T = ceil(queues / S) +
     /// (queues - 1) + sum over others x of (ceil(q_x / S) x (1 + w(l_x) /
@@ -639,8 +663,10 @@ impl Scheduler {
     /// charges each turn its cost to the budget over the VM's weight, so
     /// another VM costs the budget at most `1 + w_x / w` batches per turn
     /// of this one, and a VM whose queues outnumber the slots takes
-    /// `ceil(q / S)` batches), `F` = 32 (one batch per budget period `F x (B + 2 x
-    /// save_ns)`), `B` the aging batch, and `m = ceil(job_ns / (B - 2 x
+    /// `ceil(q / S)` batches), `F` = 32 (one batch per budget period `F x (B + Y + 2 x
+    /// save_ns)`), `B` the aging batch, `Y` its yield allowance (a batch
+    /// pauses for demand-limited higher VMs for at most `Y`, counting a
+    /// save and restore per pause, and ends that much later), and `m = ceil(job_ns / (B - 2 x
     /// save_ns))` the turns the job needs (each turn runs it for the batch
     /// less a save of the work it displaces and its own restore; CWSR keeps
     /// its progress between turns, and after a turn it waits `age_wait`
@@ -675,7 +701,11 @@ impl Scheduler {
                 )
             },
         );
-        let per = AGING_BATCH_NS.saturating_add(save_ns.saturating_mul(2));
+        // A batch lasts at most `B + Y` (its pauses for demand-limited
+        // higher VMs, `Y` in all, make it end that much later) and costs
+        // the budget at most that plus one save and restore.
+        let wall = AGING_BATCH_NS.saturating_add(AGING_YIELD_NS);
+        let per = wall.saturating_add(save_ns.saturating_mul(2));
         let turn = age_wait(cfg, level as u16)
             .saturating_add(
                 turns_w
@@ -683,7 +713,7 @@ impl Scheduler {
                     .saturating_mul(per)
                     .div_ceil(w),
             )
-            .saturating_add(AGING_BATCH_NS);
+            .saturating_add(wall);
         let run = AGING_BATCH_NS
             .saturating_sub(save_ns.saturating_mul(2))
             .max(1);
@@ -693,6 +723,13 @@ impl Scheduler {
     /// Longest aging batch, ns: boosted queues run at most this long in a
     /// row (`B` in [`Scheduler::aging_bound_job_ns`]).
     pub const AGING_BATCH_NS: Nanos = AGING_BATCH_NS;
+
+    /// Yield allowance of an aging batch, ns (`Y` in
+    /// [`Scheduler::aging_bound_job_ns`]): the batch's pauses for
+    /// demand-limited higher VMs, each counted with one save and restore
+    /// when the batch's work was saved, take at most this; the batch then
+    /// ends as much later.
+    pub const AGING_YIELD_NS: Nanos = AGING_YIELD_NS;
 
     /// State and slot of a queue.
     pub fn queue_state(&self, queue: QueueId) -> Option<(QueueState, Option<SlotId>)> {

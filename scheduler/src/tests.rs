@@ -20,6 +20,11 @@ struct World {
     /// Time each queue last became waiting (Ready/Saved); removed when it runs.
     waiting_since: BTreeMap<QueueId, Nanos>,
     max_wait: BTreeMap<QueueId, Nanos>,
+    /// Longest wait (Ready/Saved) per queue, counted up to the event that
+    /// ended it. (`max_wait` counts a wait only up to the last event that
+    /// found the queue still waiting: a wait ended by the next event — a
+    /// map at a batch end, a slice end — is cut short there.)
+    max_wait_full: BTreeMap<QueueId, Nanos>,
     /// First time a priority inversion between (low, high) was seen.
     inversion_since: BTreeMap<(QueueId, QueueId), Nanos>,
     max_inversion: Nanos,
@@ -87,6 +92,7 @@ impl World {
             stopped: BTreeMap::new(),
             waiting_since: BTreeMap::new(),
             max_wait: BTreeMap::new(),
+            max_wait_full: BTreeMap::new(),
             inversion_since: BTreeMap::new(),
             max_inversion: 0,
             next_q: 0,
@@ -200,7 +206,10 @@ impl World {
                     );
                     self.mapped.insert(queue, slot);
                     self.maps.push((self.now, queue));
-                    self.waiting_since.remove(&queue);
+                    if let Some(since) = self.waiting_since.remove(&queue) {
+                        let w = self.max_wait_full.entry(queue).or_default();
+                        *w = (*w).max(self.now - since);
+                    }
                     if self.work[&queue] == 0 {
                         self.pending.push(Event::QueueIdle {
                             queue,
@@ -235,12 +244,19 @@ impl World {
                     self.waiting_since.entry(q).or_insert(now);
                 }
                 _ => {
-                    self.waiting_since.remove(&q);
+                    // A wait that ended at this event lasted until it
+                    // (`max_wait_full`; `max_wait` misses that last part).
+                    if let Some(since) = self.waiting_since.remove(&q) {
+                        let w = self.max_wait_full.entry(q).or_default();
+                        *w = (*w).max(now - since);
+                    }
                 }
             }
         }
         for (&q, &since) in &self.waiting_since {
             let w = self.max_wait.entry(q).or_default();
+            *w = (*w).max(now - since);
+            let w = self.max_wait_full.entry(q).or_default();
             *w = (*w).max(now - since);
         }
         // Priority inversions under a priority policy: a waiting queue that
@@ -955,7 +971,7 @@ proptest! {
             let others: Vec<(u8, u32)> = (0..4).filter(|&j| j != i / 4).map(|j| (levels[j], 4)).collect();
             // A wait for a slot: one turn (a job of at most one batch).
             let bound = Scheduler::aging_bound_job_ns(w.s.config(), level, 4, &others, 4, UNMAP_NS, 1);
-            let waited = w.max_wait.get(q).copied().unwrap_or(0);
+            let waited = w.max_wait_full.get(q).copied().unwrap_or(0);
             prop_assert!(waited <= bound, "{:?} waited {} > {}", q, waited, bound);
         }
     }
@@ -1479,7 +1495,7 @@ proptest! {
         w.run_until(1_500 * MS);
         // The aging turns of the other lower VMs (8 slots); a wait for a
         // slot is one turn (a job of at most one batch).
-        for (q, waited) in &w.max_wait {
+        for (q, waited) in &w.max_wait_full {
             if !flood.contains(q) {
                 let vm = w.vm_of[q].0 as usize - 1;
                 let level = vm_priority(&w, w.vm_of[q]);
@@ -1787,3 +1803,6 @@ mod share_tests;
 
 #[path = "use_rate_tests.rs"]
 mod use_rate_tests;
+
+#[path = "aging_yield_tests.rs"]
+mod aging_yield_tests;

@@ -369,6 +369,12 @@ impl Scheduler {
         owner: SliceOwner,
     ) -> Option<u16> {
         let r = r.filter(|r| r.vm == owner.vm)?;
+        // An aging batch paused for this owner: its queues are the lower
+        // work that runs beside it (the pause is the batch's time; another
+        // lower level there would take it and save the batch's work).
+        if let Some(l) = self.paused_batch_level(p, owner.level) {
+            return Some(l);
+        }
         let part = &self.parts[p];
         let running = if establish && r.k > 0 {
             None

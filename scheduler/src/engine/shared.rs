@@ -87,7 +87,12 @@ impl Scheduler {
                         let cause = Cause::new(Some(vm), PreemptReason::QueuePriority);
                         self.unmap(v, mode, Reason::Preempt(mode, cause))
                     }
-                    _ => break,
+                    // This queue cannot take a slot from lower work, and no
+                    // later one can (they rank no higher against the same
+                    // lowest running queue), but a later one may still
+                    // outrank a running queue of its own VM: go on (the
+                    // list is bounded by `reach`).
+                    _ => continue,
                 },
             }
         }

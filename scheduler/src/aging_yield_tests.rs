@@ -7,16 +7,21 @@
 
 use super::*;
 
+/// An empty partition of 8 slots with aging after 100 ms at priority 0.
+fn aging_world() -> World {
+    let c = SchedConfig {
+        aging_ns: 100 * MS,
+        ..cfg(Policy::Hqdmux)
+    };
+    World::new(c, slots(1, 2, 4))
+}
+
 /// A partition of 8 slots with aging after 100 ms at priority 0: an
 /// always-busy VM at priority 8 (backlogged) over an always-busy one at
 /// priority 2 (starved: served only by aging). Returns the world and the
 /// two queues.
 fn starved_world() -> (World, QueueId, QueueId) {
-    let c = SchedConfig {
-        aging_ns: 100 * MS,
-        ..cfg(Policy::Hqdmux)
-    };
-    let mut w = World::new(c, slots(1, 2, 4));
+    let mut w = aging_world();
     let mid = w.vm(1, 8, 1, 1)[0];
     w.submit(mid, 10_000_000 * MS);
     let low = w.vm(2, 2, 1, 1)[0];
@@ -85,11 +90,7 @@ fn a_backlogged_higher_vm_does_not_pause_a_batch() {
 #[test]
 fn a_higher_vm_pretending_to_be_demand_limited_does_not_starve_aging() {
     for (job, think) in [(1_000, 60_000), (300_000, 60_000), (900_000, 200_000)] {
-        let c = SchedConfig {
-            aging_ns: 100 * MS,
-            ..cfg(Policy::Hqdmux)
-        };
-        let mut w = World::new(c, slots(1, 2, 4));
+        let mut w = aging_world();
         let flood = w.vm(1, 12, 1, 1)[0];
         w.submit(flood, 10_000_000 * MS);
         let five = w.vm(2, 5, 1, 1)[0];

@@ -297,6 +297,33 @@ impl CuMask {
         self.bits.iter().all(|w| *w == 0)
     }
 
+    /// The CUs in the mask in round-robin order from `start`: those at or
+    /// after it, ascending, then those before it. Skips empty words, so a
+    /// sparse mask costs a few word reads, not one step per CU.
+    pub fn iter_from(&self, start: u32) -> impl Iterator<Item = u32> + '_ {
+        let start = if start < self.len { start } else { 0 };
+        self.ones_in(start, self.len).chain(self.ones_in(0, start))
+    }
+
+    /// The CUs in the mask in `lo..hi`, ascending.
+    fn ones_in(&self, lo: u32, hi: u32) -> impl Iterator<Item = u32> + '_ {
+        let (first, last) = (lo / 64, hi.div_ceil(64));
+        (first..last).flat_map(move |i| {
+            let mut w = self.bits.get(i as usize).copied().unwrap_or(0);
+            if i == first && lo % 64 != 0 {
+                w &= !0u64 << (lo % 64);
+            }
+            std::iter::from_fn(move || {
+                (w != 0).then(|| {
+                    let b = w.trailing_zeros();
+                    w &= w - 1;
+                    i * 64 + b
+                })
+            })
+            .filter(move |&c| c >= lo && c < hi)
+        })
+    }
+
     /// Lowest CU in both this mask and `free` (a mask of the same length).
     pub fn first_in(&self, free: &CuMask) -> Option<u32> {
         self.bits
@@ -583,5 +610,41 @@ pub trait PhysGpu: Send {
     ) -> Option<DispatchEstimate> {
         let _ = (mem, dispatch);
         None
+    }
+}
+
+#[cfg(test)]
+mod cu_mask_tests {
+    use super::CuMask;
+
+    /// `iter_from` visits exactly the set CUs, each once, in round-robin
+    /// order from `start`, for every start and a spread of masks (across
+    /// word boundaries, empty, full, partial last word).
+    #[test]
+    fn iter_from_is_round_robin_over_the_set_cus() {
+        for len in [1u32, 63, 64, 65, 130, 304] {
+            for pattern in 0..6u32 {
+                let mut m = CuMask::none(len);
+                for c in 0..len {
+                    let on = match pattern {
+                        0 => false,
+                        1 => true,
+                        2 => c % 2 == 0,
+                        3 => c % 7 == 3,
+                        4 => c == len - 1,
+                        _ => c.wrapping_mul(2_654_435_761) % 5 < 2,
+                    };
+                    if on {
+                        m.insert(c);
+                    }
+                }
+                for start in [0, 1, 63, 64, 65, len / 2, len - 1, len, len + 9] {
+                    let got: Vec<u32> = m.iter_from(start).collect();
+                    let s = if start < len { start } else { 0 };
+                    let want: Vec<u32> = (s..len).chain(0..s).filter(|&c| m.contains(c)).collect();
+                    assert_eq!(got, want, "len {len} pattern {pattern} start {start}");
+                }
+            }
+        }
     }
 }

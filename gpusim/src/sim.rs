@@ -341,6 +341,9 @@ struct Part {
     cu_guest: Vec<u32>,
     /// Per CU: footprint of the owner's workgroup.
     cu_fp: Vec<Footprint>,
+    /// CUs with an owner and no guest: where a guest may go. Kept with
+    /// `cu_owner` and `cu_guest` so a guest search visits only these.
+    lanes: CuMask,
     /// Per CU: CU time guests took from the owner's batch on it.
     cu_debt: Vec<Nanos>,
     /// Where the next guest search starts (round robin over CUs).
@@ -407,6 +410,7 @@ impl SimGpu {
                 rr: 0,
                 cu_guest: vec![0; topo.cus_per_partition() as usize],
                 cu_fp: vec![Footprint::WHOLE; topo.cus_per_partition() as usize],
+                lanes: CuMask::none(topo.cus_per_partition()),
                 cu_debt: vec![0; topo.cus_per_partition() as usize],
                 guest_rr: 0,
             })

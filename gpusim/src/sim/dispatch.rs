@@ -15,6 +15,13 @@ impl SimGpu {
             self.parts[pi].free_mask.count(),
             "free CU count and free CU set disagree"
         );
+        debug_assert!(
+            (0..self.parts[pi].cu_owner.len()).all(|cu| {
+                let part = &self.parts[pi];
+                part.lanes.contains(cu as u32) == (part.cu_owner[cu] != 0 && part.cu_guest[cu] == 0)
+            }),
+            "guest lanes and CU owners disagree"
+        );
         while self.parts[pi].free_cus > 0 {
             let mut chosen = None;
             for k in 0..n {
@@ -110,10 +117,10 @@ impl SimGpu {
             return false;
         }
         let mut host = None;
-        let ncu = part.cu_owner.len();
-        for k in 0..ncu {
-            // Round robin over CUs, as the dispatcher spreads workgroups.
-            let cu = (part.guest_rr + k) % ncu;
+        // Round robin over CUs, as the dispatcher spreads workgroups: only
+        // those with an owner and no guest yet.
+        for cu in part.lanes.iter_from(part.guest_rr as u32) {
+            let cu = cu as usize;
             let owner = part.cu_owner[cu];
             if owner == 0
                 || owner == slot + 1
@@ -189,6 +196,7 @@ impl SimGpu {
         q.inflight += 1;
         let qgen = q.gen;
         self.parts[p].cu_guest[cu as usize] = slot + 1;
+        self.parts[p].lanes.remove(cu);
         self.parts[p].guest_rr = (cu as usize + 1) % self.parts[p].cu_guest.len();
         self.stats.coresident_wgs += 1;
         self.push_wg(Wg {
@@ -299,6 +307,7 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
+        set_lane(part, cu);
         part.cu_fp[cu as usize] = fp;
         part.cu_debt[cu as usize] = 0;
         cu
@@ -366,6 +375,7 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
+        set_lane(part, cu);
         part.cu_fp[cu as usize] = packet_fp(q, id);
         self.parts[p].free_cus -= 1;
         let end = now.saturating_add(dur);
@@ -491,12 +501,23 @@ pub(super) fn packet_fp(q: &Hqd, id: u64) -> Footprint {
         .unwrap_or(Footprint::WHOLE)
 }
 
+/// `cu`'s guest lane is open exactly when it has an owner and no guest.
+fn set_lane(part: &mut Part, cu: u32) {
+    let i = cu as usize;
+    if part.cu_owner.get(i).is_some_and(|&o| o != 0) && part.cu_guest.get(i) == Some(&0) {
+        part.lanes.insert(cu);
+    } else {
+        part.lanes.remove(cu);
+    }
+}
+
 /// A live workgroup on `cu` finished: the CU is free, unless a guest
 /// workgroup still runs on it (it becomes free when the guest leaves).
 /// Returns whether it is free now (the caller counts it).
 pub(super) fn release_cu(part: &mut Part, cu: u32) -> bool {
     if let Some(o) = part.cu_owner.get_mut(cu as usize) {
         *o = 0;
+        part.lanes.remove(cu);
         if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
             return false;
         }
@@ -531,6 +552,7 @@ pub(super) fn release_guest(part: &mut Part, cu: u32, slot: u32) -> bool {
         return false;
     }
     *g = 0;
+    set_lane(part, cu);
     if part.cu_owner[cu as usize] == 0 && !part.free_mask.contains(cu) {
         part.free_mask.insert(cu);
         part.free_cus += 1;

@@ -913,7 +913,7 @@ impl Scheduler {
             },
             Event::Tick { .. } => {}
         }
-        let poll = self.cfg.policy == Policy::Poll5ms && now >= self.next_poll;
+        let poll = self.ops().decision == Decision::PollFix && now >= self.next_poll;
         if poll {
             self.next_poll = now + self.cfg.poll_ns.max(1);
         }
@@ -945,18 +945,15 @@ impl Scheduler {
             }
             self.evict(q);
         }
-        if self.cfg.policy.uses_priority() {
+        if self.ops().by_priority {
             self.age(p);
         }
-        match self.cfg.policy {
-            Policy::Hqdmux | Policy::Reset if self.slices() => self.decide_exclusive(p),
-            Policy::Hqdmux | Policy::Reset if self.cfg.exclusive => {
-                self.decide_shared(p, true, true)
-            }
-            Policy::Timeslice => self.decide_exclusive(p),
-            Policy::Hqdmux | Policy::Reset => self.decide_shared(p, true, false),
-            Policy::Poll5ms => self.decide_shared(p, poll, true),
-            Policy::Fifo => self.decide_shared(p, false, false),
+        match self.ops().decision {
+            Decision::Priority if self.slices() => self.decide_exclusive(p),
+            Decision::Priority => self.decide_shared(p, true, self.cfg.exclusive),
+            Decision::Timeslice => self.decide_exclusive(p),
+            Decision::PollFix => self.decide_shared(p, poll, true),
+            Decision::RoundRobin => self.decide_shared(p, false, false),
         }
         if matches!(self.split, Some(Some(_))) {
             return;
@@ -1069,7 +1066,7 @@ fn age_wait(cfg: &SchedConfig, level: u16) -> Nanos {
 }
 
 fn weight(v: &Vm, pol: Policy) -> u128 {
-    if pol == Policy::Timeslice {
+    if !pol.ops().weighted {
         1
     } else {
         v.params.weight.max(1) as u128

@@ -23,11 +23,13 @@
 //! cannot raise itself above its equals.
 
 mod engine;
+mod policy;
 mod spatial;
 #[cfg(test)]
 mod tests;
 
 pub use engine::{DoorbellPlan, EngineStats, FastStats, Scheduler};
+pub use policy::{Decision, Policy, PolicyOps, QuantumRule};
 pub use spatial::{CuSet, SpatialStats};
 
 use serde::Deserialize;
@@ -72,60 +74,6 @@ pub struct SlotDesc {
     pub pipe: u32,
     /// Queue within the pipe.
     pub queue: u32,
-}
-
-/// Scheduling policy. `Hqdmux` is the product; the others are baselines
-/// (docs/scheduling.md, design.md §5) run by the same engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// Priority levels, CWSR preemption at once, weighted time slices among
-    /// equals, aging.
-    Hqdmux,
-    /// HWS-like: no priorities, busy queues co-run, round robin with CWSR when
-    /// there are more busy queues than slots.
-    Fifo,
-    /// The seed design: queues are mapped when slots are free; priority
-    /// inversions are found and fixed (CWSR) by a poll every `poll_ns`.
-    Poll5ms,
-    /// vGPU-like: exclusive fixed equal slices, round robin over busy VMs,
-    /// priorities and weights ignored.
-    Timeslice,
-    /// REEF-like: as `Hqdmux`, but preemption kills in-flight waves
-    /// (RESET_WAVES) and the interrupted kernels are re-run.
-    Reset,
-}
-
-impl Policy {
-    /// Every policy, in report order.
-    pub const ALL: [Policy; 5] = [
-        Policy::Hqdmux,
-        Policy::Fifo,
-        Policy::Poll5ms,
-        Policy::Timeslice,
-        Policy::Reset,
-    ];
-
-    /// Name used on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Hqdmux => "hqdmux",
-            Policy::Fifo => "fifo",
-            Policy::Poll5ms => "poll5ms",
-            Policy::Timeslice => "timeslice",
-            Policy::Reset => "reset",
-        }
-    }
-
-    /// Parses a policy name.
-    pub fn from_name(s: &str) -> Option<Policy> {
-        Policy::ALL.into_iter().find(|p| p.name() == s)
-    }
-
-    /// Does the policy order queues by priority?
-    pub fn uses_priority(self) -> bool {
-        matches!(self, Policy::Hqdmux | Policy::Poll5ms | Policy::Reset)
-    }
 }
 
 /// How a slot is unloaded: the HQD dequeue request (`CP_HQD_DEQUEUE_REQUEST`

@@ -5,6 +5,11 @@
 use super::*;
 
 impl Scheduler {
+    /// The current policy's row of behaviours.
+    pub(super) fn ops(&self) -> &'static PolicyOps {
+        self.cfg.policy.ops()
+    }
+
     /// Exclusive per-VM slices at the top level (the default)?
     pub(super) fn slices(&self) -> bool {
         self.cfg.exclusive && !self.cfg.corun_equals
@@ -12,21 +17,17 @@ impl Scheduler {
 
     /// Slice length at a level (VM priority, or the boost level).
     pub(super) fn quantum(&self, level: u16) -> Nanos {
-        let q = match self.cfg.policy {
-            Policy::Timeslice | Policy::Fifo => self.cfg.baseline_quantum_ns,
+        let q = match self.ops().quantum {
+            QuantumRule::Baseline => self.cfg.baseline_quantum_ns,
             // Boosted VMs take turns by whole jobs (the batch ends them).
-            _ if level >= BOOST_LEVEL => AGING_BATCH_NS,
-            _ => self.cfg.quantum_ns[level.min(15) as usize],
+            QuantumRule::PerLevel if level >= BOOST_LEVEL => AGING_BATCH_NS,
+            QuantumRule::PerLevel => self.cfg.quantum_ns[level.min(15) as usize],
         };
         q.max(self.cfg.min_run_ns).max(1)
     }
 
     pub(super) fn preempt_mode(&self) -> DequeueMode {
-        if self.cfg.policy == Policy::Reset {
-            DequeueMode::ResetWaves
-        } else {
-            DequeueMode::SaveWaves
-        }
+        self.ops().preempt
     }
 
     /// Exclusive slices: one VM at the top busy level holds the partition;
@@ -386,7 +387,7 @@ impl Scheduler {
     /// [`Self::lag_waker`]): the owner's virtual time grows while it runs.
     /// `None`: no woken VM can be.
     pub(super) fn lag_ready_at(&self, p: usize, o: SliceOwner, top: u16) -> Option<Nanos> {
-        if top >= BOOST_LEVEL || o.level != top || !self.cfg.policy.uses_priority() {
+        if top >= BOOST_LEVEL || o.level != top || !self.ops().by_priority {
             return None;
         }
         let pol = self.cfg.policy;

@@ -142,7 +142,7 @@ impl Scheduler {
         victims.clear();
         let now = now.max(self.now);
         if self.split.is_some()
-            || !matches!(self.cfg.policy, Policy::Hqdmux | Policy::Reset)
+            || !self.ops().fast_path
             || !self.slices()
             || !self.actions.is_empty()
             || !self.spatial.changes.is_empty()
@@ -236,7 +236,7 @@ impl Scheduler {
             * u64::from(self.cfg.spatial_max_permille.min(1000))
             / 1000;
         self.spatial.enabled()
-            && self.cfg.policy == Policy::Hqdmux
+            && self.ops().spatial
             && self.slices()
             && self.cfg.spatial_max_permille > 0
             && cap >= 1

@@ -8,7 +8,7 @@ impl Scheduler {
     /// Anticipation grace of a VM: twice its re-ring gap (at least
     /// [`MIN_GRACE_NS`]) when that fits in `anticipation_ns`, else 0.
     pub(super) fn grace(&self, vm: VmId) -> Nanos {
-        if !self.cfg.policy.uses_priority() || self.cfg.anticipation_ns == 0 {
+        if !self.ops().by_priority || self.cfg.anticipation_ns == 0 {
             return 0;
         }
         let g = self
@@ -29,7 +29,7 @@ impl Scheduler {
     /// moving average of the partition's CWSR saves as the save and the
     /// restore (0 before any save was seen: nothing to weigh).
     pub(super) fn cost_hold_at_drain(&self, p: usize, vm: VmId) -> Nanos {
-        if !self.cfg.policy.uses_priority() || self.cfg.anticipation_ns == 0 {
+        if !self.ops().by_priority || self.cfg.anticipation_ns == 0 {
             return 0;
         }
         let switch = self.parts[p].aging.save_ewma.saturating_mul(2);

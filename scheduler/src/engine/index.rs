@@ -238,7 +238,7 @@ impl Scheduler {
     /// is its VM's priority ([`BOOST_LEVEL`] while aged). Levels order
     /// queues across VMs; the low bits only order queues of one VM.
     pub(super) fn key_of(&self, q: &Queue) -> u16 {
-        if !self.cfg.policy.uses_priority() {
+        if !self.ops().by_priority {
             return 0;
         }
         let level = if q.boosted {

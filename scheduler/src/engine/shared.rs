@@ -14,7 +14,7 @@ impl Scheduler {
         let now = self.now;
         let mode = self.preempt_mode();
         let top = self.parts[p].top().unwrap_or(0);
-        let prio = self.cfg.policy.uses_priority();
+        let prio = self.ops().by_priority;
         if preempt && self.cfg.exclusive {
             let low: Vec<QueueId> = self.parts[p]
                 .running
@@ -60,7 +60,7 @@ impl Scheduler {
                 break;
             }
             // No slot: take one from lower work (or, for fifo, round robin).
-            let fifo = self.cfg.policy == Policy::Fifo;
+            let fifo = self.ops().decision == Decision::RoundRobin;
             let own_lower = self.vms[&vm]
                 .running
                 .first()

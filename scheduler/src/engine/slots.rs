@@ -203,7 +203,7 @@ impl Scheduler {
             below_top = self.parts[p].top().is_some_and(|t| t > level);
         }
         self.sync_vt(vm);
-        if below_top && self.cfg.policy.uses_priority() {
+        if below_top && self.ops().by_priority {
             let a = &mut self.parts[p].aging;
             a.next_batch = a
                 .next_batch

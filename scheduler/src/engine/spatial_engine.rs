@@ -4,7 +4,7 @@
 
 use super::{lvl, Scheduler, SliceOwner, BOOST_LEVEL};
 use crate::spatial::{Reservation, Spatial};
-use crate::{CuSet, Nanos, Policy, QueueId, SlotId, SpatialStats, VmId};
+use crate::{CuSet, Nanos, QueueId, SlotId, SpatialStats, VmId};
 
 impl Scheduler {
     /// Enables spatial sharing for a GPU with `cus_per_xcc` CUs per XCC and
@@ -73,7 +73,7 @@ impl Scheduler {
 
     pub(super) fn spatial_on(&self) -> bool {
         self.spatial.enabled()
-            && self.cfg.policy == Policy::Hqdmux
+            && self.ops().spatial
             && self.slices()
             && self.cfg.spatial_max_permille > 0
     }

@@ -51,7 +51,7 @@ impl Scheduler {
     pub(super) fn deadlines(&self, out: &mut Vec<Deadline>) {
         out.clear();
         let now = self.now;
-        let prio = self.cfg.policy.uses_priority();
+        let prio = self.ops().by_priority;
         let mut any_busy = false;
         for (pi, p) in self.parts.iter().enumerate() {
             let mut add = |kind, at| {
@@ -76,9 +76,10 @@ impl Scheduler {
             }
             let Some(top) = p.top() else { continue };
             any_busy = true;
-            match self.cfg.policy {
-                Policy::Hqdmux | Policy::Reset | Policy::Timeslice
-                    if self.slices() || self.cfg.policy == Policy::Timeslice =>
+            let decision = self.ops().decision;
+            match decision {
+                Decision::Priority | Decision::Timeslice
+                    if self.slices() || decision == Decision::Timeslice =>
                 {
                     if let Some(o) = p.owner {
                         if let Some(d) = o.drained {
@@ -105,7 +106,7 @@ impl Scheduler {
                         }
                     }
                 }
-                Policy::Hqdmux | Policy::Reset => {
+                Decision::Priority => {
                     // A lower running queue protected by its minimum run
                     // while a higher one waits (or, exclusive, is busy).
                     if let Some(&(l, since, _)) = p.running.first() {
@@ -117,7 +118,7 @@ impl Scheduler {
                         }
                     }
                 }
-                Policy::Fifo => {
+                Decision::RoundRobin => {
                     if let (Some(&(_, since, q)), false) = (p.running.first(), p.ready.is_empty()) {
                         add(TimerKind::FifoSlice, since + self.queue_slice(q));
                     }
@@ -125,7 +126,7 @@ impl Scheduler {
                 _ => {}
             }
         }
-        if self.cfg.policy == Policy::Poll5ms && any_busy {
+        if self.ops().decision == Decision::PollFix && any_busy {
             out.push(Deadline {
                 kind: TimerKind::Poll,
                 part: None,

@@ -122,7 +122,7 @@ impl Scheduler {
     /// the previous owner's slice began (`since`; any time when there was
     /// none) and is under its share by use rate at `top`?
     pub(super) fn use_waker(&self, p: usize, vm: VmId, since: Option<Nanos>, top: u16) -> bool {
-        if top >= BOOST_LEVEL || !self.cfg.policy.uses_priority() {
+        if top >= BOOST_LEVEL || !self.ops().by_priority {
             return false;
         }
         let Some(v) = self.vms.get(&vm) else {

@@ -310,7 +310,7 @@ impl CuMask {
         let (first, last) = (lo / 64, hi.div_ceil(64));
         (first..last).flat_map(move |i| {
             let mut w = self.bits.get(i as usize).copied().unwrap_or(0);
-            if i == first && lo % 64 != 0 {
+            if i == first && !lo.is_multiple_of(64) {
                 w &= !0u64 << (lo % 64);
             }
             std::iter::from_fn(move || {

@@ -124,6 +124,10 @@ pub struct SimStats {
     pub signals_decremented: u64,
 }
 
+/// Smallest heap length at which stale timers are dropped from the whole
+/// heap (below it, dropping them from the top as they come is cheap).
+const MIN_HEAP_COMPACT: usize = 4096;
+
 /// A blocked queue's re-check interval doubles from `barrier_poll_ns` up to
 /// `barrier_poll_ns << BLOCKED_POLL_MAX_SHIFT` (512x: 1.024 ms by default).
 pub const BLOCKED_POLL_MAX_SHIFT: u32 = 9;
@@ -360,6 +364,11 @@ pub struct SimGpu {
     wgs: Vec<Wg>,
     free_wgs: Vec<u32>,
     heap: BinaryHeap<Reverse<(Nanos, u64, Timer)>>,
+    /// Heap length at which stale timers are dropped from the whole heap
+    /// (twice its live length after the last drop): a batch re-armed or
+    /// ended leaves its old timer behind, and a run of preemptions can
+    /// leave far more stale timers than live ones.
+    heap_compact_at: usize,
     seq: u64,
     next_gen: u64,
     now: Nanos,
@@ -427,6 +436,7 @@ impl SimGpu {
             wgs: Vec::new(),
             free_wgs: Vec::new(),
             heap: BinaryHeap::new(),
+            heap_compact_at: MIN_HEAP_COMPACT,
             seq: 0,
             next_gen: 1,
             now: 0,
@@ -468,6 +478,20 @@ impl SimGpu {
     fn arm(&mut self, at: Nanos, t: Timer) {
         self.seq += 1;
         self.heap.push(Reverse((at, self.seq, t)));
+        if self.heap.len() >= self.heap_compact_at {
+            self.drop_stale_timers();
+        }
+    }
+
+    /// Drops every stale timer from the heap (not only from its top, as
+    /// [`Self::purge_stale`]): amortised O(1) per armed timer, as the next
+    /// drop waits for the heap to double. A stale timer fires nothing, so
+    /// dropping it early changes no run.
+    fn drop_stale_timers(&mut self) {
+        let mut v = std::mem::take(&mut self.heap).into_vec();
+        v.retain(|Reverse((_, _, t))| !self.timer_stale(t));
+        self.heap = BinaryHeap::from(v);
+        self.heap_compact_at = self.heap.len().saturating_mul(2).max(MIN_HEAP_COMPACT);
     }
 
     /// Processes internal timers up to `t`. With an event budget (real time)
@@ -525,6 +549,8 @@ impl SimGpu {
                 let b = &self.batches[idx as usize];
                 !b.live || b.gen != gen
             }
+            // A saved or killed workgroup's timer ([`dispatch::retire_wg`]).
+            Timer::WgDone { idx, gen } => self.wgs[idx as usize].gen != gen,
             _ => false,
         }
     }
@@ -592,9 +618,9 @@ impl SimGpu {
         // Kill its in-flight workgroups and batches; free every CU the slot
         // holds (theirs, a save's held waves, a batch cut short by an error).
         if q.inflight > 0 {
-            for w in self.wgs.iter_mut() {
+            for (wi, w) in self.wgs.iter_mut().enumerate() {
                 if w.live && w.slot == slot && w.qgen == q.gen {
-                    w.live = false;
+                    dispatch::retire_wg(w, wi, &mut self.free_wgs);
                 }
             }
         }

@@ -501,6 +501,16 @@ pub(super) fn packet_fp(q: &Hqd, id: u64) -> Footprint {
         .unwrap_or(Footprint::WHOLE)
 }
 
+/// A workgroup ended before its time (saved or killed): it is no longer
+/// live, its index is free at once, and its completion timer is stale (a
+/// new generation), so the timer heap can drop it rather than hold it
+/// until the time the workgroup would have ended.
+pub(super) fn retire_wg(w: &mut Wg, idx: usize, free: &mut Vec<u32>) {
+    w.live = false;
+    w.gen = w.gen.wrapping_add(1);
+    free.push(idx as u32);
+}
+
 /// `cu`'s guest lane is open exactly when it has an owner and no guest.
 fn set_lane(part: &mut Part, cu: u32) {
     let i = cu as usize;

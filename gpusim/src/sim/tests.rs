@@ -2276,3 +2276,53 @@ fn error_18_at_map_loses_no_work_and_the_repaired_record_resumes_exactly_once() 
     vm.verify(&a).unwrap();
     assert_eq!(gpu.stats().wgs_completed, 64);
 }
+
+/// A saved batch or workgroup leaves its end timer behind in the heap
+/// (stale: it fires nothing), behind a live timer that keeps it from the
+/// heap's top. Saved and mapped again 3 x [`MIN_HEAP_COMPACT`] times, a
+/// queue's stale timers are dropped as they pile up, so the heap stays
+/// below twice the bound; and both kernels still complete exactly once.
+#[test]
+fn stale_timers_of_saved_work_do_not_pile_up() {
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm, mut q) = one_queue(topo.clone());
+    // A live timer ahead of every stale one (so that dropping stale
+    // timers from the heap's top alone cannot keep up): one workgroup of
+    // another queue, ending before any of the saved batches would.
+    let mut blocker = vm.queue(&topo, 64, 5);
+    vm.kernel(
+        &mut blocker,
+        KernelKind::Mark,
+        1,
+        4,
+        500_000_000_000,
+        4,
+        false,
+    );
+    gpu.map(0, map_req(&vm, &blocker, 2, 8)).unwrap();
+    // Long workgroups: every map starts a batch whose end is far ahead.
+    vm.kernel(&mut q, KernelKind::Mark, 3, 4, 1_000_000_000_000, 3, false);
+    let mut t = 0;
+    let mut max_len = 0;
+    for i in 0..3 * MIN_HEAP_COMPACT as u32 {
+        let slot = i % 2;
+        gpu.map(t, map_req(&vm, &q, slot, 7)).unwrap();
+        // Restored and running (a batch started) when the save comes.
+        let mut ev = Vec::new();
+        run_virtual(&mut gpu, t, t + 1_000_000, &mut ev);
+        gpu.unmap(t + 1_000_000, SlotId(slot), DequeueMode::SaveWaves)
+            .unwrap();
+        run_virtual(&mut gpu, t + 1_000_000, t + 100_000_000, &mut ev);
+        let (mqd, has_work, _, at) = unmapped(&ev).expect("saved");
+        assert!(has_work, "cycle {i}");
+        q.mqd = mqd;
+        t = at + 100;
+        max_len = max_len.max(gpu.heap.len());
+    }
+    assert!(max_len < 2 * MIN_HEAP_COMPACT, "heap reached {max_len}");
+    gpu.map(t, map_req(&vm, &q, 0, 7)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, t, u64::MAX, &mut ev);
+    vm.verify(&q).unwrap();
+    vm.verify(&blocker).unwrap();
+}

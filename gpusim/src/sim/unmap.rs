@@ -192,7 +192,7 @@ impl SimGpu {
                 let mut n = 0u32;
                 let mut unsaved = 0u32;
                 let mut guests = 0u32;
-                for w in self.wgs.iter_mut() {
+                for (wi, w) in self.wgs.iter_mut().enumerate() {
                     if w.live && w.slot == s && w.qgen == gen {
                         // Waves of a kernel without a save point keep
                         // running; the save waits for them.
@@ -203,7 +203,7 @@ impl SimGpu {
                             unsaved += 1;
                             continue;
                         }
-                        w.live = false;
+                        retire_wg(w, wi, &mut self.free_wgs);
                         n += 1;
                         if let Some(a) = q.active.iter_mut().find(|a| a.id == w.id) {
                             a.inflight -= 1;
@@ -265,9 +265,9 @@ impl SimGpu {
                     }
                 }
                 let q = self.slots[s as usize].as_mut().expect("slot");
-                for w in self.wgs.iter_mut() {
+                for (wi, w) in self.wgs.iter_mut().enumerate() {
                     if w.live && w.slot == s && w.qgen == gen {
-                        w.live = false;
+                        retire_wg(w, wi, &mut self.free_wgs);
                         killed += 1;
                     }
                 }

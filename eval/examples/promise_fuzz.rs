@@ -146,9 +146,10 @@ fn main() -> ExitCode {
         sum.add(&v);
         if !quiet {
             println!(
-                "seed {s} {:<8} {} ms virtual, {:.2} host ms/virtual ms, {:.0} decisions/virtual ms: {}",
+                "seed {s} {:<8} {} ms virtual, {:.2} host CPU ms/virtual ms ({:.2} wall), {:.0} decisions/virtual ms: {}",
                 g.family.name(),
                 g.scenario.duration_ms,
+                v.host_cpu_ms_per_virtual_ms,
                 v.host_ms_per_virtual_ms,
                 v.decisions_per_virtual_ms,
                 if v.violations.is_empty() { "ok" } else { "FAIL" }
@@ -238,7 +239,9 @@ fn main() -> ExitCode {
         );
     }
     println!(
-        "max host ms per virtual ms {:.3} (seed {}), max decisions per virtual ms {:.0} (seed {})",
+        "max host CPU ms per virtual ms {:.3} (seed {}), max host wall ms per virtual ms {:.3} (seed {}), max decisions per virtual ms {:.0} (seed {})",
+        sum.max_host_cpu_ms_per_virtual_ms.0,
+        sum.max_host_cpu_ms_per_virtual_ms.1,
         sum.max_host_ms_per_virtual_ms.0,
         sum.max_host_ms_per_virtual_ms.1,
         sum.max_decisions_per_virtual_ms.0,

@@ -61,6 +61,10 @@ pub struct PolicyReport {
     /// Host wall ms the simulation of this run alone (not its isolated
     /// baseline) spent per ms of virtual time: the simulation's cost.
     pub host_ms_per_virtual_ms: f64,
+    /// The same in host CPU ms of the simulating thread: the cost without
+    /// the time a loaded machine made it wait (the figure the cost bound
+    /// is checked against).
+    pub host_cpu_ms_per_virtual_ms: f64,
     /// Scheduler decisions (events handled by the engine) per ms of
     /// virtual time: the same cost in virtual terms, independent of the
     /// host's speed and load.

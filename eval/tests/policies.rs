@@ -188,6 +188,7 @@ fn runs_are_deterministic_for_a_seed() {
     let strip = |mut r: PolicyReport| {
         r.host_ms = 0.0;
         r.host_ms_per_virtual_ms = 0.0;
+        r.host_cpu_ms_per_virtual_ms = 0.0;
         r.decision_p99_ns = 0.0;
         r
     };

@@ -203,11 +203,12 @@ pub fn run(args: &SimArgs) -> ExitCode {
             match evaluate(sc, *p, seed) {
                 Ok(r) => {
                     log::debug!(
-                        "{} / {}: {:.0} ms host time, {:.3} host ms per virtual ms",
+                        "{} / {}: {:.0} ms host time, {:.3} host ms per virtual ms ({:.3} CPU)",
                         r.scenario,
                         r.policy,
                         r.host_ms,
-                        r.host_ms_per_virtual_ms
+                        r.host_ms_per_virtual_ms,
+                        r.host_cpu_ms_per_virtual_ms
                     );
                     rows.push(r);
                 }

@@ -1415,6 +1415,34 @@ fn alone_efficiency(
     Ok(out)
 }
 
+/// A VM's CU time per unit of its share for item 2's CU-time check, as
+/// the range `(lo, hi)` its billed save waits leave open. Without a wait
+/// it is the point `cu / (w x e)` (`e` its shape's efficiency alone).
+/// A VM whose dequeues waited for its own non-preemptible waves
+/// (`VmRun::save_wait_ns`, `s`) is billed those waits: they are partition
+/// time it consumed (a guest flag never buys GPU time), during which only
+/// its finishing waves computed, and `e`, measured alone where nothing is
+/// ever saved, does not hold in them. Its consumption of the partition is
+/// its CU time outside the waits at its own efficiency plus the waits
+/// whole: `(cu_out / e + s x C) / w`, `C` the partition's CUs. The CU
+/// time its waves did inside the waits is not reported apart from the
+/// rest (`0 <= cu_in <= s x C`), so `cu_out` is known only within
+/// `[cu - s x C, cu]`: `lo = cu / (w x e)` (all of it done outside),
+/// `hi = (cu / e + s x C) / w` (none of it). The split of partition time
+/// itself is checked exactly by the billed half of item 2.
+pub fn cu_per_share(
+    cu_time_us: f64,
+    weight: f64,
+    eff: f64,
+    cus: f64,
+    run: &crate::driver::VmRun,
+) -> (f64, f64) {
+    let w = weight.max(1e-9);
+    let lo = cu_time_us / (w * eff.max(1e-9));
+    let wait_cu_us = run.save_wait_ns as f64 / 1e3 * cus;
+    (lo, lo + wait_cu_us / w)
+}
+
 /// Item 2 over the always-busy VMs of each partition (all but `skip`).
 /// The promise's split is of GPU time (partition time, `VmStats::gpu_ns`):
 /// billed GPU time / weight of each within 5% of the level's mean. And
@@ -1422,7 +1450,10 @@ fn alone_efficiency(
 /// alone, `eff`) within 5% of the mean, i.e. each VM does in its share of
 /// the partition the compute its shape does with the partition to itself
 /// (a VM whose shape uses 90% of the CUs alone is entitled to its share
-/// of the partition, not to more partition time to make up the 10%).
+/// of the partition, not to more partition time to make up the 10%); a VM
+/// billed for save waits on its own `no_save_point` waves is a range
+/// ([`cu_per_share`]), its distance from the mean the gap between the
+/// range and the mean (the mean over the ranges' midpoints).
 fn weights_within(
     report: &PolicyReport,
     run: &RunOutput,
@@ -1430,48 +1461,48 @@ fn weights_within(
     eff: &std::collections::BTreeMap<usize, f64>,
     fail: &mut impl FnMut(&'static str, String, String),
 ) {
-    type Parts = std::collections::BTreeMap<u32, Vec<(String, f64)>>;
+    type Parts = std::collections::BTreeMap<u32, Vec<(String, f64, f64)>>;
     let mut cu: Parts = Default::default();
     let mut billed: Parts = Default::default();
+    let cus = run.cus as f64;
     for (r, vm) in run.vm_runs.iter().zip(&report.vms) {
         if skip.contains(&vm.name.as_str()) {
             continue;
         }
         let w = vm.weight.max(1) as f64;
         let e = eff.get(&r.tenant).copied().unwrap_or(1.0);
+        let (lo, hi) = cu_per_share(vm.cu_time_us, w, e, cus, r);
         cu.entry(r.partition)
             .or_default()
-            .push((vm.name.clone(), vm.cu_time_us / (w * e)));
+            .push((vm.name.clone(), lo, hi));
+        let g = r.gpu_ns as f64 / w;
         billed
             .entry(r.partition)
             .or_default()
-            .push((vm.name.clone(), r.gpu_ns as f64 / w));
+            .push((vm.name.clone(), g, g));
     }
     let mut within = |parts: Parts, item: &'static str, what: &str| {
         for (_, x) in parts {
             if x.len() < 2 {
                 continue;
             }
-            let mean = x.iter().map(|e| e.1).sum::<f64>() / x.len() as f64;
+            let mean = x.iter().map(|e| (e.1 + e.2) / 2.0).sum::<f64>() / x.len() as f64;
             if mean <= 0.0 {
                 continue;
             }
+            let dev = |e: &(String, f64, f64)| -> f64 { range_dev(e.1, e.2, mean) };
             let worst = x
                 .iter()
-                .max_by(|a, b| {
-                    (a.1 / mean - 1.0)
-                        .abs()
-                        .total_cmp(&(b.1 / mean - 1.0).abs())
-                })
+                .max_by(|a, b| dev(a).abs().total_cmp(&dev(b).abs()))
                 .expect("two VMs");
-            let dev = worst.1 / mean - 1.0;
-            if dev.abs() > 0.05 {
+            let d = dev(worst);
+            if d.abs() > 0.05 {
                 fail(
                     item,
                     format!(
                         "{} {what} {:+.1}% of the level's mean ({} VMs)",
                         worst.0,
-                        dev * 100.0,
+                        d * 100.0,
                         x.len()
                     ),
                     "within 5%".into(),
@@ -1481,6 +1512,17 @@ fn weights_within(
     };
     within(cu, "2-weights", "CU time / (weight x efficiency alone)");
     within(billed, "2-weights-billed", "billed GPU time / weight");
+}
+
+/// Relative distance of the range `[lo, hi]` from `mean` (0 inside it).
+fn range_dev(lo: f64, hi: f64, mean: f64) -> f64 {
+    if lo > mean {
+        lo / mean - 1.0
+    } else if hi < mean {
+        hi / mean - 1.0
+    } else {
+        0.0
+    }
 }
 
 // ---- shrinking ---------------------------------------------------------------
@@ -1881,6 +1923,31 @@ pub fn cu_time_named(r: &PolicyReport, prefix: &str) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_billed_save_wait_widens_the_cu_share_by_at_most_the_wait() {
+        let run = |save_wait_ns: u64| crate::driver::VmRun {
+            gpu_ns: 100_000_000,
+            save_wait_ns,
+            ..Default::default()
+        };
+        // No wait: the point CU time / (weight x efficiency).
+        assert_eq!(
+            cu_per_share(800.0, 2.0, 0.8, 100.0, &run(0)),
+            (500.0, 500.0)
+        );
+        // 20 us of waits on 100 CUs: up to 2000 CU-us of the partition
+        // consumed beyond the CU time, per unit of weight.
+        let (lo, hi) = cu_per_share(8000.0, 2.0, 0.8, 100.0, &run(20_000));
+        assert_eq!((lo, hi), (5000.0, 6000.0));
+        // The distance from the mean is to the nearest end of the range.
+        assert_eq!(range_dev(lo, hi, 5500.0), 0.0);
+        assert!((range_dev(lo, hi, 4000.0) - 0.25).abs() < 1e-12);
+        assert!((range_dev(lo, hi, 8000.0) + 0.25).abs() < 1e-12);
+        // A VM short by more than its waits could explain still fails.
+        let (lo, hi) = cu_per_share(6000.0, 2.0, 0.8, 100.0, &run(10_000));
+        assert!(range_dev(lo, hi, 5000.0) < -0.05, "{lo} {hi}");
+    }
 
     #[test]
     fn generation_is_reproducible_and_every_scenario_is_a_valid_file() {

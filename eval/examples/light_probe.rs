@@ -57,6 +57,17 @@ fn main() {
         for v in &r.vm_runs {
             println!("  {}", line(&r, v));
         }
+        // The light VM's slowest jobs: (index, latency ms).
+        if let Some(v) = r.vm_runs.iter().find(|v| v.name == "light") {
+            let mut worst: Vec<(usize, u64)> = v.latency_ns.iter().copied().enumerate().collect();
+            worst.sort_by_key(|e| std::cmp::Reverse(e.1));
+            let w: Vec<String> = worst
+                .iter()
+                .take(4)
+                .map(|(i, l)| format!("#{i} {:.2}", *l as f64 / 1e6))
+                .collect();
+            println!("  light slowest jobs [{}]", w.join(", "));
+        }
         for t in &sc.tenants {
             let alone =
                 simulate(&sc.only_tenants(&[t.name.as_str()]), Policy::Hqdmux, seed).unwrap();

@@ -1447,9 +1447,13 @@ pub fn same_ns_first_job(alone_ns: u64, w: u64, others: u64, q: u64, cwsr: u64) 
     let w = w.max(1) as u128;
     let total = w + others as u128;
     let q = q.max(1) as u128;
-    let shared = (alone_ns as u128 * total / w) * (q + cwsr as u128) / q;
-    let first_round = others as u128 * q / w;
-    (shared + first_round).min(u64::MAX as u128) as u64
+    let shared = (alone_ns as u128)
+        .saturating_mul(total)
+        .saturating_div(w)
+        .saturating_mul(q.saturating_add(cwsr as u128))
+        / q;
+    let first_round = (others as u128).saturating_mul(q) / w;
+    shared.saturating_add(first_round).min(u64::MAX as u128) as u64
 }
 
 /// CU time a tenant entry does per ns of partition time when it runs

@@ -137,6 +137,7 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-61006-3-undershare-latency.toml",
     "fuzz-50067-3-undershare-latency.toml",
     "fuzz-50265-3-undershare-latency.toml",
+    "fuzz-50290-3-undershare-latency.toml",
     "share-light-short.toml",
 ];
 

@@ -128,12 +128,20 @@ impl Scheduler {
             .gpu_ns
             .saturating_add(billed)
             .saturating_sub(v.gpu_at_wake);
+        let w = weight(v, pol);
+        // Every other busy VM weighs at least 1, and the allowance only
+        // shrinks as the others' weight grows: none at that bound means
+        // none (an always-busy VM, most owners, at no cost per busy VM).
+        let others = cands.len().saturating_sub(1) as u128;
+        if v.cycle_use.allowance(used_now, w, w + others) == 0 {
+            return q_end;
+        }
         let total: u128 = cands
             .keys()
             .filter_map(|x| self.vms.get(x))
             .map(|x| weight(x, pol))
             .sum();
-        let left = v.cycle_use.allowance(used_now, weight(v, pol), total);
+        let left = v.cycle_use.allowance(used_now, w, total);
         if left == 0 {
             return q_end;
         }

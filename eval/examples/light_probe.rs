@@ -27,13 +27,14 @@ fn line(r: &RunOutput, v: &VmRun) -> String {
         .collect();
     let w = v.weight.max(1) as f64;
     format!(
-        "{} w{} jobs {} p99 {:.2} ms first [{}] billed/w {:.2} ms cu/w {:.2} ms eff {:.3}",
+        "{} w{} jobs {} p99 {:.2} ms first [{}] billed/w {:.2} ms wait/w {:.2} ms cu/w {:.2} ms eff {:.3}",
         v.name,
         v.weight,
         v.latency_ns.len(),
         p99(v),
         first.join(" "),
         v.gpu_ns as f64 / 1e6 / w,
+        v.save_wait_ns as f64 / 1e6 / w,
         v.cu_ns as f64 / 1e6 / r.cus as f64 / w,
         v.cu_ns as f64 / (r.cus as f64 * v.gpu_ns.max(1) as f64),
     )
@@ -55,6 +56,17 @@ fn main() {
         );
         for v in &r.vm_runs {
             println!("  {}", line(&r, v));
+        }
+        // The light VM's slowest jobs: (index, latency ms).
+        if let Some(v) = r.vm_runs.iter().find(|v| v.name == "light") {
+            let mut worst: Vec<(usize, u64)> = v.latency_ns.iter().copied().enumerate().collect();
+            worst.sort_by_key(|e| std::cmp::Reverse(e.1));
+            let w: Vec<String> = worst
+                .iter()
+                .take(4)
+                .map(|(i, l)| format!("#{i} {:.2}", *l as f64 / 1e6))
+                .collect();
+            println!("  light slowest jobs [{}]", w.join(", "));
         }
         for t in &sc.tenants {
             let alone =

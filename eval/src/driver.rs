@@ -130,6 +130,9 @@ pub struct VmRun {
     pub weight: u32,
     /// GPU time the scheduler charged it (`VmStats::gpu_ns`), ns.
     pub gpu_ns: u64,
+    /// Part of `gpu_ns` its preempted queues' dequeues spent waiting for
+    /// their own non-preemptible waves (`VmStats::save_wait_ns`), ns.
+    pub save_wait_ns: u64,
     /// CU-ns of its completed kernels.
     pub cu_ns: u128,
     /// GPU time its completed kernels take alone on the partition (per
@@ -1018,6 +1021,11 @@ impl Sim<'_> {
                     priority: params.priority,
                     weight: params.weight,
                     gpu_ns: self.bind.scheduler().vm_stats(id).map_or(0, |s| s.gpu_ns),
+                    save_wait_ns: self
+                        .bind
+                        .scheduler()
+                        .vm_stats(id)
+                        .map_or(0, |s| s.save_wait_ns),
                     cu_ns: v.cu_ns,
                     work_ns: v.work_ns,
                     last_done_ns: v.last_done_ns,

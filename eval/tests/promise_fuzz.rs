@@ -135,6 +135,9 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-20121-1-top-share.toml",
     "fuzz-50061-1-top-share-short.toml",
     "fuzz-61006-3-undershare-latency.toml",
+    "fuzz-50067-3-undershare-latency.toml",
+    "fuzz-50265-3-undershare-latency.toml",
+    "fuzz-50290-3-undershare-latency.toml",
     "share-light-short.toml",
 ];
 

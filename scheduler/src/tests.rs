@@ -1804,5 +1804,8 @@ mod share_tests;
 #[path = "use_rate_tests.rs"]
 mod use_rate_tests;
 
+#[path = "long_job_tests.rs"]
+mod long_job_tests;
+
 #[path = "aging_yield_tests.rs"]
 mod aging_yield_tests;

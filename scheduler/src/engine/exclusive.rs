@@ -78,7 +78,7 @@ impl Scheduler {
                 // expiry when others wait, or until an equal that woke below
                 // its share takes over after the owner's minimum run.
                 cands.len() == 1
-                    || (now < o.since + self.vm_slice(o.vm, top)
+                    || (now < self.slice_end(p, o, top)
                         && !(now >= o.since.saturating_add(self.lag_hold(top))
                             && self.lag_waker(p, o, top)))
             }

@@ -96,7 +96,7 @@ impl Scheduler {
                         // past (the timer storm of issue 18).
                         let cands = &p.busy[&top];
                         if o.level >= top && cands.len() > 1 && cands.contains_key(&o.vm) {
-                            add(TimerKind::SliceEnd, o.since + self.vm_slice(o.vm, top));
+                            add(TimerKind::SliceEnd, self.slice_end(pi, o, top));
                             if let Some(t) = self.lag_ready_at(pi, o, top) {
                                 let t = t.max(o.since.saturating_add(self.lag_hold(top)));
                                 if t > now {

@@ -80,7 +80,74 @@ fn ewma(avg: Nanos, x: Nanos) -> Nanos {
     (avg / 4).saturating_mul(3).saturating_add(x / 4)
 }
 
+impl CycleUse {
+    /// GPU time a VM may still use in its busy period in progress (`used_now`
+    /// billed in it so far) and stay within an entitlement `weight / total`
+    /// over its cycle: its average idle per cycle plus the idle of the
+    /// cycle in progress, times `weight / (total - weight)`, less what it
+    /// used. 0 before any cycle has ended and when it is alone (`total <=
+    /// weight`).
+    pub(super) fn allowance(&self, used_now: Nanos, weight: u128, total: u128) -> Nanos {
+        let others = total.saturating_sub(weight);
+        if !self.known || others == 0 {
+            return 0;
+        }
+        let idle = u128::from(self.idle).saturating_add(u128::from(self.idle_now));
+        let earned = idle.saturating_mul(weight);
+        let spent = u128::from(used_now).saturating_mul(others);
+        (earned.saturating_sub(spent) / others).min(u128::from(Nanos::MAX)) as Nanos
+    }
+}
+
 impl Scheduler {
+    /// End of owner `o`'s exclusive slice at level `top` (docs/scheduling.md,
+    /// "A long job under its share"): its quantum, or later while its use in
+    /// its busy period stays within its entitlement over its cycle
+    /// ([`CycleUse::allowance`]). An under-share VM whose request is longer
+    /// than the quantum (or that rings a burst of jobs) is served at its
+    /// full entitlement instead of being sliced with its equals; a VM that
+    /// keeps demanding earns no allowance (no idle), so slices among
+    /// always-busy equals are unchanged. While the owner runs, its use
+    /// grows as time does, so the end stays put.
+    pub(super) fn slice_end(&self, p: usize, o: SliceOwner, top: u16) -> Nanos {
+        let q_end = o.since.saturating_add(self.vm_slice(o.vm, top));
+        if top >= BOOST_LEVEL || !self.cfg.policy.uses_priority() {
+            return q_end;
+        }
+        let pol = self.cfg.policy;
+        let (Some(v), Some(cands)) = (self.vms.get(&o.vm), self.parts[p].busy.get(&top)) else {
+            return q_end;
+        };
+        let billed = if v.active > 0 {
+            billable(v, self.now)
+        } else {
+            0
+        };
+        let used_now = v
+            .stats
+            .gpu_ns
+            .saturating_add(billed)
+            .saturating_sub(v.gpu_at_wake);
+        let w = weight(v, pol);
+        // Every other busy VM weighs at least 1, and the allowance only
+        // shrinks as the others' weight grows: none at that bound means
+        // none (an always-busy VM, most owners, at no cost per busy VM).
+        let others = cands.len().saturating_sub(1) as u128;
+        if v.cycle_use.allowance(used_now, w, w + others) == 0 {
+            return q_end;
+        }
+        let total: u128 = cands
+            .keys()
+            .filter_map(|x| self.vms.get(x))
+            .map(|x| weight(x, pol))
+            .sum();
+        let left = v.cycle_use.allowance(used_now, w, total);
+        if left == 0 {
+            return q_end;
+        }
+        q_end.max(self.now.saturating_add(left))
+    }
+
     /// Is `vm`, busy at level `top` of partition `p`, under its share by
     /// use rate: its use over its recent cycles below its weight over the
     /// sum of the weights of the VMs busy at that level (itself included)?
@@ -183,6 +250,41 @@ mod tests {
             c.close(20_000_000);
         }
         assert!(!c.below(0, 1, 4), "{c:?}");
+    }
+
+    /// The allowance is the VM's entitlement over its cycle less its use:
+    /// average idle per cycle plus the cycle's own idle, times weight over
+    /// the others' weight; none before a cycle ended or when alone.
+    #[test]
+    fn allowance_is_the_cycle_entitlement_left() {
+        let mut c = CycleUse::default();
+        c.gap(30_000_000);
+        assert_eq!(c.allowance(0, 1, 2), 0, "no cycle ended yet");
+        c.close(3_000_000);
+        // 30 ms idle per cycle, one equal of weight 1: up to 30 ms of use
+        // in the busy period keeps it at half of its cycle.
+        assert_eq!(c.allowance(0, 1, 2), 30_000_000);
+        assert_eq!(c.allowance(10_000_000, 1, 2), 20_000_000);
+        assert_eq!(c.allowance(30_000_000, 1, 2), 0);
+        assert_eq!(c.allowance(40_000_000, 1, 2), 0, "spent: none left");
+        // Three equals: a quarter of the cycle, a third of the idle.
+        assert_eq!(c.allowance(0, 1, 4), 10_000_000);
+        // Weight 3 against 1: three quarters, three times the idle.
+        assert_eq!(c.allowance(0, 3, 4), 90_000_000);
+        // Alone: no allowance (the quantum does not end its slice anyway).
+        assert_eq!(c.allowance(0, 1, 1), 0);
+        // Brief gaps in the busy period count as idle of the cycle.
+        c.gap(3_000_000);
+        assert_eq!(c.allowance(30_000_000, 1, 2), 3_000_000);
+        // Huge values saturate.
+        let mut h = CycleUse::default();
+        h.gap(Nanos::MAX);
+        h.close(0);
+        h.gap(Nanos::MAX);
+        assert_eq!(
+            h.allowance(0, u128::from(u32::MAX), u128::from(u32::MAX) + 1),
+            Nanos::MAX
+        );
     }
 
     /// Huge values saturate instead of overflowing.

@@ -131,7 +131,9 @@ impl Scheduler {
                 Some(wait) => allowance.saturating_sub(wait),
                 None => self.parts[p].aging.save_ewma.saturating_mul(2),
             };
-            let by_latency = self.spatial.size_for_latency(owner.vm, queues, switch);
+            let by_latency =
+                self.spatial
+                    .size_for_latency(owner.vm, queues, switch, drain.unwrap_or(0));
             let k = self
                 .spatial
                 .size(

@@ -379,6 +379,41 @@ mod tests {
     }
 
     #[test]
+    fn latency_sizing_keeps_up_with_the_interval_between_jobs() {
+        let mut s = Spatial {
+            cus_per_xcc: 38,
+            xccs: 8,
+            ..Default::default()
+        };
+        let vm = VmId(1);
+        s.note(vm, 38);
+        s.note_occupancy(vm, 35_000, true);
+        // One arrival: no interval, the bound alone (8 rounds, 1 CU per
+        // XCC: 8 rounds of 35 us = 280 us, longer than a 122 us period).
+        s.note_arrival(vm, 1_000_000);
+        assert_eq!(s.occ[&vm].interval_ns, 0);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), Some(1));
+        // Every 122 us: 3 rounds fit, 13 CUs, 2 per XCC.
+        for i in 1..=20 {
+            s.note_arrival(vm, 1_000_000 + i * 122_000);
+        }
+        assert_eq!(s.occ[&vm].interval_ns, 122_000);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), Some(2));
+        // A wait before each job (a drain) leaves fewer rounds: 2, 19 CUs.
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 40_000), Some(3));
+        // Jobs faster than their rounds alone: the alone rounds (its whole
+        // width, the width sizing then caps it).
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 200_000), Some(5));
+        // A time that goes backwards is ignored.
+        s.note_arrival(vm, 5);
+        assert_eq!(s.occ[&vm].interval_ns, 122_000);
+        // The interval moves by 1/8 per arrival.
+        let last = s.occ[&vm].last_arrival.unwrap();
+        s.note_arrival(vm, last + 1_122_000);
+        assert_eq!(s.occ[&vm].interval_ns, 122_000 - 15_250 + 140_250);
+    }
+
+    #[test]
     fn size_follows_the_widest_recent_dispatch() {
         let mut s = Spatial {
             cus_per_xcc: 38,

@@ -51,7 +51,7 @@ fn rounds(width: u64, k: u32) -> u64 {
 #[test]
 fn a_reservation_runs_each_job_within_the_interval_between_jobs() {
     // (width, solo ns, period ns) over RT rates of 2-20 kHz and widths
-    // of 1-16 CUs' worth per XCC: with the interval unknown (one job) the
+    // of 24-128 workgroups: with the interval unknown (one job) the
     // latency sizing alone; with it, the job's rounds on the reservation
     // take at most the period.
     for (width, solo, period) in [

@@ -50,17 +50,20 @@ fn rounds(width: u64, k: u32) -> u64 {
 
 #[test]
 fn a_reservation_runs_each_job_within_the_interval_between_jobs() {
-    // (width, solo ns, period ns) over RT rates of 2-20 kHz and widths
-    // of 24-128 workgroups: with the interval unknown (one job) the
-    // latency sizing alone; with it, the job's rounds on the reservation
-    // take at most the period.
+    // (width, solo ns, period ns) over RT rates of 8-20 kHz and widths
+    // of 38-144 workgroups. With this fake GPU's save (50 us) the bound
+    // alone allows `floor(1.1 + 100 us / s)` rounds, longer than the
+    // period for all but the first shape (e.g. 128 x 10 us every 50 us:
+    // 11 rounds allowed, 2 CUs per XCC, 8 rounds = 80 us per job); with
+    // the interval, the job's rounds on the reservation take at most the
+    // period.
     for (width, solo, period) in [
         (38, 35_000, 122_000),
-        (64, 20_000, 100_000),
-        (120, 50_000, 200_000),
-        (24, 10_000, 50_000),
-        (90, 60_000, 250_000),
-        (128, 30_000, 500_000),
+        (128, 10_000, 50_000),
+        (96, 20_000, 100_000),
+        (120, 30_000, 100_000),
+        (64, 15_000, 50_000),
+        (144, 20_000, 90_000),
     ] {
         let k = reservation_after(width, solo, period, 40);
         let what = format!("width {width}, solo {solo} ns, period {period} ns: k {k}");

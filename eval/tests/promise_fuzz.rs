@@ -254,6 +254,10 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // An aging batch pauses for a demand-limited higher VM (the RT
         // waited for batches of starved 10.8 ms whole-CU workgroups).
         ("fuzz-60024-3-rt-latency.toml", None),
+        // A reservation sized by latency also fits the interval between
+        // the RT's jobs (an 8 kHz RT on one CU per XCC never drained).
+        ("fuzz-50032-3-rt-latency.toml", None),
+        ("fuzz-60054-3-rt-latency.toml", None),
         (
             "fuzz-20225-3-cwsr-time.toml",
             Some(&["3-rt-latency", "3-cwsr-time"]),

@@ -862,6 +862,9 @@ impl Scheduler {
                     }
                     q.wptr = Some(wptr);
                     part = Some(queue);
+                    // The interval between the VM's jobs (reservation
+                    // sizing, `spatial.rs`).
+                    self.spatial.note_arrival(q.vm, now);
                     match q.state {
                         QueueState::Idle if !q.errored => self.set_state(queue, QueueState::Ready),
                         QueueState::MappedIdle => self.set_state(queue, QueueState::Running),

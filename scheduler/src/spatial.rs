@@ -76,6 +76,13 @@ pub(crate) struct Occupancy {
     /// Every workgroup of its latest doorbell's dispatches fits in half a
     /// CU.
     pub fits: bool,
+    /// When its last doorbell with new work came (`None`: none yet).
+    pub last_arrival: Option<u64>,
+    /// Moving average (1/8) of the time between its doorbells with new
+    /// work, ns (0: fewer than two seen). A periodic tenant's period (its
+    /// queues' jobs together): a reservation on which a job runs longer
+    /// than this never drains its queue (`Spatial::size_for_latency`).
+    pub interval_ns: u64,
 }
 
 /// Counters of spatial sharing.
@@ -132,6 +139,23 @@ impl Spatial {
         let o = self.occ.entry(vm).or_default();
         o.solo_ns = solo_ns.max(o.solo_ns - o.solo_ns / 8);
         o.fits = fits;
+    }
+
+    /// Records a doorbell of `vm` with new work at `now` (the interval
+    /// between its jobs: see [`Occupancy::interval_ns`]). Times that go
+    /// backwards are ignored.
+    pub fn note_arrival(&mut self, vm: VmId, now: u64) {
+        let o = self.occ.entry(vm).or_default();
+        if let Some(last) = o.last_arrival {
+            let Some(gap) = now.checked_sub(last) else {
+                return;
+            };
+            o.interval_ns = match o.interval_ns {
+                0 => gap,
+                e => e - e / 8 + gap / 8,
+            };
+        }
+        o.last_arrival = Some(now);
     }
 
     /// Can `vm` (the higher owner) share CUs with lower work of `lower`
@@ -203,11 +227,24 @@ impl Spatial {
     /// on `queues` busy queues: its widest dispatch runs `ceil(need / c)`
     /// rounds on `c` CUs, each at most its solo time (one workgroup's
     /// cost per kernel, summed), against `ceil(need / N)` rounds on the
-    /// whole partition's `N`. `None` without a solo time or a measured
-    /// switch (nothing to size from: the width decides).
-    pub fn size_for_latency(&self, vm: VmId, queues: u32, switch_ns: u64) -> Option<u32> {
+    /// whole partition's `N`. The bound holds only for a job that finds
+    /// its queue empty: the rounds are also at most what fits the VM's
+    /// measured interval between jobs after `wait_ns` (what each job
+    /// waits before it runs there, e.g. a drain), so a job ends before the
+    /// next arrives and no backlog builds up on the reservation (a 8 kHz
+    /// RT sized to one CU per XCC by latency alone ran each job longer
+    /// than its period: p99 14 ms). `None` without a solo time or a
+    /// measured switch (nothing to size from: the width decides).
+    pub fn size_for_latency(
+        &self,
+        vm: VmId,
+        queues: u32,
+        switch_ns: u64,
+        wait_ns: u64,
+    ) -> Option<u32> {
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
-        let solo = self.occ.get(&vm)?.solo_ns;
+        let o = self.occ.get(&vm)?;
+        let solo = o.solo_ns;
         let xccs = (self.xccs as u64).max(1);
         let n = (self.cus_per_xcc as u64).saturating_mul(xccs);
         if need == 0 || solo == 0 || switch_ns == 0 || n == 0 {
@@ -215,11 +252,18 @@ impl Spatial {
         }
         let alone_rounds = need.div_ceil(n);
         // Rounds allowed: floor((1.1 x alone_rounds x solo + switch) / solo).
-        let rounds = alone_rounds
+        let by_bound = alone_rounds
             .saturating_mul(11)
             .saturating_mul(solo)
             .saturating_add(switch_ns.saturating_mul(10))
             / solo.saturating_mul(10);
+        // ... and floor((interval - wait) / solo): the job ends before the
+        // next one arrives (not fewer rounds than alone: a VM whose jobs
+        // come faster than they run alone is backlogged anywhere).
+        let rounds = match o.interval_ns {
+            0 => by_bound,
+            i => by_bound.min((i.saturating_sub(wait_ns) / solo).max(alone_rounds)),
+        };
         let c = need.div_ceil(rounds.max(1));
         Some(c.div_ceil(xccs).max(1) as u32)
     }
@@ -316,22 +360,57 @@ mod tests {
         };
         let vm = VmId(1);
         // Nothing seen, or no switch measured: no sizing.
-        assert_eq!(s.size_for_latency(vm, 1, 242_000), None);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), None);
         s.note(vm, 152);
-        assert_eq!(s.size_for_latency(vm, 1, 242_000), None);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), None);
         // 152 workgroups of 100 us: 1 round alone; 1.1 x 100 + 242 = 352
         // us allows 3 rounds: 51 CUs, 7 per XCC (width alone: 24).
         s.note_occupancy(vm, 100_000, false);
-        assert_eq!(s.size_for_latency(vm, 1, 242_000), Some(7));
-        assert_eq!(s.size_for_latency(vm, 1, 0), None);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), Some(7));
+        assert_eq!(s.size_for_latency(vm, 1, 0, 0), None);
         // A long job gets no rounds to spare: its whole width.
         s.note_occupancy(VmId(2), 600_000, true);
         s.note(VmId(2), 40);
-        assert_eq!(s.size_for_latency(VmId(2), 1, 68_000), Some(5));
+        assert_eq!(s.size_for_latency(VmId(2), 1, 68_000, 0), Some(5));
         // Short workgroups: many rounds fit, one CU per XCC.
         s.note_occupancy(VmId(3), 10_000, false);
         s.note(VmId(3), 71);
-        assert_eq!(s.size_for_latency(VmId(3), 1, 242_000), Some(1));
+        assert_eq!(s.size_for_latency(VmId(3), 1, 242_000, 0), Some(1));
+    }
+
+    #[test]
+    fn latency_sizing_keeps_up_with_the_interval_between_jobs() {
+        let mut s = Spatial {
+            cus_per_xcc: 38,
+            xccs: 8,
+            ..Default::default()
+        };
+        let vm = VmId(1);
+        s.note(vm, 38);
+        s.note_occupancy(vm, 35_000, true);
+        // One arrival: no interval, the bound alone (8 rounds, 1 CU per
+        // XCC: 8 rounds of 35 us = 280 us, longer than a 122 us period).
+        s.note_arrival(vm, 1_000_000);
+        assert_eq!(s.occ[&vm].interval_ns, 0);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), Some(1));
+        // Every 122 us: 3 rounds fit, 13 CUs, 2 per XCC.
+        for i in 1..=20 {
+            s.note_arrival(vm, 1_000_000 + i * 122_000);
+        }
+        assert_eq!(s.occ[&vm].interval_ns, 122_000);
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), Some(2));
+        // A wait before each job (a drain) leaves fewer rounds: 2, 19 CUs.
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 40_000), Some(3));
+        // Jobs faster than their rounds alone: the alone rounds (its whole
+        // width, the width sizing then caps it).
+        assert_eq!(s.size_for_latency(vm, 1, 242_000, 200_000), Some(5));
+        // A time that goes backwards is ignored.
+        s.note_arrival(vm, 5);
+        assert_eq!(s.occ[&vm].interval_ns, 122_000);
+        // The interval moves by 1/8 per arrival.
+        let last = s.occ[&vm].last_arrival.unwrap();
+        s.note_arrival(vm, last + 1_122_000);
+        assert_eq!(s.occ[&vm].interval_ns, 122_000 - 15_250 + 140_250);
     }
 
     #[test]

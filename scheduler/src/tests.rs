@@ -1809,3 +1809,9 @@ mod long_job_tests;
 
 #[path = "aging_yield_tests.rs"]
 mod aging_yield_tests;
+
+#[path = "rt_interval_tests.rs"]
+mod rt_interval_tests;
+
+#[path = "rt_drain_wait_tests.rs"]
+mod rt_drain_wait_tests;

@@ -1806,3 +1806,6 @@ mod use_rate_tests;
 
 #[path = "aging_yield_tests.rs"]
 mod aging_yield_tests;
+
+#[path = "wide_tests.rs"]
+mod wide_tests;

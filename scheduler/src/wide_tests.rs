@@ -120,7 +120,10 @@ fn the_reservation_carries_the_owners_load() {
 /// A closed loop (300 us think) as wide as the partition: its period
 /// stretches under the reservation (each job 19 rounds instead of one, a
 /// 24% longer cycle: its throughput, item 1), so it keeps the whole
-/// partition (the cost-aware hold, billed) and runs at full speed.
+/// partition (the cost-aware hold, billed) and runs at full speed, but for
+/// a retry of at most three cycles (the setup, one measured, and the one
+/// whose ring finds it still held) per `RETRY_CYCLES` (64) cycles on the
+/// whole partition.
 #[test]
 fn a_closed_loop_whose_period_stretches_keeps_the_partition() {
     let (mut w, _lo, hi) = rig();
@@ -136,30 +139,39 @@ fn a_closed_loop_whose_period_stretches_keeps_the_partition() {
         w.run_until(end + think);
     }
     let held = w.s.vm_stats(VmId(1)).unwrap().held_ns;
+    let n = 200;
     let mut wide = 0;
-    for _ in 0..50 {
-        if w.s
-            .cu_reservation(0)
-            .is_some_and(|(vm, k)| vm == VmId(1) && k > 0)
-        {
-            wide += 1;
-        }
+    for _ in 0..n {
+        let on_wide =
+            w.s.cu_reservation(0)
+                .is_some_and(|(vm, k)| vm == VmId(1) && k > 0);
         ring(&mut w, hi);
+        // A retry's setup cycle (the reservation made at this ring).
+        let on_wide = on_wide
+            || w.s
+                .cu_reservation(0)
+                .is_some_and(|(vm, k)| vm == VmId(1) && k > 0);
+        wide += u64::from(on_wide);
         let start = w.now;
         let mut end = w.now;
         while w.work[&hi] > 0 {
             end += 1_000;
             w.run_until(end);
         }
-        // Full speed: one round after at most a save and restore.
-        assert!(
-            end - start <= SOLO + 2 * UNMAP_NS + 1_000,
-            "{}",
-            end - start
-        );
+        if !on_wide {
+            // Full speed: one round after at most a save and restore.
+            assert!(
+                end - start <= SOLO + 2 * UNMAP_NS + 1_000,
+                "{}",
+                end - start
+            );
+        }
         w.run_until(end + think);
     }
-    assert_eq!(wide, 0, "a closed loop kept a wide reservation");
+    assert!(
+        wide <= 3 * (n / 64 + 1),
+        "{wide} of {n} cycles on a wide reservation"
+    );
     assert!(
         w.s.vm_stats(VmId(1)).unwrap().held_ns > held,
         "the hold applies"

@@ -21,7 +21,17 @@ pub(super) struct WakePeriods {
     whole: (Nanos, Nanos),
     /// Period and gap under a wide reservation of its own (0: none seen).
     wide: (Nanos, Nanos),
+    /// The cycle that ended last was under a wide reservation.
+    was_wide: bool,
+    /// Cycles on the whole partition since the last one under a wide
+    /// reservation.
+    whole_run: u32,
 }
+
+/// Cycles on the whole partition after which a VM judged stretched tries a
+/// wide reservation again (its shape may have changed): a closed loop
+/// then loses one slow cycle in this many.
+const RETRY_CYCLES: u32 = 64;
 
 fn ewma(avg: Nanos, x: Nanos) -> Nanos {
     if avg == 0 {
@@ -37,12 +47,27 @@ impl WakePeriods {
     pub(super) fn wake(&mut self, now: Nanos, gap: Nanos, wide: bool) {
         if let Some(t) = self.last.replace(now) {
             let p = now.saturating_sub(t);
-            let a = if wide {
-                &mut self.wide
+            let first = wide && !self.was_wide;
+            self.was_wide = wide;
+            if wide {
+                self.whole_run = 0;
             } else {
-                &mut self.whole
-            };
-            *a = (ewma(a.0, p), ewma(a.1, gap.min(p).max(1)));
+                self.whole_run = self.whole_run.saturating_add(1);
+                if self.whole_run >= RETRY_CYCLES {
+                    self.whole_run = 0;
+                    self.wide = (0, 0);
+                }
+            }
+            // The first cycle under a new reservation paid its setup (a
+            // save of the lower work): not the reservation's own cycle.
+            if !first {
+                let a = if wide {
+                    &mut self.wide
+                } else {
+                    &mut self.whole
+                };
+                *a = (ewma(a.0, p), ewma(a.1, gap.min(p).max(1)));
+            }
         }
     }
 
@@ -201,5 +226,41 @@ mod tests {
         }
         assert!(same.stretched(alone));
         assert!(!same.stretched(66_000));
+    }
+
+    /// The first cycle under a new reservation (its setup save) is not
+    /// counted, and a VM judged stretched tries again after
+    /// [`RETRY_CYCLES`] cycles on the whole partition.
+    #[test]
+    fn setup_cycle_skipped_and_retry_after_whole_cycles() {
+        let alone = 4_000;
+        let mut w = WakePeriods::default();
+        for i in 0..10 {
+            w.wake(i * 345_000, 220_000, false);
+        }
+        // A setup cycle that merged two periods, then the reservation's
+        // own cycles: periodic.
+        let mut t = 9 * 345_000 + 690_000;
+        w.wake(t, 10_000, true);
+        for _ in 0..10 {
+            t += 345_000;
+            w.wake(t, 319_000, true);
+        }
+        assert!(!w.stretched(alone));
+        // A closed loop judged stretched ...
+        let mut c = WakePeriods::default();
+        let mut t = 0;
+        for i in 0..20 {
+            t += if i >= 10 { 376_000 } else { 354_000 };
+            c.wake(t, 300_000, i >= 10);
+        }
+        assert!(c.stretched(alone));
+        // ... tries again after RETRY_CYCLES cycles on the whole partition.
+        for i in 0..RETRY_CYCLES {
+            assert!(c.stretched(alone), "cycle {i}");
+            t += 354_000;
+            c.wake(t, 300_000, false);
+        }
+        assert!(!c.stretched(alone));
     }
 }

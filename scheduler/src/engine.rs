@@ -18,6 +18,7 @@ mod slots;
 mod spatial_engine;
 mod timers;
 mod use_rate;
+mod wide;
 
 use timers::Deadline;
 
@@ -221,6 +222,9 @@ struct Vm {
     /// being preempted with work) to its next demand. (`gap_ewma` also
     /// counts an idle queue's slot hand-back as demand.)
     gaps: gaps::GapHist,
+    /// Its wake periods on the whole partition and under a wide
+    /// reservation (`wide.rs`).
+    wake: wide::WakePeriods,
     /// Queues counted as demand (see `Queue::wants`).
     demand: u32,
     /// When its demand last ended (`None`: never had any).

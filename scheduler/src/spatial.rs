@@ -64,6 +64,10 @@ pub(crate) struct Reservation {
     /// Costs the lower work nothing to take again, so it is not held
     /// across its VM's idle gaps.
     pub drain: bool,
+    /// Sized by the RT bound alone for a VM wider than the cap
+    /// (`Spatial::size_wide`): it ends when the VM stays demanding past
+    /// twice its job's time on it (backlogged, not a periodic job).
+    pub wide: bool,
 }
 
 /// What a VM's recent dispatches need of a CU (from
@@ -268,6 +272,48 @@ impl Spatial {
         Some(c.div_ceil(xccs).max(1) as u32)
     }
 
+    /// CUs per XCC of a reservation for a VM whose width is above the cap
+    /// (`size` gives `None`): the fewest with which its job meets the RT
+    /// bound (`size_for_latency`, switch `switch_ns`) and runs in at most
+    /// `max_time_ns` (`time_on`; kept across its gaps, it waits for no
+    /// drain: `wait_ns` 0), when that fits `max_permille` of an XCC
+    /// and leaves a CU per XCC; else `None` (the partition is preempted
+    /// whole).
+    pub fn size_wide(
+        &self,
+        vm: VmId,
+        queues: u32,
+        switch_ns: u64,
+        max_time_ns: u64,
+        max_permille: u32,
+    ) -> Option<u32> {
+        let lat = self.size_for_latency(vm, queues, switch_ns, 0)?;
+        let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
+        let solo = self.occ.get(&vm)?.solo_ns;
+        let xccs = (self.xccs as u64).max(1);
+        let rounds = max_time_ns / solo.max(1);
+        if rounds == 0 {
+            return None;
+        }
+        let load = need.div_ceil(rounds).div_ceil(xccs).max(1);
+        let k = (lat as u64).max(load);
+        let cap = self.cus_per_xcc as u64 * max_permille.min(1000) as u64 / 1000;
+        (k <= cap && k < self.cus_per_xcc as u64).then_some(k as u32)
+    }
+
+    /// How long `vm`'s job runs on `k` CUs per XCC on `queues` busy
+    /// queues: `ceil(need / (k x XCCs))` rounds of its solo time (`None`
+    /// without a width or a solo time).
+    pub fn time_on(&self, vm: VmId, queues: u32, k: u32) -> Option<u64> {
+        let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
+        let solo = self.occ.get(&vm)?.solo_ns;
+        let c = (k as u64).saturating_mul(self.xccs.max(1) as u64);
+        if need == 0 || solo == 0 || c == 0 {
+            return None;
+        }
+        Some(need.div_ceil(c).saturating_mul(solo))
+    }
+
     /// The set a queue of `vm` at `level` gets under reservation `r`: the
     /// holder's queues, and those of other VMs at its level or above (an
     /// equal's mapped queue that rings during the holder's anticipation
@@ -329,6 +375,7 @@ mod tests {
             level: 12,
             k: 0,
             drain: false,
+            wide: false,
         });
         assert_eq!(Spatial::set_for(r, hi, 12), CuSet::All);
         assert_eq!(Spatial::set_for(r, lo, 2), CuSet::All);
@@ -342,6 +389,7 @@ mod tests {
             level: 12,
             k: 3,
             drain: false,
+            wide: false,
         });
         assert_eq!(Spatial::set_for(r, hi, 12), CuSet::Top(3));
         // An equal (or a higher VM) never lands on the lower work's CUs.

@@ -1815,3 +1815,6 @@ mod rt_interval_tests;
 
 #[path = "rt_drain_wait_tests.rs"]
 mod rt_drain_wait_tests;
+
+#[path = "wide_tests.rs"]
+mod wide_tests;

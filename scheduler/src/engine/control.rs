@@ -33,6 +33,7 @@ impl Scheduler {
                 entered: 0,
                 idle_at: 0,
                 gap_ewma: 0,
+                wake: Default::default(),
                 demanding_since: 0,
                 request_ewma: 0,
                 gpu_at_wake: 0,

@@ -19,10 +19,13 @@ impl Scheduler {
         let wanted = std::mem::replace(&mut qq.wants, wants);
         if wants != wanted {
             let g = self.grace(vm);
+            let wide = wants && self.holds_wide(vm);
             if let Some(v) = self.vms.get_mut(&vm) {
                 if wants {
                     v.demand += 1;
                     if v.demand == 1 {
+                        let gap = v.demand_idle_at.map_or(0, |t| now.saturating_sub(t));
+                        v.wake.wake(now, gap, wide);
                         if let Some(t) = v.demand_idle_at {
                             v.gaps.note(now.saturating_sub(t));
                             v.cycle_use.gap(now.saturating_sub(t));

@@ -110,6 +110,7 @@ impl Scheduler {
                 level: owner.level,
                 k: 0,
                 drain: false,
+                wide: false,
             })
         } else if owner.level < BOOST_LEVEL && lower {
             // Its busy queues at its level may each dispatch that wide.
@@ -142,15 +143,24 @@ impl Scheduler {
                     self.cfg.spatial_headroom_pct,
                     self.cfg.spatial_max_permille,
                 )
-                .map(|k| by_latency.map_or(k, |l| k.min(l)));
+                .map(|k| (by_latency.map_or(k, |l| k.min(l)), false))
+                .or_else(|| {
+                    self.spatial_wide(p, owner.vm, queues, switch)
+                        .map(|k| (k, true))
+                });
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;
             }
-            k.map(|k| Reservation {
+            // A wide reservation is set up with a save and held across
+            // the owner's gaps (it takes the place of holding the whole
+            // partition): a drained one would make the owner wait for the
+            // lower workgroups in every period.
+            k.map(|(k, wide)| Reservation {
                 vm: owner.vm,
                 level: owner.level,
                 k,
-                drain: drain.is_some(),
+                drain: drain.is_some() && !wide,
+                wide,
             })
         } else {
             None
@@ -286,7 +296,7 @@ impl Scheduler {
     /// (`spatial_coreside_ns`, the modelled save and restore of a whole
     /// partition, or the partition's measured typical one without the waits
     /// for waves that have no save point, when that is longer).
-    fn spatial_wait_allowance(&self, p: usize) -> Nanos {
+    pub(super) fn spatial_wait_allowance(&self, p: usize) -> Nanos {
         self.cfg
             .spatial_coreside_ns
             .max(self.clean_save(p).saturating_mul(2))

@@ -69,6 +69,11 @@ impl Scheduler {
                     add(TimerKind::Aging, t);
                 }
             }
+            if let Some(t) = self.wide_deadline(pi) {
+                if t > now {
+                    add(TimerKind::CoresideEnd, t);
+                }
+            }
             if let Some(t) = self.coreside_deadline(pi) {
                 if t > now {
                     add(TimerKind::CoresideEnd, t);

@@ -1,0 +1,266 @@
+//! A narrow hold for a wide periodic owner (issue 18, best effort beside
+//! RT; docs/scheduling.md, "Wide periodic owners keep CUs, not the
+//! partition"): an owner too wide for the width cap whose gaps the
+//! cost-aware hold would hold the whole partition through gets instead a
+//! CU reservation sized by the RT bound (`Spatial::size_wide`) and by its
+//! load (its job on the reservation takes at most half its wake period),
+//! kept only while its wake period does not stretch under it (a closed
+//! loop's does: its jobs slow down, item 1) and while it is not
+//! backlogged.
+
+use super::*;
+
+/// A VM's cycles (wake to wake) and gaps (end of demand to wake): moving
+/// averages (1/4) on the whole partition and under a wide reservation of
+/// its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct WakePeriods {
+    /// Its last wake (demand start).
+    last: Option<Nanos>,
+    /// Period and gap on the whole partition (0: none seen).
+    whole: (Nanos, Nanos),
+    /// Period and gap under a wide reservation of its own (0: none seen).
+    wide: (Nanos, Nanos),
+    /// The cycle that ended last was under a wide reservation.
+    was_wide: bool,
+    /// Cycles on the whole partition since the last one under a wide
+    /// reservation.
+    whole_run: u32,
+}
+
+/// Cycles on the whole partition after which a VM judged stretched tries a
+/// wide reservation again (its shape may have changed): a closed loop
+/// then loses one slow cycle in this many.
+const RETRY_CYCLES: u32 = 64;
+
+fn ewma(avg: Nanos, x: Nanos) -> Nanos {
+    if avg == 0 {
+        x
+    } else {
+        (avg / 4).saturating_mul(3).saturating_add(x / 4)
+    }
+}
+
+impl WakePeriods {
+    /// It wakes at `now` after a gap of `gap` without demand; `wide`: it
+    /// held a wide reservation through the cycle that ends.
+    pub(super) fn wake(&mut self, now: Nanos, gap: Nanos, wide: bool) {
+        if let Some(t) = self.last.replace(now) {
+            let p = now.saturating_sub(t);
+            let first = wide && !self.was_wide;
+            self.was_wide = wide;
+            if wide {
+                self.whole_run = 0;
+            } else {
+                self.whole_run = self.whole_run.saturating_add(1);
+                if self.whole_run >= RETRY_CYCLES {
+                    self.whole_run = 0;
+                    self.wide = (0, 0);
+                }
+            }
+            // The first cycle under a new reservation paid its setup (a
+            // save of the lower work): not the reservation's own cycle.
+            if !first {
+                let a = if wide {
+                    &mut self.wide
+                } else {
+                    &mut self.whole
+                };
+                *a = (ewma(a.0, p), ewma(a.1, gap.min(p).max(1)));
+            }
+        }
+    }
+
+    /// The period a wide reservation must carry its job in (its period on
+    /// the whole partition; 0: none seen, no wide reservation).
+    pub(super) fn period(&self) -> Nanos {
+        self.whole.0
+    }
+
+    /// Does a wide reservation cost it throughput? Not while none was
+    /// tried, nor when its job there (cycle less gap), compared with its
+    /// job `alone` (one dispatch on the whole partition), adds at most
+    /// 5% to its cycle (item 1's margin for the top level), nor when it
+    /// is periodic: its job's time changed between the two regimes and its
+    /// period did not follow (moved by less than half of it). A closed
+    /// loop's period moves with its job; one whose job did not change is
+    /// judged by the 5% alone.
+    pub(super) fn stretched(&self, alone: Nanos) -> bool {
+        let ((pw, gw), (pr, gr)) = (self.whole, self.wide);
+        if pw == 0 || pr == 0 {
+            return false;
+        }
+        let (jw, jr) = (pw.saturating_sub(gw), pr.saturating_sub(gr));
+        let periodic = jw.abs_diff(jr) > pw.abs_diff(pr).saturating_mul(2);
+        let loss_ok = jr.saturating_sub(alone).saturating_mul(20) <= pr;
+        !(periodic || loss_ok)
+    }
+}
+
+impl Scheduler {
+    /// A latency-sized reservation for an owner `vm` of partition `p`
+    /// wider than the cap (`Spatial::size_wide`): only where the
+    /// cost-aware hold would keep the whole partition through its gaps
+    /// (the reservation is kept across them instead; where the hold gives
+    /// the gaps away, a reservation would cost the lower work a save per
+    /// period anyway and the owner a slower job), raised so its job takes at
+    /// most half its wake period on the whole partition (the reservation
+    /// carries its load), while its period has not stretched under one
+    /// and it is not backlogged (demanding without a break for at most
+    /// twice its job's time on the reservation after one allowed wait; a backlogged owner has
+    /// more work than one job, and the partition is its whole, item 1).
+    pub(super) fn spatial_wide(
+        &self,
+        p: usize,
+        vm: VmId,
+        queues: u32,
+        switch: Nanos,
+    ) -> Option<u32> {
+        let v = self.vms.get(&vm)?;
+        let period = v.wake.period();
+        let alone = self.spatial.time_on(vm, queues, self.spatial.cus_per_xcc)?;
+        if period == 0 || v.wake.stretched(alone) {
+            return None;
+        }
+        if self.cost_hold_at_drain(p, vm) == 0 {
+            return None;
+        }
+        let k = self.spatial.size_wide(
+            vm,
+            queues,
+            switch,
+            period / 2,
+            self.cfg.spatial_max_permille,
+        )?;
+        let t = self.wide_job_ns(p, vm, queues, k)?;
+        (!self.coreside_backlogged(vm, t)).then_some(k)
+    }
+
+    /// When partition `p`'s wide reservation ends because its owner stays
+    /// demanding past twice its job's time on it (for the timer).
+    pub(super) fn wide_deadline(&self, p: usize) -> Option<Nanos> {
+        let r = self.spatial.res.get(p).copied().flatten()?;
+        if !r.wide {
+            return None;
+        }
+        let v = self.vms.get(&r.vm)?;
+        if v.demand == 0 {
+            return None;
+        }
+        let queues = self.parts[p]
+            .busy
+            .get(&r.level)
+            .and_then(|m| m.get(&r.vm))
+            .copied()
+            .unwrap_or(1)
+            .max(1);
+        let t = self.wide_job_ns(p, r.vm, queues, r.k)?;
+        Some(
+            v.demanding_since
+                .saturating_add(t.saturating_mul(2))
+                .saturating_add(1),
+        )
+    }
+
+    /// The longest a job of `vm` takes on a wide reservation of `k` CUs
+    /// per XCC of `p`: its time on them (`Spatial::time_on`) after the
+    /// wait the promise allows for the lower work (a save, or a drain of
+    /// the lower workgroups on the reserved CUs).
+    fn wide_job_ns(&self, p: usize, vm: VmId, queues: u32, k: u32) -> Option<Nanos> {
+        let t = self.spatial.time_on(vm, queues, k)?;
+        Some(t.saturating_add(self.spatial_wait_allowance(p)))
+    }
+
+    /// Does `vm` hold a wide reservation of its partition?
+    pub(super) fn holds_wide(&self, vm: VmId) -> bool {
+        self.vms.get(&vm).is_some_and(|v| {
+            self.spatial
+                .res
+                .get(v.partition as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|r| r.vm == vm && r.wide)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A periodic owner's period stays when its job changes under a wide
+    /// reservation; a closed loop's moves with it, and one whose job there
+    /// is much longer than alone loses throughput.
+    #[test]
+    fn stretch_tells_a_closed_loop_from_a_periodic_owner() {
+        let alone = 4_000;
+        let mut w = WakePeriods::default();
+        // 345 us period, 4 us jobs after a 121 us save on the whole
+        // partition.
+        for i in 0..10 {
+            w.wake(i * 345_000, 220_000, false);
+        }
+        assert_eq!(w.period(), 345_000);
+        assert!(!w.stretched(alone), "nothing tried yet");
+        let mut periodic = w;
+        // 26 us jobs on the reservation: the gap grows, the period stays.
+        for i in 10..20 {
+            periodic.wake(i * 345_000, 319_000, true);
+        }
+        assert!(!periodic.stretched(alone));
+        // A closed loop: 300 us think; 54 us jobs (a save first) on the
+        // whole partition, 76 us on the reservation.
+        let mut closed = WakePeriods::default();
+        for i in 0..10 {
+            closed.wake(i * 354_000, 300_000, false);
+        }
+        for i in 1..=10 {
+            closed.wake(9 * 354_000 + i * 376_000, 300_000, true);
+        }
+        assert!(closed.stretched(alone));
+        // The same cycle in both regimes: judged by its loss against
+        // alone (72 us of a 376 us cycle: more than 5%; 10 us: less).
+        let mut same = WakePeriods::default();
+        for i in 0..20 {
+            same.wake(i * 376_000, 300_000, i >= 10);
+        }
+        assert!(same.stretched(alone));
+        assert!(!same.stretched(66_000));
+    }
+
+    /// The first cycle under a new reservation (its setup save) is not
+    /// counted, and a VM judged stretched tries again after
+    /// [`RETRY_CYCLES`] cycles on the whole partition.
+    #[test]
+    fn setup_cycle_skipped_and_retry_after_whole_cycles() {
+        let alone = 4_000;
+        let mut w = WakePeriods::default();
+        for i in 0..10 {
+            w.wake(i * 345_000, 220_000, false);
+        }
+        // A setup cycle that merged two periods, then the reservation's
+        // own cycles: periodic.
+        let mut t = 9 * 345_000 + 690_000;
+        w.wake(t, 10_000, true);
+        for _ in 0..10 {
+            t += 345_000;
+            w.wake(t, 319_000, true);
+        }
+        assert!(!w.stretched(alone));
+        // A closed loop judged stretched ...
+        let mut c = WakePeriods::default();
+        let mut t = 0;
+        for i in 0..20 {
+            t += if i >= 10 { 376_000 } else { 354_000 };
+            c.wake(t, 300_000, i >= 10);
+        }
+        assert!(c.stretched(alone));
+        // ... tries again after RETRY_CYCLES cycles on the whole partition.
+        for i in 0..RETRY_CYCLES {
+            assert!(c.stretched(alone), "cycle {i}");
+            t += 354_000;
+            c.wake(t, 300_000, false);
+        }
+        assert!(!c.stretched(alone));
+    }
+}

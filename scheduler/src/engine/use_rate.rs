@@ -111,23 +111,14 @@ impl Scheduler {
     /// grows as time does, so the end stays put.
     pub(super) fn slice_end(&self, p: usize, o: SliceOwner, top: u16) -> Nanos {
         let q_end = o.since.saturating_add(self.vm_slice(o.vm, top));
-        if top >= BOOST_LEVEL || !self.cfg.policy.uses_priority() {
+        if top >= BOOST_LEVEL || !self.ops().by_priority {
             return q_end;
         }
         let pol = self.cfg.policy;
         let (Some(v), Some(cands)) = (self.vms.get(&o.vm), self.parts[p].busy.get(&top)) else {
             return q_end;
         };
-        let billed = if v.active > 0 {
-            billable(v, self.now)
-        } else {
-            0
-        };
-        let used_now = v
-            .stats
-            .gpu_ns
-            .saturating_add(billed)
-            .saturating_sub(v.gpu_at_wake);
+        let used_now = use_since_wake(v, self.now);
         let w = weight(v, pol);
         // Every other busy VM weighs at least 1, and the allowance only
         // shrinks as the others' weight grows: none at that bound means
@@ -159,16 +150,7 @@ impl Scheduler {
         let Some(cands) = self.parts[p].busy.get(&top) else {
             return false;
         };
-        let billed = if v.active > 0 {
-            billable(v, self.now)
-        } else {
-            0
-        };
-        let used_now = v
-            .stats
-            .gpu_ns
-            .saturating_add(billed)
-            .saturating_sub(v.gpu_at_wake);
+        let used_now = use_since_wake(v, self.now);
         let w = weight(v, pol);
         // Every other busy VM weighs at least 1: a rate not below that
         // bound of its entitlement is not below it (most VMs, at no cost
@@ -199,6 +181,16 @@ impl Scheduler {
             && self.parts[p].woken.contains(&vm)
             && self.under_share_by_use(p, vm, top)
     }
+}
+
+/// GPU time `v` has used since it last woke (its busy period so far),
+/// the running period billed up to `now` included.
+fn use_since_wake(v: &Vm, now: Nanos) -> Nanos {
+    let billed = if v.active > 0 { billable(v, now) } else { 0 };
+    v.stats
+        .gpu_ns
+        .saturating_add(billed)
+        .saturating_sub(v.gpu_at_wake)
 }
 
 #[cfg(test)]

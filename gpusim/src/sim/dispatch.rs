@@ -215,6 +215,56 @@ impl SimGpu {
         true
     }
 
+    /// The waves of `slot` (partition `p`) left their CUs now, saved or
+    /// killed: a guest of another queue that shares one of those CUs runs
+    /// on alone at its solo rate once the trap has stopped them (`now +
+    /// trap_ns`), so its end moves up to that instant plus the solo work it
+    /// has left (`occupancy::guest_left`). Without this a guest placed
+    /// beside an owner that is saved at once (a real-time queue ringing
+    /// while the scheduler saves the lower queue off its CUs) would keep
+    /// the doubled end of processor sharing: a whole extra round of its
+    /// kernel. CUs where the slot's waves without a save point still run
+    /// stay shared.
+    pub(super) fn unshare_guests(&mut self, p: usize, slot: u32) {
+        let t = self.now.saturating_add(self.topo.cwsr.trap_ns);
+        let owner = slot + 1;
+        let mut still = vec![false; self.parts[p].cu_owner.len()];
+        for w in self.wgs.iter() {
+            if w.live && !w.guest && w.slot == slot {
+                if let Some(c) = still.get_mut(w.cu as usize) {
+                    *c = true;
+                }
+            }
+        }
+        for wi in 0..self.wgs.len() {
+            let w = &self.wgs[wi];
+            let cu = w.cu as usize;
+            if !w.live
+                || !w.guest
+                || w.slot == slot
+                || self.slot_part[w.slot as usize] as usize != p
+                || t >= w.shared_until
+                || self.parts[p].cu_owner.get(cu) != Some(&owner)
+                || still.get(cu).copied().unwrap_or(true)
+            {
+                continue;
+            }
+            let left = occupancy::guest_left(t, w.end, w.shared_until);
+            let w = &mut self.wgs[wi];
+            w.end = t.saturating_add(left);
+            w.shared_until = t;
+            w.gen = w.gen.wrapping_add(1);
+            let (end, gen) = (w.end, w.gen);
+            self.arm(
+                end,
+                Timer::WgDone {
+                    idx: wi as u32,
+                    gen,
+                },
+            );
+        }
+    }
+
     /// CU round robin across batches: when a queue that wants CUs holds
     /// fewer than an equal split of the partition, the batches of queues
     /// holding more stop at the end of their current round, whose CUs the

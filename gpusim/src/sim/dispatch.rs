@@ -22,6 +22,7 @@ impl SimGpu {
             }),
             "guest lanes and CU owners disagree"
         );
+        self.unshare_left(pi);
         while self.parts[pi].free_cus > 0 {
             let mut chosen = None;
             for k in 0..n {
@@ -213,6 +214,44 @@ impl SimGpu {
             work: cost,
         });
         true
+    }
+
+    /// The owners of the CUs in partition `p`'s `left` list left them
+    /// (their workgroup or batch round ended, or the CU was taken from the
+    /// batch) while a guest ran there: each such guest still sharing runs
+    /// on alone from now, ending after the solo work it has left. The
+    /// guest's end was set at placement from the owner's expected stay (a
+    /// batch's whole remaining rounds), which a batch cut at a round end
+    /// or a mask change does not keep.
+    pub(super) fn unshare_left(&mut self, p: usize) {
+        if self.parts[p].left.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let left = std::mem::take(&mut self.parts[p].left);
+        for cu in left {
+            let Some(wi) = self.wgs.iter().position(|w| {
+                w.live && w.guest && w.cu == cu && self.slot_part[w.slot as usize] as usize == p
+            }) else {
+                continue;
+            };
+            let w = &mut self.wgs[wi];
+            if now >= w.shared_until {
+                continue;
+            }
+            let rest = occupancy::guest_left(now, w.end, w.shared_until);
+            w.end = now.saturating_add(rest);
+            w.shared_until = now;
+            w.gen = w.gen.wrapping_add(1);
+            let (end, gen) = (w.end, w.gen);
+            self.arm(
+                end,
+                Timer::WgDone {
+                    idx: wi as u32,
+                    gen,
+                },
+            );
+        }
     }
 
     /// The waves of `slot` (partition `p`) left their CUs now, saved or
@@ -579,6 +618,8 @@ pub(super) fn release_cu(part: &mut Part, cu: u32) -> bool {
         *o = 0;
         part.lanes.remove(cu);
         if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
+            // Its guest runs on alone from now (`SimGpu::unshare_left`).
+            part.left.push(cu);
             return false;
         }
         part.free_mask.insert(cu);

@@ -275,9 +275,9 @@ impl SimGpu {
                     }
                 }
                 self.stats.killed_wgs += killed as u64;
-                // Guests beside the killed waves run on alone.
-                self.unshare_guests(p, s);
                 let q = self.slots[s as usize].as_mut().expect("slot");
+                // Their CUs are free now: guests beside the killed waves
+                // run on alone from now (`unshare_left`, at the dispatch).
                 let freed = release_cus(&mut self.parts[p], s, false);
                 release_guests(&mut self.parts[p], s);
                 // Packets that completed out of order (signal decremented, header

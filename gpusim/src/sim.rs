@@ -352,6 +352,9 @@ struct Part {
     cu_debt: Vec<Nanos>,
     /// Where the next guest search starts (round robin over CUs).
     guest_rr: usize,
+    /// CUs whose owner left while a guest ran there: the guest runs on
+    /// alone (`SimGpu::unshare_left`, at the next dispatch).
+    left: Vec<u32>,
 }
 
 /// The simulated GPU. See the module docs.
@@ -422,6 +425,7 @@ impl SimGpu {
                 lanes: CuMask::none(topo.cus_per_partition()),
                 cu_debt: vec![0; topo.cus_per_partition() as usize],
                 guest_rr: 0,
+                left: Vec::new(),
             })
             .collect();
         for (i, s) in slots.iter().enumerate() {

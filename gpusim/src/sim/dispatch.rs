@@ -22,6 +22,7 @@ impl SimGpu {
             }),
             "guest lanes and CU owners disagree"
         );
+        self.unshare_left(pi);
         while self.parts[pi].free_cus > 0 {
             let mut chosen = None;
             for k in 0..n {
@@ -213,6 +214,94 @@ impl SimGpu {
             work: cost,
         });
         true
+    }
+
+    /// The owners of the CUs in partition `p`'s `left` list left them
+    /// (their workgroup or batch round ended, or the CU was taken from the
+    /// batch) while a guest ran there: each such guest still sharing runs
+    /// on alone from now, ending after the solo work it has left. The
+    /// guest's end was set at placement from the owner's expected stay (a
+    /// batch's whole remaining rounds), which a batch cut at a round end
+    /// or a mask change does not keep.
+    pub(super) fn unshare_left(&mut self, p: usize) {
+        if self.parts[p].left.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let left = std::mem::take(&mut self.parts[p].left);
+        for cu in left {
+            let Some(wi) = self.wgs.iter().position(|w| {
+                w.live && w.guest && w.cu == cu && self.slot_part[w.slot as usize] as usize == p
+            }) else {
+                continue;
+            };
+            let w = &mut self.wgs[wi];
+            if now >= w.shared_until {
+                continue;
+            }
+            let rest = occupancy::guest_left(now, w.end, w.shared_until);
+            w.end = now.saturating_add(rest);
+            w.shared_until = now;
+            w.gen = w.gen.wrapping_add(1);
+            let (end, gen) = (w.end, w.gen);
+            self.arm(
+                end,
+                Timer::WgDone {
+                    idx: wi as u32,
+                    gen,
+                },
+            );
+        }
+    }
+
+    /// The waves of `slot` (partition `p`) left their CUs now, saved or
+    /// killed: a guest of another queue that shares one of those CUs runs
+    /// on alone at its solo rate once the trap has stopped them (`now +
+    /// trap_ns`), so its end moves up to that instant plus the solo work it
+    /// has left (`occupancy::guest_left`). Without this a guest placed
+    /// beside an owner that is saved at once (a real-time queue ringing
+    /// while the scheduler saves the lower queue off its CUs) would keep
+    /// the doubled end of processor sharing: a whole extra round of its
+    /// kernel. CUs where the slot's waves without a save point still run
+    /// stay shared.
+    pub(super) fn unshare_guests(&mut self, p: usize, slot: u32) {
+        let t = self.now.saturating_add(self.topo.cwsr.trap_ns);
+        let owner = slot + 1;
+        let mut still = vec![false; self.parts[p].cu_owner.len()];
+        for w in self.wgs.iter() {
+            if w.live && !w.guest && w.slot == slot {
+                if let Some(c) = still.get_mut(w.cu as usize) {
+                    *c = true;
+                }
+            }
+        }
+        for wi in 0..self.wgs.len() {
+            let w = &self.wgs[wi];
+            let cu = w.cu as usize;
+            if !w.live
+                || !w.guest
+                || w.slot == slot
+                || self.slot_part[w.slot as usize] as usize != p
+                || t >= w.shared_until
+                || self.parts[p].cu_owner.get(cu) != Some(&owner)
+                || still.get(cu).copied().unwrap_or(true)
+            {
+                continue;
+            }
+            let left = occupancy::guest_left(t, w.end, w.shared_until);
+            let w = &mut self.wgs[wi];
+            w.end = t.saturating_add(left);
+            w.shared_until = t;
+            w.gen = w.gen.wrapping_add(1);
+            let (end, gen) = (w.end, w.gen);
+            self.arm(
+                end,
+                Timer::WgDone {
+                    idx: wi as u32,
+                    gen,
+                },
+            );
+        }
     }
 
     /// CU round robin across batches: when a queue that wants CUs holds
@@ -529,6 +618,8 @@ pub(super) fn release_cu(part: &mut Part, cu: u32) -> bool {
         *o = 0;
         part.lanes.remove(cu);
         if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
+            // Its guest runs on alone from now (`SimGpu::unshare_left`).
+            part.left.push(cu);
             return false;
         }
         part.free_mask.insert(cu);

@@ -146,6 +146,79 @@ fn a_saved_guest_resumes_with_the_work_it_had_left() {
     assert_eq!(gpu.free_cus(0), 16);
 }
 
+#[test]
+fn a_guest_runs_on_alone_once_its_host_is_saved_or_killed() {
+    // A 40 us workgroup placed beside a 1 ms kernel at 100 us shares its
+    // CU at half rate (it would end at 180 us). The kernel's queue is saved
+    // (or reset) 10 us later: from the trap on the guest runs alone, so it
+    // ends at the trap plus the solo work it had left, not at 180 us (the
+    // doubled end that cost a real-time job a whole round, seed 50103).
+    for mode in [DequeueMode::SaveWaves, DequeueMode::ResetWaves] {
+        let t = topo();
+        let trap = t.cwsr.trap_ns;
+        let mut vm = TestVm::new(64 << 20);
+        let mut lo = vm.queue(&t, 64, 5);
+        let mut hi = vm.queue(&t, 64, 5);
+        vm.kernel_vgprs = 64;
+        vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
+        vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 40_000, 2, false);
+        let mut gpu = sim(t, 1);
+        gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
+        let mut ev = Vec::new();
+        gpu.advance(100_000, &mut ev);
+        gpu.map(100_000, map_req(&vm, &hi, 1, 1)).unwrap();
+        assert_eq!(gpu.stats().coresident_wgs, 1);
+        gpu.advance(110_000, &mut ev);
+        gpu.unmap(110_000, SlotId(0), mode).unwrap();
+        run_virtual(&mut gpu, 110_000, u64::MAX, &mut ev);
+        vm.verify(&hi).unwrap();
+        let done = completions(&ev, 1)[0];
+        // 10 us shared (half rate), and the trap for a save (a reset
+        // frees the CUs at once), the rest alone.
+        let from = match mode {
+            DequeueMode::SaveWaves => 110_000 + trap,
+            _ => 110_000,
+        };
+        let left = 40_000 - (from - 100_000) / 2;
+        assert_eq!(done, from + left, "{mode:?}: trap {trap}");
+        assert!(done < 180_000, "{mode:?}: {done}");
+    }
+}
+
+#[test]
+fn a_guest_runs_on_alone_once_its_hosts_batch_leaves_the_cu() {
+    // A 150 us workgroup goes beside a 3-round kernel (16 CUs, 100 us
+    // workgroups) at 10 us: with the batch's 290 us left it would share
+    // until 310 us. The kernel's queue is then narrowed to one CU (a mask
+    // change, as a reservation makes): at a round end the batch leaves the
+    // guest's CU (250 us: its rounds end as late as the guest's delay moved
+    // them), and the guest runs on alone: 120 us of its work done shared,
+    // 30 us left, it ends at 280 us, not at the doubled 310 us (what it
+    // did before: the end set at placement was kept).
+    let t = topo();
+    let mut vm = TestVm::new(64 << 20);
+    let mut lo = vm.queue(&t, 64, 5);
+    let mut hi = vm.queue(&t, 64, 5);
+    vm.kernel_vgprs = 64;
+    vm.kernel(&mut lo, KernelKind::Mark, 48, 256, 100_000, 1, false);
+    vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 150_000, 2, false);
+    let mut gpu = sim(t, 1);
+    gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
+    let mut ev = Vec::new();
+    gpu.advance(10_000, &mut ev);
+    gpu.map(10_000, map_req(&vm, &hi, 1, 1)).unwrap();
+    assert_eq!(gpu.stats().coresident_wgs, 1);
+    gpu.advance(20_000, &mut ev);
+    let mut one = CuMask::none(16);
+    one.insert(15);
+    gpu.set_cu_mask(20_000, SlotId(0), &one).unwrap();
+    run_virtual(&mut gpu, 20_000, u64::MAX, &mut ev);
+    vm.verify(&lo).unwrap();
+    vm.verify(&hi).unwrap();
+    assert_eq!(completions(&ev, 1)[0], 280_000);
+    assert_eq!(gpu.free_cus(0), 16);
+}
+
 /// The footprint of a random kernel shape: VGPRs per work-item (0: whole
 /// CU) and work-items.
 fn shape(code: u8) -> (u16, u16) {

@@ -244,6 +244,10 @@ impl SimGpu {
                 if unsaved > 0 {
                     q.save_waiting = true;
                     self.stats.saves_waiting += 1;
+                }
+                // Guests beside the saved waves run on alone.
+                self.unshare_guests(p, s);
+                if unsaved > 0 {
                     return Ok(());
                 }
                 self.arm_save_done(s);
@@ -264,7 +268,6 @@ impl SimGpu {
                         return Ok(());
                     }
                 }
-                let q = self.slots[s as usize].as_mut().expect("slot");
                 for (wi, w) in self.wgs.iter_mut().enumerate() {
                     if w.live && w.slot == s && w.qgen == gen {
                         retire_wg(w, wi, &mut self.free_wgs);
@@ -272,6 +275,9 @@ impl SimGpu {
                     }
                 }
                 self.stats.killed_wgs += killed as u64;
+                let q = self.slots[s as usize].as_mut().expect("slot");
+                // Their CUs are free now: guests beside the killed waves
+                // run on alone from now (`unshare_left`, at the dispatch).
                 let freed = release_cus(&mut self.parts[p], s, false);
                 release_guests(&mut self.parts[p], s);
                 // Packets that completed out of order (signal decremented, header

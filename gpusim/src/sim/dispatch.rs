@@ -235,23 +235,30 @@ impl SimGpu {
             }) else {
                 continue;
             };
-            let w = &mut self.wgs[wi];
-            if now >= w.shared_until {
+            if now >= self.wgs[wi].shared_until {
                 continue;
             }
-            let rest = occupancy::guest_left(now, w.end, w.shared_until);
-            w.end = now.saturating_add(rest);
-            w.shared_until = now;
-            w.gen = w.gen.wrapping_add(1);
-            let (end, gen) = (w.end, w.gen);
-            self.arm(
-                end,
-                Timer::WgDone {
-                    idx: wi as u32,
-                    gen,
-                },
-            );
+            self.run_guest_alone(wi, now);
         }
+    }
+
+    /// Guest workgroup `wi` runs alone on its CU from `t`: its end moves to
+    /// `t` plus the solo work it has left ([`occupancy::guest_left`]), and
+    /// its completion timer is re-armed (the old one goes stale).
+    fn run_guest_alone(&mut self, wi: usize, t: Nanos) {
+        let w = &mut self.wgs[wi];
+        let left = occupancy::guest_left(t, w.end, w.shared_until);
+        w.end = t.saturating_add(left);
+        w.shared_until = t;
+        w.gen = w.gen.wrapping_add(1);
+        let (end, gen) = (w.end, w.gen);
+        self.arm(
+            end,
+            Timer::WgDone {
+                idx: wi as u32,
+                gen,
+            },
+        );
     }
 
     /// The waves of `slot` (partition `p`) left their CUs now, saved or
@@ -288,19 +295,7 @@ impl SimGpu {
             {
                 continue;
             }
-            let left = occupancy::guest_left(t, w.end, w.shared_until);
-            let w = &mut self.wgs[wi];
-            w.end = t.saturating_add(left);
-            w.shared_until = t;
-            w.gen = w.gen.wrapping_add(1);
-            let (end, gen) = (w.end, w.gen);
-            self.arm(
-                end,
-                Timer::WgDone {
-                    idx: wi as u32,
-                    gen,
-                },
-            );
+            self.run_guest_alone(wi, t);
         }
     }
 

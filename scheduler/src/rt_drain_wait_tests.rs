@@ -38,31 +38,11 @@ fn sched(lo_wg: Nanos) -> Scheduler {
     s
 }
 
-/// Handles `ev` (answering drains of idle queues at once); whether the
-/// lower queue was preempted with a save.
+/// Handles `ev` as the save-wait tests do (drains of idle queues answered
+/// at once; whether the lower queue was preempted with a save), then takes
+/// the CU-set changes the decision made.
 fn step(s: &mut Scheduler, ev: Event) -> bool {
-    s.handle(ev);
-    let mut saved = false;
-    while let Some(a) = s.poll_action() {
-        match a {
-            Action::Unmap {
-                queue,
-                mode: DequeueMode::DrainPipe,
-                ..
-            } => s.handle(Event::Unmapped {
-                queue,
-                has_work: false,
-                save_ns: 0,
-                now: ev.now(),
-            }),
-            Action::Unmap {
-                queue: QueueId(2),
-                mode: DequeueMode::SaveWaves,
-                ..
-            } => saved = true,
-            _ => {}
-        }
-    }
+    let saved = super::save_wait_tests::step(s, ev);
     while s.poll_cu_change().is_some() {}
     saved
 }

@@ -37,7 +37,7 @@ fn sched() -> Scheduler {
 
 /// Handles `ev`; answers drains of idle queues at once. Returns whether
 /// the low queue was preempted with a save.
-fn step(s: &mut Scheduler, ev: Event) -> bool {
+pub(super) fn step(s: &mut Scheduler, ev: Event) -> bool {
     s.handle(ev);
     let mut saved = false;
     while let Some(a) = s.poll_action() {

@@ -322,9 +322,10 @@ struct Wg {
     end: Nanos,
     gen: u32,
     live: bool,
-    /// Runs beside another queue's workgroup on `cu` (occupancy), sharing
-    /// it until `shared_until`.
+    /// Runs beside another queue's workgroup on `cu` (occupancy).
     guest: bool,
+    /// Shares its CU at half rate until then (a guest, or an owner beside
+    /// one; 0 or past: runs alone).
     shared_until: Nanos,
     /// The work (ns at its solo rate) it started with: its cost, or what a
     /// saved workgroup had left. Credited as CU time when it completes; a
@@ -643,6 +644,8 @@ impl SimGpu {
         q.resume.clear();
         q.state = HState::Error(reason);
         let tag = q.tag;
+        // Owners beside its dropped guests run on alone.
+        self.unshare_owners(p, self.now);
         self.report_queue_error(slot, tag, reason);
         if was_unmapping {
             // The dequeue completes at once; the queue's state is lost.

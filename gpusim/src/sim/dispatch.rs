@@ -168,10 +168,16 @@ impl SimGpu {
                 (d, wall)
             }
             Err(wi) => {
+                // The owner runs at half rate while the guest shares its
+                // CU: it is delayed by `d` over the window `[now, now +
+                // 2d)`, kept so that a save or the guest's early leaving
+                // sees its solo work left (not its stretched end).
                 let w = &mut self.wgs[wi as usize];
-                let (d, wall) = occupancy::share(cost, w.end.saturating_sub(now));
+                let left = occupancy::solo_left(now, w.end, w.shared_until);
+                let (d, wall) = occupancy::share(cost, left);
                 if d > 0 {
-                    w.end = w.end.saturating_add(d);
+                    w.end = now.saturating_add(left).saturating_add(d);
+                    w.shared_until = now.saturating_add(d.saturating_mul(2));
                     w.gen = w.gen.wrapping_add(1);
                     let (end, gen) = (w.end, w.gen);
                     self.arm(end, Timer::WgDone { idx: wi, gen });
@@ -238,16 +244,16 @@ impl SimGpu {
             if now >= self.wgs[wi].shared_until {
                 continue;
             }
-            self.run_guest_alone(wi, now);
+            self.run_alone(wi, now);
         }
     }
 
     /// Guest workgroup `wi` runs alone on its CU from `t`: its end moves to
-    /// `t` plus the solo work it has left ([`occupancy::guest_left`]), and
+    /// `t` plus the solo work it has left ([`occupancy::solo_left`]), and
     /// its completion timer is re-armed (the old one goes stale).
-    fn run_guest_alone(&mut self, wi: usize, t: Nanos) {
+    fn run_alone(&mut self, wi: usize, t: Nanos) {
         let w = &mut self.wgs[wi];
-        let left = occupancy::guest_left(t, w.end, w.shared_until);
+        let left = occupancy::solo_left(t, w.end, w.shared_until);
         w.end = t.saturating_add(left);
         w.shared_until = t;
         w.gen = w.gen.wrapping_add(1);
@@ -261,11 +267,33 @@ impl SimGpu {
         );
     }
 
+    /// Owners in partition `p` whose guest left before their shared window
+    /// ended (saved, killed or failed) run on alone from `t`: their end
+    /// moves up to `t` plus the solo work they have left. Without this an
+    /// owner kept the delay of a guest that was saved at once, and a saved
+    /// owner's remaining work counted that delay: a workgroup saved once
+    /// per period beside a guest of its own VM's other queue grew its work
+    /// each time and never ended.
+    pub(super) fn unshare_owners(&mut self, p: usize, t: Nanos) {
+        for wi in 0..self.wgs.len() {
+            let w = &self.wgs[wi];
+            if !w.live
+                || w.guest
+                || t >= w.shared_until
+                || self.slot_part[w.slot as usize] as usize != p
+                || self.parts[p].cu_guest.get(w.cu as usize) != Some(&0)
+            {
+                continue;
+            }
+            self.run_alone(wi, t);
+        }
+    }
+
     /// The waves of `slot` (partition `p`) left their CUs now, saved or
     /// killed: a guest of another queue that shares one of those CUs runs
     /// on alone at its solo rate once the trap has stopped them (`now +
     /// trap_ns`), so its end moves up to that instant plus the solo work it
-    /// has left (`occupancy::guest_left`). Without this a guest placed
+    /// has left (`occupancy::solo_left`). Without this a guest placed
     /// beside an owner that is saved at once (a real-time queue ringing
     /// while the scheduler saves the lower queue off its CUs) would keep
     /// the doubled end of processor sharing: a whole extra round of its
@@ -295,7 +323,7 @@ impl SimGpu {
             {
                 continue;
             }
-            self.run_guest_alone(wi, t);
+            self.run_alone(wi, t);
         }
     }
 

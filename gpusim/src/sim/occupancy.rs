@@ -120,9 +120,11 @@ pub fn share(cost: u64, host_left: u64) -> (u64, u64) {
     (d, cost.saturating_add(d))
 }
 
-/// Solo work a guest has left at `now` when it ends at `end` and shared
-/// its CU until `shared_until` (at half rate).
-pub fn guest_left(now: u64, end: u64, shared_until: u64) -> u64 {
+/// Solo work a workgroup has left at `now` when it ends at `end` and
+/// shares its CU until `shared_until` (at half rate): the guest of a CU, or
+/// its owner delayed by that guest (both run at half rate over the same
+/// window).
+pub fn solo_left(now: u64, end: u64, shared_until: u64) -> u64 {
     if now >= shared_until {
         end.saturating_sub(now)
     } else {
@@ -180,8 +182,8 @@ mod tests {
         // A long guest beside a host with 2 us left: the host is 2 us late.
         assert_eq!(share(1_000_000, 2_000), (2_000, 1_002_000));
         // Work left halfway through the shared part.
-        assert_eq!(guest_left(5_000, 10_000, 10_000), 2_500);
-        assert_eq!(guest_left(12_000, 20_000, 10_000), 8_000);
+        assert_eq!(solo_left(5_000, 10_000, 10_000), 2_500);
+        assert_eq!(solo_left(12_000, 20_000, 10_000), 8_000);
     }
 
     proptest! {
@@ -194,7 +196,7 @@ mod tests {
             // Shared part: 2d of wall time at half rate gives each d.
             prop_assert_eq!(wall, cost + d);
             prop_assert!(d <= left && d <= cost);
-            prop_assert_eq!(guest_left(0, wall, 2 * d), cost);
+            prop_assert_eq!(solo_left(0, wall, 2 * d), cost);
         }
     }
 }

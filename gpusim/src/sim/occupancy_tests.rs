@@ -219,6 +219,106 @@ fn a_guest_runs_on_alone_once_its_hosts_batch_leaves_the_cu() {
     assert_eq!(gpu.free_cus(0), 16);
 }
 
+/// Where the guest's visit ends in [`owner_beside_a_guest_that_leaves`].
+#[derive(Clone, Copy, Debug)]
+enum Visit {
+    /// No guest comes.
+    None,
+    /// The guest's queue is saved 10 us after it came.
+    GuestSaved,
+    /// The owner's queue is saved 10 us after the guest came, then
+    /// restored.
+    OwnerSaved,
+}
+
+/// A 16-workgroup kernel of 1 ms workgroups (one round on 16 CUs) is saved
+/// at 100 us and restored: its workgroups run on as single workgroups
+/// (900 us left each). 50 us after the restore a 40 us workgroup of another
+/// queue comes beside one of them; 10 us later `visit` ends it. Returns
+/// when the kernel completes, less the restores' time and the owner's
+/// time off the GPU.
+fn owner_beside_a_guest_that_leaves(visit: Visit) -> Nanos {
+    let t = topo();
+    let mut vm = TestVm::new(64 << 20);
+    let mut lo = vm.queue(&t, 64, 5);
+    let mut hi = vm.queue(&t, 64, 5);
+    vm.kernel_vgprs = 64;
+    vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
+    vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 40_000, 2, false);
+    let mut gpu = sim(t, 1);
+    let mut ev = Vec::new();
+    // Saves `slot` at `at`; returns when it is unmapped, its MQD taken.
+    let save =
+        |gpu: &mut SimGpu, ev: &mut Vec<GpuEvent>, q: &mut GuestQueue, slot: u32, at: Nanos| {
+            gpu.unmap(at, SlotId(slot), DequeueMode::SaveWaves).unwrap();
+            let done = run_virtual(gpu, at, at + 100_000, ev);
+            let mqd = ev
+                .iter()
+                .find_map(|e| match e {
+                    GpuEvent::Unmapped { tag, mqd, .. } if *tag == slot as u64 => Some(mqd.clone()),
+                    _ => None,
+                })
+                .expect("saved");
+            q.mqd = *mqd;
+            ev.clear();
+            done.max(gpu.now())
+        };
+    gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
+    gpu.advance(100_000, &mut ev);
+    let t0 = save(&mut gpu, &mut ev, &mut lo, 0, 100_000);
+    gpu.map(t0, map_req(&vm, &lo, 0, 0)).unwrap();
+    let r = gpu.stats().restore_ns_total;
+    let at = t0 + r + 50_000;
+    gpu.advance(at, &mut ev);
+    if !matches!(visit, Visit::None) {
+        gpu.map(at, map_req(&vm, &hi, 1, 1)).unwrap();
+        assert_eq!(gpu.stats().coresident_wgs, 1, "{visit:?}");
+        gpu.advance(at + 10_000, &mut ev);
+    }
+    let mut off = 0;
+    match visit {
+        Visit::None => {}
+        Visit::GuestSaved => {
+            save(&mut gpu, &mut ev, &mut hi, 1, at + 10_000);
+        }
+        Visit::OwnerSaved => {
+            let t1 = save(&mut gpu, &mut ev, &mut lo, 0, at + 10_000);
+            // Restored 200 us later (the guest has ended by then): what
+            // the owner had left runs from the restore's end.
+            let t2 = t1 + 200_000;
+            gpu.advance(t2, &mut ev);
+            let r0 = gpu.stats().restore_ns_total;
+            gpu.map(t2, map_req(&vm, &lo, 0, 0)).unwrap();
+            off = t2 - (at + 10_000) + (gpu.stats().restore_ns_total - r0);
+        }
+    }
+    let now = gpu.now();
+    run_virtual(&mut gpu, now, u64::MAX, &mut ev);
+    vm.verify(&lo).unwrap();
+    assert_eq!(gpu.free_cus(0), 16, "{visit:?}");
+    completions(&ev, 0)[0] - r - off
+}
+
+#[test]
+fn an_owner_keeps_only_the_delay_its_guest_caused() {
+    // The guest shares the owner's CU 10 us (until the trap of its save,
+    // or the owner's own save): the owner loses half of that, not the
+    // guest's whole 40 us. Before, the owner kept the 40 us delay a guest
+    // saved at once had set, and a saved owner counted it as work left: a
+    // workgroup saved once per period beside a guest of its VM's other
+    // queue grew its work every period and never ended (seed 50148).
+    let trap = topo().cwsr.trap_ns;
+    let alone = owner_beside_a_guest_that_leaves(Visit::None);
+    let guest_saved = owner_beside_a_guest_that_leaves(Visit::GuestSaved);
+    assert_eq!(
+        guest_saved - alone,
+        (10_000 + trap).div_ceil(2),
+        "trap {trap}"
+    );
+    let owner_saved = owner_beside_a_guest_that_leaves(Visit::OwnerSaved);
+    assert_eq!(owner_saved - alone, 5_000);
+}
+
 /// The footprint of a random kernel shape: VGPRs per work-item (0: whole
 /// CU) and work-items.
 fn shape(code: u8) -> (u16, u16) {

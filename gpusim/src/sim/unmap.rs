@@ -213,13 +213,14 @@ impl SimGpu {
                         // in its lane, freed when it ends); its waves are
                         // saved with the rest (the work it has left, at its
                         // solo rate).
-                        let remaining = if w.guest {
+                        // The work it has left at its solo rate (an owner
+                        // beside a guest, or a guest, runs at half rate
+                        // until its `shared_until`).
+                        if w.guest {
                             guests += 1;
                             release_guest(&mut self.parts[p], w.cu, s);
-                            occupancy::guest_left(now, w.end, w.shared_until)
-                        } else {
-                            w.end.saturating_sub(now)
-                        };
+                        }
+                        let remaining = occupancy::solo_left(now, w.end, w.shared_until);
                         let remaining = remaining.max(MIN_WG_NS);
                         // The part done is CU time received (the rest is
                         // credited when the restored workgroup completes).
@@ -245,8 +246,10 @@ impl SimGpu {
                     q.save_waiting = true;
                     self.stats.saves_waiting += 1;
                 }
-                // Guests beside the saved waves run on alone.
+                // Guests beside the saved waves run on alone, and so do
+                // owners beside its saved guests.
                 self.unshare_guests(p, s);
+                self.unshare_owners(p, now.saturating_add(self.topo.cwsr.trap_ns));
                 if unsaved > 0 {
                     return Ok(());
                 }
@@ -303,6 +306,8 @@ impl SimGpu {
                 // held for its saved waves.
                 q.held_cus = 0;
                 self.parts[p].free_cus += freed;
+                // Owners beside its killed guests run on alone.
+                self.unshare_owners(p, now);
                 let t = self.topo.cwsr.trap_ns;
                 // The records are written when the dequeue finishes.
                 self.arm(now.saturating_add(t), Timer::UnmapDone { slot: s, gen });

@@ -17,15 +17,18 @@ const OWNER_WIDTH: u64 = 10;
 
 /// A world with the geometry, a busy lower VM (VM 0, priority 2, whole-CU
 /// workgroups of 600 us: no co-residence, no drain) of `queues` busy
-/// queues dispatching `width` workgroups, and a narrow RT owner (VM 1,
-/// priority 12). Returns (lower queues, owner queue).
-fn rig(queues: u32, width: u64) -> (World, Vec<QueueId>, QueueId) {
+/// queues dispatching kernels of `widths` workgroups (in that order), and
+/// a narrow RT owner (VM 1, priority 12). Returns (lower queues, owner
+/// queue).
+fn rig(queues: u32, widths: &[u64]) -> (World, Vec<QueueId>, QueueId) {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
     w.s.set_cu_geometry(CUS, 8);
     let lo = w.vm(0, 2, 1, queues);
     let hi = w.vm(1, 12, 1, 1)[0];
     for &q in &lo {
-        w.s.note_dispatch_width(q, width);
+        for &wgs in widths {
+            w.s.note_dispatch_width(q, wgs);
+        }
         w.s.note_dispatch_occupancy(q, 600_000, false);
         w.submit(q, 100_000 * MS);
     }
@@ -80,7 +83,7 @@ fn steady(w: &mut World, hi: QueueId, period: Nanos) -> (u64, bool) {
 #[test]
 fn a_narrow_owner_keeps_its_reservation_beside_several_lower_queues() {
     for period in [1_500_000, 2_037_000, 3_000_000] {
-        let (mut w, lo, hi) = rig(3, 304);
+        let (mut w, lo, hi) = rig(3, &[304]);
         let lo_gpu = w.gpu_ns(0);
         let (pre, held) = steady(&mut w, hi, period);
         assert_eq!(
@@ -111,7 +114,7 @@ fn a_narrow_owner_keeps_its_reservation_beside_several_lower_queues() {
 /// and each job sets it up again with a save, as before.
 #[test]
 fn a_lone_lock_step_lower_kernel_gets_every_cu_back_in_the_gaps() {
-    let (mut w, lo, hi) = rig(1, 304);
+    let (mut w, lo, hi) = rig(1, &[304]);
     let (pre, held) = steady(&mut w, hi, 2_037_000);
     assert!(
         !held,
@@ -129,7 +132,7 @@ fn a_lone_lock_step_lower_kernel_gets_every_cu_back_in_the_gaps() {
 /// rounds do.
 #[test]
 fn a_lone_lower_kernel_that_fits_the_rest_keeps_running_beside_it() {
-    let (mut w, lo, hi) = rig(1, 200);
+    let (mut w, lo, hi) = rig(1, &[200]);
     let (pre, held) = steady(&mut w, hi, 1_500_000);
     assert_eq!(pre, 0, "lower work saved in steady state");
     assert!(held, "the reservation lapsed in a gap");
@@ -141,7 +144,7 @@ fn a_lone_lower_kernel_that_fits_the_rest_keeps_running_beside_it() {
 /// `spatial_hold_ns` and the lower work gets every CU back between jobs.
 #[test]
 fn a_rare_owner_lets_its_reservation_lapse() {
-    let (mut w, lo, hi) = rig(3, 304);
+    let (mut w, lo, hi) = rig(3, &[304]);
     let period = 200 * MS;
     let mut t = MS;
     for _ in 0..8 {

@@ -8,7 +8,9 @@
 //!   `lambda` of its throughput for `g`. A lower VM with one busy queue runs
 //!   one kernel of `W` workgroups at a time in lock-step rounds: `ceil(W /
 //!   N')` rounds instead of `ceil(W / N)`, `lambda = 1 - ceil(W / N) /
-//!   ceil(W / N')` (a whole round when `W` just fills the partition); a VM
+//!   ceil(W / N')` (a whole round when `W` just fills the partition), the
+//!   worst of its last 8 dispatches (`Spatial::recent`: a job's kernels of
+//!   different widths each run their own rounds); a VM
 //!   with several busy queues fills the CUs a kernel's last round leaves
 //!   with its other kernels, and loses the reserved CUs only, `lambda = k /
 //!   N` per XCC. The worst lower VM decides.
@@ -63,17 +65,18 @@ impl Scheduler {
         // lambda as a fraction num / den: the reserved CUs' share at least.
         let (mut num, mut den) = (k, n_xcc);
         for (vm, queues) in &per_vm {
-            if *queues != 1 {
+            if *queues != 1 || rest == 0 {
                 continue;
             }
-            let w = sp.width.get(vm).copied().unwrap_or(0);
-            if w == 0 || rest == 0 {
+            let Some(recent) = sp.recent.get(vm) else {
                 continue;
-            }
-            let (a, b) = (w.div_ceil(all), w.div_ceil(rest));
-            // (b - a) / b > num / den ?
-            if u128::from(b - a) * u128::from(den) > u128::from(num) * u128::from(b) {
-                (num, den) = (b - a, b);
+            };
+            for w in recent.iter() {
+                let (a, b) = (w.div_ceil(all), w.div_ceil(rest));
+                // (b - a) / b > num / den ?
+                if u128::from(b - a) * u128::from(den) > u128::from(num) * u128::from(b) {
+                    (num, den) = (b - a, b);
+                }
             }
         }
         let c = u128::from(n_saves) * u128::from(t_sw) * u128::from(den) / u128::from(num.max(1));

@@ -24,8 +24,10 @@
 //! alone; CWSR at most 10% of the run), so they weigh the same: keeping
 //! is worth it while `lambda x g < n x t_sw`, i.e. the gap hold
 //! (`GapHist::hold_ns`) with a switch worth `c = n x t_sw / lambda` of gap
-//! time. Never shorter than the whole partition's cost-aware hold (what
-//! the reservation replaces).
+//! time. It only extends the hold: never shorter than `spatial_hold_ns`
+//! and the whole partition's cost-aware hold (the rules before it; where
+//! those keep a reservation that costs a lone lock-step lower kernel a
+//! round, both targets fail either way: docs/scheduling.md).
 
 use super::*;
 use crate::spatial::Reservation;

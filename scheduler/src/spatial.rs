@@ -124,6 +124,35 @@ pub(crate) struct Spatial {
     pub stats: SpatialStats,
     /// Per VM: occupancy of its recent dispatches.
     pub occ: BTreeMap<VmId, Occupancy>,
+    /// Per VM: its last [`RECENT_WIDTHS`] dispatch widths (the lock-step
+    /// rounds a reservation costs each of its kernels: `engine/res_hold.rs`).
+    pub recent: BTreeMap<VmId, RecentWidths>,
+}
+
+/// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.
+pub(crate) const RECENT_WIDTHS: usize = 8;
+
+/// A VM's latest dispatch widths, in a ring (0: no dispatch there yet).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RecentWidths {
+    w: [u64; RECENT_WIDTHS],
+    next: usize,
+}
+
+impl RecentWidths {
+    /// Records one dispatch of `wgs` workgroups (0 is ignored).
+    pub fn push(&mut self, wgs: u64) {
+        if wgs == 0 {
+            return;
+        }
+        self.w[self.next % RECENT_WIDTHS] = wgs;
+        self.next = (self.next + 1) % RECENT_WIDTHS;
+    }
+
+    /// The widths recorded (at most [`RECENT_WIDTHS`], any order).
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.w.iter().copied().filter(|&w| w > 0)
+    }
 }
 
 impl Spatial {
@@ -136,6 +165,7 @@ impl Spatial {
     pub fn note(&mut self, vm: VmId, wgs: u64) {
         let w = self.width.entry(vm).or_insert(0);
         *w = wgs.max(*w - *w / 8);
+        self.recent.entry(vm).or_default().push(wgs);
     }
 
     /// Records the occupancy of a doorbell's dispatches by `vm`.
@@ -459,6 +489,25 @@ mod tests {
         let last = s.occ[&vm].last_arrival.unwrap();
         s.note_arrival(vm, last + 1_122_000);
         assert_eq!(s.occ[&vm].interval_ns, 122_000 - 15_250 + 140_250);
+    }
+
+    #[test]
+    fn recent_widths_keep_the_last_eight_dispatches() {
+        let mut r = RecentWidths::default();
+        assert_eq!(r.iter().count(), 0);
+        r.push(0);
+        assert_eq!(r.iter().count(), 0);
+        for w in 1..=10u64 {
+            r.push(w * 100);
+        }
+        let mut got: Vec<u64> = r.iter().collect();
+        got.sort_unstable();
+        assert_eq!(got, (3..=10u64).map(|w| w * 100).collect::<Vec<_>>());
+        let mut s = Spatial::default();
+        s.note(VmId(1), 304);
+        s.note(VmId(1), 200);
+        assert_eq!(s.width[&VmId(1)], 266);
+        assert!(s.recent[&VmId(1)].iter().any(|w| w == 304));
     }
 
     #[test]

@@ -305,6 +305,7 @@ impl Scheduler {
             self.parts[v.partition as usize].woken.retain(|w| *w != vm);
             self.spatial.width.remove(&vm);
             self.spatial.occ.remove(&vm);
+            self.spatial.recent.remove(&vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;

@@ -428,19 +428,19 @@ impl Scheduler {
             .is_some_and(|&(l, _, _)| l < level)
     }
 
-    /// How long a reservation of `vm` in `p` outlives its idle gaps: at
-    /// least `spatial_hold_ns`, and as long as the cost-aware hold would
-    /// keep the whole partition for it (`Scheduler::cost_hold_at_drain`):
-    /// keeping its CUs costs the lower work less than the whole partition.
-    fn spatial_hold_for(&self, p: usize, vm: VmId) -> Nanos {
-        self.cfg.spatial_hold_ns.max(self.cost_hold_at_drain(p, vm))
+    /// How long reservation `r` in `p` outlives its VM's idle gaps: at
+    /// least `spatial_hold_ns`, and as long as keeping its CUs costs the
+    /// lower work less than a lapse would (`Scheduler::reservation_hold`:
+    /// never shorter than the whole partition's cost-aware hold).
+    fn spatial_hold_for(&self, p: usize, r: Reservation) -> Nanos {
+        self.cfg.spatial_hold_ns.max(self.reservation_hold(p, r))
     }
 
     /// Does a reservation outlive its VM's idle gap (short re-ring gap or
     /// a gap the cost-aware hold would hold through, idle not longer than
     /// [`Scheduler::spatial_hold_for`], same level)?
     fn spatial_held(&self, p: usize, r: Reservation) -> bool {
-        let cost = self.cost_hold_at_drain(p, r.vm);
+        let cost = self.reservation_hold(p, r);
         let hold = self.cfg.spatial_hold_ns.max(cost);
         self.vms.get(&r.vm).is_some_and(|v| {
             !v.removed
@@ -464,7 +464,7 @@ impl Scheduler {
             .filter(|(_, _, v)| v.busy == 0)
             .map(|(p, r, v)| {
                 v.idle_at
-                    .saturating_add(self.spatial_hold_for(p, r.vm))
+                    .saturating_add(self.spatial_hold_for(p, r))
                     .saturating_add(1)
             })
             .filter(|&t| t > self.now)

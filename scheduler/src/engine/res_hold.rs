@@ -10,10 +10,15 @@
 //!   N')` rounds instead of `ceil(W / N)`, `lambda = 1 - ceil(W / N) /
 //!   ceil(W / N')` (a whole round when `W` just fills the partition), the
 //!   worst of its last 8 dispatches (`Spatial::recent`: a job's kernels of
-//!   different widths each run their own rounds); a VM
-//!   with several busy queues fills the CUs a kernel's last round leaves
-//!   with its other kernels, and loses the reserved CUs only, `lambda = k /
-//!   N` per XCC. The worst lower VM decides.
+//!   different widths each run their own rounds). A VM with `m` busy
+//!   queues whose workgroups fit half a CU runs them in phase, one
+//!   queue's workgroups beside the other's on the same CUs, so its kernels
+//!   are one lock-step kernel of `m x W` workgroups (two queues of 304
+//!   lost a third of their throughput beside 8 reserved CUs: fuzz seed
+//!   50148); a VM with several busy queues of whole-CU workgroups fills
+//!   the CUs a kernel's last round leaves with its other kernels, and
+//!   loses the reserved CUs only, `lambda = k / N` per XCC. The worst
+//!   lower VM decides.
 //! * **Lapse**: the owner's next job sets the reservation up again with a
 //!   save of every lower queue running now (their workgroups sit on the
 //!   CUs it takes): `n` saves and restores, `n x t_sw` of CWSR time per
@@ -67,13 +72,17 @@ impl Scheduler {
         // lambda as a fraction num / den: the reserved CUs' share at least.
         let (mut num, mut den) = (k, n_xcc);
         for (vm, queues) in &per_vm {
-            if *queues != 1 || rest == 0 {
+            // Several queues run in lock-step together only when their
+            // workgroups share CUs (see the module doc).
+            let in_phase = *queues == 1 || sp.occ.get(vm).is_some_and(|o| o.fits);
+            if !in_phase || rest == 0 {
                 continue;
             }
             let Some(recent) = sp.recent.get(vm) else {
                 continue;
             };
             for w in recent.iter() {
+                let w = w.saturating_mul(*queues);
                 let (a, b) = (w.div_ceil(all), w.div_ceil(rest));
                 // (b - a) / b > num / den ?
                 if u128::from(b - a) * u128::from(den) > u128::from(num) * u128::from(b) {

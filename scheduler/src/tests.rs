@@ -1818,3 +1818,6 @@ mod rt_drain_wait_tests;
 
 #[path = "wide_tests.rs"]
 mod wide_tests;
+
+#[path = "coreside_admission_tests.rs"]
+mod coreside_admission_tests;

@@ -26,7 +26,8 @@ const PERIODS: u32 = 20;
 /// (VM 0, priority 2, one queue, half-CU workgroups 1.7 ms long, full
 /// width) and a higher VM (VM 1, priority 12) of `rt_queues` queues that
 /// rings all of them every 2 ms for 20 periods, each queue dispatching
-/// `width` workgroups with solo time `solo` (one 20 us job per queue).
+/// `width` workgroups with solo time `solo` (one job of half that per
+/// queue: the fake GPU runs the queues' jobs whatever their width).
 fn rt_beside_lower(width: u64, solo: u64, rt_queues: u32) -> Run {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
     w.s.set_cu_geometry(CUS, 8);
@@ -37,11 +38,12 @@ fn rt_beside_lower(width: u64, solo: u64, rt_queues: u32) -> Run {
     w.submit(lo, 1000 * MS);
     w.run_until(MS);
     let mut coresident_periods = 0;
+    let job = solo / 2;
     for i in 0..PERIODS as u64 {
         for &q in &rts {
             w.s.note_dispatch_width(q, width);
             w.s.note_dispatch_occupancy(q, solo, true);
-            w.submit(q, 20_000);
+            w.submit(q, job);
             assert_eq!(w.state(q), QueueState::Running, "period {i}");
         }
         // Decided with every queue busy (each doorbell re-decides).

@@ -180,10 +180,12 @@ pub struct SchedConfig {
     /// Co-residence (occupancy): a higher-level owner whose recent
     /// dispatches each fit in half a CU, beside lower work whose dispatches
     /// do too, shares the lower work's CUs (no reservation, no save) when
-    /// its job's solo run time is at most this long, or at most the
-    /// partition's measured save and restore if that is longer: sharing a
-    /// CU at most doubles it, a delay within the one save and restore the
-    /// promise allows a higher VM. Default 240 us: the modelled MI300X
+    /// the delay sharing may cause its job, `2A - s` (its alone time `A`
+    /// in rounds of its solo time `s`: docs/scheduling.md, "Co-residence
+    /// admission on the job's rounds"), is at most this long, or at most
+    /// the partition's measured save and restore if that is longer: a
+    /// delay within the one save and restore the promise allows a higher
+    /// VM. Default 240 us: the modelled MI300X
     /// save and restore of a whole partition (242 us). 0 disables
     /// co-residence. The same allowance decides a drained reservation:
     /// lower VMs whose solo time is at most this (or the measured save

@@ -1821,3 +1821,6 @@ mod wide_tests;
 
 #[path = "res_hold_tests.rs"]
 mod res_hold_tests;
+
+#[path = "coreside_admission_tests.rs"]
+mod coreside_admission_tests;

@@ -114,13 +114,7 @@ impl Scheduler {
             })
         } else if owner.level < BOOST_LEVEL && lower {
             // Its busy queues at its level may each dispatch that wide.
-            let queues = self.parts[p]
-                .busy
-                .get(&owner.level)
-                .and_then(|m| m.get(&owner.vm))
-                .copied()
-                .unwrap_or(1)
-                .max(1);
+            let queues = self.owner_queues(p, owner);
             // Lower workgroups no longer than one save and restore are
             // left to end on the reserved CUs (no save): the owner's wait
             // for them takes the place of the switch in its RT bound.
@@ -256,7 +250,20 @@ impl Scheduler {
             .busy
             .range(..owner.level)
             .flat_map(|(_, m)| m.keys().copied());
-        self.spatial.can_coreside(owner.vm, lower, max)
+        self.spatial
+            .can_coreside(owner.vm, self.owner_queues(p, owner), lower, max)
+    }
+
+    /// The owner's busy queues at its level on `p` (at least 1): each may
+    /// dispatch its widest recent width at once.
+    pub(super) fn owner_queues(&self, p: usize, owner: SliceOwner) -> u32 {
+        self.parts[p]
+            .busy
+            .get(&owner.level)
+            .and_then(|m| m.get(&owner.vm))
+            .copied()
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// Has `vm` been demanding without a break longer than its anticipation

@@ -8,10 +8,10 @@ use std::ops::Bound;
 /// Waiting entries one event looks at while choosing an aging batch
 /// ([`Scheduler::age`]): the choice spans `ceil(levels x slots / this)`
 /// events, each of bounded cost whatever the vMQDs and slots.
-pub(super) const AGING_SCAN_STEP: usize = 16;
+pub(super) const AGING_SCAN_STEP: usize = 8;
 /// Queues one event boosts (or drops back at a batch's end): one
 /// re-index each.
-pub(super) const AGING_BOOST_STEP: usize = 4;
+pub(super) const AGING_BOOST_STEP: usize = 2;
 
 /// The choice of a partition's next aging batch, in progress: a cursor
 /// over the waiting entries of the levels below the top busy one, and the

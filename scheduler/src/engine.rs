@@ -408,9 +408,6 @@ struct AgingBudget {
     /// Queues chosen for the running batch not boosted yet, last first
     /// (a few per event, [`aging::AGING_BOOST_STEP`]).
     to_boost: Vec<QueueId>,
-    /// Queues of the last batch still to drop back to their level, a few
-    /// per event ([`aging::AGING_BOOST_STEP`]).
-    to_unboost: Vec<QueueId>,
 }
 
 impl Partition {

@@ -199,9 +199,8 @@ impl Scheduler {
         part.aging.batch_since = Some(now);
         part.aging.batch.clear();
         part.aging.batch_billed.clear();
-        // The boosts start with the next event (at once: see
-        // `aging_due`), not in the one that ended the choice.
         part.aging.to_boost = cand.into_iter().rev().map(|e| e.3).collect();
+        self.boost_step(p);
     }
 
     /// One step of the choice of partition `p`'s next batch: looks at up
@@ -672,7 +671,7 @@ mod tests {
     #[test]
     fn an_aging_batch_costs_each_event_a_bounded_step() {
         let mut s = flooded(255);
-        let bound = AGING_SCAN_STEP.max(AGING_BOOST_STEP) as u64;
+        let bound = (AGING_SCAN_STEP + AGING_BOOST_STEP) as u64;
         let mut worst = 0;
         let mut busy_events = 0u64;
         drive(&mut s, 200 * MS, |_, ops, _| {

@@ -403,6 +403,12 @@ struct AgingBudget {
     /// restore if the batch's work was saved (at most
     /// [`AGING_YIELD_NS`]): the batch ends this much later.
     yielded: Nanos,
+    /// The next batch's choice in progress, a few waiting entries per
+    /// event (`engine/aging.rs`, [`aging::AGING_SCAN_STEP`]).
+    scan: Option<aging::AgingScan>,
+    /// Queues chosen for the running batch not boosted yet, last first
+    /// (a few per event, [`aging::AGING_BOOST_STEP`]).
+    to_boost: Vec<QueueId>,
 }
 
 impl Partition {

@@ -65,6 +65,7 @@ impl CycleUse {
     /// queues behind its equals is not made to look light or heavy by it.
     /// `false` before any cycle has ended (a VM in its first busy period
     /// has its own rule, `lag_ready_at`) and for a zero total.
+    #[cfg(test)]
     pub(super) fn below(&self, used_now: Nanos, weight: u128, total: u128) -> bool {
         self.below_with(used_now, 0, weight, total)
     }

@@ -138,6 +138,7 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-50067-3-undershare-latency.toml",
     "fuzz-50265-3-undershare-latency.toml",
     "fuzz-50290-3-undershare-latency.toml",
+    "fuzz-50054-3-light-served.toml",
     "share-light-short.toml",
 ];
 

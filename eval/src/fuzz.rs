@@ -2248,7 +2248,7 @@ mod tests {
         let ms = 1_000_000u64;
         let jobs = [(0, 40), (60, 25), (185, 12), (198, 11)];
         let run = RunOutput {
-            vm_runs: vec![VmRun {
+            vm_runs: vec![crate::driver::VmRun {
                 name: "light".into(),
                 ..Default::default()
             }],

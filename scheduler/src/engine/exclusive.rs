@@ -443,10 +443,12 @@ impl Scheduler {
     /// its share even with one switch per cycle counted as its use
     /// ([`Self::switch_waker`]).
     pub(super) fn waker_hold(&self, p: usize, o: SliceOwner, top: u16) -> Nanos {
-        if self.switch_waker(p, o, top) {
-            0
+        let hold = self.lag_hold(top);
+        // Past the hold nothing is asked (no walk of the wakers).
+        if self.now >= o.since.saturating_add(hold) || !self.switch_waker(p, o, top) {
+            hold
         } else {
-            self.lag_hold(top)
+            0
         }
     }
 

@@ -138,6 +138,8 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-50067-3-undershare-latency.toml",
     "fuzz-50265-3-undershare-latency.toml",
     "fuzz-50290-3-undershare-latency.toml",
+    "fuzz-50054-3-light-served.toml",
+    "fuzz-94011-3-undershare-latency.toml",
     "share-light-short.toml",
 ];
 

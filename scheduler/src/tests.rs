@@ -1807,6 +1807,9 @@ mod use_rate_tests;
 #[path = "long_job_tests.rs"]
 mod long_job_tests;
 
+#[path = "switch_waker_tests.rs"]
+mod switch_waker_tests;
+
 #[path = "aging_yield_tests.rs"]
 mod aging_yield_tests;
 

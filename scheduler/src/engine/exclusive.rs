@@ -79,7 +79,7 @@ impl Scheduler {
                 // its share takes over after the owner's minimum run.
                 cands.len() == 1
                     || (now < self.slice_end(p, o, top)
-                        && !(now >= o.since.saturating_add(self.lag_hold(top))
+                        && !(now >= o.since.saturating_add(self.waker_hold(p, o, top))
                             && self.lag_waker(p, o, top)))
             }
             // A higher level (or a boost) never waits for a lower owner's
@@ -404,30 +404,16 @@ impl Scheduler {
             .filter(|w| **w != o.vm && cands.contains_key(*w))
             .filter_map(|w| {
                 let v = self.vms.get(w)?;
-                // Only a VM that woke during this slice: one that was
-                // already waiting when the owner was chosen lost the
-                // choice fairly.
-                // (A waker under its share by use rate that became busy
-                // in the same ns as the choice was not passed over by it:
-                // the choice puts such a waker first, `use_waker`.)
-                if v.entered < o.since {
+                // Only a VM that woke during this slice, against an owner
+                // that was already demanding when it went idle
+                // (`waker_may_preempt`). (A waker under its share by use
+                // rate that became busy in the same ns as the choice was
+                // not passed over by it: the choice puts such a waker
+                // first, `use_waker`.)
+                if !waker_may_preempt(v, ov, o) {
                     return None;
                 }
                 let same_ns = v.entered == o.since;
-                // Only against an owner that was already demanding when the
-                // waker went idle: one that became busy after that is as
-                // demand-limited as the waker (preempting it would only add
-                // a CWSR to both). A closed loop re-ringing within its grace
-                // has been demanding since its first job. A VM in its first
-                // busy period never went idle (`idle_at` is no time of
-                // its): it has had no GPU time at all, so it is below its
-                // share by definition against any owner that has, and the
-                // virtual-time test below decides (issue 18: the first
-                // job of a light VM waited for the slice end of an equal
-                // that became busy a few us after the light VM was added).
-                if v.demand_idle_at.is_some() && ov.demanding_since > v.idle_at {
-                    return None;
-                }
                 // Under its share by use rate (`use_rate.rs`): eligible
                 // whatever its virtual time says.
                 if self.under_share_by_use(p, *w, top) {
@@ -450,6 +436,20 @@ impl Scheduler {
                 Some(now.saturating_add(ns.min(u64::MAX as u128) as u64))
             })
             .min()
+    }
+
+    /// How long owner `o` holds the partition against the eligible wakers
+    /// of its level: [`Self::lag_hold`], or nothing against a waker under
+    /// its share even with one switch per cycle counted as its use
+    /// ([`Self::switch_waker`]).
+    pub(super) fn waker_hold(&self, p: usize, o: SliceOwner, top: u16) -> Nanos {
+        let hold = self.lag_hold(top);
+        // Past the hold nothing is asked (no walk of the wakers).
+        if self.now >= o.since.saturating_add(hold) || !self.switch_waker(p, o, top) {
+            hold
+        } else {
+            0
+        }
     }
 
     pub(super) fn vm_busy_at(&self, p: usize, vm: VmId, level: u16) -> bool {
@@ -476,4 +476,20 @@ impl Scheduler {
             None => self.quantum(0),
         }
     }
+}
+
+/// May `v`, woken at the owner's level, preempt owner `ov`'s slice `o`?
+/// Only a VM that woke during this slice (one that was already waiting
+/// when the owner was chosen lost the choice fairly), and only against an
+/// owner that was already demanding when the waker went idle: one that
+/// became busy after that is as demand-limited as the waker (preempting it
+/// would only add a CWSR to both). A closed loop re-ringing within its
+/// grace has been demanding since its first job. A VM in its first busy
+/// period never went idle (`idle_at` is no time of its): it has had no GPU
+/// time at all, so it is below its share by definition against any owner
+/// that has, and the virtual-time test decides (issue 18: the first job of
+/// a light VM waited for the slice end of an equal that became busy a few
+/// us after the light VM was added).
+pub(super) fn waker_may_preempt(v: &Vm, ov: &Vm, o: SliceOwner) -> bool {
+    v.entered >= o.since && !(v.demand_idle_at.is_some() && ov.demanding_since > v.idle_at)
 }

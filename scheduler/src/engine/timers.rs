@@ -103,7 +103,7 @@ impl Scheduler {
                         if o.level >= top && cands.len() > 1 && cands.contains_key(&o.vm) {
                             add(TimerKind::SliceEnd, self.slice_end(pi, o, top));
                             if let Some(t) = self.lag_ready_at(pi, o, top) {
-                                let t = t.max(o.since.saturating_add(self.lag_hold(top)));
+                                let t = t.max(o.since.saturating_add(self.waker_hold(pi, o, top)));
                                 if t > now {
                                     add(TimerKind::LagWake, t);
                                 }

@@ -18,6 +18,7 @@
 //! eligible only by virtual time; one below its share is served sooner
 //! only until its rate reaches the share.
 
+use super::exclusive::waker_may_preempt;
 use super::*;
 
 /// A VM's use over its recent busy-period cycles: moving averages (1/4)
@@ -64,11 +65,25 @@ impl CycleUse {
     /// queues behind its equals is not made to look light or heavy by it.
     /// `false` before any cycle has ended (a VM in its first busy period
     /// has its own rule, `lag_ready_at`) and for a zero total.
+    #[cfg(test)]
     pub(super) fn below(&self, used_now: Nanos, weight: u128, total: u128) -> bool {
+        self.below_with(used_now, 0, weight, total)
+    }
+
+    /// [`Self::below`] with `extra` ns counted as use in every cycle: the
+    /// switch (a save and restore of the holder) that serving each of its
+    /// busy periods at once costs the partition.
+    pub(super) fn below_with(
+        &self,
+        used_now: Nanos,
+        extra: Nanos,
+        weight: u128,
+        total: u128,
+    ) -> bool {
         if !self.known || total == 0 {
             return false;
         }
-        let used = u128::from(ewma(self.used, used_now));
+        let used = u128::from(ewma(self.used, used_now)) + u128::from(extra);
         let idle = u128::from(ewma(self.idle, self.idle_now));
         // used / (used + idle) < weight / total, in integers.
         used.saturating_mul(total) < weight.saturating_mul(used + idle)
@@ -143,6 +158,12 @@ impl Scheduler {
     /// use rate: its use over its recent cycles below its weight over the
     /// sum of the weights of the VMs busy at that level (itself included)?
     pub(super) fn under_share_by_use(&self, p: usize, vm: VmId, top: u16) -> bool {
+        self.under_share_with(p, vm, top, 0)
+    }
+
+    /// [`Self::under_share_by_use`] with `extra` ns counted as its use in
+    /// every cycle ([`CycleUse::below_with`]).
+    fn under_share_with(&self, p: usize, vm: VmId, top: u16, extra: Nanos) -> bool {
         let pol = self.cfg.policy;
         let Some(v) = self.vms.get(&vm) else {
             return false;
@@ -156,7 +177,7 @@ impl Scheduler {
         // bound of its entitlement is not below it (most VMs, at no cost
         // per busy VM; the sum below walks them).
         let others = cands.len().saturating_sub(1) as u128;
-        if !v.cycle_use.below(used_now, w, w + others) {
+        if !v.cycle_use.below_with(used_now, extra, w, w + others) {
             return false;
         }
         let total: u128 = cands
@@ -164,7 +185,34 @@ impl Scheduler {
             .filter_map(|x| self.vms.get(x))
             .map(|x| weight(x, pol))
             .sum();
-        v.cycle_use.below(used_now, w, total)
+        v.cycle_use.below_with(used_now, extra, w, total)
+    }
+
+    /// Is there a VM woken during owner `o`'s slice at level `top` that may
+    /// preempt it ([`waker_may_preempt`]) and is under its share by use
+    /// rate even with one switch of the partition — a save and restore of
+    /// the holder, [`Self::spatial_wait_allowance`] — counted as its use in
+    /// every cycle (docs/scheduling.md, "A light VM that pays for its
+    /// switch")? Such a VM takes the partition without the hold: serving
+    /// each of its busy periods at once costs the partition at most one
+    /// switch per cycle, inside its own share, so its equals keep theirs
+    /// whatever its cycle; a VM whose cycle is too short for that (a closed
+    /// loop of 0.06 ms jobs every 0.7 ms) still waits for the hold, which
+    /// bounds the churn.
+    pub(super) fn switch_waker(&self, p: usize, o: SliceOwner, top: u16) -> bool {
+        if top >= BOOST_LEVEL || o.level != top || !self.ops().by_priority {
+            return false;
+        }
+        let (Some(ov), Some(cands)) = (self.vms.get(&o.vm), self.parts[p].busy.get(&top)) else {
+            return false;
+        };
+        let switch = self.spatial_wait_allowance(p);
+        self.parts[p].woken.iter().any(|w| {
+            *w != o.vm
+                && cands.contains_key(w)
+                && self.vms.get(w).is_some_and(|v| waker_may_preempt(v, ov, o))
+                && self.under_share_with(p, *w, top, switch)
+        })
     }
 
     /// Does `vm` take the partition first at this choice: it woke after

@@ -139,6 +139,7 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-50265-3-undershare-latency.toml",
     "fuzz-50290-3-undershare-latency.toml",
     "share-light-short.toml",
+    "fuzz-50119-2-weights.toml",
 ];
 
 #[test]

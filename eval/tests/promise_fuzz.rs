@@ -141,6 +141,7 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-50054-3-light-served.toml",
     "fuzz-94011-3-undershare-latency.toml",
     "share-light-short.toml",
+    "fuzz-50119-2-weights.toml",
 ];
 
 #[test]

@@ -432,6 +432,13 @@ pub enum GpuEvent {
         /// 0 when there was none, or when the backend cannot tell (the
         /// scheduler then keeps its threshold on `save_ns`).
         wait_ns: Nanos,
+        /// Of `wait_ns`, the partition time the queue's waves held: the
+        /// CU-ns its CUs (finishing waves and saved ones waiting with
+        /// them) were held during the wait / the partition's CUs. The
+        /// rest of the wait's CUs were free for other queues (the
+        /// scheduler bills them to the VMs mapped meanwhile). Equal to
+        /// `wait_ns` when the backend cannot tell.
+        wait_held_ns: Nanos,
         /// Time.
         at: Nanos,
     },

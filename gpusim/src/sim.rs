@@ -248,6 +248,12 @@ struct Hqd {
     /// Time the pending SaveWaves waited for waves without a save point
     /// (from the request to the start of the save), ns.
     save_wait_ns: Nanos,
+    /// While `save_waiting`: CUs the slot holds (its saved waves' and its
+    /// finishing ones'), since `wait_mark`; `wait_cu_ns` integrates them
+    /// over the wait (`GpuEvent::Unmapped::wait_held_ns`).
+    wait_cus: u32,
+    wait_mark: Nanos,
+    wait_cu_ns: u128,
     /// CU masks: the guest MQD's (`None`: every CU), the host's, and the
     /// CUs its workgroups may launch on (their intersection; `None`: all).
     guest_mask: Option<CuMask>,

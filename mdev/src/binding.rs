@@ -1047,12 +1047,16 @@ impl<O: Copy> Binding<O> {
                 has_work,
                 save_ns,
                 wait_ns,
+                wait_held_ns,
                 ..
             } => {
                 let queue = QueueId(tag);
                 if wait_ns > 0 {
-                    // Billed to the queue's VM (its waves ran).
+                    // Billed to the queue's VM (its waves ran) for the
+                    // part of the partition they held, the rest to the
+                    // VMs whose waves had the CUs it gave back.
                     self.sched.note_save_wait(queue, wait_ns);
+                    self.sched.note_save_wait_held(queue, wait_held_ns);
                 }
                 if !has_work {
                     self.note_stall(gpu, queue, None, Some(&mqd));

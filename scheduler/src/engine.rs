@@ -180,6 +180,9 @@ struct Queue {
     /// for its own waves without a save point
     /// ([`Scheduler::note_save_wait`]; `None`: not reported).
     save_wait: Option<Nanos>,
+    /// Of that wait, the partition time its waves held
+    /// ([`Scheduler::note_save_wait_held`]; `None`: all of it).
+    save_wait_held: Option<Nanos>,
 }
 
 #[derive(Clone, Debug)]
@@ -358,6 +361,25 @@ struct Partition {
     aging: AgingBudget,
     /// VMs whose billing waits for the partition's saves in flight.
     save_waiters: Vec<VmId>,
+    /// The CUs other queues' `no_save_point` waits left free during the
+    /// partition's saves in flight, billed to the VMs mapped meanwhile
+    /// (`engine/slots.rs`, [`FreeWait`]).
+    free_wait: FreeWait,
+}
+
+/// Save waits in one period of saves in flight of a partition (reset when
+/// none is in flight): their span, the partition time the waiting queues'
+/// waves held in it, and what of the rest is billed to the VMs mapped
+/// meanwhile (their waves had those CUs).
+#[derive(Clone, Copy, Debug, Default)]
+struct FreeWait {
+    /// First start and last end of the reported waits.
+    span: Option<(Nanos, Nanos)>,
+    /// Partition time the waiting queues' waves held (their CU-ns /
+    /// partition CUs, summed: different queues hold different CUs).
+    held: Nanos,
+    /// Free partition time of the span billed so far.
+    billed: Nanos,
 }
 
 /// Aging batches of a partition: the queues due for a boost are boosted

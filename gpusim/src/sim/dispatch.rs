@@ -575,6 +575,13 @@ impl SimGpu {
 
     /// After CUs of `slot` came back: finish a drain, refetch, hand CUs out.
     pub(super) fn after_release(&mut self, slot: u32, p: u32) {
+        if self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|q| q.save_waiting)
+        {
+            // Its finishing waves' CUs went to others from here.
+            self.wait_cus_recount(slot);
+        }
         let drain_done = self.slots[slot as usize].as_ref().is_some_and(|q| {
             matches!(
                 q.state,

@@ -223,3 +223,63 @@ fn a_dequeue_that_finishes_in_time_reports_no_timeout() {
     run_virtual(&mut gpu, 2_000, u64::MAX, &mut ev);
     assert!(timeouts(&ev).is_empty());
 }
+
+/// (wait_ns, wait_held_ns) of each Unmapped event of `tag`.
+fn held(ev: &[GpuEvent], of: u64) -> Vec<(Nanos, Nanos)> {
+    ev.iter()
+        .filter_map(|e| match e {
+            GpuEvent::Unmapped {
+                tag,
+                wait_ns,
+                wait_held_ns,
+                ..
+            } if *tag == of => Some((*wait_ns, *wait_held_ns)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_wait_reports_the_partition_time_its_waves_held() {
+    // 4 CUs. The waiting queue's waves without a save point hold 2 of
+    // them from the request at 400 to their end at 1000: 2 x 600 CU-ns,
+    // 300 ns of the partition's time; the other 2 CUs were free for the
+    // queue mapped at the request (its waves ran there).
+    let topo = GpuTopology::tiny();
+    let (mut gpu, mut vm) = gpu_and_vm(&topo);
+    let mut nsp = vm.queue(&topo, 64, 5);
+    let mut next = vm.queue(&topo, 64, 5);
+    vm.kernel_flags = flags::NO_SAVE_POINT;
+    vm.kernel(&mut nsp, KernelKind::Mark, 2, 4, 1000, 1, false);
+    vm.kernel_flags = 0;
+    vm.kernel(&mut next, KernelKind::Mark, 8, 4, 1000, 2, false);
+    gpu.map(0, map_req(&vm, &nsp, 0, 7)).unwrap();
+    gpu.unmap(400, SlotId(0), DequeueMode::SaveWaves).unwrap();
+    gpu.map(400, map_req(&vm, &next, 1, 8)).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 400, u64::MAX, &mut ev);
+    assert_eq!(held(&ev, 7), vec![(600, 2 * 600 / 4)]);
+    vm.verify(&next).unwrap();
+    // Waves that end at different times: each CU counts until its own
+    // wave ends (here 4 CUs; 2 end at 1000, 2 at 3000: from a request at
+    // 400, 2 x 600 + 2 x 2600 CU-ns, 1600 ns of the partition).
+    let (mut gpu, mut vm) = gpu_and_vm(&topo);
+    let mut q = vm.queue(&topo, 64, 5);
+    vm.kernel_flags = flags::NO_SAVE_POINT;
+    vm.kernel(&mut q, KernelKind::Mark, 2, 4, 1000, 1, false);
+    vm.kernel(&mut q, KernelKind::Mark, 2, 4, 3000, 2, false);
+    gpu.map(0, map_req(&vm, &q, 0, 7)).unwrap();
+    gpu.unmap(400, SlotId(0), DequeueMode::SaveWaves).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 400, u64::MAX, &mut ev);
+    assert_eq!(held(&ev, 7), vec![(2600, (2 * 600 + 2 * 2600) / 4)]);
+    // Without a wait, nothing is held in one.
+    let (mut gpu, mut vm) = gpu_and_vm(&topo);
+    let mut q = vm.queue(&topo, 64, 5);
+    vm.kernel(&mut q, KernelKind::Mark, 2, 4, 1000, 1, false);
+    gpu.map(0, map_req(&vm, &q, 0, 7)).unwrap();
+    gpu.unmap(400, SlotId(0), DequeueMode::SaveWaves).unwrap();
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 400, u64::MAX, &mut ev);
+    assert_eq!(held(&ev, 7), vec![(0, 0)]);
+}

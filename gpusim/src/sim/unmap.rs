@@ -49,6 +49,9 @@ impl SimGpu {
             unmap_req: None,
             save_waiting: false,
             save_wait_ns: 0,
+            wait_cus: 0,
+            wait_mark: 0,
+            wait_cu_ns: 0,
             guest_mask: None,
             host_mask: self.next_map_mask.take(),
             mask: None,
@@ -244,7 +247,10 @@ impl SimGpu {
                 self.stats.saved_wgs += n as u64;
                 if unsaved > 0 {
                     q.save_waiting = true;
+                    q.wait_cu_ns = 0;
+                    q.wait_mark = now;
                     self.stats.saves_waiting += 1;
+                    self.wait_cus_recount(s);
                 }
                 // Guests beside the saved waves run on alone, and so do
                 // owners beside its saved guests.
@@ -325,6 +331,14 @@ impl SimGpu {
         let Some(q) = self.slots[s as usize].as_mut() else {
             return;
         };
+        if q.save_waiting {
+            // The CUs it held up to here (its saved waves' until now).
+            let d = now.saturating_sub(q.wait_mark) as u128;
+            q.wait_cu_ns = q.wait_cu_ns.saturating_add(q.wait_cus as u128 * d);
+            q.wait_mark = now;
+        } else {
+            q.wait_cu_ns = 0;
+        }
         q.save_waiting = false;
         // The wait for waves without a save point, if any, ends here.
         q.save_wait_ns = q
@@ -349,6 +363,29 @@ impl SimGpu {
             now.saturating_add(save_ns),
             Timer::UnmapDone { slot: s, gen },
         );
+    }
+
+    /// A SaveWaves dequeue of `s` waits for waves without a save point:
+    /// integrates the CUs the slot held up to now and counts them again
+    /// (called when the wait starts and whenever the slot's CUs come back).
+    pub(super) fn wait_cus_recount(&mut self, s: u32) {
+        let now = self.now;
+        let p = self.slot_part[s as usize] as usize;
+        let owned = self.parts[p]
+            .cu_owner
+            .iter()
+            .filter(|&&o| o == s + 1)
+            .count() as u32;
+        let Some(q) = self.slots[s as usize].as_mut() else {
+            return;
+        };
+        if !q.save_waiting {
+            return;
+        }
+        let d = now.saturating_sub(q.wait_mark) as u128;
+        q.wait_cu_ns = q.wait_cu_ns.saturating_add(q.wait_cus as u128 * d);
+        q.wait_mark = now;
+        q.wait_cus = owned;
     }
 
     /// The timeout of a dequeue requested with [`PhysGpu::unmap_within`]
@@ -496,6 +533,13 @@ impl SimGpu {
         let freed = release_cus(&mut self.parts[p], slot, true);
         self.parts[p].free_cus += freed;
         let (mode, since) = q.unmap_req.unwrap_or((DequeueMode::DrainPipe, now));
+        // The wait's CU-ns as partition time (what its waves held of it).
+        let cus = self.parts[p].cu_owner.len().max(1) as u128;
+        let held_ns = if q.save_wait_ns > 0 {
+            u64::try_from(q.wait_cu_ns / cus).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
         // Before the records trim the window: an unmet barrier at its tail
         // (dropped from the records, refetched at the next map) is no work.
         let had_work = q.has_work();
@@ -528,6 +572,7 @@ impl SimGpu {
             has_work,
             save_ns: now.saturating_sub(since),
             wait_ns: q.save_wait_ns.min(now.saturating_sub(since)),
+            wait_held_ns: held_ns.min(q.save_wait_ns.min(now.saturating_sub(since))),
             at: now,
         });
         self.dispatch(p as u32);

@@ -98,6 +98,7 @@ impl Scheduler {
                 boosted: false,
                 doorbell_while_unmapping: false,
                 save_wait: None,
+                save_wait_held: None,
                 reason: None,
                 errored: false,
                 restore_ns: 0,

@@ -158,12 +158,15 @@ impl Scheduler {
     /// another of its queues runs (that time is billed already).
     pub(super) fn save_wait(&mut self, p: usize, q: QueueId, save_ns: Nanos) -> Nanos {
         let req = self.now.saturating_sub(save_ns);
-        let reported = self
+        let (reported, held) = self
             .queues
             .get_mut(&q)
-            .and_then(|qq| qq.save_wait.take())
-            .unwrap_or(0)
-            .min(save_ns);
+            .map(|qq| (qq.save_wait.take(), qq.save_wait_held.take()))
+            .unwrap_or((None, None));
+        let reported = reported.unwrap_or(0).min(save_ns);
+        // What of the reported wait its own waves held of the partition
+        // (`None`: the backend cannot tell, all of it, billed in wall time).
+        let held = held.map(|h| h.min(reported));
         let save_ns = save_ns - reported;
         let a = &mut self.parts[p].aging;
         let typ = a.save_typ;
@@ -187,15 +190,23 @@ impl Scheduler {
         let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) else {
             return wait;
         };
+        // Billed in wall time (once, see above): the unreported excess, and
+        // the reported wait when its held share is unknown.
+        let wall = if held.is_some() { beyond } else { wait };
         let pol = self.cfg.policy;
         let mut below_top = false;
         let mut billed = 0;
         if let Some(v) = self.vms.get_mut(&vm) {
-            let end = req.saturating_add(wait);
+            let end = req.saturating_add(wall);
             if v.running_n == 0 {
                 billed = end.saturating_sub(req.max(v.wait_billed_until));
+                // Its waves' share of the partition in the wait: CU-ns of
+                // different queues are disjoint, so these add up exactly.
+                billed = billed.saturating_add(held.unwrap_or(0));
             }
-            v.wait_billed_until = v.wait_billed_until.max(end);
+            if wall > 0 {
+                v.wait_billed_until = v.wait_billed_until.max(end);
+            }
             v.stats.gpu_ns += billed;
             v.stats.save_wait_ns += billed;
             v.vtime += billed as u128 * SCALE / weight(v, pol);
@@ -203,6 +214,9 @@ impl Scheduler {
             below_top = self.parts[p].top().is_some_and(|t| t > level);
         }
         self.sync_vt(vm);
+        if let Some(h) = held {
+            self.bill_free_wait(p, vm, req, reported, h);
+        }
         if below_top && self.ops().by_priority {
             let a = &mut self.parts[p].aging;
             a.next_batch = a
@@ -211,6 +225,69 @@ impl Scheduler {
                 .saturating_add(billed.saturating_mul(AGING_SHARE_INV - 1));
         }
         wait
+    }
+
+    /// A queue of `waiter` waited `wait` from `req` for its waves without
+    /// a save point, and they held `held` of the partition's time in it:
+    /// the rest of its CUs were free, and the VMs mapped meanwhile (their
+    /// billing waits for the saves in flight, [`Self::release_save_waiters`])
+    /// had them — their waves ran there. That free time is billed to them
+    /// (split evenly, each for the part of the wait after its billing would
+    /// have started), so a VM is billed for the partition time its waves
+    /// hold and never for another's. Waits of one period of saves in flight
+    /// overlap: the free time is that of their span less everything held
+    /// ([`FreeWait`]), billed as it grows.
+    pub(super) fn bill_free_wait(
+        &mut self,
+        p: usize,
+        waiter: VmId,
+        req: Nanos,
+        wait: Nanos,
+        held: Nanos,
+    ) {
+        if wait == 0 {
+            return;
+        }
+        let end = req.saturating_add(wait);
+        let fw = &mut self.parts[p].free_wait;
+        let (a, b) = fw
+            .span
+            .map_or((req, end), |(a, b)| (a.min(req), b.max(end)));
+        fw.span = Some((a, b));
+        fw.held = fw.held.saturating_add(held);
+        let free = (b - a).saturating_sub(fw.held);
+        let delta = free.saturating_sub(fw.billed);
+        if delta == 0 {
+            return;
+        }
+        let pol = self.cfg.policy;
+        let takers: Vec<(VmId, Nanos)> = self.parts[p]
+            .save_waiters
+            .iter()
+            .filter(|&&w| w != waiter)
+            .filter_map(|&w| {
+                let v = self.vms.get(&w)?;
+                let from = req.max(v.bill_from);
+                (v.wait_save && v.active > 0 && from < end).then(|| (w, end - from))
+            })
+            .collect();
+        if takers.is_empty() {
+            // Nobody had the free CUs: idle, billed to nobody.
+            return;
+        }
+        let n = takers.len() as u128;
+        let mut total: Nanos = 0;
+        for (w, overlap) in takers {
+            // Its part: the free time over the wait it overlapped.
+            let d = (delta as u128 * overlap as u128 / wait as u128 / n) as Nanos;
+            if let Some(v) = self.vms.get_mut(&w) {
+                v.stats.gpu_ns += d;
+                v.vtime += d as u128 * SCALE / weight(v, pol);
+            }
+            total = total.saturating_add(d);
+            self.sync_vt(w);
+        }
+        self.parts[p].free_wait.billed = self.parts[p].free_wait.billed.saturating_add(total);
     }
 
     /// The backend reports that the dequeue in flight of `queue` (a
@@ -224,6 +301,22 @@ impl Scheduler {
         if let Some(q) = self.queues.get_mut(&queue) {
             if q.state == QueueState::Preempting {
                 q.save_wait = Some(wait_ns);
+                q.save_wait_held = None;
+            }
+        }
+    }
+
+    /// With [`Self::note_save_wait`] (after it): of that wait, the
+    /// partition time the queue's waves held (`GpuEvent::Unmapped::
+    /// wait_held_ns`: the CU-ns its CUs were held / the partition's CUs).
+    /// The VM is billed that share instead of the wait's wall time, and
+    /// the rest — CUs its finishing waves gave back — is billed to the VMs
+    /// mapped during the save, whose waves had them
+    /// ([`Self::bill_free_wait`]). Ignored without a reported wait.
+    pub fn note_save_wait_held(&mut self, queue: QueueId, held_ns: Nanos) {
+        if let Some(q) = self.queues.get_mut(&queue) {
+            if q.state == QueueState::Preempting && q.save_wait.is_some() {
+                q.save_wait_held = Some(held_ns);
             }
         }
     }
@@ -231,6 +324,10 @@ impl Scheduler {
     /// When no save is in flight in partition `p` any more, the VMs mapped
     /// during those saves start being billed (their waves had no CUs).
     pub(super) fn release_save_waiters(&mut self, p: usize) {
+        if self.parts[p].freeing == 0 {
+            // The period of saves in flight is over.
+            self.parts[p].free_wait = FreeWait::default();
+        }
         if self.parts[p].freeing > 0 || self.parts[p].save_waiters.is_empty() {
             return;
         }

@@ -1,0 +1,182 @@
+//! A save that waits for the queue's own waves without a save point
+//! (issue 18, item 4) splits the partition in the wait: the waiting VM is
+//! billed the partition time its waves held (`wait_held_ns`: CU-ns /
+//! partition CUs), and the CUs its finishing waves gave back — on which
+//! the VM mapped meanwhile ran — are billed to that VM
+//! (`Scheduler::bill_free_wait`). Nobody is billed for another's waves,
+//! and a wait nobody else ran in is billed to nobody beyond its holder.
+
+use super::save_wait_tests::step;
+use crate::*;
+
+/// VM 1 (priority 12, queue 1) above VM 2 (priority 2, queues 2 and 3).
+fn sched() -> Scheduler {
+    let slots = (0..4)
+        .map(|q| SlotDesc {
+            partition: 0,
+            pipe: 0,
+            queue: q,
+        })
+        .collect();
+    let mut s = Scheduler::new(SchedConfig::default(), slots).unwrap();
+    for (vm, priority) in [(1, 12), (2, 2)] {
+        s.add_vm(
+            VmId(vm),
+            VmParams {
+                priority,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
+    s.add_queue(VmId(2), QueueId(2), 0).unwrap();
+    s.add_queue(VmId(2), QueueId(3), 0).unwrap();
+    s
+}
+
+const T: Nanos = 1_000_000;
+
+/// The low VM's `queues` run from 0; the top VM rings at `T` and preempts
+/// them (its queue is mapped during their saves).
+fn preempt(s: &mut Scheduler, queues: &[u64]) {
+    for &q in queues {
+        step(
+            s,
+            Event::Doorbell {
+                queue: QueueId(q),
+                wptr: 1,
+                now: 0,
+            },
+        );
+    }
+    step(
+        s,
+        Event::Doorbell {
+            queue: QueueId(1),
+            wptr: 1,
+            now: T,
+        },
+    );
+    for &q in queues {
+        assert_eq!(s.queue_state(QueueId(q)).unwrap().0, QueueState::Preempting);
+    }
+    assert_eq!(s.queue_state(QueueId(1)).unwrap().0, QueueState::Running);
+}
+
+/// Queue `q`'s dequeue (requested at `T`) ends at `T + save`, having
+/// waited `wait` of which its waves held `held` of the partition's time.
+fn unmapped(s: &mut Scheduler, q: u64, save: Nanos, wait: Nanos, held: Option<Nanos>) {
+    s.note_save_wait(QueueId(q), wait);
+    if let Some(h) = held {
+        s.note_save_wait_held(QueueId(q), h);
+    }
+    step(
+        s,
+        Event::Unmapped {
+            queue: QueueId(q),
+            has_work: true,
+            save_ns: save,
+            now: T + save,
+        },
+    );
+}
+
+fn gpu(s: &Scheduler, vm: u32) -> Nanos {
+    s.vm_stats(VmId(vm)).unwrap().gpu_ns
+}
+
+#[test]
+fn a_wait_is_billed_by_the_partition_time_each_vm_held() {
+    let mut s = sched();
+    preempt(&mut s, &[2]);
+    // 1 ms wait, its waves holding 40% of the CUs through it; the top
+    // VM's waves had the other 60%.
+    unmapped(&mut s, 2, T + 50_000, T, Some(400_000));
+    let low = s.vm_stats(VmId(2)).unwrap();
+    assert_eq!(low.save_wait_ns, 400_000);
+    assert_eq!(low.gpu_ns, T + 400_000);
+    assert_eq!(gpu(&s, 1), 600_000);
+    // From the end of the saves in flight the top VM is billed in full.
+    step(
+        &mut s,
+        Event::QueueIdle {
+            queue: QueueId(1),
+            now: 3 * T + 50_000,
+        },
+    );
+    assert_eq!(gpu(&s, 1), 600_000 + T);
+    assert_eq!(s.vm_stats(VmId(1)).unwrap().save_wait_ns, 0);
+}
+
+#[test]
+fn free_cus_nobody_ran_on_are_billed_to_nobody() {
+    let mut s = sched();
+    preempt(&mut s, &[2]);
+    // The top VM's job ended at once: nobody had the CUs given back.
+    step(
+        &mut s,
+        Event::QueueIdle {
+            queue: QueueId(1),
+            now: T + 10,
+        },
+    );
+    unmapped(&mut s, 2, T + 50_000, T, Some(250_000));
+    assert_eq!(s.vm_stats(VmId(2)).unwrap().save_wait_ns, 250_000);
+    assert_eq!(gpu(&s, 1), 0);
+}
+
+#[test]
+fn waits_of_one_preemption_split_their_span_once() {
+    // Two queues of the low VM wait together from T: one 600 us (its
+    // waves holding 200 us of the partition), one 1 ms (300 us). Their
+    // CUs differ, so the VM held 500 us; the span is 1 ms, so the top VM
+    // is billed the other 500 us — not the sum of each wait's rest
+    // (400 + 700 us).
+    let mut s = sched();
+    preempt(&mut s, &[2, 3]);
+    unmapped(&mut s, 3, 650_000, 600_000, Some(200_000));
+    assert_eq!(gpu(&s, 1), 400_000);
+    unmapped(&mut s, 2, T + 50_000, T, Some(300_000));
+    assert_eq!(s.vm_stats(VmId(2)).unwrap().save_wait_ns, 500_000);
+    assert_eq!(gpu(&s, 1), 500_000);
+}
+
+#[test]
+fn the_split_conserves_the_wait_and_trusts_no_report_beyond_it() {
+    // Whatever share the backend reports, the waiting VM is billed at
+    // most the wait, the two VMs together exactly the wait.
+    for (wait, held) in [
+        (1_000u64, 0u64),
+        (1_000, 1_000),
+        (T, 1),
+        (T, 333_333),
+        (20 * T, 7 * T),
+        (100_000, 900_000),
+    ] {
+        let mut s = sched();
+        preempt(&mut s, &[2]);
+        let low0 = gpu(&s, 2);
+        unmapped(&mut s, 2, wait + 50_000, wait, Some(held));
+        let low = gpu(&s, 2) - low0;
+        assert_eq!(low, held.min(wait), "wait {wait} held {held}");
+        assert_eq!(low + gpu(&s, 1), wait, "wait {wait} held {held}");
+    }
+    // A share without a reported wait is ignored: nothing is billed for
+    // an ordinary save.
+    let mut s = sched();
+    preempt(&mut s, &[2]);
+    let low0 = gpu(&s, 2);
+    s.note_save_wait_held(QueueId(2), 40_000);
+    step(
+        &mut s,
+        Event::Unmapped {
+            queue: QueueId(2),
+            has_work: true,
+            save_ns: 50_000,
+            now: T + 50_000,
+        },
+    );
+    assert_eq!(gpu(&s, 2), low0);
+    assert_eq!(gpu(&s, 1), 0);
+}

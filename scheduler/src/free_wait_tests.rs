@@ -11,14 +11,7 @@ use crate::*;
 
 /// VM 1 (priority 12, queue 1) above VM 2 (priority 2, queues 2 and 3).
 fn sched() -> Scheduler {
-    let slots = (0..4)
-        .map(|q| SlotDesc {
-            partition: 0,
-            pipe: 0,
-            queue: q,
-        })
-        .collect();
-    let mut s = Scheduler::new(SchedConfig::default(), slots).unwrap();
+    let mut s = Scheduler::new(SchedConfig::default(), super::slots(1, 1, 4)).unwrap();
     for (vm, priority) in [(1, 12), (2, 2)] {
         s.add_vm(
             VmId(vm),

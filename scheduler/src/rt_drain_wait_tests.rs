@@ -11,14 +11,7 @@ use crate::*;
 /// (priority 12, queue 1, 16 workgroups of 50 us) and a lower VM 2
 /// (priority 2, queue 2, whole-partition kernels of `lo_wg` workgroups).
 fn sched(lo_wg: Nanos) -> Scheduler {
-    let slots = (0..4)
-        .map(|q| SlotDesc {
-            partition: 0,
-            pipe: 0,
-            queue: q,
-        })
-        .collect();
-    let mut s = Scheduler::new(SchedConfig::default(), slots).unwrap();
+    let mut s = Scheduler::new(SchedConfig::default(), super::slots(1, 1, 4)).unwrap();
     s.set_cu_geometry(38, 8);
     for (vm, priority) in [(1, 12), (2, 2)] {
         s.add_vm(

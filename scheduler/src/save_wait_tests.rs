@@ -6,14 +6,7 @@
 use crate::*;
 
 fn sched() -> Scheduler {
-    let slots = (0..4)
-        .map(|q| SlotDesc {
-            partition: 0,
-            pipe: 0,
-            queue: q,
-        })
-        .collect();
-    let mut s = Scheduler::new(SchedConfig::default(), slots).unwrap();
+    let mut s = Scheduler::new(SchedConfig::default(), super::slots(1, 1, 4)).unwrap();
     s.add_vm(
         VmId(1),
         VmParams {

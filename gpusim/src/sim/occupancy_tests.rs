@@ -106,15 +106,23 @@ fn a_uniform_kernel_keeps_its_throughput_with_occupancy() {
     }
 }
 
-#[test]
-fn a_saved_guest_resumes_with_the_work_it_had_left() {
-    let t = topo();
+/// A VM with a lower queue of one 16-workgroup kernel of 1 ms workgroups
+/// (64 VGPRs: a round on 16 CUs) and a higher queue of one 40 us
+/// workgroup: (the VM, lower queue, higher queue).
+fn long_and_short(t: &GpuTopology) -> (TestVm, GuestQueue, GuestQueue) {
     let mut vm = TestVm::new(64 << 20);
-    let mut lo = vm.queue(&t, 64, 5);
-    let mut hi = vm.queue(&t, 64, 5);
+    let mut lo = vm.queue(t, 64, 5);
+    let mut hi = vm.queue(t, 64, 5);
     vm.kernel_vgprs = 64;
     vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
     vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 40_000, 2, false);
+    (vm, lo, hi)
+}
+
+#[test]
+fn a_saved_guest_resumes_with_the_work_it_had_left() {
+    let t = topo();
+    let (vm, lo, mut hi) = long_and_short(&t);
     let mut gpu = sim(t, 1);
     gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
     gpu.map(0, map_req(&vm, &hi, 1, 1)).unwrap();
@@ -156,12 +164,7 @@ fn a_guest_runs_on_alone_once_its_host_is_saved_or_killed() {
     for mode in [DequeueMode::SaveWaves, DequeueMode::ResetWaves] {
         let t = topo();
         let trap = t.cwsr.trap_ns;
-        let mut vm = TestVm::new(64 << 20);
-        let mut lo = vm.queue(&t, 64, 5);
-        let mut hi = vm.queue(&t, 64, 5);
-        vm.kernel_vgprs = 64;
-        vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
-        vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 40_000, 2, false);
+        let (vm, lo, hi) = long_and_short(&t);
         let mut gpu = sim(t, 1);
         gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
         let mut ev = Vec::new();
@@ -239,12 +242,7 @@ enum Visit {
 /// time off the GPU.
 fn owner_beside_a_guest_that_leaves(visit: Visit) -> Nanos {
     let t = topo();
-    let mut vm = TestVm::new(64 << 20);
-    let mut lo = vm.queue(&t, 64, 5);
-    let mut hi = vm.queue(&t, 64, 5);
-    vm.kernel_vgprs = 64;
-    vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
-    vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 40_000, 2, false);
+    let (vm, mut lo, mut hi) = long_and_short(&t);
     let mut gpu = sim(t, 1);
     let mut ev = Vec::new();
     // Saves `slot` at `at`; returns when it is unmapped, its MQD taken.

@@ -265,6 +265,15 @@ struct Hqd {
 }
 
 impl Hqd {
+    /// While a save waits for waves without a save point: adds the CUs
+    /// held since `wait_mark` (`wait_cus` of them) to `wait_cu_ns` and
+    /// moves the mark to `now`.
+    fn integrate_wait(&mut self, now: Nanos) {
+        let d = now.saturating_sub(self.wait_mark) as u128;
+        self.wait_cu_ns = self.wait_cu_ns.saturating_add(self.wait_cus as u128 * d);
+        self.wait_mark = now;
+    }
+
     fn fetch(&self) -> u64 {
         self.rptr + self.active.len() as u64
     }

@@ -333,9 +333,7 @@ impl SimGpu {
         };
         if q.save_waiting {
             // The CUs it held up to here (its saved waves' until now).
-            let d = now.saturating_sub(q.wait_mark) as u128;
-            q.wait_cu_ns = q.wait_cu_ns.saturating_add(q.wait_cus as u128 * d);
-            q.wait_mark = now;
+            q.integrate_wait(now);
         } else {
             q.wait_cu_ns = 0;
         }
@@ -382,9 +380,7 @@ impl SimGpu {
         if !q.save_waiting {
             return;
         }
-        let d = now.saturating_sub(q.wait_mark) as u128;
-        q.wait_cu_ns = q.wait_cu_ns.saturating_add(q.wait_cus as u128 * d);
-        q.wait_mark = now;
+        q.integrate_wait(now);
         q.wait_cus = owned;
     }
 

@@ -4,11 +4,14 @@
 //!
 //! `cargo run --release -p hqdmux-eval --example promise_fuzz -- [--seed S]
 //! [--count N] [--family top|ladder|equals|light|rt|hostile] [--policy NAME]
-//! [--host-bound MS_PER_MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE]`
+//! [--host-bound MS_PER_MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE] [--jobs N]`
 //!
 //! `--file FILE --family NAME --count 1` checks (and shrinks) a scenario
 //! file as that family instead of generated ones. `--max-seconds S` stops starting new scenarios after S s of wall time
 //! (the summary covers the scenarios run). `--dump` prints the scenario files of the seeds without running them.
+//! `--jobs N` (default 1) runs N scenarios at once on N threads; the
+//! output is printed in seed order, the same as with one job (host CPU
+//! figures are per thread; wall figures grow when the jobs share cores).
 //!
 //! Scenario i uses seed S + i (printed with every failure). Each failing
 //! scenario prints its violations; the first `--shrink` (default 3)
@@ -19,16 +22,21 @@
 //! scenario outside the known-failing classes (`eval::fuzz::KNOWN_FAILING`)
 //! broke an item.
 
-use eval::fuzz::{check, generate, shrink, to_toml, Family, FuzzOptions, Summary, KNOWN_FAILING};
+use eval::fuzz::{
+    check, generate, shrink, to_toml, Family, FuzzOptions, Generated, Summary, Verdict,
+    KNOWN_FAILING,
+};
 use scheduler::Policy;
 use std::collections::BTreeMap;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
 fn usage(e: &str) -> ExitCode {
     eprintln!(
         "promise_fuzz: {e}\nusage: promise_fuzz [--seed S] [--count N] [--family NAME] \
-         [--policy NAME] [--host-bound MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE]"
+         [--policy NAME] [--host-bound MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE] [--jobs N]"
     );
     ExitCode::from(2)
 }
@@ -46,6 +54,7 @@ fn main() -> ExitCode {
     let mut dump = false;
     let mut max_s: Option<f64> = None;
     let mut file: Option<std::path::PathBuf> = None;
+    let mut jobs = 1u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--quiet" {
@@ -70,6 +79,11 @@ fn main() -> ExitCode {
             },
             "--count" => match num(&v) {
                 Ok(n) => count = n,
+                Err(e) => return usage(&e),
+            },
+            "--jobs" => match num(&v) {
+                Ok(n) if n >= 1 => jobs = n,
+                Ok(_) => return usage("--jobs: at least 1"),
                 Err(e) => return usage(&e),
             },
             "--shrink" => match num(&v) {
@@ -113,114 +127,93 @@ fn main() -> ExitCode {
     let t0 = Instant::now();
     let mut sum = Summary::default();
     let mut shrunk: BTreeMap<&'static str, usize> = BTreeMap::new();
-    for s in seed..seed.saturating_add(count) {
-        if max_s.is_some_and(|m| t0.elapsed().as_secs_f64() > m) {
-            println!(
-                "stopped after {:.0} s (--max-seconds)",
-                t0.elapsed().as_secs_f64()
-            );
-            break;
-        }
-        let g = match &file {
+    let scenario = |s: u64| -> Result<Generated, String> {
+        match &file {
             // A scenario file, checked (and shrunk) as family `--family`.
-            Some(f) => match eval::scenario::Scenario::load(f) {
-                Ok(sc) => eval::fuzz::Generated {
+            Some(f) => eval::scenario::Scenario::load(f)
+                .map(|sc| Generated {
                     seed: sc.seed,
                     family: family.unwrap_or(Family::Top),
                     scenario: sc,
-                },
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::from(2);
+                })
+                .map_err(|e| e.to_string()),
+            None => Ok(generate(s, family)),
+        }
+    };
+    let end = seed.saturating_add(count);
+    let next = AtomicU64::new(seed);
+    let stopped = AtomicBool::new(false);
+    // Workers take seeds in order; this thread reports them in seed order
+    // (and shrinks), so the output is the same whatever `--jobs`.
+    let status = std::thread::scope(|sc| {
+        let (tx, rx) = mpsc::channel::<(u64, Result<(Generated, Verdict), String>)>();
+        for _ in 0..jobs {
+            let tx = tx.clone();
+            let (next, stopped, scenario, opts) = (&next, &stopped, &scenario, &opts);
+            sc.spawn(move || loop {
+                if max_s.is_some_and(|m| t0.elapsed().as_secs_f64() > m) {
+                    stopped.store(true, Ordering::Relaxed);
+                    return;
                 }
-            },
-            None => generate(s, family),
-        };
-        let v = match check(&g, &opts) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("seed {s}: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        sum.add(&v);
-        if !quiet {
-            println!(
-                "seed {s} {:<8} {} ms virtual, {:.2} host CPU ms/virtual ms ({:.2} wall), {:.0} decisions/virtual ms: {}",
-                g.family.name(),
-                g.scenario.duration_ms,
-                v.host_cpu_ms_per_virtual_ms,
-                v.host_ms_per_virtual_ms,
-                v.decisions_per_virtual_ms,
-                if v.violations.is_empty() { "ok" } else { "FAIL" }
-            );
+                let s = next.fetch_add(1, Ordering::Relaxed);
+                if s >= end {
+                    return;
+                }
+                let r = scenario(s).and_then(|g| {
+                    check(&g, opts)
+                        .map(|v| (g, v))
+                        .map_err(|e| format!("seed {s}: {e}"))
+                });
+                let err = r.is_err();
+                if tx.send((s, r)).is_err() || err {
+                    return;
+                }
+            });
         }
-        if v.violations.is_empty() {
-            continue;
-        }
-        if quiet {
-            println!("seed {s} {} FAIL", g.family.name());
-        }
-        println!(
-            "  classes {:?}{}",
-            v.classes,
-            if v.known() {
-                " (known-failing class)"
-            } else {
-                ""
-            }
-        );
-        for x in &v.violations {
-            println!("  {}: {} [bound {}]", x.item, x.measured, x.bound);
-        }
-        // Shrink on a promise item before the host-cost one.
-        let item = v
-            .violations
-            .iter()
-            .find(|x| x.item != "cost-host")
-            .unwrap_or(&v.violations[0])
-            .item;
-        let n = shrunk.entry(item).or_default();
-        if *n >= shrink_n {
-            continue;
-        }
-        *n += 1;
-        match shrink(&g, item, &opts, 40) {
-            Ok((small, sv)) => {
-                let text = to_toml(&small.scenario);
-                let still: Vec<String> = sv
+        drop(tx);
+        let mut ready = BTreeMap::new();
+        let mut want = seed;
+        for (s, r) in rx {
+            ready.insert(s, r);
+            while let Some(r) = ready.remove(&want) {
+                want += 1;
+                let (g, v) = match r {
+                    Ok(gv) => gv,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        next.store(end, Ordering::Relaxed);
+                        return Some(ExitCode::from(2));
+                    }
+                };
+                report(&g, &v, quiet, &mut sum);
+                if v.violations.is_empty() {
+                    continue;
+                }
+                // Shrink on a promise item before the host-cost one.
+                let item = v
                     .violations
                     .iter()
-                    .map(|x| format!("{}: {} [bound {}]", x.item, x.measured, x.bound))
-                    .collect();
-                println!(
-                    "  shrunk to {} VMs, {} ms; still: {}",
-                    small.scenario.vm_count(),
-                    small.scenario.duration_ms,
-                    still.join("; ")
-                );
-                let header = format!(
-                    "# promise fuzzer seed {s} (family {}), shrunk: breaks `{item}`\n# classes {:?}\n# {}\n",
-                    g.family.name(),
-                    sv.classes,
-                    still.join("\n# ")
-                );
-                match &out_dir {
-                    Some(d) => {
-                        let f = d.join(format!("fuzz-{s}-{item}.toml"));
-                        if let Err(e) = std::fs::create_dir_all(d)
-                            .and_then(|_| std::fs::write(&f, format!("{header}{text}")))
-                        {
-                            eprintln!("{}: {e}", f.display());
-                        } else {
-                            println!("  written to {}", f.display());
-                        }
-                    }
-                    None => println!("--- scenario file ---\n{header}{text}---"),
+                    .find(|x| x.item != "cost-host")
+                    .unwrap_or(&v.violations[0])
+                    .item;
+                let n = shrunk.entry(item).or_default();
+                if *n >= shrink_n {
+                    continue;
                 }
+                *n += 1;
+                shrink_and_print(&g, item, &opts, out_dir.as_deref());
             }
-            Err(e) => eprintln!("  shrink: {e}"),
         }
+        None
+    });
+    if let Some(code) = status {
+        return code;
+    }
+    if stopped.load(Ordering::Relaxed) {
+        println!(
+            "stopped after {:.0} s (--max-seconds)",
+            t0.elapsed().as_secs_f64()
+        );
     }
     println!(
         "\n{} scenarios, {} failing ({} outside the known-failing classes), {:.0} s host time, {:.1} s virtual",
@@ -251,5 +244,86 @@ fn main() -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Prints one scenario's verdict and adds it to the summary.
+fn report(g: &Generated, v: &Verdict, quiet: bool, sum: &mut Summary) {
+    let s = g.seed;
+    sum.add(v);
+    if !quiet {
+        println!(
+            "seed {s} {:<8} {} ms virtual, {:.2} host CPU ms/virtual ms ({:.2} wall), {:.0} decisions/virtual ms: {}",
+            g.family.name(),
+            g.scenario.duration_ms,
+            v.host_cpu_ms_per_virtual_ms,
+            v.host_ms_per_virtual_ms,
+            v.decisions_per_virtual_ms,
+            if v.violations.is_empty() { "ok" } else { "FAIL" }
+        );
+    }
+    if v.violations.is_empty() {
+        return;
+    }
+    if quiet {
+        println!("seed {s} {} FAIL", g.family.name());
+    }
+    println!(
+        "  classes {:?}{}",
+        v.classes,
+        if v.known() {
+            " (known-failing class)"
+        } else {
+            ""
+        }
+    );
+    for x in &v.violations {
+        println!("  {}: {} [bound {}]", x.item, x.measured, x.bound);
+    }
+}
+
+/// Shrinks a failing scenario on `item` and prints (or writes) the result.
+fn shrink_and_print(
+    g: &Generated,
+    item: &'static str,
+    opts: &FuzzOptions,
+    out_dir: Option<&std::path::Path>,
+) {
+    let s = g.seed;
+    match shrink(g, item, opts, 40) {
+        Ok((small, sv)) => {
+            let text = to_toml(&small.scenario);
+            let still: Vec<String> = sv
+                .violations
+                .iter()
+                .map(|x| format!("{}: {} [bound {}]", x.item, x.measured, x.bound))
+                .collect();
+            println!(
+                "  shrunk to {} VMs, {} ms; still: {}",
+                small.scenario.vm_count(),
+                small.scenario.duration_ms,
+                still.join("; ")
+            );
+            let header = format!(
+                "# promise fuzzer seed {s} (family {}), shrunk: breaks `{item}`\n# classes {:?}\n# {}\n",
+                g.family.name(),
+                sv.classes,
+                still.join("\n# ")
+            );
+            match out_dir {
+                Some(d) => {
+                    let f = d.join(format!("fuzz-{s}-{item}.toml"));
+                    if let Err(e) = std::fs::create_dir_all(d)
+                        .and_then(|_| std::fs::write(&f, format!("{header}{text}")))
+                    {
+                        eprintln!("{}: {e}", f.display());
+                    } else {
+                        println!("  written to {}", f.display());
+                    }
+                }
+                None => println!("--- scenario file ---\n{header}{text}---"),
+            }
+        }
+        Err(e) => eprintln!("  shrink: {e}"),
     }
 }

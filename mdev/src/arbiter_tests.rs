@@ -797,7 +797,7 @@ fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
     a.resume_history(again.h, hist.clone()).unwrap();
     let st = a.guard_status(again.h).unwrap();
     assert!(st.quarantined.is_some(), "still quarantined");
-    assert_eq!(st.totals, [0; 3], "totals are the registration's");
+    assert_eq!(st.totals, [0; 4], "totals are the registration's");
     let addr = mqd_addr(&again.q);
     again.load(0, addr);
     again.wait_until("refused", |g| g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0);

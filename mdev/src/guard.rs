@@ -46,7 +46,7 @@ pub struct GuardConfig {
     /// (default 1_000_000: a doorbell storm).
     pub max_stale_doorbells: u32,
     /// Time the VM's saves may wait for its own waves without a save
-    /// point (`NO_SAVE_POINT` kernels: the GPU stays its after the
+    /// point (`NO_SAVE_POINT` kernels: the GPU stays the VM's after the
     /// scheduler took it back), in permille of the window, beyond its
     /// single longest such wait (one long kernel is tolerated: a wait is
     /// at most the preemption timeout, a longer one is a reset).

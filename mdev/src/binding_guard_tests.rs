@@ -26,9 +26,14 @@ struct Outcome {
 /// submits (kernels of `(groups, workgroup ns)`, with `NO_SAVE_POINT` when
 /// the flag says so). Both guards have `cfg`.
 fn pair(cfg: GuardConfig, other: &[(bool, u32, u64)], run: Nanos) -> Outcome {
+    pair_at(8, cfg, other, run)
+}
+
+/// [`pair`] with VM 1 at priority `other_prio`.
+fn pair_at(other_prio: u8, cfg: GuardConfig, other: &[(bool, u32, u64)], run: Nanos) -> Outcome {
     let (mut rig, topo) = Rig::tiny();
     let mut good_vm = vm(&mut rig, 0, 8);
-    let mut other_vm = vm(&mut rig, 1, 8);
+    let mut other_vm = vm(&mut rig, 1, other_prio);
     let mut good = rig.queue(&topo, &mut good_vm, 0, 0, 0, 4096);
     let good_wg = 2 * MS;
     let good_kernels = (run / good_wg + 16) as u32;
@@ -156,4 +161,37 @@ fn a_single_long_non_preemptible_kernel_is_not_quarantined() {
     assert!(st.quarantined.is_none(), "{:?}", st.quarantined);
     assert!(good.status(o.run).quarantined.is_none());
     assert_eq!(good.totals()[3], 0);
+}
+
+/// The same guest below the top level (priority 5 under 8) runs only in
+/// aging batches, whose budget (1/32 of the partition) counts its save
+/// waits: its waits stay within that share, below the default 5%, so the
+/// default guard leaves it alone and the top VM keeps at least 95% of
+/// the GPU; an operator who wants such a VM out sets a lower limit
+/// (1%), which trips.
+#[test]
+fn a_lower_vm_whose_waits_stay_within_its_aging_share_trips_only_a_stricter_limit() {
+    let hostile = vec![(true, 4, 20 * MS); 200];
+    let run = 3000 * MS;
+    for (permille, trips) in [(50, false), (10, true)] {
+        let cfg = GuardConfig {
+            window_ms: 1000,
+            max_save_wait_permille: permille,
+            ..GuardConfig::default()
+        };
+        let o = pair_at(5, cfg, &hostile, run);
+        let [_, mut bad] = o.guards;
+        let b = bad.status(o.run);
+        println!(
+            "limit {permille}: work {:?} of {} CU-ns, billed {:?}, waited {} ns, trip {:?}",
+            o.work,
+            4 * o.run,
+            o.billed,
+            b.totals[3],
+            b.quarantined
+        );
+        assert!(b.totals[3] > 0, "its aging batches' saves waited");
+        assert_eq!(b.quarantined.is_some(), trips, "limit {permille}");
+        assert!(o.work[0] * 100 >= 95 * 4 * o.run, "top kept {:?}", o.work);
+    }
 }

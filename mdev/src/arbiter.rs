@@ -1375,8 +1375,9 @@ impl GpuArbiter {
 
     /// [`Self::deliver`] draining `out` (its allocation is kept).
     fn deliver_from(&self, c: &mut Core, out: &mut Vec<Notice<Owner>>) {
-        // Guard events seen (no allocation unless a queue erred).
-        let mut guard: Vec<(VmId, GuardEvent)> = Vec::new();
+        // Guard events seen (no allocation unless a queue erred or a
+        // save waited for waves without a save point).
+        let mut guard: Vec<(VmId, GuardEvent, u64)> = Vec::new();
         for n in out.drain(..) {
             if let Notice::ArmTimer { at } = n {
                 c.timer_at = Some(at);
@@ -1404,7 +1405,12 @@ impl GpuArbiter {
             }
             let call = match n {
                 Notice::Mapped { .. } => FeCall::Hqd(true),
-                Notice::Unmapped { .. } => FeCall::Hqd(false),
+                Notice::Unmapped { save_wait_ns, .. } => {
+                    if save_wait_ns > 0 {
+                        guard.push((vm, GuardEvent::SaveWait, save_wait_ns));
+                    }
+                    FeCall::Hqd(false)
+                }
                 Notice::Completed {
                     dispatch_id,
                     signal,
@@ -1419,7 +1425,7 @@ impl GpuArbiter {
                         QueueErrorReason::PreemptionTimeout { .. } => GuardEvent::Reset,
                         _ => GuardEvent::QueueError,
                     };
-                    guard.push((vm, what));
+                    guard.push((vm, what, 1));
                     FeCall::Error(reason)
                 }
                 Notice::MapRefused { error: e, .. } => {
@@ -1444,8 +1450,8 @@ impl GpuArbiter {
             Self::push_call(c, vm, i, call);
             Self::release_if_gone(c, v);
         }
-        for (vm, what) in guard {
-            self.guard_note(c, vm, what, 1);
+        for (vm, what, n) in guard {
+            self.guard_note(c, vm, what, n);
         }
         c.tele.after(self.now(), &c.bind, c.gpu.as_ref());
         self.cv.notify_all();

@@ -654,6 +654,87 @@ fn a_doorbell_storm_past_the_guard_limit_quarantines_until_cleared() {
     a.shutdown();
 }
 
+/// Issue 18 item 4 through the arbiter: a guest whose every kernel sets
+/// `NO_SAVE_POINT` (20 ms workgroups) beside an equal makes each of its
+/// preemptions wait; the binding hands the waits to the guard
+/// (`Notice::Unmapped::save_wait_ns`), which quarantines it with reason
+/// `SaveWait`; its next load is refused with error 23, the equal is never
+/// counted. (Real time; nothing asserts on durations.)
+#[test]
+fn saves_that_keep_waiting_for_the_vms_own_waves_quarantine_it() {
+    let a = arbiter();
+    let mut bad = guest(&a, "nosave", 8, false);
+    let mut good = guest(&a, "good", 8, false);
+    // 60 ms beyond the longest wait (1 permille of a minute).
+    a.set_guard(
+        bad.h,
+        crate::guard::GuardConfig {
+            max_save_wait_permille: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let (baddr, gaddr) = (mqd_addr(&bad.q), mqd_addr(&good.q));
+    bad.load(0, baddr);
+    good.load(0, gaddr);
+    bad.tvm.kernel_flags = abi::kernel::flags::NO_SAVE_POINT;
+    let mut last_bad = 0;
+    for k in 0..40 {
+        last_bad = bad.kernel(4, 20_000_000, k);
+    }
+    let mut last_good = 0;
+    for k in 0..40 {
+        last_good = good.kernel(4, 5_000_000, k);
+    }
+    bad.ring(0);
+    good.ring(0);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while a.guard_status(bad.h).unwrap().quarantined.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "not quarantined: {:?}",
+            a.guard_status(bad.h)
+        );
+        assert!(bad.signal(last_bad) > 0, "all its work done, no trip");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let st = a.guard_status(bad.h).unwrap();
+    let t = st.quarantined.unwrap();
+    assert_eq!((t.what, t.limit), (GuardEvent::SaveWait, 1));
+    assert!(t.count > 60_000_000, "{t}");
+    assert!(st.totals[3] >= t.count);
+    assert_eq!(a.stats().guard_quarantines, 1);
+    let gs = a.guard_status(good.h).unwrap();
+    assert!(gs.quarantined.is_none());
+    assert_eq!(gs.totals[3], 0, "the equal's saves never waited");
+    let m = a.metrics_text();
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("hqdmux_vm_quarantined{vm=\"nosave\"")
+                && l.contains("reason=\"guard_save_waits\"")
+                && l.ends_with(" 1")),
+        "{m}"
+    );
+    // Its loaded queue keeps running (billed); once unloaded, a new load
+    // is refused with error 23.
+    bad.wait_until("its kernels", |g| g.signal(last_bad) <= 0);
+    good.wait_until("the equal's kernels", |g| g.signal(last_good) <= 0);
+    bad.tvm.verify(&bad.q).unwrap();
+    good.tvm.verify(&good.q).unwrap();
+    bad.fe
+        .reg_write(hr(0, reg::CP_HQD_DEQUEUE_REQUEST), dequeue::DRAIN);
+    bad.wait_until("unloaded", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0
+    });
+    bad.load(0, baddr);
+    bad.wait_until("refused", |g| {
+        g.fe.reg_read(hr(0, reg::CP_HQD_ERROR)) == abi::vgpu::error::QUARANTINED
+    });
+    a.remove_vm(bad.h);
+    a.remove_vm(good.h);
+    a.shutdown();
+}
+
 /// The recently rung vHQDs whose next doorbell is armed: one rung again
 /// moves to the back, and a guest ringing many vHQDs holds at most
 /// [`RECENT_PER_VM`] entries, so it cannot push the other tenants' out.
@@ -797,7 +878,7 @@ fn a_resumed_history_keeps_the_quarantine_and_the_escalation() {
     a.resume_history(again.h, hist.clone()).unwrap();
     let st = a.guard_status(again.h).unwrap();
     assert!(st.quarantined.is_some(), "still quarantined");
-    assert_eq!(st.totals, [0; 3], "totals are the registration's");
+    assert_eq!(st.totals, [0; 4], "totals are the registration's");
     let addr = mqd_addr(&again.q);
     again.load(0, addr);
     again.wait_until("refused", |g| g.fe.reg_read(hr(0, reg::CP_HQD_ACTIVE)) == 0);

@@ -89,6 +89,12 @@ pub enum Notice<O> {
         has_work: bool,
         /// Updated MQD.
         mqd: Box<V9Mqd>,
+        /// Of a preemption's save, the partition time the queue's own
+        /// waves without a save point held while it waited for them
+        /// (`GpuEvent::Unmapped::wait_held_ns`: billed to its VM, counted
+        /// by the misbehaving-VM guard); 0 without such a wait and for the
+        /// guest's own dequeue of the queue.
+        save_wait_ns: Nanos,
     },
     /// The queue stopped on bad input (or the GPU refused its MQD).
     QueueError {
@@ -1073,6 +1079,13 @@ impl<O: Copy> Binding<O> {
                             self.any_recheck = true;
                         }
                     }
+                    // The guest's own dequeue of its queue takes nothing
+                    // back from it: only a preemption's wait is counted.
+                    let save_wait_ns = if r.removing || wait_ns == 0 {
+                        0
+                    } else {
+                        wait_held_ns.min(wait_ns)
+                    };
                     self.slot_freed(queue);
                     let owner = self.queues[&queue].owner;
                     out.push(Notice::Unmapped {
@@ -1080,6 +1093,7 @@ impl<O: Copy> Binding<O> {
                         owner,
                         has_work,
                         mqd,
+                        save_wait_ns,
                     });
                 }
                 self.event(

@@ -589,6 +589,9 @@ mod spatial;
 #[path = "binding_review_tests.rs"]
 mod review;
 
+#[path = "binding_guard_tests.rs"]
+mod guard_waits;
+
 /// Armed doorbells ([`Binding::arm_doorbell`] from a warm cache, then
 /// [`Binding::fire_armed`] before [`Binding::doorbell`]) change nothing but
 /// when the unmaps reach the GPU: over random submissions at random

@@ -205,6 +205,9 @@ pub enum QuarantineReason {
     GuardQueueErrors,
     /// The guard tripped on stale doorbells (`guard_stale_doorbells`).
     GuardStaleDoorbells,
+    /// The guard tripped on save waits for the VM's own waves without a
+    /// save point (`guard_save_waits`).
+    GuardSaveWaits,
     /// A host bug while serving the VM (`host_bug`).
     HostBug,
 }
@@ -218,6 +221,7 @@ impl QuarantineReason {
             (false, Some(GuardEvent::Reset)) => QuarantineReason::GuardResets,
             (false, Some(GuardEvent::QueueError)) => QuarantineReason::GuardQueueErrors,
             (false, Some(GuardEvent::StaleDoorbell)) => QuarantineReason::GuardStaleDoorbells,
+            (false, Some(GuardEvent::SaveWait)) => QuarantineReason::GuardSaveWaits,
             (false, None) => QuarantineReason::None,
         }
     }
@@ -229,6 +233,7 @@ impl QuarantineReason {
             QuarantineReason::GuardResets => "guard_resets",
             QuarantineReason::GuardQueueErrors => "guard_queue_errors",
             QuarantineReason::GuardStaleDoorbells => "guard_stale_doorbells",
+            QuarantineReason::GuardSaveWaits => "guard_save_waits",
             QuarantineReason::HostBug => "host_bug",
         }
     }
@@ -240,8 +245,8 @@ pub struct VmGuardFigures {
     /// Quarantine and why.
     pub quarantine: QuarantineReason,
     /// Guard events since the VM was added: resets, queue errors, stale
-    /// doorbells (`GuardStatus::totals`).
-    pub guard_totals: [u64; 3],
+    /// doorbells, save-wait ns (`GuardStatus::totals`).
+    pub guard_totals: crate::guard::GuardTotals,
 }
 
 /// Everything [`render_with`] prints beyond telemetry and the binding.
@@ -306,7 +311,7 @@ pub struct VmFigures<'a> {
     pub preemptions: u64,
     /// Guard event totals of earlier registrations of its name (added to
     /// the live guard's).
-    pub carried_guard: [u64; 3],
+    pub carried_guard: crate::guard::GuardTotals,
 }
 
 /// [`render_with`] for GPU 0 of this host ([`MetricsInfo::local`]), the
@@ -559,7 +564,7 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
         &mut b,
         "hqdmux_vm_quarantined",
         "gauge",
-        "1 while the VM's vGPU is quarantined (reason: guard_resets, guard_queue_errors, guard_stale_doorbells, host_bug), else 0 (reason none).",
+        "1 while the VM's vGPU is quarantined (reason: guard_resets, guard_queue_errors, guard_stale_doorbells, guard_save_waits, host_bug), else 0 (reason none).",
     );
     for (id, f) in &rows {
         if let Some(g) = ctx.guard.get(id) {
@@ -590,6 +595,23 @@ pub fn render_with<O: Copy>(tele: &Telemetry, bind: &Binding<O>, ctx: &RenderCon
             {
                 let _ = writeln!(b, "hqdmux_vm_guard_events_total{{{l},event=\"{ev}\"}} {n}");
             }
+        }
+    }
+    family(
+        &mut b,
+        "hqdmux_vm_guard_save_wait_seconds_total",
+        "counter",
+        "Time the VM's saves waited for its own waves without a save point (partition time its waves held), as the misbehaving-VM guard counted it since the VM was added.",
+    );
+    for (id, f) in &rows {
+        if let Some(g) = ctx.guard.get(id) {
+            let ns = g.guard_totals[3].saturating_add(f.carried_guard[3]);
+            let _ = writeln!(
+                b,
+                "hqdmux_vm_guard_save_wait_seconds_total{{{}}} {}",
+                labels(f),
+                fmt_f64(ns as f64 / 1e9)
+            );
         }
     }
     family(

@@ -187,12 +187,12 @@ pub struct VmTelemetry {
     /// to this registration's figures so that one name is one series whose
     /// counters never go backwards.
     pub carried: (u64, u64),
-    /// The guard's event totals (reset, queue_error, stale_doorbell) when
+    /// The guard's totals (reset, queue_error, stale_doorbell, save-wait ns) when
     /// the VM was removed ([`Telemetry::vm_guard_final`]).
-    pub final_guard: Option<[u64; 3]>,
+    pub final_guard: Option<crate::guard::GuardTotals>,
     /// The guard totals of earlier registrations of the same name (added
     /// to this one's, as `carried`).
-    pub carried_guard: [u64; 3],
+    pub carried_guard: crate::guard::GuardTotals,
     /// The promise's counters.
     pub promise: PromiseCounters,
     /// Preemptions of its queues by preempting VM (telemetry id), where
@@ -325,7 +325,7 @@ impl Telemetry {
                     final_figures: None,
                     carried: (0, 0),
                     final_guard: None,
-                    carried_guard: [0; 3],
+                    carried_guard: [0; 4],
                     promise: PromiseCounters::default(),
                     preempted_by: BTreeMap::new(),
                     seen_params: (params.priority, params.weight),
@@ -360,7 +360,7 @@ impl Telemetry {
 
     /// The guard's event totals of VM `vm` as it is removed (carried into a
     /// later registration of its name, as its scheduler figures are).
-    pub fn vm_guard_final(&mut self, vm: VmId, totals: [u64; 3]) {
+    pub fn vm_guard_final(&mut self, vm: VmId, totals: crate::guard::GuardTotals) {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.final_guard = Some(totals);
         }

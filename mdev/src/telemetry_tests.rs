@@ -732,14 +732,14 @@ fn series_join_the_exporter_labels_and_carry_state_quarantine_and_guard() {
         VmId(0),
         VmGuardFigures {
             quarantine: QuarantineReason::None,
-            guard_totals: [0, 0, 0],
+            guard_totals: [0, 0, 0, 0],
         },
     );
     guard.insert(
         VmId(1),
         VmGuardFigures {
             quarantine: QuarantineReason::GuardQueueErrors,
-            guard_totals: [1, 5, 7],
+            guard_totals: [1, 5, 7, 2_500_000_000],
         },
     );
     let ctx = RenderContext {
@@ -806,6 +806,15 @@ fn series_join_the_exporter_labels_and_carry_state_quarantine_and_guard() {
     assert_eq!(guard_event("inference", "queue_error"), Some(5.0));
     assert_eq!(guard_event("inference", "stale_doorbell"), Some(7.0));
     assert_eq!(guard_event("training", "queue_error"), Some(0.0));
+    // Save waits as seconds, one series per VM.
+    let waited = |vm: &str| {
+        m.iter()
+            .filter(|(n, l, _)| n == "hqdmux_vm_guard_save_wait_seconds_total" && l["vm"] == vm)
+            .map(|(_, _, v)| *v)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(waited("inference"), vec![2.5]);
+    assert_eq!(waited("training"), vec![0.0]);
     assert!(m
         .iter()
         .any(|(n, _, v)| n == "hqdmux_guard_quarantines_total" && *v == 1.0));
@@ -832,6 +841,10 @@ fn quarantine_reasons_name_the_trip_and_host_bugs_first() {
     assert_eq!(Q::of(true, Some(trip(GuardEvent::Reset))), Q::HostBug);
     assert_eq!(Q::of(false, Some(trip(GuardEvent::Reset))), Q::GuardResets);
     assert_eq!(
+        Q::of(false, Some(trip(GuardEvent::SaveWait))).label(),
+        "guard_save_waits"
+    );
+    assert_eq!(
         Q::of(false, Some(trip(GuardEvent::StaleDoorbell))).label(),
         "guard_stale_doorbells"
     );
@@ -855,7 +868,7 @@ fn exposition_is_promtool_clean() {
         .map(|id| {
             let f = crate::metrics::VmGuardFigures {
                 quarantine: crate::metrics::QuarantineReason::HostBug,
-                guard_totals: [id.into(), 2, 3],
+                guard_totals: [id.into(), 2, 3, 0],
             };
             (VmId(id), f)
         })

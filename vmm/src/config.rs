@@ -1619,6 +1619,19 @@ mod tests {
             &format!("{GOOD}guard = {{ window_ms = 0 }}\n"),
             "/cfg/fleet.toml: vm 'a' (vm[0]): field `guard.window_ms`: 0 is out of range 1..=86400000 (ms)",
         );
+        assert_err_eq(
+            &format!("[gpu.guard]\nmax_save_wait_permille = 1001\n{GOOD}"),
+            "/cfg/fleet.toml: gpu: field `guard.max_save_wait_permille`: 1001 is out of range \
+             0..=1000 (permille of window_ms)",
+        );
+        assert_err_eq(
+            &format!("{GOOD}guard = {{ max_save_wait_permille = 2000 }}\n"),
+            "/cfg/fleet.toml: vm 'a' (vm[0]): field `guard.max_save_wait_permille`: 2000 is out \
+             of range 0..=1000 (permille of window_ms)",
+        );
+        let cfg = parse(&format!("{GOOD}guard = {{ max_save_wait_permille = 0 }}\n")).unwrap();
+        let eff = cfg.first_gpu().guard.with(&cfg.vm[0].guard);
+        assert_eq!((eff.max_save_wait_permille, eff.max_resets), (0, 3));
         assert_err_has(
             &format!("{GOOD}guard = {{ max_reset = 1 }}\n"),
             "vm 'a' (vm[0]): field `guard`: unknown field `max_reset`",

@@ -394,11 +394,20 @@ pub struct GuardUpdate {
         skip_serializing_if = "Option::is_none"
     )]
     pub max_stale_doorbells: Option<u32>,
+    /// Save waits for its own waves without a save point tolerated per
+    /// window, in permille of it beyond the longest wait (0..=1000).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_save_wait_permille: Option<u32>,
 }
 
 impl GuardUpdate {
     /// Field names, for error messages.
-    pub const FIELDS: &'static str = "window_ms, max_resets, max_queue_errors, max_stale_doorbells";
+    pub const FIELDS: &'static str =
+        "window_ms, max_resets, max_queue_errors, max_stale_doorbells, max_save_wait_permille";
 
     /// True when no limit is given.
     pub fn is_empty(&self) -> bool {
@@ -412,6 +421,7 @@ impl GuardUpdate {
             max_resets: self.max_resets,
             max_queue_errors: self.max_queue_errors,
             max_stale_doorbells: self.max_stale_doorbells,
+            max_save_wait_permille: self.max_save_wait_permille,
         }
     }
 }
@@ -687,18 +697,27 @@ pub struct GuardView {
     pub max_queue_errors: u32,
     /// Stale doorbells tolerated per window.
     pub max_stale_doorbells: u32,
+    /// Save waits tolerated per window (permille of it beyond the longest).
+    #[serde(default)]
+    pub max_save_wait_permille: u32,
     /// Resets in the window.
     pub resets: u64,
     /// Other queue errors in the window.
     pub queue_errors: u64,
     /// Stale doorbells in the window.
     pub stale_doorbells: u64,
+    /// Save waits for its own waves without a save point in the window (ms).
+    #[serde(default)]
+    pub save_wait_ms: f64,
     /// Resets since the VM was added.
     pub total_resets: u64,
     /// Queue errors since the VM was added.
     pub total_queue_errors: u64,
     /// Stale doorbells since the VM was added.
     pub total_stale_doorbells: u64,
+    /// Save waits since the VM was added (ms).
+    #[serde(default)]
+    pub total_save_wait_ms: f64,
     /// Why and since when it is quarantined.
     pub quarantined: Option<QuarantineView>,
 }
@@ -708,7 +727,9 @@ pub struct GuardView {
 pub struct QuarantineView {
     /// As the log line.
     pub reason: String,
-    /// The count past its limit: `resets`, `queue_errors`, `stale_doorbells`.
+    /// The count past its limit: `resets`, `queue_errors`,
+    /// `stale_doorbells`, `save_waits` (its `count` in ns, its `limit` in
+    /// permille of the window beyond the longest wait).
     pub what: String,
     /// The count.
     pub count: u64,
@@ -726,18 +747,22 @@ impl From<mdev::guard::GuardStatus> for GuardView {
             max_resets: g.limits.max_resets,
             max_queue_errors: g.limits.max_queue_errors,
             max_stale_doorbells: g.limits.max_stale_doorbells,
+            max_save_wait_permille: g.limits.max_save_wait_permille,
             resets: g.resets,
             queue_errors: g.queue_errors,
             stale_doorbells: g.stale_doorbells,
+            save_wait_ms: g.save_wait_ns as f64 / 1e6,
             total_resets: g.totals[0],
             total_queue_errors: g.totals[1],
             total_stale_doorbells: g.totals[2],
+            total_save_wait_ms: g.totals[3] as f64 / 1e6,
             quarantined: g.quarantined.map(|t| QuarantineView {
                 reason: t.to_string(),
                 what: match t.what {
                     GuardEvent::Reset => "resets",
                     GuardEvent::QueueError => "queue_errors",
                     GuardEvent::StaleDoorbell => "stale_doorbells",
+                    GuardEvent::SaveWait => "save_waits",
                 }
                 .into(),
                 count: t.count,

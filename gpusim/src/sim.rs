@@ -371,6 +371,12 @@ struct Part {
     /// CUs whose owner left while a guest ran there: the guest runs on
     /// alone (`SimGpu::unshare_left`, at the next dispatch).
     left: Vec<u32>,
+    /// Per CU: index + 1 in `SimGpu::wgs` of the single workgroup last
+    /// started there by its owner (`[0]`) and as a guest (`[1]`); 0: none.
+    /// Written when a workgroup starts, never cleared: a reader checks the
+    /// workgroup is still live there (`SimGpu::wg_on`). Spares a scan of
+    /// every workgroup per CU looked at.
+    cu_wg: Vec<[u32; 2]>,
 }
 
 /// The simulated GPU. See the module docs.
@@ -442,6 +448,7 @@ impl SimGpu {
                 cu_debt: vec![0; topo.cus_per_partition() as usize],
                 guest_rr: 0,
                 left: Vec::new(),
+                cu_wg: vec![[0; 2]; topo.cus_per_partition() as usize],
             })
             .collect();
         for (i, s) in slots.iter().enumerate() {

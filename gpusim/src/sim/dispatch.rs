@@ -143,9 +143,8 @@ impl SimGpu {
                 break;
             }
             let w = self
-                .wgs
-                .iter()
-                .position(|w| w.live && !w.guest && w.slot == hs && w.cu == cu as u32);
+                .wg_on(p, cu as u32, false)
+                .filter(|&wi| self.wgs[wi].slot == hs);
             if let Some(wi) = w {
                 host = Some((cu as u32, Err(wi as u32)));
                 break;
@@ -236,9 +235,7 @@ impl SimGpu {
         let now = self.now;
         let left = std::mem::take(&mut self.parts[p].left);
         for cu in left {
-            let Some(wi) = self.wgs.iter().position(|w| {
-                w.live && w.guest && w.cu == cu && self.slot_part[w.slot as usize] as usize == p
-            }) else {
+            let Some(wi) = self.wg_on(p, cu, true) else {
                 continue;
             };
             if now >= self.wgs[wi].shared_until {
@@ -506,9 +503,35 @@ impl SimGpu {
         });
     }
 
+    /// The live single workgroup on `cu` of partition `p`: its owner's
+    /// (`guest` false) or its guest's. A CU runs at most one of each, and
+    /// `Part::cu_wg` holds the last one started there (debug builds check
+    /// it against a scan of every workgroup).
+    pub(super) fn wg_on(&self, p: usize, cu: u32, guest: bool) -> Option<usize> {
+        let on = |w: &Wg| {
+            w.live
+                && w.guest == guest
+                && w.cu == cu
+                && self.slot_part[w.slot as usize] as usize == p
+        };
+        let hit = self.parts[p]
+            .cu_wg
+            .get(cu as usize)
+            .and_then(|e| e[usize::from(guest)].checked_sub(1))
+            .map(|i| i as usize)
+            .filter(|&i| self.wgs.get(i).is_some_and(on));
+        debug_assert_eq!(
+            hit,
+            self.wgs.iter().position(on),
+            "CU {cu} of partition {p}: workgroup index out of date (guest {guest})"
+        );
+        hit
+    }
+
     /// Registers a started workgroup and arms its completion.
     pub(super) fn push_wg(&mut self, w: Wg) {
-        let end = w.end;
+        let (end, cu, guest) = (w.end, w.cu as usize, w.guest);
+        let p = self.slot_part[w.slot as usize] as usize;
         let idx = if let Some(i) = self.free_wgs.pop() {
             let gen = self.wgs[i as usize].gen.wrapping_add(1);
             self.wgs[i as usize] = Wg { gen, ..w };
@@ -517,6 +540,9 @@ impl SimGpu {
             self.wgs.push(w);
             (self.wgs.len() - 1) as u32
         };
+        if let Some(e) = self.parts[p].cu_wg.get_mut(cu) {
+            e[usize::from(guest)] = idx + 1;
+        }
         let gen = self.wgs[idx as usize].gen;
         self.arm(end, Timer::WgDone { idx, gen });
     }

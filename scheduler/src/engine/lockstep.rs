@@ -9,7 +9,8 @@
 //! kernel fills the partition; each shared CU then delays the lower round
 //! by up to the owner's solo time. So a lower VM whose recent dispatches
 //! fill the partition (`W >= N`) loses up to the owner's job alone `A` per
-//! owner period `I`: `lambda_co = A / I`. A **reservation** of `k` CUs per
+//! owner period `I`, and at most half (two workgroups on a CU each run at
+//! half rate): `lambda_co = min(A / I, 1 / 2)`. A **reservation** of `k` CUs per
 //! XCC costs a lower kernel of `W` workgroups `lambda_res = 1 - ceil(W / N)
 //! / ceil(W / N')` (`N' = N - XCCs x k`; 0 when its last round leaves room
 //! for the reserved CUs), the worst of its recent dispatches, the rule of
@@ -70,14 +71,14 @@ impl Scheduler {
         let (mut num, mut den) = (0u64, 1u64);
         let mut fills = false;
         let mut seen = false;
-        for e in part.running.iter().take_while(|e| e.0 < owner.level) {
-            let Some(q) = self.queues.get(&e.2) else {
-                continue;
-            };
-            if q.vm == owner.vm {
+        // Every busy lower VM (running, or being saved or restored when the
+        // decision is made: a running-queue view would flip a reservation
+        // being set up back to a co-residence).
+        for vm in part.busy.range(..owner.level).flat_map(|(_, m)| m.keys()) {
+            if *vm == owner.vm {
                 continue;
             }
-            let Some(recent) = sp.recent.get(&q.vm) else {
+            let Some(recent) = sp.recent.get(vm) else {
                 return false;
             };
             for w in recent.iter() {
@@ -89,7 +90,9 @@ impl Scheduler {
                 }
             }
         }
-        // lambda_res = num / den < lambda_co = a / i.
-        seen && fills && u128::from(num) * u128::from(i) < u128::from(a) * u128::from(den)
+        // lambda_res = num / den < lambda_co = min(a / i, 1 / 2).
+        seen && fills
+            && u128::from(num) * u128::from(i) < u128::from(a) * u128::from(den)
+            && u128::from(num) * 2 < u128::from(den)
     }
 }

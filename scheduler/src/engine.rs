@@ -13,6 +13,7 @@ mod fast_path;
 mod gaps;
 mod hold;
 mod index;
+mod lockstep;
 mod res_hold;
 mod shared;
 mod slots;

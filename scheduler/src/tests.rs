@@ -1830,3 +1830,5 @@ mod res_hold_tests;
 
 #[path = "coreside_admission_tests.rs"]
 mod coreside_admission_tests;
+#[path = "lockstep_tests.rs"]
+mod lockstep_tests;

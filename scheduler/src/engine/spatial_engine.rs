@@ -103,7 +103,13 @@ impl Scheduler {
             return (None, false);
         }
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
-        let cand = if owner.level < BOOST_LEVEL && lower && self.spatial_coreside(p, owner) {
+        // Co-residence unless a reservation costs the lower lock-step work
+        // less (`engine/lockstep.rs`).
+        let cand = if owner.level < BOOST_LEVEL
+            && lower
+            && self.spatial_coreside(p, owner)
+            && !self.lockstep_prefers_reservation(p, owner)
+        {
             self.spatial.stats.coresidences += 1;
             Some(Reservation {
                 vm: owner.vm,

@@ -1,0 +1,470 @@
+//! What best effort can keep beside periodic real-time tenants, computed
+//! from the scenario alone (issue 18, promise item 3, `3-be-retained`).
+//!
+//! The checker's target was `0.9 x alone x (1 - RT CU share)`, which only
+//! co-residence can reach: any other mechanism takes whole CUs (or the
+//! whole partition) from the best effort, and a kernel of `W` workgroups
+//! runs in `ceil(W / N)` lock-step rounds on `N` CUs (`docs/gpu-model.md`,
+//! batches), so losing even one CU per XCC can cost it a whole round. The
+//! bound here is the best figure any of the scheduler's four mechanisms
+//! can give the shape (`docs/scheduling.md`, "The best-effort bound in
+//! lock-step rounds"), never above the old target:
+//!
+//! * (a) **co-residence** — every RT and lower workgroup fits half a CU and
+//!   every lower VM has one queue: `1 - RT CU share`;
+//! * (b) **reservation** — the smallest `k` CUs per XCC (within the width
+//!   cap, a CU per XCC left) on which every RT job meets `1.1 x alone +
+//!   t_save + t_restore` and ends before its next arrival; each lower kernel
+//!   then runs on `N - k x XCCs` CUs: `ceil(W / n) / ceil(W / n')` of its
+//!   time (`n`, `n'` the CUs per lower queue), weighted by each lower
+//!   tenant's alone CU time;
+//! * (c) **a save and restore per period** — `1 - sum (b + t_save +
+//!   t_restore) / P` over the RTs (`b` the RT job alone), when the CWSR
+//!   time `sum (t_save + t_restore) / P` stays within 10%;
+//! * (d) **a drained reservation** — every lower workgroup ends within the
+//!   drain allowance: the lower work loses the reserved CUs only while the
+//!   RT runs and drains, `1 - u x (1 - f_b)`, `u = min(1, sum (r + w) /
+//!   P)` (`r` the RT job on the reservation, `w` the longest lower
+//!   workgroup, `f_b` the reservation's figure).
+//!
+//! When none applies (an RT whose job needs more than the width cap and
+//! whose save per period costs more than 10% CWSR: outside the promise's
+//! class of RTs up to half the partition, a conflict between the RT and
+//! CWSR targets), the bound is (c)'s figure without the CWSR condition
+//! (at least 0): the CWSR target is checked on its own (`3-cwsr-time`).
+
+use gpusim::sim::occupancy::Footprint;
+
+/// One kernel spec of a job, as the round model sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KernelShape {
+    /// Workgroups per dispatch.
+    pub workgroups: u64,
+    /// Solo cost of one workgroup, ns.
+    pub cost_ns: u64,
+    /// Dispatches of it per job.
+    pub repeat: u64,
+    /// Its workgroup fits half a CU (`Footprint::at_most_half`).
+    pub half_cu: bool,
+}
+
+impl KernelShape {
+    /// The shape of a scenario kernel spec.
+    pub fn of(k: &crate::scenario::KernelSpec) -> KernelShape {
+        KernelShape {
+            workgroups: k.workgroups as u64,
+            cost_ns: k.cost_ns().max(100),
+            repeat: k.repeat.max(1) as u64,
+            half_cu: Footprint::of(k.wg_items as u64, k.vgprs, k.lds_bytes).at_most_half(),
+        }
+    }
+}
+
+/// A tenant's job: its kernels and queues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobShape {
+    /// Kernels of one job.
+    pub kernels: Vec<KernelShape>,
+    /// Busy queues of one VM (they split its CUs round robin).
+    pub queues: u64,
+}
+
+impl JobShape {
+    /// The job of a scenario tenant.
+    pub fn of(t: &crate::scenario::Tenant) -> JobShape {
+        JobShape {
+            kernels: t.kernels.iter().map(KernelShape::of).collect(),
+            queues: t.queues.max(1) as u64,
+        }
+    }
+
+    /// Time of one job of one queue on `cus` CUs split among its queues:
+    /// per kernel, `ceil(W / (cus / queues))` rounds x cost x repeat.
+    pub fn time_on(&self, cus: u64) -> u64 {
+        let per_queue = (cus / self.queues.max(1)).max(1);
+        self.kernels
+            .iter()
+            .map(|k| {
+                k.workgroups
+                    .div_ceil(per_queue)
+                    .saturating_mul(k.cost_ns)
+                    .saturating_mul(k.repeat)
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Fraction of its throughput on `alone` CUs that the job keeps on
+    /// `left` CUs (the lock-step round quantisation; 1 when every kernel
+    /// needs as many rounds on both).
+    pub fn lockstep_factor(&self, alone: u64, left: u64) -> f64 {
+        let (a, l) = (self.time_on(alone), self.time_on(left));
+        if l == 0 {
+            return 1.0;
+        }
+        (a as f64 / l as f64).min(1.0)
+    }
+
+    /// Longest workgroup of the job, ns.
+    pub fn longest_wg_ns(&self) -> u64 {
+        self.kernels.iter().map(|k| k.cost_ns).max().unwrap_or(0)
+    }
+
+    /// Every workgroup fits half a CU.
+    pub fn half_cu(&self) -> bool {
+        self.kernels.iter().all(|k| k.half_cu)
+    }
+}
+
+/// A periodic real-time tenant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RtShape {
+    /// Its job.
+    pub job: JobShape,
+    /// Its period (interval between job arrivals), ns.
+    pub period_ns: u64,
+}
+
+/// A lower (best-effort) tenant: its job and its CU time alone (the
+/// weight of its lock-step figure).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeShape {
+    /// Its job.
+    pub job: JobShape,
+    /// Its CU time in the run of the best effort alone.
+    pub alone_cu: f64,
+}
+
+/// The partition and the scheduler's constants the mechanisms use.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Part {
+    /// CUs of the partition.
+    pub cus: u64,
+    /// XCCs of the partition.
+    pub xccs: u64,
+    /// One save and one restore of the partition, ns.
+    pub cwsr_ns: u64,
+    /// Drain allowance (`spatial_coreside_ns`), ns.
+    pub drain_ns: u64,
+    /// Width cap of a reservation (`spatial_max_permille`).
+    pub max_permille: u64,
+}
+
+/// Which mechanism set the bound.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BeCase {
+    /// (a) co-residence.
+    CoResidence,
+    /// (b) a reservation of `k` CUs per XCC.
+    Reservation {
+        /// CUs per XCC.
+        k: u64,
+    },
+    /// (c) a save and restore per RT period.
+    SavePerPeriod,
+    /// (d) a drained reservation of `k` CUs per XCC.
+    Drain {
+        /// CUs per XCC.
+        k: u64,
+    },
+    /// None applies: (c)'s figure beyond the CWSR target.
+    Conflict,
+}
+
+impl std::fmt::Display for BeCase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BeCase::CoResidence => write!(f, "co-residence"),
+            BeCase::Reservation { k } => write!(f, "reservation k={k}/XCC"),
+            BeCase::SavePerPeriod => write!(f, "save per period"),
+            BeCase::Drain { k } => write!(f, "drained reservation k={k}/XCC"),
+            BeCase::Conflict => write!(f, "none (save per period beyond 10% CWSR)"),
+        }
+    }
+}
+
+/// The bound's factor (of the best effort's alone CU time, before the
+/// 0.9) and the case that set it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BeBound {
+    /// Fraction of alone the best mechanism gives (at most `1 - RT CU
+    /// share`).
+    pub factor: f64,
+    /// Which case.
+    pub case: BeCase,
+}
+
+/// CUs per XCC of the smallest reservation on which `rt`'s job meets
+/// `1.1 x alone + t_save + t_restore` and ends before its next arrival,
+/// if one fits the width cap and leaves a CU per XCC.
+pub fn reservation_k(rt: &RtShape, p: &Part) -> Option<u64> {
+    let xccs = p.xccs.max(1);
+    let per_xcc = p.cus / xccs;
+    let cap = (per_xcc * p.max_permille.min(1000) / 1000).min(per_xcc.saturating_sub(1));
+    let alone = rt.job.time_on(p.cus);
+    let bound = alone.saturating_mul(11) / 10 + p.cwsr_ns;
+    (1..=cap).find(|&k| {
+        let t = rt.job.time_on(k * xccs);
+        t <= bound && t <= rt.period_ns
+    })
+}
+
+/// The best figure of (a)-(d) for `be` beside `rts`, at most `today`
+/// (`1 - RT CU share`, measured).
+pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) -> BeBound {
+    let today = today.clamp(0.0, 1.0);
+    let mut best: Option<BeBound> = None;
+    let mut offer = |factor: f64, case: BeCase| {
+        let factor = factor.clamp(0.0, today);
+        if best.is_none_or(|b| factor > b.factor) {
+            best = Some(BeBound { factor, case });
+        }
+    };
+    // (a) co-residence.
+    if rts.iter().all(|r| r.job.half_cu())
+        && be.iter().all(|b| b.job.half_cu() && b.job.queues == 1)
+    {
+        offer(today, BeCase::CoResidence);
+    }
+    // (b) reservation: one per RT, side by side.
+    let ks: Option<Vec<u64>> = rts.iter().map(|r| reservation_k(r, p)).collect();
+    let per_xcc = p.cus / p.xccs.max(1);
+    let cap = per_xcc * p.max_permille.min(1000) / 1000;
+    if let Some(k) = ks
+        .as_ref()
+        .map(|ks| ks.iter().sum::<u64>())
+        .filter(|&k| k > 0 && k <= cap && k < per_xcc)
+    {
+        let left = p.cus - k * p.xccs.max(1);
+        let total: f64 = be.iter().map(|b| b.alone_cu).sum();
+        let f_b = if total > 0.0 {
+            be.iter()
+                .map(|b| b.alone_cu * b.job.lockstep_factor(p.cus, left))
+                .sum::<f64>()
+                / total
+        } else {
+            be.iter()
+                .map(|b| b.job.lockstep_factor(p.cus, left))
+                .fold(1.0, f64::min)
+        };
+        offer(f_b, BeCase::Reservation { k });
+        // (d) drained: the reserved CUs are lost only while each RT job
+        // runs on them and waits for the drain.
+        let w = be.iter().map(|b| b.job.longest_wg_ns()).max().unwrap_or(0);
+        if w <= p.drain_ns {
+            let u: f64 = rts
+                .iter()
+                .zip(ks.iter().flatten())
+                .map(|(r, &ki)| {
+                    (r.job.time_on(ki * p.xccs.max(1)) + w) as f64 / r.period_ns.max(1) as f64
+                })
+                .sum::<f64>()
+                .min(1.0);
+            offer(1.0 - u * (1.0 - f_b), BeCase::Drain { k });
+        }
+    }
+    // (c) a save and restore per period.
+    let used: f64 = rts
+        .iter()
+        .map(|r| (r.job.time_on(p.cus) + p.cwsr_ns) as f64 / r.period_ns.max(1) as f64)
+        .sum();
+    let cwsr: f64 = rts
+        .iter()
+        .map(|r| p.cwsr_ns as f64 / r.period_ns.max(1) as f64)
+        .sum();
+    if cwsr <= 0.1 {
+        offer(1.0 - used, BeCase::SavePerPeriod);
+    }
+    best.unwrap_or(BeBound {
+        factor: (1.0 - used).clamp(0.0, today),
+        case: BeCase::Conflict,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// MI300X SPX: 304 CUs, 8 XCCs; the default CWSR (~242 us) and drain.
+    fn spx() -> Part {
+        Part {
+            cus: 304,
+            xccs: 8,
+            cwsr_ns: 242_000,
+            drain_ns: 240_000,
+            max_permille: 500,
+        }
+    }
+
+    fn job(w: u64, cost_ns: u64, half_cu: bool, queues: u64) -> JobShape {
+        JobShape {
+            kernels: vec![KernelShape {
+                workgroups: w,
+                cost_ns,
+                repeat: 1,
+                half_cu,
+            }],
+            queues,
+        }
+    }
+
+    /// A 1 kHz RT of 8 whole-CU workgroups of 50 us: one CU per XCC.
+    fn narrow_rt(half_cu: bool) -> RtShape {
+        RtShape {
+            job: job(8, 50_000, half_cu, 1),
+            period_ns: 1_000_000,
+        }
+    }
+
+    fn be(w: u64, cost_ns: u64, half_cu: bool, queues: u64) -> BeShape {
+        BeShape {
+            job: job(w, cost_ns, half_cu, queues),
+            alone_cu: 1.0,
+        }
+    }
+
+    #[test]
+    fn the_lockstep_factor_is_the_round_ratio() {
+        let j = job(1216, 1_000_000, false, 1);
+        assert_eq!(j.lockstep_factor(304, 296), 4.0 / 5.0);
+        assert_eq!(job(304, 1_000_000, false, 1).lockstep_factor(304, 296), 0.5);
+        // A narrow kernel keeps every round.
+        assert_eq!(job(100, 1_000_000, false, 1).lockstep_factor(304, 296), 1.0);
+        // Two queues split the CUs: 304 workgroups on 152 per queue
+        // alone (2 rounds), on 148 (3 rounds).
+        assert_eq!(
+            job(304, 1_000_000, false, 2).lockstep_factor(304, 296),
+            2.0 / 3.0
+        );
+    }
+
+    #[test]
+    fn the_smallest_reservation_meets_the_rt_bound_and_its_period() {
+        let p = spx();
+        assert_eq!(reservation_k(&narrow_rt(false), &p), Some(1));
+        // 152 workgroups of 100 us every 1 ms: on 7 CUs per XCC (56 CUs)
+        // 3 rounds, 300 us against 1.1 x 100 + 242 = 352 us.
+        let rt = RtShape {
+            job: job(152, 100_000, false, 1),
+            period_ns: 1_000_000,
+        };
+        assert_eq!(reservation_k(&rt, &p), Some(7));
+        // A period shorter than the job on the reservation: more CUs.
+        let fast = RtShape {
+            job: job(152, 100_000, false, 1),
+            period_ns: 250_000,
+        };
+        assert_eq!(reservation_k(&fast, &p), Some(10));
+        // 304 workgroups of 118 us every 328 us: 2 rounds on half the
+        // partition (236 us) end before the next job.
+        let wide = RtShape {
+            job: job(304, 118_000, false, 1),
+            period_ns: 328_000,
+        };
+        assert_eq!(reservation_k(&wide, &p), Some(19));
+        // Every 200 us: only one round ends in time, which needs every
+        // CU: none.
+        let wider = RtShape {
+            job: job(304, 118_000, false, 1),
+            period_ns: 200_000,
+        };
+        assert_eq!(reservation_k(&wider, &p), None);
+    }
+
+    #[test]
+    fn whole_cu_lockstep_work_beside_a_one_cu_reservation_keeps_four_fifths() {
+        let b = best_effort_bound(
+            &[narrow_rt(false)],
+            &[be(1216, 5_000_000, false, 1)],
+            &spx(),
+            0.99,
+        );
+        assert_eq!(b.case, BeCase::Reservation { k: 1 });
+        assert!((b.factor - 0.8).abs() < 1e-12, "{b:?}");
+    }
+
+    #[test]
+    fn one_round_of_whole_cu_work_keeps_half() {
+        let b = best_effort_bound(
+            &[narrow_rt(false)],
+            &[be(304, 5_000_000, false, 1)],
+            &spx(),
+            0.99,
+        );
+        assert_eq!(b.case, BeCase::Reservation { k: 1 });
+        assert_eq!(b.factor, 0.5);
+    }
+
+    #[test]
+    fn half_cu_workgroups_co_reside_and_keep_todays_bound() {
+        let b = best_effort_bound(
+            &[narrow_rt(true)],
+            &[be(304, 5_000_000, true, 1)],
+            &spx(),
+            0.97,
+        );
+        assert_eq!(b.case, BeCase::CoResidence);
+        assert_eq!(b.factor, 0.97);
+        // Two lower queues take every CU's second place: no co-residence.
+        let two = best_effort_bound(
+            &[narrow_rt(true)],
+            &[be(304, 5_000_000, true, 2)],
+            &spx(),
+            0.97,
+        );
+        assert_ne!(two.case, BeCase::CoResidence);
+        assert!(two.factor < 0.97);
+    }
+
+    #[test]
+    fn short_lower_workgroups_drain_and_lose_the_cus_only_while_the_rt_runs() {
+        // 304 workgroups of 100 us: drained within 240 us. The RT's 50 us
+        // job on its CU plus the 100 us drain is 15% of each 1 ms period:
+        // 1 - 0.15 x (1 - 1/2) = 0.925.
+        let b = best_effort_bound(
+            &[narrow_rt(false)],
+            &[be(304, 100_000, false, 1)],
+            &spx(),
+            0.99,
+        );
+        assert_eq!(b.case, BeCase::Drain { k: 1 });
+        assert!((b.factor - 0.925).abs() < 1e-12, "{b:?}");
+    }
+
+    #[test]
+    fn a_save_per_long_period_beats_a_costly_reservation() {
+        // A 50 Hz RT of one 304-workgroup round of 100 us: a save and
+        // restore per 20 ms period costs 1.2% CWSR and leaves
+        // 1 - (100 + 242) / 20000 = 0.9829; a reservation (3 rounds on
+        // 13 CUs per XCC meet 1.1 x 100 + 242 us) costs the whole-CU
+        // lower round half.
+        let rt = RtShape {
+            job: job(304, 100_000, false, 1),
+            period_ns: 20_000_000,
+        };
+        let b = best_effort_bound(&[rt], &[be(304, 5_000_000, false, 1)], &spx(), 0.995);
+        assert_eq!(b.case, BeCase::SavePerPeriod);
+        assert!((b.factor - (1.0 - 342.0 / 20_000.0)).abs() < 1e-12, "{b:?}");
+    }
+
+    #[test]
+    fn never_above_todays_bound_and_a_conflict_when_nothing_applies() {
+        // Narrow lower work keeps every round on a reservation: the bound
+        // is still today's, not 1.
+        let b = best_effort_bound(
+            &[narrow_rt(false)],
+            &[be(100, 5_000_000, false, 1)],
+            &spx(),
+            0.9,
+        );
+        assert_eq!(b.factor, 0.9);
+        // 304 whole-CU workgroups of 118 us every 200 us: no reservation
+        // fits, and a save per period would cost 121% CWSR.
+        let rt = RtShape {
+            job: job(304, 118_000, false, 1),
+            period_ns: 200_000,
+        };
+        let c = best_effort_bound(&[rt], &[be(304, 5_000_000, false, 1)], &spx(), 0.41);
+        assert_eq!(c.case, BeCase::Conflict);
+        assert_eq!(c.factor, 0.0);
+    }
+}

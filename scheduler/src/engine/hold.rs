@@ -38,6 +38,31 @@ impl Scheduler {
         })
     }
 
+    /// The hold of a slice owner `vm` at level `level` of partition `p`
+    /// whose queues just drained: the cost-aware hold
+    /// ([`Scheduler::cost_hold_at_drain`]), shortened where holding costs
+    /// the lower work more than giving the gap away costs in CWSR
+    /// ([`Scheduler::give_worth`], `engine/give.rs`). A gap so given is
+    /// a trial cycle of giving for the owner (`WakePeriods::give_gap`).
+    pub(super) fn owner_hold_at_drain(&mut self, p: usize, vm: VmId, level: u16) -> Nanos {
+        let whole = self.cost_hold_at_drain(p, vm);
+        if whole == 0 {
+            return 0;
+        }
+        let Some(c) = self.give_worth(p, vm, level) else {
+            return whole;
+        };
+        let Some(v) = self.vms.get_mut(&vm) else {
+            return whole;
+        };
+        let weighed = v.gaps.hold_ns(c);
+        if weighed >= whole {
+            return whole;
+        }
+        v.wake.give_gap();
+        weighed
+    }
+
     /// The cost-aware hold of owner `o` as it applies now: only against
     /// lower work (equals share by slices and keep the anticipation
     /// grace), and not while the owner's CU reservation or co-residence

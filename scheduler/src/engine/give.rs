@@ -1,0 +1,62 @@
+//! Giving a periodic owner's gaps to the lower work (issue 18,
+//! docs/scheduling.md, "A held gap weighed against the lower work's
+//! loss"): the cost-aware hold (`hold.rs`) keeps the whole partition
+//! through gaps shorter than a switch worth `HOLD_SWITCH_FACTOR` x (save +
+//! restore) of idle time, a price set for a closed loop at the top level,
+//! whose next job waits for the save (item 1's 5%). An owner whose
+//! period does not stretch when its next job waits for a save (a
+//! periodic tenant: the wait is latency within its RT bound, not
+//! throughput) pays nothing of it, and what the choice costs is the lower
+//! work's:
+//!
+//! * **hold** a gap `g`: the lower work loses the whole partition for
+//!   `g` (an RT too wide for a reservation holds it in every period and
+//!   the lower work gets aging turns only: fuzz seed 96013, best effort
+//!   0.013 of alone);
+//! * **give** it: the owner's next job saves the `n` lower queues that ran
+//!   in the gap, `n x t_sw` of CWSR time (`t_sw` the partition's typical
+//!   save and restore without waits for waves that have no save point).
+//!
+//! Both spend a 10% budget of the promise (best effort keeps 0.9 of the
+//! capacity the higher level leaves; CWSR at most 10% of the run), so they
+//! weigh the same, as for a reservation's hold (`res_hold.rs`): the gap
+//! hold (`GapHist::hold_ns`) with a switch worth `c = n x t_sw` of gap
+//! time. It only shortens the cost-aware hold, and is tried like a wide
+//! reservation (`wide.rs`): a closed loop whose cycle grows by the save
+//! wait (more than 5% of it) goes back to held gaps and tries again after
+//! `RETRY_CYCLES` held ones.
+
+use super::*;
+
+impl Scheduler {
+    /// The idle time of owner `vm`'s gaps (at `level` of partition `p`)
+    /// that giving one away is worth, `n x t_sw` (see the module doc);
+    /// `None` when there is nothing to weigh (no lower queue busy, no save
+    /// measured), when the saves it would wait for are longer than the
+    /// wait its RT bound allows (waits for waves without a save point),
+    /// or when giving stretches its cycle.
+    pub(super) fn give_worth(&self, p: usize, vm: VmId, level: u16) -> Option<Nanos> {
+        let part = self.parts.get(p)?;
+        let v = self.vms.get(&vm)?;
+        let t_sw = part.aging.save_typ.saturating_mul(2);
+        if t_sw == 0 || v.wake.giving_stretches() {
+            return None;
+        }
+        if part.aging.save_ewma.saturating_mul(2) > self.spatial_wait_allowance(p) {
+            return None;
+        }
+        // Lower queues that run in a given gap, at most one per slot.
+        let n: u64 = part
+            .busy
+            .range(..level)
+            .flat_map(|(_, m)| m.iter())
+            .filter(|(w, _)| **w != vm)
+            .map(|(_, &q)| u64::from(q))
+            .sum::<u64>()
+            .min(part.nslots as u64);
+        if n == 0 {
+            return None;
+        }
+        Some(n.saturating_mul(t_sw))
+    }
+}

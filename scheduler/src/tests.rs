@@ -1830,3 +1830,6 @@ mod res_hold_tests;
 
 #[path = "coreside_admission_tests.rs"]
 mod coreside_admission_tests;
+
+#[path = "give_tests.rs"]
+mod give_tests;

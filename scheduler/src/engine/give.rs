@@ -14,7 +14,8 @@
 //!   the lower work gets aging turns only: fuzz seed 96013, best effort
 //!   0.013 of alone);
 //! * **give** it: the owner's next job saves the `n` lower queues that ran
-//!   in the gap, `n x t_sw` of CWSR time (`t_sw` the partition's typical
+//!   in the gap (the busy queues of one VM of the highest busy lower level:
+//!   its equals take turns by slices), `n x t_sw` of CWSR time (`t_sw` the partition's typical
 //!   save and restore without waits for waves that have no save point).
 //!
 //! Both spend a 10% budget of the promise (best effort keeps 0.9 of the
@@ -39,21 +40,28 @@ impl Scheduler {
         let part = self.parts.get(p)?;
         let v = self.vms.get(&vm)?;
         let t_sw = part.aging.save_typ.saturating_mul(2);
-        if t_sw == 0 || v.wake.giving_stretches() {
+        if t_sw == 0 || v.wake.giving_stretches(part.aging.save_typ) {
             return None;
         }
         if part.aging.save_ewma.saturating_mul(2) > self.spatial_wait_allowance(p) {
             return None;
         }
-        // Lower queues that run in a given gap, at most one per slot.
-        let n: u64 = part
-            .busy
-            .range(..level)
-            .flat_map(|(_, m)| m.iter())
+        // Lower queues that run in a given gap: those of the highest busy
+        // lower level, of one VM of it under exclusive slices (its equals
+        // take turns by slices), at most one per slot.
+        let Some((_, m)) = part.busy.range(..level).next_back() else {
+            return None;
+        };
+        let per_vm = m
+            .iter()
             .filter(|(w, _)| **w != vm)
-            .map(|(_, &q)| u64::from(q))
-            .sum::<u64>()
-            .min(part.nslots as u64);
+            .map(|(_, &q)| u64::from(q));
+        let n = if self.slices() {
+            per_vm.max().unwrap_or(0)
+        } else {
+            per_vm.sum()
+        }
+        .min(part.nslots as u64);
         if n == 0 {
             return None;
         }

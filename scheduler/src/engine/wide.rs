@@ -22,8 +22,10 @@ pub(super) struct WakePeriods {
     wide: Regimes,
     /// Held gaps against gaps given to the lower work.
     give: Regimes,
-    /// The gap that ends at its next wake was given to the lower work.
-    given: bool,
+    /// How the gap that ends at its next wake was decided: given to the
+    /// lower work (`Some(true)`), held by the cost-aware hold
+    /// (`Some(false)`), neither (`None`: no hold to weigh).
+    given: Option<bool>,
 }
 
 /// Cycles and gaps of a VM in a base regime and in a trial one, the
@@ -98,9 +100,21 @@ impl Regimes {
         !(periodic || loss_ok)
     }
 
-    /// Its job (cycle less gap) in the base regime (0: none seen).
-    fn base_job(&self) -> Nanos {
-        self.base.0.saturating_sub(self.base.1)
+    /// Does the trial regime cost it throughput, its job there waiting at
+    /// least `wait` more than in the base regime? Not while none was
+    /// tried, nor when it is periodic (as in [`Regimes::stretched`]), nor
+    /// when that loss is at most 5% of its cycle there. A job that did not
+    /// change between the regimes tells nothing of its period: the wait is
+    /// charged as a closed loop's.
+    fn waits_cost(&self, wait: Nanos) -> bool {
+        let ((pw, gw), (pr, gr)) = (self.base, self.trial);
+        if pw == 0 || pr == 0 {
+            return false;
+        }
+        let (jw, jr) = (pw.saturating_sub(gw), pr.saturating_sub(gr));
+        let periodic = jw.abs_diff(jr) > pw.abs_diff(pr).saturating_mul(2);
+        let loss = jr.saturating_sub(jw).max(wait);
+        !(periodic || loss.saturating_mul(20) <= pr)
     }
 }
 
@@ -108,11 +122,13 @@ impl WakePeriods {
     /// It wakes at `now` after a gap of `gap` without demand; `wide`: it
     /// held a wide reservation through the cycle that ends.
     pub(super) fn wake(&mut self, now: Nanos, gap: Nanos, wide: bool) {
-        let given = std::mem::take(&mut self.given);
+        let given = self.given.take();
         if let Some(t) = self.last.replace(now) {
             let p = now.saturating_sub(t);
             self.wide.note(p, gap, wide);
-            self.give.note(p, gap, given);
+            if let Some(given) = given {
+                self.give.note(p, gap, given);
+            }
         }
     }
 
@@ -134,17 +150,20 @@ impl WakePeriods {
         self.wide.stretched(alone)
     }
 
-    /// The gap now starting is given to the lower work (its next job waits
-    /// for their save): the cycle it ends is a trial cycle of giving.
-    pub(super) fn give_gap(&mut self) {
-        self.given = true;
+    /// The gap now starting is given to the lower work (`true`: its next
+    /// job waits for their save, a trial cycle of giving) or held by the
+    /// cost-aware hold (`false`, a base cycle).
+    pub(super) fn gap_decided(&mut self, given: bool) {
+        self.given = Some(given);
     }
 
     /// Does giving its gaps away cost it throughput (a closed loop whose
-    /// next job the save delays, by more than 5% of its cycle, against its
-    /// job when its gaps are held)? See [`Regimes::stretched`].
-    pub(super) fn giving_stretches(&self) -> bool {
-        self.give.stretched(self.give.base_job())
+    /// next job waits for the save of the lower work, `save` at least, more
+    /// than 5% of its cycle)? See [`Regimes::waits_cost`]. Unknown until a
+    /// cycle with a held gap was seen: then it is held (the reference a
+    /// trial is judged against).
+    pub(super) fn giving_stretches(&self, save: Nanos) -> bool {
+        self.give.base.0 == 0 || self.give.waits_cost(save)
     }
 }
 

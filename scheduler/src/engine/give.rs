@@ -15,23 +15,27 @@
 //!   0.013 of alone);
 //! * **give** it: the owner's next job saves the `n` lower queues that ran
 //!   in the gap (the busy queues of one VM of the highest busy lower level:
-//!   its equals take turns by slices), `n x t_sw` of CWSR time (`t_sw` the partition's typical
-//!   save and restore without waits for waves that have no save point).
+//!   its equals take turns by slices), `n x t_sw` of CWSR time (`t_sw` the
+//!   partition's typical save and restore without waits for waves that
+//!   have no save point), and the lower work computes in the gap less its
+//!   own restore and save, `g - t_sw`.
 //!
-//! Both spend a 10% budget of the promise (best effort keeps 0.9 of the
-//! capacity the higher level leaves; CWSR at most 10% of the run), so they
-//! weigh the same, as for a reservation's hold (`res_hold.rs`): the gap
-//! hold (`GapHist::hold_ns`) with a switch worth `c = n x t_sw` of gap
-//! time. It only shortens the cost-aware hold, and is tried like a wide
-//! reservation (`wide.rs`): a closed loop whose cycle grows by the save
-//! wait (more than 5% of it) goes back to held gaps and tries again after
-//! `RETRY_CYCLES` held ones.
+//! Giving is worth it when the lower work's gain exceeds the CWSR it costs,
+//! `g - t_sw > n x t_sw`: the gap hold (`GapHist::hold_ns`, the release
+//! point minimising `E[min(G, e)] + P(G > e) x c`) with a switch worth `c =
+//! (n + 1) x t_sw` of gap time. Where `n x t_sw` is more than 10% of the
+//! period, giving breaks the CWSR bound while holding breaks best effort:
+//! no choice meets both (docs/scheduling.md gives the figures), and this
+//! one keeps the more GPU time computing. It only shortens the cost-aware
+//! hold, and is tried like a wide reservation (`wide.rs`): a closed loop
+//! whose cycle grows by the save wait (more than 5% of it) goes back to
+//! held gaps and tries again after `RETRY_CYCLES` held ones.
 
 use super::*;
 
 impl Scheduler {
     /// The idle time of owner `vm`'s gaps (at `level` of partition `p`)
-    /// that giving one away is worth, `n x t_sw` (see the module doc);
+    /// that giving one away is worth, `(n + 1) x t_sw` (see the module doc);
     /// `None` when there is nothing to weigh (no lower queue busy, no save
     /// measured), when the saves it would wait for are longer than the
     /// wait its RT bound allows (waits for waves without a save point),
@@ -65,6 +69,6 @@ impl Scheduler {
         if n == 0 {
             return None;
         }
-        Some(n.saturating_mul(t_sw))
+        Some(n.saturating_add(1).saturating_mul(t_sw))
     }
 }

@@ -53,9 +53,7 @@ impl Scheduler {
         // Lower queues that run in a given gap: those of the highest busy
         // lower level, of one VM of it under exclusive slices (its equals
         // take turns by slices), at most one per slot.
-        let Some((_, m)) = part.busy.range(..level).next_back() else {
-            return None;
-        };
+        let (_, m) = part.busy.range(..level).next_back()?;
         let per_vm = m
             .iter()
             .filter(|(w, _)| **w != vm)

@@ -11,6 +11,7 @@ mod control;
 mod exclusive;
 mod fast_path;
 mod gaps;
+mod give;
 mod hold;
 mod index;
 mod lockstep;

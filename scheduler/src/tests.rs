@@ -1832,3 +1832,6 @@ mod res_hold_tests;
 mod coreside_admission_tests;
 #[path = "lockstep_tests.rs"]
 mod lockstep_tests;
+
+#[path = "give_tests.rs"]
+mod give_tests;

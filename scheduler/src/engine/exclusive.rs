@@ -49,7 +49,7 @@ impl Scheduler {
             {
                 if o.drained.is_none() {
                     o.drained = Some(now);
-                    o.hold = self.cost_hold_at_drain(p, o.vm);
+                    o.hold = self.owner_hold_at_drain(p, o.vm, o.level);
                     o.cost_held = false;
                 }
                 let d = o.drained.unwrap_or(now);

@@ -38,6 +38,43 @@ impl Scheduler {
         })
     }
 
+    /// The hold of a slice owner `vm` at level `level` of partition `p`
+    /// whose queues just drained: the cost-aware hold
+    /// ([`Scheduler::cost_hold_at_drain`]), shortened where holding costs
+    /// the lower work more than giving the gap away costs in CWSR
+    /// ([`Scheduler::give_worth`], `engine/give.rs`). A gap so given is
+    /// a trial cycle of giving for the owner, a gap held a base cycle
+    /// (`WakePeriods::gap_decided`).
+    pub(super) fn owner_hold_at_drain(&mut self, p: usize, vm: VmId, level: u16) -> Nanos {
+        let whole = self.cost_hold_at_drain(p, vm);
+        if whole == 0 {
+            return 0;
+        }
+        let reserved = self
+            .spatial
+            .res
+            .get(p)
+            .copied()
+            .flatten()
+            .is_some_and(|r| r.vm == vm);
+        if reserved {
+            // Its reservation decides what the lower work gets.
+            return whole;
+        }
+        let c = self.give_worth(p, vm, level);
+        let Some(v) = self.vms.get_mut(&vm) else {
+            return whole;
+        };
+        let weighed = c.map_or(whole, |c| v.gaps.hold_ns(c));
+        let given = weighed < whole;
+        v.wake.gap_decided(given);
+        if given {
+            weighed
+        } else {
+            whole
+        }
+    }
+
     /// The cost-aware hold of owner `o` as it applies now: only against
     /// lower work (equals share by slices and keep the anticipation
     /// grace), and not while the owner's CU reservation or co-residence
@@ -46,7 +83,7 @@ impl Scheduler {
         if o.hold == 0 || o.level >= BOOST_LEVEL {
             return 0;
         }
-        if self.parts[p].top().is_none_or(|t| t >= o.level) {
+        if self.parts[p].top().is_none_or(|t| t >= o.level) && !self.lower_being_saved(p, o.level) {
             return 0;
         }
         if self
@@ -60,6 +97,21 @@ impl Scheduler {
             return 0;
         }
         o.hold
+    }
+
+    /// Is a queue of a VM below `level` being saved with work in partition
+    /// `p`? It is lower work the hold keeps out once its save completes (an
+    /// owner whose job ends before that save would otherwise find no lower
+    /// work at its drain and hand the partition back at once).
+    fn lower_being_saved(&self, p: usize, level: u16) -> bool {
+        self.parts[p].freeing > 0
+            && self.queues.values().any(|q| {
+                q.state == QueueState::Preempting
+                    && q.wants
+                    && self.vms.get(&q.vm).is_some_and(|v| {
+                        v.partition as usize == p && u16::from(v.params.priority) < level
+                    })
+            })
     }
 
     /// The owner's hold ends (it re-rang, its hold ran out, or a higher

@@ -11,21 +11,35 @@
 use super::*;
 
 /// A VM's cycles (wake to wake) and gaps (end of demand to wake): moving
-/// averages (1/4) on the whole partition and under a wide reservation of
-/// its own.
+/// averages (1/4) in two regimes, each against the cycles outside it: under
+/// a wide reservation of its own (against the whole partition), and with
+/// its gap given to the lower work (`engine/give.rs`, against a held gap).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct WakePeriods {
     /// Its last wake (demand start).
     last: Option<Nanos>,
-    /// Period and gap on the whole partition (0: none seen).
-    whole: (Nanos, Nanos),
-    /// Period and gap under a wide reservation of its own (0: none seen).
-    wide: (Nanos, Nanos),
-    /// The cycle that ended last was under a wide reservation.
-    was_wide: bool,
-    /// Cycles on the whole partition since the last one under a wide
-    /// reservation.
-    whole_run: u32,
+    /// Whole partition against a wide reservation of its own.
+    wide: Regimes,
+    /// Held gaps against gaps given to the lower work.
+    give: Regimes,
+    /// How the gap that ends at its next wake was decided: given to the
+    /// lower work (`Some(true)`), held by the cost-aware hold
+    /// (`Some(false)`), neither (`None`: no hold to weigh).
+    given: Option<bool>,
+}
+
+/// Cycles and gaps of a VM in a base regime and in a trial one, the
+/// trial dropped for [`RETRY_CYCLES`] base cycles once judged costly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Regimes {
+    /// Period and gap in the base regime (0: none seen).
+    base: (Nanos, Nanos),
+    /// Period and gap in the trial regime (0: none seen).
+    trial: (Nanos, Nanos),
+    /// The cycle that ended last was in the trial regime.
+    was_trial: bool,
+    /// Base cycles since the last trial one.
+    base_run: u32,
 }
 
 /// Cycles on the whole partition after which a VM judged stretched tries a
@@ -41,32 +55,79 @@ fn ewma(avg: Nanos, x: Nanos) -> Nanos {
     }
 }
 
+impl Regimes {
+    /// A cycle of period `p` and gap `gap` ended; `trial`: in the trial
+    /// regime.
+    fn note(&mut self, p: Nanos, gap: Nanos, trial: bool) {
+        let first = trial && !self.was_trial;
+        self.was_trial = trial;
+        if trial {
+            self.base_run = 0;
+        } else {
+            self.base_run = self.base_run.saturating_add(1);
+            if self.base_run >= RETRY_CYCLES {
+                self.base_run = 0;
+                self.trial = (0, 0);
+            }
+        }
+        // The first cycle of a new trial paid its setup (a save of the
+        // lower work): not the trial's own cycle.
+        if !first {
+            let a = if trial {
+                &mut self.trial
+            } else {
+                &mut self.base
+            };
+            *a = (ewma(a.0, p), ewma(a.1, gap.min(p).max(1)));
+        }
+    }
+
+    /// Does the trial regime cost it throughput? Not while none was tried,
+    /// nor when its job there (cycle less gap), compared with `alone`,
+    /// adds at most 5% to its cycle (item 1's margin for the top level),
+    /// nor when it is periodic: its job's time changed between the two
+    /// regimes and its period did not follow (moved by less than half of
+    /// it). A closed loop's period moves with its job; one whose job did
+    /// not change is judged by the 5% alone.
+    fn stretched(&self, alone: Nanos) -> bool {
+        let ((pw, gw), (pr, gr)) = (self.base, self.trial);
+        if pw == 0 || pr == 0 {
+            return false;
+        }
+        let (jw, jr) = (pw.saturating_sub(gw), pr.saturating_sub(gr));
+        let periodic = jw.abs_diff(jr) > pw.abs_diff(pr).saturating_mul(2);
+        let loss_ok = jr.saturating_sub(alone).saturating_mul(20) <= pr;
+        !(periodic || loss_ok)
+    }
+
+    /// Does the trial regime cost it throughput, its job there waiting at
+    /// least `wait` more than in the base regime? Not while none was
+    /// tried, nor when it is periodic (as in [`Regimes::stretched`]), nor
+    /// when that loss is at most 5% of its cycle there. A job that did not
+    /// change between the regimes tells nothing of its period: the wait is
+    /// charged as a closed loop's.
+    fn waits_cost(&self, wait: Nanos) -> bool {
+        let ((pw, gw), (pr, gr)) = (self.base, self.trial);
+        if pw == 0 || pr == 0 {
+            return false;
+        }
+        let (jw, jr) = (pw.saturating_sub(gw), pr.saturating_sub(gr));
+        let periodic = jw.abs_diff(jr) > pw.abs_diff(pr).saturating_mul(2);
+        let loss = jr.saturating_sub(jw).max(wait);
+        !(periodic || loss.saturating_mul(20) <= pr)
+    }
+}
+
 impl WakePeriods {
     /// It wakes at `now` after a gap of `gap` without demand; `wide`: it
     /// held a wide reservation through the cycle that ends.
     pub(super) fn wake(&mut self, now: Nanos, gap: Nanos, wide: bool) {
+        let given = self.given.take();
         if let Some(t) = self.last.replace(now) {
             let p = now.saturating_sub(t);
-            let first = wide && !self.was_wide;
-            self.was_wide = wide;
-            if wide {
-                self.whole_run = 0;
-            } else {
-                self.whole_run = self.whole_run.saturating_add(1);
-                if self.whole_run >= RETRY_CYCLES {
-                    self.whole_run = 0;
-                    self.wide = (0, 0);
-                }
-            }
-            // The first cycle under a new reservation paid its setup (a
-            // save of the lower work): not the reservation's own cycle.
-            if !first {
-                let a = if wide {
-                    &mut self.wide
-                } else {
-                    &mut self.whole
-                };
-                *a = (ewma(a.0, p), ewma(a.1, gap.min(p).max(1)));
+            self.wide.note(p, gap, wide);
+            if let Some(given) = given {
+                self.give.note(p, gap, given);
             }
         }
     }
@@ -74,7 +135,7 @@ impl WakePeriods {
     /// The period a wide reservation must carry its job in (its period on
     /// the whole partition; 0: none seen, no wide reservation).
     pub(super) fn period(&self) -> Nanos {
-        self.whole.0
+        self.wide.base.0
     }
 
     /// Does a wide reservation cost it throughput? Not while none was
@@ -86,14 +147,23 @@ impl WakePeriods {
     /// loop's period moves with its job; one whose job did not change is
     /// judged by the 5% alone.
     pub(super) fn stretched(&self, alone: Nanos) -> bool {
-        let ((pw, gw), (pr, gr)) = (self.whole, self.wide);
-        if pw == 0 || pr == 0 {
-            return false;
-        }
-        let (jw, jr) = (pw.saturating_sub(gw), pr.saturating_sub(gr));
-        let periodic = jw.abs_diff(jr) > pw.abs_diff(pr).saturating_mul(2);
-        let loss_ok = jr.saturating_sub(alone).saturating_mul(20) <= pr;
-        !(periodic || loss_ok)
+        self.wide.stretched(alone)
+    }
+
+    /// The gap now starting is given to the lower work (`true`: its next
+    /// job waits for their save, a trial cycle of giving) or held by the
+    /// cost-aware hold (`false`, a base cycle).
+    pub(super) fn gap_decided(&mut self, given: bool) {
+        self.given = Some(given);
+    }
+
+    /// Does giving its gaps away cost it throughput (a closed loop whose
+    /// next job waits for the save of the lower work, `save` at least, more
+    /// than 5% of its cycle)? See [`Regimes::waits_cost`]. Unknown until a
+    /// cycle with a held gap was seen: then it is held (the reference a
+    /// trial is judged against).
+    pub(super) fn giving_stretches(&self, save: Nanos) -> bool {
+        self.give.base.0 == 0 || self.give.waits_cost(save)
     }
 }
 

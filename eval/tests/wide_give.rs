@@ -1,0 +1,44 @@
+//! A wide RT beside best effort gives its gaps to the lower work (issue
+//! 18, `scheduler/src/engine/give.rs`; docs/scheduling.md, "A held gap
+//! weighed against the lower work's loss"): fuzz seed 96013, an RT whose
+//! latency bound needs more than half the partition (no reservation), with
+//! 1.8 ms gaps that the cost-aware hold kept whole, best effort 0.019 of
+//! alone in the 100 ms cut. Each gap now goes to the lower work for one
+//! save and restore per period. What the file keeps is the RT bound, best
+//! effort at least half of alone, and CWSR time at the save-per-period
+//! figure (`t_cwsr / period`, 10.3% here: the two 10% targets conflict for
+//! this shape, stated with figures in the doc).
+
+use eval::driver::evaluate_full;
+use eval::fuzz::cu_time_named;
+use eval::promises::cwsr_save_restore_ns;
+use eval::scenario::{Class, Scenario};
+use scheduler::Policy;
+
+#[test]
+fn a_wide_rt_gives_its_gaps_to_best_effort() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/fuzz-regress");
+    let sc = Scenario::load(&dir.join("fuzz-96013-3-be-retained.toml")).unwrap();
+    let topo = eval::driver::topology(&sc).unwrap();
+    let cwsr_us = cwsr_save_restore_ns(&topo) as f64 / 1e3;
+    let (r, _) = evaluate_full(&sc, Policy::Hqdmux, sc.seed).unwrap();
+    let (alone, _) = evaluate_full(&sc.only(Class::Lo), Policy::Hqdmux, sc.seed).unwrap();
+    let be = cu_time_named(&r, "be") / cu_time_named(&alone, "be").max(1e-9);
+    let iso = r.hi_isolated_p99_us.unwrap();
+    let p99 = r.hi_p99_us.unwrap();
+    let run_us = sc.duration_ms as f64 * 1e3;
+    let cwsr = r.save_restore_us_total / run_us;
+    assert!(
+        p99 <= 1.1 * iso + cwsr_us,
+        "RT p99 {p99} us, bound {}",
+        1.1 * iso + cwsr_us
+    );
+    assert!(be >= 0.5, "best effort {be:.3} of alone (was 0.019)");
+    // One save and restore of the lower queue per 2352 us period, and
+    // not more.
+    assert!(
+        cwsr <= 1.1 * cwsr_us / 2352.0,
+        "CWSR {:.1}% of the run",
+        100.0 * cwsr
+    );
+}

@@ -367,6 +367,9 @@ struct Partition {
     /// partition's saves in flight, billed to the VMs mapped meanwhile
     /// (`engine/slots.rs`, [`FreeWait`]).
     free_wait: FreeWait,
+    /// CWSR time gaps given to the lower work may still cost
+    /// (`engine/give.rs`, [`give::GiveBudget`]).
+    give_budget: give::GiveBudget,
 }
 
 /// Save waits in one period of saves in flight of a partition (reset when

@@ -91,36 +91,66 @@ fn steady(w: &mut World, hi: QueueId, vms: u32, period: Nanos) -> (u64, Nanos, N
 /// Gaps of 600 us to 1.6 ms, all shorter than the cost-aware hold's
 /// switch (10 x 2 x 50 us = 1 ms) or its bucket edge, beside 1-3 lower VMs
 /// of 1-3 queues: holding them cost the lower work every ns of them. Now
-/// each gap goes to the lower work (one save of the running lower VM's
-/// queues per period, worth `n x 100 us` of gap: the lower equals take
-/// turns by slices), which runs and is billed at least the gap less two
-/// switches in every period; the owner waits at most one save (its RT
-/// bound allows one save and restore) and is billed no held time.
+/// the gaps go to the lower work (one save of the running lower VM's
+/// queues per period, `n x 100 us` of CWSR: the lower equals take turns by
+/// slices) as far as the partition's budget for them allows, 8% of the
+/// run (`GIVE_CWSR_PERMILLE`): every gap where `n x 100 us` is at most 8%
+/// of the period, that share of them where it is more (1 queue every 1 ms:
+/// 80 of 100; 2 queues every 1.2 ms: 48; gaps of 1 ms or more the
+/// cost-aware hold gives away itself). A given gap's lower work runs
+/// and is billed at least the gap less two switches; the owner waits at
+/// most one save (its RT bound allows one save and restore) and is billed
+/// no held time but in the gaps the budget could not pay for.
 #[test]
-fn a_wide_periodic_owners_gaps_go_to_the_lower_work() {
+fn a_wide_periodic_owners_gaps_go_to_the_lower_work_within_the_cwsr_budget() {
     for (vms, queues, period) in [
         (1, 1, 1_000_000),
         (1, 1, 2_000_000),
         (2, 1, 1_500_000),
         (1, 3, 1_500_000),
+        (1, 2, 1_200_000),
         (3, 2, 2_000_000),
     ] {
         let (mut w, _lo, hi) = rig(vms, queues);
         let (pre, gpu, wait, held) = steady(&mut w, hi, vms, period);
         let gap = period - JOB;
+        let q = u64::from(queues);
+        let cost = q * 2 * UNMAP_NS;
+        // Gives the budget pays for in 100 periods (8% of them, in
+        // costs), for gaps the cost-aware hold alone keeps (under 1 ms).
+        let gives = if gap >= MS {
+            100
+        } else {
+            (100 * period * 80 / 1000 / cost).min(100)
+        };
         assert!(
-            pre >= 99 * u64::from(queues),
-            "{vms} VMs every {period} ns: {pre} saves in 100 periods"
+            pre >= (gives.min(99) - 1) * q,
+            "{vms} VMs every {period} ns: {pre} saves in 100 periods, budget {gives} gives"
         );
+        if vms == 1 && gap < MS {
+            // Every save is a give's (no slices among lower equals): their
+            // CWSR within 8% of the run, but for the budget's cap.
+            assert!(
+                pre / q * cost <= 100 * period * 80 / 1000 + 2 * cost,
+                "{vms} VMs every {period} ns: {pre} saves past the budget"
+            );
+        }
         assert!(
-            gpu >= 100 * (gap - 4 * UNMAP_NS),
+            gpu >= (gives.min(99) - 1) * (gap - 4 * UNMAP_NS),
             "{vms} VMs every {period} ns: lower work billed {gpu} ns in 100 periods"
         );
         assert!(
             wait <= UNMAP_NS + 1_000,
             "{vms} VMs every {period} ns: the owner waited {wait} ns"
         );
-        assert_eq!(held, 0, "{vms} VMs every {period} ns: gaps held");
+        if gives >= 100 {
+            assert_eq!(held, 0, "{vms} VMs every {period} ns: gaps held");
+        } else {
+            assert!(
+                held >= (100 - gives - 2) * (gap - 2 * UNMAP_NS),
+                "{vms} VMs every {period} ns: the gaps past the budget are held ({held} ns)"
+            );
+        }
     }
 }
 

@@ -62,13 +62,21 @@ impl Scheduler {
             return whole;
         }
         let c = self.give_worth(p, vm, level);
+        let now = self.now;
         let Some(v) = self.vms.get_mut(&vm) else {
             return whole;
         };
-        let weighed = c.map_or(whole, |c| v.gaps.hold_ns(c));
-        let given = weighed < whole;
-        v.wake.gap_decided(given);
-        if given {
+        let weighed = c.map_or(whole, |(c, _)| v.gaps.hold_ns(c));
+        let worth = weighed < whole;
+        // Within the partition's CWSR budget for given gaps. A gap worth
+        // giving that the budget cannot pay for is held, but is no held
+        // (base) cycle of the owner's trial: a closed loop's trial cycles,
+        // interleaved with such gaps, are still judged.
+        if worth && !c.is_some_and(|(_, cost)| self.parts[p].give_budget.spend(now, cost)) {
+            return whole;
+        }
+        v.wake.gap_decided(worth);
+        if worth {
             weighed
         } else {
             whole

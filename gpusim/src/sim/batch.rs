@@ -15,6 +15,17 @@ impl Batch {
     pub(super) fn rounds(&self) -> u64 {
         self.len().div_ceil(self.width.max(1) as u64)
     }
+    /// Its rounds' length alone (ns): the most guests can delay it
+    /// (sharing at most halves its rate).
+    pub(super) fn solo_len(&self) -> Nanos {
+        self.rounds().saturating_mul(self.cost)
+    }
+    /// Stops it after workgroup `started` (the end of its current round):
+    /// guests' delay is kept up to its new length alone.
+    pub(super) fn cut_at(&mut self, started: u64) {
+        self.end = started;
+        self.shifted = self.shifted.min(self.solo_len());
+    }
     /// When its last round ends: its rounds, then the delay guests caused
     /// (`shifted`; which workgroups have started stays as the rounds say).
     pub(super) fn finish(&self) -> Nanos {
@@ -202,7 +213,7 @@ impl SimGpu {
                         now.saturating_add(b.cost - into)
                     };
                     let old_end = b.end;
-                    b.end = started;
+                    b.cut_at(started);
                     let cost = b.cost;
                     Some(Batch {
                         slot,

@@ -20,8 +20,10 @@ impl Batch {
     pub(super) fn solo_len(&self) -> Nanos {
         self.rounds().saturating_mul(self.cost)
     }
-    /// Stops it after workgroup `started` (the end of its current round):
-    /// guests' delay is kept up to its new length alone.
+    /// Stops it after workgroup `started` (the end of its current round),
+    /// its rest leaving its CUs (guests elsewhere, a mask, the rebalance,
+    /// an unmap): the delay guests caused is kept up to its new length
+    /// alone, the most sharing can cost it.
     pub(super) fn cut_at(&mut self, started: u64) {
         self.end = started;
         self.shifted = self.shifted.min(self.solo_len());
@@ -213,7 +215,10 @@ impl SimGpu {
                         now.saturating_add(b.cost - into)
                     };
                     let old_end = b.end;
-                    b.cut_at(started);
+                    // The rest runs on as a new batch on the same CUs
+                    // (and the one joining), beside the same guests: the
+                    // delay they caused stays with this batch, not cut.
+                    b.end = started;
                     let cost = b.cost;
                     Some(Batch {
                         slot,

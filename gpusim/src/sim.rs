@@ -807,6 +807,8 @@ mod cu_mask_tests;
 
 #[cfg(test)]
 mod occupancy_tests;
+#[cfg(test)]
+mod pack_tests;
 
 #[cfg(test)]
 mod review_tests;

@@ -15,6 +15,19 @@ impl Batch {
     pub(super) fn rounds(&self) -> u64 {
         self.len().div_ceil(self.width.max(1) as u64)
     }
+    /// Its rounds' length alone (ns): the most guests can delay it
+    /// (sharing at most halves its rate).
+    pub(super) fn solo_len(&self) -> Nanos {
+        self.rounds().saturating_mul(self.cost)
+    }
+    /// Stops it after workgroup `started` (the end of its current round),
+    /// its rest leaving its CUs (guests elsewhere, a mask, the rebalance,
+    /// an unmap): the delay guests caused is kept up to its new length
+    /// alone, the most sharing can cost it.
+    pub(super) fn cut_at(&mut self, started: u64) {
+        self.end = started;
+        self.shifted = self.shifted.min(self.solo_len());
+    }
     /// When its last round ends: its rounds, then the delay guests caused
     /// (`shifted`; which workgroups have started stays as the rounds say).
     pub(super) fn finish(&self) -> Nanos {
@@ -202,6 +215,9 @@ impl SimGpu {
                         now.saturating_add(b.cost - into)
                     };
                     let old_end = b.end;
+                    // The rest runs on as a new batch on the same CUs
+                    // (and the one joining), beside the same guests: the
+                    // delay they caused stays with this batch, not cut.
                     b.end = started;
                     let cost = b.cost;
                     Some(Batch {

@@ -98,20 +98,61 @@ impl SimGpu {
             return false;
         }
         // What it would launch next: a saved workgroup, else the next one
-        // of the first packet that has one (as `start_one`).
+        // of the first packet that has one (as `start_one`), else the first
+        // unstarted round of one of its running batches: a CU packs
+        // workgroups wherever they fit, so a batch's later rounds are not
+        // bound to its own CUs while another queue's CU has room (the
+        // batch is cut at the end of its current round once a host is
+        // found, below).
+        let mut cut = None;
         let (id, fp, cost) = if let Some(sw) = q.resume.front() {
             (sw.id, packet_fp(q, sw.id), sw.remaining)
+        } else if let Some(a) = q
+            .active
+            .iter()
+            .find(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
+        {
+            let Work::Dispatch(d) = a.work else {
+                return false;
+            };
+            (a.id, d.fp, self.wg_cost(&d))
         } else {
-            let Some(a) = q
-                .active
+            // Only below an equal split of the partition among the queues
+            // that want CUs (as `rebalance` counts them): the occupancy
+            // counterpart of the rebalance, which would otherwise make it
+            // wait for the other queues' round ends. A queue holding its
+            // split keeps its lock-step rounds.
+            let want = part
+                .slots
                 .iter()
-                .find(|a| matches!(a.work, Work::Dispatch(d) if a.next_wg < d.total))
-            else {
+                .filter(|&&s| {
+                    self.slots[s as usize].as_ref().is_some_and(|o| {
+                        o.state == HState::Active && self.dispatchable(o).is_some()
+                    })
+                })
+                .count() as u32;
+            if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
+                return false;
+            }
+            let qgen = q.gen;
+            let Some((a, bi)) = q.active.iter().find_map(|a| {
+                let bi = a.batch?;
+                let b = &self.batches[bi as usize];
+                (matches!(a.work, Work::Dispatch(_))
+                    && b.live
+                    && b.slot == slot
+                    && b.qgen == qgen
+                    && b.id == a.id
+                    && now >= b.start
+                    && b.started_by(now) < b.end)
+                    .then_some((a, bi))
+            }) else {
                 return false;
             };
             let Work::Dispatch(d) = a.work else {
                 return false;
             };
+            cut = Some(bi);
             (a.id, d.fp, self.wg_cost(&d))
         };
         if fp == Footprint::WHOLE {
@@ -153,13 +194,30 @@ impl SimGpu {
         let Some((cu, h)) = host else {
             return false;
         };
+        if let Some(bi) = cut {
+            // The batch stops after its current round; its unstarted
+            // workgroups go back to the packet (as a mask cut does), the
+            // first of them launched here.
+            let b = &mut self.batches[bi as usize];
+            let started = b.started_by(now);
+            b.cut_at(started);
+            self.touch_batch(bi);
+            let q = self.slots[slot as usize].as_mut().expect("slot");
+            if let Some(a) = q.active.iter_mut().find(|a| a.id == id) {
+                a.next_wg = a.next_wg.min(started);
+            }
+        }
         let (delay, wall) = match h {
             Ok(bi) => {
                 // The batch's rounds end as late as its most delayed CU.
                 let b = &mut self.batches[bi as usize];
                 let (d, wall) = occupancy::share(cost, b.finish().saturating_sub(now));
                 let debt = &mut self.parts[p].cu_debt[cu as usize];
-                *debt = debt.saturating_add(d);
+                // Sharing at most halves the owner's rate: guests delay it
+                // by at most its own solo length (a batch cut later, when
+                // its rounds go to other CUs as guests, is shorter than the
+                // stay this guest was placed against).
+                *debt = debt.saturating_add(d).min(b.solo_len());
                 if *debt > b.shifted {
                     b.shifted = *debt;
                     self.touch_batch(bi);
@@ -372,7 +430,7 @@ impl SimGpu {
             if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
                 a.next_wg = a.next_wg.min(started);
             }
-            self.batches[bi as usize].end = started;
+            self.batches[bi as usize].cut_at(started);
             self.touch_batch(bi);
         }
     }

@@ -104,7 +104,7 @@ impl SimGpu {
             if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
                 a.next_wg = a.next_wg.min(started);
             }
-            self.batches[bi as usize].end = started;
+            self.batches[bi as usize].cut_at(started);
             self.touch_batch(bi);
         }
         self.flush_batches();

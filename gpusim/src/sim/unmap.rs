@@ -447,7 +447,7 @@ impl SimGpu {
                 self.batches[bi as usize].live = false;
                 self.free_batches.push(bi);
             } else if started < b.end {
-                self.batches[bi as usize].end = started;
+                self.batches[bi as usize].cut_at(started);
                 self.touch_batch(bi);
             }
         }

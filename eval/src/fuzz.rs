@@ -1631,8 +1631,11 @@ pub fn first_job_fair(alone_ns: u64, w: u64, others: u64, q: u64, cwsr: u64) -> 
 /// in the regression scenarios of fuzz-regress/), and an exclusive slice
 /// cannot make it do more. Each entry runs alone, as one VM (an entry
 /// of `count` replicas too: together they would slice the partition), for
-/// at most `max(200 ms, 10 jobs)` of the scenario's run, measured up to
-/// its last kernel completion (no kernel cut by the end of the run).
+/// at most `max(200 ms, 10 jobs)` of the scenario's run: the CU time its
+/// workgroups received (`VmRun::cu_used_ns`, kernels still in flight at
+/// the end included) per ns of partition time it was billed, the same
+/// measure item 2 takes of the shared run (docs/scheduling.md "CU time
+/// of kernels in flight at the end").
 fn alone_efficiency(
     sc: &Scenario,
     run: &RunOutput,
@@ -1657,11 +1660,9 @@ fn alone_efficiency(
         alone.duration_ms = alone.duration_ms.min(ms);
         alone.changes.retain(|c| c.at_ms < alone.duration_ms);
         let (_, a) = run_it(&alone)?;
-        let cu: u128 = a.vm_runs.iter().map(|r| r.cu_ns).sum();
-        let end = a.vm_runs.iter().map(|r| r.last_done_ns).max().unwrap_or(0);
-        let parts: std::collections::BTreeSet<u32> =
-            a.vm_runs.iter().map(|r| r.partition).collect();
-        let span = end as f64 * a.cus as f64 * parts.len().max(1) as f64;
+        let cu: u128 = a.vm_runs.iter().map(|r| r.cu_used_ns).sum();
+        let held: u64 = a.vm_runs.iter().map(|r| r.gpu_ns).sum();
+        let span = held as f64 * a.cus as f64;
         if cu > 0 && span > 0.0 {
             out.insert(i, (cu as f64 / span).min(1.0));
         }
@@ -1725,7 +1726,12 @@ fn weights_within(
         }
         let w = vm.weight.max(1) as f64;
         let e = eff.get(&r.tenant).copied().unwrap_or(1.0);
-        let (lo, hi) = cu_per_share(vm.cu_time_us, w, e, cus, r);
+        // CU time received, kernels in flight at the end included: what
+        // completed kernels alone leave out grows with the VM's queues x
+        // backlog against its share (docs/scheduling.md "CU time of
+        // kernels in flight at the end").
+        let cu_us = r.cu_used_ns as f64 / 1e3;
+        let (lo, hi) = cu_per_share(cu_us, w, e, cus, r);
         cu.entry(r.partition)
             .or_default()
             .push((vm.name.clone(), lo, hi));

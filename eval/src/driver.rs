@@ -152,6 +152,9 @@ pub struct VmRun {
     pub last_done_ns: Nanos,
     /// Latencies of its completed jobs, ns, in completion order.
     pub latency_ns: Vec<u64>,
+    /// Dequeues of its queues that interrupted work (`VmStats::preemptions`):
+    /// the switches its shape paid for.
+    pub preemptions: u64,
     /// Longest time one of its queues had work without holding a slot, ns.
     pub max_wait_ns: u64,
     /// Longest a job of this VM took from arrival to completion, or has
@@ -1050,6 +1053,11 @@ impl Sim<'_> {
                         .map_or(0, |s| s.save_wait_ns),
                     cu_ns: v.cu_ns,
                     cu_used_ns: used[i],
+                    preemptions: self
+                        .bind
+                        .scheduler()
+                        .vm_stats(id)
+                        .map_or(0, |s| s.preemptions),
                     work_ns: v.work_ns,
                     last_done_ns: v.last_done_ns,
                     latency_ns: std::mem::take(&mut self.track.latency[i]),

@@ -1622,28 +1622,57 @@ pub fn first_job_fair(alone_ns: u64, w: u64, others: u64, q: u64, cwsr: u64) -> 
     shared.saturating_add(first_round).min(u64::MAX as u128) as u64
 }
 
-/// CU time a tenant entry does per ns of partition time when it runs
-/// alone (1.0: every CU of its partition busy with its workgroups), by
-/// entry index: the shape's own efficiency. Multi-queue kernels that
-/// declare VGPRs co-reside with each other and delay their own lock-step
-/// batches, tiny workgroups leave CUs idle between kernels: alone, such a
-/// VM does less than 1 CU-ns per ns of the partition it holds (0.79-0.90
-/// in the regression scenarios of fuzz-regress/), and an exclusive slice
-/// cannot make it do more. Each entry runs alone, as one VM (an entry
-/// of `count` replicas too: together they would slice the partition), for
-/// at most `max(200 ms, 10 jobs)` of the scenario's run: the CU time its
-/// workgroups received (`VmRun::cu_used_ns`, kernels still in flight at
-/// the end included) per ns of partition time it was billed, the same
-/// measure item 2 takes of the shared run (docs/scheduling.md "CU time
-/// of kernels in flight at the end").
+/// A tenant entry's efficiency: CU time per ns of partition time it holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShapeEff {
+    /// Alone, with the partition to itself (1.0: every CU busy with its
+    /// workgroups).
+    pub alone: f64,
+    /// What one preemption (`VmRun::preemptions`) costs the shape, in ns of
+    /// the partition at full efficiency: the efficiency it loses per ns
+    /// held is `switch_ns x preemptions / ns held`. Measured on two VMs of
+    /// the shape sliced at the level's quantum; negative when the shape
+    /// does more sliced than alone.
+    pub switch_ns: f64,
+}
+
+impl ShapeEff {
+    /// The efficiency expected of a VM of the shape that was preempted
+    /// `preemptions` times in `held_ns` of partition time (0.05..=1.0).
+    pub fn expected(&self, preemptions: u64, held_ns: u64) -> f64 {
+        let per_ns = preemptions as f64 / held_ns.max(1) as f64;
+        (self.alone - self.switch_ns * per_ns).clamp(0.05, 1.0)
+    }
+}
+
+/// Each tenant entry's efficiency by entry index ([`ShapeEff`]): the
+/// shape's own, measured without the scenario's other shapes. Multi-queue
+/// kernels that declare VGPRs co-reside with each other and delay their
+/// own lock-step batches, tiny workgroups leave CUs idle between kernels:
+/// alone, such a VM does less than 1 CU-ns per ns of the partition it
+/// holds (0.79-0.90 in the regression scenarios of fuzz-regress/), and an
+/// exclusive slice cannot make it do more. Each entry runs alone, as one
+/// VM (an entry of `count` replicas too: together they would slice the
+/// partition), for at most `max(200 ms, 10 jobs)` of the scenario's run:
+/// the CU time its workgroups received (`VmRun::cu_used_ns`, kernels still
+/// in flight at the end included) per ns of partition time it was billed,
+/// the same measure item 2 takes of the shared run (docs/scheduling.md "CU
+/// time of kernels in flight at the end"). A shape's efficiency also
+/// depends on how often it is switched (co-resident queues restored out of
+/// their lock-step rounds lose CU time at each switch, 93056's eq2 2.7% at
+/// 10 ms quanta and 9.7% at 1 ms): two VMs of the entry (weight 1 each)
+/// then run for `max(200 ms, 20 jobs, 40 quanta)` of its level, and the
+/// difference from alone per preemption is the shape's switch cost
+/// (docs/scheduling.md "What a switch costs a shape").
 fn alone_efficiency(
     sc: &Scenario,
     run: &RunOutput,
     skip: &[&str],
     cus: u64,
     run_it: &mut impl FnMut(&Scenario) -> Result<(PolicyReport, RunOutput), EvalError>,
-) -> Result<std::collections::BTreeMap<usize, f64>, EvalError> {
+) -> Result<std::collections::BTreeMap<usize, ShapeEff>, EvalError> {
     let mut out = std::collections::BTreeMap::new();
+    let cfg = sc.scheduler.clone().unwrap_or_default();
     for (i, t) in sc.tenants.iter().enumerate() {
         if skip.contains(&t.name.as_str()) || !run.vm_runs.iter().any(|r| r.tenant == i) {
             continue;
@@ -1656,6 +1685,7 @@ fn alone_efficiency(
         for a in &mut alone.tenants {
             a.count = 1;
         }
+        let mut twin = alone.clone();
         let ms = (job_ns(t, cus).saturating_mul(10) / 1_000_000).max(200);
         alone.duration_ms = alone.duration_ms.min(ms);
         alone.changes.retain(|c| c.at_ms < alone.duration_ms);
@@ -1663,9 +1693,43 @@ fn alone_efficiency(
         let cu: u128 = a.vm_runs.iter().map(|r| r.cu_used_ns).sum();
         let held: u64 = a.vm_runs.iter().map(|r| r.gpu_ns).sum();
         let span = held as f64 * a.cus as f64;
-        if cu > 0 && span > 0.0 {
-            out.insert(i, (cu as f64 / span).min(1.0));
+        if cu == 0 || span <= 0.0 {
+            continue;
         }
+        let e_alone = (cu as f64 / span).min(1.0);
+        // Two VMs of the shape, equal weights: one switch per quantum.
+        let q = cfg.quantum_ns[t.priority.min(15) as usize];
+        for a in &mut twin.tenants {
+            a.count = 2;
+            a.weight = 1;
+        }
+        twin.changes.clear();
+        let twin_ms = (job_ns(t, cus).saturating_mul(20) / 1_000_000)
+            .max(q.saturating_mul(40) / 1_000_000)
+            .max(200);
+        twin.duration_ms = twin.duration_ms.min(twin_ms);
+        let (_, b) = run_it(&twin)?;
+        let cu: u128 = b.vm_runs.iter().map(|r| r.cu_used_ns).sum();
+        // Outside its billed save waits, as [`cu_per_share`] counts them.
+        let held: u64 = b
+            .vm_runs
+            .iter()
+            .map(|r| r.gpu_ns.saturating_sub(r.save_wait_ns))
+            .sum();
+        let n: u64 = b.vm_runs.iter().map(|r| r.preemptions).sum();
+        let switch_ns = if n == 0 || held == 0 {
+            0.0
+        } else {
+            let e_sliced = cu as f64 / (held as f64 * b.cus as f64);
+            (e_alone - e_sliced) * held as f64 / n as f64
+        };
+        out.insert(
+            i,
+            ShapeEff {
+                alone: e_alone,
+                switch_ns,
+            },
+        );
     }
     Ok(out)
 }
@@ -1713,7 +1777,7 @@ fn weights_within(
     report: &PolicyReport,
     run: &RunOutput,
     skip: &[&str],
-    eff: &std::collections::BTreeMap<usize, f64>,
+    eff: &std::collections::BTreeMap<usize, ShapeEff>,
     fail: &mut impl FnMut(&'static str, String, String),
 ) {
     type Parts = std::collections::BTreeMap<u32, Vec<(String, f64, f64)>>;
@@ -1725,7 +1789,11 @@ fn weights_within(
             continue;
         }
         let w = vm.weight.max(1) as f64;
-        let e = eff.get(&r.tenant).copied().unwrap_or(1.0);
+        // Its shape's efficiency at the switches it had (the waits are
+        // the range of `cu_per_share`).
+        let e = eff.get(&r.tenant).map_or(1.0, |x| {
+            x.expected(r.preemptions, r.gpu_ns.saturating_sub(r.save_wait_ns))
+        });
         // CU time received, kernels in flight at the end included: what
         // completed kernels alone leave out grows with the VM's queues x
         // backlog against its share (docs/scheduling.md "CU time of

@@ -2301,6 +2301,77 @@ mod tests {
     }
 
     #[test]
+    fn a_shapes_switch_cost_is_measured_on_two_vms_of_it_sliced() {
+        // A 2-queue entry of 2 jobs: alone 0.99 CU-ns per billed ns;
+        // sliced with a twin, 0.90 over 100 ms billed with 50 preemptions
+        // (0.09 x 100 ms / 50 = 180 us of the partition lost per
+        // preemption).
+        let sc = Scenario::parse(
+            "name = \"sw\"\nduration_ms = 1000\nseed = 1\n\
+             [[tenant]]\nname = \"eq\"\npriority = 4\nweight = 3\nclass = \"lo\"\nqueues = 2\n\
+             arrival = { kind = \"flood\", depth = 2 }\n\
+             [[tenant.kernel]]\nworkgroups = 304\nwg_cost_us = 50\n",
+            "sw.toml",
+        )
+        .unwrap();
+        let vm = |name: &str, cu: u128, gpu: u64, pre: u64| crate::driver::VmRun {
+            name: name.into(),
+            cu_used_ns: cu,
+            gpu_ns: gpu,
+            preemptions: pre,
+            ..Default::default()
+        };
+        let ms = 1_000_000u64;
+        let run = RunOutput {
+            vm_runs: vec![vm("eq", 0, 0, 0)],
+            cus: 100,
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        let eff = alone_efficiency(&sc, &run, &[], 304, &mut |a: &Scenario| {
+            let t = &a.tenants[0];
+            seen.push((t.count, t.weight, a.duration_ms));
+            let out = if t.count == 1 {
+                RunOutput {
+                    vm_runs: vec![vm("eq", 99 * 200 * ms as u128, 200 * ms, 0)],
+                    cus: 100,
+                    ..Default::default()
+                }
+            } else {
+                RunOutput {
+                    vm_runs: vec![
+                        vm("eq-0", 90 * 50 * ms as u128, 50 * ms, 25),
+                        vm("eq-1", 90 * 50 * ms as u128, 50 * ms, 25),
+                    ],
+                    cus: 100,
+                    ..Default::default()
+                }
+            };
+            Ok((PolicyReport::default(), out))
+        })
+        .unwrap();
+        // Alone one VM; sliced two of weight 1, for 40 quanta of its level
+        // (10 ms by default) here.
+        assert_eq!(seen, vec![(1, 3, 200), (2, 1, 400)]);
+        let e = eff[&0];
+        assert!((e.alone - 0.99).abs() < 1e-9, "{e:?}");
+        assert!((e.switch_ns - 180_000.0).abs() < 1e-3, "{e:?}");
+        // A VM of the shape preempted as often as the twins expects their
+        // efficiency; never preempted, its efficiency alone; a VM of
+        // longer slices (weight) in between.
+        assert!((e.expected(50, 100 * ms) - 0.90).abs() < 1e-9);
+        assert!((e.expected(0, 100 * ms) - 0.99).abs() < 1e-9);
+        assert!((e.expected(25, 100 * ms) - 0.945).abs() < 1e-9);
+        // Bounded whatever the counts.
+        assert_eq!(e.expected(u64::MAX, 1), 0.05);
+        let gain = ShapeEff {
+            alone: 0.9,
+            switch_ns: -1e9,
+        };
+        assert_eq!(gain.expected(10, 1), 1.0);
+    }
+
+    #[test]
     fn a_first_job_fair_is_bounded_by_its_fair_share() {
         // Alone 4 ms, one equal of weight 1, 2 ms quanta, 0.25 ms CWSR:
         // 8 ms of shared time, 12.5% of it switching, after one slice.

@@ -135,6 +135,15 @@ pub struct VmRun {
     pub save_wait_ns: u64,
     /// CU-ns of its completed kernels.
     pub cu_ns: u128,
+    /// CU-ns its workgroups received up to the end of the run, as the
+    /// backend credits them ([`PhysGpu::take_cu_time`]: completed
+    /// workgroups, and the part done of those a save cut), whether or not
+    /// their kernel completed. Unlike `cu_ns` it does not leave out the
+    /// work of kernels still in flight at the end (a VM of many queues or
+    /// a deep backlog can have several ms of partition time in them); the
+    /// part done of workgroups running at the end is in it
+    /// (`SimGpu::running_cu_time`).
+    pub cu_used_ns: u128,
     /// GPU time its completed kernels take alone on the partition (per
     /// kernel: workgroup rounds x modelled workgroup cost), ns: its real use.
     pub work_ns: u64,
@@ -143,6 +152,9 @@ pub struct VmRun {
     pub last_done_ns: Nanos,
     /// Latencies of its completed jobs, ns, in completion order.
     pub latency_ns: Vec<u64>,
+    /// Dequeues of its queues that interrupted work (`VmStats::preemptions`):
+    /// the switches its shape paid for.
+    pub preemptions: u64,
     /// Longest time one of its queues had work without holding a slot, ns.
     pub max_wait_ns: u64,
     /// Longest a job of this VM took from arrival to completion, or has
@@ -997,6 +1009,19 @@ impl Sim<'_> {
             max_wait[st.vm] = max_wait[st.vm].max(self.track.max_wait[s]);
         }
         let names = self.sc.vm_names();
+        let mut used = vec![0u128; self.vms.len()];
+        let mut credit = Vec::new();
+        self.gpu.take_cu_time(&mut credit);
+        // With the part done of the workgroups running at the end (the
+        // queue that holds the partition then would lose up to a slice).
+        self.gpu.running_cu_time(&mut credit);
+        for (tag, ns) in credit {
+            if let Some(vm) = self.bind.queue_vm(QueueId(tag)) {
+                if let Some(u) = used.get_mut(vm.0 as usize) {
+                    *u = u.saturating_add(ns as u128);
+                }
+            }
+        }
         let mut age = vec![0; self.vms.len()];
         for j in &self.out.jobs {
             let vm = self.streams[j.stream].vm;
@@ -1027,6 +1052,12 @@ impl Sim<'_> {
                         .vm_stats(id)
                         .map_or(0, |s| s.save_wait_ns),
                     cu_ns: v.cu_ns,
+                    cu_used_ns: used[i],
+                    preemptions: self
+                        .bind
+                        .scheduler()
+                        .vm_stats(id)
+                        .map_or(0, |s| s.preemptions),
                     work_ns: v.work_ns,
                     last_done_ns: v.last_done_ns,
                     latency_ns: std::mem::take(&mut self.track.latency[i]),
@@ -1226,5 +1257,53 @@ mod notice_tests {
         );
         assert_eq!(out.aged_notices, out.aging_boosts);
         assert_eq!(out.preempted_notices, out.preemptions);
+    }
+}
+
+#[cfg(test)]
+mod cu_used_tests {
+    use super::*;
+
+    /// Two equal VMs slicing the partition in 1 ms quanta, every
+    /// workgroup 50 ms long: no kernel completes in the 20 ms run, so
+    /// completed kernels say neither did any work, while the backend
+    /// credits what each received (the part done of its saved waves).
+    /// That CU time is bounded by the partition time each was billed and
+    /// close to it (one ns of partition per CU-ns but the saves and
+    /// restores), and the two VMs received the same.
+    #[test]
+    fn cu_used_counts_the_work_of_kernels_cut_by_the_end() {
+        let sc = Scenario::parse(
+            "name = \"cut\"\nduration_ms = 20\nseed = 1\n\
+             [scheduler]\nquantum_ns = [1000000, 1000000, 1000000, 1000000, \
+             1000000, 1000000, 1000000, 1000000, 1000000, 1000000, 1000000, \
+             1000000, 1000000, 1000000, 1000000, 1000000]\n\
+             [[tenant]]\nname = \"eq\"\npriority = 4\nclass = \"lo\"\ncount = 2\n\
+             arrival = { kind = \"flood\", depth = 1 }\n\
+             [[tenant.kernel]]\nworkgroups = 304\nwg_cost_us = 50000\n",
+            "cut.toml",
+        )
+        .unwrap();
+        let out = simulate(&sc, Policy::Hqdmux, 1).unwrap();
+        assert_eq!(out.vm_runs.len(), 2);
+        let cus = out.cus as u128;
+        for v in &out.vm_runs {
+            assert_eq!(v.cu_ns, 0, "{}: no kernel completes", v.name);
+            let held = v.gpu_ns as u128 * cus;
+            assert!(
+                v.cu_used_ns <= held,
+                "{}: {} > {held}",
+                v.name,
+                v.cu_used_ns
+            );
+            assert!(
+                v.cu_used_ns * 10 >= held * 7,
+                "{}: {} of {held}",
+                v.name,
+                v.cu_used_ns
+            );
+        }
+        let (a, b) = (out.vm_runs[0].cu_used_ns, out.vm_runs[1].cu_used_ns);
+        assert!(a.abs_diff(b) * 10 <= a.max(b), "{a} {b}");
     }
 }

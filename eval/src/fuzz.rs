@@ -1725,25 +1725,57 @@ pub fn first_busy_period_fair(
     out
 }
 
-/// CU time a tenant entry does per ns of partition time when it runs
-/// alone (1.0: every CU of its partition busy with its workgroups), by
-/// entry index: the shape's own efficiency. Multi-queue kernels that
-/// declare VGPRs co-reside with each other and delay their own lock-step
-/// batches, tiny workgroups leave CUs idle between kernels: alone, such a
-/// VM does less than 1 CU-ns per ns of the partition it holds (0.79-0.90
-/// in the regression scenarios of fuzz-regress/), and an exclusive slice
-/// cannot make it do more. Each entry runs alone, as one VM (an entry
-/// of `count` replicas too: together they would slice the partition), for
-/// at most `max(200 ms, 10 jobs)` of the scenario's run, measured up to
-/// its last kernel completion (no kernel cut by the end of the run).
+/// A tenant entry's efficiency: CU time per ns of partition time it holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ShapeEff {
+    /// Alone, with the partition to itself (1.0: every CU busy with its
+    /// workgroups).
+    pub alone: f64,
+    /// What one preemption (`VmRun::preemptions`) costs the shape, in ns of
+    /// the partition at full efficiency: the efficiency it loses per ns
+    /// held is `switch_ns x preemptions / ns held`. Measured on two VMs of
+    /// the shape sliced at the level's quantum; negative when the shape
+    /// does more sliced than alone.
+    pub switch_ns: f64,
+}
+
+impl ShapeEff {
+    /// The efficiency expected of a VM of the shape that was preempted
+    /// `preemptions` times in `held_ns` of partition time (0.05..=1.0).
+    pub fn expected(&self, preemptions: u64, held_ns: u64) -> f64 {
+        let per_ns = preemptions as f64 / held_ns.max(1) as f64;
+        (self.alone - self.switch_ns * per_ns).clamp(0.05, 1.0)
+    }
+}
+
+/// Each tenant entry's efficiency by entry index ([`ShapeEff`]): the
+/// shape's own, measured without the scenario's other shapes. Multi-queue
+/// kernels that declare VGPRs co-reside with each other and delay their
+/// own lock-step batches, tiny workgroups leave CUs idle between kernels:
+/// alone, such a VM does less than 1 CU-ns per ns of the partition it
+/// holds (0.79-0.90 in the regression scenarios of fuzz-regress/), and an
+/// exclusive slice cannot make it do more. Each entry runs alone, as one
+/// VM (an entry of `count` replicas too: together they would slice the
+/// partition), for at most `max(200 ms, 10 jobs)` of the scenario's run:
+/// the CU time its workgroups received (`VmRun::cu_used_ns`, kernels still
+/// in flight at the end included) per ns of partition time it was billed,
+/// the same measure item 2 takes of the shared run (docs/scheduling.md "CU
+/// time of kernels in flight at the end"). A shape's efficiency also
+/// depends on how often it is switched (co-resident queues restored out of
+/// their lock-step rounds lose CU time at each switch, 93056's eq2 2.7% at
+/// 10 ms quanta and 9.7% at 1 ms): two VMs of the entry (weight 1 each)
+/// then run for `max(200 ms, 20 jobs, 40 quanta)` of its level, and the
+/// difference from alone per preemption is the shape's switch cost
+/// (docs/scheduling.md "What a switch costs a shape").
 fn alone_efficiency(
     sc: &Scenario,
     run: &RunOutput,
     skip: &[&str],
     cus: u64,
     run_it: &mut impl FnMut(&Scenario) -> Result<(PolicyReport, RunOutput), EvalError>,
-) -> Result<std::collections::BTreeMap<usize, f64>, EvalError> {
+) -> Result<std::collections::BTreeMap<usize, ShapeEff>, EvalError> {
     let mut out = std::collections::BTreeMap::new();
+    let cfg = sc.scheduler.clone().unwrap_or_default();
     for (i, t) in sc.tenants.iter().enumerate() {
         if skip.contains(&t.name.as_str()) || !run.vm_runs.iter().any(|r| r.tenant == i) {
             continue;
@@ -1756,18 +1788,51 @@ fn alone_efficiency(
         for a in &mut alone.tenants {
             a.count = 1;
         }
+        let mut twin = alone.clone();
         let ms = (job_ns(t, cus).saturating_mul(10) / 1_000_000).max(200);
         alone.duration_ms = alone.duration_ms.min(ms);
         alone.changes.retain(|c| c.at_ms < alone.duration_ms);
         let (_, a) = run_it(&alone)?;
-        let cu: u128 = a.vm_runs.iter().map(|r| r.cu_ns).sum();
-        let end = a.vm_runs.iter().map(|r| r.last_done_ns).max().unwrap_or(0);
-        let parts: std::collections::BTreeSet<u32> =
-            a.vm_runs.iter().map(|r| r.partition).collect();
-        let span = end as f64 * a.cus as f64 * parts.len().max(1) as f64;
-        if cu > 0 && span > 0.0 {
-            out.insert(i, (cu as f64 / span).min(1.0));
+        let cu: u128 = a.vm_runs.iter().map(|r| r.cu_used_ns).sum();
+        let held: u64 = a.vm_runs.iter().map(|r| r.gpu_ns).sum();
+        let span = held as f64 * a.cus as f64;
+        if cu == 0 || span <= 0.0 {
+            continue;
         }
+        let e_alone = (cu as f64 / span).min(1.0);
+        // Two VMs of the shape, equal weights: one switch per quantum.
+        let q = cfg.quantum_ns[t.priority.min(15) as usize];
+        for a in &mut twin.tenants {
+            a.count = 2;
+            a.weight = 1;
+        }
+        twin.changes.clear();
+        let twin_ms = (job_ns(t, cus).saturating_mul(20) / 1_000_000)
+            .max(q.saturating_mul(40) / 1_000_000)
+            .max(200);
+        twin.duration_ms = twin.duration_ms.min(twin_ms);
+        let (_, b) = run_it(&twin)?;
+        let cu: u128 = b.vm_runs.iter().map(|r| r.cu_used_ns).sum();
+        // Outside its billed save waits, as [`cu_per_share`] counts them.
+        let held: u64 = b
+            .vm_runs
+            .iter()
+            .map(|r| r.gpu_ns.saturating_sub(r.save_wait_ns))
+            .sum();
+        let n: u64 = b.vm_runs.iter().map(|r| r.preemptions).sum();
+        let switch_ns = if n == 0 || held == 0 {
+            0.0
+        } else {
+            let e_sliced = cu as f64 / (held as f64 * b.cus as f64);
+            (e_alone - e_sliced) * held as f64 / n as f64
+        };
+        out.insert(
+            i,
+            ShapeEff {
+                alone: e_alone,
+                switch_ns,
+            },
+        );
     }
     Ok(out)
 }
@@ -1815,7 +1880,7 @@ fn weights_within(
     report: &PolicyReport,
     run: &RunOutput,
     skip: &[&str],
-    eff: &std::collections::BTreeMap<usize, f64>,
+    eff: &std::collections::BTreeMap<usize, ShapeEff>,
     fail: &mut impl FnMut(&'static str, String, String),
 ) {
     type Parts = std::collections::BTreeMap<u32, Vec<(String, f64, f64)>>;
@@ -1827,8 +1892,17 @@ fn weights_within(
             continue;
         }
         let w = vm.weight.max(1) as f64;
-        let e = eff.get(&r.tenant).copied().unwrap_or(1.0);
-        let (lo, hi) = cu_per_share(vm.cu_time_us, w, e, cus, r);
+        // Its shape's efficiency at the switches it had (the waits are
+        // the range of `cu_per_share`).
+        let e = eff.get(&r.tenant).map_or(1.0, |x| {
+            x.expected(r.preemptions, r.gpu_ns.saturating_sub(r.save_wait_ns))
+        });
+        // CU time received, kernels in flight at the end included: what
+        // completed kernels alone leave out grows with the VM's queues x
+        // backlog against its share (docs/scheduling.md "CU time of
+        // kernels in flight at the end").
+        let cu_us = r.cu_used_ns as f64 / 1e3;
+        let (lo, hi) = cu_per_share(cu_us, w, e, cus, r);
         cu.entry(r.partition)
             .or_default()
             .push((vm.name.clone(), lo, hi));
@@ -2327,6 +2401,77 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(seen, vec![vec![("eq".to_string(), 1)]]);
+    }
+
+    #[test]
+    fn a_shapes_switch_cost_is_measured_on_two_vms_of_it_sliced() {
+        // A 2-queue entry of 2 jobs: alone 0.99 CU-ns per billed ns;
+        // sliced with a twin, 0.90 over 100 ms billed with 50 preemptions
+        // (0.09 x 100 ms / 50 = 180 us of the partition lost per
+        // preemption).
+        let sc = Scenario::parse(
+            "name = \"sw\"\nduration_ms = 1000\nseed = 1\n\
+             [[tenant]]\nname = \"eq\"\npriority = 4\nweight = 3\nclass = \"lo\"\nqueues = 2\n\
+             arrival = { kind = \"flood\", depth = 2 }\n\
+             [[tenant.kernel]]\nworkgroups = 304\nwg_cost_us = 50\n",
+            "sw.toml",
+        )
+        .unwrap();
+        let vm = |name: &str, cu: u128, gpu: u64, pre: u64| crate::driver::VmRun {
+            name: name.into(),
+            cu_used_ns: cu,
+            gpu_ns: gpu,
+            preemptions: pre,
+            ..Default::default()
+        };
+        let ms = 1_000_000u64;
+        let run = RunOutput {
+            vm_runs: vec![vm("eq", 0, 0, 0)],
+            cus: 100,
+            ..Default::default()
+        };
+        let mut seen = Vec::new();
+        let eff = alone_efficiency(&sc, &run, &[], 304, &mut |a: &Scenario| {
+            let t = &a.tenants[0];
+            seen.push((t.count, t.weight, a.duration_ms));
+            let out = if t.count == 1 {
+                RunOutput {
+                    vm_runs: vec![vm("eq", 99 * 200 * ms as u128, 200 * ms, 0)],
+                    cus: 100,
+                    ..Default::default()
+                }
+            } else {
+                RunOutput {
+                    vm_runs: vec![
+                        vm("eq-0", 90 * 50 * ms as u128, 50 * ms, 25),
+                        vm("eq-1", 90 * 50 * ms as u128, 50 * ms, 25),
+                    ],
+                    cus: 100,
+                    ..Default::default()
+                }
+            };
+            Ok((PolicyReport::default(), out))
+        })
+        .unwrap();
+        // Alone one VM; sliced two of weight 1, for 40 quanta of its level
+        // (10 ms by default) here.
+        assert_eq!(seen, vec![(1, 3, 200), (2, 1, 400)]);
+        let e = eff[&0];
+        assert!((e.alone - 0.99).abs() < 1e-9, "{e:?}");
+        assert!((e.switch_ns - 180_000.0).abs() < 1e-3, "{e:?}");
+        // A VM of the shape preempted as often as the twins expects their
+        // efficiency; never preempted, its efficiency alone; a VM of
+        // longer slices (weight) in between.
+        assert!((e.expected(50, 100 * ms) - 0.90).abs() < 1e-9);
+        assert!((e.expected(0, 100 * ms) - 0.99).abs() < 1e-9);
+        assert!((e.expected(25, 100 * ms) - 0.945).abs() < 1e-9);
+        // Bounded whatever the counts.
+        assert_eq!(e.expected(u64::MAX, 1), 0.05);
+        let gain = ShapeEff {
+            alone: 0.9,
+            switch_ns: -1e9,
+        };
+        assert_eq!(gain.expected(10, 1), 1.0);
     }
 
     #[test]

@@ -142,6 +142,7 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-94011-3-undershare-latency.toml",
     "share-light-short.toml",
     "fuzz-50119-2-weights.toml",
+    "fuzz-96069-2-weights.toml",
 ];
 
 #[test]

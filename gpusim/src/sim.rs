@@ -23,6 +23,7 @@ mod mask;
 pub mod occupancy;
 mod packet;
 mod realtime;
+mod running;
 pub mod testkit;
 mod unmap;
 

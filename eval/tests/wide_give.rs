@@ -3,11 +3,13 @@
 //! weighed against the lower work's loss"): fuzz seed 96013, an RT whose
 //! latency bound needs more than half the partition (no reservation), with
 //! 1.8 ms gaps that the cost-aware hold kept whole, best effort 0.019 of
-//! alone in the 100 ms cut. Each gap now goes to the lower work for one
-//! save and restore per period. What the file keeps is the RT bound, best
-//! effort at least half of alone, and CWSR time at the save-per-period
-//! figure (`t_cwsr / period`, 10.3% here: the two 10% targets conflict for
-//! this shape, stated with figures in the doc).
+//! alone in the 100 ms cut. Its gaps now go to the lower work for one
+//! save and restore per period, as far as the partition's CWSR budget for
+//! given gaps allows (8% of the run, `GiveBudget`: about 78 of each 100
+//! gaps here, a save and restore being 10.3% of the period). What the file
+//! keeps is the RT bound, the CWSR bound (10% of the run) and best effort
+//! at least 0.4 of alone (20 times what it was; what the budget's gaps
+//! leave, about 0.78 x (2352 - 554 - 242) / 2352 = 0.52, less the start).
 
 use eval::driver::evaluate_full;
 use eval::fuzz::cu_time_named;
@@ -33,12 +35,8 @@ fn a_wide_rt_gives_its_gaps_to_best_effort() {
         "RT p99 {p99} us, bound {}",
         1.1 * iso + cwsr_us
     );
-    assert!(be >= 0.5, "best effort {be:.3} of alone (was 0.019)");
-    // One save and restore of the lower queue per 2352 us period, and
-    // not more.
-    assert!(
-        cwsr <= 1.1 * cwsr_us / 2352.0,
-        "CWSR {:.1}% of the run",
-        100.0 * cwsr
-    );
+    assert!(be >= 0.4, "best effort {be:.3} of alone (was 0.019)");
+    // Giving every gap would cost 10.3% of the run in CWSR: the budget
+    // keeps it within the item's 10%.
+    assert!(cwsr <= 0.10, "CWSR {:.1}% of the run", 100.0 * cwsr);
 }

@@ -2,23 +2,12 @@
 
 use super::testkit::*;
 use super::*;
-use crate::topology::GpuTopology;
 use abi::kernel::KernelKind;
 use proptest::prelude::*;
 use scheduler::CuSet;
 
-/// 2 XCCs x 8 CUs, 2 shader engines per XCC, one partition.
-fn topo() -> GpuTopology {
-    GpuTopology {
-        xccs: 2,
-        cus_per_xcc: 8,
-        ses_per_xcc: 2,
-        ..Default::default()
-    }
-}
-
 fn host(set: CuSet) -> CuMask {
-    let t = topo();
+    let t = two_xcc_topo();
     CuMask::from_set(set, t.cus_per_xcc, t.xccs_per_partition())
 }
 
@@ -32,7 +21,7 @@ fn set_of(code: u8) -> CuSet {
 
 #[test]
 fn guest_mask_follows_kfd_symmetric_layout() {
-    let t = topo();
+    let t = two_xcc_topo();
     let mut vm = TestVm::new(16 << 20);
     let mut q = vm.queue(&t, 64, 5);
     // SE0 bit 1 = CU 2, SE1 bit 0 = CU 1 (CU c is SE c % 2, bit c / 2).
@@ -56,7 +45,7 @@ fn guest_mask_follows_kfd_symmetric_layout() {
 
 #[test]
 fn a_narrowed_host_mask_applies_to_the_next_launches() {
-    let t = topo();
+    let t = two_xcc_topo();
     let mut vm = TestVm::new(16 << 20);
     let mut q = vm.queue(&t, 64, 5);
     vm.kernel(&mut q, KernelKind::Mark, 64, 4, 1000, 3, false);
@@ -131,7 +120,7 @@ fn check_queues_run_only_on_their_cus(
     seed: u64,
 ) -> Result<(), TestCaseError> {
     {
-        let t = topo();
+        let t = two_xcc_topo();
         let mut vm = TestVm::new(64 << 20);
         let mut gpu = SimGpu::new(t.clone(), seed).unwrap();
         let mut qs: Vec<GuestQueue> = (0..3).map(|_| vm.queue(&t, 64, 5)).collect();
@@ -278,7 +267,7 @@ fn check_queues_run_only_on_their_cus(
 /// free set agree: `dispatch` asserts it in debug builds).
 #[test]
 fn a_batch_holds_cus_of_its_mask_and_a_reset_gives_them_back() {
-    let t = topo();
+    let t = two_xcc_topo();
     let mut vm = TestVm::new(32 << 20);
     let mut a = vm.queue(&t, 64, 5);
     let mut b = vm.queue(&t, 64, 5);

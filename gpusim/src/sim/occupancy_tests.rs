@@ -8,39 +8,10 @@ use abi::kernel::KernelKind;
 use proptest::prelude::*;
 use scheduler::CuSet;
 
-/// 2 XCCs x 8 CUs, one partition.
-fn topo() -> GpuTopology {
-    GpuTopology {
-        xccs: 2,
-        cus_per_xcc: 8,
-        ses_per_xcc: 2,
-        ..Default::default()
-    }
-}
-
-/// A simulated GPU on `t` with no workgroup floor.
-fn sim(t: GpuTopology, seed: u64) -> SimGpu {
-    let p = SimParams {
-        wg_floor_ns: 0,
-        ..Default::default()
-    };
-    SimGpu::with_params(t, p, seed).unwrap()
-}
-
-/// Completion time of each packet of queue `tag`, in order.
-fn completions(ev: &[GpuEvent], tag: u64) -> Vec<Nanos> {
-    ev.iter()
-        .filter_map(|e| match e {
-            GpuEvent::PacketCompleted { tag: t, at, .. } if *t == tag => Some(*at),
-            _ => None,
-        })
-        .collect()
-}
-
 /// A long uniform kernel fills the GPU; a small kernel of another queue
 /// arrives. Returns (its completion, the long kernel's, co-resident count).
 fn small_beside_long(long_vgprs: u16, small_vgprs: u16) -> (Nanos, Nanos, u64) {
-    let t = topo();
+    let t = two_xcc_topo();
     let mut vm = TestVm::new(64 << 20);
     let mut lo = vm.queue(&t, 64, 5);
     let mut hi = vm.queue(&t, 64, 5);
@@ -48,7 +19,7 @@ fn small_beside_long(long_vgprs: u16, small_vgprs: u16) -> (Nanos, Nanos, u64) {
     vm.kernel(&mut lo, KernelKind::Mark, 16, 256, 1_000_000, 1, false);
     vm.kernel_vgprs = small_vgprs;
     vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 5_000, 2, false);
-    let mut gpu = sim(t, 1);
+    let mut gpu = sim_no_floor(t, 1);
     gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
     let mut ev = Vec::new();
     gpu.advance(100_000, &mut ev);
@@ -88,13 +59,13 @@ fn a_uniform_kernel_keeps_its_throughput_with_occupancy() {
     for groups in [5u32, 16, 40, 333] {
         let mut ends = Vec::new();
         for vgprs in [0u16, 64] {
-            let t = topo();
+            let t = two_xcc_topo();
             let mut vm = TestVm::new(64 << 20);
             let mut q = vm.queue(&t, 64, 5);
             vm.kernel_vgprs = vgprs;
             vm.kernel(&mut q, KernelKind::Mark, groups, 64, 30_000, 3, false);
             vm.kernel(&mut q, KernelKind::Mark, groups, 64, 7_000, 4, true);
-            let mut gpu = sim(t, 1);
+            let mut gpu = sim_no_floor(t, 1);
             gpu.map(0, map_req(&vm, &q, 0, 0)).unwrap();
             let mut ev = Vec::new();
             run_virtual(&mut gpu, 0, u64::MAX, &mut ev);
@@ -121,9 +92,9 @@ fn long_and_short(t: &GpuTopology) -> (TestVm, GuestQueue, GuestQueue) {
 
 #[test]
 fn a_saved_guest_resumes_with_the_work_it_had_left() {
-    let t = topo();
+    let t = two_xcc_topo();
     let (vm, lo, mut hi) = long_and_short(&t);
-    let mut gpu = sim(t, 1);
+    let mut gpu = sim_no_floor(t, 1);
     gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
     gpu.map(0, map_req(&vm, &hi, 1, 1)).unwrap();
     assert_eq!(gpu.stats().coresident_wgs, 1);
@@ -162,10 +133,10 @@ fn a_guest_runs_on_alone_once_its_host_is_saved_or_killed() {
     // ends at the trap plus the solo work it had left, not at 180 us (the
     // doubled end that cost a real-time job a whole round, seed 50103).
     for mode in [DequeueMode::SaveWaves, DequeueMode::ResetWaves] {
-        let t = topo();
+        let t = two_xcc_topo();
         let trap = t.cwsr.trap_ns;
         let (vm, lo, hi) = long_and_short(&t);
-        let mut gpu = sim(t, 1);
+        let mut gpu = sim_no_floor(t, 1);
         gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
         let mut ev = Vec::new();
         gpu.advance(100_000, &mut ev);
@@ -201,14 +172,14 @@ fn a_guest_runs_on_alone_once_its_hosts_batch_leaves_the_cu() {
     // and the guest runs on alone: 95 us of its work done shared, 55 us
     // left, it ends at 255 us, not at the doubled 310 us (what it did
     // before the guest ran on alone: the end set at placement was kept).
-    let t = topo();
+    let t = two_xcc_topo();
     let mut vm = TestVm::new(64 << 20);
     let mut lo = vm.queue(&t, 64, 5);
     let mut hi = vm.queue(&t, 64, 5);
     vm.kernel_vgprs = 64;
     vm.kernel(&mut lo, KernelKind::Mark, 48, 256, 100_000, 1, false);
     vm.kernel(&mut hi, KernelKind::Mark, 1, 64, 150_000, 2, false);
-    let mut gpu = sim(t, 1);
+    let mut gpu = sim_no_floor(t, 1);
     gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
     let mut ev = Vec::new();
     gpu.advance(10_000, &mut ev);
@@ -244,9 +215,9 @@ enum Visit {
 /// when the kernel completes, less the restores' time and the owner's
 /// time off the GPU.
 fn owner_beside_a_guest_that_leaves(visit: Visit) -> Nanos {
-    let t = topo();
+    let t = two_xcc_topo();
     let (vm, mut lo, mut hi) = long_and_short(&t);
-    let mut gpu = sim(t, 1);
+    let mut gpu = sim_no_floor(t, 1);
     let mut ev = Vec::new();
     // Saves `slot` at `at`; returns when it is unmapped, its MQD taken.
     let save =
@@ -308,7 +279,7 @@ fn an_owner_keeps_only_the_delay_its_guest_caused() {
     // saved at once had set, and a saved owner counted it as work left: a
     // workgroup saved once per period beside a guest of its VM's other
     // queue grew its work every period and never ended (seed 50148).
-    let trap = topo().cwsr.trap_ns;
+    let trap = two_xcc_topo().cwsr.trap_ns;
     let alone = owner_beside_a_guest_that_leaves(Visit::None);
     let guest_saved = owner_beside_a_guest_that_leaves(Visit::GuestSaved);
     assert_eq!(
@@ -377,9 +348,9 @@ fn check_coresident(
     seed: u64,
 ) -> Result<(), TestCaseError> {
     {
-        let t = topo();
+        let t = two_xcc_topo();
         let mut vm = TestVm::new(64 << 20);
-        let mut gpu = sim(t.clone(), seed);
+        let mut gpu = sim_no_floor(t.clone(), seed);
         let mut qs: Vec<GuestQueue> = (0..3).map(|_| vm.queue(&t, 64, 5)).collect();
         let mut fps = Vec::new();
         for (i, q) in qs.iter_mut().enumerate() {
@@ -550,14 +521,14 @@ fn check_every_save_restores(
     saves: &[(usize, usize)],
     seed: u64,
 ) -> Result<(), TestCaseError> {
-    let t = topo();
+    let t = two_xcc_topo();
     let params = SimParams {
         wg_floor_ns: 0,
         ..Default::default()
     };
     let max_record = params.max_control_record_bytes(&t);
     let mut vm = TestVm::new(64 << 20);
-    let mut gpu = sim(t.clone(), seed);
+    let mut gpu = sim_no_floor(t.clone(), seed);
     let mut qs: Vec<GuestQueue> = (0..3).map(|_| vm.queue(&t, 64, 5)).collect();
     for (i, q) in qs.iter_mut().enumerate() {
         let (v, items) = shape(shapes[i]);

@@ -5,37 +5,7 @@
 
 use super::testkit::*;
 use super::*;
-use crate::topology::GpuTopology;
 use abi::kernel::KernelKind;
-
-/// 2 XCCs x 8 CUs, one partition.
-fn topo() -> GpuTopology {
-    GpuTopology {
-        xccs: 2,
-        cus_per_xcc: 8,
-        ses_per_xcc: 2,
-        ..Default::default()
-    }
-}
-
-/// A simulated GPU on `t` with no workgroup floor.
-fn sim(t: GpuTopology) -> SimGpu {
-    let p = SimParams {
-        wg_floor_ns: 0,
-        ..Default::default()
-    };
-    SimGpu::with_params(t, p, 1).unwrap()
-}
-
-/// Completion time of each packet of queue `tag`, in order.
-fn completions(ev: &[GpuEvent], tag: u64) -> Vec<Nanos> {
-    ev.iter()
-        .filter_map(|e| match e {
-            GpuEvent::PacketCompleted { tag: t, at, .. } if *t == tag => Some(*at),
-            _ => None,
-        })
-        .collect()
-}
 
 /// A lower queue runs a kernel of 24 workgroups of 1 ms (16 CUs, then 8),
 /// then, behind a barrier, `lo_next` workgroups of 1 ms (0: none). A higher queue
@@ -47,7 +17,7 @@ fn short_kernels_beside_a_long_one(
     hi_ns: u64,
     lo_next: u32,
 ) -> (Vec<Nanos>, Vec<Nanos>, u64) {
-    let t = topo();
+    let t = two_xcc_topo();
     let mut vm = TestVm::new(64 << 20);
     let mut lo = vm.queue(&t, 64, 5);
     let mut hi = vm.queue(&t, 64, 5);
@@ -60,7 +30,7 @@ fn short_kernels_beside_a_long_one(
     for k in 0..kernels {
         vm.kernel(&mut hi, KernelKind::Mark, 16, 64, hi_ns, 10 + k, k > 0);
     }
-    let mut gpu = sim(t);
+    let mut gpu = sim_no_floor(t, 1);
     gpu.map(0, map_req(&vm, &lo, 0, 0)).unwrap();
     let mut ev = Vec::new();
     gpu.advance(1_900_000, &mut ev);

@@ -316,6 +316,37 @@ impl TestVm {
     }
 }
 
+/// 2 XCCs x 8 CUs, 2 shader engines per XCC, one partition: the small
+/// GPU of the occupancy, packing and CU-mask tests.
+pub fn two_xcc_topo() -> GpuTopology {
+    GpuTopology {
+        xccs: 2,
+        cus_per_xcc: 8,
+        ses_per_xcc: 2,
+        ..Default::default()
+    }
+}
+
+/// A simulated GPU on `t` with no workgroup floor
+/// (`SimParams::wg_floor_ns` 0), arrival seed `seed`.
+pub fn sim_no_floor(t: GpuTopology, seed: u64) -> super::SimGpu {
+    let p = super::SimParams {
+        wg_floor_ns: 0,
+        ..Default::default()
+    };
+    super::SimGpu::with_params(t, p, seed).unwrap()
+}
+
+/// Completion time of each packet of queue `tag` in `ev`, in order.
+pub fn completions(ev: &[GpuEvent], tag: u64) -> Vec<u64> {
+    ev.iter()
+        .filter_map(|e| match e {
+            GpuEvent::PacketCompleted { tag: t, at, .. } if *t == tag => Some(*at),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Map request for a guest queue.
 pub fn map_req(vm: &TestVm, q: &GuestQueue, slot: u32, tag: u64) -> MapRequest {
     MapRequest {

@@ -60,12 +60,15 @@ impl SimGpu {
     pub(super) fn place_guests(&mut self, p: u32) {
         let pi = p as usize;
         let n = self.parts[pi].slots.len();
+        // The queues that want CUs, counted once until a guest is placed
+        // (`try_guest` packing; a try that places nothing changes nothing).
+        let mut want = None;
         loop {
             let mut placed = false;
             for k in 0..n {
                 let pos = (self.parts[pi].rr + k) % n;
                 let s = self.parts[pi].slots[pos];
-                if self.try_guest(s) {
+                if self.try_guest(s, &mut want) {
                     placed = true;
                 }
             }
@@ -80,7 +83,11 @@ impl SimGpu {
     /// owner's workgroup. The two share the CU at half rate each
     /// ([`occupancy::share`]): the owner's workgroup (a batch: its
     /// lock-step rounds) is delayed by the CU time the guest takes from it.
-    pub(super) fn try_guest(&mut self, slot: u32) -> bool {
+    ///
+    /// `want`: the count of queues that want CUs in its partition, if known
+    /// (computed here when needed; forgotten once this call changes
+    /// anything).
+    pub(super) fn try_guest(&mut self, slot: u32, want: &mut Option<u32>) -> bool {
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let Some(q) = self.slots[slot as usize].as_ref() else {
@@ -117,23 +124,6 @@ impl SimGpu {
             };
             (a.id, d.fp, self.wg_cost(&d))
         } else {
-            // Only below an equal split of the partition among the queues
-            // that want CUs (as `rebalance` counts them): the occupancy
-            // counterpart of the rebalance, which would otherwise make it
-            // wait for the other queues' round ends. A queue holding its
-            // split keeps its lock-step rounds.
-            let want = part
-                .slots
-                .iter()
-                .filter(|&&s| {
-                    self.slots[s as usize].as_ref().is_some_and(|o| {
-                        o.state == HState::Active && self.dispatchable(o).is_some()
-                    })
-                })
-                .count() as u32;
-            if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
-                return false;
-            }
             let qgen = q.gen;
             let Some((a, bi)) = q.active.iter().find_map(|a| {
                 let bi = a.batch?;
@@ -152,6 +142,28 @@ impl SimGpu {
             let Work::Dispatch(d) = a.work else {
                 return false;
             };
+            if d.fp == Footprint::WHOLE {
+                return false;
+            }
+            // Only below an equal split of the partition among the queues
+            // that want CUs (as `rebalance` counts them): the occupancy
+            // counterpart of the rebalance, which would otherwise make it
+            // wait for the other queues' round ends. A queue holding its
+            // split keeps its lock-step rounds. (Counted after the batch is
+            // found: the count visits every slot.)
+            let want = *want.get_or_insert_with(|| {
+                part.slots
+                    .iter()
+                    .filter(|&&s| {
+                        self.slots[s as usize].as_ref().is_some_and(|o| {
+                            o.state == HState::Active && self.dispatchable(o).is_some()
+                        })
+                    })
+                    .count() as u32
+            });
+            if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
+                return false;
+            }
             cut = Some(bi);
             (a.id, d.fp, self.wg_cost(&d))
         };
@@ -194,6 +206,8 @@ impl SimGpu {
         let Some((cu, h)) = host else {
             return false;
         };
+        // From here on this call changes the partition.
+        *want = None;
         if let Some(bi) = cut {
             // The batch stops after its current round; its unstarted
             // workgroups go back to the packet (as a mask cut does), the

@@ -90,14 +90,24 @@ impl Regimes {
     /// it). A closed loop's period moves with its job; one whose job did
     /// not change is judged by the 5% alone.
     fn stretched(&self, alone: Nanos) -> bool {
+        let Some((_, jr, pr, periodic)) = self.compared() else {
+            return false;
+        };
+        let loss_ok = jr.saturating_sub(alone).saturating_mul(20) <= pr;
+        !(periodic || loss_ok)
+    }
+
+    /// Both regimes seen: (job in the base regime, job in the trial one,
+    /// period in the trial one, periodic: its job time changed between the
+    /// two and its period did not follow, moving by less than half of it).
+    fn compared(&self) -> Option<(Nanos, Nanos, Nanos, bool)> {
         let ((pw, gw), (pr, gr)) = (self.base, self.trial);
         if pw == 0 || pr == 0 {
-            return false;
+            return None;
         }
         let (jw, jr) = (pw.saturating_sub(gw), pr.saturating_sub(gr));
         let periodic = jw.abs_diff(jr) > pw.abs_diff(pr).saturating_mul(2);
-        let loss_ok = jr.saturating_sub(alone).saturating_mul(20) <= pr;
-        !(periodic || loss_ok)
+        Some((jw, jr, pr, periodic))
     }
 
     /// Does the trial regime cost it throughput, its job there waiting at
@@ -107,12 +117,9 @@ impl Regimes {
     /// change between the regimes tells nothing of its period: the wait is
     /// charged as a closed loop's.
     fn waits_cost(&self, wait: Nanos) -> bool {
-        let ((pw, gw), (pr, gr)) = (self.base, self.trial);
-        if pw == 0 || pr == 0 {
+        let Some((jw, jr, pr, periodic)) = self.compared() else {
             return false;
-        }
-        let (jw, jr) = (pw.saturating_sub(gw), pr.saturating_sub(gr));
-        let periodic = jw.abs_diff(jr) > pw.abs_diff(pr).saturating_mul(2);
+        };
         let loss = jr.saturating_sub(jw).max(wait);
         !(periodic || loss.saturating_mul(20) <= pr)
     }

@@ -11,21 +11,7 @@ use crate::*;
 
 /// VM 1 (priority 12, queue 1) above VM 2 (priority 2, queues 2 and 3).
 fn sched() -> Scheduler {
-    let mut s = Scheduler::new(SchedConfig::default(), super::slots(1, 1, 4)).unwrap();
-    for (vm, priority) in [(1, 12), (2, 2)] {
-        s.add_vm(
-            VmId(vm),
-            VmParams {
-                priority,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    }
-    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
-    s.add_queue(VmId(2), QueueId(2), 0).unwrap();
-    s.add_queue(VmId(2), QueueId(3), 0).unwrap();
-    s
+    super::two_levels(&[2, 3])
 }
 
 const T: Nanos = 1_000_000;

@@ -11,19 +11,8 @@ use crate::*;
 /// (priority 12, queue 1, 16 workgroups of 50 us) and a lower VM 2
 /// (priority 2, queue 2, whole-partition kernels of `lo_wg` workgroups).
 fn sched(lo_wg: Nanos) -> Scheduler {
-    let mut s = Scheduler::new(SchedConfig::default(), super::slots(1, 1, 4)).unwrap();
+    let mut s = super::two_levels(&[2]);
     s.set_cu_geometry(38, 8);
-    for (vm, priority) in [(1, 12), (2, 2)] {
-        s.add_vm(
-            VmId(vm),
-            VmParams {
-                priority,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        s.add_queue(VmId(vm), QueueId(vm as u64), 0).unwrap();
-    }
     s.note_dispatch_width(QueueId(2), 304);
     s.note_dispatch_occupancy(QueueId(2), lo_wg, false);
     s.note_dispatch_width(QueueId(1), 16);

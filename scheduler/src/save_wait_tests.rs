@@ -6,26 +6,7 @@
 use crate::*;
 
 fn sched() -> Scheduler {
-    let mut s = Scheduler::new(SchedConfig::default(), super::slots(1, 1, 4)).unwrap();
-    s.add_vm(
-        VmId(1),
-        VmParams {
-            priority: 12,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    s.add_vm(
-        VmId(2),
-        VmParams {
-            priority: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
-    s.add_queue(VmId(2), QueueId(2), 0).unwrap();
-    s
+    super::two_levels(&[2])
 }
 
 /// Handles `ev`; answers drains of idle queues at once. Returns whether

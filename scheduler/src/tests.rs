@@ -63,6 +63,28 @@ struct World {
     rng: u64,
 }
 
+/// One partition of 4 slots: VM 1 at priority 12 above VM 2 at priority
+/// 2, with queue 1 of VM 1 and `lower` queues of VM 2 (the save-wait,
+/// free-wait and RT drain tests' scheduler).
+fn two_levels(lower: &[u64]) -> Scheduler {
+    let mut s = Scheduler::new(SchedConfig::default(), slots(1, 1, 4)).unwrap();
+    for (vm, priority) in [(1, 12), (2, 2)] {
+        s.add_vm(
+            VmId(vm),
+            VmParams {
+                priority,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
+    for &q in lower {
+        s.add_queue(VmId(2), QueueId(q), 0).unwrap();
+    }
+    s
+}
+
 fn slots(parts: u32, pipes: u32, queues: u32) -> Vec<SlotDesc> {
     let mut v = Vec::new();
     for partition in 0..parts {

@@ -183,11 +183,7 @@ fn a_closed_loop_whose_cycle_stretches_keeps_its_gaps() {
     let think = 300_000;
     let run = |w: &mut World| {
         ring(w, hi);
-        let mut end = w.now;
-        while w.work[&hi] > 0 {
-            end += 1_000;
-            w.run_until(end);
-        }
+        let end = w.run_until_done(hi, 1_000);
         w.run_until(end + think);
     };
     for _ in 0..100 {

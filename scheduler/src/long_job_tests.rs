@@ -103,11 +103,7 @@ fn idle_then_heavy(idle: Nanos, heavy: Nanos) -> (Nanos, Nanos, f64, f64) {
     }
     w.run_until(10 * MS);
     w.submit(q, MS);
-    let mut now = w.now;
-    while w.work[&q] > 0 {
-        now += 10_000;
-        w.run_until(now);
-    }
+    w.run_until_done(q, 10_000);
     let cycle_start = w.now;
     let g0 = w.gpu_ns(100);
     w.run_until(cycle_start + idle);

@@ -38,11 +38,7 @@ fn light_loop(
     for k in 0..jobs {
         let start = w.now;
         w.submit(light, job);
-        let mut now = w.now;
-        while w.work[&light] > 0 {
-            now += 10_000;
-            w.run_until(now);
-        }
+        let now = w.run_until_done(light, 10_000);
         if k > 0 {
             lat.push(now - start);
         }

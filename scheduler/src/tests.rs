@@ -371,6 +371,17 @@ impl World {
     }
 
     /// Runs the fake GPU and the timer up to `until`.
+    /// Runs in steps of `step` ns until queue `q` has no work left;
+    /// returns the time it was first seen done (a step's end).
+    fn run_until_done(&mut self, q: QueueId, step: Nanos) -> Nanos {
+        let mut now = self.now;
+        while self.work[&q] > 0 {
+            now += step;
+            self.run_until(now);
+        }
+        now
+    }
+
     fn run_until(&mut self, until: Nanos) {
         loop {
             let mut next = until;

@@ -37,11 +37,7 @@ fn light_latencies(
         if k > 0 {
             w.submit(light, job);
         }
-        let mut now = w.now;
-        while w.work[&light] > 0 {
-            now += 10_000;
-            w.run_until(now);
-        }
+        let now = w.run_until_done(light, 10_000);
         if k > 0 {
             lat.push(now - start);
         }

@@ -131,11 +131,7 @@ fn a_closed_loop_whose_period_stretches_keeps_the_partition() {
     for _ in 0..200 {
         ring(&mut w, hi);
         // Until its job ends (a save of the lower work at most first).
-        let mut end = w.now;
-        while w.work[&hi] > 0 {
-            end += 10_000;
-            w.run_until(end);
-        }
+        let end = w.run_until_done(hi, 10_000);
         w.run_until(end + think);
     }
     let held = w.s.vm_stats(VmId(1)).unwrap().held_ns;
@@ -153,11 +149,7 @@ fn a_closed_loop_whose_period_stretches_keeps_the_partition() {
                 .is_some_and(|(vm, k)| vm == VmId(1) && k > 0);
         wide += u64::from(on_wide);
         let start = w.now;
-        let mut end = w.now;
-        while w.work[&hi] > 0 {
-            end += 1_000;
-            w.run_until(end);
-        }
+        let end = w.run_until_done(hi, 1_000);
         if !on_wide {
             // Full speed: one round after at most a save and restore.
             assert!(

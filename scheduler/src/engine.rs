@@ -348,7 +348,7 @@ struct Partition {
     /// table over the levels with a map's interface: `busy.rs`).
     busy: busy::BusyLevels,
     /// Queues being dequeued (their slots free soon).
-    freeing: usize,
+    freeing: BTreeSet<QueueId>,
     /// Busy VMs by charged virtual time (fairness floor).
     vt: BTreeSet<(u128, VmId)>,
     /// VM holding the partition's exclusive slice.

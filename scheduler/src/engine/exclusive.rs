@@ -351,7 +351,7 @@ impl Scheduler {
             self.map(q, slot);
             return true;
         }
-        if self.parts[p].freeing < wanted {
+        if self.parts[p].freeing.len() < wanted {
             if let Some(&(_, idle)) = self.parts[p].idle_mapped.first() {
                 self.evict(idle);
             }

@@ -111,15 +111,17 @@ impl Scheduler {
     /// `p`? It is lower work the hold keeps out once its save completes (an
     /// owner whose job ends before that save would otherwise find no lower
     /// work at its drain and hand the partition back at once).
+    /// Only the partition's queues being freed are looked at.
     fn lower_being_saved(&self, p: usize, level: u16) -> bool {
-        self.parts[p].freeing > 0
-            && self.queues.values().any(|q| {
-                q.state == QueueState::Preempting
-                    && q.wants
-                    && self.vms.get(&q.vm).is_some_and(|v| {
-                        v.partition as usize == p && u16::from(v.params.priority) < level
-                    })
+        self.parts[p].freeing.iter().any(|id| {
+            self.queues.get(id).is_some_and(|q| {
+                q.wants
+                    && self
+                        .vms
+                        .get(&q.vm)
+                        .is_some_and(|v| u16::from(v.params.priority) < level)
             })
+        })
     }
 
     /// The owner's hold ends (it re-rang, its hold ran out, or a higher

@@ -96,7 +96,7 @@ impl Scheduler {
             floor = best;
         }
         let restore = self.queues[&q].restore_ns;
-        let saves_in_flight = self.parts[part as usize].freeing > 0;
+        let saves_in_flight = !self.parts[part as usize].freeing.is_empty();
         let v = self.vms.get_mut(&vm).unwrap();
         // Billing: only while a queue of the VM is Running, and not during
         // its own restore or another queue's save in flight at its map.
@@ -285,7 +285,9 @@ impl Scheduler {
             QueueState::MappedIdle => {
                 p.idle_mapped.insert((since, q));
             }
-            QueueState::Preempting => p.freeing += 1,
+            QueueState::Preempting => {
+                p.freeing.insert(q);
+            }
             QueueState::Idle | QueueState::Error => {}
         }
         if matches!(
@@ -325,7 +327,9 @@ impl Scheduler {
             QueueState::MappedIdle => {
                 p.idle_mapped.remove(&(since, q));
             }
-            QueueState::Preempting => p.freeing -= 1,
+            QueueState::Preempting => {
+                p.freeing.remove(&q);
+            }
             QueueState::Idle | QueueState::Error => {}
         }
         if matches!(

@@ -56,7 +56,7 @@ impl Scheduler {
                 left -= 1;
                 continue;
             }
-            if self.parts[p].freeing >= left {
+            if self.parts[p].freeing.len() >= left {
                 break;
             }
             // No slot: take one from lower work (or, for fifo, round robin).

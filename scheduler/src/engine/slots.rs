@@ -324,11 +324,11 @@ impl Scheduler {
     /// When no save is in flight in partition `p` any more, the VMs mapped
     /// during those saves start being billed (their waves had no CUs).
     pub(super) fn release_save_waiters(&mut self, p: usize) {
-        if self.parts[p].freeing == 0 {
+        if self.parts[p].freeing.is_empty() {
             // The period of saves in flight is over.
             self.parts[p].free_wait = FreeWait::default();
         }
-        if self.parts[p].freeing > 0 || self.parts[p].save_waiters.is_empty() {
+        if !self.parts[p].freeing.is_empty() || self.parts[p].save_waiters.is_empty() {
             return;
         }
         let now = self.now;

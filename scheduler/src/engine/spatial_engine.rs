@@ -349,7 +349,7 @@ impl Scheduler {
     /// beside it, whichever is more.
     fn lower_resident_queues(&self, p: usize, level: u16) -> usize {
         let part = &self.parts[p];
-        let running = part.running.iter().take_while(|e| e.0 < level).count() + part.freeing;
+        let running = part.running.iter().take_while(|e| e.0 < level).count() + part.freeing.len();
         let parked = part
             .parked
             .filter(|k| k.level < level)

@@ -70,6 +70,23 @@ fn main() {
                 .map(|(i, l)| format!("#{i} {:.2}", *l as f64 / 1e6))
                 .collect();
             println!("  light slowest jobs [{}]", w.join(", "));
+            // Its first jobs as (arrival ms: latency ms), to see bursts.
+            let vi = r.vm_runs.iter().position(|v| v.name == "light");
+            let arr: Vec<String> = r
+                .jobs
+                .iter()
+                .filter(|j| Some(j.vm) == vi)
+                .take(12)
+                .map(|j| {
+                    format!(
+                        "{:.2}: {}",
+                        j.arrival_ns as f64 / 1e6,
+                        j.latency_ns
+                            .map_or("-".into(), |l| format!("{:.2}", l as f64 / 1e6))
+                    )
+                })
+                .collect();
+            println!("  light jobs [{}]", arr.join(", "));
         }
         for t in &sc.tenants {
             let alone =

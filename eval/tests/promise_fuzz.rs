@@ -140,6 +140,7 @@ const FIXED_REGRESSIONS: &[&str] = &[
     "fuzz-50290-3-undershare-latency.toml",
     "fuzz-50054-3-light-served.toml",
     "fuzz-94011-3-undershare-latency.toml",
+    "fuzz-94021-3-undershare-latency.toml",
     "share-light-short.toml",
     "fuzz-50119-2-weights.toml",
     "fuzz-96069-2-weights.toml",

@@ -235,6 +235,9 @@ struct Vm {
     demand: u32,
     /// When its demand last ended (`None`: never had any).
     demand_idle_at: Option<Nanos>,
+    /// When it was added: the idle before its first demand counts as idle
+    /// of its first cycle (`use_rate.rs`).
+    added_at: Nanos,
     removed: bool,
     /// Its Ready/Saved queues, highest key first, then oldest.
     ready: BTreeSet<(Reverse<u16>, Nanos, QueueId)>,

@@ -91,8 +91,9 @@ fn a_long_job_under_its_share_is_not_sliced_with_its_equals() {
 
 /// A VM that rings one 1 ms job, thinks `idle`, then rings 2 ms jobs back
 /// to back (a closed loop of think 0) beside three always-busy equals.
-/// Returns (its GPU time over its cycle — from its first job's end to
-/// `idle` + `heavy` later —, the cycle's length, its GPU time and the least
+/// Returns (its GPU time over its cycles — from its addition, whose idle
+/// before its first job counts too, to `idle` + `heavy` after its first
+/// job's end —, their length, its GPU time and the least
 /// equal's over the last `heavy` - `idle` / 3 - 20 ms of it).
 fn idle_then_heavy(idle: Nanos, heavy: Nanos) -> (Nanos, Nanos, f64, f64) {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
@@ -105,7 +106,6 @@ fn idle_then_heavy(idle: Nanos, heavy: Nanos) -> (Nanos, Nanos, f64, f64) {
     w.submit(q, MS);
     w.run_until_done(q, 10_000);
     let cycle_start = w.now;
-    let g0 = w.gpu_ns(100);
     w.run_until(cycle_start + idle);
     w.closed_loop(q, 2 * MS);
     // Past its allowance (a third of its idle) and a slice.
@@ -122,8 +122,8 @@ fn idle_then_heavy(idle: Nanos, heavy: Nanos) -> (Nanos, Nanos, f64, f64) {
     let total: Nanos = got.iter().sum();
     let share = |i: usize| got[i] as f64 / total as f64;
     (
-        w.gpu_ns(100) - g0,
-        end - cycle_start,
+        w.gpu_ns(100),
+        end,
         share(3),
         (0..3).map(share).fold(f64::INFINITY, f64::min),
     )
@@ -157,4 +157,64 @@ fn an_idle_cycle_buys_at_most_its_share_of_the_cycle() {
             "after {idle} ns idle: an equal then got {least:.3}"
         );
     }
+}
+
+/// Two always-busy equals from 0 (quantum 5 ms at priority 6) and a VM
+/// added at 0 that rings its first 10 ms job at `first`, then, 17 ms after
+/// it ends, a burst of three 10 ms jobs (each rung while the one before
+/// runs). Returns the burst's time from its first ring to its last job's
+/// completion.
+fn burst_after_first_idle(first: Nanos) -> Nanos {
+    let mut c = cfg(Policy::Hqdmux);
+    c.quantum_ns[6] = 5 * MS;
+    let mut w = World::new(c, slots(1, 2, 4));
+    let eqs: Vec<QueueId> = (0..2).map(|vm| w.vm(vm, 6, 1, 1)[0]).collect();
+    let light = w.vm(100, 6, 1, 1)[0];
+    for e in eqs {
+        w.submit(e, 1_000_000 * MS);
+    }
+    w.run_until(first);
+    w.submit(light, 10 * MS);
+    w.run_until_done(light, 10_000);
+    w.run_until(w.now + 17 * MS);
+    let start = w.now;
+    w.submit(light, 10 * MS);
+    let mut now = start;
+    let mut rung = 1;
+    while w.work[&light] > 0 || rung < 3 {
+        now += 10_000;
+        w.run_until(now);
+        if rung < 3 && now >= start + rung as Nanos * 8 * MS {
+            w.submit(light, 10 * MS);
+            rung += 1;
+        }
+    }
+    now - start
+}
+
+#[test]
+fn idle_before_the_first_demand_counts_toward_the_first_cycle() {
+    // A VM that idled from its addition until `first` earned its share of
+    // that time, as its equals used it (docs/scheduling.md, "Idle before
+    // the first demand"; fuzz seed 94021: a Poisson light VM's first job at
+    // 286 ms, a 3-job burst 17 ms after it, the burst's last job 30.6 ms
+    // against 10.1 ms alone). Its 30 ms burst then runs whole: at most the
+    // work, one hold and the saves around it.
+    let h = (5 * MS / 4).max(cfg(Policy::Hqdmux).min_run_ns);
+    let bound = 30 * MS + h + 3 * UNMAP_NS + 10_000;
+    for first in [100 * MS, 286 * MS, 1_000 * MS] {
+        let lat = burst_after_first_idle(first);
+        assert!(
+            lat <= bound,
+            "first job at {first} ns: burst {lat} ns > {bound} ns"
+        );
+    }
+    // A VM busy from the start has earned only its 17 ms gap (an
+    // allowance of 8.5 ms beside two equals): its burst is sliced with
+    // them, as the rule for a VM over its share by its cycles says.
+    let lat = burst_after_first_idle(0);
+    assert!(
+        lat > bound,
+        "first job at 0: burst {lat} ns, not sliced (bound {bound} ns)"
+    );
 }

@@ -41,6 +41,7 @@ impl Scheduler {
                 gaps: Default::default(),
                 demand: 0,
                 demand_idle_at: None,
+                added_at: self.now,
                 removed: false,
                 ready: BTreeSet::new(),
                 running: BTreeSet::new(),

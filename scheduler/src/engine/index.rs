@@ -29,6 +29,12 @@ impl Scheduler {
                         if let Some(t) = v.demand_idle_at {
                             v.gaps.note(now.saturating_sub(t));
                             v.cycle_use.gap(now.saturating_sub(t));
+                        } else {
+                            // Its first demand: the idle since it was added
+                            // is idle of its first cycle, as its equals'
+                            // use meanwhile was theirs (docs/scheduling.md,
+                            // "Idle before the first demand").
+                            v.cycle_use.gap(now.saturating_sub(v.added_at));
                         }
                         if v.demand_idle_at.is_none_or(|t| now.saturating_sub(t) > g) {
                             // A new busy period (demand after more than its

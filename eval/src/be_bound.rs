@@ -10,8 +10,14 @@
 //! can give the shape (`docs/scheduling.md`, "The best-effort bound in
 //! lock-step rounds"), never above the old target:
 //!
-//! * (a) **co-residence** — every RT and lower workgroup fits half a CU and
-//!   every lower VM has one queue: `1 - RT CU share`;
+//! * (a) **co-residence** — every RT and lower workgroup fits half a CU,
+//!   every lower VM has one queue, and each RT's job alone `b` still meets
+//!   its bound when sharing doubles it, `2b <= 1.1 x b + t_save +
+//!   t_restore` (a CU shared with a lower workgroup runs each at half
+//!   rate): `1 - RT CU share`. Fuzz seed 50103's RT job of one round of
+//!   405.6 us would take 811 us shared against a 688 us bound (measured
+//!   before the simulator's `rtround` fix: p99 811 us), so the scheduler
+//!   rightly saves or reserves instead (`Spatial::can_coreside`);
 //! * (b) **reservation** — the smallest `k` CUs per XCC (within the width
 //!   cap, a CU per XCC left) on which every RT job meets `1.1 x alone +
 //!   t_save + t_restore` and ends before its next arrival; each lower kernel
@@ -208,6 +214,15 @@ pub fn reservation_k(rt: &RtShape, p: &Part) -> Option<u64> {
     })
 }
 
+/// Does `rt`'s job, doubled by sharing every CU with lower work (each
+/// workgroup of a shared CU runs at half rate), still meet its bound
+/// `1.1 x alone + t_save + t_restore`: `2b <= 1.1 x b + t_cwsr`, i.e.
+/// `9b <= 10 x t_cwsr` (`b` its job alone on the whole partition)?
+pub fn coreside_meets_rt_bound(rt: &RtShape, p: &Part) -> bool {
+    let b = u128::from(rt.job.time_on(p.cus));
+    b * 9 <= u128::from(p.cwsr_ns) * 10
+}
+
 /// The best figure of (a)-(d) for `be` beside `rts`, at most `today`
 /// (`1 - RT CU share`, measured).
 pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) -> BeBound {
@@ -219,8 +234,11 @@ pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) 
             best = Some(BeBound { factor, case });
         }
     };
-    // (a) co-residence.
-    if rts.iter().all(|r| r.job.half_cu())
+    // (a) co-residence, when the RT jobs doubled by sharing meet the RT
+    // bound.
+    if rts
+        .iter()
+        .all(|r| r.job.half_cu() && coreside_meets_rt_bound(r, p))
         && be.iter().all(|b| b.job.half_cu() && b.job.queues == 1)
     {
         offer(today, BeCase::CoResidence);
@@ -413,6 +431,36 @@ mod tests {
         );
         assert_ne!(two.case, BeCase::CoResidence);
         assert!(two.factor < 0.97);
+    }
+
+    #[test]
+    fn co_residence_needs_the_doubled_rt_job_within_its_bound() {
+        let p = spx();
+        // 9b <= 10 x 242 us: b up to 268.9 us co-resides.
+        let rt = |cost_ns| RtShape {
+            job: job(37, cost_ns, true, 1),
+            period_ns: 1_862_000,
+        };
+        assert!(coreside_meets_rt_bound(&rt(268_000), &p));
+        assert!(!coreside_meets_rt_bound(&rt(269_000), &p));
+        // Fuzz seed 50103's shape: 37 half-CU workgroups of 405.6 us
+        // every 1862 us; shared, 811 us against 1.1 x 405.6 + 242 = 688
+        // us. Its lower kernel of 912 whole rounds on 304 CUs keeps 3 of 4
+        // rounds beside a 5-CU-per-XCC reservation.
+        let lower = be(912, 2_678_865, true, 1);
+        let b = best_effort_bound(&[rt(405_641)], &[lower.clone()], &p, 0.973);
+        assert_eq!(b.case, BeCase::Reservation { k: 5 });
+        assert!((b.factor - 0.75).abs() < 1e-12, "{b:?}");
+        // The same RT of 50 us workgroups co-resides.
+        let c = best_effort_bound(&[rt(50_000)], &[lower], &p, 0.973);
+        assert_eq!(c.case, BeCase::CoResidence);
+        // A multi-round job counts every round: 3 rounds of 100 us (912
+        // workgroups on 304 CUs) double to 600 us against 572.
+        let wide = RtShape {
+            job: job(912, 100_000, true, 1),
+            period_ns: 5_000_000,
+        };
+        assert!(!coreside_meets_rt_bound(&wide, &p));
     }
 
     #[test]

@@ -40,6 +40,18 @@ impl Scheduler {
         }
     }
 
+    /// The caller read the dispatches newly written to `queue`'s ring:
+    /// `wg_ns`, the longest cost of one of their workgroups alone. It
+    /// bounds what a drain of the queue waits for (a drained reservation,
+    /// docs/scheduling.md "A drain waits for the longest workgroup"). Unknown
+    /// queues are ignored.
+    pub fn note_dispatch_longest_wg(&mut self, queue: QueueId, wg_ns: u64) {
+        if let Some(q) = self.queues.get(&queue) {
+            let vm = q.vm;
+            self.spatial.note_longest_wg(vm, wg_ns);
+        }
+    }
+
     /// Host CU set of the queue on `slot` (what a map of it must carry).
     pub fn slot_cu_set(&self, slot: SlotId) -> CuSet {
         self.spatial

@@ -84,15 +84,28 @@ impl JobShape {
         }
     }
 
-    /// Time of one job of one queue on `cus` CUs split among its queues:
-    /// per kernel, `ceil(W / (cus / queues))` rounds x cost x repeat.
+    /// Time of one job of each queue on `cus` CUs: per kernel, rounds x
+    /// cost x repeat. The `m` busy queues of one VM run their jobs in
+    /// phase (a closed loop or a flood rings them together) and take free
+    /// CUs round robin from one pool, not a split of the CUs each
+    /// (docs/gpu-model.md, "Batches"): together one lock-step kernel of `m
+    /// x W` equal workgroups, `ceil(m x W / cus)` rounds (the makespan of
+    /// identical workgroups on `cus` CUs; two to a CU at half rate when
+    /// they fit half a CU, the same time). The scheduler's model of the
+    /// lower work in `engine/res_hold.rs`, measured on fuzz seed 50148
+    /// (two queues of 304 half-CU workgroups: three rounds' time on 296
+    /// CUs against two on 304). Fuzz seed 97100 (three queues of 1216
+    /// whole-CU workgroups beside two reserved CUs per XCC) kept 0.833 of
+    /// alone, `12 / 13` rounds x 0.9 = 0.831; a split of the CUs (101 and
+    /// 96 per queue) gave 13 rounds on both, `f` = 1 (capped at 0.971).
     pub fn time_on(&self, cus: u64) -> u64 {
-        let per_queue = (cus / self.queues.max(1)).max(1);
+        let q = self.queues.max(1);
         self.kernels
             .iter()
             .map(|k| {
                 k.workgroups
-                    .div_ceil(per_queue)
+                    .saturating_mul(q)
+                    .div_ceil(cus.max(1))
                     .saturating_mul(k.cost_ns)
                     .saturating_mul(k.repeat)
             })
@@ -347,12 +360,23 @@ mod tests {
         assert_eq!(job(304, 1_000_000, false, 1).lockstep_factor(304, 296), 0.5);
         // A narrow kernel keeps every round.
         assert_eq!(job(100, 1_000_000, false, 1).lockstep_factor(304, 296), 1.0);
-        // Two queues split the CUs: 304 workgroups on 152 per queue
-        // alone (2 rounds), on 148 (3 rounds).
+        // Two queues run in phase: 608 workgroups, 2 rounds on 304 CUs,
+        // 3 on 296, whole-CU or half-CU.
+        for half_cu in [false, true] {
+            assert_eq!(
+                job(304, 1_000_000, half_cu, 2).lockstep_factor(304, 296),
+                2.0 / 3.0
+            );
+        }
+        // Three queues of 1216 (fuzz seed 97100): one kernel of 3648, 12
+        // rounds on 304 CUs and 13 on 288 (a split of the CUs, 101 and 96
+        // per queue, would give 13 on both).
         assert_eq!(
-            job(304, 1_000_000, false, 2).lockstep_factor(304, 296),
-            2.0 / 3.0
+            job(1216, 1_000_000, false, 3).lockstep_factor(304, 288),
+            12.0 / 13.0
         );
+        // A narrow kernel of several queues still fits the rest.
+        assert_eq!(job(90, 1_000_000, false, 3).lockstep_factor(304, 288), 1.0);
     }
 
     #[test]

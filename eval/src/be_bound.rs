@@ -472,7 +472,7 @@ mod tests {
         // us. Its lower kernel of 912 whole rounds on 304 CUs keeps 3 of 4
         // rounds beside a 5-CU-per-XCC reservation.
         let lower = be(912, 2_678_865, true, 1);
-        let b = best_effort_bound(&[rt(405_641)], &[lower.clone()], &p, 0.973);
+        let b = best_effort_bound(&[rt(405_641)], std::slice::from_ref(&lower), &p, 0.973);
         assert_eq!(b.case, BeCase::Reservation { k: 5 });
         assert!((b.factor - 0.75).abs() < 1e-12, "{b:?}");
         // The same RT of 50 us workgroups co-resides.

@@ -163,19 +163,19 @@ impl Scheduler {
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;
             }
-            // Drained, wide or not, when the lower workgroups end within
-            // the allowance: the owner's wait for them is budgeted by its
-            // sizing (`switch` above), and a drained reservation ends with
-            // the owner's job, so the lower work has every CU in its gaps
-            // (a wide one kept across them cost a lone lock-step lower
-            // kernel its rounds for the whole run: fuzz seed 97101, 0.706
-            // of alone). Otherwise a wide reservation is set up with a
-            // save and held across the owner's gaps (`engine/wide.rs`).
+            // A wide reservation is set up with a save and held across
+            // the owner's gaps (it takes the place of holding the whole
+            // partition): a drained one would make the owner wait for the
+            // lower workgroups in every period. (Draining it too was tried:
+            // fuzz seed 97101's best effort 0.706 -> 0.991 of alone, but
+            // 50257's wide 7 kHz RT then lost its kept reservation, 0.773
+            // against 0.818, and 50273's RT p99 335 us against 248:
+            // docs/scheduling.md, branch `rtbe`.)
             k.map(|(k, wide)| Reservation {
                 vm: owner.vm,
                 level: owner.level,
                 k,
-                drain: drain.is_some(),
+                drain: drain.is_some() && !wide,
                 wide,
             })
         } else {

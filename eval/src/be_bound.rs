@@ -31,7 +31,8 @@
 //!   drain allowance: the lower work loses the reserved CUs only while the
 //!   RT runs and drains, `1 - u x (1 - f_b)`, `u = min(1, sum (r + w) /
 //!   P)` (`r` the RT job on the reservation, `w` the longest lower
-//!   workgroup, `f_b` the reservation's figure).
+//!   workgroup, twice its cost when it fits half a CU and may share its CU
+//!   at half rate, `f_b` the reservation's figure).
 //!
 //! When none applies (an RT whose job needs more than the width cap and
 //! whose save per period costs more than 10% CWSR: outside the promise's
@@ -126,6 +127,23 @@ impl JobShape {
     /// Longest workgroup of the job, ns.
     pub fn longest_wg_ns(&self) -> u64 {
         self.kernels.iter().map(|k| k.cost_ns).max().unwrap_or(0)
+    }
+
+    /// The longest a workgroup of the job in flight may take to end: its
+    /// cost, twice that when it fits half a CU (it may share its CU, each
+    /// at half rate). What a drain of it waits for (`Spatial::drain_wait`).
+    pub fn drain_ns(&self) -> u64 {
+        self.kernels
+            .iter()
+            .map(|k| {
+                if k.half_cu {
+                    k.cost_ns.saturating_mul(2)
+                } else {
+                    k.cost_ns
+                }
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Every workgroup fits half a CU.
@@ -279,8 +297,10 @@ pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) 
         };
         offer(f_b, BeCase::Reservation { k });
         // (d) drained: the reserved CUs are lost only while each RT job
-        // runs on them and waits for the drain.
-        let w = be.iter().map(|b| b.job.longest_wg_ns()).max().unwrap_or(0);
+        // runs on them and waits for the drain. A workgroup that fits
+        // half a CU may share its CU at half rate: it ends within twice
+        // its cost.
+        let w = be.iter().map(|b| b.job.drain_ns()).max().unwrap_or(0);
         if w <= p.drain_ns {
             let u: f64 = rts
                 .iter()
@@ -500,6 +520,15 @@ mod tests {
         );
         assert_eq!(b.case, BeCase::Drain { k: 1 });
         assert!((b.factor - 0.925).abs() < 1e-12, "{b:?}");
+        // Half-CU workgroups of 150 us may share their CUs at half rate:
+        // 300 us to end, beyond the allowance: no drain.
+        let h = best_effort_bound(
+            &[narrow_rt(false)],
+            &[be(304, 150_000, true, 1)],
+            &spx(),
+            0.99,
+        );
+        assert_ne!(h.case, BeCase::Drain { k: 1 });
     }
 
     #[test]

@@ -313,10 +313,8 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         ("fuzz-50281-3-rt-latency.toml", None),
         // A drain waits for the lower VM's longest workgroup, not a
         // doorbell's sum of packets (50129: 1 ms of solo time, 50 us
-        // workgroups), and a wide reservation over such work is drained
-        // too (97101): no save, every CU back in the gaps.
+        // workgroups): no save, every CU back in the gaps.
         ("fuzz-50129-3-be-retained.toml", None),
-        ("fuzz-97101-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -111,4 +111,3 @@ fn lower_work_that_cannot_drain_is_saved() {
         assert!(saves >= 90, "solo {solo}, longest {longest}: {saves} saves");
     }
 }
-

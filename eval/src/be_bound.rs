@@ -10,8 +10,14 @@
 //! can give the shape (`docs/scheduling.md`, "The best-effort bound in
 //! lock-step rounds"), never above the old target:
 //!
-//! * (a) **co-residence** — every RT and lower workgroup fits half a CU and
-//!   every lower VM has one queue: `1 - RT CU share`;
+//! * (a) **co-residence** — every RT and lower workgroup fits half a CU,
+//!   every lower VM has one queue, and each RT's job alone `b` still meets
+//!   its bound when sharing doubles it, `2b <= 1.1 x b + t_save +
+//!   t_restore` (a CU shared with a lower workgroup runs each at half
+//!   rate): `1 - RT CU share`. Fuzz seed 50103's RT job of one round of
+//!   405.6 us would take 811 us shared against a 688 us bound (measured
+//!   before the simulator's `rtround` fix: p99 811 us), so the scheduler
+//!   rightly saves or reserves instead (`Spatial::can_coreside`);
 //! * (b) **reservation** — the smallest `k` CUs per XCC (within the width
 //!   cap, a CU per XCC left) on which every RT job meets `1.1 x alone +
 //!   t_save + t_restore` and ends before its next arrival; each lower kernel
@@ -25,7 +31,8 @@
 //!   drain allowance: the lower work loses the reserved CUs only while the
 //!   RT runs and drains, `1 - u x (1 - f_b)`, `u = min(1, sum (r + w) /
 //!   P)` (`r` the RT job on the reservation, `w` the longest lower
-//!   workgroup, `f_b` the reservation's figure).
+//!   workgroup, twice its cost when it fits half a CU and may share its CU
+//!   at half rate, `f_b` the reservation's figure).
 //!
 //! When none applies (an RT whose job needs more than the width cap and
 //! whose save per period costs more than 10% CWSR: outside the promise's
@@ -78,15 +85,28 @@ impl JobShape {
         }
     }
 
-    /// Time of one job of one queue on `cus` CUs split among its queues:
-    /// per kernel, `ceil(W / (cus / queues))` rounds x cost x repeat.
+    /// Time of one job of each queue on `cus` CUs: per kernel, rounds x
+    /// cost x repeat. The `m` busy queues of one VM run their jobs in
+    /// phase (a closed loop or a flood rings them together) and take free
+    /// CUs round robin from one pool, not a split of the CUs each
+    /// (docs/gpu-model.md, "Batches"): together one lock-step kernel of `m
+    /// x W` equal workgroups, `ceil(m x W / cus)` rounds (the makespan of
+    /// identical workgroups on `cus` CUs; two to a CU at half rate when
+    /// they fit half a CU, the same time). The scheduler's model of the
+    /// lower work in `engine/res_hold.rs`, measured on fuzz seed 50148
+    /// (two queues of 304 half-CU workgroups: three rounds' time on 296
+    /// CUs against two on 304). Fuzz seed 97100 (three queues of 1216
+    /// whole-CU workgroups beside two reserved CUs per XCC) kept 0.833 of
+    /// alone, `12 / 13` rounds x 0.9 = 0.831; a split of the CUs (101 and
+    /// 96 per queue) gave 13 rounds on both, `f` = 1 (capped at 0.971).
     pub fn time_on(&self, cus: u64) -> u64 {
-        let per_queue = (cus / self.queues.max(1)).max(1);
+        let q = self.queues.max(1);
         self.kernels
             .iter()
             .map(|k| {
                 k.workgroups
-                    .div_ceil(per_queue)
+                    .saturating_mul(q)
+                    .div_ceil(cus.max(1))
                     .saturating_mul(k.cost_ns)
                     .saturating_mul(k.repeat)
             })
@@ -107,6 +127,23 @@ impl JobShape {
     /// Longest workgroup of the job, ns.
     pub fn longest_wg_ns(&self) -> u64 {
         self.kernels.iter().map(|k| k.cost_ns).max().unwrap_or(0)
+    }
+
+    /// The longest a workgroup of the job in flight may take to end: its
+    /// cost, twice that when it fits half a CU (it may share its CU, each
+    /// at half rate). What a drain of it waits for (`Spatial::drain_wait`).
+    pub fn drain_ns(&self) -> u64 {
+        self.kernels
+            .iter()
+            .map(|k| {
+                if k.half_cu {
+                    k.cost_ns.saturating_mul(2)
+                } else {
+                    k.cost_ns
+                }
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Every workgroup fits half a CU.
@@ -208,6 +245,15 @@ pub fn reservation_k(rt: &RtShape, p: &Part) -> Option<u64> {
     })
 }
 
+/// Does `rt`'s job, doubled by sharing every CU with lower work (each
+/// workgroup of a shared CU runs at half rate), still meet its bound
+/// `1.1 x alone + t_save + t_restore`: `2b <= 1.1 x b + t_cwsr`, i.e.
+/// `9b <= 10 x t_cwsr` (`b` its job alone on the whole partition)?
+pub fn coreside_meets_rt_bound(rt: &RtShape, p: &Part) -> bool {
+    let b = u128::from(rt.job.time_on(p.cus));
+    b * 9 <= u128::from(p.cwsr_ns) * 10
+}
+
 /// The best figure of (a)-(d) for `be` beside `rts`, at most `today`
 /// (`1 - RT CU share`, measured).
 pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) -> BeBound {
@@ -219,8 +265,11 @@ pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) 
             best = Some(BeBound { factor, case });
         }
     };
-    // (a) co-residence.
-    if rts.iter().all(|r| r.job.half_cu())
+    // (a) co-residence, when the RT jobs doubled by sharing meet the RT
+    // bound.
+    if rts
+        .iter()
+        .all(|r| r.job.half_cu() && coreside_meets_rt_bound(r, p))
         && be.iter().all(|b| b.job.half_cu() && b.job.queues == 1)
     {
         offer(today, BeCase::CoResidence);
@@ -248,8 +297,10 @@ pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) 
         };
         offer(f_b, BeCase::Reservation { k });
         // (d) drained: the reserved CUs are lost only while each RT job
-        // runs on them and waits for the drain.
-        let w = be.iter().map(|b| b.job.longest_wg_ns()).max().unwrap_or(0);
+        // runs on them and waits for the drain. A workgroup that fits
+        // half a CU may share its CU at half rate: it ends within twice
+        // its cost.
+        let w = be.iter().map(|b| b.job.drain_ns()).max().unwrap_or(0);
         if w <= p.drain_ns {
             let u: f64 = rts
                 .iter()
@@ -329,12 +380,23 @@ mod tests {
         assert_eq!(job(304, 1_000_000, false, 1).lockstep_factor(304, 296), 0.5);
         // A narrow kernel keeps every round.
         assert_eq!(job(100, 1_000_000, false, 1).lockstep_factor(304, 296), 1.0);
-        // Two queues split the CUs: 304 workgroups on 152 per queue
-        // alone (2 rounds), on 148 (3 rounds).
+        // Two queues run in phase: 608 workgroups, 2 rounds on 304 CUs,
+        // 3 on 296, whole-CU or half-CU.
+        for half_cu in [false, true] {
+            assert_eq!(
+                job(304, 1_000_000, half_cu, 2).lockstep_factor(304, 296),
+                2.0 / 3.0
+            );
+        }
+        // Three queues of 1216 (fuzz seed 97100): one kernel of 3648, 12
+        // rounds on 304 CUs and 13 on 288 (a split of the CUs, 101 and 96
+        // per queue, would give 13 on both).
         assert_eq!(
-            job(304, 1_000_000, false, 2).lockstep_factor(304, 296),
-            2.0 / 3.0
+            job(1216, 1_000_000, false, 3).lockstep_factor(304, 288),
+            12.0 / 13.0
         );
+        // A narrow kernel of several queues still fits the rest.
+        assert_eq!(job(90, 1_000_000, false, 3).lockstep_factor(304, 288), 1.0);
     }
 
     #[test]
@@ -416,6 +478,36 @@ mod tests {
     }
 
     #[test]
+    fn co_residence_needs_the_doubled_rt_job_within_its_bound() {
+        let p = spx();
+        // 9b <= 10 x 242 us: b up to 268.9 us co-resides.
+        let rt = |cost_ns| RtShape {
+            job: job(37, cost_ns, true, 1),
+            period_ns: 1_862_000,
+        };
+        assert!(coreside_meets_rt_bound(&rt(268_000), &p));
+        assert!(!coreside_meets_rt_bound(&rt(269_000), &p));
+        // Fuzz seed 50103's shape: 37 half-CU workgroups of 405.6 us
+        // every 1862 us; shared, 811 us against 1.1 x 405.6 + 242 = 688
+        // us. Its lower kernel of 912 whole rounds on 304 CUs keeps 3 of 4
+        // rounds beside a 5-CU-per-XCC reservation.
+        let lower = be(912, 2_678_865, true, 1);
+        let b = best_effort_bound(&[rt(405_641)], std::slice::from_ref(&lower), &p, 0.973);
+        assert_eq!(b.case, BeCase::Reservation { k: 5 });
+        assert!((b.factor - 0.75).abs() < 1e-12, "{b:?}");
+        // The same RT of 50 us workgroups co-resides.
+        let c = best_effort_bound(&[rt(50_000)], &[lower], &p, 0.973);
+        assert_eq!(c.case, BeCase::CoResidence);
+        // A multi-round job counts every round: 3 rounds of 100 us (912
+        // workgroups on 304 CUs) double to 600 us against 572.
+        let wide = RtShape {
+            job: job(912, 100_000, true, 1),
+            period_ns: 5_000_000,
+        };
+        assert!(!coreside_meets_rt_bound(&wide, &p));
+    }
+
+    #[test]
     fn short_lower_workgroups_drain_and_lose_the_cus_only_while_the_rt_runs() {
         // 304 workgroups of 100 us: drained within 240 us. The RT's 50 us
         // job on its CU plus the 100 us drain is 15% of each 1 ms period:
@@ -428,6 +520,15 @@ mod tests {
         );
         assert_eq!(b.case, BeCase::Drain { k: 1 });
         assert!((b.factor - 0.925).abs() < 1e-12, "{b:?}");
+        // Half-CU workgroups of 150 us may share their CUs at half rate:
+        // 300 us to end, beyond the allowance: no drain.
+        let h = best_effort_bound(
+            &[narrow_rt(false)],
+            &[be(304, 150_000, true, 1)],
+            &spx(),
+            0.99,
+        );
+        assert_ne!(h.case, BeCase::Drain { k: 1 });
     }
 
     #[test]

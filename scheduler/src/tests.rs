@@ -1861,6 +1861,9 @@ mod wide_tests;
 #[path = "res_hold_tests.rs"]
 mod res_hold_tests;
 
+#[path = "drained_res_tests.rs"]
+mod drained_res_tests;
+
 #[path = "coreside_admission_tests.rs"]
 mod coreside_admission_tests;
 #[path = "lockstep_tests.rs"]

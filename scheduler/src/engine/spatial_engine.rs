@@ -40,6 +40,18 @@ impl Scheduler {
         }
     }
 
+    /// The caller read the dispatches newly written to `queue`'s ring:
+    /// `wg_ns`, the longest cost of one of their workgroups alone. It
+    /// bounds what a drain of the queue waits for (a drained reservation,
+    /// docs/scheduling.md "A drain waits for the longest workgroup"). Unknown
+    /// queues are ignored.
+    pub fn note_dispatch_longest_wg(&mut self, queue: QueueId, wg_ns: u64) {
+        if let Some(q) = self.queues.get(&queue) {
+            let vm = q.vm;
+            self.spatial.note_longest_wg(vm, wg_ns);
+        }
+    }
+
     /// Host CU set of the queue on `slot` (what a map of it must carry).
     pub fn slot_cu_set(&self, slot: SlotId) -> CuSet {
         self.spatial
@@ -154,7 +166,11 @@ impl Scheduler {
             // A wide reservation is set up with a save and held across
             // the owner's gaps (it takes the place of holding the whole
             // partition): a drained one would make the owner wait for the
-            // lower workgroups in every period.
+            // lower workgroups in every period. (Draining it too was tried:
+            // fuzz seed 97101's best effort 0.706 -> 0.991 of alone, but
+            // 50257's wide 7 kHz RT then lost its kept reservation, 0.773
+            // against 0.818, and 50273's RT p99 335 us against 248:
+            // docs/scheduling.md, branch `rtbe`.)
             k.map(|(k, wide)| Reservation {
                 vm: owner.vm,
                 level: owner.level,

@@ -127,6 +127,10 @@ pub(crate) struct Spatial {
     /// Per VM: its last [`RECENT_WIDTHS`] dispatch widths (the lock-step
     /// rounds a reservation costs each of its kernels: `engine/res_hold.rs`).
     pub recent: BTreeMap<VmId, RecentWidths>,
+    /// Per partition: the VMs whose reservation is in place or still held
+    /// across their gaps, with the largest size each needed while it was
+    /// (`engine/res_keep.rs`): the reservation does not shrink below them.
+    pub keep: Vec<Vec<Reservation>>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.

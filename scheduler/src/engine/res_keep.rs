@@ -45,11 +45,9 @@ impl Scheduler {
         let Some(mut keep) = self.spatial.keep.get_mut(p).map(std::mem::take) else {
             return c;
         };
-        // The owner's own largest size while in the record (at its level).
-        let own = keep
-            .iter()
-            .find(|r| r.vm == c.vm && r.level == c.level)
-            .map_or(c.k, |r| r.k.max(c.k));
+        // The owner's own size is its latest (a lone owner's reservation
+        // follows its need).
+        let own = c.k;
         // Whoever no longer holds leaves the record (the owner holds now).
         keep.retain(|r| r.vm != c.vm && self.spatial_held(p, *r));
         let k = keep.iter().map(|r| r.k).fold(own, u32::max);

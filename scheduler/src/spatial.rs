@@ -127,9 +127,10 @@ pub(crate) struct Spatial {
     /// Per VM: its last [`RECENT_WIDTHS`] dispatch widths (the lock-step
     /// rounds a reservation costs each of its kernels: `engine/res_hold.rs`).
     pub recent: BTreeMap<VmId, RecentWidths>,
-    /// Per partition: the VMs whose reservation is in place or still held
-    /// across their gaps, with the largest size each needed while it was
-    /// (`engine/res_keep.rs`): the reservation does not shrink below them.
+    /// Per partition: the VMs that held its reservation and still hold it
+    /// (in place or across their gaps), each with the size it was last
+    /// given as owner (`engine/res_keep.rs`): the reservation does not
+    /// shrink below another holder's.
     pub keep: Vec<Vec<Reservation>>,
 }
 

@@ -9,26 +9,29 @@
 //! them, the size of whichever holds it now. Shrinking costs nothing, but
 //! growing it again saves every lower queue running beside it (their
 //! workgroups sit on the CUs it takes), `n x t_sw` of CWSR. So a size that
-//! goes down and up again, from one owner's noise (fuzz seed 97117: a 538 us
-//! RT sized 1 or 2 CUs per XCC as the measured save moves about the
-//! boundary of its rounds) or from two owners of different sizes taking
-//! turns (97117, 50157: a narrow 5 kHz RT of 1-2 CUs per XCC and a slower
-//! one of 2-7), saves the lower work once per period: CWSR 46.7% and 14.8%
-//! of the run.
+//! goes down and up again as two owners of different sizes take turns
+//! saves the lower work once per period: fuzz seed 97117 (a 6.9 kHz RT at
+//! priority 13 sized 1 CU per XCC and a 1.9 kHz one at priority 11 sized
+//! 2: the higher one's own decision shrank the reservation it took over),
+//! CWSR 46.7% of the run.
 //!
 //! Each VM that holds the partition's reservation is recorded with the
-//! largest size it was given while the reservation stays in place, and
-//! the reservation is never smaller than any recorded VM that still holds
-//! it, in place or across its gaps (`Scheduler::spatial_held`: the same
-//! price, `lambda x g` against `n x t_sw`, that decides whether keeping
-//! its CUs through a gap is worth a lapse). A VM leaves the record when it
-//! no longer holds (its gap outlived the hold, its level changed), and the
-//! record is cleared when the reservation ends, becomes a co-residence, a
-//! drained or a wide one (a drained one grows without a save; a wide one
-//! has its own hold, `wide.rs`). So the surplus CUs are kept exactly as
-//! long as the reservation itself would be kept for the VM that needed
-//! them, and the lower work is saved at most once per lapse instead of
-//! once per change of size.
+//! size it was last given as its owner, and the reservation is never
+//! smaller than the size of any other recorded VM that still holds it, in
+//! place or across its gaps (`Scheduler::spatial_held`: the same price,
+//! `lambda x g` against `n x t_sw`, that decides whether keeping its CUs
+//! through a gap is worth a lapse). The owner's own size is its latest: a
+//! lone owner's reservation follows its need as before (keeping a lone
+//! owner's largest size instead cost lock-step lower kernels a round where
+//! the size moved between 1 and 2 CUs per XCC: fuzz seeds 50087, 50221,
+//! 50246 and 97108 fell under their best-effort bound). A VM leaves the
+//! record when it no longer holds (its gap outlived the hold, its level
+//! changed), and the record is cleared when the reservation ends, becomes
+//! a co-residence, a drained or a wide one (a drained one grows without a
+//! save; a wide one has its own hold, `wide.rs`). So the other VM's CUs
+//! are kept exactly as long as the reservation itself would be kept for
+//! it, and the lower work is saved at most once per lapse instead of once
+//! per switch between the two.
 
 use super::*;
 use crate::spatial::Reservation;

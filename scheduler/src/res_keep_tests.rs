@@ -9,7 +9,6 @@
 //! (fuzz seeds 97117 and 50157, CWSR 46.7% and 14.8% of the run).
 
 use super::*;
-use proptest::prelude::*;
 
 /// MI300X-like geometry: 38 CUs per XCC, 8 XCCs per partition.
 const CUS: u32 = 38;

@@ -16,6 +16,7 @@ mod hold;
 mod index;
 mod lockstep;
 mod res_hold;
+mod res_keep;
 mod shared;
 mod slots;
 mod spatial_engine;

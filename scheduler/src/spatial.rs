@@ -131,6 +131,11 @@ pub(crate) struct Spatial {
     /// Per VM: its last [`RECENT_WIDTHS`] dispatch widths (the lock-step
     /// rounds a reservation costs each of its kernels: `engine/res_hold.rs`).
     pub recent: BTreeMap<VmId, RecentWidths>,
+    /// Per partition: the VMs that held its reservation and still hold it
+    /// (in place or across their gaps), each with the size it was last
+    /// given as owner (`engine/res_keep.rs`): the reservation does not
+    /// shrink below another holder's.
+    pub keep: Vec<Vec<Reservation>>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.

@@ -1871,3 +1871,6 @@ mod lockstep_tests;
 
 #[path = "give_tests.rs"]
 mod give_tests;
+
+#[path = "res_keep_tests.rs"]
+mod res_keep_tests;

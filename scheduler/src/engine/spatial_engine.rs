@@ -14,6 +14,7 @@ impl Scheduler {
         self.spatial.cus_per_xcc = cus_per_xcc;
         self.spatial.xccs = xccs_per_partition;
         self.spatial.res = vec![None; self.parts.len()];
+        self.spatial.keep = vec![Vec::new(); self.parts.len()];
         self.spatial.slot_cus = vec![CuSet::All; self.slots.len()];
     }
 
@@ -111,6 +112,7 @@ impl Scheduler {
         // keeping them would leave the owner waiting for a slot: the
         // partition is preempted as a whole.)
         if !self.spatial_room(p, owner.level) {
+            self.res_keep_end(p, None);
             self.spatial.res[p] = None;
             return (None, false);
         }
@@ -181,6 +183,10 @@ impl Scheduler {
         } else {
             None
         };
+        // A reservation in place does not shrink below what a VM still
+        // holding it needed (`res_keep.rs`): growing it back saves the
+        // lower work.
+        let cand = cand.map(|c| self.res_keep(p, c));
         // A reservation another higher VM still holds across its gaps (two
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and
@@ -224,6 +230,7 @@ impl Scheduler {
         if establish {
             self.spatial.stats.established += 1;
         }
+        self.res_keep_end(p, r);
         self.spatial.res[p] = r;
         (r, establish)
     }
@@ -468,7 +475,7 @@ impl Scheduler {
     /// Does a reservation outlive its VM's idle gap (short re-ring gap or
     /// a gap the cost-aware hold would hold through, idle not longer than
     /// [`Scheduler::spatial_hold_for`], same level)?
-    fn spatial_held(&self, p: usize, r: Reservation) -> bool {
+    pub(super) fn spatial_held(&self, p: usize, r: Reservation) -> bool {
         let cost = self.reservation_hold(p, r);
         let hold = self.cfg.spatial_hold_ns.max(cost);
         self.vms.get(&r.vm).is_some_and(|v| {

@@ -319,8 +319,14 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // Two RTs at different levels pass one reservation: it keeps the
         // largest size a VM still holding it needed instead of shrinking to
         // the holder's and growing again with a save of the lower work per
-        // period (CWSR 45.7% -> within 10% of the cut run).
-        ("fuzz-97117-3-cwsr-time.toml", None),
+        // period (CWSR 45.7% -> within 10% of the cut run). Its lower RT
+        // then waits for a drain of half-CU lower workgroups (branch
+        // `rtbe`) and misses its bound by 5% (292 us against 277), open
+        // (docs/scheduling.md, "Left open after stop 30's merges").
+        (
+            "fuzz-97117-3-cwsr-time.toml",
+            Some(&["3-be-retained", "3-cwsr-time"]),
+        ),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
 mod aging;
+mod batch_res;
 mod busy;
 mod control;
 mod exclusive;

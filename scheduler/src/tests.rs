@@ -1868,3 +1868,6 @@ mod lockstep_tests;
 
 #[path = "give_tests.rs"]
 mod give_tests;
+
+#[path = "batch_res_tests.rs"]
+mod batch_res_tests;

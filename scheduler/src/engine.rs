@@ -431,6 +431,9 @@ struct AgingBudget {
     /// restore if the batch's work was saved (at most
     /// [`AGING_YIELD_NS`]): the batch ends this much later.
     yielded: Nanos,
+    /// Last time the running batch's run beside a kept reservation of a
+    /// higher VM was charged to `yielded` (`engine/batch_res.rs`).
+    beside_at: Nanos,
     /// The next batch's choice in progress, a few waiting entries per
     /// event (`engine/aging.rs`, [`aging::AGING_SCAN_STEP`]).
     scan: Option<aging::AgingScan>,

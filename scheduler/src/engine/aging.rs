@@ -82,6 +82,7 @@ impl Scheduler {
                 self.boost_step(p);
                 return;
             }
+            self.charge_beside(p);
             self.aging_yield(p);
             let part = &mut self.parts[p];
             let boosting = part.busy.contains_key(&BOOST_LEVEL);
@@ -197,6 +198,7 @@ impl Scheduler {
         let part = &mut self.parts[p];
         part.aging.vclock = part.aging.vclock.max(cand[0].0);
         part.aging.batch_since = Some(now);
+        part.aging.beside_at = now;
         part.aging.batch.clear();
         part.aging.batch_billed.clear();
         part.aging.to_boost = cand.into_iter().rev().map(|e| e.3).collect();
@@ -420,7 +422,7 @@ impl Scheduler {
     /// the last saves of the batch's own queues (a batch of long
     /// workgroups saves slowly: its pause must fit the allowance with
     /// that switch, not with a short save of other work seen last).
-    fn pause_switch(&self, p: &Partition) -> Nanos {
+    pub(super) fn pause_switch(&self, p: &Partition) -> Nanos {
         p.aging
             .batch
             .iter()
@@ -470,7 +472,7 @@ impl Scheduler {
     /// break longer than its anticipation grace (`Vm::demanding_since`,
     /// the notion co-residence uses) for more than [`AGING_YIELD_NS`]?
     /// Such a VM is what aging exists to bound: a batch never yields to it.
-    fn yield_backlogged(&self, vm: VmId) -> bool {
+    pub(super) fn yield_backlogged(&self, vm: VmId) -> bool {
         self.vms.get(&vm).is_some_and(|v| {
             v.demand > 0 && self.now.saturating_sub(v.demanding_since) > AGING_YIELD_NS
         })
@@ -527,11 +529,12 @@ impl Scheduler {
             if let Some(ps) = p.aging.paused_since {
                 return Some(self.yield_due(pi, p, ps));
             }
-            return Some(
-                start
-                    .saturating_add(AGING_BATCH_NS)
-                    .saturating_add(p.aging.yielded),
-            );
+            let end = start
+                .saturating_add(AGING_BATCH_NS)
+                .saturating_add(p.aging.yielded);
+            // Beside a kept reservation the end moves on as the batch
+            // runs (`engine/batch_res.rs`): due when it is reached.
+            return Some(self.beside_end(pi, end));
         }
         let top = p.busy.range(..BOOST_LEVEL).next_back().map(|e| *e.0)?;
         let due = p.waiting[..top as usize]

@@ -29,11 +29,80 @@ impl Scheduler {
         prev: Option<Reservation>,
     ) -> Option<Reservation> {
         let r = prev?;
-        if r.k == 0 || r.drain || !self.spatial_held(p, r) {
+        if r.k == 0 || r.drain || !self.spatial_held(p, r) || self.yield_backlogged(r.vm) {
+            return None;
+        }
+        // Kept only while the batch's yield allowance lasts (the run
+        // beside it is charged there: `charge_beside`); then the batch
+        // takes the partition as before.
+        let part = &self.parts[p];
+        if part.aging.paused_since.is_none()
+            && part.aging.yielded.saturating_add(self.pause_switch(part)) >= AGING_YIELD_NS
+        {
             return None;
         }
         let top = self.batch_top_priority(p)?;
         (r.level > top).then_some(r)
+    }
+
+    /// Charges partition `p`'s running batch, since the last charge, for
+    /// its run beside a kept reservation of a higher VM: the reserved CUs'
+    /// share of that time goes to its yield allowance (`yielded`), so the
+    /// batch ends that much later and its turn still gets `B - 2 t_save`
+    /// of the whole partition's work. Called before the decision, so the
+    /// reservation read is the one in place since the last charge. (A
+    /// pause is charged by `aging_yield`.)
+    pub(super) fn charge_beside(&mut self, p: usize) {
+        let now = self.now;
+        let part = &self.parts[p];
+        let since = part.aging.beside_at;
+        let kept = part.aging.batch_since.is_some()
+            && part.aging.paused_since.is_none()
+            && self.spatial.res.get(p).copied().flatten().is_some_and(|r| {
+                r.k > 0 && self.batch_top_priority(p).is_some_and(|t| r.level > t)
+            });
+        let cost = if kept {
+            self.unsaved_pause_cost(p, now.saturating_sub(since))
+        } else {
+            0
+        };
+        let part = &mut self.parts[p];
+        part.aging.yielded = part.aging.yielded.saturating_add(cost).min(AGING_YIELD_NS);
+        part.aging.beside_at = now;
+    }
+
+    /// When partition `pi`'s running batch, due to end at `end` by the
+    /// charges so far, ends while it runs beside a kept reservation of `k`
+    /// of `n` CUs per XCC: each ns beside it moves the end `k / n` ns on
+    /// (`charge_beside`), so the rest `end - t` (counted from the last
+    /// charge `t`) takes `(end - t) x n / (n - k)`; at most where the
+    /// allowance runs out (the charge stops at it). `end` when nothing is
+    /// kept.
+    pub(super) fn beside_end(&self, pi: usize, end: Nanos) -> Nanos {
+        let part = &self.parts[pi];
+        let n = self.spatial.cus_per_xcc as u128;
+        let kept = if part.aging.paused_since.is_none() {
+            self.spatial.res.get(pi).copied().flatten().filter(|r| {
+                r.k > 0
+                    && (r.k as u128) < n
+                    && !r.drain
+                    && self.batch_top_priority(pi).is_some_and(|t| r.level > t)
+            })
+        } else {
+            None
+        };
+        let Some(r) = kept else {
+            return end;
+        };
+        let t = part.aging.beside_at;
+        let left = end.saturating_sub(t) as u128;
+        let k = r.k as u128;
+        let stretched = (left * n).div_ceil(n - k);
+        // The allowance left caps the stretch (`charge_beside` stops there).
+        let cap =
+            left.saturating_add(AGING_YIELD_NS.saturating_sub(part.aging.yielded) as u128 * n / k);
+        t.saturating_add(stretched.min(cap).min(Nanos::MAX as u128) as Nanos)
+            .max(self.now.saturating_add(1))
     }
 
     /// The highest VM priority among the queues of partition `p`'s running

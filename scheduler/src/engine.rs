@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
 mod aging;
+mod batch_res;
 mod busy;
 mod control;
 mod exclusive;
@@ -434,6 +435,9 @@ struct AgingBudget {
     /// restore if the batch's work was saved (at most
     /// [`AGING_YIELD_NS`]): the batch ends this much later.
     yielded: Nanos,
+    /// Last time the running batch's run beside a kept reservation of a
+    /// higher VM was charged to `yielded` (`engine/batch_res.rs`).
+    beside_at: Nanos,
     /// The next batch's choice in progress, a few waiting entries per
     /// event (`engine/aging.rs`, [`aging::AGING_SCAN_STEP`]).
     scan: Option<aging::AgingScan>,

@@ -1874,3 +1874,5 @@ mod give_tests;
 
 #[path = "res_keep_tests.rs"]
 mod res_keep_tests;
+#[path = "batch_res_tests.rs"]
+mod batch_res_tests;

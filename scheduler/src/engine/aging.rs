@@ -82,6 +82,7 @@ impl Scheduler {
                 self.boost_step(p);
                 return;
             }
+            self.charge_beside(p);
             self.aging_yield(p);
             let part = &mut self.parts[p];
             let boosting = part.busy.contains_key(&BOOST_LEVEL);
@@ -197,6 +198,7 @@ impl Scheduler {
         let part = &mut self.parts[p];
         part.aging.vclock = part.aging.vclock.max(cand[0].0);
         part.aging.batch_since = Some(now);
+        part.aging.beside_at = now;
         part.aging.batch.clear();
         part.aging.batch_billed.clear();
         part.aging.to_boost = cand.into_iter().rev().map(|e| e.3).collect();
@@ -335,10 +337,20 @@ impl Scheduler {
             // The pause so far: its time, plus one save and restore of the
             // batch's work if it was saved (its turn lost that progress).
             let saved = self.saves_of(&part.aging.paused) != part.aging.paused_saves;
+            // A pause in which the batch's work kept running beside the
+            // higher VM (off its reservation, `engine/batch_res.rs`) costs
+            // the batch only the CUs it left.
+            let paused_ns = now.saturating_sub(ps);
+            let paused_ns = if saved || !self.batch_runs_beside(part) {
+                paused_ns
+            } else {
+                self.unsaved_pause_cost(p, paused_ns)
+            };
+            let part = &self.parts[p];
             let spent = part
                 .aging
                 .yielded
-                .saturating_add(now.saturating_sub(ps))
+                .saturating_add(paused_ns)
                 .saturating_add(if saved { switch } else { 0 });
             // Ends when the higher VM is served, or before a save of the
             // batch's work would take the allowance past `Y`.
@@ -410,7 +422,7 @@ impl Scheduler {
     /// the last saves of the batch's own queues (a batch of long
     /// workgroups saves slowly: its pause must fit the allowance with
     /// that switch, not with a short save of other work seen last).
-    fn pause_switch(&self, p: &Partition) -> Nanos {
+    pub(super) fn pause_switch(&self, p: &Partition) -> Nanos {
         p.aging
             .batch
             .iter()
@@ -460,7 +472,7 @@ impl Scheduler {
     /// break longer than its anticipation grace (`Vm::demanding_since`,
     /// the notion co-residence uses) for more than [`AGING_YIELD_NS`]?
     /// Such a VM is what aging exists to bound: a batch never yields to it.
-    fn yield_backlogged(&self, vm: VmId) -> bool {
+    pub(super) fn yield_backlogged(&self, vm: VmId) -> bool {
         self.vms.get(&vm).is_some_and(|v| {
             v.demand > 0 && self.now.saturating_sub(v.demanding_since) > AGING_YIELD_NS
         })
@@ -469,13 +481,21 @@ impl Scheduler {
     /// When partition `p`'s pause must end at the latest (its yield
     /// allowance runs out, or a VM it yields to becomes backlogged), for
     /// the timer.
-    fn yield_due(&self, p: &Partition, paused_since: Nanos) -> Nanos {
+    fn yield_due(&self, pi: usize, p: &Partition, paused_since: Nanos) -> Nanos {
         // One save and restore is kept in reserve whether or not the
         // batch's work was saved yet (see `aging_yield`).
         let switch = self.pause_switch(p);
         let left = AGING_YIELD_NS
             .saturating_sub(p.aging.yielded)
             .saturating_sub(switch);
+        // An unsaved pause with the batch running beside costs it only the
+        // reserved CUs' share (`engine/batch_res.rs`): it may last longer.
+        let saved = self.saves_of(&p.aging.paused) != p.aging.paused_saves;
+        let left = if saved || !self.batch_runs_beside(p) {
+            left
+        } else {
+            self.unsaved_pause_for(pi, left)
+        };
         let budget = paused_since.saturating_add(left);
         let backlogged = p
             .busy
@@ -499,7 +519,7 @@ impl Scheduler {
     /// Earliest time aging has something to do in partition `p` (the end of
     /// the running batch or of its pause, or the next batch), for the
     /// timer.
-    pub(super) fn aging_due(&self, p: &Partition) -> Option<Nanos> {
+    pub(super) fn aging_due(&self, pi: usize, p: &Partition) -> Option<Nanos> {
         if p.aging.scan.is_some() || !p.aging.to_boost.is_empty() {
             // A batch's choice or boosts in progress: the next step
             // follows at once (1 ns on), never as a timer in the past.
@@ -507,13 +527,14 @@ impl Scheduler {
         }
         if let Some(start) = p.aging.batch_since {
             if let Some(ps) = p.aging.paused_since {
-                return Some(self.yield_due(p, ps));
+                return Some(self.yield_due(pi, p, ps));
             }
-            return Some(
-                start
-                    .saturating_add(AGING_BATCH_NS)
-                    .saturating_add(p.aging.yielded),
-            );
+            let end = start
+                .saturating_add(AGING_BATCH_NS)
+                .saturating_add(p.aging.yielded);
+            // Beside a kept reservation the end moves on as the batch
+            // runs (`engine/batch_res.rs`): due when it is reached.
+            return Some(self.beside_end(pi, end));
         }
         let top = p.busy.range(..BOOST_LEVEL).next_back().map(|e| *e.0)?;
         let due = p.waiting[..top as usize]

@@ -244,6 +244,7 @@ impl Scheduler {
                     let qq = &self.queues[q];
                     (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
                         && !self.spatial_keeps(res, establish, owner, beside, *q)
+                        && !self.batch_keeps_holder(res, owner, *q)
                 })
                 .map(|e| e.2),
         );

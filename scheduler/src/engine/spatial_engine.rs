@@ -107,6 +107,13 @@ impl Scheduler {
             return (None, false);
         }
         let prev = self.spatial.res[p];
+        // An aging batch keeps a higher VM's held reservation: its queues
+        // run on the other CUs (`engine/batch_res.rs`).
+        if owner.level == BOOST_LEVEL {
+            if let Some(r) = self.batch_keeps_reservation(p, prev) {
+                return (Some(r), false);
+            }
+        }
         // Lower work to share the partition with, and a slot for the owner
         // beside the lower queues that would keep running? (Without one,
         // keeping them would leave the owner waiting for a slot: the
@@ -593,7 +600,7 @@ impl Scheduler {
         for q in mapped {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
-            let want = Spatial::set_for(r, qq.vm, lvl(self.key_of(qq)));
+            let want = Spatial::set_for(r, qq.vm, self.cu_set_level(qq));
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];
             if *cur != want {
                 *cur = want;

@@ -65,7 +65,7 @@ impl Scheduler {
                 add(TimerKind::IdleUnmap, since + self.cfg.idle_unmap_ns);
             }
             if prio {
-                if let Some(t) = self.aging_due(p) {
+                if let Some(t) = self.aging_due(pi, p) {
                     add(TimerKind::Aging, t);
                 }
             }

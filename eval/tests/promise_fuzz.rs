@@ -319,14 +319,10 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // Two RTs at different levels pass one reservation: it keeps the
         // largest size a VM still holding it needed instead of shrinking to
         // the holder's and growing again with a save of the lower work per
-        // period (CWSR 45.7% -> within 10% of the cut run). Its lower RT
-        // then waits for a drain of half-CU lower workgroups (branch
-        // `rtbe`) and misses its bound by 5% (292 us against 277), open
-        // (docs/scheduling.md, "Left open after stop 30's merges").
-        (
-            "fuzz-97117-3-cwsr-time.toml",
-            Some(&["3-be-retained", "3-cwsr-time"]),
-        ),
+        // period (CWSR 45.7% -> within 10% of the cut run). (Its lower RT
+        // waited for a drain with the higher RT's jobs in between, 292 us
+        // against 277, until no drain where an aging batch follows.)
+        ("fuzz-97117-3-cwsr-time.toml", None),
         // An aging batch keeps a higher RT's held CU reservation: its
         // queues run on the other CUs and a pause for the RT saves nothing
         // (97138: a 46%-duty RT used the yield allowance up in two saved

@@ -1872,7 +1872,7 @@ mod lockstep_tests;
 #[path = "give_tests.rs"]
 mod give_tests;
 
-#[path = "res_keep_tests.rs"]
-mod res_keep_tests;
 #[path = "batch_res_tests.rs"]
 mod batch_res_tests;
+#[path = "res_keep_tests.rs"]
+mod res_keep_tests;

@@ -146,7 +146,16 @@ impl Scheduler {
             // left to end on the reserved CUs (no save): the owner's wait
             // for them takes the place of the switch in its RT bound.
             let allowance = self.spatial_wait_allowance(p);
-            let drain = self.spatial_drain_wait(p, owner.level, allowance);
+            // No drain while work below the owner waits for aging: in the
+            // owner's gaps a batch would take the CUs back, and its waves
+            // need not end within a drain (a kept, held reservation runs
+            // the batch beside it, `batch_res.rs`; docs/scheduling.md "A
+            // drain only where no aging batch follows").
+            let drain = if self.aging_may_run_below(p, owner.level) {
+                None
+            } else {
+                self.spatial_drain_wait(p, owner.level, allowance)
+            };
             // Sized to the fewest CUs with which its job still meets the
             // RT bound, when its solo time and the switch are measured.
             let switch = match drain {
@@ -354,6 +363,16 @@ impl Scheduler {
     /// at every period, fuzz seed 50074: RT p99 700 us against 324.)
     fn clean_save(&self, p: usize) -> Nanos {
         self.parts[p].aging.save_typ
+    }
+
+    /// May an aging batch run in partition `p` beside an owner at `level`:
+    /// one is running, or a queue below `level` waits (it will be boosted)?
+    fn aging_may_run_below(&self, p: usize, level: u16) -> bool {
+        let part = &self.parts[p];
+        part.aging.batch_since.is_some()
+            || part.waiting[..(level as usize).min(16)]
+                .iter()
+                .any(|w| !w.is_empty())
     }
 
     /// Drain instead of save: the longest time an owner at `level` waits

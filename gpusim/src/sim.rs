@@ -799,6 +799,8 @@ impl PhysGpu for SimGpu {
 impl SimGpu {}
 
 #[cfg(test)]
+mod batch_tests;
+#[cfg(test)]
 mod preempt_tests;
 #[cfg(test)]
 mod tests;

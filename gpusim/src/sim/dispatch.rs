@@ -134,8 +134,8 @@ impl SimGpu {
                     && b.qgen == qgen
                     && b.id == a.id
                     && now >= b.start
-                    && b.started_by(now) < b.end)
-                    .then_some((a, bi))
+                    && !b.all_started(now))
+                .then_some((a, bi))
             }) else {
                 return false;
             };
@@ -437,10 +437,10 @@ impl SimGpu {
             if now < b.start {
                 continue;
             }
-            let started = b.started_by(now);
-            if started >= b.end {
+            if b.all_started(now) {
                 continue;
             }
+            let started = b.started_by(now);
             if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
                 a.next_wg = a.next_wg.min(started);
             }

@@ -1165,13 +1165,29 @@ pub fn evaluate_full(
     policy: Policy,
     seed: u64,
 ) -> Result<(PolicyReport, RunOutput), EvalError> {
+    evaluate_with(sc, policy, seed, true)
+}
+
+/// [`evaluate_full`], running the isolated baseline (the hi tenants
+/// alone) only when `isolated`. Without it a scenario with both classes
+/// reports no `hi_isolated_p99_us` (`None`) and every other field is the
+/// same: callers that do not read it (the promise fuzzer's alone runs and
+/// families without an RT latency item) save a whole run.
+pub fn evaluate_with(
+    sc: &Scenario,
+    policy: Policy,
+    seed: u64,
+    isolated: bool,
+) -> Result<(PolicyReport, RunOutput), EvalError> {
     let t0 = Instant::now();
     let run = simulate(sc, policy, seed)?;
     let has_hi = sc.tenants.iter().any(|t| t.class == Class::Hi);
     let has_lo = sc.tenants.iter().any(|t| t.class == Class::Lo);
     let mut hi = run.hi_latency_ns.clone();
     hi.sort_unstable();
-    let iso_p99 = if has_hi && has_lo {
+    let iso_p99 = if has_hi && has_lo && !isolated {
+        None
+    } else if has_hi && has_lo {
         let mut iso = simulate(&sc.only(Class::Hi), policy, seed)?.hi_latency_ns;
         iso.sort_unstable();
         percentile(&iso, 0.99)

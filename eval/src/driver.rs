@@ -1323,3 +1323,30 @@ mod cu_used_tests {
         assert!(a.abs_diff(b) * 10 <= a.max(b), "{a} {b}");
     }
 }
+
+#[cfg(test)]
+mod evaluate_with_tests {
+    use super::*;
+
+    /// Without its isolated baseline a run of both classes reports no
+    /// isolated p99 and every other field as with it (host time aside).
+    #[test]
+    fn skipping_the_isolated_run_changes_only_its_field() {
+        let mut sc = Scenario::builtin("prio-inv").unwrap();
+        sc.duration_ms = 40;
+        let (mut with, run_with) = evaluate_full(&sc, Policy::Hqdmux, 1).unwrap();
+        let (mut without, run_without) = evaluate_with(&sc, Policy::Hqdmux, 1, false).unwrap();
+        assert!(with.hi_jobs > 0, "the hi tenant completes jobs: {with:?}");
+        assert!(with.hi_isolated_p99_us.is_some());
+        assert_eq!(without.hi_isolated_p99_us, None);
+        for r in [&mut with, &mut without] {
+            r.hi_isolated_p99_us = None;
+            r.host_ms = 0.0;
+            r.host_ms_per_virtual_ms = 0.0;
+            r.host_cpu_ms_per_virtual_ms = 0.0;
+            r.decision_p99_ns = 0.0;
+        }
+        assert_eq!(with, without);
+        assert_eq!(run_with.hi_latency_ns, run_without.hi_latency_ns);
+    }
+}

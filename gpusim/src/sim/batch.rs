@@ -149,6 +149,13 @@ impl SimGpu {
             self.batch_cus.push(Vec::new());
             (self.batches.len() - 1) as u32
         };
+        if b.live {
+            let p = self.slot_part[b.slot as usize] as usize;
+            let l = &mut self.parts[p].cuttable;
+            if let Err(at) = l.binary_search(&idx) {
+                l.insert(at, idx);
+            }
+        }
         self.touch_batch(idx);
         idx
     }

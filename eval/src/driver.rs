@@ -1165,13 +1165,29 @@ pub fn evaluate_full(
     policy: Policy,
     seed: u64,
 ) -> Result<(PolicyReport, RunOutput), EvalError> {
+    evaluate_with(sc, policy, seed, true)
+}
+
+/// [`evaluate_full`], running the isolated baseline (the hi tenants
+/// alone) only when `isolated`. Without it a scenario with both classes
+/// reports no `hi_isolated_p99_us` (`None`) and every other field is the
+/// same: callers that do not read it (the promise fuzzer's alone runs and
+/// families without an RT latency item) save a whole run.
+pub fn evaluate_with(
+    sc: &Scenario,
+    policy: Policy,
+    seed: u64,
+    isolated: bool,
+) -> Result<(PolicyReport, RunOutput), EvalError> {
     let t0 = Instant::now();
     let run = simulate(sc, policy, seed)?;
     let has_hi = sc.tenants.iter().any(|t| t.class == Class::Hi);
     let has_lo = sc.tenants.iter().any(|t| t.class == Class::Lo);
     let mut hi = run.hi_latency_ns.clone();
     hi.sort_unstable();
-    let iso_p99 = if has_hi && has_lo {
+    let iso_p99 = if has_hi && has_lo && !isolated {
+        None
+    } else if has_hi && has_lo {
         let mut iso = simulate(&sc.only(Class::Hi), policy, seed)?.hi_latency_ns;
         iso.sort_unstable();
         percentile(&iso, 0.99)
@@ -1305,5 +1321,32 @@ mod cu_used_tests {
         }
         let (a, b) = (out.vm_runs[0].cu_used_ns, out.vm_runs[1].cu_used_ns);
         assert!(a.abs_diff(b) * 10 <= a.max(b), "{a} {b}");
+    }
+}
+
+#[cfg(test)]
+mod evaluate_with_tests {
+    use super::*;
+
+    /// Without its isolated baseline a run of both classes reports no
+    /// isolated p99 and every other field as with it (host time aside).
+    #[test]
+    fn skipping_the_isolated_run_changes_only_its_field() {
+        let mut sc = Scenario::builtin("prio-inv").unwrap();
+        sc.duration_ms = 40;
+        let (mut with, run_with) = evaluate_full(&sc, Policy::Hqdmux, 1).unwrap();
+        let (mut without, run_without) = evaluate_with(&sc, Policy::Hqdmux, 1, false).unwrap();
+        assert!(with.hi_jobs > 0, "the hi tenant completes jobs: {with:?}");
+        assert!(with.hi_isolated_p99_us.is_some());
+        assert_eq!(without.hi_isolated_p99_us, None);
+        for r in [&mut with, &mut without] {
+            r.hi_isolated_p99_us = None;
+            r.host_ms = 0.0;
+            r.host_ms_per_virtual_ms = 0.0;
+            r.host_cpu_ms_per_virtual_ms = 0.0;
+            r.decision_p99_ns = 0.0;
+        }
+        assert_eq!(with, without);
+        assert_eq!(run_with.hi_latency_ns, run_without.hi_latency_ns);
     }
 }

@@ -378,6 +378,13 @@ struct Part {
     /// workgroup is still live there (`SimGpu::wg_on`). Spares a scan of
     /// every workgroup per CU looked at.
     cu_wg: Vec<[u32; 2]>,
+    /// Indices of batches the rebalance may still cut, ascending, no
+    /// repeats: every live batch of the partition not yet in its last
+    /// round ([`Batch::all_started`], which stays true for a live batch
+    /// as time passes and as it is cut or grown), and stale entries the
+    /// rebalance drops when it meets them (dead, another partition's, all
+    /// started). Spares the rebalance a visit of every batch index.
+    cuttable: Vec<u32>,
 }
 
 /// The simulated GPU. See the module docs.
@@ -450,6 +457,7 @@ impl SimGpu {
                 guest_rr: 0,
                 left: Vec::new(),
                 cu_wg: vec![[0; 2]; topo.cus_per_partition() as usize],
+                cuttable: Vec::new(),
             })
             .collect();
         for (i, s) in slots.iter().enumerate() {
@@ -798,6 +806,8 @@ impl PhysGpu for SimGpu {
 
 impl SimGpu {}
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod preempt_tests;
 #[cfg(test)]

@@ -65,13 +65,36 @@ impl Batch {
         if self.shifted > 0 && el > last {
             let span = self.cost.max(1).saturating_add(self.shifted);
             let x = (el - last).min(span);
-            el = last + (x as u128 * self.cost.max(1) as u128 / span as u128) as u64;
+            let c = self.cost.max(1);
+            // In u64 where the product fits (the same quotient).
+            el = last
+                + match x.checked_mul(c) {
+                    Some(m) => m / span,
+                    None => (x as u128 * c as u128 / span as u128) as u64,
+                };
         }
         let d = el / self.cost.max(1);
         let w = self.width as u64;
         let done = d.saturating_mul(w).min(self.len());
         let started = d.saturating_add(1).saturating_mul(w).min(self.len());
         (done, self.first + started, el % self.cost.max(1))
+    }
+    /// Whether every workgroup has started at `now` once the round under
+    /// way has launched: `started_by(now) >= end`, with one division in
+    /// place of [`Self::progress`]'s. Past its start the last round is
+    /// under way exactly when `(now - start) / cost + 1` rounds of `width`
+    /// cover the batch (guests' delay only stretches the last round), so
+    /// the answer is the same.
+    pub(super) fn all_started(&self, now: Nanos) -> bool {
+        let w = self.width as u64;
+        if now <= self.start || w == 0 {
+            return self.started_by(now) >= self.end;
+        }
+        let k = (now - self.start) / self.cost.max(1);
+        match k.checked_add(1).and_then(|r| r.checked_mul(w)) {
+            Some(n) => n >= self.len(),
+            None => self.started_by(now) >= self.end,
+        }
     }
     /// A CU given to this batch's packet at `now` can join it.
     pub(super) fn joinable(&self, now: Nanos) -> bool {
@@ -81,7 +104,7 @@ impl Batch {
         if now <= self.start {
             self.held == self.width && self.len() > self.width as u64
         } else {
-            self.progress(now).1 < self.end
+            !self.all_started(now)
         }
     }
 }
@@ -126,6 +149,13 @@ impl SimGpu {
             self.batch_cus.push(Vec::new());
             (self.batches.len() - 1) as u32
         };
+        if b.live {
+            let p = self.slot_part[b.slot as usize] as usize;
+            let l = &mut self.parts[p].cuttable;
+            if let Err(at) = l.binary_search(&idx) {
+                l.insert(at, idx);
+            }
+        }
         self.touch_batch(idx);
         idx
     }

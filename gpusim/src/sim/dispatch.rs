@@ -134,8 +134,8 @@ impl SimGpu {
                     && b.qgen == qgen
                     && b.id == a.id
                     && now >= b.start
-                    && b.started_by(now) < b.end)
-                    .then_some((a, bi))
+                    && !b.all_started(now))
+                .then_some((a, bi))
             }) else {
                 return false;
             };
@@ -420,11 +420,28 @@ impl SimGpu {
             return;
         }
         let now = self.now;
-        for bi in 0..self.batches.len() as u32 {
+        // The batches that may still be cut, in index order (the order
+        // their timers are re-armed); those that never can again leave the
+        // list. Nothing below creates a batch.
+        debug_assert!(
+            self.batches.iter().enumerate().all(|(i, b)| {
+                !b.live
+                    || self.slot_part[b.slot as usize] != p
+                    || b.all_started(now)
+                    || self.parts[pi].cuttable.binary_search(&(i as u32)).is_ok()
+            }),
+            "a batch that may be cut is missing from its partition's list"
+        );
+        let mut list = std::mem::take(&mut self.parts[pi].cuttable);
+        let mut kept = 0;
+        for r in 0..list.len() {
+            let bi = list[r];
             let b = self.batches[bi as usize];
-            if !b.live || self.slot_part[b.slot as usize] != p {
+            if !b.live || self.slot_part[b.slot as usize] != p || b.all_started(now) {
                 continue;
             }
+            list[kept] = bi;
+            kept += 1;
             let Some(q) = self.slots[b.slot as usize].as_mut() else {
                 continue;
             };
@@ -438,15 +455,15 @@ impl SimGpu {
                 continue;
             }
             let started = b.started_by(now);
-            if started >= b.end {
-                continue;
-            }
             if let Some(a) = q.active.iter_mut().find(|a| a.id == b.id) {
                 a.next_wg = a.next_wg.min(started);
             }
             self.batches[bi as usize].cut_at(started);
             self.touch_batch(bi);
         }
+        debug_assert!(self.parts[pi].cuttable.is_empty());
+        list.truncate(kept);
+        self.parts[pi].cuttable = list;
     }
 
     /// What a free CU given to queue `q` would run: `Some(None)` a saved

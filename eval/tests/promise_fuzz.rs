@@ -321,7 +321,7 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // the holder's and growing again with a save of the lower work per
         // period (CWSR 45.7% -> within 10% of the cut run). (Its lower RT
         // waited for a drain with the higher RT's jobs in between, 292 us
-        // against 277, until no drain where an aging batch follows.)
+        // against 277, until a drain waited for the starved work an aging batch may run.)
         ("fuzz-97117-3-cwsr-time.toml", None),
         // An aging batch keeps a higher RT's held CU reservation: its
         // queues run on the other CUs and a pause for the RT saves nothing

@@ -1543,7 +1543,10 @@ impl<O: Copy> Binding<O> {
         let mut widest = 0u64;
         // Occupancy: solo run time (one workgroup per kernel) and whether
         // every workgroup fits in half a CU (docs/gpu-model.md).
-        let (mut solo_ns, mut fits, mut longest_wg) = (0u64, true, 0u64);
+        let (mut solo_ns, mut fits) = (0u64, true);
+        // The longest workgroups needing a whole CU and fitting half of one
+        // (what a drain waits for; `u64::MAX`: one without an estimate).
+        let (mut whole_ns, mut half_ns) = (0u64, 0u64);
         for idx in from..wptr {
             let mut raw = [0u8; abi::aql::PACKET_SIZE];
             if r.mem.read(r.mqd.packet_addr(idx), &mut raw).is_err() {
@@ -1556,10 +1559,17 @@ impl<O: Copy> Binding<O> {
                     match gpu.dispatch_estimate(&*r.mem, &d) {
                         Some(e) => {
                             solo_ns = solo_ns.saturating_add(e.wg_ns);
-                            longest_wg = longest_wg.max(e.wg_ns);
+                            if e.half_cu {
+                                half_ns = half_ns.max(e.wg_ns);
+                            } else {
+                                whole_ns = whole_ns.max(e.wg_ns);
+                            }
                             fits &= e.half_cu;
                         }
-                        None => fits = false,
+                        None => {
+                            fits = false;
+                            whole_ns = u64::MAX;
+                        }
                     }
                 }
             }
@@ -1568,10 +1578,12 @@ impl<O: Copy> Binding<O> {
             self.sched.note_dispatch_width(queue, widest);
             if complete {
                 self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
-                // What a drain of the queue waits for (0: no estimate).
-                if longest_wg > 0 {
-                    self.sched.note_dispatch_longest_wg(queue, longest_wg);
-                }
+            }
+            // What a drain of the VM's work waits for: a maximum, so the
+            // packets of a truncated scan count too.
+            if whole_ns > 0 || half_ns > 0 {
+                self.sched
+                    .note_dispatch_longest_wg(queue, whole_ns, half_ns);
             }
         }
     }

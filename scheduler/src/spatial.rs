@@ -87,10 +87,15 @@ pub(crate) struct Occupancy {
     /// queues' jobs together): a reservation on which a job runs longer
     /// than this never drains its queue (`Spatial::size_for_latency`).
     pub interval_ns: u64,
-    /// Longest workgroup cost of the dispatches of its latest doorbell,
-    /// decaying by 1/8 per shorter one (0: not reported; `solo_ns` bounds
-    /// it then). What a drain of its queue waits for (`Spatial::drain_wait`).
-    pub longest_wg_ns: u64,
+    /// What a drain of its work waits for (`Spatial::drain_wait`): over its
+    /// doorbells since its demand last ended, the longest workgroup that
+    /// needs a whole CU, or twice the longest that fits half a CU (it may
+    /// share its CU at half rate), whichever is longer. It never decays
+    /// while the VM stays busy: a workgroup of an earlier doorbell may
+    /// still be in flight behind any number of shorter ones. 0: not
+    /// reported (`solo_ns` bounds it then); `u64::MAX`: a dispatch without
+    /// an estimate (never drained).
+    pub drain_ns: u64,
 }
 
 /// Counters of spatial sharing.
@@ -184,10 +189,21 @@ impl Spatial {
         o.fits = fits;
     }
 
-    /// Records the longest workgroup of a doorbell's dispatches by `vm`.
-    pub fn note_longest_wg(&mut self, vm: VmId, wg_ns: u64) {
+    /// Records a doorbell's dispatches by `vm` for its drain bound
+    /// ([`Occupancy::drain_ns`]): `whole_ns` and `half_ns`, its longest
+    /// workgroups that need a whole CU and that fit half a CU (0: none;
+    /// `u64::MAX`: a dispatch without an estimate).
+    pub fn note_longest_wg(&mut self, vm: VmId, whole_ns: u64, half_ns: u64) {
         let o = self.occ.entry(vm).or_default();
-        o.longest_wg_ns = wg_ns.max(o.longest_wg_ns - o.longest_wg_ns / 8);
+        o.drain_ns = o.drain_ns.max(whole_ns).max(half_ns.saturating_mul(2));
+    }
+
+    /// `vm`'s demand ended (no workgroup of it in flight): its drain bound
+    /// starts afresh with its next doorbell.
+    pub fn end_busy(&mut self, vm: VmId) {
+        if let Some(o) = self.occ.get_mut(&vm) {
+            o.drain_ns = 0;
+        }
     }
 
     /// Records a doorbell of `vm` with new work at `now` (the interval
@@ -277,10 +293,9 @@ impl Spatial {
             // 50142: four lower queues of 188 us half-CU workgroups, a
             // drain bounded by one cost made the RT wait past its bound,
             // p99 363 us against 295).
-            let s = match o.longest_wg_ns {
+            let s = match o.drain_ns {
                 0 => o.solo_ns,
-                l if o.fits => l.saturating_mul(2),
-                l => l,
+                d => d,
             };
             if s == 0 || s > max_ns {
                 return None;
@@ -673,20 +688,35 @@ mod tests {
         // time, whose longest workgroup is 49.7 us (whole-CU).
         s.note_occupancy(a, 1_060_800, false);
         assert_eq!(s.drain_wait([a], 240_000), None);
-        s.note_longest_wg(a, 49_700);
+        s.note_longest_wg(a, 49_700, 0);
         assert_eq!(s.drain_wait([a], 240_000), Some(49_700));
-        // A longer workgroup raises it at once, a shorter one decays it.
-        s.note_longest_wg(a, 300_000);
+        // A longer workgroup raises it at once; shorter ones behind it do
+        // not lower it while the VM stays busy (it may still be in flight
+        // behind any number of them), only the end of its demand does.
+        s.note_longest_wg(a, 300_000, 0);
         assert_eq!(s.drain_wait([a], 240_000), None);
-        s.note_longest_wg(a, 10_000);
-        assert_eq!(s.drain_wait([a], 300_000), Some(262_500));
+        for _ in 0..64 {
+            s.note_longest_wg(a, 10_000, 0);
+        }
+        assert_eq!(s.drain_wait([a], 240_000), None);
+        s.end_busy(a);
+        s.note_longest_wg(a, 10_000, 0);
+        assert_eq!(s.drain_wait([a], 240_000), Some(10_000));
         // Workgroups that fit half a CU may share it at half rate: twice
-        // their cost (188 us: 376 us, beyond the allowance).
+        // their cost (188 us: 376 us, beyond the allowance), whatever the
+        // whole-CU ones of later doorbells are.
         let b = VmId(2);
         s.note_occupancy(b, 1_000_000, true);
-        s.note_longest_wg(b, 100_000);
+        s.note_longest_wg(b, 0, 100_000);
         assert_eq!(s.drain_wait([b], 240_000), Some(200_000));
-        s.note_longest_wg(b, 188_000);
+        s.note_longest_wg(b, 0, 188_000);
         assert_eq!(s.drain_wait([b], 240_000), None);
+        s.note_occupancy(b, 5_000, false);
+        s.note_longest_wg(b, 5_000, 0);
+        assert_eq!(s.drain_wait([b], 240_000), None);
+        // A dispatch without an estimate: never drained.
+        let c = VmId(3);
+        s.note_longest_wg(c, u64::MAX, 0);
+        assert_eq!(s.drain_wait([c], u64::MAX - 1), None);
     }
 }

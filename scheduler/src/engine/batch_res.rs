@@ -98,9 +98,10 @@ impl Scheduler {
         let left = end.saturating_sub(t) as u128;
         let k = r.k as u128;
         let stretched = (left * n).div_ceil(n - k);
-        // The allowance left caps the stretch (`charge_beside` stops there).
-        let cap =
-            left.saturating_add(AGING_YIELD_NS.saturating_sub(part.aging.yielded) as u128 * n / k);
+        // The allowance left caps the stretch: once it is charged
+        // (`charge_beside` stops there) the end no longer moves, so the
+        // batch ends at most the allowance left after `end`.
+        let cap = left.saturating_add(AGING_YIELD_NS.saturating_sub(part.aging.yielded) as u128);
         t.saturating_add(stretched.min(cap).min(Nanos::MAX as u128) as Nanos)
             .max(self.now.saturating_add(1))
     }

@@ -61,6 +61,9 @@ impl Scheduler {
                     v.demand -= 1;
                     if v.demand == 0 {
                         v.demand_idle_at = Some(now);
+                        // Nothing of it in flight: its drain bound starts
+                        // afresh.
+                        self.spatial.end_busy(vm);
                     }
                 }
             }

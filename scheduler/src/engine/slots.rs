@@ -359,6 +359,7 @@ impl Scheduler {
                 v.demand -= 1;
                 if v.demand == 0 {
                     v.demand_idle_at = Some(self.now);
+                    self.spatial.end_busy(vm);
                 }
             }
             if qq.state == QueueState::Running {

@@ -41,15 +41,17 @@ impl Scheduler {
         }
     }
 
-    /// The caller read the dispatches newly written to `queue`'s ring:
-    /// `wg_ns`, the longest cost of one of their workgroups alone. It
-    /// bounds what a drain of the queue waits for (a drained reservation,
-    /// docs/scheduling.md "A drain waits for the longest workgroup"). Unknown
-    /// queues are ignored.
-    pub fn note_dispatch_longest_wg(&mut self, queue: QueueId, wg_ns: u64) {
+    /// The caller read dispatches newly written to `queue`'s ring (all of
+    /// them or some): `whole_ns` and `half_ns`, the longest cost alone of
+    /// one of their workgroups that needs a whole CU and that fits half a
+    /// CU (0: none; `u64::MAX`: a dispatch without an estimate). Over the
+    /// VM's busy period they bound what a drain of its work waits for (a
+    /// drained reservation, docs/scheduling.md "A drain waits for the
+    /// longest workgroup"). Unknown queues are ignored.
+    pub fn note_dispatch_longest_wg(&mut self, queue: QueueId, whole_ns: u64, half_ns: u64) {
         if let Some(q) = self.queues.get(&queue) {
             let vm = q.vm;
-            self.spatial.note_longest_wg(vm, wg_ns);
+            self.spatial.note_longest_wg(vm, whole_ns, half_ns);
         }
     }
 
@@ -104,6 +106,7 @@ impl Scheduler {
             if let Some(r) = self.spatial.res.get_mut(p) {
                 *r = None;
             }
+            self.res_keep_end(p, None);
             return (None, false);
         }
         let prev = self.spatial.res[p];
@@ -146,16 +149,7 @@ impl Scheduler {
             // left to end on the reserved CUs (no save): the owner's wait
             // for them takes the place of the switch in its RT bound.
             let allowance = self.spatial_wait_allowance(p);
-            // No drain while work below the owner waits for aging: in the
-            // owner's gaps a batch would take the CUs back, and its waves
-            // need not end within a drain (a kept, held reservation runs
-            // the batch beside it, `batch_res.rs`; docs/scheduling.md "A
-            // drain only where no aging batch follows").
-            let drain = if self.aging_may_run_below(p, owner.level) {
-                None
-            } else {
-                self.spatial_drain_wait(p, owner.level, allowance)
-            };
+            let drain = self.spatial_drain_wait(p, owner.level, allowance);
             // Sized to the fewest CUs with which its job still meets the
             // RT bound, when its solo time and the switch are measured.
             let switch = match drain {
@@ -365,16 +359,6 @@ impl Scheduler {
         self.parts[p].aging.save_typ
     }
 
-    /// May an aging batch run in partition `p` beside an owner at `level`:
-    /// one is running, or a queue below `level` waits (it will be boosted)?
-    fn aging_may_run_below(&self, p: usize, level: u16) -> bool {
-        let part = &self.parts[p];
-        part.aging.batch_since.is_some()
-            || part.waiting[..(level as usize).min(16)]
-                .iter()
-                .any(|w| !w.is_empty())
-    }
-
     /// Drain instead of save: the longest time an owner at `level` waits
     /// for the workgroups of `p`'s running lower queues to end on the CUs
     /// it reserves, when each lower VM's workgroups are at most
@@ -382,11 +366,20 @@ impl Scheduler {
     /// queues being saved already free their CUs within a save.
     fn spatial_drain_wait(&self, p: usize, level: u16, allowance: Nanos) -> Option<Nanos> {
         let part = &self.parts[p];
-        let lower = part
+        // The lower work on the CUs when a job of the owner comes: what
+        // runs below it now, and what waits below it, which an aging batch
+        // may run in the owner's gaps (a drain hands the CUs back in each
+        // gap; docs/scheduling.md "A drain waits for every lower VM that
+        // may hold the CUs").
+        let mut lower: std::collections::BTreeSet<VmId> = part
             .running
             .iter()
             .take_while(|e| e.0 < level)
-            .filter_map(|e| self.queues.get(&e.2).map(|q| q.vm));
+            .filter_map(|e| self.queues.get(&e.2).map(|q| q.vm))
+            .collect();
+        for w in &part.waiting[..(level as usize).min(part.waiting.len())] {
+            lower.extend(w.iter().filter_map(|e| self.queues.get(&e.1).map(|q| q.vm)));
+        }
         self.spatial.drain_wait(lower, allowance)
     }
 
@@ -605,6 +598,7 @@ impl Scheduler {
         }
         if !self.spatial_on() {
             self.spatial.res[p] = None;
+            self.res_keep_end(p, None);
         }
         let r = self.spatial.res[p];
         let part = &self.parts[p];

@@ -12,13 +12,11 @@ use super::*;
 const CUS: u32 = 38;
 const XCCS: u32 = 8;
 
-/// A partition of 8 slots with a CU geometry and aging after 100 ms at
-/// priority 0: an always-busy VM at priority 6 (backlogged, whole-partition
-/// kernels), an always-busy one at priority 2 (starved: served only by
-/// aging) and a periodic RT VM at priority 12 of `wg` workgroups per job
-/// (`job` ns alone) rung every `job + think`. Returns the world and the
-/// queues (mid, low, rt).
-fn rt_world(wg: u64, job: Nanos, think: Nanos) -> (World, QueueId, QueueId, QueueId) {
+/// The partition of [`rt_world`] before any work: aging after 100 ms at
+/// priority 0, whole-partition kernels noted for the VMs at priorities 6
+/// (VM 1) and 2 (VM 2), and VM 3 at priority 12. Returns the world and
+/// their queues.
+fn aging_world() -> (World, QueueId, QueueId, QueueId) {
     let c = SchedConfig {
         aging_ns: 100 * MS,
         ..cfg(Policy::Hqdmux)
@@ -27,11 +25,22 @@ fn rt_world(wg: u64, job: Nanos, think: Nanos) -> (World, QueueId, QueueId, Queu
     w.s.set_cu_geometry(CUS, XCCS);
     let mid = w.vm(1, 6, 1, 1)[0];
     let low = w.vm(2, 2, 1, 1)[0];
-    let rt = w.vm(3, 12, 1, 1)[0];
+    let hi = w.vm(3, 12, 1, 1)[0];
     for q in [mid, low] {
         w.s.note_dispatch_width(q, (CUS * XCCS) as u64);
         w.s.note_dispatch_occupancy(q, 1_000_000, false);
     }
+    (w, mid, low, hi)
+}
+
+/// A partition of 8 slots with a CU geometry and aging after 100 ms at
+/// priority 0: an always-busy VM at priority 6 (backlogged, whole-partition
+/// kernels), an always-busy one at priority 2 (starved: served only by
+/// aging) and a periodic RT VM at priority 12 of `wg` workgroups per job
+/// (`job` ns alone) rung every `job + think`. Returns the world and the
+/// queues (mid, low, rt).
+fn rt_world(wg: u64, job: Nanos, think: Nanos) -> (World, QueueId, QueueId, QueueId) {
+    let (mut w, mid, low, rt) = aging_world();
     w.s.note_dispatch_width(rt, wg);
     w.s.note_dispatch_occupancy(rt, job, false);
     w.submit(mid, 10_000_000 * MS);
@@ -142,21 +151,9 @@ fn without_a_reservation_a_high_duty_rt_waits_for_the_batch() {
 /// was never saved again.
 #[test]
 fn a_batch_displaces_a_backlogged_higher_vm_with_a_reservation() {
-    let c = SchedConfig {
-        aging_ns: 100 * MS,
-        ..cfg(Policy::Hqdmux)
-    };
-    let mut w = World::new(c, slots(1, 2, 4));
-    w.s.set_cu_geometry(CUS, XCCS);
     // The level beside the higher VM's reservation is the priority-6
     // VM's; the priority-2 one is starved.
-    let mid = w.vm(1, 6, 1, 1)[0];
-    let low = w.vm(2, 2, 1, 1)[0];
-    let hi = w.vm(3, 12, 1, 1)[0];
-    for q in [mid, low] {
-        w.s.note_dispatch_width(q, (CUS * XCCS) as u64);
-        w.s.note_dispatch_occupancy(q, 1_000_000, false);
-    }
+    let (mut w, mid, low, hi) = aging_world();
     w.s.note_dispatch_width(hi, 16);
     w.s.note_dispatch_occupancy(hi, 100_000, false);
     w.submit(mid, 10_000_000 * MS);

@@ -193,9 +193,13 @@ impl Spatial {
     /// ([`Occupancy::drain_ns`]): `whole_ns` and `half_ns`, its longest
     /// workgroups that need a whole CU and that fit half a CU (0: none;
     /// `u64::MAX`: a dispatch without an estimate).
+    /// A VM whose occupancy is not known yet ([`Self::note_occupancy`]: a
+    /// complete scan of a doorbell) is not recorded: an entry would make it
+    /// look known (solo time 0) to every other occupancy rule.
     pub fn note_longest_wg(&mut self, vm: VmId, whole_ns: u64, half_ns: u64) {
-        let o = self.occ.entry(vm).or_default();
-        o.drain_ns = o.drain_ns.max(whole_ns).max(half_ns.saturating_mul(2));
+        if let Some(o) = self.occ.get_mut(&vm) {
+            o.drain_ns = o.drain_ns.max(whole_ns).max(half_ns.saturating_mul(2));
+        }
     }
 
     /// `vm`'s demand ended (no workgroup of it in flight): its drain bound
@@ -716,6 +720,8 @@ mod tests {
         assert_eq!(s.drain_wait([b], 240_000), None);
         // A dispatch without an estimate: never drained.
         let c = VmId(3);
+        s.note_occupancy(c, 5_000, false);
+        assert_eq!(s.drain_wait([c], 240_000), Some(5_000));
         s.note_longest_wg(c, u64::MAX, 0);
         assert_eq!(s.drain_wait([c], u64::MAX - 1), None);
     }

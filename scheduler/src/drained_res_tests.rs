@@ -39,9 +39,7 @@ fn rig(width: u64, solo: Nanos, longest: Nanos) -> (World, QueueId, QueueId) {
 
 /// Rings one job of the owner.
 fn ring(w: &mut World, hi: QueueId) {
-    w.s.note_dispatch_width(hi, OWNER_WIDTH);
-    w.s.note_dispatch_occupancy(hi, SOLO, false);
-    w.submit(hi, SOLO);
+    w.ring_job(hi, OWNER_WIDTH, SOLO, false, SOLO);
 }
 
 /// What 100 periods of `period` do after 60 to learn the gaps: the lower

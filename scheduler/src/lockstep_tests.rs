@@ -50,9 +50,7 @@ fn owner_beside_lockstep(lower_width: u64, solo: u64, period: u64) -> Run {
         if i == WARM {
             saves_at_warm = w.s.vm_stats(VmId(0)).unwrap().preemptions;
         }
-        w.s.note_dispatch_width(rt, 3);
-        w.s.note_dispatch_occupancy(rt, solo, true);
-        w.submit(rt, solo);
+        w.ring_job(rt, 3, solo, true, solo);
         assert_eq!(w.state(rt), QueueState::Running, "period {i}");
         if i >= WARM {
             match w.s.cu_reservation(0) {

@@ -44,9 +44,7 @@ fn rig_fits(queues: u32, widths: &[u64], fits: bool) -> (World, Vec<QueueId>, Qu
 
 /// Rings one job of the owner.
 fn ring(w: &mut World, hi: QueueId) {
-    w.s.note_dispatch_width(hi, OWNER_WIDTH);
-    w.s.note_dispatch_occupancy(hi, SOLO, false);
-    w.submit(hi, SOLO);
+    w.ring_job(hi, OWNER_WIDTH, SOLO, false, SOLO);
 }
 
 fn lower_preemptions(w: &World) -> u64 {

@@ -41,9 +41,7 @@ const HI_WORK: Nanos = 200_000;
 
 /// Rings one job of `work` ns and `width` workgroups on `q`.
 fn ring(w: &mut World, q: QueueId, width: u64, work: Nanos) {
-    w.s.note_dispatch_width(q, width);
-    w.s.note_dispatch_occupancy(q, work, false);
-    w.submit(q, work);
+    w.ring_job(q, width, work, false, work);
 }
 
 /// Runs `n` periods of `period` ns in which `mid` rings a job of `mid_w`

@@ -348,6 +348,14 @@ impl World {
     }
 
     /// Guest submits `ns` of work to `q` and rings its doorbell.
+    /// Rings a job of `work` ns on `q` as the binding reports a doorbell:
+    /// `width` workgroups, `solo` ns alone, fitting half a CU or not.
+    fn ring_job(&mut self, q: QueueId, width: u64, solo: Nanos, fits: bool, work: Nanos) {
+        self.s.note_dispatch_width(q, width);
+        self.s.note_dispatch_occupancy(q, solo, fits);
+        self.submit(q, work);
+    }
+
     fn submit(&mut self, q: QueueId, ns: Nanos) {
         *self.work.get_mut(&q).unwrap() += ns;
         let wptr = self.wptr.entry(q).or_default();

@@ -371,15 +371,15 @@ impl Scheduler {
         // may run in the owner's gaps (a drain hands the CUs back in each
         // gap; docs/scheduling.md "A drain waits for every lower VM that
         // may hold the CUs").
-        let mut lower: std::collections::BTreeSet<VmId> = part
-            .running
+        // (A VM met twice counts once: the wait is the longest; the first
+        // VM that cannot drain ends the walk.)
+        let running = part.running.iter().take_while(|e| e.0 < level).map(|e| e.2);
+        let waiting = part.waiting[..(level as usize).min(part.waiting.len())]
             .iter()
-            .take_while(|e| e.0 < level)
-            .filter_map(|e| self.queues.get(&e.2).map(|q| q.vm))
-            .collect();
-        for w in &part.waiting[..(level as usize).min(part.waiting.len())] {
-            lower.extend(w.iter().filter_map(|e| self.queues.get(&e.1).map(|q| q.vm)));
-        }
+            .flat_map(|w| w.iter().map(|e| e.1));
+        let lower = running
+            .chain(waiting)
+            .filter_map(|q| self.queues.get(&q).map(|q| q.vm));
         self.spatial.drain_wait(lower, allowance)
     }
 

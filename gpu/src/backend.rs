@@ -595,6 +595,16 @@ pub trait PhysGpu: Send {
             None => Ok(()),
         }
     }
+    /// Does the queue on a mapped `slot` still have workgroups on CUs
+    /// outside its host CU mask ([`PhysGpu::set_cu_mask`]: those launched
+    /// before the mask narrowed)? What a drained CU reservation waits for
+    /// (docs/scheduling.md, "A drain that overruns"). `None` (the default)
+    /// when the backend cannot tell: the scheduler then treats the drain
+    /// as overrun and saves the queue.
+    fn wgs_outside_mask(&self, slot: SlotId) -> Option<bool> {
+        let _ = slot;
+        None
+    }
     /// Moves the compute done since the last call into `out`, as `(tag,
     /// CU ns)` pairs: per queue, the CU time of the workgroups that
     /// completed (workgroups x their modelled run time alone on a CU), the

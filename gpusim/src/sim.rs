@@ -788,6 +788,15 @@ impl PhysGpu for SimGpu {
         self.set_host_mask(now, slot, mask)
     }
 
+    fn wgs_outside_mask(&self, slot: SlotId) -> Option<bool> {
+        let mask = self.cu_mask(slot)?;
+        Some(
+            self.running_cus(slot)
+                .into_iter()
+                .any(|c| !mask.contains(c)),
+        )
+    }
+
     fn map_with_cu_mask(
         &mut self,
         now: Nanos,

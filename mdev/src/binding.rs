@@ -236,6 +236,10 @@ pub struct BindingStats {
     /// Stalled queues woken because what they waited on changed (a
     /// completion's signal write, a re-check, the GPU resolving it).
     pub stall_wakes: u64,
+    /// Lower queues found with workgroups still on a drained reservation's
+    /// CUs at its deadline (each saved: docs/scheduling.md, "A drain that
+    /// overruns").
+    pub drain_overruns: u64,
 }
 
 /// The next instant after `now` on the grid of `interval` (a power of two):
@@ -357,6 +361,8 @@ pub struct Binding<O: Copy> {
     early: Vec<(QueueId, SlotId, DequeueMode, bool)>,
     /// The queue whose doorbell the unmaps in `early` were fired for.
     early_for: Option<QueueId>,
+    /// Scratch for [`Binding::check_drains`].
+    drains_due: Vec<(QueueId, SlotId)>,
     /// Bumped by every call that may change what a doorbell decides (or
     /// that hands unmaps to the GPU): an [`ArmedDoorbell`] prepared at an
     /// older value is not fired.
@@ -433,6 +439,7 @@ impl<O: Copy> Binding<O> {
             preempt_issued: None,
             early: Vec::new(),
             early_for: None,
+            drains_due: Vec::new(),
             gen: 0,
             sched_timer: None,
             armed_at: None,
@@ -874,8 +881,29 @@ impl<O: Copy> Binding<O> {
             self.armed_at = None;
         }
         self.recheck_barriers(gpu, now, out);
+        self.check_drains(&*gpu, now);
         self.event(gpu, Event::Tick { now }, out);
         self.rearm(out);
+    }
+
+    /// At a drained reservation's deadline, reports each lower queue whose
+    /// workgroups are still outside its CU set (or that the GPU cannot
+    /// tell about) to the scheduler, which saves it at the tick's decision
+    /// (docs/scheduling.md, "A drain that overruns").
+    fn check_drains(&mut self, gpu: &dyn PhysGpu, now: Nanos) {
+        let mut due = std::mem::take(&mut self.drains_due);
+        self.sched.drains_due(now, &mut due);
+        for &(queue, slot) in &due {
+            let on_slot = self
+                .queues
+                .get(&queue)
+                .is_some_and(|r| r.on_gpu && r.slot == Some(slot));
+            if on_slot && gpu.wgs_outside_mask(slot) != Some(false) {
+                self.stats.drain_overruns += 1;
+                self.sched.drain_overdue(queue);
+            }
+        }
+        self.drains_due = due;
     }
 
     /// Re-checks the off-GPU queues blocked on a barrier whose re-check is

@@ -208,3 +208,57 @@ fn without_a_dispatch_estimate_nothing_coresides() {
     assert_eq!(b.scheduler().spatial_stats().coresidences, 0);
     assert_eq!(gpu.0.stats().coresident_wgs, 0);
 }
+
+/// A hostile lower guest cannot make a drained reservation's owner wait
+/// for its workgroups (docs/scheduling.md, "A drain that overruns"). Its
+/// first doorbell rings a kernel of 5 ms workgroups on every CU behind a
+/// 10 us one (a queue's first doorbell reads only its newest packet), its
+/// second a 10 us kernel: the scheduler sees 10 us workgroups and drains
+/// the RT's reservation instead of saving. At twice the wait the binding
+/// finds the 5 ms workgroups still on the reserved CUs: the lower queue
+/// is saved and the RT's 20 us job ends long before the 5 ms would have
+/// (unchecked, it waited for them). Everything runs exactly once, and
+/// the lower VM is never drained again while it stays busy.
+#[test]
+fn a_guest_whose_workgroups_outlast_a_drain_is_saved() {
+    let (mut rig, [(mut lo_vm, mut lo), (mut rt_vm, mut rt)]) = spx_lo_hi(|_| {});
+    // The RT's first job, before any lower work: its occupancy and the
+    // save it would cost get measured.
+    rt_vm.kernel(&mut rt, KernelKind::Mark, 1, 64, 20_000, 0, true);
+    rig.doorbell(QueueId(1), rt.wptr);
+    rig.run(200_000, |_| false);
+    rig.now = 200_000;
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 16, 64, 5_000_000, 0, false);
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 1, 64, 10_000, 1, false);
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(210_000, |_| false);
+    rig.now = 210_000;
+    lo_vm.kernel(&mut lo, KernelKind::Mark, 1, 64, 10_000, 2, false);
+    rig.doorbell(QueueId(0), lo.wptr);
+    rig.run(300_000, |_| false);
+    assert_eq!(
+        rig.gpu
+            .running_cus(phys_slot(&rig, QueueId(0)).unwrap())
+            .len(),
+        16,
+        "the 5 ms workgroups fill the GPU"
+    );
+    let saves = rig.gpu.stats().saves;
+    // The RT's second job.
+    rig.now = 300_000;
+    rt_vm.kernel(&mut rt, KernelKind::Mark, 1, 64, 20_000, 1, true);
+    rig.doorbell(QueueId(1), rt.wptr);
+    while rig.completions_of(1).len() < 2 && rig.step(10_000_000, |_| ()).is_some() {}
+    let done_at = rig.now;
+    assert_eq!(rig.completions_of(1).len(), 2);
+    assert_eq!(rig.b.stats().drain_overruns, 1, "the drain was checked");
+    assert!(rig.gpu.stats().saves > saves, "the lower queue was saved");
+    assert!(
+        done_at < 300_000 + 1_000_000,
+        "the RT waited for the lower workgroups: done at {done_at} ns"
+    );
+    rig.run(u64::MAX, |_| false);
+    lo_vm.verify(&lo).unwrap();
+    rt_vm.verify(&rt).unwrap();
+    assert_eq!(rig.b.stats().drain_overruns, 1);
+}

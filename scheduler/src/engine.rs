@@ -9,6 +9,7 @@ mod aging;
 mod batch_res;
 mod busy;
 mod control;
+mod drain_due;
 mod exclusive;
 mod fast_path;
 mod gaps;

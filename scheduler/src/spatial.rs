@@ -112,6 +112,10 @@ pub struct SpatialStats {
     /// Decisions in which a higher owner co-resides with lower work (no
     /// reservation, no save).
     pub coresidences: u64,
+    /// Drains that overran: lower workgroups still on the reserved CUs
+    /// at twice the wait the drain was set up with (each set the
+    /// reservation up again with a save; `engine/drain_due.rs`).
+    pub drains_overdue: u64,
 }
 
 /// Spatial-sharing state of the engine.
@@ -141,6 +145,13 @@ pub(crate) struct Spatial {
     /// given as owner (`engine/res_keep.rs`): the reservation does not
     /// shrink below another holder's.
     pub keep: Vec<Vec<Reservation>>,
+    /// Per partition: when the drained reservation set up last must have
+    /// drained, twice the wait it was set up with (`None`: no drain to
+    /// check; `engine/drain_due.rs`).
+    pub drain_due: Vec<Option<u64>>,
+    /// Per partition: a drain overran ([`crate::Scheduler::drain_overdue`]):
+    /// the next plan sets the reservation up again, with a save.
+    pub overdue: Vec<bool>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.
@@ -199,6 +210,14 @@ impl Spatial {
     pub fn note_longest_wg(&mut self, vm: VmId, whole_ns: u64, half_ns: u64) {
         if let Some(o) = self.occ.get_mut(&vm) {
             o.drain_ns = o.drain_ns.max(whole_ns).max(half_ns.saturating_mul(2));
+        }
+    }
+
+    /// `vm`'s workgroups overran a drain: it is not drained again before
+    /// its demand ends ([`Self::end_busy`]).
+    pub fn never_drain(&mut self, vm: VmId) {
+        if let Some(o) = self.occ.get_mut(&vm) {
+            o.drain_ns = u64::MAX;
         }
     }
 

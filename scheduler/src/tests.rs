@@ -1872,6 +1872,9 @@ mod res_hold_tests;
 #[path = "drained_res_tests.rs"]
 mod drained_res_tests;
 
+#[path = "drain_due_tests.rs"]
+mod drain_due_tests;
+
 #[path = "coreside_admission_tests.rs"]
 mod coreside_admission_tests;
 #[path = "lockstep_tests.rs"]

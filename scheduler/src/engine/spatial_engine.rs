@@ -15,6 +15,8 @@ impl Scheduler {
         self.spatial.xccs = xccs_per_partition;
         self.spatial.res = vec![None; self.parts.len()];
         self.spatial.keep = vec![Vec::new(); self.parts.len()];
+        self.spatial.drain_due = vec![None; self.parts.len()];
+        self.spatial.overdue = vec![false; self.parts.len()];
         self.spatial.slot_cus = vec![CuSet::All; self.slots.len()];
     }
 
@@ -127,6 +129,8 @@ impl Scheduler {
             return (None, false);
         }
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
+        // The wait of a drained reservation (its deadline: `drain_due.rs`).
+        let mut drain_wait = None;
         // Co-residence unless a reservation costs the lower lock-step work
         // less (`engine/lockstep.rs`).
         let cand = if owner.level < BOOST_LEVEL
@@ -150,6 +154,7 @@ impl Scheduler {
             // for them takes the place of the switch in its RT bound.
             let allowance = self.spatial_wait_allowance(p);
             let drain = self.spatial_drain_wait(p, owner.level, allowance);
+            drain_wait = drain;
             // Sized to the fewest CUs with which its job still meets the
             // RT bound, when its solo time and the switch are measured.
             let switch = match drain {
@@ -237,6 +242,9 @@ impl Scheduler {
             (Some(_), None) => true,
             _ => false,
         };
+        // A drain that overran is set up again, with a save.
+        let establish = establish || self.drain_overdue_take(p, r);
+        self.drain_due_note(p, r, establish, drain_wait);
         if establish {
             self.spatial.stats.established += 1;
         }

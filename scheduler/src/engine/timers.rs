@@ -29,6 +29,9 @@ pub(super) enum TimerKind {
     /// A co-residence ends: its owner stayed demanding past one doubled
     /// job (`Scheduler::coreside_backlogged`).
     CoresideEnd,
+    /// A drained reservation's lower workgroups must have ended
+    /// (`engine/drain_due.rs`).
+    DrainDue,
 }
 
 /// One entry of the timer table.
@@ -73,6 +76,9 @@ impl Scheduler {
                 if t > now {
                     add(TimerKind::CoresideEnd, t);
                 }
+            }
+            if let Some(t) = self.drain_deadline(pi) {
+                add(TimerKind::DrainDue, t);
             }
             if let Some(t) = self.coreside_deadline(pi) {
                 if t > now {

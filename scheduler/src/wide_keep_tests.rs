@@ -63,10 +63,9 @@ fn periods(w: &mut World, hi: QueueId, period: Nanos, n: u32) -> (u64, bool) {
         }
         ring(w, hi);
         if i >= n / 2 {
-            reserved &= w
-                .s
-                .cu_reservation(0)
-                .is_some_and(|(vm, k)| vm == VmId(1) && k > 0);
+            reserved &=
+                w.s.cu_reservation(0)
+                    .is_some_and(|(vm, k)| vm == VmId(1) && k > 0);
         }
         t += period;
         w.run_until(t);

@@ -202,6 +202,14 @@ impl Scheduler {
         if period == 0 || v.wake.stretched(alone) {
             return None;
         }
+        // Where the whole partition's hold gives the gaps away, only a
+        // reservation kept through them by the lower work's cost
+        // (`wide_keep.rs`).
+        if self.cost_hold_at_drain(p, vm) == 0
+            && !self.wide_kept_through_gaps(p, vm, level, queues, switch)
+        {
+            return None;
+        }
         let k = self.spatial.size_wide(
             vm,
             queues,
@@ -209,12 +217,6 @@ impl Scheduler {
             period / 2,
             self.cfg.spatial_max_permille,
         )?;
-        // Where the whole partition's hold gives the gaps away, only a
-        // reservation kept through them by the lower work's cost
-        // (`wide_keep.rs`).
-        if self.cost_hold_at_drain(p, vm) == 0 && !self.wide_kept_through_gaps(p, vm, level, k) {
-            return None;
-        }
         let t = self.wide_job_ns(p, vm, queues, k)?;
         (!self.coreside_backlogged(vm, t)).then_some(k)
     }

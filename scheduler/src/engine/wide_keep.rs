@@ -21,12 +21,21 @@ use super::*;
 use crate::spatial::Reservation;
 
 impl Scheduler {
-    /// Would a wide reservation of `k` CUs per XCC for owner `vm` at
-    /// `level` of partition `p` be kept through the owner's gaps by the
-    /// lower work's cost (`Scheduler::reservation_switch_worth`)? `false`
-    /// when nothing is known (no lower work running, no save measured, no
-    /// gap seen).
-    pub(super) fn wide_kept_through_gaps(&self, p: usize, vm: VmId, level: u16, k: u32) -> bool {
+    /// Would the wide reservation owner `vm` at `level` of partition `p`
+    /// gets on `queues` busy queues with switch `switch`
+    /// (`Spatial::size_wide`, as `spatial_wide` sizes it) be kept through
+    /// the owner's gaps by the lower work's cost
+    /// (`Scheduler::reservation_switch_worth`)? `false` when nothing is
+    /// known (no size, no lower work running, no save measured, no gap
+    /// seen).
+    pub(super) fn wide_kept_through_gaps(
+        &self,
+        p: usize,
+        vm: VmId,
+        level: u16,
+        queues: u32,
+        switch: Nanos,
+    ) -> bool {
         // One in place was weighed when it was set up (its set-up saved
         // the lower queues: none is running while they restore); its
         // lapse is `res_hold.rs`'s to decide, in the owner's gaps.
@@ -40,6 +49,18 @@ impl Scheduler {
         if held {
             return true;
         }
+        let Some(period) = self.vms.get(&vm).map(|v| v.wake.period()) else {
+            return false;
+        };
+        let Some(k) = self.spatial.size_wide(
+            vm,
+            queues,
+            switch,
+            period / 2,
+            self.cfg.spatial_max_permille,
+        ) else {
+            return false;
+        };
         let r = Reservation {
             vm,
             level,

@@ -1887,3 +1887,6 @@ mod give_tests;
 mod batch_res_tests;
 #[path = "res_keep_tests.rs"]
 mod res_keep_tests;
+
+#[path = "wide_keep_tests.rs"]
+mod wide_keep_tests;

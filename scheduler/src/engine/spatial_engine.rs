@@ -174,7 +174,7 @@ impl Scheduler {
                 )
                 .map(|k| (by_latency.map_or(k, |l| k.min(l)), false))
                 .or_else(|| {
-                    self.spatial_wide(p, owner.vm, queues, switch)
+                    self.spatial_wide(p, owner.vm, owner.level, queues, switch)
                         .map(|k| (k, true))
                 });
             if k.is_none() && self.lower_running(p, owner.level) {

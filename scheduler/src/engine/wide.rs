@@ -175,12 +175,14 @@ impl WakePeriods {
 }
 
 impl Scheduler {
-    /// A latency-sized reservation for an owner `vm` of partition `p`
-    /// wider than the cap (`Spatial::size_wide`): only where the
-    /// cost-aware hold would keep the whole partition through its gaps
-    /// (the reservation is kept across them instead; where the hold gives
-    /// the gaps away, a reservation would cost the lower work a save per
-    /// period anyway and the owner a slower job), raised so its job takes at
+    /// A latency-sized reservation for an owner `vm` at `level` of
+    /// partition `p` wider than the cap (`Spatial::size_wide`): only where
+    /// the cost-aware hold would keep the whole partition through its gaps
+    /// (the reservation is kept across them instead), or where it gives
+    /// them away but the reservation would be kept through them by the
+    /// lower work's cost (`wide_keep.rs`; one that lapses in every gap
+    /// would cost the lower work a save per period anyway and the owner a
+    /// slower job), raised so its job takes at
     /// most half its wake period on the whole partition (the reservation
     /// carries its load), while its period has not stretched under one
     /// and it is not backlogged (demanding without a break for at most
@@ -190,6 +192,7 @@ impl Scheduler {
         &self,
         p: usize,
         vm: VmId,
+        level: u16,
         queues: u32,
         switch: Nanos,
     ) -> Option<u32> {
@@ -199,7 +202,12 @@ impl Scheduler {
         if period == 0 || v.wake.stretched(alone) {
             return None;
         }
-        if self.cost_hold_at_drain(p, vm) == 0 {
+        // Where the whole partition's hold gives the gaps away, only a
+        // reservation kept through them by the lower work's cost
+        // (`wide_keep.rs`).
+        if self.cost_hold_at_drain(p, vm) == 0
+            && !self.wide_kept_through_gaps(p, vm, level, queues, switch)
+        {
             return None;
         }
         let k = self.spatial.size_wide(

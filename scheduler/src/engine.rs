@@ -24,6 +24,7 @@ mod spatial_engine;
 mod timers;
 mod use_rate;
 mod wide;
+mod wide_fit;
 
 use timers::Deadline;
 

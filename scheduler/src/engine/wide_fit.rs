@@ -10,7 +10,11 @@
 //! job may spend the rest of the promise's switch allowance (`1.1 x alone
 //! + t_save + t_restore`, `spatial_coreside_ns`) on fewer CUs; and it need
 //! only end before the owner's next job arrives (its whole wake period),
-//! not within half of it.
+//! not within half of it, even the job that waited for the setup save
+//! (`t + t_save <= P`: a job that ends later queues the next one, and a
+//! backlog that a period only just longer than the job drains slowly
+//! keeps the owner demanding past the backlog guard, `wide_deadline`,
+//! which ends the reservation and sets it up again with a save).
 
 use super::*;
 
@@ -19,8 +23,9 @@ impl Scheduler {
     /// `p` on `queues` busy queues whose wake period is `period`: the fewest
     /// with which its job meets the RT bound with the promise's switch
     /// allowance less the setup save (`spatial_wait_allowance` less
-    /// `clean_save`) and ends within `period`, within the width cap and a
-    /// CU per XCC left; `None` otherwise (or nothing measured).
+    /// `clean_save`) and ends within `period` after that save, within the
+    /// width cap and a CU per XCC left; `None` otherwise (or nothing
+    /// measured).
     pub(super) fn wide_kept_k(
         &self,
         p: usize,
@@ -31,10 +36,14 @@ impl Scheduler {
         if period == 0 {
             return None;
         }
-        let slack = self
-            .spatial_wait_allowance(p)
-            .saturating_sub(self.clean_save(p));
-        self.spatial
-            .size_wide(vm, queues, slack, period, self.cfg.spatial_max_permille)
+        let save = self.clean_save(p);
+        let slack = self.spatial_wait_allowance(p).saturating_sub(save);
+        self.spatial.size_wide(
+            vm,
+            queues,
+            slack,
+            period.saturating_sub(save),
+            self.cfg.spatial_max_permille,
+        )
     }
 }

@@ -245,7 +245,7 @@ fn run_kernels(w: &mut World, hi: QueueId, mut t: Nanos, report: Report, n: u32)
             }
         }
         let k = match w.s.cu_reservation(0) {
-            Some((vm, k)) if vm == VmId(1) => k,
+            Some((VmId(1), k)) => k,
             _ => 0,
         };
         w.submit(hi, kernels_job_on(k));

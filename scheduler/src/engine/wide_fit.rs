@@ -7,10 +7,10 @@
 //! sized instead by what the promise allows it. A wide reservation is kept
 //! across the owner's gaps: its jobs wait for no save or drain, only the
 //! first after the setup waits for one save of the lower work, so the
-//! job may spend the rest of the promise's switch allowance (`1.1 x alone
-//! + t_save + t_restore`, `spatial_coreside_ns`) on fewer CUs; and it need
-//! only end before the owner's next job arrives (its whole wake period),
-//! not within half of it, even the job that waited for the setup save
+//! job may spend the rest of the promise's switch allowance (`1.1 x
+//! alone + t_save + t_restore`, `spatial_coreside_ns`) on fewer CUs; and
+//! it need only end before the owner's next job arrives (its whole wake
+//! period), not within half of it, even the job that waited for the setup save
 //! (`t + t_save <= P`: a job that ends later queues the next one, and a
 //! backlog that a period only just longer than the job drains slowly
 //! keeps the owner demanding past the backlog guard, `wide_deadline`,

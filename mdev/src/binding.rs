@@ -1547,11 +1547,6 @@ impl<O: Copy> Binding<O> {
         // The longest workgroups needing a whole CU and fitting half of one
         // (what a drain waits for; `u64::MAX`: one without an estimate).
         let (mut whole_ns, mut half_ns) = (0u64, 0u64);
-        // The job's kernels in lock-step rounds (a wide RT's reservation
-        // is sized on them); `modelled` false once one has no estimate or
-        // there are more than the scheduler keeps.
-        let mut kernels = [(0u64, 0u64); scheduler::JOB_KERNELS];
-        let (mut nk, mut modelled) = (0usize, true);
         for idx in from..wptr {
             let mut raw = [0u8; abi::aql::PACKET_SIZE];
             if r.mem.read(r.mqd.packet_addr(idx), &mut raw).is_err() {
@@ -1563,11 +1558,6 @@ impl<O: Copy> Binding<O> {
                     // The backend's estimate (none: no co-residence).
                     match gpu.dispatch_estimate(&*r.mem, &d) {
                         Some(e) => {
-                            match kernels.get_mut(nk) {
-                                Some(k) => *k = (n, e.wg_ns),
-                                None => modelled = false,
-                            }
-                            nk += 1;
                             solo_ns = solo_ns.saturating_add(e.wg_ns);
                             if e.half_cu {
                                 half_ns = half_ns.max(e.wg_ns);
@@ -1577,7 +1567,6 @@ impl<O: Copy> Binding<O> {
                             fits &= e.half_cu;
                         }
                         None => {
-                            modelled = false;
                             fits = false;
                             whole_ns = u64::MAX;
                         }
@@ -1589,8 +1578,6 @@ impl<O: Copy> Binding<O> {
             self.sched.note_dispatch_width(queue, widest);
             if complete {
                 self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
-                let job = if modelled { &kernels[..nk] } else { &[] };
-                self.sched.note_dispatch_kernels(queue, job);
             }
             // What a drain of the VM's work waits for: a maximum, so the
             // packets of a truncated scan count too.

@@ -23,14 +23,12 @@
 //! cannot raise itself above its equals.
 
 mod engine;
-mod job_kernels;
 mod policy;
 mod spatial;
 #[cfg(test)]
 mod tests;
 
 pub use engine::{DoorbellPlan, EngineStats, FastStats, Scheduler};
-pub use job_kernels::JOB_KERNELS;
 pub use policy::{Decision, Policy, PolicyOps, QuantumRule};
 pub use spatial::{CuSet, SpatialStats};
 

@@ -141,9 +141,6 @@ pub(crate) struct Spatial {
     /// given as owner (`engine/res_keep.rs`): the reservation does not
     /// shrink below another holder's.
     pub keep: Vec<Vec<Reservation>>,
-    /// Per VM: the kernels of its last complete doorbell (`job_kernels.rs`:
-    /// a wide RT's kept reservation is sized on them, `engine/wide_fit.rs`).
-    pub kernels: BTreeMap<VmId, crate::job_kernels::JobKernels>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.

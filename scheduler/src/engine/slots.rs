@@ -404,7 +404,6 @@ impl Scheduler {
             self.spatial.width.remove(&vm);
             self.spatial.occ.remove(&vm);
             self.spatial.recent.remove(&vm);
-            self.spatial.kernels.remove(&vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;

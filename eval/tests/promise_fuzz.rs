@@ -267,6 +267,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // partition through keeps a reservation sized by its RT bound and
         // load instead (best effort 0.000 -> 0.82 of alone).
         ("fuzz-50257-3-be-retained.toml", None),
+        // ... and one whose job needs more than half its period on any
+        // reservation within the cap keeps one sized by the promise's
+        // switch allowance over its whole period (best effort 0.000 of
+        // alone -> above its 0.450 bound).
+        ("fuzz-50211-3-be-retained.toml", None),
         // A narrow periodic RT keeps its reservation through gaps longer
         // than `spatial_hold_ns` while that costs the lower work (three
         // queues: only the reserved CUs) less than a lapse's saves of every

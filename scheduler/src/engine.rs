@@ -25,6 +25,7 @@ mod spatial_engine;
 mod timers;
 mod use_rate;
 mod wide;
+mod wide_fit;
 mod wide_keep;
 
 use timers::Deadline;

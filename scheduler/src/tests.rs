@@ -1866,6 +1866,9 @@ mod rt_drain_wait_tests;
 #[path = "wide_tests.rs"]
 mod wide_tests;
 
+#[path = "wide_fit_tests.rs"]
+mod wide_fit_tests;
+
 #[path = "res_hold_tests.rs"]
 mod res_hold_tests;
 

@@ -363,7 +363,7 @@ impl Scheduler {
     /// as the allowance it let a lower guest's `no_save_point` kernels of
     /// 736 us workgroups raise the drain a higher RT waits for to 1.2 ms
     /// at every period, fuzz seed 50074: RT p99 700 us against 324.)
-    fn clean_save(&self, p: usize) -> Nanos {
+    pub(super) fn clean_save(&self, p: usize) -> Nanos {
         self.parts[p].aging.save_typ
     }
 

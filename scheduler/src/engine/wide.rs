@@ -210,13 +210,18 @@ impl Scheduler {
         {
             return None;
         }
-        let k = self.spatial.size_wide(
-            vm,
-            queues,
-            switch,
-            period / 2,
-            self.cfg.spatial_max_permille,
-        )?;
+        // Beyond half its period or the measured switch's slack: sized by
+        // the promise's allowance over its whole period (`wide_fit.rs`).
+        let k = self
+            .spatial
+            .size_wide(
+                vm,
+                queues,
+                switch,
+                period / 2,
+                self.cfg.spatial_max_permille,
+            )
+            .or_else(|| self.wide_kept_k(p, vm, queues, period))?;
         let t = self.wide_job_ns(p, vm, queues, k)?;
         (!self.coreside_backlogged(vm, t)).then_some(k)
     }

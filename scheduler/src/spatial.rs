@@ -146,6 +146,11 @@ pub(crate) struct Spatial {
     /// given as owner (`engine/res_keep.rs`): the reservation does not
     /// shrink below another holder's.
     pub keep: Vec<Vec<Reservation>>,
+    /// Per VM: its longest recent save of a queue without waits for waves
+    /// that have no save point, decaying by 1/8 per shorter one: what a
+    /// higher RT waits for when its reservation takes CUs from the VM
+    /// (`Scheduler::rt_save_wait`).
+    pub saves: BTreeMap<VmId, u64>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.
@@ -192,6 +197,15 @@ impl Spatial {
         let o = self.occ.entry(vm).or_default();
         o.solo_ns = solo_ns.max(o.solo_ns - o.solo_ns / 8);
         o.fits = fits;
+    }
+
+    /// Records a save of `save_ns` of a queue of `vm` ([`Self::saves`]).
+    pub fn note_save(&mut self, vm: VmId, save_ns: u64) {
+        if save_ns == 0 {
+            return;
+        }
+        let s = self.saves.entry(vm).or_insert(0);
+        *s = save_ns.max(*s - *s / 8);
     }
 
     /// Records the CU time of a doorbell's dispatches by `vm`

@@ -81,13 +81,12 @@ fn a_multi_kernel_rt_is_sized_by_its_kernels() {
 }
 
 /// Over generated RT jobs (1-4 kernels of 1-300 workgroups of 2-200 us,
-/// repeated 1-3 times), switches of 20-240 us and intervals from none to 4
+/// repeated 1-3 times), switches of 20-240 us and intervals from none to 8
 /// x the job alone: the CU time never asks for more CUs than the widest
 /// kernel's rounds did, and where it asks for fewer, the job's time on them
 /// kernel by kernel meets the RT bound (1.1 x isolated + switch) and ends
-/// within the interval (or one solo time past its time alone on the whole
-/// partition, for an RT backlogged anywhere). It asks for fewer CUs on
-/// 229 of the 3000 shapes (one case in 20 at least is asserted).
+/// within half the interval. It asks for fewer CUs on one case in 40 at
+/// least.
 #[test]
 fn the_work_bound_meets_the_rt_bound_on_fewer_cus() {
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -109,9 +108,8 @@ fn the_work_bound_meets_the_rt_bound_on_fewer_cus() {
         let iso = time_on(&job, n);
         let interval = match next(3) {
             0 => 0,
-            _ => iso + next(3 * iso + 1),
+            _ => iso + next(7 * iso + 1),
         };
-        let (_, solo, work) = report(&job);
         let new = seen(&job, true, interval).size_for_latency(vm, 1, switch, 0);
         let old = seen(&job, false, interval).size_for_latency(vm, 1, switch, 0);
         let (Some(new), Some(old)) = (new, old) else {
@@ -125,12 +123,11 @@ fn the_work_bound_meets_the_rt_bound_on_fewer_cus() {
             let at = format!("{job:?} switch {switch} interval {interval}: {new} per XCC");
             assert!(t <= iso * 11 / 10 + switch, "{at}: {t} ns past the bound");
             if interval > 0 {
-                let floor = solo.max(work / n) + solo;
-                assert!(t <= interval.max(floor), "{at}: {t} ns past the interval");
+                assert!(t <= interval / 2, "{at}: {t} ns past half the interval");
             }
         }
     }
-    assert!(fewer * 20 >= cases, "fewer CUs in {fewer} of {cases}");
+    assert!(fewer * 40 >= cases, "fewer CUs in {fewer} of {cases}");
 }
 
 /// A world with the geometry and a busy lower VM (VM 0, priority 2) of
@@ -317,4 +314,24 @@ fn the_rt_budget_is_less_the_longest_recent_save_below_it() {
     let bound = 55_000 + 240_000;
     assert!(152u64.div_ceil(7 * 8) * 50_000 + 120_000 <= bound);
     assert!(152u64.div_ceil(5 * 8) * 50_000 + 120_000 > bound);
+}
+
+/// Fuzz seed 97138's RT (27 workgroups of 99 us and 3 x 33 of 33 us, 199
+/// us alone, every 432 us) above starved lower work: by the bound alone
+/// (a 200 us budget) 3 CUs per XCC, a 397 us job filling its interval, and
+/// each aging batch's yield ran out within a few jobs (p99 2828 us against
+/// 460). Its job is held to half its interval: one round, 5 CUs per XCC
+/// (199 us).
+#[test]
+fn an_rt_job_is_held_to_half_its_interval() {
+    let job = [(27, 99_285, 1), (33, 33_095, 3)];
+    let vm = VmId(1);
+    assert_eq!(
+        seen(&job, true, 0).size_for_latency(vm, 1, 200_000, 0),
+        Some(3)
+    );
+    assert_eq!(time_on(&job, 24), 397_140);
+    let k = seen(&job, true, 432_000).size_for_latency(vm, 1, 200_000, 0);
+    assert_eq!(k, Some(5));
+    assert!(time_on(&job, 40) <= 216_000);
 }

@@ -1572,6 +1572,8 @@ impl<O: Copy> Binding<O> {
         // Occupancy: solo run time (one workgroup per kernel) and whether
         // every workgroup fits in half a CU (docs/gpu-model.md).
         let (mut solo_ns, mut fits) = (0u64, true);
+        // Their CU time (each kernel's workgroups x one's cost, summed).
+        let mut work_ns = 0u64;
         // The longest workgroups needing a whole CU and fitting half of one
         // (what a drain waits for; `u64::MAX`: one without an estimate).
         let (mut whole_ns, mut half_ns) = (0u64, 0u64);
@@ -1587,6 +1589,7 @@ impl<O: Copy> Binding<O> {
                     match gpu.dispatch_estimate(&*r.mem, &d) {
                         Some(e) => {
                             solo_ns = solo_ns.saturating_add(e.wg_ns);
+                            work_ns = work_ns.saturating_add(e.wg_ns.saturating_mul(n));
                             if e.half_cu {
                                 half_ns = half_ns.max(e.wg_ns);
                             } else {
@@ -1606,6 +1609,7 @@ impl<O: Copy> Binding<O> {
             self.sched.note_dispatch_width(queue, widest);
             if complete {
                 self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
+                self.sched.note_dispatch_work(queue, work_ns);
             }
             // What a drain of the VM's work waits for: a maximum, so the
             // packets of a truncated scan count too.

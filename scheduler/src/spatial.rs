@@ -80,6 +80,11 @@ pub(crate) struct Occupancy {
     /// Every workgroup of its latest doorbell's dispatches fits in half a
     /// CU.
     pub fits: bool,
+    /// CU time of its latest doorbell's dispatches (each kernel's
+    /// workgroups times one workgroup's cost, summed), decaying by 1/8 per
+    /// smaller one; 0: not reported. With `solo_ns` it bounds the job's
+    /// time on `c` CUs kernel by kernel (`Spatial::size_for_latency`).
+    pub work_ns: u64,
     /// When its last doorbell with new work came (`None`: none yet).
     pub last_arrival: Option<u64>,
     /// Moving average (1/8) of the time between its doorbells with new
@@ -152,6 +157,11 @@ pub(crate) struct Spatial {
     /// Per partition: a drain overran ([`crate::Scheduler::drain_overdue`]):
     /// the next plan sets the reservation up again, with a save.
     pub overdue: Vec<bool>,
+    /// Per VM: its longest recent save of a queue without waits for waves
+    /// that have no save point, decaying by 1/8 per shorter one: what a
+    /// higher RT waits for when its reservation takes CUs from the VM
+    /// (`Scheduler::rt_save_wait`).
+    pub saves: BTreeMap<VmId, u64>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.
@@ -198,6 +208,24 @@ impl Spatial {
         let o = self.occ.entry(vm).or_default();
         o.solo_ns = solo_ns.max(o.solo_ns - o.solo_ns / 8);
         o.fits = fits;
+    }
+
+    /// Records a save of `save_ns` of a queue of `vm` ([`Self::saves`]).
+    pub fn note_save(&mut self, vm: VmId, save_ns: u64) {
+        if save_ns == 0 {
+            return;
+        }
+        let s = self.saves.entry(vm).or_insert(0);
+        *s = save_ns.max(*s - *s / 8);
+    }
+
+    /// Records the CU time of a doorbell's dispatches by `vm`
+    /// ([`Occupancy::work_ns`]). A VM whose occupancy is not known yet is
+    /// not recorded (as [`Self::note_longest_wg`]).
+    pub fn note_work(&mut self, vm: VmId, work_ns: u64) {
+        if let Some(o) = self.occ.get_mut(&vm) {
+            o.work_ns = work_ns.max(o.work_ns - o.work_ns / 8);
+        }
     }
 
     /// Records a doorbell's dispatches by `vm` for its drain bound
@@ -356,18 +384,26 @@ impl Spatial {
     }
 
     /// CUs per XCC with which `vm`'s job still meets the promise's RT
-    /// bound (1.1 x its isolated time + one save and restore, `switch_ns`)
-    /// on `queues` busy queues: its widest dispatch runs `ceil(need / c)`
-    /// rounds on `c` CUs, each at most its solo time (one workgroup's
-    /// cost per kernel, summed), against `ceil(need / N)` rounds on the
-    /// whole partition's `N`. The bound holds only for a job that finds
-    /// its queue empty: the rounds are also at most what fits the VM's
-    /// measured interval between jobs after `wait_ns` (what each job
-    /// waits before it runs there, e.g. a drain), so a job ends before the
-    /// next arrives and no backlog builds up on the reservation (a 8 kHz
-    /// RT sized to one CU per XCC by latency alone ran each job longer
-    /// than its period: p99 14 ms). `None` without a solo time or a
-    /// measured switch (nothing to size from: the width decides).
+    /// bound (1.1 x its isolated time + `switch_ns`, what the bound allows
+    /// beyond it once the RT's own wait is paid) on `queues` busy queues.
+    /// Two upper bounds of the job's time on `c` CUs, either enough: its
+    /// widest dispatch runs `ceil(need / c)` rounds, each at most its solo
+    /// time (one workgroup's cost per kernel, summed), against
+    /// `ceil(need / N)` rounds on the whole partition's `N`; and, with its
+    /// CU time `work` reported, kernel by kernel `sum ceil(W_i / c) x
+    /// cost_i <= work / c + solo` (the first counts every kernel at the
+    /// widest one's rounds: an RT of 53 and 32 workgroups of 23 us and 3 x
+    /// 66 of 7.8 us was sized 9 CUs per XCC where 2 meet its bound, fuzz
+    /// seed 97236), against an isolated time of at least `max(solo, work /
+    /// N)`. The fewer CUs of the two. The bound holds only for a job that
+    /// finds its queue empty: the job's time is also at most half the VM's
+    /// measured interval between jobs less `wait_ns` (what each job waits
+    /// before it runs there, e.g. a drain), so a job ends well before the
+    /// next arrives and no backlog builds up on the reservation (a 8 kHz RT
+    /// sized to one CU per XCC by latency alone ran each job longer than
+    /// its period: p99 14 ms), nor does it outlast an aging batch's yield.
+    /// `None` without a solo time or a switch (nothing to size from: the
+    /// width decides).
     pub fn size_for_latency(
         &self,
         vm: VmId,
@@ -390,15 +426,59 @@ impl Spatial {
             .saturating_mul(solo)
             .saturating_add(switch_ns.saturating_mul(10))
             / solo.saturating_mul(10);
-        // ... and floor((interval - wait) / solo): the job ends before the
-        // next one arrives (not fewer rounds than alone: a VM whose jobs
-        // come faster than they run alone is backlogged anywhere).
-        let rounds = match o.interval_ns {
-            0 => by_bound,
-            i => by_bound.min((i.saturating_sub(wait_ns) / solo).max(alone_rounds)),
+        // ... and floor((interval / 2 - wait) / solo): the job ends within
+        // half the interval (not fewer rounds than alone: a VM whose jobs
+        // come faster than they run alone is backlogged anywhere). Half,
+        // as an aging batch yields to a demand-limited VM for at most half
+        // its length (`AGING_YIELD_NS`): a job filling its whole interval
+        // (the bound's allowance spent on fewer CUs: 397 us jobs every 432
+        // us, fuzz seed 97138) used the batch's yield up within a few jobs
+        // and then waited for the rest of the batch (p99 2828 us against
+        // 460). A wide reservation's job is held to half its period too.
+        let room = match o.interval_ns {
+            0 => None,
+            i => Some((i / 2).saturating_sub(wait_ns)),
         };
-        let c = need.div_ceil(rounds.max(1));
+        let rounds = match room {
+            None => by_bound,
+            Some(r) => by_bound.min((r / solo).max(alone_rounds)),
+        };
+        let by_rounds = need.div_ceil(rounds.max(1));
+        let c = match self.cus_by_work(o, queues, n, switch_ns, room) {
+            Some(w) => by_rounds.min(w),
+            None => by_rounds,
+        };
         Some(c.div_ceil(xccs).max(1) as u32)
+    }
+
+    /// The fewest CUs `c` (at most `n`) with `work / c + solo` within the
+    /// RT bound `1.1 x max(solo, work / n) + switch_ns` and within `room`
+    /// (half the interval between jobs less the wait, if measured), for a VM of
+    /// occupancy `o` on `queues` busy queues (`None`: no work reported, or
+    /// no `c` fits).
+    fn cus_by_work(
+        &self,
+        o: &Occupancy,
+        queues: u32,
+        n: u64,
+        switch_ns: u64,
+        room: Option<u64>,
+    ) -> Option<u64> {
+        let work = o.work_ns.saturating_mul(queues.max(1) as u64);
+        let solo = o.solo_ns;
+        if work == 0 {
+            return None;
+        }
+        let alone = solo.max(work / n);
+        let mut budget = (alone.saturating_mul(11) / 10).saturating_add(switch_ns);
+        if let Some(r) = room {
+            // (Below the bound's time on the whole partition, `c` exceeds
+            // `n`: the rounds model decides.)
+            budget = budget.min(r);
+        }
+        let left = budget.checked_sub(solo).filter(|&l| l > 0)?;
+        let c = work.div_ceil(left).max(1);
+        (c <= n).then_some(c)
     }
 
     /// CUs per XCC of a reservation for a VM whose width is above the cap
@@ -612,11 +692,11 @@ mod tests {
         s.note_arrival(vm, 1_000_000);
         assert_eq!(s.occ[&vm].interval_ns, 0);
         assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), Some(1));
-        // Every 122 us: 3 rounds fit, 13 CUs, 2 per XCC.
+        // Every 244 us: 3 rounds fit in half of it, 13 CUs, 2 per XCC.
         for i in 1..=20 {
-            s.note_arrival(vm, 1_000_000 + i * 122_000);
+            s.note_arrival(vm, 1_000_000 + i * 244_000);
         }
-        assert_eq!(s.occ[&vm].interval_ns, 122_000);
+        assert_eq!(s.occ[&vm].interval_ns, 244_000);
         assert_eq!(s.size_for_latency(vm, 1, 242_000, 0), Some(2));
         // A wait before each job (a drain) leaves fewer rounds: 2, 19 CUs.
         assert_eq!(s.size_for_latency(vm, 1, 242_000, 40_000), Some(3));
@@ -625,11 +705,11 @@ mod tests {
         assert_eq!(s.size_for_latency(vm, 1, 242_000, 200_000), Some(5));
         // A time that goes backwards is ignored.
         s.note_arrival(vm, 5);
-        assert_eq!(s.occ[&vm].interval_ns, 122_000);
+        assert_eq!(s.occ[&vm].interval_ns, 244_000);
         // The interval moves by 1/8 per arrival.
         let last = s.occ[&vm].last_arrival.unwrap();
-        s.note_arrival(vm, last + 1_122_000);
-        assert_eq!(s.occ[&vm].interval_ns, 122_000 - 15_250 + 140_250);
+        s.note_arrival(vm, last + 1_244_000);
+        assert_eq!(s.occ[&vm].interval_ns, 244_000 - 30_500 + 155_500);
     }
 
     #[test]

@@ -1893,3 +1893,6 @@ mod res_keep_tests;
 
 #[path = "wide_keep_tests.rs"]
 mod wide_keep_tests;
+
+#[path = "rt_sizing_tests.rs"]
+mod rt_sizing_tests;

@@ -55,8 +55,10 @@ fn lower_preemptions(w: &World) -> u64 {
 /// A periodic owner (345 us period) as wide as the partition with 4 us
 /// jobs: its gaps are short against a switch's worth (10 x 2 x 50 us), so
 /// the cost-aware hold alone kept the whole partition idle through every
-/// gap (best effort ~0). Now it holds a reservation of 2 CUs per XCC (the
-/// RT bound: 19 rounds of 4 us = 76 us against 1.1 x 4 + 100), kept across
+/// gap (best effort ~0). Now it holds a reservation of 1 CU per XCC (the
+/// RT bound: 38 rounds of 4 us = 152 us against 1.1 x 4 + 240 - 50, the
+/// allowance less the save it waits; 152 us is also within half its
+/// period), kept across
 /// its gaps: in steady state the lower work runs beside it, is never saved
 /// and gets all but the reserved CUs' share of the time, and nothing is
 /// held idle or billed as held.
@@ -78,12 +80,12 @@ fn a_wide_periodic_owner_keeps_cus_not_the_partition() {
     for _ in 0..100 {
         ring(&mut w, hi);
         assert_eq!(w.state(lo), QueueState::Running);
-        assert_eq!(w.s.slot_cu_set(w.mapped[&lo]), CuSet::AllBut(2));
-        assert_eq!(w.s.slot_cu_set(w.mapped[&hi]), CuSet::Top(2));
+        assert_eq!(w.s.slot_cu_set(w.mapped[&lo]), CuSet::AllBut(1));
+        assert_eq!(w.s.slot_cu_set(w.mapped[&hi]), CuSet::Top(1));
         t += period;
         w.run_until(t);
     }
-    assert_eq!(w.s.cu_reservation(0), Some((VmId(1), 2)));
+    assert_eq!(w.s.cu_reservation(0), Some((VmId(1), 1)));
     assert_eq!(
         lower_preemptions(&w),
         pre,
@@ -101,7 +103,7 @@ fn a_wide_periodic_owner_keeps_cus_not_the_partition() {
 /// A wide periodic owner whose period is short against its job on the
 /// latency-sized reservation gets more CUs: its job takes at most half its
 /// period (a 150 us period: 13 rounds of 4 us = 52 us on 3 CUs per XCC,
-/// where the RT bound alone would give 2 and a 76 us job).
+/// where the RT bound alone would give 1 and a 152 us job).
 #[test]
 fn the_reservation_carries_the_owners_load() {
     let (mut w, _lo, hi) = rig();

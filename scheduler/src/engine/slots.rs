@@ -171,6 +171,11 @@ impl Scheduler {
         let a = &mut self.parts[p].aging;
         let typ = a.save_typ;
         let cap = typ.saturating_mul(SAVE_WAIT_FACTOR).max(SAVE_WAIT_FLOOR_NS);
+        // The VM's own saves (what a higher RT waits for: `rt_save_wait`).
+        if let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) {
+            self.spatial.note_save(vm, save_ns.min(cap));
+        }
+        let a = &mut self.parts[p].aging;
         let beyond = if typ == 0 || save_ns <= cap {
             if save_ns > 0 {
                 a.save_typ = if typ == 0 {
@@ -404,6 +409,7 @@ impl Scheduler {
             self.spatial.width.remove(&vm);
             self.spatial.occ.remove(&vm);
             self.spatial.recent.remove(&vm);
+            self.spatial.saves.remove(&vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;

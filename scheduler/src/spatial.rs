@@ -411,6 +411,21 @@ impl Spatial {
         switch_ns: u64,
         wait_ns: u64,
     ) -> Option<u32> {
+        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, 2)
+    }
+
+    /// [`Self::size_for_latency`] with the job held to `1 / divisor` of the
+    /// VM's interval between jobs: 2 for a reservation beside which an
+    /// aging batch may run, 1 for a wide reservation, whose job's time is
+    /// bounded by its own caller ([`Self::size_wide`]'s `max_time_ns`).
+    fn size_for_latency_in(
+        &self,
+        vm: VmId,
+        queues: u32,
+        switch_ns: u64,
+        wait_ns: u64,
+        divisor: u64,
+    ) -> Option<u32> {
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let o = self.occ.get(&vm)?;
         let solo = o.solo_ns;
@@ -437,7 +452,7 @@ impl Spatial {
         // 460). A wide reservation's job is held to half its period too.
         let room = match o.interval_ns {
             0 => None,
-            i => Some((i / 2).saturating_sub(wait_ns)),
+            i => Some((i / divisor.max(1)).saturating_sub(wait_ns)),
         };
         let rounds = match room {
             None => by_bound,
@@ -496,7 +511,10 @@ impl Spatial {
         max_time_ns: u64,
         max_permille: u32,
     ) -> Option<u32> {
-        let lat = self.size_for_latency(vm, queues, switch_ns, 0)?;
+        // The job is held within `max_time_ns` below (the latency
+        // sizing's own room is the whole interval: half of it would undo
+        // a kept wide reservation's whole period, `engine/wide_fit.rs`).
+        let lat = self.size_for_latency_in(vm, queues, switch_ns, 0, 1)?;
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let solo = self.occ.get(&vm)?.solo_ns;
         let xccs = (self.xccs as u64).max(1);

@@ -141,6 +141,10 @@ pub(crate) struct Spatial {
     /// given as owner (`engine/res_keep.rs`): the reservation does not
     /// shrink below another holder's.
     pub keep: Vec<Vec<Reservation>>,
+    /// Per partition: the lower VM's reservation a higher owner without
+    /// one of its own took over (`engine/res_pass.rs`): it goes back to
+    /// that VM, without a save, while it still holds.
+    pub passed: Vec<Option<Reservation>>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.

@@ -1884,3 +1884,6 @@ mod give_tests;
 mod batch_res_tests;
 #[path = "res_keep_tests.rs"]
 mod res_keep_tests;
+
+#[path = "res_pass_tests.rs"]
+mod res_pass_tests;

@@ -15,6 +15,7 @@ impl Scheduler {
         self.spatial.xccs = xccs_per_partition;
         self.spatial.res = vec![None; self.parts.len()];
         self.spatial.keep = vec![Vec::new(); self.parts.len()];
+        self.spatial.passed = vec![None; self.parts.len()];
         self.spatial.slot_cus = vec![CuSet::All; self.slots.len()];
     }
 
@@ -107,6 +108,7 @@ impl Scheduler {
                 *r = None;
             }
             self.res_keep_end(p, None);
+            self.res_pass_note(p, None, None, false);
             return (None, false);
         }
         let prev = self.spatial.res[p];
@@ -123,10 +125,13 @@ impl Scheduler {
         // partition is preempted as a whole.)
         if !self.spatial_room(p, owner.level) {
             self.res_keep_end(p, None);
+            self.res_pass_note(p, None, None, false);
             self.spatial.res[p] = None;
             return (None, false);
         }
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
+        // The owner's busy queues and latency size, when it is sized.
+        let mut need: Option<(u32, Option<u32>)> = None;
         // Co-residence unless a reservation costs the lower lock-step work
         // less (`engine/lockstep.rs`).
         let cand = if owner.level < BOOST_LEVEL
@@ -172,6 +177,7 @@ impl Scheduler {
                     self.spatial_wide(p, owner.vm, queues, switch)
                         .map(|k| (k, true))
                 });
+            need = Some((queues, by_latency));
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;
             }
@@ -197,6 +203,13 @@ impl Scheduler {
         // holding it needed (`res_keep.rs`): growing it back saves the
         // lower work.
         let cand = cand.map(|c| self.res_keep(p, c));
+        // Without one of its own, a lower RT's held reservation when its
+        // job meets its bound there (`res_pass.rs`): nothing is saved.
+        let passed = match (cand, need) {
+            (None, Some((queues, lat))) => self.res_pass_up(p, owner, prev, queues, lat),
+            _ => None,
+        };
+        let cand = cand.or(passed);
         // A reservation another higher VM still holds across its gaps (two
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and
@@ -229,11 +242,16 @@ impl Scheduler {
                     && self.spatial_held(p, *r)
                     && (r.k > 0 || self.coreside_still(p, *r))
             })
+            .or_else(|| self.res_pass_back(p, owner.level))
         });
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
             (Some(r), _) if r.k == 0 => false,
-            (Some(r), Some(pr)) => (pr.vm != r.vm && !kept) || r.k > pr.k || pr.k == 0,
+            (Some(r), Some(pr)) => {
+                (pr.vm != r.vm && !kept && !self.res_passes_back(p, r, prev))
+                    || r.k > pr.k
+                    || pr.k == 0
+            }
             (Some(_), None) => true,
             _ => false,
         };
@@ -241,6 +259,7 @@ impl Scheduler {
             self.spatial.stats.established += 1;
         }
         self.res_keep_end(p, r);
+        self.res_pass_note(p, prev, r, passed.is_some());
         self.spatial.res[p] = r;
         (r, establish)
     }
@@ -599,6 +618,7 @@ impl Scheduler {
         if !self.spatial_on() {
             self.spatial.res[p] = None;
             self.res_keep_end(p, None);
+            self.res_pass_note(p, None, None, false);
         }
         let r = self.spatial.res[p];
         let part = &self.parts[p];

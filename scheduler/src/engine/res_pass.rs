@@ -1,0 +1,135 @@
+//! A higher RT runs on a lower RT's held reservation (issue 18, two RT
+//! tenants at different levels; docs/scheduling.md, "A higher RT takes
+//! a lower RT's reservation").
+//!
+//! A partition has one CU reservation. When a lower RT holds it (kept
+//! across its gaps: `Scheduler::spatial_held`) and a higher VM becomes the
+//! slice owner with no reservation of its own (too wide for the width cap
+//! and refused a wide one, `engine/wide.rs`), the reservation used to end
+//! and the partition was preempted whole: every lower queue beside the
+//! lower RT saved, and then set up again, with a second save, at the lower
+//! RT's next job. Fuzz seed 97092 (a 2.3 kHz RT at priority 13, 3 x 304
+//! workgroups of 1 us, above a 6 kHz RT at priority 9 holding 13-19 CUs per
+//! XCC): two saves of the best effort per period of the higher RT, CWSR
+//! 37% of the run.
+//!
+//! Now the higher owner takes the reservation over as it is when its job
+//! meets its RT bound on those CUs (its latency size, the same
+//! `Spatial::size_for_latency` the owner's own reservation is sized by, is
+//! not larger), it is periodic (its wake period known and not stretched
+//! under a reservation, `WakePeriods`) and not backlogged (demanding
+//! without a break for at most twice its job's time there): the lower
+//! work beside it keeps running on the other CUs, and only the lower RT's
+//! queue, on the reserved CUs, is saved, as strict priority has it. The
+//! lower RT's reservation is recorded; once the higher owner no longer
+//! holds, the reservation goes back to it, without a save (nothing grows),
+//! while it still holds. A backlogged or closed-loop higher VM, or one
+//! whose job needs more CUs, preempts the partition as before.
+
+use super::*;
+use crate::spatial::Reservation;
+
+impl Scheduler {
+    /// The reservation `owner` (with `queues` busy queues at its level and
+    /// latency size `lat`, `Spatial::size_for_latency`) takes over in `p`
+    /// when it has none of its own: a lower VM's reservation `prev` held
+    /// across its gaps, or the one it took over before, when its job meets
+    /// its bound on those CUs (see the module doc). `None`: the partition
+    /// is preempted whole, as before.
+    pub(super) fn res_pass_up(
+        &self,
+        p: usize,
+        owner: SliceOwner,
+        prev: Option<Reservation>,
+        queues: u32,
+        lat: Option<u32>,
+    ) -> Option<Reservation> {
+        let pr = prev.filter(|r| r.k > 0 && !r.drain)?;
+        let taken_before = pr.vm == owner.vm
+            && pr.level == owner.level
+            && self.spatial.passed.get(p).copied().flatten().is_some();
+        let from_lower = pr.vm != owner.vm && pr.level < owner.level && self.spatial_held(p, pr);
+        if !(taken_before || from_lower) || lat? > pr.k {
+            return None;
+        }
+        let v = self.vms.get(&owner.vm)?;
+        let alone = self
+            .spatial
+            .time_on(owner.vm, queues, self.spatial.cus_per_xcc)?;
+        if v.wake.period() == 0 || v.wake.stretched(alone) {
+            return None;
+        }
+        let t = self
+            .spatial
+            .time_on(owner.vm, queues, pr.k)?
+            .saturating_add(self.spatial_wait_allowance(p));
+        if self.coreside_backlogged(owner.vm, t) {
+            return None;
+        }
+        Some(Reservation {
+            vm: owner.vm,
+            level: owner.level,
+            k: pr.k,
+            drain: false,
+            wide: false,
+        })
+    }
+
+    /// The lower VM's reservation a higher owner took over in `p`, back to
+    /// it now that the owner (at `level`) is below it: when it still holds.
+    pub(super) fn res_pass_back(&self, p: usize, level: u16) -> Option<Reservation> {
+        self.spatial
+            .passed
+            .get(p)
+            .copied()
+            .flatten()
+            .filter(|lo| lo.level > level && self.spatial_held(p, *lo))
+    }
+
+    /// Does reservation `r` replacing `prev` in `p` only give the
+    /// reservation back to the lower VM it was taken from, no larger? Its
+    /// lower work is on the other CUs already: nothing is saved.
+    pub(super) fn res_passes_back(
+        &self,
+        p: usize,
+        r: Reservation,
+        prev: Option<Reservation>,
+    ) -> bool {
+        self.spatial
+            .passed
+            .get(p)
+            .copied()
+            .flatten()
+            .is_some_and(|lo| lo.vm == r.vm && lo.level == r.level)
+            && prev.is_some_and(|pr| pr.vm != r.vm && pr.k > 0 && !pr.drain && r.k <= pr.k)
+    }
+
+    /// Partition `p`'s reservation becomes `r` after `prev`: records the
+    /// lower VM's reservation when a higher owner takes it over
+    /// (`res_pass_up`), and forgets it when the reservation goes back to
+    /// that VM, ends or becomes a co-residence or a drained one.
+    pub(super) fn res_pass_note(
+        &mut self,
+        p: usize,
+        prev: Option<Reservation>,
+        r: Option<Reservation>,
+        taken: bool,
+    ) {
+        let Some(slot) = self.spatial.passed.get_mut(p) else {
+            return;
+        };
+        if taken {
+            if let Some(pr) = prev.filter(|pr| r.is_some_and(|r| r.vm != pr.vm)) {
+                *slot = Some(pr);
+            }
+            return;
+        }
+        let end = match (r, *slot) {
+            (None, _) | (_, None) => true,
+            (Some(r), Some(lo)) => r.vm == lo.vm || r.k == 0 || r.drain,
+        };
+        if end {
+            *slot = None;
+        }
+    }
+}

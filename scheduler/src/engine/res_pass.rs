@@ -75,33 +75,54 @@ impl Scheduler {
         })
     }
 
-    /// The lower VM's reservation a higher owner took over in `p`, back to
-    /// it now that the owner (at `level`) is below it: when it still holds.
-    pub(super) fn res_pass_back(&self, p: usize, level: u16) -> Option<Reservation> {
-        self.spatial
-            .passed
-            .get(p)
-            .copied()
-            .flatten()
-            .filter(|lo| lo.level > level && self.spatial_held(p, *lo))
-    }
-
-    /// Does reservation `r` replacing `prev` in `p` only give the
-    /// reservation back to the lower VM it was taken from, no larger? Its
-    /// lower work is on the other CUs already: nothing is saved.
-    pub(super) fn res_passes_back(
+    /// When the VM holding partition `p`'s reservation `prev` no longer
+    /// holds and the owner (at `level`) is below it: the reservation goes
+    /// to another VM above the owner that held it and still holds (the
+    /// lower VM a higher owner took it over from, `res_pass_up`, or one
+    /// recorded by `res_keep`), the highest of them, at the largest size
+    /// any of them needed and never larger than `prev` (its lower work is
+    /// on the other CUs already: nothing is saved). Before, it ended, and
+    /// the other VM's next job set it up again with a save of the lower
+    /// work: fuzz seed 97077, the best effort saved at each job of the
+    /// lower RT after one of the higher.
+    pub(super) fn res_pass_back(
         &self,
         p: usize,
-        r: Reservation,
+        level: u16,
         prev: Option<Reservation>,
-    ) -> bool {
-        self.spatial
-            .passed
-            .get(p)
-            .copied()
-            .flatten()
-            .is_some_and(|lo| lo.vm == r.vm && lo.level == r.level)
-            && prev.is_some_and(|pr| pr.vm != r.vm && pr.k > 0 && !pr.drain && r.k <= pr.k)
+    ) -> Option<Reservation> {
+        let pr = prev.filter(|r| r.k > 0 && !r.drain)?;
+        let passed = self.spatial.passed.get(p).copied().flatten();
+        let kept = self.spatial.keep.get(p).into_iter().flatten().copied();
+        let holders = || {
+            passed
+                .into_iter()
+                .chain(kept.clone())
+                .filter(|lo| lo.vm != pr.vm && lo.level > level && lo.k > 0)
+                .filter(|lo| self.spatial_held(p, *lo))
+        };
+        let top = holders().max_by_key(|lo| lo.level)?;
+        let k = holders().map(|lo| lo.k).max().unwrap_or(top.k).min(pr.k);
+        Some(Reservation {
+            k,
+            drain: false,
+            ..top
+        })
+    }
+
+    /// Does reservation `r` take the place of `prev` without taking a CU
+    /// the lower work may be on: `prev` had CUs of its own and was not a
+    /// drain (every lower queue beside it is on the other CUs), and `r`
+    /// is no larger? Then it changes owner without a save (the queues of
+    /// the VM that held it, on the reserved CUs, are saved when below the
+    /// new owner, as `Scheduler::spatial_keeps` has it). Before, a
+    /// reservation that passed to another VM was set up anew, saving the
+    /// lower work although its CUs did not change: fuzz seed 97077 (a
+    /// 0.6 kHz RT and a 6.7 kHz one at priorities 11 and 8 above a
+    /// best effort), the best effort saved at each job of the higher RT
+    /// and again when the lower RT took the reservation back.
+    pub(super) fn res_in_place(r: Reservation, prev: Option<Reservation>) -> bool {
+        prev.is_some_and(|pr| pr.k > 0 && !pr.drain && r.k > 0 && r.k <= pr.k)
     }
 
     /// Partition `p`'s reservation becomes `r` after `prev`: records the

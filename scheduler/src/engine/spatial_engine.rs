@@ -242,15 +242,13 @@ impl Scheduler {
                     && self.spatial_held(p, *r)
                     && (r.k > 0 || self.coreside_still(p, *r))
             })
-            .or_else(|| self.res_pass_back(p, owner.level))
+            .or_else(|| self.res_pass_back(p, owner.level, prev))
         });
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
             (Some(r), _) if r.k == 0 => false,
             (Some(r), Some(pr)) => {
-                (pr.vm != r.vm && !kept && !self.res_passes_back(p, r, prev))
-                    || r.k > pr.k
-                    || pr.k == 0
+                (pr.vm != r.vm && !kept && !Self::res_in_place(r, prev)) || r.k > pr.k || pr.k == 0
             }
             (Some(_), None) => true,
             _ => false,

@@ -137,3 +137,62 @@ proptest! {
         prop_assert_eq!(w.state(lo), QueueState::Running);
     }
 }
+
+/// A narrow lower RT every 300 us (10 workgroups) and a wider higher one
+/// (`hi_w` workgroups of 100 us, one job of 300 us) every `every`
+/// periods, its gaps longer than its reservation is held: each job of
+/// the higher one grows the reservation (a save of the lower work, its
+/// own hold's price), and when it lapses the reservation goes back to the
+/// lower RT, still holding, without a second save. Returns the lower VM's
+/// preemptions and the higher VM's jobs over the periods after the first
+/// 10.
+fn narrow_below_wide(hi_w: u64, every: u64, n: u64) -> (u64, u64) {
+    let (mut w, lo, hi, mid) = rig();
+    let mut pre = 0;
+    let mut jobs = 0;
+    let mut t = MS;
+    for i in 0..n {
+        if i == 10 {
+            pre = w.s.vm_stats(VmId(0)).unwrap().preemptions;
+        }
+        w.ring_job(mid, 10, 50_000, false, 50_000);
+        if i % every == 0 {
+            w.run_until(t + 100_000);
+            w.ring_job(hi, hi_w, 100_000, false, 300_000);
+            jobs += u64::from(i >= 10);
+        }
+        t += 300_000;
+        w.run_until(t);
+    }
+    assert_eq!(w.state(lo), QueueState::Running);
+    (w.s.vm_stats(VmId(0)).unwrap().preemptions - pre, jobs)
+}
+
+/// With a higher RT whose 3 ms gaps lapse its reservation, the lower work
+/// is saved once per job of it (the growth), not twice (before, the
+/// reservation ended with the higher one's hold and the lower RT's next
+/// job set it up again: 2 saves per job).
+#[test]
+fn a_lapsed_reservation_goes_back_to_the_lower_rt_without_a_save() {
+    let (pre, jobs) = narrow_below_wide(70, 10, 110);
+    assert!(
+        jobs == 10 && pre <= jobs,
+        "lower work saved {pre} times for {jobs} jobs"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Over the higher RT's widths (30-150 workgroups: 4-19 CUs per XCC
+    /// with the headroom, wider than the lower RT's 2) and gaps of 1.5-4.5
+    /// ms: at most one save of the lower work per job of the higher RT.
+    #[test]
+    fn a_wider_higher_rt_costs_one_save_per_job(
+        hi_w in 30u64..150,
+        every in 5u64..15,
+    ) {
+        let (pre, jobs) = narrow_below_wide(hi_w, every, 100);
+        prop_assert!(pre <= jobs, "lower work saved {} times for {} jobs", pre, jobs);
+    }
+}

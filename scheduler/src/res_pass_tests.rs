@@ -196,3 +196,23 @@ proptest! {
         prop_assert!(pre <= jobs, "lower work saved {} times for {} jobs", pre, jobs);
     }
 }
+
+/// A higher VM whose job needs a few more CUs than the lower RT's 2 per
+/// XCC (304 workgroups of 5.6 us: 3 CUs per XCC meet its bound) takes
+/// the reservation grown to its size, within the cap: one save of the
+/// lower work per job of it (the growth; its 3 ms gaps lapse it, and the
+/// reservation goes back to the lower RT at its size), not two (a
+/// preemption of the whole partition, then the lower RT's set-up).
+#[test]
+fn a_higher_rt_grows_the_lower_rts_reservation_to_its_need() {
+    let (mut w, lo, hi, mid) = rig();
+    let h = Hi {
+        width: 304,
+        solo: 5_600,
+        work: 22_400,
+    };
+    let (pre, _) = periods(&mut w, (hi, mid), h, 10, 600_000, 1_000_000, 70);
+    // 20 jobs of the higher VM in the 60 periods counted.
+    assert!(pre <= 20, "lower work saved {pre} times for 20 jobs");
+    assert_eq!(w.state(lo), QueueState::Running);
+}

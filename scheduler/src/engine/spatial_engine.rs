@@ -209,7 +209,7 @@ impl Scheduler {
             (None, Some((queues, lat))) => self.res_pass_up(p, owner, prev, queues, lat),
             _ => None,
         };
-        let cand = cand.or(passed);
+        let cand = cand.or(passed.map(|c| self.res_keep(p, c)));
         // A reservation another higher VM still holds across its gaps (two
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and

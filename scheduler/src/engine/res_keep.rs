@@ -42,7 +42,7 @@ impl Scheduler {
     /// the module doc); records the owner's size. Co-residences, drained
     /// and wide reservations are returned as they are.
     pub(super) fn res_keep(&mut self, p: usize, c: Reservation) -> Reservation {
-        if c.k == 0 || c.drain || c.wide {
+        if c.k == 0 || c.drain {
             return c;
         }
         let Some(mut keep) = self.spatial.keep.get_mut(p).map(std::mem::take) else {
@@ -58,13 +58,19 @@ impl Scheduler {
         if let Some(slot) = self.spatial.keep.get_mut(p) {
             *slot = keep;
         }
+        // A wide reservation is sized by its own rule (`wide.rs`); it is
+        // recorded so that a narrower VM taking it over keeps its size
+        // while it holds (`res_pass.rs`).
+        if c.wide {
+            return c;
+        }
         Reservation { k, ..c }
     }
 
     /// Partition `p`'s reservation becomes `r`: the record ends with a
     /// reservation that is none, a co-residence, drained or wide.
     pub(super) fn res_keep_end(&mut self, p: usize, r: Option<Reservation>) {
-        if r.is_some_and(|r| r.k > 0 && !r.drain && !r.wide) {
+        if r.is_some_and(|r| r.k > 0 && !r.drain) {
             return;
         }
         if let Some(keep) = self.spatial.keep.get_mut(p) {

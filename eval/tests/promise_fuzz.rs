@@ -345,6 +345,27 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // 50142: 6 where 2 do, 0.829).
         ("fuzz-97236-3-be-retained.toml", None),
         ("fuzz-50142-3-be-retained.toml", None),
+        // Two RTs at different levels: a higher one with no reservation
+        // of its own runs on the lower one's held reservation, which goes
+        // back to it without a save; a reservation that changes owner
+        // without growing saves nothing (CWSR 35.2% and 16.2% of the cut
+        // runs before). Their best effort stays under its bound (the
+        // lower RT's wide reservation sized 13-19 CUs per XCC against the
+        // bound's 5; 97077's higher RT grows it with a save per period).
+        (
+            "fuzz-97092-3-cwsr-time.toml",
+            Some(&["3-rt-latency", "3-cwsr-time"]),
+        ),
+        (
+            "fuzz-97077-3-cwsr-time.toml",
+            Some(&["3-rt-latency", "3-cwsr-time"]),
+        ),
+        // A wide lower RT's size is recorded too: a narrow higher RT that
+        // takes its reservation over keeps it while it holds.
+        (
+            "fuzz-97041-3-cwsr-time.toml",
+            Some(&["3-rt-latency", "3-cwsr-time"]),
+        ),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

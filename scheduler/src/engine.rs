@@ -19,6 +19,7 @@ mod index;
 mod lockstep;
 mod res_hold;
 mod res_keep;
+mod res_pass;
 mod shared;
 mod slots;
 mod spatial_engine;

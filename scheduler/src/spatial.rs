@@ -162,6 +162,10 @@ pub(crate) struct Spatial {
     /// higher RT waits for when its reservation takes CUs from the VM
     /// (`Scheduler::rt_save_wait`).
     pub saves: BTreeMap<VmId, u64>,
+    /// Per partition: the lower VM's reservation a higher owner without
+    /// one of its own took over (`engine/res_pass.rs`): it goes back to
+    /// that VM, without a save, while it still holds.
+    pub passed: Vec<Option<Reservation>>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.

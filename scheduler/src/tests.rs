@@ -1896,3 +1896,6 @@ mod wide_keep_tests;
 
 #[path = "rt_sizing_tests.rs"]
 mod rt_sizing_tests;
+
+#[path = "res_pass_tests.rs"]
+mod res_pass_tests;

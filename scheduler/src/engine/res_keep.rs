@@ -27,8 +27,12 @@
 //! 50246 and 97108 fell under their best-effort bound). A VM leaves the
 //! record when it no longer holds (its gap outlived the hold, its level
 //! changed), and the record is cleared when the reservation ends, becomes
-//! a co-residence, a drained or a wide one (a drained one grows without a
-//! save; a wide one has its own hold, `wide.rs`). So the other VM's CUs
+//! a co-residence or a drained one (a drained one grows without a save).
+//! A wide reservation keeps its own size (`wide.rs`) but is recorded, so
+//! a narrower higher VM that takes it over keeps its size while the wide
+//! one holds (fuzz seed 97041: a 25-workgroup RT at priority 15 shrank a
+//! 428-workgroup RT's wide reservation at every job, CWSR 14.1%; branch
+//! `rttwo`, `res_pass.rs`). So the other VM's CUs
 //! are kept exactly as long as the reservation itself would be kept for
 //! it, and the lower work is saved at most once per lapse instead of once
 //! per switch between the two.
@@ -40,9 +44,10 @@ impl Scheduler {
     /// Reservation `c`, newly sized for its owner in partition `p`, at
     /// least as large as every VM still holding the reservation needed (see
     /// the module doc); records the owner's size. Co-residences, drained
-    /// and wide reservations are returned as they are.
+    /// and wide reservations are returned as they are (a wide one is
+    /// recorded).
     pub(super) fn res_keep(&mut self, p: usize, c: Reservation) -> Reservation {
-        if c.k == 0 || c.drain || c.wide {
+        if c.k == 0 || c.drain {
             return c;
         }
         let Some(mut keep) = self.spatial.keep.get_mut(p).map(std::mem::take) else {
@@ -58,13 +63,19 @@ impl Scheduler {
         if let Some(slot) = self.spatial.keep.get_mut(p) {
             *slot = keep;
         }
+        // A wide reservation is sized by its own rule (`wide.rs`); it is
+        // recorded so that a narrower VM taking it over keeps its size
+        // while it holds (`res_pass.rs`).
+        if c.wide {
+            return c;
+        }
         Reservation { k, ..c }
     }
 
     /// Partition `p`'s reservation becomes `r`: the record ends with a
-    /// reservation that is none, a co-residence, drained or wide.
+    /// reservation that is none, a co-residence or drained.
     pub(super) fn res_keep_end(&mut self, p: usize, r: Option<Reservation>) {
-        if r.is_some_and(|r| r.k > 0 && !r.drain && !r.wide) {
+        if r.is_some_and(|r| r.k > 0 && !r.drain) {
             return;
         }
         if let Some(keep) = self.spatial.keep.get_mut(p) {

@@ -17,6 +17,7 @@ impl Scheduler {
         self.spatial.keep = vec![Vec::new(); self.parts.len()];
         self.spatial.drain_due = vec![None; self.parts.len()];
         self.spatial.overdue = vec![false; self.parts.len()];
+        self.spatial.passed = vec![None; self.parts.len()];
         self.spatial.slot_cus = vec![CuSet::All; self.slots.len()];
     }
 
@@ -121,6 +122,7 @@ impl Scheduler {
                 *r = None;
             }
             self.res_keep_end(p, None);
+            self.res_pass_note(p, None, None, false);
             return (None, false);
         }
         let prev = self.spatial.res[p];
@@ -137,12 +139,15 @@ impl Scheduler {
         // partition is preempted as a whole.)
         if !self.spatial_room(p, owner.level) {
             self.res_keep_end(p, None);
+            self.res_pass_note(p, None, None, false);
             self.spatial.res[p] = None;
             return (None, false);
         }
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
         // The wait of a drained reservation (its deadline: `drain_due.rs`).
         let mut drain_wait = None;
+        // The owner's busy queues and latency size, when it is sized.
+        let mut need: Option<(u32, Option<u32>)> = None;
         // Co-residence unless a reservation costs the lower lock-step work
         // less (`engine/lockstep.rs`).
         let cand = if owner.level < BOOST_LEVEL
@@ -199,6 +204,7 @@ impl Scheduler {
                     self.spatial_wide(p, owner.vm, owner.level, queues, switch)
                         .map(|k| (k, true))
                 });
+            need = Some((queues, by_latency));
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;
             }
@@ -224,6 +230,13 @@ impl Scheduler {
         // holding it needed (`res_keep.rs`): growing it back saves the
         // lower work.
         let cand = cand.map(|c| self.res_keep(p, c));
+        // Without one of its own, a lower RT's held reservation when its
+        // job meets its bound there (`res_pass.rs`): nothing is saved.
+        let passed = match (cand, need) {
+            (None, Some((queues, lat))) => self.res_pass_up(p, owner, prev, queues, lat),
+            _ => None,
+        };
+        let cand = cand.or(passed.map(|c| self.res_keep(p, c)));
         // A reservation another higher VM still holds across its gaps (two
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and
@@ -256,11 +269,14 @@ impl Scheduler {
                     && self.spatial_held(p, *r)
                     && (r.k > 0 || self.coreside_still(p, *r))
             })
+            .or_else(|| self.res_pass_back(p, owner.level, prev))
         });
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
             (Some(r), _) if r.k == 0 => false,
-            (Some(r), Some(pr)) => (pr.vm != r.vm && !kept) || r.k > pr.k || pr.k == 0,
+            (Some(r), Some(pr)) => {
+                (pr.vm != r.vm && !kept && !Self::res_in_place(r, prev)) || r.k > pr.k || pr.k == 0
+            }
             (Some(_), None) => true,
             _ => false,
         };
@@ -271,6 +287,7 @@ impl Scheduler {
             self.spatial.stats.established += 1;
         }
         self.res_keep_end(p, r);
+        self.res_pass_note(p, prev, r, passed.is_some());
         self.spatial.res[p] = r;
         (r, establish)
     }
@@ -652,6 +669,7 @@ impl Scheduler {
         if !self.spatial_on() {
             self.spatial.res[p] = None;
             self.res_keep_end(p, None);
+            self.res_pass_note(p, None, None, false);
         }
         let r = self.spatial.res[p];
         let part = &self.parts[p];

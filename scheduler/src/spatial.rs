@@ -415,20 +415,21 @@ impl Spatial {
         switch_ns: u64,
         wait_ns: u64,
     ) -> Option<u32> {
-        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, 2)
+        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, None)
     }
 
-    /// [`Self::size_for_latency`] with the job held to `1 / divisor` of the
-    /// VM's interval between jobs: 2 for a reservation beside which an
-    /// aging batch may run, 1 for a wide reservation, whose job's time is
-    /// bounded by its own caller ([`Self::size_wide`]'s `max_time_ns`).
+    /// [`Self::size_for_latency`] with the job held to `within_ns` instead
+    /// of half the VM's measured interval (`None`: half the interval):
+    /// [`Self::size_wide`]'s own bound on the job's time, half the period
+    /// where an aging batch may yield to it, the whole period less the
+    /// setup save for a kept wide reservation (`engine/wide_fit.rs`).
     fn size_for_latency_in(
         &self,
         vm: VmId,
         queues: u32,
         switch_ns: u64,
         wait_ns: u64,
-        divisor: u64,
+        within_ns: Option<u64>,
     ) -> Option<u32> {
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let o = self.occ.get(&vm)?;
@@ -454,9 +455,10 @@ impl Spatial {
         // us, fuzz seed 97138) used the batch's yield up within a few jobs
         // and then waited for the rest of the batch (p99 2828 us against
         // 460). A wide reservation's job is held to half its period too.
-        let room = match o.interval_ns {
-            0 => None,
-            i => Some((i / divisor.max(1)).saturating_sub(wait_ns)),
+        let room = match (within_ns, o.interval_ns) {
+            (Some(t), _) => Some(t.saturating_sub(wait_ns)),
+            (None, 0) => None,
+            (None, i) => Some((i / 2).saturating_sub(wait_ns)),
         };
         let rounds = match room {
             None => by_bound,
@@ -515,10 +517,12 @@ impl Spatial {
         max_time_ns: u64,
         max_permille: u32,
     ) -> Option<u32> {
-        // The job is held within `max_time_ns` below (the latency
-        // sizing's own room is the whole interval: half of it would undo
-        // a kept wide reservation's whole period, `engine/wide_fit.rs`).
-        let lat = self.size_for_latency_in(vm, queues, switch_ns, 0, 1)?;
+        // The latency sizing holds the job to `max_time_ns` too (half the
+        // measured interval would undo a kept wide reservation's whole
+        // period, `engine/wide_fit.rs`; the whole interval gave fuzz seed
+        // 50130's top VM with think times a wide reservation where half
+        // its period gave none: top CU time 0.915 of alone against 0.937).
+        let lat = self.size_for_latency_in(vm, queues, switch_ns, 0, Some(max_time_ns))?;
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let solo = self.occ.get(&vm)?.solo_ns;
         let xccs = (self.xccs as u64).max(1);

@@ -71,8 +71,14 @@ impl Regimes {
             }
         }
         // The first cycle of a new trial paid its setup (a save of the
-        // lower work): not the trial's own cycle.
-        if !first {
+        // lower work): not the trial's own cycle, unless the trial has no
+        // cycle of its own yet (a trial that never lasts past its first
+        // cycle would never be judged: fuzz seed 50130's closed-loop top,
+        // 119 us think time, was given a wide reservation 412 times in
+        // 593 ms, each for one cycle, and kept 0.915 of alone against
+        // 0.937; a periodic owner's period does not follow the setup's
+        // wait, so it is not judged stretched by it).
+        if !first || self.trial.0 == 0 {
             let a = if trial {
                 &mut self.trial
             } else {
@@ -352,5 +358,34 @@ mod tests {
             c.wake(t, 300_000, false);
         }
         assert!(!c.stretched(alone));
+    }
+
+    /// A closed loop whose wide reservation never outlasts its first
+    /// cycle (dropped at once, every retry) is still judged: its period
+    /// stretched with its job (80 us alone, 260 us on the reservation,
+    /// 119 us think time), so it is refused until the next retry. A
+    /// periodic owner whose first cycles pay the setup save is not judged
+    /// stretched (its period does not follow). Fuzz seed 50130.
+    #[test]
+    fn a_trial_of_one_cycle_is_judged() {
+        let alone = 80_000;
+        for (job_trial, think, periodic) in [(260_000, 119_000, false), (300_000, 0, true)] {
+            let mut c = WakePeriods::default();
+            let mut t = 0;
+            let period = 500_000;
+            for i in 0..200u64 {
+                // Every 8th cycle a one-cycle trial on a wide reservation.
+                let trial = i % 8 == 7 && i > 64;
+                let job = if trial { job_trial } else { alone };
+                let (p, gap) = if periodic {
+                    (period, period - job)
+                } else {
+                    (job + think, think)
+                };
+                t += p;
+                c.wake(t, gap, trial);
+            }
+            assert_eq!(c.stretched(alone), !periodic, "periodic {periodic}");
+        }
     }
 }

@@ -420,9 +420,8 @@ impl Spatial {
 
     /// [`Self::size_for_latency`] with the job held to `within_ns` instead
     /// of half the VM's measured interval (`None`: half the interval):
-    /// [`Self::size_wide`]'s own bound on the job's time, half the period
-    /// where an aging batch may yield to it, the whole period less the
-    /// setup save for a kept wide reservation (`engine/wide_fit.rs`).
+    /// [`Self::size_wide`] gives the whole interval, its job's time being
+    /// held by its own `max_time_ns`.
     fn size_for_latency_in(
         &self,
         vm: VmId,
@@ -517,12 +516,14 @@ impl Spatial {
         max_time_ns: u64,
         max_permille: u32,
     ) -> Option<u32> {
-        // The latency sizing holds the job to `max_time_ns` too (half the
-        // measured interval would undo a kept wide reservation's whole
-        // period, `engine/wide_fit.rs`; the whole interval gave fuzz seed
-        // 50130's top VM with think times a wide reservation where half
-        // its period gave none: top CU time 0.915 of alone against 0.937).
-        let lat = self.size_for_latency_in(vm, queues, switch_ns, 0, Some(max_time_ns))?;
+        // The latency sizing's room is the whole measured interval (the
+        // job's time is held to `max_time_ns` by the load below): half of
+        // it would undo a kept wide reservation's whole period
+        // (`engine/wide_fit.rs`), and `max_time_ns` itself sent fuzz seed
+        // 50009's closed-loop top VM (38 us think time) from the half
+        // period's sizing to the kept one: 0.791 of its alone CU time.
+        let whole = self.occ.get(&vm).map(|o| o.interval_ns).filter(|&i| i > 0);
+        let lat = self.size_for_latency_in(vm, queues, switch_ns, 0, whole)?;
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let solo = self.occ.get(&vm)?.solo_ns;
         let xccs = (self.xccs as u64).max(1);

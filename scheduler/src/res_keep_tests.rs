@@ -11,14 +11,14 @@
 use super::*;
 
 /// MI300X-like geometry: 38 CUs per XCC, 8 XCCs per partition.
-const CUS: u32 = 38;
+pub(super) const CUS: u32 = 38;
 
 /// One partition of 4 slots with the geometry; a busy lower VM (VM 0,
 /// priority 2, one queue of a 1000 ms job, 304 whole-CU workgroups of
 /// 10 ms: no co-residence, no drain) that runs alone for 1 ms; a higher
 /// periodic VM `hi` (VM 1, priority 12) and one between them `mid` (VM 2,
 /// priority 11). Returns (lower queue, hi queue, mid queue).
-fn rig() -> (World, QueueId, QueueId, QueueId) {
+pub(super) fn rig() -> (World, QueueId, QueueId, QueueId) {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
     w.s.set_cu_geometry(CUS, 8);
     let lo = w.vm(0, 2, 1, 1)[0];
@@ -33,7 +33,7 @@ fn rig() -> (World, QueueId, QueueId, QueueId) {
 
 /// The job of the VM between: long enough that its latency sizing
 /// leaves it 2 rounds, so its size follows its width.
-const MID_WORK: Nanos = 400_000;
+pub(super) const MID_WORK: Nanos = 400_000;
 
 /// The higher VM's job: longer than the save of the VM between that it
 /// preempts, so it decides again while it runs.

@@ -7,29 +7,10 @@
 
 use super::*;
 
-/// MI300X-like geometry: 38 CUs per XCC, 8 XCCs per partition.
-const CUS: u32 = 38;
-
-/// One partition of 4 slots with the geometry; a busy lower VM (VM 0,
-/// priority 2, one queue of a 1000 ms job, 304 whole-CU workgroups of
-/// 10 ms: no co-residence, no drain) that runs alone for 1 ms; a higher
-/// periodic VM `hi` (VM 1, priority 12) and a lower RT `mid` (VM 2,
-/// priority 11). Returns (lower queue, hi queue, mid queue).
-fn rig() -> (World, QueueId, QueueId, QueueId) {
-    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
-    w.s.set_cu_geometry(CUS, 8);
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let hi = w.vm(1, 12, 1, 1)[0];
-    let mid = w.vm(2, 11, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 304);
-    w.s.note_dispatch_occupancy(lo, 10 * MS, false);
-    w.submit(lo, 1000 * MS);
-    w.run_until(MS);
-    (w, lo, hi, mid)
-}
-
-/// The lower RT's job (its reservation is sized by its width).
-const MID_WORK: Nanos = 400_000;
+// The three-VM rig of `res_keep_tests.rs`: a busy lower VM (VM 0,
+// priority 2), a higher periodic VM `hi` (VM 1, priority 12) and a lower
+// RT `mid` (VM 2, priority 11) between them, and its job.
+use super::res_keep_tests::{rig, CUS, MID_WORK};
 
 /// The higher VM rings in one period of this many: its gaps (about 3
 /// ms) are longer than the cost-aware hold's (10 x the rig's 100 us

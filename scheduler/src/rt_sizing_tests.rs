@@ -135,15 +135,7 @@ fn the_work_bound_meets_the_rt_bound_on_fewer_cus() {
 /// fake GPU's 50 us), and the RT (VM 1, priority 12). Returns (lower
 /// queue, RT queue).
 fn rig() -> (World, QueueId, QueueId) {
-    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
-    w.s.set_cu_geometry(CUS, XCCS);
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let hi = w.vm(1, 12, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 1216);
-    w.s.note_dispatch_occupancy(lo, 10 * MS, false);
-    w.submit(lo, 100_000 * MS);
-    w.run_until(MS);
-    (w, lo, hi)
+    lockstep_lower_and_owner(CUS)
 }
 
 /// The RT's reservation (CUs per XCC) during its 60th job, one job of

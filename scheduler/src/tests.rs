@@ -482,6 +482,23 @@ impl World {
     }
 }
 
+/// One partition of 4 slots with a geometry of `cus` CUs per XCC and 8
+/// XCCs; a busy lock-step lower VM (VM 0, priority 2, one queue of 1216
+/// whole-CU workgroups of 10 ms: no co-residence, no drain) that runs
+/// alone for 1 ms, and a higher owner (VM 1, priority 12). Returns (lower
+/// queue, owner queue). The rig of the wide, wide-fit and RT sizing tests.
+fn lockstep_lower_and_owner(cus: u32) -> (World, QueueId, QueueId) {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+    w.s.set_cu_geometry(cus, 8);
+    let lo = w.vm(0, 2, 1, 1)[0];
+    let hi = w.vm(1, 12, 1, 1)[0];
+    w.s.note_dispatch_width(lo, 1216);
+    w.s.note_dispatch_occupancy(lo, 10 * MS, false);
+    w.submit(lo, 100_000 * MS);
+    w.run_until(MS);
+    (w, lo, hi)
+}
+
 fn cfg(policy: Policy) -> SchedConfig {
     SchedConfig {
         policy,

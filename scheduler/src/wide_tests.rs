@@ -18,15 +18,7 @@ const SOLO: Nanos = 4_000;
 /// whole-CU workgroups of 10 ms: no co-residence, no drain) and the wide
 /// owner (VM 1, priority 12). Returns (lower queue, owner queue).
 fn rig() -> (World, QueueId, QueueId) {
-    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
-    w.s.set_cu_geometry(CUS, 8);
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let hi = w.vm(1, 12, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 1216);
-    w.s.note_dispatch_occupancy(lo, 10 * MS, false);
-    w.submit(lo, 100_000 * MS);
-    w.run_until(MS);
-    (w, lo, hi)
+    lockstep_lower_and_owner(CUS)
 }
 
 /// The owner's job as the fake GPU runs it: one round on the whole

@@ -10,7 +10,8 @@
 //! `compute_static_thread_mgmt_se*` (docs/gpu-model.md).
 
 use crate::{QueueId, SlotId, VmId};
-use std::collections::{BTreeMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Host CU set of a mapped queue, the same on every XCC of its partition.
 /// CUs are numbered `0..cus_per_xcc` within an XCC.
@@ -162,6 +163,11 @@ pub(crate) struct Spatial {
     /// higher RT waits for when its reservation takes CUs from the VM
     /// (`Scheduler::rt_save_wait`).
     pub saves: BTreeMap<VmId, u64>,
+    /// [`Self::saves`] longest first, so the longest save among a few busy
+    /// VMs is found without a lookup per busy VM
+    /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`] and
+    /// [`Self::forget_saves`].
+    pub saves_by_len: BTreeSet<(Reverse<u64>, VmId)>,
     /// Per partition: the lower VM's reservation a higher owner without
     /// one of its own took over (`engine/res_pass.rs`): it goes back to
     /// that VM, without a save, while it still holds.
@@ -220,7 +226,16 @@ impl Spatial {
             return;
         }
         let s = self.saves.entry(vm).or_insert(0);
+        self.saves_by_len.remove(&(Reverse(*s), vm));
         *s = save_ns.max(*s - *s / 8);
+        self.saves_by_len.insert((Reverse(*s), vm));
+    }
+
+    /// Forgets `vm`'s saves (the VM is removed).
+    pub fn forget_saves(&mut self, vm: VmId) {
+        if let Some(s) = self.saves.remove(&vm) {
+            self.saves_by_len.remove(&(Reverse(s), vm));
+        }
     }
 
     /// Records the CU time of a doorbell's dispatches by `vm`
@@ -572,6 +587,29 @@ impl Spatial {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The longest-first index of the saves is the saves map, sorted,
+        /// whatever the order of saves and removals.
+        #[test]
+        fn the_saves_index_follows_the_saves(
+            ops in prop::collection::vec((0u32..6, 0u64..300_000, any::<bool>()), 0..80)
+        ) {
+            let mut s = Spatial::default();
+            for (vm, ns, forget) in ops {
+                if forget {
+                    s.forget_saves(VmId(vm));
+                } else {
+                    s.note_save(VmId(vm), ns);
+                }
+                let mut want: Vec<_> = s.saves.iter().map(|(v, n)| (Reverse(*n), *v)).collect();
+                want.sort();
+                let got: Vec<_> = s.saves_by_len.iter().copied().collect();
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
 
     #[test]
     fn top_and_all_but_split_every_xcc() {

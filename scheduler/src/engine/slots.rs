@@ -409,7 +409,7 @@ impl Scheduler {
             self.spatial.width.remove(&vm);
             self.spatial.occ.remove(&vm);
             self.spatial.recent.remove(&vm);
-            self.spatial.saves.remove(&vm);
+            self.spatial.forget_saves(vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;

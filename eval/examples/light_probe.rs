@@ -3,7 +3,8 @@
 //! Runs the scenario under `hqdmux` and prints, per VM, its jobs, the
 //! latencies of its first 10 jobs and its p99 (ms), billed GPU time and CU
 //! time (ms of the whole partition) per unit of weight (of completed
-//! kernels, and as received: `VmRun::cu_used_ns`), and the same for
+//! kernels, and as received: `VmRun::cu_used_ns`), its preemptions and
+//! longest wait for a slot, and the same for
 //! the VM alone (`Scenario::only_tenants`).
 use eval::driver::{simulate, RunOutput, VmRun};
 use eval::scenario::Scenario;
@@ -28,7 +29,7 @@ fn line(r: &RunOutput, v: &VmRun) -> String {
         .collect();
     let w = v.weight.max(1) as f64;
     format!(
-        "{} w{} jobs {} p99 {:.2} ms first [{}] billed/w {:.2} ms wait/w {:.2} ms cu/w {:.2} ms eff {:.3} used/w {:.2} ms used eff {:.3}",
+        "{} w{} jobs {} p99 {:.2} ms first [{}] billed/w {:.2} ms wait/w {:.2} ms cu/w {:.2} ms eff {:.3} used/w {:.2} ms used eff {:.3} preempt {} max_wait {:.2} ms",
         v.name,
         v.weight,
         v.latency_ns.len(),
@@ -40,6 +41,8 @@ fn line(r: &RunOutput, v: &VmRun) -> String {
         v.cu_ns as f64 / (r.cus as f64 * v.gpu_ns.max(1) as f64),
         v.cu_used_ns as f64 / 1e6 / r.cus as f64 / w,
         v.cu_used_ns as f64 / (r.cus as f64 * v.gpu_ns.max(1) as f64),
+        v.preemptions,
+        v.max_wait_ns as f64 / 1e6,
     )
 }
 

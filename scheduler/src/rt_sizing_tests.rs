@@ -10,6 +10,7 @@
 //! (reported per doorbell) bounds its time kernel by kernel. Virtual time
 //! only.
 
+use super::save_wait_tests::handle;
 use super::*;
 use crate::spatial::Spatial;
 
@@ -204,35 +205,6 @@ fn two_lower() -> Scheduler {
     s.note_dispatch_width(QueueId(1), 152);
     s.note_dispatch_occupancy(QueueId(1), 50_000, false);
     s
-}
-
-/// Handles `ev`, answering drains of idle queues at once, and returns the
-/// lower queues it saves.
-fn handle(s: &mut Scheduler, ev: Event) -> Vec<QueueId> {
-    s.handle(ev);
-    let mut saved = Vec::new();
-    while let Some(a) = s.poll_action() {
-        match a {
-            Action::Unmap {
-                queue,
-                mode: DequeueMode::DrainPipe,
-                ..
-            } => s.handle(Event::Unmapped {
-                queue,
-                has_work: false,
-                save_ns: 0,
-                now: ev.now(),
-            }),
-            Action::Unmap {
-                queue,
-                mode: DequeueMode::SaveWaves,
-                ..
-            } => saved.push(queue),
-            _ => {}
-        }
-    }
-    while s.poll_cu_change().is_some() {}
-    saved
 }
 
 /// 24 RT jobs 61 ms apart (each sets the reservation up afresh) over both

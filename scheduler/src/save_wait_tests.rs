@@ -9,11 +9,11 @@ fn sched() -> Scheduler {
     super::two_levels(&[2])
 }
 
-/// Handles `ev`; answers drains of idle queues at once. Returns whether
-/// the low queue was preempted with a save.
-pub(super) fn step(s: &mut Scheduler, ev: Event) -> bool {
+/// Handles `ev`, answering drains of idle queues at once, and returns the
+/// queues it saves (CU-set changes are taken and dropped).
+pub(super) fn handle(s: &mut Scheduler, ev: Event) -> Vec<QueueId> {
     s.handle(ev);
-    let mut saved = false;
+    let mut saved = Vec::new();
     while let Some(a) = s.poll_action() {
         match a {
             Action::Unmap {
@@ -27,14 +27,20 @@ pub(super) fn step(s: &mut Scheduler, ev: Event) -> bool {
                 now: ev.now(),
             }),
             Action::Unmap {
-                queue: QueueId(2),
+                queue,
                 mode: DequeueMode::SaveWaves,
                 ..
-            } => saved = true,
+            } => saved.push(queue),
             _ => {}
         }
     }
+    while s.poll_cu_change().is_some() {}
     saved
+}
+
+/// [`handle`]: was the low queue (2) preempted with a save?
+pub(super) fn step(s: &mut Scheduler, ev: Event) -> bool {
+    handle(s, ev).contains(&QueueId(2))
 }
 
 /// The low queue runs from `t`; the top one preempts it at `t + 1 ms`; its

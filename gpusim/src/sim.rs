@@ -410,6 +410,8 @@ pub struct SimGpu {
     rng: SmallRng,
     scratch: Vec<u8>,
     scratch2: Vec<u8>,
+    /// Scratch: the counter addresses of a batch of `Mark` workgroups.
+    scratch_gpas: Vec<u64>,
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
@@ -481,6 +483,7 @@ impl SimGpu {
             rng: SmallRng::seed_from_u64(seed),
             scratch: Vec::new(),
             scratch2: Vec::new(),
+            scratch_gpas: Vec::new(),
             event_budget: None,
             next_map_mask: None,
             batches: Vec::new(),

@@ -319,10 +319,15 @@ impl SimGpu {
         let (tag, cost) = (q.tag, super::wg_cost(&self.params, &d));
         super::credit(&mut self.cu_credit, tag, (to - from).saturating_mul(cost));
         let lim = Self::effect_wgs(&d).min(to);
-        for wg in from..lim {
-            apply_effect(&*q.mem, &d, wg, &mut self.scratch, &mut self.scratch2)?;
-        }
-        Ok(())
+        apply_effects(
+            &*q.mem,
+            &d,
+            from,
+            lim,
+            &mut self.scratch_gpas,
+            &mut self.scratch,
+            &mut self.scratch2,
+        )
     }
 
     pub(super) fn batch_done(&mut self, idx: u32, gen: u32) {

@@ -23,10 +23,20 @@ impl SimGpu {
             "guest lanes and CU owners disagree"
         );
         self.unshare_left(pi);
+        // Slots found unable to take a CU in this pass (bit per position;
+        // up to 64 slots): starting another queue's workgroups only takes
+        // CUs, so they stay unable until the pass ends, and are not looked
+        // at again (the scan of every slot per CU took a third of the
+        // promise fuzzer's host time).
+        let mut unable: u64 = 0;
+        let track = n <= 64;
         while self.parts[pi].free_cus > 0 {
             let mut chosen = None;
             for k in 0..n {
                 let pos = (self.parts[pi].rr + k) % n;
+                if track && unable & (1 << pos) != 0 {
+                    continue;
+                }
                 let s = self.parts[pi].slots[pos];
                 if let Some(q) = self.slots[s as usize].as_ref() {
                     if q.state == HState::Active
@@ -38,6 +48,9 @@ impl SimGpu {
                         chosen = Some((pos, s));
                         break;
                     }
+                }
+                if track {
+                    unable |= 1 << pos;
                 }
             }
             let Some((pos, s)) = chosen else { break };

@@ -416,6 +416,45 @@ pub(super) fn read_u32s(mem: &dyn DmaMemory, addr: u64, n: u64, buf: &mut Vec<u8
         .map_err(|_| QueueErrorReason::DataOutOfRange { addr, len: n * 4 })
 }
 
+/// Apply the memory effects of workgroups `from..to` of `d`, in order, as
+/// [`apply_effect`] on each: the same effects and the same error at the
+/// same workgroup. A `Mark` kernel's counters are added under one memory
+/// lock ([`DmaMemory::add_u32_each`]); `gpas` is scratch for their
+/// addresses.
+pub(super) fn apply_effects(
+    mem: &dyn DmaMemory,
+    d: &Dispatch,
+    from: u64,
+    to: u64,
+    gpas: &mut Vec<u64>,
+    s1: &mut Vec<u8>,
+    s2: &mut Vec<u8>,
+) -> QResult<()> {
+    let Kernarg::Mark { counters, n } = d.args else {
+        for wg in from..to {
+            apply_effect(mem, d, wg, s1, s2)?;
+        }
+        return Ok(());
+    };
+    let werr = |addr: u64, len: u64| QueueErrorReason::DataOutOfRange { addr, len };
+    gpas.clear();
+    // As `apply_effect`: workgroups past `n` mark nothing, and an address
+    // that overflows fails its workgroup after the ones before it.
+    let mut bad = None;
+    for wg in from..to.min(n as u64) {
+        match addr_add(counters, 4 * wg, werr(counters, 4 * n as u64)) {
+            Ok(a) => gpas.push(a),
+            Err(e) => {
+                bad = Some(e);
+                break;
+            }
+        }
+    }
+    mem.add_u32_each(gpas, 1)
+        .map_err(|(i, _)| werr(gpas[i], 4))?;
+    bad.map_or(Ok(()), Err)
+}
+
 /// Apply one workgroup's memory effect. Buffer ranges were validated when the
 /// packet was fetched; every address is still computed with checked arithmetic
 /// and every access bounds-checked.
@@ -489,4 +528,56 @@ pub(super) fn apply_effect(
         Kernarg::Spin { .. } => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu::mem::SparseMemory;
+    use proptest::prelude::*;
+
+    fn mark(counters: u64, n: u32, total: u64) -> Dispatch {
+        Dispatch {
+            desc: KernelDescriptor::new(abi::kernel::KernelKind::Mark, 1_000),
+            args: Kernarg::Mark { counters, n },
+            total,
+            items_per_wg: 1,
+            fp: Footprint::WHOLE,
+        }
+    }
+
+    proptest! {
+        /// A batch's effects are its workgroups' one by one: the same
+        /// counters, the same error at the same workgroup (counters near
+        /// the end of memory, or past it; workgroups past `n`).
+        #[test]
+        fn a_batch_of_mark_workgroups_marks_as_one_by_one(
+            base_off in 0u64..64,
+            n in 1u32..40,
+            from in 0u64..50,
+            len in 0u64..50,
+        ) {
+            let size = 1u64 << 16;
+            // Counters from just below the end of memory to inside it.
+            let counters = size - 4 * base_off - 4;
+            let d = mark(counters, n, 60);
+            let (lot, each) = (SparseMemory::new(size), SparseMemory::new(size));
+            let (mut s1, mut s2, mut gpas) = (Vec::new(), Vec::new(), Vec::new());
+            let got = apply_effects(&lot, &d, from, from + len, &mut gpas, &mut s1, &mut s2);
+            let mut want = Ok(());
+            for wg in from..from + len {
+                if let Err(e) = apply_effect(&each, &d, wg, &mut s1, &mut s2) {
+                    want = Err(e);
+                    break;
+                }
+            }
+            prop_assert_eq!(got, want);
+            for k in 0..64u64 {
+                let a = counters.saturating_add(4 * k);
+                if a + 4 <= size {
+                    prop_assert_eq!(lot.read_u32(a).unwrap(), each.read_u32(a).unwrap());
+                }
+            }
+        }
+    }
 }

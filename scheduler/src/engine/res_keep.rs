@@ -66,9 +66,6 @@ impl Scheduler {
         // A wide reservation is sized by its own rule (`wide.rs`); it is
         // recorded so that a narrower VM taking it over keeps its size
         // while it holds (`res_pass.rs`).
-        if c.wide {
-            return c;
-        }
         Reservation { k, ..c }
     }
 

@@ -370,6 +370,15 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // time, met on branch `rttwo`, is 10.0% of the run on the merged
         // tree, at the bound: docs/scheduling.md, "Stop 31's merges".)
         ("fuzz-97041-3-cwsr-time.toml", Some(&["3-rt-latency"])),
+        // A wide higher RT keeps the lower RT's larger reservation it took
+        // over: the CUs are not handed to an aging batch beside it and
+        // taken back with a save that spends the batch's yield allowance
+        // (RT p99 2838 us on the cut run before; its best effort, 0.665
+        // of alone against 0.720, stays under its bound).
+        (
+            "fuzz-97092-3-rt-latency.toml",
+            Some(&["3-rt-latency", "3-cwsr-time"]),
+        ),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -379,6 +379,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
             "fuzz-97092-3-rt-latency.toml",
             Some(&["3-rt-latency", "3-cwsr-time"]),
         ),
+        // An aging batch keeps a higher RT's reservation although the
+        // partition's last save waited for another guest's waves without
+        // a save point: a pause's switch counts the save, not that wait
+        // (200058: the batch took the partition and the RT waited in it).
+        ("fuzz-200058-3-rt-latency.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -418,6 +418,10 @@ struct AgingBudget {
     /// Last dequeue (CWSR save) time seen in the partition: a batch is
     /// charged one save and one restore of the work it displaced.
     save_ns: Nanos,
+    /// `save_ns` without its wait for waves that have no save point (the
+    /// save itself; the wait is billed to the waves' VM): a pause's switch
+    /// (`Scheduler::pause_switch`).
+    save_clean_ns: Nanos,
     /// Moving average (1/4) of the partition's CWSR saves that saved
     /// something (> 0 ns): the switch cost of the cost-aware hold.
     save_ewma: Nanos,
@@ -1193,3 +1197,7 @@ mod queue_hasher_tests {
 #[cfg(test)]
 #[path = "split_tests.rs"]
 mod split_tests;
+
+#[cfg(test)]
+#[path = "pause_switch_tests.rs"]
+mod pause_switch_tests;

@@ -421,14 +421,20 @@ impl Scheduler {
     /// one save and restore, the longer of the partition's last save and
     /// the last saves of the batch's own queues (a batch of long
     /// workgroups saves slowly: its pause must fit the allowance with
-    /// that switch, not with a short save of other work seen last).
+    /// that switch, not with a short save of other work seen last). The
+    /// partition's last save counts without its wait for waves that have
+    /// no save point: that wait was another VM's, billed to it (a lower
+    /// VM's 685 us `no_save_point` workgroups made a batch of other work
+    /// refuse a higher RT's reservation and the RT waited in the batch,
+    /// fuzz seed 200058; docs/scheduling.md "A batch pause's switch
+    /// without another guest's waits").
     pub(super) fn pause_switch(&self, p: &Partition) -> Nanos {
         p.aging
             .batch
             .iter()
             .filter_map(|e| self.queues.get(&e.0))
             .map(|q| q.restore_ns)
-            .fold(p.aging.save_ns, Nanos::max)
+            .fold(p.aging.save_clean_ns, Nanos::max)
             .saturating_mul(2)
     }
 

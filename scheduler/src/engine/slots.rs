@@ -95,6 +95,7 @@ impl Scheduler {
         if matches!(reason, Some(Reason::Preempt(..))) && has_work {
             let a = &mut self.parts[p].aging;
             a.save_ns = save_ns;
+            a.save_clean_ns = save_ns.saturating_sub(wait);
             if save_ns > 0 {
                 a.save_ewma = if a.save_ewma == 0 {
                     save_ns

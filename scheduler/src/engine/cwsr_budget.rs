@@ -46,6 +46,10 @@ pub(super) const CWSR_WINDOW_NS: Nanos = 32_000_000;
 pub(super) struct CwsrBudget {
     /// CWSR time still to spend at `at` (ns; negative: in debt).
     left: i64,
+    /// A lapse ran it short: lapses wait until it holds half a window's
+    /// share again (kept and lapsed gaps come in stretches, not one by
+    /// one).
+    refusing: bool,
     /// When it was last brought up to date (`None`: never; the budget is
     /// empty and earns from the partition's first save on, so no burst of
     /// saves at the start goes uncounted).
@@ -74,13 +78,18 @@ impl CwsrBudget {
     /// worth of debt).
     pub(super) fn spend(&mut self, now: Nanos, cost: Nanos) {
         let cost = i64::try_from(cost).unwrap_or(i64::MAX);
-        self.left = self.left_at(now).saturating_sub(cost).max(-cap());
+        let left = self.left_at(now);
+        let refusing = self.refusing && left < cap() / 2;
+        self.left = left.saturating_sub(cost).max(-cap());
+        self.refusing = refusing || (cost > 0 && self.left < cost);
         self.at = Some(now);
     }
 
     /// May a lapse that will cost `cost` ns of CWSR be made at `now`?
     pub(super) fn affords(&self, now: Nanos, cost: Nanos) -> bool {
-        i64::try_from(cost).is_ok_and(|c| self.left_at(now) >= c)
+        let left = self.left_at(now);
+        let floor = if self.refusing { cap() / 2 } else { 0 };
+        i64::try_from(cost).is_ok_and(|c| left >= c.max(floor))
     }
 }
 
@@ -102,10 +111,16 @@ mod tests {
         assert!(!b.affords(2 * CWSR_WINDOW_NS, full + 1));
         b.spend(CWSR_WINDOW_NS, full);
         assert!(!b.affords(CWSR_WINDOW_NS, 1));
-        // 100 us of CWSR is earned back in 100 / 0.09 us.
-        let t = CWSR_WINDOW_NS + 100_000 * 1000 / CWSR_BUDGET_PERMILLE;
+        // Run short, it refuses lapses until it holds half a window's
+        // share again, then affords what it holds.
+        let half = (cap() / 2) as Nanos;
+        let t = CWSR_WINDOW_NS + half * 1000 / CWSR_BUDGET_PERMILLE;
         assert!(!b.affords(t - 1_000, 100_000));
         assert!(b.affords(t, 100_000));
+        assert!(b.affords(t, half));
+        assert!(!b.affords(t, half + 1_000));
+        b.spend(t, 100_000);
+        assert!(b.affords(t, half - 100_000));
         // Never more than a window's share.
         assert_eq!(b.left_at(10 * CWSR_WINDOW_NS), cap());
     }

@@ -85,7 +85,11 @@ impl Scheduler {
         }
         // The save, and the restore of a queue with work (counted as long),
         // spend the partition's CWSR budget (`engine/cwsr_budget.rs`).
-        let cwsr = if work { save_ns.saturating_mul(2) } else { save_ns };
+        let cwsr = if work {
+            save_ns.saturating_mul(2)
+        } else {
+            save_ns
+        };
         let now = self.now;
         self.parts[p].cwsr_budget.spend(now, cwsr);
         let wait = if matches!(reason, Some(Reason::Preempt(..))) {

@@ -9,6 +9,7 @@ mod aging;
 mod batch_res;
 mod busy;
 mod control;
+mod cwsr_budget;
 mod drain_due;
 mod exclusive;
 mod fast_path;
@@ -379,6 +380,9 @@ struct Partition {
     /// CWSR time gaps given to the lower work may still cost
     /// (`engine/give.rs`, [`give::GiveBudget`]).
     give_budget: give::GiveBudget,
+    /// The partition's running CWSR share: a reservation's lapse it cannot
+    /// pay for is not made (`engine/cwsr_budget.rs`).
+    cwsr_budget: cwsr_budget::CwsrBudget,
 }
 
 /// Save waits in one period of saves in flight of a partition (reset when

@@ -79,19 +79,42 @@ fn a_wide_higher_rt_runs_on_the_lower_rts_reservation() {
 }
 
 /// A higher VM whose job needs more than the lower RT's CUs (its
-/// workgroups as long as its whole bound) does not take the reservation:
-/// it preempts the partition as before (the lower work is saved for it).
+/// workgroups as long as its whole bound) does not take the reservation
+/// at the lower RT's size: it preempts the partition as before (the lower
+/// work is saved for it) or, where those saves would spend more than the
+/// partition's CWSR budget (`engine/cwsr_budget.rs`: here a save of the
+/// lower work per job and the lower RT's set-up after it, 2 x 100 us per
+/// 3 ms, and the lower RT's saves), runs on a wide reservation of its own
+/// (never smaller than the reservation in place).
 #[test]
 fn a_higher_rt_that_needs_more_cus_preempts_as_before() {
     let (mut w, _lo, hi, mid) = rig();
-    let h = Hi {
-        width: 304,
-        solo: 150_000,
-        work: 150_000,
-    };
-    let (pre, _) = periods(&mut w, (hi, mid), h, 20, 600_000, 1_000_000, 40);
-    // 10 jobs of the higher VM in the 30 periods counted: each saves it.
-    assert!(pre >= 10, "lower work saved only {pre} times for 10 jobs");
+    let mut t = MS;
+    let mut jobs = 0;
+    for i in 0..40u64 {
+        w.ring_job(mid, 100, MID_WORK, false, MID_WORK);
+        w.run_until(t + 600_000);
+        if i % HI_EVERY == 0 {
+            let before = w.s.cu_reservation(0);
+            w.ring_job(hi, 304, 150_000, false, 150_000);
+            w.run_until(t + 700_000);
+            match w.s.cu_reservation(0) {
+                None => {}
+                Some((vm, k)) => {
+                    assert_eq!(vm, VmId(1), "job {i}: on {vm:?}'s reservation");
+                    let mid_k = before.map_or(0, |(_, k)| k);
+                    assert!(
+                        k >= mid_k,
+                        "job {i}: {k} CUs per XCC, below the {mid_k} in place"
+                    );
+                }
+            }
+            jobs += 1;
+        }
+        t += 1_000_000;
+        w.run_until(t);
+    }
+    assert_eq!(jobs, 14);
 }
 
 proptest! {

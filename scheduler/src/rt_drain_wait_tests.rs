@@ -88,10 +88,14 @@ fn waits_for_waves_without_a_save_point_do_not_buy_a_drain() {
     // allowance, 240 us): every RT arrival saves them, although each save
     // took 1 ms, 950 us of it waiting for the lower guest's own waves.
     // (The second arrival finds the lower queue still saved: the RT's
-    // cost-aware hold, before its gaps are learnt, kept the partition.)
+    // cost-aware hold, before its gaps are learnt, kept the partition.
+    // Each save, its wait included, spends 2 ms of the partition's CWSR
+    // budget, which leaves it short: the reservation is then kept through
+    // the next gap, `engine/cwsr_budget.rs`, and that arrival finds it in
+    // place, so every other arrival saves.)
     let saved = run(400_000, 1_000_000, 950_000, 12);
     assert!(saved[0], "{saved:?}");
-    assert!(saved.iter().skip(2).all(|s| *s), "{saved:?}");
+    assert!(saved.iter().skip(2).step_by(2).all(|s| *s), "{saved:?}");
 }
 
 #[test]

@@ -90,6 +90,13 @@ impl Scheduler {
                 }
             }
         }
+        // A lapse the partition's CWSR budget cannot pay for is not made:
+        // kept through the gaps whatever the lower work's loss
+        // (`engine/cwsr_budget.rs`).
+        let lapse = n_saves.saturating_mul(t_sw);
+        if !part.cwsr_budget.affords(self.now, lapse) {
+            return Nanos::MAX;
+        }
         let c = u128::from(n_saves) * u128::from(t_sw) * u128::from(den) / u128::from(num.max(1));
         Nanos::try_from(c).unwrap_or(Nanos::MAX)
     }

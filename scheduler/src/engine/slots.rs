@@ -83,6 +83,15 @@ impl Scheduler {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.stats.save_ns += save_ns;
         }
+        // The save, and the restore of a queue with work (counted as long),
+        // spend the partition's CWSR budget (`engine/cwsr_budget.rs`).
+        let cwsr = if work {
+            save_ns.saturating_mul(2)
+        } else {
+            save_ns
+        };
+        let now = self.now;
+        self.parts[p].cwsr_budget.spend(now, cwsr);
         let wait = if matches!(reason, Some(Reason::Preempt(..))) {
             self.save_wait(p, q, save_ns)
         } else {

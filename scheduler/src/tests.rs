@@ -1916,3 +1916,6 @@ mod rt_sizing_tests;
 
 #[path = "res_pass_tests.rs"]
 mod res_pass_tests;
+
+#[path = "wide_drain_tests.rs"]
+mod wide_drain_tests;

@@ -222,9 +222,7 @@ impl Scheduler {
                 vm: owner.vm,
                 level: owner.level,
                 k,
-                drain: drain.is_some_and(|w| {
-                    !wide || self.wide_drains(p, owner.vm, queues, k, w)
-                }),
+                drain: drain.is_some_and(|w| !wide || self.wide_drains(p, owner.vm, queues, k, w)),
                 wide,
             })
         } else {

@@ -24,14 +24,7 @@ impl Scheduler {
     /// half its wake period `P` and within its RT bound `1.1 x t(N) +
     /// allowance` (`spatial_wait_allowance`)? `false` when its period or
     /// its job's time is not measured.
-    pub(super) fn wide_drains(
-        &self,
-        p: usize,
-        vm: VmId,
-        queues: u32,
-        k: u32,
-        wait: Nanos,
-    ) -> bool {
+    pub(super) fn wide_drains(&self, p: usize, vm: VmId, queues: u32, k: u32, wait: Nanos) -> bool {
         let Some(v) = self.vms.get(&vm) else {
             return false;
         };

@@ -373,9 +373,6 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // A wide reservation is drained where its job and the drain fit
         // half the owner's period (best effort 0.705 -> 0.99 of alone).
         ("fuzz-97101-3-be-retained.toml", None),
-        // A wide higher RT does not shrink a lower RT's reservation that
-        // still holds (CWSR 19.5% -> 1.9%, best effort 0.752 -> 0.87).
-        ("fuzz-50158-3-cwsr-time.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

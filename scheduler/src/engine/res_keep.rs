@@ -28,12 +28,11 @@
 //! record when it no longer holds (its gap outlived the hold, its level
 //! changed), and the record is cleared when the reservation ends, becomes
 //! a co-residence or a drained one (a drained one grows without a save).
-//! A wide reservation is recorded too, so a narrower higher VM that takes
-//! it over keeps its size while the wide one holds (fuzz seed 97041: a
-//! 25-workgroup RT at priority 15 shrank a 428-workgroup RT's wide
-//! reservation at every job, CWSR 14.1%; branch `rttwo`, `res_pass.rs`),
-//! and a wide owner's own reservation keeps a lower holder's size too
-//! (fuzz seed 50158, branch `rtbe2`). So the other VM's CUs
+//! A wide reservation keeps its own size (`wide.rs`) but is recorded, so
+//! a narrower higher VM that takes it over keeps its size while the wide
+//! one holds (fuzz seed 97041: a 25-workgroup RT at priority 15 shrank a
+//! 428-workgroup RT's wide reservation at every job, CWSR 14.1%; branch
+//! `rttwo`, `res_pass.rs`). So the other VM's CUs
 //! are kept exactly as long as the reservation itself would be kept for
 //! it, and the lower work is saved at most once per lapse instead of once
 //! per switch between the two.
@@ -44,8 +43,9 @@ use crate::spatial::Reservation;
 impl Scheduler {
     /// Reservation `c`, newly sized for its owner in partition `p`, at
     /// least as large as every VM still holding the reservation needed (see
-    /// the module doc); records the owner's size. Co-residences and
-    /// drained reservations are returned as they are.
+    /// the module doc); records the owner's size. Co-residences, drained
+    /// and wide reservations are returned as they are (a wide one is
+    /// recorded).
     pub(super) fn res_keep(&mut self, p: usize, c: Reservation) -> Reservation {
         if c.k == 0 || c.drain {
             return c;
@@ -63,15 +63,12 @@ impl Scheduler {
         if let Some(slot) = self.spatial.keep.get_mut(p) {
             *slot = keep;
         }
-        // A wide reservation is sized by its own rule (`wide.rs`) and
-        // recorded, so that a narrower VM taking it over keeps its size
-        // while it holds (`res_pass.rs`); and like any other it does not
-        // shrink below a lower RT's size that still holds it: a wide
-        // higher RT that took over a lower RT's reservation and shrank it
-        // to its own size made the lower one's next job grow it again
-        // with a save, once per period of the wide one (fuzz seed 50158:
-        // a 1 kHz RT of 304 workgroups sized 1 CU per XCC above a 10 kHz
-        // RT sized 3, CWSR 19.9% of the run).
+        // A wide reservation is sized by its own rule (`wide.rs`); it is
+        // recorded so that a narrower VM taking it over keeps its size
+        // while it holds (`res_pass.rs`).
+        if c.wide {
+            return c;
+        }
         Reservation { k, ..c }
     }
 

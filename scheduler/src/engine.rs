@@ -27,6 +27,7 @@ mod spatial_engine;
 mod timers;
 mod use_rate;
 mod wide;
+mod wide_drain;
 mod wide_fit;
 mod wide_keep;
 

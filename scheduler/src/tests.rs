@@ -1919,3 +1919,6 @@ mod res_pass_tests;
 
 #[path = "cwsr_budget_tests.rs"]
 mod cwsr_budget_tests;
+
+#[path = "wide_drain_tests.rs"]
+mod wide_drain_tests;

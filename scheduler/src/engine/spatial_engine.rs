@@ -211,9 +211,11 @@ impl Scheduler {
             }
             // A wide reservation is set up with a save and held across
             // the owner's gaps (it takes the place of holding the whole
-            // partition): a drained one would make the owner wait for the
-            // lower workgroups in every period. (Draining it too was tried:
-            // fuzz seed 97101's best effort 0.706 -> 0.991 of alone, but
+            // partition), unless its job and the drain take at most half
+            // the owner's period and meet its RT bound: then it is
+            // drained, and the lower work gets the CUs back in each gap
+            // (`wide_drain.rs`). (Draining every wide one was tried: fuzz
+            // seed 97101's best effort 0.706 -> 0.991 of alone, but
             // 50257's wide 7 kHz RT then lost its kept reservation, 0.773
             // against 0.818, and 50273's RT p99 335 us against 248:
             // docs/scheduling.md, branch `rtbe`.)
@@ -221,7 +223,7 @@ impl Scheduler {
                 vm: owner.vm,
                 level: owner.level,
                 k,
-                drain: drain.is_some() && !wide,
+                drain: drain.is_some_and(|w| !wide || self.wide_drains(p, owner.vm, queues, k, w)),
                 wide,
             })
         } else {

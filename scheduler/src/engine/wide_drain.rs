@@ -1,0 +1,48 @@
+//! A wide reservation drained where the owner's gaps are long (issue 18,
+//! best effort beside wide RT tenants; docs/scheduling.md, "A wide
+//! reservation drained in long gaps"). A wide reservation (an owner wider
+//! than the width cap, `engine/wide.rs`) is set up with a save and kept
+//! across the owner's gaps: the lower lock-step work then runs on the
+//! other CUs for the whole run, and loses a round of each kernel that
+//! needs one more on them (fuzz seed 97101: a 964 us RT of one 6.7 us
+//! round, 2 CUs per XCC kept, best effort 0.706 of alone). Where the lower
+//! workgroups drain within the allowance and the owner's job on the
+//! reservation plus that drain take at most half its wake period, the
+//! reservation is drained instead: the lower work loses the CUs only
+//! while the owner waits for the drain and runs, and gets them back in
+//! every gap. A short period keeps the reservation as before: a drain
+//! per period that fills most of it would give nothing back and make
+//! every job wait for it (fuzz seed 50257's 7 kHz RT, 95 us lower
+//! workgroups in a 142 us period).
+
+use super::*;
+
+impl Scheduler {
+    /// Is owner `vm`'s wide reservation of `k` CUs per XCC on `queues`
+    /// busy queues drained rather than kept, the lower work's drain
+    /// taking `wait`: its job there plus the wait `t(k) + wait` within
+    /// half its wake period `P` and within its RT bound `1.1 x t(N) +
+    /// allowance` (`spatial_wait_allowance`)? `false` when its period or
+    /// its job's time is not measured.
+    pub(super) fn wide_drains(&self, p: usize, vm: VmId, queues: u32, k: u32, wait: Nanos) -> bool {
+        let Some(v) = self.vms.get(&vm) else {
+            return false;
+        };
+        let period = v.wake.period();
+        if period == 0 {
+            return false;
+        }
+        let (Some(t), Some(alone)) = (
+            self.spatial.time_on(vm, queues, k),
+            self.spatial.time_on(vm, queues, self.spatial.cus_per_xcc),
+        ) else {
+            return false;
+        };
+        let job = t.saturating_add(wait);
+        let bound = alone
+            .saturating_mul(11)
+            .div_ceil(10)
+            .saturating_add(self.spatial_wait_allowance(p));
+        job <= period / 2 && job <= bound
+    }
+}

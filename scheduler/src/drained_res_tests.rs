@@ -47,8 +47,28 @@ fn ring(w: &mut World, hi: QueueId) {
 /// and whether the lower queue had every CU back halfway through every
 /// gap.
 fn steady(w: &mut World, lo: QueueId, hi: QueueId, period: Nanos) -> (u64, bool, bool) {
-    let mut t = MS;
-    for _ in 0..60 {
+    let start = MS;
+    steady_periods(w, (lo, hi), period, (start, 60), SOLO / 2, ring, |r| {
+        r.is_none()
+    })
+}
+
+/// `learn` periods of `period` from `start` (each rings the owner `hi`
+/// with `ring`), then 100 more: the lower queue `lo`'s saves in those,
+/// whether the owner (VM 1) held a reservation `probe` after every ring,
+/// and whether halfway through every gap the
+/// reservation was gone by `gone` and `lo` ran on every CU.
+pub(super) fn steady_periods(
+    w: &mut World,
+    (lo, hi): (QueueId, QueueId),
+    period: Nanos,
+    (start, learn): (Nanos, usize),
+    probe: Nanos,
+    ring: impl Fn(&mut World, QueueId),
+    gone: impl Fn(Option<(VmId, u32)>) -> bool,
+) -> (u64, bool, bool) {
+    let mut t = start;
+    for _ in 0..learn {
         ring(w, hi);
         t += period;
         w.run_until(t);
@@ -57,12 +77,12 @@ fn steady(w: &mut World, lo: QueueId, hi: QueueId, period: Nanos) -> (u64, bool,
     let (mut reserved, mut back) = (true, true);
     for _ in 0..100 {
         ring(w, hi);
-        w.run_until(t + SOLO / 2);
+        w.run_until(t + probe);
         reserved &=
             w.s.cu_reservation(0)
                 .is_some_and(|(vm, k)| vm == VmId(1) && k > 0);
         w.run_until(t + period / 2);
-        back &= w.s.cu_reservation(0).is_none()
+        back &= gone(w.s.cu_reservation(0))
             && w.state(lo) == QueueState::Running
             && w.s.slot_cu_set(w.mapped[&lo]) == CuSet::All;
         t += period;

@@ -9,33 +9,7 @@
 
 use crate::*;
 
-/// Handles `ev`; answers drains of idle queues at once. Returns whether
-/// the lower queue (2) was preempted with a save.
-fn step(s: &mut Scheduler, ev: Event) -> bool {
-    s.handle(ev);
-    let mut saved = false;
-    while let Some(a) = s.poll_action() {
-        match a {
-            Action::Unmap {
-                queue,
-                mode: DequeueMode::DrainPipe,
-                ..
-            } => s.handle(Event::Unmapped {
-                queue,
-                has_work: false,
-                save_ns: 0,
-                now: ev.now(),
-            }),
-            Action::Unmap {
-                queue: QueueId(2),
-                mode: DequeueMode::SaveWaves,
-                ..
-            } => saved = true,
-            _ => {}
-        }
-    }
-    saved
-}
+use crate::tests::save_wait_tests::step;
 
 /// Two VMs (priority 12: queue 1; priority 2: queue 2) on one partition of
 /// 4 slots; the lower queue runs, the higher one preempts it, and the save

@@ -11,7 +11,7 @@ fn sched() -> Scheduler {
 
 /// Handles `ev`, answering drains of idle queues at once, and returns the
 /// queues it saves (CU-set changes are taken and dropped).
-pub(super) fn handle(s: &mut Scheduler, ev: Event) -> Vec<QueueId> {
+pub(crate) fn handle(s: &mut Scheduler, ev: Event) -> Vec<QueueId> {
     s.handle(ev);
     let mut saved = Vec::new();
     while let Some(a) = s.poll_action() {
@@ -39,7 +39,7 @@ pub(super) fn handle(s: &mut Scheduler, ev: Event) -> Vec<QueueId> {
 }
 
 /// [`handle`]: was the low queue (2) preempted with a save?
-pub(super) fn step(s: &mut Scheduler, ev: Event) -> bool {
+pub(crate) fn step(s: &mut Scheduler, ev: Event) -> bool {
     handle(s, ev).contains(&QueueId(2))
 }
 

@@ -1823,7 +1823,7 @@ mod timer_tests;
 mod hold_tests;
 
 #[path = "save_wait_tests.rs"]
-mod save_wait_tests;
+pub(crate) mod save_wait_tests;
 
 #[path = "free_wait_tests.rs"]
 mod free_wait_tests;

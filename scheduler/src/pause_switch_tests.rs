@@ -10,32 +10,14 @@
 use crate::*;
 
 use crate::tests::save_wait_tests::step;
+use crate::tests::two_levels;
 
 /// Two VMs (priority 12: queue 1; priority 2: queue 2) on one partition of
 /// 4 slots; the lower queue runs, the higher one preempts it, and the save
 /// takes `save` of which the backend reports `wait` spent waiting for the
 /// lower VM's own waves. Returns the pause switch read after it.
 fn switch_after(save: Nanos, wait: Nanos) -> Nanos {
-    let slots = (0..4)
-        .map(|queue| SlotDesc {
-            partition: 0,
-            pipe: 0,
-            queue,
-        })
-        .collect();
-    let mut s = Scheduler::new(SchedConfig::default(), slots).unwrap();
-    for (vm, priority) in [(1, 12), (2, 2)] {
-        s.add_vm(
-            VmId(vm),
-            VmParams {
-                priority,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    }
-    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
-    s.add_queue(VmId(2), QueueId(2), 0).unwrap();
+    let mut s = two_levels(&[2]);
     let saved = step(
         &mut s,
         Event::Doorbell {

@@ -66,7 +66,7 @@ struct World {
 /// One partition of 4 slots: VM 1 at priority 12 above VM 2 at priority
 /// 2, with queue 1 of VM 1 and `lower` queues of VM 2 (the save-wait,
 /// free-wait and RT drain tests' scheduler).
-fn two_levels(lower: &[u64]) -> Scheduler {
+pub(crate) fn two_levels(lower: &[u64]) -> Scheduler {
     let mut s = Scheduler::new(SchedConfig::default(), slots(1, 1, 4)).unwrap();
     for (vm, priority) in [(1, 12), (2, 2)] {
         s.add_vm(

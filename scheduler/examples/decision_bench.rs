@@ -4,11 +4,18 @@
 //! queue's write pointer; after each one the same doorbell is repeated
 //! (unchanged write pointer) and timed separately (`stale` column).
 //!
-//! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS] [--no-aging] [--no-spatial]`
+//! `cargo run --release -p hqdmux-scheduler --example decision_bench [EVENTS] [--no-aging] [--no-spatial] [--cpu-clock] [--policy NAME] [--vmqds N]`
 //!
 //! Spatial sharing is on (CU geometry of MI300X SPX, a random dispatch
 //! width of 1..400 workgroups noted before every doorbell, CU-set changes
 //! drained with the actions); `--no-spatial` runs without a CU geometry.
+//!
+//! `--cpu-clock` times each event by the bench thread's own CPU time
+//! (`CLOCK_THREAD_CPUTIME_ID`, less the median cost of reading that clock
+//! twice) instead of the wall clock: time the thread spends descheduled
+//! on a loaded machine is then not counted, so the tail measures the
+//! decision, not the machine's load (host steal time under a hypervisor
+//! still counts). `--policy NAME` and `--vmqds N` run one row.
 //!
 //! `--no-aging` sets `aging_ns` to 10^15 ns (aging never fires in the run),
 //! to separate the cost of aging boosts from the rest.
@@ -117,7 +124,7 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
             }
         };
         let width = rng.gen_range(1..=400u64);
-        let t0 = Instant::now();
+        let t0 = Clock::start();
         if let Event::Doorbell { queue, .. } = ev {
             // The binding notes the dispatch width before the doorbell.
             s.note_dispatch_width(queue, width);
@@ -127,7 +134,7 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
             acts.push(a);
         }
         while s.poll_cu_change().is_some() {}
-        let ns = t0.elapsed().as_nanos() as u64;
+        let ns = t0.elapsed_ns();
         cost.push(ns);
         let kind = match ev {
             Event::Doorbell { .. } => 0,
@@ -137,10 +144,10 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
         };
         kinds[kind].push(ns);
         if let Event::Doorbell { .. } = ev {
-            let t0 = Instant::now();
+            let t0 = Clock::start();
             s.handle(ev);
             let none = s.poll_action().is_none();
-            stale.push(t0.elapsed().as_nanos() as u64);
+            stale.push(t0.elapsed_ns());
             assert!(
                 none,
                 "a doorbell that does not move the wptr decides nothing"
@@ -177,6 +184,63 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
     }
 }
 
+/// The start of one timed event: the wall clock, or with `--cpu-clock`
+/// the thread's CPU time.
+enum Clock {
+    Wall(Instant),
+    Cpu(u64),
+}
+
+impl Clock {
+    fn start() -> Clock {
+        if CPU_CLOCK.load(std::sync::atomic::Ordering::Relaxed) {
+            Clock::Cpu(thread_cpu_ns())
+        } else {
+            Clock::Wall(Instant::now())
+        }
+    }
+    /// Nanoseconds since `start` (CPU time less the clock's own read cost).
+    fn elapsed_ns(&self) -> u64 {
+        match self {
+            Clock::Wall(t) => t.elapsed().as_nanos() as u64,
+            Clock::Cpu(t0) => thread_cpu_ns()
+                .saturating_sub(*t0)
+                .saturating_sub(CPU_CLOCK_COST.load(std::sync::atomic::Ordering::Relaxed)),
+        }
+    }
+}
+
+/// The calling thread's CPU time (ns).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a
+    // constant Linux supports.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The median of 10001 back-to-back reads of the thread CPU clock (ns):
+/// what [`Clock::elapsed_ns`] subtracts.
+fn cpu_clock_cost() -> u64 {
+    let mut v: Vec<u64> = (0..10_001)
+        .map(|_| {
+            let a = thread_cpu_ns();
+            thread_cpu_ns() - a
+        })
+        .collect();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// `--cpu-clock` sets it.
+static CPU_CLOCK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// [`cpu_clock_cost`], measured once at start with `--cpu-clock`.
+static CPU_CLOCK_COST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// `--no-spatial` clears it.
 static SPATIAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
@@ -186,10 +250,35 @@ fn main() {
         SPATIAL.store(false, std::sync::atomic::Ordering::Relaxed);
     }
     let aging = !args.iter().any(|a| a == "--no-aging");
-    let events: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(200_000);
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let only_policy = value("--policy");
+    let only_vmqds: Option<u64> = value("--vmqds").map(|v| v.parse().expect("--vmqds N"));
+    let events: usize = args
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i == 0 || !matches!(args[i - 1].as_str(), "--policy" | "--vmqds"))
+        .find_map(|(_, a)| a.parse().ok())
+        .unwrap_or(200_000);
+    if args.iter().any(|a| a == "--cpu-clock") {
+        CPU_CLOCK.store(true, std::sync::atomic::Ordering::Relaxed);
+        CPU_CLOCK_COST.store(cpu_clock_cost(), std::sync::atomic::Ordering::Relaxed);
+    }
     println!(
-        "scheduler decision cost per event (ns), {events} events, 24 HQD slots{}",
-        if aging { "" } else { ", aging off" }
+        "scheduler decision cost per event (ns), {events} events, 24 HQD slots{}{}",
+        if aging { "" } else { ", aging off" },
+        if CPU_CLOCK.load(std::sync::atomic::Ordering::Relaxed) {
+            format!(
+                ", thread CPU time (clock read cost {} ns subtracted)",
+                CPU_CLOCK_COST.load(std::sync::atomic::Ordering::Relaxed)
+            )
+        } else {
+            String::new()
+        }
     );
     println!(
         "{:<10} {:>6} {:>8} {:>8} {:>8} {:>8}   {:>9} {:>9}",
@@ -198,6 +287,11 @@ fn main() {
     let mut by_kind = Vec::new();
     for policy in [Policy::Hqdmux, Policy::Fifo, Policy::Timeslice] {
         for nq in [16, 256, 1024, 4096] {
+            if only_policy.as_deref().is_some_and(|p| p != policy.name())
+                || only_vmqds.is_some_and(|n| n != nq)
+            {
+                continue;
+            }
             let c = bench(policy, nq, events, aging);
             let (p50, p99, p999, mean) = c.all;
             println!(

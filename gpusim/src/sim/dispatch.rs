@@ -104,6 +104,14 @@ impl SimGpu {
         loop {
             let mut placed = false;
             for k in 0..n {
+                // No CU with an owner and room for a guest: no try can
+                // place one (each needs a host lane), and none changes
+                // anything. (Only a placed guest takes a lane.)
+                if k == 0 || placed {
+                    if self.parts[pi].lanes.is_empty() {
+                        return;
+                    }
+                }
                 let pos = (self.parts[pi].rr + k) % n;
                 let s = self.parts[pi].slots[pos];
                 if self.try_guest(s, &mut want) {
@@ -162,6 +170,26 @@ impl SimGpu {
             };
             (a.id, d.fp, self.wg_cost(&d))
         } else {
+            // Only below an equal split of the partition among the queues
+            // that want CUs (as `rebalance` counts them): the occupancy
+            // counterpart of the rebalance, which would otherwise make it
+            // wait for the other queues' round ends. A queue holding its
+            // split keeps its lock-step rounds. (Checked before its batches
+            // are searched: the count, which visits every slot, is made
+            // once per pass and most queues hold their split.)
+            let want = *want.get_or_insert_with(|| {
+                part.slots
+                    .iter()
+                    .filter(|&&s| {
+                        self.slots[s as usize].as_ref().is_some_and(|o| {
+                            o.state == HState::Active && self.dispatchable(o).is_some()
+                        })
+                    })
+                    .count() as u32
+            });
+            if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
+                return false;
+            }
             let qgen = q.gen;
             let Some((a, bi)) = q.active.iter().find_map(|a| {
                 let bi = a.batch?;
@@ -181,25 +209,6 @@ impl SimGpu {
                 return false;
             };
             if d.fp == Footprint::WHOLE {
-                return false;
-            }
-            // Only below an equal split of the partition among the queues
-            // that want CUs (as `rebalance` counts them): the occupancy
-            // counterpart of the rebalance, which would otherwise make it
-            // wait for the other queues' round ends. A queue holding its
-            // split keeps its lock-step rounds. (Counted after the batch is
-            // found: the count visits every slot.)
-            let want = *want.get_or_insert_with(|| {
-                part.slots
-                    .iter()
-                    .filter(|&&s| {
-                        self.slots[s as usize].as_ref().is_some_and(|o| {
-                            o.state == HState::Active && self.dispatchable(o).is_some()
-                        })
-                    })
-                    .count() as u32
-            });
-            if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
                 return false;
             }
             cut = Some(bi);

@@ -240,6 +240,11 @@ fn main() -> ExitCode {
         sum.max_decisions_per_virtual_ms.0,
         sum.max_decisions_per_virtual_ms.1
     );
+    println!(
+        "max host CPU ms per virtual ms of a run the items compare with {:.3} (seed {})",
+        sum.max_baseline_host_cpu_ms_per_virtual_ms.0,
+        sum.max_baseline_host_cpu_ms_per_virtual_ms.1
+    );
     if sum.failing_unknown > 0 {
         ExitCode::from(1)
     } else {

@@ -143,6 +143,11 @@ pub struct Verdict {
     pub host_cpu_ms_per_virtual_ms: f64,
     /// Decisions per virtual ms of the full run.
     pub decisions_per_virtual_ms: f64,
+    /// The highest host CPU ms per virtual ms of the runs the items
+    /// compare with (a tenant alone, two of its shape, best effort alone,
+    /// ...; 0 when none ran): scenarios the fuzzer made too, held to the
+    /// same cost bound.
+    pub baseline_host_cpu_ms_per_virtual_ms: f64,
     /// Virtual ms simulated (every run of the check).
     pub virtual_ms: u64,
 }
@@ -968,6 +973,7 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
     // before.
     let mut done: std::collections::HashMap<String, (PolicyReport, RunOutput)> =
         std::collections::HashMap::new();
+    let mut base_cpm: f64 = 0.0;
     let mut run_it = |s: &Scenario| -> Result<(PolicyReport, RunOutput), EvalError> {
         virtual_ms += s.duration_ms;
         let key = format!("{s:?}");
@@ -976,6 +982,7 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
         }
         let r = evaluate_with(s, policy, seed, false)?;
         host_ns += (r.0.host_ms * 1e6) as u64;
+        base_cpm = base_cpm.max(r.0.host_cpu_ms_per_virtual_ms);
         done.insert(key, r.clone());
         Ok(r)
     };
@@ -1542,6 +1549,13 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
                 format!("<= {b}"),
             );
         }
+        if base_cpm > b {
+            fail(
+                "cost-host",
+                format!("{base_cpm:.2} host CPU ms per virtual ms in a run the items compare with (a tenant alone, two of its shape, best effort alone)"),
+                format!("<= {b}"),
+            );
+        }
     }
     let verdict = Verdict {
         seed,
@@ -1552,6 +1566,7 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
         host_ms_per_virtual_ms: hpm,
         host_cpu_ms_per_virtual_ms: cpm,
         decisions_per_virtual_ms: dpm,
+        baseline_host_cpu_ms_per_virtual_ms: base_cpm,
         virtual_ms,
     };
     Ok(verdict)
@@ -2339,6 +2354,9 @@ pub struct Summary {
     pub max_host_cpu_ms_per_virtual_ms: (f64, u64),
     /// Highest decisions per virtual ms (and its seed).
     pub max_decisions_per_virtual_ms: (f64, u64),
+    /// Highest host CPU ms per virtual ms of a run the items compare with
+    /// (and its seed).
+    pub max_baseline_host_cpu_ms_per_virtual_ms: (f64, u64),
 }
 
 impl Summary {
@@ -2355,6 +2373,10 @@ impl Summary {
         }
         if v.decisions_per_virtual_ms > self.max_decisions_per_virtual_ms.0 {
             self.max_decisions_per_virtual_ms = (v.decisions_per_virtual_ms, v.seed);
+        }
+        if v.baseline_host_cpu_ms_per_virtual_ms > self.max_baseline_host_cpu_ms_per_virtual_ms.0 {
+            self.max_baseline_host_cpu_ms_per_virtual_ms =
+                (v.baseline_host_cpu_ms_per_virtual_ms, v.seed);
         }
         for c in &v.classes {
             *self.per_class.entry(c).or_default() += 1;

@@ -22,6 +22,10 @@ pub(super) struct BusyLevels {
     /// Bit `l` set: level `l` is present (as a key of the map it replaces).
     present: u32,
     per_level: [BTreeMap<VmId, u32>; LEVELS],
+    /// Per level, the sum of the weights of the VMs in its map, kept by the
+    /// engine's index and weight changes ([`Self::add_weight`]) so that a
+    /// slice end or a share test does not look every busy VM up.
+    weights: [u128; LEVELS],
 }
 
 /// [`BusyLevels::entry`].
@@ -114,6 +118,19 @@ impl BusyLevels {
             levels: self,
             level: level as usize,
         }
+    }
+
+    /// Adds `w` to the weight sum of `level` (a VM entering its map, or a
+    /// weight change of one in it); `w` may be negative.
+    pub(super) fn add_weight(&mut self, level: u16, w: i128) {
+        if let Some(x) = self.weights.get_mut(level as usize) {
+            *x = x.saturating_add_signed(w);
+        }
+    }
+
+    /// The sum of the weights of the VMs busy at `level`.
+    pub(super) fn weight_sum(&self, level: u16) -> u128 {
+        self.weights.get(level as usize).copied().unwrap_or(0)
     }
 
     /// Makes `level` absent and returns its map (an empty one keeps its

@@ -156,7 +156,19 @@ impl Scheduler {
         if v.active > 0 {
             charge(v, now, self.cfg.policy);
         }
+        let old = v.params.weight.max(1) as i128;
         v.params.weight = weight;
+        // The busy levels' weight sums follow the VM's weight.
+        let p = &mut self.parts[v.partition as usize];
+        let levels: Vec<u16> = p
+            .busy
+            .iter()
+            .filter(|(_, m)| m.contains_key(&vm))
+            .map(|(l, _)| *l)
+            .collect();
+        for l in levels {
+            p.busy.add_weight(l, weight.max(1) as i128 - old);
+        }
         self.sync_vt(vm);
         Ok(())
     }

@@ -303,7 +303,11 @@ impl Scheduler {
             st,
             QueueState::Ready | QueueState::Saved | QueueState::Running
         ) {
-            *p.busy.entry(level).or_default().entry(vm).or_default() += 1;
+            let c = p.busy.entry(level).or_default().entry(vm).or_default();
+            *c += 1;
+            if *c == 1 {
+                p.busy.add_weight(level, v.params.weight.max(1) as i128);
+            }
         }
     }
 
@@ -345,16 +349,21 @@ impl Scheduler {
             st,
             QueueState::Ready | QueueState::Saved | QueueState::Running
         ) {
+            let mut left = false;
             if let Some(m) = p.busy.get_mut(&level) {
                 if let Some(c) = m.get_mut(&vm) {
                     *c -= 1;
                     if *c == 0 {
                         m.remove(&vm);
+                        left = true;
                     }
                 }
                 if m.is_empty() {
                     p.busy.remove(&level);
                 }
+            }
+            if left {
+                p.busy.add_weight(level, -(v.params.weight.max(1) as i128));
             }
         }
     }

@@ -115,6 +115,28 @@ impl CycleUse {
 }
 
 impl Scheduler {
+    /// The sum of the weights of the VMs busy at level `top` of partition
+    /// `p` (their number under a policy that does not weigh VMs), from the
+    /// sums the index keeps.
+    fn busy_weight(&self, p: usize, top: u16) -> u128 {
+        let busy = &self.parts[p].busy;
+        let total = if self.cfg.policy.ops().weighted {
+            busy.weight_sum(top)
+        } else {
+            busy.get(&top).map_or(0, |m| m.len() as u128)
+        };
+        debug_assert_eq!(
+            total,
+            busy.get(&top).map_or(0, |m| m
+                .keys()
+                .filter_map(|x| self.vms.get(x))
+                .map(|x| weight(x, self.cfg.policy))
+                .sum::<u128>()),
+            "busy weight sum of level {top} out of step"
+        );
+        total
+    }
+
     /// End of owner `o`'s exclusive slice at level `top` (docs/scheduling.md,
     /// "A long job under its share"): its quantum, or later while its use in
     /// its busy period stays within its entitlement over its cycle
@@ -142,11 +164,7 @@ impl Scheduler {
         if v.cycle_use.allowance(used_now, w, w + others) == 0 {
             return q_end;
         }
-        let total: u128 = cands
-            .keys()
-            .filter_map(|x| self.vms.get(x))
-            .map(|x| weight(x, pol))
-            .sum();
+        let total = self.busy_weight(p, top);
         let left = v.cycle_use.allowance(used_now, w, total);
         if left == 0 {
             return q_end;
@@ -180,11 +198,7 @@ impl Scheduler {
         if !v.cycle_use.below_with(used_now, extra, w, w + others) {
             return false;
         }
-        let total: u128 = cands
-            .keys()
-            .filter_map(|x| self.vms.get(x))
-            .map(|x| weight(x, pol))
-            .sum();
+        let total = self.busy_weight(p, top);
         v.cycle_use.below_with(used_now, extra, w, total)
     }
 

@@ -285,9 +285,6 @@ impl Scheduler {
             })
             .or_else(|| self.res_pass_back(p, owner.level, prev))
         });
-        // A pair one of whose members no longer holds is the other's
-        // reservation at its own size (`res_pair.rs`).
-        let r = self.res_pair_end(p, r, paired.is_some());
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {
             (Some(r), _) if r.k == 0 => false,

@@ -20,7 +20,6 @@ mod index;
 mod lockstep;
 mod res_hold;
 mod res_keep;
-mod res_pair;
 mod res_pass;
 mod shared;
 mod slots;

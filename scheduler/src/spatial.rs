@@ -24,15 +24,6 @@ pub enum CuSet {
     Top(u32),
     /// Every CU but the highest `n` of each XCC (lower work beside it).
     AllBut(u32),
-    /// The `n` CUs of each XCC just below its highest `above` (the second
-    /// RT of a reservation shared by two RTs, each on CUs of its own:
-    /// `engine/res_pair.rs`).
-    Mid {
-        /// Highest CUs of each XCC left to the other RT.
-        above: u32,
-        /// CUs per XCC of this set.
-        n: u32,
-    },
 }
 
 impl CuSet {
@@ -45,13 +36,11 @@ impl CuSet {
         let first_top = cus_per_xcc.saturating_sub(match self {
             CuSet::All => 0,
             CuSet::Top(n) | CuSet::AllBut(n) => n,
-            CuSet::Mid { above, .. } => above,
         });
         match self {
             CuSet::All => true,
             CuSet::Top(_) => cu >= first_top,
             CuSet::AllBut(_) => cu < first_top,
-            CuSet::Mid { n, .. } => cu < first_top && cu >= first_top.saturating_sub(n),
         }
     }
 
@@ -183,50 +172,6 @@ pub(crate) struct Spatial {
     /// one of its own took over (`engine/res_pass.rs`): it goes back to
     /// that VM, without a save, while it still holds.
     pub passed: Vec<Option<Reservation>>,
-    /// Per partition: two RTs at different levels sharing its reservation,
-    /// each on CUs of its own (`engine/res_pair.rs`).
-    pub pair: Vec<Option<ResPair>>,
-}
-
-/// Two RT VMs at different levels holding one partition's reservation on
-/// disjoint CUs: `top` on the highest `top.k` CUs of each XCC, `mid` on the
-/// `mid.k` below them; the lower work on the rest (`CuSet::AllBut` of the
-/// sum, the reservation's `k`). Each keeps its CUs while the other runs:
-/// neither is saved by the other's jobs (`engine/res_pair.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ResPair {
-    /// The member on the highest CUs (the one that held them first).
-    pub top: Reservation,
-    /// The member on the CUs below `top`'s.
-    pub mid: Reservation,
-}
-
-impl ResPair {
-    /// CUs per XCC of both members.
-    pub fn k(&self) -> u32 {
-        self.top.k.saturating_add(self.mid.k)
-    }
-
-    /// The member that is `vm` at `level`, if any.
-    pub fn member(&self, vm: VmId, level: u16) -> Option<Reservation> {
-        [self.top, self.mid]
-            .into_iter()
-            .find(|m| m.vm == vm && m.level == level)
-    }
-
-    /// The CU set of member `vm` (`None`: not a member).
-    pub fn set_of(&self, vm: VmId) -> Option<CuSet> {
-        if vm == self.top.vm {
-            Some(CuSet::Top(self.top.k))
-        } else if vm == self.mid.vm {
-            Some(CuSet::Mid {
-                above: self.top.k,
-                n: self.mid.k,
-            })
-        } else {
-            None
-        }
-    }
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.
@@ -635,19 +580,6 @@ impl Spatial {
             Some(r) if r.k == 0 => CuSet::All,
             Some(r) if r.vm == vm || level >= r.level => CuSet::Top(r.k),
             Some(r) => CuSet::AllBut(r.k),
-        }
-    }
-
-    /// [`Self::set_for`] in partition `p`, where a pair of RTs holding the
-    /// reservation each get CUs of their own ([`ResPair`]).
-    pub fn set_in(&self, p: usize, r: Option<Reservation>, vm: VmId, level: u16) -> CuSet {
-        let pair = self.pair.get(p).copied().flatten();
-        match (r, pair) {
-            (Some(r), Some(pair)) if r.k == pair.k() && r.k > 0 => pair
-                .set_of(vm)
-                .or_else(|| (level >= r.level).then(|| pair.set_of(r.vm)).flatten())
-                .unwrap_or(CuSet::AllBut(r.k)),
-            _ => Self::set_for(r, vm, level),
         }
     }
 }

@@ -218,19 +218,14 @@ fn tenants(vms: &[(u8, u64, u64, u64, u32)]) -> Vec<Tenant> {
 }
 
 /// Running queues of other VMs span at most two levels: the owner's and
-/// the one lower level beside it; three where two RTs hold CUs of their
-/// own in the reservation (`engine/res_pair.rs`) and every level's CUs are
-/// disjoint.
+/// the one lower level beside it.
 fn check_two_levels(w: &World) -> Result<(), String> {
     let levels: std::collections::BTreeSet<_> = live(w)
         .into_iter()
         .filter(|q| w.state(*q) == QueueState::Running)
         .map(|q| w.s.queue_level(q))
         .collect();
-    let paired = levels.len() == 3
-        && !matches!(w.s.cu_reservation(0), None | Some((_, 0)))
-        && check_disjoint(w).is_ok();
-    if levels.len() > 2 && !paired {
+    if levels.len() > 2 {
         return Err(format!("levels {levels:?} run at once at {}", w.now));
     }
     Ok(())

@@ -1917,9 +1917,6 @@ mod rt_sizing_tests;
 #[path = "res_pass_tests.rs"]
 mod res_pass_tests;
 
-#[path = "res_pair_tests.rs"]
-mod res_pair_tests;
-
 #[path = "cwsr_budget_tests.rs"]
 mod cwsr_budget_tests;
 

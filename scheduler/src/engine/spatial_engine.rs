@@ -3,7 +3,7 @@
 //! queues keep running beside it, and the host CU set of every mapped queue.
 
 use super::{lvl, Scheduler, SliceOwner, BOOST_LEVEL};
-use crate::spatial::Reservation;
+use crate::spatial::{Reservation, Spatial};
 use crate::{CuSet, Nanos, QueueId, SlotId, SpatialStats, VmId};
 use std::cmp::Reverse;
 
@@ -19,7 +19,6 @@ impl Scheduler {
         self.spatial.drain_due = vec![None; self.parts.len()];
         self.spatial.overdue = vec![false; self.parts.len()];
         self.spatial.passed = vec![None; self.parts.len()];
-        self.spatial.pair = vec![None; self.parts.len()];
         self.spatial.slot_cus = vec![CuSet::All; self.slots.len()];
     }
 
@@ -125,7 +124,6 @@ impl Scheduler {
             }
             self.res_keep_end(p, None);
             self.res_pass_note(p, None, None, false);
-            self.res_pair_note(p, None, None);
             return (None, false);
         }
         let prev = self.spatial.res[p];
@@ -143,7 +141,6 @@ impl Scheduler {
         if !self.spatial_room(p, owner.level) {
             self.res_keep_end(p, None);
             self.res_pass_note(p, None, None, false);
-            self.res_pair_note(p, None, None);
             self.spatial.res[p] = None;
             return (None, false);
         }
@@ -235,7 +232,6 @@ impl Scheduler {
         // A reservation in place does not shrink below what a VM still
         // holding it needed (`res_keep.rs`): growing it back saves the
         // lower work.
-        let own = cand.filter(|c| c.k > 0 && !c.drain).map(|c| c.k);
         let cand = cand.map(|c| self.res_keep(p, c));
         // Without one of its own, a lower RT's held reservation when its
         // job meets its bound there (`res_pass.rs`): nothing is saved.
@@ -252,14 +248,7 @@ impl Scheduler {
         // owner displaced, sits on the reserved CUs: it is saved, see
         // `spatial_keeps`.)
         let mut kept = false;
-        // Two RTs whose own sizes fit the cap together each hold CUs of
-        // their own (`res_pair.rs`): neither is saved by the other's jobs.
-        let paired = cand.and_then(|_| self.res_pair_plan(p, owner, own, prev));
         let cand = cand.map(|c| match prev {
-            _ if paired.is_some() => {
-                kept = true;
-                paired.map_or(c, |(r, _)| r)
-            }
             Some(pr)
                 if c.k > 0
                     && pr.k > 0
@@ -302,7 +291,6 @@ impl Scheduler {
         }
         self.res_keep_end(p, r);
         self.res_pass_note(p, prev, r, passed.is_some());
-        self.res_pair_note(p, r, paired.map(|(_, pair)| pair));
         self.spatial.res[p] = r;
         (r, establish)
     }
@@ -561,7 +549,6 @@ impl Scheduler {
                 .iter()
                 .filter(|e| e.0 < owner.level)
                 .filter(|e| self.queues.get(&e.2).is_some_and(|q| q.vm != owner.vm))
-                .filter(|e| !self.res_pair_keeps(Some(r), owner, e.2))
                 .filter(|e| self.off_reserved(r, e.2))
                 .map(|e| e.0)
                 .max()
@@ -641,9 +628,6 @@ impl Scheduler {
         beside: Option<u16>,
         id: QueueId,
     ) -> bool {
-        if self.res_pair_keeps(r, owner, id) {
-            return true;
-        }
         let q = &self.queues[&id];
         matches!(r, Some(r) if r.vm == owner.vm)
             && (!establish || r.is_some_and(|r| r.k == 0 || r.drain))
@@ -703,7 +687,6 @@ impl Scheduler {
             self.spatial.res[p] = None;
             self.res_keep_end(p, None);
             self.res_pass_note(p, None, None, false);
-            self.res_pair_note(p, None, None);
         }
         let r = self.spatial.res[p];
         let part = &self.parts[p];
@@ -718,7 +701,7 @@ impl Scheduler {
         for q in mapped {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
-            let want = self.spatial.set_in(p, r, qq.vm, self.cu_set_level(qq));
+            let want = Spatial::set_for(r, qq.vm, self.cu_set_level(qq));
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];
             if *cur != want {
                 *cur = want;

@@ -165,9 +165,7 @@ impl Scheduler {
         for (vm, d) in fw.shares() {
             if let Some(v) = self.vms.get_mut(&vm) {
                 v.stats.gpu_ns = v.stats.gpu_ns.saturating_add(d);
-                v.vtime = v
-                    .vtime
-                    .saturating_add(d as u128 * SCALE / weight(v, pol));
+                v.vtime = v.vtime.saturating_add(d as u128 * SCALE / weight(v, pol));
             }
             self.sync_vt(vm);
         }

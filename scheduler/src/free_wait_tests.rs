@@ -165,6 +165,13 @@ fn the_free_time_is_split_among_the_vms_running_at_each_instant() {
     let mut sh = fw.shares();
     sh.sort();
     assert_eq!(sh, vec![(VmId(7), 300_000), (VmId(8), 100_000)]);
+    // A VM that stops and runs again in the period keeps one interval
+    // from its first start (the list stays bounded by the VMs).
+    fw.stops(VmId(7), T + T / 4);
+    fw.runs_from(VmId(7), T + T / 2);
+    let mut again = fw.shares();
+    again.sort();
+    assert_eq!(again, sh);
     // Nobody running: nothing billed; a held share beyond the wait
     // leaves nothing free.
     let mut idle = FreeWait::default();

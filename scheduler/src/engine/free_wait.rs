@@ -62,19 +62,21 @@ impl FreeWait {
     }
 
     /// `vm` starts running during the period's saves; its waves may take
-    /// free CUs from `from` (after its restore).
+    /// free CUs from `from` (after its restore). One interval per VM (the
+    /// list stays bounded by the partition's VMs however long the period
+    /// lasts): a VM that runs again in the period keeps its first start,
+    /// counted as running in its gap too (a gap inside one period of saves
+    /// in flight is at most one switch).
     pub(crate) fn runs_from(&mut self, vm: VmId, from: Nanos) {
-        self.runs.push((vm, from, None));
+        match self.runs.iter_mut().find(|r| r.0 == vm) {
+            Some(r) => r.2 = None,
+            None => self.runs.push((vm, from, None)),
+        }
     }
 
     /// `vm` stops running at `now` (its open interval, if any, ends).
     pub(crate) fn stops(&mut self, vm: VmId, now: Nanos) {
-        if let Some(r) = self
-            .runs
-            .iter_mut()
-            .rev()
-            .find(|r| r.0 == vm && r.2.is_none())
-        {
+        if let Some(r) = self.runs.iter_mut().find(|r| r.0 == vm && r.2.is_none()) {
             r.2 = Some(now.max(r.1));
         }
     }

@@ -13,6 +13,7 @@ mod cwsr_budget;
 mod drain_due;
 mod exclusive;
 mod fast_path;
+pub(crate) mod free_wait;
 mod gaps;
 mod give;
 mod hold;
@@ -376,29 +377,14 @@ struct Partition {
     save_waiters: Vec<VmId>,
     /// The CUs other queues' `no_save_point` waits left free during the
     /// partition's saves in flight, billed to the VMs mapped meanwhile
-    /// (`engine/slots.rs`, [`FreeWait`]).
-    free_wait: FreeWait,
+    /// (`engine/free_wait.rs`, [`free_wait::FreeWait`]).
+    free_wait: free_wait::FreeWait,
     /// CWSR time gaps given to the lower work may still cost
     /// (`engine/give.rs`, [`give::GiveBudget`]).
     give_budget: give::GiveBudget,
     /// The partition's running CWSR share: a reservation's lapse it cannot
     /// pay for is not made (`engine/cwsr_budget.rs`).
     cwsr_budget: cwsr_budget::CwsrBudget,
-}
-
-/// Save waits in one period of saves in flight of a partition (reset when
-/// none is in flight): their span, the partition time the waiting queues'
-/// waves held in it, and what of the rest is billed to the VMs mapped
-/// meanwhile (their waves had those CUs).
-#[derive(Clone, Copy, Debug, Default)]
-struct FreeWait {
-    /// First start and last end of the reported waits.
-    span: Option<(Nanos, Nanos)>,
-    /// Partition time the waiting queues' waves held (their CU-ns /
-    /// partition CUs, summed: different queues hold different CUs).
-    held: Nanos,
-    /// Free partition time of the span billed so far.
-    billed: Nanos,
 }
 
 /// Aging batches of a partition: the queues due for a boost are boosted

@@ -127,6 +127,8 @@ impl Scheduler {
                             v.wait_save = true;
                             self.parts[part as usize].save_waiters.push(vm);
                         }
+                        // Its waves may take the CUs the saves' waits free.
+                        self.parts[part as usize].free_wait.runs_from(vm, from);
                     } else {
                         v.wait_save = false;
                     }
@@ -136,6 +138,9 @@ impl Scheduler {
                 v.running_n -= 1;
                 if v.running_n == 0 {
                     v.bill_from = Nanos::MAX;
+                    if v.wait_save {
+                        self.parts[part as usize].free_wait.stops(vm, now);
+                    }
                 }
             }
         }

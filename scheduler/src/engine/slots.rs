@@ -242,69 +242,6 @@ impl Scheduler {
         wait
     }
 
-    /// A queue of `waiter` waited `wait` from `req` for its waves without
-    /// a save point, and they held `held` of the partition's time in it:
-    /// the rest of its CUs were free, and the VMs mapped meanwhile (their
-    /// billing waits for the saves in flight, [`Self::release_save_waiters`])
-    /// had them — their waves ran there. That free time is billed to them
-    /// (split evenly, each for the part of the wait after its billing would
-    /// have started), so a VM is billed for the partition time its waves
-    /// hold and never for another's. Waits of one period of saves in flight
-    /// overlap: the free time is that of their span less everything held
-    /// ([`FreeWait`]), billed as it grows.
-    pub(super) fn bill_free_wait(
-        &mut self,
-        p: usize,
-        waiter: VmId,
-        req: Nanos,
-        wait: Nanos,
-        held: Nanos,
-    ) {
-        if wait == 0 {
-            return;
-        }
-        let end = req.saturating_add(wait);
-        let fw = &mut self.parts[p].free_wait;
-        let (a, b) = fw
-            .span
-            .map_or((req, end), |(a, b)| (a.min(req), b.max(end)));
-        fw.span = Some((a, b));
-        fw.held = fw.held.saturating_add(held);
-        let free = (b - a).saturating_sub(fw.held);
-        let delta = free.saturating_sub(fw.billed);
-        if delta == 0 {
-            return;
-        }
-        let pol = self.cfg.policy;
-        let takers: Vec<(VmId, Nanos)> = self.parts[p]
-            .save_waiters
-            .iter()
-            .filter(|&&w| w != waiter)
-            .filter_map(|&w| {
-                let v = self.vms.get(&w)?;
-                let from = req.max(v.bill_from);
-                (v.wait_save && v.active > 0 && from < end).then(|| (w, end - from))
-            })
-            .collect();
-        if takers.is_empty() {
-            // Nobody had the free CUs: idle, billed to nobody.
-            return;
-        }
-        let n = takers.len() as u128;
-        let mut total: Nanos = 0;
-        for (w, overlap) in takers {
-            // Its part: the free time over the wait it overlapped.
-            let d = (delta as u128 * overlap as u128 / wait as u128 / n) as Nanos;
-            if let Some(v) = self.vms.get_mut(&w) {
-                v.stats.gpu_ns += d;
-                v.vtime += d as u128 * SCALE / weight(v, pol);
-            }
-            total = total.saturating_add(d);
-            self.sync_vt(w);
-        }
-        self.parts[p].free_wait.billed = self.parts[p].free_wait.billed.saturating_add(total);
-    }
-
     /// The backend reports that the dequeue in flight of `queue` (a
     /// preemption's SaveWaves) waited `wait_ns` for the queue's own waves
     /// without a save point before their save began (call it before the
@@ -340,8 +277,9 @@ impl Scheduler {
     /// during those saves start being billed (their waves had no CUs).
     pub(super) fn release_save_waiters(&mut self, p: usize) {
         if self.parts[p].freeing.is_empty() {
-            // The period of saves in flight is over.
-            self.parts[p].free_wait = FreeWait::default();
+            // The period of saves in flight is over: every wait in it is
+            // known, its free CUs are billed (`engine/free_wait.rs`).
+            self.settle_free_wait(p);
         }
         if !self.parts[p].freeing.is_empty() || self.parts[p].save_waiters.is_empty() {
             return;
@@ -382,6 +320,10 @@ impl Scheduler {
                 v.running_n -= 1;
                 if v.running_n == 0 {
                     v.bill_from = Nanos::MAX;
+                    if v.wait_save {
+                        let p = v.partition as usize;
+                        self.parts[p].free_wait.stops(vm, self.now);
+                    }
                 }
             }
             if matches!(qq.state, QueueState::Running | QueueState::Preempting) {

@@ -387,6 +387,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // A wide reservation is drained where its job and the drain fit
         // half the owner's period (best effort 0.705 -> 0.99 of alone).
         ("fuzz-97101-3-be-retained.toml", None),
+        // A higher RT that may co-reside keeps a lower RT's held
+        // reservation instead: the lower work is not handed the reserved
+        // CUs at each of its jobs and saved at the lower RT's next one
+        // (best effort 0.411 -> 0.609 of alone, CWSR 29.2% -> 3.3%).
+        ("fuzz-300016-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -91,6 +91,49 @@ impl Scheduler {
         })
     }
 
+    /// The reservation an `owner` of `p` that may co-reside (with `queues`
+    /// busy queues at its level and latency size `lat`) keeps instead of
+    /// co-residing, while another VM below it still holds the partition's
+    /// reservation `prev` across its gaps: a co-residence gives the lower
+    /// work every CU, and the other VM's next job takes its CUs back with
+    /// a save of that work, once per job of the owner (fuzz seed 300016: a
+    /// 5.8 kHz RT that co-resides above a 2.8 kHz RT holding 5 CUs per
+    /// XCC, CWSR 29.2% of the run; docs/scheduling.md, "A co-residence
+    /// keeps a lower RT's reservation"). The lower VM's reservation is
+    /// taken over as it is (`res_pass_up`, never grown: growing saves);
+    /// the owner's own reservation, which `res_keep` holds at another
+    /// holder's size, stays at that size (its own size `lat`, raised by
+    /// `res_keep`). `None`: it co-resides.
+    pub(super) fn coreside_keeps_held(
+        &self,
+        p: usize,
+        owner: SliceOwner,
+        prev: Option<Reservation>,
+        queues: u32,
+        lat: Option<u32>,
+    ) -> Option<Reservation> {
+        let pr = prev.filter(|r| r.k > 0 && !r.drain)?;
+        let lat = lat?;
+        if lat > pr.k {
+            return None;
+        }
+        if pr.vm != owner.vm {
+            return self
+                .res_pass_up(p, owner, prev, queues, Some(lat))
+                .filter(|r| r.k == pr.k);
+        }
+        let other = self.spatial.keep.get(p).into_iter().flatten().any(|r| {
+            r.vm != owner.vm && r.level < owner.level && r.k > lat && self.spatial_held(p, *r)
+        });
+        other.then_some(Reservation {
+            vm: owner.vm,
+            level: owner.level,
+            k: lat,
+            drain: false,
+            wide: false,
+        })
+    }
+
     /// When the VM holding partition `p`'s reservation `prev` no longer
     /// holds and the owner (at `level`) is below it: the reservation goes
     /// to another VM above the owner that held it and still holds (the

@@ -156,7 +156,17 @@ impl Scheduler {
             && self.spatial_coreside(p, owner)
             && !self.lockstep_prefers_reservation(p, owner)
         {
-            self.spatial.stats.coresidences += 1;
+            // Its latency size, for taking a lower RT's held reservation
+            // over instead (`res_pass.rs`, `coreside_keeps_held`).
+            let queues = self.owner_queues(p, owner);
+            let switch = match self.rt_save_wait(p, owner.level) {
+                0 => 0,
+                s => self.spatial_wait_allowance(p).saturating_sub(s),
+            };
+            need = Some((
+                queues,
+                self.spatial.size_for_latency(owner.vm, queues, switch, 0),
+            ));
             Some(Reservation {
                 vm: owner.vm,
                 level: owner.level,
@@ -235,11 +245,24 @@ impl Scheduler {
         let cand = cand.map(|c| self.res_keep(p, c));
         // Without one of its own, a lower RT's held reservation when its
         // job meets its bound there (`res_pass.rs`): nothing is saved.
+        // With a co-residence of its own, the same held reservation of a
+        // lower RT: co-residing would give the lower work its CUs, and the
+        // lower RT's next job would take them back with a save
+        // (`res_pass.rs`, "A co-residence keeps a lower RT's reservation").
         let passed = match (cand, need) {
             (None, Some((queues, lat))) => self.res_pass_up(p, owner, prev, queues, lat),
+            (Some(c), Some((queues, lat))) if c.k == 0 => {
+                self.coreside_keeps_held(p, owner, prev, queues, lat)
+            }
             _ => None,
         };
-        let cand = cand.or(passed.map(|c| self.res_keep(p, c)));
+        let cand = match passed {
+            Some(r) => Some(self.res_keep(p, r)),
+            None => cand,
+        };
+        if cand.is_some_and(|c| c.k == 0 && c.vm == owner.vm) {
+            self.spatial.stats.coresidences += 1;
+        }
         // A reservation another higher VM still holds across its gaps (two
         // RT tenants at different levels) passes to the owner without
         // shrinking: the lower work is on the other CUs already, and

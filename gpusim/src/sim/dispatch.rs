@@ -107,10 +107,8 @@ impl SimGpu {
                 // No CU with an owner and room for a guest: no try can
                 // place one (each needs a host lane), and none changes
                 // anything. (Only a placed guest takes a lane.)
-                if k == 0 || placed {
-                    if self.parts[pi].lanes.is_empty() {
-                        return;
-                    }
+                if (k == 0 || placed) && self.parts[pi].lanes.is_empty() {
+                    return;
                 }
                 let pos = (self.parts[pi].rr + k) % n;
                 let s = self.parts[pi].slots[pos];

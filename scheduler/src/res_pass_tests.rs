@@ -240,8 +240,9 @@ fn coreside_rig() -> (World, QueueId, QueueId, QueueId) {
 
 /// Runs `n` periods of `period` ns: `mid` rings a job of `mid_w` whole-CU
 /// workgroups of 100 us, and `offset` ns after it `hi` one of `hi_w`
-/// half-CU workgroups of `hi_solo` ns. Returns the lower VM's preemptions
-/// over the last `n - 10` periods and the co-residences over them.
+/// half-CU workgroups of `hi_solo` ns (every period, unlike [`periods`]'
+/// one in [`HI_EVERY`]). Returns the lower VM's preemptions over the last
+/// `n - 10` periods.
 fn coreside_periods(
     w: &mut World,
     (hi, mid): (QueueId, QueueId),
@@ -249,13 +250,12 @@ fn coreside_periods(
     offset: Nanos,
     period: Nanos,
     n: u64,
-) -> (u64, u64) {
-    let (mut pre, mut co) = (0, 0);
+) -> u64 {
+    let mut pre = 0;
     let mut t = MS;
     for i in 0..n {
         if i == 10 {
             pre = w.s.vm_stats(VmId(0)).unwrap().preemptions;
-            co = w.s.spatial_stats().coresidences;
         }
         w.ring_job(mid, mid_w, 100_000, false, 100_000);
         w.run_until(t + offset);
@@ -263,10 +263,7 @@ fn coreside_periods(
         t += period;
         w.run_until(t);
     }
-    (
-        w.s.vm_stats(VmId(0)).unwrap().preemptions - pre,
-        w.s.spatial_stats().coresidences - co,
-    )
+    w.s.vm_stats(VmId(0)).unwrap().preemptions - pre
 }
 
 /// A higher RT that may co-reside, arriving while a lower RT holds the
@@ -278,7 +275,7 @@ fn coreside_periods(
 #[test]
 fn a_coresiding_higher_rt_keeps_the_lower_rts_reservation() {
     let (mut w, lo, hi, mid) = coreside_rig();
-    let (pre, _) = coreside_periods(&mut w, (hi, mid), (40, 16, 5_000), 400_000, MS, 110);
+    let pre = coreside_periods(&mut w, (hi, mid), (40, 16, 5_000), 400_000, MS, 110);
     assert!(pre <= 1, "lower work saved {pre} times in 100 periods");
     assert_eq!(w.state(lo), QueueState::Running);
 }
@@ -304,7 +301,7 @@ proptest! {
     ) {
         let (mut w, lo, hi, mid) = coreside_rig();
         let offset = 150_000 + (period - 250_000) * offset_pct / 100;
-        let (pre, _) =
+        let pre =
             coreside_periods(&mut w, (hi, mid), (mid_w, hi_w, hi_solo), offset, period, 70);
         prop_assert!(pre <= 1, "lower work saved {} times in 60 periods", pre);
         prop_assert_eq!(w.state(lo), QueueState::Running);

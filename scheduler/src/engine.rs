@@ -19,6 +19,7 @@ mod give;
 mod hold;
 mod index;
 mod lockstep;
+mod nsp_save;
 mod res_hold;
 mod res_keep;
 mod res_pass;
@@ -32,6 +33,7 @@ mod wide_drain;
 mod wide_fit;
 mod wide_keep;
 
+pub(crate) use nsp_save::WaitedSaves;
 use timers::Deadline;
 
 /// Level of a boosted (aged) queue: above every VM priority.

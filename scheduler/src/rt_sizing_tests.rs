@@ -184,7 +184,7 @@ fn the_engine_sizes_by_the_allowance_and_the_jobs_cu_time() {
 /// at priority 12 (queue 1, one kernel of 152 workgroups of 50 us), above
 /// two lower VMs at priority 2, VM 2 (queue 2) and VM 3 (queue 3), each of
 /// whole-CU 10 ms workgroups (no drain).
-fn two_lower() -> Scheduler {
+pub(super) fn two_lower() -> Scheduler {
     let mut s = Scheduler::new(SchedConfig::default(), slots(1, 1, 4)).unwrap();
     for (vm, priority) in [(1, 12), (2, 2), (3, 2)] {
         s.add_vm(

@@ -168,6 +168,10 @@ pub(crate) struct Spatial {
     /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`] and
     /// [`Self::forget_saves`].
     pub saves_by_len: BTreeSet<(Reverse<u64>, VmId)>,
+    /// Per VM whose saves waited for its own waves without a save point:
+    /// its longest recent whole save, what a higher RT waits for
+    /// (`engine/nsp_save.rs`).
+    pub waited: crate::engine::WaitedSaves,
     /// Per partition: the lower VM's reservation a higher owner without
     /// one of its own took over (`engine/res_pass.rs`): it goes back to
     /// that VM, without a save, while it still holds.

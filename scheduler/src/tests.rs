@@ -1914,6 +1914,9 @@ mod wide_keep_tests;
 #[path = "rt_sizing_tests.rs"]
 mod rt_sizing_tests;
 
+#[path = "nsp_save_tests.rs"]
+mod nsp_save_tests;
+
 #[path = "res_pass_tests.rs"]
 mod res_pass_tests;
 

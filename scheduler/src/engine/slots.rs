@@ -177,6 +177,7 @@ impl Scheduler {
         // What of the reported wait its own waves held of the partition
         // (`None`: the backend cannot tell, all of it, billed in wall time).
         let held = held.map(|h| h.min(reported));
+        let whole_ns = save_ns;
         let save_ns = save_ns - reported;
         let a = &mut self.parts[p].aging;
         let typ = a.save_typ;
@@ -184,6 +185,9 @@ impl Scheduler {
         // The VM's own saves (what a higher RT waits for: `rt_save_wait`).
         if let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) {
             self.spatial.note_save(vm, save_ns.min(cap));
+            // ... and the whole save, its waits for waves without a save
+            // point included (`engine/nsp_save.rs`).
+            self.spatial.waited.note(vm, whole_ns, save_ns.min(cap));
         }
         let a = &mut self.parts[p].aging;
         let beyond = if typ == 0 || save_ns <= cap {
@@ -362,6 +366,7 @@ impl Scheduler {
             self.spatial.occ.remove(&vm);
             self.spatial.recent.remove(&vm);
             self.spatial.forget_saves(vm);
+            self.spatial.waited.forget(vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {
                     p.owner = None;

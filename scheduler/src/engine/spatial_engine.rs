@@ -159,10 +159,7 @@ impl Scheduler {
             // Its latency size, for taking a lower RT's held reservation
             // over instead (`res_pass.rs`, `coreside_keeps_held`).
             let queues = self.owner_queues(p, owner);
-            let switch = match self.rt_save_wait(p, owner.level) {
-                0 => 0,
-                s => self.spatial_wait_allowance(p).saturating_sub(s),
-            };
+            let switch = self.rt_switch_budget(p, owner.level);
             need = Some((
                 queues,
                 self.spatial.size_for_latency(owner.vm, queues, switch, 0),
@@ -192,12 +189,12 @@ impl Scheduler {
             // small RTs 5-9 CUs per XCC where 1-2 meet the bound (fuzz
             // seeds 97236, 50142, 50074; docs/scheduling.md "An RT's
             // reservation sized by the bound's allowance").
+            // (The save's waits for the lower guests' waves without a
+            // save point included, when the allowance can absorb them:
+            // `engine/nsp_save.rs`.)
             let switch = match drain {
                 Some(wait) => allowance.saturating_sub(wait),
-                None => match self.rt_save_wait(p, owner.level) {
-                    0 => 0,
-                    s => allowance.saturating_sub(s),
-                },
+                None => self.rt_switch_budget(p, owner.level),
             };
             let by_latency =
                 self.spatial
@@ -465,7 +462,7 @@ impl Scheduler {
     /// save alone: beside 10-40 us saves of one lower VM, another's whole-
     /// CU waves took 106-121 us to save (fuzz seed 50069, RT p99 432 us
     /// against 356 with the typical save budgeted). 0: nothing measured.
-    fn rt_save_wait(&self, p: usize, level: u16) -> Nanos {
+    pub(super) fn rt_save_wait(&self, p: usize, level: u16) -> Nanos {
         let typ = self.clean_save(p);
         let busy = &self.parts[p].busy;
         let busy_below = |vm: &VmId| busy.range(..level).any(|(_, vms)| vms.contains_key(vm));

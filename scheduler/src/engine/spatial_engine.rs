@@ -724,7 +724,7 @@ impl Scheduler {
         for q in mapped {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
-            let want = Spatial::set_for(r, qq.vm, self.cu_set_level(qq));
+            let want = Spatial::set_for_with(r, qq.vm, || self.mapped_cu_set_level(qq));
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];
             if *cur != want {
                 *cur = want;

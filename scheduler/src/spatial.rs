@@ -574,15 +574,24 @@ impl Spatial {
         Some(need.div_ceil(c).saturating_mul(solo))
     }
 
-    /// The set a queue of `vm` at `level` gets under reservation `r`: the
-    /// holder's queues, and those of other VMs at its level or above (an
-    /// equal's mapped queue that rings during the holder's anticipation
-    /// runs at once), the reserved CUs; only lower work the rest.
+    /// [`Self::set_for_with`] with the level given.
+    #[cfg(test)]
     pub fn set_for(r: Option<Reservation>, vm: VmId, level: u16) -> CuSet {
+        Self::set_for_with(r, vm, || level)
+    }
+
+    /// The set a queue of `vm` at level `level()` gets under reservation
+    /// `r`: the holder's queues, and those of other VMs at its level or
+    /// above (an equal's mapped queue that rings during the holder's
+    /// anticipation runs at once), the reserved CUs; only lower work the
+    /// rest. The level is asked only when the set depends on it (a
+    /// reservation with CUs of another VM): the CU-set sync's pass over
+    /// the mapped queues then looks nothing up for the others.
+    pub fn set_for_with(r: Option<Reservation>, vm: VmId, level: impl FnOnce() -> u16) -> CuSet {
         match r {
             None => CuSet::All,
             Some(r) if r.k == 0 => CuSet::All,
-            Some(r) if r.vm == vm || level >= r.level => CuSet::Top(r.k),
+            Some(r) if r.vm == vm || level() >= r.level => CuSet::Top(r.k),
             Some(r) => CuSet::AllBut(r.k),
         }
     }

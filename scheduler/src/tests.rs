@@ -1925,3 +1925,6 @@ mod cwsr_budget_tests;
 
 #[path = "wide_drain_tests.rs"]
 mod wide_drain_tests;
+
+#[path = "cu_sync_tests.rs"]
+mod cu_sync_tests;

@@ -133,6 +133,24 @@ impl Scheduler {
         }
     }
 
+    /// [`Self::cu_set_level`] of a mapped queue: a mapped queue is indexed,
+    /// so its key is current ([`Scheduler::key_of`], checked by
+    /// `check_invariants` and here in debug builds) and only a boosted
+    /// queue looks its VM up. The CU-set sync asks it for every mapped
+    /// queue at every decision.
+    pub(super) fn mapped_cu_set_level(&self, q: &Queue) -> u16 {
+        debug_assert_eq!(
+            lvl(q.key),
+            lvl(self.key_of(q)),
+            "a mapped queue's key is current"
+        );
+        if q.boosted {
+            self.cu_set_level(q)
+        } else {
+            lvl(q.key)
+        }
+    }
+
     /// What a pause of `ns` of partition `p`'s batch costs the batch when
     /// its work was not saved: its queues keep running beside the VM it
     /// yields to on the CUs outside that VM's reservation, so the batch

@@ -721,7 +721,14 @@ impl Scheduler {
         for q in mapped {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
-            let want = Spatial::set_for(r, qq.vm, self.cu_set_level(qq));
+            let want = Spatial::set_for_with(r, qq.vm, || self.mapped_cu_set_level(qq));
+            // The set the full look-up gives (the sync before it read the
+            // level from the key): every debug run compares the two.
+            debug_assert_eq!(
+                want,
+                Spatial::set_for_with(r, qq.vm, || self.cu_set_level(qq)),
+                "{q:?}: the CU set from the indexed key differs from the look-up's"
+            );
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];
             if *cur != want {
                 *cur = want;

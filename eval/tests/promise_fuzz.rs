@@ -397,6 +397,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // CUs at each of its jobs and saved at the lower RT's next one
         // (best effort 0.411 -> 0.609 of alone, CWSR 29.2% -> 3.3%).
         ("fuzz-300016-3-be-retained.toml", None),
+        // A wide RT's gaps are given from the partition's CWSR budget,
+        // which every save spends, not a fixed 8% of the run for the
+        // gives alone (best effort 0.559 -> above its 0.579 bound; a
+        // save per period is 9.7% of it, CWSR within 10%).
+        ("fuzz-300111-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

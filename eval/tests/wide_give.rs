@@ -4,9 +4,10 @@
 //! latency bound needs more than half the partition (no reservation), with
 //! 1.8 ms gaps that the cost-aware hold kept whole, best effort 0.019 of
 //! alone in the 100 ms cut. Its gaps now go to the lower work for one
-//! save and restore per period, as far as the partition's CWSR budget for
-//! given gaps allows (8% of the run, `GiveBudget`: about 78 of each 100
-//! gaps here, a save and restore being 10.3% of the period). What the file
+//! save and restore per period, as far as the partition's CWSR budget
+//! allows (9% of the run for every save of the partition,
+//! `engine/cwsr_budget.rs`; a save and restore is 10.3% of the period
+//! here; 8% of the run for the gives alone before branch `rtbe3`). What the file
 //! keeps is the RT bound, the CWSR bound (10% of the run) and best effort
 //! at least 0.4 of alone (20 times what it was; what the budget's gaps
 //! leave, about 0.78 x (2352 - 554 - 242) / 2352 = 0.52, less the start).

@@ -381,9 +381,6 @@ struct Partition {
     /// partition's saves in flight, billed to the VMs mapped meanwhile
     /// (`engine/free_wait.rs`, [`free_wait::FreeWait`]).
     free_wait: free_wait::FreeWait,
-    /// CWSR time gaps given to the lower work may still cost
-    /// (`engine/give.rs`, [`give::GiveBudget`]).
-    give_budget: give::GiveBudget,
     /// The partition's running CWSR share: a reservation's lapse it cannot
     /// pay for is not made (`engine/cwsr_budget.rs`).
     cwsr_budget: cwsr_budget::CwsrBudget,

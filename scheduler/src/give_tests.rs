@@ -93,11 +93,14 @@ fn steady(w: &mut World, hi: QueueId, vms: u32, period: Nanos) -> (u64, Nanos, N
 /// of 1-3 queues: holding them cost the lower work every ns of them. Now
 /// the gaps go to the lower work (one save of the running lower VM's
 /// queues per period, `n x 100 us` of CWSR: the lower equals take turns by
-/// slices) as far as the partition's budget for them allows, 8% of the
-/// run (`GIVE_CWSR_PERMILLE`): every gap where `n x 100 us` is at most 8%
-/// of the period, that share of them where it is more (1 queue every 1 ms:
-/// 80 of 100; 2 queues every 1.2 ms: 48; gaps of 1 ms or more the
-/// cost-aware hold gives away itself). A given gap's lower work runs
+/// slices) as far as the partition's CWSR budget allows, which every save
+/// of the partition spends (`engine/cwsr_budget.rs`, 9% of the run): every
+/// gap where `n x 100 us` is at most 9% of the period, about that share of
+/// them where it is more (1 queue every 1 ms: 85 of 100, 90 less the
+/// budget's stretches of refusals; 2 queues every 1.2 ms: 54; gaps of 1 ms
+/// or more the cost-aware hold gives away itself). With a fixed budget of
+/// their own, 8% of the run, the gives were 80 and 48: the CWSR bound's
+/// rest went unused where the partition saves nothing else. A given gap's lower work runs
 /// and is billed at least the gap less two switches; the owner waits at
 /// most one save (its RT bound allows one save and restore) and is billed
 /// no held time but in the gaps the budget could not pay for.
@@ -116,27 +119,36 @@ fn a_wide_periodic_owners_gaps_go_to_the_lower_work_within_the_cwsr_budget() {
         let gap = period - JOB;
         let q = u64::from(queues);
         let cost = q * 2 * UNMAP_NS;
-        // Gives the budget pays for in 100 periods (8% of them, in
+        // Gives the budget pays for in 100 periods (9% of them, in
         // costs), for gaps the cost-aware hold alone keeps (under 1 ms).
         let gives = if gap >= MS {
             100
         } else {
-            (100 * period * 80 / 1000 / cost).min(100)
+            (100 * period * 90 / 1000 / cost).min(100)
         };
+        // At least nine tenths of them (the budget refuses in stretches
+        // once short: `CwsrBudget::affords`).
         assert!(
-            pre >= (gives.min(99) - 1) * q,
+            pre >= (gives.min(99) - 1) * q * 9 / 10,
             "{vms} VMs every {period} ns: {pre} saves in 100 periods, budget {gives} gives"
         );
         if vms == 1 && gap < MS {
-            // Every save is a give's (no slices among lower equals): their
-            // CWSR within 8% of the run, but for the budget's cap.
+            // Every save is a give's (no slices among lower equals): the
+            // gives the budget affords, within five (its refusals come in
+            // stretches; a budget of 8% for gives alone made 80 and 48 of
+            // the 90 and 54 here)...
             assert!(
-                pre / q * cost <= 100 * period * 80 / 1000 + 2 * cost,
+                pre / q + 5 >= gives,
+                "{vms} VMs every {period} ns: {pre} saves in 100 periods, budget {gives} gives"
+            );
+            // ... and their CWSR within 9% of the run, but for one give.
+            assert!(
+                pre / q * cost <= 100 * period * 90 / 1000 + cost,
                 "{vms} VMs every {period} ns: {pre} saves past the budget"
             );
         }
         assert!(
-            gpu >= (gives.min(99) - 1) * (gap - 4 * UNMAP_NS),
+            gpu >= (gives.min(99) - 1) * 9 / 10 * (gap - 4 * UNMAP_NS),
             "{vms} VMs every {period} ns: lower work billed {gpu} ns in 100 periods"
         );
         assert!(

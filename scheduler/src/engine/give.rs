@@ -33,49 +33,18 @@
 //!
 //! **Within the CWSR bound.** Where giving every gap would cost more than
 //! the promise's CWSR bound (10% of the run; item 3), the partition gives
-//! gaps only from a budget ([`GiveBudget`]): it earns
-//! [`GIVE_CWSR_PERMILLE`] of the time that passes and each give spends its
-//! `n x t_sw`; a gap the budget cannot pay for is held. So the saves that
-//! giving brings stay within the bound over any stretch of the run, and
-//! the lower work gets the gaps the bound allows (all of them where they
-//! are long enough).
+//! gaps only from its CWSR budget (`engine/cwsr_budget.rs`): every save of
+//! the partition spends it as it is made (a give's among them), and a gap
+//! is given only while the budget holds the give's `n x t_sw`; a gap it
+//! cannot pay for is held. So the saves of given gaps and the partition's
+//! other saves (slices among lower equals, aging batches, reservations'
+//! lapses) stay within the bound together, and the lower work gets every
+//! gap the other saves leave room for: a fixed share of the run for gives
+//! alone (8% before) held gaps that the bound allowed wherever the other
+//! saves cost less than the rest (fuzz seed 300111: 8.1% CWSR in all,
+//! best effort 0.559 of alone against 0.579).
 
 use super::*;
-
-/// Share of the run (per mille) the saves of given gaps may cost: 80 of
-/// the promise's 100 (CWSR at most 10% of the run), the rest left to the
-/// partition's other saves (slices among lower equals, aging batches,
-/// the owner's own setup).
-pub(super) const GIVE_CWSR_PERMILLE: u64 = 80;
-
-/// The CWSR budget of a partition's given gaps (see the module doc).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct GiveBudget {
-    /// CWSR time still to spend (ns).
-    left: Nanos,
-    /// When it was last brought up to date (`None`: never).
-    at: Option<Nanos>,
-}
-
-impl GiveBudget {
-    /// Earns up to `now`, then spends `cost` if it has it: `true` when a
-    /// give of `cost` ns of CWSR is within the budget. It starts with one
-    /// give and holds at most two, so a long quiet stretch buys no burst.
-    pub(super) fn spend(&mut self, now: Nanos, cost: Nanos) -> bool {
-        let earned = match self.at {
-            Some(t) => now.saturating_sub(t).saturating_mul(GIVE_CWSR_PERMILLE) / 1000,
-            None => cost,
-        };
-        self.at = Some(now);
-        self.left = self.left.saturating_add(earned).min(cost.saturating_mul(2));
-        if self.left >= cost {
-            self.left -= cost;
-            true
-        } else {
-            false
-        }
-    }
-}
 
 impl Scheduler {
     /// The idle time of owner `vm`'s gaps (at `level` of partition `p`)
@@ -116,32 +85,5 @@ impl Scheduler {
             n.saturating_add(1).saturating_mul(t_sw),
             n.saturating_mul(t_sw),
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_pays_for_8_percent_of_the_time_and_buys_no_burst() {
-        let mut b = GiveBudget::default();
-        // One give at the start, then 100 us of CWSR per 1.25 ms.
-        assert!(b.spend(0, 100_000));
-        assert!(!b.spend(1_000_000, 100_000), "80 us earned of 100");
-        assert!(b.spend(1_250_000, 100_000));
-        // A second of quiet earns at most two gives.
-        let t = 1_000_000_000;
-        assert!(b.spend(t, 100_000));
-        assert!(b.spend(t, 100_000));
-        assert!(!b.spend(t, 100_000));
-        // Over a long run the gives cost at most 8% of it plus the cap.
-        let (mut gives, mut now) = (0u64, t);
-        for _ in 0..1000 {
-            now += 500_000;
-            gives += u64::from(b.spend(now, 100_000));
-        }
-        assert!(gives * 100_000 <= 1000 * 500_000 * 80 / 1000 + 200_000);
-        assert!(gives * 100_000 + 200_000 >= 1000 * 500_000 * 80 / 1000);
     }
 }

@@ -68,11 +68,15 @@ impl Scheduler {
         };
         let weighed = c.map_or(whole, |(c, _)| v.gaps.hold_ns(c));
         let worth = weighed < whole;
-        // Within the partition's CWSR budget for given gaps. A gap worth
-        // giving that the budget cannot pay for is held, but is no held
-        // (base) cycle of the owner's trial: a closed loop's trial cycles,
-        // interleaved with such gaps, are still judged.
-        if worth && !c.is_some_and(|(_, cost)| self.parts[p].give_budget.spend(now, cost)) {
+        // Within the partition's CWSR budget, which every save of the
+        // partition spends as it is made (`engine/cwsr_budget.rs`): a gap
+        // is given while the saves measured so far leave room for its
+        // own, so given gaps take what the partition's other saves leave
+        // of the CWSR bound, not a fixed share. A gap worth giving that
+        // the budget cannot pay for is held, but is no held (base) cycle
+        // of the owner's trial: a closed loop's trial cycles, interleaved
+        // with such gaps, are still judged.
+        if worth && !c.is_some_and(|(_, cost)| self.parts[p].cwsr_budget.affords(now, cost)) {
             return whole;
         }
         v.wake.gap_decided(worth);

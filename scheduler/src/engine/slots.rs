@@ -361,6 +361,7 @@ impl Scheduler {
             self.spatial.width.remove(&vm);
             self.spatial.occ.remove(&vm);
             self.spatial.recent.remove(&vm);
+            self.spatial.kernels.remove(&vm);
             self.spatial.forget_saves(vm);
             for p in &mut self.parts {
                 if p.owner.is_some_and(|o| o.vm == vm) {

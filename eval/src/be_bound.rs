@@ -559,8 +559,8 @@ mod tests {
         ));
         let b = best_effort_bound(std::slice::from_ref(&rt), &[lds], &p, 0.972);
         assert_ne!(b.case, BeCase::CoResidence);
-        // Whole rounds (1216 = 4 x 304) leave none free; 600 workgroups
-        // leave 8, but 296 or 8 CUs ... a narrow RT fits any.
+        // Whole rounds (1216 = 4 x 304) leave no CU free; a narrow RT (8
+        // workgroups) fits whatever is left.
         let whole = be(1216, 481_117, true, 1);
         assert!(coreside_places_meet_rt_bound(
             &rt,
@@ -577,8 +577,8 @@ mod tests {
                 "{w}"
             );
         }
-        // Every lower width with a last round of 200 or more leaves the
-        // wide RT at most 104 CUs: 6 rounds for 608, 3 for 304.
+        // A last round of 250 leaves 54 CUs: 12 + 6 + 2 x 6 rounds, 309
+        // us; one of 100 leaves 204: 3 + 2 + 2 x 2 rounds, 94 us.
         assert!(!coreside_places_meet_rt_bound(
             &rt,
             &[be(304 + 250, 1_000_000, true, 1)],

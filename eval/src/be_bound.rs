@@ -254,6 +254,30 @@ pub fn coreside_meets_rt_bound(rt: &RtShape, p: &Part) -> bool {
     b * 9 <= u128::from(p.cwsr_ns) * 10
 }
 
+/// Does `rt`'s job still meet its bound `1.1 x b + t_cwsr` when it comes
+/// during the last round of a kernel of `lower` that leaves some CUs of
+/// the partition free? A queue with free CUs of its mask runs its kernels
+/// in lock-step rounds on them and goes beside other queues' workgroups
+/// only when none is free (docs/gpu-model.md, "Occupancy"): a lower
+/// kernel of `w` workgroups leaves `F = N - r` CUs free in its last round
+/// of `r = w - N x (ceil(w / N) - 1)`, and the RT job takes `time_on(F)`
+/// there. The scheduler's admission (`engine/coreside_places.rs`)
+/// refuses co-residence on the same count. Fuzz seed 200117: 548
+/// workgroups leave 60 of 304 CUs, the RT's 51.4 us job takes 300 us
+/// there against 299.1 us.
+pub fn coreside_places_meet_rt_bound(rt: &RtShape, lower: &[BeShape], p: &Part) -> bool {
+    let n = p.cus.max(1);
+    let b = rt.job.time_on(n);
+    let bound = u128::from(b) * 11 / 10 + u128::from(p.cwsr_ns);
+    lower
+        .iter()
+        .flat_map(|l| l.job.kernels.iter())
+        .filter(|k| k.workgroups > 0)
+        .map(|k| n - ((k.workgroups - 1) % n + 1))
+        .filter(|&f| f > 0)
+        .all(|f| u128::from(rt.job.time_on(f)) <= bound)
+}
+
 /// The best figure of (a)-(d) for `be` beside `rts`, at most `today`
 /// (`1 - RT CU share`, measured).
 pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) -> BeBound {
@@ -267,10 +291,9 @@ pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) 
     };
     // (a) co-residence, when the RT jobs doubled by sharing meet the RT
     // bound.
-    if rts
-        .iter()
-        .all(|r| r.job.half_cu() && coreside_meets_rt_bound(r, p))
-        && be.iter().all(|b| b.job.half_cu() && b.job.queues == 1)
+    if rts.iter().all(|r| {
+        r.job.half_cu() && coreside_meets_rt_bound(r, p) && coreside_places_meet_rt_bound(r, be, p)
+    }) && be.iter().all(|b| b.job.half_cu() && b.job.queues == 1)
     {
         offer(today, BeCase::CoResidence);
     }
@@ -505,6 +528,67 @@ mod tests {
             period_ns: 5_000_000,
         };
         assert!(!coreside_meets_rt_bound(&wide, &p));
+    }
+
+    #[test]
+    fn co_residence_counts_the_cus_a_lower_last_round_leaves() {
+        let p = spx();
+        // Fuzz seed 200117's RT: 608 + 304 + 2 x 304 half-CU workgroups,
+        // 51.4 us alone on 304 CUs (bound 1.1 x 51.4 + 242 = 298.6 us).
+        let k = |workgroups, cost_ns, repeat| KernelShape {
+            workgroups,
+            cost_ns,
+            repeat,
+            half_cu: true,
+        };
+        let rt = RtShape {
+            job: JobShape {
+                kernels: vec![k(608, 8_572, 1), k(304, 17_144, 1), k(304, 8_572, 2)],
+                queues: 1,
+            },
+            period_ns: 1_808_000,
+        };
+        assert!(coreside_meets_rt_bound(&rt, &p));
+        // 548 lower workgroups leave 60 CUs in their last round: 11 + 6 +
+        // 2 x 6 rounds, 300 us.
+        let lds = be(548, 962_234, true, 1);
+        assert!(!coreside_places_meet_rt_bound(
+            &rt,
+            std::slice::from_ref(&lds),
+            &p
+        ));
+        let b = best_effort_bound(std::slice::from_ref(&rt), &[lds], &p, 0.972);
+        assert_ne!(b.case, BeCase::CoResidence);
+        // Whole rounds (1216 = 4 x 304) leave no CU free; a narrow RT (8
+        // workgroups) fits whatever is left.
+        let whole = be(1216, 481_117, true, 1);
+        assert!(coreside_places_meet_rt_bound(
+            &rt,
+            std::slice::from_ref(&whole),
+            &p
+        ));
+        let narrow = RtShape {
+            job: job(8, 20_000, true, 1),
+            period_ns: 1_000_000,
+        };
+        for w in [1u64, 100, 303, 305, 600, 911] {
+            assert!(
+                coreside_places_meet_rt_bound(&narrow, &[be(w, 1_000_000, true, 1)], &p),
+                "{w}"
+            );
+        }
+        // A last round of 250 leaves 54 CUs: 12 + 6 + 2 x 6 rounds, 309
+        // us; one of 100 leaves 204: 3 + 2 + 2 x 2 rounds, 94 us.
+        assert!(!coreside_places_meet_rt_bound(
+            &rt,
+            &[be(304 + 250, 1_000_000, true, 1)],
+            &p
+        ));
+        assert!(coreside_places_meet_rt_bound(
+            &rt,
+            &[be(304 + 100, 1_000_000, true, 1)],
+            &p
+        ));
     }
 
     #[test]

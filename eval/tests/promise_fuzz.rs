@@ -402,6 +402,10 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // gives alone (best effort 0.559 -> above its 0.579 bound; a
         // save per period is 9.7% of it, CWSR within 10%).
         ("fuzz-300111-3-be-retained.toml", None),
+        // An RT co-resident above a lower kernel whose last round leaves
+        // few CUs free ran lock-step on them; co-residence now counts
+        // those CUs (RT p99 701 -> 257 us against 299).
+        ("fuzz-200117-3-rt-latency.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -1585,6 +1585,7 @@ impl<O: Copy> Binding<O> {
             if let abi::aql::Body::KernelDispatch(d) = abi::aql::Packet::decode(&raw).body {
                 if let Ok(n) = d.validate() {
                     widest = widest.max(n);
+                    self.sched.note_dispatch_kernel(queue, n);
                     // The backend's estimate (none: no co-residence).
                     match gpu.dispatch_estimate(&*r.mem, &d) {
                         Some(e) => {

@@ -9,6 +9,7 @@ mod aging;
 mod batch_res;
 mod busy;
 mod control;
+mod coreside_places;
 mod cwsr_budget;
 mod drain_due;
 mod exclusive;

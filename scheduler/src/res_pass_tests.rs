@@ -266,6 +266,22 @@ fn coreside_periods(
     w.s.vm_stats(VmId(0)).unwrap().preemptions - pre
 }
 
+/// The case `a_coresiding_higher_rt_costs_the_lower_work_no_save_per_period`
+/// drew about one run in three (stop 33, when it was ignored): a lower RT
+/// of 8 workgroups (one CU per XCC) and a higher one of 57 half-CU
+/// workgroups of 27.5 us, 150 us after it, every 400 us. The higher RT
+/// needs more CUs than the lower RT's reservation; it co-resided and gave
+/// the lower work the reserved CUs back, and the lower RT's next job took
+/// them back with a save: 60 saves in 60 periods. It now takes the held
+/// reservation grown to its size: one save (the growth), then none.
+#[test]
+fn a_coresiding_higher_rt_that_needs_more_cus_grows_the_lower_rts_reservation_once() {
+    let (mut w, lo, hi, mid) = coreside_rig();
+    let pre = coreside_periods(&mut w, (hi, mid), (8, 57, 27_537), 150_000, 400_000, 70);
+    assert!(pre <= 1, "lower work saved {pre} times in 60 periods");
+    assert_eq!(w.state(lo), QueueState::Running);
+}
+
 /// A higher RT that may co-reside, arriving while a lower RT holds the
 /// partition's reservation across its gap, runs on that reservation
 /// instead (fuzz seed 300016): the lower work keeps off the reserved CUs,
@@ -292,17 +308,12 @@ proptest! {
     /// periods (the reservation's set-up), whether the higher RT co-resides
     /// or runs on the lower RT's reservation.
     ///
-    /// Ignored: it does not hold over this whole range. About one run in
-    /// three draws a case where it fails, shrinking to the shortest period
-    /// with the higher RT arriving early and needing more CUs than the
-    /// lower RT's reservation (e.g. `mid_w = 8, hi_w = 57, hi_solo =
-    /// 27537, offset_pct = 0, period = 400000`: the lower work is saved
-    /// in all 60 periods). `coreside_keeps_held` only takes over a
-    /// reservation the higher RT fits in; a larger one still co-resides
-    /// and gives the lower work the reserved CUs, as before `rtsize`.
-    /// Run it with `--ignored`; the fixed case above stays asserted.
+    /// A higher RT that needs more CUs than the lower RT's reservation
+    /// takes it grown to its own size (`coreside_keeps_held`, through
+    /// `res_pass_up`'s growth, within the cap): one save, after which
+    /// `res_keep` holds the larger size for both (see
+    /// [`a_coresiding_higher_rt_that_needs_more_cus_grows_the_lower_rts_reservation_once`]).
     #[test]
-    #[ignore = "known gap: a co-residing higher RT that needs more CUs than the lower RT's reservation still costs a save per period (docs/scheduling.md, Stop 33's merges)"]
     fn a_coresiding_higher_rt_costs_the_lower_work_no_save_per_period(
         mid_w in 8u64..120,
         hi_w in 1u64..64,

@@ -146,6 +146,10 @@ pub(crate) struct Spatial {
     /// Per VM: its last [`RECENT_WIDTHS`] dispatch widths (the lock-step
     /// rounds a reservation costs each of its kernels: `engine/res_hold.rs`).
     pub recent: BTreeMap<VmId, RecentWidths>,
+    /// Per VM: its last [`RECENT_WIDTHS`] kernels' widths, each kernel of a
+    /// doorbell apart (`recent` keeps a doorbell's widest): the last
+    /// rounds its kernels leave partly free (`engine/coreside_places.rs`).
+    pub kernels: BTreeMap<VmId, RecentWidths>,
     /// Per partition: the VMs that held its reservation and still hold it
     /// (in place or across their gaps), each with the size it was last
     /// given as owner (`engine/res_keep.rs`): the reservation does not
@@ -215,6 +219,12 @@ impl Spatial {
         let w = self.width.entry(vm).or_insert(0);
         *w = wgs.max(*w - *w / 8);
         self.recent.entry(vm).or_default().push(wgs);
+    }
+
+    /// Records one kernel of `wgs` workgroups dispatched by `vm`
+    /// ([`Self::kernels`]).
+    pub fn note_kernel(&mut self, vm: VmId, wgs: u64) {
+        self.kernels.entry(vm).or_default().push(wgs);
     }
 
     /// Records the occupancy of a doorbell's dispatches by `vm`.
@@ -565,7 +575,7 @@ impl Spatial {
     }
 
     /// `ceil(need / c)` rounds of `vm`'s solo time on `c` CUs in all.
-    fn time_on_cus(&self, vm: VmId, queues: u32, c: u64) -> Option<u64> {
+    pub fn time_on_cus(&self, vm: VmId, queues: u32, c: u64) -> Option<u64> {
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let solo = self.occ.get(&vm)?.solo_ns;
         if need == 0 || solo == 0 || c == 0 {

@@ -100,8 +100,12 @@ impl Scheduler {
     /// 5.8 kHz RT that co-resides above a 2.8 kHz RT holding 5 CUs per
     /// XCC, CWSR 29.2% of the run; docs/scheduling.md, "A co-residence
     /// keeps a lower RT's reservation"). The lower VM's reservation is
-    /// taken over as it is (`res_pass_up`, never grown: growing saves);
-    /// the owner's own reservation, which `res_keep` holds at another
+    /// taken over through `res_pass_up`: as it is when the owner's job
+    /// fits it, else grown to the owner's size within the cap (one save
+    /// of the lower work on the added CUs; `res_keep` then holds the
+    /// larger size for both, where co-residing cost the lower work a save
+    /// at every job of the lower RT: docs/scheduling.md, "A co-residence
+    /// grows a lower RT's reservation once"); the owner's own reservation, which `res_keep` holds at another
     /// holder's size, stays at that size (its own size `lat`, raised by
     /// `res_keep`). `None`: it co-resides.
     pub(super) fn coreside_keeps_held(
@@ -114,13 +118,11 @@ impl Scheduler {
     ) -> Option<Reservation> {
         let pr = prev.filter(|r| r.k > 0 && !r.drain)?;
         let lat = lat?;
+        if pr.vm != owner.vm {
+            return self.res_pass_up(p, owner, prev, queues, Some(lat));
+        }
         if lat > pr.k {
             return None;
-        }
-        if pr.vm != owner.vm {
-            return self
-                .res_pass_up(p, owner, prev, queues, Some(lat))
-                .filter(|r| r.k == pr.k);
         }
         let other = self.spatial.keep.get(p).into_iter().flatten().any(|r| {
             r.vm != owner.vm && r.level < owner.level && r.k > lat && self.spatial_held(p, *r)

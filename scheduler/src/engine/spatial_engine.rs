@@ -32,6 +32,20 @@ impl Scheduler {
         }
     }
 
+    /// The caller saw one kernel dispatch of `workgroups` workgroups newly
+    /// written to `queue`'s ring (call it for each, with
+    /// [`Scheduler::note_dispatch_width`] for the doorbell's widest): a
+    /// kernel wider than the partition by a part of a round leaves CUs
+    /// free in its last round, where a higher VM that co-resides runs on
+    /// those CUs alone (`engine/coreside_places.rs`). Unknown queues are
+    /// ignored.
+    pub fn note_dispatch_kernel(&mut self, queue: QueueId, workgroups: u64) {
+        if let Some(q) = self.queues.get(&queue) {
+            let vm = q.vm;
+            self.spatial.note_kernel(vm, workgroups);
+        }
+    }
+
     /// The caller read the dispatches newly written to `queue`'s ring (call
     /// it with [`Scheduler::note_dispatch_width`]): `solo_ns`, their run
     /// time alone (one workgroup's cost per kernel, summed), and `fits`,
@@ -361,6 +375,9 @@ impl Scheduler {
             .flat_map(|(_, m)| m.keys().copied());
         self.spatial
             .can_coreside(owner.vm, self.owner_queues(p, owner), lower, max)
+            // ... and beside a lower kernel's last round, which leaves the
+            // owner only its free CUs (`coreside_places.rs`).
+            && self.coreside_places_meet(p, owner, max)
     }
 
     /// The owner's busy queues at its level on `p` (at least 1): each may

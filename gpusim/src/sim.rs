@@ -19,6 +19,7 @@
 mod batch;
 mod cwsr;
 mod dispatch;
+mod guest_pass;
 mod mask;
 pub mod occupancy;
 mod packet;
@@ -827,6 +828,8 @@ mod tests;
 
 #[cfg(test)]
 mod cu_mask_tests;
+#[cfg(test)]
+mod guest_pass_tests;
 
 #[cfg(test)]
 mod occupancy_tests;

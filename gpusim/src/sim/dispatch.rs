@@ -3,6 +3,7 @@
 //! batches when a queue holds less than an equal split, single
 //! workgroups (jitter, waves without a save point) and their completion.
 
+use super::guest_pass::{GuestPass, LaneFootprints};
 use super::*;
 
 impl SimGpu {
@@ -98,9 +99,10 @@ impl SimGpu {
     pub(super) fn place_guests(&mut self, p: u32) {
         let pi = p as usize;
         let n = self.parts[pi].slots.len();
-        // The queues that want CUs, counted once until a guest is placed
-        // (`try_guest` packing; a try that places nothing changes nothing).
-        let mut want = None;
+        // What the tries learn about the partition, kept until a guest is
+        // placed (`try_guest` packing; a try that places nothing changes
+        // nothing).
+        let mut pass = GuestPass::default();
         loop {
             let mut placed = false;
             for k in 0..n {
@@ -112,7 +114,7 @@ impl SimGpu {
                 }
                 let pos = (self.parts[pi].rr + k) % n;
                 let s = self.parts[pi].slots[pos];
-                if self.try_guest(s, &mut want) {
+                if self.try_guest(s, &mut pass) {
                     placed = true;
                 }
             }
@@ -128,10 +130,10 @@ impl SimGpu {
     /// ([`occupancy::share`]): the owner's workgroup (a batch: its
     /// lock-step rounds) is delayed by the CU time the guest takes from it.
     ///
-    /// `want`: the count of queues that want CUs in its partition, if known
-    /// (computed here when needed; forgotten once this call changes
-    /// anything).
-    pub(super) fn try_guest(&mut self, slot: u32, want: &mut Option<u32>) -> bool {
+    /// `pass`: what earlier tries of the same pass learnt about the
+    /// partition (computed here when needed; forgotten once this call
+    /// changes anything).
+    pub(super) fn try_guest(&mut self, slot: u32, pass: &mut GuestPass) -> bool {
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let Some(q) = self.slots[slot as usize].as_ref() else {
@@ -175,7 +177,7 @@ impl SimGpu {
             // split keeps its lock-step rounds. (Checked before its batches
             // are searched: the count, which visits every slot, is made
             // once per pass and most queues hold their split.)
-            let want = *want.get_or_insert_with(|| {
+            let want = *pass.want.get_or_insert_with(|| {
                 part.slots
                     .iter()
                     .filter(|&&s| {
@@ -215,6 +217,14 @@ impl SimGpu {
         if fp == Footprint::WHOLE {
             return false;
         }
+        // No lane's owner leaves room for it: the visit below would find
+        // no host.
+        let lanes = pass.lanes.get_or_insert_with(|| {
+            LaneFootprints::collect(part.lanes.iter_from(0).map(|cu| part.cu_fp[cu as usize]))
+        });
+        if !lanes.may_host(fp) {
+            return false;
+        }
         let mut host = None;
         // Round robin over CUs, as the dispatcher spreads workgroups: only
         // those with an owner and no guest yet.
@@ -252,7 +262,7 @@ impl SimGpu {
             return false;
         };
         // From here on this call changes the partition.
-        *want = None;
+        pass.changed();
         if let Some(bi) = cut {
             // The batch stops after its current round; its unstarted
             // workgroups go back to the packet (as a mask cut does), the

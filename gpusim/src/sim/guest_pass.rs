@@ -1,0 +1,81 @@
+//! What one guest placement pass ([`SimGpu::place_guests`]) learns about
+//! its partition once and reuses for every queue it tries, until a try
+//! places a guest (the only thing in the pass that changes the partition).
+//!
+//! A pass tries every slot of the partition, and each try looked for a
+//! host CU by visiting every guest lane (a CU with an owner and no guest)
+//! and testing the owner's footprint against its own. On a tenant of many
+//! queues whose workgroups cannot pair (large LDS or VGPR footprints) run
+//! alone, every try visited every lane and found none, at every workgroup
+//! end: most of the simulator's host time. The lanes' owners run few
+//! distinct footprints (one per kernel running), so the pass collects them
+//! once and a try whose workgroup fits beside none of them fails at once,
+//! without the visit. The visit itself is unchanged, so a try places the
+//! same guest on the same CU as before.
+//!
+//! [`SimGpu::place_guests`]: super::SimGpu::place_guests
+
+use super::occupancy::Footprint;
+
+/// At most this many distinct footprints are kept; a partition whose lanes
+/// run more is not summarised (every try visits the lanes, as before).
+pub(super) const LANE_FOOTPRINTS_CAP: usize = 8;
+
+/// The distinct footprints of the owners' workgroups on a partition's guest
+/// lanes, or `None` if there are more than [`LANE_FOOTPRINTS_CAP`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LaneFootprints {
+    fps: [Footprint; LANE_FOOTPRINTS_CAP],
+    len: usize,
+    overflow: bool,
+}
+
+impl LaneFootprints {
+    /// Summarises the owner footprints `fps` (one per lane, any order,
+    /// repeats allowed).
+    pub(super) fn collect(fps: impl IntoIterator<Item = Footprint>) -> Self {
+        let mut s = LaneFootprints {
+            fps: [Footprint::WHOLE; LANE_FOOTPRINTS_CAP],
+            len: 0,
+            overflow: false,
+        };
+        for fp in fps {
+            if s.fps[..s.len].contains(&fp) {
+                continue;
+            }
+            if s.len == LANE_FOOTPRINTS_CAP {
+                s.overflow = true;
+                break;
+            }
+            s.fps[s.len] = fp;
+            s.len += 1;
+        }
+        s
+    }
+
+    /// May a workgroup of footprint `fp` fit beside the owner of some lane
+    /// ([`Footprint::fits_with`])? `false` only if it fits beside none of
+    /// them (then a visit of the lanes finds no host); exact unless the
+    /// lanes ran more than [`LANE_FOOTPRINTS_CAP`] distinct footprints.
+    pub(super) fn may_host(&self, fp: Footprint) -> bool {
+        self.overflow || self.fps[..self.len].iter().any(|h| h.fits_with(fp))
+    }
+}
+
+/// The knowledge a guest placement pass keeps between its tries; forgotten
+/// ([`GuestPass::changed`]) once a try places a guest.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct GuestPass {
+    /// The count of queues of the partition that want CUs (as the
+    /// rebalance counts them), once a try needed it.
+    pub(super) want: Option<u32>,
+    /// The footprints of the partition's guest lanes, once a try needed them.
+    pub(super) lanes: Option<LaneFootprints>,
+}
+
+impl GuestPass {
+    /// A try changed the partition: what was learnt no longer holds.
+    pub(super) fn changed(&mut self) {
+        *self = GuestPass::default();
+    }
+}

@@ -3,7 +3,7 @@
 //! batches when a queue holds less than an equal split, single
 //! workgroups (jitter, waves without a save point) and their completion.
 
-use super::guest_pass::{GuestPass, LaneFootprints};
+use super::guest_pass::{GuestPass, LaneFootprints, SMALLEST_GUEST};
 use super::*;
 
 impl SimGpu {
@@ -22,6 +22,14 @@ impl SimGpu {
                 part.lanes.contains(cu as u32) == (part.cu_owner[cu] != 0 && part.cu_guest[cu] == 0)
             }),
             "guest lanes and CU owners disagree"
+        );
+        debug_assert!(
+            (0..self.parts[pi].cu_owner.len()).all(|cu| {
+                let part = &self.parts[pi];
+                part.roomy.contains(cu as u32)
+                    == (part.lanes.contains(cu as u32) && part.cu_fp[cu].fits_with(SMALLEST_GUEST))
+            }),
+            "roomy guest lanes and lane footprints disagree"
         );
         self.unshare_left(pi);
         if n > 64 {
@@ -107,9 +115,10 @@ impl SimGpu {
             let mut placed = false;
             for k in 0..n {
                 // No CU with an owner and room for a guest: no try can
-                // place one (each needs a host lane), and none changes
-                // anything. (Only a placed guest takes a lane.)
-                if (k == 0 || placed) && self.parts[pi].lanes.is_empty() {
+                // place one (each needs a host lane whose owner leaves room
+                // for it, at least for the smallest guest), and none
+                // changes anything. (Only a placed guest takes a lane.)
+                if (k == 0 || placed) && self.parts[pi].roomy.is_empty() {
                     return;
                 }
                 let pos = (self.parts[pi].rr + k) % n;
@@ -220,15 +229,17 @@ impl SimGpu {
         // No lane's owner leaves room for it: the visit below would find
         // no host.
         let lanes = pass.lanes.get_or_insert_with(|| {
-            LaneFootprints::collect(part.lanes.iter_from(0).map(|cu| part.cu_fp[cu as usize]))
+            LaneFootprints::collect(part.roomy.iter_from(0).map(|cu| part.cu_fp[cu as usize]))
         });
         if !lanes.may_host(fp) {
             return false;
         }
         let mut host = None;
         // Round robin over CUs, as the dispatcher spreads workgroups: only
-        // those with an owner and no guest yet.
-        for cu in part.lanes.iter_from(part.guest_rr as u32) {
+        // those with an owner and no guest yet (the roomy lanes: a lane
+        // whose owner leaves no room for the smallest guest fails the
+        // `fits_with` test below for every guest).
+        for cu in part.roomy.iter_from(part.guest_rr as u32) {
             let cu = cu as usize;
             let owner = part.cu_owner[cu];
             if owner == 0
@@ -330,6 +341,7 @@ impl SimGpu {
         let qgen = q.gen;
         self.parts[p].cu_guest[cu as usize] = slot + 1;
         self.parts[p].lanes.remove(cu);
+        self.parts[p].roomy.remove(cu);
         self.parts[p].guest_rr = (cu as usize + 1) % self.parts[p].cu_guest.len();
         self.stats.coresident_wgs += 1;
         self.push_wg(Wg {
@@ -560,8 +572,8 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
-        set_lane(part, cu);
         part.cu_fp[cu as usize] = fp;
+        set_lane(part, cu);
         part.cu_debt[cu as usize] = 0;
         cu
     }
@@ -628,8 +640,8 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
-        set_lane(part, cu);
         part.cu_fp[cu as usize] = packet_fp(q, id);
+        set_lane(part, cu);
         self.parts[p].free_cus -= 1;
         let end = now.saturating_add(dur);
         self.push_wg(Wg {
@@ -800,13 +812,25 @@ pub(super) fn retire_wg(w: &mut Wg, idx: usize, free: &mut Vec<u32>) {
     free.push(idx as u32);
 }
 
-/// `cu`'s guest lane is open exactly when it has an owner and no guest.
+/// `cu`'s guest lane is open exactly when it has an owner and no guest;
+/// it is roomy when, besides, its owner's footprint (`cu_fp`, set before
+/// this call) leaves room for the smallest guest.
 fn set_lane(part: &mut Part, cu: u32) {
     let i = cu as usize;
     if part.cu_owner.get(i).is_some_and(|&o| o != 0) && part.cu_guest.get(i) == Some(&0) {
         part.lanes.insert(cu);
+        if part
+            .cu_fp
+            .get(i)
+            .is_some_and(|f| f.fits_with(SMALLEST_GUEST))
+        {
+            part.roomy.insert(cu);
+        } else {
+            part.roomy.remove(cu);
+        }
     } else {
         part.lanes.remove(cu);
+        part.roomy.remove(cu);
     }
 }
 
@@ -817,6 +841,7 @@ pub(super) fn release_cu(part: &mut Part, cu: u32) -> bool {
     if let Some(o) = part.cu_owner.get_mut(cu as usize) {
         *o = 0;
         part.lanes.remove(cu);
+        part.roomy.remove(cu);
         if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
             // Its guest runs on alone from now (`SimGpu::unshare_left`).
             part.left.push(cu);

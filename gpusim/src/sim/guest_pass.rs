@@ -17,6 +17,15 @@
 
 use super::occupancy::Footprint;
 
+/// No workgroup takes less of a CU: [`Footprint::of`] gives at least one
+/// wave (a whole CU otherwise). A CU whose owner leaves no room for this
+/// leaves none for any guest ([`Footprint::fits_with`] is monotone).
+pub(super) const SMALLEST_GUEST: Footprint = Footprint {
+    waves: 1,
+    vgprs: 0,
+    lds: 0,
+};
+
 /// At most this many distinct footprints are kept; a partition whose lanes
 /// run more is not summarised (every try visits the lanes, as before).
 pub(super) const LANE_FOOTPRINTS_CAP: usize = 8;
@@ -39,7 +48,13 @@ impl LaneFootprints {
             len: 0,
             overflow: false,
         };
+        let mut last = None;
         for fp in fps {
+            // Neighbouring lanes mostly run the same kernel.
+            if last == Some(fp) {
+                continue;
+            }
+            last = Some(fp);
             if s.fps[..s.len].contains(&fp) {
                 continue;
             }

@@ -226,14 +226,15 @@ impl SimGpu {
         if fp == Footprint::WHOLE {
             return false;
         }
-        // No lane's owner leaves room for it: the visit below would find
-        // no host.
-        let lanes = pass.lanes.get_or_insert_with(|| {
-            LaneFootprints::collect(part.roomy.iter_from(0).map(|cu| part.cu_fp[cu as usize]))
-        });
-        if !lanes.may_host(fp) {
-            return false;
-        }
+        // An earlier try of the pass visited every lane: if no lane's
+        // owner leaves room for this workgroup, the visit below would find
+        // no host. Otherwise this visit notes the lanes' footprints, kept
+        // if it finds no host (then it has seen every lane).
+        let mut seen = match pass.lanes {
+            Some(lanes) if !lanes.may_host(fp) => return false,
+            Some(_) => None,
+            None => Some(LaneFootprints::new()),
+        };
         let mut host = None;
         // Round robin over CUs, as the dispatcher spreads workgroups: only
         // those with an owner and no guest yet (the roomy lanes: a lane
@@ -241,6 +242,9 @@ impl SimGpu {
         // `fits_with` test below for every guest).
         for cu in part.roomy.iter_from(part.guest_rr as u32) {
             let cu = cu as usize;
+            if let Some(s) = seen.as_mut() {
+                s.add(part.cu_fp[cu]);
+            }
             let owner = part.cu_owner[cu];
             if owner == 0
                 || owner == slot + 1
@@ -270,6 +274,9 @@ impl SimGpu {
             }
         }
         let Some((cu, h)) = host else {
+            if seen.is_some() {
+                pass.lanes = seen;
+            }
             return false;
         };
         // From here on this call changes the partition.

@@ -8,9 +8,11 @@
 //! queues whose workgroups cannot pair (large LDS or VGPR footprints) run
 //! alone, every try visited every lane and found none, at every workgroup
 //! end: most of the simulator's host time. The lanes' owners run few
-//! distinct footprints (one per kernel running), so the pass collects them
-//! once and a try whose workgroup fits beside none of them fails at once,
-//! without the visit. The visit itself is unchanged, so a try places the
+//! distinct footprints (one per kernel running), so the first try that visits
+//! every lane without finding a host notes them on its way, and a later
+//! try whose workgroup fits beside none of them fails at once, without the
+//! visit. (Collecting them up front instead cost more than it saved where
+//! guests do pair: there a visit finds a host after a few lanes.) The visit itself is unchanged, so a try places the
 //! same guest on the same CU as before.
 //!
 //! [`SimGpu::place_guests`]: super::SimGpu::place_guests
@@ -40,30 +42,38 @@ pub(super) struct LaneFootprints {
 }
 
 impl LaneFootprints {
-    /// Summarises the owner footprints `fps` (one per lane, any order,
-    /// repeats allowed).
-    pub(super) fn collect(fps: impl IntoIterator<Item = Footprint>) -> Self {
-        let mut s = LaneFootprints {
+    /// No lanes yet.
+    pub(super) fn new() -> Self {
+        LaneFootprints {
             fps: [Footprint::WHOLE; LANE_FOOTPRINTS_CAP],
             len: 0,
             overflow: false,
-        };
-        let mut last = None;
+        }
+    }
+
+    /// Adds the owner footprint of one more lane.
+    pub(super) fn add(&mut self, fp: Footprint) {
+        // Neighbouring lanes mostly run the same kernel.
+        if self.overflow || (self.len > 0 && self.fps[self.len - 1] == fp) {
+            return;
+        }
+        if self.fps[..self.len].contains(&fp) {
+            return;
+        }
+        if self.len == LANE_FOOTPRINTS_CAP {
+            self.overflow = true;
+            return;
+        }
+        self.fps[self.len] = fp;
+        self.len += 1;
+    }
+
+    /// Summarises the owner footprints `fps` (one per lane, any order,
+    /// repeats allowed).
+    pub(super) fn collect(fps: impl IntoIterator<Item = Footprint>) -> Self {
+        let mut s = Self::new();
         for fp in fps {
-            // Neighbouring lanes mostly run the same kernel.
-            if last == Some(fp) {
-                continue;
-            }
-            last = Some(fp);
-            if s.fps[..s.len].contains(&fp) {
-                continue;
-            }
-            if s.len == LANE_FOOTPRINTS_CAP {
-                s.overflow = true;
-                break;
-            }
-            s.fps[s.len] = fp;
-            s.len += 1;
+            s.add(fp);
         }
         s
     }
@@ -84,7 +94,8 @@ pub(super) struct GuestPass {
     /// The count of queues of the partition that want CUs (as the
     /// rebalance counts them), once a try needed it.
     pub(super) want: Option<u32>,
-    /// The footprints of the partition's guest lanes, once a try needed them.
+    /// The footprints of the partition's roomy guest lanes, once a try
+    /// visited every one of them and found no host.
     pub(super) lanes: Option<LaneFootprints>,
 }
 

@@ -70,6 +70,7 @@ impl LaneFootprints {
 
     /// Summarises the owner footprints `fps` (one per lane, any order,
     /// repeats allowed).
+    #[cfg(test)]
     pub(super) fn collect(fps: impl IntoIterator<Item = Footprint>) -> Self {
         let mut s = Self::new();
         for fp in fps {

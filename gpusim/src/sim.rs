@@ -19,6 +19,7 @@
 mod batch;
 mod cwsr;
 mod dispatch;
+mod guest_pass;
 mod mask;
 pub mod occupancy;
 mod packet;
@@ -365,6 +366,11 @@ struct Part {
     /// CUs with an owner and no guest: where a guest may go. Kept with
     /// `cu_owner` and `cu_guest` so a guest search visits only these.
     lanes: CuMask,
+    /// The guest lanes whose owner's workgroup leaves room for the smallest
+    /// guest ([`guest_pass::SMALLEST_GUEST`]): the only CUs a guest can
+    /// go to. Kept with `lanes` and `cu_fp`; a pass over a partition whose
+    /// lanes all run whole-CU workgroups ends at once.
+    roomy: CuMask,
     /// Per CU: CU time guests took from the owner's batch on it.
     cu_debt: Vec<Nanos>,
     /// Where the next guest search starts (round robin over CUs).
@@ -455,6 +461,7 @@ impl SimGpu {
                 cu_guest: vec![0; topo.cus_per_partition() as usize],
                 cu_fp: vec![Footprint::WHOLE; topo.cus_per_partition() as usize],
                 lanes: CuMask::none(topo.cus_per_partition()),
+                roomy: CuMask::none(topo.cus_per_partition()),
                 cu_debt: vec![0; topo.cus_per_partition() as usize],
                 guest_rr: 0,
                 left: Vec::new(),
@@ -827,6 +834,8 @@ mod tests;
 
 #[cfg(test)]
 mod cu_mask_tests;
+#[cfg(test)]
+mod guest_pass_tests;
 
 #[cfg(test)]
 mod occupancy_tests;

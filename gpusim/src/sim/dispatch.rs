@@ -3,6 +3,7 @@
 //! batches when a queue holds less than an equal split, single
 //! workgroups (jitter, waves without a save point) and their completion.
 
+use super::guest_pass::{GuestPass, LaneFootprints, SMALLEST_GUEST};
 use super::*;
 
 impl SimGpu {
@@ -21,6 +22,14 @@ impl SimGpu {
                 part.lanes.contains(cu as u32) == (part.cu_owner[cu] != 0 && part.cu_guest[cu] == 0)
             }),
             "guest lanes and CU owners disagree"
+        );
+        debug_assert!(
+            (0..self.parts[pi].cu_owner.len()).all(|cu| {
+                let part = &self.parts[pi];
+                part.roomy.contains(cu as u32)
+                    == (part.lanes.contains(cu as u32) && part.cu_fp[cu].fits_with(SMALLEST_GUEST))
+            }),
+            "roomy guest lanes and lane footprints disagree"
         );
         self.unshare_left(pi);
         if n > 64 {
@@ -98,21 +107,23 @@ impl SimGpu {
     pub(super) fn place_guests(&mut self, p: u32) {
         let pi = p as usize;
         let n = self.parts[pi].slots.len();
-        // The queues that want CUs, counted once until a guest is placed
-        // (`try_guest` packing; a try that places nothing changes nothing).
-        let mut want = None;
+        // What the tries learn about the partition, kept until a guest is
+        // placed (`try_guest` packing; a try that places nothing changes
+        // nothing).
+        let mut pass = GuestPass::default();
         loop {
             let mut placed = false;
             for k in 0..n {
                 // No CU with an owner and room for a guest: no try can
-                // place one (each needs a host lane), and none changes
-                // anything. (Only a placed guest takes a lane.)
-                if (k == 0 || placed) && self.parts[pi].lanes.is_empty() {
+                // place one (each needs a host lane whose owner leaves room
+                // for it, at least for the smallest guest), and none
+                // changes anything. (Only a placed guest takes a lane.)
+                if (k == 0 || placed) && self.parts[pi].roomy.is_empty() {
                     return;
                 }
                 let pos = (self.parts[pi].rr + k) % n;
                 let s = self.parts[pi].slots[pos];
-                if self.try_guest(s, &mut want) {
+                if self.try_guest(s, &mut pass) {
                     placed = true;
                 }
             }
@@ -128,10 +139,10 @@ impl SimGpu {
     /// ([`occupancy::share`]): the owner's workgroup (a batch: its
     /// lock-step rounds) is delayed by the CU time the guest takes from it.
     ///
-    /// `want`: the count of queues that want CUs in its partition, if known
-    /// (computed here when needed; forgotten once this call changes
-    /// anything).
-    pub(super) fn try_guest(&mut self, slot: u32, want: &mut Option<u32>) -> bool {
+    /// `pass`: what earlier tries of the same pass learnt about the
+    /// partition (computed here when needed; forgotten once this call
+    /// changes anything).
+    pub(super) fn try_guest(&mut self, slot: u32, pass: &mut GuestPass) -> bool {
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let Some(q) = self.slots[slot as usize].as_ref() else {
@@ -175,7 +186,7 @@ impl SimGpu {
             // split keeps its lock-step rounds. (Checked before its batches
             // are searched: the count, which visits every slot, is made
             // once per pass and most queues hold their split.)
-            let want = *want.get_or_insert_with(|| {
+            let want = *pass.want.get_or_insert_with(|| {
                 part.slots
                     .iter()
                     .filter(|&&s| {
@@ -215,11 +226,25 @@ impl SimGpu {
         if fp == Footprint::WHOLE {
             return false;
         }
+        // An earlier try of the pass visited every lane: if no lane's
+        // owner leaves room for this workgroup, the visit below would find
+        // no host. Otherwise this visit notes the lanes' footprints, kept
+        // if it finds no host (then it has seen every lane).
+        let mut seen = match pass.lanes {
+            Some(lanes) if !lanes.may_host(fp) => return false,
+            Some(_) => None,
+            None => Some(LaneFootprints::new()),
+        };
         let mut host = None;
         // Round robin over CUs, as the dispatcher spreads workgroups: only
-        // those with an owner and no guest yet.
-        for cu in part.lanes.iter_from(part.guest_rr as u32) {
+        // those with an owner and no guest yet (the roomy lanes: a lane
+        // whose owner leaves no room for the smallest guest fails the
+        // `fits_with` test below for every guest).
+        for cu in part.roomy.iter_from(part.guest_rr as u32) {
             let cu = cu as usize;
+            if let Some(s) = seen.as_mut() {
+                s.add(part.cu_fp[cu]);
+            }
             let owner = part.cu_owner[cu];
             if owner == 0
                 || owner == slot + 1
@@ -249,10 +274,13 @@ impl SimGpu {
             }
         }
         let Some((cu, h)) = host else {
+            if seen.is_some() {
+                pass.lanes = seen;
+            }
             return false;
         };
         // From here on this call changes the partition.
-        *want = None;
+        pass.changed();
         if let Some(bi) = cut {
             // The batch stops after its current round; its unstarted
             // workgroups go back to the packet (as a mask cut does), the
@@ -320,6 +348,7 @@ impl SimGpu {
         let qgen = q.gen;
         self.parts[p].cu_guest[cu as usize] = slot + 1;
         self.parts[p].lanes.remove(cu);
+        self.parts[p].roomy.remove(cu);
         self.parts[p].guest_rr = (cu as usize + 1) % self.parts[p].cu_guest.len();
         self.stats.coresident_wgs += 1;
         self.push_wg(Wg {
@@ -550,8 +579,8 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
-        set_lane(part, cu);
         part.cu_fp[cu as usize] = fp;
+        set_lane(part, cu);
         part.cu_debt[cu as usize] = 0;
         cu
     }
@@ -618,8 +647,8 @@ impl SimGpu {
         .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
-        set_lane(part, cu);
         part.cu_fp[cu as usize] = packet_fp(q, id);
+        set_lane(part, cu);
         self.parts[p].free_cus -= 1;
         let end = now.saturating_add(dur);
         self.push_wg(Wg {
@@ -790,13 +819,25 @@ pub(super) fn retire_wg(w: &mut Wg, idx: usize, free: &mut Vec<u32>) {
     free.push(idx as u32);
 }
 
-/// `cu`'s guest lane is open exactly when it has an owner and no guest.
+/// `cu`'s guest lane is open exactly when it has an owner and no guest;
+/// it is roomy when, besides, its owner's footprint (`cu_fp`, set before
+/// this call) leaves room for the smallest guest.
 fn set_lane(part: &mut Part, cu: u32) {
     let i = cu as usize;
     if part.cu_owner.get(i).is_some_and(|&o| o != 0) && part.cu_guest.get(i) == Some(&0) {
         part.lanes.insert(cu);
+        if part
+            .cu_fp
+            .get(i)
+            .is_some_and(|f| f.fits_with(SMALLEST_GUEST))
+        {
+            part.roomy.insert(cu);
+        } else {
+            part.roomy.remove(cu);
+        }
     } else {
         part.lanes.remove(cu);
+        part.roomy.remove(cu);
     }
 }
 
@@ -807,6 +848,7 @@ pub(super) fn release_cu(part: &mut Part, cu: u32) -> bool {
     if let Some(o) = part.cu_owner.get_mut(cu as usize) {
         *o = 0;
         part.lanes.remove(cu);
+        part.roomy.remove(cu);
         if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
             // Its guest runs on alone from now (`SimGpu::unshare_left`).
             part.left.push(cu);

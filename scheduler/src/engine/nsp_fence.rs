@@ -201,7 +201,7 @@ impl Scheduler {
             return false;
         }
         let budget = self.nsp_budget(p);
-        !self.spatial.nsp.get(&vm).is_some_and(|&w| w > budget)
+        self.spatial.nsp.get(&vm).is_none_or(|&w| w <= budget)
     }
 
     /// Is partition `p`'s reservation a held fence its running batch keeps

@@ -675,7 +675,7 @@ mod tests {
         };
         let plain = be(608, 1_900_000, false, 1);
         let today = 0.8;
-        let alone = best_effort_bound(std::slice::from_ref(&rt), &[plain.clone()], &p, today);
+        let alone = best_effort_bound(std::slice::from_ref(&rt), std::slice::from_ref(&plain), &p, today);
         let flagged = best_effort_bound(std::slice::from_ref(&rt), &[nsp(1_900_000)], &p, today);
         // 608 workgroups: 2 rounds on 304 CUs, 4 on the 152 left.
         assert_eq!(flagged.case, BeCase::Fence { k: 19 });

@@ -53,9 +53,6 @@ pub struct KernelShape {
     pub repeat: u64,
     /// Its workgroup fits half a CU (`Footprint::at_most_half`).
     pub half_cu: bool,
-    /// Its waves have no save point (`no_save_point`): a save waits for
-    /// each workgroup to end.
-    pub no_save_point: bool,
 }
 
 impl KernelShape {
@@ -66,7 +63,6 @@ impl KernelShape {
             cost_ns: k.cost_ns().max(100),
             repeat: k.repeat.max(1) as u64,
             half_cu: Footprint::of(k.wg_items as u64, k.vgprs, k.lds_bytes).at_most_half(),
-            no_save_point: k.no_save_point,
         }
     }
 }
@@ -154,17 +150,6 @@ impl JobShape {
     pub fn half_cu(&self) -> bool {
         self.kernels.iter().all(|k| k.half_cu)
     }
-
-    /// Its longest workgroup without a save point, ns (0: none): what a
-    /// save of its work waits for.
-    pub fn nsp_ns(&self) -> u64 {
-        self.kernels
-            .iter()
-            .filter(|k| k.no_save_point)
-            .map(|k| k.cost_ns)
-            .max()
-            .unwrap_or(0)
-    }
 }
 
 /// A periodic real-time tenant.
@@ -220,13 +205,6 @@ pub enum BeCase {
     },
     /// None applies: (c)'s figure beyond the CWSR target.
     Conflict,
-    /// (e) lower tenants with waves without a save point longer than the
-    /// drain allowance fenced off `k` CUs per XCC, the others by their
-    /// own best case.
-    Fence {
-        /// CUs per XCC the flagged tenants never get.
-        k: u64,
-    },
 }
 
 impl std::fmt::Display for BeCase {
@@ -237,7 +215,6 @@ impl std::fmt::Display for BeCase {
             BeCase::SavePerPeriod => write!(f, "save per period"),
             BeCase::Drain { k } => write!(f, "drained reservation k={k}/XCC"),
             BeCase::Conflict => write!(f, "none (save per period beyond 10% CWSR)"),
-            BeCase::Fence { k } => write!(f, "no_save_point tenants fenced off k={k}/XCC"),
         }
     }
 }
@@ -268,18 +245,6 @@ pub fn reservation_k(rt: &RtShape, p: &Part) -> Option<u64> {
     })
 }
 
-/// CUs per XCC of the smallest fence on which `rt`'s job meets `1.1 x
-/// alone + t_save + t_restore` and ends before its next arrival, at most
-/// every CU but one per XCC (not capped by the width cap: the flag makes
-/// the fence necessary, `docs/scheduling.md` "A fence per VM").
-pub fn fence_k(rt: &RtShape, p: &Part) -> Option<u64> {
-    let uncapped = Part {
-        max_permille: 1000,
-        ..*p
-    };
-    reservation_k(rt, &uncapped)
-}
-
 /// Does `rt`'s job, doubled by sharing every CU with lower work (each
 /// workgroup of a shared CU runs at half rate), still meet its bound
 /// `1.1 x alone + t_save + t_restore`: `2b <= 1.1 x b + t_cwsr`, i.e.
@@ -293,52 +258,6 @@ pub fn coreside_meets_rt_bound(rt: &RtShape, p: &Part) -> bool {
 /// (`1 - RT CU share`, measured).
 pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) -> BeBound {
     let today = today.clamp(0.0, 1.0);
-    // (e) Lower waves without a save point longer than the drain
-    // allowance neither drain nor save within the RT's allowance: beside
-    // an RT they run only on CUs its job never needs, outside the fence
-    // of `sum k_f` CUs per XCC (`fence_k`), each kernel in `ceil(W / n')`
-    // rounds there; the other lower tenants keep their own best case.
-    let flagged = |b: &BeShape| !rts.is_empty() && b.job.nsp_ns() > p.drain_ns;
-    if be.iter().any(flagged) {
-        let others: Vec<BeShape> = be.iter().filter(|b| !flagged(b)).cloned().collect();
-        let f_u = if others.is_empty() {
-            0.0
-        } else {
-            best_effort_bound(rts, &others, p, today).factor
-        };
-        let per_xcc = p.cus / p.xccs.max(1);
-        let k: Option<u64> = rts
-            .iter()
-            .map(|r| fence_k(r, p))
-            .sum::<Option<u64>>()
-            .filter(|&k| k < per_xcc);
-        // Each flagged tenant's lock-step figure on the CUs left.
-        let f_f = |b: &BeShape| {
-            k.map_or(0.0, |k| {
-                let left = p.cus - k * p.xccs.max(1);
-                b.job.lockstep_factor(p.cus, left).clamp(0.0, today)
-            })
-        };
-        let w = |b: &BeShape| if b.alone_cu > 0.0 { b.alone_cu } else { 0.0 };
-        let (mut num, mut den) = (0.0, 0.0);
-        for b in be {
-            num += w(b) * if flagged(b) { f_f(b) } else { f_u };
-            den += w(b);
-        }
-        let factor = if den > 0.0 {
-            num / den
-        } else {
-            be.iter()
-                .map(|b| if flagged(b) { f_f(b) } else { f_u })
-                .fold(1.0, f64::min)
-        };
-        return BeBound {
-            factor: factor.clamp(0.0, today),
-            case: BeCase::Fence {
-                k: k.unwrap_or(per_xcc),
-            },
-        };
-    }
     let mut best: Option<BeBound> = None;
     let mut offer = |factor: f64, case: BeCase| {
         let factor = factor.clamp(0.0, today);
@@ -430,7 +349,6 @@ mod tests {
     fn job(w: u64, cost_ns: u64, half_cu: bool, queues: u64) -> JobShape {
         JobShape {
             kernels: vec![KernelShape {
-                no_save_point: false,
                 workgroups: w,
                 cost_ns,
                 repeat: 1,
@@ -649,56 +567,5 @@ mod tests {
         let c = best_effort_bound(&[rt], &[be(304, 5_000_000, false, 1)], &spx(), 0.41);
         assert_eq!(c.case, BeCase::Conflict);
         assert_eq!(c.factor, 0.0);
-    }
-
-    /// A lower tenant of waves without a save point longer than the drain
-    /// allowance (fuzz seed 400058: 1.9 ms beside a 1.5 kHz RT) is bounded
-    /// by the CUs outside the RT's fence only; an unflagged tenant beside
-    /// it keeps its own best case, and one of short flagged waves (within
-    /// the drain allowance) is bounded as before.
-    #[test]
-    fn flagged_long_waves_are_bounded_by_the_fence_and_only_they() {
-        let p = spx();
-        // 608 whole-CU workgroups of 100 us every 1 ms: on 16 CUs per XCC
-        // 5 rounds, 500 us, against 1.1 x 200 + 242 = 462 us; on 17, 5
-        // rounds too; 19 CUs (152): 4 rounds, 400 us.
-        let rt = RtShape {
-            job: job(608, 100_000, false, 1),
-            period_ns: 1_000_000,
-        };
-        let k = fence_k(&rt, &p).unwrap();
-        assert_eq!(k, 19);
-        let nsp = |cost_ns: u64| {
-            let mut b = be(608, cost_ns, false, 1);
-            b.job.kernels[0].no_save_point = true;
-            b
-        };
-        let plain = be(608, 1_900_000, false, 1);
-        let today = 0.8;
-        let alone = best_effort_bound(std::slice::from_ref(&rt), std::slice::from_ref(&plain), &p, today);
-        let flagged = best_effort_bound(std::slice::from_ref(&rt), &[nsp(1_900_000)], &p, today);
-        // 608 workgroups: 2 rounds on 304 CUs, 4 on the 152 left.
-        assert_eq!(flagged.case, BeCase::Fence { k: 19 });
-        assert!((flagged.factor - 0.5).abs() < 1e-9, "{flagged:?}");
-        // Both, of equal alone CU time: the mean of the two figures.
-        let both = best_effort_bound(
-            std::slice::from_ref(&rt),
-            &[plain.clone(), nsp(1_900_000)],
-            &p,
-            today,
-        );
-        assert!(
-            (both.factor - (alone.factor + 0.5) / 2.0).abs() < 1e-9,
-            "{both:?} {alone:?}"
-        );
-        // Short flagged waves drain within the allowance: as unflagged.
-        let short = best_effort_bound(std::slice::from_ref(&rt), &[nsp(100_000)], &p, today);
-        let short_plain = best_effort_bound(
-            std::slice::from_ref(&rt),
-            &[be(608, 100_000, false, 1)],
-            &p,
-            today,
-        );
-        assert_eq!(short, short_plain);
     }
 }

@@ -19,7 +19,6 @@ mod give;
 mod hold;
 mod index;
 mod lockstep;
-mod nsp_fence;
 mod res_hold;
 mod res_keep;
 mod res_pass;
@@ -1193,7 +1192,3 @@ mod split_tests;
 #[cfg(test)]
 #[path = "pause_switch_tests.rs"]
 mod pause_switch_tests;
-
-#[cfg(test)]
-#[path = "nsp_fence_tests.rs"]
-mod nsp_fence_tests;

@@ -168,11 +168,6 @@ pub(crate) struct Spatial {
     /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`] and
     /// [`Self::forget_saves`].
     pub saves_by_len: BTreeSet<(Reverse<u64>, VmId)>,
-    /// Per VM: its longest recent wait, in a save of one of its queues,
-    /// for its own waves without a save point (reported by the backend),
-    /// decaying by 1/8 per shorter one: a lower VM known to run such
-    /// waves (`engine/nsp_fence.rs`).
-    pub nsp: BTreeMap<VmId, u64>,
     /// Per partition: the lower VM's reservation a higher owner without
     /// one of its own took over (`engine/res_pass.rs`): it goes back to
     /// that VM, without a save, while it still holds.
@@ -241,17 +236,6 @@ impl Spatial {
         if let Some(s) = self.saves.remove(&vm) {
             self.saves_by_len.remove(&(Reverse(s), vm));
         }
-        self.nsp.remove(&vm);
-    }
-
-    /// Records a wait of `wait_ns`, in a save of a queue of `vm`, for the
-    /// VM's own waves without a save point ([`Self::nsp`]).
-    pub fn note_nsp_wait(&mut self, vm: VmId, wait_ns: u64) {
-        if wait_ns == 0 {
-            return;
-        }
-        let w = self.nsp.entry(vm).or_insert(0);
-        *w = wait_ns.max(*w - *w / 8);
     }
 
     /// Records the CU time of a doorbell's dispatches by `vm`

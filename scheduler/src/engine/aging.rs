@@ -331,10 +331,6 @@ impl Scheduler {
     /// took, so each turn still runs its job for `B - 2 t_save`.
     fn aging_yield(&mut self, p: usize) {
         let now = self.now;
-        // A batch of waves without a save point beside a held fence of a
-        // higher VM pauses without cost to the batch: it keeps running
-        // beside it, on CUs the fence never takes (`nsp_fence.rs`).
-        let fenced = self.batch_fence_kept(p);
         let part = &self.parts[p];
         let switch = self.pause_switch(part);
         if let Some(ps) = part.aging.paused_since {
@@ -358,7 +354,7 @@ impl Scheduler {
                 .saturating_add(if saved { switch } else { 0 });
             // Ends when the higher VM is served, or before a save of the
             // batch's work would take the allowance past `Y`.
-            if (spent.saturating_add(if saved { 0 } else { switch }) < AGING_YIELD_NS || fenced)
+            if spent.saturating_add(if saved { 0 } else { switch }) < AGING_YIELD_NS
                 && self.yield_wanted(p)
             {
                 return;
@@ -382,7 +378,7 @@ impl Scheduler {
             return;
         }
         if !part.busy.contains_key(&BOOST_LEVEL)
-            || (part.aging.yielded.saturating_add(switch) >= AGING_YIELD_NS && !fenced)
+            || part.aging.yielded.saturating_add(switch) >= AGING_YIELD_NS
             || !self.yield_wanted(p)
         {
             return;

@@ -36,12 +36,8 @@ impl Scheduler {
         // beside it is charged there: `charge_beside`); then the batch
         // takes the partition as before.
         let part = &self.parts[p];
-        // A fence of waves without a save point is kept whatever the
-        // allowance: the batch's flagged waves never take its CUs
-        // (`nsp_fence.rs`, `batch_fenced`).
         if part.aging.paused_since.is_none()
             && part.aging.yielded.saturating_add(self.pause_switch(part)) >= AGING_YIELD_NS
-            && !self.batch_fenced(p, r)
         {
             return None;
         }

@@ -174,10 +174,6 @@ impl Scheduler {
             .map(|qq| (qq.save_wait.take(), qq.save_wait_held.take()))
             .unwrap_or((None, None));
         let reported = reported.unwrap_or(0).min(save_ns);
-        // A VM known to run waves without a save point (`nsp_fence.rs`).
-        if let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) {
-            self.spatial.note_nsp_wait(vm, reported);
-        }
         // What of the reported wait its own waves held of the partition
         // (`None`: the backend cannot tell, all of it, billed in wall time).
         let held = held.map(|h| h.min(reported));

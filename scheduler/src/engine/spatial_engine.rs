@@ -242,13 +242,6 @@ impl Scheduler {
         // A reservation in place does not shrink below what a VM still
         // holding it needed (`res_keep.rs`): growing it back saves the
         // lower work.
-        // Over lower waves without a save point: a reservation the RT bound
-        // holds without a save (`nsp_fence.rs`).
-        let cand = if lower {
-            self.nsp_fence(p, owner, prev, cand)
-        } else {
-            cand
-        };
         let cand = cand.map(|c| self.res_keep(p, c));
         // Without one of its own, a lower RT's held reservation when its
         // job meets its bound there (`res_pass.rs`): nothing is saved.
@@ -543,14 +536,6 @@ impl Scheduler {
         };
         match self.slot_cu_set(slot) {
             _ if r.k == 0 => true,
-            // An unflagged VM in a fence's gap (`nsp_fence.rs`).
-            _ if self
-                .partition_of(q)
-                .zip(self.queues.get(&q))
-                .is_some_and(|(p, qq)| self.nsp_gap_open(p, r, qq.vm)) =>
-            {
-                true
-            }
             CuSet::AllBut(j) => j >= r.k,
             _ => false,
         }
@@ -613,19 +598,13 @@ impl Scheduler {
     /// lower work less than a lapse would (`Scheduler::reservation_hold`:
     /// never shorter than the whole partition's cost-aware hold).
     fn spatial_hold_for(&self, p: usize, r: Reservation) -> Nanos {
-        self.cfg
-            .spatial_hold_ns
-            .max(self.reservation_hold(p, r))
-            .max(self.nsp_hold(p, r).unwrap_or(0))
+        self.cfg.spatial_hold_ns.max(self.reservation_hold(p, r))
     }
 
     /// Does a reservation outlive its VM's idle gap (short re-ring gap or
     /// a gap the cost-aware hold would hold through, idle not longer than
     /// [`Scheduler::spatial_hold_for`], same level)?
     pub(super) fn spatial_held(&self, p: usize, r: Reservation) -> bool {
-        if self.nsp_held(p, r) {
-            return true;
-        }
         let cost = self.reservation_hold(p, r);
         let hold = self.cfg.spatial_hold_ns.max(cost);
         self.vms.get(&r.vm).is_some_and(|v| {
@@ -746,13 +725,6 @@ impl Scheduler {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
             let want = Spatial::set_for(r, qq.vm, self.cu_set_level(qq));
-            // Every CU to a VM whose waves can be saved in a fence's gap.
-            let want = match r {
-                Some(r) if want == CuSet::AllBut(r.k) && self.nsp_gap_open(p, r, qq.vm) => {
-                    CuSet::All
-                }
-                _ => want,
-            };
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];
             if *cur != want {
                 *cur = want;

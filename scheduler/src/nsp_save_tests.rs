@@ -3,70 +3,22 @@
 //! us of it waiting for flagged waves, before an RT job sized for an 85 us
 //! save, 307 us against its bound of 273). Virtual time only.
 
-use super::rt_sizing_tests::two_lower;
-use super::save_wait_tests::handle;
+use super::rt_sizing_tests::rt_sizes_beside;
 use super::*;
 
 /// The RT rig's bound: 1.1 x its 50 us alone + the 240 us allowance.
 const BOUND: Nanos = 55_000 + 240_000;
 
-/// 24 RT jobs 61 ms apart over both busy lower VMs of `two_lower` (each
-/// sets the reservation up afresh): a save of either lower queue is 20 us,
-/// VM 3's after a reported wait of `wait3(i)` for its own waves without a
-/// save point at the RT's `i`th job. Returns the RT's reservation (CUs per
-/// XCC) at each arrival.
+/// 24 RT jobs over both busy lower VMs of `two_lower`
+/// (`rt_sizing_tests::rt_sizes_beside`): a save of either lower queue is
+/// 20 us, VM 3's after a reported wait of `wait3(i)` for its own waves
+/// without a save point at the RT's `i`th job. Returns the RT's
+/// reservation (CUs per XCC) at each arrival.
 fn sizes_beside_waits(wait3: impl Fn(u64) -> Nanos) -> Vec<u32> {
-    let mut s = two_lower();
-    for q in [2, 3] {
-        handle(
-            &mut s,
-            Event::Doorbell {
-                queue: QueueId(q),
-                wptr: 1,
-                now: 0,
-            },
-        );
-    }
-    let mut t = 0;
-    let mut ks = Vec::new();
-    for i in 1..=24 {
-        t += 61 * MS;
-        let saved = handle(
-            &mut s,
-            Event::Doorbell {
-                queue: QueueId(1),
-                wptr: i,
-                now: t,
-            },
-        );
-        ks.push(s.cu_reservation(0).map_or(0, |(_, k)| k));
-        let mut end = t;
-        for q in saved {
-            let wait = if q == QueueId(3) { wait3(i) } else { 0 };
-            let save = wait + 20_000;
-            end = end.max(t + save);
-            if wait > 0 {
-                s.note_save_wait(q, wait);
-            }
-            handle(
-                &mut s,
-                Event::Unmapped {
-                    queue: q,
-                    has_work: true,
-                    save_ns: save,
-                    now: t + save,
-                },
-            );
-        }
-        handle(
-            &mut s,
-            Event::QueueIdle {
-                queue: QueueId(1),
-                now: end + 200_000,
-            },
-        );
-    }
-    ks
+    rt_sizes_beside(|i| {
+        let wait = wait3(i);
+        (wait + 20_000, wait)
+    })
 }
 
 /// The RT's job (152 workgroups of 50 us) on `k` CUs per XCC (8 XCCs).

@@ -212,6 +212,16 @@ pub(super) fn two_lower() -> Scheduler {
 /// `save3(i)` at the RT's `i`th job. Returns the RT's reservation (CUs per
 /// XCC) at its last arrival.
 fn rt_size_beside(save3: impl Fn(u64) -> Nanos) -> u32 {
+    let sizes = rt_sizes_beside(|i| (save3(i), 0));
+    *sizes.last().expect("24 jobs")
+}
+
+/// 24 RT jobs 61 ms apart over both busy lower VMs of [`two_lower`] (each
+/// sets the reservation up afresh): a save of VM 2's queue takes 20 us;
+/// at the RT's `i`th job `save3(i)` gives VM 3's save and the part of it
+/// reported as a wait for its own waves without a save point (0: none).
+/// Returns the RT's reservation (CUs per XCC) at each arrival.
+pub(super) fn rt_sizes_beside(save3: impl Fn(u64) -> (Nanos, Nanos)) -> Vec<u32> {
     let mut s = two_lower();
     for q in [2, 3] {
         handle(
@@ -224,7 +234,7 @@ fn rt_size_beside(save3: impl Fn(u64) -> Nanos) -> u32 {
         );
     }
     let mut t = 0;
-    let mut k = 0;
+    let mut ks = Vec::new();
     for i in 1..=24 {
         t += 61 * MS;
         let saved = handle(
@@ -235,11 +245,18 @@ fn rt_size_beside(save3: impl Fn(u64) -> Nanos) -> u32 {
                 now: t,
             },
         );
-        k = s.cu_reservation(0).map_or(0, |(_, k)| k);
+        ks.push(s.cu_reservation(0).map_or(0, |(_, k)| k));
         let mut end = t;
         for q in saved {
-            let save = if q == QueueId(3) { save3(i) } else { 20_000 };
+            let (save, wait) = if q == QueueId(3) {
+                save3(i)
+            } else {
+                (20_000, 0)
+            };
             end = end.max(t + save);
+            if wait > 0 {
+                s.note_save_wait(q, wait);
+            }
             handle(
                 &mut s,
                 Event::Unmapped {
@@ -258,7 +275,7 @@ fn rt_size_beside(save3: impl Fn(u64) -> Nanos) -> u32 {
             },
         );
     }
-    k
+    ks
 }
 
 /// What the RT waits for is the save of the lower work on its CUs, not

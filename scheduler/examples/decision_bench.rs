@@ -22,21 +22,20 @@
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use scheduler::event_mix::{add_fleet, spx_slots, Draw, EventMix};
 use scheduler::*;
 use std::time::Instant;
 
-fn slots() -> Vec<SlotDesc> {
-    let mut v = Vec::new();
-    for pipe in 0..4 {
-        for queue in 2..8 {
-            v.push(SlotDesc {
-                partition: 0,
-                pipe,
-                queue,
-            });
-        }
+/// `rand`'s fast generator as the event mix's source.
+struct Fast(SmallRng);
+
+impl Draw for Fast {
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        self.0.gen_range(lo..hi.max(lo + 1))
     }
-    v
+    fn coin(&mut self) -> bool {
+        self.0.gen_bool(0.5)
+    }
 }
 
 /// Costs of one run (ns).
@@ -60,70 +59,27 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
             },
             ..Default::default()
         },
-        slots(),
+        spx_slots(),
     )
     .unwrap();
     // MI300X SPX geometry, as the GPU binding sets it: spatial sharing on.
     if SPATIAL.load(std::sync::atomic::Ordering::Relaxed) {
         s.set_cu_geometry(38, 8);
     }
-    let per_vm = 16.min(nq);
-    for vm in 0..nq.div_ceil(per_vm) {
-        s.add_vm(
-            VmId(vm as u32),
-            VmParams {
-                priority: (vm % 16) as u8,
-                weight: 1 + (vm % 3) as u32,
-                partition: None,
-            },
-        )
-        .unwrap();
-        for q in 0..per_vm {
-            let id = vm * per_vm + q;
-            if id < nq {
-                s.add_queue(VmId(vm as u32), QueueId(id), (q % 4) as u8)
-                    .unwrap();
-            }
-        }
-    }
-    let mut rng = SmallRng::seed_from_u64(nq);
-    let mut mapped: Vec<QueueId> = Vec::new();
-    let mut unmapping: Vec<QueueId> = Vec::new();
-    let mut timer: Option<Nanos> = None;
-    let mut now: Nanos = 0;
+    add_fleet(&mut s, nq, |vm| VmParams {
+        priority: (vm % 16) as u8,
+        weight: 1 + vm % 3,
+        partition: None,
+    });
+    let mut rng = Fast(SmallRng::seed_from_u64(nq));
+    let mut mix = EventMix::new(nq);
     let mut cost = Vec::with_capacity(events);
     let mut stale = Vec::new();
     let mut kinds: [Vec<u64>; 4] = Default::default();
-    let mut wptr = vec![0u64; nq as usize];
     let mut acts = Vec::new();
     for _ in 0..events {
-        now += rng.gen_range(1_000..20_000);
-        let r: u32 = rng.gen_range(0..100);
-        let ev = if timer.is_some_and(|t| t <= now) {
-            timer = None;
-            Event::Tick { now }
-        } else if !unmapping.is_empty() && r < 30 {
-            let q = unmapping.swap_remove(rng.gen_range(0..unmapping.len()));
-            mapped.retain(|m| *m != q);
-            Event::Unmapped {
-                queue: q,
-                has_work: rng.gen_bool(0.5),
-                save_ns: 100_000,
-                now,
-            }
-        } else if !mapped.is_empty() && r < 55 {
-            let q = mapped[rng.gen_range(0..mapped.len())];
-            Event::QueueIdle { queue: q, now }
-        } else {
-            let q = rng.gen_range(0..nq);
-            wptr[q as usize] += 1;
-            Event::Doorbell {
-                queue: QueueId(q),
-                wptr: wptr[q as usize],
-                now,
-            }
-        };
-        let width = rng.gen_range(1..=400u64);
+        let ev = mix.next_event(&mut rng);
+        let width = rng.0.gen_range(1..=400u64);
         let t0 = Clock::start();
         if let Event::Doorbell { queue, .. } = ev {
             // The binding notes the dispatch width before the doorbell.
@@ -155,15 +111,7 @@ fn bench(policy: Policy, nq: u64, events: usize, aging: bool) -> Costs {
             );
         }
         for a in acts.drain(..) {
-            match a {
-                Action::Map { queue, .. } => mapped.push(queue),
-                Action::Unmap { queue, .. } => {
-                    if !unmapping.contains(&queue) {
-                        unmapping.push(queue)
-                    }
-                }
-                Action::ArmTimer { at } => timer = Some(at),
-            }
+            mix.note_action(&a);
         }
     }
     cost.sort_unstable();

@@ -3,27 +3,13 @@
 //! only when the set depends on it. Every sync in a debug build compares
 //! each queue's set with the one the full look-up gives (a debug
 //! assertion in `spatial_sync`); these runs drive that comparison through
-//! `decision_bench`'s event stream (random doorbells with dispatch widths,
+//! the event stream `decision_bench` times (`event_mix`: random doorbells with dispatch widths,
 //! idle queues, finished dequeues, timer ticks) over random fleets, with
 //! aging (boosted queues, whose level is their VM's priority) and CU
 //! reservations, and check the indexes after every event.
 
 use super::*;
-
-/// The MI300X SPX slots `decision_bench` uses: 4 pipes x 6 queues.
-fn bench_slots() -> Vec<SlotDesc> {
-    let mut v = Vec::new();
-    for pipe in 0..4 {
-        for queue in 2..8 {
-            v.push(SlotDesc {
-                partition: 0,
-                pipe,
-                queue,
-            });
-        }
-    }
-    v
-}
+use crate::event_mix::{add_fleet, spx_slots, Draw, EventMix};
 
 /// A small deterministic generator (xorshift), so a case is its seed.
 struct Rng(u64);
@@ -35,8 +21,14 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0
     }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+}
+
+impl Draw for Rng {
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi.saturating_sub(lo)).max(1)
+    }
+    fn coin(&mut self) -> bool {
+        self.range(0, 2) == 0
     }
 }
 
@@ -52,73 +44,24 @@ fn bench_stream(seed: u64, nq: u64, events: usize, aging_ns: Nanos) -> SpatialSt
             aging_ns,
             ..Default::default()
         },
-        bench_slots(),
+        spx_slots(),
     )
     .unwrap();
     s.set_cu_geometry(38, 8);
-    let per_vm = 16.min(nq);
-    for vm in 0..nq.div_ceil(per_vm) {
-        s.add_vm(
-            VmId(vm as u32),
-            VmParams {
-                priority: rng.below(16) as u8,
-                weight: 1 + rng.below(3) as u32,
-                partition: None,
-            },
-        )
-        .unwrap();
-        for q in 0..per_vm {
-            let id = vm * per_vm + q;
-            if id < nq {
-                s.add_queue(VmId(vm as u32), QueueId(id), (q % 4) as u8)
-                    .unwrap();
-            }
-        }
-    }
-    let mut mapped: Vec<QueueId> = Vec::new();
-    let mut unmapping: Vec<QueueId> = Vec::new();
-    let mut timer: Option<Nanos> = None;
-    let mut now: Nanos = 0;
-    let mut wptr = vec![0u64; nq as usize];
+    add_fleet(&mut s, nq, |_| VmParams {
+        priority: rng.range(0, 16) as u8,
+        weight: 1 + rng.range(0, 3) as u32,
+        partition: None,
+    });
+    let mut mix = EventMix::new(nq);
     for i in 0..events {
-        now += 1_000 + rng.below(19_000);
-        let r = rng.below(100);
-        let ev = if timer.is_some_and(|t| t <= now) {
-            timer = None;
-            Event::Tick { now }
-        } else if !unmapping.is_empty() && r < 30 {
-            let q = unmapping.swap_remove(rng.below(unmapping.len() as u64) as usize);
-            mapped.retain(|m| *m != q);
-            Event::Unmapped {
-                queue: q,
-                has_work: rng.below(2) == 0,
-                save_ns: 100_000,
-                now,
-            }
-        } else if !mapped.is_empty() && r < 55 {
-            let q = mapped[rng.below(mapped.len() as u64) as usize];
-            Event::QueueIdle { queue: q, now }
-        } else {
-            let q = rng.below(nq);
-            wptr[q as usize] += 1;
-            s.note_dispatch_width(QueueId(q), 1 + rng.below(400));
-            Event::Doorbell {
-                queue: QueueId(q),
-                wptr: wptr[q as usize],
-                now,
-            }
-        };
+        let ev = mix.next_event(&mut rng);
+        if let Event::Doorbell { queue, .. } = ev {
+            s.note_dispatch_width(queue, 1 + rng.range(0, 400));
+        }
         s.handle(ev);
         while let Some(a) = s.poll_action() {
-            match a {
-                Action::Map { queue, .. } => mapped.push(queue),
-                Action::Unmap { queue, .. } => {
-                    if !unmapping.contains(&queue) {
-                        unmapping.push(queue)
-                    }
-                }
-                Action::ArmTimer { at } => timer = Some(at),
-            }
+            mix.note_action(&a);
         }
         while s.poll_cu_change().is_some() {}
         if let Err(e) = s.check_invariants() {

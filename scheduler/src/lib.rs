@@ -23,6 +23,7 @@
 //! cannot raise itself above its equals.
 
 mod engine;
+pub mod event_mix;
 mod policy;
 mod spatial;
 #[cfg(test)]

@@ -567,21 +567,9 @@ fn billed_now(v: &Vm, now: Nanos) -> Nanos {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event_mix::spx_slots as slots;
 
     const MS: Nanos = 1_000_000;
-
-    /// 24 HQD slots of partition 0 (MI300X SPX).
-    fn slots() -> Vec<SlotDesc> {
-        (0..4)
-            .flat_map(|pipe| {
-                (2..8).map(move |queue| SlotDesc {
-                    partition: 0,
-                    pipe,
-                    queue,
-                })
-            })
-            .collect()
-    }
 
     /// A top VM (level 15) of 24 always-busy queues over `vms` lower VMs
     /// of 16 queues each at levels 0-14 (VM `i` at level `i % 15`), every

@@ -53,7 +53,13 @@ fn rig(flood: bool) -> (World, QueueId) {
 /// partition at the ring, as `give_tests.rs`).
 fn ring(w: &mut World, hi: QueueId) {
     let lower = w.mapped.keys().any(|q| w.vm_of[q] != w.vm_of[&hi]);
-    w.ring_job(hi, WIDTH, SOLO, false, JOB + if lower { UNMAP_NS } else { 0 });
+    w.ring_job(
+        hi,
+        WIDTH,
+        SOLO,
+        false,
+        JOB + if lower { UNMAP_NS } else { 0 },
+    );
 }
 
 /// Runs the owner for 60 periods (learning its gaps; the CWSR budget the
@@ -112,5 +118,8 @@ fn a_flagged_vm_alone_below_keeps_the_gaps_held() {
     // Its one save, by the owner's first job.
     let (_gpu1, pre0, held) = steady(&mut w, hi);
     assert_eq!(pre0, 0, "the flagged VM saved in steady state");
-    assert!(held >= 100 * (PERIOD - JOB - 2 * UNMAP_NS), "held {held} ns");
+    assert!(
+        held >= 100 * (PERIOD - JOB - 2 * UNMAP_NS),
+        "held {held} ns"
+    );
 }

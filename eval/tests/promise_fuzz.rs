@@ -406,6 +406,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // few CUs free ran lock-step on them; co-residence now counts
         // those CUs (RT p99 701 -> 257 us against 299).
         ("fuzz-200117-3-rt-latency.toml", None),
+        // A wide RT's gap is priced by the saves of the VMs that run in
+        // it, not by the partition's average of every save, which one
+        // 3.5 ms save of a flagged VM below them kept at 683 us while
+        // nothing was saved again (best effort 0.021 -> passes).
+        ("fuzz-400058-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

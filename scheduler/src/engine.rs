@@ -15,6 +15,7 @@ mod drain_due;
 mod exclusive;
 mod fast_path;
 pub(crate) mod free_wait;
+mod gap_price;
 mod gaps;
 mod give;
 mod hold;

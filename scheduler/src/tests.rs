@@ -61,6 +61,10 @@ struct World {
     think_exp: std::collections::BTreeSet<QueueId>,
     /// State of the think-time generator (xorshift; deterministic).
     rng: u64,
+    /// Per queue: every save of it first waits this long for its own waves
+    /// without a save point (a longer dequeue, and the wait reported with
+    /// `note_save_wait` before its `Unmapped`, as the binding does).
+    nsp_wait: BTreeMap<QueueId, Nanos>,
 }
 
 /// One partition of 4 slots: VM 1 at priority 12 above VM 2 at priority
@@ -133,6 +137,7 @@ impl World {
             ticks_in_ms: BTreeMap::new(),
             think_exp: Default::default(),
             rng: 0x9E37_79B9_7F4A_7C15,
+            nsp_wait: BTreeMap::new(),
         }
     }
 
@@ -245,7 +250,9 @@ impl World {
                         Some(&slot),
                         "unmap of a slot the queue does not hold"
                     );
-                    assert!(self.unmapping.insert(queue, self.now + UNMAP_NS).is_none());
+                    let wait = self.nsp_wait.get(&queue).copied().unwrap_or(0);
+                    let done = self.now + UNMAP_NS + wait;
+                    assert!(self.unmapping.insert(queue, done).is_none());
                 }
                 Action::ArmTimer { at } => {
                     assert!(at > self.now, "timer in the past");
@@ -447,10 +454,14 @@ impl World {
                 self.slot_q.remove(&slot);
                 self.stopped.remove(&q);
                 let has_work = self.work.get(&q).is_some_and(|w| *w > 0);
+                let wait = self.nsp_wait.get(&q).copied().unwrap_or(0);
+                if wait > 0 {
+                    self.s.note_save_wait(q, wait);
+                }
                 self.event(Event::Unmapped {
                     queue: q,
                     has_work,
-                    save_ns: UNMAP_NS,
+                    save_ns: UNMAP_NS + wait,
                     now: next,
                 });
             }
@@ -1904,6 +1915,9 @@ mod lockstep_tests;
 
 #[path = "give_tests.rs"]
 mod give_tests;
+
+#[path = "gap_price_tests.rs"]
+mod gap_price_tests;
 
 #[path = "batch_res_tests.rs"]
 mod batch_res_tests;

@@ -61,7 +61,9 @@ impl Scheduler {
         if t_sw == 0 || v.wake.giving_stretches(part.aging.save_typ) {
             return None;
         }
-        if part.aging.save_ewma.saturating_mul(2) > self.spatial_wait_allowance(p) {
+        // The save it waits for is that of the VMs that run in the gap
+        // (`engine/gap_price.rs`), not a flagged lower VM's long one.
+        if self.gap_save(p, vm, level).saturating_mul(2) > self.spatial_wait_allowance(p) {
             return None;
         }
         // Lower queues that run in a given gap: those of the highest busy

@@ -24,6 +24,7 @@ mod nsp_save;
 mod res_hold;
 mod res_keep;
 mod res_pass;
+mod rt_above;
 mod shared;
 mod slots;
 mod spatial_engine;

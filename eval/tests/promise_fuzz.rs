@@ -406,10 +406,6 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // few CUs free ran lock-step on them; co-residence now counts
         // those CUs (RT p99 701 -> 257 us against 299).
         ("fuzz-200117-3-rt-latency.toml", None),
-        // A lower RT sized to spend the whole allowance, whose job a
-        // higher RT's took over now and then (a save, the higher job and a
-        // restore: p99 526 us against 482), budgets those jobs.
-        ("fuzz-300152-3-rt-latency.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

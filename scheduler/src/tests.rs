@@ -1919,9 +1919,6 @@ mod rt_sizing_tests;
 #[path = "nsp_save_tests.rs"]
 mod nsp_save_tests;
 
-#[path = "rt_above_tests.rs"]
-mod rt_above_tests;
-
 #[path = "res_pass_tests.rs"]
 mod res_pass_tests;
 

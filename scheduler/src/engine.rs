@@ -24,7 +24,6 @@ mod nsp_save;
 mod res_hold;
 mod res_keep;
 mod res_pass;
-mod rt_above;
 mod shared;
 mod slots;
 mod spatial_engine;

@@ -174,7 +174,6 @@ impl Scheduler {
             // over instead (`res_pass.rs`, `coreside_keeps_held`).
             let queues = self.owner_queues(p, owner);
             let switch = self.rt_switch_budget(p, owner.level);
-            let switch = self.rt_budget_below_higher(p, owner, queues, switch);
             need = Some((
                 queues,
                 self.spatial.size_for_latency(owner.vm, queues, switch, 0),
@@ -211,10 +210,6 @@ impl Scheduler {
                 Some(wait) => allowance.saturating_sub(wait),
                 None => self.rt_switch_budget(p, owner.level),
             };
-            // Less the jobs of the periodic VMs above it that may take its
-            // CUs during its job, when the budget leaves room for them
-            // (`engine/rt_above.rs`).
-            let switch = self.rt_budget_below_higher(p, owner, queues, switch);
             let by_latency =
                 self.spatial
                     .size_for_latency(owner.vm, queues, switch, drain.unwrap_or(0));

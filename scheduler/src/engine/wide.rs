@@ -151,13 +151,6 @@ impl WakePeriods {
         self.wide.base.0
     }
 
-    /// Its job (demand) time per cycle on the whole partition: the period
-    /// less the gap of [`Self::period`]'s regime (0: none seen).
-    pub(super) fn job(&self) -> Nanos {
-        let (p, gap) = self.wide.base;
-        p.saturating_sub(gap)
-    }
-
     /// Does a wide reservation cost it throughput? Not while none was
     /// tried, nor when its job there (cycle less gap), compared with its
     /// job `alone` (one dispatch on the whole partition), adds at most

@@ -116,9 +116,9 @@ impl SimGpu {
         // no try changes a queue's state or `rr`, so the pass visits the
         // same queues in the same order as a visit of every slot. (Of a
         // partition's slots few are mapped; a pass per workgroup end went
-        // through all of them, each round.)
-        // (`active_slots`, noted by `dispatch`, ascending: the round robin
-        // from `rr` starts at the first at or after it.)
+        // through all of them, each round.) `active_slots`, noted by
+        // `dispatch`, is ascending: the round robin from `rr` starts at the
+        // first at or after it.
         debug_assert!(self.active_slots_current(pi), "active slots out of date");
         let len = self.active_slots.len();
         let rr = self.parts[pi].rr;

@@ -17,6 +17,7 @@
 //! masks).
 
 mod batch;
+mod cu_batch;
 mod cwsr;
 mod dispatch;
 mod guest_pass;
@@ -384,6 +385,10 @@ struct Part {
     /// workgroup is still live there (`SimGpu::wg_on`). Spares a scan of
     /// every workgroup per CU looked at.
     cu_wg: Vec<[u32; 2]>,
+    /// Per CU: the batch whose CU list (`SimGpu::batch_cus`) it was last
+    /// pushed to, and where ([`cu_batch::CuBatchIndex`]): spares the guest
+    /// search a scan of every batch's list per lane looked at.
+    cu_batch: cu_batch::CuBatchIndex,
     /// Indices of batches the rebalance may still cut, ascending, no
     /// repeats: every live batch of the partition not yet in its last
     /// round ([`Batch::all_started`], which stays true for a live batch
@@ -418,6 +423,10 @@ pub struct SimGpu {
     scratch2: Vec<u8>,
     /// Scratch: the counter addresses of a batch of `Mark` workgroups.
     scratch_gpas: Vec<u64>,
+    /// The positions (in its partition's slot list) of the active queues'
+    /// slots of the partition a dispatch pass runs over, ascending
+    /// (`SimGpu::note_active_slots`; read only within that pass).
+    active_slots: Vec<u32>,
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
@@ -466,6 +475,7 @@ impl SimGpu {
                 guest_rr: 0,
                 left: Vec::new(),
                 cu_wg: vec![[0; 2]; topo.cus_per_partition() as usize],
+                cu_batch: cu_batch::CuBatchIndex::new(topo.cus_per_partition()),
                 cuttable: Vec::new(),
             })
             .collect();
@@ -491,6 +501,7 @@ impl SimGpu {
             scratch: Vec::new(),
             scratch2: Vec::new(),
             scratch_gpas: Vec::new(),
+            active_slots: Vec::new(),
             event_budget: None,
             next_map_mask: None,
             batches: Vec::new(),
@@ -832,6 +843,8 @@ mod preempt_tests;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod cu_batch_tests;
 #[cfg(test)]
 mod cu_mask_tests;
 #[cfg(test)]

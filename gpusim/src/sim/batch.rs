@@ -285,7 +285,9 @@ impl SimGpu {
         } else {
             tail.expect("a batch grown without a tail")
         };
-        self.batch_cus[holder as usize].push(cu);
+        let list = &mut self.batch_cus[holder as usize];
+        self.parts[p].cu_batch.note(cu, holder, list.len());
+        list.push(cu);
     }
 
     /// Workgroups of a batch with a memory effect (those past the kernel's

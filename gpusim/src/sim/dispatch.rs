@@ -32,6 +32,7 @@ impl SimGpu {
             "roomy guest lanes and lane footprints disagree"
         );
         self.unshare_left(pi);
+        self.note_active_slots(pi);
         if n > 64 {
             self.dispatch_scan(pi, n);
         } else {
@@ -106,14 +107,27 @@ impl SimGpu {
     /// per CU), so a lone kernel runs as before.
     pub(super) fn place_guests(&mut self, p: u32) {
         let pi = p as usize;
-        let n = self.parts[pi].slots.len();
         // What the tries learn about the partition, kept until a guest is
         // placed (`try_guest` packing; a try that places nothing changes
         // nothing).
         let mut pass = GuestPass::default();
+        // The slots in round-robin order from `rr`, those of active queues
+        // only: a try of any other places nothing and changes nothing, and
+        // no try changes a queue's state or `rr`, so the pass visits the
+        // same queues in the same order as a visit of every slot. (Of a
+        // partition's slots few are mapped; a pass per workgroup end went
+        // through all of them, each round.) `active_slots`, noted by
+        // `dispatch`, is ascending: the round robin from `rr` starts at the
+        // first at or after it.
+        debug_assert!(self.active_slots_current(pi), "active slots out of date");
+        let len = self.active_slots.len();
+        let rr = self.parts[pi].rr;
+        let start = self
+            .active_slots
+            .partition_point(|&pos| (pos as usize) < rr);
         loop {
             let mut placed = false;
-            for k in 0..n {
+            for k in 0..len {
                 // No CU with an owner and room for a guest: no try can
                 // place one (each needs a host lane whose owner leaves room
                 // for it, at least for the smallest guest), and none
@@ -121,7 +135,7 @@ impl SimGpu {
                 if (k == 0 || placed) && self.parts[pi].roomy.is_empty() {
                     return;
                 }
-                let pos = (self.parts[pi].rr + k) % n;
+                let pos = self.active_slots[(start + k) % len] as usize;
                 let s = self.parts[pi].slots[pos];
                 if self.try_guest(s, &mut pass) {
                     placed = true;
@@ -131,6 +145,40 @@ impl SimGpu {
                 break;
             }
         }
+    }
+
+    /// Notes in `active_slots` the positions (in partition `pi`'s slot
+    /// list) of the slots whose queue is active, ascending: the only
+    /// queues a guest pass or the rebalance looks at. Nothing a dispatch
+    /// pass does (workgroup and batch starts, guests, cuts) changes a
+    /// queue's state, so the list holds for the whole pass.
+    fn note_active_slots(&mut self, pi: usize) {
+        self.active_slots.clear();
+        for (pos, &s) in self.parts[pi].slots.iter().enumerate() {
+            if self.slots[s as usize]
+                .as_ref()
+                .is_some_and(|q| q.state == HState::Active)
+            {
+                self.active_slots.push(pos as u32);
+            }
+        }
+    }
+
+    /// Debug check: `active_slots` is what [`Self::note_active_slots`]
+    /// would note now.
+    fn active_slots_current(&self, pi: usize) -> bool {
+        let now: Vec<u32> = self.parts[pi]
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| {
+                self.slots[s as usize]
+                    .as_ref()
+                    .is_some_and(|q| q.state == HState::Active)
+            })
+            .map(|(pos, _)| pos as u32)
+            .collect();
+        now == self.active_slots
     }
 
     /// Launches one workgroup of `slot` as a guest if it has one to launch,
@@ -187,9 +235,10 @@ impl SimGpu {
             // are searched: the count, which visits every slot, is made
             // once per pass and most queues hold their split.)
             let want = *pass.want.get_or_insert_with(|| {
-                part.slots
+                self.active_slots
                     .iter()
-                    .filter(|&&s| {
+                    .filter(|&&pos| {
+                        let s = part.slots[pos as usize];
                         self.slots[s as usize].as_ref().is_some_and(|o| {
                             o.state == HState::Active && self.dispatchable(o).is_some()
                         })
@@ -257,11 +306,7 @@ impl SimGpu {
             // The owner's running workgroup on it (none: its waves are
             // being saved, the CU is not running).
             let hs = owner - 1;
-            let b = (0..self.batches.len()).find(|&bi| {
-                let b = &self.batches[bi];
-                b.live && b.slot == hs && self.batch_cus[bi].contains(&(cu as u32))
-            });
-            if let Some(bi) = b {
+            if let Some(bi) = self.batch_on(p, cu as u32, hs) {
                 host = Some((cu as u32, Ok(bi as u32)));
                 break;
             }
@@ -478,7 +523,10 @@ impl SimGpu {
         let pi = p as usize;
         let mut want = 0u32;
         let mut min_held = u32::MAX;
-        for &s in &self.parts[pi].slots {
+        // Only active queues count (`active_slots`, noted by `dispatch`).
+        debug_assert!(self.active_slots_current(pi), "active slots out of date");
+        for &pos in &self.active_slots {
+            let s = self.parts[pi].slots[pos as usize];
             if let Some(q) = self.slots[s as usize].as_ref() {
                 if q.state == HState::Active && self.dispatchable(q).is_some() {
                     want += 1;
@@ -687,6 +735,28 @@ impl SimGpu {
             hit,
             self.wgs.iter().position(on),
             "CU {cu} of partition {p}: workgroup index out of date (guest {guest})"
+        );
+        hit
+    }
+
+    /// The live batch of `slot`'s queue running on `cu` of partition `p`
+    /// ([`super::cu_batch::CuBatchIndex`]; debug builds check it against a scan
+    /// of every batch's CU list).
+    pub(super) fn batch_on(&self, p: usize, cu: u32, slot: u32) -> Option<usize> {
+        let hit = self.parts[p]
+            .cu_batch
+            .holder(cu, &self.batch_cus)
+            .filter(|&bi| {
+                let b = &self.batches[bi];
+                b.live && b.slot == slot
+            });
+        debug_assert_eq!(
+            hit,
+            (0..self.batches.len()).find(|&bi| {
+                let b = &self.batches[bi];
+                b.live && b.slot == slot && self.batch_cus[bi].contains(&cu)
+            }),
+            "CU {cu} of partition {p}: batch index out of date (slot {slot})"
         );
         hit
     }

@@ -149,6 +149,9 @@ const FIXED_REGRESSIONS: &[&str] = &[
     // merges").
     "fuzz-50009-1-top-share.toml",
     "fuzz-50130-1-top-share.toml",
+    // A light VM's switch test at a wake and at the measured price
+    // (docs/scheduling.md, "A light VM's switch test", branch `light3`).
+    "fuzz-400123-3-light-served.toml",
 ];
 
 #[test]

@@ -28,6 +28,7 @@ mod res_pass;
 mod shared;
 mod slots;
 mod spatial_engine;
+mod switch_price;
 mod timers;
 mod use_rate;
 mod wide;

@@ -101,39 +101,50 @@ fn a_light_loop_that_pays_for_its_switch_waits_for_no_hold() {
     }
 }
 
-#[test]
-fn a_loop_too_short_to_pay_for_its_switch_still_waits_for_the_hold() {
-    // 50 us jobs every 250-500 us beside 1-3 equals: one switch per cycle
-    // would be half of the cycle or more, above its share. It is served
-    // after the hold, so the equals are preempted at most once per hold
-    // (plus the slice ends), not at every light job (served at once,
-    // it would ring 800-1600 jobs in the run and preempt at each).
-    for (n, think) in [(1, 200_000), (3, 450_000), (2, 300_000)] {
-        let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
-        let eq: Vec<QueueId> = (0..n).map(|vm| w.vm(vm, 6, 1, 1)[0]).collect();
-        let light = w.vm(100, 6, 1, 1)[0];
-        for e in eq {
-            w.submit(e, 1_000_000 * MS);
-        }
-        w.run_until(MS);
-        let run = 400 * MS;
-        let mut now = w.now;
-        let mut jobs: u64 = 0;
-        while now < MS + run {
-            w.submit(light, 50_000);
-            while w.work[&light] > 0 {
-                now += 10_000;
-                w.run_until(now);
-            }
-            jobs += 1;
-            now += think;
+/// 50 us jobs with a fixed think beside `n` always-busy equals for 400 ms
+/// (the light's first job at 1 ms): the light's jobs and the equals'
+/// preemptions in all.
+fn short_loop(n: u32, think: Nanos) -> (u64, u64) {
+    let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
+    let eq: Vec<QueueId> = (0..n).map(|vm| w.vm(vm, 6, 1, 1)[0]).collect();
+    let light = w.vm(100, 6, 1, 1)[0];
+    for e in eq {
+        w.submit(e, 1_000_000 * MS);
+    }
+    w.run_until(MS);
+    let mut now = w.now;
+    let mut jobs: u64 = 0;
+    while now < MS + 400 * MS {
+        w.submit(light, 50_000);
+        while w.work[&light] > 0 {
+            now += 10_000;
             w.run_until(now);
         }
-        let hold = (w.s.config().quantum_ns[6] / 4).max(w.s.config().min_run_ns);
-        let preempted: u64 = (0..n)
-            .map(|vm| w.s.vm_stats(VmId(vm)).unwrap().preemptions)
-            .sum();
-        let bound = run / hold + run / w.s.config().quantum_ns[6] + 2;
+        jobs += 1;
+        now += think;
+        w.run_until(now);
+    }
+    let preempted = (0..n)
+        .map(|vm| w.s.vm_stats(VmId(vm)).unwrap().preemptions)
+        .sum();
+    (jobs, preempted)
+}
+
+#[test]
+fn a_loop_too_short_to_pay_for_its_switch_still_waits_for_the_hold() {
+    // 50 us jobs every 150-300 us beside 1-3 equals: one switch per cycle
+    // at its measured price (a save and a restore of the equal, 2 x 50 us
+    // here) would take the light to its share or above:
+    // (50 + 100) / (50 + 100 + think) >= 1 / (n + 1). It is served after
+    // the hold, so the equals are preempted at most once per hold (plus
+    // the slice ends), not at every light job (served at once, it would
+    // ring 1300-2700 jobs in the run and preempt at each).
+    for (n, think) in [(1, 100_000), (3, 250_000), (2, 200_000)] {
+        let (jobs, preempted) = short_loop(n, think);
+        let c = cfg(Policy::Hqdmux);
+        let run = 400 * MS;
+        let hold = (c.quantum_ns[6] / 4).max(c.min_run_ns);
+        let bound = run / hold + run / c.quantum_ns[6] + 2;
         assert!(
             preempted <= bound,
             "{n} equals, think {think}: equals preempted {preempted} times in {run} ns \
@@ -145,4 +156,55 @@ fn a_loop_too_short_to_pay_for_its_switch_still_waits_for_the_hold() {
             "{n} equals, think {think}: {jobs} light jobs"
         );
     }
+}
+
+#[test]
+fn a_loop_that_pays_for_its_measured_switch_is_served_at_once() {
+    // Churn cases (50 us jobs every 300-600 us beside 1-3 equals)
+    // where the saves cost 50 us: one switch per cycle, a save and a
+    // restore of the equal (100 us), keeps the light below its share,
+    // (50 + 100) / (50 + 100 + think) < 1 / (n + 1), so each job takes the
+    // partition at once and preempts an equal. At the modelled price (240
+    // us, a whole partition's save and restore) every one of these loops
+    // was above its share with the switch and waited for the hold: about
+    // one job per hold, the equals preempted once per hold.
+    for (n, think) in [(1, 250_000), (3, 550_000), (2, 400_000)] {
+        let (jobs, preempted) = short_loop(n, think);
+        // Served at once: a job per 50 us job, 50 us save and think (and
+        // the 10 us steps of the loop), at least 9/10 of them.
+        let cycle = 50_000 + UNMAP_NS + think + 20_000;
+        assert!(
+            jobs >= 400 * MS / cycle * 9 / 10,
+            "{n} equals, think {think}: {jobs} light jobs (cycle {cycle} ns)"
+        );
+        assert!(
+            preempted >= jobs * 9 / 10,
+            "{n} equals, think {think}: equals preempted {preempted} times, {jobs} light jobs"
+        );
+    }
+}
+
+#[test]
+fn a_wake_weighs_the_switch_once_against_the_history() {
+    // A light loop whose moving-average idle is just above the threshold
+    // with one switch (100 us: a save and restore of 50 us saves) counted
+    // in every cycle: 100 us jobs, 1.5 ms think beside 7 equals of weight
+    // 1, so its rate with the switch is (100 + 100) / (200 + 1500) < 1 / 8
+    // (idle above 7 x 200 = 1400 us). At a wake the cycle in progress has
+    // no use and no idle yet: counted as a sample it shrank the history by
+    // a quarter and left the switch whole (idle needed above 7 x (100 +
+    // 4/3 x 100) = 1633 us), and every job rung within the owner's hold
+    // (2.5 ms, think 1.5 ms) waited for the rest of it.
+    let (lat, eq) = light_loop(7, 10 * MS, 100_000, 1_500_000, false, 60);
+    let bound = 100_000 + 3 * UNMAP_NS + 10_000;
+    let later = &lat[3..];
+    let over = later.iter().filter(|l| **l > bound).count();
+    assert_eq!(
+        over,
+        0,
+        "{over} of {} jobs over {bound} ns: {lat:?}",
+        later.len()
+    );
+    let (lo, hi) = (eq.iter().min().unwrap(), eq.iter().max().unwrap());
+    assert!(hi - lo <= 10 * MS, "equal GPU times {eq:?}");
 }

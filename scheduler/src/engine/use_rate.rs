@@ -73,6 +73,12 @@ impl CycleUse {
     /// [`Self::below`] with `extra` ns counted as use in every cycle: the
     /// switch (a save and restore of the holder) that serving each of its
     /// busy periods at once costs the partition.
+    ///
+    /// The cycle in progress counts only where it makes the VM heavier
+    /// ([`Self::use_and_idle`]): at a wake it is a sample of no use and no
+    /// idle yet, which would shrink the history by a quarter and leave
+    /// `extra` whole, weighing the switch 4/3 against the VM's own cycles
+    /// (docs/scheduling.md, "A light VM's switch test").
     pub(super) fn below_with(
         &self,
         used_now: Nanos,
@@ -83,10 +89,31 @@ impl CycleUse {
         if !self.known || total == 0 {
             return false;
         }
-        let used = u128::from(ewma(self.used, used_now)) + u128::from(extra);
-        let idle = u128::from(ewma(self.idle, self.idle_now));
+        let (used, idle) = self.use_and_idle(used_now);
+        let used = u128::from(used) + u128::from(extra);
+        let idle = u128::from(idle);
         // used / (used + idle) < weight / total, in integers.
         used.saturating_mul(total) < weight.saturating_mul(used + idle)
+    }
+}
+
+impl CycleUse {
+    /// The use and idle per cycle the rate is taken from: the moving
+    /// averages with the cycle in progress (`used_now` billed in it so far,
+    /// `idle_now` idle) as one more sample when that sample's own rate is
+    /// above the history's (`used_now x idle > used x idle_now`), else the
+    /// history alone. So a VM that keeps demanding is not shielded by its
+    /// light past, and a cycle that has only begun (nothing used, nothing
+    /// idle: a wake) neither makes it look busier than its history nor,
+    /// with its idle, lighter than it.
+    fn use_and_idle(&self, used_now: Nanos) -> (Nanos, Nanos) {
+        let heavier = u128::from(used_now).saturating_mul(u128::from(self.idle))
+            > u128::from(self.used).saturating_mul(u128::from(self.idle_now));
+        if heavier {
+            (ewma(self.used, used_now), ewma(self.idle, self.idle_now))
+        } else {
+            (self.used, self.idle)
+        }
     }
 }
 
@@ -205,7 +232,7 @@ impl Scheduler {
     /// Is there a VM woken during owner `o`'s slice at level `top` that may
     /// preempt it ([`waker_may_preempt`]) and is under its share by use
     /// rate even with one switch of the partition — a save and restore of
-    /// the holder, [`Self::spatial_wait_allowance`] — counted as its use in
+    /// the holder, [`Self::switch_price`] — counted as its use in
     /// every cycle (docs/scheduling.md, "A light VM that pays for its
     /// switch")? Such a VM takes the partition without the hold: serving
     /// each of its busy periods at once costs the partition at most one
@@ -220,7 +247,7 @@ impl Scheduler {
         let (Some(ov), Some(cands)) = (self.vms.get(&o.vm), self.parts[p].busy.get(&top)) else {
             return false;
         };
-        let switch = self.spatial_wait_allowance(p);
+        let switch = self.switch_price(p);
         self.parts[p].woken.iter().any(|w| {
             *w != o.vm
                 && cands.contains_key(w)
@@ -339,6 +366,30 @@ mod tests {
             h.allowance(0, u128::from(u32::MAX), u128::from(u32::MAX) + 1),
             Nanos::MAX
         );
+    }
+
+    /// At a wake (nothing used, nothing idle in the cycle in progress)
+    /// the switch is weighed once against the history: 100 us of use and
+    /// 1.45 ms of idle per cycle with 100 us of switch is below 1/8
+    /// (idle above 7 x 200 us), though with the empty cycle as a sample
+    /// (3/4 of the history, the switch whole) it is not. A cycle in
+    /// progress lighter than the history (idle, no use) does not make
+    /// the VM lighter; one heavier does make it heavier.
+    #[test]
+    fn a_wake_is_not_a_sample() {
+        let c = cycles(8, 100_000, 1_450_000);
+        assert!(c.below_with(0, 100_000, 1, 8), "{c:?}");
+        // The idle needed is 7 x 200 us, not less.
+        let c2 = cycles(8, 100_000, 1_399_000);
+        assert!(!c2.below_with(0, 100_000, 1, 8), "{c2:?}");
+        // An idle cycle in progress: the history's rate, not lower.
+        let mut idle = cycles(8, 100_000, 1_399_000);
+        idle.gap(5_000_000);
+        assert!(!idle.below_with(0, 100_000, 1, 8), "{idle:?}");
+        // A busy one: 1 ms used since the wake, heavier than the history.
+        assert!(!c.below_with(1_000_000, 100_000, 1, 8), "{c:?}");
+        assert!(!c.below_with(2_000_000, 0, 1, 4), "{c:?}");
+        assert!(c.below_with(200_000, 0, 1, 4), "{c:?}");
     }
 
     /// Huge values saturate instead of overflowing.

@@ -406,6 +406,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // few CUs free ran lock-step on them; co-residence now counts
         // those CUs (RT p99 701 -> 257 us against 299).
         ("fuzz-200117-3-rt-latency.toml", None),
+        // A periodic RT whose doubled co-resident job leaves gaps inside
+        // its anticipation grace is not taken for backlogged: it keeps
+        // its co-residence (best effort 0.479 -> 0.652 of alone against
+        // 0.621, CWSR 7.6% -> 0.7%).
+        ("fuzz-400052-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -414,6 +414,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // 3.5 ms save of a flagged VM below them kept at 683 us while
         // nothing was saved again (best effort 0.021 -> passes).
         ("fuzz-400058-3-be-retained.toml", None),
+        // A periodic RT whose doubled co-resident job leaves gaps inside
+        // its anticipation grace is not taken for backlogged: it keeps
+        // its co-residence (best effort 0.479 -> 0.652 of alone against
+        // 0.621, CWSR 7.6% -> 0.7%).
+        ("fuzz-400052-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

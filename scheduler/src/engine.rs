@@ -9,6 +9,7 @@ mod aging;
 mod batch_res;
 mod busy;
 mod control;
+mod coreside_periodic;
 mod coreside_places;
 mod cwsr_budget;
 mod drain_due;
@@ -912,6 +913,10 @@ impl Scheduler {
                     // The interval between the VM's jobs (reservation
                     // sizing, `spatial.rs`).
                     self.spatial.note_arrival(q.vm, now);
+                    // One job per cycle? (`coreside_periodic.rs`.)
+                    if let Some(v) = self.vms.get_mut(&q.vm) {
+                        v.wake.arrival();
+                    }
                     match q.state {
                         QueueState::Idle if !q.errored => self.set_state(queue, QueueState::Ready),
                         QueueState::MappedIdle => self.set_state(queue, QueueState::Running),

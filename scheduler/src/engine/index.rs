@@ -20,12 +20,13 @@ impl Scheduler {
         if wants != wanted {
             let g = self.grace(vm);
             let wide = wants && self.holds_wide(vm);
+            let co = wants && self.holds_coresidence(vm);
             if let Some(v) = self.vms.get_mut(&vm) {
                 if wants {
                     v.demand += 1;
                     if v.demand == 1 {
                         let gap = v.demand_idle_at.map_or(0, |t| now.saturating_sub(t));
-                        v.wake.wake(now, gap, wide);
+                        v.wake.wake(now, gap, wide, co);
                         if let Some(t) = v.demand_idle_at {
                             v.gaps.note(now.saturating_sub(t));
                             v.cycle_use.gap(now.saturating_sub(t));

@@ -365,8 +365,10 @@ impl Scheduler {
         // sharing its CUs would halve its throughput for as long as it
         // stays demanding: lower work would take what the top level uses
         // (item 1, `fuzz-30101`: 39% of its CU time alone). It gets the
-        // partition (or a reservation) instead.
-        if self.coreside_backlogged(owner.vm, max) {
+        // partition (or a reservation) instead. A periodic owner whose job
+        // ends before its next one comes is not backlogged by the grace
+        // that joins its gaps (`coreside_periodic.rs`).
+        if self.coreside_owner_backlogged(owner.vm, max) {
             return false;
         }
         let lower = self.parts[p]
@@ -417,11 +419,11 @@ impl Scheduler {
             return None;
         }
         let max = self.spatial_wait_allowance(p);
-        Some(
-            v.demanding_since
-                .saturating_add(max.saturating_mul(2))
-                .saturating_add(1),
-        )
+        let backlogged = v.demanding_since.saturating_add(max.saturating_mul(2));
+        // A periodic owner's job co-resides until it outlasts twice the
+        // allowance (`coreside_periodic.rs`).
+        let periodic = self.coreside_periodic_until(r.vm, max).unwrap_or(0);
+        Some(backlogged.max(periodic).saturating_add(1))
     }
 
     /// How long the promise lets a higher owner of `p` wait for the lower

@@ -22,6 +22,13 @@ pub(super) struct WakePeriods {
     wide: Regimes,
     /// Held gaps against gaps given to the lower work.
     give: Regimes,
+    /// A reservation or the whole partition against a co-residence of its
+    /// own (`coreside_periodic.rs`), over cycles of one job each.
+    co: Regimes,
+    /// Doorbells with new work since its last wake, the one that woke it
+    /// included when it came first (`Scheduler` calls
+    /// [`WakePeriods::arrival`] before the wake it causes).
+    arrivals: u32,
     /// How the gap that ends at its next wake was decided: given to the
     /// lower work (`Some(true)`), held by the cost-aware hold
     /// (`Some(false)`), neither (`None`: no hold to weigh).
@@ -133,12 +140,21 @@ impl Regimes {
 
 impl WakePeriods {
     /// It wakes at `now` after a gap of `gap` without demand; `wide`: it
-    /// held a wide reservation through the cycle that ends.
-    pub(super) fn wake(&mut self, now: Nanos, gap: Nanos, wide: bool) {
+    /// held a wide reservation through the cycle that ends; `co`: it
+    /// co-resided with the lower work through it.
+    pub(super) fn wake(&mut self, now: Nanos, gap: Nanos, wide: bool, co: bool) {
         let given = self.given.take();
+        let arrivals = std::mem::take(&mut self.arrivals);
         if let Some(t) = self.last.replace(now) {
             let p = now.saturating_sub(t);
             self.wide.note(p, gap, wide);
+            // A cycle of one job (no doorbell with new work after its
+            // wake's): a periodic owner's job that overran its period
+            // merges two periods into one cycle, which says nothing of
+            // whether its period follows its job.
+            if arrivals <= 1 {
+                self.co.note(p, gap, co);
+            }
             if let Some(given) = given {
                 self.give.note(p, gap, given);
             }
@@ -161,6 +177,25 @@ impl WakePeriods {
     /// judged by the 5% alone.
     pub(super) fn stretched(&self, alone: Nanos) -> bool {
         self.wide.stretched(alone)
+    }
+
+    /// A doorbell with new work came (before the wake it causes, if any).
+    pub(super) fn arrival(&mut self) {
+        self.arrivals = self.arrivals.saturating_add(1);
+    }
+
+    /// Its last wake (demand start after no demand; `None`: none yet).
+    pub(super) fn last_wake(&self) -> Option<Nanos> {
+        self.last
+    }
+
+    /// Is it periodic beside a co-residence: both regimes seen, its job's
+    /// time changed between them and its period did not follow (see
+    /// [`Regimes::compared`])? Unknown until both were seen: `false`.
+    pub(super) fn coreside_periodic(&self) -> bool {
+        self.co
+            .compared()
+            .is_some_and(|(_, _, _, periodic)| periodic)
     }
 
     /// The gap now starting is given to the lower work (`true`: its next
@@ -294,31 +329,31 @@ mod tests {
         // 345 us period, 4 us jobs after a 121 us save on the whole
         // partition.
         for i in 0..10 {
-            w.wake(i * 345_000, 220_000, false);
+            w.wake(i * 345_000, 220_000, false, false);
         }
         assert_eq!(w.period(), 345_000);
         assert!(!w.stretched(alone), "nothing tried yet");
         let mut periodic = w;
         // 26 us jobs on the reservation: the gap grows, the period stays.
         for i in 10..20 {
-            periodic.wake(i * 345_000, 319_000, true);
+            periodic.wake(i * 345_000, 319_000, true, false);
         }
         assert!(!periodic.stretched(alone));
         // A closed loop: 300 us think; 54 us jobs (a save first) on the
         // whole partition, 76 us on the reservation.
         let mut closed = WakePeriods::default();
         for i in 0..10 {
-            closed.wake(i * 354_000, 300_000, false);
+            closed.wake(i * 354_000, 300_000, false, false);
         }
         for i in 1..=10 {
-            closed.wake(9 * 354_000 + i * 376_000, 300_000, true);
+            closed.wake(9 * 354_000 + i * 376_000, 300_000, true, false);
         }
         assert!(closed.stretched(alone));
         // The same cycle in both regimes: judged by its loss against
         // alone (72 us of a 376 us cycle: more than 5%; 10 us: less).
         let mut same = WakePeriods::default();
         for i in 0..20 {
-            same.wake(i * 376_000, 300_000, i >= 10);
+            same.wake(i * 376_000, 300_000, i >= 10, false);
         }
         assert!(same.stretched(alone));
         assert!(!same.stretched(66_000));
@@ -332,15 +367,15 @@ mod tests {
         let alone = 4_000;
         let mut w = WakePeriods::default();
         for i in 0..10 {
-            w.wake(i * 345_000, 220_000, false);
+            w.wake(i * 345_000, 220_000, false, false);
         }
         // A setup cycle that merged two periods, then the reservation's
         // own cycles: periodic.
         let mut t = 9 * 345_000 + 690_000;
-        w.wake(t, 10_000, true);
+        w.wake(t, 10_000, true, false);
         for _ in 0..10 {
             t += 345_000;
-            w.wake(t, 319_000, true);
+            w.wake(t, 319_000, true, false);
         }
         assert!(!w.stretched(alone));
         // A closed loop judged stretched ...
@@ -348,14 +383,14 @@ mod tests {
         let mut t = 0;
         for i in 0..20 {
             t += if i >= 10 { 376_000 } else { 354_000 };
-            c.wake(t, 300_000, i >= 10);
+            c.wake(t, 300_000, i >= 10, false);
         }
         assert!(c.stretched(alone));
         // ... tries again after RETRY_CYCLES cycles on the whole partition.
         for i in 0..RETRY_CYCLES {
             assert!(c.stretched(alone), "cycle {i}");
             t += 354_000;
-            c.wake(t, 300_000, false);
+            c.wake(t, 300_000, false, false);
         }
         assert!(!c.stretched(alone));
     }
@@ -383,7 +418,7 @@ mod tests {
                     (job + think, think)
                 };
                 t += p;
-                c.wake(t, gap, trial);
+                c.wake(t, gap, trial, false);
             }
             assert_eq!(c.stretched(alone), !periodic, "periodic {periodic}");
         }

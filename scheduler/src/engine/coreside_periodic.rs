@@ -36,14 +36,7 @@ impl Scheduler {
     /// Does `vm` co-reside with the lower work of its partition (a
     /// reservation of 0 CUs of its own)?
     pub(super) fn holds_coresidence(&self, vm: VmId) -> bool {
-        self.vms.get(&vm).is_some_and(|v| {
-            self.spatial
-                .res
-                .get(v.partition as usize)
-                .copied()
-                .flatten()
-                .is_some_and(|r| r.vm == vm && r.k == 0)
-        })
+        self.own_reservation(vm).is_some_and(|r| r.k == 0)
     }
 
     /// When `vm`, demanding now, stops being a periodic owner whose current

@@ -302,16 +302,20 @@ impl Scheduler {
         Some(t.saturating_add(self.spatial_wait_allowance(p)))
     }
 
+    /// The reservation of `vm`'s partition, if `vm` holds it.
+    pub(super) fn own_reservation(&self, vm: VmId) -> Option<crate::spatial::Reservation> {
+        let v = self.vms.get(&vm)?;
+        self.spatial
+            .res
+            .get(v.partition as usize)
+            .copied()
+            .flatten()
+            .filter(|r| r.vm == vm)
+    }
+
     /// Does `vm` hold a wide reservation of its partition?
     pub(super) fn holds_wide(&self, vm: VmId) -> bool {
-        self.vms.get(&vm).is_some_and(|v| {
-            self.spatial
-                .res
-                .get(v.partition as usize)
-                .copied()
-                .flatten()
-                .is_some_and(|r| r.vm == vm && r.wide)
-        })
+        self.own_reservation(vm).is_some_and(|r| r.wide)
     }
 }
 

@@ -57,7 +57,7 @@ impl Scheduler {
     pub(super) fn give_worth(&self, p: usize, vm: VmId, level: u16) -> Option<(Nanos, Nanos)> {
         let part = self.parts.get(p)?;
         let v = self.vms.get(&vm)?;
-        let t_sw = part.aging.save_typ.saturating_mul(2);
+        let t_sw = self.measured_switch(p);
         if t_sw == 0 || v.wake.giving_stretches(part.aging.save_typ) {
             return None;
         }

@@ -53,7 +53,7 @@ impl Scheduler {
         let Some(part) = self.parts.get(p) else {
             return 0;
         };
-        let t_sw = part.aging.save_typ.saturating_mul(2);
+        let t_sw = self.measured_switch(p);
         // Lower queues running beside the reservation, per VM.
         let mut per_vm: BTreeMap<VmId, u64> = BTreeMap::new();
         for e in part.running.iter().take_while(|e| e.0 < r.level) {

@@ -432,9 +432,7 @@ impl Scheduler {
     /// partition, or the partition's measured typical one without the waits
     /// for waves that have no save point, when that is longer).
     pub(super) fn spatial_wait_allowance(&self, p: usize) -> Nanos {
-        self.cfg
-            .spatial_coreside_ns
-            .max(self.clean_save(p).saturating_mul(2))
+        self.cfg.spatial_coreside_ns.max(self.measured_switch(p))
     }
 
     /// Partition `p`'s typical CWSR save without the waits for waves that
@@ -446,6 +444,13 @@ impl Scheduler {
     /// at every period, fuzz seed 50074: RT p99 700 us against 324.)
     pub(super) fn clean_save(&self, p: usize) -> Nanos {
         self.parts[p].aging.save_typ
+    }
+
+    /// A switch of partition `p` at its measured price, `t_sw`: a save of
+    /// the lower work and its restore, twice [`Scheduler::clean_save`]
+    /// (0: nothing measured yet).
+    pub(super) fn measured_switch(&self, p: usize) -> Nanos {
+        self.clean_save(p).saturating_mul(2)
     }
 
     /// Drain instead of save: the longest time an owner at `level` waits

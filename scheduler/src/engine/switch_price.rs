@@ -27,9 +27,9 @@ impl Scheduler {
     /// typical clean save), `spatial_coreside_ns` while no save is
     /// measured.
     pub(super) fn switch_price(&self, p: usize) -> Nanos {
-        match self.clean_save(p) {
+        match self.measured_switch(p) {
             0 => self.cfg.spatial_coreside_ns,
-            s => s.saturating_mul(2),
+            t_sw => t_sw,
         }
     }
 }

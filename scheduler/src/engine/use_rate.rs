@@ -95,9 +95,7 @@ impl CycleUse {
         // used / (used + idle) < weight / total, in integers.
         used.saturating_mul(total) < weight.saturating_mul(used + idle)
     }
-}
 
-impl CycleUse {
     /// The use and idle per cycle the rate is taken from: the moving
     /// averages with the cycle in progress (`used_now` billed in it so far,
     /// `idle_now` idle) as one more sample when that sample's own rate is

@@ -3,8 +3,14 @@
 //! item of the promise that applies to its shape.
 //!
 //! `cargo run --release -p hqdmux-eval --example promise_fuzz -- [--seed S]
-//! [--count N] [--family top|ladder|equals|light|rt|hostile] [--policy NAME]
+//! [--count N] [--family top|ladder|equals|light|rt|hostile] [--only FAMILY] [--policy NAME]
 //! [--host-bound MS_PER_MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE] [--jobs N]`
+//!
+//! `--family NAME` makes every seed generate a scenario of that family;
+//! `--only NAME` keeps each seed's own family and runs only the seeds whose
+//! family it is (the others are skipped and not counted), so
+//! `--seed 97000 --count 300 --only rt` runs exactly the `rt` scenarios of
+//! a plain `--seed 97000 --count 300` campaign.
 //!
 //! `--file FILE --family NAME --count 1` checks (and shrinks) a scenario
 //! file as that family instead of generated ones. `--max-seconds S` stops starting new scenarios after S s of wall time
@@ -35,7 +41,7 @@ use std::time::Instant;
 
 fn usage(e: &str) -> ExitCode {
     eprintln!(
-        "promise_fuzz: {e}\nusage: promise_fuzz [--seed S] [--count N] [--family NAME] \
+        "promise_fuzz: {e}\nusage: promise_fuzz [--seed S] [--count N] [--family NAME] [--only FAMILY] \
          [--policy NAME] [--host-bound MS] [--shrink N] [--out DIR] [--quiet] [--dump] [--max-seconds S] [--file FILE] [--jobs N]"
     );
     ExitCode::from(2)
@@ -44,6 +50,7 @@ fn usage(e: &str) -> ExitCode {
 fn main() -> ExitCode {
     let (mut seed, mut count) = (1u64, 100u64);
     let mut family = None;
+    let mut only = None;
     let mut opts = FuzzOptions {
         host_bound: Some(eval::fuzz::MAX_HOST_MS_PER_VIRTUAL_MS),
         ..Default::default()
@@ -94,6 +101,10 @@ fn main() -> ExitCode {
                 Some(f) => family = Some(*f),
                 None => return usage(&format!("--family: unknown family '{v}'")),
             },
+            "--only" => match Family::ALL.iter().find(|f| f.name() == v) {
+                Some(f) => only = Some(*f),
+                None => return usage(&format!("--only: unknown family '{v}'")),
+            },
             "--policy" => match Policy::from_name(&v) {
                 Some(p) => opts.policy = p,
                 None => return usage(&format!("--policy: unknown policy '{v}'")),
@@ -113,14 +124,18 @@ fn main() -> ExitCode {
         }
     }
     println!(
-        "promise fuzzer: seeds {seed}..{} ({count} scenarios), policy {}, known-failing classes {:?}",
+        "promise fuzzer: seeds {seed}..{} ({count} scenarios{}), policy {}, known-failing classes {:?}",
         seed + count.saturating_sub(1),
+        only.map_or(String::new(), |f| format!(", only family {}", f.name())),
         opts.policy.name(),
         KNOWN_FAILING
     );
     if dump {
         for s in seed..seed.saturating_add(count) {
-            print!("{}", to_toml(&generate(s, family).scenario));
+            let g = generate(s, family);
+            if only.is_none_or(|f| f == g.family) {
+                print!("{}", to_toml(&g.scenario));
+            }
         }
         return ExitCode::SUCCESS;
     }
@@ -146,7 +161,9 @@ fn main() -> ExitCode {
     // Workers take seeds in order; this thread reports them in seed order
     // (and shrinks), so the output is the same whatever `--jobs`.
     let status = std::thread::scope(|sc| {
-        let (tx, rx) = mpsc::channel::<(u64, Result<(Generated, Verdict), String>)>();
+        // `Ok(None)`: a seed of another family than `--only`, skipped.
+        type Outcome = Result<Option<(Generated, Verdict)>, String>;
+        let (tx, rx) = mpsc::channel::<(u64, Outcome)>();
         for _ in 0..jobs {
             let tx = tx.clone();
             let (next, stopped, scenario, opts) = (&next, &stopped, &scenario, &opts);
@@ -160,8 +177,11 @@ fn main() -> ExitCode {
                     return;
                 }
                 let r = scenario(s).and_then(|g| {
+                    if only.is_some_and(|f| f != g.family) {
+                        return Ok(None);
+                    }
                     check(&g, opts)
-                        .map(|v| (g, v))
+                        .map(|v| Some((g, v)))
                         .map_err(|e| format!("seed {s}: {e}"))
                 });
                 let err = r.is_err();
@@ -178,7 +198,8 @@ fn main() -> ExitCode {
             while let Some(r) = ready.remove(&want) {
                 want += 1;
                 let (g, v) = match r {
-                    Ok(gv) => gv,
+                    Ok(Some(gv)) => gv,
+                    Ok(None) => continue,
                     Err(e) => {
                         eprintln!("{e}");
                         next.store(end, Ordering::Relaxed);

@@ -419,10 +419,6 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // its co-residence (best effort 0.479 -> 0.652 of alone against
         // 0.621, CWSR 7.6% -> 0.7%).
         ("fuzz-400052-3-be-retained.toml", None),
-        // A wide RT above aging batches keeps the fewer CUs that carry
-        // its job within its bound and whole period, not the half
-        // period's (best effort 0.576 -> 0.691 of alone against 0.680).
-        ("fuzz-300085-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -224,8 +224,8 @@ impl Scheduler {
     /// lower work's cost (`wide_keep.rs`; one that lapses in every gap
     /// would cost the lower work a save per period anyway and the owner a
     /// slower job), raised so its job takes at
-    /// most half its wake period, or its whole period where that needs
-    /// fewer CUs (`wide_least.rs`; the reservation carries its load), while its period has not stretched under one
+    /// most half its wake period on the whole partition (the reservation
+    /// carries its load), while its period has not stretched under one
     /// and it is not backlogged (demanding without a break for at most
     /// twice its job's time on the reservation after one allowed wait; a backlogged owner has
     /// more work than one job, and the partition is its whole, item 1).

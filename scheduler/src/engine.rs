@@ -36,7 +36,6 @@ mod wide;
 mod wide_drain;
 mod wide_fit;
 mod wide_keep;
-mod wide_least;
 
 pub(crate) use nsp_save::WaitedSaves;
 use timers::Deadline;

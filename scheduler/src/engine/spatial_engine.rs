@@ -223,7 +223,7 @@ impl Scheduler {
                 )
                 .map(|k| (by_latency.map_or(k, |l| k.min(l)), false))
                 .or_else(|| {
-                    self.spatial_wide(p, owner.vm, owner.level, queues, switch, drain)
+                    self.spatial_wide(p, owner.vm, owner.level, queues, switch)
                         .map(|k| (k, true))
                 });
             need = Some((queues, by_latency));

@@ -229,8 +229,6 @@ impl Scheduler {
     /// and it is not backlogged (demanding without a break for at most
     /// twice its job's time on the reservation after one allowed wait; a backlogged owner has
     /// more work than one job, and the partition is its whole, item 1).
-    /// `drain` is the wait of a drained reservation, if the lower work
-    /// allows one (`wide_least.rs`).
     pub(super) fn spatial_wide(
         &self,
         p: usize,
@@ -238,7 +236,6 @@ impl Scheduler {
         level: u16,
         queues: u32,
         switch: Nanos,
-        drain: Option<Nanos>,
     ) -> Option<u32> {
         let v = self.vms.get(&vm)?;
         let period = v.wake.period();
@@ -254,10 +251,18 @@ impl Scheduler {
         {
             return None;
         }
-        // The fewer CUs of half its period and the promise's allowance
-        // over its whole period (`wide_fit.rs`), unless the half-period
-        // one is drained (`wide_least.rs`).
-        let k = self.wide_least_k(p, vm, queues, period, switch, drain)?;
+        // Beyond half its period or the measured switch's slack: sized by
+        // the promise's allowance over its whole period (`wide_fit.rs`).
+        let k = self
+            .spatial
+            .size_wide(
+                vm,
+                queues,
+                switch,
+                period / 2,
+                self.cfg.spatial_max_permille,
+            )
+            .or_else(|| self.wide_kept_k(p, vm, queues, period))?;
         let t = self.wide_job_ns(p, vm, queues, k)?;
         (!self.coreside_backlogged(vm, t)).then_some(k)
     }

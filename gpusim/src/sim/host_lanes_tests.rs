@@ -95,11 +95,17 @@ fn the_mask_keeps_the_search_inside_it() {
         m.insert(cu);
     }
     let got = visit(&h, 1, SMALL, Some(&m), 150);
-    let want: Vec<u32> = (150..200).chain(100..150).filter(|c| m.contains(*c)).collect();
+    let want: Vec<u32> = (150..200)
+        .chain(100..150)
+        .filter(|c| m.contains(*c))
+        .collect();
     assert_eq!(got, want);
     // A mask shorter than the partition: the CUs past it are outside.
     let short = CuMask::all(64);
-    assert_eq!(visit(&h, 1, SMALL, Some(&short), 0), (0..64).collect::<Vec<_>>());
+    assert_eq!(
+        visit(&h, 1, SMALL, Some(&short), 0),
+        (0..64).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -164,7 +170,11 @@ fn the_search_agrees_with_a_visit_of_every_lane() {
                 lanes[cu as usize] = Some(pair);
             }
             for cu in 0..len {
-                assert_eq!(h.pair_of(cu), lanes[cu as usize], "len {len} step {step} cu {cu}");
+                assert_eq!(
+                    h.pair_of(cu),
+                    lanes[cu as usize],
+                    "len {len} step {step} cu {cu}"
+                );
             }
             let owner = 1 + rnd(6) as u32;
             let fp = fps[rnd(fps.len() as u64) as usize];

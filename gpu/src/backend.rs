@@ -287,6 +287,12 @@ impl CuMask {
         CuMask { bits, len }
     }
 
+    /// The mask as words: CU `c` is bit `c % 64` of word `c / 64` (bits
+    /// past [`Self::len`] are clear).
+    pub fn words(&self) -> &[u64] {
+        &self.bits
+    }
+
     /// Number of CUs in the mask.
     pub fn count(&self) -> u32 {
         self.bits.iter().map(|w| w.count_ones()).sum()

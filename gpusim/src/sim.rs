@@ -21,6 +21,7 @@ mod cu_batch;
 mod cwsr;
 mod dispatch;
 mod guest_pass;
+mod host_lanes;
 mod mask;
 pub mod occupancy;
 mod packet;
@@ -372,6 +373,9 @@ struct Part {
     /// go to. Kept with `lanes` and `cu_fp`; a pass over a partition whose
     /// lanes all run whole-CU workgroups ends at once.
     roomy: CuMask,
+    /// The roomy lanes by (owner, owner footprint): what a guest search
+    /// visits (`host_lanes`). Kept with `roomy`.
+    hosts: host_lanes::HostLanes,
     /// Per CU: CU time guests took from the owner's batch on it.
     cu_debt: Vec<Nanos>,
     /// Where the next guest search starts (round robin over CUs).
@@ -427,6 +431,9 @@ pub struct SimGpu {
     /// slots of the partition a dispatch pass runs over, ascending
     /// (`SimGpu::note_active_slots`; read only within that pass).
     active_slots: Vec<u32>,
+    /// A guest search's candidate host CUs (`HostLanes::hosts_for`; kept
+    /// to reuse its allocation).
+    host_words: Vec<u64>,
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
@@ -471,6 +478,7 @@ impl SimGpu {
                 cu_fp: vec![Footprint::WHOLE; topo.cus_per_partition() as usize],
                 lanes: CuMask::none(topo.cus_per_partition()),
                 roomy: CuMask::none(topo.cus_per_partition()),
+                hosts: host_lanes::HostLanes::new(topo.cus_per_partition()),
                 cu_debt: vec![0; topo.cus_per_partition() as usize],
                 guest_rr: 0,
                 left: Vec::new(),
@@ -502,6 +510,7 @@ impl SimGpu {
             scratch2: Vec::new(),
             scratch_gpas: Vec::new(),
             active_slots: Vec::new(),
+            host_words: Vec::new(),
             event_budget: None,
             next_map_mask: None,
             batches: Vec::new(),
@@ -849,6 +858,8 @@ mod cu_batch_tests;
 mod cu_mask_tests;
 #[cfg(test)]
 mod guest_pass_tests;
+#[cfg(test)]
+mod host_lanes_tests;
 
 #[cfg(test)]
 mod occupancy_tests;

@@ -3,7 +3,7 @@
 //! batches when a queue holds less than an equal split, single
 //! workgroups (jitter, waves without a save point) and their completion.
 
-use super::guest_pass::{GuestPass, LaneFootprints, SMALLEST_GUEST};
+use super::guest_pass::{GuestPass, SMALLEST_GUEST};
 use super::*;
 
 impl SimGpu {
@@ -30,6 +30,17 @@ impl SimGpu {
                     == (part.lanes.contains(cu as u32) && part.cu_fp[cu].fits_with(SMALLEST_GUEST))
             }),
             "roomy guest lanes and lane footprints disagree"
+        );
+        debug_assert!(
+            (0..self.parts[pi].cu_owner.len()).all(|cu| {
+                let part = &self.parts[pi];
+                part.hosts.pair_of(cu as u32)
+                    == part
+                        .roomy
+                        .contains(cu as u32)
+                        .then(|| (part.cu_owner[cu], part.cu_fp[cu]))
+            }),
+            "host lanes and roomy lanes disagree"
         );
         self.unshare_left(pi);
         self.note_active_slots(pi);
@@ -275,53 +286,40 @@ impl SimGpu {
         if fp == Footprint::WHOLE {
             return false;
         }
-        // An earlier try of the pass visited every lane: if no lane's
-        // owner leaves room for this workgroup, the visit below would find
-        // no host. Otherwise this visit notes the lanes' footprints, kept
-        // if it finds no host (then it has seen every lane).
-        let mut seen = match pass.lanes {
-            Some(lanes) if !lanes.may_host(fp) => return false,
-            Some(_) => None,
-            None => Some(LaneFootprints::new()),
-        };
-        let mut host = None;
         // Round robin over CUs, as the dispatcher spreads workgroups: only
-        // those with an owner and no guest yet (the roomy lanes: a lane
-        // whose owner leaves no room for the smallest guest fails the
-        // `fits_with` test below for every guest).
-        for cu in part.roomy.iter_from(part.guest_rr as u32) {
-            let cu = cu as usize;
-            if let Some(s) = seen.as_mut() {
-                s.add(part.cu_fp[cu]);
-            }
-            let owner = part.cu_owner[cu];
-            if owner == 0
-                || owner == slot + 1
-                || part.cu_guest[cu] != 0
-                || !part.cu_fp[cu].fits_with(fp)
-                || q.mask.as_ref().is_some_and(|m| !m.contains(cu as u32))
-            {
-                continue;
-            }
-            // The owner's running workgroup on it (none: its waves are
-            // being saved, the CU is not running).
-            let hs = owner - 1;
-            if let Some(bi) = self.batch_on(p, cu as u32, hs) {
-                host = Some((cu as u32, Ok(bi as u32)));
-                break;
-            }
-            let w = self
-                .wg_on(p, cu as u32, false)
-                .filter(|&wi| self.wgs[wi].slot == hs);
-            if let Some(wi) = w {
-                host = Some((cu as u32, Err(wi as u32)));
-                break;
+        // the roomy lanes of another queue whose owner leaves room for this
+        // workgroup, in its mask (`host_lanes`: the lanes a visit of every
+        // roomy lane did not skip, in the same order), and whose owner runs
+        // a workgroup there (none: its waves are being saved, the CU is
+        // not running).
+        let mut words = std::mem::take(&mut self.host_words);
+        let mut host = None;
+        if part
+            .hosts
+            .hosts_for(slot + 1, fp, q.mask.as_ref().map(|m| m.words()), &mut words)
+        {
+            for cu in part.hosts.iter_from(&words, part.guest_rr as u32) {
+                let hs = part.cu_owner[cu as usize].wrapping_sub(1);
+                if let Some(bi) = self.batch_on(p, cu, hs) {
+                    host = Some((cu, Ok(bi as u32)));
+                    break;
+                }
+                let w = self
+                    .wg_on(p, cu, false)
+                    .filter(|&wi| self.wgs[wi].slot == hs);
+                if let Some(wi) = w {
+                    host = Some((cu, Err(wi as u32)));
+                    break;
+                }
             }
         }
+        debug_assert_eq!(
+            host.map(|h| h.0),
+            self.host_by_visit(p, slot, fp),
+            "the host lanes and a visit of every roomy lane disagree"
+        );
+        self.host_words = words;
         let Some((cu, h)) = host else {
-            if seen.is_some() {
-                pass.lanes = seen;
-            }
             return false;
         };
         // From here on this call changes the partition.
@@ -394,6 +392,7 @@ impl SimGpu {
         self.parts[p].cu_guest[cu as usize] = slot + 1;
         self.parts[p].lanes.remove(cu);
         self.parts[p].roomy.remove(cu);
+        self.parts[p].hosts.remove(cu);
         self.parts[p].guest_rr = (cu as usize + 1) % self.parts[p].cu_guest.len();
         self.stats.coresident_wgs += 1;
         self.push_wg(Wg {
@@ -739,6 +738,32 @@ impl SimGpu {
         hit
     }
 
+    /// Debug check of [`Self::try_guest`]'s host search: the first CU a
+    /// visit of every roomy lane of partition `p` from `guest_rr` finds
+    /// for a workgroup of footprint `fp` of `slot` (the search before
+    /// `host_lanes`).
+    fn host_by_visit(&self, p: usize, slot: u32, fp: Footprint) -> Option<u32> {
+        let part = &self.parts[p];
+        let q = self.slots[slot as usize].as_ref()?;
+        part.roomy.iter_from(part.guest_rr as u32).find(|&cu| {
+            let c = cu as usize;
+            let owner = part.cu_owner[c];
+            if owner == 0
+                || owner == slot + 1
+                || part.cu_guest[c] != 0
+                || !part.cu_fp[c].fits_with(fp)
+                || q.mask.as_ref().is_some_and(|m| !m.contains(cu))
+            {
+                return false;
+            }
+            let hs = owner - 1;
+            self.batch_on(p, cu, hs).is_some()
+                || self
+                    .wg_on(p, cu, false)
+                    .is_some_and(|wi| self.wgs[wi].slot == hs)
+        })
+    }
+
     /// The live batch of `slot`'s queue running on `cu` of partition `p`
     /// ([`super::cu_batch::CuBatchIndex`]; debug builds check it against a scan
     /// of every batch's CU list).
@@ -902,12 +927,15 @@ fn set_lane(part: &mut Part, cu: u32) {
             .is_some_and(|f| f.fits_with(SMALLEST_GUEST))
         {
             part.roomy.insert(cu);
+            part.hosts.insert(cu, part.cu_owner[i], part.cu_fp[i]);
         } else {
             part.roomy.remove(cu);
+            part.hosts.remove(cu);
         }
     } else {
         part.lanes.remove(cu);
         part.roomy.remove(cu);
+        part.hosts.remove(cu);
     }
 }
 
@@ -919,6 +947,7 @@ pub(super) fn release_cu(part: &mut Part, cu: u32) -> bool {
         *o = 0;
         part.lanes.remove(cu);
         part.roomy.remove(cu);
+        part.hosts.remove(cu);
         if part.cu_guest.get(cu as usize).is_some_and(|&g| g != 0) {
             // Its guest runs on alone from now (`SimGpu::unshare_left`).
             part.left.push(cu);

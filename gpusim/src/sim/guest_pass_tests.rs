@@ -1,8 +1,7 @@
-//! [`LaneFootprints`] (the guest pass's summary of its lanes' owner
-//! footprints) against a visit of every lane: a try it turns away finds no
-//! host in the visit, and below its cap it turns away exactly those.
+//! The roomy-lane index's premise: a lane whose owner leaves no room for
+//! [`SMALLEST_GUEST`] hosts no guest.
 
-use super::guest_pass::{LaneFootprints, LANE_FOOTPRINTS_CAP, SMALLEST_GUEST};
+use super::guest_pass::SMALLEST_GUEST;
 use super::occupancy::Footprint;
 use proptest::prelude::*;
 
@@ -45,71 +44,6 @@ fn footprint() -> impl Strategy<Value = Footprint> {
             lds
         }),
     ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
-
-    #[test]
-    fn may_host_agrees_with_a_visit_of_the_lanes(
-        lanes in prop::collection::vec(footprint(), 0..40),
-        guest in footprint(),
-    ) {
-        let s = LaneFootprints::collect(lanes.iter().copied());
-        let visit = lanes.iter().any(|h| h.fits_with(guest));
-        // Never turns away a try the visit would host.
-        if visit {
-            prop_assert!(s.may_host(guest));
-        }
-        // Exact while the lanes run at most the cap's distinct footprints.
-        let mut distinct = lanes.clone();
-        distinct.sort_by_key(|f| (f.waves, f.vgprs, f.lds));
-        distinct.dedup();
-        if distinct.len() <= LANE_FOOTPRINTS_CAP {
-            prop_assert_eq!(s.may_host(guest), visit);
-        }
-    }
-}
-
-#[test]
-fn no_lanes_host_nothing() {
-    let s = LaneFootprints::collect(std::iter::empty());
-    assert!(!s.may_host(Footprint {
-        waves: 1,
-        vgprs: 8,
-        lds: 0
-    }));
-}
-
-#[test]
-fn many_distinct_footprints_are_not_summarised() {
-    // More distinct footprints than the cap, none of which leaves room for
-    // the guest: the summary no longer answers (every try visits).
-    let big = Footprint::WHOLE;
-    let lanes = (0..=LANE_FOOTPRINTS_CAP as u32).map(|i| Footprint {
-        waves: big.waves - i,
-        ..big
-    });
-    let s = LaneFootprints::collect(lanes);
-    assert!(s.may_host(big));
-}
-
-#[test]
-fn lanes_that_cannot_pair_turn_a_guest_away() {
-    // 300169's eq11: workgroups of 50,732 LDS bytes pair with none of their
-    // own kind.
-    let fp = Footprint {
-        waves: 1,
-        vgprs: 32,
-        lds: 50_732,
-    };
-    let s = LaneFootprints::collect([fp; 30]);
-    assert!(!s.may_host(fp));
-    assert!(s.may_host(Footprint {
-        waves: 1,
-        vgprs: 32,
-        lds: 1024
-    }));
 }
 
 proptest! {

@@ -1010,6 +1010,15 @@ impl Sim<'_> {
         }
         let names = self.sc.vm_names();
         let mut used = vec![0u128; self.vms.len()];
+        // The model's clock stands at its last event, which may be long
+        // before the end (a partition of long workgroups has none until
+        // they end): bring it to the end, so that the part done of the
+        // workgroups running then is read at the end of the run. Every
+        // event up to `end` has been processed (`run` stops at the first
+        // one after it), so this fires none.
+        let mut evs = Vec::new();
+        self.gpu.advance(end, &mut evs);
+        debug_assert!(evs.is_empty(), "events at the end: {evs:?}");
         let mut credit = Vec::new();
         self.gpu.take_cu_time(&mut credit);
         // With the part done of the workgroups running at the end (the
@@ -1321,6 +1330,31 @@ mod cu_used_tests {
         }
         let (a, b) = (out.vm_runs[0].cu_used_ns, out.vm_runs[1].cu_used_ns);
         assert!(a.abs_diff(b) * 10 <= a.max(b), "{a} {b}");
+    }
+
+    /// One VM, one kernel of a whole partition of 10 ms workgroups, a 5 ms
+    /// run: the model's last event is the dispatch at 0, and the part done
+    /// of the running workgroups is read at the end of the run (5 ms of
+    /// every CU), not at that last event (nothing).
+    #[test]
+    fn cu_used_reads_the_running_workgroups_at_the_end_of_the_run() {
+        let sc = Scenario::parse(
+            "name = \"long\"\nduration_ms = 5\nseed = 1\n\
+             [[tenant]]\nname = \"top\"\npriority = 4\nclass = \"lo\"\n\
+             arrival = { kind = \"flood\", depth = 1 }\n\
+             [[tenant.kernel]]\nworkgroups = 304\nwg_cost_us = 10000\n",
+            "long.toml",
+        )
+        .unwrap();
+        let out = simulate(&sc, Policy::Hqdmux, 1).unwrap();
+        let v = &out.vm_runs[0];
+        assert_eq!(v.cu_ns, 0, "no kernel completes");
+        let whole = out.cus as u128 * 5_000_000;
+        assert!(
+            v.cu_used_ns * 100 >= whole * 99 && v.cu_used_ns <= whole,
+            "{} of {whole}",
+            v.cu_used_ns
+        );
     }
 }
 

@@ -84,6 +84,27 @@ pub(crate) fn cu_of(r: &PolicyReport, name: &str) -> f64 {
         .sum()
 }
 
+/// CU time (CU-us) its workgroups received (`VmRun::cu_used_ns`: kernels
+/// still in flight at the end included) of the VMs of `r` whose name is
+/// `name` or `name-i` (one tenant entry's VMs). Unlike [`cu_of`] (completed
+/// kernels) it does not depend on where the run's end cuts the VM's
+/// kernels: a VM with `k` kernels of `c` CU-ns each in flight leaves up to
+/// `k x c` out of `cu_of`, and a run shifted by a few ms (a lower VM's
+/// aging batch) can move whole kernels across the end (docs/scheduling.md,
+/// "The top's CU time with kernels in flight at the end").
+pub(crate) fn cu_used_of(r: &RunOutput, name: &str) -> f64 {
+    r.vm_runs
+        .iter()
+        .filter(|v| {
+            v.name == name
+                || v.name
+                    .strip_prefix(name)
+                    .is_some_and(|s| s.starts_with('-'))
+        })
+        .map(|v| v.cu_used_ns as f64 / 1e3)
+        .sum()
+}
+
 /// The top VM keeps at least `min` of the CU time it gets alone:
 /// `with` = the full run, `alone` = the run with only the top tenant.
 pub fn keeps_alone_share(with: &PolicyReport, alone: &PolicyReport, top: &str, min: f64) -> Figure {

@@ -152,6 +152,10 @@ const FIXED_REGRESSIONS: &[&str] = &[
     // A light VM's switch test at a wake and at the measured price
     // (docs/scheduling.md, "A light VM's switch test", branch `light3`).
     "fuzz-400123-3-light-served.toml",
+    // Item 1's top share by the CU time received, kernels in flight at
+    // the end included (docs/scheduling.md, "The top's CU time with
+    // kernels in flight at the end", branch `fresh6`).
+    "fuzz-600013-1-top-share.toml",
 ];
 
 #[test]

@@ -36,6 +36,7 @@ mod wide;
 mod wide_drain;
 mod wide_fit;
 mod wide_keep;
+mod wide_save;
 
 pub(crate) use nsp_save::WaitedSaves;
 use timers::Deadline;

@@ -1944,5 +1944,8 @@ mod cwsr_budget_tests;
 #[path = "wide_drain_tests.rs"]
 mod wide_drain_tests;
 
+#[path = "wide_save_tests.rs"]
+mod wide_save_tests;
+
 #[path = "cu_sync_tests.rs"]
 mod cu_sync_tests;

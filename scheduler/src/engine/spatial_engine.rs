@@ -192,7 +192,7 @@ impl Scheduler {
             // left to end on the reserved CUs (no save): the owner's wait
             // for them takes the place of the switch in its RT bound.
             let allowance = self.spatial_wait_allowance(p);
-            let drain = self.spatial_drain_wait(p, owner.level, allowance);
+            let mut drain = self.spatial_drain_wait(p, owner.level, allowance);
             drain_wait = drain;
             // Sized to the fewest CUs with which its job still meets the
             // RT bound, when its solo time and the switch are measured: the
@@ -210,10 +210,10 @@ impl Scheduler {
                 Some(wait) => allowance.saturating_sub(wait),
                 None => self.rt_switch_budget(p, owner.level),
             };
-            let by_latency =
+            let mut by_latency =
                 self.spatial
                     .size_for_latency(owner.vm, queues, switch, drain.unwrap_or(0));
-            let k = self
+            let mut k = self
                 .spatial
                 .size(
                     owner.vm,
@@ -226,6 +226,16 @@ impl Scheduler {
                     self.spatial_wide(p, owner.vm, owner.level, queues, switch)
                         .map(|k| (k, true))
                 });
+            // A drain that leaves a wide owner no reservation: a save,
+            // when its budget leaves one (`wide_save.rs`).
+            if k.is_none() && drain.is_some() {
+                if let Some((kw, sw)) = self.wide_by_save(p, owner.vm, owner.level, queues) {
+                    k = Some((kw, true));
+                    drain = None;
+                    drain_wait = None;
+                    by_latency = self.spatial.size_for_latency(owner.vm, queues, sw, 0);
+                }
+            }
             need = Some((queues, by_latency));
             if k.is_none() && self.lower_running(p, owner.level) {
                 self.spatial.stats.fallbacks += 1;

@@ -419,6 +419,12 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // its co-residence (best effort 0.479 -> 0.652 of alone against
         // 0.621, CWSR 7.6% -> 0.7%).
         ("fuzz-400052-3-be-retained.toml", None),
+        // The RT a paused aging batch yields to keeps its reservation
+        // rather than trade it for a co-residence the pause's save made
+        // possible: the batch keeps it and a pause saves nothing (RT p99
+        // 2131 -> 110 us against 269; docs/scheduling.md, "A paused
+        // batch's RT keeps its reservation").
+        ("fuzz-400110-3-rt-latency.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

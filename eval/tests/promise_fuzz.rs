@@ -428,6 +428,12 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // through its gaps, where every job saved the three lower queues
         // (CWSR 21.2% of the run -> within 10%).
         ("fuzz-500045-3-cwsr-time.toml", None),
+        // The RT a paused aging batch yields to keeps its reservation
+        // rather than trade it for a co-residence the pause's save made
+        // possible: the batch keeps it and a pause saves nothing (RT p99
+        // 2131 -> 110 us against 269; docs/scheduling.md, "A paused
+        // batch's RT keeps its reservation").
+        ("fuzz-400110-3-rt-latency.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -168,3 +168,55 @@ fn a_batch_displaces_a_backlogged_higher_vm_with_a_reservation() {
         "{boosts} batches saved the backlogged VM {saves} times"
     );
 }
+
+/// An RT whose workgroups fit half a CU, of a short period, above a
+/// starved VM of two queues that fit half a CU too (fuzz seed 400110:
+/// 153 us period, two busy queues of the starved VM). At a pause's
+/// first job the starved VM's two queues take every CU's second place:
+/// no co-residence, the RT's reservation is set up with a save. Once
+/// that save has moved them off, a co-residence looked possible and took
+/// the reservation's place; the batch then resumed on every CU, and each
+/// RT job set the reservation up again with a save and restore of the
+/// batch's work, until the pauses had spent the yield allowance and the
+/// RT waited for the rest of the batch (1.85 ms in 400110). The owner of
+/// a paused batch keeps its reservation (`pause_keeps_reservation`), the
+/// batch keeps it in turn, and no RT job waits beyond one save.
+#[test]
+fn a_paused_batch_does_not_trade_the_rts_reservation_for_a_co_residence() {
+    let c = SchedConfig {
+        aging_ns: 100 * MS,
+        ..cfg(Policy::Hqdmux)
+    };
+    let mut w = World::new(c, slots(1, 2, 4));
+    w.s.set_cu_geometry(CUS, XCCS);
+    let mid = w.vm(1, 6, 1, 1)[0];
+    let low = w.vm(2, 2, 1, 2);
+    let rt = w.vm(3, 12, 1, 1)[0];
+    for &q in [mid].iter().chain(low.iter()) {
+        w.s.note_dispatch_width(q, (CUS * XCCS) as u64);
+        w.s.note_dispatch_occupancy(q, 1_000_000, true);
+        w.submit(q, 10_000_000 * MS);
+    }
+    // 100 us jobs every 250 us (the fake GPU's save is 50 us).
+    w.s.note_dispatch_width(rt, 16);
+    w.s.note_dispatch_occupancy(rt, 100_000, true);
+    w.closed_loop_think(rt, 100_000, 150_000);
+    w.run_until(1_000 * MS);
+    let st = w.s.vm_stats(VmId(2)).unwrap();
+    assert!(st.aging_boosts >= 6, "{st:?}");
+    let waited = w.max_wait_full.get(&rt).copied().unwrap_or(0);
+    assert!(waited <= UNMAP_NS, "an RT job waited {waited} ns");
+    // The starved VM's work is saved about once per batch (at the pause
+    // that sets the reservation up), not at every RT job.
+    assert!(
+        st.preemptions <= st.aging_boosts * 2,
+        "the starved VM was saved {} times in {} boosts",
+        st.preemptions,
+        st.aging_boosts
+    );
+    let bound = Scheduler::aging_bound_job_ns(w.s.config(), 2, 1, &[(6, 1)], 8, UNMAP_NS, 1);
+    for q in low {
+        let waited = w.max_wait_full.get(&q).copied().unwrap_or(0);
+        assert!(waited <= bound, "the starved VM waited {waited} > {bound}");
+    }
+}

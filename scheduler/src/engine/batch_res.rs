@@ -45,6 +45,29 @@ impl Scheduler {
         (r.level > top).then_some(r)
     }
 
+    /// Does owner `owner` of partition `p` keep its own reservation `prev`
+    /// rather than trade it for a co-residence, because an aging batch is
+    /// paused for it? The pause saved the batch's queues off the reserved
+    /// CUs, so a co-residence looks possible (no lower queue is resident
+    /// beside the owner); but when the owner drains the batch resumes on
+    /// every CU, and the owner's next job sets its reservation up again
+    /// with a save and restore of the batch's work, charged to the yield
+    /// allowance `Y` at every job. An RT of a short period spent `Y` within
+    /// a few jobs and then waited for the rest of the batch (fuzz seed
+    /// 400110: 153 us period, 1.85 ms waits at each batch). Kept, the
+    /// reservation is held across the owner's gaps and the batch keeps it
+    /// ([`Self::batch_keeps_reservation`]): its queues run on the other
+    /// CUs and the owner's later jobs save nothing.
+    pub(super) fn pause_keeps_reservation(
+        &self,
+        p: usize,
+        owner: SliceOwner,
+        prev: Option<Reservation>,
+    ) -> bool {
+        prev.is_some_and(|r| r.vm == owner.vm && r.k > 0 && !r.drain)
+            && self.paused_batch_level(p, owner.level).is_some()
+    }
+
     /// Charges partition `p`'s running batch, since the last charge, for
     /// its run beside a kept reservation of a higher VM: the reserved CUs'
     /// share of that time goes to its yield allowance (`yielded`), so the

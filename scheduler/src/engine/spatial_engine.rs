@@ -169,6 +169,7 @@ impl Scheduler {
             && lower
             && self.spatial_coreside(p, owner)
             && !self.lockstep_prefers_reservation(p, owner)
+            && !self.pause_keeps_reservation(p, owner, prev)
         {
             // Its latency size, for taking a lower RT's held reservation
             // over instead (`res_pass.rs`, `coreside_keeps_held`).

@@ -24,6 +24,7 @@ mod index;
 mod lockstep;
 mod nsp_save;
 mod res_hold;
+mod res_down;
 mod res_keep;
 mod res_pass;
 mod shared;

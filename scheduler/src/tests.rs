@@ -1946,3 +1946,6 @@ mod wide_drain_tests;
 
 #[path = "cu_sync_tests.rs"]
 mod cu_sync_tests;
+
+#[path = "res_down_tests.rs"]
+mod res_down_tests;

@@ -23,6 +23,7 @@ mod hold;
 mod index;
 mod lockstep;
 mod nsp_save;
+mod res_down;
 mod res_hold;
 mod res_keep;
 mod res_pass;

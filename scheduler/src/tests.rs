@@ -1949,3 +1949,6 @@ mod wide_save_tests;
 
 #[path = "cu_sync_tests.rs"]
 mod cu_sync_tests;
+
+#[path = "res_down_tests.rs"]
+mod res_down_tests;

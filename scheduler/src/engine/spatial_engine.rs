@@ -272,7 +272,12 @@ impl Scheduler {
         // lower RT's next job would take them back with a save
         // (`res_pass.rs`, "A co-residence keeps a lower RT's reservation").
         let passed = match (cand, need) {
-            (None, Some((queues, lat))) => self.res_pass_up(p, owner, prev, queues, lat),
+            // A higher RT's held reservation in its gap, when the owner's
+            // job meets its bound there (`res_down.rs`): the owner would
+            // otherwise get the other CUs and save the lower work on them.
+            (None, Some((queues, lat))) => self
+                .res_pass_up(p, owner, prev, queues, lat)
+                .or_else(|| self.res_pass_down(p, owner, prev, queues, lat)),
             (Some(c), Some((queues, lat))) if c.k == 0 => {
                 self.coreside_keeps_held(p, owner, prev, queues, lat)
             }

@@ -74,14 +74,15 @@ pub fn cwsr_save_restore_ns(topo: &GpuTopology) -> u64 {
 pub(crate) fn cu_of(r: &PolicyReport, name: &str) -> f64 {
     r.vms
         .iter()
-        .filter(|v| {
-            v.name == name
-                || v.name
-                    .strip_prefix(name)
-                    .is_some_and(|s| s.starts_with('-'))
-        })
+        .filter(|v| of_entry(&v.name, name))
         .map(|v| v.cu_time_us)
         .sum()
+}
+
+/// Whether VM `vm` is one of tenant entry `name`'s VMs (`name` itself, or
+/// `name-i` for an entry of several).
+fn of_entry(vm: &str, name: &str) -> bool {
+    vm == name || vm.strip_prefix(name).is_some_and(|s| s.starts_with('-'))
 }
 
 /// CU time (CU-us) its workgroups received (`VmRun::cu_used_ns`: kernels
@@ -93,16 +94,7 @@ pub(crate) fn cu_of(r: &PolicyReport, name: &str) -> f64 {
 /// aging batch) can move whole kernels across the end (docs/scheduling.md,
 /// "The top's CU time with kernels in flight at the end").
 pub(crate) fn cu_used_of(r: &RunOutput, name: &str) -> f64 {
-    r.vm_runs
-        .iter()
-        .filter(|v| {
-            v.name == name
-                || v.name
-                    .strip_prefix(name)
-                    .is_some_and(|s| s.starts_with('-'))
-        })
-        .map(|v| v.cu_used_ns as f64 / 1e3)
-        .sum()
+    vms_named(r, name).map(|v| v.cu_used_ns as f64 / 1e3).sum()
 }
 
 /// The top VM keeps at least `min` of the CU time it gets alone:
@@ -744,12 +736,7 @@ pub fn exactly_once_all(seeds: &[u64], ms: u64) -> Result<Outcome, EvalError> {
 
 /// The VMs of `run` named `name` or `name-i`.
 fn vms_named<'a>(run: &'a RunOutput, name: &'a str) -> impl Iterator<Item = &'a VmRun> + 'a {
-    run.vm_runs.iter().filter(move |v| {
-        v.name == name
-            || v.name
-                .strip_prefix(name)
-                .is_some_and(|s| s.starts_with('-'))
-    })
+    run.vm_runs.iter().filter(move |v| of_entry(&v.name, name))
 }
 
 /// Every VM of tenant `hung` had its queue reset after a preemption

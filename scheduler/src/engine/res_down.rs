@@ -58,26 +58,6 @@ impl Scheduler {
         if lat? > pr.k {
             return None;
         }
-        let v = self.vms.get(&owner.vm)?;
-        let alone = self
-            .spatial
-            .time_on(owner.vm, queues, self.spatial.cus_per_xcc)?;
-        if v.wake.period() == 0 || v.wake.stretched(alone) {
-            return None;
-        }
-        let t = self
-            .spatial
-            .time_on(owner.vm, queues, pr.k)?
-            .saturating_add(self.spatial_wait_allowance(p));
-        if self.coreside_backlogged(owner.vm, t) {
-            return None;
-        }
-        Some(Reservation {
-            vm: owner.vm,
-            level: owner.level,
-            k: pr.k,
-            drain: false,
-            wide: false,
-        })
+        self.periodic_takes(p, owner, queues, pr.k)
     }
 }

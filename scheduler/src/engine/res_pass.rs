@@ -68,6 +68,22 @@ impl Scheduler {
         if k > pr.k && (k > cap || k >= n) {
             return None;
         }
+        self.periodic_takes(p, owner, queues, k)
+    }
+
+    /// A reservation of `k` CUs per XCC for `owner` (with `queues` busy
+    /// queues) in `p`, taken over from another holder, when the owner is
+    /// periodic: its wakes have a period its job alone does not stretch,
+    /// and its job on the `k` CUs plus the wait allowance does not make it
+    /// backlogged (`coreside_backlogged`). `None` otherwise. Shared by
+    /// `res_pass_up` and `res_pass_down`.
+    pub(super) fn periodic_takes(
+        &self,
+        p: usize,
+        owner: SliceOwner,
+        queues: u32,
+        k: u32,
+    ) -> Option<Reservation> {
         let v = self.vms.get(&owner.vm)?;
         let alone = self
             .spatial

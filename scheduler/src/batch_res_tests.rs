@@ -12,16 +12,20 @@ use super::*;
 const CUS: u32 = 38;
 const XCCS: u32 = 8;
 
+/// The configuration of every world here: aging after 100 ms at priority 0.
+fn aging_cfg() -> SchedConfig {
+    SchedConfig {
+        aging_ns: 100 * MS,
+        ..cfg(Policy::Hqdmux)
+    }
+}
+
 /// The partition of [`rt_world`] before any work: aging after 100 ms at
 /// priority 0, whole-partition kernels noted for the VMs at priorities 6
 /// (VM 1) and 2 (VM 2), and VM 3 at priority 12. Returns the world and
 /// their queues.
 fn aging_world() -> (World, QueueId, QueueId, QueueId) {
-    let c = SchedConfig {
-        aging_ns: 100 * MS,
-        ..cfg(Policy::Hqdmux)
-    };
-    let mut w = World::new(c, slots(1, 2, 4));
+    let mut w = World::new(aging_cfg(), slots(1, 2, 4));
     w.s.set_cu_geometry(CUS, XCCS);
     let mid = w.vm(1, 6, 1, 1)[0];
     let low = w.vm(2, 2, 1, 1)[0];
@@ -125,11 +129,7 @@ fn an_rt_of_any_duty_does_not_wait_for_a_batch_beside_its_reservation() {
 /// (What the reservation changes; the bound of aging holds either way.)
 #[test]
 fn without_a_reservation_a_high_duty_rt_waits_for_the_batch() {
-    let c = SchedConfig {
-        aging_ns: 100 * MS,
-        ..cfg(Policy::Hqdmux)
-    };
-    let mut w = World::new(c, slots(1, 2, 4));
+    let mut w = World::new(aging_cfg(), slots(1, 2, 4));
     let mid = w.vm(1, 6, 1, 1)[0];
     let low = w.vm(2, 2, 1, 1)[0];
     let rt = w.vm(3, 12, 1, 1)[0];
@@ -183,11 +183,7 @@ fn a_batch_displaces_a_backlogged_higher_vm_with_a_reservation() {
 /// batch keeps it in turn, and no RT job waits beyond one save.
 #[test]
 fn a_paused_batch_does_not_trade_the_rts_reservation_for_a_co_residence() {
-    let c = SchedConfig {
-        aging_ns: 100 * MS,
-        ..cfg(Policy::Hqdmux)
-    };
-    let mut w = World::new(c, slots(1, 2, 4));
+    let mut w = World::new(aging_cfg(), slots(1, 2, 4));
     w.s.set_cu_geometry(CUS, XCCS);
     let mid = w.vm(1, 6, 1, 1)[0];
     let low = w.vm(2, 2, 1, 2);

@@ -21,6 +21,7 @@ mod cu_batch;
 mod cwsr;
 mod dispatch;
 mod guest_pass;
+mod want;
 mod host_lanes;
 mod mask;
 pub mod occupancy;
@@ -860,6 +861,8 @@ mod cu_mask_tests;
 mod guest_pass_tests;
 #[cfg(test)]
 mod host_lanes_tests;
+#[cfg(test)]
+mod want_tests;
 
 #[cfg(test)]
 mod occupancy_tests;

@@ -4,6 +4,7 @@
 //! workgroups (jitter, waves without a save point) and their completion.
 
 use super::guest_pass::{GuestPass, SMALLEST_GUEST};
+use super::want::{share_floor, WantCount};
 use super::*;
 
 impl SimGpu {
@@ -49,9 +50,12 @@ impl SimGpu {
         } else {
             self.dispatch_bits(pi, n);
         }
-        self.place_guests(p);
+        // The guest pass's count of the queues that want CUs, if it made
+        // one and placed nothing since: nothing between it and the
+        // rebalance changes the partition.
+        let counted = self.place_guests(p);
         if self.parts[pi].free_cus == 0 {
-            self.rebalance(p);
+            self.rebalance(p, counted);
         }
         self.flush_batches();
     }
@@ -116,7 +120,10 @@ impl SimGpu {
     /// round robin over the slots. A queue's own further workgroups wait
     /// for its own CUs (its kernels run in lock-step rounds, one workgroup
     /// per CU), so a lone kernel runs as before.
-    pub(super) fn place_guests(&mut self, p: u32) {
+    ///
+    /// Returns the count of the queues that want CUs if a try made it and
+    /// no try changed the partition after (it holds when the pass ends).
+    pub(super) fn place_guests(&mut self, p: u32) -> Option<WantCount> {
         let pi = p as usize;
         // What the tries learn about the partition, kept until a guest is
         // placed (`try_guest` packing; a try that places nothing changes
@@ -144,7 +151,7 @@ impl SimGpu {
                 // for it, at least for the smallest guest), and none
                 // changes anything. (Only a placed guest takes a lane.)
                 if (k == 0 || placed) && self.parts[pi].roomy.is_empty() {
-                    return;
+                    return pass.want;
                 }
                 let pos = self.active_slots[(start + k) % len] as usize;
                 let s = self.parts[pi].slots[pos];
@@ -156,6 +163,7 @@ impl SimGpu {
                 break;
             }
         }
+        pass.want
     }
 
     /// Notes in `active_slots` the positions (in partition `pi`'s slot
@@ -245,17 +253,7 @@ impl SimGpu {
             // split keeps its lock-step rounds. (Checked before its batches
             // are searched: the count, which visits every slot, is made
             // once per pass and most queues hold their split.)
-            let want = *pass.want.get_or_insert_with(|| {
-                self.active_slots
-                    .iter()
-                    .filter(|&&pos| {
-                        let s = part.slots[pos as usize];
-                        self.slots[s as usize].as_ref().is_some_and(|o| {
-                            o.state == HState::Active && self.dispatchable(o).is_some()
-                        })
-                    })
-                    .count() as u32
-            });
+            let want = pass.want.get_or_insert_with(|| self.want_count(p)).want;
             if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
                 return false;
             }
@@ -518,21 +516,44 @@ impl SimGpu {
     /// fewer than an equal split of the partition, the batches of queues
     /// holding more stop at the end of their current round, whose CUs the
     /// round robin then hands out again (as freed workgroups' CUs are).
-    pub(super) fn rebalance(&mut self, p: u32) {
+    ///
+    /// `counted`: the count of the queues that want CUs, if the pass made
+    /// it and nothing changed since. Without it, the rebalance first looks
+    /// for a batch it could cut at the least split it can compute
+    /// ([`share_floor`]): with none it cuts nothing, and does not count
+    /// (the count visits every active queue's packet window).
+    pub(super) fn rebalance(&mut self, p: u32, counted: Option<WantCount>) {
         let pi = p as usize;
-        let mut want = 0u32;
-        let mut min_held = u32::MAX;
         // Only active queues count (`active_slots`, noted by `dispatch`).
         debug_assert!(self.active_slots_current(pi), "active slots out of date");
-        for &pos in &self.active_slots {
-            let s = self.parts[pi].slots[pos as usize];
-            if let Some(q) = self.slots[s as usize].as_ref() {
-                if q.state == HState::Active && self.dispatchable(q).is_some() {
-                    want += 1;
-                    min_held = min_held.min(q.inflight);
-                }
+        let count = match counted {
+            Some(c) => {
+                debug_assert_eq!(c, self.want_count(pi), "the guest pass's count is stale");
+                c
             }
-        }
+            None => {
+                let floor = share_floor(
+                    self.topo.cus_per_partition(),
+                    self.active_slots.len() as u32,
+                );
+                if !self.may_cut_above(pi, floor) {
+                    debug_assert!(
+                        {
+                            let c = self.want_count(pi);
+                            (c.want < 2 && c.min_held > 0)
+                                || !self.may_cut_above(
+                                    pi,
+                                    self.topo.cus_per_partition() / c.want.max(1),
+                                )
+                        },
+                        "the rebalance skipped a count that would cut"
+                    );
+                    return;
+                }
+                self.want_count(pi)
+            }
+        };
+        let WantCount { want, min_held } = count;
         if want < 2 && min_held > 0 {
             return;
         }

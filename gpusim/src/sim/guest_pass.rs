@@ -11,6 +11,7 @@
 //! [`SimGpu::place_guests`]: super::SimGpu::place_guests
 
 use super::occupancy::Footprint;
+use super::want::WantCount;
 
 /// No workgroup takes less of a CU: [`Footprint::of`] gives at least one
 /// wave (a whole CU otherwise). A CU whose owner leaves no room for this
@@ -26,8 +27,9 @@ pub(super) const SMALLEST_GUEST: Footprint = Footprint {
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct GuestPass {
     /// The count of queues of the partition that want CUs (as the
-    /// rebalance counts them), once a try needed it.
-    pub(super) want: Option<u32>,
+    /// rebalance counts them), once a try needed it (handed on to the
+    /// rebalance while it holds).
+    pub(super) want: Option<WantCount>,
 }
 
 impl GuestPass {

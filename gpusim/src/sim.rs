@@ -21,7 +21,6 @@ mod cu_batch;
 mod cwsr;
 mod dispatch;
 mod guest_pass;
-mod want;
 mod host_lanes;
 mod mask;
 pub mod occupancy;
@@ -30,6 +29,7 @@ mod realtime;
 mod running;
 pub mod testkit;
 mod unmap;
+mod want;
 
 pub use cwsr::{SAVE_MAGIC, SAVE_VERSION};
 pub use realtime::RealTimeDriver;

@@ -439,6 +439,13 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // CUs and saving the best effort at each of its jobs (146 of 191
         // preemptions; best effort 0.551 of alone against 0.566).
         ("fuzz-97041-3-be-retained.toml", None),
+        // A wide RT keeps the fewest CUs that carry its job over its whole
+        // period after the partition's high mark of saves, with a gap that
+        // is a break, where it held its half-period size (8 CUs per XCC
+        // where 6-7 do; best effort 0.653 of alone against 0.720;
+        // docs/scheduling.md, "A kept wide reservation at its fewest CUs,
+        // against the saves' high mark").
+        ("fuzz-97092-3-be-retained.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

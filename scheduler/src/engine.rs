@@ -37,10 +37,12 @@ mod wide;
 mod wide_drain;
 mod wide_fit;
 mod wide_keep;
+mod wide_least;
 mod wide_save;
 
 pub(crate) use nsp_save::WaitedSaves;
 use timers::Deadline;
+pub(crate) use wide_least::save_high_after;
 
 /// Level of a boosted (aged) queue: above every VM priority.
 const BOOST_LEVEL: u16 = 16;
@@ -425,6 +427,12 @@ struct AgingBudget {
     /// preemptions' dequeues no longer than [`SAVE_WAIT_FACTOR`] times it
     /// (see [`Scheduler::save_wait`]).
     save_typ: Nanos,
+    /// The partition's clean saves' high mark: raised at once by a longer
+    /// save (one counted in `save_typ`), lowered by 1/8 of the difference
+    /// by each shorter one. What a kept wide reservation's size subtracts
+    /// for its setup save (`wide_least.rs`): a size shrinks only after
+    /// many saves agree.
+    save_high: Nanos,
     /// The running batch is paused for a demand-limited higher VM since
     /// this time (`engine/aging.rs`, [`AGING_YIELD_NS`]).
     paused_since: Option<Nanos>,

@@ -1896,6 +1896,8 @@ mod wide_tests;
 
 #[path = "wide_fit_tests.rs"]
 mod wide_fit_tests;
+#[path = "wide_least_tests.rs"]
+mod wide_least_tests;
 
 #[path = "res_hold_tests.rs"]
 mod res_hold_tests;

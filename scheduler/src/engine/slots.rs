@@ -192,6 +192,7 @@ impl Scheduler {
         let a = &mut self.parts[p].aging;
         let beyond = if typ == 0 || save_ns <= cap {
             if save_ns > 0 {
+                a.save_high = save_high_after(a.save_high, save_ns);
                 a.save_typ = if typ == 0 {
                     save_ns
                 } else {

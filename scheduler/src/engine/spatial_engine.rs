@@ -224,7 +224,7 @@ impl Scheduler {
                 )
                 .map(|k| (by_latency.map_or(k, |l| k.min(l)), false))
                 .or_else(|| {
-                    self.spatial_wide(p, owner.vm, owner.level, queues, switch)
+                    self.spatial_wide(p, owner.vm, owner.level, queues, switch, drain)
                         .map(|k| (k, true))
                 });
             // A drain that leaves a wide owner no reservation: a save,

@@ -229,6 +229,8 @@ impl Scheduler {
     /// and it is not backlogged (demanding without a break for at most
     /// twice its job's time on the reservation after one allowed wait; a backlogged owner has
     /// more work than one job, and the partition is its whole, item 1).
+    /// `drain` is the wait of a drained reservation, if the lower work
+    /// allows one (`wide_least.rs`).
     pub(super) fn spatial_wide(
         &self,
         p: usize,
@@ -236,6 +238,7 @@ impl Scheduler {
         level: u16,
         queues: u32,
         switch: Nanos,
+        drain: Option<Nanos>,
     ) -> Option<u32> {
         let v = self.vms.get(&vm)?;
         let period = v.wake.period();
@@ -251,18 +254,11 @@ impl Scheduler {
         {
             return None;
         }
-        // Beyond half its period or the measured switch's slack: sized by
-        // the promise's allowance over its whole period (`wide_fit.rs`).
-        let k = self
-            .spatial
-            .size_wide(
-                vm,
-                queues,
-                switch,
-                period / 2,
-                self.cfg.spatial_max_permille,
-            )
-            .or_else(|| self.wide_kept_k(p, vm, queues, period))?;
+        // Half its period, or fewer CUs where its whole period carries
+        // its job after the saves' high mark (`wide_least.rs`); beyond
+        // half its period or the measured switch's slack, sized by the
+        // promise's allowance over its whole period (`wide_fit.rs`).
+        let k = self.wide_least_k(p, vm, queues, period, switch, drain)?;
         let t = self.wide_job_ns(p, vm, queues, k)?;
         (!self.coreside_backlogged(vm, t)).then_some(k)
     }

@@ -44,7 +44,7 @@ impl Scheduler {
         if switch == 0 {
             return None;
         }
-        let k = self.spatial_wide(p, vm, level, queues, switch)?;
+        let k = self.spatial_wide(p, vm, level, queues, switch, None)?;
         Some((k, switch))
     }
 }

@@ -22,7 +22,6 @@ mod give;
 mod hold;
 mod index;
 mod lockstep;
-mod nsp_coreside;
 mod nsp_save;
 mod res_down;
 mod res_hold;

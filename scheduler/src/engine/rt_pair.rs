@@ -157,7 +157,7 @@ impl Scheduler {
         let Some(slot) = q.slot else {
             return false;
         };
-        if q.vm == owner.vm || !r.is_some_and(|r| r.vm == owner.vm) {
+        if q.vm == owner.vm || r.is_none_or(|r| r.vm != owner.vm) {
             return false;
         }
         let Some(set) = self.rt_pair_set(p, r, q.vm) else {

@@ -439,6 +439,10 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // CUs and saving the best effort at each of its jobs (146 of 191
         // preemptions; best effort 0.551 of alone against 0.566).
         ("fuzz-97041-3-be-retained.toml", None),
+        // A lower RT's job gets CUs of its own below a higher RT's held
+        // reservation, where it sat on the higher RT's CUs and was saved
+        // at each of its jobs (RT p99 1353 -> 1022 us against 1196).
+        ("fuzz-600008-3-rt-latency.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -1641,7 +1641,9 @@ impl<O: Copy> Binding<O> {
             return Some(host);
         };
         let guest = CuMask::from_mqd(&r.mqd, t.cus_per_xcc, t.ses_per_xcc, t.xccs_per_partition());
-        if matches!(set, scheduler::CuSet::Top(_)) && guest.and(&host).is_empty() {
+        if matches!(set, scheduler::CuSet::Top(_) | scheduler::CuSet::Mid { .. })
+            && guest.and(&host).is_empty()
+        {
             return None;
         }
         Some(host)

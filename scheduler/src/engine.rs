@@ -27,6 +27,7 @@ mod res_down;
 mod res_hold;
 mod res_keep;
 mod res_pass;
+mod rt_pair;
 mod shared;
 mod slots;
 mod spatial_engine;

@@ -24,6 +24,14 @@ pub enum CuSet {
     Top(u32),
     /// Every CU but the highest `n` of each XCC (lower work beside it).
     AllBut(u32),
+    /// The `n` CUs of each XCC just below its highest `above`: a lower RT
+    /// beside a higher RT's held reservation (`engine/rt_pair.rs`).
+    Mid {
+        /// Highest CUs of each XCC left to the higher RT.
+        above: u32,
+        /// CUs per XCC of this set.
+        n: u32,
+    },
 }
 
 impl CuSet {
@@ -36,11 +44,13 @@ impl CuSet {
         let first_top = cus_per_xcc.saturating_sub(match self {
             CuSet::All => 0,
             CuSet::Top(n) | CuSet::AllBut(n) => n,
+            CuSet::Mid { above, .. } => above,
         });
         match self {
             CuSet::All => true,
             CuSet::Top(_) => cu >= first_top,
             CuSet::AllBut(_) => cu < first_top,
+            CuSet::Mid { n, .. } => cu < first_top && cu >= first_top.saturating_sub(n),
         }
     }
 
@@ -180,6 +190,41 @@ pub(crate) struct Spatial {
     /// one of its own took over (`engine/res_pass.rs`): it goes back to
     /// that VM, without a save, while it still holds.
     pub passed: Vec<Option<Reservation>>,
+    /// Per partition: a lower RT's reservation on the CUs below a higher
+    /// RT's held one, for the lower RT's job (`engine/rt_pair.rs`).
+    pub pair: Vec<Option<RtPair>>,
+}
+
+/// A lower RT on CUs of its own below a higher RT's held reservation
+/// (`engine/rt_pair.rs`): `hi` on `CuSet::Top(hi.k)`, `lo` on
+/// `CuSet::Mid { above: hi.k, n: lo.k }`, the lower work on the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RtPair {
+    /// The higher RT's held reservation.
+    pub hi: Reservation,
+    /// The lower RT's part, below `hi`'s CUs.
+    pub lo: Reservation,
+}
+
+impl RtPair {
+    /// CUs per XCC of both parts (the partition's reservation).
+    pub fn k(&self) -> u32 {
+        self.hi.k.saturating_add(self.lo.k)
+    }
+
+    /// The CU set of `vm` when it is a member (`None`: not one).
+    pub fn set_of(&self, vm: VmId) -> Option<CuSet> {
+        if vm == self.hi.vm {
+            Some(CuSet::Top(self.hi.k))
+        } else if vm == self.lo.vm {
+            Some(CuSet::Mid {
+                above: self.hi.k,
+                n: self.lo.k,
+            })
+        } else {
+            None
+        }
+    }
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.

@@ -1954,3 +1954,6 @@ mod cu_sync_tests;
 
 #[path = "res_down_tests.rs"]
 mod res_down_tests;
+
+#[path = "rt_pair_tests.rs"]
+mod rt_pair_tests;

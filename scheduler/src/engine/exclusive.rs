@@ -245,6 +245,7 @@ impl Scheduler {
                     (qq.vm != owner.vm || qq.key < klo || qq.key > khi)
                         && !self.spatial_keeps(res, establish, owner, beside, *q)
                         && !self.batch_keeps_holder(res, owner, *q)
+                        && !self.rt_pair_keeps(p, res, owner, *q)
                 })
                 .map(|e| e.2),
         );

@@ -19,6 +19,7 @@ impl Scheduler {
         self.spatial.drain_due = vec![None; self.parts.len()];
         self.spatial.overdue = vec![false; self.parts.len()];
         self.spatial.passed = vec![None; self.parts.len()];
+        self.spatial.pair = vec![None; self.parts.len()];
         self.spatial.slot_cus = vec![CuSet::All; self.slots.len()];
     }
 
@@ -156,6 +157,9 @@ impl Scheduler {
             self.res_keep_end(p, None);
             self.res_pass_note(p, None, None, false);
             self.spatial.res[p] = None;
+            if let Some(pair) = self.spatial.pair.get_mut(p) {
+                *pair = None;
+            }
             return (None, false);
         }
         let lower = self.parts[p].busy.range(..owner.level).next().is_some();
@@ -333,6 +337,17 @@ impl Scheduler {
             (Some(_), None) => true,
             _ => false,
         };
+        // A lower RT's job on CUs of its own below a higher RT's held
+        // reservation (`rt_pair.rs`).
+        let (r, establish) = self.rt_pair_plan(
+            p,
+            owner,
+            prev,
+            r,
+            establish,
+            need.map_or(0, |n| n.0),
+            need.and_then(|n| n.1),
+        );
         // A drain that overran is set up again, with a save.
         let establish = establish || self.drain_overdue_take(p, r);
         self.drain_due_note(p, r, establish, drain_wait);
@@ -761,12 +776,15 @@ impl Scheduler {
         for q in mapped {
             let qq = &self.queues[&q];
             let Some(slot) = qq.slot else { continue };
-            let want = Spatial::set_for_with(r, qq.vm, || self.mapped_cu_set_level(qq));
+            let want = self.rt_pair_set(p, r, qq.vm).unwrap_or_else(|| {
+                Spatial::set_for_with(r, qq.vm, || self.mapped_cu_set_level(qq))
+            });
             // The set the full look-up gives (the sync before it read the
             // level from the key): every debug run compares the two.
             debug_assert_eq!(
                 want,
-                Spatial::set_for_with(r, qq.vm, || self.cu_set_level(qq)),
+                self.rt_pair_set(p, r, qq.vm)
+                    .unwrap_or_else(|| Spatial::set_for_with(r, qq.vm, || self.cu_set_level(qq))),
                 "{q:?}: the CU set from the indexed key differs from the look-up's"
             );
             let cur = &mut self.spatial.slot_cus[slot.0 as usize];

@@ -180,6 +180,12 @@ pub(crate) struct Spatial {
     /// one of its own took over (`engine/res_pass.rs`): it goes back to
     /// that VM, without a save, while it still holds.
     pub passed: Vec<Option<Reservation>>,
+    /// Per partition: the last reservation with CUs of its own, kept while
+    /// its owner is idle between jobs: the owner's idle mapped queues keep
+    /// those CUs as their set when no reservation is in place, so its next
+    /// job's first kernel (placed at the doorbell, before the decision)
+    /// lands on them (`engine/gap_home.rs`).
+    pub home: Vec<Option<Reservation>>,
 }
 
 /// How many of a VM's latest dispatch widths [`RecentWidths`] keeps.

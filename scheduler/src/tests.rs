@@ -1900,6 +1900,9 @@ mod wide_fit_tests;
 #[path = "res_hold_tests.rs"]
 mod res_hold_tests;
 
+#[path = "gap_home_tests.rs"]
+mod gap_home_tests;
+
 #[path = "drained_res_tests.rs"]
 mod drained_res_tests;
 

@@ -627,7 +627,15 @@ impl Sim<'_> {
                 tick = true;
             }
             if tick {
-                self.timer = None;
+                // Only a timer that fired is spent: a change's tick leaves
+                // one still to come armed (the binding hands a deadline
+                // out once, `Notice::ArmTimer`, and does not again for the
+                // same one: dropped here, the scheduler's next deadline
+                // was lost until some GPU event came, e.g. an aging batch
+                // of 2 ms that ran 185 ms, fuzz seed 700078).
+                if self.timer.is_some_and(|tm| tm <= self.now) {
+                    self.timer = None;
+                }
                 self.bind.tick(&mut self.gpu, self.now, &mut self.notices);
                 self.handle_notices();
             }
@@ -1382,5 +1390,39 @@ mod evaluate_with_tests {
         }
         assert_eq!(with, without);
         assert_eq!(run_with.hi_latency_ns, run_without.hi_latency_ns);
+    }
+}
+
+#[cfg(test)]
+mod change_timer_tests {
+    use super::*;
+
+    /// Two equal VMs of one level, each a flood of one kernel of 100 ms
+    /// whole-partition workgroups (nothing completes in the run), and a
+    /// weight change to the same value at 1 ms: the slices go round by the
+    /// scheduler's timer alone. The change's tick dropped the driver's
+    /// timer while the binding, whose deadline was unchanged, armed none
+    /// again, so the VM mapped first kept the partition for the whole run
+    /// (the other got 0 ns).
+    #[test]
+    fn a_change_keeps_the_schedulers_timer() {
+        let sc = Scenario::parse(
+            "name = \"chg\"\nduration_ms = 60\nseed = 1\n\
+             [[tenant]]\nname = \"a\"\npriority = 4\nclass = \"lo\"\n\
+             arrival = { kind = \"flood\", depth = 1 }\n\
+             [[tenant.kernel]]\nworkgroups = 304\nwg_cost_us = 100000\n\
+             [[tenant]]\nname = \"b\"\npriority = 4\nclass = \"lo\"\n\
+             arrival = { kind = \"flood\", depth = 1 }\n\
+             [[tenant.kernel]]\nworkgroups = 304\nwg_cost_us = 100000\n\
+             [[change]]\nat_ms = 1\ntenant = \"a\"\nweight = 1\n",
+            "chg.toml",
+        )
+        .unwrap();
+        let out = simulate(&sc, Policy::Hqdmux, 1).unwrap();
+        let (a, b) = (out.vm_runs[0].gpu_ns, out.vm_runs[1].gpu_ns);
+        assert!(
+            a >= 20_000_000 && b >= 20_000_000,
+            "billed a {a} ns, b {b} ns of a 60 ms run"
+        );
     }
 }

@@ -16,6 +16,7 @@ mod drain_due;
 mod exclusive;
 mod fast_path;
 pub(crate) mod free_wait;
+mod gap_home;
 mod gap_price;
 mod gaps;
 mod give;

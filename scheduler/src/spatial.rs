@@ -193,6 +193,12 @@ pub(crate) struct Spatial {
     /// Per partition: a lower RT's reservation on the CUs below a higher
     /// RT's held one, for the lower RT's job (`engine/rt_pair.rs`).
     pub pair: Vec<Option<RtPair>>,
+    /// Per partition: the last reservation with CUs of its own, kept while
+    /// its owner is idle between jobs: the owner's idle mapped queues keep
+    /// those CUs as their set when no reservation is in place, so its next
+    /// job's first kernel (placed at the doorbell, before the decision)
+    /// lands on them (`engine/gap_home.rs`).
+    pub home: Vec<Option<Reservation>>,
 }
 
 /// A lower RT on CUs of its own below a higher RT's held reservation

@@ -1902,6 +1902,9 @@ mod wide_least_tests;
 #[path = "res_hold_tests.rs"]
 mod res_hold_tests;
 
+#[path = "gap_home_tests.rs"]
+mod gap_home_tests;
+
 #[path = "drained_res_tests.rs"]
 mod drained_res_tests;
 

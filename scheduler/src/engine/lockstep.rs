@@ -161,7 +161,8 @@ impl Scheduler {
         if l == 0 || s == 0 || w == 0 || per == 0 {
             return unknown;
         }
-        let h = (2 * l * w) / per + 1;
-        ((h * s).min(l), l)
+        // Guest-given widths: saturating (a saturated `h x s` is `L`).
+        let h = l.saturating_mul(2).saturating_mul(w) / per + 1;
+        (h.saturating_mul(s).min(l), l)
     }
 }

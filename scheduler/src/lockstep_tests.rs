@@ -37,12 +37,27 @@ struct Run {
 /// half-CU workgroups of `solo` (the 50115 shape when `lower_width` is
 /// 443, `solo` 238 us and `period` 716 us).
 fn owner_beside_lockstep(lower_width: u64, solo: u64, period: u64) -> Run {
+    owner_beside_rounds(lower_width, LOWER_SOLO, 3, solo, period)
+}
+
+/// The lower VM's workgroup (one round) in [`owner_beside_lockstep`].
+const LOWER_SOLO: u64 = 679_000;
+
+/// [`owner_beside_lockstep`] with the lower workgroup's cost `lower_solo`
+/// and the owner's width `rt_width`.
+fn owner_beside_rounds(
+    lower_width: u64,
+    lower_solo: u64,
+    rt_width: u64,
+    solo: u64,
+    period: u64,
+) -> Run {
     let mut w = World::new(cfg(Policy::Hqdmux), slots(1, 2, 4));
     w.s.set_cu_geometry(CUS, 8);
     let lo = w.vm(0, 2, 1, 1)[0];
     let rt = w.vm(1, 12, 1, 1)[0];
     w.s.note_dispatch_width(lo, lower_width);
-    w.s.note_dispatch_occupancy(lo, 679_000, true);
+    w.s.note_dispatch_occupancy(lo, lower_solo, true);
     w.submit(lo, 1000 * MS);
     w.run_until(MS);
     let (mut coresident, mut reserved, mut saves_at_warm) = (0, 0, 0);
@@ -50,7 +65,7 @@ fn owner_beside_lockstep(lower_width: u64, solo: u64, period: u64) -> Run {
         if i == WARM {
             saves_at_warm = w.s.vm_stats(VmId(0)).unwrap().preemptions;
         }
-        w.ring_job(rt, 3, solo, true, solo);
+        w.ring_job(rt, rt_width, solo, true, solo);
         assert_eq!(w.state(rt), QueueState::Running, "period {i}");
         if i >= WARM {
             match w.s.cu_reservation(0) {
@@ -75,11 +90,18 @@ fn owner_beside_lockstep(lower_width: u64, solo: u64, period: u64) -> Run {
 /// The rule written out: the reservation `Spatial::size` gives 3
 /// workgroups (1 CU per XCC: `N' = 296`), the owner's job alone `A =
 /// solo` (one round), its interval `I = period`; sharing costs at most
-/// half.
+/// half, and at most `D / (L + D)` with the owner's 3 guests per job spread
+/// over the 304 CUs (`L` = 679 us: `h = floor(2L x 3 / (I x 304)) + 1` = 1
+/// for every period here, `D = min(L, solo)`).
 fn prefers_reservation(lower_width: u64, solo: u64, period: u64) -> bool {
     let rest = PART_CUS - 8;
     let (a, b) = (lower_width.div_ceil(PART_CUS), lower_width.div_ceil(rest));
-    lower_width >= PART_CUS && (b - a) * period < solo * b && 2 * (b - a) < b
+    let h = 2 * LOWER_SOLO * 3 / (period * PART_CUS) + 1;
+    let d = (h * solo).min(LOWER_SOLO);
+    lower_width >= PART_CUS
+        && (b - a) * period < solo * b
+        && 2 * (b - a) < b
+        && (b - a) * (LOWER_SOLO + d) < d * b
 }
 
 /// The 50115 shape: 443 lower workgroups run 2 rounds on 304 CUs and on
@@ -134,4 +156,31 @@ fn the_choice_follows_the_rule_over_shapes() {
         }
     }
     assert!(seen.0 >= 5 && seen.1 >= 5, "{seen:?}");
+}
+
+/// Fuzz seed 400136's shape: 912 lower workgroups of 502 us (3 whole
+/// rounds on 304 CUs, 4 on 296 or 288) beside an owner of 16 half-CU
+/// workgroups of 97.6 us every 199 us. By `A / I` sharing would cost the
+/// lower work 0.49 and the reservation a fourth round, 0.25; but the
+/// owner's 16 guests per job go to the next 16 CUs round robin, so a CU
+/// hosts one every 19 jobs (3.8 ms) and a round of at most 1004 us holds
+/// at most one: 97.6 us of 599.6, 0.16. The owner co-resides in every
+/// period and the lower VM is not saved (it kept 0.749 of alone under the
+/// reservation, 0.930 co-resident).
+#[test]
+fn spread_guests_make_coresidence_cheaper_than_a_fourth_round() {
+    let r = owner_beside_rounds(912, 502_134, 16, 97_598, 199_000);
+    assert_eq!(r.coresident, PERIODS - WARM, "{r:?}");
+    assert_eq!(r.reserved, 0, "{r:?}");
+    assert_eq!(r.lower_saves, 0, "{r:?}");
+    assert!(r.lower_running, "{r:?}");
+    // 1216 lower workgroups (4 rounds, 5 on the 280 CUs the reservation
+    // leaves: `lambda_res` = 0.2): the same owner still co-resides (0.16),
+    // one of 150 us workgroups every 400 us (`A / I` = 0.375, `D` = 150 us
+    // of 652, 0.23) gets the reservation.
+    let four = owner_beside_rounds(1216, 502_134, 16, 97_598, 199_000);
+    assert_eq!(four.coresident, PERIODS - WARM, "{four:?}");
+    let long = owner_beside_rounds(1216, 502_134, 16, 150_000, 400_000);
+    assert_eq!(long.reserved, PERIODS - WARM, "{long:?}");
+    assert_eq!(long.coresident, 0, "{long:?}");
 }

@@ -510,6 +510,64 @@ fn lockstep_lower_and_owner(cus: u32) -> (World, QueueId, QueueId) {
     (w, lo, hi)
 }
 
+/// CUs per XCC of the wide-RT tests' MI300X-like partition (8 XCCs).
+const WIDE_CUS: u32 = 38;
+/// XCCs per partition of the wide-RT tests.
+const WIDE_XCCS: u64 = 8;
+
+/// A wide RT shape of the wide-fit and wide-least tests: `width`
+/// workgroups of `solo` ns every `period` ns, on a [`WIDE_CUS`] x
+/// [`WIDE_XCCS`] partition.
+#[derive(Clone, Copy, Debug)]
+struct WideRt {
+    width: u64,
+    solo: Nanos,
+    period: Nanos,
+}
+
+impl WideRt {
+    /// Its job on `k` CUs per XCC (whole partition: `k` = 0), in
+    /// lock-step rounds (the fake GPU does not model CU masks: the test
+    /// stretches the job itself).
+    fn job_on(&self, k: u32) -> Nanos {
+        let cus = if k == 0 { WIDE_CUS } else { k } as u64 * WIDE_XCCS;
+        self.width.div_ceil(cus) * self.solo
+    }
+
+    /// Rings one job of it on `hi` with its width and occupancy.
+    fn ring(&self, w: &mut World, hi: QueueId) {
+        w.s.note_dispatch_width(hi, self.width);
+        w.s.note_dispatch_occupancy(hi, self.solo, false);
+        let k = match w.s.cu_reservation(0) {
+            Some((vm, k)) if vm == w.vm_of[&hi] => k,
+            _ => 0,
+        };
+        let j = self.job_on(k);
+        w.submit(hi, j);
+    }
+
+    /// Runs `n` periods from `t`; returns the new time.
+    fn run(&self, w: &mut World, hi: QueueId, mut t: Nanos, n: u32) -> Nanos {
+        for _ in 0..n {
+            self.ring(w, hi);
+            t += self.period;
+            w.run_until(t);
+        }
+        t
+    }
+
+    /// The fewest CUs per XCC, within the width cap (half an XCC), on
+    /// which its job meets `1.1 x alone + slack` and, after a save of
+    /// `save`, ends within `within`; `None` when none does.
+    fn fewest(&self, slack: Nanos, save: Nanos, within: Nanos) -> Option<u32> {
+        let bound = self.job_on(0) * 11 / 10 + slack;
+        (1..=WIDE_CUS / 2).find(|&k| {
+            let t = self.job_on(k);
+            t <= bound && t + save <= within
+        })
+    }
+}
+
 fn cfg(policy: Policy) -> SchedConfig {
     SchedConfig {
         policy,

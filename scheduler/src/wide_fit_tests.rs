@@ -11,70 +11,13 @@
 use super::*;
 
 /// MI300X-like geometry: 38 CUs per XCC, 8 XCCs per partition.
-const CUS: u32 = 38;
-/// XCCs per partition.
-const XCCS: u64 = 8;
+const CUS: u32 = WIDE_CUS;
 
 /// A world with the geometry and a busy lower VM (VM 0, priority 2,
 /// whole-CU workgroups of 10 ms: no co-residence, no drain) and the wide
 /// owner (VM 1, priority 12). Returns (lower queue, owner queue).
 fn rig() -> (World, QueueId, QueueId) {
     lockstep_lower_and_owner(CUS)
-}
-
-/// An RT shape: `width` workgroups of `solo` ns every `period` ns.
-#[derive(Clone, Copy, Debug)]
-struct Rt {
-    width: u64,
-    solo: Nanos,
-    period: Nanos,
-}
-
-impl Rt {
-    /// Its job on `k` CUs per XCC (whole partition: `k` = 0), in
-    /// lock-step rounds (the fake GPU does not model CU masks: the test
-    /// stretches the job itself).
-    fn job_on(&self, k: u32) -> Nanos {
-        let cus = if k == 0 {
-            CUS as u64 * XCCS
-        } else {
-            k as u64 * XCCS
-        };
-        self.width.div_ceil(cus) * self.solo
-    }
-
-    /// Rings one job of it on `hi` with its width and occupancy.
-    fn ring(&self, w: &mut World, hi: QueueId) {
-        w.s.note_dispatch_width(hi, self.width);
-        w.s.note_dispatch_occupancy(hi, self.solo, false);
-        let k = match w.s.cu_reservation(0) {
-            Some((vm, k)) if vm == w.vm_of[&hi] => k,
-            _ => 0,
-        };
-        let j = self.job_on(k);
-        w.submit(hi, j);
-    }
-
-    /// Runs `n` periods from `t`; returns the new time.
-    fn run(&self, w: &mut World, hi: QueueId, mut t: Nanos, n: u32) -> Nanos {
-        for _ in 0..n {
-            self.ring(w, hi);
-            t += self.period;
-            w.run_until(t);
-        }
-        t
-    }
-
-    /// The fewest CUs per XCC, within the width cap (half an XCC), on
-    /// which its job meets `1.1 x alone + slack` and, after a save of
-    /// `save`, ends within its period; `None` when none does.
-    fn fewest(&self, slack: Nanos, save: Nanos) -> Option<u32> {
-        let bound = self.job_on(0) * 11 / 10 + slack;
-        (1..=CUS / 2).find(|&k| {
-            let t = self.job_on(k);
-            t <= bound && t + save <= self.period
-        })
-    }
 }
 
 fn lower_preemptions(w: &World) -> u64 {
@@ -92,7 +35,7 @@ fn lower_preemptions(w: &World) -> u64 {
 /// idle.
 #[test]
 fn a_wide_rt_over_half_its_period_keeps_half_the_partition() {
-    let rt = Rt {
+    let rt = WideRt {
         width: 304,
         solo: 118_000,
         period: 328_000,
@@ -129,12 +72,12 @@ fn a_wide_rt_over_half_its_period_keeps_half_the_partition() {
 /// partition (the cost-aware hold), as before.
 #[test]
 fn a_wide_rt_whose_period_needs_the_whole_partition_gets_no_reservation() {
-    let rt = Rt {
+    let rt = WideRt {
         width: 304,
         solo: 118_000,
         period: 200_000,
     };
-    assert_eq!(rt.fewest(240_000, 0), None);
+    assert_eq!(rt.fewest(240_000, 0, rt.period), None);
     let (mut w, _lo, hi) = rig();
     rt.run(&mut w, hi, MS, 200);
     assert!(w
@@ -158,7 +101,7 @@ fn wide_rts_of_many_shapes_get_a_reservation_that_carries_them() {
             // Periods of 1.2 to 8 jobs.
             for per in [12u64, 17, 23, 31, 40, 60, 80] {
                 let period = solo * per / 10;
-                let rt = Rt {
+                let rt = WideRt {
                     width,
                     solo,
                     period,
@@ -170,7 +113,7 @@ fn wide_rts_of_many_shapes_get_a_reservation_that_carries_them() {
                     continue;
                 }
                 // The fake GPU's save: 50 us.
-                let Some(min_k) = rt.fewest(190_000, UNMAP_NS) else {
+                let Some(min_k) = rt.fewest(190_000, UNMAP_NS, rt.period) else {
                     continue;
                 };
                 let (mut w, lo, hi) = rig();

@@ -10,56 +10,11 @@ use super::*;
 use crate::engine::save_high_after;
 
 /// MI300X-like geometry: 38 CUs per XCC, 8 XCCs per partition.
-const CUS: u32 = 38;
-/// XCCs per partition.
-const XCCS: u64 = 8;
+const CUS: u32 = WIDE_CUS;
 /// The anticipation grace's limit (`SchedConfig::anticipation_ns`).
 const ANTICIPATION_NS: Nanos = 100_000;
 
-/// An RT shape: `width` workgroups of `solo` ns every `period` ns.
-#[derive(Clone, Copy, Debug)]
-struct Rt {
-    width: u64,
-    solo: Nanos,
-    period: Nanos,
-}
-
-impl Rt {
-    /// Its job on `k` CUs per XCC (whole partition: `k` = 0), in
-    /// lock-step rounds (the fake GPU does not model CU masks: the test
-    /// stretches the job itself).
-    fn job_on(&self, k: u32) -> Nanos {
-        let cus = if k == 0 {
-            CUS as u64 * XCCS
-        } else {
-            k as u64 * XCCS
-        };
-        self.width.div_ceil(cus) * self.solo
-    }
-
-    /// Rings one job of it on `hi` with its width and occupancy.
-    fn ring(&self, w: &mut World, hi: QueueId) {
-        w.s.note_dispatch_width(hi, self.width);
-        w.s.note_dispatch_occupancy(hi, self.solo, false);
-        let k = match w.s.cu_reservation(0) {
-            Some((vm, k)) if vm == w.vm_of[&hi] => k,
-            _ => 0,
-        };
-        let j = self.job_on(k);
-        w.submit(hi, j);
-    }
-
-    /// The fewest CUs per XCC, within the width cap (half an XCC), on
-    /// which its job meets `1.1 x alone + slack` and, after a save of
-    /// `save`, ends within `within`.
-    fn fewest(&self, slack: Nanos, save: Nanos, within: Nanos) -> Option<u32> {
-        let bound = self.job_on(0) * 11 / 10 + slack;
-        (1..=CUS / 2).find(|&k| {
-            let t = self.job_on(k);
-            t <= bound && t + save <= within
-        })
-    }
-
+impl WideRt {
     /// Does its job on `k` CUs per XCC, after a save of `save`, leave a
     /// gap past the anticipation grace (`2g > anticipation_ns`)?
     fn breaks(&self, k: u32, save: Nanos) -> bool {
@@ -96,7 +51,7 @@ fn a_wide_rt_keeps_the_fewest_cus_that_carry_its_whole_period() {
         (304, 16_000, 168_000),
         (456, 25_000, 400_000),
     ] {
-        let rt = Rt {
+        let rt = WideRt {
             width,
             solo,
             period,

@@ -28,23 +28,37 @@ use super::*;
 use crate::spatial::{Reservation, RtPair};
 use crate::CuSet;
 
+/// What `spatial_plan` chose for a partition, the input of
+/// [`Scheduler::rt_pair_plan`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PairAsk {
+    /// The slice's owner.
+    pub owner: SliceOwner,
+    /// The partition's reservation before this decision.
+    pub prev: Option<Reservation>,
+    /// The reservation chosen.
+    pub r: Option<Reservation>,
+    /// Whether it is set up with a save.
+    pub establish: bool,
+    /// The owner's busy queues.
+    pub queues: u32,
+    /// The owner's latency size (CUs per XCC), if any.
+    pub lat: Option<u32>,
+}
+
 impl Scheduler {
     /// Partition `p`'s reservation and whether it is set up with a save,
-    /// given what `spatial_plan` chose (`r`, `establish`) after `prev` for
-    /// `owner` (with `queues` busy queues and latency size `lat`): the
-    /// pair's while it lasts, a new pair where one forms (see the module
-    /// doc), else `r` as chosen (and any pair ended).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn rt_pair_plan(
-        &mut self,
-        p: usize,
-        owner: SliceOwner,
-        prev: Option<Reservation>,
-        r: Option<Reservation>,
-        establish: bool,
-        queues: u32,
-        lat: Option<u32>,
-    ) -> (Option<Reservation>, bool) {
+    /// given what `spatial_plan` chose (`ask`): the pair's while it lasts,
+    /// a new pair where one forms (see the module doc), else the chosen
+    /// one (and any pair ended).
+    pub(super) fn rt_pair_plan(&mut self, p: usize, ask: PairAsk) -> (Option<Reservation>, bool) {
+        let PairAsk {
+            owner,
+            prev,
+            r,
+            establish,
+            ..
+        } = ask;
         if let Some(pair) = self.spatial.pair.get(p).copied().flatten() {
             let member = [pair.hi, pair.lo]
                 .iter()
@@ -59,7 +73,7 @@ impl Scheduler {
             self.spatial.pair[p] = None;
             return (r, establish);
         }
-        match self.rt_pair_forms(p, owner, prev, r, establish, queues, lat) {
+        match self.rt_pair_forms(p, ask) {
             Some(pair) => {
                 if let Some(slot) = self.spatial.pair.get_mut(p) {
                     *slot = Some(pair);
@@ -70,18 +84,16 @@ impl Scheduler {
         }
     }
 
-    /// The pair `owner` forms in `p` (see the module doc), if any.
-    #[allow(clippy::too_many_arguments)]
-    fn rt_pair_forms(
-        &self,
-        p: usize,
-        owner: SliceOwner,
-        prev: Option<Reservation>,
-        r: Option<Reservation>,
-        establish: bool,
-        queues: u32,
-        lat: Option<u32>,
-    ) -> Option<RtPair> {
+    /// The pair `ask.owner` forms in `p` (see the module doc), if any.
+    fn rt_pair_forms(&self, p: usize, ask: PairAsk) -> Option<RtPair> {
+        let PairAsk {
+            owner,
+            prev,
+            r,
+            establish,
+            queues,
+            lat,
+        } = ask;
         if owner.level >= BOOST_LEVEL {
             return None;
         }

@@ -2,6 +2,7 @@
 //! sharing"): which VM of a partition holds a CU reservation, which lower
 //! queues keep running beside it, and the host CU set of every mapped queue.
 
+use super::rt_pair::PairAsk;
 use super::{lvl, Scheduler, SliceOwner, BOOST_LEVEL};
 use crate::spatial::{Reservation, Spatial};
 use crate::{CuSet, Nanos, QueueId, SlotId, SpatialStats, VmId};
@@ -342,12 +343,14 @@ impl Scheduler {
         // reservation (`rt_pair.rs`).
         let (r, establish) = self.rt_pair_plan(
             p,
-            owner,
-            prev,
-            r,
-            establish,
-            need.map_or(0, |n| n.0),
-            need.and_then(|n| n.1),
+            PairAsk {
+                owner,
+                prev,
+                r,
+                establish,
+                queues: need.map_or(0, |n| n.0),
+                lat: need.and_then(|n| n.1),
+            },
         );
         // A drain that overran is set up again, with a save.
         let establish = establish || self.drain_overdue_take(p, r);

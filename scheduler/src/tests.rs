@@ -2018,6 +2018,3 @@ mod res_down_tests;
 
 #[path = "rt_pair_tests.rs"]
 mod rt_pair_tests;
-
-#[path = "job_kernels_tests.rs"]
-mod job_kernels_tests;

@@ -1577,10 +1577,6 @@ impl<O: Copy> Binding<O> {
         // The longest workgroups needing a whole CU and fitting half of one
         // (what a drain waits for; `u64::MAX`: one without an estimate).
         let (mut whole_ns, mut half_ns) = (0u64, 0u64);
-        // Each dispatch's workgroups and one's cost (its job kernel by
-        // kernel); a dispatch without an estimate voids them.
-        let mut kernels = [(0u64, 0u64); WIDTH_SCAN_PACKETS as usize];
-        let (mut nk, mut estimated) = (0usize, true);
         for idx in from..wptr {
             let mut raw = [0u8; abi::aql::PACKET_SIZE];
             if r.mem.read(r.mqd.packet_addr(idx), &mut raw).is_err() {
@@ -1593,10 +1589,6 @@ impl<O: Copy> Binding<O> {
                     // The backend's estimate (none: no co-residence).
                     match gpu.dispatch_estimate(&*r.mem, &d) {
                         Some(e) => {
-                            if let Some(slot) = kernels.get_mut(nk) {
-                                *slot = (n, e.wg_ns);
-                                nk += 1;
-                            }
                             solo_ns = solo_ns.saturating_add(e.wg_ns);
                             work_ns = work_ns.saturating_add(e.wg_ns.saturating_mul(n));
                             if e.half_cu {
@@ -1607,7 +1599,6 @@ impl<O: Copy> Binding<O> {
                             fits &= e.half_cu;
                         }
                         None => {
-                            estimated = false;
                             fits = false;
                             whole_ns = u64::MAX;
                         }
@@ -1620,8 +1611,6 @@ impl<O: Copy> Binding<O> {
             if complete {
                 self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
                 self.sched.note_dispatch_work(queue, work_ns);
-                let kernels = if estimated { &kernels[..nk] } else { &[] };
-                self.sched.note_dispatch_kernels(queue, kernels);
             }
             // What a drain of the VM's work waits for: a maximum, so the
             // packets of a truncated scan count too.

@@ -22,7 +22,6 @@ mod gaps;
 mod give;
 mod hold;
 mod index;
-mod job_kernels;
 mod lockstep;
 mod nsp_save;
 mod res_down;
@@ -43,7 +42,6 @@ mod wide_keep;
 mod wide_least;
 mod wide_save;
 
-pub(crate) use job_kernels::JobKernels;
 pub(crate) use nsp_save::WaitedSaves;
 use timers::Deadline;
 pub(crate) use wide_least::save_high_after;

@@ -160,9 +160,6 @@ pub(crate) struct Spatial {
     /// doorbell apart (`recent` keeps a doorbell's widest): the last
     /// rounds its kernels leave partly free (`engine/coreside_places.rs`).
     pub kernels: BTreeMap<VmId, RecentWidths>,
-    /// Per VM: the kernels of its latest completely read doorbell, its job
-    /// timed kernel by kernel (`engine/job_kernels.rs`).
-    pub jobs: BTreeMap<VmId, crate::engine::JobKernels>,
     /// Per partition: the VMs that held its reservation and still hold it
     /// (in place or across their gaps), each with the size it was last
     /// given as owner (`engine/res_keep.rs`): the reservation does not
@@ -405,7 +402,7 @@ impl Spatial {
     /// or a solo time.
     pub fn alone_ns(&self, vm: VmId, queues: u32) -> Option<u64> {
         let n = (self.cus_per_xcc.max(1) as u64).saturating_mul(self.xccs.max(1) as u64);
-        self.rounds_on_cus(vm, queues, n)
+        self.time_on_cus(vm, queues, n)
     }
 
     /// How long a higher owner waits for the workgroups of the lower VMs
@@ -482,13 +479,7 @@ impl Spatial {
     /// widest one's rounds: an RT of 53 and 32 workgroups of 23 us and 3 x
     /// 66 of 7.8 us was sized 9 CUs per XCC where 2 meet its bound, fuzz
     /// seed 97236), against an isolated time of at least `max(solo, work /
-    /// N)`. The fewer CUs of the two; for [`Self::size_wide`] (a reservation
-    /// kept across the owner's gaps) also the fewest on which its job timed
-    /// kernel by kernel, `T(c) = sum ceil(q x W_i / c) x s_i`, meets `1.1 x
-    /// T(N) + switch` and the room (`engine/job_kernels.rs`; exact for the
-    /// job alone on its CUs, not used for a reservation set up at each job,
-    /// whose jobs also meet the lower work left on its CUs: fuzz seed
-    /// 50215). The bound holds only for a job that
+    /// N)`. The fewer CUs of the two. The bound holds only for a job that
     /// finds its queue empty: the job's time is also at most half the VM's
     /// measured interval between jobs less `wait_ns` (what each job waits
     /// before it runs there, e.g. a drain), so a job ends well before the
@@ -557,29 +548,7 @@ impl Spatial {
             Some(w) => by_rounds.min(w),
             None => by_rounds,
         };
-        let k = c.div_ceil(xccs).max(1);
-        // Kernel by kernel for a kept wide reservation (`within_ns`;
-        // `engine/job_kernels.rs`): the fewest CUs per XCC on which `T(c)
-        // <= 1.1 x T(N) + switch` and within the room (not below `T(N)`:
-        // as above, never fewer rounds than alone). Not for a reservation
-        // set up at each job: on fewer CUs its jobs after a set-up meet
-        // the lower waves left there (fuzz seed 50215: 189 of 194 jobs at
-        // the model's 638 us on 3 CUs per XCC, two at 1276 us, p99 past
-        // its 710 us bound; 6 CUs per XCC by the rounds model).
-        let by_kernels = within_ns
-            .and_then(|_| self.kernel_time_on(vm, queues, n))
-            .and_then(|a| {
-                let mut budget = (a.saturating_mul(11) / 10).saturating_add(switch_ns);
-                if let Some(r) = room {
-                    budget = budget.min(r.max(a));
-                }
-                self.kernel_fewest_k(vm, queues, budget)
-            });
-        let k = match by_kernels {
-            Some(kk) => k.min(u64::from(kk)),
-            None => k,
-        };
-        Some(k as u32)
+        Some(c.div_ceil(xccs).max(1) as u32)
     }
 
     /// The fewest CUs `c` (at most `n`) with `work / c + solo` within the
@@ -616,9 +585,7 @@ impl Spatial {
     /// (`size` gives `None`): the fewest with which its job meets the RT
     /// bound (`size_for_latency`, switch `switch_ns`) and runs in at most
     /// `max_time_ns` (`time_on`; kept across its gaps, it waits for no
-    /// drain: `wait_ns` 0; the fewest CUs whose rounds of its solo time,
-    /// or its kernels' own rounds, `engine/job_kernels.rs`, fit), when
-    /// that fits `max_permille` of an XCC
+    /// drain: `wait_ns` 0), when that fits `max_permille` of an XCC
     /// and leaves a CU per XCC; else `None` (the partition is preempted
     /// whole).
     pub fn size_wide(
@@ -645,11 +612,6 @@ impl Spatial {
             return None;
         }
         let load = need.div_ceil(rounds).div_ceil(xccs).max(1);
-        // ... or kernel by kernel, when fewer (`engine/job_kernels.rs`).
-        let load = match self.kernel_fewest_k(vm, queues, max_time_ns) {
-            Some(kk) => load.min(u64::from(kk)),
-            None => load,
-        };
         let k = (lat as u64).max(load);
         let cap = self.cus_per_xcc as u64 * max_permille.min(1000) as u64 / 1000;
         (k <= cap && k < self.cus_per_xcc as u64).then_some(k as u32)
@@ -663,19 +625,8 @@ impl Spatial {
         self.time_on_cus(vm, queues, c)
     }
 
-    /// `vm`'s job on `c` CUs in all: `ceil(need / c)` rounds of its solo
-    /// time, or its kernels' own rounds when less (`kernel_time_on`,
-    /// `engine/job_kernels.rs`).
-    pub fn time_on_cus(&self, vm: VmId, queues: u32, c: u64) -> Option<u64> {
-        let rounds = self.rounds_on_cus(vm, queues, c)?;
-        Some(match self.kernel_time_on(vm, queues, c) {
-            Some(t) => rounds.min(t),
-            None => rounds,
-        })
-    }
-
     /// `ceil(need / c)` rounds of `vm`'s solo time on `c` CUs in all.
-    pub fn rounds_on_cus(&self, vm: VmId, queues: u32, c: u64) -> Option<u64> {
+    pub fn time_on_cus(&self, vm: VmId, queues: u32, c: u64) -> Option<u64> {
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let solo = self.occ.get(&vm)?.solo_ns;
         if need == 0 || solo == 0 || c == 0 {

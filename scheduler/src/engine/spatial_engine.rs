@@ -64,19 +64,6 @@ impl Scheduler {
 
     /// The caller read the dispatches newly written to `queue`'s ring (call
     /// it with [`Scheduler::note_dispatch_occupancy`], for a complete scan):
-    /// `kernels`, each dispatch's workgroups and one workgroup's cost alone
-    /// (ns), in ring order. They time the VM's job kernel by kernel for its
-    /// reservation (`engine/job_kernels.rs`); at most 16 are kept. Unknown
-    /// queues are ignored.
-    pub fn note_dispatch_kernels(&mut self, queue: QueueId, kernels: &[(u64, u64)]) {
-        if let Some(q) = self.queues.get(&queue) {
-            let vm = q.vm;
-            self.spatial.note_job_kernels(vm, kernels);
-        }
-    }
-
-    /// The caller read the dispatches newly written to `queue`'s ring (call
-    /// it with [`Scheduler::note_dispatch_occupancy`], for a complete scan):
     /// `work_ns`, their CU time (each kernel's workgroups times one
     /// workgroup's cost alone, summed). It sizes an RT's reservation kernel
     /// by kernel (`Spatial::size_for_latency`). Unknown queues are ignored.

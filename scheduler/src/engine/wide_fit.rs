@@ -24,13 +24,8 @@ impl Scheduler {
     /// with which its job meets the RT bound with the promise's switch
     /// allowance less the setup save (`spatial_wait_allowance` less
     /// `clean_save`) and ends within `period` after that save, within the
-    /// width cap and a CU per XCC left, raised to the next size whose gap
-    /// after that save is a break (`wide_gap_breaks`, as `wide_least.rs`
-    /// asks: a job timed kernel by kernel, `engine/job_kernels.rs`, may
-    /// fill its period so nearly that its owner looks backlogged and
-    /// loses the reservation, fuzz seed 500075: 200 us jobs every 222 us,
-    /// RT p99 686 us against 330) when one fits; `None` otherwise (or
-    /// nothing measured).
+    /// width cap and a CU per XCC left; `None` otherwise (or nothing
+    /// measured).
     pub(super) fn wide_kept_k(
         &self,
         p: usize,
@@ -43,23 +38,12 @@ impl Scheduler {
         }
         let save = self.clean_save(p);
         let slack = self.spatial_wait_allowance(p).saturating_sub(save);
-        let k = self.spatial.size_wide(
+        self.spatial.size_wide(
             vm,
             queues,
             slack,
             period.saturating_sub(save),
             self.cfg.spatial_max_permille,
-        )?;
-        // Its gap a break (`wide_least.rs`), or the next size up whose gap
-        // is; none: the fewest that fit, as before.
-        let cap = (u64::from(self.spatial.cus_per_xcc)
-            * u64::from(self.cfg.spatial_max_permille.min(1000))
-            / 1000)
-            .min(u64::from(self.spatial.cus_per_xcc.saturating_sub(1))) as u32;
-        Some(
-            (k..=cap.max(k))
-                .find(|&kk| self.wide_gap_breaks(vm, queues, period, save, kk))
-                .unwrap_or(k),
         )
     }
 }

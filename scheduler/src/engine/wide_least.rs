@@ -115,14 +115,7 @@ impl Scheduler {
     /// period `period`) after a save of `s` leave a gap `g = P - t_k - s`
     /// that is a break, `2g > anticipation_ns` (the grace is twice the
     /// gap when that fits `anticipation_ns`)?
-    pub(super) fn wide_gap_breaks(
-        &self,
-        vm: VmId,
-        queues: u32,
-        period: Nanos,
-        s: Nanos,
-        k: u32,
-    ) -> bool {
+    fn wide_gap_breaks(&self, vm: VmId, queues: u32, period: Nanos, s: Nanos, k: u32) -> bool {
         self.spatial.time_on(vm, queues, k).is_some_and(|t| {
             period.saturating_sub(t).saturating_sub(s).saturating_mul(2) > self.cfg.anticipation_ns
         })

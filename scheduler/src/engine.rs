@@ -25,7 +25,6 @@ mod index;
 mod lockstep;
 mod nsp_save;
 mod res_down;
-mod res_held_size;
 mod res_hold;
 mod res_keep;
 mod res_pass;

@@ -1998,9 +1998,6 @@ mod rt_sizing_tests;
 #[path = "nsp_save_tests.rs"]
 mod nsp_save_tests;
 
-#[path = "res_held_size_tests.rs"]
-mod res_held_size_tests;
-
 #[path = "res_pass_tests.rs"]
 mod res_pass_tests;
 

@@ -217,18 +217,9 @@ impl Scheduler {
                 Some(wait) => allowance.saturating_sub(wait),
                 None => self.rt_switch_budget(p, owner.level),
             };
-            // A held reservation's jobs wait for no save: the whole
-            // allowance is theirs (`res_held_size.rs`).
-            let held = match drain {
-                Some(_) => None,
-                None => self.held_switch_budget(p, owner, prev),
-            };
-            let mut by_latency = self.spatial.size_for_latency(
-                owner.vm,
-                queues,
-                held.unwrap_or(switch),
-                drain.unwrap_or(0),
-            );
+            let mut by_latency =
+                self.spatial
+                    .size_for_latency(owner.vm, queues, switch, drain.unwrap_or(0));
             let mut k = self
                 .spatial
                 .size(

@@ -636,3 +636,40 @@ fn every_save_restores_regression_record_counts() {
     )
     .unwrap();
 }
+
+/// A guest whose owner left holds its CU as owner: the CU runs one
+/// workgroup, so another queue's workgroup may start beside it. Queue 0
+/// runs 16 workgroups of 100 us on the 16 CUs, queue 1's 16 workgroups of
+/// 1 ms go beside them (guests), and queue 0's end at 200 us leaves them
+/// alone. Queue 2's 16 workgroups of 40 us, rung at 300 us, then share
+/// those CUs at half rate and end at 380 us. Before, a CU whose owner left
+/// while its guest ran was neither free nor a guest lane: queue 2 waited
+/// for queue 1's workgroups to end (1.1 ms; fuzz seed 700092, an RT's
+/// next kernel room for 42 of 304 workgroups at a time).
+#[test]
+fn a_guest_left_alone_holds_its_cu_as_owner() {
+    let t = two_xcc_topo();
+    let mut vm = TestVm::new(64 << 20);
+    let mut a = vm.queue(&t, 64, 5);
+    let mut b = vm.queue(&t, 64, 5);
+    let mut c = vm.queue(&t, 64, 5);
+    vm.kernel_vgprs = 64;
+    vm.kernel(&mut a, KernelKind::Mark, 16, 256, 100_000, 1, false);
+    vm.kernel(&mut b, KernelKind::Mark, 16, 256, 1_000_000, 2, false);
+    vm.kernel(&mut c, KernelKind::Mark, 16, 256, 40_000, 3, false);
+    let mut gpu = sim_no_floor(t, 1);
+    gpu.map(0, map_req(&vm, &a, 0, 0)).unwrap();
+    gpu.map(0, map_req(&vm, &b, 1, 1)).unwrap();
+    assert_eq!(gpu.stats().coresident_wgs, 16);
+    let mut ev = Vec::new();
+    run_virtual(&mut gpu, 0, 300_000, &mut ev);
+    assert_eq!(completions(&ev, 0), vec![200_000]);
+    gpu.map(300_000, map_req(&vm, &c, 2, 2)).unwrap();
+    run_virtual(&mut gpu, 300_000, u64::MAX, &mut ev);
+    vm.verify(&a).unwrap();
+    vm.verify(&b).unwrap();
+    vm.verify(&c).unwrap();
+    assert_eq!(completions(&ev, 2), vec![380_000]);
+    assert_eq!(gpu.stats().coresident_wgs, 32);
+    assert_eq!(gpu.free_cus(0), 16);
+}

@@ -163,10 +163,6 @@ const FIXED_REGRESSIONS: &[&str] = &[
     // A change inside an aging batch kept the scheduler's timer (the eval
     // driver's, branch `fresh7`).
     "fuzz-700078-1-top-share.toml",
-    // A guest left alone on a CU holds it as owner, so an RT's next
-    // kernel may go beside it (the simulator's, docs/scheduling.md "A
-    // guest left alone holds its CU", branch `altfree`).
-    "fuzz-700092-3-rt-latency.toml",
 ];
 
 #[test]

@@ -426,42 +426,11 @@ impl SimGpu {
             let Some(wi) = self.wg_on(p, cu, true) else {
                 continue;
             };
-            if now < self.wgs[wi].shared_until {
-                self.run_alone(wi, now);
+            if now >= self.wgs[wi].shared_until {
+                continue;
             }
-            self.promote_guest(p, cu, wi);
+            self.run_alone(wi, now);
         }
-    }
-
-    /// The guest workgroup `wi` left alone on `cu` (its owner left) becomes
-    /// the CU's owner: the CU holds one workgroup, so it has room for a
-    /// guest again, as a CU that workgroup had been started on as owner.
-    /// Before, a CU whose owner left while a guest ran there was neither
-    /// free nor a guest lane until the guest ended: no other workgroup
-    /// could start there for up to the guest's whole length (fuzz seed
-    /// 700092: a lower queue's 1.2 ms guests on 262 of an RT's CUs at its
-    /// kernel's end left its next kernel room for 42 workgroups at a time).
-    fn promote_guest(&mut self, p: usize, cu: u32, wi: usize) {
-        let (slot, id) = (self.wgs[wi].slot, self.wgs[wi].id);
-        let Some(q) = self.slots[slot as usize].as_ref() else {
-            return;
-        };
-        let fp = packet_fp(q, id);
-        let i = cu as usize;
-        let part = &mut self.parts[p];
-        if part.cu_owner.get(i) != Some(&0) || part.cu_guest.get(i) != Some(&(slot + 1)) {
-            return;
-        }
-        part.cu_guest[i] = 0;
-        part.cu_owner[i] = slot + 1;
-        part.cu_fp[i] = fp;
-        part.cu_debt[i] = 0;
-        if let Some(e) = part.cu_wg.get_mut(i) {
-            *e = [wi as u32 + 1, 0];
-        }
-        set_lane(part, cu);
-        self.wgs[wi].guest = false;
-        self.wait_cus_recount(slot);
     }
 
     /// Guest workgroup `wi` runs alone on its CU from `t`: its end moves to

@@ -317,10 +317,12 @@ pub fn coreside_places_meet_rt_bound(rt: &RtShape, lower: &[BeShape], p: &Part) 
 /// Does `b` flag workgroups a save would wait for longer than the
 /// co-residence allowance `A = max(drain_ns, t_save + t_restore)`
 /// (`SchedConfig::spatial_wait_allowance`)? Co-residence beside such a VM
-/// cannot meet the RT bound: the RT's workgroups get a place on a CU it
-/// shares only as those waves end, and the save the co-residence deadline
-/// asks for waits for them too (fuzz seed 600053: 1.01 ms workgroups,
-/// RT jobs of 1054 us against 301 at every flagged kernel).
+/// may not meet the RT bound: where its waves take every place of a CU
+/// the RT shares, the RT's workgroups get one only as those waves end, and
+/// the save the co-residence deadline asks for waits for them too (fuzz
+/// seed 600053: 1.01 ms workgroups, RT jobs of 1054 us against 301 at
+/// every flagged kernel; fuzz-1000's 1.77 ms waves, one per CU, leave the
+/// RT a place and it meets its bound beside them).
 pub fn flags_beyond_allowance(b: &BeShape, p: &Part) -> bool {
     b.job.flagged_wait_ns() > p.drain_ns.max(p.cwsr_ns)
 }
@@ -330,8 +332,9 @@ pub fn flags_beyond_allowance(b: &BeShape, p: &Part) -> bool {
 ///
 /// Where co-residence applies and some lower VMs flag workgroups longer
 /// than the allowance ([`flags_beyond_allowance`]), the flagger bears the
-/// cost of its flag: the scheduler does not co-reside beside it
-/// (`engine/nsp_coreside.rs`), so its part of the bound is the best of
+/// cost of its flag: the scheduler may refuse to co-reside beside it
+/// (the RT's bound is not met there where its waves take every place of
+/// the CUs the RT shares), so its part of the bound is the best of
 /// (b)-(d) over the flagging VMs alone, and the others keep `today`:
 /// `(sum_{v unflagged} c_v x today + sum_{v flagged} c_v x f') / sum_v
 /// c_v` (`c_v` each VM's CU time alone, `f'` the flagging VMs' bound

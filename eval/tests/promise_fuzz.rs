@@ -464,14 +464,6 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // flagged lower kernel of 3 whole rounds a fourth (best effort
         // 0.749 -> 0.930 of alone against 0.877).
         ("fuzz-400136-3-be-retained.toml", None),
-        // No co-residence beside a lower VM whose recorded save waited
-        // longer than the allowance for its own 1.01 ms `no_save_point`
-        // waves (RT p99 1084 -> 149 us against 301), and that VM's
-        // best-effort bound without the co-residence case (0.588 of alone
-        // against 0.9 x 0.626; docs/scheduling.md, "No co-residence beside
-        // waves a save waits for, and a best-effort bound without it for
-        // the flagger").
-        ("fuzz-600053-3-rt-latency.toml", None),
     ];
     let mut bad = Vec::new();
     for (file, items) in cases {

@@ -23,7 +23,6 @@ mod give;
 mod hold;
 mod index;
 mod lockstep;
-mod nsp_coreside;
 mod nsp_save;
 mod res_down;
 mod res_hold;

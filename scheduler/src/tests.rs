@@ -1984,9 +1984,6 @@ mod give_tests;
 #[path = "gap_price_tests.rs"]
 mod gap_price_tests;
 
-#[path = "nsp_coreside_tests.rs"]
-mod nsp_coreside_tests;
-
 #[path = "batch_res_tests.rs"]
 mod batch_res_tests;
 #[path = "res_keep_tests.rs"]

@@ -406,11 +406,6 @@ impl Scheduler {
         if self.coreside_owner_backlogged(owner.vm, max) {
             return false;
         }
-        // Nor beside waves a save would wait for longer than the allowance
-        // (`engine/nsp_coreside.rs`).
-        if self.coreside_beside_long_waits(p, owner.level, max) {
-            return false;
-        }
         let lower = self.parts[p]
             .busy
             .range(..owner.level)

@@ -53,6 +53,8 @@ pub struct KernelShape {
     pub repeat: u64,
     /// Its workgroup fits half a CU (`Footprint::at_most_half`).
     pub half_cu: bool,
+    /// Its workgroups set `no_save_point` (a save waits for them to end).
+    pub no_save_point: bool,
 }
 
 impl KernelShape {
@@ -63,6 +65,7 @@ impl KernelShape {
             cost_ns: k.cost_ns().max(100),
             repeat: k.repeat.max(1) as u64,
             half_cu: Footprint::of(k.wg_items as u64, k.vgprs, k.lds_bytes).at_most_half(),
+            no_save_point: k.no_save_point,
         }
     }
 }
@@ -146,6 +149,25 @@ impl JobShape {
             .unwrap_or(0)
     }
 
+    /// The longest a save of the job in flight may wait for its own
+    /// `no_save_point` workgroups: the longest such workgroup's cost, twice
+    /// that when it fits half a CU (it may share its CU at half rate, as
+    /// [`JobShape::drain_ns`]); 0 when no kernel sets the flag.
+    pub fn flagged_wait_ns(&self) -> u64 {
+        self.kernels
+            .iter()
+            .filter(|k| k.no_save_point)
+            .map(|k| {
+                if k.half_cu {
+                    k.cost_ns.saturating_mul(2)
+                } else {
+                    k.cost_ns
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Every workgroup fits half a CU.
     pub fn half_cu(&self) -> bool {
         self.kernels.iter().all(|k| k.half_cu)
@@ -205,6 +227,15 @@ pub enum BeCase {
     },
     /// None applies: (c)'s figure beyond the CWSR target.
     Conflict,
+    /// Co-residence for the VMs that flag no workgroup longer than the
+    /// allowance, the best of (b)-(d) for those that do
+    /// ([`flags_beyond_allowance`]).
+    FlaggedApart {
+        /// The flagging VMs' share of the alone CU time.
+        share: f64,
+        /// Their factor (the best of (b)-(d) over them).
+        factor: f64,
+    },
 }
 
 impl std::fmt::Display for BeCase {
@@ -215,6 +246,11 @@ impl std::fmt::Display for BeCase {
             BeCase::SavePerPeriod => write!(f, "save per period"),
             BeCase::Drain { k } => write!(f, "drained reservation k={k}/XCC"),
             BeCase::Conflict => write!(f, "none (save per period beyond 10% CWSR)"),
+            BeCase::FlaggedApart { share, factor } => write!(
+                f,
+                "co-residence, but {factor:.3} for the VMs flagging waves beyond the allowance ({:.0}% of alone)",
+                share * 100.0
+            ),
         }
     }
 }
@@ -278,9 +314,64 @@ pub fn coreside_places_meet_rt_bound(rt: &RtShape, lower: &[BeShape], p: &Part) 
         .all(|f| u128::from(rt.job.time_on(f)) <= bound)
 }
 
+/// Does `b` flag workgroups a save would wait for longer than the
+/// co-residence allowance `A = max(drain_ns, t_save + t_restore)`
+/// (`SchedConfig::spatial_wait_allowance`)? Co-residence beside such a VM
+/// may not meet the RT bound: where its waves take every place of a CU
+/// the RT shares, the RT's workgroups get one only as those waves end, and
+/// the save the co-residence deadline asks for waits for them too (fuzz
+/// seed 600053: 1.01 ms workgroups, RT jobs of 1054 us against 301 at
+/// every flagged kernel; fuzz-1000's 1.77 ms waves, one per CU, leave the
+/// RT a place and it meets its bound beside them).
+pub fn flags_beyond_allowance(b: &BeShape, p: &Part) -> bool {
+    b.job.flagged_wait_ns() > p.drain_ns.max(p.cwsr_ns)
+}
+
 /// The best figure of (a)-(d) for `be` beside `rts`, at most `today`
 /// (`1 - RT CU share`, measured).
+///
+/// Where co-residence applies and some lower VMs flag workgroups longer
+/// than the allowance ([`flags_beyond_allowance`]), the flagger bears the
+/// cost of its flag: the scheduler may refuse to co-reside beside it
+/// (the RT's bound is not met there where its waves take every place of
+/// the CUs the RT shares), so its part of the bound is the best of
+/// (b)-(d) over the flagging VMs alone, and the others keep `today`:
+/// `(sum_{v unflagged} c_v x today + sum_{v flagged} c_v x f') / sum_v
+/// c_v` (`c_v` each VM's CU time alone, `f'` the flagging VMs' bound
+/// without (a)).
 pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) -> BeBound {
+    let co = bound_of(rts, be, p, today, true);
+    if co.case != BeCase::CoResidence {
+        return co;
+    }
+    let (flagged, rest): (Vec<BeShape>, Vec<BeShape>) = be
+        .iter()
+        .cloned()
+        .partition(|b| flags_beyond_allowance(b, p));
+    if flagged.is_empty() {
+        return co;
+    }
+    let without = bound_of(rts, &flagged, p, today, false);
+    let weight = |s: &[BeShape]| s.iter().map(|b| b.alone_cu.max(0.0)).sum::<f64>();
+    let (wf, wr) = (weight(&flagged), weight(&rest));
+    // No alone CU time to weigh by: each VM counts the same.
+    let (wf, wr) = if wf + wr > 0.0 {
+        (wf, wr)
+    } else {
+        (flagged.len() as f64, rest.len() as f64)
+    };
+    BeBound {
+        factor: (wr * co.factor + wf * without.factor) / (wr + wf),
+        case: BeCase::FlaggedApart {
+            share: wf / (wr + wf),
+            factor: without.factor,
+        },
+    }
+}
+
+/// The best figure of (a)-(d) (of (b)-(d) unless `coreside`) for `be`
+/// beside `rts`, at most `today`.
+fn bound_of(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64, coreside: bool) -> BeBound {
     let today = today.clamp(0.0, 1.0);
     let mut best: Option<BeBound> = None;
     let mut offer = |factor: f64, case: BeCase| {
@@ -291,9 +382,13 @@ pub fn best_effort_bound(rts: &[RtShape], be: &[BeShape], p: &Part, today: f64) 
     };
     // (a) co-residence, when the RT jobs doubled by sharing meet the RT
     // bound.
-    if rts.iter().all(|r| {
-        r.job.half_cu() && coreside_meets_rt_bound(r, p) && coreside_places_meet_rt_bound(r, be, p)
-    }) && be.iter().all(|b| b.job.half_cu() && b.job.queues == 1)
+    if coreside
+        && rts.iter().all(|r| {
+            r.job.half_cu()
+                && coreside_meets_rt_bound(r, p)
+                && coreside_places_meet_rt_bound(r, be, p)
+        })
+        && be.iter().all(|b| b.job.half_cu() && b.job.queues == 1)
     {
         offer(today, BeCase::CoResidence);
     }
@@ -376,6 +471,7 @@ mod tests {
                 cost_ns,
                 repeat: 1,
                 half_cu,
+                no_save_point: false,
             }],
             queues,
         }
@@ -500,6 +596,36 @@ mod tests {
         assert!(two.factor < 0.97);
     }
 
+    /// A lower VM whose `no_save_point` workgroups outlast the allowance
+    /// loses the co-residence case (the flagger bears the cost of its
+    /// flag); a VM beside it that flags nothing keeps it.
+    #[test]
+    fn a_vm_flagging_waves_beyond_the_allowance_is_bounded_without_co_residence() {
+        let p = spx();
+        let mut flagged = be(304, 1_010_000, true, 1);
+        flagged.job.kernels[0].no_save_point = true;
+        assert!(flags_beyond_allowance(&flagged, &p));
+        let alone = best_effort_bound(&[narrow_rt(true)], &[flagged.clone()], &p, 0.97);
+        assert!(matches!(alone.case, BeCase::FlaggedApart { share, .. } if share == 1.0));
+        let no_co = bound_of(&[narrow_rt(true)], &[flagged.clone()], &p, 0.97, false);
+        assert_eq!(alone.factor, no_co.factor);
+        assert!(alone.factor < 0.97);
+        // Beside an unflagged VM of the same CU time alone: the mean.
+        let both = best_effort_bound(
+            &[narrow_rt(true)],
+            &[flagged.clone(), be(304, 1_010_000, true, 1)],
+            &p,
+            0.97,
+        );
+        assert!((both.factor - (0.97 + no_co.factor) / 2.0).abs() < 1e-9);
+        // Short flagged waves (within the allowance) keep co-residence.
+        let mut short = be(304, 100_000, true, 1);
+        short.job.kernels[0].no_save_point = true;
+        assert!(!flags_beyond_allowance(&short, &p));
+        let b = best_effort_bound(&[narrow_rt(true)], &[short], &p, 0.97);
+        assert_eq!(b.case, BeCase::CoResidence);
+    }
+
     #[test]
     fn co_residence_needs_the_doubled_rt_job_within_its_bound() {
         let p = spx();
@@ -540,6 +666,7 @@ mod tests {
             cost_ns,
             repeat,
             half_cu: true,
+            no_save_point: false,
         };
         let rt = RtShape {
             job: JobShape {

@@ -591,12 +591,6 @@ impl<O: Copy> Binding<O> {
             return Err(SchedError::DuplicateQueue(queue));
         }
         self.sched.add_queue(vm, queue, prio)?;
-        // Nothing before its read index is new: its first doorbell's scan
-        // covers every packet rung since (when there are at most
-        // `WIDTH_SCAN_PACKETS`), so that doorbell tells the occupancy too.
-        // (`u64::MAX`, the guess from the newest packet, when the MQD's read
-        // index is not consistent.)
-        let seen_wptr = mqd.read_index().unwrap_or(u64::MAX);
         self.queues.insert(
             queue,
             QueueRec {

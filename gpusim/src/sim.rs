@@ -20,6 +20,7 @@ mod batch;
 mod cu_batch;
 mod cwsr;
 mod dispatch;
+mod grow;
 mod guest_pass;
 mod host_lanes;
 mod mask;
@@ -435,6 +436,10 @@ pub struct SimGpu {
     /// A guest search's candidate host CUs (`HostLanes::hosts_for`; kept
     /// to reuse its allocation).
     host_words: Vec<u64>,
+    /// Per slot position of the partition a dispatch pass's round robin
+    /// runs over: the batch a CU given to that queue grows, once noted
+    /// in the pass ([`grow::PendingGrow`]; read only within that pass).
+    pass_grows: Vec<Option<grow::PendingGrow>>,
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
@@ -512,6 +517,7 @@ impl SimGpu {
             scratch_gpas: Vec::new(),
             active_slots: Vec::new(),
             host_words: Vec::new(),
+            pass_grows: Vec::new(),
             event_budget: None,
             next_map_mask: None,
             batches: Vec::new(),

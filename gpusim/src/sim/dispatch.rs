@@ -83,7 +83,13 @@ impl SimGpu {
     fn dispatch_bits(&mut self, pi: usize, n: usize) {
         self.note_pass_grows(n);
         let all = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-        let mut maybe = all;
+        // Only an active queue can take a CU (`can_take_cu`): the others
+        // start found unable. `active_slots` holds for the whole pass.
+        debug_assert!(self.active_slots_current(pi), "active slots out of date");
+        let mut maybe = self
+            .active_slots
+            .iter()
+            .fold(0u64, |m, &pos| m | (1u64 << pos));
         while self.parts[pi].free_cus > 0 && maybe != 0 {
             let rr = self.parts[pi].rr % n;
             let from_rr = maybe & (all << rr);
@@ -122,16 +128,16 @@ impl SimGpu {
     /// started takes the noted grow ([`super::grow`]).
     fn give_cu(&mut self, pi: usize, pos: usize, n: usize) -> bool {
         let s = self.parts[pi].slots[pos];
+        // No free CU in its mask: unable, whatever it would run.
+        let Some(cu) = self.free_cu_for(pi, s) else {
+            debug_assert!(!self.can_take_cu(pi, s));
+            return false;
+        };
         let noted = match self.pass_grows[pos] {
             Some(g) => Some(g),
             None => self.pending_grow(s),
         };
         if let Some(g) = noted {
-            let Some(cu) = self.free_cu_for(pi, s) else {
-                debug_assert!(!self.can_take_cu(pi, s));
-                self.pass_grows[pos] = Some(g);
-                return false;
-            };
             debug_assert!(self.can_take_cu(pi, s));
             self.parts[pi].rr = (pos + 1) % n;
             let left = self.grow_pending(pi, s, cu, g);

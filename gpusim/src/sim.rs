@@ -440,6 +440,13 @@ pub struct SimGpu {
     /// runs over: the batch a CU given to that queue grows, once noted
     /// in the pass ([`grow::PendingGrow`]; read only within that pass).
     pass_grows: Vec<Option<grow::PendingGrow>>,
+    /// Test switch: dispatch passes note no pending grow (every CU takes
+    /// the general path).
+    #[cfg(test)]
+    grow_notes_off: bool,
+    /// Test count: CUs given by a pending grow.
+    #[cfg(test)]
+    grows_taken: u64,
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
@@ -518,6 +525,10 @@ impl SimGpu {
             active_slots: Vec::new(),
             host_words: Vec::new(),
             pass_grows: Vec::new(),
+            #[cfg(test)]
+            grow_notes_off: false,
+            #[cfg(test)]
+            grows_taken: 0,
             event_budget: None,
             next_map_mask: None,
             batches: Vec::new(),
@@ -863,6 +874,8 @@ mod tests;
 mod cu_batch_tests;
 #[cfg(test)]
 mod cu_mask_tests;
+#[cfg(test)]
+mod grow_tests;
 #[cfg(test)]
 mod guest_pass_tests;
 #[cfg(test)]

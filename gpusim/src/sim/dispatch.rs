@@ -107,7 +107,10 @@ impl SimGpu {
         self.note_pass_grows(n);
         while self.parts[pi].free_cus > 0 {
             let rr = self.parts[pi].rr;
-            if !(0..n).map(|k| (rr + k) % n).any(|pos| self.give_cu(pi, pos, n)) {
+            if !(0..n)
+                .map(|k| (rr + k) % n)
+                .any(|pos| self.give_cu(pi, pos, n))
+            {
                 break;
             }
         }

@@ -51,6 +51,10 @@ impl SimGpu {
         if self.params.jitter_permille != 0 {
             return None;
         }
+        #[cfg(test)]
+        if self.grow_notes_off {
+            return None;
+        }
         let q = self.slots.get(slot as usize)?.as_ref()?;
         if q.state != HState::Active {
             return None;
@@ -108,6 +112,10 @@ impl SimGpu {
             "slot {slot}: a noted pending grow is out of date"
         );
         debug_assert_eq!(self.free_cu_for(pi, slot), Some(cu));
+        #[cfg(test)]
+        {
+            self.grows_taken += 1;
+        }
         self.take_free_cu(pi, slot, cu, g.fp);
         let b = &mut self.batches[g.batch as usize];
         b.width += 1;

@@ -138,19 +138,28 @@ impl SimGpu {
         };
         let noted = match self.pass_grows[pos] {
             Some(g) => Some(g),
-            None => self.pending_grow(s),
+            None => {
+                // `can_take_cu` with one walk of the packet window: an
+                // active queue with something to run.
+                let Some(q) = self.slots[s as usize]
+                    .as_ref()
+                    .filter(|q| q.state == HState::Active)
+                else {
+                    return false;
+                };
+                let Some(what) = self.dispatchable(q) else {
+                    return false;
+                };
+                what.and_then(|i| self.grow_of(q, i))
+            }
         };
+        debug_assert!(self.can_take_cu(pi, s));
+        self.parts[pi].rr = (pos + 1) % n;
         if let Some(g) = noted {
-            debug_assert!(self.can_take_cu(pi, s));
-            self.parts[pi].rr = (pos + 1) % n;
             let left = self.grow_pending(pi, s, cu, g);
             self.pass_grows[pos] = (left.room > 0).then_some(left);
             return true;
         }
-        if !self.can_take_cu(pi, s) {
-            return false;
-        }
-        self.parts[pi].rr = (pos + 1) % n;
         self.start_one(s);
         true
     }

@@ -48,13 +48,6 @@ impl SimGpu {
     /// packet's batch joinable before its start with every CU it holds
     /// in its width. `None` otherwise (the general path decides).
     pub(super) fn pending_grow(&self, slot: u32) -> Option<PendingGrow> {
-        if self.params.jitter_permille != 0 {
-            return None;
-        }
-        #[cfg(test)]
-        if self.grow_notes_off {
-            return None;
-        }
         let q = self.slots.get(slot as usize)?.as_ref()?;
         if q.state != HState::Active {
             return None;
@@ -62,6 +55,19 @@ impl SimGpu {
         let Some(Some(packet)) = self.dispatchable(q) else {
             return None;
         };
+        self.grow_of(q, packet)
+    }
+
+    /// [`Self::pending_grow`] once the queue `q` is known active with
+    /// `packet` its first dispatchable packet.
+    pub(super) fn grow_of(&self, q: &Hqd, packet: usize) -> Option<PendingGrow> {
+        if self.params.jitter_permille != 0 {
+            return None;
+        }
+        #[cfg(test)]
+        if self.grow_notes_off {
+            return None;
+        }
         let a = q.active.get(packet)?;
         let Work::Dispatch(d) = a.work else {
             return None;

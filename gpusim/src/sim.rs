@@ -440,6 +440,9 @@ pub struct SimGpu {
     /// runs over: the batch a CU given to that queue grows, once noted
     /// in the pass ([`grow::PendingGrow`]; read only within that pass).
     pass_grows: Vec<Option<grow::PendingGrow>>,
+    /// The positions of `pass_grows` the last pass wrote (the only ones
+    /// that may hold a note).
+    pass_grows_set: Vec<u32>,
     /// Test switch: dispatch passes note no pending grow (every CU takes
     /// the general path).
     #[cfg(test)]
@@ -525,6 +528,7 @@ impl SimGpu {
             active_slots: Vec::new(),
             host_words: Vec::new(),
             pass_grows: Vec::new(),
+            pass_grows_set: Vec::new(),
             #[cfg(test)]
             grow_notes_off: false,
             #[cfg(test)]

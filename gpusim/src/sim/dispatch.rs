@@ -119,8 +119,15 @@ impl SimGpu {
     /// Starts a pass's round robin over `n` slots: no queue's pending
     /// grow noted yet ([`super::grow`]).
     fn note_pass_grows(&mut self, n: usize) {
-        self.pass_grows.clear();
-        self.pass_grows.resize(n, None);
+        // Only the positions the last pass noted hold a note: clearing
+        // them spares a write per slot position per pass.
+        while let Some(pos) = self.pass_grows_set.pop() {
+            self.pass_grows[pos as usize] = None;
+        }
+        if self.pass_grows.len() < n {
+            self.pass_grows.resize(n, None);
+        }
+        debug_assert!(self.pass_grows.iter().all(Option::is_none));
     }
 
     /// One turn of the round robin over partition `pi`'s `n` slots: if the
@@ -157,6 +164,9 @@ impl SimGpu {
         self.parts[pi].rr = (pos + 1) % n;
         if let Some(g) = noted {
             let left = self.grow_pending(pi, s, cu, g);
+            if self.pass_grows[pos].is_none() {
+                self.pass_grows_set.push(pos as u32);
+            }
             self.pass_grows[pos] = (left.room > 0).then_some(left);
             return true;
         }

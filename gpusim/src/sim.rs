@@ -20,6 +20,7 @@ mod batch;
 mod cu_batch;
 mod cwsr;
 mod dispatch;
+mod grow;
 mod guest_pass;
 mod host_lanes;
 mod mask;
@@ -435,6 +436,20 @@ pub struct SimGpu {
     /// A guest search's candidate host CUs (`HostLanes::hosts_for`; kept
     /// to reuse its allocation).
     host_words: Vec<u64>,
+    /// Per slot position of the partition a dispatch pass's round robin
+    /// runs over: the batch a CU given to that queue grows, once noted
+    /// in the pass ([`grow::PendingGrow`]; read only within that pass).
+    pass_grows: Vec<Option<grow::PendingGrow>>,
+    /// The positions of `pass_grows` the last pass wrote (the only ones
+    /// that may hold a note).
+    pass_grows_set: Vec<u32>,
+    /// Test switch: dispatch passes note no pending grow (every CU takes
+    /// the general path).
+    #[cfg(test)]
+    grow_notes_off: bool,
+    /// Test count: CUs given by a pending grow.
+    #[cfg(test)]
+    grows_taken: u64,
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
@@ -512,6 +527,12 @@ impl SimGpu {
             scratch_gpas: Vec::new(),
             active_slots: Vec::new(),
             host_words: Vec::new(),
+            pass_grows: Vec::new(),
+            pass_grows_set: Vec::new(),
+            #[cfg(test)]
+            grow_notes_off: false,
+            #[cfg(test)]
+            grows_taken: 0,
             event_budget: None,
             next_map_mask: None,
             batches: Vec::new(),
@@ -857,6 +878,8 @@ mod tests;
 mod cu_batch_tests;
 #[cfg(test)]
 mod cu_mask_tests;
+#[cfg(test)]
+mod grow_tests;
 #[cfg(test)]
 mod guest_pass_tests;
 #[cfg(test)]

@@ -81,19 +81,22 @@ impl SimGpu {
     /// time.) Picks the same slots in the same order as
     /// [`Self::dispatch_scan`].
     fn dispatch_bits(&mut self, pi: usize, n: usize) {
+        self.note_pass_grows(n);
         let all = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
-        let mut maybe = all;
+        // Only an active queue can take a CU (`can_take_cu`): the others
+        // start found unable. `active_slots` holds for the whole pass.
+        debug_assert!(self.active_slots_current(pi), "active slots out of date");
+        let mut maybe = self
+            .active_slots
+            .iter()
+            .fold(0u64, |m, &pos| m | (1u64 << pos));
         while self.parts[pi].free_cus > 0 && maybe != 0 {
             let rr = self.parts[pi].rr % n;
             let from_rr = maybe & (all << rr);
             let pos = if from_rr != 0 { from_rr } else { maybe }.trailing_zeros() as usize;
-            let s = self.parts[pi].slots[pos];
-            if !self.can_take_cu(pi, s) {
+            if !self.give_cu(pi, pos, n) {
                 maybe &= !(1u64 << pos);
-                continue;
             }
-            self.parts[pi].rr = (pos + 1) % n;
-            self.start_one(s);
         }
     }
 
@@ -101,17 +104,74 @@ impl SimGpu {
     /// on, the first slot able to take a CU starts a workgroup, until none
     /// is or no CU is free.
     fn dispatch_scan(&mut self, pi: usize, n: usize) {
+        self.note_pass_grows(n);
         while self.parts[pi].free_cus > 0 {
             let rr = self.parts[pi].rr;
-            let Some(pos) = (0..n)
+            if !(0..n)
                 .map(|k| (rr + k) % n)
-                .find(|&pos| self.can_take_cu(pi, self.parts[pi].slots[pos]))
-            else {
+                .any(|pos| self.give_cu(pi, pos, n))
+            {
                 break;
-            };
-            self.parts[pi].rr = (pos + 1) % n;
-            self.start_one(self.parts[pi].slots[pos]);
+            }
         }
+    }
+
+    /// Starts a pass's round robin over `n` slots: no queue's pending
+    /// grow noted yet ([`super::grow`]).
+    fn note_pass_grows(&mut self, n: usize) {
+        // Only the positions the last pass noted hold a note: clearing
+        // them spares a write per slot position per pass.
+        while let Some(pos) = self.pass_grows_set.pop() {
+            self.pass_grows[pos as usize] = None;
+        }
+        if self.pass_grows.len() < n {
+            self.pass_grows.resize(n, None);
+        }
+        debug_assert!(self.pass_grows.iter().all(Option::is_none));
+    }
+
+    /// One turn of the round robin over partition `pi`'s `n` slots: if the
+    /// queue at position `pos` can take a free CU (as
+    /// [`Self::can_take_cu`]), it starts a workgroup there (as
+    /// [`Self::start_one`]) and the round robin goes on after it. Returns
+    /// whether it could. A queue whose CU grows a batch that has not
+    /// started takes the noted grow ([`super::grow`]).
+    fn give_cu(&mut self, pi: usize, pos: usize, n: usize) -> bool {
+        let s = self.parts[pi].slots[pos];
+        // No free CU in its mask: unable, whatever it would run.
+        let Some(cu) = self.free_cu_for(pi, s) else {
+            debug_assert!(!self.can_take_cu(pi, s));
+            return false;
+        };
+        let noted = match self.pass_grows[pos] {
+            Some(g) => Some(g),
+            None => {
+                // `can_take_cu` with one walk of the packet window: an
+                // active queue with something to run.
+                let Some(q) = self.slots[s as usize]
+                    .as_ref()
+                    .filter(|q| q.state == HState::Active)
+                else {
+                    return false;
+                };
+                let Some(what) = self.dispatchable(q) else {
+                    return false;
+                };
+                what.and_then(|i| self.grow_of(q, i))
+            }
+        };
+        debug_assert!(self.can_take_cu(pi, s));
+        self.parts[pi].rr = (pos + 1) % n;
+        if let Some(g) = noted {
+            let left = self.grow_pending(pi, s, cu, g);
+            if self.pass_grows[pos].is_none() {
+                self.pass_grows_set.push(pos as u32);
+            }
+            self.pass_grows[pos] = (left.room > 0).then_some(left);
+            return true;
+        }
+        self.start_one(s);
+        true
     }
 
     /// Occupancy: a queue with a workgroup to launch and no free CU in its
@@ -638,19 +698,22 @@ impl SimGpu {
     /// mask for it (`dispatch` chose the queue because one exists).
     pub(super) fn take_cu(&mut self, slot: u32, fp: Footprint) -> u32 {
         let p = self.slot_part[slot as usize] as usize;
+        let cu = self
+            .free_cu_for(p, slot)
+            .expect("dispatch chose a queue with a free CU in its mask");
+        self.take_free_cu(p, slot, cu, fp);
+        cu
+    }
+
+    /// The free CU `cu` of partition `p` becomes `slot`'s, running
+    /// workgroups of footprint `fp` (its guest lane opens).
+    pub(super) fn take_free_cu(&mut self, p: usize, slot: u32, cu: u32, fp: Footprint) {
         let part = &mut self.parts[p];
-        let q = self.slots[slot as usize].as_ref().expect("slot");
-        let cu = match q.mask.as_ref() {
-            Some(m) => m.first_in(&part.free_mask),
-            None => part.free_mask.first_in(&part.free_mask),
-        }
-        .expect("dispatch chose a queue with a free CU in its mask");
         part.free_mask.remove(cu);
         part.cu_owner[cu as usize] = slot + 1;
         part.cu_fp[cu as usize] = fp;
         set_lane(part, cu);
         part.cu_debt[cu as usize] = 0;
-        cu
     }
 
     pub(super) fn start_one(&mut self, slot: u32) {

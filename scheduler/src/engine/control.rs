@@ -103,6 +103,7 @@ impl Scheduler {
                 reason: None,
                 errored: false,
                 restore_ns: 0,
+                restore_end: 0,
                 wants: false,
             },
         );

@@ -132,8 +132,15 @@ impl Scheduler {
         if let Some(qq) = self.queues.get_mut(&q) {
             // The restore is a CWSR restore: as long as the save, without
             // the wait for non-preemptible waves.
+            // A save asked during its own restore leaves the record it
+            // restored from: the next restore is still at least that one.
             qq.restore_ns = if next == QueueState::Saved {
-                save_ns - wait
+                restore_keep::restore_after_save(
+                    qq.restore_ns,
+                    qq.restore_end,
+                    qq.since,
+                    save_ns.saturating_sub(wait),
+                )
             } else {
                 0
             };

@@ -163,10 +163,6 @@ const FIXED_REGRESSIONS: &[&str] = &[
     // A change inside an aging batch kept the scheduler's timer (the eval
     // driver's, branch `fresh7`).
     "fuzz-700078-1-top-share.toml",
-    // A queue saved during its own restore keeps that restore: its VM is
-    // not billed the next one (docs/scheduling.md, "A save during a
-    // restore keeps the restore", branch `fresh8`).
-    "fuzz-800063-2-weights.toml",
 ];
 
 #[test]

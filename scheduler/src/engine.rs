@@ -28,7 +28,6 @@ mod res_down;
 mod res_hold;
 mod res_keep;
 mod res_pass;
-mod restore_keep;
 mod rt_pair;
 mod shared;
 mod slots;
@@ -197,10 +196,6 @@ struct Queue {
     /// Modelled restore of its last CWSR save (its last save time when it
     /// was saved with work, else 0): not billed at its next map.
     restore_ns: Nanos,
-    /// When its restore at its last map from `Saved` ends (its map time
-    /// for other maps): a preemption asked before it saves the same record
-    /// again (`engine/restore_keep.rs`).
-    restore_end: Nanos,
     /// Counted in its VM's `demand` (Ready, Saved, Running, or being
     /// preempted with work; not an idle queue giving its slot back).
     wants: bool,

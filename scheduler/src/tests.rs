@@ -1897,9 +1897,6 @@ pub(crate) mod save_wait_tests;
 #[path = "free_wait_tests.rs"]
 mod free_wait_tests;
 
-#[path = "restore_keep_tests.rs"]
-mod restore_keep_tests;
-
 #[test]
 fn an_under_share_job_longer_than_the_quantum_is_not_sliced() {
     // Four always-busy equals with 4 ms slices; a fifth VM runs a 10 ms

@@ -103,7 +103,6 @@ impl Scheduler {
                 reason: None,
                 errored: false,
                 restore_ns: 0,
-                restore_end: 0,
                 wants: false,
             },
         );

@@ -13,13 +13,6 @@ impl Scheduler {
         let old = qq.state;
         qq.state = st;
         qq.since = now;
-        if st == QueueState::Running && old != QueueState::Running {
-            qq.restore_end = if old == QueueState::Saved {
-                now.saturating_add(qq.restore_ns)
-            } else {
-                now
-            };
-        }
         let vm = qq.vm;
         let wants = is_demand(st)
             || (st == QueueState::Preempting && matches!(qq.reason, Some(Reason::Preempt(..))));

@@ -132,15 +132,8 @@ impl Scheduler {
         if let Some(qq) = self.queues.get_mut(&q) {
             // The restore is a CWSR restore: as long as the save, without
             // the wait for non-preemptible waves.
-            // A save asked during its own restore leaves the record it
-            // restored from: the next restore is still at least that one.
             qq.restore_ns = if next == QueueState::Saved {
-                restore_keep::restore_after_save(
-                    qq.restore_ns,
-                    qq.restore_end,
-                    qq.since,
-                    save_ns.saturating_sub(wait),
-                )
+                save_ns - wait
             } else {
                 0
             };

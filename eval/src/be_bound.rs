@@ -68,6 +68,17 @@ impl KernelShape {
             no_save_point: k.no_save_point,
         }
     }
+
+    /// The longest one of its workgroups in flight may take to end: its
+    /// cost, twice that when it fits half a CU (it may share its CU, each
+    /// at half rate).
+    fn end_ns(&self) -> u64 {
+        if self.half_cu {
+            self.cost_ns.saturating_mul(2)
+        } else {
+            self.cost_ns
+        }
+    }
 }
 
 /// A tenant's job: its kernels and queues.
@@ -138,13 +149,7 @@ impl JobShape {
     pub fn drain_ns(&self) -> u64 {
         self.kernels
             .iter()
-            .map(|k| {
-                if k.half_cu {
-                    k.cost_ns.saturating_mul(2)
-                } else {
-                    k.cost_ns
-                }
-            })
+            .map(KernelShape::end_ns)
             .max()
             .unwrap_or(0)
     }
@@ -157,13 +162,7 @@ impl JobShape {
         self.kernels
             .iter()
             .filter(|k| k.no_save_point)
-            .map(|k| {
-                if k.half_cu {
-                    k.cost_ns.saturating_mul(2)
-                } else {
-                    k.cost_ns
-                }
-            })
+            .map(KernelShape::end_ns)
             .max()
             .unwrap_or(0)
     }

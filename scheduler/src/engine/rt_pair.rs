@@ -104,6 +104,21 @@ impl Scheduler {
         if !self.spatial_held(p, hi) {
             return None;
         }
+        // The higher RT's own size, as recorded when it last owned the
+        // slice (`res_keep.rs`), not the reservation's: that one keeps the
+        // size of every VM still holding it, the lower RT's own from its
+        // earlier jobs included, and with it the pair never fitted the cap
+        // (a 10-CU lower RT that once took the 1-CU higher one's
+        // reservation over in place left it at 10 for good, and was saved
+        // by each of the higher RT's jobs: proptest case 73 x 398 us
+        // beside a 5 kHz RT, `rt_pair_tests.rs`).
+        let hi_k = self
+            .spatial
+            .keep
+            .get(p)
+            .and_then(|keep| keep.iter().find(|r| r.vm == hi.vm && r.level == hi.level))
+            .map_or(hi.k, |r| r.k.clamp(1, hi.k));
+        let hi = Reservation { k: hi_k, ..hi };
         let k_lo = lat.filter(|&k| k > 0)?;
         let n = self.spatial.cus_per_xcc;
         let cap = n.saturating_mul(self.cfg.spatial_max_permille.min(1000)) / 1000;

@@ -29,7 +29,6 @@ mod packet;
 mod realtime;
 mod running;
 pub mod testkit;
-mod timer_queue;
 mod unmap;
 mod want;
 
@@ -53,7 +52,8 @@ use abi::queue::AMD_SIGNAL_VALUE;
 use occupancy::Footprint;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
 /// Smallest accepted ring, in packets (`abi::mqd::MIN_RING_BYTES` / 64 = 16).
@@ -413,7 +413,7 @@ pub struct SimGpu {
     parts: Vec<Part>,
     wgs: Vec<Wg>,
     free_wgs: Vec<u32>,
-    heap: timer_queue::TimerQueue,
+    heap: BinaryHeap<Reverse<(Nanos, u64, Timer)>>,
     /// Heap length at which stale timers are dropped from the whole heap
     /// (twice its live length after the last drop): a batch re-armed or
     /// ended leaves its old timer behind, and a run of preemptions can
@@ -518,7 +518,7 @@ impl SimGpu {
             params,
             wgs: Vec::new(),
             free_wgs: Vec::new(),
-            heap: timer_queue::TimerQueue::new(),
+            heap: BinaryHeap::new(),
             heap_compact_at: MIN_HEAP_COMPACT,
             seq: 0,
             next_gen: 1,
@@ -570,7 +570,7 @@ impl SimGpu {
 
     fn arm(&mut self, at: Nanos, t: Timer) {
         self.seq += 1;
-        self.heap.push(at, self.seq, t);
+        self.heap.push(Reverse((at, self.seq, t)));
         if self.heap.len() >= self.heap_compact_at {
             self.drop_stale_timers();
         }
@@ -581,9 +581,9 @@ impl SimGpu {
     /// drop waits for the heap to double. A stale timer fires nothing, so
     /// dropping it early changes no run.
     fn drop_stale_timers(&mut self) {
-        let mut heap = std::mem::take(&mut self.heap);
-        heap.retain(|t| !self.timer_stale(t));
-        self.heap = heap;
+        let mut v = std::mem::take(&mut self.heap).into_vec();
+        v.retain(|Reverse((_, _, t))| !self.timer_stale(t));
+        self.heap = BinaryHeap::from(v);
         self.heap_compact_at = self.heap.len().saturating_mul(2).max(MIN_HEAP_COMPACT);
     }
 
@@ -593,8 +593,8 @@ impl SimGpu {
     /// at that model time; the next calls catch up.
     fn run_until(&mut self, t: Nanos) {
         let mut budget = self.event_budget.unwrap_or(usize::MAX);
-        while let Some((at, _)) = self.heap.peek() {
-            if at > t {
+        while let Some(Reverse((at, _, _))) = self.heap.peek() {
+            if *at > t {
                 break;
             }
             if budget == 0 {
@@ -602,7 +602,7 @@ impl SimGpu {
                 return;
             }
             budget -= 1;
-            let (at, timer) = self.heap.pop().expect("peeked");
+            let Reverse((at, _, timer)) = self.heap.pop().expect("peeked");
             if self.timer_stale(&timer) {
                 continue; // a re-armed batch's old timer: no model time passes
             }
@@ -628,7 +628,7 @@ impl SimGpu {
     /// Drops stale timers from the top of the heap, so that
     /// [`PhysGpu::next_deadline`] names a real event.
     fn purge_stale(&mut self) {
-        while let Some((_, t)) = self.heap.peek() {
+        while let Some(Reverse((_, _, t))) = self.heap.peek() {
             if !self.timer_stale(t) {
                 break;
             }
@@ -838,7 +838,7 @@ impl PhysGpu for SimGpu {
         if !self.pending.is_empty() {
             return Some(self.now);
         }
-        self.heap.peek().map(|(t, _)| t)
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
     }
 
     fn set_cu_mask(&mut self, now: Nanos, slot: SlotId, mask: &CuMask) -> Result<(), GpuError> {
@@ -899,9 +899,6 @@ mod pack_tests;
 
 #[cfg(test)]
 mod review_tests;
-
-#[cfg(test)]
-mod timer_queue_tests;
 
 /// Workgroup cost of a dispatch (ns): the descriptor's (a `spin`
 /// kernel's own), at least the modelled floor.

@@ -433,10 +433,6 @@ pub struct SimGpu {
     /// slots of the partition a dispatch pass runs over, ascending
     /// (`SimGpu::note_active_slots`; read only within that pass).
     active_slots: Vec<u32>,
-    /// A guest pass's per-queue entries of its count of the queues that
-    /// want CUs ([`guest_pass::GuestPass::held`]; kept to reuse its
-    /// allocation).
-    want_held: Vec<u32>,
     /// A guest search's candidate host CUs (`HostLanes::hosts_for`; kept
     /// to reuse its allocation).
     host_words: Vec<u64>,
@@ -531,7 +527,6 @@ impl SimGpu {
             scratch_gpas: Vec::new(),
             active_slots: Vec::new(),
             host_words: Vec::new(),
-            want_held: Vec::new(),
             pass_grows: Vec::new(),
             pass_grows_set: Vec::new(),
             #[cfg(test)]

@@ -181,20 +181,14 @@ impl SimGpu {
     /// for its own CUs (its kernels run in lock-step rounds, one workgroup
     /// per CU), so a lone kernel runs as before.
     ///
-    /// Returns the count of the queues that want CUs if a try made it
-    /// (kept through later placements, [`GuestPass`]: it holds when the
-    /// pass ends).
+    /// Returns the count of the queues that want CUs if a try made it and
+    /// no try changed the partition after (it holds when the pass ends).
     pub(super) fn place_guests(&mut self, p: u32) -> Option<WantCount> {
-        // What the tries learn about the partition (`try_guest` packing).
-        let mut pass = GuestPass::with_scratch(std::mem::take(&mut self.want_held));
-        let want = self.guest_tries(p, &mut pass);
-        self.want_held = pass.held;
-        want
-    }
-
-    /// [`Self::place_guests`]'s tries.
-    fn guest_tries(&mut self, p: u32, pass: &mut GuestPass) -> Option<WantCount> {
         let pi = p as usize;
+        // What the tries learn about the partition, kept until a guest is
+        // placed (`try_guest` packing; a try that places nothing changes
+        // nothing).
+        let mut pass = GuestPass::default();
         // The slots in round-robin order from `rr`, those of active queues
         // only: a try of any other places nothing and changes nothing, and
         // no try changes a queue's state or `rr`, so the pass visits the
@@ -219,14 +213,10 @@ impl SimGpu {
                 if (k == 0 || placed) && self.parts[pi].roomy.is_empty() {
                     return pass.want;
                 }
-                let at = (start + k) % len;
-                let pos = self.active_slots[at] as usize;
+                let pos = self.active_slots[(start + k) % len] as usize;
                 let s = self.parts[pi].slots[pos];
-                if self.try_guest(s, pass) {
+                if self.try_guest(s, &mut pass) {
                     placed = true;
-                }
-                if pass.dirty {
-                    self.recount_want(pi, at, pass);
                 }
             }
             if !placed {
@@ -323,14 +313,7 @@ impl SimGpu {
             // split keeps its lock-step rounds. (Checked before its batches
             // are searched: the count, which visits every slot, is made
             // once per pass and most queues hold their split.)
-            let want = match pass.want {
-                Some(c) => c.want,
-                None => {
-                    let c = self.want_count_noted(p, &mut pass.held);
-                    pass.want = Some(c);
-                    c.want
-                }
-            };
+            let want = pass.want.get_or_insert_with(|| self.want_count(p)).want;
             if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
                 return false;
             }

@@ -13,7 +13,6 @@
 //! [`SimGpu::rebalance`]: super::SimGpu::rebalance
 //! [`SimGpu::try_guest`]: super::SimGpu::try_guest
 
-use super::guest_pass::{count_held, GuestPass, NOT_WANTING};
 use super::*;
 
 /// The queues of a partition that want CUs (active, a workgroup to
@@ -55,47 +54,6 @@ impl SimGpu {
             }
         }
         c
-    }
-
-    /// [`Self::want_count`], noting each active slot's entry in `held`
-    /// ([`GuestPass::held`](super::guest_pass::GuestPass::held)).
-    pub(super) fn want_count_noted(&self, pi: usize, held: &mut Vec<u32>) -> WantCount {
-        held.clear();
-        for &pos in &self.active_slots {
-            let s = self.parts[pi].slots[pos as usize];
-            held.push(self.want_entry(s));
-        }
-        let c = count_held(held);
-        debug_assert_eq!(c, self.want_count(pi));
-        c
-    }
-
-    /// The queue of `slot`'s entry of the count: the CUs it holds if it
-    /// is active with a workgroup to launch, else [`NOT_WANTING`].
-    pub(super) fn want_entry(&self, slot: u32) -> u32 {
-        match self.slots[slot as usize].as_ref() {
-            Some(q) if q.state == HState::Active && self.dispatchable(q).is_some() => {
-                debug_assert_ne!(q.inflight, NOT_WANTING);
-                q.inflight
-            }
-            _ => NOT_WANTING,
-        }
-    }
-
-    /// After a try of the queue at `active_slots[k]` changed the
-    /// partition: counts that queue's entry again (the others' are
-    /// unchanged, see [`GuestPass`]) and the pass's count from the
-    /// entries.
-    pub(super) fn recount_want(&self, pi: usize, k: usize, pass: &mut GuestPass) {
-        pass.dirty = false;
-        if pass.want.is_none() {
-            return;
-        }
-        let s = self.parts[pi].slots[self.active_slots[k] as usize];
-        pass.held[k] = self.want_entry(s);
-        let c = count_held(&pass.held);
-        debug_assert_eq!(c, self.want_count(pi), "the kept count went stale");
-        pass.want = Some(c);
     }
 
     /// Whether a batch of partition `pi`'s cut list is one the rebalance

@@ -22,10 +22,16 @@ const HI_WORK: Nanos = 400_000;
 fn a_reservation_keeps_its_cus_while_its_set_up_save_is_in_flight() {
     let (mut w, lo, hi, _mid) = rig();
     w.ring_job(hi, 10, HI_WORK, false, HI_WORK);
-    let (vm, k) = w.s.cu_reservation(0).expect("a reservation at the doorbell");
+    let (vm, k) =
+        w.s.cu_reservation(0)
+            .expect("a reservation at the doorbell");
     assert_eq!(vm, VmId(1));
     assert!(k > 0);
-    assert_eq!(w.state(lo), QueueState::Preempting, "the set-up saves the lower VM");
+    assert_eq!(
+        w.state(lo),
+        QueueState::Preempting,
+        "the set-up saves the lower VM"
+    );
     let slot = w.mapped[&hi];
     let set = w.s.slot_cu_set(slot);
     assert_ne!(set, CuSet::All);
@@ -38,7 +44,11 @@ fn a_reservation_keeps_its_cus_while_its_set_up_save_is_in_flight() {
         Some((VmId(1), k)),
         "the reservation was dropped while its set-up save was in flight"
     );
-    assert_eq!(w.s.slot_cu_set(slot), set, "the owner's CUs changed in the save");
+    assert_eq!(
+        w.s.slot_cu_set(slot),
+        set,
+        "the owner's CUs changed in the save"
+    );
     // The save ends: the lower VM runs beside the same reservation.
     w.run_until(MS + 100_000);
     assert_eq!(w.s.cu_reservation(0), Some((VmId(1), k)));

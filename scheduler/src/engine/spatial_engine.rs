@@ -326,11 +326,11 @@ impl Scheduler {
             // busy until that save ends.
             self.setup_keeps(p, owner, prev, lower).or_else(|| {
                 prev.filter(|r| {
-                r.vm != owner.vm
-                    && r.level > owner.level
-                    && !r.drain
-                    && self.spatial_held(p, *r)
-                    && (r.k > 0 || self.coreside_still(p, *r))
+                    r.vm != owner.vm
+                        && r.level > owner.level
+                        && !r.drain
+                        && self.spatial_held(p, *r)
+                        && (r.k > 0 || self.coreside_still(p, *r))
                 })
                 .or_else(|| self.res_pass_back(p, owner.level, prev))
             })

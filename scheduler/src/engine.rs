@@ -29,6 +29,7 @@ mod res_hold;
 mod res_keep;
 mod res_pass;
 mod rt_pair;
+mod setup_keep;
 mod shared;
 mod slots;
 mod spatial_engine;

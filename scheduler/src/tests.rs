@@ -1988,6 +1988,8 @@ mod gap_price_tests;
 mod batch_res_tests;
 #[path = "res_keep_tests.rs"]
 mod res_keep_tests;
+#[path = "setup_keep_tests.rs"]
+mod setup_keep_tests;
 
 #[path = "wide_keep_tests.rs"]
 mod wide_keep_tests;

@@ -116,7 +116,7 @@ impl Scheduler {
     /// owner whose job ends before that save would otherwise find no lower
     /// work at its drain and hand the partition back at once).
     /// Only the partition's queues being freed are looked at.
-    fn lower_being_saved(&self, p: usize, level: u16) -> bool {
+    pub(super) fn lower_being_saved(&self, p: usize, level: u16) -> bool {
         self.parts[p].freeing.iter().any(|id| {
             self.queues.get(id).is_some_and(|q| {
                 q.wants

@@ -321,14 +321,19 @@ impl Scheduler {
             _ => c,
         });
         let r = cand.or_else(|| {
-            prev.filter(|r| {
-                r.vm != owner.vm
-                    && r.level > owner.level
-                    && !r.drain
-                    && self.spatial_held(p, *r)
-                    && (r.k > 0 || self.coreside_still(p, *r))
+            // The owner's own reservation while its set-up save is in
+            // flight (`setup_keep.rs`): the lower work it saves is not
+            // busy until that save ends.
+            self.setup_keeps(p, owner, prev, lower).or_else(|| {
+                prev.filter(|r| {
+                    r.vm != owner.vm
+                        && r.level > owner.level
+                        && !r.drain
+                        && self.spatial_held(p, *r)
+                        && (r.k > 0 || self.coreside_still(p, *r))
+                })
+                .or_else(|| self.res_pass_back(p, owner.level, prev))
             })
-            .or_else(|| self.res_pass_back(p, owner.level, prev))
         });
         // A co-residence takes no CU from the lower work: nothing to save.
         let establish = match (r, prev) {

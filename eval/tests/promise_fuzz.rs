@@ -160,6 +160,10 @@ const FIXED_REGRESSIONS: &[&str] = &[
     // narrows it (docs/scheduling.md, "An owner's reserved CUs kept
     // through its gap", branch `fresh7`).
     "fuzz-700010-3-rt-latency.toml",
+    // Co-residence beside a starved lower VM whose occupancy was never
+    // recorded (docs/scheduling.md, "Co-residence counts the lower VMs
+    // that may run beside the owner", branch `coside9`).
+    "fuzz-600002-3-be-retained.toml",
     // A change inside an aging batch kept the scheduler's timer (the eval
     // driver's, branch `fresh7`).
     "fuzz-700078-1-top-share.toml",

@@ -9,6 +9,7 @@ mod aging;
 mod batch_res;
 mod busy;
 mod control;
+mod coreside_lower;
 mod coreside_periodic;
 mod coreside_places;
 mod cwsr_budget;

@@ -91,6 +91,10 @@ pub(crate) struct Occupancy {
     /// Every workgroup of its latest doorbell's dispatches fits in half a
     /// CU.
     pub fits: bool,
+    /// An occupancy was recorded ([`Spatial::note_occupancy`]): `fits`
+    /// tells, rather than its default (a VM that rang only a queue's first
+    /// doorbell, or only incomplete scans).
+    pub noted: bool,
     /// CU time of its latest doorbell's dispatches (each kernel's
     /// workgroups times one workgroup's cost, summed), decaying by 1/8 per
     /// smaller one; 0: not reported. With `solo_ns` it bounds the job's
@@ -283,6 +287,7 @@ impl Spatial {
         let o = self.occ.entry(vm).or_default();
         o.solo_ns = solo_ns.max(o.solo_ns - o.solo_ns / 8);
         o.fits = fits;
+        o.noted = true;
     }
 
     /// Records a save of `save_ns` of a queue of `vm` ([`Self::saves`]).

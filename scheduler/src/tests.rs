@@ -1971,6 +1971,8 @@ mod drain_due_tests;
 
 #[path = "coreside_admission_tests.rs"]
 mod coreside_admission_tests;
+#[path = "coreside_lower_tests.rs"]
+mod coreside_lower_tests;
 #[path = "coreside_periodic_tests.rs"]
 mod coreside_periodic_tests;
 #[path = "coreside_places_tests.rs"]

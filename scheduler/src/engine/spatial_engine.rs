@@ -411,10 +411,9 @@ impl Scheduler {
         if self.coreside_owner_backlogged(owner.vm, max) {
             return false;
         }
-        let lower = self.parts[p]
-            .busy
-            .range(..owner.level)
-            .flat_map(|(_, m)| m.keys().copied());
+        // Only the lower VMs that may hold CUs beside the owner
+        // (`coreside_lower.rs`).
+        let lower = self.coreside_lower_vms(p, owner);
         self.spatial
             .can_coreside(owner.vm, self.owner_queues(p, owner), lower, max)
             // ... and beside a lower kernel's last round, which leaves the

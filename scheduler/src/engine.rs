@@ -32,6 +32,7 @@ mod rt_pair;
 mod shared;
 mod slots;
 mod spatial_engine;
+mod stretch_alone;
 mod switch_price;
 mod timers;
 mod use_rate;

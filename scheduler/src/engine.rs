@@ -34,6 +34,7 @@ mod setup_keep;
 mod shared;
 mod slots;
 mod spatial_engine;
+mod stretch_alone;
 mod switch_price;
 mod timers;
 mod use_rate;

@@ -85,9 +85,7 @@ impl Scheduler {
         k: u32,
     ) -> Option<Reservation> {
         let v = self.vms.get(&owner.vm)?;
-        let alone = self
-            .spatial
-            .time_on(owner.vm, queues, self.spatial.cus_per_xcc)?;
+        let alone = self.stretch_alone(owner.vm, queues)?;
         if v.wake.period() == 0 || v.wake.stretched(alone) {
             return None;
         }

@@ -242,7 +242,7 @@ impl Scheduler {
     ) -> Option<u32> {
         let v = self.vms.get(&vm)?;
         let period = v.wake.period();
-        let alone = self.spatial.time_on(vm, queues, self.spatial.cus_per_xcc)?;
+        let alone = self.stretch_alone(vm, queues)?;
         if period == 0 || v.wake.stretched(alone) {
             return None;
         }

@@ -89,18 +89,19 @@ impl Scheduler {
         owner: SliceOwner,
     ) -> impl Iterator<Item = VmId> + '_ {
         let beside = self.coreside_beside_level(p, owner);
-        let busy = || {
-            self.parts[p]
-                .busy
-                .range(..owner.level)
-                .flat_map(|(&l, m)| m.keys().map(move |&v| (v, l)))
-        };
+        // Each busy lower VM once, with whether it may hold CUs beside the
+        // owner (asked once per VM).
+        let lower: Vec<(VmId, bool)> = self.parts[p]
+            .busy
+            .range(..owner.level)
+            .flat_map(|(&l, m)| m.keys().map(move |&v| (v, l)))
+            .map(|(v, l)| (v, self.coreside_may_hold(p, owner, beside, v, l)))
+            .collect();
+        let any = lower.iter().any(|&(_, may)| may);
         let noted = |v: &VmId| self.spatial.occ.get(v).is_some_and(|o| o.noted);
-        let any = busy().any(|(v, l)| self.coreside_may_hold(p, owner, beside, v, l));
-        busy()
-            .filter(move |&(v, l)| {
-                !any || noted(&v) || self.coreside_may_hold(p, owner, beside, v, l)
-            })
+        lower
+            .into_iter()
+            .filter(move |(v, may)| !any || *may || noted(v))
             .map(|(v, _)| v)
     }
 }

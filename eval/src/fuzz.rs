@@ -1162,23 +1162,7 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
             // Item 4: a lower guest's waves without a save point may cost
             // the top one wait for them, once: their longest workgroup,
             // at most the preemption timeout (then they are reset).
-            let nsp_wait = sc
-                .tenants
-                .iter()
-                .filter(|t| t.name != "top")
-                .flat_map(|t| {
-                    let timeout = t
-                        .preempt_timeout_ms
-                        .map_or(mdev::binding::DEFAULT_PREEMPT_TIMEOUT_NS, |ms| {
-                            ms.saturating_mul(1_000_000)
-                        });
-                    t.kernels
-                        .iter()
-                        .filter(|k| k.no_save_point)
-                        .map(move |k| k.cost_ns().min(timeout))
-                })
-                .max()
-                .unwrap_or(0);
+            let nsp_wait = nsp_wait_once_ns(sc, |t| t.name != "top");
             let run_ns = (sc.duration_ms as f64 * 1e6).max(1.0);
             let want = a * (0.95 - nsp_wait as f64 / run_ns);
             if a > 0.0 && w < want {
@@ -1451,23 +1435,46 @@ pub fn check(g: &Generated, opts: &FuzzOptions) -> Result<Verdict, EvalError> {
         }
         Family::Rt => {
             let bound = |iso: f64| 1.1 * iso + cwsr as f64 / 1e3;
+            // Item 4: a lower guest's waves without a save point may cost
+            // an RT job one wait for them, once.
+            let nsp_once = nsp_wait_once_ns(sc, |t| t.class == Class::Lo);
+            let mut lat = run.hi_latency_ns.clone();
+            lat.sort_unstable();
+            let p99 = |iso: f64| rt_p99_with_one_nsp_wait(&lat, bound(iso) * 1e3, nsp_once);
             match (report.hi_p99_us, report.hi_isolated_p99_us) {
                 // Not measurable: no RT job completes even isolated.
                 (_, None) => {}
                 (Some(p), Some(iso)) if p <= bound(iso) => {}
-                (p, iso) => fail(
-                    "3-rt-latency",
-                    format!(
-                        "rt p99 {:.0} us, isolated {:.0} us",
-                        p.unwrap_or(f64::INFINITY),
-                        iso.unwrap_or(0.0)
-                    ),
-                    format!(
-                        "1.1 x isolated + CWSR {:.0} us = {:.0} us",
-                        cwsr as f64 / 1e3,
-                        bound(iso.unwrap_or(0.0))
-                    ),
-                ),
+                (_, Some(iso)) if p99(iso).0.is_some_and(|p| p <= bound(iso)) => {}
+                (p, iso) => {
+                    let iso = iso.unwrap_or(0.0);
+                    let once = match p99(iso) {
+                        (Some(q), Some(w)) => format!(
+                            "; {q:.0} us without the worst job ({w:.0} us, one no_save_point wait)"
+                        ),
+                        _ => String::new(),
+                    };
+                    fail(
+                        "3-rt-latency",
+                        format!(
+                            "rt p99 {:.0} us, isolated {iso:.0} us{once}",
+                            p.unwrap_or(f64::INFINITY),
+                        ),
+                        format!(
+                            "1.1 x isolated + CWSR {:.0} us = {:.0} us{}",
+                            cwsr as f64 / 1e3,
+                            bound(iso),
+                            if nsp_once > 0 {
+                                format!(
+                                    "; one job may wait once for lower waves without a save point ({:.0} us)",
+                                    nsp_once as f64 / 1e3
+                                )
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    )
+                }
             }
             let (be_alone, _) = run_it(&sc.only(Class::Lo))?;
             let be = |r: &PolicyReport| cu_time_named(r, "be");
@@ -1995,6 +2002,57 @@ fn nsp_wait_ns(sc: &Scenario, skip: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The one wait promise item 4 lets a lower guest's waves without a save
+/// point cost a higher VM, once: the longest `no_save_point` workgroup of
+/// the tenants `lower` picks, each at most its preemption timeout (its
+/// waves are reset then); 0 when none sets the flag.
+fn nsp_wait_once_ns(sc: &Scenario, lower: impl Fn(&Tenant) -> bool) -> u64 {
+    sc.tenants
+        .iter()
+        .filter(|t| lower(t))
+        .flat_map(|t| {
+            let timeout = t
+                .preempt_timeout_ms
+                .map_or(mdev::binding::DEFAULT_PREEMPT_TIMEOUT_NS, |ms| {
+                    ms.saturating_mul(1_000_000)
+                });
+            t.kernels
+                .iter()
+                .filter(|k| k.no_save_point)
+                .map(move |k| k.cost_ns().min(timeout))
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// The RT p99 that item 3 checks (us), with item 4's one wait for a lower
+/// guest's waves without a save point: when the worst RT job is within
+/// `bound_ns + nsp_once_ns` (it may have waited that once, e.g. the first
+/// job, before the scheduler knows the RT's shape), the p99 of the other
+/// jobs; else the p99 of all. `(p99, Some(worst))` when the worst job was
+/// left out. Sorted `lat` in ns.
+fn rt_p99_with_one_nsp_wait(
+    lat: &[u64],
+    bound_ns: f64,
+    nsp_once_ns: u64,
+) -> (Option<f64>, Option<f64>) {
+    let us = |n: u64| n as f64 / 1e3;
+    let all = crate::report::percentile(lat, 0.99).map(us);
+    match lat.split_last() {
+        Some((&worst, rest))
+            if nsp_once_ns > 0
+                && !rest.is_empty()
+                && (worst as f64) <= bound_ns + nsp_once_ns as f64 =>
+        {
+            (
+                crate::report::percentile(rest, 0.99).map(us),
+                Some(us(worst)),
+            )
+        }
+        _ => (all, None),
+    }
+}
+
 /// Relative distance of the range `[lo, hi]` from `mean` (0 inside it).
 fn range_dev(lo: f64, hi: f64, mean: f64) -> f64 {
     if lo > mean {
@@ -2416,6 +2474,65 @@ pub fn cu_time_named(r: &PolicyReport, prefix: &str) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Item 4's one wait in the RT check: the worst job is left out only
+    /// when a lower guest flags waves and that job is within the bound
+    /// plus one wait for them; a second late job still fails.
+    #[test]
+    fn an_rt_job_may_wait_once_for_lower_waves_without_a_save_point() {
+        const US: u64 = 1_000;
+        // 49 jobs of 10 us and one of 759 us (fuzz seed 1000012's first;
+        // below 100 jobs the p99 is the worst).
+        let mut lat: Vec<u64> = vec![10 * US; 49];
+        lat.push(759 * US);
+        lat.sort_unstable();
+        let bound = 249_000.0;
+        assert_eq!(
+            rt_p99_with_one_nsp_wait(&lat, bound, 812 * US),
+            (Some(10.0), Some(759.0))
+        );
+        // No flagged lower waves: all jobs count.
+        assert_eq!(
+            rt_p99_with_one_nsp_wait(&lat, bound, 0),
+            (Some(759.0), None)
+        );
+        // A worst job beyond the bound plus one wait counts.
+        assert_eq!(
+            rt_p99_with_one_nsp_wait(&lat, bound, 500 * US),
+            (Some(759.0), None)
+        );
+        // Two late jobs: the second is the p99 of the other 49.
+        lat[48] = 700 * US;
+        lat.sort_unstable();
+        assert_eq!(
+            rt_p99_with_one_nsp_wait(&lat, bound, 812 * US),
+            (Some(700.0), Some(759.0))
+        );
+        // One job alone: nothing to leave it out for.
+        assert_eq!(
+            rt_p99_with_one_nsp_wait(&[759 * US], bound, 812 * US),
+            (Some(759.0), None)
+        );
+    }
+
+    #[test]
+    fn the_one_nsp_wait_is_the_longest_flagged_workgroup_within_its_timeout() {
+        let mut sc = generate(1000012, Some(Family::Rt)).scenario;
+        sc.tenants.retain(|t| t.class == Class::Lo);
+        assert!(!sc.tenants.is_empty());
+        for t in &mut sc.tenants {
+            for k in &mut t.kernels {
+                k.no_save_point = false;
+            }
+        }
+        assert_eq!(nsp_wait_once_ns(&sc, |_| true), 0);
+        sc.tenants[0].kernels[0].no_save_point = true;
+        let c = sc.tenants[0].kernels[0].cost_ns();
+        assert_eq!(nsp_wait_once_ns(&sc, |_| true), c);
+        assert_eq!(nsp_wait_once_ns(&sc, |_| false), 0);
+        sc.tenants[0].preempt_timeout_ms = Some(0);
+        assert_eq!(nsp_wait_once_ns(&sc, |_| true), 0);
+    }
 
     #[test]
     fn an_entry_of_many_replicas_is_measured_alone_as_one_vm() {

@@ -47,6 +47,8 @@ mod wide_save;
 
 pub(crate) use nsp_save::WaitedSaves;
 use timers::Deadline;
+#[cfg(test)]
+pub(crate) use wide_drain::drained_gap_breaks;
 pub(crate) use wide_least::save_high_after;
 
 /// Level of a boosted (aged) queue: above every VM priority.

@@ -249,10 +249,10 @@ impl Scheduler {
             }
             // A wide reservation is set up with a save and held across
             // the owner's gaps (it takes the place of holding the whole
-            // partition), unless its job and the drain take at most half
-            // the owner's period and meet its RT bound: then it is
-            // drained, and the lower work gets the CUs back in each gap
-            // (`wide_drain.rs`). (Draining every wide one was tried: fuzz
+            // partition), unless its job takes at most half the owner's
+            // period and, after the drain, meets its RT bound and leaves
+            // a gap that is a break: then it is drained, and the lower
+            // work gets the CUs back in each gap (`wide_drain.rs`). (Draining every wide one was tried: fuzz
             // seed 97101's best effort 0.706 -> 0.991 of alone, but
             // 50257's wide 7 kHz RT then lost its kept reservation, 0.773
             // against 0.818, and 50273's RT p99 335 us against 248:

@@ -131,8 +131,14 @@ pub struct SimStats {
 }
 
 /// Smallest heap length at which stale timers are dropped from the whole
-/// heap (below it, dropping them from the top as they come is cheap).
-const MIN_HEAP_COMPACT: usize = 4096;
+/// heap (below it, dropping them from the top as they come is cheap). A
+/// drop of `n` timers follows at least `n / 2` arms (the heap doubled its
+/// live length), so it costs O(1) per timer at any floor; the floor only
+/// spares tiny heaps. Every pop pays for the stale timers still in the
+/// heap (its depth, and 32 bytes each of cache): a flood of short guests
+/// re-arms its hosts' batches at every placement, leaving a stale timer
+/// each, which below the floor stays until it reaches the top.
+const MIN_HEAP_COMPACT: usize = 512;
 
 /// A blocked queue's re-check interval doubles from `barrier_poll_ns` up to
 /// `barrier_poll_ns << BLOCKED_POLL_MAX_SHIFT` (512x: 1.024 ms by default).
@@ -450,6 +456,19 @@ pub struct SimGpu {
     /// Test count: CUs given by a pending grow.
     #[cfg(test)]
     grows_taken: u64,
+    /// Test switch: guest passes run in whole rounds of every active queue
+    /// until a round places nothing, and a try that may move a round of
+    /// its batch counts the queues that want CUs before searching its
+    /// batches (the pass before [`guest_pass`]'s cuts).
+    #[cfg(test)]
+    guest_pass_rounds: bool,
+    /// Test count: guest tries ([`SimGpu::try_guest`] calls).
+    #[cfg(test)]
+    guest_tries: u64,
+    /// Test count: counts of the queues that want CUs
+    /// ([`SimGpu::want_count`] calls).
+    #[cfg(test)]
+    want_counts: std::cell::Cell<u64>,
     event_budget: Option<usize>,
     /// Host CU mask of the map in progress ([`PhysGpu::map_with_cu_mask`]).
     next_map_mask: Option<CuMask>,
@@ -533,6 +552,12 @@ impl SimGpu {
             grow_notes_off: false,
             #[cfg(test)]
             grows_taken: 0,
+            #[cfg(test)]
+            guest_pass_rounds: false,
+            #[cfg(test)]
+            guest_tries: 0,
+            #[cfg(test)]
+            want_counts: std::cell::Cell::new(0),
             event_budget: None,
             next_map_mask: None,
             batches: Vec::new(),

@@ -203,13 +203,48 @@ impl SimGpu {
         let start = self
             .active_slots
             .partition_point(|&pos| (pos as usize) < rr);
+        #[cfg(test)]
+        if self.guest_pass_rounds {
+            return self.place_guests_in_rounds(pi, start, pass);
+        }
+        // Round robin from `start` until every active queue has failed
+        // once since the last placement ([`super::guest_pass`]: the same
+        // guests as rounds of every queue until a round places nothing).
+        let mut k = 0;
+        let mut fails = 0;
+        let mut check_room = true;
+        while fails < len {
+            // No CU with an owner and room for a guest: no try can place
+            // one (each needs a host lane whose owner leaves room for it,
+            // at least for the smallest guest), and none changes anything.
+            // (Only a placed guest takes a lane.)
+            if check_room && self.parts[pi].roomy.is_empty() {
+                return pass.want;
+            }
+            let pos = self.active_slots[(start + k) % len] as usize;
+            let s = self.parts[pi].slots[pos];
+            let placed = self.try_guest(s, &mut pass);
+            check_room = placed;
+            fails = if placed { 0 } else { fails + 1 };
+            k = (k + 1) % len;
+        }
+        pass.want
+    }
+
+    /// Test switch ([`SimGpu::guest_pass_rounds`]): [`Self::place_guests`]
+    /// as whole rounds of every active queue from `start` until a round
+    /// places nothing.
+    #[cfg(test)]
+    fn place_guests_in_rounds(
+        &mut self,
+        pi: usize,
+        start: usize,
+        mut pass: GuestPass,
+    ) -> Option<WantCount> {
+        let len = self.active_slots.len();
         loop {
             let mut placed = false;
             for k in 0..len {
-                // No CU with an owner and room for a guest: no try can
-                // place one (each needs a host lane whose owner leaves room
-                // for it, at least for the smallest guest), and none
-                // changes anything. (Only a placed guest takes a lane.)
                 if (k == 0 || placed) && self.parts[pi].roomy.is_empty() {
                     return pass.want;
                 }
@@ -220,10 +255,9 @@ impl SimGpu {
                 }
             }
             if !placed {
-                break;
+                return pass.want;
             }
         }
-        pass.want
     }
 
     /// Notes in `active_slots` the positions (in partition `pi`'s slot
@@ -270,6 +304,10 @@ impl SimGpu {
     /// partition (computed here when needed; forgotten once this call
     /// changes anything).
     pub(super) fn try_guest(&mut self, slot: u32, pass: &mut GuestPass) -> bool {
+        #[cfg(test)]
+        {
+            self.guest_tries += 1;
+        }
         let now = self.now;
         let p = self.slot_part[slot as usize] as usize;
         let Some(q) = self.slots[slot as usize].as_ref() else {
@@ -310,11 +348,18 @@ impl SimGpu {
             // that want CUs (as `rebalance` counts them): the occupancy
             // counterpart of the rebalance, which would otherwise make it
             // wait for the other queues' round ends. A queue holding its
-            // split keeps its lock-step rounds. (Checked before its batches
-            // are searched: the count, which visits every slot, is made
-            // once per pass and most queues hold their split.)
-            let want = pass.want.get_or_insert_with(|| self.want_count(p)).want;
-            if want < 2 || q.inflight >= self.topo.cus_per_partition() / want {
+            // split keeps its lock-step rounds. The count visits every
+            // active queue's window: a try that finds it made checks the
+            // split at once (most queues hold theirs); one that does not
+            // first searches its own batches, and a queue with no round
+            // left to move needs no count ([`super::guest_pass`]).
+            let cus = self.topo.cus_per_partition();
+            let holds_split = |w: WantCount| w.want < 2 || q.inflight >= cus / w.want;
+            #[cfg(test)]
+            if self.guest_pass_rounds {
+                pass.want.get_or_insert_with(|| self.pass_want_count(p));
+            }
+            if pass.want.is_some_and(holds_split) {
                 return false;
             }
             let qgen = q.gen;
@@ -336,6 +381,9 @@ impl SimGpu {
                 return false;
             };
             if d.fp == Footprint::WHOLE {
+                return false;
+            }
+            if holds_split(*pass.want.get_or_insert_with(|| self.pass_want_count(p))) {
                 return false;
             }
             cut = Some(bi);
@@ -610,7 +658,7 @@ impl SimGpu {
                     );
                     return;
                 }
-                self.want_count(pi)
+                self.pass_want_count(pi)
             }
         };
         let WantCount { want, min_held } = count;

@@ -8,6 +8,23 @@
 //! lanes that may host it ([`super::host_lanes`]), so a try no lane may
 //! host visits none: the summary is gone.)
 //!
+//! Two cuts of the tries a pass makes, neither changing what it places
+//! (a try that places nothing changes nothing, and its checks are pure):
+//!
+//! * **The pass stops once every active queue has failed since the last
+//!   placement.** It went round every queue until a whole round placed
+//!   nothing; the tries of that last round after the last placement
+//!   repeated a try that had failed with nothing changed since, so they
+//!   failed again.
+//! * **A try counts the queues that want CUs only when it needs the
+//!   count.** A queue with no saved or unstarted workgroup may move a
+//!   round of its running batch to another queue's CU only below an
+//!   equal split; the count behind that check visits every active
+//!   queue's packet window. A try that finds the count made checks the
+//!   split first (most queues hold theirs); one that does not first
+//!   searches its own batches for a round to move (its own window only),
+//!   and a queue without one needs no count.
+//!
 //! [`SimGpu::place_guests`]: super::SimGpu::place_guests
 
 use super::occupancy::Footprint;

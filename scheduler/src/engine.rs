@@ -30,6 +30,7 @@ mod res_hold;
 mod res_keep;
 mod res_pass;
 mod rt_pair;
+mod save_once;
 mod setup_keep;
 mod shared;
 mod slots;
@@ -46,6 +47,7 @@ mod wide_least;
 mod wide_save;
 
 pub(crate) use nsp_save::WaitedSaves;
+pub(crate) use save_once::save_record_after;
 use timers::Deadline;
 pub(crate) use wide_least::save_high_after;
 

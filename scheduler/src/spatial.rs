@@ -177,10 +177,13 @@ pub(crate) struct Spatial {
     /// the next plan sets the reservation up again, with a save.
     pub overdue: Vec<bool>,
     /// Per VM: its longest recent save of a queue without waits for waves
-    /// that have no save point, decaying by 1/8 per shorter one: what a
-    /// higher RT waits for when its reservation takes CUs from the VM
-    /// (`Scheduler::rt_save_wait`).
+    /// that have no save point, decaying by 1/8 per shorter one (the saves
+    /// of one decision, asked at one instant, decay it once:
+    /// `engine/save_once.rs`): what a higher RT waits for when its
+    /// reservation takes CUs from the VM (`Scheduler::rt_save_wait`).
     pub saves: BTreeMap<VmId, u64>,
+    /// Per VM: when its last recorded save was asked ([`Self::saves`]).
+    pub save_asked: BTreeMap<VmId, u64>,
     /// [`Self::saves`] longest first, so the longest save among a few busy
     /// VMs is found without a lookup per busy VM
     /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`] and
@@ -290,14 +293,17 @@ impl Spatial {
         o.noted = true;
     }
 
-    /// Records a save of `save_ns` of a queue of `vm` ([`Self::saves`]).
-    pub fn note_save(&mut self, vm: VmId, save_ns: u64) {
+    /// Records a save of `save_ns` of a queue of `vm`, asked at `asked_ns`
+    /// ([`Self::saves`]; the saves asked at one instant lower the record
+    /// once, `engine/save_once.rs`).
+    pub fn note_save(&mut self, vm: VmId, save_ns: u64, asked_ns: u64) {
         if save_ns == 0 {
             return;
         }
+        let prev_asked = self.save_asked.insert(vm, asked_ns);
         let s = self.saves.entry(vm).or_insert(0);
         self.saves_by_len.remove(&(Reverse(*s), vm));
-        *s = save_ns.max(*s - *s / 8);
+        *s = crate::engine::save_record_after(*s, prev_asked, save_ns, asked_ns);
         self.saves_by_len.insert((Reverse(*s), vm));
     }
 
@@ -306,6 +312,7 @@ impl Spatial {
         if let Some(s) = self.saves.remove(&vm) {
             self.saves_by_len.remove(&(Reverse(s), vm));
         }
+        self.save_asked.remove(&vm);
     }
 
     /// Records the CU time of a doorbell's dispatches by `vm`
@@ -673,14 +680,17 @@ mod tests {
         /// whatever the order of saves and removals.
         #[test]
         fn the_saves_index_follows_the_saves(
-            ops in prop::collection::vec((0u32..6, 0u64..300_000, any::<bool>()), 0..80)
+            ops in prop::collection::vec(
+                (0u32..6, 0u64..300_000, 0u64..3, any::<bool>()),
+                0..80
+            )
         ) {
             let mut s = Spatial::default();
-            for (vm, ns, forget) in ops {
+            for (vm, ns, asked, forget) in ops {
                 if forget {
                     s.forget_saves(VmId(vm));
                 } else {
-                    s.note_save(VmId(vm), ns);
+                    s.note_save(VmId(vm), ns, asked);
                 }
                 let mut want: Vec<_> = s.saves.iter().map(|(v, n)| (Reverse(*n), *v)).collect();
                 want.sort();

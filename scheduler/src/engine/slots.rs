@@ -184,7 +184,7 @@ impl Scheduler {
         let cap = typ.saturating_mul(SAVE_WAIT_FACTOR).max(SAVE_WAIT_FLOOR_NS);
         // The VM's own saves (what a higher RT waits for: `rt_save_wait`).
         if let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) {
-            self.spatial.note_save(vm, save_ns.min(cap));
+            self.spatial.note_save(vm, save_ns.min(cap), req);
             // ... and the whole save, its waits for waves without a save
             // point included (`engine/nsp_save.rs`).
             self.spatial.waited.note(vm, whole_ns, save_ns.min(cap));

@@ -25,12 +25,12 @@ mod hold;
 mod index;
 mod lockstep;
 mod nsp_save;
+mod queue_save;
 mod res_down;
 mod res_hold;
 mod res_keep;
 mod res_pass;
 mod rt_pair;
-mod save_once;
 mod setup_keep;
 mod shared;
 mod slots;
@@ -47,7 +47,6 @@ mod wide_least;
 mod wide_save;
 
 pub(crate) use nsp_save::WaitedSaves;
-pub(crate) use save_once::save_record_after;
 use timers::Deadline;
 pub(crate) use wide_least::save_high_after;
 

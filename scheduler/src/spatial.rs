@@ -176,14 +176,14 @@ pub(crate) struct Spatial {
     /// Per partition: a drain overran ([`crate::Scheduler::drain_overdue`]):
     /// the next plan sets the reservation up again, with a save.
     pub overdue: Vec<bool>,
-    /// Per VM: its longest recent save of a queue without waits for waves
-    /// that have no save point, decaying by 1/8 per shorter one (the saves
-    /// of one decision, asked at one instant, decay it once:
-    /// `engine/save_once.rs`): what a higher RT waits for when its
+    /// Per VM: the longest of its queues' save records
+    /// ([`Self::queue_saves`]): what a higher RT waits for when its
     /// reservation takes CUs from the VM (`Scheduler::rt_save_wait`).
     pub saves: BTreeMap<VmId, u64>,
-    /// Per VM: when its last recorded save was asked ([`Self::saves`]).
-    pub save_asked: BTreeMap<VmId, u64>,
+    /// Per queue (keyed by its VM): its longest recent save without waits
+    /// for waves that have no save point, decaying by 1/8 per shorter save
+    /// of the same queue (`engine/queue_save.rs`).
+    pub queue_saves: BTreeMap<(VmId, QueueId), u64>,
     /// [`Self::saves`] longest first, so the longest save among a few busy
     /// VMs is found without a lookup per busy VM
     /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`] and
@@ -293,18 +293,40 @@ impl Spatial {
         o.noted = true;
     }
 
-    /// Records a save of `save_ns` of a queue of `vm`, asked at `asked_ns`
-    /// ([`Self::saves`]; the saves asked at one instant lower the record
-    /// once, `engine/save_once.rs`).
-    pub fn note_save(&mut self, vm: VmId, save_ns: u64, asked_ns: u64) {
+    /// Records a save of `save_ns` of `vm`'s queue `queue`
+    /// ([`Self::queue_saves`]) and sets the VM's record ([`Self::saves`])
+    /// to the longest of its queues' records (`engine/queue_save.rs`).
+    pub fn note_save(&mut self, vm: VmId, queue: QueueId, save_ns: u64) {
         if save_ns == 0 {
             return;
         }
-        let prev_asked = self.save_asked.insert(vm, asked_ns);
-        let s = self.saves.entry(vm).or_insert(0);
-        self.saves_by_len.remove(&(Reverse(*s), vm));
-        *s = crate::engine::save_record_after(*s, prev_asked, save_ns, asked_ns);
-        self.saves_by_len.insert((Reverse(*s), vm));
+        let r = self.queue_saves.entry((vm, queue)).or_insert(0);
+        *r = save_ns.max(*r - *r / 8);
+        self.set_vm_save(vm);
+    }
+
+    /// Sets `vm`'s save record to the longest of its queues' records
+    /// (none: no record).
+    fn set_vm_save(&mut self, vm: VmId) {
+        let longest = self
+            .queue_saves
+            .range((vm, QueueId(0))..=(vm, QueueId(u64::MAX)))
+            .map(|(_, &r)| r)
+            .max();
+        if let Some(s) = self.saves.remove(&vm) {
+            self.saves_by_len.remove(&(Reverse(s), vm));
+        }
+        if let Some(s) = longest {
+            self.saves.insert(vm, s);
+            self.saves_by_len.insert((Reverse(s), vm));
+        }
+    }
+
+    /// Forgets the saves of `vm`'s queue `queue` (the queue is removed).
+    pub fn forget_queue_save(&mut self, vm: VmId, queue: QueueId) {
+        if self.queue_saves.remove(&(vm, queue)).is_some() {
+            self.set_vm_save(vm);
+        }
     }
 
     /// Forgets `vm`'s saves (the VM is removed).
@@ -312,7 +334,14 @@ impl Spatial {
         if let Some(s) = self.saves.remove(&vm) {
             self.saves_by_len.remove(&(Reverse(s), vm));
         }
-        self.save_asked.remove(&vm);
+        let qs: Vec<_> = self
+            .queue_saves
+            .range((vm, QueueId(0))..=(vm, QueueId(u64::MAX)))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in qs {
+            self.queue_saves.remove(&k);
+        }
     }
 
     /// Records the CU time of a doorbell's dispatches by `vm`
@@ -690,7 +719,7 @@ mod tests {
                 if forget {
                     s.forget_saves(VmId(vm));
                 } else {
-                    s.note_save(VmId(vm), ns, asked);
+                    s.note_save(VmId(vm), QueueId(asked), ns);
                 }
                 let mut want: Vec<_> = s.saves.iter().map(|(v, n)| (Reverse(*n), *v)).collect();
                 want.sort();

@@ -186,8 +186,8 @@ pub(crate) struct Spatial {
     pub queue_saves: BTreeMap<(VmId, QueueId), u64>,
     /// [`Self::saves`] longest first, so the longest save among a few busy
     /// VMs is found without a lookup per busy VM
-    /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`] and
-    /// [`Self::forget_saves`].
+    /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`],
+    /// [`Self::forget_queue_save`] and [`Self::forget_saves`].
     pub saves_by_len: BTreeSet<(Reverse<u64>, VmId)>,
     /// Per VM whose saves waited for its own waves without a save point:
     /// its longest recent whole save, what a higher RT waits for
@@ -710,16 +710,26 @@ mod tests {
         #[test]
         fn the_saves_index_follows_the_saves(
             ops in prop::collection::vec(
-                (0u32..6, 0u64..300_000, 0u64..3, any::<bool>()),
+                (0u32..6, 0u64..300_000, 0u64..3, 0u8..4),
                 0..80
             )
         ) {
             let mut s = Spatial::default();
-            for (vm, ns, asked, forget) in ops {
-                if forget {
-                    s.forget_saves(VmId(vm));
-                } else {
-                    s.note_save(VmId(vm), QueueId(asked), ns);
+            for (vm, ns, q, op) in ops {
+                match op {
+                    0 => s.forget_saves(VmId(vm)),
+                    1 => s.forget_queue_save(VmId(vm), QueueId(q)),
+                    _ => s.note_save(VmId(vm), QueueId(q), ns),
+                }
+                // A VM's record is the longest of its queues' records.
+                for (&v, &r) in &s.saves {
+                    let longest = s
+                        .queue_saves
+                        .iter()
+                        .filter(|((qv, _), _)| *qv == v)
+                        .map(|(_, &qr)| qr)
+                        .max();
+                    prop_assert_eq!(Some(r), longest);
                 }
                 let mut want: Vec<_> = s.saves.iter().map(|(v, n)| (Reverse(*n), *v)).collect();
                 want.sort();

@@ -25,6 +25,7 @@ mod hold;
 mod index;
 mod lockstep;
 mod nsp_save;
+mod queue_save;
 mod res_down;
 mod res_hold;
 mod res_keep;

@@ -176,15 +176,18 @@ pub(crate) struct Spatial {
     /// Per partition: a drain overran ([`crate::Scheduler::drain_overdue`]):
     /// the next plan sets the reservation up again, with a save.
     pub overdue: Vec<bool>,
-    /// Per VM: its longest recent save of a queue without waits for waves
-    /// that have no save point, decaying by 1/8 per shorter one: what a
-    /// higher RT waits for when its reservation takes CUs from the VM
-    /// (`Scheduler::rt_save_wait`).
+    /// Per VM: the longest of its queues' save records
+    /// ([`Self::queue_saves`]): what a higher RT waits for when its
+    /// reservation takes CUs from the VM (`Scheduler::rt_save_wait`).
     pub saves: BTreeMap<VmId, u64>,
+    /// Per queue (keyed by its VM): its longest recent save without waits
+    /// for waves that have no save point, decaying by 1/8 per shorter save
+    /// of the same queue (`engine/queue_save.rs`).
+    pub queue_saves: BTreeMap<(VmId, QueueId), u64>,
     /// [`Self::saves`] longest first, so the longest save among a few busy
     /// VMs is found without a lookup per busy VM
-    /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`] and
-    /// [`Self::forget_saves`].
+    /// (`Scheduler::rt_save_wait`). Kept by [`Self::note_save`],
+    /// [`Self::forget_queue_save`] and [`Self::forget_saves`].
     pub saves_by_len: BTreeSet<(Reverse<u64>, VmId)>,
     /// Per VM whose saves waited for its own waves without a save point:
     /// its longest recent whole save, what a higher RT waits for
@@ -290,21 +293,54 @@ impl Spatial {
         o.noted = true;
     }
 
-    /// Records a save of `save_ns` of a queue of `vm` ([`Self::saves`]).
-    pub fn note_save(&mut self, vm: VmId, save_ns: u64) {
+    /// Records a save of `save_ns` of `vm`'s queue `queue`
+    /// ([`Self::queue_saves`]) and sets the VM's record ([`Self::saves`])
+    /// to the longest of its queues' records (`engine/queue_save.rs`).
+    pub fn note_save(&mut self, vm: VmId, queue: QueueId, save_ns: u64) {
         if save_ns == 0 {
             return;
         }
-        let s = self.saves.entry(vm).or_insert(0);
-        self.saves_by_len.remove(&(Reverse(*s), vm));
-        *s = save_ns.max(*s - *s / 8);
-        self.saves_by_len.insert((Reverse(*s), vm));
+        let r = self.queue_saves.entry((vm, queue)).or_insert(0);
+        *r = save_ns.max(*r - *r / 8);
+        self.set_vm_save(vm);
+    }
+
+    /// Sets `vm`'s save record to the longest of its queues' records
+    /// (none: no record).
+    fn set_vm_save(&mut self, vm: VmId) {
+        let longest = self
+            .queue_saves
+            .range((vm, QueueId(0))..=(vm, QueueId(u64::MAX)))
+            .map(|(_, &r)| r)
+            .max();
+        if let Some(s) = self.saves.remove(&vm) {
+            self.saves_by_len.remove(&(Reverse(s), vm));
+        }
+        if let Some(s) = longest {
+            self.saves.insert(vm, s);
+            self.saves_by_len.insert((Reverse(s), vm));
+        }
+    }
+
+    /// Forgets the saves of `vm`'s queue `queue` (the queue is removed).
+    pub fn forget_queue_save(&mut self, vm: VmId, queue: QueueId) {
+        if self.queue_saves.remove(&(vm, queue)).is_some() {
+            self.set_vm_save(vm);
+        }
     }
 
     /// Forgets `vm`'s saves (the VM is removed).
     pub fn forget_saves(&mut self, vm: VmId) {
         if let Some(s) = self.saves.remove(&vm) {
             self.saves_by_len.remove(&(Reverse(s), vm));
+        }
+        let qs: Vec<_> = self
+            .queue_saves
+            .range((vm, QueueId(0))..=(vm, QueueId(u64::MAX)))
+            .map(|(&k, _)| k)
+            .collect();
+        for k in qs {
+            self.queue_saves.remove(&k);
         }
     }
 
@@ -673,14 +709,27 @@ mod tests {
         /// whatever the order of saves and removals.
         #[test]
         fn the_saves_index_follows_the_saves(
-            ops in prop::collection::vec((0u32..6, 0u64..300_000, any::<bool>()), 0..80)
+            ops in prop::collection::vec(
+                (0u32..6, 0u64..300_000, 0u64..3, 0u8..4),
+                0..80
+            )
         ) {
             let mut s = Spatial::default();
-            for (vm, ns, forget) in ops {
-                if forget {
-                    s.forget_saves(VmId(vm));
-                } else {
-                    s.note_save(VmId(vm), ns);
+            for (vm, ns, q, op) in ops {
+                match op {
+                    0 => s.forget_saves(VmId(vm)),
+                    1 => s.forget_queue_save(VmId(vm), QueueId(q)),
+                    _ => s.note_save(VmId(vm), QueueId(q), ns),
+                }
+                // A VM's record is the longest of its queues' records.
+                for (&v, &r) in &s.saves {
+                    let longest = s
+                        .queue_saves
+                        .iter()
+                        .filter(|((qv, _), _)| *qv == v)
+                        .map(|(_, &qr)| qr)
+                        .max();
+                    prop_assert_eq!(Some(r), longest);
                 }
                 let mut want: Vec<_> = s.saves.iter().map(|(v, n)| (Reverse(*n), *v)).collect();
                 want.sort();

@@ -1988,6 +1988,8 @@ mod gap_price_tests;
 
 #[path = "batch_res_tests.rs"]
 mod batch_res_tests;
+#[path = "queue_save_tests.rs"]
+mod queue_save_tests;
 #[path = "res_keep_tests.rs"]
 mod res_keep_tests;
 #[path = "setup_keep_tests.rs"]

@@ -182,9 +182,10 @@ impl Scheduler {
         let a = &mut self.parts[p].aging;
         let typ = a.save_typ;
         let cap = typ.saturating_mul(SAVE_WAIT_FACTOR).max(SAVE_WAIT_FLOOR_NS);
-        // The VM's own saves (what a higher RT waits for: `rt_save_wait`).
+        // The VM's own saves, recorded per queue (what a higher RT waits
+        // for: `rt_save_wait`; `engine/queue_save.rs`).
+        self.note_queue_save(q, save_ns.min(cap));
         if let Some(vm) = self.queues.get(&q).map(|qq| qq.vm) {
-            self.spatial.note_save(vm, save_ns.min(cap));
             // ... and the whole save, its waits for waves without a save
             // point included (`engine/nsp_save.rs`).
             self.spatial.waited.note(vm, whole_ns, save_ns.min(cap));
@@ -311,6 +312,7 @@ impl Scheduler {
             return;
         };
         let vm = qq.vm;
+        self.spatial.forget_queue_save(vm, q);
         if let Some(v) = self.vms.get_mut(&vm) {
             v.queues.remove(&q);
             if qq.wants {

@@ -6,10 +6,11 @@
 # Usage: eval/campaigns/rt.sh BIN [START:COUNT ...]
 #   BIN    a promise_fuzz binary (copy target/release/examples/promise_fuzz
 #          first, so a rebuild does not change it mid-run)
-#   ranges default to the ten the docs name: 50000:294 97000:300
+#   ranges default to the twelve the docs name: 50000:294 97000:300
 #          200000:118 300000:200 400000:150 500000:100 600000:150
-#          700000:150 800000:150 900000:150 ("the nine ranges" are the
-#          first nine, "the eight" the first eight, and so on)
+#          700000:150 800000:150 900000:150 1000000:150 1100000:150
+#          ("the ten ranges" are the first ten, "the nine" the first
+#          nine, and so on)
 # `--only rt` runs exactly the range's `rt` seeds, each as with
 # `--seed S --count 1 --shrink 0 --host-bound 0`. Two halves side by side
 # (two invocations with different ranges) use both cores.
@@ -19,7 +20,8 @@ shift
 ranges=("$@")
 if [ ${#ranges[@]} -eq 0 ]; then
   ranges=(50000:294 97000:300 200000:118 300000:200 400000:150 500000:100
-          600000:150 700000:150 800000:150 900000:150)
+          600000:150 700000:150 800000:150 900000:150 1000000:150
+          1100000:150)
 fi
 for r in "${ranges[@]}"; do
   start=${r%%:*}; count=${r##*:}

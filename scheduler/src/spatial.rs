@@ -503,6 +503,27 @@ impl Spatial {
         self.size_for_latency_in(vm, queues, switch_ns, wait_ns, None)
     }
 
+    /// [`Self::size_for_latency`] with the job held to the VM's whole
+    /// measured interval less `wait_ns` instead of half of it (the job ends
+    /// before the next one arrives), for an owner no stall can reach
+    /// (`engine/rt_room.rs`).
+    pub fn size_for_latency_whole(
+        &self,
+        vm: VmId,
+        queues: u32,
+        switch_ns: u64,
+        wait_ns: u64,
+    ) -> Option<u32> {
+        let whole = self.interval_ns(vm).filter(|&i| i > 0);
+        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, whole)
+    }
+
+    /// The measured interval between `vm`'s jobs (0: not measured yet;
+    /// `None`: no occupancy recorded).
+    pub fn interval_ns(&self, vm: VmId) -> Option<u64> {
+        self.occ.get(&vm).map(|o| o.interval_ns)
+    }
+
     /// [`Self::size_for_latency`] with the job held to `within_ns` instead
     /// of half the VM's measured interval (`None`: half the interval):
     /// [`Self::size_wide`] gives the whole interval, its job's time being

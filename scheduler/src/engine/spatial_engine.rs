@@ -217,9 +217,16 @@ impl Scheduler {
                 Some(wait) => allowance.saturating_sub(wait),
                 None => self.rt_switch_budget(p, owner.level),
             };
-            let mut by_latency =
+            // Held to half its interval only where a stall can come
+            // (`rt_room.rs`).
+            let wait = drain.unwrap_or(0);
+            let halved = self.rt_room_halved(p, owner.vm, owner.level);
+            let mut by_latency = if halved {
+                self.spatial.size_for_latency(owner.vm, queues, switch, wait)
+            } else {
                 self.spatial
-                    .size_for_latency(owner.vm, queues, switch, drain.unwrap_or(0));
+                    .size_for_latency_whole(owner.vm, queues, switch, wait)
+            };
             let mut k = self
                 .spatial
                 .size(

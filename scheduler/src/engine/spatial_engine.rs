@@ -220,12 +220,17 @@ impl Scheduler {
             // Held to half its interval only where a stall can come
             // (`rt_room.rs`).
             let wait = drain.unwrap_or(0);
-            let halved = self.rt_room_halved(p, owner.vm, owner.level);
-            let mut by_latency = if halved {
-                self.spatial.size_for_latency(owner.vm, queues, switch, wait)
-            } else {
-                self.spatial
-                    .size_for_latency_whole(owner.vm, queues, switch, wait)
+            // (The condition is asked only where the whole interval
+            // gives fewer CUs.)
+            let half = self.spatial.size_for_latency(owner.vm, queues, switch, wait);
+            let whole = self
+                .spatial
+                .size_for_latency_whole(owner.vm, queues, switch, wait);
+            let mut by_latency = match (half, whole) {
+                (Some(h), Some(w)) if w < h && !self.rt_room_halved(p, owner.vm, owner.level) => {
+                    Some(w)
+                }
+                _ => half,
             };
             let mut k = self
                 .spatial

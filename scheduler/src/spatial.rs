@@ -504,17 +504,21 @@ impl Spatial {
     }
 
     /// [`Self::size_for_latency`] with the job held to the VM's whole
-    /// measured interval less `wait_ns` instead of half of it (the job ends
-    /// before the next one arrives), for an owner no stall can reach
-    /// (`engine/rt_room.rs`).
+    /// measured interval less `gap_ns` and `wait_ns` instead of half of it
+    /// (the job ends a gap of `gap_ns` before the next one arrives), for
+    /// an owner no stall can reach (`engine/rt_room.rs`).
     pub fn size_for_latency_whole(
         &self,
         vm: VmId,
         queues: u32,
         switch_ns: u64,
         wait_ns: u64,
+        gap_ns: u64,
     ) -> Option<u32> {
-        let whole = self.interval_ns(vm).filter(|&i| i > 0);
+        let whole = self
+            .interval_ns(vm)
+            .filter(|&i| i > 0)
+            .map(|i| i.saturating_sub(gap_ns));
         self.size_for_latency_in(vm, queues, switch_ns, wait_ns, whole)
     }
 

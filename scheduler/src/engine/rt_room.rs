@@ -31,11 +31,28 @@
 //! the reservation over: fuzz seed 97077's 6.7 kHz RT below a 590 Hz one,
 //! relaxed from 2 CUs per XCC to 1, made the higher one's p99 914 us
 //! against 796). Elsewhere
-//! the job may fill its interval less its wait.
+//! the job may fill its interval less its wait and a gap that is a break
+//! (`rt_room_gap`): a job that ends within half the anticipation grace's
+//! cap of the next arrival never breaks its VM's demand, which then looks
+//! backlogged to aging (`yield_backlogged`: a batch neither yields to it
+//! nor keeps its reservation, `batch_res.rs`). Without the gap fuzz seed
+//! 97161's RT (85 workgroups of 8.6 us every 103 us, 2 CUs per XCC
+//! relaxed, 3 halved) left 18 us gaps and waited out a 2 ms batch that
+//! began two jobs after its reservation grew back (RT p99 1537 us
+//! against 261); 97138's did the same one job after (2.37 ms).
 
 use super::*;
 
 impl Scheduler {
+    /// The gap a relaxed RT job leaves before its next arrival: the
+    /// shortest that is a break of its demand, `2g > anticipation_ns`
+    /// (the grace is twice the re-ring gap when that fits
+    /// `anticipation_ns`, `hold.rs`; `wide_least.rs` asks the same of a
+    /// kept wide reservation's job).
+    pub(super) fn rt_room_gap(&self) -> Nanos {
+        self.cfg.anticipation_ns / 2 + 1
+    }
+
     /// Is the job of `vm` (at `level` of partition `p`) held to half its
     /// measured interval (see the module doc)? `true` when the interval is
     /// not measured (nothing to relax).

@@ -222,10 +222,16 @@ impl Scheduler {
             let wait = drain.unwrap_or(0);
             // (The condition is asked only where the whole interval
             // gives fewer CUs.)
-            let half = self.spatial.size_for_latency(owner.vm, queues, switch, wait);
-            let whole = self
+            let half = self
                 .spatial
-                .size_for_latency_whole(owner.vm, queues, switch, wait);
+                .size_for_latency(owner.vm, queues, switch, wait);
+            let whole = self.spatial.size_for_latency_whole(
+                owner.vm,
+                queues,
+                switch,
+                wait,
+                self.rt_room_gap(),
+            );
             let mut by_latency = match (half, whole) {
                 (Some(h), Some(w)) if w < h && !self.rt_room_halved(p, owner.vm, owner.level) => {
                     Some(w)

@@ -34,7 +34,7 @@ fn world(aging_ns: Nanos, extra: impl FnOnce(&mut World)) -> (World, QueueId) {
     (w, hi)
 }
 
-/// Rings `n` RT jobs of `work` ns one period apart from `w`'s time on,
+/// Rings `n` RT jobs of `work` ns `PERIOD` apart from `w`'s time on,
 /// calling `each(w, i)` before each; returns the RT's reservation (CUs per
 /// XCC, 0: none) halfway through each job's first round.
 fn jobs(
@@ -42,6 +42,18 @@ fn jobs(
     hi: QueueId,
     n: u64,
     work: Nanos,
+    each: impl FnMut(&mut World, u64),
+) -> Vec<u32> {
+    jobs_every(w, hi, n, work, PERIOD, each)
+}
+
+/// [`jobs`] one `period` apart.
+fn jobs_every(
+    w: &mut World,
+    hi: QueueId,
+    n: u64,
+    work: Nanos,
+    period: Nanos,
     mut each: impl FnMut(&mut World, u64),
 ) -> Vec<u32> {
     let mut t = w.now;
@@ -54,7 +66,7 @@ fn jobs(
             Some((VmId(1), k)) => k,
             _ => 0,
         });
-        t += PERIOD;
+        t += period;
         w.run_until(t);
     }
     ks
@@ -73,6 +85,17 @@ fn a_lone_rts_job_may_fill_its_interval() {
     let (mut w, hi) = world(500 * MS, |_| {});
     let ks = jobs(&mut w, hi, 60, SOLO, |_, _| {});
     assert!(ks[2..].iter().all(|&k| k == WHOLE), "{ks:?}");
+}
+
+/// The relaxed job leaves a gap that breaks its VM's demand (more than
+/// half of `anticipation_ns`, 100 us): every 140 us, 2 rounds (124 us)
+/// would leave 16 us, a gap that never breaks and makes the RT look
+/// backlogged to aging (fuzz seed 97161); one round on 9 CUs per XCC.
+#[test]
+fn a_relaxed_job_leaves_a_gap_that_breaks_its_demand() {
+    let (mut w, hi) = world(500 * MS, |_| {});
+    let ks = jobs_every(&mut w, hi, 60, SOLO, 140_000, |_, _| {});
+    assert!(ks[2..].iter().all(|&k| k == HALF), "{ks:?}");
 }
 
 /// An RT whose jobs outlast its period (each takes two periods in this

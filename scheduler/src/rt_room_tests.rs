@@ -145,7 +145,7 @@ fn an_aging_batch_due_or_running_holds_the_rt_to_half_its_interval() {
         let t = at(i);
         if t + 2 * PERIOD < 20 * MS {
             assert_eq!(k, WHOLE, "job {i} at {t}: {ks:?}");
-        } else if t >= 20 * MS && t < 22 * MS {
+        } else if (20 * MS..22 * MS).contains(&t) {
             assert_eq!(k, HALF, "job {i} at {t}: {ks:?}");
         } else if t > 23 * MS {
             assert_eq!(k, WHOLE, "job {i} at {t}: {ks:?}");

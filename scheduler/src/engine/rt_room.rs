@@ -16,30 +16,33 @@
 //! carry the job within its period, best effort 0.621 of alone against
 //! 0.627).
 //!
-//! The half interval is kept while a stall can come: an aging batch of the
-//! partition is running or being chosen, or one is due (the earliest
-//! boost deadline of a waiting queue below the owner, not before the next
-//! batch may start) within two intervals of now: a job sized now may run
-//! into it, and the job before the batch is sized for it, so the batch
-//! finds the reservation at its half-interval size and keeps it
-//! (`batch_res.rs`). Within one interval only, fuzz seed 97138's RT (199
-//! us alone every 432 us, 3 CUs per XCC relaxed, 5 halved) grew its
-//! reservation at the job the batch began with and waited the batch out:
-//! 2.37 ms, p99 740 us against 460. Or the owner is backlogged: busy without going idle for at least
-//! an interval (its last job did not end before this one came), or a VM
-//! above it on the partition has rung (a higher RT's jobs take the CUs or
-//! the reservation over: fuzz seed 97077's 6.7 kHz RT below a 590 Hz one,
-//! relaxed from 2 CUs per XCC to 1, made the higher one's p99 914 us
-//! against 796). Elsewhere
-//! the job may fill its interval less its wait and a gap that is a break
-//! (`rt_room_gap`): a job that ends within half the anticipation grace's
-//! cap of the next arrival never breaks its VM's demand, which then looks
-//! backlogged to aging (`yield_backlogged`: a batch neither yields to it
-//! nor keeps its reservation, `batch_res.rs`). Without the gap fuzz seed
-//! 97161's RT (85 workgroups of 8.6 us every 103 us, 2 CUs per XCC
-//! relaxed, 3 halved) left 18 us gaps and waited out a 2 ms batch that
-//! began two jobs after its reservation grew back (RT p99 1537 us
-//! against 261); 97138's did the same one job after (2.37 ms).
+//! The half interval is kept while a stall can come:
+//!
+//! * an aging batch of the partition is running or being chosen, or one
+//!   is due (the earliest boost deadline of a waiting queue below the
+//!   owner, not before the next batch may start) within two intervals of
+//!   now: a job sized now may run into it, and the job before the batch
+//!   is sized for it, so the batch finds the reservation at its
+//!   half-interval size and keeps it (`batch_res.rs`). Within one interval
+//!   only, fuzz seed 97138's RT (199 us alone every 432 us; 3 CUs per XCC
+//!   relaxed, 5 halved) grew its reservation at the job the batch began
+//!   with and waited the batch out: 2.37 ms, p99 740 us against 460;
+//! * the owner is backlogged: busy without going idle for at least an
+//!   interval (its last job did not end before this one came);
+//! * a VM above it on the partition has rung: its jobs take the CUs or
+//!   the reservation over (`res_pass.rs`). Without this, fuzz seed
+//!   97077's 6.7 kHz RT below a 590 Hz one, relaxed from 2 CUs per XCC to
+//!   1, took the RTs' p99 to 914 us against 796 (668 before).
+//!
+//! Elsewhere the job may fill its interval less its wait and a gap that
+//! is a break of its demand (`rt_room_gap`): a job that ends within half
+//! the anticipation cap of the next arrival never breaks its VM's demand,
+//! which then looks backlogged to aging (`yield_backlogged`: a batch
+//! neither yields to it nor keeps its reservation, `batch_res.rs`).
+//! Without the gap fuzz seed 97161's RT (85 workgroups of 8.6 us every
+//! 103 us; 2 CUs per XCC relaxed, 3 halved) left 18 us gaps and waited out
+//! a 2 ms batch (RT p99 1537 us against 261), although its reservation had
+//! grown back two jobs before the batch.
 
 use super::*;
 

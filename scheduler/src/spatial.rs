@@ -490,7 +490,9 @@ impl Spatial {
     /// before it runs there, e.g. a drain), so a job ends well before the
     /// next arrives and no backlog builds up on the reservation (a 8 kHz RT
     /// sized to one CU per XCC by latency alone ran each job longer than
-    /// its period: p99 14 ms), nor does it outlast an aging batch's yield.
+    /// its period: p99 14 ms), nor does it outlast an aging batch's yield
+    /// ([`Self::size_for_latency_whole`]: the whole interval, where no
+    /// stall can come, `engine/rt_room.rs`).
     /// `None` without a solo time or a switch (nothing to size from: the
     /// width decides).
     pub fn size_for_latency(

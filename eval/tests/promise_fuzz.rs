@@ -431,6 +431,11 @@ fn rt_regressions_fixed_by_reservations_keep_their_items() {
         // CUs at each of its jobs and saved at the lower RT's next one
         // (best effort 0.411 -> 0.609 of alone, CWSR 29.2% -> 3.3%).
         ("fuzz-300016-3-be-retained.toml", None),
+        // An RT's job held to half its interval only where a stall can
+        // come (an aging batch running or due, a backlog, a VM above it):
+        // a lone RT of 62 us rounds every 183 us gets 5 CUs per XCC, not 9
+        // (best effort 0.621 -> 0.687 of alone, bound 0.627).
+        ("fuzz-700147-3-be-retained.toml", None),
         // A wide RT's gaps are given from the partition's CWSR budget,
         // which every save spends, not a fixed 8% of the run for the
         // gives alone (best effort 0.559 -> above its 0.579 bound; a

@@ -526,7 +526,9 @@ impl Spatial {
     /// before it runs there, e.g. a drain), so a job ends well before the
     /// next arrives and no backlog builds up on the reservation (a 8 kHz RT
     /// sized to one CU per XCC by latency alone ran each job longer than
-    /// its period: p99 14 ms), nor does it outlast an aging batch's yield.
+    /// its period: p99 14 ms), nor does it outlast an aging batch's yield
+    /// ([`Self::size_for_latency_whole`]: the whole interval, where no
+    /// stall can come, `engine/rt_room.rs`).
     /// `None` without a solo time or a switch (nothing to size from: the
     /// width decides).
     pub fn size_for_latency(
@@ -537,6 +539,31 @@ impl Spatial {
         wait_ns: u64,
     ) -> Option<u32> {
         self.size_for_latency_in(vm, queues, switch_ns, wait_ns, None)
+    }
+
+    /// [`Self::size_for_latency`] with the job held to the VM's whole
+    /// measured interval less `gap_ns` and `wait_ns` instead of half of it
+    /// (the job ends a gap of `gap_ns` before the next one arrives), for
+    /// an owner no stall can reach (`engine/rt_room.rs`).
+    pub fn size_for_latency_whole(
+        &self,
+        vm: VmId,
+        queues: u32,
+        switch_ns: u64,
+        wait_ns: u64,
+        gap_ns: u64,
+    ) -> Option<u32> {
+        let whole = self
+            .interval_ns(vm)
+            .filter(|&i| i > 0)
+            .map(|i| i.saturating_sub(gap_ns));
+        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, whole)
+    }
+
+    /// The measured interval between `vm`'s jobs (0: not measured yet;
+    /// `None`: no occupancy recorded).
+    pub fn interval_ns(&self, vm: VmId) -> Option<u64> {
+        self.occ.get(&vm).map(|o| o.interval_ns)
     }
 
     /// [`Self::size_for_latency`] with the job held to `within_ns` instead

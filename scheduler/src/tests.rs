@@ -2001,6 +2001,9 @@ mod wide_keep_tests;
 #[path = "rt_sizing_tests.rs"]
 mod rt_sizing_tests;
 
+#[path = "rt_room_tests.rs"]
+mod rt_room_tests;
+
 #[path = "nsp_save_tests.rs"]
 mod nsp_save_tests;
 

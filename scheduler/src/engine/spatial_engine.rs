@@ -217,9 +217,27 @@ impl Scheduler {
                 Some(wait) => allowance.saturating_sub(wait),
                 None => self.rt_switch_budget(p, owner.level),
             };
-            let mut by_latency =
-                self.spatial
-                    .size_for_latency(owner.vm, queues, switch, drain.unwrap_or(0));
+            // Held to half its interval only where a stall can come
+            // (`rt_room.rs`).
+            let wait = drain.unwrap_or(0);
+            // (The condition is asked only where the whole interval
+            // gives fewer CUs.)
+            let half = self
+                .spatial
+                .size_for_latency(owner.vm, queues, switch, wait);
+            let whole = self.spatial.size_for_latency_whole(
+                owner.vm,
+                queues,
+                switch,
+                wait,
+                self.rt_room_gap(),
+            );
+            let mut by_latency = match (half, whole) {
+                (Some(h), Some(w)) if w < h && !self.rt_room_halved(p, owner.vm, owner.level) => {
+                    Some(w)
+                }
+                _ => half,
+            };
             let mut k = self
                 .spatial
                 .size(

@@ -558,6 +558,17 @@ mod tests {
         }
     }
 
+    /// An unflagged kernel of half-CU workgroups.
+    fn half_cu_kernel(workgroups: u64, cost_ns: u64, repeat: u64) -> KernelShape {
+        KernelShape {
+            workgroups,
+            cost_ns,
+            repeat,
+            half_cu: true,
+            no_save_point: false,
+        }
+    }
+
     fn be(w: u64, cost_ns: u64, half_cu: bool, queues: u64) -> BeShape {
         BeShape {
             job: job(w, cost_ns, half_cu, queues),
@@ -687,13 +698,7 @@ mod tests {
     #[test]
     fn co_residence_delay_counts_the_rounds_with_no_room_for_the_rt() {
         let p = spx();
-        let k = |workgroups, cost_ns, repeat| KernelShape {
-            workgroups,
-            cost_ns,
-            repeat,
-            half_cu: true,
-            no_save_point: false,
-        };
+        let k = half_cu_kernel;
         let rt = RtShape {
             job: job(67, 70_013, true, 1),
             period_ns: 340_000,
@@ -802,13 +807,7 @@ mod tests {
         let p = spx();
         // Fuzz seed 200117's RT: 608 + 304 + 2 x 304 half-CU workgroups,
         // 51.4 us alone on 304 CUs (bound 1.1 x 51.4 + 242 = 298.6 us).
-        let k = |workgroups, cost_ns, repeat| KernelShape {
-            workgroups,
-            cost_ns,
-            repeat,
-            half_cu: true,
-            no_save_point: false,
-        };
+        let k = half_cu_kernel;
         let rt = RtShape {
             job: JobShape {
                 kernels: vec![k(608, 8_572, 1), k(304, 17_144, 1), k(304, 8_572, 2)],

@@ -35,21 +35,7 @@ fn job_on(k: u32) -> Nanos {
 /// above VM 2 at priority 2 with four queues (2-5) of whole-CU 10 ms
 /// workgroups (no drain: each is saved).
 fn rig() -> Scheduler {
-    let mut s = Scheduler::new(SchedConfig::default(), slots(1, 1, 8)).unwrap();
-    for (vm, priority) in [(1, 12), (2, 2)] {
-        s.add_vm(
-            VmId(vm),
-            VmParams {
-                priority,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    }
-    s.add_queue(VmId(1), QueueId(1), 0).unwrap();
-    for q in 2..=5 {
-        s.add_queue(VmId(2), QueueId(q), 0).unwrap();
-    }
+    let mut s = two_levels_on(8, &[2, 3, 4, 5]);
     s.set_cu_geometry(CUS, XCCS);
     for q in 2..=5 {
         s.note_dispatch_width(QueueId(q), 1216);

@@ -71,7 +71,12 @@ struct World {
 /// 2, with queue 1 of VM 1 and `lower` queues of VM 2 (the save-wait,
 /// free-wait and RT drain tests' scheduler).
 pub(crate) fn two_levels(lower: &[u64]) -> Scheduler {
-    let mut s = Scheduler::new(SchedConfig::default(), slots(1, 1, 4)).unwrap();
+    two_levels_on(4, lower)
+}
+
+/// [`two_levels`] on one partition of `slot_count` slots.
+pub(crate) fn two_levels_on(slot_count: u32, lower: &[u64]) -> Scheduler {
+    let mut s = Scheduler::new(SchedConfig::default(), slots(1, 1, slot_count)).unwrap();
     for (vm, priority) in [(1, 12), (2, 2)] {
         s.add_vm(
             VmId(vm),

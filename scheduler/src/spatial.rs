@@ -164,6 +164,9 @@ pub(crate) struct Spatial {
     /// doorbell apart (`recent` keeps a doorbell's widest): the last
     /// rounds its kernels leave partly free (`engine/coreside_places.rs`).
     pub kernels: BTreeMap<VmId, RecentWidths>,
+    /// Per VM: each kernel's workgroups and one workgroup's cost alone, of
+    /// its latest complete doorbell (`engine/kernel_rounds.rs`).
+    pub kernel_costs: BTreeMap<VmId, Vec<(u64, u64)>>,
     /// Per partition: the VMs that held its reservation and still hold it
     /// (in place or across their gaps), each with the size it was last
     /// given as owner (`engine/res_keep.rs`): the reservation does not
@@ -615,6 +618,12 @@ impl Spatial {
         let c = match self.cus_by_work(o, queues, n, switch_ns, room) {
             Some(w) => by_rounds.min(w),
             None => by_rounds,
+        };
+        // Kernel by kernel, where its kernels are known (a job of kernels
+        // of different widths: `engine/kernel_rounds.rs`).
+        let c = match self.cus_by_kernels(vm, queues, n, switch_ns, room) {
+            Some(kc) => c.min(kc),
+            None => c,
         };
         Some(c.div_ceil(xccs).max(1) as u32)
     }

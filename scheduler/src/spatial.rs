@@ -625,10 +625,19 @@ impl Spatial {
         };
         // Kernel by kernel, where its kernels are known (a job of kernels
         // of different widths: `engine/kernel_rounds.rs`).
-        let kc = if by_kernels {
-            self.cus_by_kernels(vm, queues, n, switch_ns, room)
-        } else {
-            None
+        // Within the room, kernel by kernel, where its kernels are known
+        // (`engine/kernel_rounds.rs`); the RT bound stays the aggregates'
+        // (their margin covers waits the bound's switch misses).
+        let kc = match room {
+            Some(r) if by_kernels => self.cus_by_kernels(vm, queues, n, r).map(|kc| {
+                let by_bound_cus = need.div_ceil(by_bound.max(1));
+                let bound_cus = match self.cus_by_work(o, queues, n, switch_ns, None) {
+                    Some(w) => by_bound_cus.min(w),
+                    None => by_bound_cus,
+                };
+                kc.max(bound_cus)
+            }),
+            _ => None,
         };
         let c = match kc {
             Some(kc) => c.min(kc),

@@ -1577,6 +1577,9 @@ impl<O: Copy> Binding<O> {
         // The longest workgroups needing a whole CU and fitting half of one
         // (what a drain waits for; `u64::MAX`: one without an estimate).
         let (mut whole_ns, mut half_ns) = (0u64, 0u64);
+        // Each kernel's workgroups and one's cost (none: an estimate is
+        // missing), for the RT sizing's kernel-by-kernel time.
+        let mut costs: Option<Vec<(u64, u64)>> = Some(Vec::new());
         for idx in from..wptr {
             let mut raw = [0u8; abi::aql::PACKET_SIZE];
             if r.mem.read(r.mqd.packet_addr(idx), &mut raw).is_err() {
@@ -1589,6 +1592,9 @@ impl<O: Copy> Binding<O> {
                     // The backend's estimate (none: no co-residence).
                     match gpu.dispatch_estimate(&*r.mem, &d) {
                         Some(e) => {
+                            if let Some(c) = costs.as_mut() {
+                                c.push((n, e.wg_ns));
+                            }
                             solo_ns = solo_ns.saturating_add(e.wg_ns);
                             work_ns = work_ns.saturating_add(e.wg_ns.saturating_mul(n));
                             if e.half_cu {
@@ -1599,6 +1605,7 @@ impl<O: Copy> Binding<O> {
                             fits &= e.half_cu;
                         }
                         None => {
+                            costs = None;
                             fits = false;
                             whole_ns = u64::MAX;
                         }
@@ -1611,6 +1618,8 @@ impl<O: Copy> Binding<O> {
             if complete {
                 self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
                 self.sched.note_dispatch_work(queue, work_ns);
+                self.sched
+                    .note_dispatch_kernel_costs(queue, costs.as_deref().unwrap_or(&[]));
             }
             // What a drain of the VM's work waits for: a maximum, so the
             // packets of a truncated scan count too.

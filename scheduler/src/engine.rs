@@ -23,6 +23,7 @@ mod gaps;
 mod give;
 mod hold;
 mod index;
+pub(crate) mod kernel_rounds;
 mod lockstep;
 mod nsp_save;
 mod queue_save;

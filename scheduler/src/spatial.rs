@@ -164,6 +164,9 @@ pub(crate) struct Spatial {
     /// doorbell apart (`recent` keeps a doorbell's widest): the last
     /// rounds its kernels leave partly free (`engine/coreside_places.rs`).
     pub kernels: BTreeMap<VmId, RecentWidths>,
+    /// Per VM: each kernel's workgroups and one workgroup's cost alone, of
+    /// its latest complete doorbell (`engine/kernel_rounds.rs`).
+    pub kernel_costs: BTreeMap<VmId, Vec<(u64, u64)>>,
     /// Per partition: the VMs that held its reservation and still hold it
     /// (in place or across their gaps), each with the size it was last
     /// given as owner (`engine/res_keep.rs`): the reservation does not
@@ -538,13 +541,15 @@ impl Spatial {
         switch_ns: u64,
         wait_ns: u64,
     ) -> Option<u32> {
-        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, None)
+        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, None, false)
     }
 
     /// [`Self::size_for_latency`] with the job held to the VM's whole
     /// measured interval less `gap_ns` and `wait_ns` instead of half of it
     /// (the job ends a gap of `gap_ns` before the next one arrives), for
-    /// an owner no stall can reach (`engine/rt_room.rs`).
+    /// an owner no stall can reach (`engine/rt_room.rs`); with
+    /// `by_kernels`, the job timed kernel by kernel where its kernels are
+    /// known (`engine/kernel_rounds.rs`).
     pub fn size_for_latency_whole(
         &self,
         vm: VmId,
@@ -552,12 +557,13 @@ impl Spatial {
         switch_ns: u64,
         wait_ns: u64,
         gap_ns: u64,
+        by_kernels: bool,
     ) -> Option<u32> {
         let whole = self
             .interval_ns(vm)
             .filter(|&i| i > 0)
             .map(|i| i.saturating_sub(gap_ns));
-        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, whole)
+        self.size_for_latency_in(vm, queues, switch_ns, wait_ns, whole, by_kernels)
     }
 
     /// The measured interval between `vm`'s jobs (0: not measured yet;
@@ -577,6 +583,7 @@ impl Spatial {
         switch_ns: u64,
         wait_ns: u64,
         within_ns: Option<u64>,
+        by_kernels: bool,
     ) -> Option<u32> {
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let o = self.occ.get(&vm)?;
@@ -615,6 +622,26 @@ impl Spatial {
         let c = match self.cus_by_work(o, queues, n, switch_ns, room) {
             Some(w) => by_rounds.min(w),
             None => by_rounds,
+        };
+        // Kernel by kernel, where its kernels are known (a job of kernels
+        // of different widths: `engine/kernel_rounds.rs`).
+        // Within the room, kernel by kernel, where its kernels are known
+        // (`engine/kernel_rounds.rs`); the RT bound stays the aggregates'
+        // (their margin covers waits the bound's switch misses).
+        let kc = match room {
+            Some(r) if by_kernels => self.cus_by_kernels(vm, queues, n, r).map(|kc| {
+                let by_bound_cus = need.div_ceil(by_bound.max(1));
+                let bound_cus = match self.cus_by_work(o, queues, n, switch_ns, None) {
+                    Some(w) => by_bound_cus.min(w),
+                    None => by_bound_cus,
+                };
+                kc.max(bound_cus)
+            }),
+            _ => None,
+        };
+        let c = match kc {
+            Some(kc) => c.min(kc),
+            None => c,
         };
         Some(c.div_ceil(xccs).max(1) as u32)
     }
@@ -671,7 +698,7 @@ impl Spatial {
         // 50009's closed-loop top VM (38 us think time) from the half
         // period's sizing to the kept one: 0.791 of its alone CU time.
         let whole = self.occ.get(&vm).map(|o| o.interval_ns).filter(|&i| i > 0);
-        let lat = self.size_for_latency_in(vm, queues, switch_ns, 0, whole)?;
+        let lat = self.size_for_latency_in(vm, queues, switch_ns, 0, whole, false)?;
         let need = self.width.get(&vm)?.saturating_mul(queues.max(1) as u64);
         let solo = self.occ.get(&vm)?.solo_ns;
         let xccs = (self.xccs as u64).max(1);

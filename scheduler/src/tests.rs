@@ -2009,6 +2009,9 @@ mod rt_sizing_tests;
 #[path = "rt_room_tests.rs"]
 mod rt_room_tests;
 
+#[path = "kernel_rounds_tests.rs"]
+mod kernel_rounds_tests;
+
 #[path = "nsp_save_tests.rs"]
 mod nsp_save_tests;
 

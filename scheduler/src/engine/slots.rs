@@ -369,6 +369,7 @@ impl Scheduler {
             self.spatial.occ.remove(&vm);
             self.spatial.recent.remove(&vm);
             self.spatial.kernels.remove(&vm);
+            self.spatial.kernel_costs.remove(&vm);
             self.spatial.forget_saves(vm);
             self.spatial.waited.forget(vm);
             for p in &mut self.parts {

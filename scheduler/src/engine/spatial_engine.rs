@@ -225,12 +225,24 @@ impl Scheduler {
             let half = self
                 .spatial
                 .size_for_latency(owner.vm, queues, switch, wait);
+            // Timed kernel by kernel for a narrow owner only (a wide
+            // one's size is `spatial_wide`'s: `engine/kernel_rounds.rs`).
+            let narrow = self
+                .spatial
+                .size(
+                    owner.vm,
+                    queues,
+                    self.cfg.spatial_headroom_pct,
+                    self.cfg.spatial_max_permille,
+                )
+                .is_some();
             let whole = self.spatial.size_for_latency_whole(
                 owner.vm,
                 queues,
                 switch,
                 wait,
                 self.rt_room_gap(),
+                narrow,
             );
             let mut by_latency = match (half, whole) {
                 (Some(h), Some(w)) if w < h && !self.rt_room_halved(p, owner.vm, owner.level) => {

@@ -305,12 +305,6 @@ impl Spatial {
         self.set_vm_save(vm);
     }
 
-    /// The save record of `vm`'s queue `queue` ([`Self::queue_saves`];
-    /// `None`: none recorded).
-    pub fn queue_save(&self, vm: VmId, queue: QueueId) -> Option<u64> {
-        self.queue_saves.get(&(vm, queue)).copied()
-    }
-
     /// Sets `vm`'s save record to the longest of its queues' records
     /// (none: no record).
     fn set_vm_save(&mut self, vm: VmId) {

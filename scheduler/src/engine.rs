@@ -31,6 +31,7 @@ mod res_down;
 mod res_hold;
 mod res_keep;
 mod res_pass;
+mod restore_charge;
 mod rt_pair;
 mod rt_room;
 mod setup_keep;

@@ -1997,6 +1997,8 @@ mod batch_res_tests;
 mod queue_save_tests;
 #[path = "res_keep_tests.rs"]
 mod res_keep_tests;
+#[path = "restore_charge_tests.rs"]
+mod restore_charge_tests;
 #[path = "setup_keep_tests.rs"]
 mod setup_keep_tests;
 

@@ -83,10 +83,11 @@ impl Scheduler {
         if let Some(v) = self.vms.get_mut(&vm) {
             v.stats.save_ns += save_ns;
         }
-        // The save, and the restore of a queue with work (counted as long),
+        // The save, and the restore of a queue with work (charged with the
+        // waves still waiting from its last one: `engine/restore_charge.rs`),
         // spend the partition's CWSR budget (`engine/cwsr_budget.rs`).
         let cwsr = if work {
-            save_ns.saturating_mul(2)
+            save_ns.saturating_add(self.restore_charge(q, save_ns))
         } else {
             save_ns
         };

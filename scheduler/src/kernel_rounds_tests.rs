@@ -18,19 +18,7 @@ const SOLO: Nanos = 2 * 51_210;
 /// The RT (VM 1, priority 12) over a busy lower VM (VM 0, priority 2,
 /// whole-CU 10 ms workgroups) that never waits for a boost.
 fn world() -> (World, QueueId) {
-    let c = SchedConfig {
-        aging_ns: 500 * MS,
-        ..cfg(Policy::Hqdmux)
-    };
-    let mut w = World::new(c, slots(1, 2, 4));
-    w.s.set_cu_geometry(CUS, 8);
-    let lo = w.vm(0, 2, 1, 1)[0];
-    let hi = w.vm(1, 12, 1, 1)[0];
-    w.s.note_dispatch_width(lo, 1216);
-    w.s.note_dispatch_occupancy(lo, 10 * MS, false);
-    w.submit(lo, 100_000 * MS);
-    w.run_until(MS);
-    (w, hi)
+    super::rt_room_tests::world(500 * MS, |_| {})
 }
 
 /// Rings `n` RT jobs `PERIOD` apart as the binding reports them (`kernels`:

@@ -17,7 +17,7 @@ const PERIOD: Nanos = 183_000;
 /// The RT (VM 1, priority 12) over a busy lower VM (VM 0, priority 2,
 /// whole-CU 10 ms workgroups), as `lockstep_lower_and_owner`, with
 /// `aging_ns` set; `extra` adds VMs before the lower VM rings.
-fn world(aging_ns: Nanos, extra: impl FnOnce(&mut World)) -> (World, QueueId) {
+pub(super) fn world(aging_ns: Nanos, extra: impl FnOnce(&mut World)) -> (World, QueueId) {
     let c = SchedConfig {
         aging_ns,
         ..cfg(Policy::Hqdmux)

@@ -227,15 +227,13 @@ impl Scheduler {
                 .size_for_latency(owner.vm, queues, switch, wait);
             // Timed kernel by kernel for a narrow owner only (a wide
             // one's size is `spatial_wide`'s: `engine/kernel_rounds.rs`).
-            let narrow = self
-                .spatial
-                .size(
-                    owner.vm,
-                    queues,
-                    self.cfg.spatial_headroom_pct,
-                    self.cfg.spatial_max_permille,
-                )
-                .is_some();
+            let width_k = self.spatial.size(
+                owner.vm,
+                queues,
+                self.cfg.spatial_headroom_pct,
+                self.cfg.spatial_max_permille,
+            );
+            let narrow = width_k.is_some();
             let whole = self.spatial.size_for_latency_whole(
                 owner.vm,
                 queues,
@@ -250,14 +248,7 @@ impl Scheduler {
                 }
                 _ => half,
             };
-            let mut k = self
-                .spatial
-                .size(
-                    owner.vm,
-                    queues,
-                    self.cfg.spatial_headroom_pct,
-                    self.cfg.spatial_max_permille,
-                )
+            let mut k = width_k
                 .map(|k| (by_latency.map_or(k, |l| k.min(l)), false))
                 .or_else(|| {
                     self.spatial_wide(p, owner.vm, owner.level, queues, switch, drain)

@@ -61,6 +61,9 @@ impl Scheduler {
             // Its reservation decides what the lower work gets.
             return whole;
         }
+        if self.gap_goes_to_rt(p, vm, level) {
+            return 0;
+        }
         let c = self.give_worth(p, vm, level);
         let now = self.now;
         let Some(v) = self.vms.get_mut(&vm) else {
@@ -85,6 +88,21 @@ impl Scheduler {
         } else {
             whole
         }
+    }
+
+    /// Does a periodic VM (an RT tenant) of the highest busy level below
+    /// `level` in partition `p`, other than `vm`, wait for owner `vm`'s
+    /// gap?
+    pub(super) fn gap_goes_to_rt(&self, p: usize, vm: VmId, level: u16) -> bool {
+        let Some((_, m)) = self
+            .parts
+            .get(p)
+            .and_then(|part| part.busy.range(..level).next_back())
+        else {
+            return false;
+        };
+        m.keys()
+            .any(|w| *w != vm && self.vms.get(w).is_some_and(|v| v.wake.period() > 0))
     }
 
     /// The cost-aware hold of owner `o` as it applies now: only against

@@ -1579,7 +1579,10 @@ impl<O: Copy> Binding<O> {
         let (mut whole_ns, mut half_ns) = (0u64, 0u64);
         // Each kernel's workgroups and one's cost (none: an estimate is
         // missing), for the RT sizing's kernel-by-kernel time.
-        let mut costs: Option<Vec<(u64, u64)>> = Some(Vec::new());
+        // (On the stack: this runs at every doorbell, and a scan reads at
+        // most `WIDTH_SCAN_PACKETS` packets.)
+        let mut costs = [(0u64, 0u64); WIDTH_SCAN_PACKETS as usize];
+        let mut n_costs: Option<usize> = Some(0);
         for idx in from..wptr {
             let mut raw = [0u8; abi::aql::PACKET_SIZE];
             if r.mem.read(r.mqd.packet_addr(idx), &mut raw).is_err() {
@@ -1592,8 +1595,9 @@ impl<O: Copy> Binding<O> {
                     // The backend's estimate (none: no co-residence).
                     match gpu.dispatch_estimate(&*r.mem, &d) {
                         Some(e) => {
-                            if let Some(c) = costs.as_mut() {
-                                c.push((n, e.wg_ns));
+                            if let Some(i) = n_costs.filter(|&i| i < costs.len()) {
+                                costs[i] = (n, e.wg_ns);
+                                n_costs = Some(i + 1);
                             }
                             solo_ns = solo_ns.saturating_add(e.wg_ns);
                             work_ns = work_ns.saturating_add(e.wg_ns.saturating_mul(n));
@@ -1605,7 +1609,7 @@ impl<O: Copy> Binding<O> {
                             fits &= e.half_cu;
                         }
                         None => {
-                            costs = None;
+                            n_costs = None;
                             fits = false;
                             whole_ns = u64::MAX;
                         }
@@ -1619,7 +1623,7 @@ impl<O: Copy> Binding<O> {
                 self.sched.note_dispatch_occupancy(queue, solo_ns, fits);
                 self.sched.note_dispatch_work(queue, work_ns);
                 self.sched
-                    .note_dispatch_kernel_costs(queue, costs.as_deref().unwrap_or(&[]));
+                    .note_dispatch_kernel_costs(queue, &costs[..n_costs.unwrap_or(0)]);
             }
             // What a drain of the VM's work waits for: a maximum, so the
             // packets of a truncated scan count too.

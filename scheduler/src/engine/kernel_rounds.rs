@@ -59,7 +59,10 @@ impl Spatial {
         if kernels.is_empty() || kernels.len() > MAX_KERNELS {
             self.kernel_costs.remove(&vm);
         } else {
-            self.kernel_costs.insert(vm, kernels.to_vec());
+            // The VM's vector reused: no allocation per doorbell.
+            let v = self.kernel_costs.entry(vm).or_default();
+            v.clear();
+            v.extend_from_slice(kernels);
         }
     }
 
@@ -80,15 +83,9 @@ impl Spatial {
     /// The job's time on `c` CUs in all on `queues` busy queues, kernel by
     /// kernel: `sum ceil(queues x W_i / c) x cost_i` (`None`: no steady
     /// kernels recorded, or `c` 0).
+    #[cfg(test)]
     pub fn kernel_time_on_cus(&self, vm: VmId, queues: u32, c: u64) -> Option<u64> {
-        if c == 0 {
-            return None;
-        }
-        let q = queues.max(1) as u64;
-        let ks = self.steady_kernels(vm)?;
-        Some(ks.iter().fold(0u64, |t, &(w, cost)| {
-            t.saturating_add(w.saturating_mul(q).div_ceil(c).saturating_mul(cost))
-        }))
+        Some(time_on(self.steady_kernels(vm)?, queues, c)).filter(|_| c > 0)
     }
 
     /// The fewest CUs in all (at most `n`, the partition's) on which `vm`'s
@@ -96,13 +93,17 @@ impl Spatial {
     /// on `n`); `None` without steady kernels. The RT bound is not asked
     /// here: `Spatial::size_for_latency` keeps the aggregates' sizes for it.
     pub(crate) fn cus_by_kernels(&self, vm: VmId, queues: u32, n: u64, room: u64) -> Option<u64> {
-        let alone = self.kernel_time_on_cus(vm, queues, n)?;
-        let budget = room.max(alone);
+        // The steady kernels looked up once for the whole search.
+        let ks = self.steady_kernels(vm)?;
+        if n == 0 {
+            return None;
+        }
+        let budget = room.max(time_on(ks, queues, n));
         // The time does not grow with `c`: the fewest `c` within budget.
         let (mut lo, mut hi) = (1u64, n);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.kernel_time_on_cus(vm, queues, mid)? <= budget {
+            if time_on(ks, queues, mid) <= budget {
                 hi = mid;
             } else {
                 lo = mid + 1;
@@ -110,4 +111,14 @@ impl Spatial {
         }
         Some(lo)
     }
+}
+
+/// The time of `kernels` (workgroups, one workgroup's cost) on `c > 0`
+/// CUs in all on `queues` busy queues: `sum ceil(queues x W_i / c) x
+/// cost_i`.
+fn time_on(kernels: &[(u64, u64)], queues: u32, c: u64) -> u64 {
+    let q = queues.max(1) as u64;
+    kernels.iter().fold(0u64, |t, &(w, cost)| {
+        t.saturating_add(w.saturating_mul(q).div_ceil(c.max(1)).saturating_mul(cost))
+    })
 }
